@@ -1,0 +1,1 @@
+"""Static and traced analysis of rungs: resources, memory transactions, occupancy."""

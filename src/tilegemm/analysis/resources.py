@@ -1,0 +1,120 @@
+"""Registers, spills and shared memory of a CUDA rung, compiled with no GPU present.
+
+numba-cuda compiles the kernel's Python to PTX for a chosen architecture; nvJitLink (the
+library the CUDA driver itself uses to link) turns the PTX into a cubin for that
+architecture and, with ``-verbose``, reports what ptxas allocated. That is the same
+information ``nvcc -Xptxas -v`` gives, and it needs neither a GPU nor a driver.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from tilegemm.registry import KernelSpec
+
+ARCHS: dict[str, tuple[int, int]] = {"sm_80": (8, 0), "sm_90": (9, 0)}
+
+
+@dataclass(frozen=True)
+class Resources:
+    kernel: str
+    arch: str
+    dtype: str
+    params: dict[str, int]
+    registers: int
+    spill_stores: int  # bytes
+    spill_loads: int  # bytes
+    stack: int  # bytes of stack frame (local memory)
+    smem: int  # bytes of static shared memory per block
+    cubin_bytes: int
+
+    @property
+    def spills(self) -> int:
+        return self.spill_stores + self.spill_loads
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_PTXAS_SPILL = re.compile(
+    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+_PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def link_ptx(ptx: str, arch: str) -> tuple[str, int]:
+    """Link PTX to a cubin for ``arch`` with nvJitLink; return (info log, cubin size)."""
+    from cuda.bindings import nvjitlink
+
+    handle = nvjitlink.create(2, [f"-arch={arch}", "-verbose"])
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        try:
+            nvjitlink.complete(handle)
+        except Exception as exc:
+            size = nvjitlink.get_error_log_size(handle)
+            log = bytearray(size)
+            nvjitlink.get_error_log(handle, log)
+            raise RuntimeError(f"nvJitLink failed for {arch}: {bytes(log).decode()}") from exc
+        size = nvjitlink.get_info_log_size(handle)
+        log = bytearray(size)
+        nvjitlink.get_info_log(handle, log)
+        cubin_size = nvjitlink.get_linked_cubin_size(handle)
+    finally:
+        nvjitlink.destroy(handle)
+    return bytes(log).decode(errors="replace").rstrip("\x00"), int(cubin_size)
+
+
+def parse_ptxas_log(log: str) -> dict[str, int]:
+    """The ptxas figures for the (single) entry function in an nvJitLink info log."""
+    spill = _PTXAS_SPILL.search(log)
+    regs = _PTXAS_REGS.search(log)
+    smem = [int(x) for x in _PTXAS_SMEM.findall(log)]
+    if not (spill and regs):
+        raise RuntimeError(f"could not read ptxas figures from the nvJitLink log:\n{log}")
+    return {
+        "stack": int(spill.group(1)), "spill_stores": int(spill.group(2)),
+        "spill_loads": int(spill.group(3)), "registers": int(regs.group(1)),
+        "smem": max(smem) if smem else 0,
+    }
+
+
+@cache
+def _ptx(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str, arch: str) -> str:
+    from numba.cuda import compile_ptx
+
+    program = spec.program(dict(params), np.dtype(dtype))
+    ptx, _ = compile_ptx(program.kernel.py_func, program.signature(dtype), cc=ARCHS[arch])
+    return ptx
+
+
+def ptx_for(spec: KernelSpec, params: dict[str, int], dtype: str = "float32",
+            arch: str = "sm_90") -> str:
+    """The PTX of a CUDA rung for ``arch`` (C-contiguous operands)."""
+    if spec.backend != "cuda":
+        raise ValueError(f"{spec.name} is a {spec.backend} kernel; PTX exists for CUDA rungs only")
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; choices: {', '.join(ARCHS)}")
+    from tilegemm.backends.cuda import simulator_enabled
+
+    if simulator_enabled():
+        raise RuntimeError("PTX cannot be compiled under the CUDA simulator; unset "
+                           "NUMBA_ENABLE_CUDASIM")
+    return _ptx(spec, tuple(sorted(params.items())), np.dtype(dtype).name, arch)
+
+
+def cuda_resources(spec: KernelSpec, params: dict[str, int] | None = None,
+                   dtype: str = "float32", arch: str = "sm_90") -> Resources:
+    """Compile a CUDA rung for ``arch`` and report what ptxas allocated."""
+    params = spec.resolve(params)
+    ptx = ptx_for(spec, params, dtype, arch)
+    log, cubin_bytes = link_ptx(ptx, arch)
+    figures = parse_ptxas_log(log)
+    return Resources(kernel=spec.name, arch=arch, dtype=np.dtype(dtype).name, params=params,
+                     cubin_bytes=cubin_bytes, **figures)

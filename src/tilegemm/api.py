@@ -1,0 +1,164 @@
+"""``matmul`` and ``gemm``: validate everything, choose a backend and a rung, dispatch.
+
+Order matters: every check (shapes, dtypes, parameters, ``out``, device limits, backend
+availability) runs before any data moves, so a bad call raises a clear error and leaves
+the caller's arrays untouched.
+"""
+
+from __future__ import annotations
+
+from numbers import Number
+from typing import Any
+
+import numpy as np
+
+from tilegemm import registry
+from tilegemm.backends import get_backend
+from tilegemm.backends.base import Backend
+from tilegemm.problem import GemmProblem, Operand, check_out, describe, make_problem
+from tilegemm.registry import BACKENDS, KernelSpec
+
+AUTO = "auto"
+
+
+def choose_backend(name: str, operands: list[Operand]) -> Backend:
+    """The backend to run on: the operands' device if they live on one, else the request."""
+    kinds = {op.kind for op in operands if op.kind != "host"}
+    if len(kinds) > 1:
+        raise ValueError(f"operands live on different devices ({', '.join(sorted(kinds))})")
+    data_kind = kinds.pop() if kinds else "host"
+    if name == AUTO:
+        if data_kind != "host":
+            name = data_kind
+        else:
+            name = next(
+                (n for n in BACKENDS
+                 if get_backend(n).status().usable and get_backend(n).status().accelerated),
+                "cpu",
+            )
+    elif name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choices: auto, {', '.join(BACKENDS)}")
+    elif data_kind != "host" and name != data_kind:
+        raise ValueError(
+            f"operands are {data_kind} arrays but backend={name!r} was requested; use "
+            f"backend={data_kind!r} (or 'auto'), or copy them to the host first"
+        )
+    backend = get_backend(name)
+    status = backend.status()
+    if not status.usable:
+        usable = [s for s in map(lambda n: get_backend(n).status(), BACKENDS) if s.usable]
+        raise RuntimeError(
+            f"backend {name!r} is not usable here: {status.reason}. Usable backends: "
+            + ", ".join(f"{s.name} ({s.reason})" for s in usable)
+        )
+    return backend
+
+
+def choose_kernel(
+    kernel: str, backend: Backend, prob: GemmProblem, params: dict[str, Any]
+) -> tuple[KernelSpec, dict[str, int]]:
+    """The rung and its full, validated parameters."""
+    if kernel == AUTO:
+        if params:
+            raise ValueError(
+                f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
+                "chooses its own)"
+            )
+        choice = _tuned_choice(backend, prob)
+        if choice is not None:
+            return choice
+        spec = registry.default_for(backend.name, prob.dtype)
+    else:
+        spec = registry.get(kernel, backend.name)
+    if not spec.supports(prob.dtype):
+        raise TypeError(
+            f"kernel {spec.name!r} ({backend.name}) does not support dtype {prob.dtype.name}; "
+            f"it supports {', '.join(spec.dtypes)}"
+        )
+    resolved = spec.resolve(params)
+    backend.check_limits(spec, resolved, prob.dtype)
+    return spec, resolved
+
+
+def _tuned_choice(backend: Backend, prob: GemmProblem) -> tuple[KernelSpec, dict[str, int]] | None:
+    """The tuner's cached best for this device and shape, if the tuner has one."""
+    try:
+        from tilegemm.tune.select import tuned_choice
+    except ImportError:
+        return None
+    return tuned_choice(backend, prob)
+
+
+def _check_scalar(x: Any, name: str) -> None:
+    if isinstance(x, bool) or not isinstance(x, (Number, np.number)):
+        raise TypeError(f"{name} must be a real number, got {x!r}")
+    if isinstance(x, complex):
+        raise TypeError(f"{name} must be real, got {x!r}")
+
+
+def gemm(
+    a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
+    trans_a: bool = False, trans_b: bool = False, out: Any = None,
+    kernel: str = AUTO, backend: str = AUTO, **params: Any,
+) -> Any:
+    """``alpha * op(a) @ op(b) + beta * c`` with ``op(x)`` = x or its (last-two-axes) transpose.
+
+    Returns a new array (of the operands' array type), or writes ``out`` and returns it;
+    ``out=c`` updates ``c`` in place. ``c`` must broadcast to the result shape and is read
+    only when ``beta != 0``. Other arguments are as for :func:`matmul`.
+    """
+    _check_scalar(alpha, "alpha")
+    _check_scalar(beta, "beta")
+    ops = [describe(a, "a"), describe(b, "b")]
+    prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b)
+    c_op = None
+    if beta != 0:
+        if c is None:
+            raise ValueError("gemm: beta != 0 needs c")
+        c_op = describe(c, "c")
+        try:
+            shape = np.broadcast_shapes(c_op.shape, prob.out_shape)
+        except ValueError:
+            shape = None
+        if shape != prob.out_shape:
+            raise ValueError(f"gemm: c of shape {c_op.shape} does not broadcast to the result "
+                             f"shape {prob.out_shape}")
+        ops.append(c_op)
+    be = choose_backend(backend, ops)
+    spec, resolved = choose_kernel(kernel, be, prob, params)
+    if out is not None:
+        data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
+        check_out(out, prob, data_kind)
+    return be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta)
+
+
+def matmul(
+    a: Any, b: Any, *, out: Any = None, kernel: str = AUTO, backend: str = AUTO, **params: Any
+) -> Any:
+    """Matrix product with NumPy's ``matmul`` semantics, computed by a tilegemm rung.
+
+    - 1-D operands are promoted (a row for ``a``, a column for ``b``) and the added axis is
+      removed; leading dimensions broadcast and the batch runs on the device in one launch.
+    - The result dtype is ``numpy.result_type(a, b)``: float32, float64, int32 or int64.
+    - NumPy in, NumPy out; CUDA device arrays (numba, CuPy, PyTorch) or pyopencl arrays in,
+      the same kind of array out, with no copy to the host.
+    - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
+      "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
+    """
+    return gemm(a, b, out=out, kernel=kernel, backend=backend, **params)
+
+
+def kernels(backend: str | None = None) -> list[KernelSpec]:
+    """The registered rungs (all backends, or one)."""
+    if backend is None:
+        return list(registry.all_specs())
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choices: {', '.join(BACKENDS)}")
+    return list(registry.specs_for(backend))
+
+
+def backends() -> list[Any]:
+    """Every backend with whether it is usable here, and why not."""
+    from tilegemm.backends import statuses
+
+    return statuses()

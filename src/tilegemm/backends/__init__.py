@@ -1,0 +1,23 @@
+"""Backends, imported lazily: listing them or importing tilegemm touches no GPU library."""
+
+from __future__ import annotations
+
+import importlib
+from functools import cache
+
+from tilegemm.backends.base import Backend, BackendStatus
+from tilegemm.registry import BACKENDS
+
+__all__ = ["Backend", "BackendStatus", "get_backend", "statuses", "BACKENDS"]
+
+
+@cache
+def get_backend(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choices: {', '.join(BACKENDS)}")
+    module = importlib.import_module(f"tilegemm.backends.{name}")
+    return module.BACKEND
+
+
+def statuses() -> list[BackendStatus]:
+    return [get_backend(n).status() for n in BACKENDS]

@@ -1,0 +1,62 @@
+"""CPU backend: Numba ``@njit`` rungs on NumPy arrays (NumPy itself is the reference)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tilegemm.backends.base import (
+    Backend,
+    BackendStatus,
+    poison_enabled,
+    poison_value,
+    resolve_scalars,
+)
+from tilegemm.problem import GemmProblem, Operand, host_operand_3d
+from tilegemm.registry import KernelSpec
+
+
+def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np.ndarray:
+    """The (batch, M, N) array kernels write: ``out`` itself when given, else a new array.
+
+    When beta != 0 it starts as C0 broadcast to the result shape; when beta == 0 kernels
+    must not read it, so it is poisoned under TILEGEMM_POISON to prove they don't.
+    """
+    dest = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
+    if beta != 0:
+        c0 = np.broadcast_to(np.asarray(c.obj, dtype=prob.dtype), prob.out_shape)
+        np.copyto(dest, c0)  # copy first: c may alias out
+    elif poison_enabled() and dest.size:
+        dest.fill(poison_value(prob.dtype))
+    return dest
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+    array_kind = "host"
+
+    def status(self) -> BackendStatus:
+        import os
+
+        return BackendStatus("cpu", True, f"Numba on {os.cpu_count()} CPU core(s)",
+                             ("host CPU",))
+
+    def run(
+        self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+        a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
+    ) -> np.ndarray:
+        alpha, beta = resolve_scalars(prob, alpha, beta)
+        dest = host_output(prob, c, out, beta)
+        if prob.empty:
+            return dest
+        a3 = host_operand_3d(a.obj, prob, "a")
+        b3 = host_operand_3d(b.obj, prob, "b")
+        c3 = dest.reshape(prob.batch, prob.m, prob.n)
+        program = spec.program(params, prob.dtype)
+        program(a3, b3, c3, alpha, beta)
+        return dest
+
+
+BACKEND = CpuBackend()

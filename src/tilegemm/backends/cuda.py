@@ -1,0 +1,227 @@
+"""CUDA backend: Numba CUDA rungs; the same kernels run on numba's simulator.
+
+With ``NUMBA_ENABLE_CUDASIM=1`` set before numba is imported, ``backend="cuda"`` runs every
+rung on numba's CUDA simulator (correct but slow: tiny shapes only), so anyone can check a
+rung without a GPU. ``backend="auto"`` never picks the simulator.
+
+Arrays with ``__cuda_array_interface__`` (numba, CuPy, PyTorch) are used in place and the
+result is returned as the same library's array, with no copy to the host.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from tilegemm.backends.base import (
+    Backend,
+    BackendStatus,
+    poison_enabled,
+    poison_value,
+    resolve_scalars,
+)
+from tilegemm.problem import GemmProblem, Operand, host_operand_3d
+from tilegemm.registry import KernelSpec
+
+MAX_THREADS_PER_BLOCK = 1024
+MAX_STATIC_SMEM = 48 * 1024  # bytes of static shared memory per block on every arch
+
+
+def simulator_enabled() -> bool:
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("", "0")
+
+
+def _source_library(x: Any) -> str:
+    return type(x).__module__.split(".")[0]
+
+
+def _wrap_like(result: Any, like: Any) -> Any:
+    """Return ``result`` (a numba device array) as the array type of ``like``, zero-copy."""
+    lib = _source_library(like)
+    if lib == "cupy":
+        import cupy
+
+        return cupy.asarray(result)
+    if lib == "torch":
+        import torch
+
+        return torch.as_tensor(result, device=like.device)
+    return result
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+    array_kind = "cuda"
+
+    @cache  # noqa: B019 - one backend object per process
+    def status(self) -> BackendStatus:
+        try:
+            from numba import cuda
+        except Exception as exc:  # pragma: no cover - numba-cuda is a dependency
+            return BackendStatus("cuda", False, f"numba-cuda cannot be imported: {exc}")
+        if simulator_enabled():
+            return BackendStatus("cuda", True, "numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1)",
+                                 ("simulator",), simulated=True)
+        try:
+            if not cuda.is_available():
+                return BackendStatus("cuda", False, "no CUDA GPU or driver found")
+            devices = tuple(
+                f"{d.name.decode() if isinstance(d.name, bytes) else d.name} "
+                f"(sm_{d.compute_capability[0]}{d.compute_capability[1]})"
+                for d in cuda.gpus
+            )
+        except Exception as exc:
+            return BackendStatus("cuda", False, f"CUDA driver error: {exc}")
+        return BackendStatus("cuda", True, "numba-cuda", devices, accelerated=True)
+
+    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype) -> None:
+        if spec.threads is not None and spec.threads(params) > MAX_THREADS_PER_BLOCK:
+            raise ValueError(
+                f"{spec.name}: {spec.threads(params)} threads per block exceed the CUDA limit "
+                f"of {MAX_THREADS_PER_BLOCK}"
+            )
+        if spec.smem is not None:
+            need = spec.smem(params, np.dtype(dtype).itemsize)
+            if need > MAX_STATIC_SMEM:
+                raise ValueError(
+                    f"{spec.name}: needs {need} bytes of static shared memory per block, more "
+                    f"than the {MAX_STATIC_SMEM}-byte static limit"
+                )
+
+    def _device_operand(self, op: Operand, prob: GemmProblem, which: str) -> Any:
+        """A device operand as a (batch or 1, rows, cols) numba device array, no host trip."""
+        from numba import cuda
+
+        x = op.obj
+        lib = _source_library(x)
+        squeeze = prob.squeeze_m if which == "a" else prob.squeeze_n
+        trans = prob.trans_a if which == "a" else prob.trans_b
+        rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
+        mode = prob.batch_mode(which)
+        if op.dtype != prob.dtype:
+            raise TypeError(
+                f"matmul: device operand {which} has dtype {op.dtype.name} but the result is "
+                f"{prob.dtype.name}; cast it on the device first (mixed dtypes are converted "
+                "only for host arrays)"
+            )
+        if lib in ("cupy", "torch"):
+            # The array's own library reshapes/broadcasts on the device.
+            if squeeze:
+                x = x[None, :] if which == "a" else x[:, None]
+            if trans:
+                x = x.swapaxes(-1, -2) if lib == "cupy" else x.transpose(-1, -2)
+            if mode == "single":
+                x = x.reshape(1, rows, cols)
+            elif mode == "full":
+                x = x.reshape(prob.batch, rows, cols)
+            else:
+                shape = prob.batch_shape + (rows, cols)
+                x = (x.broadcast_to if lib == "torch" else __import__("cupy").broadcast_to)(
+                    *((shape,) if lib == "torch" else (x, shape))
+                ).reshape(prob.batch, rows, cols)
+            return cuda.as_cuda_array(x)
+        d = cuda.as_cuda_array(x)
+        if squeeze:
+            d = d.reshape((1, cols) if which == "a" else (rows, 1))
+        if trans:
+            d = d.T if d.ndim == 2 else None
+            if d is None:
+                raise ValueError("gemm: trans_a/trans_b on batched numba device arrays is not "
+                                 "supported; pass a CuPy or PyTorch array or transpose first")
+        if mode == "broadcast":
+            raise ValueError(
+                "matmul: partially broadcast batch dimensions on numba device arrays are not "
+                "supported; pass CuPy/PyTorch arrays or give both operands full batch shapes"
+            )
+        if d.ndim == 2:
+            return d.reshape(1, rows, cols) if d.is_c_contiguous() else _as3d_strided(d)
+        n = 1 if mode == "single" else prob.batch
+        return d.reshape(n, rows, cols)
+
+    def run(
+        self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+        a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
+    ) -> Any:
+        from numba import cuda
+
+        alpha, beta = resolve_scalars(prob, alpha, beta)
+        on_device = a.kind == "cuda" or b.kind == "cuda"
+        shape3 = (prob.batch, prob.m, prob.n)
+
+        # Destination on the device: out itself when it is a device array.
+        if out is not None and on_device:
+            dout = cuda.as_cuda_array(out)
+            if not dout.is_c_contiguous():
+                raise ValueError("out: a device out array must be C-contiguous")
+            c3 = dout.reshape(shape3)
+        else:
+            c3 = cuda.device_array(shape3, dtype=prob.dtype)
+        if beta != 0:
+            if c.kind == "cuda":
+                c3.copy_to_device(self._device_c(c, prob))
+            else:
+                host_c = np.ascontiguousarray(
+                    np.broadcast_to(np.asarray(c.obj, dtype=prob.dtype), prob.out_shape)
+                ).reshape(shape3)
+                c3.copy_to_device(host_c)
+        elif poison_enabled() and c3.size:
+            c3.copy_to_device(np.full(shape3, poison_value(prob.dtype), dtype=prob.dtype))
+
+        if not prob.empty:
+            if on_device:
+                a3 = self._device_operand(a, prob, "a") if a.kind == "cuda" else cuda.to_device(
+                    host_operand_3d(a.obj, prob, "a"))
+                b3 = self._device_operand(b, prob, "b") if b.kind == "cuda" else cuda.to_device(
+                    host_operand_3d(b.obj, prob, "b"))
+            else:
+                a3 = cuda.to_device(host_operand_3d(a.obj, prob, "a"))
+                b3 = cuda.to_device(host_operand_3d(b.obj, prob, "b"))
+            program = spec.program(params, prob.dtype)
+            program.launch(a3, b3, c3, alpha, beta)
+
+        if on_device:
+            if out is not None:
+                return out
+            result = c3.reshape(prob.out_shape) if prob.out_shape != shape3 else c3
+            like = a.obj if a.kind == "cuda" else b.obj
+            return _wrap_like(result, like)
+        host = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
+        if host.size:
+            c3.copy_to_host(host.reshape(shape3))
+        return host
+
+    def _device_c(self, c: Operand, prob: GemmProblem) -> Any:
+        """A device C0 for beta != 0: must already have the result's shape and dtype."""
+        from numba import cuda
+
+        if c.dtype != prob.dtype or c.shape != prob.out_shape:
+            raise ValueError(
+                f"gemm: a device c must have the result's shape {prob.out_shape} and dtype "
+                f"{prob.dtype.name}; got {c.shape} {c.dtype.name}"
+            )
+        d = cuda.as_cuda_array(c.obj)
+        if not d.is_c_contiguous():
+            raise ValueError("gemm: a device c must be C-contiguous")
+        return d.reshape((prob.batch, prob.m, prob.n))
+
+    def synchronize(self) -> None:
+        from numba import cuda
+
+        cuda.synchronize()
+
+
+def _as3d_strided(d: Any) -> Any:
+    """A strided 2-D device array viewed as (1, rows, cols) without a copy."""
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray(
+        shape=(1,) + tuple(d.shape), strides=(0,) + tuple(d.strides), dtype=d.dtype,
+        gpu_data=d.gpu_data, stream=d.stream,
+    )
+
+
+BACKEND = CudaBackend()

@@ -1,0 +1,1 @@
+"""Subcommands of the ``tilegemm`` CLI, one module each (discovered by tilegemm.cli)."""

@@ -1,0 +1,74 @@
+"""List the kernel ladder: rungs, parameters, constraints; optionally compiled resources."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "the kernel ladder, with parameters and constraints"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", choices=("cuda", "opencl", "cpu"), help="one backend only")
+    parser.add_argument("--resources", action="store_true",
+                        help="compile each CUDA rung at its defaults for sm_80 and sm_90 with "
+                             "nvJitLink (no GPU needed) and show registers, spills, shared memory")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    import tilegemm
+
+    specs = tilegemm.kernels(args.backend)
+    if args.resources:
+        return _resources(specs, args)
+    if args.json:
+        print(json.dumps([{
+            "name": s.name, "backend": s.backend, "rung": s.rung, "title": s.title,
+            "dtypes": list(s.dtypes), "summary": s.summary,
+            "params": {p.name: {"default": p.default, "choices": list(p.choices), "help": p.help}
+                       for p in s.params},
+            "constraints": [c.text for c in s.constraints],
+        } for s in specs], indent=2))
+        return 0
+    table = Table(title="tilegemm kernel ladder", show_lines=True)
+    for col in ("backend", "rung", "kernel", "what it does", "parameters (default: choices)",
+                "constraints", "dtypes"):
+        table.add_column(col)
+    for s in specs:
+        params = "\n".join(f"{p.name}={p.default}: {','.join(map(str, p.choices))}"
+                           for p in s.params)
+        table.add_row(s.backend, str(s.rung), s.name, s.title, params,
+                      "\n".join(c.text for c in s.constraints), ", ".join(s.dtypes))
+    Console().print(table)
+    return 0
+
+
+def _resources(specs: list, args: argparse.Namespace) -> int:
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from tilegemm.analysis.resources import ARCHS, cuda_resources
+
+    rows = [cuda_resources(s, None, args.dtype, arch).as_dict()
+            for s in specs if s.backend == "cuda" for arch in ARCHS]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table(title=f"CUDA rungs compiled with nvJitLink ({args.dtype}, default parameters)")
+    for col in ("kernel", "arch", "params", "registers", "spill st/ld (B)", "stack (B)",
+                "smem (B)"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["kernel"], r["arch"], " ".join(f"{k}={v}" for k, v in r["params"].items()),
+                      str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}",
+                      str(r["stack"]), str(r["smem"]))
+    Console().print(table)
+    return 0

@@ -1,0 +1,1 @@
+"""Rungs, one module each; discovered by tilegemm.registry."""

@@ -1,0 +1,51 @@
+"""Rung 1 (CPU) — the seed's triple loop ``matrixMulCpu``, compiled with Numba ``@njit``.
+
+i over rows, j over columns, l over K: the innermost loop walks B down a column (stride N),
+so every iteration touches a new cache line of B and nothing is vectorised. It is the
+baseline every other rung is measured against, and the CPU analogue of the naive GPU
+kernel. Generalised from the seed: any M, N, K, batches, alpha/beta, every dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tilegemm.registry import FLOATS, INTS, KernelSpec
+
+
+def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
+    from numba import njit
+
+    zero = dtype.type(0)
+
+    @njit(cache=False)
+    def triple_loop(A, B, C, alpha, beta):
+        m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
+        for z in range(C.shape[0]):
+            za = z if A.shape[0] > 1 else 0
+            zb = z if B.shape[0] > 1 else 0
+            for i in range(m):
+                for j in range(n):
+                    acc = zero
+                    for l in range(k_len):
+                        acc += A[za, i, l] * B[zb, l, j]
+                    if beta == 0:
+                        C[z, i, j] = alpha * acc
+                    else:
+                        C[z, i, j] = alpha * acc + beta * C[z, i, j]
+
+    return triple_loop
+
+
+SPEC = KernelSpec(
+    name="triple_loop",
+    backend="cpu",
+    rung=1,
+    title="the seed's CPU triple loop (i, j, l)",
+    build=build,
+    dtypes=FLOATS + INTS,
+    doc=__doc__,
+)

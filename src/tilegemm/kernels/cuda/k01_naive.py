@@ -1,0 +1,71 @@
+"""Rung 1 — naive: one thread per element of C, with the seed's mapping (threadIdx.x → row).
+
+This is Numba's documentation example ``matmul`` (seeds 000/003): ``i, j = cuda.grid(2)``
+and a loop over k. Because x is the fastest-varying thread index and it walks *rows* of
+row-major C, the 32 threads of a warp read A and write C with a stride of a whole row:
+every warp access touches up to 32 different 32-byte sectors (uncoalesced). B is read
+along a column per thread but the warp shares one address per k (a broadcast). The
+rung is kept exactly so, because the next rung fixes only this and the difference is
+measurable (``tilegemm bench``) and countable (``tilegemm explain``).
+
+Fixed from the seed: any M, N, K (bounds checks), batches in grid z, grid-stride loops so
+no grid dimension exceeds the hardware limit, accumulation in the output dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tilegemm.backends.cuda_program import CudaProgram
+from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
+
+
+cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
+
+
+def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
+    global cuda
+    from numba import cuda
+
+    bs = p["BLOCK"]
+    zero = dtype.type(0)
+
+    @cuda.jit
+    def naive(A, B, C, alpha, beta):
+        m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
+        for z in range(cuda.blockIdx.z, C.shape[0], cuda.gridDim.z):
+            za = z if A.shape[0] > 1 else 0
+            zb = z if B.shape[0] > 1 else 0
+            # x → row i (the seed's mapping), y → column j
+            for i in range(cuda.blockIdx.x * bs + cuda.threadIdx.x, m, cuda.gridDim.x * bs):
+                for j in range(cuda.blockIdx.y * bs + cuda.threadIdx.y, n, cuda.gridDim.y * bs):
+                    acc = zero
+                    for k in range(k_len):
+                        acc += A[za, i, k] * B[zb, k, j]
+                    if beta == 0:
+                        C[z, i, j] = alpha * acc
+                    else:
+                        C[z, i, j] = alpha * acc + beta * C[z, i, j]
+
+    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
+        return capped_grid(ceil_div(m, bs), ceil_div(n, bs), batch)
+
+    return CudaProgram(naive, (bs, bs, 1), grid)
+
+
+SPEC = KernelSpec(
+    name="naive",
+    backend="cuda",
+    rung=1,
+    title="one thread per output, seed mapping (x → row)",
+    build=build,
+    params=(Param("BLOCK", 16, (8, 16, 32), "threads per block side (BLOCK × BLOCK)"),),
+    dtypes=FLOATS + INTS,
+    threads=lambda p: p["BLOCK"] ** 2,
+    smem=lambda p, itemsize: 0,
+    doc=__doc__,
+)

@@ -1,0 +1,36 @@
+"""Launch-grid arithmetic shared by the GPU backends.
+
+CUDA allows 2**31-1 blocks in grid x but only 65,535 in y and z. Kernels therefore never
+assume one block per tile: each loops over its tiles with a grid stride in every
+dimension, and the grid asked for is capped here. Large M, N or batch counts still launch,
+and the same kernel is correct for any grid size.
+"""
+
+from __future__ import annotations
+
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_YZ = 65_535
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def capped_grid(tiles_x: int, tiles_y: int, batch: int) -> tuple[int, int, int]:
+    """Blocks to launch for ``tiles_x`` × ``tiles_y`` tiles over ``batch`` products.
+
+    Each dimension gets at least one block and at most the hardware limit; kernels stride
+    over what does not fit.
+    """
+    if tiles_x < 0 or tiles_y < 0 or batch < 0:
+        raise ValueError("tile and batch counts must be >= 0")
+    return (
+        max(1, min(tiles_x, MAX_GRID_X)),
+        max(1, min(tiles_y, MAX_GRID_YZ)),
+        max(1, min(batch, MAX_GRID_YZ)),
+    )
+
+
+def covered(grid: int, tiles: int) -> list[int]:
+    """Tiles block ``0`` visits with a grid stride (used by tests of the stride loops)."""
+    return list(range(0, tiles, grid))

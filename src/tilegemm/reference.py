@@ -1,0 +1,105 @@
+"""The float64 reference and the one tolerance every check uses.
+
+Why one place: a tolerance chosen per test drifts, and a loose one hides bugs. The bound
+is the standard forward-error bound of a length-K dot product,
+``|C - C_ref| <= gamma * K * eps(dtype) * (|alpha| |A| |B| + |beta| |C0|)`` elementwise, with
+a safety factor ``gamma``; integer products must match exactly. NaN and Inf must appear
+exactly where NumPy puts them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+SAFETY = 4.0
+
+
+def reference(
+    a: np.ndarray, b: np.ndarray, *, alpha: float = 1.0, beta: float = 0.0,
+    c: np.ndarray | None = None, trans_a: bool = False, trans_b: bool = False,
+) -> np.ndarray:
+    """alpha * op(a) @ op(b) + beta * c, computed in float64 (int64 for integer inputs)."""
+    wide = np.int64 if np.result_type(a, b).kind in "iu" else np.float64
+    a64 = np.asarray(a, dtype=wide)
+    b64 = np.asarray(b, dtype=wide)
+    if trans_a:
+        a64 = np.swapaxes(a64, -1, -2)
+    if trans_b:
+        b64 = np.swapaxes(b64, -1, -2)
+    with np.errstate(all="ignore"):
+        r = np.matmul(a64, b64)
+        if alpha != 1:
+            r = alpha * r
+        if beta != 0 and c is not None:
+            r = r + beta * np.asarray(c, dtype=wide)
+    return r
+
+
+def bound(
+    a: np.ndarray, b: np.ndarray, k: int, dtype: np.dtype, *, alpha: float = 1.0,
+    beta: float = 0.0, c: np.ndarray | None = None, trans_a: bool = False, trans_b: bool = False,
+) -> np.ndarray | float:
+    """Elementwise absolute error allowed for a result of ``dtype`` with inner size ``k``."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "iu":
+        return 0.0
+    eps = float(np.finfo(dtype).eps)
+    mag = np.abs(reference(np.abs(a), np.abs(b), alpha=abs(alpha), trans_a=trans_a,
+                           trans_b=trans_b))
+    if beta != 0 and c is not None:
+        mag = mag + abs(beta) * np.abs(np.asarray(c, dtype=np.float64))
+    # + 1 keeps K=0/1 meaningful; tiny floor for all-zero rows.
+    return SAFETY * (max(k, 1) + 1) * eps * mag + np.finfo(dtype).tiny
+
+
+def assert_close(
+    result: Any, a: np.ndarray, b: np.ndarray, *, alpha: float = 1.0, beta: float = 0.0,
+    c: np.ndarray | None = None, trans_a: bool = False, trans_b: bool = False,
+    what: str = "result",
+) -> None:
+    """Raise AssertionError naming the first bad index and the worst errors."""
+    result = np.asarray(result)
+    ref = reference(a, b, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b)
+    if result.shape != ref.shape:
+        raise AssertionError(f"{what}: shape {result.shape}, expected {ref.shape}")
+    k = np.shape(a)[-1] if not trans_a else np.shape(a)[-2]
+    if np.ndim(a) == 1:
+        k = np.shape(a)[0]
+    tol = bound(a, b, k, result.dtype, alpha=alpha, beta=beta, c=c,
+                trans_a=trans_a, trans_b=trans_b)
+    r64 = result.astype(ref.dtype, copy=False)
+    finite = np.isfinite(ref)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(r64 - ref)
+        bad = np.where(finite, ~(err <= tol), ~((r64 == ref) | (np.isnan(ref) & np.isnan(r64))))
+    if np.any(bad):
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        nbad = int(np.count_nonzero(bad))
+        with np.errstate(invalid="ignore"):
+            max_abs = float(np.nanmax(np.where(finite, err, 0.0))) if ref.size else 0.0
+            rel = np.where(finite & (np.abs(ref) > 0), err / np.maximum(np.abs(ref), 1e-300), 0)
+        raise AssertionError(
+            f"{what}: {nbad} of {ref.size} elements wrong; first at {idx}: got {result[idx]!r}, "
+            f"expected {ref[idx]!r} (allowed error {np.broadcast_to(tol, ref.shape)[idx]:.3g}); "
+            f"max abs error {max_abs:.3g}, max rel error {float(np.nanmax(rel)) if ref.size else 0:.3g}"
+        )
+
+
+def random_operands(
+    shape_a: tuple[int, ...], shape_b: tuple[int, ...], dtype: Any = np.float32,
+    *, seed: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fresh, non-zero random inputs: uniform in [0.5, 1.5) with random signs (ints: 1..9)."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+
+    def draw(shape: tuple[int, ...]) -> np.ndarray:
+        if dtype.kind in "iu":
+            x = rng.integers(1, 10, size=shape) * rng.choice([-1, 1], size=shape)
+            return x.astype(dtype)
+        x = rng.uniform(0.5, 1.5, size=shape) * rng.choice([-1.0, 1.0], size=shape)
+        return x.astype(dtype)
+
+    return draw(shape_a), draw(shape_b)

@@ -1,0 +1,191 @@
+"""The one registry of kernels ("rungs") that the API, CLI, tests, tuner and benchmark read.
+
+Why a registry: in kernel ladders the list of kernels tends to live in several places (a
+switch, a range check, a plot script, a shell loop) that drift apart. Here each rung is one
+module under ``tilegemm.kernels.<backend>`` that defines a module-level ``SPEC``; discovery
+imports those modules (they import only NumPy and this module at top level; GPU libraries
+are imported inside ``build``), so listing kernels never touches a GPU.
+
+Parameters and constraints are data: the launcher validates with them, the tuner prunes
+with the same predicates, and error messages quote the constraint text.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from itertools import product
+from typing import Any
+
+import numpy as np
+
+BACKENDS: tuple[str, ...] = ("cuda", "opencl", "cpu")
+FLOATS: tuple[str, ...] = ("float32", "float64")
+INTS: tuple[str, ...] = ("int32", "int64")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One integer compile-time parameter of a rung (a tile size, a thread count...)."""
+
+    name: str
+    default: int
+    choices: tuple[int, ...]
+    help: str = ""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A predicate over a full parameter set; ``text`` is what the user sees when it fails."""
+
+    text: str
+    check: Callable[[Mapping[str, int]], bool]
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: one object per rung
+class KernelSpec:
+    """Everything known about one rung, declared once.
+
+    ``build(params, dtype)`` returns the backend's compiled program (imports GPU libraries
+    lazily). ``threads(params)`` is threads (work-items) per block and ``smem(params,
+    itemsize)`` the static shared (local) memory in bytes; backends check both against the
+    device limits before a launch, and the analysis and tuner use them too.
+    """
+
+    name: str
+    backend: str
+    rung: int
+    title: str
+    build: Callable[[Mapping[str, int], np.dtype], Any]
+    params: tuple[Param, ...] = ()
+    constraints: tuple[Constraint, ...] = ()
+    dtypes: tuple[str, ...] = FLOATS
+    threads: Callable[[Mapping[str, int]], int] | None = None
+    smem: Callable[[Mapping[str, int], int], int] | None = None
+    doc: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.backend}:{self.name}"
+
+    @property
+    def summary(self) -> str:
+        """First paragraph of the rung module's docstring: what changed and why."""
+        text = (self.doc or "").strip().split("\n\n")[0]
+        return " ".join(text.split())
+
+    def defaults(self) -> dict[str, int]:
+        return {p.name: p.default for p in self.params}
+
+    def resolve(self, overrides: Mapping[str, Any] | None = None) -> dict[str, int]:
+        """Fill defaults and validate; raise ``ValueError`` naming what failed."""
+        overrides = dict(overrides or {})
+        known = {p.name: p for p in self.params}
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            allowed = ", ".join(known) or "none"
+            raise ValueError(
+                f"kernel {self.name!r} ({self.backend}) has no parameter(s) {', '.join(unknown)}; "
+                f"its parameters are: {allowed}"
+            )
+        params = self.defaults()
+        for name, value in overrides.items():
+            p = known[name]
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"{self.name}: parameter {name} must be an integer, got {value!r}")
+            if int(value) not in p.choices:
+                raise ValueError(
+                    f"{self.name}: {name}={value} is not allowed; choose one of "
+                    f"{', '.join(map(str, p.choices))}"
+                )
+            params[name] = int(value)
+        for c in self.constraints:
+            if not c.check(params):
+                shown = ", ".join(f"{k}={v}" for k, v in params.items())
+                raise ValueError(f"{self.name}: constraint '{c.text}' fails for {shown}")
+        return params
+
+    def is_valid(self, params: Mapping[str, int]) -> bool:
+        """Same predicates as :meth:`resolve`, without raising (for pruning a search)."""
+        try:
+            self.resolve(params)
+        except ValueError:
+            return False
+        return True
+
+    def space(self) -> Iterable[dict[str, int]]:
+        """Every valid parameter combination (the tuner's search space before device limits)."""
+        names = [p.name for p in self.params]
+        for values in product(*(p.choices for p in self.params)):
+            candidate = dict(zip(names, values))
+            if self.is_valid(candidate):
+                yield candidate
+
+    def supports(self, dtype: np.dtype | str) -> bool:
+        return np.dtype(dtype).name in self.dtypes
+
+    def program(self, params: Mapping[str, int], dtype: np.dtype | str) -> Any:
+        """The compiled program for (params, dtype), built once per process and kept."""
+        return _build(self, tuple(sorted(params.items())), np.dtype(dtype).name)
+
+
+@cache
+def _build(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str) -> Any:
+    return spec.build(dict(params), np.dtype(dtype))
+
+
+def _discover_backend(backend: str) -> list[KernelSpec]:
+    pkg = importlib.import_module(f"tilegemm.kernels.{backend}")
+    specs = []
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("_"):
+            continue  # private helpers may import GPU libraries; never at discovery
+        module = importlib.import_module(f"{pkg.__name__}.{info.name}")
+        spec = getattr(module, "SPEC", None)
+        if isinstance(spec, KernelSpec):
+            specs.append(spec)
+    return specs
+
+
+@cache
+def all_specs() -> tuple[KernelSpec, ...]:
+    """Every registered rung, ordered by backend then rung number."""
+    specs: list[KernelSpec] = []
+    for backend in BACKENDS:
+        specs.extend(_discover_backend(backend))
+    seen: set[str] = set()
+    for s in specs:
+        if s.key in seen:
+            raise RuntimeError(f"kernel {s.key} is registered twice")
+        seen.add(s.key)
+    order = {b: i for i, b in enumerate(BACKENDS)}
+    return tuple(sorted(specs, key=lambda s: (order[s.backend], s.rung, s.name)))
+
+
+def specs_for(backend: str) -> tuple[KernelSpec, ...]:
+    return tuple(s for s in all_specs() if s.backend == backend)
+
+
+def get(name: str, backend: str) -> KernelSpec:
+    """Look a rung up by name on a backend; the error lists the choices."""
+    for s in specs_for(backend):
+        if s.name == name:
+            return s
+    choices = ", ".join(s.name for s in specs_for(backend)) or "none"
+    raise ValueError(f"unknown kernel {name!r} for backend {backend!r}; choices: {choices}")
+
+
+def default_for(backend: str, dtype: np.dtype | str) -> KernelSpec:
+    """The built-in choice for ``kernel="auto"``: the highest rung that supports ``dtype``.
+
+    The tuner's cache, when it has an entry for the device and shape, takes precedence (see
+    ``tilegemm.api``); this is the fallback and needs no measurement.
+    """
+    candidates = [s for s in specs_for(backend) if s.supports(dtype)]
+    if not candidates:
+        raise TypeError(f"no {backend} kernel supports dtype {np.dtype(dtype).name}")
+    return max(candidates, key=lambda s: s.rung)

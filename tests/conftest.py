@@ -1,0 +1,66 @@
+"""Shared test setup: NaN poisoning everywhere, and skips by what a test needs.
+
+Markers (declared in pyproject.toml):
+- ``cudasim``: runs CUDA kernels. Runs when NUMBA_ENABLE_CUDASIM=1 (``make test`` runs these
+  in a second pytest process with it set) or, on a GPU machine, with TILEGEMM_GPU_TESTS=1.
+- ``ptx``: compiles kernels to PTX and links with nvJitLink; needs no GPU but cannot run
+  under the simulator.
+- ``opencl``: needs a usable OpenCL device (PoCL is enough).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+# Every fresh output buffer a backend allocates is filled with NaN (ints: a sentinel)
+# before the launch, so an element a kernel never writes fails the check.
+os.environ.setdefault("TILEGEMM_POISON", "1")
+
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("", "0")
+REAL_GPU = os.environ.get("TILEGEMM_GPU_TESTS", "") not in ("", "0")
+
+# Shapes chosen to break tiling: 1×1×1, a row times a column, K=1, primes, partial tiles
+# on every edge (tile 8), and sizes just above a tile multiple.
+HOSTILE_SHAPES = [
+    (1, 1, 1),
+    (1, 9, 1),  # (M, N, K): 1×K times K×1 below has K=9
+    (1, 1, 9),
+    (5, 3, 1),
+    (7, 13, 5),
+    (9, 17, 8),
+    (33, 17, 65),
+    (16, 16, 16),
+]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_cuda = pytest.mark.skip(reason="needs NUMBA_ENABLE_CUDASIM=1 or TILEGEMM_GPU_TESTS=1")
+    skip_ptx = pytest.mark.skip(reason="PTX compilation is not available under the simulator")
+    for item in items:
+        if "cudasim" in item.keywords and not (SIM or REAL_GPU):
+            item.add_marker(skip_cuda)
+        if "ptx" in item.keywords and SIM:
+            item.add_marker(skip_ptx)
+        if "opencl" in item.keywords and not _opencl_usable():
+            item.add_marker(pytest.mark.skip(reason="no usable OpenCL device"))
+
+
+_OPENCL: bool | None = None
+
+
+def _opencl_usable() -> bool:
+    global _OPENCL
+    if _OPENCL is None:
+        from tilegemm.backends import get_backend
+
+        _OPENCL = get_backend("opencl").status().usable
+    return _OPENCL
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    """Fresh random data every run (the seed is printed on failure by pytest's repr)."""
+    return np.random.default_rng()
