@@ -80,10 +80,11 @@ def assert_close(
         with np.errstate(invalid="ignore"):
             max_abs = float(np.nanmax(np.where(finite, err, 0.0))) if ref.size else 0.0
             rel = np.where(finite & (np.abs(ref) > 0), err / np.maximum(np.abs(ref), 1e-300), 0)
+            max_rel = float(np.nanmax(rel)) if ref.size else 0.0
         raise AssertionError(
             f"{what}: {nbad} of {ref.size} elements wrong; first at {idx}: got {result[idx]!r}, "
             f"expected {ref[idx]!r} (allowed error {np.broadcast_to(tol, ref.shape)[idx]:.3g}); "
-            f"max abs error {max_abs:.3g}, max rel error {float(np.nanmax(rel)) if ref.size else 0:.3g}"
+            f"max abs error {max_abs:.3g}, max rel error {max_rel:.3g}"
         )
 
 

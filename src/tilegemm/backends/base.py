@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,22 @@ class BackendStatus:
     devices: tuple[str, ...] = ()
     simulated: bool = False  # e.g. numba's CUDA simulator: correct but very slow
     accelerated: bool = False  # a real GPU (or other accelerator): kernel="auto" prefers it
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One product set up for repeated launches, operands already resident on the device.
+
+    Benchmarks and the tuner time kernels, not transfers or Python dispatch: ``launch``
+    enqueues one launch on data prepared once; ``elapsed(n)`` runs ``n`` launches and returns
+    each one's device-measured time in seconds (CUDA events, OpenCL profiling events,
+    ``perf_counter`` on the CPU); ``fetch`` copies the (batch, M, N) result to the host for
+    verification.
+    """
+
+    launch: Callable[[], None]
+    fetch: Callable[[], np.ndarray]
+    elapsed: Callable[[int], list[float]]
 
 
 def poison_enabled() -> bool:
@@ -65,6 +81,14 @@ class Backend(ABC):
         a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
     ) -> Any:
         """Compute and return the result (``out`` if given), of the operands' array type."""
+
+    def prepare(
+        self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+        a3: np.ndarray, b3: np.ndarray,
+    ) -> Prepared:
+        """Copy (batch|1, M, K) and (batch|1, K, N) host operands to the device once and
+        return launch/fetch/elapsed closures over them (alpha=1, beta=0)."""
+        raise NotImplementedError(f"backend {self.name} cannot prepare benchmarks yet")
 
     def synchronize(self) -> None:
         """Wait for queued work (timing uses this); host backends have nothing to wait for."""

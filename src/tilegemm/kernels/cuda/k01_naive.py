@@ -23,7 +23,6 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.launch import capped_grid, ceil_div
 from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
 
-
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
 
 
