@@ -133,11 +133,12 @@ def _case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
 
 def plan(
     backends: Sequence[str], settings: Settings,
-    specs_for: Callable[[str], Iterable[KernelSpec]] = registry.specs_for,
+    specs_for: Callable[[str], Iterable[KernelSpec]] | None = None,
 ) -> list[Case]:
     """Every case of the selected reports: compile cases first (so their first call is
     the cold one), then the rest in ascending size (so slow rungs are skipped at sizes
-    their smaller runs predict to be too slow)."""
+    their smaller runs predict to be too slow). ``specs_for`` defaults to the registry."""
+    specs_for = specs_for or registry.specs_for
     dtype = np.dtype(settings.dtype)
     first: list[Case] = []
     rest: list[Case] = []
@@ -290,7 +291,7 @@ def default_backends(include_simulated: bool = False) -> list[str]:
 def run_bench(
     backends: Sequence[str], settings: Settings, *,
     progress: Callable[[int, int, Case], None] | None = None,
-    specs_for: Callable[[str], Iterable[KernelSpec]] = registry.specs_for,
+    specs_for: Callable[[str], Iterable[KernelSpec]] | None = None,
     clock: Clock = time.perf_counter,
 ) -> Results:
     """Plan, run and package a whole benchmark with the metadata a results file needs."""
