@@ -278,3 +278,21 @@ def test_tiny_sweep_on_opencl() -> None:
     assert res.for_report("ladder", "opencl")
     assert not res.failed, [f"{m.variant}: {m.reason}" for m in res.failed]
     assert "Ladder — opencl" in report.to_markdown(res)
+
+
+def test_environment_slugs_and_commit(tmp_path: Path) -> None:
+    from tilegemm.bench.environment import git_commit, slug
+
+    assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert slug("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz") == "intel-xeon-platinum-8480"
+    assert git_commit(tmp_path) == "unknown"  # not a repository
+
+
+def test_results_file_names_follow_the_device(cpu_results: Results) -> None:
+    stem = cpu_results.default_stem()
+    assert stem.startswith("cpu-") and stem.endswith(cpu_results.meta["created"][:10])
+    gpu = Results({"created": "2030-01-02T00:00:00", "backends": {
+        "cuda": {"device": "NVIDIA H200"}}}, [m for m in cpu_results.measurements[:1]])
+    gpu.measurements[0] = type(gpu.measurements[0]).from_dict(
+        {**gpu.measurements[0].to_dict(), "backend": "cuda"})
+    assert gpu.default_stem() == "nvidia-h200-2030-01-02"

@@ -29,6 +29,7 @@ class Table:
     columns: list[str]
     rows: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    text_columns: int = 1  # leading columns of names (left-aligned); the rest are numbers
 
 
 def fmt_gflops(x: float | None) -> str:
@@ -57,6 +58,11 @@ def cell(m: Measurement | None) -> str:
     if m.status == FAILED:
         return FAILED
     return fmt_gflops(m.gflops)
+
+
+def short_name(vendor: str) -> str:
+    """``cuBLAS (CuPy)`` → ``cuBLAS``: what a column header needs."""
+    return vendor.split(" (")[0]
 
 
 def _percent(m: Measurement, ref: Measurement | None) -> str:
@@ -106,10 +112,10 @@ def ladder_tables(results: Results) -> list[Table]:
         for n in _sizes_of(ms):
             at = _order(m for m in ms if m.m == n)
             ref = next((m for m in at if m.vendor and m.status == OK), None)
-            ref_name = ref.kernel if ref else "vendor"
+            ref_name = short_name(ref.kernel) if ref else "vendor"
             t = Table(f"Ladder — {be} on {_device(results, be)}, {dtype}, {n}³",
                       ["rung", "kernel", "parameters", "verified", "median ms", "IQR ms",
-                       "GFLOP/s", f"% of {ref_name}"])
+                       "GFLOP/s", f"% of {ref_name}"], text_columns=4)
             for m in at:
                 s = m.stats
                 iqr = f"{fmt_ms(s.q1)}–{fmt_ms(s.q3)}" if s and m.status == OK else DASH
@@ -154,10 +160,10 @@ def rsweep_tables(results: Results) -> list[Table]:
         ref = next((m for m in ms if m.vendor and m.status == OK), None)
         for n in _sizes_of(ms):
             at = [m for m in _order(ms) if m.m == n and not m.vendor]
-            ref_name = ref.kernel if ref else "vendor"
+            ref_name = short_name(ref.kernel) if ref else "vendor"
             t = Table(f"Outputs per thread (R) — {be} on {_device(results, be)}, {n}³",
                       ["kernel", "R", "parameters", "GFLOP/s", f"% of {ref_name}",
-                       "seed 004 TFLOP/s (1024³, its GPU)"])
+                       "seed 004 TFLOP/s (1024³, its GPU)"], text_columns=3)
             for m in at:
                 r = m.params.get("R")
                 params = " ".join(f"{k}={v}" for k, v in m.params.items() if k != "R")
@@ -183,7 +189,7 @@ def compile_tables(results: Results) -> list[Table]:
         n = at[0].m
         t = Table(f"First call vs steady — {be} on {_device(results, be)}, {n}³",
                   ["kernel", "parameters", "first call ms", "steady median ms", "first/steady",
-                   "GFLOP/s (steady)"])
+                   "GFLOP/s (steady)"], text_columns=2)
         rows = at + ([numpy_row] if numpy_row is not None and be != "cpu" else [])
         for m in rows:
             s = m.stats if m.status == OK else None
@@ -194,7 +200,7 @@ def compile_tables(results: Results) -> list[Table]:
                            fmt_ms(s.median) if s else DASH, ratio, cell(m)])
         t.notes += _problem_notes(rows)
         t.notes.append("first call = build/compile + operand upload + one launch, host clock; "
-                       "steady = median of device-timed launches after warm-up")
+                       "steady = median of backend-timed launches after warm-up")
         tables.append(t)
     return tables
 
@@ -244,7 +250,8 @@ def to_markdown(results: Results, reports: Iterable[str] | None = None) -> str:
     for t in tables(results, reports):
         out += ["", f"### {t.title}", ""]
         out.append("| " + " | ".join(t.columns) + " |")
-        out.append("|" + "|".join("---" for _ in t.columns) + "|")
+        out.append("|" + "|".join("---" if i < t.text_columns else "---:"
+                                  for i in range(len(t.columns))) + "|")
         for row in t.rows:
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         if t.notes:
@@ -302,7 +309,7 @@ def print_rich(results: Results, reports: Iterable[str] | None = None, console: 
     for t in tables(results, reports):
         rt = RichTable(title=escape(t.title), title_justify="left")
         for i, col in enumerate(t.columns):
-            rt.add_column(col, justify="left" if i == 0 else "right")
+            rt.add_column(col, justify="left" if i < t.text_columns else "right")
         for row in t.rows:
             rt.add_row(*[f"[bold red]{c}[/]" if c == FAILED else escape(c) for c in row])
         console.print(rt)
