@@ -16,6 +16,7 @@ first call apart, verified, then timed with the library's own events.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,7 +87,9 @@ def numpy_vendor() -> Vendor:
 
 
 def _cupy_vendor() -> Vendor:
-    # Pure FP32 (no TF32 tensor cores); CuPy reads this when its linalg is first used.
+    # Pure FP32 (no TF32 tensor cores). CuPy reads CUPY_TF32 when it is imported, so it is
+    # set before; if CuPy was imported earlier with TF32 on, say so rather than pretend.
+    tf32_on = "cupy" in sys.modules and os.environ.get("CUPY_TF32", "0") != "0"
     os.environ["CUPY_TF32"] = "0"
     import cupy
 
@@ -110,8 +113,9 @@ def _cupy_vendor() -> Vendor:
 
         return Prepared(launch, lambda: cupy.asnumpy(out), elapsed)
 
-    return Vendor("cublas-cupy", "cuBLAS (CuPy)",
-                  f"cupy {cupy.__version__}, CUPY_TF32=0: FP32 compute, no TF32", prepare,
+    precision = ("CUPY_TF32=1 was set before tilegemm: TF32 may be used" if tf32_on
+                 else "CUPY_TF32=0: FP32 compute, no TF32")
+    return Vendor("cublas-cupy", "cuBLAS (CuPy)", f"cupy {cupy.__version__}, {precision}", prepare,
                   lambda: cupy.cuda.Device().synchronize(), "CUDA events")
 
 
@@ -195,7 +199,10 @@ def _clblast_vendor(backend: Backend) -> Vendor:
                     times.append(wall)
             return times
 
-        return Prepared(lambda: enqueue() and None, dc.get, elapsed)
+        def launch() -> None:
+            enqueue()
+
+        return Prepared(launch, dc.get, elapsed)
 
     version = getattr(pyclblast, "__version__", "")
     return Vendor("clblast", "CLBlast", f"pyclblast {version}".strip(), prepare,
