@@ -54,3 +54,12 @@ def test_help(argv):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 0
+
+
+def test_kernels_markdown_comes_from_the_registry(capsys):
+    import tilegemm
+
+    assert main(["kernels", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "`" in line]
+    assert len(rows) == len(tilegemm.kernels())
