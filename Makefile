@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench bench-gpu clean
+.PHONY: demo test test-fast lint bench bench-gpu bench-gpu-system clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ bench-gpu: $(STAMP)
 	$(PY) -c "import cupy" 2>/dev/null || $(PY) -m pip install -q "$(CUPY)" || \
 	  echo "warning: no CuPy; install it or PyTorch for the cuBLAS reference column"
 	$(VENV)/bin/tilegemm bench --full --backend cuda --save benchmarks/results
+
+# The same on a machine that already has numba-cuda and CuPy/PyTorch in its system Python
+# and no network (e.g. a lent GPU box): no virtual environment, the source tree as is.
+bench-gpu-system:
+	PYTHONPATH=src python3 -m tilegemm.cli bench --full --backend cuda --save benchmarks/results
 
 # Plain tests (API, CPU, OpenCL on PoCL, PTX/nvJitLink) in one process, then every CUDA
 # rung on numba's CUDA simulator in a second one (the simulator must be chosen before
