@@ -16,6 +16,7 @@ import pytest
 import tilegemm
 from tilegemm import cli
 from tilegemm.analysis.resources import ARCHS, cuda_resources, ptx_for
+from tilegemm.backends.cuda import MAX_STATIC_SMEM
 from tilegemm.registry import KernelSpec, get
 
 pytestmark = pytest.mark.ptx
@@ -54,6 +55,25 @@ def test_register_tiles_stay_in_registers(name: str, arch: str) -> None:
     assert "ld.local" not in ptx and "st.local" not in ptx
     assert r.smem - (SM90_RESERVED_SMEM if arch == "sm_90" else 0) == spec.smem(
         spec.defaults(), 4)
+
+
+def _largest_block(spec: KernelSpec) -> dict[str, int]:
+    """The most threads per block among the parameters the backend would launch."""
+    launchable = [p for p in spec.space() if spec.smem(p, 4) <= MAX_STATIC_SMEM]
+    return max(launchable, key=lambda p: (spec.threads(p), sorted(p.items())))
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_blocks_fit_the_register_file(spec: KernelSpec, arch: str) -> None:
+    """A block's registers must fit an SM's 65,536, or the launch fails on a real GPU: the
+    rungs are jitted with launch bounds (``.maxntid``) so ptxas fits them to the block."""
+    for params in (spec.defaults(), _largest_block(spec)):
+        r = cuda_resources(spec, params, "float32", arch)
+        threads = spec.threads(params)
+        assert r.registers * threads <= 65_536, (spec.name, params, r.registers, threads)
+        assert f".maxntid {threads}" in ptx_for(spec, params, "float32", arch).replace(
+            ", 1, 1", "")
 
 
 def test_cli_kernels_resources(capsys: pytest.CaptureFixture[str],
