@@ -67,7 +67,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         frag_b = cuda.local.array(tn, nptype)
         # ``& 1023`` changes nothing (tid < 1024) but tells the compiler tid >= 0, so the
         # sign fix-ups of // and % and numba's negative-index wraparound fold away and the
-        # fragment addresses become constant offsets (about 80 fewer registers).
+        # fragment addresses become constant offsets (about 50 fewer registers).
         tid = cuda.threadIdx.x & 1023
         t_row = tid // col_step
         t_col = tid % col_step
