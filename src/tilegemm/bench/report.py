@@ -299,11 +299,13 @@ def render(results: Results, fmt: str, reports: Iterable[str] | None = None) -> 
 
 def print_rich(results: Results, reports: Iterable[str] | None = None, console: Any = None) -> None:
     """The tables in the terminal (FAILED in red, the vendor row in bold)."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table as RichTable
 
-    console = console or Console()
+    if console is None:
+        from tilegemm.commands._console import console as make_console
+
+        console = make_console()
     for line in header_lines(results):
         console.print(f"[dim]{escape(line)}[/]")
     for t in tables(results, reports):

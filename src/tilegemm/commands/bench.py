@@ -166,13 +166,12 @@ def run(args: argparse.Namespace) -> int:
         _emit(results, args)
         return 0
 
-    from rich.console import Console
-
     from tilegemm.bench.sweeps import run_bench
+    from tilegemm.commands._console import console
 
     settings = settings_from(args)
     backends, left = choose_backends(args)
-    err = Console(stderr=True)
+    err = console(stderr=True)
     if not args.quiet:
         err.print(f"[dim]benchmarking {', '.join(backends)} ({settings.profile}, "
                   f"{settings.dtype}); reports: {', '.join(settings.reports)}[/]")
