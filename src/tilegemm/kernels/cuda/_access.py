@@ -63,6 +63,20 @@ def width(itemsize: int) -> int:
     return VECTOR_BYTES // itemsize
 
 
+def kernel_jit(cuda: Any, threads: int) -> Any:
+    """``cuda.jit`` with ``launch_bounds=threads`` (the simulator does not take it).
+
+    Without a bound, ptxas may give a kernel up to 255 registers per thread whatever the
+    block size, and a block of 512 threads × 167 registers then fails to launch ("too many
+    resources requested"). With the bound, ptxas keeps registers × threads within the
+    register file, so every valid parameter set launches (spilling if it must, which the
+    resource tests and the tuner's register check report).
+    """
+    from tilegemm.backends.cuda import simulator_enabled
+
+    return cuda.jit if simulator_enabled() else cuda.jit(launch_bounds=threads)
+
+
 @cache
 def access_ops() -> Access:
     """The vector helpers for the current mode (real compilation or the simulator)."""

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
-from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, width
+from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, kernel_jit, width
 from tilegemm.launch import capped_grid, ceil_div
 from tilegemm.registry import Constraint, KernelSpec, Param
 
@@ -67,7 +67,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     zero = dtype.type(0)
     nptype = dtype.type
 
-    @cuda.jit
+    @kernel_jit(cuda, NT)
     def smem_layout(A, B, C, alpha, beta):
         m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
         tid = cuda.threadIdx.x
