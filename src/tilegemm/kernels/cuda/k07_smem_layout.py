@@ -47,6 +47,10 @@ def _threads(p: Mapping[str, int]) -> int:
     return (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
 
 
+def _smem(p: Mapping[str, int], itemsize: int) -> int:
+    return (p["BK"] * p["BM"] + p["BK"] * p["BN"]) * itemsize
+
+
 def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     global cuda
     from numba import cuda
@@ -70,7 +74,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     @kernel_jit(cuda, NT)
     def smem_layout(A, B, C, alpha, beta):
         m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
-        tid = cuda.threadIdx.x
+        tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
         tx = tid % TCOLS
         ty = tid // TCOLS
         a_vec = (k_len % W == 0 and address(A) % VB == 0 and A.strides[2] == ISZ
@@ -198,9 +202,11 @@ SPEC = KernelSpec(
         Constraint("16 <= (BM/TM)*(BN/TN) <= 1024 threads",
                    lambda p: p["BM"] % p["TM"] == 0 and p["BN"] % p["TN"] == 0
                    and 16 <= _threads(p) <= 1024),
+        Constraint("float32 tiles fit the 48 KB of static shared memory",
+                   lambda p: _smem(p, 4) <= 48 * 1024),
     ),
     threads=_threads,
-    smem=lambda p, itemsize: (p["BK"] * p["BM"] + p["BK"] * p["BN"]) * itemsize,
+    smem=_smem,
     doc=__doc__,
     extra={"sim_params": {"BM": 16, "BN": 16, "BK": 8, "TM": 4, "TN": 4}},
 )

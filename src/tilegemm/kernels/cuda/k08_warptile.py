@@ -52,6 +52,10 @@ def _threads(p: Mapping[str, int]) -> int:
     return (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
 
 
+def _smem(p: Mapping[str, int], itemsize: int) -> int:
+    return (p["BK"] * p["BM"] + p["BK"] * p["BN"]) * itemsize
+
+
 def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     global cuda
     from numba import cuda
@@ -78,7 +82,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     @kernel_jit(cuda, NT)
     def warptile(A, B, C, alpha, beta):
         m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
-        tid = cuda.threadIdx.x
+        tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
         warp = tid // 32
         lane = tid % 32
         wr0 = (warp // WCOLS) * WM  # this warp's tile inside the block tile
@@ -215,9 +219,11 @@ SPEC = KernelSpec(
         Constraint("(BM/WM)*(BN/WN)*32 <= 1024 threads",
                    lambda p: p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0
                    and _threads(p) <= 1024),
+        Constraint("float32 tiles fit the 48 KB of static shared memory",
+                   lambda p: _smem(p, 4) <= 48 * 1024),
     ),
     threads=_threads,
-    smem=lambda p, itemsize: (p["BK"] * p["BM"] + p["BK"] * p["BN"]) * itemsize,
+    smem=_smem,
     doc=__doc__,
     extra={"sim_params": {"BM": 32, "BN": 16, "BK": 8, "WM": 32, "WN": 16, "WNITER": 1,
                           "TM": 4, "TN": 4}},
