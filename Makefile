@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench bench-gpu bench-gpu-system clean
+.PHONY: demo test test-fast lint bench bench-gpu bench-gpu-system readme clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,7 +49,11 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not cudasim and not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests tools benchmarks
+
+# Regenerate the README's generated tables (the ladder, from the registry).
+readme: $(STAMP)
+	$(PY) tools/update_readme.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
