@@ -18,13 +18,22 @@
 
 kernel void gemm(GEMM_ARGS)
 {
+#if NT > 1
     local T As[BK][BM];     /* transposed: k-major */
     local VT Bs[BK][BNV];
+#endif
     const int tx = get_local_id(0);
     const int ty = get_local_id(1);
     const int tid = ty * WN + tx;
+#if NT == 1
+    /* Consecutive work-groups take consecutive row blocks of the same column block, so
+       the B panel they all read stays in cache (and in the TLB: its rows are N apart). */
+    const int row0 = get_group_id(0) * BM;
+    const int col0 = get_group_id(1) * BN;
+#else
     const int col0 = get_group_id(0) * BN;
     const int row0 = get_group_id(1) * BM;
+#endif
     const int z = get_group_id(2);
     const long a_base = a_off + z * a_bs;
     const long b_base = b_off + z * b_bs;
@@ -32,7 +41,9 @@ kernel void gemm(GEMM_ARGS)
     global const T *a = A + a_base;
     global const T *b = B + b_base;
     /* Aligned vector access is possible when every row starts on a multiple of VW. */
+#if NT > 1
     const bool a_vec = a_base % VW == 0 && K % VW == 0;
+#endif
     const bool b_vec = b_base % VW == 0 && N % VW == 0;
     const bool c_vec = c_base % VW == 0 && N % VW == 0;
 
@@ -41,6 +52,42 @@ kernel void gemm(GEMM_ARGS)
         for (int v = 0; v < TNV; ++v)
             acc[r][v] = (VT)ZERO;
 
+#if NT == 1
+    /* One work-item per work-group (BM == TM, BN == TN, the CPU default): there is no
+       other work-item to share a tile with, so staging in local memory would only copy
+       data; read A and B straight from global memory and let the caches stage them.
+       Interior blocks take an unchecked vector loop; edge blocks the checked one. */
+    if (b_vec && row0 + TM <= M && col0 + TN <= N) {
+        global const T *arow = a + (long)row0 * K;
+        global const T *bcol = b + col0;
+        for (int k = 0; k < K; ++k) {
+            VT bv[TNV];
+            for (int v = 0; v < TNV; ++v)
+                bv[v] = *(global const VT *)(bcol + (long)k * N + v * VW);
+            for (int r = 0; r < TM; ++r) {
+                const T av = arow[(long)r * K + k];
+                for (int v = 0; v < TNV; ++v)
+                    acc[r][v] += av * bv[v];
+            }
+        }
+    } else {
+        for (int k = 0; k < K; ++k) {
+            VT bv[TNV];
+            for (int v = 0; v < TNV; ++v) {
+                T *x = (T *)&bv[v];
+                for (int e = 0; e < VW; ++e) {
+                    const int j = col0 + v * VW + e;
+                    x[e] = j < N ? b[(long)k * N + j] : ZERO;
+                }
+            }
+            for (int r = 0; r < TM; ++r) {
+                const T av = row0 + r < M ? a[(long)(row0 + r) * K + k] : ZERO;
+                for (int v = 0; v < TNV; ++v)
+                    acc[r][v] += av * bv[v];
+            }
+        }
+    }
+#else
     for (int k0 = 0; k0 < K; k0 += BK) {
         for (int l = tid; l < BM * BKV; l += NT) {
             const int r = l / BKV, kv = l % BKV;
@@ -81,6 +128,8 @@ kernel void gemm(GEMM_ARGS)
         }
         barrier(CLK_LOCAL_MEM_FENCE);
     }
+
+#endif
 
     for (int r = 0; r < TM; ++r) {
         const int i = row0 + ty + r * WM;
