@@ -199,7 +199,7 @@ class OpenCLBackend(Backend):
                 device_kind(d), str(d.max_compute_units), str(d.max_work_group_size),
                 "×".join(map(str, d.max_work_item_sizes)),
                 f"{d.local_mem_size // 1024} KiB", f"{d.global_mem_size / 2**30:.1f} GiB",
-                "yes" if has_fp64(d) else "no", d.version.strip(),
+                "yes" if has_fp64(d) else "no", " ".join(d.version.split()[:2]),
             )
         return table
 
