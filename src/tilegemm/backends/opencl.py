@@ -151,7 +151,7 @@ class OpenCLBackend(Backend):
     def __init__(self) -> None:
         self._own: dict[int, _OwnDevice] = {}
         self._cache = _Cache()
-        self._used: list[Any] = []  # queues with work in flight, for synchronize()
+        self._used: dict[int, Any] = {}  # queues that may have work in flight
 
     # -- probing ------------------------------------------------------------------------
 
@@ -459,7 +459,7 @@ class OpenCLBackend(Backend):
                 b_args = self._operand(target, b, prob, "b")
             self._launch(kernel, program, queue, prob, a_args, b_args,
                          (dest.base_data, dest.offset // itemsize), alpha, beta)
-        self._used.append(queue)
+        self._used[queue.int_ptr] = queue
 
         if on_device:
             if out is not None:
@@ -533,12 +533,12 @@ class OpenCLBackend(Backend):
             return [(e.profile.end - e.profile.start) * 1e-9 if e is not None else 0.0
                     for e in events]
 
-        self._used.append(queue)
+        self._used[queue.int_ptr] = queue
         return Prepared(launch=launch, fetch=fetch, elapsed=elapsed)
 
     def synchronize(self) -> None:
-        used, self._used = self._used, []
-        for queue in {id(q): q for q in used}.values():
+        used, self._used = self._used, {}
+        for queue in used.values():
             queue.finish()
 
 
