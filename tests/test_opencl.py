@@ -217,6 +217,25 @@ def test_pyopencl_views_and_out(queue) -> None:
     assert_close(dsq.get(), sq, sq, what="out aliases a and b")
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_misaligned_device_offsets(spec: KernelSpec, queue) -> None:
+    """Operands and out starting one element into a buffer: row lengths are multiples of 8,
+    so only the offset decides whether a vector access would be misaligned."""
+    _, cla = _cl()
+    m, n, k = 19, 24, 40
+    a, b = random_operands((m, k), (k, n), "float32")
+
+    def shifted(x: np.ndarray):
+        flat = cla.to_device(queue, np.concatenate([[np.float32(7)], x.ravel()]))
+        return flat[1:].reshape(x.shape)
+
+    for params in ({}, ALTERNATIVE.get(spec.name, {})):
+        out = shifted(np.full((m, n), np.nan, np.float32))
+        tilegemm.matmul(shifted(a), shifted(b), out=out, backend="opencl", kernel=spec.name,
+                        **params)
+        assert_close(out.get(), a, b, what=f"{spec.name} {params} offset by one")
+
+
 def test_auto_uses_opencl_for_device_arrays(queue) -> None:
     _, cla = _cl()
     a, b = random_operands((6, 5), (5, 4), "float64")

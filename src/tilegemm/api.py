@@ -127,7 +127,7 @@ def gemm(
     be = choose_backend(backend, ops)
     if device is not None and not getattr(be, "accepts_device", False):
         raise ValueError(f"device= chooses an OpenCL device; backend {be.name!r} has no "
-                         "device choice")
+                         "device choice (pass backend='opencl')")
     spec, resolved = choose_kernel(kernel, be, prob, params)
     if out is not None:
         data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
