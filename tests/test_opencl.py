@@ -69,10 +69,15 @@ def test_hostile_shapes(spec: KernelSpec, dtype: str) -> None:
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
 def test_alternative_parameters(spec: KernelSpec) -> None:
-    params = ALTERNATIVE.get(spec.name, {})
-    for m, n, k in [(1, 1, 1), (7, 13, 5), (33, 17, 65), (37, 70, 19), (64, 64, 64)]:
-        a, b = random_operands((m, k), (k, n), "float32")
-        assert_close(_mm(a, b, spec, **params), a, b, what=f"{spec.name} {params} {m}x{n}x{k}")
+    """The alternative set, and every per-device-type default set (so a GPU machine still
+    runs the CPU defaults' code path, and the other way round)."""
+    sets = [ALTERNATIVE.get(spec.name, {}), spec.defaults(),
+            *spec.extra.get("device_defaults", {}).values()]
+    for params in sets:
+        for m, n, k in [(1, 1, 1), (7, 13, 5), (33, 17, 65), (37, 70, 19), (64, 64, 64)]:
+            a, b = random_operands((m, k), (k, n), "float32")
+            assert_close(_mm(a, b, spec, **params), a, b,
+                         what=f"{spec.name} {params} {m}x{n}x{k}")
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
