@@ -1,0 +1,73 @@
+"""Edge cases found by a QA pass: aliasing, array subclasses, scalars and c's dtype.
+
+Each test here failed before the fix it accompanies (see the git log for the why).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.reference import assert_close, random_operands
+
+CPU = {"backend": "cpu", "kernel": "triple_loop"}
+
+
+@pytest.mark.parametrize("which", ["a", "b", "both"])
+def test_out_aliasing_an_operand_gives_the_right_product(which):
+    """``out=a`` (like NumPy's ``np.matmul(a, b, out=a)``) must not read a half-written a."""
+    a, b = random_operands((6, 6), (6, 6), "float64")
+    if which == "both":
+        b = a
+    x = (a if which != "b" else b).copy()
+    args = (x, x) if which == "both" else ((x, b) if which == "a" else (a, x))
+    r = tilegemm.matmul(*args, out=x, **CPU)
+    assert r is x
+    assert_close(x, a, b)
+
+
+def test_out_aliasing_a_view_of_an_operand():
+    """A batch of products written over one of its own inputs (a view, not the same object)."""
+    a, b = random_operands((3, 5, 5), (3, 5, 5), "float32")
+    x = a.copy()
+    tilegemm.matmul(x, b, out=x[...], **CPU)
+    assert_close(x, a, b)
+
+
+def test_gemm_c_and_out_alias_an_operand():
+    a, b = random_operands((5, 5), (5, 5), "float64")
+    c = np.random.default_rng().uniform(0.5, 1.5, (5, 5))
+    x = a.copy()
+    tilegemm.gemm(x, b, x, alpha=2.0, beta=0.5, out=x, **CPU)
+    assert_close(x, a, b, alpha=2.0, beta=0.5, c=a)
+    x = a.copy()
+    tilegemm.gemm(x, b, c, beta=0.5, out=x, **CPU)
+    assert_close(x, a, b, beta=0.5, c=c)
+
+
+@pytest.mark.cudasim
+def test_device_out_aliasing_an_operand():
+    from numba import cuda
+
+    a, b = random_operands((6, 6), (6, 6), "float32")
+    da, db = cuda.to_device(a), cuda.to_device(b)
+    assert tilegemm.matmul(da, db, out=db, kernel="naive", BLOCK=8) is db
+    assert_close(db.copy_to_host(), a, b)
+
+
+def test_device_span_covers_negative_strides_and_views():
+    """The address-range test used on a real GPU (no GPU here: a stand-in with the same
+    attributes as a numba DeviceNDArray)."""
+    from types import SimpleNamespace
+
+    from tilegemm.backends.cuda import _span
+
+    def dev(ptr, shape, strides, itemsize=4):
+        return SimpleNamespace(size=int(np.prod(shape)), shape=shape, strides=strides,
+                               dtype=np.dtype(f"f{itemsize}"),
+                               device_ctypes_pointer=SimpleNamespace(value=ptr))
+
+    assert _span(dev(1000, (3, 4), (16, 4))) == (1000, 1048)
+    assert _span(dev(1044, (3, 4), (-16, -4))) == (1000, 1048)  # [::-1, ::-1] of the above
+    assert _span(dev(1000, (0, 4), (16, 4))) == (0, 0)
