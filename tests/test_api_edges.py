@@ -71,3 +71,30 @@ def test_device_span_covers_negative_strides_and_views():
     assert _span(dev(1000, (3, 4), (16, 4))) == (1000, 1048)
     assert _span(dev(1044, (3, 4), (-16, -4))) == (1000, 1048)  # [::-1, ::-1] of the above
     assert _span(dev(1000, (0, 4), (16, 4))) == (0, 0)
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix itself warns
+def test_matrix_and_masked_arrays_are_refused_clearly():
+    """np.matrix used to reach Numba and fail with a TypingError; a masked array's mask was
+    silently ignored. Both are refused up front, naming what to pass instead."""
+    a, b = random_operands((4, 5), (5, 3), "float64")
+    with pytest.raises(TypeError, match=r"np\.matrix.*np\.asarray"):
+        tilegemm.matmul(np.matrix(a), b, **CPU)
+    with pytest.raises(TypeError, match=r"masked.*filled"):
+        tilegemm.matmul(a, np.ma.array(b, mask=b > 1), **CPU)
+    c = np.ma.array(np.ones((4, 3)))
+    with pytest.raises(TypeError, match="c: masked"):
+        tilegemm.gemm(a, b, c, beta=1.0, **CPU)
+
+
+def test_other_ndarray_subclasses_compute_on_their_data():
+    class Tagged(np.ndarray):
+        pass
+
+    a, b = random_operands((4, 5), (5, 3), "float32")
+    r = tilegemm.matmul(a.view(Tagged), b.view(Tagged), **CPU)
+    assert type(r) is np.ndarray
+    assert_close(r, a, b)
+    out = np.empty((4, 3), np.float32).view(Tagged)
+    assert tilegemm.matmul(a.view(Tagged), b, out=out, **CPU) is out
+    assert_close(np.asarray(out), a, b)

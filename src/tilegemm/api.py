@@ -140,8 +140,10 @@ def matmul(
     - 1-D operands are promoted (a row for ``a``, a column for ``b``) and the added axis is
       removed; leading dimensions broadcast and the batch runs on the device in one launch.
     - The result dtype is ``numpy.result_type(a, b)``: float32, float64, int32 or int64.
-    - NumPy in, NumPy out; CUDA device arrays (numba, CuPy, PyTorch) or pyopencl arrays in,
-      the same kind of array out, with no copy to the host.
+    - NumPy in, NumPy out (other ndarray subclasses are computed on their data and give a
+      plain ndarray; ``np.matrix`` and masked arrays are refused); CUDA device arrays
+      (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array out, with no
+      copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
       "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
     """

@@ -48,6 +48,14 @@ def describe(x: Any, name: str) -> Operand:
         return Operand(x, kind, tuple(int(s) for s in cai["shape"]), np.dtype(cai["typestr"]))
     if kind == "opencl":
         return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype(x.dtype))
+    # Subclasses whose meaning a plain product would change are refused; any other
+    # ndarray subclass is computed on its data and the result is a plain ndarray.
+    if isinstance(x, np.matrix):
+        raise TypeError(f"{name}: np.matrix is not supported (its operators and shapes differ "
+                        "from ndarray's); pass np.asarray(x)")
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name}: masked arrays are not supported (the mask would be ignored); "
+                        "pass x.filled(0) or the unmasked data")
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
