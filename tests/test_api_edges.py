@@ -98,3 +98,53 @@ def test_other_ndarray_subclasses_compute_on_their_data():
     out = np.empty((4, 3), np.float32).view(Tagged)
     assert tilegemm.matmul(a.view(Tagged), b, out=out, **CPU) is out
     assert_close(np.asarray(out), a, b)
+
+
+@pytest.mark.parametrize("alpha", [np.complex64(1), np.complex128(2 + 0j), 1 + 0j])
+def test_complex_scalars_are_refused(alpha):
+    """NumPy complex scalars used to pass the check and lose their imaginary part."""
+    a, b = random_operands((3, 4), (4, 2), "float64")
+    with pytest.raises(TypeError, match="alpha must be real"):
+        tilegemm.gemm(a, b, alpha=alpha, **CPU)
+    with pytest.raises(TypeError, match="beta must be real"):
+        tilegemm.gemm(a, b, np.ones((3, 2)), beta=alpha, **CPU)
+
+
+@pytest.mark.parametrize(
+    ("alpha", "error", "match"),
+    [(float("nan"), TypeError, "alpha=nan must be an integer"),
+     (float("inf"), TypeError, "alpha=inf must be an integer"),
+     (2.5, TypeError, "alpha=2.5 must be an integer"),
+     (2**40, ValueError, "alpha=1099511627776 does not fit in int32")],
+)
+def test_integer_products_name_a_bad_alpha(alpha, error, match):
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    with pytest.raises(error, match=match):
+        tilegemm.gemm(a, a.T, alpha=alpha, **CPU)
+
+
+def test_integer_product_accepts_integral_float_scalars():
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    np.testing.assert_array_equal(tilegemm.gemm(a, a.T, a[:, :2], alpha=2.0, beta=-1.0, **CPU),
+                                  2 * (a @ a.T) - a[:, :2])
+
+
+@pytest.mark.parametrize(
+    ("ab", "c"),
+    [("float64", np.complex128), ("int32", np.float64), ("int64", np.float32)],
+)
+def test_c_that_cannot_be_cast_to_the_result_is_refused(ab, c):
+    """A complex c lost its imaginary part and a float c was truncated into an integer
+    product, silently; c now follows NumPy's same_kind rule, as out= does in ufuncs."""
+    a, b = random_operands((3, 4), (4, 2), ab)
+    cc = np.full((3, 2), 1.5, dtype=c)
+    with pytest.raises(TypeError, match=f"c: dtype {np.dtype(c).name} cannot be cast"):
+        tilegemm.gemm(a, b, cc, beta=1, **CPU)
+
+
+def test_c_of_a_wider_kind_is_cast_down():
+    a, b = random_operands((3, 4), (4, 2), "float32")
+    c = np.random.default_rng().uniform(0.5, 1.5, (3, 2))  # float64 → float32: same kind
+    r = tilegemm.gemm(a, b, c, beta=0.5, **CPU)
+    assert r.dtype == np.float32
+    assert_close(r, a, b, beta=0.5, c=c)

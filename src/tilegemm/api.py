@@ -92,7 +92,7 @@ def _tuned_choice(backend: Backend, prob: GemmProblem) -> tuple[KernelSpec, dict
 def _check_scalar(x: Any, name: str) -> None:
     if isinstance(x, bool) or not isinstance(x, (Number, np.number)):
         raise TypeError(f"{name} must be a real number, got {x!r}")
-    if isinstance(x, complex):
+    if isinstance(x, (complex, np.complexfloating)):
         raise TypeError(f"{name} must be real, got {x!r}")
 
 
@@ -116,6 +116,9 @@ def gemm(
         if c is None:
             raise ValueError("gemm: beta != 0 needs c")
         c_op = describe(c, "c")
+        if not np.can_cast(c_op.dtype, prob.dtype, "same_kind"):
+            raise TypeError(f"gemm: c: dtype {c_op.dtype.name} cannot be cast to the result "
+                            f"dtype {prob.dtype.name} (NumPy's same_kind rule)")
         try:
             shape = np.broadcast_shapes(c_op.shape, prob.out_shape)
         except ValueError:
