@@ -148,3 +148,10 @@ def test_c_of_a_wider_kind_is_cast_down():
     r = tilegemm.gemm(a, b, c, beta=0.5, **CPU)
     assert r.dtype == np.float32
     assert_close(r, a, b, beta=0.5, c=c)
+
+
+def test_vector_dot_vector_out_is_written_and_returned():
+    a, b = random_operands((7,), (7,), "float64")
+    out = np.full((), np.nan)
+    assert tilegemm.matmul(a, b, out=out, **CPU) is out
+    assert_close(out, a, b)

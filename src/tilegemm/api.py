@@ -132,7 +132,10 @@ def gemm(
     if out is not None:
         data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
         check_out(out, prob, data_kind)
-    return be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta)
+    result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta)
+    if out is None and type(result) is np.ndarray and result.ndim == 0:
+        return result[()]  # vector · vector: a NumPy scalar, as np.matmul returns
+    return result
 
 
 def matmul(
