@@ -155,3 +155,19 @@ def test_vector_dot_vector_out_is_written_and_returned():
     out = np.full((), np.nan)
     assert tilegemm.matmul(a, b, out=out, **CPU) is out
     assert_close(out, a, b)
+
+
+def test_read_only_inputs_do_not_compile_the_rung_again():
+    """A read-only operand (np.load(mmap_mode='r'), np.broadcast_to, frombuffer) is a
+    different Numba type from a writeable one: each mix of the two compiled the CPU rung
+    again. Operands now always reach kernels as read-only views: one build per dtype."""
+    from tilegemm import registry
+
+    program = registry.get("triple_loop", "cpu").program({}, "int32")
+    before = len(program.signatures)
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    ro = a.copy()
+    ro.flags.writeable = False
+    for x, y in ((a, a.T), (ro, a.T), (a, ro.T), (ro, ro.T)):
+        np.testing.assert_array_equal(tilegemm.matmul(x, y, **CPU), a @ a.T)
+    assert len(program.signatures) - before <= 1

@@ -179,7 +179,10 @@ def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
     """A host operand as a C-contiguous (batch or 1, rows, cols) array of the problem dtype.
 
     Copies only when needed (a dtype change, a transpose, a partial broadcast or a
-    non-contiguous layout); the caller's array is never written.
+    non-contiguous layout); the caller's array is never written. The result is always a
+    read-only view: kernels never write operands, and one array type (read-only, where a
+    caller's read-only array would otherwise differ from a writeable copy) means a Numba
+    rung compiles once per dtype, not once per mix of read-only and writeable inputs.
     """
     if which == "a":
         x2 = x[None, :] if prob.squeeze_m else x
@@ -198,7 +201,9 @@ def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
         x3 = x2.reshape(prob.batch, rows, cols)
     else:
         x3 = np.broadcast_to(x2, prob.batch_shape + (rows, cols)).reshape(prob.batch, rows, cols)
-    return np.ascontiguousarray(x3, dtype=prob.dtype)
+    view = np.ascontiguousarray(x3, dtype=prob.dtype).view()
+    view.flags.writeable = False
+    return view
 
 
 def check_out(out: Any, prob: GemmProblem, kind: str) -> None:
