@@ -171,3 +171,27 @@ def test_read_only_inputs_do_not_compile_the_rung_again():
     for x, y in ((a, a.T), (ro, a.T), (a, ro.T), (ro, ro.T)):
         np.testing.assert_array_equal(tilegemm.matmul(x, y, **CPU), a @ a.T)
     assert len(program.signatures) - before <= 1
+
+
+def _readme_use_block(keep_cuda: bool) -> str:
+    """The README's 'Use' example, at small sizes (the simulator is slow), optionally without
+    its backend="cuda" line (which needs a GPU or the simulator)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    block = block.replace("rand(1000, 700)", "rand(10, 7)").replace("rand(700, 300)",
+                                                                    "rand(7, 3)")
+    assert "rand(10, 7)" in block and "rand(7, 3)" in block, "README example changed shape"
+    lines = [ln for ln in block.splitlines() if keep_cuda or 'backend="cuda"' not in ln]
+    return "\n".join(lines)
+
+
+def test_readme_example_runs():
+    """It reused c = matmul(a[None], b) (shape (1, M, N)) as gemm's c for a 2-D result."""
+    exec(compile(_readme_use_block(keep_cuda=False), "README.md", "exec"), {})
+
+
+@pytest.mark.cudasim
+def test_readme_example_runs_with_its_cuda_line():
+    exec(compile(_readme_use_block(keep_cuda=True), "README.md", "exec"), {})
