@@ -195,3 +195,15 @@ def test_readme_example_runs():
 @pytest.mark.cudasim
 def test_readme_example_runs_with_its_cuda_line():
     exec(compile(_readme_use_block(keep_cuda=True), "README.md", "exec"), {})
+
+
+def test_c_is_checked_even_when_beta_is_zero():
+    """A wrong c passed with beta=0 was accepted silently and raised only once beta changed:
+    c is still never read when beta == 0, but its shape and dtype are always checked."""
+    a, b = random_operands((3, 4), (4, 2), "float64")
+    with pytest.raises(ValueError, match="does not broadcast"):
+        tilegemm.gemm(a, b, np.ones((5, 5)), beta=0.0, **CPU)
+    with pytest.raises(TypeError, match="cannot be cast"):
+        tilegemm.gemm(a, b, np.ones((3, 2), complex), beta=0.0, **CPU)
+    r = tilegemm.gemm(a, b, np.full((3, 2), np.nan), beta=0.0, **CPU)  # still not read
+    assert_close(r, a, b)

@@ -111,10 +111,10 @@ def gemm(
     _check_scalar(beta, "beta")
     ops = [describe(a, "a"), describe(b, "b")]
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b)
+    if beta != 0 and c is None:
+        raise ValueError("gemm: beta != 0 needs c")
     c_op = None
-    if beta != 0:
-        if c is None:
-            raise ValueError("gemm: beta != 0 needs c")
+    if c is not None:  # checked whatever beta is, so a wrong c fails the same way always
         c_op = describe(c, "c")
         if not np.can_cast(c_op.dtype, prob.dtype, "same_kind"):
             raise TypeError(f"gemm: c: dtype {c_op.dtype.name} cannot be cast to the result "
@@ -126,7 +126,10 @@ def gemm(
         if shape != prob.out_shape:
             raise ValueError(f"gemm: c of shape {c_op.shape} does not broadcast to the result "
                              f"shape {prob.out_shape}")
-        ops.append(c_op)
+        if beta != 0:
+            ops.append(c_op)
+        else:
+            c_op = None  # never read when beta == 0
     be = choose_backend(backend, ops)
     spec, resolved = choose_kernel(kernel, be, prob, params)
     if out is not None:
