@@ -207,3 +207,10 @@ def test_c_is_checked_even_when_beta_is_zero():
         tilegemm.gemm(a, b, np.ones((3, 2), complex), beta=0.0, **CPU)
     r = tilegemm.gemm(a, b, np.full((3, 2), np.nan), beta=0.0, **CPU)  # still not read
     assert_close(r, a, b)
+
+
+def test_out_that_is_not_an_array_says_so():
+    """A list out= was reported as 'out: has dtype int64, the result has dtype float64'."""
+    a, b = random_operands((2, 2), (2, 2), "float64")
+    with pytest.raises(ValueError, match=r"out: must be a numpy\.ndarray, got list"):
+        tilegemm.matmul(a, b, out=[[0, 0], [0, 0]], **CPU)

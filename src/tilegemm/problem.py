@@ -208,6 +208,8 @@ def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
 
 def check_out(out: Any, prob: GemmProblem, kind: str) -> None:
     """Refuse an ``out`` array that cannot hold the result, before anything runs."""
+    if kind == "host" and array_kind(out) == "host" and not isinstance(out, np.ndarray):
+        raise ValueError(f"out: must be a numpy.ndarray, got {type(out).__name__}")
     op = describe(out, "out")
     if op.kind != kind:
         raise ValueError(f"out: a {op.kind} array cannot receive a result computed on {kind} data")
@@ -216,8 +218,6 @@ def check_out(out: Any, prob: GemmProblem, kind: str) -> None:
     if op.dtype != prob.dtype:
         raise ValueError(f"out: has dtype {op.dtype.name}, the result has dtype {prob.dtype.name}")
     if kind == "host":
-        if not isinstance(out, np.ndarray):
-            raise ValueError("out: must be a numpy.ndarray")
         if not out.flags.c_contiguous:
             raise ValueError("out: must be C-contiguous")
         if not out.flags.writeable:
