@@ -214,3 +214,16 @@ def test_out_that_is_not_an_array_says_so():
     a, b = random_operands((2, 2), (2, 2), "float64")
     with pytest.raises(ValueError, match=r"out: must be a numpy\.ndarray, got list"):
         tilegemm.matmul(a, b, out=[[0, 0], [0, 0]], **CPU)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_overflow_wraps_exactly_like_numpy(dtype):
+    """Documented behaviour (README 'Dtypes'): integer products wrap modulo 2**bits as
+    NumPy's do, so results equal np.matmul's bit for bit even when they overflow."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng()
+    a = rng.integers(info.max // 4, info.max, (5, 7), dtype=dtype)
+    b = rng.integers(info.max // 4, info.max, (7, 3), dtype=dtype)
+    with np.errstate(over="ignore"):
+        expected = a @ b
+    np.testing.assert_array_equal(tilegemm.matmul(a, b, **CPU), expected)
