@@ -89,6 +89,15 @@ def _tuned_choice(backend: Backend, prob: GemmProblem) -> tuple[KernelSpec, dict
     return tuned_choice(backend, prob)
 
 
+def _check_params_are_upper_case(params: dict[str, Any]) -> None:
+    """Rung parameters are UPPER-CASE (TILE, BM...); any other keyword (dtype=, a typo like
+    kernal=) is a mistake that must not be reported as a kernel parameter."""
+    for key in params:
+        if not key.isupper():
+            raise TypeError(f"unexpected keyword argument {key!r} (rung parameters are "
+                            "UPPER-CASE, e.g. TILE=16; see tilegemm.kernels())")
+
+
 def _check_scalar(x: Any, name: str) -> None:
     if isinstance(x, bool) or not isinstance(x, (Number, np.number)):
         raise TypeError(f"{name} must be a real number, got {x!r}")
@@ -107,6 +116,7 @@ def gemm(
     ``out=c`` updates ``c`` in place. ``c`` must broadcast to the result shape and is read
     only when ``beta != 0``. Other arguments are as for :func:`matmul`.
     """
+    _check_params_are_upper_case(params)
     _check_scalar(alpha, "alpha")
     _check_scalar(beta, "beta")
     ops = [describe(a, "a"), describe(b, "b")]
