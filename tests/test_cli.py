@@ -82,3 +82,11 @@ def test_kernels_resources_for_a_backend_without_cuda_rungs_is_an_error(capsys):
     assert main(["kernels", "--resources", "--backend", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "CUDA rungs" in err
+
+
+def test_sizes_too_large_for_memory_are_one_line(capsys):
+    """A learner asking for a huge product got NumPy's MemoryError as a traceback."""
+    assert main(["run", "--backend", "cpu", "--m", "10000000", "--n", "10000000",
+                 "--k", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tilegemm: error:") and "allocate" in err and err.count("\n") == 1
