@@ -63,3 +63,30 @@ def test_kernels_markdown_comes_from_the_registry(capsys):
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith("| ") and "`" in line]
     assert len(rows) == len(tilegemm.kernels())
+
+
+def test_run_refuses_negative_repeat_and_reports_no_steady_time_for_zero(capsys):
+    """--repeat -1 was accepted, and --repeat 0 printed the first call (compilation
+    included) as the 'steady' time with a GFLOP/s figure."""
+    base = ["run", "--backend", "cpu", "--kernel", "triple_loop", "--m", "3", "--n", "3",
+            "--k", "3"]
+    assert main([*base, "--repeat", "-1"]) == 2
+    assert "--repeat must be >= 0" in capsys.readouterr().err
+    assert main([*base, "--repeat", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "verified: yes" in out and "GFLOP/s" not in out and "not measured" in out
+
+
+def test_kernels_resources_for_a_backend_without_cuda_rungs_is_an_error(capsys):
+    """It printed an empty table: resources are compiled for CUDA rungs only."""
+    assert main(["kernels", "--resources", "--backend", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "CUDA rungs" in err
+
+
+def test_sizes_too_large_for_memory_are_one_line(capsys):
+    """A learner asking for a huge product got NumPy's MemoryError as a traceback."""
+    assert main(["run", "--backend", "cpu", "--m", "10000000", "--n", "10000000",
+                 "--k", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tilegemm: error:") and "allocate" in err and err.count("\n") == 1

@@ -89,10 +89,19 @@ def _tuned_choice(backend: Backend, prob: GemmProblem) -> tuple[KernelSpec, dict
     return tuned_choice(backend, prob)
 
 
+def _check_params_are_upper_case(params: dict[str, Any]) -> None:
+    """Rung parameters are UPPER-CASE (TILE, BM...); any other keyword (dtype=, a typo like
+    kernal=) is a mistake that must not be reported as a kernel parameter."""
+    for key in params:
+        if not key.isupper():
+            raise TypeError(f"unexpected keyword argument {key!r} (rung parameters are "
+                            "UPPER-CASE, e.g. TILE=16; see tilegemm.kernels())")
+
+
 def _check_scalar(x: Any, name: str) -> None:
     if isinstance(x, bool) or not isinstance(x, (Number, np.number)):
         raise TypeError(f"{name} must be a real number, got {x!r}")
-    if isinstance(x, complex):
+    if isinstance(x, (complex, np.complexfloating)):
         raise TypeError(f"{name} must be real, got {x!r}")
 
 
@@ -107,15 +116,19 @@ def gemm(
     ``out=c`` updates ``c`` in place. ``c`` must broadcast to the result shape and is read
     only when ``beta != 0``. Other arguments are as for :func:`matmul`.
     """
+    _check_params_are_upper_case(params)
     _check_scalar(alpha, "alpha")
     _check_scalar(beta, "beta")
     ops = [describe(a, "a"), describe(b, "b")]
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b)
+    if beta != 0 and c is None:
+        raise ValueError("gemm: beta != 0 needs c")
     c_op = None
-    if beta != 0:
-        if c is None:
-            raise ValueError("gemm: beta != 0 needs c")
+    if c is not None:  # checked whatever beta is, so a wrong c fails the same way always
         c_op = describe(c, "c")
+        if not np.can_cast(c_op.dtype, prob.dtype, "same_kind"):
+            raise TypeError(f"gemm: c: dtype {c_op.dtype.name} cannot be cast to the result "
+                            f"dtype {prob.dtype.name} (NumPy's same_kind rule)")
         try:
             shape = np.broadcast_shapes(c_op.shape, prob.out_shape)
         except ValueError:
@@ -123,7 +136,10 @@ def gemm(
         if shape != prob.out_shape:
             raise ValueError(f"gemm: c of shape {c_op.shape} does not broadcast to the result "
                              f"shape {prob.out_shape}")
-        ops.append(c_op)
+        if beta != 0:
+            ops.append(c_op)
+        else:
+            c_op = None  # never read when beta == 0
     be = choose_backend(backend, ops)
     if device is not None and not getattr(be, "accepts_device", False):
         raise ValueError(f"device= chooses an OpenCL device; backend {be.name!r} has no "
@@ -133,7 +149,10 @@ def gemm(
         data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
         check_out(out, prob, data_kind)
     extra = {} if device is None else {"device": device}
-    return be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta, **extra)
+    result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta, **extra)
+    if out is None and type(result) is np.ndarray and result.ndim == 0:
+        return result[()]  # vector · vector: a NumPy scalar, as np.matmul returns
+    return result
 
 
 def matmul(
@@ -145,8 +164,10 @@ def matmul(
     - 1-D operands are promoted (a row for ``a``, a column for ``b``) and the added axis is
       removed; leading dimensions broadcast and the batch runs on the device in one launch.
     - The result dtype is ``numpy.result_type(a, b)``: float32, float64, int32 or int64.
-    - NumPy in, NumPy out; CUDA device arrays (numba, CuPy, PyTorch) or pyopencl arrays in,
-      the same kind of array out, with no copy to the host.
+    - NumPy in, NumPy out (other ndarray subclasses are computed on their data and give a
+      plain ndarray; ``np.matrix`` and masked arrays are refused); CUDA device arrays
+      (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array out, with no
+      copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
       "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
     - ``device`` (OpenCL only) is a device index as listed by ``tilegemm info``; by default

@@ -1,8 +1,9 @@
 """The ``tilegemm`` command. Each subcommand is a module in ``tilegemm.commands``.
 
 A subcommand module defines ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``. Errors a user can cause (bad shapes, parameters, missing backends)
-print as one readable line and exit with status 2, never a traceback.
+``run(args) -> int``. Errors a user can cause (bad shapes, parameters, missing backends,
+sizes that do not fit in memory) print as one readable line and exit with status 2, never a
+traceback.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(args._run(args) or 0)
-    except (ValueError, TypeError, RuntimeError, OSError) as exc:
+    except (ValueError, TypeError, RuntimeError, OSError, MemoryError) as exc:
         print(f"tilegemm: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -48,6 +48,14 @@ def describe(x: Any, name: str) -> Operand:
         return Operand(x, kind, tuple(int(s) for s in cai["shape"]), np.dtype(cai["typestr"]))
     if kind == "opencl":
         return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype(x.dtype))
+    # Subclasses whose meaning a plain product would change are refused; any other
+    # ndarray subclass is computed on its data and the result is a plain ndarray.
+    if isinstance(x, np.matrix):
+        raise TypeError(f"{name}: np.matrix is not supported (its operators and shapes differ "
+                        "from ndarray's); pass np.asarray(x)")
+    if isinstance(x, np.ma.MaskedArray):
+        raise TypeError(f"{name}: masked arrays are not supported (the mask would be ignored); "
+                        "pass x.filled(0) or the unmasked data")
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
@@ -171,7 +179,10 @@ def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
     """A host operand as a C-contiguous (batch or 1, rows, cols) array of the problem dtype.
 
     Copies only when needed (a dtype change, a transpose, a partial broadcast or a
-    non-contiguous layout); the caller's array is never written.
+    non-contiguous layout); the caller's array is never written. The result is always a
+    read-only view: kernels never write operands, and one array type (read-only, where a
+    caller's read-only array would otherwise differ from a writeable copy) means a Numba
+    rung compiles once per dtype, not once per mix of read-only and writeable inputs.
     """
     if which == "a":
         x2 = x[None, :] if prob.squeeze_m else x
@@ -190,11 +201,15 @@ def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
         x3 = x2.reshape(prob.batch, rows, cols)
     else:
         x3 = np.broadcast_to(x2, prob.batch_shape + (rows, cols)).reshape(prob.batch, rows, cols)
-    return np.ascontiguousarray(x3, dtype=prob.dtype)
+    view = np.ascontiguousarray(x3, dtype=prob.dtype).view()
+    view.flags.writeable = False
+    return view
 
 
 def check_out(out: Any, prob: GemmProblem, kind: str) -> None:
     """Refuse an ``out`` array that cannot hold the result, before anything runs."""
+    if kind == "host" and array_kind(out) == "host" and not isinstance(out, np.ndarray):
+        raise ValueError(f"out: must be a numpy.ndarray, got {type(out).__name__}")
     op = describe(out, "out")
     if op.kind != kind:
         raise ValueError(f"out: a {op.kind} array cannot receive a result computed on {kind} data")
@@ -203,8 +218,6 @@ def check_out(out: Any, prob: GemmProblem, kind: str) -> None:
     if op.dtype != prob.dtype:
         raise ValueError(f"out: has dtype {op.dtype.name}, the result has dtype {prob.dtype.name}")
     if kind == "host":
-        if not isinstance(out, np.ndarray):
-            raise ValueError("out: must be a numpy.ndarray")
         if not out.flags.c_contiguous:
             raise ValueError("out: must be C-contiguous")
         if not out.flags.writeable:

@@ -7,6 +7,7 @@ device before a launch, and runs a :class:`~tilegemm.problem.GemmProblem`.
 
 from __future__ import annotations
 
+import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -59,8 +60,15 @@ def poison_value(dtype: np.dtype) -> Any:
 def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]:
     """alpha and beta as scalars of the problem dtype (kernels do no wider math)."""
     t = prob.dtype.type
-    if prob.dtype.kind in "iu" and (float(alpha) != int(alpha) or float(beta) != int(beta)):
-        raise TypeError("alpha and beta must be integers for an integer product")
+    if prob.dtype.kind in "iu":
+        info = np.iinfo(prob.dtype)
+        for name, x in (("alpha", alpha), ("beta", beta)):
+            f = float(x)
+            if not math.isfinite(f) or f != math.floor(f):
+                raise TypeError(f"{name}={x!r} must be an integer for an {prob.dtype.name} "
+                                "product")
+            if not info.min <= int(x) <= info.max:
+                raise ValueError(f"{name}={x!r} does not fit in {prob.dtype.name}")
     return t(alpha), t(beta)
 
 

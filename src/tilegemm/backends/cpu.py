@@ -48,14 +48,20 @@ class CpuBackend(Backend):
         a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
     ) -> np.ndarray:
         alpha, beta = resolve_scalars(prob, alpha, beta)
-        dest = host_output(prob, c, out, beta)
-        if prob.empty:
-            return dest
         a3 = host_operand_3d(a.obj, prob, "a")
         b3 = host_operand_3d(b.obj, prob, "b")
-        c3 = dest.reshape(prob.batch, prob.m, prob.n)
-        program = spec.program(params, prob.dtype)
-        program(a3, b3, c3, alpha, beta)
+        # out=a (as NumPy allows): kernels read A while writing C, so an out that overlaps
+        # an operand the kernel reads gets a fresh buffer, copied into out at the end.
+        alias = out is not None and (np.may_share_memory(out, a3)
+                                     or np.may_share_memory(out, b3))
+        dest = host_output(prob, c, None if alias else out, beta)
+        if not prob.empty:
+            c3 = dest.reshape(prob.batch, prob.m, prob.n)
+            program = spec.program(params, prob.dtype)
+            program(a3, b3, c3, alpha, beta)
+        if alias:
+            np.copyto(out, dest)
+            return out
         return dest
 
 

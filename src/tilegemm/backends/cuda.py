@@ -180,8 +180,14 @@ class CudaBackend(Backend):
             dout = _as_device(out)
             if not dout.is_c_contiguous():
                 raise ValueError("out: a device out array must be C-contiguous")
-            c3 = _reshape(dout, shape3)
+            dest3 = _reshape(dout, shape3)
+            # out=a: kernels read A while writing C, so an out overlapping a device operand
+            # gets a fresh buffer, copied into out after the launch.
+            alias = any(op.kind == "cuda" and _may_overlap(dout, _as_device(op.obj))
+                        for op in (a, b))
+            c3 = cuda.device_array(shape3, dtype=prob.dtype) if alias else dest3
         else:
+            alias = False
             c3 = cuda.device_array(shape3, dtype=prob.dtype)
         if beta != 0:
             if c.kind == "cuda":
@@ -208,6 +214,8 @@ class CudaBackend(Backend):
 
         if on_device:
             if out is not None:
+                if alias and c3.size:
+                    dest3.copy_to_device(c3)
                 return out
             result = _reshape(c3, prob.out_shape) if prob.out_shape != shape3 else c3
             like = a.obj if a.kind == "cuda" else b.obj
@@ -289,6 +297,23 @@ class CudaBackend(Backend):
         src = cuda.device_array(2 * l2, dtype=np.uint8)
         dst = cuda.device_array(2 * l2, dtype=np.uint8)
         return lambda: dst.copy_to_device(src)
+
+
+def _may_overlap(x: Any, y: Any) -> bool:
+    """Whether two numba device arrays may share memory (by address range; conservative)."""
+    if simulator_enabled():
+        return bool(np.may_share_memory(np.asarray(x._ary), np.asarray(y._ary)))
+    return _span(x)[0] < _span(y)[1] and _span(y)[0] < _span(x)[1]
+
+
+def _span(d: Any) -> tuple[int, int]:
+    """The half-open byte range ``[lo, hi)`` a device array's elements occupy."""
+    if d.size == 0:
+        return (0, 0)
+    ptr = int(d.device_ctypes_pointer.value or 0)
+    lo = ptr + sum(min(0, (n - 1) * s) for n, s in zip(d.shape, d.strides))
+    hi = ptr + sum(max(0, (n - 1) * s) for n, s in zip(d.shape, d.strides)) + d.dtype.itemsize
+    return lo, hi
 
 
 def _as3d_strided(d: Any) -> Any:

@@ -28,6 +28,9 @@ def run(args: argparse.Namespace) -> int:
 
     specs = tilegemm.kernels(args.backend)
     if args.resources:
+        if args.backend not in (None, "cuda"):
+            raise ValueError("--resources compiles CUDA rungs only; use it with --backend cuda "
+                             "or without --backend")
         return _resources(specs, args)
     if args.json:
         print(json.dumps([{

@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from tilegemm.problem import describe, make_problem
     from tilegemm.reference import assert_close, random_operands
 
-    for name in ("m", "n", "k", "batch"):
+    for name in ("m", "n", "k", "batch", "repeat"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name} must be >= 0")
     params = parse_params(args.params)
@@ -56,18 +56,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"MISMATCH: {exc}")
         ok = False
     times = []
-    for _ in range(max(args.repeat, 0)):
+    for _ in range(args.repeat):
         t0 = time.perf_counter()
         tilegemm.matmul(a, b, out=c, kernel=spec.name, backend=backend.name, **resolved)
         backend.synchronize()
         times.append(time.perf_counter() - t0)
-    steady = float(np.median(times)) if times else first
-    gflops = prob.flops / steady / 1e9 if steady > 0 else float("inf")
     shown = " ".join(f"{k}={v}" for k, v in resolved.items())
     print(f"{backend.name}:{spec.name} {shown} {args.dtype} "
           f"M={args.m} N={args.n} K={args.k}{f' batch={args.batch}' if args.batch else ''}")
     print(f"  verified: {'yes' if ok else 'NO'}")
     print(f"  first call (includes compilation): {first * 1e3:.2f} ms")
-    print(f"  steady (median of {len(times)}, host wall time incl. transfers): "
-          f"{steady * 1e3:.3f} ms, {gflops:.2f} GFLOP/s")
+    if times:
+        steady = float(np.median(times))
+        gflops = prob.flops / steady / 1e9 if steady > 0 else float("inf")
+        print(f"  steady (median of {len(times)}, host wall time incl. transfers): "
+              f"{steady * 1e3:.3f} ms, {gflops:.2f} GFLOP/s")
+    else:
+        print("  steady: not measured (--repeat 0)")
     return 0 if ok else 1

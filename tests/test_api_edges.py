@@ -1,0 +1,242 @@
+"""Edge cases found by a QA pass: aliasing, array subclasses, scalars and c's dtype.
+
+Each test here failed before the fix it accompanies (see the git log for the why).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.reference import assert_close, random_operands
+
+CPU = {"backend": "cpu", "kernel": "triple_loop"}
+
+
+@pytest.mark.parametrize("which", ["a", "b", "both"])
+def test_out_aliasing_an_operand_gives_the_right_product(which):
+    """``out=a`` (like NumPy's ``np.matmul(a, b, out=a)``) must not read a half-written a."""
+    a, b = random_operands((6, 6), (6, 6), "float64")
+    if which == "both":
+        b = a
+    x = (a if which != "b" else b).copy()
+    args = (x, x) if which == "both" else ((x, b) if which == "a" else (a, x))
+    r = tilegemm.matmul(*args, out=x, **CPU)
+    assert r is x
+    assert_close(x, a, b)
+
+
+def test_out_aliasing_a_view_of_an_operand():
+    """A batch of products written over one of its own inputs (a view, not the same object)."""
+    a, b = random_operands((3, 5, 5), (3, 5, 5), "float32")
+    x = a.copy()
+    tilegemm.matmul(x, b, out=x[...], **CPU)
+    assert_close(x, a, b)
+
+
+def test_gemm_c_and_out_alias_an_operand():
+    a, b = random_operands((5, 5), (5, 5), "float64")
+    c = np.random.default_rng().uniform(0.5, 1.5, (5, 5))
+    x = a.copy()
+    tilegemm.gemm(x, b, x, alpha=2.0, beta=0.5, out=x, **CPU)
+    assert_close(x, a, b, alpha=2.0, beta=0.5, c=a)
+    x = a.copy()
+    tilegemm.gemm(x, b, c, beta=0.5, out=x, **CPU)
+    assert_close(x, a, b, beta=0.5, c=c)
+
+
+@pytest.mark.cudasim
+def test_device_out_aliasing_an_operand():
+    from numba import cuda
+
+    a, b = random_operands((6, 6), (6, 6), "float32")
+    da, db = cuda.to_device(a), cuda.to_device(b)
+    assert tilegemm.matmul(da, db, out=db, kernel="naive", BLOCK=8) is db
+    assert_close(db.copy_to_host(), a, b)
+
+
+def test_device_span_covers_negative_strides_and_views():
+    """The address-range test used on a real GPU (no GPU here: a stand-in with the same
+    attributes as a numba DeviceNDArray)."""
+    from types import SimpleNamespace
+
+    from tilegemm.backends.cuda import _span
+
+    def dev(ptr, shape, strides, itemsize=4):
+        return SimpleNamespace(size=int(np.prod(shape)), shape=shape, strides=strides,
+                               dtype=np.dtype(f"f{itemsize}"),
+                               device_ctypes_pointer=SimpleNamespace(value=ptr))
+
+    assert _span(dev(1000, (3, 4), (16, 4))) == (1000, 1048)
+    assert _span(dev(1044, (3, 4), (-16, -4))) == (1000, 1048)  # [::-1, ::-1] of the above
+    assert _span(dev(1000, (0, 4), (16, 4))) == (0, 0)
+
+
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix itself warns
+def test_matrix_and_masked_arrays_are_refused_clearly():
+    """np.matrix used to reach Numba and fail with a TypingError; a masked array's mask was
+    silently ignored. Both are refused up front, naming what to pass instead."""
+    a, b = random_operands((4, 5), (5, 3), "float64")
+    with pytest.raises(TypeError, match=r"np\.matrix.*np\.asarray"):
+        tilegemm.matmul(np.matrix(a), b, **CPU)
+    with pytest.raises(TypeError, match=r"masked.*filled"):
+        tilegemm.matmul(a, np.ma.array(b, mask=b > 1), **CPU)
+    c = np.ma.array(np.ones((4, 3)))
+    with pytest.raises(TypeError, match="c: masked"):
+        tilegemm.gemm(a, b, c, beta=1.0, **CPU)
+
+
+def test_other_ndarray_subclasses_compute_on_their_data():
+    class Tagged(np.ndarray):
+        pass
+
+    a, b = random_operands((4, 5), (5, 3), "float32")
+    r = tilegemm.matmul(a.view(Tagged), b.view(Tagged), **CPU)
+    assert type(r) is np.ndarray
+    assert_close(r, a, b)
+    out = np.empty((4, 3), np.float32).view(Tagged)
+    assert tilegemm.matmul(a.view(Tagged), b, out=out, **CPU) is out
+    assert_close(np.asarray(out), a, b)
+
+
+@pytest.mark.parametrize("alpha", [np.complex64(1), np.complex128(2 + 0j), 1 + 0j])
+def test_complex_scalars_are_refused(alpha):
+    """NumPy complex scalars used to pass the check and lose their imaginary part."""
+    a, b = random_operands((3, 4), (4, 2), "float64")
+    with pytest.raises(TypeError, match="alpha must be real"):
+        tilegemm.gemm(a, b, alpha=alpha, **CPU)
+    with pytest.raises(TypeError, match="beta must be real"):
+        tilegemm.gemm(a, b, np.ones((3, 2)), beta=alpha, **CPU)
+
+
+@pytest.mark.parametrize(
+    ("alpha", "error", "match"),
+    [(float("nan"), TypeError, "alpha=nan must be an integer"),
+     (float("inf"), TypeError, "alpha=inf must be an integer"),
+     (2.5, TypeError, "alpha=2.5 must be an integer"),
+     (2**40, ValueError, "alpha=1099511627776 does not fit in int32")],
+)
+def test_integer_products_name_a_bad_alpha(alpha, error, match):
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    with pytest.raises(error, match=match):
+        tilegemm.gemm(a, a.T, alpha=alpha, **CPU)
+
+
+def test_integer_product_accepts_integral_float_scalars():
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    np.testing.assert_array_equal(tilegemm.gemm(a, a.T, a[:, :2], alpha=2.0, beta=-1.0, **CPU),
+                                  2 * (a @ a.T) - a[:, :2])
+
+
+@pytest.mark.parametrize(
+    ("ab", "c"),
+    [("float64", np.complex128), ("int32", np.float64), ("int64", np.float32)],
+)
+def test_c_that_cannot_be_cast_to_the_result_is_refused(ab, c):
+    """A complex c lost its imaginary part and a float c was truncated into an integer
+    product, silently; c now follows NumPy's same_kind rule, as out= does in ufuncs."""
+    a, b = random_operands((3, 4), (4, 2), ab)
+    cc = np.full((3, 2), 1.5, dtype=c)
+    with pytest.raises(TypeError, match=f"c: dtype {np.dtype(c).name} cannot be cast"):
+        tilegemm.gemm(a, b, cc, beta=1, **CPU)
+
+
+def test_c_of_a_wider_kind_is_cast_down():
+    a, b = random_operands((3, 4), (4, 2), "float32")
+    c = np.random.default_rng().uniform(0.5, 1.5, (3, 2))  # float64 → float32: same kind
+    r = tilegemm.gemm(a, b, c, beta=0.5, **CPU)
+    assert r.dtype == np.float32
+    assert_close(r, a, b, beta=0.5, c=c)
+
+
+def test_vector_dot_vector_out_is_written_and_returned():
+    a, b = random_operands((7,), (7,), "float64")
+    out = np.full((), np.nan)
+    assert tilegemm.matmul(a, b, out=out, **CPU) is out
+    assert_close(out, a, b)
+
+
+def test_read_only_inputs_do_not_compile_the_rung_again():
+    """A read-only operand (np.load(mmap_mode='r'), np.broadcast_to, frombuffer) is a
+    different Numba type from a writeable one: each mix of the two compiled the CPU rung
+    again. Operands now always reach kernels as read-only views: one build per dtype."""
+    from tilegemm import registry
+
+    program = registry.get("triple_loop", "cpu").program({}, "int32")
+    before = len(program.signatures)
+    a = np.arange(12, dtype=np.int32).reshape(3, 4)
+    ro = a.copy()
+    ro.flags.writeable = False
+    for x, y in ((a, a.T), (ro, a.T), (a, ro.T), (ro, ro.T)):
+        np.testing.assert_array_equal(tilegemm.matmul(x, y, **CPU), a @ a.T)
+    assert len(program.signatures) - before <= 1
+
+
+def _readme_use_block(keep_cuda: bool) -> str:
+    """The README's 'Use' example, at small sizes (the simulator is slow), optionally without
+    its backend="cuda" line (which needs a GPU or the simulator)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = text.split("```python\n", 1)[1].split("```", 1)[0]
+    block = block.replace("rand(1000, 700)", "rand(10, 7)").replace("rand(700, 300)",
+                                                                    "rand(7, 3)")
+    assert "rand(10, 7)" in block and "rand(7, 3)" in block, "README example changed shape"
+    lines = [ln for ln in block.splitlines() if keep_cuda or 'backend="cuda"' not in ln]
+    return "\n".join(lines)
+
+
+def test_readme_example_runs():
+    """It reused c = matmul(a[None], b) (shape (1, M, N)) as gemm's c for a 2-D result."""
+    exec(compile(_readme_use_block(keep_cuda=False), "README.md", "exec"), {})
+
+
+@pytest.mark.cudasim
+def test_readme_example_runs_with_its_cuda_line():
+    exec(compile(_readme_use_block(keep_cuda=True), "README.md", "exec"), {})
+
+
+def test_c_is_checked_even_when_beta_is_zero():
+    """A wrong c passed with beta=0 was accepted silently and raised only once beta changed:
+    c is still never read when beta == 0, but its shape and dtype are always checked."""
+    a, b = random_operands((3, 4), (4, 2), "float64")
+    with pytest.raises(ValueError, match="does not broadcast"):
+        tilegemm.gemm(a, b, np.ones((5, 5)), beta=0.0, **CPU)
+    with pytest.raises(TypeError, match="cannot be cast"):
+        tilegemm.gemm(a, b, np.ones((3, 2), complex), beta=0.0, **CPU)
+    r = tilegemm.gemm(a, b, np.full((3, 2), np.nan), beta=0.0, **CPU)  # still not read
+    assert_close(r, a, b)
+
+
+def test_out_that_is_not_an_array_says_so():
+    """A list out= was reported as 'out: has dtype int64, the result has dtype float64'."""
+    a, b = random_operands((2, 2), (2, 2), "float64")
+    with pytest.raises(ValueError, match=r"out: must be a numpy\.ndarray, got list"):
+        tilegemm.matmul(a, b, out=[[0, 0], [0, 0]], **CPU)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_integer_overflow_wraps_exactly_like_numpy(dtype):
+    """Documented behaviour (README 'Dtypes'): integer products wrap modulo 2**bits as
+    NumPy's do, so results equal np.matmul's bit for bit even when they overflow."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng()
+    a = rng.integers(info.max // 4, info.max, (5, 7), dtype=dtype)
+    b = rng.integers(info.max // 4, info.max, (7, 3), dtype=dtype)
+    with np.errstate(over="ignore"):
+        expected = a @ b
+    np.testing.assert_array_equal(tilegemm.matmul(a, b, **CPU), expected)
+
+
+@pytest.mark.parametrize("kwarg", [{"dtype": "float64"}, {"kernal": "triple_loop"},
+                                   {"Backend": "cpu"}])
+def test_unknown_keywords_are_not_taken_for_kernel_parameters(kwarg):
+    """matmul(a, b, dtype=...) or a typo like kernal= said 'parameters dtype need an explicit
+    kernel='; rung parameters are UPPER-CASE, anything else is an unexpected keyword."""
+    a, b = random_operands((2, 3), (3, 2), "float32")
+    name = next(iter(kwarg))
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+        tilegemm.matmul(a, b, **kwarg)
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
+        tilegemm.gemm(a, b, **kwarg)
