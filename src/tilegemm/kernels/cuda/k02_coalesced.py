@@ -1,0 +1,73 @@
+"""Rung 2 — coalesced: the naive kernel with threadIdx.x on *columns* instead of rows.
+
+The only change from rung 1 is which thread index walks which dimension of C. With
+``threadIdx.x`` → column, the 32 threads of a warp hold consecutive columns of one row:
+they read 32 consecutive elements of B (one row of B per k-step: 4 32-byte sectors for
+float32, the minimum), all read the *same* element of A (a broadcast: one sector), and
+write 32 consecutive elements of C. In rung 1 every one of those accesses to A and C
+touched a different sector. Same arithmetic, same number of instructions, far fewer memory
+transactions: this rung isolates the effect of coalescing (seed 004's transaction
+analysis: 5 transactions per warp per k-step).
+
+Arithmetic intensity is unchanged (every k-step still loads two values from global memory
+for one multiply-add); caches, not reuse, are what keep it off DRAM. Rung 3 adds reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tilegemm.backends.cuda_program import CudaProgram
+from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
+
+cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
+
+
+def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
+    global cuda
+    from numba import cuda
+
+    bs = p["BLOCK"]
+    zero = dtype.type(0)
+
+    @cuda.jit
+    def coalesced(A, B, C, alpha, beta):
+        m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
+        for z in range(cuda.blockIdx.z, C.shape[0], cuda.gridDim.z):
+            za = z if A.shape[0] > 1 else 0
+            zb = z if B.shape[0] > 1 else 0
+            # y → row i, x → column j: a warp covers consecutive columns of one row
+            for i in range(cuda.blockIdx.y * bs + cuda.threadIdx.y, m, cuda.gridDim.y * bs):
+                for j in range(cuda.blockIdx.x * bs + cuda.threadIdx.x, n, cuda.gridDim.x * bs):
+                    acc = zero
+                    for k in range(k_len):
+                        acc += A[za, i, k] * B[zb, k, j]
+                    if beta == 0:
+                        C[z, i, j] = alpha * acc
+                    else:
+                        C[z, i, j] = alpha * acc + beta * C[z, i, j]
+
+    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
+        # columns in x (up to 2**31-1 blocks), rows in y (capped, strided beyond 65,535)
+        return capped_grid(ceil_div(n, bs), ceil_div(m, bs), batch)
+
+    return CudaProgram(coalesced, (bs, bs, 1), grid)
+
+
+SPEC = KernelSpec(
+    name="coalesced",
+    backend="cuda",
+    rung=2,
+    title="one thread per output, x → column (coalesced B loads and C stores)",
+    build=build,
+    params=(Param("BLOCK", 16, (8, 16, 32), "threads per block side (BLOCK × BLOCK)"),),
+    dtypes=FLOATS + INTS,
+    threads=lambda p: p["BLOCK"] ** 2,
+    smem=lambda p, itemsize: 0,
+    doc=__doc__,
+    extra={"sim_params": {"BLOCK": 8}},
+)
