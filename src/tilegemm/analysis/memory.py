@@ -87,10 +87,10 @@ class SiteCounts:
         self.max_degree = max(self.max_degree, other.max_degree)
 
     def as_dict(self) -> dict[str, float]:
-        return {k: _tidy(v) for k, v in self.__dict__.items()}
+        return {k: tidy(v) for k, v in self.__dict__.items()}
 
 
-def _tidy(v: float) -> float | int:
+def tidy(v: float) -> float | int:
     """Integers stay integers in JSON (exact counts); scaled estimates keep their fraction."""
     return int(round(v)) if abs(v - round(v)) < 1e-9 else float(v)
 
@@ -100,8 +100,14 @@ class Counts:
     """Per-site counts; totals are derived so a table row always adds up to the total."""
 
     sites: dict[int, SiteCounts] = field(default_factory=dict)
+    blocks: float = 0          # blocks counted (weighted when sampled)
+    barriers: float = 0        # syncthreads per block, summed over blocks
+    warp_barriers: float = 0   # barriers × warps per block, summed over blocks
 
     def add(self, other: Counts, weight: float = 1.0) -> None:
+        self.blocks += weight * other.blocks
+        self.barriers += weight * other.barriers
+        self.warp_barriers += weight * other.warp_barriers
         for sid, c in other.sites.items():
             self.sites.setdefault(sid, SiteCounts()).add(c, weight)
 

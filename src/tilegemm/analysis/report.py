@@ -71,6 +71,11 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
         "shared_conflicted_requests": sh[0]["conflicted"] + sh[1]["conflicted"],
         "shared_max_degree": max(sh[0]["max_degree"], sh[1]["max_degree"]),
     }
+    launch = trace["launch"]
+    memory["barriers_per_block"] = launch["barriers_per_block"]
+    memory["warp_barriers"] = launch["warp_barriers"]
+    memory["flop_per_warp_barrier"] = (flops / launch["warp_barriers"]
+                                       if launch["warp_barriers"] else None)
     memory["shared_excess_wavefronts"] = (memory["shared_wavefronts"]
                                           - memory["shared_ideal_wavefronts"])
 
@@ -180,6 +185,9 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
         ("shared bank-conflicted requests, extra wavefronts, worst degree",
          f"{_n(mem['shared_conflicted_requests'])}, {_n(mem['shared_excess_wavefronts'])}, "
          f"{mem['shared_max_degree']}-way" if mem["shared_requests"] else "-"),
+        ("barriers (syncthreads) per block; warp-barriers per launch; FLOPs per warp-barrier",
+         f"{_n(mem['barriers_per_block'])}; {_n(mem['warp_barriers'])}; "
+         f"{_n(mem['flop_per_warp_barrier'])}" if mem["warp_barriers"] else "0"),
     ]
     for r in rows:
         tot.add_row(*r)

@@ -49,7 +49,16 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.analysis.memory import GLOBAL, RECORD, SHARED, Counts, SiteInfo, count_block
+from tilegemm.analysis.memory import (
+    GLOBAL,
+    RECORD,
+    SHARED,
+    WARP,
+    Counts,
+    SiteInfo,
+    count_block,
+    tidy,
+)
 
 GLOBAL_ALIGN = 256  # cudaMalloc returns 256-byte aligned allocations
 SHARED_ALIGN = 128
@@ -62,6 +71,7 @@ class _ThreadState(threading.local):
 
     records: list[tuple[int, int, int, int, int]] | None = None
     instances: dict[int, int]
+    barriers: list[int]  # one-element counter, shared with the tracer's block list
     tid: int = 0
 
 
@@ -74,7 +84,7 @@ class Tracer:
         self._spans: dict[tuple[Any, int], tuple[Any, ...]] = {}
         self._lock = threading.Lock()
         self._state = _ThreadState()
-        self._block_records: list[list[tuple[int, int, int, int, int]]] = []
+        self._block_threads: list[tuple[list[tuple[int, int, int, int, int]], list[int]]] = []
 
     # -- called from simulated threads -------------------------------------------------
     def record(self, frame: Any, array: TracedArray, addr: int, store: bool) -> None:
@@ -103,7 +113,15 @@ class Tracer:
         st.tid = int(tid)
         st.instances = {}
         st.records = []
-        self._block_records.append(st.records)  # list.append is atomic under the GIL
+        st.barriers = [0]
+        self._block_threads.append((st.records, st.barriers))  # atomic under the GIL
+
+    def barrier(self) -> None:
+        """Count one ``syncthreads`` by the calling simulated thread."""
+        st = self._state
+        if st.records is None:
+            self._start_thread(st)
+        st.barriers[0] += 1
 
     def _new_site(self, key: tuple[Any, ...], code: Any, span: tuple[Any, ...], lineno: int,
                   array: TracedArray, store: bool) -> int:
@@ -123,11 +141,17 @@ class Tracer:
             return site
 
     # -- called by the launcher between blocks -----------------------------------------
-    def take_block(self) -> np.ndarray:
-        """The records of the block just run, as a structured array (and forget them)."""
-        rows = [r for lst in self._block_records for r in lst]
-        self._block_records = []
-        return np.array(rows, dtype=RECORD) if rows else np.zeros(0, dtype=RECORD)
+    def take_block(self) -> tuple[np.ndarray, int]:
+        """The records of the block just run and its barrier count (then forget them).
+
+        A block's barrier count is the most ``syncthreads`` any of its threads executed
+        (all threads of a correct kernel execute the same number).
+        """
+        rows = [r for records, _ in self._block_threads for r in records]
+        barriers = max((b[0] for _, b in self._block_threads), default=0)
+        self._block_threads = []
+        arr = np.array(rows, dtype=RECORD) if rows else np.zeros(0, dtype=RECORD)
+        return arr, barriers
 
 
 class TracedArray:
@@ -221,6 +245,7 @@ class TracedShared:
         self._tracer = tracer
         self._allocations: dict[tuple[str, int], TracedArray] = {}
         self._next = 0
+        self._lock = threading.Lock()
 
     def array(self, shape: Any, dtype: Any, alignment: Any = None) -> TracedArray:
         from numba.cuda import types
@@ -234,11 +259,16 @@ class TracedShared:
         key = (caller.f_code.co_filename, caller.f_lineno)
         arr = self._allocations.get(key)
         if arr is None:
-            data = np.zeros(shape, dtype)
-            label = _assigned_name(caller.f_code.co_filename, caller.f_lineno)
-            arr = TracedArray(data, self._tracer, self._next, label, SHARED)
-            self._next += -(-data.nbytes // SHARED_ALIGN) * SHARED_ALIGN
-            self._allocations[key] = arr
+            # Every thread of the block calls this at once: without the lock two threads
+            # could each create "the" array and the block would not share it.
+            with self._lock:
+                arr = self._allocations.get(key)
+                if arr is None:
+                    data = np.zeros(shape, dtype)
+                    label = _assigned_name(caller.f_code.co_filename, caller.f_lineno)
+                    arr = TracedArray(data, self._tracer, self._next, label, SHARED)
+                    self._next += -(-data.nbytes // SHARED_ALIGN) * SHARED_ALIGN
+                    self._allocations[key] = arr
         return arr
 
     @property
@@ -304,6 +334,14 @@ def trace_launch(kernel: Any, grid: Sequence[int], block: Sequence[int], args: S
     fake = FakeCUDAModule(grid3, block3, 0)
     shared = TracedShared(tracer)
     fake._shared = shared
+    simulated_sync = fake.syncthreads
+
+    def syncthreads() -> None:
+        tracer.barrier()
+        simulated_sync()
+
+    fake.syncthreads = syncthreads  # type: ignore[method-assign]
+    warps = -(-int(np.prod(block3)) // WARP)
     chosen = list(blocks) if blocks is not None else list(np.ndindex(*grid3))
     result = Trace(grid=grid3, block=block3, infos=tracer.infos)
     t0 = time.perf_counter()
@@ -311,7 +349,10 @@ def trace_launch(kernel: Any, grid: Sequence[int], block: Sequence[int], args: S
         for gp in chosen:
             gp = tuple(int(v) for v in gp)
             simkernel.BlockManager(fn, grid3, block3, False).run(gp, *traced_args)
-            result.per_block[gp] = count_block(tracer.take_block(), tracer.infos)
+            records, barriers = tracer.take_block()
+            counts = count_block(records, tracer.infos)
+            counts.blocks, counts.barriers, counts.warp_barriers = 1, barriers, barriers * warps
+            result.per_block[gp] = counts
     result.seconds = time.perf_counter() - t0
     result.shared_bytes = shared.nbytes
     return result
@@ -392,7 +433,10 @@ def trace_rung(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int]
     for name, space, store in (("global_load", GLOBAL, False), ("global_store", GLOBAL, True),
                                ("shared_load", SHARED, False), ("shared_store", SHARED, True)):
         totals[name] = counts.total(trace.infos, space, store).as_dict()
+    launch = {"blocks": counts.blocks, "barriers_per_block": counts.barriers / counts.blocks
+              if counts.blocks else 0, "warp_barriers": tidy(counts.warp_barriers)}
     return {
+        "launch": launch,
         "kernel": spec.name, "backend": backend, "params": resolved, "dtype": np_dtype.name,
         "itemsize": np_dtype.itemsize, "m": m, "n": n, "k": k, "batch": batch, "beta": beta,
         "grid": list(trace.grid), "block": list(trace.block),
