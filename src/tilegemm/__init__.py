@@ -4,6 +4,12 @@ Importing tilegemm imports no GPU library and initialises neither CUDA nor OpenC
 happens on the first call that needs a backend.
 """
 
+# The rungs live in the subpackage ``tilegemm.kernels``; the public function of the same
+# name lists them. Python binds a subpackage as an attribute of its parent when the
+# subpackage is first imported, which would shadow the function; importing the (empty,
+# GPU-free) subpackage here first and binding the function afterwards keeps
+# ``tilegemm.kernels()`` callable while ``tilegemm.kernels.cuda`` still imports normally.
+import tilegemm.kernels  # noqa: F401  (see above; must precede the API import)
 from tilegemm.api import backends, gemm, kernels, matmul
 from tilegemm.reference import assert_close, reference
 

@@ -29,7 +29,9 @@ class Operand:
 
 
 def array_kind(x: Any) -> str:
-    if hasattr(x, "__cuda_array_interface__"):
+    # numba's device arrays (and the simulator's stand-ins, which lack the interface dict)
+    # carry the __cuda_ndarray__ marker; CuPy and PyTorch expose the interface.
+    if hasattr(x, "__cuda_array_interface__") or getattr(x, "__cuda_ndarray__", False):
         return "cuda"
     if type(x).__module__.startswith("pyopencl"):
         return "opencl"
@@ -39,6 +41,8 @@ def array_kind(x: Any) -> str:
 def describe(x: Any, name: str) -> Operand:
     """Shape and dtype of ``x`` (NumPy, CUDA-array-interface or pyopencl array, or a list)."""
     kind = array_kind(x)
+    if kind == "cuda" and not hasattr(x, "__cuda_array_interface__"):
+        return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype(x.dtype))
     if kind == "cuda":
         cai = x.__cuda_array_interface__
         return Operand(x, kind, tuple(int(s) for s in cai["shape"]), np.dtype(cai["typestr"]))

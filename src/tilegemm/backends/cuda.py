@@ -35,6 +35,25 @@ def simulator_enabled() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("", "0")
 
 
+def _as_device(x: Any) -> Any:
+    """A numba device array view of ``x`` (numba arrays and the simulator's pass through)."""
+    if getattr(x, "__cuda_ndarray__", False):
+        return x
+    from numba import cuda
+
+    return cuda.as_cuda_array(x)
+
+
+def _reshape(d: Any, shape: tuple[int, ...]) -> Any:
+    """Reshape a device array; under the simulator keep the result a (fake) device array."""
+    r = d.reshape(shape)
+    if simulator_enabled() and not getattr(r, "__cuda_ndarray__", False):
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(r)
+    return r
+
+
 def _source_library(x: Any) -> str:
     return type(x).__module__.split(".")[0]
 
@@ -94,7 +113,6 @@ class CudaBackend(Backend):
 
     def _device_operand(self, op: Operand, prob: GemmProblem, which: str) -> Any:
         """A device operand as a (batch or 1, rows, cols) numba device array, no host trip."""
-        from numba import cuda
 
         x = op.obj
         lib = _source_library(x)
@@ -120,13 +138,17 @@ class CudaBackend(Backend):
                 x = x.reshape(prob.batch, rows, cols)
             else:
                 shape = prob.batch_shape + (rows, cols)
-                x = (x.broadcast_to if lib == "torch" else __import__("cupy").broadcast_to)(
-                    *((shape,) if lib == "torch" else (x, shape))
-                ).reshape(prob.batch, rows, cols)
-            return cuda.as_cuda_array(x)
-        d = cuda.as_cuda_array(x)
+                if lib == "torch":
+                    x = x.broadcast_to(shape)
+                else:
+                    import cupy
+
+                    x = cupy.broadcast_to(x, shape)
+                x = x.reshape(prob.batch, rows, cols)  # materialises the partial broadcast
+            return _as_device(x)
+        d = _as_device(x)
         if squeeze:
-            d = d.reshape((1, cols) if which == "a" else (rows, 1))
+            d = _reshape(d, (1, cols) if which == "a" else (rows, 1))
         if trans:
             d = d.T if d.ndim == 2 else None
             if d is None:
@@ -138,9 +160,9 @@ class CudaBackend(Backend):
                 "supported; pass CuPy/PyTorch arrays or give both operands full batch shapes"
             )
         if d.ndim == 2:
-            return d.reshape(1, rows, cols) if d.is_c_contiguous() else _as3d_strided(d)
+            return _reshape(d, (1, rows, cols)) if d.is_c_contiguous() else _as3d_strided(d)
         n = 1 if mode == "single" else prob.batch
-        return d.reshape(n, rows, cols)
+        return _reshape(d, (n, rows, cols))
 
     def run(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
@@ -154,10 +176,10 @@ class CudaBackend(Backend):
 
         # Destination on the device: out itself when it is a device array.
         if out is not None and on_device:
-            dout = cuda.as_cuda_array(out)
+            dout = _as_device(out)
             if not dout.is_c_contiguous():
                 raise ValueError("out: a device out array must be C-contiguous")
-            c3 = dout.reshape(shape3)
+            c3 = _reshape(dout, shape3)
         else:
             c3 = cuda.device_array(shape3, dtype=prob.dtype)
         if beta != 0:
@@ -186,7 +208,7 @@ class CudaBackend(Backend):
         if on_device:
             if out is not None:
                 return out
-            result = c3.reshape(prob.out_shape) if prob.out_shape != shape3 else c3
+            result = _reshape(c3, prob.out_shape) if prob.out_shape != shape3 else c3
             like = a.obj if a.kind == "cuda" else b.obj
             return _wrap_like(result, like)
         host = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
@@ -196,17 +218,16 @@ class CudaBackend(Backend):
 
     def _device_c(self, c: Operand, prob: GemmProblem) -> Any:
         """A device C0 for beta != 0: must already have the result's shape and dtype."""
-        from numba import cuda
 
         if c.dtype != prob.dtype or c.shape != prob.out_shape:
             raise ValueError(
                 f"gemm: a device c must have the result's shape {prob.out_shape} and dtype "
                 f"{prob.dtype.name}; got {c.shape} {c.dtype.name}"
             )
-        d = cuda.as_cuda_array(c.obj)
+        d = _as_device(c.obj)
         if not d.is_c_contiguous():
             raise ValueError("gemm: a device c must be C-contiguous")
-        return d.reshape((prob.batch, prob.m, prob.n))
+        return _reshape(d, (prob.batch, prob.m, prob.n))
 
     def synchronize(self) -> None:
         from numba import cuda
@@ -216,6 +237,10 @@ class CudaBackend(Backend):
 
 def _as3d_strided(d: Any) -> Any:
     """A strided 2-D device array viewed as (1, rows, cols) without a copy."""
+    if simulator_enabled():
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        return FakeCUDAArray(np.asarray(d._ary)[None])
     from numba.cuda.cudadrv.devicearray import DeviceNDArray
 
     return DeviceNDArray(

@@ -14,6 +14,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "nvJitLink (no GPU needed) and show registers, spills, shared memory")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--markdown", action="store_true",
+                        help="print a Markdown table (the README's ladder table is made so)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +37,9 @@ def run(args: argparse.Namespace) -> int:
                        for p in s.params},
             "constraints": [c.text for c in s.constraints],
         } for s in specs], indent=2))
+        return 0
+    if args.markdown:
+        print(markdown_table(specs))
         return 0
     table = Table(title="tilegemm kernel ladder", show_lines=True)
     for col in ("backend", "rung", "kernel", "what it does", "parameters (default: choices)",
@@ -72,3 +77,14 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
                       str(r["stack"]), str(r["smem"]))
     Console().print(table)
     return 0
+
+
+def markdown_table(specs: list) -> str:
+    """The ladder as a Markdown table, straight from the registry."""
+    lines = ["| backend | rung | kernel | what changed | parameters (default) | dtypes |",
+             "|---|---|---|---|---|---|"]
+    for s in specs:
+        params = ", ".join(f"{p.name}={p.default}" for p in s.params) or "–"
+        lines.append(f"| {s.backend} | {s.rung} | `{s.name}` | {s.title} | {params} | "
+                     f"{', '.join(s.dtypes)} |")
+    return "\n".join(lines)

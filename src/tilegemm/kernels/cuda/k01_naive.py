@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
+from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.launch import capped_grid, ceil_div
 from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
 
@@ -33,7 +34,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     bs = p["BLOCK"]
     zero = dtype.type(0)
 
-    @cuda.jit
+    @kernel_jit(bs * bs)
     def naive(A, B, C, alpha, beta):
         m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
         for z in range(cuda.blockIdx.z, C.shape[0], cuda.gridDim.z):

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
+from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.launch import capped_grid, ceil_div
 from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
 
@@ -41,7 +42,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     zero = dtype.type(0)
     nptype = dtype.type
 
-    @cuda.jit
+    @kernel_jit(tile * tile)
     def shared(A, B, C, alpha, beta):
         m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
         sA = cuda.shared.array((tile, tile), nptype)

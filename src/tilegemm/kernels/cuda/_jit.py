@@ -1,0 +1,29 @@
+"""``kernel_jit(threads)``: ``cuda.jit`` with launch bounds, so every block size launches.
+
+Without launch bounds ptxas may give a kernel up to 255 registers per thread, but a block
+must fit the 65,536-register file of an SM: at 1,024 threads that is 64 registers each.
+numba's index arithmetic is 64-bit and needs 70–80 registers even for the naive kernel,
+so a 32×32 block compiled without bounds fails at launch ("too many resources requested").
+Telling ptxas the block size (``.maxntid`` in the PTX) makes it fit the registers to the
+block, spilling if it must, and the resource report (tilegemm.analysis.resources) compiles
+with the same bounds. Numba's simulator has no ``launch_bounds`` option and needs none.
+
+Private (underscore) module, so discovery does not look for a SPEC here; it imports numba
+only when called (from a rung's build()).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def kernel_jit(threads: int) -> Callable[[Callable[..., Any]], Any]:
+    """The decorator for a rung's kernel launched with exactly ``threads`` threads a block."""
+    from numba import cuda
+
+    from tilegemm.backends.cuda import simulator_enabled
+
+    if simulator_enabled():
+        return cuda.jit
+    return cuda.jit(launch_bounds=threads)

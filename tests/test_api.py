@@ -1,0 +1,313 @@
+"""matmul/gemm semantics (NumPy's) and bad input, on the always-present CPU backend."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.reference import assert_close, random_operands
+
+CPU = {"backend": "cpu", "kernel": "triple_loop"}
+
+
+@pytest.mark.parametrize(
+    ("sa", "sb"),
+    [
+        ((7, 5), (5, 3)),
+        ((5,), (5, 3)),  # 1-D a: promoted to a row, axis removed
+        ((7, 5), (5,)),  # 1-D b: promoted to a column, axis removed
+        ((5,), (5,)),  # vector · vector → 0-d
+        ((4, 7, 5), (5, 3)),  # batch × single
+        ((7, 5), (4, 5, 3)),  # single × batch
+        ((2, 1, 7, 5), (3, 5, 3)),  # partial broadcast in both
+        ((2, 3, 7, 5), (2, 3, 5, 3)),  # full batch
+        ((1, 7, 5), (1, 5, 3)),
+        ((3, 5), (2, 4, 5, 1)),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_matmul_follows_numpy_shapes(sa, sb, dtype):
+    a, b = random_operands(sa, sb, dtype)
+    c = tilegemm.matmul(a, b, **CPU)
+    expected = np.matmul(a, b)
+    assert isinstance(c, np.ndarray)
+    assert c.shape == expected.shape
+    assert c.dtype == expected.dtype
+    assert_close(c, a, b)
+
+
+@pytest.mark.parametrize(
+    ("da", "db"),
+    [("float32", "float64"), ("int32", "float32"), ("int32", "int64"), ("int64", "int64")],
+)
+def test_mixed_dtypes_follow_result_type(da, db):
+    a, _ = random_operands((6, 4), (1, 1), da)
+    _, b = random_operands((1, 1), (4, 5), db)
+    c = tilegemm.matmul(a, b, **CPU)
+    assert c.dtype == np.result_type(a.dtype, b.dtype)
+    assert_close(c, a, b)
+
+
+def test_integers_are_exact():
+    rng = np.random.default_rng()
+    a = rng.integers(-1000, 1000, (9, 31)).astype(np.int64)
+    b = rng.integers(-1000, 1000, (31, 11)).astype(np.int64)
+    np.testing.assert_array_equal(tilegemm.matmul(a, b, **CPU), a @ b)
+
+
+@pytest.mark.parametrize("order", ["F", "strided", "transposed"])
+def test_layouts(order):
+    a, b = random_operands((14, 10), (10, 12), "float64")
+    if order == "F":
+        a, b = np.asfortranarray(a), np.asfortranarray(b)
+    elif order == "strided":
+        a, b = a[::2, ::1], b[::1, ::2]  # (7, 10) @ (10, 6)
+    else:
+        a, b = np.ascontiguousarray(a.T).T, b.T.copy().T
+    assert_close(tilegemm.matmul(a, b, **CPU), a, b)
+
+
+def test_auto_picks_a_kernel_and_backend():
+    a, b = random_operands((9, 8), (8, 7), "float32")
+    assert_close(tilegemm.matmul(a, b), a, b)
+
+
+def test_gemm_alpha_beta_and_transposes():
+    rng = np.random.default_rng()
+    a = rng.standard_normal((6, 9))  # op(a) = a.T: (9, 6)
+    b = rng.standard_normal((5, 6))  # op(b) = b.T: (6, 5)
+    c = rng.standard_normal((9, 5))
+    r = tilegemm.gemm(a, b, c, alpha=-1.5, beta=0.25, trans_a=True, trans_b=True, **CPU)
+    assert_close(r, a, b, alpha=-1.5, beta=0.25, c=c, trans_a=True, trans_b=True)
+    np.testing.assert_allclose(r, -1.5 * a.T @ b.T + 0.25 * c, rtol=1e-12, atol=1e-12)
+
+
+def test_gemm_beta_zero_ignores_nan_c():
+    a, b = random_operands((4, 3), (3, 2), "float32")
+    c = np.full((4, 2), np.nan, np.float32)
+    r = tilegemm.gemm(a, b, c, beta=0.0, **CPU)
+    assert np.isfinite(r).all()
+
+
+def test_gemm_out_equals_c_updates_in_place():
+    a, b = random_operands((4, 3), (3, 2), "float64")
+    c = np.ones((4, 2))
+    c0 = c.copy()
+    r = tilegemm.gemm(a, b, c, beta=2.0, out=c, **CPU)
+    assert r is c
+    np.testing.assert_allclose(c, a @ b + 2 * c0)
+
+
+def test_gemm_c_broadcasts():
+    a, b = random_operands((4, 3), (3, 2), "float64")
+    bias = np.array([1.0, -2.0])
+    r = tilegemm.gemm(a, b, bias, beta=1.0, **CPU)
+    np.testing.assert_allclose(r, a @ b + bias)
+
+
+def test_out_is_written_and_returned():
+    a, b = random_operands((5, 4), (4, 3), "float32")
+    out = np.full((5, 3), np.nan, np.float32)
+    r = tilegemm.matmul(a, b, out=out, **CPU)
+    assert r is out
+    assert_close(out, a, b)
+
+
+@pytest.mark.parametrize(
+    ("sa", "sb", "shape"),
+    [((0, 4), (4, 3), (0, 3)), ((5, 4), (4, 0), (5, 0)), ((0, 5, 4), (4, 3), (0, 5, 3))],
+)
+def test_empty_dimensions(sa, sb, shape):
+    a, b = np.ones(sa, np.float32), np.ones(sb, np.float32)
+    c = tilegemm.matmul(a, b, **CPU)
+    assert c.shape == shape and c.dtype == np.float32
+
+
+def test_k_zero_gives_zeros_and_beta_c():
+    a, b = np.ones((3, 0)), np.ones((0, 4))
+    np.testing.assert_array_equal(tilegemm.matmul(a, b, **CPU), np.zeros((3, 4)))
+    c = np.full((3, 4), 2.0)
+    np.testing.assert_array_equal(tilegemm.gemm(a, b, c, beta=3.0, **CPU), 6.0)
+
+
+def test_nan_and_inf_propagate_like_numpy():
+    a, b = random_operands((4, 4), (4, 4), "float64")
+    a[1, 2] = np.nan
+    a[2, 0] = np.inf
+    b[3, 3] = -np.inf
+    with np.errstate(invalid="ignore"):
+        expected = a @ b
+    got = tilegemm.matmul(a, b, **CPU)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(got[~finite & ~np.isnan(expected)],
+                                  expected[~finite & ~np.isnan(expected)])
+    np.testing.assert_allclose(got[finite], expected[finite], rtol=1e-12)
+
+
+# --- bad input: a clear error before anything runs, and `out` left untouched ---------
+
+def test_mismatched_shapes_name_both_shapes():
+    a, b = np.ones((3, 4)), np.ones((5, 2))
+    with pytest.raises(ValueError, match=r"\(3, 4\) and \(5, 2\)"):
+        tilegemm.matmul(a, b)
+
+
+def test_batch_dims_that_do_not_broadcast():
+    with pytest.raises(ValueError, match="do not broadcast"):
+        tilegemm.matmul(np.ones((2, 3, 4)), np.ones((3, 4, 5)))
+
+
+@pytest.mark.parametrize("zero_d", [np.float32(2.0), np.array(3.0)])
+def test_zero_d_inputs(zero_d):
+    with pytest.raises(ValueError, match="0-d"):
+        tilegemm.matmul(zero_d, np.ones((3, 3)))
+    with pytest.raises(ValueError, match="0-d"):
+        tilegemm.matmul(np.ones((3, 3)), zero_d)
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.bool_, np.float16, object, np.uint8])
+def test_unsupported_dtypes_list_supported(dtype):
+    a = np.ones((2, 2), dtype=dtype)
+    with pytest.raises(TypeError, match="float32, float64, int32, int64"):
+        tilegemm.matmul(a, a)
+
+
+def test_kernel_without_dtype_support():
+    usable = {s.name for s in tilegemm.backends() if s.usable}
+    spec = next((s for s in tilegemm.kernels() if "int32" not in s.dtypes
+                 and s.backend in usable), None)
+    if spec is None:
+        pytest.skip("every usable kernel supports int32")
+    a = np.ones((2, 2), np.int32)
+    with pytest.raises(TypeError, match=f"{spec.name}.*does not support dtype int32"):
+        tilegemm.matmul(a, a, kernel=spec.name, backend=spec.backend)
+
+
+def _untouched(call, out):
+    before = out.copy()
+    with pytest.raises((ValueError, TypeError)):
+        call()
+    np.testing.assert_array_equal(out, before)
+
+
+def test_bad_out_is_refused_and_untouched():
+    a, b = random_operands((4, 3), (3, 2), "float32")
+    wrong_shape = np.full((2, 4), 7.0, np.float32)
+    _untouched(lambda: tilegemm.matmul(a, b, out=wrong_shape, **CPU), wrong_shape)
+    wrong_dtype = np.full((4, 2), 7.0, np.float64)
+    _untouched(lambda: tilegemm.matmul(a, b, out=wrong_dtype, **CPU), wrong_dtype)
+    big = np.full((4, 4), 7.0, np.float32)
+    non_contig = big[:, ::2]
+    _untouched(lambda: tilegemm.matmul(a, b, out=non_contig, **CPU), big)
+    # a bad parameter with a good out: still untouched
+    good = np.full((4, 2), 7.0, np.float32)
+    _untouched(lambda: tilegemm.matmul(a, b, out=good, backend="cpu", kernel="nope"), good)
+
+
+def test_unknown_kernel_and_backend_list_choices():
+    a = np.ones((2, 2))
+    with pytest.raises(ValueError, match="choices: .*triple_loop"):
+        tilegemm.matmul(a, a, backend="cpu", kernel="nope")
+    with pytest.raises(ValueError, match="choices: auto, cuda, opencl, cpu"):
+        tilegemm.matmul(a, a, backend="tpu")
+
+
+def test_parameters_need_explicit_kernel_and_are_validated():
+    a = np.ones((2, 2))
+    with pytest.raises(ValueError, match="explicit kernel"):
+        tilegemm.matmul(a, a, TILE=16)
+    with pytest.raises(ValueError, match="has no parameter"):
+        tilegemm.matmul(a, a, backend="cpu", kernel="triple_loop", TILE=16)
+
+
+def test_gemm_needs_c_when_beta_nonzero_and_checks_scalars():
+    a = np.ones((2, 2))
+    with pytest.raises(ValueError, match="beta != 0 needs c"):
+        tilegemm.gemm(a, a, beta=1.0)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        tilegemm.gemm(a, a, np.ones((3, 3)), beta=1.0)
+    with pytest.raises(TypeError, match="alpha"):
+        tilegemm.gemm(a, a, alpha="2")
+    with pytest.raises(TypeError, match="integers"):
+        tilegemm.gemm(np.ones((2, 2), np.int32), np.ones((2, 2), np.int32), alpha=0.5, **CPU)
+
+
+def test_inputs_are_not_modified():
+    a, b = random_operands((6, 5), (5, 4), "float32")
+    a0, b0 = a.copy(), b.copy()
+    c = np.ones((6, 4), np.float32)
+    c0 = c.copy()
+    tilegemm.gemm(a, b, c, alpha=2, beta=3, **CPU)
+    np.testing.assert_array_equal(a, a0)
+    np.testing.assert_array_equal(b, b0)
+    np.testing.assert_array_equal(c, c0)
+
+
+def test_backends_report_usability_and_reason():
+    found = {s.name: s for s in tilegemm.backends()}
+    assert set(found) == {"cuda", "opencl", "cpu"}
+    assert found["cpu"].usable
+    for s in found.values():
+        assert s.reason  # always says why (or what)
+
+
+def test_cuda_request_without_gpu_is_a_clear_error():
+    status = {s.name: s for s in tilegemm.backends()}["cuda"]
+    if status.usable:
+        pytest.skip("a CUDA device (or the simulator) is usable here")
+    with pytest.raises(RuntimeError, match=r"backend 'cuda' is not usable here.*Usable backends"):
+        tilegemm.matmul(np.ones((2, 2)), np.ones((2, 2)), backend="cuda")
+
+
+def test_import_touches_no_gpu_library():
+    code = (
+        "import sys, tilegemm; tilegemm.kernels(); "
+        "bad = [m for m in ('numba.cuda', 'pyopencl', 'cupy', 'torch') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.cudasim
+def test_device_arrays_stay_on_device():
+    """numba device arrays in → device arrays out (the simulator's, here), out= honoured."""
+    from numba import cuda
+
+    a, b = random_operands((3, 7, 5), (5, 4), "float32")
+    da, db = cuda.to_device(a), cuda.to_device(b)
+    r = tilegemm.matmul(da, db, kernel="naive", BLOCK=8)
+    assert getattr(r, "__cuda_ndarray__", False) and r.shape == (3, 7, 4)
+    assert_close(r.copy_to_host(), a, b)
+    out = cuda.to_device(np.full((3, 7, 4), np.nan, np.float32))
+    assert tilegemm.matmul(da, db, out=out, kernel="naive", BLOCK=8) is out
+    assert_close(out.copy_to_host(), a, b)
+    v = np.random.default_rng().uniform(0.5, 1.5, 5).astype(np.float32)
+    r = tilegemm.matmul(da, cuda.to_device(v), kernel="naive", BLOCK=8)
+    assert r.shape == (3, 7)
+    assert_close(r.copy_to_host(), a, v)
+    c = np.ones((3, 7, 4), np.float32)
+    r = tilegemm.gemm(da, db, cuda.to_device(c), beta=2.0, kernel="naive", BLOCK=8)
+    assert_close(r.copy_to_host(), a, b, beta=2.0, c=c)
+    bt = np.ascontiguousarray(b.T)
+    r = tilegemm.gemm(cuda.to_device(a[0]), cuda.to_device(bt), trans_b=True, kernel="naive",
+                      BLOCK=8)
+    assert_close(r.copy_to_host(), a[0], bt, trans_b=True)
+
+
+@pytest.mark.cudasim
+def test_device_and_host_mix_and_mismatched_dtype():
+    from numba import cuda
+
+    a, b = random_operands((4, 5), (5, 3), "float32")
+    r = tilegemm.matmul(cuda.to_device(a), b, kernel="naive", BLOCK=8)  # host b is copied in
+    assert_close(r.copy_to_host(), a, b)
+    with pytest.raises(TypeError, match="cast it on the device"):
+        tilegemm.matmul(cuda.to_device(a), cuda.to_device(b.astype(np.float64)),
+                        kernel="naive", BLOCK=8)
+    with pytest.raises(ValueError, match="use backend='cuda'"):
+        tilegemm.matmul(cuda.to_device(a), b, backend="cpu")

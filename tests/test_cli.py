@@ -1,0 +1,65 @@
+"""The tilegemm command: readable output, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tilegemm.cli import main
+
+
+def test_kernels_lists_every_rung(capsys):
+    import tilegemm
+
+    assert main(["kernels", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert {(k["backend"], k["name"]) for k in listed} == {
+        (s.backend, s.name) for s in tilegemm.kernels()
+    }
+    assert main(["kernels"]) == 0
+
+
+def test_info_runs(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu" in out and "numpy" in out
+
+
+def test_run_verifies_and_reports(capsys):
+    assert main(["run", "--backend", "cpu", "--kernel", "triple_loop",
+                 "--m", "17", "--n", "9", "--k", "5", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "verified: yes" in out and "GFLOP/s" in out
+
+
+def test_run_errors_are_one_line(capsys):
+    assert main(["run", "--backend", "cpu", "--kernel", "nope", "--m", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tilegemm: error:") and "choices" in err and err.count("\n") == 1
+    assert main(["run", "--backend", "cpu", "--kernel", "triple_loop", "TILE=x"]) == 2
+    assert main(["run", "--backend", "cpu", "--m", "-1"]) == 2
+
+
+def test_entry_point_module_runs():
+    r = subprocess.run([sys.executable, "-m", "tilegemm.cli", "--version"],
+                       capture_output=True, text=True, check=True)
+    assert r.stdout.startswith("tilegemm ")
+
+
+@pytest.mark.parametrize("argv", [["run", "--help"], ["kernels", "--help"]])
+def test_help(argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 0
+
+
+def test_kernels_markdown_comes_from_the_registry(capsys):
+    import tilegemm
+
+    assert main(["kernels", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "`" in line]
+    assert len(rows) == len(tilegemm.kernels())

@@ -1,0 +1,187 @@
+"""Every CUDA rung in the registry, run on numba's CUDA simulator, against float64 NumPy.
+
+The rungs come from ``tilegemm.kernels("cuda")``, so a rung added later is tested here
+with no edit. Each runs with its ``extra["sim_params"]`` (the smallest valid tiles): the
+simulator runs one Python thread per CUDA thread, so shapes stay tiny but still break
+tiling (partial tiles on every edge, primes, K=1, 1×K). Outputs are NaN-poisoned before
+each launch (conftest), so an element a kernel skips fails the check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tilegemm
+from conftest import HOSTILE_SHAPES
+from tilegemm import launch
+from tilegemm.reference import assert_close, random_operands
+from tilegemm.registry import KernelSpec
+
+pytestmark = pytest.mark.cudasim
+
+SPECS = tilegemm.kernels("cuda")
+BIG = (33, 17, 65)  # the slowest hostile shape on the simulator: float32 only
+
+
+def _id(spec: KernelSpec) -> str:
+    return spec.name
+
+
+def _sim(spec: KernelSpec) -> dict[str, int]:
+    return dict(spec.extra.get("sim_params", {}))
+
+
+def _mm(spec: KernelSpec, a: Any, b: Any, **params: Any) -> Any:
+    return tilegemm.matmul(a, b, backend="cuda", kernel=spec.name, **(params or _sim(spec)))
+
+
+def _cases() -> list[Any]:
+    cases = []
+    for spec in SPECS:
+        for shape in HOSTILE_SHAPES:
+            for dtype in ("float32", "float64", "int32"):
+                if not spec.supports(dtype) or (shape == BIG and dtype != "float32"):
+                    continue
+                cases.append(pytest.param(spec, shape, dtype,
+                                          id=f"{spec.name}-{dtype}-{'x'.join(map(str, shape))}"))
+    return cases
+
+
+def test_every_rung_has_sim_params() -> None:
+    for spec in SPECS:
+        params = spec.resolve(_sim(spec))  # valid, and small enough for the simulator
+        assert spec.threads is not None and spec.threads(params) <= 64, spec.name
+
+
+@pytest.mark.parametrize(("spec", "shape", "dtype"), _cases())
+def test_hostile_shapes(spec: KernelSpec, shape: tuple[int, int, int], dtype: str) -> None:
+    m, n, k = shape
+    a, b = random_operands((m, k), (k, n), dtype)
+    r = _mm(spec, a, b)
+    assert r.dtype == np.dtype(dtype)
+    assert_close(r, a, b, what=f"{spec.name} {dtype} {shape}")
+
+
+def _other_params(spec: KernelSpec) -> list[dict[str, int]]:
+    """Two more valid parameter sets that the simulator can afford (<= 64 threads): the
+    one with the fewest threads and the last by name, so rectangular tiles, R = TILE,
+    several loads per thread... get exercised without a hand-kept list."""
+    small = [p for p in spec.space() if spec.threads(p) <= 64 and p != spec.resolve(_sim(spec))]
+    small.sort(key=lambda p: (spec.threads(p), sorted(p.items())))
+    return [small[0], small[-1]] if len(small) > 1 else small
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_other_parameters(spec: KernelSpec) -> None:
+    a, b = random_operands((2, 19, 11), (11, 23), "float32")
+    for params in _other_params(spec):
+        assert_close(_mm(spec, a, b, **params), a, b, what=f"{spec.name} {params}")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_batched_and_broadcast(spec: KernelSpec) -> None:
+    a, b = random_operands((3, 7, 5), (5, 6), "float32")
+    assert_close(_mm(spec, a, b), a, b, what="batch @ matrix")
+    a, b = random_operands((2, 1, 7, 5), (3, 5, 4), "float64")
+    r = _mm(spec, a, b)
+    assert r.shape == (2, 3, 7, 4)
+    assert_close(r, a, b, what="broadcast batch")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_vectors(spec: KernelSpec) -> None:
+    v, m = random_operands((9,), (9, 5), "float32")
+    assert_close(_mm(spec, v, m), v, m, what="vector @ matrix")
+    m, v = random_operands((6, 9), (9,), "float32")
+    assert_close(_mm(spec, m, v), m, v, what="matrix @ vector")
+    u, v = random_operands((9,), (9,), "float32")
+    r = _mm(spec, u, v)
+    assert np.ndim(r) == 0
+    assert_close(r, u, v, what="vector @ vector")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_gemm_alpha_beta(spec: KernelSpec) -> None:
+    a, b = random_operands((9, 5), (5, 10), "float32")
+    c, _ = random_operands((9, 10), (1,), "float32")
+    r = tilegemm.gemm(a, b, c, alpha=1.5, beta=-0.5, backend="cuda", kernel=spec.name,
+                      **_sim(spec))
+    assert_close(r, a, b, alpha=1.5, beta=-0.5, c=c, what="alpha*A@B + beta*C")
+    row = c[:1]  # c broadcasts to the result
+    r = tilegemm.gemm(a, b, row, alpha=-2.0, beta=3.0, backend="cuda", kernel=spec.name,
+                      **_sim(spec))
+    assert_close(r, a, b, alpha=-2.0, beta=3.0, c=row, what="broadcast c")
+    # beta == 0: c is not read, so NaN in it must not reach the result
+    nan_c = np.full((9, 10), np.nan, np.float32)
+    r = tilegemm.gemm(a, b, nan_c, alpha=2.0, beta=0.0, backend="cuda", kernel=spec.name,
+                      **_sim(spec))
+    assert np.all(np.isfinite(r))
+    assert_close(r, a, b, alpha=2.0, what="beta=0 ignores c")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_integer_gemm_exact(spec: KernelSpec) -> None:
+    if not spec.supports("int32"):
+        pytest.skip(f"{spec.name} has no integer support")
+    a, b = random_operands((7, 6), (6, 9), "int32")
+    c, _ = random_operands((7, 9), (1,), "int32")
+    r = tilegemm.gemm(a, b, c, alpha=3, beta=-2, backend="cuda", kernel=spec.name, **_sim(spec))
+    assert r.dtype == np.int32
+    assert_close(r, a, b, alpha=3, beta=-2, c=c, what="int32 gemm")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_fortran_and_strided_inputs(spec: KernelSpec) -> None:
+    a, b = random_operands((9, 11), (11, 10), "float32")
+    fa, fb = np.asfortranarray(a), np.asfortranarray(b)
+    assert_close(_mm(spec, fa, fb), a, b, what="Fortran-ordered")
+    big_a, big_b = random_operands((20, 33), (23, 30), "float64")
+    sa, sb = big_a[::2, ::3], big_b[1::2, ::3]  # (10, 11) @ (11, 10), non-unit strides
+    assert_close(_mm(spec, sa, sb), sa, sb, what="strided views")
+    assert_close(_mm(spec, sb.T, sa.T), sb.T, sa.T, what="transposed views")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf * 0
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_nan_inf_propagate_like_numpy(spec: KernelSpec) -> None:
+    a, b = random_operands((9, 7), (7, 10), "float32")
+    a[1, 2] = np.nan
+    b[0, 3] = np.inf
+    a[4, 0] = -np.inf
+    r = _mm(spec, a, b)
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.array_equal(np.isnan(r), np.isnan(ref))
+    assert np.array_equal(np.isposinf(r), np.isposinf(ref))
+    assert np.array_equal(np.isneginf(r), np.isneginf(ref))
+    assert_close(r, a, b, what="NaN/Inf")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_empty_dimensions(spec: KernelSpec) -> None:
+    for (m, n, k) in [(0, 5, 3), (4, 0, 3), (4, 5, 0)]:
+        a, b = random_operands((m, k), (k, n), "float32")
+        r = _mm(spec, a, b)
+        assert r.shape == (m, n)
+        assert np.array_equal(r, np.zeros((m, n), np.float32))
+    a, b = random_operands((4, 0), (0, 5), "float32")
+    c, _ = random_operands((4, 5), (1,), "float32")
+    r = tilegemm.gemm(a, b, c, alpha=2.0, beta=0.5, backend="cuda", kernel=spec.name,
+                      **_sim(spec))
+    assert_close(r, a, b, alpha=2.0, beta=0.5, c=c, what="K=0 gives beta*C")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=_id)
+def test_grid_stride_loops(spec: KernelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With at most 2 blocks per grid dimension, every block must stride over several
+    tiles (and batches) in x, y and z; the result must not change."""
+    a, b = random_operands((3, 33, 3), (3, 3, 33), "float32")
+    program = spec.program(spec.resolve(_sim(spec)), np.dtype("float32"))
+    full = program.grid(3, 33, 33)
+    assert min(full) >= 3, f"shape too small to need striding: grid {full}"
+    monkeypatch.setattr(launch, "MAX_GRID_X", 2)
+    monkeypatch.setattr(launch, "MAX_GRID_YZ", 2)
+    assert program.grid(3, 33, 33) == (2, 2, 2)
+    assert_close(_mm(spec, a, b), a, b, what="grid-stride")

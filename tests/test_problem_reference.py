@@ -1,0 +1,87 @@
+"""Problem normalisation and the reference/tolerance used by every check."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilegemm.problem import describe, host_operand_3d, make_problem
+from tilegemm.reference import assert_close, bound, random_operands
+
+
+def _prob(sa, sb, **kw):
+    a, b = np.ones(sa, np.float32), np.ones(sb, np.float32)
+    return make_problem(describe(a, "a"), describe(b, "b"), **kw), a, b
+
+
+def test_problem_shapes_and_batch_modes():
+    p, a, b = _prob((2, 1, 7, 5), (3, 5, 4))
+    assert (p.m, p.n, p.k, p.batch_shape, p.out_shape) == (7, 4, 5, (2, 3), (2, 3, 7, 4))
+    assert p.batch_mode("a") == "broadcast" and p.batch_mode("b") == "broadcast"
+    assert host_operand_3d(a, p, "a").shape == (6, 7, 5)
+    p, a, b = _prob((7, 5), (3, 5, 4))
+    assert p.batch_mode("a") == "single" and p.batch_mode("b") == "full"
+    assert host_operand_3d(a, p, "a").shape == (1, 7, 5)
+    assert p.flops == 2 * 3 * 7 * 4 * 5
+
+
+def test_transposes_and_vectors():
+    p, a, b = _prob((5, 7), (4, 5), trans_a=True, trans_b=True)
+    assert (p.m, p.n, p.k) == (7, 4, 5)
+    a3 = host_operand_3d(np.arange(35.0).reshape(5, 7), p, "a")
+    np.testing.assert_array_equal(a3[0], np.arange(35.0).reshape(5, 7).T)
+    p, _, _ = _prob((5,), (5,))
+    assert p.out_shape == ()
+
+
+def test_host_operand_copies_do_not_alias_input():
+    p, a, _ = _prob((3, 4), (4, 2))
+    a3 = host_operand_3d(a, p, "a")
+    a3[...] = 5
+    assert (a == 1).all() or not np.shares_memory(a, a3) or a3.base is a
+
+
+def test_bound_scales_with_k():
+    a, b = random_operands((4, 8), (8, 4), "float32")
+    a2, b2 = random_operands((4, 512), (512, 4), "float32")
+    assert np.median(bound(a2, b2, 512, np.float32)) > np.median(bound(a, b, 8, np.float32))
+
+
+def test_assert_close_catches_errors_and_reports_index():
+    a, b = random_operands((6, 5), (5, 4), "float32")
+    c = (a.astype(np.float64) @ b).astype(np.float32)
+    assert_close(c, a, b)
+    c[2, 3] += 1e-2
+    with pytest.raises(AssertionError, match=r"first at \(2, 3\)"):
+        assert_close(c, a, b)
+    c[2, 3] = np.nan  # an unwritten (poisoned) element
+    with pytest.raises(AssertionError, match="1 of 24 elements wrong"):
+        assert_close(c, a, b)
+    with pytest.raises(AssertionError, match="shape"):
+        assert_close(c[:2], a, b)
+
+
+def test_assert_close_float64_tolerance_is_tight():
+    a, b = random_operands((3, 50), (50, 3), "float64")
+    c = a @ b
+    assert_close(c, a, b)
+    with pytest.raises(AssertionError):
+        assert_close(c * (1 + 1e-9), a, b)
+
+
+def test_assert_close_integers_exact():
+    a = np.arange(6, dtype=np.int32).reshape(2, 3)
+    b = np.arange(6, dtype=np.int32).reshape(3, 2)
+    c = a @ b
+    assert_close(c, a, b)
+    c[0, 0] += 1
+    with pytest.raises(AssertionError):
+        assert_close(c, a, b)
+
+
+def test_random_operands_are_nonzero_and_fresh():
+    a1, _ = random_operands((50, 50), (1, 1), "float32")
+    a2, _ = random_operands((50, 50), (1, 1), "float32")
+    assert np.all(a1 != 0) and not np.array_equal(a1, a2)
+    i, _ = random_operands((50, 50), (1, 1), "int32")
+    assert np.all(i != 0)

@@ -1,0 +1,78 @@
+"""The registry: one declaration per rung, constraints as data, clear errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm import registry
+from tilegemm.registry import Constraint, KernelSpec, Param
+
+
+def _spec() -> KernelSpec:
+    return KernelSpec(
+        name="toy", backend="cpu", rung=99, title="toy", build=lambda p, d: None,
+        params=(Param("BM", 64, (16, 32, 64, 12)), Param("TM", 4, (1, 2, 4, 3))),
+        constraints=(Constraint("BM % TM == 0", lambda p: p["BM"] % p["TM"] == 0),),
+    )
+
+
+def test_resolve_fills_defaults_and_validates():
+    s = _spec()
+    assert s.resolve() == {"BM": 64, "TM": 4}
+    assert s.resolve({"BM": 32}) == {"BM": 32, "TM": 4}
+    with pytest.raises(ValueError, match="constraint 'BM % TM == 0' fails"):
+        s.resolve({"BM": 16, "TM": 3})
+    with pytest.raises(ValueError, match="choose one of 16, 32, 64, 12"):
+        s.resolve({"BM": 48})
+    with pytest.raises(ValueError, match="has no parameter"):
+        s.resolve({"XX": 1})
+    with pytest.raises(ValueError, match="must be an integer"):
+        s.resolve({"BM": 16.0})
+
+
+def test_space_prunes_with_the_same_predicates():
+    space = list(_spec().space())
+    assert {"BM": 16, "TM": 3} not in space
+    assert {"BM": 12, "TM": 3} in space
+    assert all(p["BM"] % p["TM"] == 0 for p in space)
+    assert len(space) == sum(1 for bm in (16, 32, 64, 12) for tm in (1, 2, 4, 3) if bm % tm == 0)
+
+
+def test_every_registered_rung_is_well_formed():
+    specs = tilegemm.kernels()
+    assert specs, "no rungs registered"
+    keys = [s.key for s in specs]
+    assert len(keys) == len(set(keys))
+    for s in specs:
+        assert s.backend in registry.BACKENDS
+        assert s.summary, f"{s.key} has no docstring saying what changed and why"
+        defaults = s.resolve()  # defaults satisfy the rung's own constraints
+        for p in s.params:
+            assert p.name.isupper(), f"{s.key}: parameter names are upper-case"
+            assert p.default in p.choices
+        if s.smem is not None:
+            assert s.smem(defaults, 4) >= 0
+        sim = s.extra.get("sim_params")
+        if sim is not None:
+            s.resolve(sim)
+
+
+def test_rung_numbers_are_unique_per_backend():
+    for backend in registry.BACKENDS:
+        rungs = [s.rung for s in registry.specs_for(backend)]
+        assert len(rungs) == len(set(rungs)), backend
+
+
+def test_default_for_is_the_highest_rung_supporting_the_dtype():
+    cpu = registry.specs_for("cpu")
+    best = registry.default_for("cpu", "float32")
+    assert best.rung == max(s.rung for s in cpu if s.supports("float32"))
+    with pytest.raises(ValueError, match="choices"):
+        registry.get("nope", "cpu")
+
+
+def test_program_is_built_once():
+    spec = registry.get("triple_loop", "cpu")
+    assert spec.program({}, np.float32) is spec.program({}, np.dtype("float32"))
