@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench bench-gpu clean
+.PHONY: demo test test-fast lint bench bench-gpu bench-gpu-system readme clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,8 +13,30 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# The quick benchmark (about a minute on a 2-core CPU): every rung of every usable backend
+# (the CUDA simulator excluded), verified, timed, beside the vendor BLAS; ladder table last.
 demo: $(STAMP)
 	$(VENV)/bin/tilegemm demo
+
+# The seed's full tables on this machine's backends (sizes 8..4096; slow rungs are skipped
+# at sizes their smaller runs predict to take too long).
+bench: $(STAMP)
+	$(VENV)/bin/tilegemm bench --full
+
+# On a machine with an NVIDIA GPU: the standard results file, as-is. Installs CuPy for the
+# cuBLAS reference (CUPY=cupy-cuda12x for a CUDA 12 driver), then writes
+# benchmarks/results/<device>-<date>.{json,md,png}: ladder vs cuBLAS at 1024^3 and 4096^3,
+# sizes x block sizes 8..4096, outputs-per-thread sweep, first call vs steady.
+CUPY ?= cupy-cuda13x
+bench-gpu: $(STAMP)
+	$(PY) -c "import cupy" 2>/dev/null || $(PY) -m pip install -q "$(CUPY)" || \
+	  echo "warning: no CuPy; install it or PyTorch for the cuBLAS reference column"
+	$(VENV)/bin/tilegemm bench --full --backend cuda --save benchmarks/results
+
+# The same on a machine that already has numba-cuda and CuPy/PyTorch in its system Python
+# and no network (e.g. a lent GPU box): no virtual environment, the source tree as is.
+bench-gpu-system:
+	PYTHONPATH=src python3 -m tilegemm.cli bench --full --backend cuda --save benchmarks/results
 
 # Plain tests (API, CPU, OpenCL on PoCL, PTX/nvJitLink) in one process, then every CUDA
 # rung on numba's CUDA simulator in a second one (the simulator must be chosen before
@@ -27,7 +49,11 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not cudasim and not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests tools benchmarks
+
+# Regenerate the README's generated tables (the ladder, from the registry).
+readme: $(STAMP)
+	$(PY) tools/update_readme.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -88,3 +88,13 @@ def test_cli_kernels_resources(capsys: pytest.CaptureFixture[str],
     assert {(r["kernel"], r["arch"]) for r in rows} == {
         (s.name, a) for s in SPECS for a in ARCHS}
     assert all(r["registers"] > 0 for r in rows)
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("spec", tilegemm.kernels("cuda"), ids=lambda s: s.name)
+def test_float32_kernels_do_no_float64_math(spec):
+    """A stray Python float literal (0. instead of float32(0)) would promote the inner loop
+    to double precision, which runs at 1/64 of the FP32 rate on consumer GPUs: none allowed."""
+    ptx = ptx_for(spec, spec.resolve(), "float32", "sm_90")
+    f64 = [line.strip() for line in ptx.splitlines() if ".f64" in line]
+    assert not f64, f"{spec.name}: float64 instructions in float32 PTX: {f64[:3]}"

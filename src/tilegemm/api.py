@@ -75,7 +75,7 @@ def choose_kernel(
             f"kernel {spec.name!r} ({backend.name}) does not support dtype {prob.dtype.name}; "
             f"it supports {', '.join(spec.dtypes)}"
         )
-    resolved = spec.resolve(params)
+    resolved = backend.resolve(spec, params)
     backend.check_limits(spec, resolved, prob.dtype)
     return spec, resolved
 
@@ -99,7 +99,7 @@ def _check_scalar(x: Any, name: str) -> None:
 def gemm(
     a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
     trans_a: bool = False, trans_b: bool = False, out: Any = None,
-    kernel: str = AUTO, backend: str = AUTO, **params: Any,
+    kernel: str = AUTO, backend: str = AUTO, device: int | None = None, **params: Any,
 ) -> Any:
     """``alpha * op(a) @ op(b) + beta * c`` with ``op(x)`` = x or its (last-two-axes) transpose.
 
@@ -125,15 +125,20 @@ def gemm(
                              f"shape {prob.out_shape}")
         ops.append(c_op)
     be = choose_backend(backend, ops)
+    if device is not None and not getattr(be, "accepts_device", False):
+        raise ValueError(f"device= chooses an OpenCL device; backend {be.name!r} has no "
+                         "device choice (pass backend='opencl')")
     spec, resolved = choose_kernel(kernel, be, prob, params)
     if out is not None:
         data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
         check_out(out, prob, data_kind)
-    return be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta)
+    extra = {} if device is None else {"device": device}
+    return be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta, **extra)
 
 
 def matmul(
-    a: Any, b: Any, *, out: Any = None, kernel: str = AUTO, backend: str = AUTO, **params: Any
+    a: Any, b: Any, *, out: Any = None, kernel: str = AUTO, backend: str = AUTO,
+    device: int | None = None, **params: Any,
 ) -> Any:
     """Matrix product with NumPy's ``matmul`` semantics, computed by a tilegemm rung.
 
@@ -144,8 +149,10 @@ def matmul(
       the same kind of array out, with no copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
       "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
+    - ``device`` (OpenCL only) is a device index as listed by ``tilegemm info``; by default
+      the device is the one PYOPENCL_CTX names, else the first GPU, else the first device.
     """
-    return gemm(a, b, out=out, kernel=kernel, backend=backend, **params)
+    return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, **params)
 
 
 def kernels(backend: str | None = None) -> list[KernelSpec]:

@@ -90,7 +90,7 @@ def _ptx(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str, arch
     from numba.cuda import compile_ptx
 
     program = spec.program(dict(params), np.dtype(dtype))
-    # the launch bounds the rung was jitted with (they change register allocation)
+    # Compile as the dispatcher would: a rung's launch bounds change ptxas' register budget.
     bounds = getattr(program.kernel, "targetoptions", {}).get("launch_bounds")
     ptx, _ = compile_ptx(program.kernel.py_func, program.signature(dtype), cc=ARCHS[arch],
                          launch_bounds=bounds)

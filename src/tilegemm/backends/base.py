@@ -72,6 +72,11 @@ class Backend(ABC):
     def status(self) -> BackendStatus:
         """Probe once (cached by the implementation); never raises."""
 
+    def resolve(self, spec: KernelSpec, params: Mapping[str, Any]) -> dict[str, int]:
+        """The rung's full parameters; a backend may start from defaults measured for its
+        device (OpenCL: ``spec.extra["device_defaults"]``) instead of the rung's own."""
+        return spec.resolve(params)
+
     def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype) -> None:
         """Raise ValueError if the rung's threads or shared memory exceed the device."""
 

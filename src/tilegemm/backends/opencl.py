@@ -1,21 +1,602 @@
-"""OpenCL backend (placeholder until the OpenCL ladder lands)."""
+"""OpenCL backend: the OpenCL C rungs on any OpenCL device, through PyOpenCL.
+
+Devices. Every device of every platform gets an index (platforms in the order the ICD
+loader lists them, devices in each platform's order): that is the ``device=`` index of
+:func:`tilegemm.matmul`. Without it the device is the one ``PYOPENCL_CTX`` names, if set
+(PyOpenCL's own syntax, e.g. ``0:1``), else the first GPU, else the first device. On a
+machine with no GPU that is PoCL's CPU device, which ships as a pip wheel
+(``pocl-binary-distribution``) so no system package is needed. ``status().accelerated`` is
+true only for a GPU: ``backend="auto"`` prefers a real GPU but never PoCL on the CPU over
+the CPU backend.
+
+Programs. A rung's :class:`~tilegemm.backends.opencl_program.OpenCLProgram` is compiled
+once per (source, defines, context/device) and kept in memory; PyOpenCL's on-disk binary
+cache stays on, so a new process reuses earlier builds. A failed build raises
+``RuntimeError`` with the compiler log.
+
+Arrays. NumPy operands are copied in and the result copied out. ``pyopencl.array.Array``
+operands stay on their device and the result is a ``pyopencl.array.Array`` in the same
+context: no host trip. Transposed, strided or partially broadcast device operands are
+made dense on the device by a small gather kernel. All arrays of one call must share one
+context.
+
+Checks before anything runs: float64 needs ``cl_khr_fp64``; work-items per work-group,
+each work-group dimension and local memory are compared with the device's limits (and,
+after the build, with the compiled kernel's own work-group limit).
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
 from typing import Any
 
-from tilegemm.backends.base import Backend, BackendStatus
+import numpy as np
+
+from tilegemm.backends.base import (
+    Backend,
+    BackendStatus,
+    Prepared,
+    poison_enabled,
+    poison_value,
+    resolve_scalars,
+)
+from tilegemm.backends.opencl_program import (
+    KERNEL_NAME,
+    OpenCLProgram,
+    type_defines,
+)
+from tilegemm.problem import GemmProblem, Operand, host_operand_3d
+from tilegemm.registry import KernelSpec
+
+LAYOUT = "_layout.cl"
+
+
+def _cl() -> Any:
+    import pyopencl
+
+    return pyopencl
+
+
+@cache
+def all_devices() -> tuple[Any, ...]:
+    """Every OpenCL device here, in ``device=`` index order."""
+    cl = _cl()
+    found: list[Any] = []
+    for platform in cl.get_platforms():
+        try:
+            found.extend(platform.get_devices())
+        except cl.Error:  # a platform without devices reports DEVICE_NOT_FOUND
+            continue
+    return tuple(found)
+
+
+def device_kind(device: Any) -> str:
+    """"gpu", "cpu" or "accelerator": the key of a rung's ``device_defaults``."""
+    cl = _cl()
+    if device.type & cl.device_type.GPU:
+        return "gpu"
+    if device.type & cl.device_type.CPU:
+        return "cpu"
+    return "accelerator"
+
+
+def has_fp64(device: Any) -> bool:
+    return "cl_khr_fp64" in device.extensions.split() or bool(
+        getattr(device, "double_fp_config", 0))
+
+
+def _same(x: Any, y: Any) -> bool:
+    return x.int_ptr == y.int_ptr
+
+
+@cache
+def default_device_index() -> int:
+    """The device used without ``device=``: PYOPENCL_CTX, else the first GPU, else the first."""
+    cl = _cl()
+    devices = all_devices()
+    if not devices:
+        raise RuntimeError("no OpenCL device found")
+    if os.environ.get("PYOPENCL_CTX"):
+        chosen = cl.create_some_context(interactive=False).devices[0]
+        for i, d in enumerate(devices):
+            if _same(d, chosen):
+                return i
+        raise RuntimeError(f"PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r} chose a device "
+                           "that is not in the platform list")
+    gpus = [i for i, d in enumerate(devices) if device_kind(d) == "gpu"]
+    return gpus[0] if gpus else 0
+
+
+def check_device_index(index: Any) -> int:
+    """``device=`` as a valid index, or a ValueError listing the devices."""
+    devices = all_devices()
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not (
+            0 <= int(index) < len(devices)):
+        listing = "; ".join(f"{i}: {d.name.strip()}" for i, d in enumerate(devices)) or "none"
+        raise ValueError(f"unknown OpenCL device {index!r}; devices here: {listing} "
+                         "(see 'tilegemm info')")
+    return int(index)
+
+
+@dataclass
+class _Target:
+    """Where one call runs: a context, one of its devices and an in-order queue."""
+
+    context: Any
+    device: Any
+    queue: Any
+
+
+@dataclass
+class _OwnDevice:
+    context: Any
+    device: Any
+    queue: Any  # with profiling, for Prepared.elapsed
+
+
+@dataclass
+class _Cache:
+    kernels: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    queues: dict[tuple[int, int], Any] = field(default_factory=dict)
 
 
 class OpenCLBackend(Backend):
     name = "opencl"
     array_kind = "opencl"
+    accepts_device = True  # matmul/gemm(device=i) selects a device by index
 
+    def __init__(self) -> None:
+        self._own: dict[int, _OwnDevice] = {}
+        self._cache = _Cache()
+        self._used: dict[int, Any] = {}  # queues that may have work in flight
+
+    # -- probing ------------------------------------------------------------------------
+
+    @cache  # noqa: B019 - one backend object per process
     def status(self) -> BackendStatus:
-        return BackendStatus("opencl", False, "the OpenCL backend is not implemented yet")
+        try:
+            cl = _cl()
+        except Exception as exc:  # pragma: no cover - pyopencl is a dependency
+            return BackendStatus("opencl", False, f"pyopencl cannot be imported: {exc}")
+        try:
+            devices = all_devices()
+        except Exception as exc:
+            return BackendStatus("opencl", False, f"no OpenCL platform found ({exc})")
+        if not devices:
+            return BackendStatus("opencl", False, "OpenCL platforms found but no devices")
+        try:
+            index = default_device_index()
+        except Exception as exc:
+            return BackendStatus("opencl", False, f"cannot choose an OpenCL device: {exc}")
+        names = tuple(
+            f"[{i}] {d.name.strip()} ({device_kind(d)}, {d.platform.name.strip()})"
+            + (" default" if i == index else "")
+            for i, d in enumerate(devices)
+        )
+        default = devices[index]
+        return BackendStatus(
+            "opencl", True, f"PyOpenCL {cl.VERSION_TEXT}; default device [{index}] "
+            f"{default.name.strip()}", names, accelerated=device_kind(default) == "gpu",
+        )
 
-    def run(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover
-        raise RuntimeError("the OpenCL backend is not implemented yet")
+    def describe_devices(self) -> Any:
+        """A rich table of every platform and device with the limits the checks use."""
+        from rich.table import Table
+
+        table = Table(title="OpenCL devices (device= index)")
+        for col in ("#", "platform", "device", "type", "compute units", "max work-group",
+                    "max work-item sizes", "local mem", "global mem", "fp64", "OpenCL"):
+            table.add_column(col)
+        if not self.status().usable:
+            return None
+        default = default_device_index()
+        for i, d in enumerate(all_devices()):
+            table.add_row(
+                f"{i}{' *' if i == default else ''}", d.platform.name.strip(), d.name.strip(),
+                device_kind(d), str(d.max_compute_units), str(d.max_work_group_size),
+                "×".join(map(str, d.max_work_item_sizes)),
+                f"{d.local_mem_size // 1024} KiB", f"{d.global_mem_size / 2**30:.1f} GiB",
+                "yes" if has_fp64(d) else "no", " ".join(d.version.split()[:2]),
+            )
+        return table
+
+    # -- parameters and limits --------------------------------------------------------------
+
+    def resolve(self, spec: KernelSpec, params: Mapping[str, Any]) -> dict[str, int]:
+        """The rung's parameters, starting from its measured defaults for this kind of device
+        (``extra["device_defaults"]``) when it has some and they fit the user's overrides."""
+        tuned = dict(spec.extra.get("device_defaults", {}).get(self._default_kind(), {}))
+        if tuned:
+            merged = {**tuned, **params}
+            if spec.is_valid(merged):
+                return spec.resolve(merged)
+        return spec.resolve(params)
+
+    def _default_kind(self) -> str:
+        if not self.status().usable:
+            return ""
+        return device_kind(all_devices()[default_device_index()])
+
+    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype) -> None:
+        if not self.status().usable:
+            return
+        self._check_device(spec, params, np.dtype(dtype), all_devices()[default_device_index()])
+
+    def _check_device(
+        self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype, device: Any,
+    ) -> None:
+        name = device.name.strip()
+        if dtype.name == "float64" and not has_fp64(device):
+            raise TypeError(f"OpenCL device {name} lacks cl_khr_fp64: float64 is not supported "
+                            "there (use float32 or another device)")
+        program: OpenCLProgram = spec.program(params, dtype)
+        threads = program.local[0] * program.local[1]
+        if threads > device.max_work_group_size:
+            raise ValueError(
+                f"{spec.name}: {threads} work-items per work-group exceed the device limit "
+                f"max_work_group_size={device.max_work_group_size} on {name}")
+        for dim, (size, limit) in enumerate(zip(program.local, device.max_work_item_sizes)):
+            if size > limit:
+                raise ValueError(
+                    f"{spec.name}: work-group size {size} in dimension {dim} exceeds the device "
+                    f"limit max_work_item_sizes[{dim}]={limit} on {name}")
+        if program.local_mem > device.local_mem_size:
+            raise ValueError(
+                f"{spec.name}: needs {program.local_mem} bytes of local memory per work-group, "
+                f"more than the device limit local_mem_size={device.local_mem_size} on {name}")
+
+    # -- devices, queues, programs ----------------------------------------------------------
+
+    def own_device(self, index: int | None = None) -> _OwnDevice:
+        """This backend's context and profiling queue on device ``index`` (default device)."""
+        cl = _cl()
+        index = default_device_index() if index is None else check_device_index(index)
+        own = self._own.get(index)
+        if own is None:
+            device = all_devices()[index]
+            context = cl.Context([device])
+            queue = cl.CommandQueue(
+                context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+            own = self._own[index] = _OwnDevice(context, device, queue)
+        return own
+
+    def _queue(self, context: Any, device: Any) -> Any:
+        key = (context.int_ptr, device.int_ptr)
+        queue = self._cache.queues.get(key)
+        if queue is None:
+            cl = _cl()
+            queue = self._cache.queues[key] = cl.CommandQueue(
+                context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+        return queue
+
+    def _target(self, arrays: Sequence[Any], device: int | None) -> _Target:
+        """The context of the caller's pyopencl arrays, else our own on the chosen device."""
+        if not arrays:
+            own = self.own_device(device)
+            return _Target(own.context, own.device, own.queue)
+        first = arrays[0]
+        for x in arrays[1:]:
+            if not _same(x.context, first.context):
+                raise ValueError(
+                    "pyopencl arrays from different OpenCL contexts were passed together; "
+                    "all device arrays of one call must live in the same context (copy them "
+                    "into one with pyopencl.array.to_device)")
+        context = first.context
+        dev = first.queue.device if first.queue is not None else context.devices[0]
+        if device is not None:
+            wanted = all_devices()[check_device_index(device)]
+            if not _same(wanted, dev):
+                raise ValueError(
+                    f"device={device} is {wanted.name.strip()}, but the pyopencl arrays live on "
+                    f"{dev.name.strip()}; omit device= to run where the data is")
+        queue = first.queue if first.queue is not None else self._queue(context, dev)
+        return _Target(context, dev, queue)
+
+    def kernel(self, target: _Target | _OwnDevice, program: OpenCLProgram,
+               name: str = KERNEL_NAME, source: str | None = None) -> Any:
+        """The compiled kernel, built once per (source, options, context, device)."""
+        cl = _cl()
+        source = program.source if source is None else source
+        key = (target.context.int_ptr, target.device.int_ptr, source, program.options, name)
+        kernel = self._cache.kernels.get(key)
+        if kernel is None:
+            built = cl.Program(target.context, source)
+            try:
+                built.build(options=list(program.options), devices=[target.device])
+            except cl.Error as exc:
+                try:
+                    log = built.get_build_info(target.device, cl.program_build_info.LOG)
+                except cl.Error:
+                    log = ""
+                raise RuntimeError(
+                    f"OpenCL build of {program.rung} failed on {target.device.name.strip()} "
+                    f"with {' '.join(program.options)}:\n{(log or str(exc)).strip()}") from None
+            kernel = self._cache.kernels[key] = cl.Kernel(built, name)
+        return kernel
+
+    def _layout_kernel(self, target: _Target, dtype: np.dtype) -> Any:
+        program = OpenCLProgram("layout", LAYOUT, tuple(sorted(type_defines(dtype).items())),
+                                (1, 1), (1, 1))
+        return self.kernel(target, program, "gather", program.source)
+
+    def _checked_kernel(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                        target: _Target | _OwnDevice) -> tuple[OpenCLProgram, Any]:
+        """Device checks, the build, and the compiled kernel's own work-group limit."""
+        cl = _cl()
+        self._check_device(spec, params, dtype, target.device)
+        program: OpenCLProgram = spec.program(params, dtype)
+        kernel = self.kernel(target, program)
+        limit = kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE,
+                                           target.device)
+        threads = program.local[0] * program.local[1]
+        if threads > limit:
+            raise ValueError(
+                f"{spec.name}: {threads} work-items per work-group exceed the compiled kernel's "
+                f"limit CL_KERNEL_WORK_GROUP_SIZE={limit} on {target.device.name.strip()}")
+        return program, kernel
+
+    # -- operands -----------------------------------------------------------------------
+
+    def _gather(self, target: _Target, x: Any, dtype: np.dtype, zoff: np.ndarray, rs: int,
+                cs: int, rows: int, cols: int, dst: Any | None = None) -> Any:
+        """Dense (len(zoff), rows, cols) copy of a strided device view, on the device."""
+        cla = _cla()
+        batch = len(zoff)
+        if dst is None:
+            dst = cla.empty(target.queue, (batch, rows, cols), dtype)
+        if dst.size == 0:
+            return dst
+        offsets = cla.to_device(target.queue, np.ascontiguousarray(zoff, dtype=np.int64))
+        kernel = self._layout_kernel(target, dtype)
+        kernel(target.queue, (cols, rows, batch), None, x.base_data, offsets.data,
+               np.int64(rs), np.int64(cs), dst.base_data, np.int64(dst.offset // dtype.itemsize),
+               np.int32(rows), np.int32(cols))
+        return dst
+
+    def _device_operand(self, target: _Target, op: Operand, prob: GemmProblem,
+                        which: str) -> tuple[Any, int, int]:
+        """A pyopencl operand as (buffer, element offset, batch stride) with dense rows."""
+        x = op.obj
+        if op.dtype != prob.dtype:
+            raise TypeError(
+                f"matmul: device operand {which} has dtype {op.dtype.name} but the result is "
+                f"{prob.dtype.name}; cast it on the device first (mixed dtypes are converted "
+                "only for host arrays)")
+        rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
+        own_lead = prob.a_batch_shape if which == "a" else prob.b_batch_shape
+        view = _strided_view(x, prob, which)
+        zoff, rs, cs = _batch_offsets(view, own_lead, prob.batch_shape,
+                                     x.offset // x.dtype.itemsize)
+        dense_rows = (cols <= 1 or cs == 1) and (rows <= 1 or rs == cols)
+        if dense_rows:
+            steps = np.diff(zoff)
+            if len(zoff) == 1 or np.all(steps == steps[0]):
+                step = int(steps[0]) if len(zoff) > 1 else 0
+                return x.base_data, int(zoff[0]), step
+        dense = self._gather(target, x, prob.dtype, zoff, rs, cs, rows, cols)
+        return dense.base_data, dense.offset // dense.dtype.itemsize, rows * cols
+
+    def _fill_c0(self, target: _Target, c: Operand, prob: GemmProblem, dest: Any) -> None:
+        """Put C0 (broadcast to the result) into ``dest`` before a beta != 0 launch."""
+        cl = _cl()
+        shape3 = (prob.batch, prob.m, prob.n)
+        if c.kind != "opencl":
+            host = np.ascontiguousarray(
+                np.broadcast_to(np.asarray(c.obj, dtype=prob.dtype), prob.out_shape))
+            cl.enqueue_copy(target.queue, dest.base_data, host,
+                            dst_offset=dest.offset, is_blocking=True)
+            return
+        x = c.obj
+        if c.dtype != prob.dtype:
+            raise TypeError(f"gemm: device c has dtype {c.dtype.name}, the result is "
+                            f"{prob.dtype.name}; cast it on the device first")
+        if (_same(x.base_data, dest.base_data) and x.offset == dest.offset
+                and x.flags.c_contiguous and x.shape == prob.out_shape):
+            return  # out is c: already in place
+        # c broadcast to the result shape, then viewed as (batch, M, N) with strides.
+        shape = prob.out_shape
+        strides = _broadcast_strides(x, shape)
+        if prob.squeeze_n:
+            shape, strides = shape + (1,), strides + (0,)
+        if prob.squeeze_m:
+            shape = shape[:-1] + (1,) + shape[-1:]
+            strides = strides[:-1] + (0,) + strides[-1:]
+        lead = shape[:-2]
+        zoff = _offsets(lead, strides[:-2], x.offset // x.dtype.itemsize)
+        self._gather(target, x, prob.dtype, zoff, strides[-2], strides[-1], prob.m, prob.n,
+                     dst=dest.reshape(shape3))
+
+    # -- running ------------------------------------------------------------------------
+
+    def run(
+        self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+        a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
+        device: int | None = None,
+    ) -> Any:
+        cl, cla = _cl(), _cla()
+        alpha, beta = resolve_scalars(prob, alpha, beta)
+        ops = [op for op in (a, b, c) if op is not None]
+        arrays = [op.obj for op in ops if op.kind == "opencl"]
+        on_device = bool(arrays)
+        if out is not None and on_device:
+            arrays.append(out)
+        target = self._target(arrays, device)
+        program, kernel = self._checked_kernel(spec, params, prob.dtype, target)
+        queue = target.queue
+        shape3 = (prob.batch, prob.m, prob.n)
+        itemsize = prob.dtype.itemsize
+
+        # The destination: out itself when it is a dense device array that does not
+        # overlap an input, else a fresh (batch, M, N) array.
+        dest = None
+        if out is not None and on_device:
+            if not out.flags.c_contiguous:
+                raise ValueError("out: a device out array must be C-contiguous")
+            # An out that shares a buffer with A or B would be overwritten while read.
+            overlaps = out.base_data is not None and any(
+                op.kind == "opencl" and op.obj.base_data is not None
+                and _same(op.obj.base_data, out.base_data) for op in (a, b))
+            if not overlaps:
+                dest = out.reshape(shape3)
+        if dest is None:
+            dest = cla.empty(queue, shape3, prob.dtype)
+        if dest.size:
+            if beta != 0:
+                self._fill_c0(target, c, prob, dest)
+            elif poison_enabled():
+                pattern = np.array([poison_value(prob.dtype)], dtype=prob.dtype)
+                cl.enqueue_fill_buffer(queue, dest.base_data, pattern, dest.offset,
+                                       dest.size * itemsize)
+
+        if not prob.empty:
+            if prob.k == 0:  # nothing to read: the kernels never touch A or B
+                a_args = b_args = (None, 0, 0)
+            else:
+                a_args = self._operand(target, a, prob, "a")
+                b_args = self._operand(target, b, prob, "b")
+            self._launch(kernel, program, queue, prob, a_args, b_args,
+                         (dest.base_data, dest.offset // itemsize), alpha, beta)
+        self._used[queue.int_ptr] = queue
+
+        if on_device:
+            if out is not None:
+                if dest.base_data is not out.base_data or dest.offset != out.offset:
+                    cl.enqueue_copy(queue, out.base_data, dest.base_data,
+                                    dst_offset=out.offset, src_offset=dest.offset,
+                                    byte_count=dest.size * itemsize)
+                return out
+            return dest.reshape(prob.out_shape)
+        host = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
+        if host.size:
+            cl.enqueue_copy(queue, host.reshape(shape3), dest.base_data,
+                            src_offset=dest.offset, is_blocking=True)
+        return host
+
+    def _operand(self, target: _Target, op: Operand, prob: GemmProblem,
+                 which: str) -> tuple[Any, int, int]:
+        if op.kind == "opencl":
+            return self._device_operand(target, op, prob, which)
+        x3 = host_operand_3d(op.obj, prob, which)
+        d = _cla().to_device(target.queue, x3)
+        return d.base_data, 0, (x3[0].size if x3.shape[0] > 1 else 0)
+
+    @staticmethod
+    def _launch(kernel: Any, program: OpenCLProgram, queue: Any, prob: GemmProblem,
+                a_args: tuple[Any, int, int], b_args: tuple[Any, int, int],
+                c_args: tuple[Any, int], alpha: Any, beta: Any) -> Any:
+        i64 = np.int64
+        return kernel(
+            queue, program.global_size(prob.batch, prob.m, prob.n), program.local_size,
+            np.int32(prob.m), np.int32(prob.n), np.int32(prob.k),
+            a_args[0], i64(a_args[1]), i64(a_args[2]),
+            b_args[0], i64(b_args[1]), i64(b_args[2]),
+            c_args[0], i64(c_args[1]), alpha, beta,
+        )
+
+    def prepare(
+        self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+        a3: np.ndarray, b3: np.ndarray, device: int | None = None,
+    ) -> Prepared:
+        """Operands copied to the device once; ``elapsed`` reads OpenCL profiling events."""
+        cla = _cla()
+        own = self.own_device(device)
+        program, kernel = self._checked_kernel(spec, params, prob.dtype, own)
+        queue = own.queue
+        t = prob.dtype.type
+        if prob.k == 0:
+            a_args = b_args = (None, 0, 0)
+        else:
+            da = cla.to_device(queue, np.ascontiguousarray(a3, dtype=prob.dtype))
+            db = cla.to_device(queue, np.ascontiguousarray(b3, dtype=prob.dtype))
+            a_args = (da.data, 0, prob.m * prob.k if a3.shape[0] > 1 else 0)
+            b_args = (db.data, 0, prob.k * prob.n if b3.shape[0] > 1 else 0)
+        dc = cla.empty(queue, (prob.batch, prob.m, prob.n), prob.dtype)
+
+        def enqueue() -> Any:
+            if dc.size == 0:
+                return None
+            return self._launch(kernel, program, queue, prob, a_args, b_args, (dc.data, 0),
+                                t(1), t(0))
+
+        def launch() -> None:
+            enqueue()
+
+        def fetch() -> np.ndarray:
+            return dc.get(queue)
+
+        def elapsed(n: int) -> list[float]:
+            events = [enqueue() for _ in range(n)]
+            queue.finish()
+            return [(e.profile.end - e.profile.start) * 1e-9 if e is not None else 0.0
+                    for e in events]
+
+        self._used[queue.int_ptr] = queue
+        return Prepared(launch=launch, fetch=fetch, elapsed=elapsed)
+
+    def synchronize(self) -> None:
+        used, self._used = self._used, {}
+        for queue in used.values():
+            queue.finish()
+
+
+def _cla() -> Any:
+    import pyopencl.array
+
+    return pyopencl.array
+
+
+def _elem_strides(x: Any) -> tuple[int, ...]:
+    return tuple(s // x.dtype.itemsize for s in x.strides)
+
+
+def _strided_view(x: Any, prob: GemmProblem, which: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shape, element strides) of operand ``which`` after 1-D promotion and transpose."""
+    shape, strides = tuple(x.shape), _elem_strides(x)
+    if which == "a":
+        if prob.squeeze_m:
+            shape, strides = (1,) + shape, (0,) + strides
+        if prob.trans_a:
+            shape = shape[:-2] + (shape[-1], shape[-2])
+            strides = strides[:-2] + (strides[-1], strides[-2])
+    else:
+        if prob.squeeze_n:
+            shape, strides = shape + (1,), strides + (0,)
+        if prob.trans_b:
+            shape = shape[:-2] + (shape[-1], shape[-2])
+            strides = strides[:-2] + (strides[-1], strides[-2])
+    return shape, strides
+
+
+def _batch_offsets(view: tuple[tuple[int, ...], tuple[int, ...]], own_lead: tuple[int, ...],
+                   batch_shape: tuple[int, ...], base: int) -> tuple[np.ndarray, int, int]:
+    """Element offset of each matrix of the (broadcast) batch, and row/column strides."""
+    shape, strides = view
+    lead_strides = strides[:-2]
+    pad = len(batch_shape) - len(lead_strides)
+    lead_strides = (0,) * pad + lead_strides
+    if int(np.prod(own_lead, dtype=np.int64)) <= 1:
+        # One matrix serves the whole batch.
+        return np.array([base], dtype=np.int64), strides[-2], strides[-1]
+    eff = tuple(0 if own == 1 else s for own, s in zip(own_lead, lead_strides))
+    return _offsets(batch_shape, eff, base), strides[-2], strides[-1]
+
+
+def _offsets(shape: tuple[int, ...], strides: Sequence[int], base: int) -> np.ndarray:
+    off = np.array([base], dtype=np.int64)
+    for n, s in zip(shape, strides):
+        off = (off[:, None] + np.arange(n, dtype=np.int64)[None, :] * s).ravel()
+    return off
+
+
+def _broadcast_strides(x: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of ``x`` broadcast to ``shape`` (0 along broadcast axes)."""
+    own, strides = tuple(x.shape), _elem_strides(x)
+    pad = len(shape) - len(own)
+    own, strides = (1,) * pad + own, (0,) * pad + strides
+    return tuple(0 if o == 1 and n != 1 else s for o, n, s in zip(own, shape, strides))
 
 
 BACKEND = OpenCLBackend()

@@ -27,12 +27,12 @@ def versions() -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     import tilegemm
+    from tilegemm.commands._console import console as make_console
 
-    console = Console()
+    console = make_console()
     table = Table(title="backends")
     for col in ("backend", "usable", "devices", "why"):
         table.add_column(col)

@@ -21,10 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from rich.console import Console
     from rich.table import Table
 
     import tilegemm
+    from tilegemm.commands._console import console
 
     specs = tilegemm.kernels(args.backend)
     if args.resources:
@@ -50,17 +50,17 @@ def run(args: argparse.Namespace) -> int:
                            for p in s.params)
         table.add_row(s.backend, str(s.rung), s.name, s.title, params,
                       "\n".join(c.text for c in s.constraints), ", ".join(s.dtypes))
-    Console().print(table)
+    console().print(table)
     return 0
 
 
 def _resources(specs: list, args: argparse.Namespace) -> int:
     import json
 
-    from rich.console import Console
     from rich.table import Table
 
     from tilegemm.analysis.resources import ARCHS, cuda_resources
+    from tilegemm.commands._console import console
 
     rows = [cuda_resources(s, None, args.dtype, arch).as_dict()
             for s in specs if s.backend == "cuda" for arch in ARCHS]
@@ -75,7 +75,7 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
         table.add_row(r["kernel"], r["arch"], " ".join(f"{k}={v}" for k, v in r["params"].items()),
                       str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}",
                       str(r["stack"]), str(r["smem"]))
-    Console().print(table)
+    console().print(table)
     return 0
 
 

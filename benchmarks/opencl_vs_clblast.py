@@ -1,0 +1,236 @@
+"""Our best OpenCL rung against CLBlast and NumPy, float32, square sizes, in one run.
+
+    PYTHONPATH=src python benchmarks/opencl_vs_clblast.py [--sizes 512 1024 2048] [--reps 7]
+
+Every contender is verified against float64 NumPy before it is timed. Timing is host wall
+time around one call plus ``queue.finish()`` for both OpenCL libraries (CLBlast may
+launch several kernels per call, so one profiling event would not cover it), operands
+already on the device; NumPy multiplies host arrays. Calls are interleaved round-robin
+(ours, CLBlast, NumPy, ours, ...) so a burst of load from elsewhere on the machine hits
+all three alike, and the ratios use each contender's best time; medians are recorded too.
+
+CLBlast comes from ``pyclblast`` built against the system library (see docs/opencl.md);
+when it cannot be imported the comparison with it is skipped with a message, never
+estimated. Results go to benchmarks/results/opencl-<platform>-<cpu>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from tilegemm import registry  # noqa: E402
+from tilegemm.backends import get_backend  # noqa: E402
+from tilegemm.problem import describe, make_problem  # noqa: E402
+from tilegemm.reference import assert_close  # noqa: E402
+
+
+def slug(text: str) -> str:
+    words = re.sub(r"\(.*?\)|\b(processor|cpu|\d+-core)\b", " ", text.lower())
+    return "-".join(re.findall(r"[a-z0-9]+", words)[:3]) or "unknown"
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown cpu"
+
+
+def git_commit() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def clblast_library_version() -> str | None:
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libclblast1"],
+                             capture_output=True, text=True)
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def timed(call: Any) -> float:
+    t0 = time.perf_counter()
+    call()
+    return time.perf_counter() - t0
+
+
+def ladder_table(backend: Any, queue: Any, n: int, reps: int) -> list[dict[str, Any]]:
+    """Every OpenCL rung at its (device) defaults, one size: what each step buys here."""
+    rng = np.random.default_rng(0)
+    a = rng.uniform(-1, 1, (n, n)).astype(np.float32)
+    b = rng.uniform(-1, 1, (n, n)).astype(np.float32)
+    prob = make_problem(describe(a, "a"), describe(b, "b"))
+    rows = []
+    for spec in registry.specs_for("opencl"):
+        params = backend.resolve(spec, {})
+        prepared = backend.prepare(spec, params, prob, a[None], b[None])
+        prepared.launch()
+        queue.finish()
+        assert_close(prepared.fetch()[0], a, b, what=f"opencl:{spec.name} n={n}")
+        best = min(timed(lambda p=prepared: (p.launch(), queue.finish())) for _ in range(reps))
+        rows.append({"rung": spec.rung, "kernel": spec.name, "params": params, "n": n,
+                     "gflops_best": 2.0 * n**3 / best / 1e9})
+        print(f"ladder n={n}: {spec.rung} {spec.name:11s} {rows[-1]['gflops_best']:7.1f} "
+              f"GFLOP/s  {params}", flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048])
+    parser.add_argument("--reps", type=int, default=7, help="timed calls per contender")
+    parser.add_argument("--kernel", default="auto", help="OpenCL rung (auto: the highest)")
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
+    parser.add_argument("--ladder", type=int, default=512, metavar="N",
+                        help="also time every OpenCL rung at its defaults at N³ (0: skip)")
+    args = parser.parse_args()
+
+    import pyopencl as cl
+    import pyopencl.array as cla
+
+    backend = get_backend("opencl")
+    status = backend.status()
+    if not status.usable:
+        print(f"OpenCL is not usable here: {status.reason}")
+        return 1
+    own = backend.own_device()
+    queue, device = own.queue, own.device
+    spec = (registry.default_for("opencl", "float32") if args.kernel == "auto"
+            else registry.get(args.kernel, "opencl"))
+    params = backend.resolve(spec, {})
+    try:
+        import pyclblast
+    except ImportError as exc:
+        pyclblast = None
+        print(f"CLBlast comparison skipped: pyclblast cannot be imported ({exc}); see "
+              "docs/opencl.md for installing libclblast-dev and pyclblast")
+
+    print(f"device: {device.name.strip()} ({device.platform.version.strip()})")
+    print(f"ours: opencl:{spec.name} {params}")
+    load_before = os.getloadavg()
+    rows = []
+    for n in args.sizes:
+        rng = np.random.default_rng(n)
+        a = rng.uniform(-1, 1, (n, n)).astype(np.float32)
+        b = rng.uniform(-1, 1, (n, n)).astype(np.float32)
+        prob = make_problem(describe(a, "a"), describe(b, "b"))
+        flops = 2.0 * n**3
+
+        prepared = backend.prepare(spec, params, prob, a[None], b[None])
+        prepared.launch()
+        queue.finish()
+        assert_close(prepared.fetch()[0], a, b, what=f"opencl:{spec.name} n={n}")
+        calls = {"ours": lambda p=prepared: (p.launch(), queue.finish())}
+
+        if pyclblast is not None:
+            da, db = cla.to_device(queue, a), cla.to_device(queue, b)
+            dc = cla.empty(queue, (n, n), np.float32)
+
+            def clblast(da=da, db=db, dc=dc, n=n) -> None:
+                pyclblast.gemm(queue, n, n, n, da, db, dc, a_ld=n, b_ld=n, c_ld=n)
+                queue.finish()
+
+            clblast()
+            assert_close(dc.get(), a, b, what=f"CLBlast n={n}")
+            calls["clblast"] = clblast
+        calls["numpy"] = lambda a=a, b=b: np.matmul(a, b)
+        calls["numpy"]()
+
+        times: dict[str, list[float]] = {name: [] for name in calls}
+        for _ in range(args.reps):
+            for name, call in calls.items():
+                times[name].append(timed(call))
+        result: dict[str, Any] = {"n": n}
+        for name, ts in times.items():
+            result[name] = {
+                "gflops_best": flops / min(ts) / 1e9,
+                "gflops_median": flops / float(np.median(ts)) / 1e9,
+                "seconds": ts,
+            }
+        ours = result["ours"]["gflops_best"]
+        result["ratio_vs_numpy"] = ours / result["numpy"]["gflops_best"]
+        if "clblast" in result:
+            result["ratio_vs_clblast"] = ours / result["clblast"]["gflops_best"]
+        rows.append(result)
+        line = f"n={n:5d}  ours {ours:7.1f} GFLOP/s"
+        if "clblast" in result:
+            line += (f"  CLBlast {result['clblast']['gflops_best']:7.1f}"
+                     f"  ours/CLBlast {result['ratio_vs_clblast']:.2f}x")
+        line += (f"  NumPy {result['numpy']['gflops_best']:7.1f}"
+                 f"  ours/NumPy {result['ratio_vs_numpy']:.2f}x")
+        print(line, flush=True)
+
+    ladder = ladder_table(backend, queue, args.ladder, args.reps) if args.ladder else []
+
+    record = {
+        "benchmark": "opencl_vs_clblast",
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git_commit": git_commit(),
+        "device": device.name.strip(),
+        "device_type": cl.device_type.to_string(device.type),
+        "platform": device.platform.name.strip(),
+        "platform_version": device.platform.version.strip(),
+        "driver_version": device.driver_version.strip(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "load_average_before": load_before,
+        "load_average_after": os.getloadavg(),
+        "versions": {
+            "python": platform.python_version(), "numpy": np.__version__,
+            "pyopencl": version("pyopencl"), "pocl-binary-distribution":
+                version("pocl-binary-distribution"), "pyclblast": version("pyclblast"),
+            "libclblast": clblast_library_version(),
+        },
+        "dtype": "float32",
+        "timing": "best of --reps wall-clock calls incl. queue.finish(), interleaved; "
+                  "operands already on the device",
+        "reps": args.reps,
+        "ours": {"kernel": spec.name, "params": params},
+        "clblast": "measured" if pyclblast is not None else "skipped: pyclblast not importable",
+        "results": rows,
+        "ladder": ladder,
+    }
+    kind = "pocl" if "portable computing" in device.platform.name.lower() else slug(
+        device.platform.name)
+    out = args.out or ROOT / "benchmarks" / "results" / f"opencl-{kind}-{slug(cpu_model())}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

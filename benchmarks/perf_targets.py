@@ -1,0 +1,88 @@
+"""Measure issue 5's targets on a GPU: fast CUDA rungs vs cuBLAS (FP32, no TF32).
+
+    CUPY_TF32=0 python benchmarks/perf_targets.py [--kernel pipelined] [--tuned]
+
+Prints GFLOP/s of the rung and of cuBLAS (CuPy) per shape, their ratio, the ratio at
+4096³ (target >= 0.80) and the geometric mean over the eight shapes (target >= 0.70).
+Every result is verified against float64 NumPy before it is timed. Times come from
+``Backend.prepare(...).elapsed(n)`` (CUDA events) and CuPy events, median of --repeat.
+``--tuned`` uses kernel="auto"'s choice (the tuning cache) instead of the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+
+import numpy as np
+
+SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
+          (1000, 1000, 1000), (4097, 4097, 4097), (4096, 4096, 512), (512, 512, 8192)]
+
+
+def cublas_seconds(a: np.ndarray, b: np.ndarray, repeat: int) -> float:
+    import cupy
+
+    da, db = cupy.asarray(a), cupy.asarray(b)
+    for _ in range(2):
+        da @ db
+    times = []
+    for _ in range(repeat):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        da @ db
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kernel", default="pipelined")
+    parser.add_argument("--tuned", action="store_true")
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+
+    from tilegemm import registry
+    from tilegemm.backends import get_backend
+    from tilegemm.reference import assert_close, random_operands
+    from tilegemm.tune.select import tuned_choice
+    from tilegemm.tune.strategies import problem_for
+
+    backend = get_backend("cuda")
+    status = backend.status()
+    if not status.usable or status.simulated:
+        print(f"needs a real GPU: {status.reason}")
+        return 2
+    print(f"device: {status.devices[0]}")
+    ratios = {}
+    for m, n, k in SHAPES:
+        prob = problem_for(m, n, k, "float32")
+        if args.tuned:
+            spec, params = tuned_choice(backend, prob) or (registry.get(args.kernel, "cuda"), {})
+        else:
+            spec, params = registry.get(args.kernel, "cuda"), {}
+        params = spec.resolve(params)
+        a, b = random_operands((1, m, k), (1, k, n), np.float32)
+        prepared = backend.prepare(spec, params, prob, a, b)
+        prepared.launch()
+        assert_close(prepared.fetch().reshape(1, m, n), a, b, what=f"{spec.name} {m}x{n}x{k}")
+        prepared.elapsed(2)  # warm-up
+        ours = statistics.median(prepared.elapsed(args.repeat))
+        theirs = cublas_seconds(a[0], b[0], args.repeat)
+        flops = 2.0 * m * n * k
+        ratios[(m, n, k)] = theirs / ours
+        print(f"{m:>5}x{n:>5}x{k:>5}  {spec.name} {params}  {flops / ours / 1e9:9.1f} GFLOP/s"
+              f"  cuBLAS {flops / theirs / 1e9:9.1f}  ratio {theirs / ours:.3f}")
+    geo = math.exp(sum(map(math.log, ratios.values())) / len(ratios))
+    at4096 = ratios[(4096, 4096, 4096)]
+    print(f"4096^3 ratio {at4096:.3f} (target >= 0.80): {'MET' if at4096 >= 0.8 else 'NOT MET'}")
+    print(f"geomean ratio {geo:.3f} (target >= 0.70): {'MET' if geo >= 0.7 else 'NOT MET'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

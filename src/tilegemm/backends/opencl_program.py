@@ -1,0 +1,113 @@
+"""What an OpenCL rung's ``build`` returns: its OpenCL C source, defines and launch geometry.
+
+Kept free of pyopencl imports (rung modules import it at top level, and building a
+description needs no device). The backend compiles the source once per (source, defines,
+device) and keeps the program in memory; PyOpenCL's on-disk binary cache stays on, so a
+second process skips the compiler too.
+
+Every OpenCL rung has the same kernel, named ``gemm``, with the same arguments::
+
+    gemm(int M, int N, int K,
+         global const T *A, long a_off, long a_bs,    // A (batch|1, M, K), row-major
+         global const T *B, long b_off, long b_bs,    // B (batch|1, K, N), row-major
+         global T *C, long c_off,                     // C (batch, M, N), row-major
+         T alpha, T beta)
+
+Offsets and batch strides are in elements; a batch stride of 0 shares one matrix across
+the batch (the broadcast convention of :mod:`tilegemm.problem`). ``C`` is read only when
+``beta != 0``. The batch index is the work-group id in dimension 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import numpy as np
+
+from tilegemm.launch import ceil_div
+
+KERNEL_NAME = "gemm"
+PACKAGE = "tilegemm.kernels.opencl"
+PRELUDE = "_prelude.cl"
+
+# OpenCL C spelling of each dtype a rung may be built for.
+C_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long"}
+
+
+@cache
+def read_source(filename: str) -> str:
+    """An OpenCL C file shipped as package data beside the rung modules."""
+    return resources.files(PACKAGE).joinpath(filename).read_text(encoding="utf-8")
+
+
+def type_defines(dtype: np.dtype, vector_width: int = 1) -> dict[str, str]:
+    """-D defines naming the element type (and its vector type) for the prelude."""
+    dtype = np.dtype(dtype)
+    scalar = C_TYPES[dtype.name]
+    defines = {"TG_T": scalar, "TG_VW": str(vector_width),
+               "TG_VT": scalar if vector_width == 1 else f"{scalar}{vector_width}"}
+    if dtype.name == "float64":
+        defines["TG_FP64"] = "1"
+    if dtype.kind in "iu":
+        defines["TG_INT"] = "1"
+    return defines
+
+
+@dataclass(frozen=True)
+class OpenCLProgram:
+    """One rung at one parameter set and dtype, ready to compile for any device.
+
+    ``local`` is the work-group size (dimension 0 first, as OpenCL counts); ``tile`` is the
+    block of C one work-group computes, as (columns along dimension 0, rows along dimension
+    1) for kernels that map dimension 0 to columns, or (rows, columns) for the naive rung:
+    the global size is the tile count per dimension times ``local``, and the batch.
+    """
+
+    rung: str
+    filename: str
+    defines: tuple[tuple[str, str], ...]
+    local: tuple[int, int]
+    tile: tuple[int, int]
+    dim0_is_row: bool = False  # only the seed's naive mapping puts rows in dimension 0
+    local_mem: int = 0  # bytes of __local memory per work-group
+
+    @property
+    def source(self) -> str:
+        return read_source(PRELUDE) + "\n" + read_source(self.filename)
+
+    @property
+    def options(self) -> tuple[str, ...]:
+        return tuple(f"-D{k}={v}" for k, v in self.defines)
+
+    def global_size(self, batch: int, m: int, n: int) -> tuple[int, int, int]:
+        """NDRange for a (batch, M, N) result: whole work-groups covering every element."""
+        extent0, extent1 = (m, n) if self.dim0_is_row else (n, m)
+        return (
+            max(1, ceil_div(extent0, self.tile[0])) * self.local[0],
+            max(1, ceil_div(extent1, self.tile[1])) * self.local[1],
+            max(1, batch),
+        )
+
+    @property
+    def local_size(self) -> tuple[int, int, int]:
+        return (self.local[0], self.local[1], 1)
+
+
+def make_program(
+    rung: str, filename: str, params: Mapping[str, int], dtype: np.dtype, *,
+    local: tuple[int, int], tile: tuple[int, int], dim0_is_row: bool = False,
+    vector_width: int = 1, local_mem: int = 0,
+    extra: Callable[[Mapping[str, int]], Mapping[str, int]] | None = None,
+) -> OpenCLProgram:
+    """An :class:`OpenCLProgram` whose defines are the rung's parameters plus the types."""
+    defines = {k: str(v) for k, v in params.items()}
+    if extra is not None:
+        defines.update({k: str(v) for k, v in extra(params).items()})
+    defines.update(type_defines(dtype, vector_width))
+    return OpenCLProgram(
+        rung=rung, filename=filename, defines=tuple(sorted(defines.items())),
+        local=local, tile=tile, dim0_is_row=dim0_is_row, local_mem=local_mem,
+    )

@@ -1,0 +1,320 @@
+"""The seed's tables from a :class:`~tilegemm.bench.results.Results`: terminal, Markdown, CSV.
+
+Tables are built once as plain data (:class:`Table`) and rendered three ways, so what the
+terminal shows, what ``--format md`` writes and what the README embeds are the same
+table. A kernel that failed verification shows ``FAILED`` (with the reason under the
+table), never a speed; a case not run shows ``—`` (the reason is listed too).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilegemm.bench.results import Results
+from tilegemm.bench.timing import FAILED, OK, SKIPPED, Measurement
+
+# Seed 004's outputs-per-thread sweep (TFLOP/s at 1024³, block 32×32, its GPU is not
+# named): shown beside ours for the shape of the curve, not as a target.
+SEED_004_R_TFLOPS: dict[int, float] = {1: 3.67, 2: 4.80, 4: 6.02, 8: 6.77, 16: 6.67, 32: 5.32}
+DASH = "—"
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    text_columns: int = 1  # leading columns of names (left-aligned); the rest are numbers
+
+
+def fmt_gflops(x: float | None) -> str:
+    if x is None:
+        return DASH
+    if x >= 100:
+        return f"{x:,.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    if x >= 1:
+        return f"{x:.2f}"
+    return f"{x:.2g}"
+
+
+def fmt_ms(seconds: float | None) -> str:
+    if seconds is None:
+        return DASH
+    ms = seconds * 1e3
+    return f"{ms:.3g}" if ms < 100 else f"{ms:,.0f}"
+
+
+def cell(m: Measurement | None) -> str:
+    """GFLOP/s, or FAILED / — for a case that has no speed."""
+    if m is None:
+        return DASH
+    if m.status == FAILED:
+        return FAILED
+    return fmt_gflops(m.gflops)
+
+
+def short_name(vendor: str) -> str:
+    """``cuBLAS (CuPy)`` → ``cuBLAS``: what a column header needs."""
+    return vendor.split(" (")[0]
+
+
+def _percent(m: Measurement, ref: Measurement | None) -> str:
+    if ref is None or m.gflops is None or ref.gflops is None:
+        return DASH
+    return f"{100 * m.gflops / ref.gflops:.1f}%"
+
+
+def _problem_notes(ms: Iterable[Measurement]) -> list[str]:
+    """FAILED reasons, one per case; skip reasons, one per distinct reason and variant."""
+    notes: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for m in ms:
+        if m.status == FAILED:
+            notes.append(f"FAILED {m.variant} at {m.size}: {m.reason}")
+        elif m.status == SKIPPED and (m.variant, m.reason) not in seen:
+            seen.add((m.variant, m.reason))
+            notes.append(f"not run: {m.variant} ({m.size}...): {m.reason}")
+    return notes
+
+
+def _device(results: Results, backend: str) -> str:
+    info = results.meta.get("backends", {}).get(backend, {})
+    return info.get("device") or backend
+
+
+def _vendor_line(results: Results, backend: str) -> str | None:
+    note = results.meta.get("vendors", {}).get(backend)
+    return f"vendor reference: {note}" if note else None
+
+
+def _sizes_of(ms: Iterable[Measurement]) -> list[int]:
+    return sorted({m.m for m in ms})
+
+
+def _order(ms: Iterable[Measurement]) -> list[Measurement]:
+    """Rungs by rung number then parameters, the vendor last."""
+    return sorted(ms, key=lambda m: (m.vendor, m.rung or 0, m.kernel,
+                                     tuple(sorted(m.params.items()))))
+
+
+def ladder_tables(results: Results) -> list[Table]:
+    tables = []
+    dtype = results.meta.get("settings", {}).get("dtype", "float32")
+    for be in results.backends("ladder"):
+        ms = results.for_report("ladder", be)
+        for n in _sizes_of(ms):
+            at = _order(m for m in ms if m.m == n)
+            ref = next((m for m in at if m.vendor and m.status == OK), None)
+            ref_name = short_name(ref.kernel) if ref else "vendor"
+            t = Table(f"Ladder — {be} on {_device(results, be)}, {dtype}, {n}³",
+                      ["rung", "kernel", "parameters", "verified", "median ms", "IQR ms",
+                       "GFLOP/s", f"% of {ref_name}"], text_columns=4)
+            for m in at:
+                s = m.stats
+                iqr = f"{fmt_ms(s.q1)}–{fmt_ms(s.q3)}" if s and m.status == OK else DASH
+                verified = {OK: "yes", FAILED: FAILED}.get(m.status, "not run")
+                params = " ".join(f"{k}={v}" for k, v in m.params.items())
+                t.rows.append([DASH if m.vendor else str(m.rung), m.kernel, params, verified,
+                               fmt_ms(s.median) if s and m.status == OK else DASH, iqr,
+                               cell(m), _percent(m, ref)])
+            t.notes += _problem_notes(at)
+            if line := _vendor_line(results, be):
+                t.notes.append(line)
+            tables.append(t)
+    return tables
+
+
+def sizes_tables(results: Results) -> list[Table]:
+    """Seed 004's table: GFLOP/s per kernel variant (rows) and size M = N = K (columns)."""
+    tables = []
+    dtype = results.meta.get("settings", {}).get("dtype", "float32")
+    for be in results.backends("sizes"):
+        ms = results.for_report("sizes", be)
+        sizes = _sizes_of(ms)
+        variants: dict[str, dict[int, Measurement]] = {}
+        for m in _order(ms):
+            variants.setdefault(m.variant, {})[m.m] = m
+        t = Table(f"GFLOP/s by size and block size — {be} on {_device(results, be)}, {dtype}",
+                  ["kernel"] + [str(n) for n in sizes])
+        for name, by_size in variants.items():
+            t.rows.append([name] + [cell(by_size.get(n)) for n in sizes])
+        t.notes += _problem_notes(_order(ms))
+        if line := _vendor_line(results, be):
+            t.notes.append(line)
+        tables.append(t)
+    return tables
+
+
+def rsweep_tables(results: Results) -> list[Table]:
+    """Seed 004's outputs-per-thread sweep."""
+    tables = []
+    for be in results.backends("rsweep"):
+        ms = results.for_report("rsweep", be)
+        ref = next((m for m in ms if m.vendor and m.status == OK), None)
+        for n in _sizes_of(ms):
+            at = [m for m in _order(ms) if m.m == n and not m.vendor]
+            ref_name = short_name(ref.kernel) if ref else "vendor"
+            t = Table(f"Outputs per thread (R) — {be} on {_device(results, be)}, {n}³",
+                      ["kernel", "R", "parameters", "GFLOP/s", f"% of {ref_name}",
+                       "seed 004 TFLOP/s (1024³, its GPU)"], text_columns=3)
+            for m in at:
+                r = m.params.get("R")
+                params = " ".join(f"{k}={v}" for k, v in m.params.items() if k != "R")
+                seed = SEED_004_R_TFLOPS.get(r) if r is not None else None
+                t.rows.append([m.kernel, str(r), params, cell(m), _percent(m, ref),
+                               f"{seed:.2f}" if seed is not None else DASH])
+            if ref is not None:
+                t.rows.append([ref.kernel, DASH, "", cell(ref), "100.0%", DASH])
+            t.notes += _problem_notes(at)
+            tables.append(t)
+    return tables
+
+
+def compile_tables(results: Results) -> list[Table]:
+    """Seed 002's comparison: first call (compilation included) vs steady, and NumPy."""
+    tables = []
+    ms_all = [m for m in results.measurements if "compile" in m.reports]
+    numpy_row = next((m for m in ms_all if m.backend == "cpu" and m.vendor), None)
+    for be in results.backends("compile"):
+        at = _order(m for m in ms_all if m.backend == be)
+        if not at or (be == "cpu" and all(m.vendor for m in at)):
+            continue
+        n = at[0].m
+        t = Table(f"First call vs steady — {be} on {_device(results, be)}, {n}³",
+                  ["kernel", "parameters", "first call ms", "steady median ms", "first/steady",
+                   "GFLOP/s (steady)"], text_columns=2)
+        rows = at + ([numpy_row] if numpy_row is not None and be != "cpu" else [])
+        for m in rows:
+            s = m.stats if m.status == OK else None
+            ratio = f"{m.first_s / s.median:,.0f}×" if s and m.first_s and s.median else DASH
+            name = f"{m.kernel} (CPU)" if m.vendor and m.backend == "cpu" else m.kernel
+            params = " ".join(f"{k}={v}" for k, v in m.params.items())
+            t.rows.append([name, params, fmt_ms(m.first_s) if m.status == OK else cell(m),
+                           fmt_ms(s.median) if s else DASH, ratio, cell(m)])
+        t.notes += _problem_notes(rows)
+        t.notes.append("first call = build/compile + operand upload + one launch, host clock; "
+                       "steady = median of backend-timed launches after warm-up")
+        tables.append(t)
+    return tables
+
+
+BUILDERS = {"compile": compile_tables, "sizes": sizes_tables, "rsweep": rsweep_tables,
+            "ladder": ladder_tables}
+
+
+def tables(results: Results, reports: Iterable[str] | None = None) -> list[Table]:
+    """Every table, in the order a reader wants them: ladder last (it is the summary)."""
+    wanted = list(reports) if reports is not None else ["compile", "sizes", "rsweep", "ladder"]
+    out: list[Table] = []
+    for name in wanted:
+        out += BUILDERS[name](results)
+    return out
+
+
+def header_lines(results: Results) -> list[str]:
+    meta = results.meta
+    lines = [f"tilegemm {meta.get('tilegemm_version', '')} bench, "
+             f"{meta.get('created', '')}, commit {meta.get('git_commit', 'unknown')}"]
+    host = meta.get("host", {})
+    if host:
+        env = " ".join(f"{k}={v}" for k, v in host.get("env", {}).items())
+        lines.append(f"host: {host.get('cpu', '')}, {host.get('cores', '?')} cores, "
+                     f"{host.get('system', '')}" + (f"; {env}" if env else ""))
+    for be, info in meta.get("backends", {}).items():
+        extra = ", ".join(f"{k} {info[k]}" for k in ("compute_capability", "driver",
+                                                      "driver_cuda_version") if info.get(k))
+        lines.append(f"{be}: {info.get('device', '')}" + (f" ({extra})" if extra else ""))
+    settings = meta.get("settings", {})
+    pol = settings.get("policy", {})
+    if settings:
+        lines.append(f"profile {settings.get('profile')}, {settings.get('dtype')}; timing: "
+                     f"median of ≥{pol.get('min_reps')} reps within {pol.get('budget_s')} s "
+                     f"after {pol.get('warmup')} warm-up launches"
+                     + (", L2 flushed between reps" if pol.get("flush") else ""))
+    return lines
+
+
+# --- renderers -----------------------------------------------------------------------------
+
+
+def to_markdown(results: Results, reports: Iterable[str] | None = None) -> str:
+    out = [f"<!-- generated by `tilegemm bench`; commit {results.meta.get('git_commit')} -->"]
+    out += [f"- {line}" for line in header_lines(results)]
+    for t in tables(results, reports):
+        out += ["", f"### {t.title}", ""]
+        out.append("| " + " | ".join(t.columns) + " |")
+        out.append("|" + "|".join("---" if i < t.text_columns else "---:"
+                                  for i in range(len(t.columns))) + "|")
+        for row in t.rows:
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+        if t.notes:
+            out.append("")
+            out += [f"- {n}" for n in t.notes]
+    return "\n".join(out) + "\n"
+
+
+CSV_FIELDS = ("reports", "backend", "kernel", "vendor", "rung", "params", "m", "n", "k", "batch",
+              "dtype", "status", "gflops", "median_s", "min_s", "q1_s", "q3_s", "max_s",
+              "n_samples", "first_s", "method", "flushed", "reason")
+
+
+def to_csv(results: Results) -> str:
+    """One row per measurement (not pivoted): easy to load into anything."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_FIELDS)
+    for m in results.measurements:
+        s = m.stats
+        row: dict[str, Any] = {
+            "reports": ";".join(m.reports), "backend": m.backend, "kernel": m.kernel,
+            "vendor": m.vendor, "rung": m.rung if m.rung is not None else "",
+            "params": " ".join(f"{k}={v}" for k, v in m.params.items()), "m": m.m, "n": m.n,
+            "k": m.k, "batch": m.batch, "dtype": m.dtype, "status": m.status,
+            "gflops": m.gflops if m.gflops is not None else "",
+            "median_s": s.median if s else "", "min_s": s.min if s else "",
+            "q1_s": s.q1 if s else "", "q3_s": s.q3 if s else "", "max_s": s.max if s else "",
+            "n_samples": len(m.samples), "first_s": m.first_s if m.first_s is not None else "",
+            "method": m.method, "flushed": m.flushed, "reason": m.reason,
+        }
+        w.writerow([row[f] for f in CSV_FIELDS])
+    return buf.getvalue()
+
+
+def render(results: Results, fmt: str, reports: Iterable[str] | None = None) -> str:
+    if fmt == "md":
+        return to_markdown(results, reports)
+    if fmt == "csv":
+        return to_csv(results)
+    if fmt == "json":
+        return results.to_json()
+    raise ValueError(f"unknown format {fmt!r}; choose md, csv or json")
+
+
+def print_rich(results: Results, reports: Iterable[str] | None = None, console: Any = None) -> None:
+    """The tables in the terminal (FAILED in red, the vendor row in bold)."""
+    from rich.markup import escape
+    from rich.table import Table as RichTable
+
+    if console is None:
+        from tilegemm.commands._console import console as make_console
+
+        console = make_console()
+    for line in header_lines(results):
+        console.print(f"[dim]{escape(line)}[/]")
+    for t in tables(results, reports):
+        rt = RichTable(title=escape(t.title), title_justify="left")
+        for i, col in enumerate(t.columns):
+            rt.add_column(col, justify="left" if i < t.text_columns else "right")
+        for row in t.rows:
+            rt.add_row(*[f"[bold red]{c}[/]" if c == FAILED else escape(c) for c in row])
+        console.print(rt)
+        for note in t.notes:
+            style = "red" if note.startswith(FAILED) else "dim"
+            console.print(f"  [{style}]{escape(note)}[/]", highlight=False)

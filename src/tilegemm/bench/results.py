@@ -1,0 +1,84 @@
+"""A benchmark run as data: metadata plus every measurement with its raw samples.
+
+The JSON written here is the committed format under ``benchmarks/results/``; the tables
+and plots are rendered from it (``tilegemm bench --from-json FILE``), so a table in the
+README can always be regenerated from the file it came from.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tilegemm.bench.timing import FAILED, Measurement
+
+SCHEMA = "tilegemm-bench/1"
+
+
+@dataclass
+class Results:
+    meta: dict[str, Any] = field(default_factory=dict)
+    measurements: list[Measurement] = field(default_factory=list)
+
+    def for_report(self, report: str, backend: str | None = None) -> list[Measurement]:
+        return [m for m in self.measurements
+                if report in m.reports and (backend is None or m.backend == backend)]
+
+    def backends(self, report: str | None = None) -> list[str]:
+        seen: list[str] = []
+        for m in self.measurements:
+            if (report is None or report in m.reports) and m.backend not in seen:
+                seen.append(m.backend)
+        return seen
+
+    @property
+    def failed(self) -> list[Measurement]:
+        return [m for m in self.measurements if m.status == FAILED]
+
+    def to_json(self) -> str:
+        return json.dumps({"schema": SCHEMA, "meta": self.meta,
+                           "measurements": [m.to_dict() for m in self.measurements]},
+                          indent=1, default=str)
+
+    @classmethod
+    def from_json(cls, text: str) -> Results:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise ValueError(f"not a tilegemm benchmark file (expected schema {SCHEMA!r})")
+        return cls(dict(data.get("meta", {})),
+                   [Measurement.from_dict(d) for d in data.get("measurements", [])])
+
+    @classmethod
+    def load(cls, path: str | Path) -> Results:
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise ValueError(f"results file {str(path)!r} does not exist") from None
+        try:
+            return cls.from_json(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+    def device_slug(self) -> str:
+        """``<device>`` part of a results file name: the first accelerated backend's device,
+        else ``cpu-<cpu model>``."""
+        from tilegemm.bench.environment import slug
+
+        infos = self.meta.get("backends", {})
+        for name in ("cuda", "opencl"):
+            info = infos.get(name)
+            if info and name in self.backends() and info.get("device"):
+                return slug(info["device"])
+        return "cpu-" + slug(self.meta.get("host", {}).get("cpu", "cpu"))
+
+    def default_stem(self) -> str:
+        """``<device-slug>-<date>`` for ``benchmarks/results/``."""
+        when = self.meta.get("created", "")[:10] or _dt.date.today().isoformat()
+        return f"{self.device_slug()}-{when}"
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()

@@ -1,0 +1,319 @@
+"""The seed's tables as plans of cases, built from the registry, and the loop that runs them.
+
+Four reports, each a list of :class:`Case` (a rung or the vendor library, parameters, size):
+
+- ``sizes`` (seed 004): GFLOP/s over M = N = K for every rung; rungs with a block-size
+  parameter (``BLOCK`` or ``TILE``) once per block size (8, 16, 32), others at defaults.
+- ``rsweep`` (seed 004): rungs with an outputs-per-thread parameter ``R``, once per R.
+- ``ladder``: every rung at its defaults at one or more sizes, as a share of the vendor.
+- ``compile`` (seed 002): first call (compilation included) vs steady time, and NumPy.
+
+Nothing here lists kernels: which rungs exist, their parameters and which values are
+valid all come from :mod:`tilegemm.registry`, so a new rung shows up in every table.
+Identical cases in several reports are measured once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from tilegemm import registry
+from tilegemm.backends import get_backend
+from tilegemm.backends.base import Backend
+from tilegemm.bench.results import Results
+from tilegemm.bench.timing import (
+    OK,
+    SKIPPED,
+    Clock,
+    Measurement,
+    Policy,
+    measure_kernel,
+)
+from tilegemm.bench.vendors import Vendor, find_vendor, measure_vendor, numpy_vendor
+from tilegemm.problem import GemmProblem
+from tilegemm.reference import random_operands
+from tilegemm.registry import KernelSpec
+
+REPORTS: tuple[str, ...] = ("compile", "ladder", "sizes", "rsweep")
+BLOCK_PARAMS: tuple[str, ...] = ("BLOCK", "TILE")  # "block size" in the seed's tables
+OUTPUTS_PARAM = "R"  # outputs per thread (seed 004's ILP kernel)
+SEED_SIZES: tuple[int, ...] = tuple(2**i for i in range(3, 13))  # 8 … 4096
+
+
+def block_param(spec: KernelSpec) -> str | None:
+    """The rung's block-size parameter (BLOCK or TILE), if it has one."""
+    names = [p.name for p in spec.params]
+    return next((n for n in BLOCK_PARAMS if n in names), None)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to run. ``quick()`` is ``make demo``; ``full()`` is the seed's sizes."""
+
+    dtype: str = "float32"
+    reports: tuple[str, ...] = REPORTS
+    sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
+    blocks: tuple[int, ...] = (8, 16, 32)
+    ladder_sizes: tuple[int, ...] = (256,)
+    r_size: int = 256
+    r_values: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    compile_size: int = 256
+    policy: Policy = field(default_factory=lambda: Policy(budget_s=0.2, max_reps=50))
+    max_call_s: float = 5.0  # skip a case whose expected time per call exceeds this
+    profile: str = "quick"
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> Settings:
+        return replace(cls(), **overrides)
+
+    @classmethod
+    def full(cls, **overrides: Any) -> Settings:
+        base = cls(sizes=SEED_SIZES, ladder_sizes=(1024, 4096), r_size=1024, compile_size=256,
+                   policy=Policy(budget_s=1.0, max_reps=200), max_call_s=30.0, profile="full")
+        return replace(base, **overrides)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "policy"}
+        d["policy"] = {k: getattr(self.policy, k) for k in self.policy.__dataclass_fields__}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One thing to measure: a rung with parameters (or the vendor, ``spec=None``)."""
+
+    report: str
+    backend: str
+    m: int
+    n: int
+    k: int
+    spec: KernelSpec | None = None
+    params: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        who = self.spec.key if self.spec else "vendor"
+        return (self.backend, who, self.params, self.m, self.n, self.k)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def label(self) -> str:
+        who = self.spec.name if self.spec else "vendor"
+        shown = " ".join(f"{k}={v}" for k, v in self.params)
+        return f"{self.backend}:{who} {shown} {self.m}×{self.n}×{self.k}".replace("  ", " ")
+
+
+def _variants(spec: KernelSpec, settings: Settings) -> list[dict[str, int]]:
+    """Block sizes from the settings that the rung's parameter allows, else its defaults."""
+    name = block_param(spec)
+    if name is None:
+        return [{}]
+    choices = next(p.choices for p in spec.params if p.name == name)
+    return [{name: b} for b in settings.blocks if b in choices]
+
+
+def _case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
+          overrides: dict[str, int] | None = None) -> Case:
+    """A case with the rung's full parameter set (defaults filled in, declaration order),
+    so the same kernel at the same size is one key in every report."""
+    if spec is None:
+        return Case(report, backend, n, n, n)
+    merged = {**spec.defaults(), **(overrides or {})}
+    params = tuple((p.name, merged[p.name]) for p in spec.params)
+    return Case(report, backend, n, n, n, spec, params)
+
+
+def plan(
+    backends: Sequence[str], settings: Settings,
+    specs_for: Callable[[str], Iterable[KernelSpec]] | None = None,
+) -> list[Case]:
+    """Every case of the selected reports: compile cases first (so their first call is
+    the cold one), then the rest in ascending size (so slow rungs are skipped at sizes
+    their smaller runs predict to be too slow). ``specs_for`` defaults to the registry."""
+    specs_for = specs_for or registry.specs_for
+    dtype = np.dtype(settings.dtype)
+    first: list[Case] = []
+    rest: list[Case] = []
+    for be in backends:
+        specs = [s for s in specs_for(be) if s.supports(dtype)]
+        if "compile" in settings.reports:
+            n = settings.compile_size
+            first += [_case("compile", be, n, s) for s in specs]
+            first.append(_case("compile", be, n))
+        if "ladder" in settings.reports:
+            for n in settings.ladder_sizes:
+                rest += [_case("ladder", be, n, s) for s in specs]
+                rest.append(_case("ladder", be, n))
+        if "sizes" in settings.reports:
+            for n in settings.sizes:
+                for s in specs:
+                    rest += [_case("sizes", be, n, s, v) for v in _variants(s, settings)]
+                rest.append(_case("sizes", be, n))
+        if "rsweep" in settings.reports:
+            n = settings.r_size
+            swept = [s for s in specs if any(p.name == OUTPUTS_PARAM for p in s.params)]
+            for s in swept:
+                choices = next(p.choices for p in s.params if p.name == OUTPUTS_PARAM)
+                rest += [_case("rsweep", be, n, s, {OUTPUTS_PARAM: r})
+                         for r in settings.r_values if r in choices]
+            if swept:
+                rest.append(_case("rsweep", be, n))
+    if "compile" in settings.reports and backends:
+        n = settings.compile_size  # seed 002 prints the CPU (NumPy) time beside the GPU's
+        first.append(_case("compile", "cpu", n))
+    rest.sort(key=lambda c: c.flops)  # stable: report order kept within a size
+    return first + rest
+
+
+@dataclass
+class RunState:
+    """What a sweep remembers between cases: results by key, vendors, history for skips."""
+
+    measurements: list[Measurement] = field(default_factory=list)
+    by_key: dict[tuple[Any, ...], Measurement] = field(default_factory=dict)
+    vendors: dict[str, Vendor | None] = field(default_factory=dict)
+    vendor_notes: dict[str, str] = field(default_factory=dict)
+    # (backend, kernel key, params) -> (flops, seconds per call) of the largest case so far
+    history: dict[tuple[Any, ...], tuple[int, float]] = field(default_factory=dict)
+    operands: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+
+def _operands(state: RunState, case: Case, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Fresh random non-zero operands per size (kept while that size is being run)."""
+    key = (case.m, case.n, case.k, dtype.name)
+    if key not in state.operands:
+        state.operands.clear()  # one size at a time: large sizes are large
+        a, b = random_operands((1, case.m, case.k), (1, case.k, case.n), dtype)
+        state.operands[key] = (a, b)
+    return state.operands[key]
+
+
+def _vendor(state: RunState, backend: Backend) -> Vendor | None:
+    if backend.name not in state.vendors:
+        vendor, note = (numpy_vendor(), "") if backend.name == "cpu" else find_vendor(backend)
+        state.vendors[backend.name] = vendor
+        state.vendor_notes[backend.name] = vendor.note if vendor else note
+    return state.vendors[backend.name]
+
+
+def _too_slow(state: RunState, case: Case, settings: Settings) -> str | None:
+    hist_key = case.key[:3]
+    prev = state.history.get(hist_key)
+    if prev is None:
+        return None
+    flops, seconds = prev
+    expected = seconds * case.flops / flops
+    state.history[hist_key] = (case.flops, expected)  # chain the estimate to larger sizes
+    if expected <= settings.max_call_s:
+        return None
+    return (f"expected ~{expected:.3g} s per call (scaled from a smaller size), over the "
+            f"{settings.max_call_s:g} s limit (--max-call-seconds)")
+
+
+def run_case(
+    case: Case, settings: Settings, state: RunState, *, clock: Clock = time.perf_counter,
+    backend_of: Callable[[str], Backend] = get_backend,
+) -> Measurement | None:
+    """Measure one case (or reuse an identical one); None if it has no vendor to run."""
+    existing = state.by_key.get(case.key)
+    if existing is not None:
+        if case.report not in existing.reports:
+            existing.reports.append(case.report)
+        return existing
+    dtype = np.dtype(settings.dtype)
+    backend = backend_of(case.backend)
+    prob = GemmProblem(m=case.m, n=case.n, k=case.k, dtype=dtype, batch_shape=(1,),
+                       a_batch_shape=(1,), b_batch_shape=(1,))
+    vendor = None
+    if case.spec is None:
+        vendor = _vendor(state, backend)
+        if vendor is None:
+            return None
+    slow = _too_slow(state, case, settings)
+    if slow is not None:
+        meas = Measurement(backend=case.backend, kernel=case.spec.name if case.spec else
+                           vendor.name, m=case.m, n=case.n, k=case.k, dtype=dtype.name,
+                           params=dict(case.params), rung=case.spec.rung if case.spec else None,
+                           vendor=case.spec is None, status=SKIPPED, reason=slow)
+    else:
+        a3, b3 = _operands(state, case, dtype)
+        if case.spec is None:
+            meas = measure_vendor(vendor, case.backend, prob, a3, b3, settings.policy,
+                                  clock=clock)
+        else:
+            meas = measure_kernel(backend, case.spec, dict(case.params), prob, a3, b3,
+                                  settings.policy, clock=clock)
+        seconds = meas.stats.median if meas.status == OK and meas.stats else meas.first_s
+        if seconds is not None:
+            state.history[case.key[:3]] = (case.flops, seconds)
+    meas.reports.append(case.report)
+    state.by_key[case.key] = meas
+    state.measurements.append(meas)
+    return meas
+
+
+def run_plan(
+    cases: Sequence[Case], settings: Settings, *, clock: Clock = time.perf_counter,
+    progress: Callable[[int, int, Case], None] | None = None,
+    backend_of: Callable[[str], Backend] = get_backend,
+    state: RunState | None = None,
+) -> RunState:
+    """Run every case in order; ``progress(done, total, case)`` is called before each."""
+    state = state or RunState()
+    for i, case in enumerate(cases):
+        if progress is not None:
+            progress(i, len(cases), case)
+        run_case(case, settings, state, clock=clock, backend_of=backend_of)
+    if progress is not None and cases:
+        progress(len(cases), len(cases), cases[-1])
+    state.operands.clear()
+    return state
+
+
+def default_backends(include_simulated: bool = False) -> list[str]:
+    """Usable backends (the simulator only when asked: it is correct but far too slow)."""
+    out = []
+    for name in registry.BACKENDS:
+        status = get_backend(name).status()
+        if status.usable and (include_simulated or not status.simulated):
+            out.append(name)
+    return out
+
+
+def run_bench(
+    backends: Sequence[str], settings: Settings, *,
+    progress: Callable[[int, int, Case], None] | None = None,
+    specs_for: Callable[[str], Iterable[KernelSpec]] | None = None,
+    clock: Clock = time.perf_counter,
+) -> Results:
+    """Plan, run and package a whole benchmark with the metadata a results file needs."""
+    from tilegemm.bench.environment import backend_info, git_commit, host_info
+    from tilegemm.bench.results import now_iso
+    from tilegemm.commands.info import versions
+
+    created = now_iso()
+    cases = plan(backends, settings, specs_for)
+    state = run_plan(cases, settings, progress=progress, clock=clock)
+    involved = list(dict.fromkeys([*backends, *(m.backend for m in state.measurements)]))
+    import tilegemm
+
+    meta = {
+        "created": created,
+        "tilegemm_version": tilegemm.__version__,
+        "git_commit": git_commit(),
+        "host": host_info(),
+        "versions": versions(),
+        "settings": settings.as_dict(),
+        "backends": {b: backend_info(get_backend(b)) for b in involved},
+        "vendors": dict(state.vendor_notes),
+        "vendor_names": {b: v.name for b, v in state.vendors.items() if v is not None},
+    }
+    return Results(meta, state.measurements)

@@ -1,0 +1,327 @@
+"""Timing kernels: the one home of every number ``tilegemm bench`` (and the tuner) reports.
+
+The protocol, for one kernel on one problem:
+
+1. **First call** — build (compile), upload operands and run one launch, timed on the host
+   clock to the end of the launch. This is what a user waits for on a first ``matmul`` call
+   (the seed 002 "1st GPU time"); it is reported apart and never mixed into steady figures.
+2. **Verify** — the result of that first launch is fetched and compared with the float64
+   reference (:func:`tilegemm.reference.assert_close`) with the output NaN-poisoned before
+   the launch. A kernel that raises or computes a wrong result is reported as FAILED with
+   the reason and is never timed: a fast wrong kernel has no speed.
+3. **Warm-up** — a few more launches, not recorded (caches, clocks, lazy allocations).
+4. **Steady** — repeats, each timed by the backend (CUDA events, OpenCL profiling, the host
+   clock on the CPU) through :class:`~tilegemm.backends.base.Prepared`, until a wall-clock
+   budget is spent (at least ``min_reps``, at most ``max_reps``). Optionally the L2 (or the
+   CPU's last-level cache) is flushed between repeats so every launch starts cold.
+   Reported: median, min, quartiles, max; GFLOP/s = 2·M·N·K·batch / median.
+
+The clock and the :class:`Prepared` are injectable, so the statistics and the verification
+logic are tested with a fake timer and fake kernels (``tests/test_bench_timing.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tilegemm.backends.base import Backend, Prepared, poison_value
+from tilegemm.problem import GemmProblem
+from tilegemm.reference import assert_close
+from tilegemm.registry import KernelSpec
+
+Clock = Callable[[], float]
+
+OK = "ok"
+FAILED = "FAILED"
+SKIPPED = "skipped"
+
+HOST_FLUSH_BYTES = 64 * 1024 * 1024  # larger than any CPU's last-level cache we expect
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How hard to measure one case.
+
+    ``budget_s`` bounds the steady phase in wall-clock seconds; ``min_reps`` is honoured
+    unless the steady phase passes ``hard_cap`` × budget (one very slow kernel must not stall
+    a sweep). ``warmup`` launches follow the first call unless that call alone already took
+    longer than the budget (it warmed everything up anyway).
+    """
+
+    warmup: int = 2
+    min_reps: int = 5
+    max_reps: int = 100
+    budget_s: float = 0.5
+    hard_cap: float = 4.0
+    flush: bool = False
+
+    def __post_init__(self) -> None:
+        if self.min_reps < 1 or self.max_reps < self.min_reps:
+            raise ValueError("need 1 <= min_reps <= max_reps")
+        if self.budget_s <= 0 or self.warmup < 0:
+            raise ValueError("budget must be > 0 and warm-up >= 0")
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Order statistics of steady samples (seconds per launch)."""
+
+    n: int
+    median: float
+    min: float
+    q1: float
+    q3: float
+    max: float
+    mean: float
+
+    @classmethod
+    def of(cls, samples: list[float]) -> Stats:
+        if not samples:
+            raise ValueError("no samples")
+        x = np.asarray(samples, dtype=np.float64)
+        q1, med, q3 = np.percentile(x, [25, 50, 75])
+        return cls(len(x), float(med), float(x.min()), float(q1), float(q3), float(x.max()),
+                   float(x.mean()))
+
+
+@dataclass
+class Measurement:
+    """One kernel (or vendor routine) on one problem: outcome, first call, raw samples."""
+
+    backend: str
+    kernel: str
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+    dtype: str = "float32"
+    params: dict[str, int] = field(default_factory=dict)
+    rung: int | None = None
+    vendor: bool = False
+    status: str = OK
+    reason: str = ""
+    method: str = ""
+    first_s: float | None = None
+    samples: list[float] = field(default_factory=list)
+    flushed: bool = False
+    reports: list[str] = field(default_factory=list)
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    @property
+    def stats(self) -> Stats | None:
+        return Stats.of(self.samples) if self.samples else None
+
+    @property
+    def gflops(self) -> float | None:
+        """GFLOP/s at the median steady time (None unless the case ran and verified)."""
+        s = self.stats
+        if self.status != OK or s is None or s.median <= 0:
+            return None
+        return self.flops / s.median / 1e9
+
+    @property
+    def variant(self) -> str:
+        """Kernel name and parameters, e.g. ``naive BLOCK=16``."""
+        shown = " ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.kernel} {shown}".strip()
+
+    @property
+    def size(self) -> str:
+        if self.m == self.n == self.k:
+            return f"{self.m}³" + (f"×{self.batch}" if self.batch != 1 else "")
+        return f"{self.m}×{self.n}×{self.k}" + (f"×{self.batch}" if self.batch != 1 else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        s = self.stats
+        d["stats"] = asdict(s) if s else None
+        d["gflops"] = self.gflops
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Measurement:
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class KernelFailure(Exception):
+    """The kernel raised or computed a wrong result; ``str(exc)`` is the reason shown."""
+
+
+@contextmanager
+def poisoned() -> Iterator[None]:
+    """TILEGEMM_POISON=1 for the verified first launch only (steady launches skip the fill)."""
+    old = os.environ.get("TILEGEMM_POISON")
+    os.environ["TILEGEMM_POISON"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TILEGEMM_POISON"]
+        else:
+            os.environ["TILEGEMM_POISON"] = old
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"raised {type(exc).__name__}: {text}" if text else f"raised {type(exc).__name__}"
+
+
+def time_prepared(
+    prepare: Callable[[], Prepared],
+    verify: Callable[[np.ndarray], None],
+    policy: Policy,
+    *,
+    synchronize: Callable[[], None] = lambda: None,
+    clock: Clock = time.perf_counter,
+    flush: Callable[[], None] | None = None,
+) -> tuple[float, list[float]]:
+    """Run the protocol above; return (first-call seconds, steady samples in seconds).
+
+    Raises :class:`KernelFailure` if preparing, launching or fetching raises, or if
+    ``verify`` raises AssertionError — in both cases before anything is timed.
+    """
+    t0 = clock()
+    try:
+        with poisoned():
+            prepared = prepare()
+            prepared.launch()
+            synchronize()
+        first = clock() - t0
+        result = prepared.fetch()
+    except Exception as exc:
+        raise KernelFailure(_reason(exc)) from exc
+    try:
+        verify(np.asarray(result))
+    except AssertionError as exc:
+        raise KernelFailure("wrong result: " + " ".join(str(exc).split())) from exc
+
+    try:
+        if policy.warmup and first < policy.budget_s:
+            prepared.elapsed(policy.warmup)
+        samples: list[float] = []
+        start = clock()
+        chunk = 1
+        while len(samples) < policy.max_reps:
+            wall = clock() - start
+            if samples and wall >= policy.budget_s and len(samples) >= policy.min_reps:
+                break
+            if samples and wall >= policy.budget_s * policy.hard_cap:
+                break
+            if flush is not None:
+                flush()
+                count = 1  # each launch must start cold: one at a time
+            else:
+                count = min(chunk, policy.max_reps - len(samples))
+                if samples:  # do not overshoot the budget by more than one launch
+                    per = max(wall / len(samples), 1e-9)
+                    count = max(1, min(count, int((policy.budget_s - wall) / per) + 1))
+                chunk = min(chunk * 2, 32)
+            got = list(prepared.elapsed(count))
+            if len(got) != count or any(not np.isfinite(t) or t < 0 for t in got):
+                raise RuntimeError(f"timer returned {got!r} for {count} launch(es)")
+            samples.extend(float(t) for t in got)
+    except Exception as exc:
+        raise KernelFailure(_reason(exc)) from exc
+    return first, samples
+
+
+def host_prepared(
+    backend: Backend, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+    a3: np.ndarray, b3: np.ndarray,
+) -> Prepared:
+    """The generic path for a backend without ``prepare``: ``tilegemm.matmul(out=...)``
+    timed with ``perf_counter`` (includes dispatch and, for device backends, transfers)."""
+    import tilegemm
+
+    out = np.full((prob.batch, prob.m, prob.n), poison_value(prob.dtype), dtype=prob.dtype)
+
+    def launch() -> None:
+        tilegemm.matmul(a3, b3, out=out, kernel=spec.name, backend=backend.name, **params)
+
+    def elapsed(n: int) -> list[float]:
+        times = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            launch()
+            backend.synchronize()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    return Prepared(launch=launch, fetch=lambda: out.copy(), elapsed=elapsed)
+
+
+def cache_flusher(backend: Backend) -> Callable[[], None] | None:
+    """A function that evicts the device's cache between repeats, or None if unsupported.
+
+    A backend may offer ``cache_flusher()`` (CUDA writes a buffer twice the L2 size); host
+    backends get a write of a buffer larger than the CPU's last-level cache.
+    """
+    make = getattr(backend, "cache_flusher", None)
+    if make is not None:
+        return make()
+    if backend.array_kind == "host":
+        buf = np.empty(HOST_FLUSH_BYTES // 8, dtype=np.float64)
+        return lambda: buf.fill(1.0)
+    return None
+
+
+TIMERS = {"cuda": "CUDA events", "opencl": "OpenCL profiling events", "cpu": "perf_counter"}
+
+
+def measure_kernel(
+    backend: Backend, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+    a3: np.ndarray, b3: np.ndarray, policy: Policy, *, clock: Clock = time.perf_counter,
+) -> Measurement:
+    """Verify then time one rung with ``params`` (merged with its defaults) on ``prob``.
+
+    ``a3``/``b3`` are the host operands as (batch or 1, M, K) and (batch or 1, K, N).
+    Parameters the rung refuses, a dtype it lacks, or device limits give ``skipped``; a
+    kernel that raises or is wrong gives ``FAILED``; otherwise ``ok`` with samples.
+    """
+    meas = Measurement(
+        backend=backend.name, kernel=spec.name, m=prob.m, n=prob.n, k=prob.k, batch=prob.batch,
+        dtype=prob.dtype.name, params={**spec.defaults(), **params}, rung=spec.rung,
+    )
+    if not spec.supports(prob.dtype):
+        meas.status, meas.reason = SKIPPED, f"no {prob.dtype.name} support"
+        return meas
+    try:
+        resolved = spec.resolve(params)
+        backend.check_limits(spec, resolved, prob.dtype)
+    except ValueError as exc:
+        meas.status, meas.reason = SKIPPED, str(exc)
+        return meas
+    meas.params = dict(resolved)
+    simulated = backend.status().simulated
+    meas.method = TIMERS.get(backend.name, "backend timer") + (" (simulator)" if simulated else "")
+
+    def prepare() -> Prepared:
+        try:
+            return backend.prepare(spec, resolved, prob, a3, b3)
+        except NotImplementedError:
+            meas.method = "perf_counter around tilegemm.matmul (no Backend.prepare)"
+            return host_prepared(backend, spec, resolved, prob, a3, b3)
+
+    def verify(result: np.ndarray) -> None:
+        got = result.reshape(prob.batch, prob.m, prob.n)
+        assert_close(got, a3, b3, what=f"{backend.name}:{meas.variant}")
+
+    flush = cache_flusher(backend) if policy.flush else None
+    meas.flushed = flush is not None
+    try:
+        meas.first_s, meas.samples = time_prepared(
+            prepare, verify, policy, synchronize=backend.synchronize, clock=clock, flush=flush)
+    except KernelFailure as exc:
+        meas.status, meas.reason = FAILED, str(exc)
+    return meas

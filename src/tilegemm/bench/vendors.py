@@ -1,0 +1,251 @@
+"""The vendor library each backend is measured against, in the same run, the same way.
+
+Speed means little without a reference on the same device at the same moment, so every
+table reports a rung's GFLOP/s and its share of:
+
+- ``cuda``: cuBLAS through CuPy (``CUPY_TF32=0``) or PyTorch
+  (``torch.backends.cuda.matmul.allow_tf32 = False``): pure FP32 math, never TF32 tensor
+  cores, which would be a different (less accurate) product.
+- ``opencl``: CLBlast through ``pyclblast`` when it is installed.
+- ``cpu``: NumPy's ``matmul`` (OpenBLAS or whichever BLAS NumPy was built with).
+
+A vendor routine goes through :func:`tilegemm.bench.timing.time_prepared` like a rung:
+first call apart, verified, then timed with the library's own events.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tilegemm.backends.base import Backend, Prepared
+from tilegemm.bench.timing import (
+    FAILED,
+    Clock,
+    KernelFailure,
+    Measurement,
+    Policy,
+    time_prepared,
+)
+from tilegemm.problem import GemmProblem
+from tilegemm.reference import assert_close
+
+
+@dataclass(frozen=True)
+class Vendor:
+    """A vendor GEMM: ``prepare(prob, a3, b3)`` returns launch/fetch/elapsed closures."""
+
+    key: str  # short id used in results: "numpy", "cublas-cupy", "cublas-torch", "clblast"
+    name: str  # what tables show, e.g. "cuBLAS (CuPy)"
+    note: str  # how it was configured (FP32 compute, BLAS build...)
+    prepare: Callable[[GemmProblem, np.ndarray, np.ndarray], Prepared]
+    synchronize: Callable[[], None] = lambda: None
+    timer: str = "perf_counter"
+
+
+def _numpy_blas() -> str:
+    """The BLAS NumPy was built with, e.g. ``OpenBLAS 0.3.31`` (NumPy >= 1.25 records it)."""
+    try:
+        blas = np.__config__.CONFIG["Build Dependencies"]["blas"]  # type: ignore[attr-defined]
+    except Exception:
+        return "BLAS"
+    name = str(blas.get("name", "BLAS")).removeprefix("scipy-")
+    name = {"openblas": "OpenBLAS", "mkl": "MKL", "accelerate": "Accelerate"}.get(name, name)
+    version = ".".join(str(blas.get("version", "")).split(".")[:3])
+    return f"{name} {version}".strip()
+
+
+def numpy_vendor() -> Vendor:
+    def prepare(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray) -> Prepared:
+        a, b = (a3[0], b3[0]) if prob.batch == 1 else (a3, b3)
+        out = np.empty((prob.m, prob.n) if prob.batch == 1 else (prob.batch, prob.m, prob.n),
+                       dtype=prob.dtype)
+
+        def launch() -> None:
+            np.matmul(a, b, out=out)
+
+        def elapsed(n: int) -> list[float]:
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                launch()
+                times.append(time.perf_counter() - t0)
+            return times
+
+        return Prepared(launch, lambda: out.copy(), elapsed)
+
+    threads = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    note = f"numpy {np.__version__} matmul on the host ({_numpy_blas()}"
+    note += f", {threads} BLAS thread(s))" if threads else ", BLAS default threads)"
+    return Vendor("numpy", f"NumPy ({_numpy_blas()})", note, prepare)
+
+
+def _cupy_vendor() -> Vendor:
+    # Pure FP32 (no TF32 tensor cores). CuPy reads CUPY_TF32 when it is imported, so it is
+    # set before; if CuPy was imported earlier with TF32 on, say so rather than pretend.
+    tf32_on = "cupy" in sys.modules and os.environ.get("CUPY_TF32", "0") != "0"
+    os.environ["CUPY_TF32"] = "0"
+    import cupy
+
+    def prepare(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray) -> Prepared:
+        a, b = (a3[0], b3[0]) if prob.batch == 1 else (a3, b3)
+        da, db = cupy.asarray(a), cupy.asarray(b)
+        out = cupy.empty((prob.m, prob.n) if prob.batch == 1 else (prob.batch, prob.m, prob.n),
+                         dtype=prob.dtype)
+
+        def launch() -> None:
+            cupy.matmul(da, db, out=out)
+
+        def elapsed(n: int) -> list[float]:
+            events = [(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(n)]
+            for start, end in events:
+                start.record()
+                launch()
+                end.record()
+            events[-1][1].synchronize()
+            return [cupy.cuda.get_elapsed_time(s, e) / 1e3 for s, e in events]
+
+        return Prepared(launch, lambda: cupy.asnumpy(out), elapsed)
+
+    precision = ("CUPY_TF32=1 was set before tilegemm: TF32 may be used" if tf32_on
+                 else "CUPY_TF32=0: FP32 compute, no TF32")
+    return Vendor("cublas-cupy", "cuBLAS (CuPy)", f"cupy {cupy.__version__}, {precision}", prepare,
+                  lambda: cupy.cuda.Device().synchronize(), "CUDA events")
+
+
+def _torch_vendor() -> Vendor:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ImportError("PyTorch has no CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False  # pure FP32: no TF32 tensor cores
+    torch.backends.cudnn.allow_tf32 = False
+
+    def prepare(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray) -> Prepared:
+        a, b = (a3[0], b3[0]) if prob.batch == 1 else (a3, b3)
+        da, db = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+        out = torch.empty((prob.m, prob.n) if prob.batch == 1 else (prob.batch, prob.m, prob.n),
+                          dtype=da.dtype, device=da.device)
+
+        def launch() -> None:
+            torch.matmul(da, db, out=out)
+
+        def elapsed(n: int) -> list[float]:
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                      for _ in range(n)]
+            for start, end in events:
+                start.record()
+                launch()
+                end.record()
+            events[-1][1].synchronize()
+            return [s.elapsed_time(e) / 1e3 for s, e in events]
+
+        return Prepared(launch, lambda: out.cpu().numpy(), elapsed)
+
+    return Vendor("cublas-torch", "cuBLAS (PyTorch)",
+                  f"torch {torch.__version__}, allow_tf32=False: FP32 compute, no TF32", prepare,
+                  torch.cuda.synchronize, "CUDA events")
+
+
+def _opencl_queue(backend: Backend) -> Any:
+    """A profiling queue on the OpenCL backend's device (its own context when it has one)."""
+    import pyopencl as cl
+
+    queue = getattr(backend, "queue", None)
+    queue = queue() if callable(queue) else queue
+    if queue is not None:
+        return cl.CommandQueue(queue.context, queue.device,
+                               properties=cl.command_queue_properties.PROFILING_ENABLE)
+    devices = [d for p in cl.get_platforms() for d in p.get_devices()]
+    gpus = [d for d in devices if d.type & cl.device_type.GPU]
+    device = (gpus or devices)[0]
+    ctx = cl.Context([device])
+    return cl.CommandQueue(ctx, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+
+
+def _clblast_vendor(backend: Backend) -> Vendor:
+    import pyclblast
+    import pyopencl.array as cla
+
+    queue = _opencl_queue(backend)
+
+    def prepare(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray) -> Prepared:
+        if prob.batch != 1:
+            raise ValueError("the CLBlast reference is measured on single products only")
+        a, b = np.ascontiguousarray(a3[0]), np.ascontiguousarray(b3[0])
+        da, db = cla.to_device(queue, a), cla.to_device(queue, b)
+        dc = cla.empty(queue, (prob.m, prob.n), dtype=prob.dtype)
+
+        def enqueue() -> Any:
+            return pyclblast.gemm(queue, prob.m, prob.n, prob.k, da, db, dc,
+                                  a_ld=prob.k, b_ld=prob.n, c_ld=prob.n)
+
+        def elapsed(n: int) -> list[float]:
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                event = enqueue()
+                queue.finish()
+                wall = time.perf_counter() - t0
+                try:
+                    times.append((event.profile.end - event.profile.start) * 1e-9)
+                except Exception:  # no event or no profiling info: host time is the bound
+                    times.append(wall)
+            return times
+
+        def launch() -> None:
+            enqueue()
+
+        return Prepared(launch, dc.get, elapsed)
+
+    version = getattr(pyclblast, "__version__", "")
+    return Vendor("clblast", "CLBlast", f"pyclblast {version}".strip(), prepare,
+                  queue.finish, "OpenCL profiling events")
+
+
+def find_vendor(backend: Backend) -> tuple[Vendor | None, str]:
+    """The reference library for ``backend`` and a line saying what was found (or why not)."""
+    if backend.name == "cpu":
+        v = numpy_vendor()
+        return v, v.note
+    if backend.status().simulated:
+        return None, "simulated backend: no vendor reference"
+    tried: list[str] = []
+    makers: list[Callable[[], Vendor]] = []
+    if backend.name == "cuda":
+        makers = [_cupy_vendor, _torch_vendor]
+    elif backend.name == "opencl":
+        makers = [lambda: _clblast_vendor(backend)]
+    for make in makers:
+        try:
+            v = make()
+            return v, v.note
+        except Exception as exc:  # ImportError mostly; any failure just means "no reference"
+            tried.append(f"{type(exc).__name__}: {exc}")
+    return None, "no vendor library found" + (f" ({'; '.join(tried)})" if tried else "")
+
+
+def measure_vendor(
+    vendor: Vendor, backend_name: str, prob: GemmProblem, a3: np.ndarray, b3: np.ndarray,
+    policy: Policy, *, clock: Clock = time.perf_counter,
+) -> Measurement:
+    """Verify and time the vendor routine exactly as :func:`measure_kernel` does a rung."""
+    meas = Measurement(backend=backend_name, kernel=vendor.name, m=prob.m, n=prob.n, k=prob.k,
+                       batch=prob.batch, dtype=prob.dtype.name, vendor=True, method=vendor.timer)
+
+    def verify(result: np.ndarray) -> None:
+        assert_close(result.reshape(prob.batch, prob.m, prob.n), a3, b3, what=vendor.name)
+
+    try:
+        meas.first_s, meas.samples = time_prepared(
+            lambda: vendor.prepare(prob, a3, b3), verify, policy,
+            synchronize=vendor.synchronize, clock=clock)
+    except KernelFailure as exc:
+        meas.status, meas.reason = FAILED, str(exc)
+    return meas

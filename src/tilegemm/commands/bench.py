@@ -1,0 +1,241 @@
+"""Reproduce the seed's performance tables on this machine's devices, against the vendor BLAS.
+
+Reports (``--reports``, all by default): ``compile`` (first call vs steady, seed 002),
+``sizes`` (GFLOP/s over sizes × block sizes, seed 004), ``rsweep`` (outputs per thread,
+seed 004) and ``ladder`` (every rung as a share of cuBLAS / CLBlast / NumPy). Every kernel
+is verified before it is timed; a wrong one shows FAILED. The default is a quick run at
+small sizes; ``--full`` runs the seed's sizes (8…4096, ladder at 1024³ and 4096³).
+
+Exit status 1 if any kernel FAILED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from tilegemm.registry import BACKENDS
+
+HELP = "the seed's tables on this device vs the vendor library (tables, files, plots)"
+FORMATS = ("md", "csv", "json")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    """``8,16,32`` or a power-of-two range ``8..4096``."""
+    text = text.strip()
+    try:
+        if ".." in text:
+            lo, hi = (int(x) for x in text.split("..", 1))
+            if lo < 1 or hi < lo:
+                raise ValueError
+            out, v = [], lo
+            while v <= hi:
+                out.append(v)
+                v *= 2
+            return tuple(out)
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a list like 8,16,32 or a range like 8..4096") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes must be positive integers")
+    return values
+
+
+def _reports(text: str) -> tuple[str, ...]:
+    from tilegemm.bench.sweeps import REPORTS
+
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [n for n in names if n not in REPORTS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown report(s) {', '.join(bad) or text!r}; choose from {', '.join(REPORTS)}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_argument_group("what to run")
+    prof = what.add_mutually_exclusive_group()
+    prof.add_argument("--quick", action="store_true",
+                      help="small sizes, short budgets (the default; what `make demo` runs)")
+    prof.add_argument("--full", action="store_true",
+                      help="the seed's sizes: 8…4096, ladder at 1024³ and 4096³, R sweep at "
+                           "1024³, 1 s per case")
+    what.add_argument("--backend", action="append", choices=BACKENDS, dest="backends",
+                      help="backend to run (repeatable); default: every usable one, the CUDA "
+                           "simulator excluded")
+    what.add_argument("--include-simulated", action="store_true",
+                      help="also run simulated backends (numba's CUDA simulator: tiny sizes!)")
+    what.add_argument("--reports", type=_reports, metavar="LIST",
+                      help="comma list of compile,ladder,sizes,rsweep (default: all)")
+    what.add_argument("--sizes", type=_int_list, metavar="LIST",
+                      help="sizes M=N=K of the size table, e.g. 8..4096 or 64,128,256")
+    what.add_argument("--blocks", type=_int_list, metavar="LIST",
+                      help="block/tile sizes for rungs with a BLOCK or TILE parameter "
+                           "(default 8,16,32)")
+    what.add_argument("--ladder-sizes", type=_int_list, metavar="LIST",
+                      help="size(s) of the ladder table")
+    what.add_argument("--r-size", type=int, metavar="N", help="size of the R sweep")
+    what.add_argument("--compile-size", type=int, metavar="N",
+                      help="size of the first-call vs steady table (seed 002: 256)")
+    what.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+
+    how = parser.add_argument_group("how to time")
+    how.add_argument("--budget", type=float, metavar="S",
+                     help="wall-clock seconds of steady repeats per case")
+    how.add_argument("--min-reps", type=int, metavar="N")
+    how.add_argument("--max-reps", type=int, metavar="N")
+    how.add_argument("--warmup", type=int, metavar="N", help="untimed launches after the first")
+    how.add_argument("--max-call-seconds", type=float, metavar="S",
+                     help="skip a case predicted (from a smaller size) to take longer per call")
+    how.add_argument("--flush-l2", action="store_true",
+                     help="evict the cache between repeats (CUDA: write twice the L2 size)")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--format", choices=FORMATS,
+                     help="file format for --output; without --output, print it instead of "
+                          "the terminal tables")
+    out.add_argument("--output", "-o", metavar="PATH", help="write the results to PATH")
+    out.add_argument("--plot", metavar="FILE.png", help="plot GFLOP/s vs size to a PNG")
+    out.add_argument("--save", metavar="DIR",
+                     help="write DIR/<device>-<date>.json, .md and .png (the committed form)")
+    out.add_argument("--from-json", metavar="FILE",
+                     help="render a saved results file instead of running anything")
+    out.add_argument("--quiet", "-q", action="store_true", help="no terminal tables or progress")
+
+
+def settings_from(args: argparse.Namespace):  # -> Settings
+    from dataclasses import replace
+
+    from tilegemm.bench.sweeps import Settings
+
+    settings = Settings.full() if args.full else Settings.quick()
+    over = {}
+    for name, attr in (("reports", "reports"), ("sizes", "sizes"), ("blocks", "blocks"),
+                       ("ladder_sizes", "ladder_sizes"), ("r_size", "r_size"),
+                       ("compile_size", "compile_size"), ("max_call_seconds", "max_call_s")):
+        value = getattr(args, name, None)
+        if value is not None:
+            over[attr] = value
+    for name in ("r_size", "compile_size"):
+        if getattr(args, name, None) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    over["dtype"] = args.dtype
+    pol = {}
+    for name, attr in (("budget", "budget_s"), ("min_reps", "min_reps"),
+                       ("max_reps", "max_reps"), ("warmup", "warmup")):
+        if getattr(args, name, None) is not None:
+            pol[attr] = getattr(args, name)
+    if args.flush_l2:
+        pol["flush"] = True
+    if pol:
+        if "min_reps" in pol and "max_reps" not in pol:
+            pol["max_reps"] = max(pol["min_reps"], settings.policy.max_reps)
+        over["policy"] = replace(settings.policy, **pol)
+    return replace(settings, **over)
+
+
+def choose_backends(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """(backends to run, lines explaining the ones left out)."""
+    from tilegemm.backends import get_backend
+
+    asked = list(dict.fromkeys(args.backends or BACKENDS))
+    run, left = [], []
+    for name in asked:
+        status = get_backend(name).status()
+        if not status.usable:
+            if args.backends:
+                raise RuntimeError(f"backend {name!r} is not usable here: {status.reason}")
+            left.append(f"{name}: not usable ({status.reason})")
+        elif status.simulated and not args.include_simulated:
+            left.append(f"{name}: {status.reason} — skipped (simulated; --include-simulated "
+                        "runs it, at tiny sizes only)")
+        else:
+            run.append(name)
+    if not run:
+        raise RuntimeError("no backend to benchmark: " + "; ".join(left))
+    return run, left
+
+
+def run(args: argparse.Namespace) -> int:
+    from tilegemm.bench.results import Results
+
+    if args.from_json:
+        results = Results.load(args.from_json)
+        _emit(results, args)
+        return 0
+
+    from tilegemm.bench.sweeps import run_bench
+    from tilegemm.commands._console import console
+
+    settings = settings_from(args)
+    backends, left = choose_backends(args)
+    err = console(stderr=True)
+    if not args.quiet:
+        err.print(f"[dim]benchmarking {', '.join(backends)} ({settings.profile}, "
+                  f"{settings.dtype}); reports: {', '.join(settings.reports)}[/]")
+        for line in left:
+            err.print(f"[dim]  {line}[/]", highlight=False)
+    if args.quiet:
+        results = run_bench(backends, settings)
+    else:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                      console=err, transient=True) as bar:
+            task = bar.add_task("planning", total=None)
+
+            def progress(done: int, total: int, case) -> None:
+                bar.update(task, completed=done, total=total,
+                           description=f"[{case.report}] {case.label}")
+
+            results = run_bench(backends, settings, progress=progress)
+    _emit(results, args)
+    if results.failed:
+        print(f"{len(results.failed)} case(s) FAILED verification or raised; see the notes "
+              "under the tables", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _emit(results, args: argparse.Namespace) -> None:
+    from tilegemm.bench import report
+
+    fmt = args.format
+    reports = [r for r in ("compile", "sizes", "rsweep", "ladder")
+               if r in results.meta.get("settings", {}).get("reports", ["compile", "sizes",
+                                                                       "rsweep", "ladder"])]
+    if fmt and not args.output:
+        sys.stdout.write(report.render(results, fmt, reports))
+    elif not args.quiet:
+        report.print_rich(results, reports)
+    if args.output:
+        path = Path(args.output)
+        fmt = fmt or {".md": "md", ".csv": "csv"}.get(path.suffix.lower(), "json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(report.render(results, fmt, reports))
+        print(f"wrote {path}", file=sys.stderr)
+    if args.plot:
+        from tilegemm.bench.plot import plot_sizes
+
+        print(f"wrote {plot_sizes(results, args.plot)}", file=sys.stderr)
+    if args.save:
+        _save(results, Path(args.save), reports)
+
+
+def _save(results, folder: Path, reports: list[str]) -> None:
+    from tilegemm.bench import report
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / results.default_stem()
+    stem.with_suffix(".json").write_text(results.to_json())
+    stem.with_suffix(".md").write_text(report.to_markdown(results, reports))
+    written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
+    if results.backends("sizes"):
+        from tilegemm.bench.plot import plot_sizes
+
+        written.append(plot_sizes(results, stem.with_suffix(".png")))
+    for p in written:
+        print(f"wrote {p}", file=sys.stderr)

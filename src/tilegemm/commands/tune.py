@@ -1,0 +1,136 @@
+"""Search rungs' parameters on this device, verify every candidate, cache the fastest.
+
+Each candidate is checked against the float64 reference before it is timed (device-side
+timing through the backend, median of --repeat launches); the best per rung is written to
+the tuning cache (``--show`` lists it, ``--clear`` deletes it), which ``kernel="auto"``
+then uses for this device, dtype and shape bucket (M, N, K rounded up to powers of two).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "search a kernel's parameters for this device and cache the best"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "opencl", "cpu"))
+    parser.add_argument("--kernel", action="append", default=None,
+                        help="rung to tune (repeatable; default: every rung with parameters)")
+    parser.add_argument("--m", type=int, default=4096)
+    parser.add_argument("--n", type=int, default=4096)
+    parser.add_argument("--k", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=0)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--strategy", default="random", choices=("exhaustive", "random"))
+    parser.add_argument("--budget", type=int, default=40,
+                        help="candidates to run per rung (0: all)")
+    parser.add_argument("--seed", type=int, default=0, help="random strategy and operand seed")
+    parser.add_argument("--repeat", type=int, default=5, help="timed launches per candidate")
+    parser.add_argument("--no-register-check", action="store_true",
+                        help="CUDA: do not reject candidates that spill or overflow registers")
+    parser.add_argument("--dry-run", action="store_true", help="do not write the cache")
+    parser.add_argument("--show", action="store_true", help="list the tuning cache and exit")
+    parser.add_argument("--clear", action="store_true", help="delete the tuning cache and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tilegemm.tune import cache
+
+    if args.show:
+        return _show(cache)
+    if args.clear:
+        path = cache.cache_path()
+        print(f"{'removed' if cache.clear() else 'no cache at'} {path}")
+        return 0
+    return _tune(args)
+
+
+def _show(cache) -> int:  # noqa: ANN001 - the module
+    from rich.console import Console
+    from rich.table import Table
+
+    entries = cache.load()
+    console = Console()
+    console.print(f"tuning cache: {cache.cache_path()} ({len(entries)} entries)")
+    if not entries:
+        return 0
+    table = Table("backend", "device", "arch", "dtype", "bucket M,N,K", "kernel", "params",
+                  "GFLOP/s", "measured at")
+    for e in sorted(entries, key=lambda e: (e.backend, e.device, e.dtype, e.bucket, -e.gflops)):
+        table.add_row(e.backend, e.device, e.arch, e.dtype, ",".join(map(str, e.bucket)),
+                      e.kernel, " ".join(f"{k}={v}" for k, v in e.params.items()),
+                      f"{e.gflops:.1f}", "x".join(map(str, e.shape)))
+    console.print(table)
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    import numpy as np
+    from rich.console import Console
+    from rich.progress import Progress
+    from rich.table import Table
+
+    from tilegemm import registry
+    from tilegemm.api import choose_backend
+    from tilegemm.problem import describe
+    from tilegemm.tune import cache, space, strategies
+    from tilegemm.tune.select import device_id
+
+    for name in ("m", "n", "k", "batch", "budget"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name} must be >= 0")
+    if min(args.m, args.n, args.k) == 0:
+        raise ValueError("--m, --n and --k must be >= 1 to time anything")
+    dtype = np.dtype(args.dtype)
+    probe = np.zeros((1, 1), dtype=dtype)
+    backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")])
+    dev = device_id(backend)
+    if args.kernel:
+        specs = [registry.get(k, backend.name) for k in args.kernel]
+    else:
+        specs = [s for s in registry.specs_for(backend.name) if s.params and s.supports(dtype)]
+    if not specs:
+        raise ValueError(f"no {backend.name} rung with parameters supports {dtype.name}")
+    prob = strategies.problem_for(args.m, args.n, args.k, dtype, args.batch)
+    limits = space.limits_for(backend.name)
+    check = None if args.no_register_check else space.cuda_register_check
+    console = Console()
+    console.print(f"tuning on {dev.name if dev else backend.name} "
+                  f"{dev.arch if dev else ''}: {args.m}x{args.n}x{args.k} {dtype.name}"
+                  f"{f' batch {args.batch}' if args.batch else ''}, strategy {args.strategy}")
+    summary = Table("kernel", "tried", "ok", "wrong", "rejected", "error", "best params",
+                    "ms", "GFLOP/s")
+    for spec in specs:
+        cands = space.candidates(spec, dtype, limits)
+        budget = args.budget or None
+        total = min(len(cands), budget) if budget else len(cands)
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task(spec.name, total=total)
+            result = strategies.tune(
+                backend, spec, prob, cands, strategy=args.strategy, budget=budget,
+                seed=args.seed, repeats=args.repeat, resource_check=check,
+                progress=lambda t, task=task: bar.advance(task) if t.status != "rejected"
+                else None,
+            )
+        counts = {s: sum(t.status == s for t in result.trials)
+                  for s in ("ok", "wrong", "rejected", "error")}
+        best = result.best
+        if best is None:
+            summary.add_row(spec.name, str(len(result.trials)), *map(str, counts.values()),
+                            "-", "-", "-")
+            continue
+        gflops = result.gflops(best)
+        summary.add_row(spec.name, str(len(result.trials)), *map(str, counts.values()),
+                        " ".join(f"{k}={v}" for k, v in best.params.items()),
+                        f"{best.seconds * 1e3:.3f}", f"{gflops:.1f}")
+        if not args.dry_run and dev is not None and dev.name != "simulator":
+            cache.record(cache.Entry(
+                backend=backend.name, device=dev.name, arch=dev.arch, dtype=dtype.name,
+                bucket=cache.shape_bucket(args.m, args.n, args.k), kernel=spec.name,
+                params=best.params, seconds=best.seconds, gflops=gflops,
+                shape=[args.m, args.n, args.k, args.batch]))
+    console.print(summary)
+    if not args.dry_run:
+        console.print(f"cache: {cache.cache_path()}")
+    return 0

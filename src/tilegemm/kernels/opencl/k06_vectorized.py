@@ -1,0 +1,78 @@
+"""Rung 6 — vectorized: rung 5 with VW-wide vector loads, accumulators and stores.
+
+Tiles of A and B are fetched from global memory as ``floatVW`` (``doubleVW``) vectors and
+B's tile is kept in local memory as vectors; each work-item's TN columns are TN/VW
+vectors, so the inner loop is TM × TN/VW vector multiply-adds. On GPUs this halves or
+quarters the number of load instructions (128-bit loads at VW = 4 in float32); on CPU
+OpenCL devices such as PoCL the explicit vectors are what fills the SIMD lanes.
+
+Vector accesses are taken only when legal (the operand's rows start on a multiple of VW,
+and the whole vector is inside the matrix); edges and odd row lengths fall back to
+element-wise loads and stores with bounds, so every shape is correct.
+
+With one work-item per work-group (BM = TM and BN = TN) there is nobody to share a tile
+with, so the kernel skips the local-memory stage and reads A and B from global memory
+directly (BK is then unused), walking row blocks in dimension 0 so that consecutive
+work-groups reuse one panel of B from cache. That is the measured default on CPU devices
+(``device_defaults``: an 8 × 16 block per work-item in 8-wide vectors, 16 vector
+accumulators): a CPU runs a work-group's work-items one after another, its local memory is
+ordinary cached memory, and staging there only copies data. See docs/opencl.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from tilegemm.backends.opencl_program import OpenCLProgram, make_program
+from tilegemm.registry import Constraint, KernelSpec, Param
+
+
+def _local_bytes(p: Mapping[str, int], itemsize: int) -> int:
+    if _threads(p) == 1:
+        return 0  # one work-item per group reads global memory directly (see the .cl)
+    return (p["BM"] + p["BN"]) * p["BK"] * itemsize
+
+
+def _threads(p: Mapping[str, int]) -> int:
+    return (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
+
+
+def build(p: Mapping[str, int], dtype: np.dtype) -> OpenCLProgram:
+    direct = _threads(p) == 1  # the kernel then walks row blocks in dimension 0
+    return make_program(
+        "vectorized", "k06_vectorized.cl", p, dtype,
+        local=(p["BN"] // p["TN"], p["BM"] // p["TM"]),
+        tile=(p["BM"], p["BN"]) if direct else (p["BN"], p["BM"]), dim0_is_row=direct,
+        vector_width=p["VW"], local_mem=_local_bytes(p, dtype.itemsize),
+    )
+
+
+SPEC = KernelSpec(
+    name="vectorized",
+    backend="opencl",
+    rung=6,
+    title="register2d with floatVW vector loads, accumulators and stores",
+    build=build,
+    params=(
+        Param("BM", 64, (4, 8, 16, 32, 64, 128), "rows of C per work-group"),
+        Param("BN", 64, (8, 16, 32, 64, 128), "columns of C per work-group"),
+        Param("BK", 16, (4, 8, 16, 32, 64, 128), "k per local-memory stage"),
+        Param("TM", 4, (1, 2, 4, 8, 16), "rows of C per work-item"),
+        Param("TN", 4, (1, 2, 4, 8, 16, 32), "columns of C per work-item (TN/VW vectors)"),
+        Param("VW", 4, (1, 2, 4, 8), "vector width in elements"),
+    ),
+    constraints=(
+        Constraint("TM <= BM", lambda p: p["TM"] <= p["BM"]),
+        Constraint("TN <= BN", lambda p: p["TN"] <= p["BN"]),
+        Constraint("TN % VW == 0", lambda p: p["TN"] % p["VW"] == 0),
+        Constraint("BK % VW == 0", lambda p: p["BK"] % p["VW"] == 0),
+    ),
+    threads=_threads,
+    smem=_local_bytes,
+    doc=__doc__,
+    # Measured on PoCL (AVX2 code, 2 cores): see docs/opencl.md.
+    extra={"device_defaults": {"cpu": {"BM": 8, "BN": 16, "BK": 8, "TM": 8, "TN": 16,
+                                       "VW": 8}}},
+)

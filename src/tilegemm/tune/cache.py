@@ -1,0 +1,171 @@
+"""The tuning cache: one JSON file of best parameters per device, dtype and shape bucket.
+
+Where: ``$TILEGEMM_CACHE_DIR/tune.json`` if that variable is set (tests point it at a
+temporary directory), else ``platformdirs.user_cache_dir("tilegemm")/tune.json``.
+
+Key: backend, device name, architecture (CUDA compute capability, CPU machine type),
+dtype, shape bucket (M, N, K each rounded up to a power of two), rung, and the tilegemm
+version that measured it. A lookup for a device falls back from the exact device to any
+device of the same architecture (an entry tuned on one H100 is a good guess for another);
+after that :mod:`tilegemm.tune.select` uses built-in defaults.
+
+A cache is a convenience, never a reason to fail: an unreadable or corrupt file, or one
+written by another tilegemm version, is ignored with a :class:`TuneCacheWarning`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+FILENAME = "tune.json"
+
+
+class TuneCacheWarning(UserWarning):
+    """The tuning cache could not be used (it is ignored, never fatal)."""
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    backend: str
+    name: str
+    arch: str  # "sm_90", "x86_64", ...; "" when unknown
+
+
+@dataclass
+class Entry:
+    backend: str
+    device: str
+    arch: str
+    dtype: str
+    bucket: list[int]  # [M, N, K] rounded up to powers of two
+    kernel: str
+    params: dict[str, int]
+    seconds: float
+    gflops: float
+    shape: list[int] = field(default_factory=list)  # the measured [M, N, K, batch]
+    version: str = ""
+    when: float = 0.0
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return (self.backend, self.device, self.arch, self.dtype, tuple(self.bucket),
+                self.kernel)
+
+
+def current_version() -> str:
+    from tilegemm import __version__
+
+    return __version__
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("TILEGEMM_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("tilegemm"))
+
+
+def cache_path() -> Path:
+    return cache_dir() / FILENAME
+
+
+def bucket(x: int) -> int:
+    """``x`` rounded up to a power of two (0 stays 0): 1000 → 1024, 4096 → 4096."""
+    return 0 if x <= 0 else 1 << (x - 1).bit_length()
+
+
+def shape_bucket(m: int, n: int, k: int) -> list[int]:
+    return [bucket(m), bucket(n), bucket(k)]
+
+
+def load(path: Path | None = None) -> list[Entry]:
+    """Current-version entries of the cache file; [] (with a warning) if it is unusable."""
+    path = path or cache_path()
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        warnings.warn(f"tuning cache {path} cannot be read ({exc}); ignoring it",
+                      TuneCacheWarning, stacklevel=2)
+        return []
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"not a format-{FORMAT} tilegemm tuning cache")
+        raw = data["entries"]
+        entries = [Entry(**e) for e in raw]
+        for e in entries:
+            if not (isinstance(e.params, dict) and len(e.bucket) == 3
+                    and isinstance(e.seconds, (int, float))):
+                raise ValueError(f"malformed entry {e}")
+    except (ValueError, KeyError, TypeError) as exc:
+        warnings.warn(f"tuning cache {path} is corrupt ({exc}); ignoring it "
+                      "(run 'tilegemm tune --clear' to remove it)", TuneCacheWarning,
+                      stacklevel=2)
+        return []
+    version = current_version()
+    stale = [e for e in entries if e.version != version]
+    if stale:
+        warnings.warn(f"tuning cache {path}: ignoring {len(stale)} entries measured by another "
+                      f"tilegemm version (this is {version}); re-run 'tilegemm tune'",
+                      TuneCacheWarning, stacklevel=2)
+    return [e for e in entries if e.version == version]
+
+
+def save(entries: list[Entry], path: Path | None = None) -> Path:
+    """Write atomically (a crash mid-write never leaves a half file)."""
+    path = path or cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"format": FORMAT, "entries": [asdict(e) for e in entries]}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tune-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(payload, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return path
+
+
+def record(entry: Entry, path: Path | None = None) -> Path:
+    """Add or replace the entry with the same key (keeps the other entries)."""
+    entry.version = entry.version or current_version()
+    entry.when = entry.when or time.time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TuneCacheWarning)  # a bad file is simply replaced
+        entries = [e for e in load(path) if e.key != entry.key]
+    entries.append(entry)
+    return save(entries, path)
+
+
+def clear(path: Path | None = None) -> bool:
+    path = path or cache_path()
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def lookup(entries: list[Entry], device: DeviceId, dtype: str, m: int, n: int, k: int,
+           kernel: str | None = None) -> Entry | None:
+    """Best entry for the shape's bucket: this exact device, else its architecture."""
+    want = shape_bucket(m, n, k)
+    same = [e for e in entries if e.backend == device.backend and e.dtype == dtype
+            and e.bucket == want and (kernel is None or e.kernel == kernel)]
+    tiers = (
+        [e for e in same if e.device == device.name and e.arch == device.arch],
+        [e for e in same if device.arch and e.arch == device.arch],
+    )
+    for tier in tiers:
+        if tier:
+            return max(tier, key=lambda e: e.gflops)
+    return None

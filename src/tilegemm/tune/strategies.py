@@ -1,0 +1,127 @@
+"""Search strategies: which candidates to try, and the loop that verifies and times them.
+
+Every candidate is run once and checked against the float64 reference *before* it is
+timed (llm.c's rule: a fast wrong kernel must never win), then timed with
+``Backend.prepare(...).elapsed(repeats)`` — device-side times, one per launch, operands
+resident on the device — and scored by the median. A candidate that fails to build, to
+launch or to verify is recorded with the reason and excluded; tuning goes on.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tilegemm.backends.base import Backend
+from tilegemm.problem import GemmProblem
+from tilegemm.reference import assert_close, random_operands
+from tilegemm.registry import KernelSpec
+from tilegemm.tune.space import Params, ResourceCheck
+
+STRATEGIES = ("exhaustive", "random")
+
+
+@dataclass
+class Trial:
+    params: Params
+    status: str  # "ok" | "wrong" | "rejected" | "error"
+    seconds: float | None = None  # median of the timed launches
+    times: list[float] = field(default_factory=list)
+    detail: str = ""
+
+
+@dataclass
+class TuneResult:
+    spec: KernelSpec
+    problem: GemmProblem
+    trials: list[Trial]
+
+    @property
+    def best(self) -> Trial | None:
+        ok = [t for t in self.trials if t.status == "ok" and t.seconds is not None]
+        return min(ok, key=lambda t: t.seconds) if ok else None
+
+    def gflops(self, trial: Trial) -> float:
+        return self.problem.flops / trial.seconds / 1e9 if trial.seconds else 0.0
+
+
+def order(candidates: Sequence[Params], strategy: str, seed: int = 0) -> list[Params]:
+    """The order candidates are tried in: as given, or a seeded shuffle (reproducible)."""
+    if strategy == "exhaustive":
+        return list(candidates)
+    if strategy == "random":
+        shuffled = list(candidates)
+        random.Random(seed).shuffle(shuffled)
+        return shuffled
+    raise ValueError(f"unknown strategy {strategy!r}; choices: {', '.join(STRATEGIES)}")
+
+
+def problem_for(m: int, n: int, k: int, dtype: np.dtype | str, batch: int = 0) -> GemmProblem:
+    return GemmProblem(m=m, n=n, k=k, dtype=np.dtype(dtype),
+                       batch_shape=(batch,) if batch else (),
+                       a_batch_shape=(batch,) if batch else (),
+                       b_batch_shape=(batch,) if batch else ())
+
+
+def tune(
+    backend: Backend, spec: KernelSpec, prob: GemmProblem, candidates: Sequence[Params], *,
+    strategy: str = "exhaustive", budget: int | None = None, seed: int = 0, repeats: int = 5,
+    resource_check: ResourceCheck | None = None,
+    progress: Callable[[Trial], None] | None = None,
+) -> TuneResult:
+    """Verify and time up to ``budget`` candidates (all if None) in ``strategy`` order.
+
+    The budget counts candidates handed to the backend; those rejected beforehand (device
+    limits, registers) cost nothing but are reported. ``progress`` is called after each.
+    """
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    if budget is not None and budget < 1:
+        raise ValueError("budget must be >= 1")
+    batch = prob.batch if prob.batch_shape else 1
+    a3, b3 = random_operands((batch, prob.m, prob.k), (batch, prob.k, prob.n), prob.dtype,
+                             seed=seed)
+    trials: list[Trial] = []
+    spent = 0
+    for params in order(candidates, strategy, seed):
+        if budget is not None and spent >= budget:
+            break
+        trial = _try(backend, spec, prob, params, a3, b3, repeats, resource_check)
+        if trial.status != "rejected":
+            spent += 1
+        trials.append(trial)
+        if progress is not None:
+            progress(trial)
+    return TuneResult(spec, prob, trials)
+
+
+def _try(backend: Backend, spec: KernelSpec, prob: GemmProblem, params: Params,
+         a3: np.ndarray, b3: np.ndarray, repeats: int,
+         resource_check: ResourceCheck | None) -> Trial:
+    try:
+        backend.check_limits(spec, params, prob.dtype)
+    except ValueError as exc:
+        return Trial(dict(params), "rejected", detail=str(exc))
+    if resource_check is not None:
+        why = resource_check(spec, params, prob.dtype)
+        if why:
+            return Trial(dict(params), "rejected", detail=why)
+    try:
+        prepared = backend.prepare(spec, params, prob, a3, b3)
+        prepared.launch()
+        result = prepared.fetch()
+    except NotImplementedError:
+        raise
+    except Exception as exc:  # a candidate that cannot build or launch loses, tuning goes on
+        return Trial(dict(params), "error", detail=f"{type(exc).__name__}: {exc}")
+    try:
+        assert_close(np.asarray(result).reshape(-1, prob.m, prob.n), a3, b3,
+                     what=f"{spec.name} {params}")
+    except AssertionError as exc:
+        return Trial(dict(params), "wrong", detail=str(exc).splitlines()[0])
+    times = [float(t) for t in prepared.elapsed(repeats)]
+    return Trial(dict(params), "ok", statistics.median(times), times)

@@ -1,0 +1,298 @@
+"""Benchmark sweeps end to end on the CPU (and PoCL when the OpenCL backend is usable):
+plans come from the registry, broken kernels show FAILED, files parse, the plot is a PNG.
+No speed is asserted anywhere."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tilegemm import registry
+from tilegemm.backends import get_backend
+from tilegemm.backends.base import Backend, BackendStatus, Prepared
+from tilegemm.bench import report
+from tilegemm.bench.results import Results
+from tilegemm.bench.sweeps import (
+    Case,
+    RunState,
+    Settings,
+    block_param,
+    plan,
+    run_bench,
+    run_plan,
+)
+from tilegemm.bench.timing import FAILED, OK, SKIPPED, Policy
+from tilegemm.cli import main
+from tilegemm.registry import Constraint, KernelSpec, Param
+
+TINY = Settings.quick(sizes=(8, 16), ladder_sizes=(16,), compile_size=16, r_size=16,
+                      policy=Policy(warmup=1, min_reps=2, max_reps=4, budget_s=0.01))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# Fake CPU rungs with the CPU program convention program(A3, B3, C3, alpha, beta).
+def _build_broken(p, dtype):  # type: ignore[no-untyped-def]
+    def program(A, B, C, alpha, beta):  # type: ignore[no-untyped-def]
+        C[:, :, :-1] = alpha * np.matmul(A, B)[:, :, :-1]  # never writes the last column
+    return program
+
+
+def _build_raising(p, dtype):  # type: ignore[no-untyped-def]
+    def program(A, B, C, alpha, beta):  # type: ignore[no-untyped-def]
+        raise IndexError("index 17 is out of bounds for axis 1 with size 16")
+    return program
+
+
+def _build_tiled(p, dtype):  # type: ignore[no-untyped-def]
+    def program(A, B, C, alpha, beta):  # type: ignore[no-untyped-def]
+        C[...] = alpha * np.matmul(A, B)
+    return program
+
+
+BROKEN = KernelSpec(name="broken_fake", backend="cpu", rung=90, title="skips the last column",
+                    build=_build_broken)
+RAISING = KernelSpec(name="raising_fake", backend="cpu", rung=91, title="raises",
+                     build=_build_raising)
+TILED = KernelSpec(name="tiled_fake", backend="cpu", rung=92, title="has TILE and R",
+                   build=_build_tiled,
+                   params=(Param("TILE", 16, (8, 16, 32)), Param("R", 4, (1, 2, 4, 8, 16, 32))),
+                   constraints=(Constraint("R <= TILE", lambda p: p["R"] <= p["TILE"]),))
+
+
+def _with_fakes(backend: str) -> list[KernelSpec]:
+    real = list(registry.specs_for(backend))
+    return real + [BROKEN, RAISING, TILED] if backend == "cpu" else real
+
+
+@pytest.fixture(scope="module")
+def cpu_results() -> Results:
+    """A tiny real CPU run of every report with the fakes added as registered rungs (so
+    tilegemm.matmul, which the harness uses without Backend.prepare, finds them by name)."""
+    with pytest.MonkeyPatch.context() as mp:
+        _register(mp)
+        return run_bench(["cpu"], TINY)
+
+
+def _register(mp: pytest.MonkeyPatch) -> None:
+    original = registry.all_specs
+    mp.setattr(registry, "all_specs", lambda: original() + (BROKEN, RAISING, TILED))
+
+
+def test_plan_reads_block_and_r_parameters_from_the_registry() -> None:
+    assert block_param(TILED) == "TILE" and block_param(BROKEN) is None
+    cases = plan(["cpu"], TINY, specs_for=_with_fakes)
+    sizes = [c for c in cases if c.report == "sizes" and c.spec is TILED]
+    assert sorted((c.m, dict(c.params)["TILE"]) for c in sizes) == [
+        (8, 8), (8, 16), (8, 32), (16, 8), (16, 16), (16, 32)]
+    rs = [dict(c.params)["R"] for c in cases if c.report == "rsweep" and c.spec is TILED]
+    assert rs == [1, 2, 4, 8, 16, 32]
+    assert [c.report for c in cases[:1]] == ["compile"]  # cold first calls come first
+    ladder = {c.spec.name for c in cases if c.report == "ladder" and c.spec}
+    assert {s.name for s in registry.specs_for("cpu")} <= ladder
+    assert any(c.report == "ladder" and c.spec is None for c in cases)  # the vendor
+
+
+def test_identical_cases_are_measured_once(cpu_results: Results) -> None:
+    keys = [(m.backend, m.kernel, tuple(m.params.items()), m.m, m.vendor)
+            for m in cpu_results.measurements]
+    assert len(keys) == len(set(keys))
+    shared = [m for m in cpu_results.measurements if "ladder" in m.reports and
+              "sizes" in m.reports]
+    assert shared, "ladder at 16³ and the size table at 16 share their cases"
+
+
+def test_broken_and_raising_kernels_are_failed_with_reasons(cpu_results: Results) -> None:
+    broken = [m for m in cpu_results.measurements if m.kernel == "broken_fake"]
+    raising = [m for m in cpu_results.measurements if m.kernel == "raising_fake"]
+    assert broken and raising
+    assert all(m.status == FAILED and m.gflops is None and not m.samples for m in broken)
+    assert all("wrong result" in m.reason for m in broken)
+    assert all("IndexError" in m.reason and "out of bounds" in m.reason for m in raising)
+    assert {m.status for m in cpu_results.failed} == {FAILED}
+
+
+def test_real_rungs_and_numpy_verify_and_have_samples(cpu_results: Results) -> None:
+    real = {s.name for s in registry.specs_for("cpu")}
+    ok = [m for m in cpu_results.measurements if m.kernel in real or m.vendor]
+    assert ok and all(m.status == OK and m.samples and m.first_s for m in ok)
+    assert any(m.vendor and m.kernel.startswith("NumPy") for m in ok)
+    # R > TILE violates the fake's constraint: listed as not run, with the constraint text.
+    bad_r = [m for m in cpu_results.measurements if m.kernel == "tiled_fake" and
+             m.params["R"] > m.params["TILE"]]
+    assert bad_r and all(m.status == SKIPPED and "R <= TILE" in m.reason for m in bad_r)
+
+
+def test_json_has_metadata_and_raw_samples(cpu_results: Results, tmp_path: Path) -> None:
+    data = json.loads(cpu_results.to_json())
+    meta = data["meta"]
+    for key in ("created", "git_commit", "host", "versions", "settings", "backends", "vendors"):
+        assert key in meta
+    assert meta["backends"]["cpu"]["device"] and meta["versions"]["numpy"]
+    assert meta["git_commit"] != ""
+    row = next(d for d in data["measurements"] if d["status"] == OK)
+    assert row["samples"] and row["stats"]["median"] > 0 and row["gflops"] > 0
+    again = Results.from_json(cpu_results.to_json())
+    assert [m.to_dict() for m in again.measurements] == data["measurements"]
+
+
+def test_markdown_tables_show_failed_never_a_speed(cpu_results: Results) -> None:
+    md = report.to_markdown(cpu_results)
+    for title in ("First call vs steady", "GFLOP/s by size and block size",
+                  "Outputs per thread", "Ladder"):
+        assert title in md
+    broken_rows = [line for line in md.splitlines() if line.startswith("| broken_fake")]
+    assert broken_rows and all(line.count(FAILED) >= 2 for line in broken_rows)
+    ladder_row = next(line for line in md.splitlines()
+                      if line.startswith("| 90 | broken_fake"))
+    cells = [c.strip() for c in ladder_row.split("|")[1:-1]]
+    assert cells[3] == FAILED and cells[6] == FAILED  # verified, GFLOP/s
+    assert cells[4] == cells[5] == cells[7] == "—"  # no time, no spread, no share
+    assert "FAILED broken_fake at 16³: wrong result" in md
+    for col in ("median ms", "IQR ms", "GFLOP/s", "% of NumPy"):
+        assert col in md
+
+
+def test_csv_has_one_row_per_measurement(cpu_results: Results) -> None:
+    rows = list(csv.DictReader(io.StringIO(report.to_csv(cpu_results))))
+    assert len(rows) == len(cpu_results.measurements)
+    assert set(report.CSV_FIELDS) <= set(rows[0])
+    assert {r["status"] for r in rows} >= {OK, FAILED}
+
+
+def test_plot_is_a_png(cpu_results: Results, tmp_path: Path) -> None:
+    from tilegemm.bench.plot import plot_sizes
+
+    out = plot_sizes(cpu_results, tmp_path / "sizes.png")
+    data = out.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 10_000
+
+
+def test_cli_renders_a_saved_file(cpu_results: Results, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(cpu_results.to_json())
+    assert main(["bench", "--from-json", str(path), "--format", "md"]) == 0
+    out = capsys.readouterr().out
+    assert "### Ladder" in out and "broken_fake" in out
+    assert main(["bench", "--from-json", str(tmp_path / "missing.json")]) == 2
+
+
+def test_cli_runs_writes_files_and_exits_0(tmp_path: Path) -> None:
+    out = tmp_path / "cpu.json"
+    rc = main(["bench", "--backend", "cpu", "--sizes", "8,16", "--ladder-sizes", "16",
+               "--compile-size", "8", "--reports", "sizes,ladder,compile", "--budget", "0.01",
+               "--min-reps", "1", "--warmup", "0", "--quiet", "--output", str(out),
+               "--plot", str(tmp_path / "cpu.png"), "--save", str(tmp_path / "saved")])
+    assert rc == 0
+    res = Results.load(out)
+    assert res.for_report("ladder", "cpu") and not res.failed
+    assert (tmp_path / "cpu.png").read_bytes()[:8] == PNG_MAGIC
+    saved = sorted(p.suffix for p in (tmp_path / "saved").iterdir())
+    assert saved == [".json", ".md", ".png"]
+
+
+def test_cli_exit_status_is_1_when_a_kernel_fails(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    _register(monkeypatch)
+    rc = main(["bench", "--backend", "cpu", "--reports", "ladder", "--ladder-sizes", "8",
+               "--budget", "0.01", "--quiet", "--output", str(tmp_path / "x.csv")])
+    assert rc == 1
+    assert "FAILED" in (tmp_path / "x.csv").read_text()
+
+
+def test_cli_rejects_bad_lists() -> None:
+    from tilegemm.commands.bench import _int_list
+
+    assert _int_list("8..64") == (8, 16, 32, 64)
+    assert _int_list("3,5") == (3, 5)
+    with pytest.raises(SystemExit):
+        main(["bench", "--sizes", "8..x"])
+    with pytest.raises(SystemExit):
+        main(["bench", "--reports", "sizes,nope"])
+
+
+def test_host_fallback_when_backend_cannot_prepare(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backends without prepare() are timed through tilegemm.matmul(out=...), still verified
+    first with a NaN-poisoned output (so the broken fake fails there too)."""
+    be = get_backend("cpu")
+
+    def no_prepare(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    monkeypatch.setattr(type(be), "prepare", no_prepare)
+    _register(monkeypatch)
+    specs = {"cpu": [registry.specs_for("cpu")[0], BROKEN]}
+    state = run_plan(plan(["cpu"], Settings.quick(reports=("ladder",), ladder_sizes=(9,)),
+                          specs_for=specs.__getitem__), TINY, state=RunState())
+    by = {m.kernel: m for m in state.measurements}
+    good = by[registry.specs_for("cpu")[0].name]
+    assert good.status == OK and "tilegemm.matmul" in good.method
+    assert by["broken_fake"].status == FAILED and "wrong result" in by["broken_fake"].reason
+
+
+class _OneGflopBackend(Backend):
+    """Correct results, fake timings of exactly 1 GFLOP/s (no real waiting)."""
+
+    name = "cpu"
+
+    def status(self) -> BackendStatus:
+        return BackendStatus("cpu", True, "fake")
+
+    def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]  # pragma: no cover
+        raise AssertionError
+
+    def prepare(self, spec, params, prob, a3, b3) -> Prepared:  # type: ignore[no-untyped-def]
+        out = np.matmul(a3, b3)
+        t = prob.flops / 1e9
+        return Prepared(lambda: None, lambda: out, lambda n: [t] * n)
+
+
+def test_cases_predicted_too_slow_are_skipped_not_run() -> None:
+    be = _OneGflopBackend()
+    settings = Settings.quick(reports=("sizes",), sizes=(64, 128, 1024, 2048),
+                              max_call_s=0.5, policy=Policy(warmup=0, min_reps=1, max_reps=2))
+    cases = [c for c in plan(["cpu"], settings, specs_for=lambda b: [TILED])
+             if c.spec is not None and dict(c.params)["TILE"] == 16]
+    state = run_plan(cases, settings, backend_of=lambda name: be)
+    status = {m.m: m.status for m in state.measurements}
+    assert status == {64: OK, 128: OK, 1024: SKIPPED, 2048: SKIPPED}
+    reason = next(m.reason for m in state.measurements if m.m == 1024)
+    assert "2.15 s per call" in reason and "--max-call-seconds" in reason
+
+
+def test_case_labels_and_keys() -> None:
+    c = Case("sizes", "cpu", 8, 8, 8, TILED, (("TILE", 8), ("R", 4)))
+    assert c.key == ("cpu", "cpu:tiled_fake", (("TILE", 8), ("R", 4)), 8, 8, 8)
+    assert "TILE=8 R=4" in c.label and c.flops == 1024
+
+
+@pytest.mark.opencl
+def test_tiny_sweep_on_opencl() -> None:
+    res = run_bench(["opencl"], Settings.quick(sizes=(8, 16), ladder_sizes=(16,),
+                                               compile_size=16, r_size=16, policy=TINY.policy))
+    assert res.for_report("ladder", "opencl")
+    assert not res.failed, [f"{m.variant}: {m.reason}" for m in res.failed]
+    assert "Ladder — opencl" in report.to_markdown(res)
+
+
+def test_environment_slugs_and_commit(tmp_path: Path) -> None:
+    from tilegemm.bench.environment import git_commit, slug
+
+    assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert slug("Intel(R) Xeon(R) Platinum 8480+ CPU @ 2.00GHz") == "intel-xeon-platinum-8480"
+    assert git_commit(tmp_path) == "unknown"  # not a repository
+
+
+def test_results_file_names_follow_the_device(cpu_results: Results) -> None:
+    stem = cpu_results.default_stem()
+    assert stem.startswith("cpu-") and stem.endswith(cpu_results.meta["created"][:10])
+    gpu = Results({"created": "2030-01-02T00:00:00", "backends": {
+        "cuda": {"device": "NVIDIA H200"}}}, [m for m in cpu_results.measurements[:1]])
+    gpu.measurements[0] = type(gpu.measurements[0]).from_dict(
+        {**gpu.measurements[0].to_dict(), "backend": "cuda"})
+    assert gpu.default_stem() == "nvidia-h200-2030-01-02"

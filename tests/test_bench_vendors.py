@@ -1,0 +1,194 @@
+"""Vendor references: NumPy for real; cuBLAS-through-CuPy/PyTorch and CLBlast through
+stand-in modules (this machine has no GPU or CLBlast), so the glue is exercised: events,
+verification, FP32 settings recorded."""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from tilegemm.backends.base import Backend, BackendStatus
+from tilegemm.bench import vendors
+from tilegemm.bench.timing import FAILED, OK, Policy
+from tilegemm.problem import GemmProblem
+from tilegemm.reference import random_operands
+
+POLICY = Policy(warmup=1, min_reps=2, max_reps=4, budget_s=0.01)
+
+
+def _problem(m: int = 12, n: int = 7, k: int = 9):  # type: ignore[no-untyped-def]
+    prob = GemmProblem(m=m, n=n, k=k, dtype=np.dtype(np.float32), batch_shape=(1,))
+    a3, b3 = random_operands((1, m, k), (1, k, n), np.float32)
+    return prob, a3, b3
+
+
+class _GpuBackend(Backend):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def status(self) -> BackendStatus:
+        return BackendStatus(self.name, True, "fake", ("Fake GPU",), accelerated=True)
+
+    def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]  # pragma: no cover
+        raise AssertionError
+
+
+class _Event:
+    clock = 0.0
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        self.t = 0.0
+
+    def record(self) -> None:
+        _Event.clock += 0.001
+        self.t = _Event.clock
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _Event) -> float:  # torch style, milliseconds
+        return (end.t - self.t) * 1e3
+
+
+def _fake_cupy(wrong: bool = False) -> types.ModuleType:
+    cp = types.ModuleType("cupy")
+    cp.__version__ = "0.fake"
+    cp.asarray = np.asarray
+    cp.empty = np.empty
+    cp.asnumpy = np.array
+
+    def matmul(a, b, out):  # type: ignore[no-untyped-def]
+        np.matmul(a, b, out=out)
+        if wrong:
+            out += 1
+
+    cp.matmul = matmul
+    cp.cuda = types.SimpleNamespace(
+        Event=_Event, get_elapsed_time=lambda s, e: s.elapsed_time(e),
+        Device=lambda: types.SimpleNamespace(synchronize=lambda: None))
+    return cp
+
+
+def test_numpy_reference_is_verified_and_timed() -> None:
+    prob, a3, b3 = _problem()
+    v = vendors.numpy_vendor()
+    m = vendors.measure_vendor(v, "cpu", prob, a3, b3, POLICY)
+    assert m.status == OK and m.vendor and m.samples and m.kernel.startswith("NumPy")
+    assert "numpy" in v.note
+
+
+class _Importable(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Makes ``import <fake.__name__>`` return the fake module (a first import)."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self.module = module
+
+    def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+        if name != self.module.__name__:
+            return None
+        return importlib.util.spec_from_loader(name, self)
+
+    def create_module(self, spec):  # type: ignore[no-untyped-def]
+        return self.module
+
+    def exec_module(self, module) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+
+def test_cublas_through_cupy_forces_fp32(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_Importable(_fake_cupy()), *sys.meta_path])
+    monkeypatch.setenv("CUPY_TF32", "1")
+    v = vendors._cupy_vendor()  # sets CUPY_TF32=0, then imports cupy
+    assert os.environ["CUPY_TF32"] == "0" and "no TF32" in v.note
+    prob, a3, b3 = _problem()
+    m = vendors.measure_vendor(v, "cuda", prob, a3, b3, POLICY)
+    assert m.status == OK and m.method == "CUDA events"
+    assert all(t == pytest.approx(1e-3) for t in m.samples)
+
+
+def test_cupy_imported_earlier_with_tf32_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    monkeypatch.setenv("CUPY_TF32", "1")
+    assert "TF32 may be used" in vendors._cupy_vendor().note
+
+
+def test_a_wrong_vendor_result_is_failed_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy(wrong=True))
+    prob, a3, b3 = _problem()
+    m = vendors.measure_vendor(vendors._cupy_vendor(), "cuda", prob, a3, b3, POLICY)
+    assert m.status == FAILED and "wrong result" in m.reason
+
+
+def test_cublas_through_torch_disables_tf32(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tensor(np.ndarray):
+        def cuda(self):  # type: ignore[no-untyped-def]
+            return self
+
+        def cpu(self):  # type: ignore[no-untyped-def]
+            return self
+
+        def numpy(self):  # type: ignore[no-untyped-def]
+            return np.asarray(self)
+
+        @property
+        def device(self):  # type: ignore[no-untyped-def]
+            return "cuda:0"
+
+    torch = types.ModuleType("torch")
+    torch.__version__ = "0.fake"
+    torch.from_numpy = lambda a: np.asarray(a).view(Tensor)
+    torch.empty = lambda shape, dtype, device: np.empty(shape, dtype).view(Tensor)
+    torch.matmul = lambda a, b, out: np.matmul(a, b, out=out)
+    flags = types.SimpleNamespace(allow_tf32=True)
+    torch.backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=flags),
+                                           cudnn=types.SimpleNamespace(allow_tf32=True))
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True, Event=_Event,
+                                       synchronize=lambda: None)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    v = vendors._torch_vendor()
+    assert flags.allow_tf32 is False and "no TF32" in v.note
+    prob, a3, b3 = _problem()
+    m = vendors.measure_vendor(v, "cuda", prob, a3, b3, POLICY)
+    assert m.status == OK and m.samples
+
+
+def test_no_vendor_is_a_note_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import fails
+    monkeypatch.setitem(sys.modules, "torch", None)
+    v, note = vendors.find_vendor(_GpuBackend("cuda"))
+    assert v is None and note.startswith("no vendor library found")
+
+
+def _pocl_usable() -> bool:
+    try:
+        import pyopencl as cl
+
+        return any(p.get_devices() for p in cl.get_platforms())
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _pocl_usable(), reason="no OpenCL device (PoCL) for pyopencl")
+def test_clblast_glue_on_a_real_opencl_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyclblast stand-in that computes on the host; the queue, arrays and profiling
+    fallback are real pyopencl on PoCL."""
+    calls = []
+
+    def gemm(queue, m, n, k, a, b, c, a_ld, b_ld, c_ld):  # type: ignore[no-untyped-def]
+        calls.append((m, n, k, a_ld, b_ld, c_ld))
+        c.set(np.matmul(a.get(), b.get()).astype(c.dtype))
+        return None  # no event: the host-clock fallback is used
+
+    monkeypatch.setitem(sys.modules, "pyclblast", types.SimpleNamespace(gemm=gemm,
+                                                                       __version__="0.fake"))
+    v = vendors._clblast_vendor(_GpuBackend("opencl"))
+    prob, a3, b3 = _problem()
+    m = vendors.measure_vendor(v, "opencl", prob, a3, b3, POLICY)
+    assert m.status == OK and m.samples and calls[0] == (12, 7, 9, 9, 7, 7)

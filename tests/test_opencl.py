@@ -1,0 +1,377 @@
+"""The OpenCL backend and every OpenCL rung, on whatever OpenCL device is here (PoCL is enough).
+
+Each rung is checked against float64 NumPy over the hostile shapes, batches (full,
+shared and partially broadcast), 1-D operands, alpha/beta, empty dimensions, and pyopencl
+arrays in and out; outputs are NaN-poisoned before every launch (conftest sets
+TILEGEMM_POISON=1). PoCL compiles each program variant (seconds), so every test reuses
+the default parameters except one alternative set per rung.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegemm
+from conftest import HOSTILE_SHAPES
+from tilegemm import registry
+from tilegemm.backends import get_backend
+from tilegemm.reference import assert_close, random_operands
+from tilegemm.registry import KernelSpec
+
+pytestmark = pytest.mark.opencl
+
+SPECS = registry.specs_for("opencl")
+IDS = [s.name for s in SPECS]
+
+# One alternative parameter set per rung: another work-group shape or path through the
+# kernel (non-square tiles for register2d; the local-memory stage of vectorized, whose CPU
+# default reads global memory directly). A rung not listed here is run at its defaults.
+ALTERNATIVE = {
+    "naive": {"BLOCK": 8},
+    "coalesced": {"BLOCK": 8},
+    "shared": {"TILE": 8},
+    "register1d": {"TILE": 16, "R": 4},
+    "register2d": {"BM": 16, "BN": 32, "BK": 8, "TM": 4, "TN": 2},
+    "vectorized": {"BM": 16, "BN": 32, "BK": 8, "TM": 2, "TN": 8, "VW": 4},
+}
+
+
+def _mm(a, b, spec: KernelSpec, **kw):
+    return tilegemm.matmul(a, b, backend="opencl", kernel=spec.name, **kw)
+
+
+def _cl():
+    import pyopencl as cl
+    import pyopencl.array as cla
+
+    return cl, cla
+
+
+@pytest.fixture(scope="module")
+def queue():
+    """A queue in the backend's own context on the default device."""
+    return get_backend("opencl").own_device().queue
+
+
+# -- every rung, every shape ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_hostile_shapes(spec: KernelSpec, dtype: str) -> None:
+    for m, n, k in HOSTILE_SHAPES:
+        a, b = random_operands((m, k), (k, n), dtype)
+        c = _mm(a, b, spec)
+        assert isinstance(c, np.ndarray) and c.dtype == np.dtype(dtype)
+        assert_close(c, a, b, what=f"{spec.name} {dtype} {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_alternative_parameters(spec: KernelSpec) -> None:
+    """The alternative set, and every per-device-type default set (so a GPU machine still
+    runs the CPU defaults' code path, and the other way round)."""
+    sets = [ALTERNATIVE.get(spec.name, {}), spec.defaults(),
+            *spec.extra.get("device_defaults", {}).values()]
+    for params in sets:
+        for m, n, k in [(1, 1, 1), (7, 13, 5), (33, 17, 65), (37, 70, 19), (64, 64, 64)]:
+            a, b = random_operands((m, k), (k, n), "float32")
+            assert_close(_mm(a, b, spec, **params), a, b,
+                         what=f"{spec.name} {params} {m}x{n}x{k}")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_batches_and_broadcast(spec: KernelSpec) -> None:
+    cases = [
+        ((3, 9, 17), (3, 17, 5)),     # full batch
+        ((4, 9, 17), (17, 5)),        # one B shared by the batch
+        ((9, 17), (2, 17, 5)),        # one A shared by the batch
+        ((2, 1, 9, 6), (1, 3, 6, 7)),  # partial broadcast on both sides
+    ]
+    for sa, sb in cases:
+        a, b = random_operands(sa, sb, "float32")
+        assert_close(_mm(a, b, spec), a, b, what=f"{spec.name} {sa} @ {sb}")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_one_dimensional_operands(spec: KernelSpec) -> None:
+    for sa, sb in [((17,), (17, 5)), ((9, 17), (17,)), ((17,), (17,)), ((3, 9, 17), (17,))]:
+        a, b = random_operands(sa, sb, "float32")
+        c = _mm(a, b, spec)
+        assert c.shape == np.matmul(a, b).shape
+        assert_close(c, a, b, what=f"{spec.name} {sa} @ {sb}")
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s.supports("int32")],
+                         ids=[s.name for s in SPECS if s.supports("int32")])
+def test_int32_exact(spec: KernelSpec) -> None:
+    for m, n, k in [(1, 1, 1), (7, 13, 5), (33, 17, 65)]:
+        a, b = random_operands((m, k), (k, n), "int32")
+        c = _mm(a, b, spec)
+        assert c.dtype == np.int32
+        np.testing.assert_array_equal(c, a.astype(np.int64) @ b)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_gemm_alpha_beta(spec: KernelSpec) -> None:
+    a, b = random_operands((2, 9, 13), (2, 13, 11), "float32")
+    c0 = random_operands((2, 9, 11), (1,), "float32")[0]
+    for alpha, beta in [(2.5, 0.0), (-1.0, 0.5), (0.0, 2.0)]:
+        got = tilegemm.gemm(a, b, c0, alpha=alpha, beta=beta, backend="opencl", kernel=spec.name)
+        assert_close(got, a, b, alpha=alpha, beta=beta, c=c0,
+                     what=f"{spec.name} alpha={alpha} beta={beta}")
+    # c broadcast from a row, and transposed operands
+    row = random_operands((11,), (1,), "float32")[0]
+    at, bt = np.swapaxes(a, -1, -2).copy(), np.swapaxes(b, -1, -2).copy()
+    got = tilegemm.gemm(at, bt, row, alpha=1.5, beta=-2.0, trans_a=True, trans_b=True,
+                        backend="opencl", kernel=spec.name)
+    assert_close(got, at, bt, alpha=1.5, beta=-2.0, c=row, trans_a=True, trans_b=True,
+                 what=f"{spec.name} transposed")
+    # out=c updates c in place
+    c = c0.copy()
+    res = tilegemm.gemm(a, b, c, alpha=1.0, beta=1.0, out=c, backend="opencl", kernel=spec.name)
+    assert res is c
+    assert_close(c, a, b, beta=1.0, c=c0, what=f"{spec.name} in place")
+
+
+def test_beta_zero_never_reads_c() -> None:
+    """With beta == 0, NaN in C must not reach the result (0 * NaN is NaN)."""
+    a, b = random_operands((9, 13), (13, 11), "float32")
+    c = np.full((9, 11), np.nan, dtype=np.float32)
+    for spec in SPECS:
+        got = tilegemm.gemm(a, b, c, beta=0.0, backend="opencl", kernel=spec.name)
+        assert_close(got, a, b, what=spec.name)
+
+
+def test_empty_dimensions() -> None:
+    spec = SPECS[-1]
+    for sa, sb in [((0, 5), (5, 3)), ((4, 5), (5, 0)), ((0, 4, 5), (5, 3))]:
+        a, b = random_operands(sa, sb, "float32")
+        c = _mm(a, b, spec)
+        assert c.shape == np.matmul(a, b).shape and c.size == 0
+    a, b = np.ones((4, 0), np.float32), np.ones((0, 3), np.float32)
+    for s in SPECS:
+        np.testing.assert_array_equal(_mm(a, b, s), np.zeros((4, 3), np.float32))
+        c0 = np.arange(12, dtype=np.float32).reshape(4, 3)
+        got = tilegemm.gemm(a, b, c0, beta=2.0, backend="opencl", kernel=s.name)
+        np.testing.assert_array_equal(got, 2 * c0)
+
+
+def test_poison_fills_unwritten_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check behind every other test: a launch that writes nothing leaves NaN/sentinel."""
+    from tilegemm.backends import opencl
+    from tilegemm.backends.base import poison_value
+
+    monkeypatch.setattr(opencl.OpenCLBackend, "_launch", staticmethod(lambda *a, **k: None))
+    a, b = random_operands((5, 7), (7, 3), "float32")
+    assert np.isnan(_mm(a, b, SPECS[0])).all()
+    ai, bi = random_operands((5, 7), (7, 3), "int32")
+    assert (_mm(ai, bi, SPECS[0]) == poison_value(np.int32)).all()
+
+
+# -- pyopencl arrays stay on the device ----------------------------------------------------------
+
+
+def test_pyopencl_in_pyopencl_out(queue) -> None:
+    cl, cla = _cl()
+    a, b = random_operands((3, 21, 19), (19, 10), "float32")
+    da, db = cla.to_device(queue, a), cla.to_device(queue, b)
+    for spec in SPECS:
+        dc = _mm(da, db, spec)
+        assert isinstance(dc, cla.Array) and dc.context == queue.context
+        assert dc.shape == (3, 21, 10)
+        assert_close(dc.get(), a, b, what=f"{spec.name} device")
+
+
+def test_pyopencl_views_and_out(queue) -> None:
+    """Offsets, transposed views and partial broadcasts are handled on the device."""
+    _, cla = _cl()
+    spec = SPECS[-1]
+    big = random_operands((40, 30), (1,), "float32")[0]
+    dbig = cla.to_device(queue, big)
+    a, da = big[5:14], dbig[5:14]  # a row slice: non-zero offset, contiguous
+    b = random_operands((30, 12), (1,), "float32")[0]
+    db = cla.to_device(queue, b)
+    assert_close(_mm(da, db, spec).get(), a, b, what="offset view")
+    # transposed device operand (a strided view) via gemm
+    bt = np.ascontiguousarray(b.T)
+    got = tilegemm.gemm(da, cla.to_device(queue, bt), trans_b=True, backend="opencl",
+                        kernel=spec.name)
+    assert_close(got.get(), a, bt, trans_b=True, what="trans_b on device")
+    got = _mm(da, cla.to_device(queue, bt).T, spec)
+    assert_close(got.get(), a, b, what=".T view on device")
+    # partial broadcast of device operands
+    x, y = random_operands((2, 1, 5, 6), (1, 3, 6, 4), "float32")
+    got = _mm(cla.to_device(queue, x), cla.to_device(queue, y), spec)
+    assert_close(got.get(), x, y, what="device broadcast")
+    # mixed host/device operands, out= on the device, device c with beta
+    out = cla.empty(queue, (9, 12), np.float32)
+    res = tilegemm.matmul(a, db, out=out, backend="opencl", kernel=spec.name)
+    assert res is out
+    assert_close(out.get(), a, b, what="device out")
+    c0 = random_operands((9, 12), (1,), "float32")[0]
+    dc0 = cla.to_device(queue, c0)
+    res = tilegemm.gemm(da, db, dc0, alpha=0.5, beta=3.0, out=dc0, backend="opencl",
+                        kernel=spec.name)
+    assert res is dc0
+    assert_close(dc0.get(), a, b, alpha=0.5, beta=3.0, c=c0, what="device c in place")
+    # out aliasing an input: computed into a temporary, then copied
+    sq = random_operands((16, 16), (1,), "float32")[0]
+    dsq = cla.to_device(queue, sq)
+    tilegemm.matmul(dsq, dsq, out=dsq, backend="opencl", kernel=spec.name)
+    assert_close(dsq.get(), sq, sq, what="out aliases a and b")
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_misaligned_device_offsets(spec: KernelSpec, queue) -> None:
+    """Operands and out starting one element into a buffer: row lengths are multiples of 8,
+    so only the offset decides whether a vector access would be misaligned."""
+    _, cla = _cl()
+    m, n, k = 19, 24, 40
+    a, b = random_operands((m, k), (k, n), "float32")
+
+    def shifted(x: np.ndarray):
+        flat = cla.to_device(queue, np.concatenate([[np.float32(7)], x.ravel()]))
+        return flat[1:].reshape(x.shape)
+
+    for params in ({}, ALTERNATIVE.get(spec.name, {})):
+        out = shifted(np.full((m, n), np.nan, np.float32))
+        tilegemm.matmul(shifted(a), shifted(b), out=out, backend="opencl", kernel=spec.name,
+                        **params)
+        assert_close(out.get(), a, b, what=f"{spec.name} {params} offset by one")
+
+
+def test_auto_uses_opencl_for_device_arrays(queue) -> None:
+    _, cla = _cl()
+    a, b = random_operands((6, 5), (5, 4), "float64")
+    got = tilegemm.matmul(cla.to_device(queue, a), cla.to_device(queue, b))
+    assert isinstance(got, cla.Array)
+    assert_close(got.get(), a, b)
+
+
+# -- device choice and checks before launch --------------------------------------------------------
+
+
+def test_status_and_device_listing() -> None:
+    from tilegemm.backends import opencl
+
+    be = get_backend("opencl")
+    st = be.status()
+    assert st.usable and len(st.devices) == len(opencl.all_devices())
+    default = opencl.all_devices()[opencl.default_device_index()]
+    assert st.accelerated == (opencl.device_kind(default) == "gpu")
+    if not st.accelerated:  # PoCL on the CPU must never beat the CPU backend to "auto"
+        a, b = random_operands((4, 4), (4, 4), "float32")
+        from tilegemm.api import choose_backend
+        from tilegemm.problem import describe
+
+        assert choose_backend("auto", [describe(a, "a"), describe(b, "b")]).name != "opencl"
+    table = be.describe_devices()
+    assert table.row_count == len(opencl.all_devices())
+
+
+def test_pyopencl_ctx_is_respected(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilegemm.backends import opencl
+
+    last = len(opencl.all_devices()) - 1
+    platform = opencl.all_devices()[last].platform
+    p_index = [p.int_ptr for p in _cl()[0].get_platforms()].index(platform.int_ptr)
+    d_index = [d.int_ptr for d in platform.get_devices()].index(opencl.all_devices()[last].int_ptr)
+    monkeypatch.setenv("PYOPENCL_CTX", f"{p_index}:{d_index}")
+    assert opencl.default_device_index.__wrapped__() == last
+
+
+def test_explicit_device_index() -> None:
+    a, b = random_operands((7, 5), (5, 3), "float32")
+    assert_close(tilegemm.matmul(a, b, backend="opencl", device=0), a, b)
+    n = len(get_backend("opencl").status().devices)
+    for bad in (n, -1, "0"):
+        with pytest.raises(ValueError, match="unknown OpenCL device"):
+            tilegemm.matmul(a, b, backend="opencl", device=bad)
+    with pytest.raises(ValueError, match="device= chooses an OpenCL device"):
+        tilegemm.matmul(a, b, backend="cpu", device=0)
+
+
+def test_work_group_limit_is_checked() -> None:
+    from tilegemm.backends import opencl
+
+    limit = opencl.all_devices()[opencl.default_device_index()].max_work_group_size
+    a, b = random_operands((7, 5), (5, 3), "float32")
+    params = {"BM": 128, "BN": 128, "TM": 1, "TN": 1}  # 16384 work-items
+    assert limit < 128 * 128
+    out = np.full((7, 3), 42.0, np.float32)
+    with pytest.raises(ValueError, match="max_work_group_size"):
+        tilegemm.matmul(a, b, out=out, backend="opencl", kernel="register2d", **params)
+    assert (out == 42.0).all()
+
+
+class _Limited:
+    """A real device with some limits (or extensions) replaced, to test the checks."""
+
+    def __init__(self, device, **override):
+        self._device, self._override = device, override
+
+    def __getattr__(self, name):
+        return self._override.get(name, getattr(self._device, name))
+
+
+def test_local_memory_and_fp64_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilegemm.backends import opencl
+
+    real = opencl.all_devices()
+    index = opencl.default_device_index()
+    small = list(real)
+    small[index] = _Limited(real[index], local_mem_size=4096, double_fp_config=0,
+                            extensions="cl_khr_byte_addressable_store")
+    monkeypatch.setattr(opencl, "all_devices", lambda: tuple(small))
+    a, b = random_operands((7, 5), (5, 3), "float32")
+    out = np.full((7, 3), 42.0, np.float32)
+    with pytest.raises(ValueError, match="local_mem_size=4096"):
+        tilegemm.matmul(a, b, out=out, backend="opencl", kernel="shared", TILE=32)
+    assert (out == 42.0).all()
+    a64, b64 = random_operands((7, 5), (5, 3), "float64")
+    with pytest.raises(TypeError, match="lacks cl_khr_fp64"):
+        tilegemm.matmul(a64, b64, backend="opencl", kernel="naive")
+
+
+def test_arrays_from_another_context(queue) -> None:
+    cl, cla = _cl()
+    other = cl.CommandQueue(cl.Context([queue.device]))
+    a, b = random_operands((7, 5), (5, 3), "float32")
+    da, db = cla.to_device(queue, a), cla.to_device(other, b)
+    with pytest.raises(ValueError, match="different OpenCL contexts"):
+        tilegemm.matmul(da, db, backend="opencl")
+    out = cla.empty(other, (7, 3), np.float32)
+    with pytest.raises(ValueError, match="different OpenCL contexts"):
+        tilegemm.matmul(da, cla.to_device(queue, b), out=out, backend="opencl")
+
+
+def test_build_failure_carries_the_compiler_log() -> None:
+    be = get_backend("opencl")
+    program = SPECS[0].program(SPECS[0].defaults(), np.dtype("float32"))
+    with pytest.raises(RuntimeError, match="(?s)OpenCL build of naive failed.*error"):
+        be.kernel(be.own_device(), program, source="kernel void gemm() { this is not C }")
+
+
+def test_prepare_times_with_profiling_events() -> None:
+    from tilegemm.problem import describe, make_problem
+
+    be = get_backend("opencl")
+    spec = SPECS[-1]
+    a, b = random_operands((2, 33, 17), (2, 17, 40), "float32")
+    prob = make_problem(describe(a, "a"), describe(b, "b"))
+    prepared = be.prepare(spec, be.resolve(spec, {}), prob, a, b)
+    times = prepared.elapsed(3)
+    assert len(times) == 3 and all(t > 0 for t in times)
+    prepared.launch()
+    assert_close(prepared.fetch(), a, b, what="prepared")
+
+
+def test_info_lists_opencl_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    from tilegemm.backends import opencl
+    from tilegemm.cli import main
+
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "OpenCL devices" in out
+    assert opencl.all_devices()[0].name.strip()[:10] in out

@@ -1,0 +1,298 @@
+"""The autotuner without a GPU: strategies with a fake backend and timer, the cache's
+round trip and failure modes, and kernel="auto" consulting it."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+
+from tilegemm import registry
+from tilegemm.backends.base import Backend, BackendStatus, Prepared
+from tilegemm.registry import Constraint, KernelSpec, Param
+from tilegemm.tune import cache, select, space, strategies
+from tilegemm.tune.cache import DeviceId, Entry, TuneCacheWarning
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN001, ANN202
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path / "cache"))
+    select._memo.clear()
+    yield
+    select._memo.clear()
+
+
+# --- a fake rung and backend: time = f(params), some candidates compute wrong results ----
+
+FAKE = KernelSpec(
+    name="fake", backend="cpu", rung=99, title="fake", build=lambda p, d: None,
+    params=(Param("X", 2, (1, 2, 4, 8, 16)), Param("Y", 1, (1, 2, 3))),
+    constraints=(Constraint("X*Y <= 32", lambda p: p["X"] * p["Y"] <= 32),),
+    threads=lambda p: p["X"] * 64, smem=lambda p, itemsize: p["Y"] * 1024 * itemsize,
+)
+
+
+class FakeBackend(Backend):
+    """Times are a function of the parameters; (X=8, Y=2) would be fastest but computes a
+    WRONG result; every candidate's last timed launch is a 100 s outlier, so only the
+    median can pick the right winner."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.prepared: list[dict[str, int]] = []
+
+    def status(self) -> BackendStatus:
+        return BackendStatus("cpu", True, "fake", ("fake cpu",))
+
+    def run(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+        raise AssertionError("the tuner must use prepare()")
+
+    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype) -> None:  # noqa: ANN001
+        if spec.threads(params) > 512:
+            raise ValueError("too many threads")
+
+    def prepare(self, spec, params, prob, a3, b3) -> Prepared:  # noqa: ANN001
+        self.prepared.append(dict(params))
+        x, y = params["X"], params["Y"]
+        good = np.matmul(a3.astype(np.float64), b3).astype(prob.dtype)
+        wrong = (x, y) == (8, 2)
+        base = 1.0 / (x * y) + 0.01 * y
+
+        def fetch() -> np.ndarray:
+            return good + 1.0 if wrong else good
+
+        def elapsed(n: int) -> list[float]:
+            return [base * (1 + 0.001 * i) for i in range(n - 1)] + [100.0]  # one outlier
+
+        return Prepared(launch=lambda: None, fetch=fetch, elapsed=elapsed)
+
+
+class FakeGpu(FakeBackend):
+    name = "cuda"
+
+    def status(self) -> BackendStatus:
+        return BackendStatus("cuda", True, "fake", ("NVIDIA H100 80GB HBM3 (sm_90)",),
+                             accelerated=True)
+
+    def check_limits(self, spec, params, dtype) -> None:  # noqa: ANN001
+        from tilegemm.backends.cuda import CudaBackend
+
+        CudaBackend.check_limits(self, spec, params, dtype)  # type: ignore[arg-type]
+
+
+def _prob() -> strategies.GemmProblem:
+    return strategies.problem_for(5, 7, 3, "float32")
+
+
+def test_space_prunes_with_constraints_and_limits() -> None:
+    limits = space.Limits(max_threads=512, max_smem=2 * 1024 * 4)
+    cands = space.candidates(FAKE, "float32", limits)
+    assert cands and all(p["X"] * p["Y"] <= 32 for p in cands)  # the rung's constraint
+    assert all(p["X"] * 64 <= 512 and p["Y"] <= 2 for p in cands)  # device limits
+    assert {"X": 8, "Y": 2} in cands and {"X": 16, "Y": 1} not in cands
+
+
+def test_register_rule() -> None:
+    lim = space.CUDA_LIMITS
+    assert space.register_verdict(128, 0, 256, lim) is None
+    assert "spills" in space.register_verdict(128, 8, 256, lim)
+    assert "65536" in space.register_verdict(168, 0, 512, lim)
+
+
+def test_exhaustive_picks_fastest_verified_candidate() -> None:
+    be = FakeBackend()
+    cands = space.candidates(FAKE, "float32", space.Limits(max_threads=10**6))
+    result = strategies.tune(be, FAKE, _prob(), cands, repeats=5)
+    wrong = [t for t in result.trials if t.status == "wrong"]
+    assert [t.params for t in wrong] == [{"X": 8, "Y": 2}]  # caught before timing
+    assert wrong[0].seconds is None
+    rejected = {tuple(t.params.values()) for t in result.trials if t.status == "rejected"}
+    assert rejected == {(16, 1), (16, 2)}  # backend.check_limits: > 512 threads
+    ok = [t for t in result.trials if t.status == "ok"]
+    expect = min(ok, key=lambda t: 1.0 / (t.params["X"] * t.params["Y"]) + 0.01 * t.params["Y"])
+    assert result.best is expect and result.best.params == {"X": 8, "Y": 3}
+    assert result.best.seconds < 1.0  # the median, not the 100 s outlier
+
+
+def test_budget_counts_candidates_that_reach_the_backend() -> None:
+    be = FakeBackend()
+    cands = space.candidates(FAKE, "float32", space.Limits(max_threads=10**6))
+    result = strategies.tune(be, FAKE, _prob(), cands, strategy="random", budget=4, seed=3)
+    assert len(be.prepared) == 4
+    assert sum(t.status != "rejected" for t in result.trials) == 4
+
+
+def test_random_is_reproducible_per_seed() -> None:
+    cands = space.candidates(FAKE, "float32", space.Limits(max_threads=10**6))
+    a = strategies.order(cands, "random", seed=7)
+    assert a == strategies.order(cands, "random", seed=7)
+    assert sorted(map(str, a)) == sorted(map(str, cands))
+    assert any(strategies.order(cands, "random", seed=s) != a for s in range(8, 12))
+    with pytest.raises(ValueError, match="strategy"):
+        strategies.order(cands, "annealing")
+
+
+def test_failing_candidates_are_recorded_not_fatal() -> None:
+    class Broken(FakeBackend):
+        def prepare(self, spec, params, prob, a3, b3) -> Prepared:  # noqa: ANN001
+            if params["X"] == 1:
+                raise RuntimeError("launch failed")
+            return super().prepare(spec, params, prob, a3, b3)
+
+    result = strategies.tune(Broken(), FAKE, _prob(), [{"X": 1, "Y": 1}, {"X": 2, "Y": 1}])
+    assert [t.status for t in result.trials] == ["error", "ok"]
+    assert "launch failed" in result.trials[0].detail
+    assert result.best.params == {"X": 2, "Y": 1}
+
+
+# --- cache ------------------------------------------------------------------------------
+
+def _entry(**kw) -> Entry:  # noqa: ANN003
+    base = dict(backend="cuda", device="NVIDIA H100", arch="sm_90", dtype="float32",
+                bucket=cache.shape_bucket(4096, 4096, 4096), kernel="pipelined",
+                params={"BM": 128}, seconds=0.01, gflops=13000.0)
+    base.update(kw)
+    return Entry(**base)
+
+
+def test_bucket() -> None:
+    assert [cache.bucket(x) for x in (0, 1, 2, 3, 1000, 1024, 1025, 4097)] == [
+        0, 1, 2, 4, 1024, 1024, 2048, 8192]
+
+
+def test_round_trip_replaces_same_key(tmp_path) -> None:  # noqa: ANN001
+    cache.record(_entry())
+    cache.record(_entry(kernel="warptile", gflops=12000.0))
+    cache.record(_entry(gflops=14000.0, params={"BM": 64}))  # same key: replaces
+    entries = cache.load()
+    assert len(entries) == 2
+    best = cache.lookup(entries, DeviceId("cuda", "NVIDIA H100", "sm_90"), "float32",
+                        4000, 4096, 3000)
+    assert best.kernel == "pipelined" and best.params == {"BM": 64} and best.gflops == 14000
+    assert cache.clear() and not cache.cache_path().exists() and not cache.clear()
+
+
+def test_lookup_falls_back_device_then_arch_then_nothing() -> None:
+    entries = [_entry(device="NVIDIA H100 PCIe", gflops=1.0),
+               _entry(device="NVIDIA H100 SXM", gflops=2.0, kernel="warptile")]
+    exact = cache.lookup(entries, DeviceId("cuda", "NVIDIA H100 PCIe", "sm_90"), "float32",
+                         4096, 4096, 4096)
+    assert exact.device == "NVIDIA H100 PCIe"  # exact device beats a faster sibling
+    sibling = cache.lookup(entries, DeviceId("cuda", "NVIDIA H800", "sm_90"), "float32",
+                           4096, 4096, 4096)
+    assert sibling.kernel == "warptile"  # same arch: the best of them
+    assert cache.lookup(entries, DeviceId("cuda", "NVIDIA A100", "sm_80"), "float32",
+                        4096, 4096, 4096) is None
+    assert cache.lookup(entries, DeviceId("cuda", "NVIDIA H800", "sm_90"), "float64",
+                        4096, 4096, 4096) is None
+    assert cache.lookup(entries, DeviceId("cuda", "NVIDIA H800", "sm_90"), "float32",
+                        512, 512, 8192) is None
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"format": 1}',
+                                  '{"format": 1, "entries": [{"backend": "cuda"}]}',
+                                  '{"format": 99, "entries": []}'])
+def test_corrupt_cache_warns_and_is_ignored(text: str) -> None:
+    cache.cache_path().parent.mkdir(parents=True)
+    cache.cache_path().write_text(text)
+    with pytest.warns(TuneCacheWarning, match="corrupt"):
+        assert cache.load() == []
+    cache.record(_entry())  # and it is replaced, not crashed on
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(cache.load()) == 1
+
+
+def test_stale_version_warns_and_is_ignored() -> None:
+    cache.save([_entry(version="0.0.1"),
+                _entry(kernel="warptile", version=cache.current_version())])
+    with pytest.warns(TuneCacheWarning, match="another tilegemm version"):
+        entries = cache.load()
+    assert [e.kernel for e in entries] == ["warptile"]
+    raw = json.loads(cache.cache_path().read_text())
+    assert len(raw["entries"]) == 2  # loading never rewrites the file
+
+
+# --- kernel="auto" ----------------------------------------------------------------------
+
+def test_auto_uses_cached_choice_for_this_cpu() -> None:
+    """A cache entry for this CPU and shape bucket is what choose_kernel('auto') returns."""
+    from tilegemm.api import choose_kernel
+    from tilegemm.backends import get_backend
+
+    be = get_backend("cpu")
+    dev = select.device_id(be)
+    spec = registry.default_for("cpu", "float32")
+    if not spec.params:
+        pytest.skip("no CPU rung with parameters on this branch")
+    p = spec.params[0]
+    other = next(c for c in p.choices if c != p.default)
+    cache.record(Entry(backend="cpu", device=dev.name, arch=dev.arch, dtype="float32",
+                       bucket=cache.shape_bucket(100, 100, 100), kernel=spec.name,
+                       params={p.name: other}, seconds=1.0, gflops=1.0))
+    prob = strategies.problem_for(100, 90, 70, "float32")
+    chosen, params = choose_kernel("auto", be, prob, {})
+    assert chosen is spec and params[p.name] == other
+
+
+def test_auto_ignores_unusable_entry_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilegemm.api import choose_kernel
+    from tilegemm.backends import get_backend
+
+    be = get_backend("cpu")
+    dev = select.device_id(be)
+    cache.record(Entry(backend="cpu", device=dev.name, arch=dev.arch, dtype="float32",
+                       bucket=cache.shape_bucket(8, 8, 8), kernel="no_such_rung",
+                       params={}, seconds=1.0, gflops=1.0))
+    prob = strategies.problem_for(8, 8, 8, "float32")
+    with pytest.warns(TuneCacheWarning, match="does not fit"):
+        spec, _ = choose_kernel("auto", be, prob, {})
+    assert spec is registry.default_for("cpu", "float32")
+
+
+def test_tuned_choice_is_memoised(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilegemm.backends import get_backend
+
+    calls = []
+    real = select._choose
+    monkeypatch.setattr(select, "_choose", lambda *a: calls.append(1) or real(*a))
+    be = get_backend("cpu")
+    for m in (100, 120, 128):  # one bucket
+        select.tuned_choice(be, strategies.problem_for(m, 64, 64, "float32"))
+    assert len(calls) == 1
+
+
+def test_builtin_default_for_cuda_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a (pretend) H100 with no cache entry, float32 auto is the top fast rung."""
+    if not any(s.name == "pipelined" for s in registry.specs_for("cuda")):
+        pytest.skip("pipelined not registered")
+
+    be = FakeGpu()
+    assert select.device_id(be) == DeviceId("cuda", "NVIDIA H100 80GB HBM3", "sm_90")
+    spec, params = select.tuned_choice(be, strategies.problem_for(4096, 4096, 4096, "float32"))
+    assert spec.name == "pipelined" and params == spec.defaults()
+    assert select.tuned_choice(be, strategies.problem_for(64, 64, 64, "int32")) is None
+
+
+def test_auto_uses_cached_choice_for_a_gpu() -> None:
+    """kernel="auto" through api.choose_kernel returns the cached rung and parameters."""
+    from tilegemm.api import choose_kernel
+
+    if not any(s.name == "warptile" for s in registry.specs_for("cuda")):
+        pytest.skip("warptile not registered")
+    be = FakeGpu()
+    tuned = {"BM": 64, "BN": 128, "WM": 32, "WN": 64}
+    cache.record(Entry(backend="cuda", device="NVIDIA H100 80GB HBM3", arch="sm_90",
+                       dtype="float32", bucket=cache.shape_bucket(2048, 2048, 2048),
+                       kernel="warptile", params=tuned, seconds=1e-3, gflops=17000.0))
+    spec, params = choose_kernel("auto", be, strategies.problem_for(2000, 1500, 2048,
+                                                                    "float32"), {})
+    assert spec.name == "warptile" and params == spec.resolve(tuned)
+    # another shape bucket: the built-in default
+    spec, params = choose_kernel("auto", be, strategies.problem_for(100, 100, 100,
+                                                                    "float32"), {})
+    assert spec.name == "pipelined"

@@ -1,0 +1,52 @@
+"""Regenerate the README's generated blocks from their sources (``make readme``).
+
+- ``ladder``: the kernel table, from the registry (``tilegemm kernels --markdown``).
+- ``results``: the ladder tables of the results files named in RESULTS below, rendered by
+  the benchmark's own Markdown report.
+
+tests/test_readme.py fails when the README is out of date, so the README cannot drift from
+the registry.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+def ladder_block() -> str:
+    import tilegemm
+    from tilegemm.commands.kernels import markdown_table
+
+    return markdown_table(tilegemm.kernels())
+
+
+def replace_block(text: str, name: str, body: str) -> str:
+    pattern = re.compile(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"README.md has no <!-- {name}:begin/end --> markers")
+    return pattern.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
+
+
+def render(text: str) -> str:
+    return replace_block(text, "ladder", ladder_block())
+
+
+def main() -> int:
+    text = README.read_text()
+    new = render(text)
+    if new != text:
+        README.write_text(new)
+        print("README.md updated")
+    else:
+        print("README.md is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT / "src"))
+    sys.exit(main())
