@@ -168,3 +168,23 @@ def test_bad_input_is_refused_before_tracing():
         trace_rung("naive", 8, 8, 8, backend="opencl")
     with pytest.raises(ValueError):
         trace_rung("naive", -1, 8, 8)
+
+
+def _shared_sites(r: dict) -> dict[str, tuple[float, float]]:
+    """Shared-memory site text → (wavefronts, ideal wavefronts) per request."""
+    return {s["text"]: (s["wavefronts"] / s["requests"], s["ideal_wavefronts"] / s["requests"])
+            for s in r["sites"] if s["kind"].startswith("shared")}
+
+
+def test_vector_rungs_traced_conflicts_match_the_hand_model():
+    """Rungs 6-7 at their defaults (one 128×128 block, one BK slice). The tracer counts a
+    128-bit vload/vstore as one 16-byte access (quarter-warp phases, 4 wavefronts ideal) and
+    finds what tests/test_cuda_perf_banks.py derives by hand: rung 6 reads A 2-way and B
+    at twice the ideal, rung 7's transposed, swizzled layout removes both."""
+    v = _shared_sites(trace_rung("vectorized", 128, 128, 16))
+    assert v["ld(As, (ty * TM + i, kk))"] == (2, 1)
+    assert v["vload(Bs, (kk, tx * TN + j))"] == (8, 4)
+    assert v["vstore(As, (r, c), vload(A, (za, gr, gc)))"] == (4, 4)
+    s = _shared_sites(trace_rung("smem_layout", 128, 128, 16))
+    assert all(waves == ideal for waves, ideal in s.values()), s
+    assert sorted(ideal for _, ideal in s.values()) == [1, 4, 4, 4]  # 1 scalar, 3 vector

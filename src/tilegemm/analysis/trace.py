@@ -62,6 +62,13 @@ from tilegemm.analysis.memory import (
 
 GLOBAL_ALIGN = 256  # cudaMalloc returns 256-byte aligned allocations
 SHARED_ALIGN = 128
+VECTOR_BYTES = 16
+
+# The fast rungs index arrays through small helpers (scalar and 128-bit vector load/store,
+# tilegemm.kernels.cuda._access); under the simulator those are Python functions that
+# subscript the array, so the tracer looks through them to the kernel's own line.
+_ACCESS_FILE = str(Path(__file__).resolve().parents[1] / "kernels" / "cuda" / "_access.py")
+_VECTOR_HELPERS = frozenset({"_py_vload", "_py_vstore"})
 
 Block = tuple[int, int, int]
 
@@ -72,6 +79,7 @@ class _ThreadState(threading.local):
     records: list[tuple[int, int, int, int, int]] | None = None
     instances: dict[int, int]
     barriers: list[int]  # one-element counter, shared with the tracer's block list
+    vector: Any = None   # the vector-helper frame whose first element was recorded
     tid: int = 0
 
 
@@ -88,6 +96,24 @@ class Tracer:
 
     # -- called from simulated threads -------------------------------------------------
     def record(self, frame: Any, array: TracedArray, addr: int, store: bool) -> None:
+        st = self._state
+        if st.records is None:
+            self._start_thread(st)
+        size = array.itemsize
+        if frame.f_code.co_filename == _ACCESS_FILE:
+            # Through a rung's access helper (tilegemm.kernels.cuda._access): attribute the
+            # access to the kernel line that called it; a vector helper's W element accesses
+            # are one 128-bit access, as the compiled kernel issues it.
+            vector = None
+            while frame.f_code.co_filename == _ACCESS_FILE:
+                if frame.f_code.co_name in _VECTOR_HELPERS:
+                    vector = frame
+                frame = frame.f_back
+            if vector is not None:
+                if st.vector is vector:
+                    return  # a later element of the vector just recorded
+                st.vector = vector
+                size = VECTOR_BYTES
         code, lasti = frame.f_code, frame.f_lasti
         span = self._spans.get((code, lasti))
         if span is None:
@@ -98,12 +124,9 @@ class Tracer:
         site = self.sites.get(key)
         if site is None:
             site = self._new_site(key, code, span, frame.f_lineno, array, store)
-        st = self._state
-        if st.records is None:
-            self._start_thread(st)
         inst = st.instances.get(site, 0)
         st.instances[site] = inst + 1
-        st.records.append((st.tid, site, inst, addr, array.itemsize))
+        st.records.append((st.tid, site, inst, addr, size))
 
     def _start_thread(self, st: _ThreadState) -> None:
         thread = threading.current_thread()
