@@ -42,6 +42,18 @@ def test_seed_004_transaction_counts():
     assert r["sampling"]["mode"] == "full" and r["grid"] == [1, 1, 1]
 
 
+@pytest.mark.parametrize("block, per_warp_step", [(8, 4 + 1), (16, 2 + 2), (32, 1 + 4)])
+def test_seed_004_block_shape_and_transactions(block, per_warp_step):
+    """Seed 004 says its naive kernel is flat over 8×8, 16×16 and 32×32 blocks because the
+    block shape does not change a warp's transactions. Traced: a warp covers 32/BLOCK rows,
+    so per k-step it reads that many A sectors (one per row, broadcast within the row) and
+    BLOCK floats of B (BLOCK/8 sectors): 4+1, 2+2 and 1+4. 8 and 32 agree (5120); 16×16
+    needs a fifth fewer (4096)."""
+    r = trace_rung("coalesced", 32, 32, 32, params={"BLOCK": block})
+    assert r["totals"]["global_load"]["sectors"] == 32 * 32 * per_warp_step
+    assert r["totals"]["global_store"]["sectors"] == 128  # 4 sectors per warp regardless
+
+
 def test_naive_seed_mapping_is_uncoalesced():
     """numba's mapping (x → row): a warp reads 32 rows of A and writes 32 rows of C."""
     naive = trace_rung("naive", 32, 32, 32, params={"BLOCK": 32})

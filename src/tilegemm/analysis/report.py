@@ -195,7 +195,9 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
 
     if ex["resources"]:
         res = Table(title=f"compiled with nvJitLink; occupancy for {tr['threads_per_block']} "
-                          f"threads and {_n(ex['static_smem_per_block'])} B shared per block")
+                          f"threads and {_n(ex['static_smem_per_block'])} B shared per block",
+                    caption="ptxas's smem on sm_90 includes the 1 KiB the driver reserves per "
+                            "block; the occupancy adds that reservation on both")
         for col in ("arch", "regs", "spill B", "smem B", "blocks/SM by warps·blocks·regs·smem",
                     "occupancy", "limited by"):
             res.add_column(col, justify="left" if col in ("arch", "limited by") else "right")

@@ -63,9 +63,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_json(ex), indent=2))
         return 0
-    from rich.console import Console
+    from tilegemm.commands._console import console
 
-    console = Console()
+    out = console()
     for item in render(ex):
-        console.print(item)
+        out.print(item)
     return 0
