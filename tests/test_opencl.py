@@ -375,3 +375,21 @@ def test_info_lists_opencl_devices(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "OpenCL devices" in out
     assert opencl.all_devices()[0].name.strip()[:10] in out
+
+
+@pytest.mark.opencl
+def test_benchmark_uses_the_backends_device_defaults():
+    """The harness resolves parameters through the backend, as matmul does, so a rung's
+    measured per-device defaults are what gets benchmarked."""
+    from tilegemm.bench.timing import Policy, measure_kernel
+    from tilegemm.problem import describe, host_operand_3d, make_problem
+
+    backend = get_backend("opencl")
+    spec = next(s for s in tilegemm.kernels("opencl") if s.extra.get("device_defaults"))
+    expected = backend.resolve(spec, {})
+    a, b = random_operands((33, 17), (17, 20), np.float32)
+    prob = make_problem(describe(a, "a"), describe(b, "b"))
+    meas = measure_kernel(backend, spec, {}, prob, host_operand_3d(a, prob, "a"),
+                          host_operand_3d(b, prob, "b"), Policy(budget_s=0.01, min_reps=1,
+                                                                max_reps=1, warmup=0))
+    assert meas.params == expected

@@ -297,7 +297,7 @@ def measure_kernel(
         meas.status, meas.reason = SKIPPED, f"no {prob.dtype.name} support"
         return meas
     try:
-        resolved = spec.resolve(params)
+        resolved = backend.resolve(spec, params)  # device defaults apply (OpenCL)
         backend.check_limits(spec, resolved, prob.dtype)
     except ValueError as exc:
         meas.status, meas.reason = SKIPPED, str(exc)

@@ -137,7 +137,7 @@ def _usable(backend: Backend, kernel: str, params: dict[str, int], dtype: str) -
         spec = registry.get(kernel, backend.name)
         if not spec.supports(dtype):
             return None
-        resolved = spec.resolve(params)
+        resolved = backend.resolve(spec, params)
         backend.check_limits(spec, resolved, dtype)
     except (ValueError, TypeError):
         return None
