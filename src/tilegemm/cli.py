@@ -36,7 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    # argparse takes a positional KERNEL and the KEY=VALUE list in one chunk, so KEY=VALUE
+    # written after options ('explain shared --m 64 TILE=8') arrives here as extra words.
+    if extra and hasattr(args, "params") and all(
+            "=" in e and not e.startswith("-") for e in extra):
+        args.params = list(args.params or []) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0

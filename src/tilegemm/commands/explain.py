@@ -1,0 +1,71 @@
+"""Explain a CUDA rung by counting: memory requests and 32-byte sectors per warp, shared-memory
+bank conflicts, registers/spills/shared memory, occupancy and the roofline bound.
+
+The memory counts are traced from the kernel's own code on numba's CUDA simulator (in a
+child process); large problems trace a sample of blocks per class (interior, edges) and
+scale, and the report says exactly what was traced. Resources come from compiling the
+kernel for sm_80 and sm_90 with nvJitLink. No GPU is needed for any of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tilegemm.commands._params import add_param_arguments, parse_params
+
+HELP = "count a kernel's memory transactions, bank conflicts, resources, occupancy, roofline"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from tilegemm.analysis.roofline import GPUS
+
+    parser.add_argument("kernel", help="rung name (see 'tilegemm kernels --backend cuda')")
+    parser.add_argument("--backend", default="cuda", choices=("cuda",),
+                        help="only CUDA rungs are traced")
+    parser.add_argument("--m", type=int, default=32)
+    parser.add_argument("--n", type=int, default=32)
+    parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--dtype", default="float32",
+                        choices=("float32", "float64", "int32", "int64"))
+    parser.add_argument("--beta", type=float, default=0.0,
+                        help="non-zero: the kernel also reads C (beta·C)")
+    parser.add_argument("--gpu", default="h100", choices=tuple(GPUS),
+                        help="GPU for the roofline bound")
+    parser.add_argument("--samples", type=int, default=2,
+                        help="blocks traced per block class when the grid is sampled")
+    parser.add_argument("--full", action="store_true",
+                        help="trace every block (slow for large grids)")
+    parser.add_argument("--full-limit", type=int, default=16,
+                        help="grids with at most this many blocks are traced in full")
+    parser.add_argument("--no-resources", action="store_true",
+                        help="skip compiling with nvJitLink (registers, occupancy)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_param_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from tilegemm.analysis.report import explain, render, to_json
+
+    for name in ("m", "n", "k"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name} must be >= 0")
+    if args.batch < 1:
+        raise ValueError("--batch must be >= 1")
+    if args.samples < 1:
+        raise ValueError("--samples must be >= 1")
+    ex = explain(args.kernel, args.m, args.n, args.k, params=parse_params(args.params),
+                 dtype=args.dtype, batch=args.batch, beta=args.beta, gpu=args.gpu,
+                 samples=args.samples, full=args.full, full_limit=args.full_limit,
+                 backend=args.backend, resources=not args.no_resources)
+    if args.json:
+        print(json.dumps(to_json(ex), indent=2))
+        return 0
+    from tilegemm.commands._console import console
+
+    out = console()
+    for item in render(ex):
+        out.print(item)
+    return 0
