@@ -25,5 +25,8 @@ def kernel_jit(threads: int) -> Callable[[Callable[..., Any]], Any]:
     from tilegemm.backends.cuda import simulator_enabled
 
     if simulator_enabled():
+        from tilegemm.kernels.cuda._simulator import install
+
+        install()  # numba's simulator races on cuda.shared.array; see _simulator.py
         return cuda.jit
     return cuda.jit(launch_bounds=threads)
