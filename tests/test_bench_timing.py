@@ -111,6 +111,16 @@ def test_max_reps_bounds_a_fast_kernel() -> None:
     assert len(samples) == 37
 
 
+def test_zero_reps_verifies_and_times_the_first_call_only() -> None:
+    clock = FakeClock()
+    k = FakeKernel(clock, 0.25, result=np.zeros(1))
+    first, samples = time_prepared(k.prepared, _accept,
+                                   Policy(warmup=0, min_reps=0, max_reps=0), clock=clock)
+    assert first == pytest.approx(0.25)
+    assert samples == []
+    assert k.elapsed_calls == []
+
+
 def test_flush_runs_before_every_repeat_one_launch_at_a_time() -> None:
     clock = FakeClock()
     k = FakeKernel(clock, 0.1, result=np.zeros(1))
@@ -163,7 +173,7 @@ def test_first_launch_is_poisoned() -> None:
 
 def test_policy_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
-        Policy(min_reps=0)
+        Policy(min_reps=-1)
     with pytest.raises(ValueError):
         Policy(min_reps=10, max_reps=5)
     with pytest.raises(ValueError):

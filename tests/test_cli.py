@@ -90,3 +90,11 @@ def test_sizes_too_large_for_memory_are_one_line(capsys):
                  "--k", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tilegemm: error:") and "allocate" in err and err.count("\n") == 1
+
+
+@pytest.mark.cudasim
+def test_run_on_the_simulator_uses_small_tiles(capsys):
+    assert main(["run", "--backend", "cuda", "--kernel", "register2d", "--m", "9", "--n", "7",
+                 "--k", "5", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "simulator parameters" in out and "verified: yes" in out

@@ -63,8 +63,8 @@ class Policy:
     flush: bool = False
 
     def __post_init__(self) -> None:
-        if self.min_reps < 1 or self.max_reps < self.min_reps:
-            raise ValueError("need 1 <= min_reps <= max_reps")
+        if self.min_reps < 0 or self.max_reps < self.min_reps:
+            raise ValueError("need 0 <= min_reps <= max_reps (0: verify and first call only)")
         if self.budget_s <= 0 or self.warmup < 0:
             raise ValueError("budget must be > 0 and warm-up >= 0")
 

@@ -6,7 +6,6 @@ Exits with status 1 if the result does not match the reference.
 from __future__ import annotations
 
 import argparse
-import time
 
 from tilegemm.commands._params import add_param_arguments, parse_params
 
@@ -29,10 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    import tilegemm
     from tilegemm.api import choose_backend, choose_kernel
-    from tilegemm.problem import describe, make_problem
-    from tilegemm.reference import assert_close, random_operands
+    from tilegemm.bench.timing import OK, Policy, measure_kernel
+    from tilegemm.problem import describe, host_operand_3d, make_problem
+    from tilegemm.reference import random_operands
 
     for name in ("m", "n", "k", "batch", "repeat"):
         if getattr(args, name) < 0:
@@ -40,37 +39,44 @@ def run(args: argparse.Namespace) -> int:
     params = parse_params(args.params)
     lead = (args.batch,) if args.batch else ()
     a, b = random_operands(lead + (args.m, args.k), lead + (args.k, args.n), args.dtype)
+    ops = [describe(a, "a"), describe(b, "b")]
     # Resolve what 'auto' means up front so the report names the real choice.
-    backend = choose_backend(args.backend, [describe(a, "a"), describe(b, "b")])
-    prob = make_problem(describe(a, "a"), describe(b, "b"))
+    backend = choose_backend(args.backend, ops)
+    prob = make_problem(*ops)
     spec, resolved = choose_kernel(args.kernel, backend, prob, params)
+    simulated = backend.status().simulated
+    if simulated and not params and "sim_params" in spec.extra:
+        # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults.
+        resolved = backend.resolve(spec, spec.extra["sim_params"])
+        print(f"note: CUDA simulator, so {spec.name} runs with its small simulator parameters "
+              f"({_shown(resolved)}); pass parameters to override")
+    if simulated and prob.flops > 2 * 64**3:
+        print("note: the CUDA simulator runs one Python thread per GPU thread; expect minutes "
+              "at this size (try --m 32 --n 32 --k 32)")
 
-    t0 = time.perf_counter()
-    c = tilegemm.matmul(a, b, kernel=spec.name, backend=backend.name, **resolved)
-    backend.synchronize()
-    first = time.perf_counter() - t0
-    try:
-        assert_close(c, a, b, what=f"{backend.name}:{spec.name}")
-        ok = True
-    except AssertionError as exc:
-        print(f"MISMATCH: {exc}")
-        ok = False
-    times = []
-    for _ in range(args.repeat):
-        t0 = time.perf_counter()
-        tilegemm.matmul(a, b, out=c, kernel=spec.name, backend=backend.name, **resolved)
-        backend.synchronize()
-        times.append(time.perf_counter() - t0)
-    shown = " ".join(f"{k}={v}" for k, v in resolved.items())
-    print(f"{backend.name}:{spec.name} {shown} {args.dtype} "
+    np.empty(prob.out_shape, prob.dtype)  # an impossible size fails here, as a user error
+
+    # One home for timing: verify on a NaN-poisoned first launch, then device-timed launches.
+    reps = args.repeat
+    policy = Policy(warmup=1 if reps else 0, min_reps=reps, max_reps=reps, budget_s=1e9)
+    meas = measure_kernel(backend, spec, resolved, prob, host_operand_3d(a, prob, "a"),
+                          host_operand_3d(b, prob, "b"), policy)
+    print(f"{backend.name}:{spec.name} {_shown(meas.params)} {args.dtype} "
           f"M={args.m} N={args.n} K={args.k}{f' batch={args.batch}' if args.batch else ''}")
-    print(f"  verified: {'yes' if ok else 'NO'}")
-    print(f"  first call (includes compilation): {first * 1e3:.2f} ms")
-    if times:
-        steady = float(np.median(times))
-        gflops = prob.flops / steady / 1e9 if steady > 0 else float("inf")
-        print(f"  steady (median of {len(times)}, host wall time incl. transfers): "
-              f"{steady * 1e3:.3f} ms, {gflops:.2f} GFLOP/s")
-    else:
+    if meas.status != OK:
+        print(f"  {meas.status}: {meas.reason}")
+        return 1
+    print("  verified: yes (against float64 NumPy, output poisoned with NaN first)")
+    if meas.first_s is not None:
+        print(f"  first call (build/compile + upload + one launch): {meas.first_s * 1e3:.2f} ms")
+    stats = meas.stats
+    if stats is None:
         print("  steady: not measured (--repeat 0)")
-    return 0 if ok else 1
+    else:
+        print(f"  steady: median {stats.median * 1e3:.3f} ms of {len(meas.samples)} launches "
+              f"({meas.method}), {meas.gflops:.2f} GFLOP/s")
+    return 0
+
+
+def _shown(params: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
