@@ -296,3 +296,27 @@ def test_auto_uses_cached_choice_for_a_gpu() -> None:
     spec, params = choose_kernel("auto", be, strategies.problem_for(100, 100, 100,
                                                                     "float32"), {})
     assert spec.name == "pipelined"
+
+
+@pytest.mark.opencl
+def test_tuning_one_rung_records_the_untuned_auto_choice_as_a_baseline(tmp_path, monkeypatch):
+    """Tuning a slower rung must not make kernel="auto" slower: the untuned choice is timed
+    and recorded too, and auto takes the fastest entry."""
+    from tilegemm.api import choose_backend, choose_kernel
+    from tilegemm.cli import main
+    from tilegemm.problem import describe, make_problem
+    from tilegemm.tune import cache
+    from tilegemm.tune.select import untuned_choice
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    assert main(["tune", "--backend", "opencl", "--kernel", "coalesced", "--m", "64", "--n",
+                 "64", "--k", "64", "--budget", "1", "--repeat", "2"]) == 0
+    a = np.ones((64, 64), np.float32)
+    ops = [describe(a, "a"), describe(a, "b")]
+    backend = choose_backend("opencl", ops)
+    baseline = untuned_choice(backend, "float32")
+    entries = cache.load()
+    assert {e.kernel for e in entries} == {"coalesced", baseline[0].name}
+    spec, params = choose_kernel("auto", backend, make_problem(*ops), {})
+    best = max(entries, key=lambda e: e.gflops)
+    assert (spec.name, params) == (best.kernel, best.params)

@@ -75,7 +75,7 @@ def _tune(args: argparse.Namespace) -> int:
     from tilegemm.api import choose_backend
     from tilegemm.problem import describe
     from tilegemm.tune import cache, space, strategies
-    from tilegemm.tune.select import device_id
+    from tilegemm.tune.select import device_id, untuned_choice
 
     for name in ("m", "n", "k", "batch", "budget"):
         if getattr(args, name) < 0:
@@ -101,8 +101,13 @@ def _tune(args: argparse.Namespace) -> int:
                   f"{f' batch {args.batch}' if args.batch else ''}, strategy {args.strategy}")
     summary = Table("kernel", "tried", "ok", "wrong", "rejected", "error", "best params",
                     "ms", "GFLOP/s")
-    for spec in specs:
-        cands = space.candidates(spec, dtype, limits)
+    # The baseline: what kernel="auto" runs untuned. Recorded like any result, so the cache
+    # lookup (fastest entry wins) switches away from it only for something faster.
+    baseline = untuned_choice(backend, dtype.name)
+    jobs = [(spec, space.candidates(spec, dtype, limits), False) for spec in specs]
+    if baseline is not None:
+        jobs.insert(0, (baseline[0], [baseline[1]], True))
+    for spec, cands, is_baseline in jobs:
         budget = args.budget or None
         total = min(len(cands), budget) if budget else len(cands)
         with Progress(console=console, transient=True) as bar:
@@ -113,15 +118,16 @@ def _tune(args: argparse.Namespace) -> int:
                 progress=lambda t, task=task: bar.advance(task) if t.status != "rejected"
                 else None,
             )
+        label = f"{spec.name} (auto, untuned)" if is_baseline else spec.name
         counts = {s: sum(t.status == s for t in result.trials)
                   for s in ("ok", "wrong", "rejected", "error")}
         best = result.best
         if best is None:
-            summary.add_row(spec.name, str(len(result.trials)), *map(str, counts.values()),
+            summary.add_row(label, str(len(result.trials)), *map(str, counts.values()),
                             "-", "-", "-")
             continue
         gflops = result.gflops(best)
-        summary.add_row(spec.name, str(len(result.trials)), *map(str, counts.values()),
+        summary.add_row(label, str(len(result.trials)), *map(str, counts.values()),
                         " ".join(f"{k}={v}" for k, v in best.params.items()),
                         f"{best.seconds * 1e3:.3f}", f"{gflops:.1f}")
         if not args.dry_run and dev is not None and dev.name != "simulator":

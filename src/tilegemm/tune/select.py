@@ -123,6 +123,21 @@ def _choose(backend: Backend, dev: DeviceId, dtype: str, prob: GemmProblem,
     return builtin_choice(backend, dev, dtype)
 
 
+def untuned_choice(backend: Backend, dtype: str) -> Choice | None:
+    """What ``kernel="auto"`` picks with an empty cache: the built-in choice, else the
+    registry default at its (device-resolved) defaults. ``tilegemm tune`` times it as the
+    baseline, so a tuned entry replaces it only by being faster."""
+    dev = device_id(backend)
+    choice = builtin_choice(backend, dev, dtype) if dev is not None else None
+    if choice is not None:
+        return choice
+    try:
+        spec = registry.default_for(backend.name, dtype)
+    except TypeError:
+        return None
+    return _usable(backend, spec.name, {}, dtype)
+
+
 def builtin_choice(backend: Backend, dev: DeviceId, dtype: str) -> Choice | None:
     table = BUILTIN.get((backend.name, dtype))
     if not table:
