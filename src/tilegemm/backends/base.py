@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,17 @@ class Prepared:
     launch: Callable[[], None]
     fetch: Callable[[], np.ndarray]
     elapsed: Callable[[int], list[float]]
+
+
+def wall_clock_elapsed(launch: Callable[[], None], n: int) -> list[float]:
+    """``Prepared.elapsed`` for synchronous launches (the CPU, NumPy, the CUDA simulator):
+    each launch timed with ``perf_counter``."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        launch()
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def poison_enabled() -> bool:

@@ -24,6 +24,7 @@ from tilegemm.backends.base import (
     poison_enabled,
     poison_value,
     resolve_scalars,
+    wall_clock_elapsed,
 )
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
 from tilegemm.registry import KernelSpec
@@ -253,7 +254,6 @@ class CudaBackend(Backend):
         is verifiable. Under the simulator events record no time, so ``elapsed`` falls back
         to the host clock (numbers then mean nothing; only correctness does).
         """
-        import time
 
         from numba import cuda
 
@@ -271,12 +271,7 @@ class CudaBackend(Backend):
 
         def elapsed(n: int) -> list[float]:
             if simulator_enabled():
-                times = []
-                for _ in range(n):
-                    t0 = time.perf_counter()
-                    launch()
-                    times.append(time.perf_counter() - t0)
-                return times
+                return wall_clock_elapsed(launch, n)
             events = [(cuda.event(), cuda.event()) for _ in range(n)]
             for start, end in events:
                 start.record()

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.backends.base import Backend, Prepared
+from tilegemm.backends.base import Backend, Prepared, wall_clock_elapsed
 from tilegemm.bench.timing import (
     FAILED,
     Clock,
@@ -70,15 +70,7 @@ def numpy_vendor() -> Vendor:
         def launch() -> None:
             np.matmul(a, b, out=out)
 
-        def elapsed(n: int) -> list[float]:
-            times = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                launch()
-                times.append(time.perf_counter() - t0)
-            return times
-
-        return Prepared(launch, lambda: out.copy(), elapsed)
+        return Prepared(launch, lambda: out.copy(), lambda n: wall_clock_elapsed(launch, n))
 
     threads = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
     note = f"numpy {np.__version__} matmul on the host ({_numpy_blas()}"
