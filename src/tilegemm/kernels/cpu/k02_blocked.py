@@ -1,0 +1,239 @@
+"""Rung 2 (CPU) — cache- and register-blocked, packed, multi-threaded GEMM (the BLIS loop nest).
+
+The triple loop is bound by memory: its inner loop walks B down a column, one cache line per
+multiply-add, and keeps one accumulator. This rung reorganises the same arithmetic the way
+GotoBLAS/BLIS do, so that almost every operand comes from a register or L1:
+
+- five loops ``jc`` (NC columns of B) → ``pc`` (KC of the inner dimension) → ``ic`` (MC rows
+  of A) → ``jr`` (NR columns) → ``ir`` (MR rows) around a micro-kernel;
+- **packing**: the KC×NC panel of B is copied once into NR-wide strips ``Bp[s, p, 0:NR]`` and
+  each MC×KC block of A into MR-tall strips ``Ap[r, p, 0:MR]``, zero-padded at the edges, so
+  the micro-kernel reads both with unit stride and never tests a bound (padding rows and
+  columns produce results nobody stores);
+- **micro-kernel**: an MR×NR tile of C held in registers for the whole KC loop; per step it
+  loads one NR-vector of B, broadcasts MR values of A and issues MR×NR/width FMAs. The tile is
+  generated as MR·NR named scalars and LLVM's SLP vectoriser packs them into vector registers
+  (``vfmadd231ps zmm, zmm, [mem]{1to16}``): Numba allocates arrays on the heap, and LLVM will
+  not keep heap memory in registers, so a local ``np.zeros((MR, NR))`` accumulator runs from
+  L1 at a fraction of the speed;
+- **threads**: ``prange`` over (row block × column group) tasks of each packed panel, or over
+  the batch when each product is small.
+
+Expected: compute-bound — near the FMA peak of one core per thread, within reach of NumPy's
+OpenBLAS for large float32/float64 products (see docs/cpu.md for measurements).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tilegemm.registry import FLOATS, INTS, Constraint, KernelSpec, Param
+
+# Below this many multiply-adds per product (and with a batch of at least two), the threads
+# split the batch instead of one product: a parallel region per K panel costs more than it buys.
+SMALL_PRODUCT = 96 * 96 * 96
+
+
+def micro_kernel_source(mr: int, nr: int) -> str:
+    """Python source of the MR×NR micro-kernel, fully unrolled into named scalars.
+
+    ``ukernel(kc, Ap, Bp, T)`` computes the tile ``T = Ap[:kc].T @ Bp[:kc]`` (Ap is (KC, MR),
+    Bp is (KC, NR), both packed; T is (MR, NR)). The K loop runs over an unsigned index so
+    Numba emits no negative-index wraparound (which would turn the B loads into gathers).
+    The alpha/beta update of C stays out of here, in an ordinary loop: unrolling it too
+    would triple the generated source, and Numba's compile time grows with it.
+    """
+    lines = ["def ukernel(kc, Ap, Bp, T):"]
+    for i in range(mr):
+        lines.append("    " + " = ".join(f"c{i}_{j}" for j in range(nr)) + " = zero")
+    lines.append("    for p in range(uint64(kc)):")
+    lines.extend(f"        b{j} = Bp[p, {j}]" for j in range(nr))
+    for i in range(mr):
+        lines.append(f"        a = Ap[p, {i}]")
+        lines.extend(f"        c{i}_{j} += a * b{j}" for j in range(nr))
+    lines.extend(f"    T[{i}, {j}] = c{i}_{j}" for i in range(mr) for j in range(nr))
+    return "\n".join(lines) + "\n"
+
+
+def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
+    import numba
+    from numba import njit, prange
+
+    from tilegemm.kernels.cpu._slp import slp_enabled
+
+    mr, nr, mc, kc_max, nc_max = p["MR"], p["NR"], p["MC"], p["KC"], p["NC"]
+    nbt = numba.from_dtype(dtype)
+    zero = dtype.type(0)
+    flags = {"error_model": "numpy", "boundscheck": False}
+    if dtype.kind == "f":
+        flags["fastmath"] = {"contract"}  # FMA contraction only; no reassociation
+
+    ns: dict[str, Any] = {"zero": zero, "uint64": numba.uint64}
+    exec(micro_kernel_source(mr, nr), ns)  # noqa: S102 - source generated above, no input
+    sig = numba.void(numba.int64, nbt[:, ::1], nbt[:, ::1], nbt[:, ::1])
+    with slp_enabled():  # compile now, with the SLP vectoriser on for this function only
+        ukernel = njit(sig, cache=False, **flags)(ns["ukernel"])
+
+    @njit(cache=False, **flags)
+    def pack_b(B, pc, kc, jc, nc, Bp, s0, s1):
+        """Bp[s, p, j] = B[pc + p, jc + s*NR + j], zero beyond column nc."""
+        for s in range(s0, s1):
+            j0 = s * nr
+            width = min(nr, nc - j0)
+            for q in range(kc):
+                row = B[pc + q]
+                for j in range(width):
+                    Bp[s, q, j] = row[jc + j0 + j]
+                for j in range(width, nr):
+                    Bp[s, q, j] = zero
+
+    @njit(cache=False, **flags)
+    def pack_a(A, ic, mc, pc, kc, Ap):
+        """Ap[r, p, i] = A[ic + r*MR + i, pc + p], zero beyond row mc."""
+        for r in range((mc + mr - 1) // mr):
+            i0 = r * mr
+            height = min(mr, mc - i0)
+            for i in range(height):
+                row = A[ic + i0 + i]
+                for q in range(kc):
+                    Ap[r, q, i] = row[pc + q]
+            for i in range(height, mr):
+                for q in range(kc):
+                    Ap[r, q, i] = zero
+
+    @njit(cache=False, **flags)
+    def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
+        """Every MR×NR tile of C[ic:ic+mc, jc:jc+nc] in strips s0..s1 from packed panels.
+
+        C gets ``alpha*T (+ beta*C)`` on the first K panel and ``+= alpha*T`` after; tiles
+        that stick out of C (edges) store only the part that exists.
+        """
+        for s in range(s0, s1):
+            j = jc + s * nr
+            w = min(nr, jc + nc - j)
+            for r in range((mc + mr - 1) // mr):
+                i = ic + r * mr
+                h = min(mr, ic + mc - i)
+                ukernel(kc, Ap[r], Bp[s], T)
+                if h == mr and w == nr:  # constant trip counts: vectorised stores
+                    if not first:
+                        for ii in range(mr):
+                            for jj in range(nr):
+                                C[i + ii, j + jj] += alpha * T[ii, jj]
+                    elif beta == zero:
+                        for ii in range(mr):
+                            for jj in range(nr):
+                                C[i + ii, j + jj] = alpha * T[ii, jj]
+                    else:
+                        for ii in range(mr):
+                            for jj in range(nr):
+                                C[i + ii, j + jj] = alpha * T[ii, jj] + beta * C[i + ii, j + jj]
+                else:
+                    for ii in range(h):
+                        for jj in range(w):
+                            v = alpha * T[ii, jj]
+                            if not first:
+                                C[i + ii, j + jj] += v
+                            elif beta == zero:
+                                C[i + ii, j + jj] = v
+                            else:
+                                C[i + ii, j + jj] = v + beta * C[i + ii, j + jj]
+
+    @njit(cache=False, **flags)
+    def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T):
+        """One product on the calling thread (the batch-parallel path)."""
+        m, n, k = C.shape[0], C.shape[1], A.shape[1]
+        for jc in range(0, n, nc_max):
+            nc = min(nc_max, n - jc)
+            for pc in range(0, k, kc_max):
+                kc = min(kc_max, k - pc)
+                pack_b(B, pc, kc, jc, nc, Bp, 0, (nc + nr - 1) // nr)
+                for ic in range(0, m, mc):
+                    mcc = min(mc, m - ic)
+                    pack_a(A, ic, mcc, pc, kc, Ap)
+                    macro(Ap, Bp, C, ic, mcc, jc, nc, kc, 0, (nc + nr - 1) // nr,
+                          alpha, beta, pc == 0, T)
+
+    @njit(cache=False, parallel=True, **flags)
+    def blocked(A, B, C, alpha, beta):
+        batch, m, n = C.shape[0], C.shape[1], C.shape[2]
+        k = A.shape[2]
+        if k == 0:  # no products: C = beta*C, or zeros (C unread when beta == 0)
+            for z in prange(batch):
+                for i in range(m):
+                    for j in range(n):
+                        base = alpha * zero
+                        C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
+            return
+        nthreads = numba.get_num_threads()
+        strip_cap = (min(nc_max, n) + nr - 1) // nr
+        if batch > 1 and m * n * k <= SMALL_PRODUCT:
+            for z in prange(batch):
+                Ap = np.empty((mc // mr, kc_max, mr), dtype=C.dtype)
+                Bp = np.empty((strip_cap, kc_max, nr), dtype=C.dtype)
+                T = np.empty((mr, nr), dtype=C.dtype)
+                zi = np.int64(z)  # prange indices are unsigned; keep index arithmetic signed
+                gemm_serial(A[zi if A.shape[0] > 1 else 0], B[zi if B.shape[0] > 1 else 0],
+                            C[zi], alpha, beta, Ap, Bp, T)
+            return
+        # One product at a time, threads over (row block × strip group) tasks. Row blocks
+        # shrink (to a multiple of MR) so that there are at least as many as threads.
+        mcb = min(mc, ((m + nthreads - 1) // nthreads + mr - 1) // mr * mr)
+        nblk = (m + mcb - 1) // mcb
+        Bp = np.empty((strip_cap, kc_max, nr), dtype=C.dtype)
+        ngroups_max = max(1, min(strip_cap, (2 * nthreads + nblk - 1) // nblk))
+        ntasks_max = nblk * ngroups_max
+        Ap_all = np.empty((ntasks_max, mc // mr, kc_max, mr), dtype=C.dtype)
+        T_all = np.empty((ntasks_max, mr, nr), dtype=C.dtype)
+        for z in range(batch):
+            A2 = A[z if A.shape[0] > 1 else 0]
+            B2 = B[z if B.shape[0] > 1 else 0]
+            C2 = C[z]
+            for jc in range(0, n, nc_max):
+                nc = min(nc_max, n - jc)
+                nstrips = (nc + nr - 1) // nr
+                ngroups = min(ngroups_max, nstrips)
+                for pc in range(0, k, kc_max):
+                    kc = min(kc_max, k - pc)
+                    for gu in prange(ngroups):
+                        g = np.int64(gu)
+                        pack_b(B2, pc, kc, jc, nc, Bp,
+                               g * nstrips // ngroups, (g + 1) * nstrips // ngroups)
+                    for tu in prange(nblk * ngroups):
+                        t = np.int64(tu)
+                        blk, g = t // ngroups, t % ngroups
+                        ic = blk * mcb
+                        mcc = min(mcb, m - ic)
+                        pack_a(A2, ic, mcc, pc, kc, Ap_all[t])
+                        macro(Ap_all[t], Bp, C2, ic, mcc, jc, nc, kc,
+                              g * nstrips // ngroups, (g + 1) * nstrips // ngroups,
+                              alpha, beta, pc == 0, T_all[t])
+
+    return blocked
+
+
+SPEC = KernelSpec(
+    name="blocked",
+    backend="cpu",
+    rung=2,
+    title="packed panels, MR×NR register tile, cache blocks, threads",
+    build=build,
+    params=(
+        Param("MR", 12, (4, 6, 8, 12, 16), "rows of the register tile (broadcasts of A)"),
+        Param("NR", 16, (8, 16, 32), "columns of the register tile (vector lanes of B)"),
+        Param("MC", 144, (48, 96, 144, 192, 288, 384), "rows of the packed A block (L2)"),
+        Param("KC", 256, (64, 128, 256, 384, 512), "inner-dimension depth of a panel (L1/L2)"),
+        Param("NC", 2048, (256, 512, 1024, 2048, 4096), "columns of the packed B panel (L3)"),
+    ),
+    constraints=(
+        Constraint("MC is a multiple of MR", lambda q: q["MC"] % q["MR"] == 0),
+        Constraint("NC is a multiple of NR", lambda q: q["NC"] % q["NR"] == 0),
+        Constraint("MR*NR <= 256 (the tile must fit the vector registers)",
+                   lambda q: q["MR"] * q["NR"] <= 256),
+    ),
+    dtypes=FLOATS + INTS,
+    doc=__doc__,
+)
