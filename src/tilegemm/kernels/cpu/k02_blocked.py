@@ -73,11 +73,15 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
 
     ns: dict[str, Any] = {"zero": zero, "uint64": numba.uint64}
     exec(micro_kernel_source(mr, nr), ns)  # noqa: S102 - source generated above, no input
-    sig = numba.void(numba.int64, nbt[:, ::1], nbt[:, ::1], nbt[:, ::1])
-    with slp_enabled():  # compile now, with the SLP vectoriser on for this function only
-        ukernel = njit(sig, cache=False, **flags)(ns["ukernel"])
+    # Explicit signatures: every function compiles once, eagerly, here (no specialisation per
+    # literal argument or per read-only flag); A and B are read-only so any input is accepted.
+    i8, flag = numba.int64, numba.boolean
+    ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (2, 3))
+    a2, a3, a4 = nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
+    with slp_enabled():  # the SLP vectoriser on for this one function
+        ukernel = njit(numba.void(i8, a2, a2, a2), cache=False, **flags)(ns["ukernel"])
 
-    @njit(cache=False, **flags)
+    @njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8), cache=False, **flags)
     def pack_b(B, pc, kc, jc, nc, Bp, s0, s1):
         """Bp[s, p, j] = B[pc + p, jc + s*NR + j], zero beyond column nc."""
         for s in range(s0, s1):
@@ -90,7 +94,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
                 for j in range(width, nr):
                     Bp[s, q, j] = zero
 
-    @njit(cache=False, **flags)
+    @njit(numba.void(ro2, i8, i8, i8, i8, a3), cache=False, **flags)
     def pack_a(A, ic, mc, pc, kc, Ap):
         """Ap[r, p, i] = A[ic + r*MR + i, pc + p], zero beyond row mc."""
         for r in range((mc + mr - 1) // mr):
@@ -104,7 +108,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
                 for q in range(kc):
                     Ap[r, q, i] = zero
 
-    @njit(cache=False, **flags)
+    @njit(numba.void(a3, a3, a2, i8, i8, i8, i8, i8, i8, i8, nbt, nbt, flag, a2), cache=False,
+          **flags)
     def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
         """Every MR×NR tile of C[ic:ic+mc, jc:jc+nc] in strips s0..s1 from packed panels.
 
@@ -142,7 +147,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
                             else:
                                 C[i + ii, j + jj] = v + beta * C[i + ii, j + jj]
 
-    @njit(cache=False, **flags)
+    @njit(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2), cache=False, **flags)
     def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T):
         """One product on the calling thread (the batch-parallel path)."""
         m, n, k = C.shape[0], C.shape[1], A.shape[1]
@@ -157,12 +162,45 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
                     macro(Ap, Bp, C, ic, mcc, jc, nc, kc, 0, (nc + nr - 1) // nr,
                           alpha, beta, pc == 0, T)
 
-    @njit(cache=False, parallel=True, **flags)
+    @njit(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3),
+          cache=False, parallel=True, **flags)
+    def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, mcb, ngroups, Bp,
+                     Ap_all, T_all):
+        """The one parallel region, so Numba compiles one parfor, not one per phase.
+
+        phase 0: task t packs strip group t of the B panel of product z; phase 1: task t =
+        (row block, strip group) packs its A block and computes its tiles; phase 2: task t
+        is the whole product t of the batch (small products), with its own scratch.
+        """
+        nstrips = (nc + nr - 1) // nr
+        za = z if A.shape[0] > 1 else 0
+        zb = z if B.shape[0] > 1 else 0
+        for tu in prange(ntasks):
+            t = np.int64(tu)  # prange indices are unsigned; keep index arithmetic signed
+            if phase == 0:
+                pack_b(B[zb], pc, kc, jc, nc, Bp, t * nstrips // ngroups,
+                       (t + 1) * nstrips // ngroups)
+            elif phase == 1:
+                blk, g = t // ngroups, t % ngroups
+                ic = blk * mcb
+                mcc = min(mcb, C.shape[1] - ic)
+                pack_a(A[za], ic, mcc, pc, kc, Ap_all[t])
+                macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, g * nstrips // ngroups,
+                      (g + 1) * nstrips // ngroups, alpha, beta, pc == 0, T_all[t])
+            else:
+                Ap = np.empty((mc // mr, kc_max, mr), dtype=C.dtype)
+                Bpz = np.empty(((min(nc_max, C.shape[2]) + nr - 1) // nr, kc_max, nr),
+                               dtype=C.dtype)
+                T = np.empty((mr, nr), dtype=C.dtype)
+                gemm_serial(A[t if A.shape[0] > 1 else 0], B[t if B.shape[0] > 1 else 0],
+                            C[t], alpha, beta, Ap, Bpz, T)
+
+    @njit(numba.void(ro3, ro3, a3, nbt, nbt), cache=False, **flags)
     def blocked(A, B, C, alpha, beta):
         batch, m, n = C.shape[0], C.shape[1], C.shape[2]
         k = A.shape[2]
         if k == 0:  # no products: C = beta*C, or zeros (C unread when beta == 0)
-            for z in prange(batch):
+            for z in range(batch):
                 for i in range(m):
                     for j in range(n):
                         base = alpha * zero
@@ -170,14 +208,10 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
             return
         nthreads = numba.get_num_threads()
         strip_cap = (min(nc_max, n) + nr - 1) // nr
+        empty = np.empty((1, 1, 1, mr), dtype=C.dtype)
         if batch > 1 and m * n * k <= SMALL_PRODUCT:
-            for z in prange(batch):
-                Ap = np.empty((mc // mr, kc_max, mr), dtype=C.dtype)
-                Bp = np.empty((strip_cap, kc_max, nr), dtype=C.dtype)
-                T = np.empty((mr, nr), dtype=C.dtype)
-                zi = np.int64(z)  # prange indices are unsigned; keep index arithmetic signed
-                gemm_serial(A[zi if A.shape[0] > 1 else 0], B[zi if B.shape[0] > 1 else 0],
-                            C[zi], alpha, beta, Ap, Bp, T)
+            run_parallel(2, batch, A, B, C, 0, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],
+                         empty, empty[0])
             return
         # One product at a time, threads over (row block × strip group) tasks. Row blocks
         # shrink (to a multiple of MR) so that there are at least as many as threads.
@@ -185,32 +219,18 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
         nblk = (m + mcb - 1) // mcb
         Bp = np.empty((strip_cap, kc_max, nr), dtype=C.dtype)
         ngroups_max = max(1, min(strip_cap, (2 * nthreads + nblk - 1) // nblk))
-        ntasks_max = nblk * ngroups_max
-        Ap_all = np.empty((ntasks_max, mc // mr, kc_max, mr), dtype=C.dtype)
-        T_all = np.empty((ntasks_max, mr, nr), dtype=C.dtype)
+        Ap_all = np.empty((nblk * ngroups_max, mc // mr, kc_max, mr), dtype=C.dtype)
+        T_all = np.empty((nblk * ngroups_max, mr, nr), dtype=C.dtype)
         for z in range(batch):
-            A2 = A[z if A.shape[0] > 1 else 0]
-            B2 = B[z if B.shape[0] > 1 else 0]
-            C2 = C[z]
             for jc in range(0, n, nc_max):
                 nc = min(nc_max, n - jc)
-                nstrips = (nc + nr - 1) // nr
-                ngroups = min(ngroups_max, nstrips)
+                ngroups = min(ngroups_max, (nc + nr - 1) // nr)
                 for pc in range(0, k, kc_max):
                     kc = min(kc_max, k - pc)
-                    for gu in prange(ngroups):
-                        g = np.int64(gu)
-                        pack_b(B2, pc, kc, jc, nc, Bp,
-                               g * nstrips // ngroups, (g + 1) * nstrips // ngroups)
-                    for tu in prange(nblk * ngroups):
-                        t = np.int64(tu)
-                        blk, g = t // ngroups, t % ngroups
-                        ic = blk * mcb
-                        mcc = min(mcb, m - ic)
-                        pack_a(A2, ic, mcc, pc, kc, Ap_all[t])
-                        macro(Ap_all[t], Bp, C2, ic, mcc, jc, nc, kc,
-                              g * nstrips // ngroups, (g + 1) * nstrips // ngroups,
-                              alpha, beta, pc == 0, T_all[t])
+                    run_parallel(0, ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc, mcb,
+                                 ngroups, Bp, Ap_all, T_all)
+                    run_parallel(1, nblk * ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc,
+                                 mcb, ngroups, Bp, Ap_all, T_all)
 
     return blocked
 
