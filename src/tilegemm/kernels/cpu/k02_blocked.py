@@ -58,30 +58,51 @@ def micro_kernel_source(mr: int, nr: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def jit_flags(dtype: np.dtype) -> dict[str, Any]:
+    """No bounds checks, NumPy error model; for floats, FMA contraction and nothing else
+    (no reassociation, so NaN/Inf and rounding behave like the plain loop)."""
+    flags: dict[str, Any] = {"error_model": "numpy", "boundscheck": False, "cache": False}
+    if dtype.kind == "f":
+        flags["fastmath"] = {"contract"}
+    return flags
+
+
+def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
+    """The compiled MR×NR micro-kernel ``ukernel(kc, Ap, Bp, T)`` for ``dtype``.
+
+    Compiled eagerly with the SLP vectoriser switched on for it alone (see ``_slp``); the
+    tests read its assembly to check that the tile really lives in vector registers.
+    """
+    import numba
+    from numba import njit
+
+    from tilegemm.kernels.cpu._slp import slp_enabled
+
+    dtype = np.dtype(dtype)
+    nbt = numba.from_dtype(dtype)
+    ns: dict[str, Any] = {"zero": dtype.type(0), "uint64": numba.uint64}
+    exec(micro_kernel_source(mr, nr), ns)  # noqa: S102 - our own generated source
+    a2 = nbt[:, ::1]
+    with slp_enabled():
+        return njit(numba.void(numba.int64, a2, a2, a2), **jit_flags(dtype))(ns["ukernel"])
+
+
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     import numba
     from numba import njit, prange
 
-    from tilegemm.kernels.cpu._slp import slp_enabled
-
     mr, nr, mc, kc_max, nc_max = p["MR"], p["NR"], p["MC"], p["KC"], p["NC"]
     nbt = numba.from_dtype(dtype)
     zero = dtype.type(0)
-    flags = {"error_model": "numpy", "boundscheck": False}
-    if dtype.kind == "f":
-        flags["fastmath"] = {"contract"}  # FMA contraction only; no reassociation
-
-    ns: dict[str, Any] = {"zero": zero, "uint64": numba.uint64}
-    exec(micro_kernel_source(mr, nr), ns)  # noqa: S102 - source generated above, no input
+    flags = jit_flags(dtype)
     # Explicit signatures: every function compiles once, eagerly, here (no specialisation per
     # literal argument or per read-only flag); A and B are read-only so any input is accepted.
     i8, flag = numba.int64, numba.boolean
     ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (2, 3))
     a2, a3, a4 = nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
-    with slp_enabled():  # the SLP vectoriser on for this one function
-        ukernel = njit(numba.void(i8, a2, a2, a2), cache=False, **flags)(ns["ukernel"])
+    ukernel = micro_kernel(mr, nr, dtype)
 
-    @njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8), cache=False, **flags)
+    @njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8), **flags)
     def pack_b(B, pc, kc, jc, nc, Bp, s0, s1):
         """Bp[s, p, j] = B[pc + p, jc + s*NR + j], zero beyond column nc."""
         for s in range(s0, s1):
@@ -94,7 +115,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
                 for j in range(width, nr):
                     Bp[s, q, j] = zero
 
-    @njit(numba.void(ro2, i8, i8, i8, i8, a3), cache=False, **flags)
+    @njit(numba.void(ro2, i8, i8, i8, i8, a3), **flags)
     def pack_a(A, ic, mc, pc, kc, Ap):
         """Ap[r, p, i] = A[ic + r*MR + i, pc + p], zero beyond row mc."""
         for r in range((mc + mr - 1) // mr):
@@ -108,8 +129,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
                 for q in range(kc):
                     Ap[r, q, i] = zero
 
-    @njit(numba.void(a3, a3, a2, i8, i8, i8, i8, i8, i8, i8, nbt, nbt, flag, a2), cache=False,
-          **flags)
+    @njit(numba.void(a3, a3, a2, i8, i8, i8, i8, i8, i8, i8, nbt, nbt, flag, a2), **flags)
     def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
         """Every MR×NR tile of C[ic:ic+mc, jc:jc+nc] in strips s0..s1 from packed panels.
 
@@ -147,7 +167,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
                             else:
                                 C[i + ii, j + jj] = v + beta * C[i + ii, j + jj]
 
-    @njit(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2), cache=False, **flags)
+    @njit(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2), **flags)
     def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T):
         """One product on the calling thread (the batch-parallel path)."""
         m, n, k = C.shape[0], C.shape[1], A.shape[1]
@@ -163,7 +183,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
                           alpha, beta, pc == 0, T)
 
     @njit(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3),
-          cache=False, parallel=True, **flags)
+          parallel=True, **flags)
     def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, mcb, ngroups, Bp,
                      Ap_all, T_all):
         """The one parallel region, so Numba compiles one parfor, not one per phase.
@@ -195,7 +215,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
                 gemm_serial(A[t if A.shape[0] > 1 else 0], B[t if B.shape[0] > 1 else 0],
                             C[t], alpha, beta, Ap, Bpz, T)
 
-    @njit(numba.void(ro3, ro3, a3, nbt, nbt), cache=False, **flags)
+    @njit(numba.void(ro3, ro3, a3, nbt, nbt), **flags)
     def blocked(A, B, C, alpha, beta):
         batch, m, n = C.shape[0], C.shape[1], C.shape[2]
         k = A.shape[2]
