@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import HOSTILE_SHAPES
 
 import tilegemm
+from conftest import HOSTILE_SHAPES
 from tilegemm.backends import get_backend
 from tilegemm.problem import describe, host_operand_3d, make_problem
 from tilegemm.reference import assert_close, random_operands
@@ -146,7 +146,8 @@ def test_nan_and_inf_propagate_like_numpy(spec, dtype):
     b[28, 34] = -np.inf  # last column
     b[3, 2] = np.inf
     result = run(spec, a, b)
-    expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    with np.errstate(invalid="ignore"):  # inf - inf in the reference is the point here
+        expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
     np.testing.assert_array_equal(np.isnan(result), np.isnan(expected))
     np.testing.assert_array_equal(np.isposinf(result), np.isposinf(expected))
     assert np.isnan(result).any() and np.isinf(result).any()
@@ -176,7 +177,7 @@ def test_shapes_crossing_blocks(spec, shape):
 def test_blocked_small_blocks_cross_every_loop(rng):
     """Small MC/KC/NC so one modest product runs several jc, pc and ic blocks, with partial
     blocks and partial register tiles on every edge, plus alpha/beta across K panels."""
-    spec = tilegemm.kernels("cpu")[[s.name for s in CPU_RUNGS].index("blocked")]
+    spec = next(s for s in CPU_RUNGS if s.name == "blocked")
     params = {"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256}
     a, b = random_operands((2, 101, 197), (197, 523), "float64")
     c = rng.uniform(-1, 1, size=(2, 101, 523))
@@ -214,7 +215,7 @@ def test_blocked_micro_kernel_is_vectorised():
     features = llvm.get_host_cpu_features()
     if not (features.get("fma") and features.get("avx2")):
         pytest.skip("host CPU has no AVX2/FMA")
-    uk = micro_kernel(12, 16, np.dtype("float32"))
+    uk = micro_kernel(16, 8, np.dtype("float32"))
     asm = uk.inspect_asm(uk.signatures[0])
     fmas = [ln for ln in asm.splitlines() if "vfmadd" in ln]
     assert fmas and all(("ymm" in ln or "zmm" in ln) for ln in fmas), fmas[:4]

@@ -40,19 +40,22 @@ SMALL_PRODUCT = 96 * 96 * 96
 def micro_kernel_source(mr: int, nr: int) -> str:
     """Python source of the MR×NR micro-kernel, fully unrolled into named scalars.
 
-    ``ukernel(kc, Ap, Bp, T)`` computes the tile ``T = Ap[:kc].T @ Bp[:kc]`` (Ap is (KC, MR),
-    Bp is (KC, NR), both packed; T is (MR, NR)). The K loop runs over an unsigned index so
-    Numba emits no negative-index wraparound (which would turn the B loads into gathers).
+    ``ukernel(kc, Ap, r, Bp, s, T)`` computes the tile ``T = Ap[r, :kc].T @ Bp[s, :kc]`` from
+    A strip r and B strip s of the packed panels (Ap[r] is (KC, MR), Bp[s] is (KC, NR); T is
+    (MR, NR)). Strips are indexed here rather than passed as views: a view is a new array
+    object whose reference counting, per tile, costs atomics on a panel both threads share.
+    The K loop runs over an unsigned index so Numba emits no negative-index wraparound (which
+    would turn the B loads into gathers).
     The alpha/beta update of C stays out of here, in an ordinary loop: unrolling it too
     would triple the generated source, and Numba's compile time grows with it.
     """
-    lines = ["def ukernel(kc, Ap, Bp, T):"]
+    lines = ["def ukernel(kc, Ap, r, Bp, s, T):"]
     for i in range(mr):
         lines.append("    " + " = ".join(f"c{i}_{j}" for j in range(nr)) + " = zero")
     lines.append("    for p in range(uint64(kc)):")
-    lines.extend(f"        b{j} = Bp[p, {j}]" for j in range(nr))
+    lines.extend(f"        b{j} = Bp[s, p, {j}]" for j in range(nr))
     for i in range(mr):
-        lines.append(f"        a = Ap[p, {i}]")
+        lines.append(f"        a = Ap[r, p, {i}]")
         lines.extend(f"        c{i}_{j} += a * b{j}" for j in range(nr))
     lines.extend(f"    T[{i}, {j}] = c{i}_{j}" for i in range(mr) for j in range(nr))
     return "\n".join(lines) + "\n"
@@ -68,7 +71,7 @@ def jit_flags(dtype: np.dtype) -> dict[str, Any]:
 
 
 def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
-    """The compiled MR×NR micro-kernel ``ukernel(kc, Ap, Bp, T)`` for ``dtype``.
+    """The compiled MR×NR micro-kernel ``ukernel(kc, Ap, r, Bp, s, T)`` for ``dtype``.
 
     Compiled eagerly with the SLP vectoriser switched on for it alone (see ``_slp``); the
     tests read its assembly to check that the tile really lives in vector registers.
@@ -82,9 +85,9 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
     nbt = numba.from_dtype(dtype)
     ns: dict[str, Any] = {"zero": dtype.type(0), "uint64": numba.uint64}
     exec(micro_kernel_source(mr, nr), ns)  # noqa: S102 - our own generated source
-    a2 = nbt[:, ::1]
+    i8, a2, a3 = numba.int64, nbt[:, ::1], nbt[:, :, ::1]
     with slp_enabled():
-        return njit(numba.void(numba.int64, a2, a2, a2), **jit_flags(dtype))(ns["ukernel"])
+        return njit(numba.void(i8, a3, i8, a3, i8, a2), **jit_flags(dtype))(ns["ukernel"])
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
@@ -101,6 +104,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (2, 3))
     a2, a3, a4 = nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
     ukernel = micro_kernel(mr, nr, dtype)
+    nr_u = np.uint64(nr)
 
     @njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8), **flags)
     def pack_b(B, pc, kc, jc, nc, Bp, s0, s1):
@@ -142,20 +146,22 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
             for r in range((mc + mr - 1) // mr):
                 i = ic + r * mr
                 h = min(mr, ic + mc - i)
-                ukernel(kc, Ap[r], Bp[s], T)
-                if h == mr and w == nr:  # constant trip counts: vectorised stores
-                    if not first:
-                        for ii in range(mr):
-                            for jj in range(nr):
-                                C[i + ii, j + jj] += alpha * T[ii, jj]
-                    elif beta == zero:
-                        for ii in range(mr):
-                            for jj in range(nr):
-                                C[i + ii, j + jj] = alpha * T[ii, jj]
-                    else:
-                        for ii in range(mr):
-                            for jj in range(nr):
-                                C[i + ii, j + jj] = alpha * T[ii, jj] + beta * C[i + ii, j + jj]
+                ukernel(kc, Ap, r, Bp, s, T)
+                if h == mr and w == nr:
+                    # Whole tile: unsigned column indices (no wraparound selects) and a
+                    # constant trip count, so each row updates with a few vector ops.
+                    ju = np.uint64(j)
+                    for ii in range(mr):
+                        crow, trow = C[i + ii], T[ii]
+                        if not first:
+                            for jj in range(nr_u):
+                                crow[ju + jj] += alpha * trow[jj]
+                        elif beta == zero:
+                            for jj in range(nr_u):
+                                crow[ju + jj] = alpha * trow[jj]
+                        else:
+                            for jj in range(nr_u):
+                                crow[ju + jj] = alpha * trow[jj] + beta * crow[ju + jj]
                 else:
                     for ii in range(h):
                         for jj in range(w):
@@ -184,26 +190,28 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
 
     @njit(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3),
           parallel=True, **flags)
-    def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, mcb, ngroups, Bp,
+    def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, ngroups, Bp,
                      Ap_all, T_all):
         """The one parallel region, so Numba compiles one parfor, not one per phase.
 
-        phase 0: task t packs strip group t of the B panel of product z; phase 1: task t =
-        (row block, strip group) packs its A block and computes its tiles; phase 2: task t
-        is the whole product t of the batch (small products), with its own scratch.
+        phase 0: task t packs the t-th of ``ntasks`` slices of the B panel of product z;
+        phase 1: task t = (row block of ``nblk``, strip group of ``ngroups``) packs its A
+        block and computes its tiles (blocks differ by at most one MR strip, so threads stay
+        balanced); phase 2: task t is the whole product t of the batch (small products).
         """
         nstrips = (nc + nr - 1) // nr
+        msr = (C.shape[1] + mr - 1) // mr
         za = z if A.shape[0] > 1 else 0
         zb = z if B.shape[0] > 1 else 0
         for tu in prange(ntasks):
             t = np.int64(tu)  # prange indices are unsigned; keep index arithmetic signed
             if phase == 0:
-                pack_b(B[zb], pc, kc, jc, nc, Bp, t * nstrips // ngroups,
-                       (t + 1) * nstrips // ngroups)
+                pack_b(B[zb], pc, kc, jc, nc, Bp, t * nstrips // ntasks,
+                       (t + 1) * nstrips // ntasks)
             elif phase == 1:
                 blk, g = t // ngroups, t % ngroups
-                ic = blk * mcb
-                mcc = min(mcb, C.shape[1] - ic)
+                ic = blk * msr // nblk * mr
+                mcc = min((blk + 1) * msr // nblk * mr, C.shape[1]) - ic
                 pack_a(A[za], ic, mcc, pc, kc, Ap_all[t])
                 macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, g * nstrips // ngroups,
                       (g + 1) * nstrips // ngroups, alpha, beta, pc == 0, T_all[t])
@@ -233,24 +241,27 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
             run_parallel(2, batch, A, B, C, 0, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],
                          empty, empty[0])
             return
-        # One product at a time, threads over (row block × strip group) tasks. Row blocks
-        # shrink (to a multiple of MR) so that there are at least as many as threads.
-        mcb = min(mc, ((m + nthreads - 1) // nthreads + mr - 1) // mr * mr)
-        nblk = (m + mcb - 1) // mcb
+        # One product at a time, threads over (row block × strip group) tasks: row blocks of
+        # at most MC rows, as many as a multiple of the thread count when there are enough
+        # MR strips; when there are few, column groups of the B panel supply the tasks.
+        msr = (m + mr - 1) // mr
+        nblk = (msr + mc // mr - 1) // (mc // mr)
+        nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
         Bp = np.empty((strip_cap, kc_max, nr), dtype=C.dtype)
-        ngroups_max = max(1, min(strip_cap, (2 * nthreads + nblk - 1) // nblk))
+        ngroups_max = 1 if nblk >= nthreads else min(strip_cap, 2 * nthreads)
         Ap_all = np.empty((nblk * ngroups_max, mc // mr, kc_max, mr), dtype=C.dtype)
         T_all = np.empty((nblk * ngroups_max, mr, nr), dtype=C.dtype)
         for z in range(batch):
             for jc in range(0, n, nc_max):
                 nc = min(nc_max, n - jc)
-                ngroups = min(ngroups_max, (nc + nr - 1) // nr)
+                nstrips = (nc + nr - 1) // nr
+                ngroups = min(ngroups_max, nstrips)
                 for pc in range(0, k, kc_max):
                     kc = min(kc_max, k - pc)
-                    run_parallel(0, ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc, mcb,
-                                 ngroups, Bp, Ap_all, T_all)
+                    run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc, nc,
+                                 pc, kc, nblk, ngroups, Bp, Ap_all, T_all)
                     run_parallel(1, nblk * ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc,
-                                 mcb, ngroups, Bp, Ap_all, T_all)
+                                 nblk, ngroups, Bp, Ap_all, T_all)
 
     return blocked
 
@@ -262,10 +273,11 @@ SPEC = KernelSpec(
     title="packed panels, MR×NR register tile, cache blocks, threads",
     build=build,
     params=(
-        Param("MR", 12, (4, 6, 8, 12, 16), "rows of the register tile (broadcasts of A)"),
-        Param("NR", 16, (8, 16, 32), "columns of the register tile (vector lanes of B)"),
-        Param("MC", 144, (48, 96, 144, 192, 288, 384), "rows of the packed A block (L2)"),
-        Param("KC", 256, (64, 128, 256, 384, 512), "inner-dimension depth of a panel (L1/L2)"),
+        Param("MR", 16, (4, 6, 8, 12, 16), "rows of the register tile (broadcasts of A)"),
+        Param("NR", 8, (8, 16, 32), "columns of the register tile (vector lanes of B)"),
+        Param("MC", 96, (48, 96, 144, 192, 288, 384), "rows of the packed A block (L2)"),
+        Param("KC", 512, (64, 128, 256, 384, 512, 768, 1024),
+              "inner-dimension depth of a panel (L1/L2)"),
         Param("NC", 2048, (256, 512, 1024, 2048, 4096), "columns of the packed B panel (L3)"),
     ),
     constraints=(
