@@ -51,6 +51,19 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def simd_flags() -> list[str]:
+    """The vector/FMA features that decide the micro-kernel's code (from /proc/cpuinfo)."""
+    wanted = ("avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq")
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in wanted if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -125,7 +138,7 @@ def main() -> None:
                   flush=True)
     model = cpu_model()
     result = {
-        "device": "cpu", "cpu_model": model, "cores": os.cpu_count(),
+        "device": "cpu", "cpu_model": model, "cores": os.cpu_count(), "simd": simd_flags(),
         "numba_threads": numba.get_num_threads(), "numpy_version": np.__version__,
         "numba_version": numba.__version__, "git_commit": git_commit(),
         "kernel": "cpu:blocked", "params": params, "sizes": args.sizes,
