@@ -217,8 +217,11 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
                 macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, g * nstrips // ngroups,
                       (g + 1) * nstrips // ngroups, alpha, beta, pc == 0, T_all[t])
             else:
-                Ap = np.empty((mc // mr, kc_max, mr), dtype=C.dtype)
-                Bpz = np.empty(((min(nc_max, C.shape[2]) + nr - 1) // nr, kc_max, nr),
+                # scratch sized to the product, not the blocks: tiny products stay cheap
+                kcap = min(kc_max, A.shape[2])
+                Ap = np.empty((min(mc // mr, (C.shape[1] + mr - 1) // mr), kcap, mr),
+                              dtype=C.dtype)
+                Bpz = np.empty(((min(nc_max, C.shape[2]) + nr - 1) // nr, kcap, nr),
                                dtype=C.dtype)
                 T = np.empty((mr, nr), dtype=C.dtype)
                 gemm_serial(A[t if A.shape[0] > 1 else 0], B[t if B.shape[0] > 1 else 0],
@@ -248,9 +251,11 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
         msr = (m + mr - 1) // mr
         nblk = (msr + mc // mr - 1) // (mc // mr)
         nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
-        Bp = np.empty((strip_cap, kc_max, nr), dtype=C.dtype)
+        kcap = min(kc_max, k)
+        Bp = np.empty((strip_cap, kcap, nr), dtype=C.dtype)
         ngroups_max = 1 if nblk >= nthreads else min(strip_cap, 2 * nthreads)
-        Ap_all = np.empty((nblk * ngroups_max, mc // mr, kc_max, mr), dtype=C.dtype)
+        Ap_all = np.empty((nblk * ngroups_max, (msr + nblk - 1) // nblk, kcap, mr),
+                          dtype=C.dtype)
         T_all = np.empty((nblk * ngroups_max, mr, nr), dtype=C.dtype)
         for z in range(batch):
             for jc in range(0, n, nc_max):
