@@ -1,0 +1,159 @@
+"""Measure the CPU ``blocked`` rung against NumPy (OpenBLAS) in the same process.
+
+Usage (from the repository root)::
+
+    PYTHONPATH=src python benchmarks/cpu_blocked.py                # 512/1024/2048, f32+f64
+    PYTHONPATH=src python benchmarks/cpu_blocked.py --sizes 1024 --dtypes float32 \\
+        --param MR=16 --param KC=384 --no-save                     # try parameters
+
+Timing: operands prepared once through ``CpuBackend.prepare`` (compilation happens there and
+is reported separately). Rounds alternate a block of launches of ours with a block of
+``np.matmul`` calls into a preallocated output, so that load from other processes hits both
+alike; the result is the median of all launches and the ratio of the medians.
+
+Each block starts after a pause (``--pause``, default 0.3 s): OpenBLAS worker threads keep
+spinning for about 0.1 s after a call, and Numba's OpenMP workers briefly too, so a launch
+that follows the other library immediately shares its cores with those spinning threads.
+Strict one-by-one interleaving measured both sides at a third to a half of their speed on
+this 2-core machine. Writes ``benchmarks/results/cpu-blocked-<cpu-model-slug>.json`` unless
+``--no-save``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import numba
+import numpy as np
+
+from tilegemm import registry
+from tilegemm.backends import get_backend
+from tilegemm.problem import describe, host_operand_3d, make_problem
+from tilegemm.reference import assert_close, random_operands
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def simd_flags() -> list[str]:
+    """The vector/FMA features that decide the micro-kernel's code (from /proc/cpuinfo)."""
+    wanted = ("avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq")
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in wanted if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
+                              capture_output=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def measure(spec, params, n: int, dtype: str, rounds: int, block: int, pause: float) -> dict:
+    a, b = random_operands((n, n), (n, n), dtype)
+    prob = make_problem(describe(a, "a"), describe(b, "b"))
+    t0 = time.perf_counter()
+    prepared = get_backend("cpu").prepare(spec, params, prob, host_operand_3d(a, prob, "a"),
+                                          host_operand_3d(b, prob, "b"))
+    prepared.launch()  # compiles on the first (dtype, params); warms caches
+    first_call_s = time.perf_counter() - t0
+    assert_close(prepared.fetch()[0], a, b, what=f"blocked {n} {dtype}")
+    out = np.empty((n, n), dtype=dtype)
+    np.matmul(a, b, out=out)
+    ours, ref, ours_cpu, ref_cpu = [], [], [], []
+    for _ in range(rounds):
+        time.sleep(pause)
+        for _ in range(block):
+            c = time.process_time()
+            ours.extend(prepared.elapsed(1))
+            ours_cpu.append(time.process_time() - c)
+        time.sleep(pause)
+        for _ in range(block):
+            c, t = time.process_time(), time.perf_counter()
+            np.matmul(a, b, out=out)
+            ref.append(time.perf_counter() - t)
+            ref_cpu.append(time.process_time() - c)
+    flop = 2.0 * n**3
+    g_ours, g_np = flop / np.median(ours) / 1e9, flop / np.median(ref) / 1e9
+    return {"size": n, "dtype": dtype, "first_call_s": round(first_call_s, 3),
+            "gflops_blocked": round(g_ours, 2), "gflops_numpy": round(g_np, 2),
+            "ratio": round(g_ours / g_np, 3), "launches": len(ours),
+            "gflops_blocked_best": round(flop / min(ours) / 1e9, 2),
+            "gflops_numpy_best": round(flop / min(ref) / 1e9, 2),
+            # CPU seconds of all threads (spin-waits included): less sensitive to other
+            # processes than wall time, and still charges load imbalance.
+            "gflops_per_cpu_s_blocked": round(flop / np.median(ours_cpu) / 1e9, 2),
+            "gflops_per_cpu_s_numpy": round(flop / np.median(ref_cpu) / 1e9, 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    ap.add_argument("--rounds", type=int, default=5, help="alternations of ours and NumPy")
+    ap.add_argument("--block", type=int, default=3, help="launches per block")
+    ap.add_argument("--pause", type=float, default=0.3, help="seconds idle before a block")
+    ap.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args()
+
+    spec = registry.get("blocked", "cpu")
+    params = spec.resolve({k: int(v) for k, v in (p.split("=") for p in args.param)})
+    rows = []
+    for dtype in args.dtypes:
+        for n in args.sizes:
+            row = measure(spec, params, n, dtype, args.rounds, args.block, args.pause)
+            rows.append(row)
+            print(f"{dtype:8} {n:5}  blocked {row['gflops_blocked']:7.1f}  numpy "
+                  f"{row['gflops_numpy']:7.1f} GFLOP/s  ratio {row['ratio']:.2f}  "
+                  f"| per CPU-s {row['gflops_per_cpu_s_blocked']:6.1f} vs "
+                  f"{row['gflops_per_cpu_s_numpy']:6.1f} | first call {row['first_call_s']:.2f} s",
+                  flush=True)
+    model = cpu_model()
+    result = {
+        "device": "cpu", "cpu_model": model, "cores": os.cpu_count(), "simd": simd_flags(),
+        "numba_threads": numba.get_num_threads(), "numpy_version": np.__version__,
+        "numba_version": numba.__version__, "git_commit": git_commit(),
+        "kernel": "cpu:blocked", "params": params, "sizes": args.sizes,
+        "method": (f"median of {args.rounds} rounds x {args.block} launches, ours and NumPy "
+                   f"alternating by block, {args.pause} s idle before each block; operands "
+                   "prepared once"),
+        "load_average_at_end": list(os.getloadavg()),
+        "results": rows,
+    }
+    if not args.no_save:
+        path = ROOT / "benchmarks" / "results" / f"cpu-blocked-{slug(model)}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Every CPU rung against the float64 reference: hostile shapes, batches, layouts, gemm.
+
+Parametrised over the registry (``tilegemm.kernels("cpu")``), so a new CPU rung is covered
+without editing this file. Outputs are NaN-poisoned (conftest sets TILEGEMM_POISON=1), so an
+element a rung never writes fails the check. Each (rung, parameters, dtype) compiles once per
+process; shapes stay small except for one product of 512³.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegemm
+from conftest import HOSTILE_SHAPES
+from tilegemm.backends import get_backend
+from tilegemm.problem import describe, host_operand_3d, make_problem
+from tilegemm.reference import assert_close, random_operands
+
+CPU_RUNGS = tilegemm.kernels("cpu")
+RUNG_IDS = [s.name for s in CPU_RUNGS]
+FLOAT_DTYPES = ("float32", "float64")
+
+
+def cases(dtypes: tuple[str, ...]) -> list:
+    """(rung, dtype) pairs the rung supports, as pytest params with readable ids."""
+    return [pytest.param(s, d, id=f"{s.name}-{d}") for s in CPU_RUNGS for d in dtypes
+            if s.supports(d)]
+
+
+def run(spec, a, b, **kw):
+    return tilegemm.matmul(a, b, kernel=spec.name, backend="cpu", **kw)
+
+
+@pytest.mark.parametrize("shape", HOSTILE_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize(("spec", "dtype"), cases(FLOAT_DTYPES + ("int32", "int64")))
+def test_hostile_shapes(spec, dtype, shape):
+    m, n, k = shape
+    a, b = random_operands((m, k), (k, n), dtype)
+    assert_close(run(spec, a, b), a, b, what=f"{spec.name} {dtype} {shape}")
+
+
+@pytest.mark.parametrize(("spec", "dtype"), cases(FLOAT_DTYPES))
+def test_explicit_out_prefilled_with_nan(spec, dtype):
+    a, b = random_operands((2, 19, 23), (23, 29), dtype)
+    out = np.full((2, 19, 29), np.nan, dtype=dtype)
+    result = run(spec, a, b, out=out)
+    assert result is out
+    assert_close(out, a, b)
+
+
+@pytest.mark.parametrize(
+    ("shape_a", "shape_b"),
+    [
+        ((3, 7, 5), (3, 5, 11)),  # full batch on both
+        ((3, 1, 7, 5), (4, 5, 11)),  # partial broadcast -> (3, 4, 7, 11)
+        ((7, 5), (2, 3, 5, 11)),  # a shared by every product
+        ((2, 3, 7, 5), (5, 11)),  # b shared
+        ((40, 6, 4), (40, 4, 9)),  # many small products (batch-parallel path)
+        ((0, 7, 5), (5, 11)),  # empty batch
+    ],
+)
+@pytest.mark.parametrize(("spec", "dtype"), cases(FLOAT_DTYPES))
+def test_batches_and_broadcast(spec, dtype, shape_a, shape_b):
+    a, b = random_operands(shape_a, shape_b, dtype)
+    assert_close(run(spec, a, b), a, b)
+
+
+@pytest.mark.parametrize(
+    ("shape_a", "shape_b"),
+    [((9,), (9, 13)), ((13, 9), (9,)), ((9,), (9,)), ((2, 13, 9), (9,)), ((9,), (3, 9, 4))],
+)
+@pytest.mark.parametrize(("spec", "dtype"), cases(FLOAT_DTYPES))
+def test_one_dimensional_operands(spec, dtype, shape_a, shape_b):
+    a, b = random_operands(shape_a, shape_b, dtype)
+    result = run(spec, a, b)
+    assert result.shape == np.matmul(a, b).shape
+    assert_close(result, a, b)
+
+
+@pytest.mark.parametrize(("spec", "dtype"), cases(FLOAT_DTYPES))
+def test_gemm_alpha_beta(spec, dtype, rng):
+    a, b = random_operands((2, 17, 31), (31, 21), dtype)
+    c = rng.uniform(-1, 1, size=(2, 17, 21)).astype(dtype)
+    result = tilegemm.gemm(a, b, c, alpha=-1.5, beta=0.25, kernel=spec.name, backend="cpu")
+    assert_close(result, a, b, alpha=-1.5, beta=0.25, c=c)
+    # c broadcast along rows and the batch; c must not change
+    c_row = rng.uniform(-1, 1, size=(21,)).astype(dtype)
+    before = c_row.copy()
+    result = tilegemm.gemm(a, b, c_row, alpha=2.0, beta=-3.0, kernel=spec.name, backend="cpu")
+    assert_close(result, a, b, alpha=2.0, beta=-3.0, c=c_row)
+    np.testing.assert_array_equal(c_row, before)
+
+
+@pytest.mark.parametrize(("spec", "dtype"), cases(FLOAT_DTYPES))
+def test_gemm_in_place_and_c_unread_when_beta_is_zero(spec, dtype, rng):
+    a, b = random_operands((13, 37), (37, 19), dtype)
+    c = rng.uniform(-1, 1, size=(13, 19)).astype(dtype)
+    c0 = c.copy()
+    result = tilegemm.gemm(a, b, c, alpha=0.5, beta=2.0, out=c, kernel=spec.name, backend="cpu")
+    assert result is c
+    assert_close(c, a, b, alpha=0.5, beta=2.0, c=c0)
+    # beta == 0: a NaN-filled c must not leak into the result
+    c_nan = np.full((13, 19), np.nan, dtype=dtype)
+    result = tilegemm.gemm(a, b, c_nan, alpha=3.0, beta=0.0, out=c_nan, kernel=spec.name,
+                           backend="cpu")
+    assert_close(result, a, b, alpha=3.0)
+
+
+@pytest.mark.parametrize(("spec", "dtype"), cases(FLOAT_DTYPES))
+def test_transposes(spec, dtype):
+    a, b = random_operands((2, 23, 11), (2, 17, 23), dtype)
+    result = tilegemm.gemm(a, b, trans_a=True, trans_b=True, kernel=spec.name, backend="cpu")
+    assert_close(result, a, b, trans_a=True, trans_b=True)
+
+
+@pytest.mark.parametrize(("spec", "dtype"), cases(FLOAT_DTYPES))
+def test_zero_k_and_empty_dims(spec, dtype, rng):
+    a, b = random_operands((6, 0), (0, 5), dtype)
+    result = run(spec, a, b)
+    np.testing.assert_array_equal(result, np.zeros((6, 5), dtype=dtype))
+    c = rng.uniform(-1, 1, size=(6, 5)).astype(dtype)
+    result = tilegemm.gemm(a, b, c, beta=-2.0, kernel=spec.name, backend="cpu")
+    np.testing.assert_allclose(result, -2.0 * c, rtol=0, atol=0)
+    for sa, sb in (((0, 4), (4, 5)), ((6, 4), (4, 0)), ((0, 0), (0, 0))):
+        a, b = random_operands(sa, sb, dtype)
+        result = run(spec, a, b)
+        assert result.shape == np.matmul(a, b).shape
+
+
+@pytest.mark.parametrize(("spec", "dtype"), cases(FLOAT_DTYPES))
+def test_fortran_ordered_and_strided_inputs(spec, dtype):
+    a, b = random_operands((30, 44), (50, 66), dtype)
+    a_f = np.asfortranarray(a[:, :25])
+    b_s = b[::2, ::3]  # (25, 22), non-contiguous in both axes
+    assert_close(run(spec, a_f, b_s), a_f, b_s)
+    a_neg = a[::-1, 3:28]  # negative stride
+    assert_close(run(spec, a_neg, b_s), a_neg, b_s)
+
+
+@pytest.mark.parametrize(("spec", "dtype"), cases(FLOAT_DTYPES))
+def test_nan_and_inf_propagate_like_numpy(spec, dtype):
+    a, b = random_operands((3, 37, 29), (29, 35), dtype)
+    a[0, 5, 7] = np.nan
+    a[1, 36, 0] = np.inf  # last row: lands in a partial tile of a blocked rung
+    b[28, 34] = -np.inf  # last column
+    b[3, 2] = np.inf
+    result = run(spec, a, b)
+    with np.errstate(invalid="ignore"):  # inf - inf in the reference is the point here
+        expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(result), np.isnan(expected))
+    np.testing.assert_array_equal(np.isposinf(result), np.isposinf(expected))
+    assert np.isnan(result).any() and np.isinf(result).any()
+    assert_close(result, a, b)
+
+
+def block_crossing_shapes(spec) -> list[tuple[int, int, int]]:
+    """Shapes just past (and just short of) each cache block of a rung's default parameters."""
+    p = spec.defaults()
+    if not {"MC", "KC", "NC"} <= set(p):
+        return [(67, 61, 71)]
+    return [(p["MC"] + 1, 61, p["KC"] + 3), (p["MR"] * 2 + 1, p["NC"] - 1, 5),
+            (5, p["NC"] + p["NR"] + 3, 7)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "shape"),
+    [pytest.param(s, sh, id=f"{s.name}-{'x'.join(map(str, sh))}")
+     for s in CPU_RUNGS for sh in block_crossing_shapes(s)],
+)
+def test_shapes_crossing_blocks(spec, shape):
+    m, n, k = shape
+    a, b = random_operands((m, k), (k, n), "float32")
+    assert_close(run(spec, a, b), a, b, what=f"{spec.name} {shape}")
+
+
+def test_blocked_small_blocks_cross_every_loop(rng):
+    """Small MC/KC/NC so one modest product runs several jc, pc and ic blocks, with partial
+    blocks and partial register tiles on every edge, plus alpha/beta across K panels."""
+    spec = next(s for s in CPU_RUNGS if s.name == "blocked")
+    params = {"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256}
+    a, b = random_operands((2, 101, 197), (197, 523), "float64")
+    c = rng.uniform(-1, 1, size=(2, 101, 523))
+    result = tilegemm.gemm(a, b, c, alpha=0.75, beta=-0.5, kernel="blocked", backend="cpu",
+                           **params)
+    assert_close(result, a, b, alpha=0.75, beta=-0.5, c=c)
+    assert spec.is_valid(params)
+
+
+@pytest.mark.parametrize("spec", [s for s in CPU_RUNGS if s.rung > 1], ids=lambda s: s.name)
+def test_one_large_product(spec):
+    a, b = random_operands((512, 512), (512, 512), "float32")
+    assert_close(run(spec, a, b), a, b)
+
+
+@pytest.mark.parametrize("spec", CPU_RUNGS, ids=lambda s: s.name)
+def test_prepare_launch_fetch_elapsed(spec):
+    a, b = random_operands((2, 33, 20), (1, 20, 41), "float32")
+    prob = make_problem(describe(a, "a"), describe(b, "b"))
+    a3, b3 = host_operand_3d(a, prob, "a"), host_operand_3d(b, prob, "b")
+    prepared = get_backend("cpu").prepare(spec, spec.defaults(), prob, a3, b3)
+    prepared.launch()
+    assert_close(prepared.fetch(), a, b)
+    times = prepared.elapsed(3)
+    assert len(times) == 3 and all(t > 0 for t in times)
+
+
+def test_blocked_micro_kernel_is_vectorised():
+    """The register tile must compile to vector FMAs; if Numba's SLP switch stops working,
+    the rung silently drops to a fraction of its speed — this catches that."""
+    from llvmlite import binding as llvm
+
+    from tilegemm.kernels.cpu.k02_blocked import micro_kernel
+
+    features = llvm.get_host_cpu_features()
+    if not (features.get("fma") and features.get("avx2")):
+        pytest.skip("host CPU has no AVX2/FMA")
+    uk = micro_kernel(16, 8, np.dtype("float32"))
+    asm = uk.inspect_asm(uk.signatures[0])
+    fmas = [ln for ln in asm.splitlines() if "vfmadd" in ln]
+    assert fmas and all(("ymm" in ln or "zmm" in ln) for ln in fmas), fmas[:4]
+    assert "gather" not in asm
