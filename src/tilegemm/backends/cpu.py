@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +14,7 @@ from tilegemm.backends.base import (
     poison_enabled,
     poison_value,
     resolve_scalars,
+    wall_clock_elapsed,
 )
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
 from tilegemm.registry import KernelSpec
@@ -87,15 +87,8 @@ class CpuBackend(Backend):
             if not prob.empty:
                 program(a3, b3, c3, alpha, beta)
 
-        def elapsed(n: int) -> list[float]:
-            times = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                launch()
-                times.append(time.perf_counter() - t0)
-            return times
-
-        return Prepared(launch=launch, fetch=c3.copy, elapsed=elapsed)
+        return Prepared(launch=launch, fetch=c3.copy,
+                        elapsed=lambda n: wall_clock_elapsed(launch, n))
 
 
 BACKEND = CpuBackend()
