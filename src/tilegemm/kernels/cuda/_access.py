@@ -113,11 +113,17 @@ def _compiled_ops() -> Access:
     from numba.cuda.api_util import normalize_indices
     from numba.cuda.extending import intrinsic
 
+    def check_index(arr: Any, idx: Any, what: str) -> None:
+        if not isinstance(arr, types.Array):
+            raise TypingError(f"{what}: needs an array, got {arr}")
+        if (not isinstance(idx, types.BaseTuple) or len(idx) != arr.ndim
+                or not all(isinstance(t, types.Integer) for t in idx)):
+            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
+
     def check(arr: Any, idx: Any, what: str) -> int:
         if not isinstance(arr, types.Array) or not isinstance(arr.dtype, types.Number):
             raise TypingError(f"{what}: needs a numeric array, got {arr}")
-        if not isinstance(idx, types.UniTuple) or idx.count != arr.ndim:
-            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
+        check_index(arr, idx, what)
         w = VECTOR_BYTES // (arr.dtype.bitwidth // 8)
         if w < 2:
             raise TypingError(f"{what}: {arr.dtype} is too wide for a 128-bit vector")
@@ -138,12 +144,6 @@ def _compiled_ops() -> Access:
         ary = context.make_array(arrty)(context, builder, value=arr)
         return cgutils.get_item_pointer(context, builder, arrty, ary, indices,
                                         wraparound=False)
-
-    def check_index(arr: Any, idx: Any, what: str) -> None:
-        if not isinstance(arr, types.Array):
-            raise TypingError(f"{what}: needs an array, got {arr}")
-        if not isinstance(idx, types.UniTuple) or idx.count != arr.ndim:
-            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
 
     @intrinsic
     def load(typingctx: Any, arr: Any, idx: Any) -> Any:
@@ -252,4 +252,5 @@ def _compiled_ops() -> Access:
         return sig, codegen
 
     return Access(load, store, vload, vstore, gather, scatter, address, VECTOR_BYTES)
+
 
