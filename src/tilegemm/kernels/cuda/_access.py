@@ -9,7 +9,10 @@ optimiser still sees ordinary loads and stores it can schedule):
 - ``load(arr, idx)`` / ``store(arr, idx, value)`` are ``arr[idx]`` without the
   negative-index fix-up numba emits for signed indices (a compare-and-select per index that
   also defeats constant address offsets: in the register-tiled inner loop it cost rung 6
-  ~16 registers of precomputed row addresses). Indices must be in range and >= 0;
+  ~16 registers of precomputed row addresses; in the scalar edge paths, where each access
+  also kept its own fixed-up row offset live across the K loop, another ~24). Indices must
+  be in range and >= 0; a tuple may mix integer widths (``cuda.blockIdx`` is int32), each
+  index is widened to 64 bits;
 
 - ``vload(arr, idx)`` returns the ``W = 16 // itemsize`` consecutive elements starting at
   ``arr[idx]`` as a tuple (4 float32 or 2 float64), from one ``load <W x T>, align 16``;
