@@ -67,3 +67,29 @@ def test_no_spills_at_defaults(name: str, arch: str) -> None:
     threads = spec.threads(res.params)
     assert res.registers * threads <= 65536, res  # at least one block fits on an SM
     assert res.smem >= spec.smem(res.params, 4)  # ptxas agrees with the declared size
+
+
+# Register ceilings reached at the float32 defaults (docs/performance.md, "Registers"). At
+# 256 threads a block, <= 128 registers lets two blocks share an SM's 65,536 registers;
+# the rungs needed 150-188 before their loops were rewritten as while loops and their edge
+# paths went through _access.load/store. A change that brings that back fails here.
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("name", RUNGS)
+def test_float32_defaults_fit_two_blocks_per_sm(name: str, arch: str) -> None:
+    spec = _spec(name)
+    res = cuda_resources(spec, dtype="float32", arch=arch)
+    threads = spec.threads(res.params)
+    assert res.spills == 0 and res.stack == 0, res
+    assert res.registers <= 128, res
+    assert 2 * res.registers * threads <= 65536, res
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("name", RUNGS)
+def test_float64_defaults_do_not_spill(name: str, arch: str) -> None:
+    """float64 needs two registers per accumulator (128 for the 64 outputs alone), so one
+    block per SM is the best it can do; it must still keep everything in registers."""
+    spec = _spec(name)
+    res = cuda_resources(spec, dtype="float64", arch=arch)
+    assert res.spills == 0 and res.stack == 0, res
+    assert res.registers * spec.threads(res.params) <= 65536, res

@@ -9,7 +9,10 @@ optimiser still sees ordinary loads and stores it can schedule):
 - ``load(arr, idx)`` / ``store(arr, idx, value)`` are ``arr[idx]`` without the
   negative-index fix-up numba emits for signed indices (a compare-and-select per index that
   also defeats constant address offsets: in the register-tiled inner loop it cost rung 6
-  ~16 registers of precomputed row addresses). Indices must be in range and >= 0;
+  ~16 registers of precomputed row addresses; in the scalar edge paths, where each access
+  also kept its own fixed-up row offset live across the K loop, another ~24). Indices must
+  be in range and >= 0; a tuple may mix integer widths (``cuda.blockIdx`` is int32), each
+  index is widened to 64 bits;
 
 - ``vload(arr, idx)`` returns the ``W = 16 // itemsize`` consecutive elements starting at
   ``arr[idx]`` as a tuple (4 float32 or 2 float64), from one ``load <W x T>, align 16``;
@@ -113,11 +116,17 @@ def _compiled_ops() -> Access:
     from numba.cuda.api_util import normalize_indices
     from numba.cuda.extending import intrinsic
 
+    def check_index(arr: Any, idx: Any, what: str) -> None:
+        if not isinstance(arr, types.Array):
+            raise TypingError(f"{what}: needs an array, got {arr}")
+        if (not isinstance(idx, types.BaseTuple) or len(idx) != arr.ndim
+                or not all(isinstance(t, types.Integer) for t in idx)):
+            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
+
     def check(arr: Any, idx: Any, what: str) -> int:
         if not isinstance(arr, types.Array) or not isinstance(arr.dtype, types.Number):
             raise TypingError(f"{what}: needs a numeric array, got {arr}")
-        if not isinstance(idx, types.UniTuple) or idx.count != arr.ndim:
-            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
+        check_index(arr, idx, what)
         w = VECTOR_BYTES // (arr.dtype.bitwidth // 8)
         if w < 2:
             raise TypingError(f"{what}: {arr.dtype} is too wide for a 128-bit vector")
@@ -138,12 +147,6 @@ def _compiled_ops() -> Access:
         ary = context.make_array(arrty)(context, builder, value=arr)
         return cgutils.get_item_pointer(context, builder, arrty, ary, indices,
                                         wraparound=False)
-
-    def check_index(arr: Any, idx: Any, what: str) -> None:
-        if not isinstance(arr, types.Array):
-            raise TypingError(f"{what}: needs an array, got {arr}")
-        if not isinstance(idx, types.UniTuple) or idx.count != arr.ndim:
-            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
 
     @intrinsic
     def load(typingctx: Any, arr: Any, idx: Any) -> Any:
@@ -252,4 +255,5 @@ def _compiled_ops() -> Access:
         return sig, codegen
 
     return Access(load, store, vload, vstore, gather, scatter, address, VECTOR_BYTES)
+
 

@@ -87,17 +87,21 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         rb = cuda.local.array(TN, nptype)
         cv = cuda.local.array(W, nptype)
 
-        for z in range(cuda.blockIdx.z, C.shape[0], cuda.gridDim.z):
+        z = cuda.blockIdx.z
+        while z < C.shape[0]:
             za = z if A.shape[0] > 1 else 0
             zb = z if B.shape[0] > 1 else 0
-            for bm in range(cuda.blockIdx.y, (m + BM - 1) // BM, cuda.gridDim.y):
-                for bn in range(cuda.blockIdx.x, (n + BN - 1) // BN, cuda.gridDim.x):
+            bm = cuda.blockIdx.y
+            while bm < (m + BM - 1) // BM:
+                bn = cuda.blockIdx.x
+                while bn < (n + BN - 1) // BN:
                     row0 = bm * BM
                     col0 = bn * BN
                     for i in range(TM):
                         for j in range(TN):
                             acc[i, j] = zero
-                    for k0 in range(0, k_len, BK):
+                    k0 = 0
+                    while k0 < k_len:
                         # A tile: BM rows of BK, one 128-bit vector per thread per round.
                         for rnd in range(A_ROUNDS):
                             v = tid + rnd * NT
@@ -111,7 +115,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                                 else:
                                     for q in range(W):
                                         if gr < m and gc + q < k_len:
-                                            As[r, c + q] = A[za, gr, gc + q]
+                                            As[r, c + q] = ld(A, (za, gr, gc + q))
                                         else:
                                             As[r, c + q] = zero
                         # B tile: BK rows of BN.
@@ -127,11 +131,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                                 else:
                                     for q in range(W):
                                         if gr < k_len and gc + q < n:
-                                            Bs[r, c + q] = B[zb, gr, gc + q]
+                                            Bs[r, c + q] = ld(B, (zb, gr, gc + q))
                                         else:
                                             Bs[r, c + q] = zero
                         cuda.syncthreads()
-                        for kk in range(BK):
+                        kk = 0
+                        while kk < BK:
                             for i in range(TM):
                                 ra[i] = ld(As, (ty * TM + i, kk))
                             for j in range(0, TN, W):
@@ -139,7 +144,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                             for i in range(TM):
                                 for j in range(TN):
                                     acc[i, j] += ra[i] * rb[j]
+                            kk += 1
                         cuda.syncthreads()
+                        k0 += BK
                     # C tile, one thread row at a time: 128-bit stores where the row
                     # allows, else element by element. Row 0 of acc is always the one
                     # written and the rows shift up after it, so every index into acc is a
@@ -163,13 +170,16 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                                     for q in range(W):
                                         if gc + q < n:
                                             if beta == 0:
-                                                C[z, gr, gc + q] = alpha * acc[0, j + q]
+                                                st(C, (z, gr, gc + q), alpha * acc[0, j + q])
                                             else:
-                                                C[z, gr, gc + q] = (alpha * acc[0, j + q]
-                                                                    + beta * C[z, gr, gc + q])
+                                                st(C, (z, gr, gc + q), alpha * acc[0, j + q]
+                                                   + beta * ld(C, (z, gr, gc + q)))
                         for r in range(TM - 1):
                             for j in range(TN):
                                 acc[r, j] = acc[r + 1, j]
+                    bn += cuda.gridDim.x
+                bm += cuda.gridDim.y
+            z += cuda.gridDim.z
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(n, BN), ceil_div(m, BM), batch)

@@ -105,17 +105,21 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         av = cuda.local.array(W, nptype)
         cv = cuda.local.array(W, nptype)
 
-        for z in range(cuda.blockIdx.z, C.shape[0], cuda.gridDim.z):
+        z = cuda.blockIdx.z
+        while z < C.shape[0]:
             za = z if A.shape[0] > 1 else 0
             zb = z if B.shape[0] > 1 else 0
-            for bm in range(cuda.blockIdx.y, (m + BM - 1) // BM, cuda.gridDim.y):
-                for bn in range(cuda.blockIdx.x, (n + BN - 1) // BN, cuda.gridDim.x):
+            bm = cuda.blockIdx.y
+            while bm < (m + BM - 1) // BM:
+                bn = cuda.blockIdx.x
+                while bn < (n + BN - 1) // BN:
                     row0 = bm * BM
                     col0 = bn * BN
                     for i in range(RT):
                         for j in range(CT):
                             acc[i, j] = zero
-                    for k0 in range(0, k_len, BK):
+                    k0 = 0
+                    while k0 < k_len:
                         for rnd in range(A_ROUNDS):
                             v = tid + rnd * NT
                             if v < A_VECS:
@@ -128,7 +132,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                                 else:
                                     for q in range(W):
                                         if gr < m and gc + q < k_len:
-                                            av[q] = A[za, gr, gc + q]
+                                            av[q] = ld(A, (za, gr, gc + q))
                                         else:
                                             av[q] = zero
                                 swz = r ^ (((c // W) * RPW) & (BM - 1))
@@ -146,11 +150,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                                 else:
                                     for q in range(W):
                                         if gr < k_len and gc + q < n:
-                                            Bs[r, c + q] = B[zb, gr, gc + q]
+                                            Bs[r, c + q] = ld(B, (zb, gr, gc + q))
                                         else:
                                             Bs[r, c + q] = zero
                         cuda.syncthreads()
-                        for kk in range(BK):
+                        kk = 0
+                        while kk < BK:
                             sk = ((kk // W) * RPW) & (BM - 1)
                             for i in range(0, RT, W):
                                 rr = tr0 + (i // TM) * WSUBM + i % TM
@@ -161,7 +166,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                             for i in range(RT):
                                 for j in range(CT):
                                     acc[i, j] += ra[i] * rb[j]
+                            kk += 1
                         cuda.syncthreads()
+                        k0 += BK
                     # C: row 0 of acc written, rows shift up (constant indices, see rung 6).
                     for i in range(RT):
                         gr = row0 + tr0 + (i // TM) * WSUBM + i % TM
@@ -181,13 +188,16 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                                     for q in range(W):
                                         if gc + q < n:
                                             if beta == 0:
-                                                C[z, gr, gc + q] = alpha * acc[0, j + q]
+                                                st(C, (z, gr, gc + q), alpha * acc[0, j + q])
                                             else:
-                                                C[z, gr, gc + q] = (alpha * acc[0, j + q]
-                                                                    + beta * C[z, gr, gc + q])
+                                                st(C, (z, gr, gc + q), alpha * acc[0, j + q]
+                                                   + beta * ld(C, (z, gr, gc + q)))
                         for r in range(RT - 1):
                             for j in range(CT):
                                 acc[r, j] = acc[r + 1, j]
+                    bn += cuda.gridDim.x
+                bm += cuda.gridDim.y
+            z += cuda.gridDim.z
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(n, BN), ceil_div(m, BM), batch)

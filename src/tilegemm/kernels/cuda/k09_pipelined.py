@@ -119,10 +119,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         tiles_n = (n + BN - 1) // BN
         group = GROUP_M * tiles_n  # tiles in one group of GROUP_M tile rows
         k_tiles = (k_len + BK - 1) // BK
-        for z in range(cuda.blockIdx.z, C.shape[0], cuda.gridDim.z):
+        z = cuda.blockIdx.z
+        while z < C.shape[0]:
             za = z if A.shape[0] > 1 else 0
             zb = z if B.shape[0] > 1 else 0
-            for t in range(cuda.blockIdx.x, tiles_m * tiles_n, cuda.gridDim.x):
+            t = cuda.blockIdx.x
+            while t < tiles_m * tiles_n:
                 # Grouped order: column-major inside groups of GROUP_M tile rows.
                 first = (t // group) * GROUP_M
                 gsize = min(tiles_m - first, GROUP_M)
@@ -146,7 +148,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                             else:
                                 for q in range(W):
                                     if v < A_VECS and gr < m and gc + q < k_len:
-                                        sa[rnd * W + q] = A[za, gr, gc + q]
+                                        sa[rnd * W + q] = ld(A, (za, gr, gc + q))
                                     else:
                                         sa[rnd * W + q] = zero
                         for rnd in range(B_ROUNDS):
@@ -160,14 +162,15 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                             else:
                                 for q in range(W):
                                     if v < B_VECS and gr < k_len and gc + q < n:
-                                        sb[rnd * W + q] = B[zb, gr, gc + q]
+                                        sb[rnd * W + q] = ld(B, (zb, gr, gc + q))
                                     else:
                                         sb[rnd * W + q] = zero
                     # ...compute on tile kt-1 (its buffer was filled before the last
                     # barrier) while those loads are in flight...
                     if kt > 0:
                         cur = (kt - 1) % 2
-                        for kk in range(BK):
+                        kk = 0
+                        while kk < BK:
                             sk = ((kk // W) * RPW) & (BM - 1)
                             for i in range(0, RT, W):
                                 rr = tr0 + (i // TM) * WSUBM + i % TM
@@ -178,6 +181,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                             for i in range(RT):
                                 for j in range(CT):
                                     acc[i, j] += ra[i] * rb[j]
+                            kk += 1
                     # ...then store tile kt into the other buffer. Nobody reads that buffer
                     # now: its last readers (tile kt-2) finished before the last barrier.
                     if kt < k_tiles:
@@ -216,13 +220,15 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                                 for q in range(W):
                                     if gc + q < n:
                                         if beta == 0:
-                                            C[z, gr, gc + q] = alpha * acc[0, j + q]
+                                            st(C, (z, gr, gc + q), alpha * acc[0, j + q])
                                         else:
-                                            C[z, gr, gc + q] = (alpha * acc[0, j + q]
-                                                                + beta * C[z, gr, gc + q])
+                                            st(C, (z, gr, gc + q), alpha * acc[0, j + q]
+                                               + beta * ld(C, (z, gr, gc + q)))
                     for r in range(RT - 1):
                         for j in range(CT):
                             acc[r, j] = acc[r + 1, j]
+                t += cuda.gridDim.x
+            z += cuda.gridDim.z
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
