@@ -192,3 +192,35 @@ def test_clblast_glue_on_a_real_opencl_queue(monkeypatch: pytest.MonkeyPatch) ->
     prob, a3, b3 = _problem()
     m = vendors.measure_vendor(v, "opencl", prob, a3, b3, POLICY)
     assert m.status == OK and m.samples and calls[0] == (12, 7, 9, 9, 7, 7)
+
+
+@pytest.mark.opencl
+def test_clblast_time_covers_every_kernel_a_call_enqueues(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CLBlast may enqueue several kernels and return only the last one's event; the
+    measured time must bracket all of them (a slow first kernel, a trivial last one)."""
+    import pyopencl as cl
+
+    spans: list[float] = []
+
+    def gemm(queue, m, n, k, a, b, c, a_ld, b_ld, c_ld):  # type: ignore[no-untyped-def]
+        prg = cl.Program(queue.context, """
+            __kernel void slow(__global float *x) {
+                float s = 0; for (int i = 0; i < 3000000; ++i) s = s * 0.5f + 1.0f; x[0] = s; }
+            __kernel void nop(__global float *x) { }""").build()
+        scratch = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, 4)
+        first = prg.slow(queue, (1,), None, scratch)
+        c.set(np.matmul(a.get(), b.get()).astype(c.dtype), queue=queue)
+        last = prg.nop(queue, (1,), None, scratch)
+        first.wait()
+        spans.append((first.profile.end - first.profile.start) * 1e-9)
+        return last  # like CLBlast: the event of the last kernel only
+
+    monkeypatch.setitem(sys.modules, "pyclblast", types.SimpleNamespace(gemm=gemm,
+                                                                       __version__="0.fake"))
+    v = vendors._clblast_vendor(_GpuBackend("opencl"))
+    prob, a3, b3 = _problem()
+    m = vendors.measure_vendor(v, "opencl", prob, a3, b3,
+                               Policy(warmup=0, min_reps=2, max_reps=2, budget_s=0.01))
+    assert m.status == OK
+    # each timed call took at least as long as its slow first kernel alone
+    assert min(m.samples) >= 0.9 * min(spans[-2:])

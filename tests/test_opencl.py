@@ -393,3 +393,15 @@ def test_benchmark_uses_the_backends_device_defaults():
                           host_operand_3d(b, prob, "b"), Policy(budget_s=0.01, min_reps=1,
                                                                 max_reps=1, warmup=0))
     assert meas.params == expected
+
+
+@pytest.mark.opencl
+def test_benchmark_plan_uses_the_backends_device_defaults():
+    """The sweep plans each rung with the parameters matmul would use on this device."""
+    from tilegemm.bench.sweeps import Settings, plan
+
+    backend = get_backend("opencl")
+    cases = plan(["opencl"], Settings.quick(reports=("ladder",), ladder_sizes=(64,)))
+    planned = {c.spec.name: dict(c.params) for c in cases if c.spec is not None}
+    for spec in tilegemm.kernels("opencl"):
+        assert planned[spec.name] == backend.resolve(spec, {}), spec.name

@@ -126,7 +126,12 @@ def _case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
     so the same kernel at the same size is one key in every report."""
     if spec is None:
         return Case(report, backend, n, n, n)
-    merged = {**spec.defaults(), **(overrides or {})}
+    try:  # through the backend, as matmul does: per-device defaults apply (OpenCL)
+        from tilegemm.backends import get_backend
+
+        merged = get_backend(backend).resolve(spec, overrides or {})
+    except ValueError:  # refused parameters: measure_kernel reports the case as skipped
+        merged = {**spec.defaults(), **(overrides or {})}
     params = tuple((p.name, merged[p.name]) for p in spec.params)
     return Case(report, backend, n, n, n, spec, params)
 
