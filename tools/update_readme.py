@@ -16,6 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# Committed results whose ladder tables the README shows (Markdown written by `tilegemm bench`).
+RESULTS = ["benchmarks/results/cpu-opencl-amd-epyc-2026-11-21.md"]
 
 
 def ladder_block() -> str:
@@ -23,6 +25,18 @@ def ladder_block() -> str:
     from tilegemm.commands.kernels import markdown_table
 
     return markdown_table(tilegemm.kernels())
+
+
+def results_block() -> str:
+    """The ladder sections of each committed results file, with its provenance line."""
+    parts = []
+    for name in RESULTS:
+        text = (ROOT / name).read_text()
+        provenance = next(line for line in text.splitlines() if line.startswith("- tilegemm"))
+        sections = re.findall(r"(### Ladder.*?)(?=\n### |\Z)", text, re.S)
+        parts.append(f"From [{name}]({name}) ({provenance[2:]}):\n")
+        parts.extend(s.strip().replace("### ", "#### ") + "\n" for s in sections)
+    return "\n".join(parts)
 
 
 def replace_block(text: str, name: str, body: str) -> str:
@@ -33,7 +47,8 @@ def replace_block(text: str, name: str, body: str) -> str:
 
 
 def render(text: str) -> str:
-    return replace_block(text, "ladder", ladder_block())
+    text = replace_block(text, "ladder", ladder_block())
+    return replace_block(text, "results", results_block())
 
 
 def main() -> int:
