@@ -98,3 +98,18 @@ def test_float32_kernels_do_no_float64_math(spec):
     ptx = ptx_for(spec, spec.resolve(), "float32", "sm_90")
     f64 = [line.strip() for line in ptx.splitlines() if ".f64" in line]
     assert not f64, f"{spec.name}: float64 instructions in float32 PTX: {f64[:3]}"
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [(s.name, p) for s in SPECS if s.name in ("naive", "coalesced", "shared")
+     for p in s.space()],
+    ids=lambda x: x if isinstance(x, str) else " ".join(f"{k}={v}" for k, v in x.items()),
+)
+def test_one_output_per_thread_rungs_never_spill(name: str, params: dict, arch: str) -> None:
+    """Every block size of rungs 1-3, up to 1,024 threads (64 registers each under the launch
+    bounds), compiles without local memory: seed 004's 32×32 configuration included."""
+    r = cuda_resources(get(name, "cuda"), params, "float32", arch)
+    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r

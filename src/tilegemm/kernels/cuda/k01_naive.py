@@ -37,12 +37,17 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     @kernel_jit(bs * bs)
     def naive(A, B, C, alpha, beta):
         m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
-        for z in range(cuda.blockIdx.z, C.shape[0], cuda.gridDim.z):
+        # grid-stride loops as `while`: range() with a run-time step costs a 64-bit
+        # division and two live counters per loop (see kernels/cuda/__init__.py)
+        z = cuda.blockIdx.z
+        while z < C.shape[0]:
             za = z if A.shape[0] > 1 else 0
             zb = z if B.shape[0] > 1 else 0
             # x → row i (the seed's mapping), y → column j
-            for i in range(cuda.blockIdx.x * bs + cuda.threadIdx.x, m, cuda.gridDim.x * bs):
-                for j in range(cuda.blockIdx.y * bs + cuda.threadIdx.y, n, cuda.gridDim.y * bs):
+            i = cuda.blockIdx.x * bs + cuda.threadIdx.x
+            while i < m:
+                j = cuda.blockIdx.y * bs + cuda.threadIdx.y
+                while j < n:
                     acc = zero
                     for k in range(k_len):
                         acc += A[za, i, k] * B[zb, k, j]
@@ -50,6 +55,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                         C[z, i, j] = alpha * acc
                     else:
                         C[z, i, j] = alpha * acc + beta * C[z, i, j]
+                    j += cuda.gridDim.y * bs
+                i += cuda.gridDim.x * bs
+            z += cuda.gridDim.z
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(m, bs), ceil_div(n, bs), batch)

@@ -38,12 +38,17 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     @kernel_jit(bs * bs)
     def coalesced(A, B, C, alpha, beta):
         m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
-        for z in range(cuda.blockIdx.z, C.shape[0], cuda.gridDim.z):
+        # grid-stride loops as `while`: range() with a run-time step costs a 64-bit
+        # division and two live counters per loop (see kernels/cuda/__init__.py)
+        z = cuda.blockIdx.z
+        while z < C.shape[0]:
             za = z if A.shape[0] > 1 else 0
             zb = z if B.shape[0] > 1 else 0
             # y → row i, x → column j: a warp covers consecutive columns of one row
-            for i in range(cuda.blockIdx.y * bs + cuda.threadIdx.y, m, cuda.gridDim.y * bs):
-                for j in range(cuda.blockIdx.x * bs + cuda.threadIdx.x, n, cuda.gridDim.x * bs):
+            i = cuda.blockIdx.y * bs + cuda.threadIdx.y
+            while i < m:
+                j = cuda.blockIdx.x * bs + cuda.threadIdx.x
+                while j < n:
                     acc = zero
                     for k in range(k_len):
                         acc += A[za, i, k] * B[zb, k, j]
@@ -51,6 +56,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                         C[z, i, j] = alpha * acc
                     else:
                         C[z, i, j] = alpha * acc + beta * C[z, i, j]
+                    j += cuda.gridDim.x * bs
+                i += cuda.gridDim.y * bs
+            z += cuda.gridDim.z
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         # columns in x (up to 2**31-1 blocks), rows in y (capped, strided beyond 65,535)

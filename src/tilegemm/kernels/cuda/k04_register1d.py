@@ -56,11 +56,16 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         ty = cuda.threadIdx.y & 1023  # first row within the tile; the others are ty + r * rows
         k_tiles = (k_len + tile - 1) // tile
         # Loop bounds below depend on block indices and shapes only: uniform per block.
-        for z in range(cuda.blockIdx.z, C.shape[0], cuda.gridDim.z):
+        tiles_m = (m + tile - 1) // tile
+        tiles_n = (n + tile - 1) // tile
+        z = cuda.blockIdx.z
+        while z < C.shape[0]:
             za = z if A.shape[0] > 1 else 0
             zb = z if B.shape[0] > 1 else 0
-            for ti in range(cuda.blockIdx.y, (m + tile - 1) // tile, cuda.gridDim.y):
-                for tj in range(cuda.blockIdx.x, (n + tile - 1) // tile, cuda.gridDim.x):
+            ti = cuda.blockIdx.y
+            while ti < tiles_m:
+                tj = cuda.blockIdx.x
+                while tj < tiles_n:
                     i0 = ti * tile + ty
                     j = tj * tile + tx
                     for r in range(r_out):
@@ -86,6 +91,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                                     C[z, i, j] = alpha * acc[r]
                                 else:
                                     C[z, i, j] = alpha * acc[r] + beta * C[z, i, j]
+                    tj += cuda.gridDim.x
+                ti += cuda.gridDim.y
+            z += cuda.gridDim.z
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(n, tile), ceil_div(m, tile), batch)

@@ -73,11 +73,16 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         t_col = tid % col_step
         k_tiles = (k_len + bk - 1) // bk
         # Loop bounds below depend on block indices and shapes only: uniform per block.
-        for z in range(cuda.blockIdx.z, C.shape[0], cuda.gridDim.z):
+        tiles_m = (m + bm - 1) // bm
+        tiles_n = (n + bn - 1) // bn
+        z = cuda.blockIdx.z
+        while z < C.shape[0]:
             za = z if A.shape[0] > 1 else 0
             zb = z if B.shape[0] > 1 else 0
-            for ti in range(cuda.blockIdx.y, (m + bm - 1) // bm, cuda.gridDim.y):
-                for tj in range(cuda.blockIdx.x, (n + bn - 1) // bn, cuda.gridDim.x):
+            ti = cuda.blockIdx.y
+            while ti < tiles_m:
+                tj = cuda.blockIdx.x
+                while tj < tiles_n:
                     row0 = ti * bm
                     col0 = tj * bn
                     for x in range(outputs):
@@ -120,6 +125,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                                     else:
                                         C[z, row, col] = (alpha * acc[i * tn + j]
                                                           + beta * C[z, row, col])
+                    tj += cuda.gridDim.x
+                ti += cuda.gridDim.y
+            z += cuda.gridDim.z
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(n, bn), ceil_div(m, bm), batch)
