@@ -57,6 +57,24 @@ def test_device_out_aliasing_an_operand():
 
 
 @pytest.mark.cudasim
+def test_device_c_with_host_operands_gives_a_device_result():
+    """A device c made api.check_out demand a device out, which run() then treated as a
+    host array (a TypeError after the launch here; a device-to-host copy into a device
+    pointer on a GPU). With any device input the result now stays on the device."""
+    from numba import cuda
+
+    a, b = random_operands((4, 5), (5, 3), "float32")
+    c = np.random.default_rng().uniform(0.5, 1.5, (4, 3)).astype(np.float32)
+    r = tilegemm.gemm(a, b, cuda.to_device(c), beta=0.5, kernel="naive", BLOCK=8)
+    assert getattr(r, "__cuda_ndarray__", False)
+    assert_close(r.copy_to_host(), a, b, beta=0.5, c=c)
+    out = cuda.to_device(np.full((4, 3), np.nan, np.float32))
+    assert tilegemm.gemm(a, b, cuda.to_device(c), beta=0.5, out=out, kernel="naive",
+                         BLOCK=8) is out
+    assert_close(out.copy_to_host(), a, b, beta=0.5, c=c)
+
+
+@pytest.mark.cudasim
 def test_transposed_and_strided_numba_operands():
     """trans_a on a numba array goes in as a strided view (on a GPU numba's .T would compile
     and launch a transpose kernel per call); a Fortran-ordered batch that cannot be viewed as

@@ -222,7 +222,10 @@ class CudaBackend(Backend):
         from numba import cuda
 
         alpha, beta = resolve_scalars(prob, alpha, beta)
-        on_device = a.kind == "cuda" or b.kind == "cuda"
+        # A device c (read when beta != 0) also keeps the result on the device: api.check_out
+        # then demands a device out, which must not be treated as a host array below.
+        device_ops = [op for op in (a, b, c) if op is not None and op.kind == "cuda"]
+        on_device = bool(device_ops)
         shape3 = (prob.batch, prob.m, prob.n)
 
         # Operands and a device c first: their checks (a layout that needs a copy, a wrong
@@ -269,7 +272,7 @@ class CudaBackend(Backend):
                     dest3.copy_to_device(c3)
                 return out
             result = _reshape(c3, prob.out_shape) if prob.out_shape != shape3 else c3
-            like = a.obj if a.kind == "cuda" else b.obj
+            like = device_ops[0].obj
             return _wrap_like(result, like)
         host = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
         if host.size:
