@@ -6,6 +6,10 @@ Markers (declared in pyproject.toml):
 - ``ptx``: compiles kernels to PTX and links with nvJitLink; needs no GPU but cannot run
   under the simulator.
 - ``opencl``: needs a usable OpenCL device (PoCL is enough).
+- ``simulator``: (with ``cudasim``) needs numba's simulator itself (Python stand-ins for the
+  intrinsics, tracing, simulator-sized defaults); skipped on a real GPU, where it would fail
+  and stop ``pytest -x`` before the kernels are checked.
+- ``gpu``: needs a real GPU (TILEGEMM_GPU_TESTS=1), e.g. CuPy/PyTorch interop.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cudasim" in item.keywords and not (SIM or REAL_GPU):
             item.add_marker(skip_cuda)
+        if "simulator" in item.keywords and not SIM:
+            item.add_marker(pytest.mark.skip(reason="needs numba's CUDA simulator itself"))
+        if "gpu" in item.keywords and not REAL_GPU:
+            item.add_marker(pytest.mark.skip(reason="needs a real GPU (TILEGEMM_GPU_TESTS=1)"))
         if "ptx" in item.keywords and SIM:
             item.add_marker(skip_ptx)
         if "opencl" in item.keywords and not _opencl_usable():

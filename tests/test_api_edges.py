@@ -56,6 +56,47 @@ def test_device_out_aliasing_an_operand():
     assert_close(db.copy_to_host(), a, b)
 
 
+@pytest.mark.cudasim
+def test_device_c_with_host_operands_gives_a_device_result():
+    """A device c made api.check_out demand a device out, which run() then treated as a
+    host array (a TypeError after the launch here; a device-to-host copy into a device
+    pointer on a GPU). With any device input the result now stays on the device."""
+    from numba import cuda
+
+    a, b = random_operands((4, 5), (5, 3), "float32")
+    c = np.random.default_rng().uniform(0.5, 1.5, (4, 3)).astype(np.float32)
+    r = tilegemm.gemm(a, b, cuda.to_device(c), beta=0.5, kernel="naive", BLOCK=8)
+    assert getattr(r, "__cuda_ndarray__", False)
+    assert_close(r.copy_to_host(), a, b, beta=0.5, c=c)
+    out = cuda.to_device(np.full((4, 3), np.nan, np.float32))
+    assert tilegemm.gemm(a, b, cuda.to_device(c), beta=0.5, out=out, kernel="naive",
+                         BLOCK=8) is out
+    assert_close(out.copy_to_host(), a, b, beta=0.5, c=c)
+
+
+@pytest.mark.cudasim
+def test_transposed_and_strided_numba_operands():
+    """trans_a on a numba array goes in as a strided view (on a GPU numba's .T would compile
+    and launch a transpose kernel per call); a Fortran-ordered batch that cannot be viewed as
+    (batch, rows, cols) without a copy is refused before the launch, out untouched."""
+    from numba import cuda
+
+    a, b = random_operands((5, 7), (5, 3), "float32")  # op(A) = a.T: (7, 5)
+    r = tilegemm.gemm(cuda.to_device(a), cuda.to_device(b), trans_a=True, kernel="naive",
+                      BLOCK=8)
+    assert_close(r.copy_to_host(), a, b, trans_a=True)
+    a4, b4 = random_operands((2, 3, 4, 5), (2, 3, 5, 2), "float64")
+    out = cuda.to_device(np.full((2, 3, 4, 2), 7.0))
+    with pytest.raises(ValueError, match="without a copy"):
+        tilegemm.matmul(cuda.to_device(np.asfortranarray(a4)), cuda.to_device(b4), out=out,
+                        kernel="naive", BLOCK=8)
+    assert (out.copy_to_host() == 7.0).all()
+    r = tilegemm.matmul(cuda.to_device(a4)[:, :, ::2], cuda.to_device(b4), kernel="naive",
+                        BLOCK=8)  # strided rows on the device: viewed, no copy
+    assert_close(r.copy_to_host().reshape(6, 2, 2), a4[:, :, ::2].reshape(6, 2, 5),
+                 b4.reshape(6, 5, 2))
+
+
 def test_device_span_covers_negative_strides_and_views():
     """The address-range test used on a real GPU (no GPU here: a stand-in with the same
     attributes as a numba DeviceNDArray)."""

@@ -159,6 +159,27 @@ def test_cublas_through_torch_disables_tf32(monkeypatch: pytest.MonkeyPatch) -> 
     assert m.status == OK and m.samples
 
 
+def test_torch_new_precision_api_is_used_alone() -> None:
+    """PyTorch >= 2.9: setting the legacy allow_tf32 after the new fp32_precision API was
+    used raises 'mix of the legacy and new APIs'; the vendor must set only the new flag."""
+
+    class Matmul:
+        fp32_precision = "none"
+
+        @property
+        def allow_tf32(self) -> bool:
+            raise RuntimeError("mix of the legacy and new APIs")
+
+        @allow_tf32.setter
+        def allow_tf32(self, value: bool) -> None:
+            raise RuntimeError("mix of the legacy and new APIs")
+
+    torch = types.SimpleNamespace(backends=types.SimpleNamespace(
+        cuda=types.SimpleNamespace(matmul=Matmul())))
+    vendors._torch_fp32_matmul(torch)
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+
+
 def test_no_vendor_is_a_note_not_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "cupy", None)  # import fails
     monkeypatch.setitem(sys.modules, "torch", None)

@@ -93,6 +93,7 @@ def test_sizes_too_large_for_memory_are_one_line(capsys):
 
 
 @pytest.mark.cudasim
+@pytest.mark.simulator
 def test_run_on_the_simulator_uses_small_tiles(capsys):
     assert main(["run", "--backend", "cuda", "--kernel", "register2d", "--m", "9", "--n", "7",
                  "--k", "5", "--repeat", "1"]) == 0

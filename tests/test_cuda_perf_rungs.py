@@ -106,6 +106,7 @@ def test_pipelined_grouped_order_covers_partial_groups() -> None:
     assert_close(c, a, b, what="pipelined grouped")
 
 
+@pytest.mark.simulator  # counts calls of the Python stand-in for the vector load
 @pytest.mark.parametrize("name", RUNGS)
 @pytest.mark.parametrize(("k", "n", "vector_a", "vector_b"),
                          [(12, 20, True, True), (13, 20, False, True), (12, 19, True, False)])

@@ -13,7 +13,7 @@ import pytest
 
 from tilegemm.analysis.trace import trace_launch, trace_rung
 
-pytestmark = pytest.mark.cudasim
+pytestmark = [pytest.mark.cudasim, pytest.mark.simulator]
 
 cuda: Any = None  # numba.cuda for the test kernels below, bound inside the builders
 

@@ -36,6 +36,7 @@ def _allocate_concurrently(shared, monkeypatch) -> set[int]:
 
 
 @pytest.mark.cudasim
+@pytest.mark.simulator
 def test_shared_array_allocation_is_atomic(monkeypatch):
     from numba.cuda.simulator.kernelapi import FakeCUDAShared
 

@@ -47,13 +47,60 @@ def _as_device(x: Any) -> Any:
 
 
 def _reshape(d: Any, shape: tuple[int, ...]) -> Any:
-    """Reshape a device array; under the simulator keep the result a (fake) device array."""
+    """A view of a device array with another shape; a ValueError where that needs a copy.
+
+    numba's ``DeviceNDArray.reshape`` gives an F-contiguous array C-order strides, so
+    (2, 3, M, K) in Fortran order reshaped to (6, M, K) reads the wrong elements (NumPy,
+    and so the simulator, copies instead). A non-C-contiguous array is therefore reshaped
+    here with NumPy's no-copy rule, or refused, the same way on the GPU and under the
+    simulator.
+    """
+    if tuple(d.shape) != tuple(shape) and not d.is_c_contiguous():
+        strides = _nocopy_strides(d, tuple(shape))
+        if strides is None:
+            raise ValueError(
+                f"a non-contiguous device array of shape {tuple(d.shape)} cannot be viewed as "
+                f"{tuple(shape)} without a copy; pass a C-contiguous array (or a CuPy/PyTorch "
+                "array, whose library copies on the device)"
+            )
+        return _strided_view(d, tuple(shape), strides)
     r = d.reshape(shape)
     if simulator_enabled() and not getattr(r, "__cuda_ndarray__", False):
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         return FakeCUDAArray(r)
     return r
+
+
+def _nocopy_strides(d: Any, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Byte strides for viewing ``d`` as ``shape`` without a copy (NumPy's rule), or None."""
+    # A probe with d's layout over one element; only its metadata is used, never its data.
+    probe = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=d.dtype), tuple(d.shape),
+                                            tuple(d.strides))
+    try:
+        return tuple(np.reshape(probe, shape, copy=False).strides)
+    except ValueError:
+        return None
+    except TypeError:  # NumPy < 2.1 has no copy=: an in-place shape change never copies
+        view = probe.view()
+        try:
+            view.shape = shape
+        except AttributeError:
+            return None
+        return tuple(view.strides)
+
+
+def _strided_view(d: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+    """A view of ``d``'s memory with ``shape`` and byte ``strides`` from its element 0."""
+    if simulator_enabled():
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        x = np.asarray(d._ary)
+        return FakeCUDAArray(np.lib.stride_tricks.as_strided(x, shape, strides))
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray(shape=shape, strides=strides, dtype=d.dtype, gpu_data=d.gpu_data,
+                         stream=d.stream)
 
 
 def _source_library(x: Any) -> str:
@@ -152,7 +199,9 @@ class CudaBackend(Backend):
         if squeeze:
             d = _reshape(d, (1, cols) if which == "a" else (rows, 1))
         if trans:
-            d = d.T if d.ndim == 2 else None
+            # A strided view: numba's DeviceNDArray.T is a copy made by a transpose kernel
+            # that numba defines, and so compiles, afresh on every call.
+            d = _strided_view(d, d.shape[::-1], d.strides[::-1]) if d.ndim == 2 else None
             if d is None:
                 raise ValueError("gemm: trans_a/trans_b on batched numba device arrays is not "
                                  "supported; pass a CuPy or PyTorch array or transpose first")
@@ -173,8 +222,21 @@ class CudaBackend(Backend):
         from numba import cuda
 
         alpha, beta = resolve_scalars(prob, alpha, beta)
-        on_device = a.kind == "cuda" or b.kind == "cuda"
+        # A device c (read when beta != 0) also keeps the result on the device: api.check_out
+        # then demands a device out, which must not be treated as a host array below.
+        device_ops = [op for op in (a, b, c) if op is not None and op.kind == "cuda"]
+        on_device = bool(device_ops)
         shape3 = (prob.batch, prob.m, prob.n)
+
+        # Operands and a device c first: their checks (a layout that needs a copy, a wrong
+        # c) must raise before out is written (poisoned or loaded with c).
+        if not prob.empty:
+            a3, b3 = (
+                self._device_operand(op, prob, w) if op.kind == "cuda"
+                else cuda.to_device(host_operand_3d(op.obj, prob, w))
+                for op, w in ((a, "a"), (b, "b"))
+            )
+        dc = self._device_c(c, prob) if beta != 0 and c.kind == "cuda" else None
 
         # Destination on the device: out itself when it is a device array.
         if out is not None and on_device:
@@ -190,26 +252,17 @@ class CudaBackend(Backend):
         else:
             alias = False
             c3 = cuda.device_array(shape3, dtype=prob.dtype)
-        if beta != 0:
-            if c.kind == "cuda":
-                c3.copy_to_device(self._device_c(c, prob))
-            else:
-                host_c = np.ascontiguousarray(
-                    np.broadcast_to(np.asarray(c.obj, dtype=prob.dtype), prob.out_shape)
-                ).reshape(shape3)
-                c3.copy_to_device(host_c)
+        if dc is not None:
+            c3.copy_to_device(dc)
+        elif beta != 0:
+            host_c = np.ascontiguousarray(
+                np.broadcast_to(np.asarray(c.obj, dtype=prob.dtype), prob.out_shape)
+            ).reshape(shape3)
+            c3.copy_to_device(host_c)
         elif poison_enabled() and c3.size:
             c3.copy_to_device(np.full(shape3, poison_value(prob.dtype), dtype=prob.dtype))
 
         if not prob.empty:
-            if on_device:
-                a3 = self._device_operand(a, prob, "a") if a.kind == "cuda" else cuda.to_device(
-                    host_operand_3d(a.obj, prob, "a"))
-                b3 = self._device_operand(b, prob, "b") if b.kind == "cuda" else cuda.to_device(
-                    host_operand_3d(b.obj, prob, "b"))
-            else:
-                a3 = cuda.to_device(host_operand_3d(a.obj, prob, "a"))
-                b3 = cuda.to_device(host_operand_3d(b.obj, prob, "b"))
             program = spec.program(params, prob.dtype)
             program.launch(a3, b3, c3, alpha, beta)
 
@@ -219,7 +272,7 @@ class CudaBackend(Backend):
                     dest3.copy_to_device(c3)
                 return out
             result = _reshape(c3, prob.out_shape) if prob.out_shape != shape3 else c3
-            like = a.obj if a.kind == "cuda" else b.obj
+            like = device_ops[0].obj
             return _wrap_like(result, like)
         host = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
         if host.size:
@@ -313,16 +366,7 @@ def _span(d: Any) -> tuple[int, int]:
 
 def _as3d_strided(d: Any) -> Any:
     """A strided 2-D device array viewed as (1, rows, cols) without a copy."""
-    if simulator_enabled():
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-        return FakeCUDAArray(np.asarray(d._ary)[None])
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-    return DeviceNDArray(
-        shape=(1,) + tuple(d.shape), strides=(0,) + tuple(d.strides), dtype=d.dtype,
-        gpu_data=d.gpu_data, stream=d.stream,
-    )
+    return _strided_view(d, (1,) + tuple(d.shape), (0,) + tuple(d.strides))
 
 
 BACKEND = CudaBackend()

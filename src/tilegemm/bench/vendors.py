@@ -111,13 +111,31 @@ def _cupy_vendor() -> Vendor:
                   lambda: cupy.cuda.Device().synchronize(), "CUDA events")
 
 
+def _torch_fp32_matmul(torch: Any) -> None:
+    """Pure FP32 matmul (no TF32 tensor cores) through the API this PyTorch has.
+
+    PyTorch >= 2.9 has ``torch.backends.cuda.matmul.fp32_precision``; there, touching the
+    legacy ``allow_tf32`` flags after anything set the new one raises a RuntimeError about
+    mixing the two APIs (and both mean the same for cuBLAS), so the new one is used alone.
+    cuDNN's flag is left alone: matmul never goes through cuDNN.
+    """
+    matmul = torch.backends.cuda.matmul
+    try:
+        new_api = getattr(matmul, "fp32_precision", None) is not None
+    except Exception:  # an older torch's __getattr__ may refuse unknown names in other ways
+        new_api = False
+    if new_api:
+        matmul.fp32_precision = "ieee"
+    else:
+        matmul.allow_tf32 = False
+
+
 def _torch_vendor() -> Vendor:
     import torch
 
     if not torch.cuda.is_available():
         raise ImportError("PyTorch has no CUDA device")
-    torch.backends.cuda.matmul.allow_tf32 = False  # pure FP32: no TF32 tensor cores
-    torch.backends.cudnn.allow_tf32 = False
+    _torch_fp32_matmul(torch)
 
     def prepare(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray) -> Prepared:
         a, b = (a3[0], b3[0]) if prob.batch == 1 else (a3, b3)
@@ -141,7 +159,7 @@ def _torch_vendor() -> Vendor:
         return Prepared(launch, lambda: out.cpu().numpy(), elapsed)
 
     return Vendor("cublas-torch", "cuBLAS (PyTorch)",
-                  f"torch {torch.__version__}, allow_tf32=False: FP32 compute, no TF32", prepare,
+                  f"torch {torch.__version__}, FP32 matmul (no TF32)", prepare,
                   torch.cuda.synchronize, "CUDA events")
 
 

@@ -1,0 +1,134 @@
+"""First call on a GPU: every path that only runs on real hardware, once, in about a minute.
+
+    PYTHONPATH=src python3 benchmarks/gpu_smoke.py
+
+Each check prints ``ok`` or ``FAIL`` with its error and the script goes on, so one run
+shows every breakage: device listing, each rung on numba device arrays, CuPy arrays and
+PyTorch tensors at 257×129×65 (and 257×128×64, the 128-bit path), transposes, ``out=``,
+``gemm`` with a device ``c``, ``Backend.prepare`` with CUDA events and the L2 flush, the
+device details the results file records, and the cuBLAS reference. Exit status 1 if any
+check failed.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+
+import numpy as np
+
+import tilegemm
+from tilegemm import registry
+from tilegemm.backends import get_backend
+from tilegemm.reference import assert_close, random_operands
+
+FAILED: list[str] = []
+
+
+def check(what: str, fn: Callable[[], object]) -> None:
+    try:
+        note = fn()
+        print(f"ok    {what}" + (f": {note}" if note else ""), flush=True)
+    except Exception as exc:  # report and go on: the point is to see everything at once
+        FAILED.append(what)
+        print(f"FAIL  {what}: {type(exc).__name__}: {exc}", flush=True)
+        traceback.print_exc(limit=-3)
+
+
+def main() -> int:
+    from numba import cuda
+
+    be = get_backend("cuda")
+    st = be.status()
+    print("cuda:", st.reason, st.devices)
+    if not st.usable or st.simulated:
+        return 2
+    libs: dict[str, tuple[Callable, Callable]] = {
+        "numba": (cuda.to_device, lambda x: x.copy_to_host())}
+    try:
+        import cupy
+
+        libs["cupy"] = (cupy.asarray, cupy.asnumpy)
+    except ImportError as exc:
+        print("no CuPy:", exc)
+    try:
+        import torch
+
+        libs["torch"] = (lambda x: torch.as_tensor(x, device="cuda"), lambda x: x.cpu().numpy())
+    except ImportError as exc:
+        print("no PyTorch:", exc)
+    shapes = [(257, 129, 65), (257, 128, 64)]
+    for spec in tilegemm.kernels("cuda"):
+        for lib, (to, back) in libs.items():
+            for m, n, k in shapes:
+                a, b = random_operands((m, k), (k, n), np.float32)
+
+                def one(spec=spec, to=to, back=back, a=a, b=b) -> None:  # noqa: ANN001
+                    r = tilegemm.matmul(to(a), to(b), backend="cuda", kernel=spec.name)
+                    assert_close(back(r), a, b, what=type(r).__name__)
+
+                check(f"{spec.name:12s} {lib:6s} {m}x{n}x{k}", one)
+    m, n, k = shapes[0]
+    for lib, (to, back) in libs.items():
+        a, b = random_operands((k, m), (k, n), np.float64)
+        c = np.random.default_rng().uniform(-1, 1, (m, n))
+
+        def paths(to=to, back=back, a=a, b=b, c=c) -> None:  # noqa: ANN001
+            r = tilegemm.gemm(to(a), to(b), trans_a=True, backend="cuda")
+            assert_close(back(r), a, b, trans_a=True, what="trans_a")
+            out = to(np.full((m, n), np.nan))
+            assert tilegemm.gemm(to(a), to(b), trans_a=True, out=out, backend="cuda") is out
+            assert_close(back(out), a, b, trans_a=True, what="out=")
+            dc = to(c)
+            assert tilegemm.gemm(to(a), to(b), dc, alpha=2.0, beta=0.5, trans_a=True,
+                                 out=dc, backend="cuda") is dc
+            assert_close(back(dc), a, b, alpha=2.0, beta=0.5, c=c, trans_a=True, what="c=out")
+
+        check(f"trans_a, out=, device c   {lib}", paths)
+
+    def prepared() -> str:
+        from tilegemm.bench.timing import Policy, measure_kernel
+        from tilegemm.tune.strategies import problem_for
+
+        prob = problem_for(1024, 1024, 1024, "float32")
+        a3, b3 = random_operands((1, 1024, 1024), (1, 1024, 1024), np.float32)
+        meas = measure_kernel(be, registry.default_for("cuda", prob.dtype), {}, prob,
+                              a3, b3, Policy(warmup=1, min_reps=3, budget_s=0.2, flush=True))
+        assert meas.status == "ok", meas.reason
+        return f"{meas.kernel} 1024^3 {meas.flops / min(meas.samples) / 1e9:.0f} GFLOP/s " \
+               f"({meas.method}, flushed={meas.flushed})"
+
+    check("prepare + CUDA events + L2 flush", prepared)
+
+    def details() -> str:
+        from tilegemm.bench.environment import backend_info
+
+        info = backend_info(be)
+        assert "compute_capability" in info, info
+        return ", ".join(f"{k}={info.get(k)}" for k in (
+            "device", "compute_capability", "driver", "driver_cuda_version", "l2_bytes",
+            "sm_count"))
+
+    check("device details", details)
+
+    def vendor() -> str:
+        from tilegemm.bench.timing import Policy
+        from tilegemm.bench.vendors import find_vendor, measure_vendor
+        from tilegemm.tune.strategies import problem_for
+
+        v, note = find_vendor(be)
+        assert v is not None, note
+        prob = problem_for(1024, 1024, 1024, "float32")
+        a3, b3 = random_operands((1, 1024, 1024), (1, 1024, 1024), np.float32)
+        meas = measure_vendor(v, "cuda", prob, a3, b3, Policy(warmup=1, min_reps=3, budget_s=0.2))
+        assert meas.status == "ok", meas.reason
+        return f"{note}: {meas.flops / min(meas.samples) / 1e9:.0f} GFLOP/s"
+
+    check("vendor (cuBLAS)", vendor)
+    print(f"{len(FAILED)} failed" + (": " + "; ".join(FAILED) if FAILED else ""))
+    return 1 if FAILED else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""CuPy and PyTorch arrays in, the same library's arrays out, on a real GPU.
+
+These paths (each library's reshape/transpose/broadcast, ``cuda.as_cuda_array`` on its
+arrays, ``cupy.asarray``/``torch.as_tensor`` on numba's result) exist only on hardware: the
+simulator has no CuPy or PyTorch arrays. Run with TILEGEMM_GPU_TESTS=1 (docs/gpu-session.md,
+step 1); skipped elsewhere, and per library when it is not installed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.reference import assert_close, random_operands
+
+pytestmark = [pytest.mark.gpu, pytest.mark.parametrize("lib", ["cupy", "torch"])]
+
+M, N, K = 257, 129, 65  # partial tiles everywhere, odd K and N (scalar paths)
+
+
+def _lib(lib: str):  # type: ignore[no-untyped-def]
+    mod = pytest.importorskip(lib)
+    if lib == "torch" and not mod.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA device")
+    return mod
+
+
+def _to(lib: str, x: np.ndarray):  # type: ignore[no-untyped-def]
+    mod = _lib(lib)
+    return mod.asarray(x) if lib == "cupy" else mod.as_tensor(x, device="cuda")
+
+
+def _host(lib: str, x) -> np.ndarray:  # type: ignore[no-untyped-def]
+    return x.get() if lib == "cupy" else x.cpu().numpy()
+
+
+def _same_kind(lib: str, x) -> bool:  # type: ignore[no-untyped-def]
+    return type(x).__module__.split(".")[0] == lib
+
+
+@pytest.mark.parametrize("kernel", [s.name for s in tilegemm.kernels("cuda")])
+def test_every_rung_on_library_arrays(lib: str, kernel: str) -> None:
+    for dtype, (m, n, k) in (("float32", (M, N, K)), ("float32", (M, 128, 64))):
+        a, b = random_operands((m, k), (k, n), dtype)
+        r = tilegemm.matmul(_to(lib, a), _to(lib, b), backend="cuda", kernel=kernel)
+        assert _same_kind(lib, r) and tuple(r.shape) == (m, n)
+        assert_close(_host(lib, r), a, b, what=f"{lib} {kernel} {m}x{n}x{k}")
+
+
+def test_transposes_broadcasts_vectors(lib: str) -> None:
+    at, b = random_operands((K, M), (2, 1, K, N), "float32")  # op(A) = at.T, B batched
+    r = tilegemm.gemm(_to(lib, at), _to(lib, b), trans_a=True, backend="cuda")
+    assert tuple(r.shape) == (2, 1, M, N)
+    assert_close(_host(lib, r), at, b, trans_a=True)
+    a3, b3 = random_operands((3, 1, M, K), (1, 2, K, N), "float64")  # partial broadcast
+    r = tilegemm.matmul(_to(lib, a3), _to(lib, b3), backend="cuda")
+    assert tuple(r.shape) == (3, 2, M, N)
+    assert_close(_host(lib, r), a3, b3)
+    v = random_operands((K,), (K,), "float32")[0]
+    a = random_operands((M, K), (K,), "float32")[0]
+    r = tilegemm.matmul(_to(lib, a), _to(lib, v), backend="cuda")
+    assert tuple(r.shape) == (M,)
+    assert_close(_host(lib, r), a, v)
+
+
+def test_out_and_device_c(lib: str) -> None:
+    a, b = random_operands((M, K), (K, N), "float32")
+    c = np.random.default_rng().uniform(0.5, 1.5, (M, N)).astype(np.float32)
+    out = _to(lib, np.full((M, N), np.nan, np.float32))
+    assert tilegemm.matmul(_to(lib, a), _to(lib, b), out=out, backend="cuda") is out
+    assert_close(_host(lib, out), a, b)
+    dc = _to(lib, c)
+    r = tilegemm.gemm(_to(lib, a), _to(lib, b), dc, alpha=2.0, beta=-0.5, backend="cuda")
+    assert _same_kind(lib, r)
+    assert_close(_host(lib, r), a, b, alpha=2.0, beta=-0.5, c=c)
+    assert tilegemm.gemm(_to(lib, a), _to(lib, b), dc, beta=1.0, out=dc, backend="cuda") is dc
+    assert_close(_host(lib, dc), a, b, beta=1.0, c=c)
+    sq = random_operands((M, M), (M, M), "float32")[0]
+    x = _to(lib, sq)
+    tilegemm.matmul(x, x, out=x, backend="cuda")  # out aliases both operands
+    assert_close(_host(lib, x), sq, sq)
