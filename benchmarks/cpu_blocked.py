@@ -24,9 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import re
-import subprocess
 import time
 from pathlib import Path
 
@@ -35,20 +32,13 @@ import numpy as np
 
 from tilegemm import registry
 from tilegemm.backends import get_backend
+from tilegemm.bench.environment import cpu_name, git_commit, slug
 from tilegemm.problem import describe, host_operand_3d, make_problem
 from tilegemm.reference import assert_close, random_operands
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def simd_flags() -> list[str]:
@@ -64,16 +54,8 @@ def simd_flags() -> list[str]:
     return []
 
 
-def slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def measure(spec, params, n: int, dtype: str, rounds: int, block: int, pause: float) -> dict:
@@ -136,7 +118,7 @@ def main() -> None:
                   f"| per CPU-s {row['gflops_per_cpu_s_blocked']:6.1f} vs "
                   f"{row['gflops_per_cpu_s_numpy']:6.1f} | first call {row['first_call_s']:.2f} s",
                   flush=True)
-    model = cpu_model()
+    model = cpu_name()
     result = {
         "device": "cpu", "cpu_model": model, "cores": os.cpu_count(), "simd": simd_flags(),
         "numba_threads": numba.get_num_threads(), "numpy_version": np.__version__,

@@ -21,7 +21,6 @@ import importlib.metadata as md
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.bench.environment import cpu_name, git_commit, slug
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
@@ -37,32 +38,6 @@ from tilegemm import registry  # noqa: E402
 from tilegemm.backends import get_backend  # noqa: E402
 from tilegemm.problem import describe, make_problem  # noqa: E402
 from tilegemm.reference import assert_close  # noqa: E402
-
-
-def slug(text: str) -> str:
-    words = re.sub(r"\(.*?\)|\b(processor|cpu|\d+-core)\b", " ", text.lower())
-    return "-".join(re.findall(r"[a-z0-9]+", words)[:3]) or "unknown"
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown cpu"
-
-
-def git_commit() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        return rev + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def version(name: str) -> str | None:
@@ -204,7 +179,7 @@ def main() -> int:
         "platform": device.platform.name.strip(),
         "platform_version": device.platform.version.strip(),
         "driver_version": device.driver_version.strip(),
-        "cpu": cpu_model(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
@@ -225,7 +200,7 @@ def main() -> int:
     }
     kind = "pocl" if "portable computing" in device.platform.name.lower() else slug(
         device.platform.name)
-    out = args.out or ROOT / "benchmarks" / "results" / f"opencl-{kind}-{slug(cpu_model())}.json"
+    out = args.out or ROOT / "benchmarks" / "results" / f"opencl-{kind}-{slug(cpu_name())}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")

@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import subprocess
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,10 @@ def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
     return sha + ("-dirty" if dirty else "") if sha else "unknown"
 
 
+@cache
 def cpu_name() -> str:
-    """The CPU model (from /proc/cpuinfo on Linux), else what ``platform`` knows."""
+    """The CPU model (from /proc/cpuinfo on Linux), else what ``platform`` knows; the one
+    reader used by results files, benchmark scripts and the tuning cache's device key."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.lower().startswith("model name"):

@@ -20,12 +20,12 @@ import os
 import platform
 import re
 import warnings
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from tilegemm import registry
 from tilegemm.backends.base import Backend
+from tilegemm.bench.environment import cpu_name
 from tilegemm.problem import GemmProblem
 from tilegemm.registry import KernelSpec
 from tilegemm.tune import cache as tcache
@@ -58,19 +58,9 @@ def device_id(backend: Backend) -> DeviceId | None:
             return DeviceId("cuda", match["name"], match["arch"])
         return DeviceId("cuda", status.devices[0] if status.devices else "cuda", "")
     if backend.name == "cpu":
-        return DeviceId("cpu", cpu_model(), platform.machine())
+        return DeviceId("cpu", cpu_name(), platform.machine())
     return DeviceId(backend.name, status.devices[0] if status.devices else backend.name, "")
 
-
-@cache
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
 
 
 def _mtime(path: Path) -> float | None:
