@@ -26,6 +26,7 @@ from tilegemm.backends.base import (
     resolve_scalars,
     wall_clock_elapsed,
 )
+from tilegemm.errors import InvalidTypeError, InvalidValueError
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
 from tilegemm.registry import KernelSpec
 
@@ -58,7 +59,7 @@ def _reshape(d: Any, shape: tuple[int, ...]) -> Any:
     if tuple(d.shape) != tuple(shape) and not d.is_c_contiguous():
         strides = _nocopy_strides(d, tuple(shape))
         if strides is None:
-            raise ValueError(
+            raise InvalidValueError(
                 f"a non-contiguous device array of shape {tuple(d.shape)} cannot be viewed as "
                 f"{tuple(shape)} without a copy; pass a C-contiguous array (or a CuPy/PyTorch "
                 "array, whose library copies on the device)"
@@ -148,14 +149,14 @@ class CudaBackend(Backend):
 
     def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype) -> None:
         if spec.threads is not None and spec.threads(params) > MAX_THREADS_PER_BLOCK:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{spec.name}: {spec.threads(params)} threads per block exceed the CUDA limit "
                 f"of {MAX_THREADS_PER_BLOCK}"
             )
         if spec.smem is not None:
             need = spec.smem(params, np.dtype(dtype).itemsize)
             if need > MAX_STATIC_SMEM:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{spec.name}: needs {need} bytes of static shared memory per block, more "
                     f"than the {MAX_STATIC_SMEM}-byte static limit"
                 )
@@ -170,7 +171,7 @@ class CudaBackend(Backend):
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         mode = prob.batch_mode(which)
         if op.dtype != prob.dtype:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"matmul: device operand {which} has dtype {op.dtype.name} but the result is "
                 f"{prob.dtype.name}; cast it on the device first (mixed dtypes are converted "
                 "only for host arrays)"
@@ -203,10 +204,11 @@ class CudaBackend(Backend):
             # that numba defines, and so compiles, afresh on every call.
             d = _strided_view(d, d.shape[::-1], d.strides[::-1]) if d.ndim == 2 else None
             if d is None:
-                raise ValueError("gemm: trans_a/trans_b on batched numba device arrays is not "
-                                 "supported; pass a CuPy or PyTorch array or transpose first")
+                raise InvalidValueError(
+                    "gemm: trans_a/trans_b on batched numba device arrays is not "
+                    "supported; pass a CuPy or PyTorch array or transpose first")
         if mode == "broadcast":
-            raise ValueError(
+            raise InvalidValueError(
                 "matmul: partially broadcast batch dimensions on numba device arrays are not "
                 "supported; pass CuPy/PyTorch arrays or give both operands full batch shapes"
             )
@@ -242,7 +244,7 @@ class CudaBackend(Backend):
         if out is not None and on_device:
             dout = _as_device(out)
             if not dout.is_c_contiguous():
-                raise ValueError("out: a device out array must be C-contiguous")
+                raise InvalidValueError("out: a device out array must be C-contiguous")
             dest3 = _reshape(dout, shape3)
             # out=a: kernels read A while writing C, so an out overlapping a device operand
             # gets a fresh buffer, copied into out after the launch.
@@ -283,13 +285,13 @@ class CudaBackend(Backend):
         """A device C0 for beta != 0: must already have the result's shape and dtype."""
 
         if c.dtype != prob.dtype or c.shape != prob.out_shape:
-            raise ValueError(
+            raise InvalidValueError(
                 f"gemm: a device c must have the result's shape {prob.out_shape} and dtype "
                 f"{prob.dtype.name}; got {c.shape} {c.dtype.name}"
             )
         d = _as_device(c.obj)
         if not d.is_c_contiguous():
-            raise ValueError("gemm: a device c must be C-contiguous")
+            raise InvalidValueError("gemm: a device c must be C-contiguous")
         return _reshape(d, (prob.batch, prob.m, prob.n))
 
     def synchronize(self) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from tilegemm.errors import InvalidValueError
+
 HELP = "the kernel ladder, with parameters and constraints"
 
 
@@ -29,8 +31,9 @@ def run(args: argparse.Namespace) -> int:
     specs = tilegemm.kernels(args.backend)
     if args.resources:
         if args.backend not in (None, "cuda"):
-            raise ValueError("--resources compiles CUDA rungs only; use it with --backend cuda "
-                             "or without --backend")
+            raise InvalidValueError(
+                "--resources compiles CUDA rungs only; use it with --backend cuda "
+                "or without --backend")
         return _resources(specs, args)
     if args.json:
         print(json.dumps([{
