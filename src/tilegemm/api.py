@@ -109,7 +109,8 @@ def _check_scalar(x: Any, name: str) -> None:
 def gemm(
     a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
     trans_a: bool = False, trans_b: bool = False, out: Any = None,
-    kernel: str = AUTO, backend: str = AUTO, device: int | None = None, **params: Any,
+    kernel: str = AUTO, backend: str = AUTO, device: int | None = None, stream: Any = None,
+    **params: Any,
 ) -> Any:
     """``alpha * op(a) @ op(b) + beta * c`` with ``op(x)`` = x or its (last-two-axes) transpose.
 
@@ -146,11 +147,20 @@ def gemm(
     if device is not None and not getattr(be, "accepts_device", False):
         raise InvalidValueError(f"device= chooses an OpenCL device; backend {be.name!r} has no "
                          "device choice (pass backend='opencl')")
+    if stream is not None:
+        if not getattr(be, "accepts_stream", False):
+            raise InvalidValueError(f"stream= chooses a CUDA stream; backend {be.name!r} has "
+                                    "no streams (pass backend='cuda')")
+        from tilegemm.backends.cuda_stream import describe_stream
+
+        describe_stream(stream)  # a wrong type fails here, before anything runs
     spec, resolved = choose_kernel(kernel, be, prob, params)
     if out is not None:
         data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
         check_out(out, prob, data_kind)
-    extra = {} if device is None else {"device": device}
+    extra: dict[str, Any] = {} if device is None else {"device": device}
+    if stream is not None:
+        extra["stream"] = stream
     result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta, **extra)
     if out is None and type(result) is np.ndarray and result.ndim == 0:
         return result[()]  # vector · vector: a NumPy scalar, as np.matmul returns
@@ -159,7 +169,7 @@ def gemm(
 
 def matmul(
     a: Any, b: Any, *, out: Any = None, kernel: str = AUTO, backend: str = AUTO,
-    device: int | None = None, **params: Any,
+    device: int | None = None, stream: Any = None, **params: Any,
 ) -> Any:
     """Matrix product with NumPy's ``matmul`` semantics, computed by a tilegemm rung.
 
@@ -174,8 +184,14 @@ def matmul(
       "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
     - ``device`` (OpenCL only) is a device index as listed by ``tilegemm info``; by default
       the device is the one PYOPENCL_CTX names, else the first GPU, else the first device.
+    - ``stream`` (CUDA only): the stream to run on. By default, the caller's current stream
+      for their arrays' library (CuPy's current stream, PyTorch's current stream, a numba
+      array's own stream, the ``stream`` of a ``__cuda_array_interface__``), so the result is
+      ordered with the caller's other work without a device-wide wait; see
+      ``tilegemm.backends.cuda_stream``. Host results are complete when the call returns.
     """
-    return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, **params)
+    return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,
+                **params)
 
 
 def kernels(backend: str | None = None) -> list[KernelSpec]:
