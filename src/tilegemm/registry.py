@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-BACKENDS: tuple[str, ...] = ("cuda", "opencl", "cpu")
+BACKENDS: tuple[str, ...] = ("cuda", "opencl", "cpu", "cudac")
 FLOATS: tuple[str, ...] = ("float32", "float64")
 INTS: tuple[str, ...] = ("int32", "int64")
 
