@@ -16,6 +16,7 @@ import numpy as np
 from tilegemm.analysis.memory import SECTOR
 from tilegemm.analysis.occupancy import ARCH_LIMITS, occupancy
 from tilegemm.analysis.roofline import bound, get_gpu
+from tilegemm.errors import InvalidValueError
 
 
 def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | None = None,
@@ -27,7 +28,7 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
     from tilegemm.backends.cuda import simulator_enabled
 
     if backend != "cuda":
-        raise ValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
+        raise InvalidValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
     spec = registry.get(kernel, backend)
     resolved = spec.resolve(params)
     g = get_gpu(gpu)

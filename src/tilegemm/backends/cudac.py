@@ -6,8 +6,8 @@ host and device operands (numba, CuPy, PyTorch arrays used in place; broadcast b
 ``out=`` and a device ``c``), the same (batch or 1, M, K) / (batch or 1, K, N) /
 (batch, M, N) device views and the same limits. A cudac program's ``launch`` reads those
 views' ``__cuda_array_interface__`` and passes data pointers and element strides straight
-to the compiled kernel, on the legacy default stream that numba's copies and CUDA events
-use, so copies, launches and timing stay in order.
+to the compiled kernel, on the stream the CUDA backend chose for the copies (the caller's:
+see ``backends/cuda_stream``), so copies, launch and timing stay in order.
 
 Compiling needs no GPU (``tilegemm.kernels.cudac.compile_cubin``); running does, and
 numba's simulator cannot run CUDA C.

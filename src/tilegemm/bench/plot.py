@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import OK, Measurement
+from tilegemm.errors import InvalidValueError
 
 STYLES = ("-", "--", ":", "-.")
 
@@ -24,7 +25,7 @@ def plot_sizes(results: Results, path: str | Path) -> Path:
 
     backends = results.backends("sizes")
     if not backends:
-        raise ValueError("these results have no size sweep to plot (run the 'sizes' report)")
+        raise InvalidValueError("these results have no size sweep to plot (run the 'sizes' report)")
     fig, axes = plt.subplots(1, len(backends), figsize=(7.5 * len(backends), 5.5),
                              squeeze=False)
     cmap = plt.get_cmap("tab10")

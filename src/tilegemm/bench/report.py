@@ -16,6 +16,7 @@ from typing import Any
 
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import FAILED, OK, SKIPPED, Measurement
+from tilegemm.errors import InvalidValueError
 
 # Seed 004's outputs-per-thread sweep (TFLOP/s at 1024³, block 32×32, its GPU is not
 # named): shown beside ours for the shape of the curve, not as a target.
@@ -294,7 +295,7 @@ def render(results: Results, fmt: str, reports: Iterable[str] | None = None) -> 
         return to_csv(results)
     if fmt == "json":
         return results.to_json()
-    raise ValueError(f"unknown format {fmt!r}; choose md, csv or json")
+    raise InvalidValueError(f"unknown format {fmt!r}; choose md, csv or json")
 
 
 def print_rich(results: Results, reports: Iterable[str] | None = None, console: Any = None) -> None:

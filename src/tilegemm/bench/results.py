@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tilegemm.bench.timing import FAILED, Measurement
+from tilegemm.errors import InvalidValueError
 
 SCHEMA = "tilegemm-bench/1"
 
@@ -47,7 +48,7 @@ class Results:
     def from_json(cls, text: str) -> Results:
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise ValueError(f"not a tilegemm benchmark file (expected schema {SCHEMA!r})")
+            raise InvalidValueError(f"not a tilegemm benchmark file (expected schema {SCHEMA!r})")
         return cls(dict(data.get("meta", {})),
                    [Measurement.from_dict(d) for d in data.get("measurements", [])])
 
@@ -56,11 +57,11 @@ class Results:
         try:
             text = Path(path).read_text()
         except FileNotFoundError:
-            raise ValueError(f"results file {str(path)!r} does not exist") from None
+            raise InvalidValueError(f"results file {str(path)!r} does not exist") from None
         try:
             return cls.from_json(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+            raise InvalidValueError(f"{path}: not valid JSON ({exc})") from None
 
     def device_slug(self) -> str:
         """``<device>`` part of a results file name: the first accelerated backend's device,

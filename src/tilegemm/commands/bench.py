@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import BACKENDS
 
 HELP = "the seed's tables on this device vs the vendor library (tables, files, plots)"
@@ -120,7 +121,7 @@ def settings_from(args: argparse.Namespace):  # -> Settings
             over[attr] = value
     for name in ("r_size", "compile_size"):
         if getattr(args, name, None) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+            raise InvalidValueError(f"--{name.replace('_', '-')} must be >= 1")
     over["dtype"] = args.dtype
     pol = {}
     for name, attr in (("budget", "budget_s"), ("min_reps", "min_reps"),
@@ -146,7 +147,7 @@ def choose_backends(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         status = get_backend(name).status()
         if not status.usable:
             if args.backends:
-                raise RuntimeError(f"backend {name!r} is not usable here: {status.reason}")
+                raise UnavailableError(f"backend {name!r} is not usable here: {status.reason}")
             left.append(f"{name}: not usable ({status.reason})")
         elif status.simulated and not args.include_simulated:
             left.append(f"{name}: {status.reason} — skipped (simulated; --include-simulated "
@@ -154,7 +155,7 @@ def choose_backends(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         else:
             run.append(name)
     if not run:
-        raise RuntimeError("no backend to benchmark: " + "; ".join(left))
+        raise UnavailableError("no backend to benchmark: " + "; ".join(left))
     return run, left
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
 HELP = "the kernel ladder, with parameters and constraints"
@@ -32,8 +33,9 @@ def run(args: argparse.Namespace) -> int:
     specs = tilegemm.kernels(args.backend)
     if args.resources:
         if args.backend not in (None, "cuda", "cudac"):
-            raise ValueError("--resources compiles CUDA rungs only; use it with --backend cuda "
-                             "or cudac, or without --backend")
+            raise InvalidValueError(
+                "--resources compiles CUDA rungs only; use it with --backend cuda "
+                "or cudac, or without --backend")
         return _resources(specs, args)
     if args.json:
         print(json.dumps([{

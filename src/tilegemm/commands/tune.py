@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 
+from tilegemm.errors import InvalidValueError
+
 HELP = "search a kernel's parameters for this device and cache the best"
 
 
@@ -79,9 +81,9 @@ def _tune(args: argparse.Namespace) -> int:
 
     for name in ("m", "n", "k", "batch", "budget"):
         if getattr(args, name) < 0:
-            raise ValueError(f"--{name} must be >= 0")
+            raise InvalidValueError(f"--{name} must be >= 0")
     if min(args.m, args.n, args.k) == 0:
-        raise ValueError("--m, --n and --k must be >= 1 to time anything")
+        raise InvalidValueError("--m, --n and --k must be >= 1 to time anything")
     dtype = np.dtype(args.dtype)
     probe = np.zeros((1, 1), dtype=dtype)
     backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")])
@@ -91,7 +93,7 @@ def _tune(args: argparse.Namespace) -> int:
     else:
         specs = [s for s in registry.specs_for(backend.name) if s.params and s.supports(dtype)]
     if not specs:
-        raise ValueError(f"no {backend.name} rung with parameters supports {dtype.name}")
+        raise InvalidValueError(f"no {backend.name} rung with parameters supports {dtype.name}")
     prob = strategies.problem_for(args.m, args.n, args.k, dtype, args.batch)
     limits = space.limits_for(backend.name)
     check = None if args.no_register_check else space.cuda_register_check

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.errors import InvalidTypeError, InvalidValueError
 from tilegemm.registry import KernelSpec, get
 
 SOURCES = Path(__file__).resolve().parent
@@ -67,14 +68,14 @@ def compile_cubin(rung: KernelSpec | str, params: dict[str, int] | None = None,
     """
     spec = get(rung, "cudac") if isinstance(rung, str) else rung
     if spec.backend != "cudac":
-        raise ValueError(f"{spec.name} is a {spec.backend} kernel; compile_cubin compiles "
+        raise InvalidValueError(f"{spec.name} is a {spec.backend} kernel; compile_cubin compiles "
                          "cudac (CUDA C) rungs")
     resolved = spec.resolve(params)
     dt = np.dtype(dtype).name
     if not spec.supports(dt):
-        raise TypeError(f"{spec.name} (cudac) supports {', '.join(spec.dtypes)}, not {dt}")
+        raise InvalidTypeError(f"{spec.name} (cudac) supports {', '.join(spec.dtypes)}, not {dt}")
     if not (arch.startswith("sm_") and arch[3:].isdigit()):
-        raise ValueError(f"arch must look like 'sm_90', got {arch!r}")
+        raise InvalidValueError(f"arch must look like 'sm_90', got {arch!r}")
     return _compile(spec.rung, spec.name, tuple(sorted(resolved.items())), dt, arch)
 
 

@@ -43,10 +43,10 @@ class CudacProgram:
             _KERNELS[key] = code.get_kernel(cubin.kernel)
         return _KERNELS[key]
 
-    def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
-        """One launch on the legacy default stream (the stream numba's copies use, so they
-        stay ordered with it)."""
-        from cuda.core import LEGACY_DEFAULT_STREAM, LaunchConfig, launch
+    def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = None) -> None:
+        """One launch on ``stream``: a numba stream (what the CUDA backend passes), anything
+        with ``__cuda_stream__``, an integer handle, or None for the default stream."""
+        from cuda.core import LaunchConfig, launch
 
         batch, m, n = (int(x) for x in C.shape)
         k = int(A.shape[2])
@@ -61,8 +61,27 @@ class CudacProgram:
         sizes = [np.int32(batch), np.int32(m), np.int32(n), np.int32(k)]
         t = np.dtype(self.dtype).type
         config = LaunchConfig(grid=self.grid(batch, m, n), block=self.block)
-        launch(LEGACY_DEFAULT_STREAM if stream in (0, None) else stream, config, self.kernel(),
-               *pointers, *sizes, *strides, t(alpha), t(beta))
+        launch(_core_stream(stream), config, self.kernel(), *pointers, *sizes, *strides,
+               t(alpha), t(beta))
+
+
+def _core_stream(stream: Any) -> Any:
+    """The ``cuda.core`` stream for a numba stream, a ``__cuda_stream__`` object or a
+    handle. Handles 0 and 1 are the legacy default stream (numba's default stream, on
+    which its copies and events run), 2 the per-thread default stream."""
+    from cuda.core import LEGACY_DEFAULT_STREAM, PER_THREAD_DEFAULT_STREAM, Stream
+
+    if stream is None:
+        handle = 0
+    elif hasattr(stream, "__cuda_stream__"):
+        handle = int(stream.__cuda_stream__()[1])
+    else:
+        handle = int(stream)
+    if handle in (0, 1):
+        return LEGACY_DEFAULT_STREAM
+    if handle == 2:
+        return PER_THREAD_DEFAULT_STREAM
+    return Stream.from_handle(handle)
 
 
 def _pointer_and_strides(x: Any, itemsize: int) -> tuple[int, tuple[int, ...]]:
