@@ -24,7 +24,7 @@ import numpy as np
 
 from tilegemm.errors import InvalidTypeError, InvalidValueError
 
-BACKENDS: tuple[str, ...] = ("cuda", "opencl", "cpu")
+BACKENDS: tuple[str, ...] = ("cuda", "opencl", "cpu", "cudac")
 FLOATS: tuple[str, ...] = ("float32", "float64")
 INTS: tuple[str, ...] = ("int32", "int64")
 
