@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tilegemm.errors import InvalidValueError
+
 
 @dataclass(frozen=True)
 class GPU:
@@ -63,7 +65,7 @@ def get_gpu(key: str) -> GPU:
     try:
         return GPUS[key.lower()]
     except KeyError:
-        raise ValueError(f"unknown GPU {key!r}; known: {', '.join(GPUS)}") from None
+        raise InvalidValueError(f"unknown GPU {key!r}; known: {', '.join(GPUS)}") from None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import BACKENDS
 
 HELP = "the seed's tables on this device vs the vendor library (tables, files, plots)"
@@ -120,7 +121,7 @@ def settings_from(args: argparse.Namespace):  # -> Settings
             over[attr] = value
     for name in ("r_size", "compile_size"):
         if getattr(args, name, None) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+            raise InvalidValueError(f"--{name.replace('_', '-')} must be >= 1")
     over["dtype"] = args.dtype
     pol = {}
     for name, attr in (("budget", "budget_s"), ("min_reps", "min_reps"),
@@ -146,7 +147,7 @@ def choose_backends(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         status = get_backend(name).status()
         if not status.usable:
             if args.backends:
-                raise RuntimeError(f"backend {name!r} is not usable here: {status.reason}")
+                raise UnavailableError(f"backend {name!r} is not usable here: {status.reason}")
             left.append(f"{name}: not usable ({status.reason})")
         elif status.simulated and not args.include_simulated:
             left.append(f"{name}: {status.reason} — skipped (simulated; --include-simulated "
@@ -154,7 +155,7 @@ def choose_backends(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         else:
             run.append(name)
     if not run:
-        raise RuntimeError("no backend to benchmark: " + "; ".join(left))
+        raise UnavailableError("no backend to benchmark: " + "; ".join(left))
     return run, left
 
 
@@ -163,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.from_json:
         results = Results.load(args.from_json)
+        if args.plot and not results.backends("sizes"):
+            raise InvalidValueError(f"--plot: {args.from_json} has no 'sizes' report to plot")
         _emit(results, args)
         return 0
 
@@ -170,6 +173,10 @@ def run(args: argparse.Namespace) -> int:
     from tilegemm.commands._console import console
 
     settings = settings_from(args)
+    if args.plot and "sizes" not in settings.reports:
+        # Checked before anything runs: the plot is of the size sweep.
+        raise InvalidValueError("--plot draws the 'sizes' report, which --reports leaves out; "
+                                "add sizes to --reports or drop --plot")
     backends, left = choose_backends(args)
     err = console(stderr=True)
     if not args.quiet:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from tilegemm.commands._params import add_param_arguments, parse_params
+from tilegemm.errors import InvalidValueError
 
 HELP = "count a kernel's memory transactions, bank conflicts, resources, occupancy, roofline"
 
@@ -67,11 +68,11 @@ def run(args: argparse.Namespace) -> int:
 
     for name in ("m", "n", "k"):
         if getattr(args, name) < 0:
-            raise ValueError(f"--{name} must be >= 0")
+            raise InvalidValueError(f"--{name} must be >= 0")
     if args.batch < 1:
-        raise ValueError("--batch must be >= 1")
+        raise InvalidValueError("--batch must be >= 1")
     if args.samples < 1:
-        raise ValueError("--samples must be >= 1")
+        raise InvalidValueError("--samples must be >= 1")
     ex = explain(args.kernel, args.m, args.n, args.k, params=parse_params(args.params),
                  dtype=args.dtype, batch=args.batch, beta=args.beta, gpu=args.gpu,
                  samples=args.samples, full=args.full, full_limit=args.full_limit,
