@@ -220,9 +220,10 @@ class Path:
     def total(self) -> int:
         return sum(n for _, n in self.counts)
 
-    def key(self) -> tuple[int, int, int]:
-        """Preference between paths: most FMAs, most global bytes, fewest instructions."""
-        return (self.get("fma"), self.ldg_bytes, -self.total)
+    def key(self) -> tuple[int, ...]:
+        """Preference between paths: most FMAs, most global bytes, most shared stores and
+        barriers, fewest instructions (the interior path of a GEMM k-tile)."""
+        return (self.get("fma"), self.ldg_bytes, self.get("sts"), self.get("bar"), -self.total)
 
 
 def _merge(a: tuple, b: tuple) -> tuple:
@@ -513,9 +514,9 @@ def _disassembled(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: 
 def cubin_for(spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
     """The cubin of a rung: numba rungs through PTX and nvJitLink; CUDA C ones via NVRTC."""
     if spec.backend == "cudac":
-        from tilegemm.kernels import cudac  # type: ignore[attr-defined]
+        from tilegemm.kernels.cudac import compile_cubin
 
-        return cudac.cubin(spec, params, dtype, arch)
+        return compile_cubin(spec, params, dtype, arch).data
     from tilegemm.analysis.resources import ptx_for
 
     return link_cubin(ptx_for(spec, params, dtype, arch), arch)

@@ -13,9 +13,11 @@ SHORT = {"fma": "fma", "lds": "LDS", "ldg": "LDG", "sts": "STS", "bar": "BAR", "
 def _specs(args: argparse.Namespace) -> list:
     from tilegemm import registry
 
-    cuda = registry.specs_for("cuda")
+    def tiled(specs: tuple) -> list:
+        return [s for s in specs if {"BM", "BN", "BK"} <= {p.name for p in s.params}]
+
     if args.kernel == "all":
-        specs = [s for s in cuda if {"BM", "BN", "BK"} <= {p.name for p in s.params}]
+        specs = tiled(registry.specs_for("cuda"))
     else:
         specs = [registry.get(name.strip(), args.backend) for name in args.kernel.split(",")]
     for s in specs:
@@ -25,7 +27,7 @@ def _specs(args: argparse.Namespace) -> list:
         if "cudac" not in registry.BACKENDS:
             raise ValueError("--yardstick needs the CUDA C rungs (backend 'cudac'), which this "
                              "install does not have")
-        specs += list(registry.specs_for("cudac"))
+        specs += tiled(registry.specs_for("cudac"))
     return specs
 
 
