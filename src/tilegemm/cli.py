@@ -16,6 +16,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import re
 import sys
 import traceback
 
@@ -24,6 +25,23 @@ from tilegemm.errors import UsageError
 
 EXIT_REFUSED = 2
 EXIT_INTERNAL = 3
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written (paragraphs kept), and every option's default shown."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or default is None or default is False
+                or default is argparse.SUPPRESS or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+def plain(doc: str | None) -> str | None:
+    """A docstring as terminal text: reStructuredText's ``literal`` marks removed."""
+    return None if doc is None else re.sub(r"``([^`]+)``", r"\1", doc)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(f"tilegemm.commands.{info.name}")
         p = sub.add_parser(info.name.replace("_", "-"), help=module.HELP,
-                           description=module.__doc__)
+                           description=plain(module.__doc__),
+                           formatter_class=_HelpFormatter)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser

@@ -64,16 +64,21 @@ class Results:
             raise InvalidValueError(f"{path}: not valid JSON ({exc})") from None
 
     def device_slug(self) -> str:
-        """``<device>`` part of a results file name: the first accelerated backend's device,
+        """``<device>`` part of a results file name, short and readable: the first
+        accelerated backend's device (``nvidia-h100-80gb-hbm3``, ``opencl-pocl-amd-epyc``),
         else ``cpu-<cpu model>``."""
-        from tilegemm.bench.environment import slug
+        from tilegemm.bench.environment import short_slug
 
         infos = self.meta.get("backends", {})
         for name in ("cuda", "opencl"):
             info = infos.get(name)
             if info and name in self.backends() and info.get("device"):
-                return slug(info["device"])
-        return "cpu-" + slug(self.meta.get("host", {}).get("cpu", "cpu"))
+                device = info["device"]
+                if name == "opencl":
+                    pocl = "Portable Computing Language" in device
+                    return "opencl-" + ("pocl-" if pocl else "") + short_slug(device)
+                return short_slug(device)
+        return "cpu-" + short_slug(self.meta.get("host", {}).get("cpu", "cpu"))
 
     def default_stem(self) -> str:
         """``<device-slug>-<date>`` for ``benchmarks/results/``."""

@@ -164,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.from_json:
         results = Results.load(args.from_json)
+        if args.plot and not results.backends("sizes"):
+            raise InvalidValueError(f"--plot: {args.from_json} has no 'sizes' report to plot")
         _emit(results, args)
         return 0
 
@@ -171,6 +173,10 @@ def run(args: argparse.Namespace) -> int:
     from tilegemm.commands._console import console
 
     settings = settings_from(args)
+    if args.plot and "sizes" not in settings.reports:
+        # Checked before anything runs: the plot is of the size sweep.
+        raise InvalidValueError("--plot draws the 'sizes' report, which --reports leaves out; "
+                                "add sizes to --reports or drop --plot")
     backends, left = choose_backends(args)
     err = console(stderr=True)
     if not args.quiet:

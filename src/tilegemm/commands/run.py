@@ -1,6 +1,7 @@
 """Run one product with one rung, verify it against float64 NumPy, print time and GFLOP/s.
 
-Exits with status 1 if the result does not match the reference.
+Exit status: 0 verified; 1 the result does not match the reference; 2 the request was
+refused (a bad parameter, a size the device or memory cannot hold); 3 an internal error.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ HELP = "run one product, verified, timed"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", default="auto", help="rung name (see 'tilegemm kernels')")
-    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "opencl", "cpu"))
-    parser.add_argument("--m", type=int, default=512)
-    parser.add_argument("--n", type=int, default=512)
-    parser.add_argument("--k", type=int, default=512)
+    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "opencl", "cpu"),
+                        help="where to run ('auto': the best usable backend here)")
+    parser.add_argument("--m", type=int, default=512, help="rows of A and of the result")
+    parser.add_argument("--n", type=int, default=512, help="columns of B and of the result")
+    parser.add_argument("--k", type=int, default=512, help="the shared (contracted) dimension")
     parser.add_argument("--batch", type=int, default=0, help="batch count (0: a plain 2-D product)")
     parser.add_argument("--dtype", default="float32",
-                        choices=("float32", "float64", "int32", "int64"))
+                        choices=("float32", "float64", "int32", "int64"), help="element type")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls after the first")
     add_param_arguments(parser)
 
