@@ -13,6 +13,7 @@ import pytest
 
 from tilegemm import cli
 from tilegemm.analysis import sass
+from tilegemm.errors import UnavailableError
 from tilegemm.registry import get
 
 # A tiny hand-written kernel: set-up, an outer loop (k-tile) with a vector/scalar diamond,
@@ -132,4 +133,4 @@ def test_missing_nvdisasm_is_one_line(monkeypatch: pytest.MonkeyPatch,
 
 
 def _missing() -> str:
-    raise RuntimeError("nvdisasm is missing: pip install nvidia-cuda-nvdisasm")
+    raise UnavailableError("nvdisasm is missing: pip install nvidia-cuda-nvdisasm")

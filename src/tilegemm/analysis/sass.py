@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import KernelSpec
 
 #: Instruction classes, in the order reports show them.
@@ -411,7 +412,7 @@ def nvdisasm_path() -> str:
     found = shutil.which("nvdisasm")
     if found:
         return found
-    raise RuntimeError("nvdisasm is missing: pip install nvidia-cuda-nvdisasm "
+    raise UnavailableError("nvdisasm is missing: pip install nvidia-cuda-nvdisasm "
                        "(or put the CUDA toolkit's nvdisasm on PATH)")
 
 
@@ -481,7 +482,7 @@ def fma_per_kstep(spec: KernelSpec, params: dict[str, int]) -> int:
     """FFMAs one thread issues per k step: its share of the BM×BN block tile."""
     threads = spec.threads(params) if spec.threads else None
     if not threads or "BM" not in params or "BN" not in params:
-        raise ValueError(f"{spec.name} has no BM×BN register tile to count per k step")
+        raise InvalidValueError(f"{spec.name} has no BM×BN register tile to count per k step")
     return params["BM"] * params["BN"] // threads
 
 
@@ -491,9 +492,9 @@ def sass_report(spec: KernelSpec, params: dict[str, int] | None = None,
     from tilegemm.analysis.resources import ARCHS
 
     if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; choices: {', '.join(ARCHS)}")
+        raise InvalidValueError(f"unknown arch {arch!r}; choices: {', '.join(ARCHS)}")
     if spec.backend not in ("cuda", "cudac"):
-        raise ValueError(f"{spec.name} is a {spec.backend} kernel; --sass needs a CUDA rung "
+        raise InvalidValueError(f"{spec.name} is a {spec.backend} kernel; --sass needs a CUDA rung "
                          "(tilegemm kernels --backend cuda)")
     params = spec.resolve(params)
     nvdisasm_path()  # fail early, with the one-line message, when it is missing
