@@ -1,7 +1,7 @@
 """Every CUDA rung in the registry, run on numba's CUDA simulator, against float64 NumPy.
 
 The rungs come from ``tilegemm.kernels("cuda")``, so a rung added later is tested here
-with no edit. Each runs with its ``extra["sim_params"]`` (the smallest valid tiles): the
+with no edit. Each runs with its ``sim_params`` (the smallest valid tiles): the
 simulator runs one Python thread per CUDA thread, so shapes stay tiny but still break
 tiling (partial tiles on every edge, primes, K=1, 1×K). Outputs are NaN-poisoned before
 each launch (conftest), so an element a kernel skips fails the check.
@@ -31,7 +31,7 @@ def _id(spec: KernelSpec) -> str:
 
 
 def _sim(spec: KernelSpec) -> dict[str, int]:
-    return dict(spec.extra.get("sim_params", {}))
+    return dict(spec.sim_params or {})
 
 
 def _mm(spec: KernelSpec, a: Any, b: Any, **params: Any) -> Any:

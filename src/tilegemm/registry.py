@@ -66,7 +66,15 @@ class KernelSpec:
     threads: Callable[[Mapping[str, int]], int] | None = None
     smem: Callable[[Mapping[str, int], int], int] | None = None
     doc: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    # Parameters for numba's CUDA simulator, which runs one Python thread per GPU thread:
+    # the smallest valid tiles. kernel="auto" uses them there (speed means nothing).
+    sim_params: Mapping[str, int] | None = None
+    # Measured defaults per kind of device ("cpu", "gpu"...) replacing the rung's own,
+    # when they fit the caller's overrides (OpenCL rungs tuned for PoCL on a CPU).
+    device_defaults: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # kernel="auto" picks this rung (at its defaults) before anything is tuned; a backend
+    # without a flagged rung gets its highest rung. See :func:`default_for`.
+    auto: bool = False
 
     @property
     def key(self) -> str:
@@ -180,12 +188,15 @@ def get(name: str, backend: str) -> KernelSpec:
 
 
 def default_for(backend: str, dtype: np.dtype | str) -> KernelSpec:
-    """The built-in choice for ``kernel="auto"``: the highest rung that supports ``dtype``.
+    """The built-in rung for ``kernel="auto"``: the rung flagged ``auto=True`` that supports
+    ``dtype``, else the highest rung that does.
 
     The tuner's cache, when it has an entry for the device and shape, takes precedence (see
-    ``tilegemm.api``); this is the fallback and needs no measurement.
+    :func:`tilegemm.tune.select.auto_choice`, the one place "auto" is decided); this is the
+    fallback and needs no measurement.
     """
     candidates = [s for s in specs_for(backend) if s.supports(dtype)]
     if not candidates:
         raise TypeError(f"no {backend} kernel supports dtype {np.dtype(dtype).name}")
-    return max(candidates, key=lambda s: s.rung)
+    flagged = [s for s in candidates if s.auto]
+    return max(flagged or candidates, key=lambda s: s.rung)
