@@ -178,7 +178,7 @@ def test_batches_strides_alpha_beta_and_grid_stride(build_dir: Path, name: str) 
 
 def test_the_harness_catches_an_out_of_bounds_read(build_dir: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A kernel with the source notes' defect (no bounds check) must fail here."""
+    """A kernel with the source texts' defect (no bounds check) must fail here."""
     broken = (_compile.SOURCES / "k02_coalesced.cu").read_text().replace(
         "for (int k = 0; k < K; ++k)", "for (int k = 0; k < K + 1; ++k)")
     (tmp_path / "k02_coalesced.cu").write_text(broken)
