@@ -2,9 +2,10 @@
 ptxas allocated; the cudac backend says why it cannot run here.
 
 Compilations are kept per process (``compile_cubin`` caches), so every test below that
-asks for the same (rung, parameters, dtype, arch) reuses one compilation. Correctness on
-hardware is checked by tests/test_cuda_rungs.py, which runs every cudac rung through the
-same cases as the Numba rungs when a GPU is present (``gpu`` marker).
+asks for the same (rung, parameters, dtype, arch) reuses one compilation. Correctness is
+checked on the CPU by tests/test_cudac_host.py (the same sources built with g++ and
+AddressSanitizer) and on hardware by tests/test_cuda_rungs.py, which runs every cudac rung
+through the same cases as the Numba rungs when a GPU is present (``gpu`` marker).
 """
 
 from __future__ import annotations

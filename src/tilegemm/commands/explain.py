@@ -20,9 +20,20 @@ HELP = "count a kernel's memory transactions, bank conflicts, resources, occupan
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from tilegemm.analysis.roofline import GPUS
 
-    parser.add_argument("kernel", help="rung name (see 'tilegemm kernels --backend cuda')")
+    parser.add_argument("kernel", help="rung name (see 'tilegemm kernels --backend cuda'); "
+                        "with --sass also several, comma-separated, or 'all'")
     parser.add_argument("--backend", default="cuda", choices=("cuda",),
                         help="only CUDA rungs are traced")
+    parser.add_argument("--sass", action="store_true",
+                        help="count the compiled machine code instead: instructions per k step "
+                             "by class in the hot loop and one interior k-tile, FFMA share "
+                             "(needs nvdisasm: pip install nvidia-cuda-nvdisasm)")
+    parser.add_argument("--arch", default="sm_90",
+                        help="with --sass: the architecture to compile for (sm_80, sm_90)")
+    parser.add_argument("--hot-loop", action="store_true",
+                        help="with --sass: also print the hot loop's SASS, annotated")
+    parser.add_argument("--yardstick", action="store_true",
+                        help="with --sass: add the CUDA C rungs (NVRTC) to the table")
     parser.add_argument("--m", type=int, default=32)
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--k", type=int, default=32)
@@ -47,6 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import json
+
+    if args.sass:
+        from tilegemm.commands._sass import run_sass
+
+        return run_sass(args)
 
     from tilegemm.analysis.report import explain, render, to_json
 
