@@ -145,9 +145,10 @@ def test_yardstick_tiles_vector_path_and_edges(build_dir: Path, name: str) -> No
 
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", [s for s in SPECS if s.rung >= 3], ids=lambda s: s.name)
-def test_float64_and_int32(build_dir: Path, spec: KernelSpec) -> None:
+def test_float64_int32_and_default_tiles(build_dir: Path, spec: KernelSpec) -> None:
     params = _small(spec)
     _check(build_dir, spec, params, (33, 17, 65), "float64")
+    _check(build_dir, spec, spec.defaults(), (33, 17, 65), "float32")
     if spec.supports("int32"):
         m, n, k = 9, 13, 7
         a, b = random_operands((1, m, k), (1, k, n), "int32")
@@ -177,7 +178,7 @@ def test_batches_strides_alpha_beta_and_grid_stride(build_dir: Path, name: str) 
 
 def test_the_harness_catches_an_out_of_bounds_read(build_dir: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A kernel with the source notes' defect (no bounds check) must fail here."""
+    """A kernel with the source texts' defect (no bounds check) must fail here."""
     broken = (_compile.SOURCES / "k02_coalesced.cu").read_text().replace(
         "for (int k = 0; k < K; ++k)", "for (int k = 0; k < K + 1; ++k)")
     (tmp_path / "k02_coalesced.cu").write_text(broken)

@@ -173,7 +173,7 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
     tot.add_column("value", justify="right")
     rows = [
         ("FLOPs (2·M·N·K)", _n(mem["flops"])),
-        ("global load requests / 32-byte sectors (seed 004's 'transactions')",
+        ("global load requests / 32-byte sectors (the optimisation note's 'transactions')",
          f"{_n(mem['global_load_requests'])} / {_n(mem['global_load_sectors'])}"),
         ("global store requests / sectors",
          f"{_n(mem['global_store_requests'])} / {_n(mem['global_store_sectors'])}"),

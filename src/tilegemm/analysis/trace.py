@@ -1,8 +1,8 @@
 """Trace a CUDA kernel's own memory accesses by running it on numba's CUDA simulator.
 
 Why trace rather than model: a formula per kernel is a second copy of the kernel that can
-drift from it, and it is exactly where hand analyses go wrong (seed 004 counts its shared
-kernel's bank conflicts by intuition). Here the counts come from executing the rung's real
+drift from it, and it is exactly where hand analyses go wrong (the optimisation note counts its
+shared kernel's bank conflicts by intuition). Here the counts come from executing the rung's real
 Python code: every array the kernel touches is replaced by a :class:`TracedArray` that
 records each element access — which thread, which instruction (source site and dynamic
 instance), which byte address, how wide, load or store — and

@@ -18,7 +18,7 @@ from __future__ import annotations
 from functools import cache
 
 from tilegemm.backends.base import BackendStatus
-from tilegemm.backends.cuda import CudaBackend, simulator_enabled
+from tilegemm.backends.cuda import CudaBackend
 
 
 class CudacBackend(CudaBackend):
@@ -32,10 +32,10 @@ class CudacBackend(CudaBackend):
             from cuda.bindings import nvrtc  # noqa: F401
         except Exception as exc:
             return BackendStatus("cudac", False, f"cuda-core or NVRTC cannot be imported: {exc}")
-        if simulator_enabled():
+        cuda = CudaBackend.status(self)  # the same probe, and the same one-line reason
+        if cuda.simulated:
             return BackendStatus("cudac", False, "CUDA C needs a GPU; numba's CUDA simulator "
                                  "(NUMBA_ENABLE_CUDASIM=1) runs only the Numba rungs")
-        cuda = CudaBackend.status(self)  # the same probe, and the same one-line reason
         if not cuda.usable:
             return BackendStatus("cudac", False, cuda.reason)
         return BackendStatus("cudac", True, "CUDA C (NVRTC, cuda-core)", cuda.devices,

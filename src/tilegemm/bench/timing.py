@@ -4,7 +4,8 @@ The protocol, for one kernel on one problem:
 
 1. **First call** — build (compile), upload operands and run one launch, timed on the host
    clock to the end of the launch. This is what a user waits for on a first ``matmul`` call
-   (the seed 002 "1st GPU time"); it is reported apart and never mixed into steady figures.
+   (the "1st GPU time" of the Numba ROC example); it is reported apart and never mixed into steady
+   figures.
 2. **Verify** — the result of that first launch is fetched and compared with the float64
    reference (:func:`tilegemm.reference.assert_close`) with the output NaN-poisoned before
    the launch. A kernel that raises or computes a wrong result is reported as FAILED with

@@ -6,7 +6,7 @@
 // (up to 32 memory transactions per warp access) while all of them read the same element
 // of B. Rung 2 changes only this mapping.
 //
-// Fixed compared with the source notes: any M, N, K (every access is bounds-checked),
+// Fixed compared with the originals: any M, N, K (every access is bounds-checked),
 // batches in grid z, and grid-stride loops so no grid dimension exceeds its hardware limit
 // (65,535 blocks in y and z).
 #include "_gemm.cuh"
