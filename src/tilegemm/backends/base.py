@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import GemmProblem, Operand
 from tilegemm.registry import KernelSpec
 
@@ -69,6 +70,7 @@ class Target:
     limits: Limits
     timer: str  # what measures a launch: "CUDA events", "perf_counter"...
     index: int | None = None  # the device= index, when the backend has several devices
+    capability: tuple[int, ...] = ()  # CUDA compute capability (9, 0); () when none
     simulated: bool = False  # correct but slow (numba's CUDA simulator): never timed
     accelerated: bool = False  # a real GPU or other accelerator
     vendors: tuple[str, ...] = ()  # vendor references to time against, tried in order
@@ -126,17 +128,17 @@ def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]
         for name, x in (("alpha", alpha), ("beta", beta)):
             f = float(x)
             if not math.isfinite(f) or f != math.floor(f):
-                raise TypeError(f"{name}={x!r} must be an integer for an {prob.dtype.name} "
+                raise InvalidTypeError(f"{name}={x!r} must be an integer for an {prob.dtype.name} "
                                 "product")
             if not info.min <= int(x) <= info.max:
-                raise ValueError(f"{name}={x!r} does not fit in {prob.dtype.name}")
+                raise InvalidValueError(f"{name}={x!r} does not fit in {prob.dtype.name}")
     return t(alpha), t(beta)
 
 
-def unknown_device(backend: str, index: Any, names: tuple[str, ...]) -> ValueError:
+def unknown_device(backend: str, index: Any, names: tuple[str, ...]) -> InvalidValueError:
     """The error for a ``device=`` that names no device here, listing the devices."""
     listing = "; ".join(f"{i}: {n}" for i, n in enumerate(names)) or "none"
-    return ValueError(f"unknown {backend} device {index!r}; devices here: {listing} "
+    return InvalidValueError(f"unknown {backend} device {index!r}; devices here: {listing} "
                       "(see 'tilegemm info')")
 
 
@@ -167,7 +169,7 @@ class Backend(ABC):
         and RuntimeError when the backend cannot run here."""
         status = self.status()
         if not status.usable:
-            raise RuntimeError(f"backend {self.name!r} is not usable here: {status.reason}")
+            raise UnavailableError(f"backend {self.name!r} is not usable here: {status.reason}")
         if device is not None:
             names = self.device_names()
             if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or not (
@@ -250,12 +252,12 @@ def check_block_limits(spec: KernelSpec, params: Mapping[str, int], dtype: np.dt
     limits = target.limits
     if spec.threads is not None and limits.threads_per_block and (
             spec.threads(params) > limits.threads_per_block):
-        raise ValueError(
+        raise InvalidValueError(
             f"{spec.name}: {spec.threads(params)} threads per block exceed the limit of "
             f"{limits.threads_per_block} on {target.name}")
     if spec.smem is not None and limits.shared_per_block:
         need = spec.smem(params, np.dtype(dtype).itemsize)
         if need > limits.shared_per_block:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{spec.name}: needs {need} bytes of shared memory per block, more than the "
                 f"{limits.shared_per_block}-byte limit on {target.name}")

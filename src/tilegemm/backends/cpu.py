@@ -57,14 +57,20 @@ def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np
     return dest
 
 
+@cache
+def _status() -> BackendStatus:
+    """Probed once: ``kernel="auto"`` asks on every call, and small products are measured in
+    microseconds."""
+    return BackendStatus("cpu", True, f"Numba on {os.cpu_count()} CPU core(s)", ("host CPU",))
+
+
 class CpuBackend(Backend):
     name = "cpu"
     label = "CPU"
     array_kind = "host"
 
     def status(self) -> BackendStatus:
-        return BackendStatus("cpu", True, f"Numba on {os.cpu_count()} CPU core(s)",
-                             ("host CPU",))
+        return _status()
 
     @cache  # noqa: B019 - one backend object per process
     def _target(self, index: int | None) -> Target:

@@ -124,8 +124,8 @@ def _usable(backend: Backend, target: Target, kernel: str, params: dict[str, int
     """The (spec, resolved params) if the rung exists, supports dtype and fits the device."""
     try:
         spec = registry.get(kernel, backend.name)
-        if not spec.supports(dtype):
-            return None
+        if not spec.supports(dtype) or spec.precisions:
+            return None  # reduced-precision rungs run only on request (precision=)
         resolved = backend.resolve(spec, params, target)
         backend.check_limits(spec, resolved, dtype, target)
     except (ValueError, TypeError):
@@ -135,7 +135,7 @@ def _usable(backend: Backend, target: Target, kernel: str, params: dict[str, int
 
 def _simulator_choice(backend: Backend, dtype: str) -> Choice | None:
     specs = [s for s in registry.specs_for(backend.name)
-             if s.supports(dtype) and s.sim_params is not None]
+             if s.supports(dtype) and s.sim_params is not None and not s.precisions]
     if not specs:
         return None
     spec = max(specs, key=lambda s: s.rung)
