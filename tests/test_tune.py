@@ -334,3 +334,33 @@ def test_tuning_one_rung_records_the_untuned_auto_choice_as_a_baseline(tmp_path,
     spec, params = choose_kernel("auto", backend, make_problem(*ops), {})
     best = max(entries, key=lambda e: e.gflops)
     assert (spec.name, params) == (best.kernel, best.params)
+
+
+@pytest.mark.opencl
+def test_opencl_tuner_prunes_by_the_devices_own_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidates 'tilegemm tune' hands to the search are those the device itself admits
+    (PoCL: 4096 work-items, hundreds of KiB of local memory), not a guessed 256 / 32 KiB."""
+    from tilegemm.backends import get_backend
+    from tilegemm.cli import main
+
+    target = get_backend("opencl").target()
+    device = target.handle
+    assert target.limits.threads_per_block == device.max_work_group_size
+    assert target.limits.shared_per_block == device.local_mem_size
+    assert target.limits.max_allocation == device.max_mem_alloc_size
+    spec = registry.get("register2d", "opencl")
+    handed: list[list[dict[str, int]]] = []
+
+    def record(backend, spec, prob, cands, **kw):  # noqa: ANN001, ANN003, ANN202
+        handed.append(list(cands))
+        return strategies.TuneResult(spec, prob, [])
+
+    monkeypatch.setattr(strategies, "tune", record)
+    assert main(["tune", "--backend", "opencl", "--kernel", "register2d", "--m", "8", "--n",
+                 "8", "--k", "8", "--dry-run"]) == 0
+    expected = space.candidates(spec, "float32", target.limits)
+    assert handed[-1] == expected
+    if device.max_work_group_size > 256:  # PoCL on a CPU: 4096
+        assert any(spec.threads(p) > 256 for p in expected)
+    if device.local_mem_size > 32 * 1024:
+        assert any(spec.smem(p, 4) > 32 * 1024 for p in expected)
