@@ -26,7 +26,9 @@ from tilegemm.registry import KernelSpec
 
 pytestmark = pytest.mark.cudasim
 
-SPECS = tilegemm.kernels("cuda")
+# Tensor-core rungs compute at a reduced precision, only on request (precision=), and have
+# their own tests with error bounds for it: tests/test_cuda_mma.py.
+SPECS = [s for s in tilegemm.kernels("cuda") if not s.extra.get("precisions")]
 CUDAC = tilegemm.kernels("cudac")
 # Every rung these tests run: Numba rungs everywhere, CUDA C rungs only on a GPU.
 RUNGS = [pytest.param(s, id=s.name) for s in SPECS] + [

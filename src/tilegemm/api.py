@@ -16,6 +16,7 @@ from tilegemm import registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import Backend
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
+from tilegemm.precision import apply_precision
 from tilegemm.problem import GemmProblem, Operand, check_out, describe, make_problem
 from tilegemm.registry import BACKENDS, KernelSpec
 
@@ -110,7 +111,7 @@ def gemm(
     a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
     trans_a: bool = False, trans_b: bool = False, out: Any = None,
     kernel: str = AUTO, backend: str = AUTO, device: int | None = None, stream: Any = None,
-    **params: Any,
+    precision: str | None = None, **params: Any,
 ) -> Any:
     """``alpha * op(a) @ op(b) + beta * c`` with ``op(x)`` = x or its (last-two-axes) transpose.
 
@@ -154,6 +155,7 @@ def gemm(
         from tilegemm.backends.cuda_stream import describe_stream
 
         describe_stream(stream)  # a wrong type fails here, before anything runs
+    kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
     spec, resolved = choose_kernel(kernel, be, prob, params)
     if out is not None:
         data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
@@ -169,7 +171,8 @@ def gemm(
 
 def matmul(
     a: Any, b: Any, *, out: Any = None, kernel: str = AUTO, backend: str = AUTO,
-    device: int | None = None, stream: Any = None, **params: Any,
+    device: int | None = None, stream: Any = None, precision: str | None = None,
+    **params: Any,
 ) -> Any:
     """Matrix product with NumPy's ``matmul`` semantics, computed by a tilegemm rung.
 
@@ -189,9 +192,12 @@ def matmul(
       array's own stream, the ``stream`` of a ``__cuda_array_interface__``), so the result is
       ordered with the caller's other work without a device-wide wait; see
       ``tilegemm.backends.cuda_stream``. Host results are complete when the call returns.
+    - ``precision`` (float32 only): "ieee" (default: IEEE float32 multiply-adds), "tf32" or
+      "3xtf32" (tensor cores, CUDA on sm_80 or newer; see :mod:`tilegemm.precision`). A
+      precision no kernel here can compute is an error, never a silent fallback.
     """
     return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,
-                **params)
+                precision=precision, **params)
 
 
 def kernels(backend: str | None = None) -> list[KernelSpec]:

@@ -188,7 +188,9 @@ def default_for(backend: str, dtype: np.dtype | str) -> KernelSpec:
     The tuner's cache, when it has an entry for the device and shape, takes precedence (see
     ``tilegemm.api``); this is the fallback and needs no measurement.
     """
-    candidates = [s for s in specs_for(backend) if s.supports(dtype)]
+    # Rungs that compute at a reduced precision (tensor cores) run only on request.
+    candidates = [s for s in specs_for(backend)
+                  if s.supports(dtype) and not s.extra.get("precisions")]
     if not candidates:
         raise InvalidTypeError(f"no {backend} kernel supports dtype {np.dtype(dtype).name}")
     return max(candidates, key=lambda s: s.rung)

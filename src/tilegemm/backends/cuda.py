@@ -27,7 +27,7 @@ from tilegemm.backends.base import (
     wall_clock_elapsed,
 )
 from tilegemm.backends.cuda_stream import choose_stream, numba_stream
-from tilegemm.errors import InvalidTypeError, InvalidValueError
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
 from tilegemm.registry import KernelSpec
 
@@ -150,6 +150,16 @@ class CudaBackend(Backend):
         return BackendStatus("cuda", True, "numba-cuda", devices, accelerated=True)
 
     def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype) -> None:
+        need = spec.extra.get("min_cc")  # e.g. tensor-core rungs: (8, 0)
+        if need and not simulator_enabled():
+            from numba import cuda
+
+            have = tuple(cuda.get_current_device().compute_capability)
+            if have < tuple(need):
+                raise UnavailableError(
+                    f"{spec.name}: needs a GPU of compute capability {need[0]}.{need[1]} "
+                    f"(sm_{need[0]}{need[1]}) or newer for its tensor-core instructions; this "
+                    f"GPU is sm_{have[0]}{have[1]}. Use precision='ieee' (the FFMA rungs)")
         if spec.threads is not None and spec.threads(params) > MAX_THREADS_PER_BLOCK:
             raise InvalidValueError(
                 f"{spec.name}: {spec.threads(params)} threads per block exceed the CUDA limit "

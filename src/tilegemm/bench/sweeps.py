@@ -149,7 +149,9 @@ def plan(
     first: list[Case] = []
     rest: list[Case] = []
     for be in backends:
-        specs = [s for s in specs_for(be) if s.supports(dtype)]
+        # IEEE rungs only: a tensor-core rung computes at another precision (precision=)
+        # and is to be compared with cuBLAS at that precision, not with SGEMM.
+        specs = [s for s in specs_for(be) if s.supports(dtype) and not s.extra.get("precisions")]
         if "compile" in settings.reports:
             n = settings.compile_size
             first += [_case("compile", be, n, s) for s in specs]

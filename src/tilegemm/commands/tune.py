@@ -90,7 +90,8 @@ def _tune(args: argparse.Namespace) -> int:
     if args.kernel:
         specs = [registry.get(k, backend.name) for k in args.kernel]
     else:
-        specs = [s for s in registry.specs_for(backend.name) if s.params and s.supports(dtype)]
+        specs = [s for s in registry.specs_for(backend.name)  # IEEE rungs only: see precision
+                 if s.params and s.supports(dtype) and not s.extra.get("precisions")]
     if not specs:
         raise InvalidValueError(f"no {backend.name} rung with parameters supports {dtype.name}")
     prob = strategies.problem_for(args.m, args.n, args.k, dtype, args.batch)

@@ -19,7 +19,10 @@ leaves a real call, and the fragments go through local memory). The instructions
   16-bit shared array; lane ``l`` gives the address of row ``l % 8`` of 8×8 matrix ``l // 8``
   (8 consecutive elements from ``arr[idx]``, 16-byte aligned); the result is 4 uint32,
   register ``j`` holding elements ``2*(l%4)`` and ``2*(l%4)+1`` of row ``l // 4`` of matrix
-  ``j``: exactly an A (x4) or two B (x2 + x2) fragments of ``m16n8k16``;
+  ``j``: exactly an A (x4) or two B (x2 + x2) fragments of ``m16n8k16``. On a 32-bit
+  array (float32) each 8×8 b16 matrix is 8 rows of 4 values and register ``j`` is value
+  ``l % 4`` of row ``l // 4``, returned as arr's type: exactly the A fragment of
+  ``m16n8k8.tf32`` (matrices: rows 0–7 and 8–15 of k 0–3, then of k 4–7);
 - ``cp_async16(dst, didx, src, sidx, nbytes)``: ``cp.async.cg.shared.global`` of 16 bytes,
   of which the first ``nbytes`` come from ``src[sidx]`` and the rest are zero (so a
   partial vector at an edge needs no branch; ``nbytes == 0`` reads nothing). Both addresses
@@ -222,11 +225,14 @@ def _row(arr: Any, idx: tuple[int, ...], count: int) -> np.ndarray:
     return np.array([arr[head + (last + q,)] for q in range(count)])
 
 
-def _py_ldmatrix_x4(arr: Any, idx: Any) -> tuple[np.uint32, ...]:
-    if arr.dtype.itemsize != 2:
-        raise TypeError("ldmatrix_x4: needs a 16-bit shared array")
-    rows = warp_exchange(_row(arr, idx, 8).view(np.uint16))
+def _py_ldmatrix_x4(arr: Any, idx: Any) -> tuple[Any, ...]:
+    if arr.dtype.itemsize not in (2, 4):
+        raise TypeError("ldmatrix_x4: needs a 16- or 32-bit shared array")
     lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
+    if arr.dtype.itemsize == 4:
+        rows32 = warp_exchange(_row(arr, idx, 4).astype(arr.dtype))
+        return tuple(rows32[8 * j + lane // 4][lane % 4] for j in range(4))
+    rows = warp_exchange(_row(arr, idx, 8).astype(arr.dtype).view(np.uint16))
     out = []
     for j in range(4):
         m, r, c = ldmatrix_layout(lane, j, 0)
@@ -388,9 +394,10 @@ def _compiled_ops() -> TensorCoreOps:
     @intrinsic
     def ldmatrix_x4(typingctx: Any, arr: Any, idx: Any) -> Any:
         check_array(arr, idx, "ldmatrix_x4")
-        if arr.dtype.bitwidth != 16:
-            raise TypingError(f"ldmatrix_x4: needs a 16-bit shared array, got {arr}")
-        sig = types.UniTuple(types.uint32, 4)(arr, idx)
+        if arr.dtype.bitwidth not in (16, 32):
+            raise TypingError(f"ldmatrix_x4: needs a 16- or 32-bit shared array, got {arr}")
+        out = types.uint32 if arr.dtype.bitwidth == 16 else arr.dtype
+        sig = types.UniTuple(out, 4)(arr, idx)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
             ptr = item_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
@@ -399,6 +406,8 @@ def _compiled_ops() -> TensorCoreOps:
                                    "{$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r",
                               [shared_address(builder, ptr)], side_effect=True)
             items = [builder.extract_value(res, q) for q in range(4)]
+            llty = context.get_value_type(sig.return_type.dtype)
+            items = [builder.bitcast(x, llty) if llty != i32 else x for x in items]
             return context.make_tuple(builder, sig.return_type, items)
 
         return sig, codegen
