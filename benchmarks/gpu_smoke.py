@@ -5,7 +5,8 @@
 Each check prints ``ok`` or ``FAIL`` with its error and the script goes on, so one run
 shows every breakage: device listing, each rung on numba device arrays, CuPy arrays and
 PyTorch tensors at 257×129×65 (and 257×128×64, the 128-bit path), transposes, ``out=``,
-``gemm`` with a device ``c``, ``Backend.prepare`` with CUDA events and the L2 flush, the
+``gemm`` with a device ``c``, results ordered with the caller's CUDA stream (CuPy,
+PyTorch, ``stream=``), ``Backend.prepare`` with CUDA events and the L2 flush, the
 device details the results file records, and the cuBLAS reference. Exit status 1 if any
 check failed.
 """
@@ -86,6 +87,48 @@ def main() -> int:
             assert_close(back(dc), a, b, alpha=2.0, beta=0.5, c=c, trans_a=True, what="c=out")
 
         check(f"trans_a, out=, device c   {lib}", paths)
+
+    def caller_stream_cupy() -> str:
+        """Operands written, multiplied and read on the caller's non-blocking stream, with a
+        long kernel queued first: launching on another stream would race with it."""
+        import cupy
+
+        s = cupy.cuda.Stream(non_blocking=True)
+        with s:
+            x = cupy.random.random((4096, 4096), dtype=cupy.float32)
+            for _ in range(3):
+                x = x @ x / 4096  # keeps the stream busy for a while
+            a = cupy.random.random((257, 65), dtype=cupy.float32) + x[:257, :65] * 0
+            b = cupy.random.random((65, 129), dtype=cupy.float32)
+            r = tilegemm.matmul(a, b, backend="cuda", kernel="naive")
+            copy = r.copy()  # read on the caller's stream right after the call
+        s.synchronize()
+        assert_close(cupy.asnumpy(copy), cupy.asnumpy(a), cupy.asnumpy(b), what="cupy stream")
+        return "result ordered with the caller's stream"
+
+    def caller_stream_torch() -> str:
+        import torch
+
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            x = torch.rand(4096, 4096, device="cuda")
+            for _ in range(3):
+                x = x @ x / 4096
+            a = torch.rand(257, 65, device="cuda") + x[:257, :65] * 0
+            b = torch.rand(65, 129, device="cuda")
+            r = tilegemm.matmul(a, b, backend="cuda", kernel="naive")
+            copy = r.clone()
+        s.synchronize()
+        assert_close(copy.cpu().numpy(), a.cpu().numpy(), b.cpu().numpy(), what="torch stream")
+        explicit = tilegemm.matmul(a, b, backend="cuda", kernel="naive", stream=s)
+        s.synchronize()
+        assert_close(explicit.cpu().numpy(), a.cpu().numpy(), b.cpu().numpy(), what="stream=")
+        return "result ordered with the caller's stream; stream= too"
+
+    if "cupy" in libs:
+        check("caller's stream (CuPy, non-blocking)", caller_stream_cupy)
+    if "torch" in libs:
+        check("caller's stream (PyTorch) and stream=", caller_stream_torch)
 
     def prepared() -> str:
         from tilegemm.bench.timing import Policy, measure_kernel

@@ -1,4 +1,4 @@
-"""Measure issue 5's targets on a GPU: fast CUDA rungs vs cuBLAS (FP32, no TF32).
+"""Measure the performance targets on a GPU: fast CUDA rungs vs cuBLAS (FP32, no TF32).
 
     CUPY_TF32=0 python benchmarks/perf_targets.py [--kernel pipelined] [--tuned]
 

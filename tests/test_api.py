@@ -250,7 +250,7 @@ def test_inputs_are_not_modified():
 
 def test_backends_report_usability_and_reason():
     found = {s.name: s for s in tilegemm.backends()}
-    assert set(found) == {"cuda", "opencl", "cpu"}
+    assert set(found) == {"cuda", "opencl", "cpu", "cudac"}
     assert found["cpu"].usable
     for s in found.values():
         assert s.reason  # always says why (or what)

@@ -296,3 +296,84 @@ def test_results_file_names_follow_the_device(cpu_results: Results) -> None:
     gpu.measurements[0] = type(gpu.measurements[0]).from_dict(
         {**gpu.measurements[0].to_dict(), "backend": "cuda"})
     assert gpu.default_stem() == "nvidia-h200-2030-01-02"
+
+
+def test_results_file_names_are_short_for_opencl_devices(cpu_results: Results) -> None:
+    """It saved '0-pthread-intel-xeon-processor-portable-computing-language-default-<date>'."""
+    device = ("[0] pthread-Intel(R) Xeon(R) Platinum 8480+ (cpu, Portable Computing Language) "
+              "default")
+    res = Results({"created": "2030-01-02T00:00:00", "backends": {"opencl": {"device": device}}},
+                  [m for m in cpu_results.measurements[:1]])
+    res.measurements[0] = type(res.measurements[0]).from_dict(
+        {**res.measurements[0].to_dict(), "backend": "opencl"})
+    assert res.default_stem() == "opencl-pocl-intel-xeon-platinum-8480-2030-01-02"
+
+
+def test_noisy_timings_are_flagged_in_the_tables(cpu_results: Results) -> None:
+    """A busy machine printed '4748.9 % of NumPy' with no warning."""
+    from dataclasses import replace
+
+    ladder = [m for m in cpu_results.measurements if "ladder" in m.reports]
+    vendor = next(m for m in ladder if m.vendor and m.status == OK)
+    rung = next(m for m in ladder if not m.vendor and m.status == OK)
+    steady = [1.0, 1.0, 1.0, 1.0]
+    quiet = [replace(m, samples=steady) if m.samples else m for m in cpu_results.measurements]
+    text = report.to_markdown(Results(cpu_results.meta, quiet), ["ladder"])
+    assert "noisy timing" not in text
+    # The vendor's own spread is what makes every ratio unreliable: flagged too.
+    loud = [replace(m, samples=[1.0, 1.0, 3.0, 9.0]) if m is vendor else
+            replace(m, samples=steady) if m.samples else m
+            for m in cpu_results.measurements]
+    text = report.to_markdown(Results(cpu_results.meta, loud), ["ladder"])
+    assert "noisy timing" in text and vendor.kernel in text.split("noisy timing")[1]
+    row = next(line for line in text.splitlines() if f"| {rung.kernel} |" in line)
+    assert report.NOISY_MARK.strip() in row
+
+
+def test_plot_without_a_size_sweep_fails_before_running(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]):
+    """It ran the whole benchmark, then failed to plot."""
+    import tilegemm.bench.sweeps as sweeps
+
+    ran = []
+    monkeypatch.setattr(sweeps, "run_bench", lambda *a, **k: ran.append(1))
+    assert main(["bench", "--backend", "cpu", "--reports", "ladder", "--quiet",
+                 "--plot", str(tmp_path / "x.png")]) == 2
+    assert not ran and "--plot" in capsys.readouterr().err
+
+
+def test_plot_legends_sit_outside_the_panels(cpu_results: Results, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Legends covered the lines of the slow rungs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tilegemm.bench.plot import plot_sizes
+
+    figs = []
+    monkeypatch.setattr(plt, "close", lambda fig: figs.append(fig))
+    plot_sizes(cpu_results, tmp_path / "p.png")
+    fig = figs[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        box = legend.get_window_extent(renderer)
+        panel = ax.get_window_extent(renderer)
+        assert box.x0 >= panel.x1 - 1, "legend overlaps the plotting area"
+    plt.close("all")
+
+
+def test_save_lists_every_file_it_wrote(cpu_results: Results, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "r.json"
+    path.write_text(cpu_results.to_json())
+    assert main(["bench", "--from-json", str(path), "--quiet", "--save",
+                 str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    for suffix in (".json", ".md", ".png"):
+        assert any(line.startswith("wrote ") and line.endswith(suffix)
+                   for line in err.splitlines()), err

@@ -99,3 +99,41 @@ def test_run_on_the_simulator_uses_small_tiles(capsys):
                  "--k", "5", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "simulator parameters" in out and "verified: yes" in out
+
+
+def test_help_shows_defaults_and_no_markup(capsys):
+    """run --help hid its defaults; descriptions showed reStructuredText ``marks``."""
+    for argv in (["run", "--help"], ["bench", "--help"], ["tune", "--help"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        out = capsys.readouterr().out
+        assert "``" not in out
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 512)" in out and "(default: float32)" in out and "(default: 3)" in out
+
+
+def test_tune_show_fits_80_columns(tmp_path, monkeypatch, capsys):
+    from tilegemm.tune import cache
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    cache.record(cache.Entry(
+        backend="opencl", device="pthread-Intel(R) Xeon(R) Platinum 8480+ (pocl)",
+        arch="cpu", dtype="float32", bucket=[1024, 1024, 1024], kernel="vectorized",
+        params={"BM": 64, "BN": 64, "BK": 16, "TM": 4, "TN": 4, "VW": 4}, seconds=0.01,
+        gflops=123.4, shape=[1000, 1000, 1000, 0]))
+    assert main(["tune", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert "vectorized" in out and "123.4" in out
+    assert max(len(line) for line in out.splitlines()[1:]) <= 80
+
+
+def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, capsys):
+    """The progress bar left blank lines in logs and pipes."""
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    assert main(["tune", "--backend", "cpu", "--kernel", "triple_loop", "--m", "8", "--n", "8",
+                 "--k", "8", "--budget", "1", "--repeat", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines and all(line.strip() for line in lines), out

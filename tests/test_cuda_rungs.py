@@ -1,7 +1,11 @@
 """Every CUDA rung in the registry, run on numba's CUDA simulator, against float64 NumPy.
 
 The rungs come from ``tilegemm.kernels("cuda")``, so a rung added later is tested here
-with no edit. Each runs with its ``extra["sim_params"]`` (the smallest valid tiles): the
+with no edit. The CUDA C rungs (``tilegemm.kernels("cudac")``) go through the same cases
+on a real GPU only (``gpu`` marker: the simulator cannot run CUDA C), with the same small
+parameters where they share the Numba rung's, else their defaults.
+
+Each Numba rung runs with its ``extra["sim_params"]`` (the smallest valid tiles): the
 simulator runs one Python thread per CUDA thread, so shapes stay tiny but still break
 tiling (partial tiles on every edge, primes, K=1, 1×K). Outputs are NaN-poisoned before
 each launch (conftest), so an element a kernel skips fails the check.
@@ -22,31 +26,40 @@ from tilegemm.registry import KernelSpec
 
 pytestmark = pytest.mark.cudasim
 
-SPECS = tilegemm.kernels("cuda")
+# Tensor-core rungs compute at a reduced precision, only on request (precision=), and have
+# their own tests with error bounds for it: tests/test_cuda_mma.py.
+SPECS = [s for s in tilegemm.kernels("cuda") if not s.extra.get("precisions")]
+CUDAC = tilegemm.kernels("cudac")
+# Every rung these tests run: Numba rungs everywhere, CUDA C rungs only on a GPU.
+RUNGS = [pytest.param(s, id=s.name) for s in SPECS] + [
+    pytest.param(s, id=f"cudac-{s.name}", marks=pytest.mark.gpu) for s in CUDAC]
 BIG = (33, 17, 65)  # the slowest hostile shape on the simulator: float32 only
 
 
-def _id(spec: KernelSpec) -> str:
-    return spec.name
-
-
 def _sim(spec: KernelSpec) -> dict[str, int]:
+    if spec.backend == "cudac":  # the Numba rung's small parameters, where it has them
+        numba = {s.name: s for s in SPECS}.get(spec.name)
+        small = dict(numba.extra.get("sim_params", {})) if numba else {}
+        return small if small and spec.is_valid(small) else {}
     return dict(spec.extra.get("sim_params", {}))
 
 
 def _mm(spec: KernelSpec, a: Any, b: Any, **params: Any) -> Any:
-    return tilegemm.matmul(a, b, backend="cuda", kernel=spec.name, **(params or _sim(spec)))
+    return tilegemm.matmul(a, b, backend=spec.backend, kernel=spec.name,
+                           **(params or _sim(spec)))
 
 
 def _cases() -> list[Any]:
     cases = []
-    for spec in SPECS:
+    for spec in SPECS + CUDAC:
+        prefix, marks = ("cudac-", pytest.mark.gpu) if spec.backend == "cudac" else ("", ())
         for shape in HOSTILE_SHAPES:
             for dtype in ("float32", "float64", "int32"):
                 if not spec.supports(dtype) or (shape == BIG and dtype != "float32"):
                     continue
-                cases.append(pytest.param(spec, shape, dtype,
-                                          id=f"{spec.name}-{dtype}-{'x'.join(map(str, shape))}"))
+                cases.append(pytest.param(
+                    spec, shape, dtype, marks=marks,
+                    id=f"{prefix}{spec.name}-{dtype}-{'x'.join(map(str, shape))}"))
     return cases
 
 
@@ -74,14 +87,14 @@ def _other_params(spec: KernelSpec) -> list[dict[str, int]]:
     return [small[0], small[-1]] if len(small) > 1 else small
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=_id)
+@pytest.mark.parametrize("spec", RUNGS)
 def test_other_parameters(spec: KernelSpec) -> None:
     a, b = random_operands((2, 19, 11), (11, 23), "float32")
     for params in _other_params(spec):
         assert_close(_mm(spec, a, b, **params), a, b, what=f"{spec.name} {params}")
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=_id)
+@pytest.mark.parametrize("spec", RUNGS)
 def test_batched_and_broadcast(spec: KernelSpec) -> None:
     a, b = random_operands((3, 7, 5), (5, 6), "float32")
     assert_close(_mm(spec, a, b), a, b, what="batch @ matrix")
@@ -91,7 +104,7 @@ def test_batched_and_broadcast(spec: KernelSpec) -> None:
     assert_close(r, a, b, what="broadcast batch")
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=_id)
+@pytest.mark.parametrize("spec", RUNGS)
 def test_vectors(spec: KernelSpec) -> None:
     v, m = random_operands((9,), (9, 5), "float32")
     assert_close(_mm(spec, v, m), v, m, what="vector @ matrix")
@@ -103,37 +116,38 @@ def test_vectors(spec: KernelSpec) -> None:
     assert_close(r, u, v, what="vector @ vector")
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=_id)
+@pytest.mark.parametrize("spec", RUNGS)
 def test_gemm_alpha_beta(spec: KernelSpec) -> None:
     a, b = random_operands((9, 5), (5, 10), "float32")
     c, _ = random_operands((9, 10), (1,), "float32")
-    r = tilegemm.gemm(a, b, c, alpha=1.5, beta=-0.5, backend="cuda", kernel=spec.name,
+    r = tilegemm.gemm(a, b, c, alpha=1.5, beta=-0.5, backend=spec.backend, kernel=spec.name,
                       **_sim(spec))
     assert_close(r, a, b, alpha=1.5, beta=-0.5, c=c, what="alpha*A@B + beta*C")
     row = c[:1]  # c broadcasts to the result
-    r = tilegemm.gemm(a, b, row, alpha=-2.0, beta=3.0, backend="cuda", kernel=spec.name,
+    r = tilegemm.gemm(a, b, row, alpha=-2.0, beta=3.0, backend=spec.backend, kernel=spec.name,
                       **_sim(spec))
     assert_close(r, a, b, alpha=-2.0, beta=3.0, c=row, what="broadcast c")
     # beta == 0: c is not read, so NaN in it must not reach the result
     nan_c = np.full((9, 10), np.nan, np.float32)
-    r = tilegemm.gemm(a, b, nan_c, alpha=2.0, beta=0.0, backend="cuda", kernel=spec.name,
+    r = tilegemm.gemm(a, b, nan_c, alpha=2.0, beta=0.0, backend=spec.backend, kernel=spec.name,
                       **_sim(spec))
     assert np.all(np.isfinite(r))
     assert_close(r, a, b, alpha=2.0, what="beta=0 ignores c")
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=_id)
+@pytest.mark.parametrize("spec", RUNGS)
 def test_integer_gemm_exact(spec: KernelSpec) -> None:
     if not spec.supports("int32"):
         pytest.skip(f"{spec.name} has no integer support")
     a, b = random_operands((7, 6), (6, 9), "int32")
     c, _ = random_operands((7, 9), (1,), "int32")
-    r = tilegemm.gemm(a, b, c, alpha=3, beta=-2, backend="cuda", kernel=spec.name, **_sim(spec))
+    r = tilegemm.gemm(a, b, c, alpha=3, beta=-2, backend=spec.backend, kernel=spec.name,
+                      **_sim(spec))
     assert r.dtype == np.int32
     assert_close(r, a, b, alpha=3, beta=-2, c=c, what="int32 gemm")
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=_id)
+@pytest.mark.parametrize("spec", RUNGS)
 def test_fortran_and_strided_inputs(spec: KernelSpec) -> None:
     a, b = random_operands((9, 11), (11, 10), "float32")
     fa, fb = np.asfortranarray(a), np.asfortranarray(b)
@@ -145,7 +159,7 @@ def test_fortran_and_strided_inputs(spec: KernelSpec) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf * 0
-@pytest.mark.parametrize("spec", SPECS, ids=_id)
+@pytest.mark.parametrize("spec", RUNGS)
 def test_nan_inf_propagate_like_numpy(spec: KernelSpec) -> None:
     a, b = random_operands((9, 7), (7, 10), "float32")
     a[1, 2] = np.nan
@@ -159,7 +173,7 @@ def test_nan_inf_propagate_like_numpy(spec: KernelSpec) -> None:
     assert_close(r, a, b, what="NaN/Inf")
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=_id)
+@pytest.mark.parametrize("spec", RUNGS)
 def test_empty_dimensions(spec: KernelSpec) -> None:
     for (m, n, k) in [(0, 5, 3), (4, 0, 3), (4, 5, 0)]:
         a, b = random_operands((m, k), (k, n), "float32")
@@ -168,12 +182,12 @@ def test_empty_dimensions(spec: KernelSpec) -> None:
         assert np.array_equal(r, np.zeros((m, n), np.float32))
     a, b = random_operands((4, 0), (0, 5), "float32")
     c, _ = random_operands((4, 5), (1,), "float32")
-    r = tilegemm.gemm(a, b, c, alpha=2.0, beta=0.5, backend="cuda", kernel=spec.name,
+    r = tilegemm.gemm(a, b, c, alpha=2.0, beta=0.5, backend=spec.backend, kernel=spec.name,
                       **_sim(spec))
     assert_close(r, a, b, alpha=2.0, beta=0.5, c=c, what="K=0 gives beta*C")
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=_id)
+@pytest.mark.parametrize("spec", RUNGS)
 def test_grid_stride_loops(spec: KernelSpec, monkeypatch: pytest.MonkeyPatch) -> None:
     """With at most 2 blocks per grid dimension, every block must stride over several
     tiles (and batches) in x, y and z; the result must not change."""

@@ -15,6 +15,8 @@ import numpy as np
 from tilegemm import registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import Backend
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
+from tilegemm.precision import apply_precision
 from tilegemm.problem import GemmProblem, Operand, check_out, describe, make_problem
 from tilegemm.registry import BACKENDS, KernelSpec
 
@@ -25,7 +27,7 @@ def choose_backend(name: str, operands: list[Operand]) -> Backend:
     """The backend to run on: the operands' device if they live on one, else the request."""
     kinds = {op.kind for op in operands if op.kind != "host"}
     if len(kinds) > 1:
-        raise ValueError(f"operands live on different devices ({', '.join(sorted(kinds))})")
+        raise InvalidValueError(f"operands live on different devices ({', '.join(sorted(kinds))})")
     data_kind = kinds.pop() if kinds else "host"
     if name == AUTO:
         if data_kind != "host":
@@ -37,9 +39,9 @@ def choose_backend(name: str, operands: list[Operand]) -> Backend:
                 "cpu",
             )
     elif name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choices: auto, {', '.join(BACKENDS)}")
+        raise InvalidValueError(f"unknown backend {name!r}; choices: auto, {', '.join(BACKENDS)}")
     elif data_kind != "host" and name != data_kind:
-        raise ValueError(
+        raise InvalidValueError(
             f"operands are {data_kind} arrays but backend={name!r} was requested; use "
             f"backend={data_kind!r} (or 'auto'), or copy them to the host first"
         )
@@ -47,7 +49,7 @@ def choose_backend(name: str, operands: list[Operand]) -> Backend:
     status = backend.status()
     if not status.usable:
         usable = [s for s in map(lambda n: get_backend(n).status(), BACKENDS) if s.usable]
-        raise RuntimeError(
+        raise UnavailableError(
             f"backend {name!r} is not usable here: {status.reason}. Usable backends: "
             + ", ".join(f"{s.name} ({s.reason})" for s in usable)
         )
@@ -60,7 +62,7 @@ def choose_kernel(
     """The rung and its full, validated parameters."""
     if kernel == AUTO:
         if params:
-            raise ValueError(
+            raise InvalidValueError(
                 f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
                 "chooses its own)"
             )
@@ -71,7 +73,7 @@ def choose_kernel(
     else:
         spec = registry.get(kernel, backend.name)
     if not spec.supports(prob.dtype):
-        raise TypeError(
+        raise InvalidTypeError(
             f"kernel {spec.name!r} ({backend.name}) does not support dtype {prob.dtype.name}; "
             f"it supports {', '.join(spec.dtypes)}"
         )
@@ -94,21 +96,22 @@ def _check_params_are_upper_case(params: dict[str, Any]) -> None:
     kernal=) is a mistake that must not be reported as a kernel parameter."""
     for key in params:
         if not key.isupper():
-            raise TypeError(f"unexpected keyword argument {key!r} (rung parameters are "
+            raise InvalidTypeError(f"unexpected keyword argument {key!r} (rung parameters are "
                             "UPPER-CASE, e.g. TILE=16; see tilegemm.kernels())")
 
 
 def _check_scalar(x: Any, name: str) -> None:
     if isinstance(x, bool) or not isinstance(x, (Number, np.number)):
-        raise TypeError(f"{name} must be a real number, got {x!r}")
+        raise InvalidTypeError(f"{name} must be a real number, got {x!r}")
     if isinstance(x, (complex, np.complexfloating)):
-        raise TypeError(f"{name} must be real, got {x!r}")
+        raise InvalidTypeError(f"{name} must be real, got {x!r}")
 
 
 def gemm(
     a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
     trans_a: bool = False, trans_b: bool = False, out: Any = None,
-    kernel: str = AUTO, backend: str = AUTO, device: int | None = None, **params: Any,
+    kernel: str = AUTO, backend: str = AUTO, device: int | None = None, stream: Any = None,
+    precision: str | None = None, **params: Any,
 ) -> Any:
     """``alpha * op(a) @ op(b) + beta * c`` with ``op(x)`` = x or its (last-two-axes) transpose.
 
@@ -122,33 +125,44 @@ def gemm(
     ops = [describe(a, "a"), describe(b, "b")]
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b)
     if beta != 0 and c is None:
-        raise ValueError("gemm: beta != 0 needs c")
+        raise InvalidValueError("gemm: beta != 0 needs c")
     c_op = None
     if c is not None:  # checked whatever beta is, so a wrong c fails the same way always
         c_op = describe(c, "c")
         if not np.can_cast(c_op.dtype, prob.dtype, "same_kind"):
-            raise TypeError(f"gemm: c: dtype {c_op.dtype.name} cannot be cast to the result "
+            raise InvalidTypeError(f"gemm: c: dtype {c_op.dtype.name} cannot be cast to the result "
                             f"dtype {prob.dtype.name} (NumPy's same_kind rule)")
         try:
             shape = np.broadcast_shapes(c_op.shape, prob.out_shape)
         except ValueError:
             shape = None
         if shape != prob.out_shape:
-            raise ValueError(f"gemm: c of shape {c_op.shape} does not broadcast to the result "
-                             f"shape {prob.out_shape}")
+            raise InvalidValueError(
+                f"gemm: c of shape {c_op.shape} does not broadcast to the result "
+                f"shape {prob.out_shape}")
         if beta != 0:
             ops.append(c_op)
         else:
             c_op = None  # never read when beta == 0
     be = choose_backend(backend, ops)
     if device is not None and not getattr(be, "accepts_device", False):
-        raise ValueError(f"device= chooses an OpenCL device; backend {be.name!r} has no "
+        raise InvalidValueError(f"device= chooses an OpenCL device; backend {be.name!r} has no "
                          "device choice (pass backend='opencl')")
+    if stream is not None:
+        if not getattr(be, "accepts_stream", False):
+            raise InvalidValueError(f"stream= chooses a CUDA stream; backend {be.name!r} has "
+                                    "no streams (pass backend='cuda')")
+        from tilegemm.backends.cuda_stream import describe_stream
+
+        describe_stream(stream)  # a wrong type fails here, before anything runs
+    kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
     spec, resolved = choose_kernel(kernel, be, prob, params)
     if out is not None:
         data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
         check_out(out, prob, data_kind)
-    extra = {} if device is None else {"device": device}
+    extra: dict[str, Any] = {} if device is None else {"device": device}
+    if stream is not None:
+        extra["stream"] = stream
     result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta, **extra)
     if out is None and type(result) is np.ndarray and result.ndim == 0:
         return result[()]  # vector · vector: a NumPy scalar, as np.matmul returns
@@ -157,7 +171,8 @@ def gemm(
 
 def matmul(
     a: Any, b: Any, *, out: Any = None, kernel: str = AUTO, backend: str = AUTO,
-    device: int | None = None, **params: Any,
+    device: int | None = None, stream: Any = None, precision: str | None = None,
+    **params: Any,
 ) -> Any:
     """Matrix product with NumPy's ``matmul`` semantics, computed by a tilegemm rung.
 
@@ -172,8 +187,17 @@ def matmul(
       "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
     - ``device`` (OpenCL only) is a device index as listed by ``tilegemm info``; by default
       the device is the one PYOPENCL_CTX names, else the first GPU, else the first device.
+    - ``stream`` (CUDA only): the stream to run on. By default, the caller's current stream
+      for their arrays' library (CuPy's current stream, PyTorch's current stream, a numba
+      array's own stream, the ``stream`` of a ``__cuda_array_interface__``), so the result is
+      ordered with the caller's other work without a device-wide wait; see
+      ``tilegemm.backends.cuda_stream``. Host results are complete when the call returns.
+    - ``precision`` (float32 only): "ieee" (default: IEEE float32 multiply-adds), "tf32" or
+      "3xtf32" (tensor cores, CUDA on sm_80 or newer; see :mod:`tilegemm.precision`). A
+      precision no kernel here can compute is an error, never a silent fallback.
     """
-    return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, **params)
+    return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,
+                precision=precision, **params)
 
 
 def kernels(backend: str | None = None) -> list[KernelSpec]:
@@ -181,7 +205,7 @@ def kernels(backend: str | None = None) -> list[KernelSpec]:
     if backend is None:
         return list(registry.all_specs())
     if backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choices: {', '.join(BACKENDS)}")
+        raise InvalidValueError(f"unknown backend {backend!r}; choices: {', '.join(BACKENDS)}")
     return list(registry.specs_for(backend))
 
 

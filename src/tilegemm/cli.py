@@ -1,25 +1,56 @@
 """The ``tilegemm`` command. Each subcommand is a module in ``tilegemm.commands``.
 
 A subcommand module defines ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``. Errors a user can cause (bad shapes, parameters, missing backends,
-sizes that do not fit in memory) print as one readable line and exit with status 2, never a
-traceback.
+``run(args) -> int``.
+
+Exit status: 0 success; 1 a kernel computed a wrong result; 2 the command was refused
+(errors a user can cause: bad shapes, parameters, missing backends, sizes that do not fit
+in memory; one readable line, never a traceback); 3 an internal error, a bug in tilegemm or
+a library it uses (one line too, unless ``--debug`` or ``TILEGEMM_DEBUG=1`` asks for the
+traceback). Output cut short by the reader (``tilegemm ... | head``) is not an error.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
+import re
 import sys
+import traceback
 
 import tilegemm.commands as commands
+from tilegemm.errors import UsageError
+
+EXIT_REFUSED = 2
+EXIT_INTERNAL = 3
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written (paragraphs kept), and every option's default shown."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or default is None or default is False
+                or default is argparse.SUPPRESS or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
+def plain(doc: str | None) -> str | None:
+    """A docstring as terminal text: reStructuredText's ``literal`` marks removed."""
+    return None if doc is None else re.sub(r"``([^`]+)``", r"\1", doc)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tilegemm", description="Matrix multiplication as a ladder of kernels."
     )
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an internal error "
+                             "(also TILEGEMM_DEBUG=1)")
     parser.add_argument("--version", action="version",
                         version=f"tilegemm {importlib.import_module('tilegemm').__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -28,13 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         module = importlib.import_module(f"tilegemm.commands.{info.name}")
         p = sub.add_parser(info.name.replace("_", "-"), help=module.HELP,
-                           description=module.__doc__)
+                           description=plain(module.__doc__),
+                           formatter_class=_HelpFormatter)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # --debug is accepted anywhere on the line, not only before the subcommand.
+    debug = "--debug" in argv or os.environ.get("TILEGEMM_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse takes a positional KERNEL and the KEY=VALUE list in one chunk, so KEY=VALUE
@@ -48,12 +84,29 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
-        return int(args._run(args) or 0)
-    except (ValueError, TypeError, RuntimeError, OSError, MemoryError) as exc:
-        print(f"tilegemm: error: {exc}", file=sys.stderr)
-        return 2
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader closed the pipe (``| head``): stop quietly, as other Unix tools do.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         return 130
+    except (UsageError, MemoryError, OSError) as exc:
+        # Refused input, or a size/file the machine cannot provide: the user can fix it.
+        if debug:
+            traceback.print_exc()
+        print(f"tilegemm: error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        text = " ".join(str(exc).split()) or "(no message)"
+        print(f"tilegemm: internal error: {type(exc).__name__}: {text} (this is a bug; "
+              "run with --debug for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":  # pragma: no cover

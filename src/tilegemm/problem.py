@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.errors import InvalidTypeError, InvalidValueError
+
 SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float64", "int32", "int64")
 
 
@@ -51,23 +53,26 @@ def describe(x: Any, name: str) -> Operand:
     # Subclasses whose meaning a plain product would change are refused; any other
     # ndarray subclass is computed on its data and the result is a plain ndarray.
     if isinstance(x, np.matrix):
-        raise TypeError(f"{name}: np.matrix is not supported (its operators and shapes differ "
-                        "from ndarray's); pass np.asarray(x)")
+        raise InvalidTypeError(
+            f"{name}: np.matrix is not supported (its operators and shapes differ "
+            "from ndarray's); pass np.asarray(x)")
     if isinstance(x, np.ma.MaskedArray):
-        raise TypeError(f"{name}: masked arrays are not supported (the mask would be ignored); "
-                        "pass x.filled(0) or the unmasked data")
+        raise InvalidTypeError(
+            f"{name}: masked arrays are not supported (the mask would be ignored); "
+            "pass x.filled(0) or the unmasked data")
     if not isinstance(x, np.ndarray):
         try:
             x = np.asarray(x)
         except Exception as exc:  # pragma: no cover - depends on the object
-            raise TypeError(f"{name}: cannot convert {type(x).__name__} to an array") from exc
+            raise InvalidTypeError(
+                f"{name}: cannot convert {type(x).__name__} to an array") from exc
     return Operand(x, kind, x.shape, x.dtype)
 
 
 def check_dtype(dtype: np.dtype, what: str) -> np.dtype:
     dtype = np.dtype(dtype)
     if dtype.name not in SUPPORTED_DTYPES:
-        raise TypeError(
+        raise InvalidTypeError(
             f"{what}: unsupported dtype {dtype.name}; supported dtypes are "
             f"{', '.join(SUPPORTED_DTYPES)}"
         )
@@ -122,8 +127,8 @@ class GemmProblem:
         return "broadcast"
 
 
-def _shape_error(a: tuple[int, ...], b: tuple[int, ...], detail: str) -> ValueError:
-    return ValueError(f"matmul: shapes {a} and {b} are not aligned: {detail}")
+def _shape_error(a: tuple[int, ...], b: tuple[int, ...], detail: str) -> InvalidValueError:
+    return InvalidValueError(f"matmul: shapes {a} and {b} are not aligned: {detail}")
 
 
 def make_problem(
@@ -132,7 +137,7 @@ def make_problem(
     """Apply NumPy's matmul rules to two operands (after optional transposes)."""
     for op, name in ((a, "a"), (b, "b")):
         if len(op.shape) == 0:
-            raise ValueError(
+            raise InvalidValueError(
                 f"matmul: input operand {name} is 0-d (shape ()); matmul needs arrays of at "
                 "least 1 dimension (use * for scalars)"
             )
@@ -144,7 +149,7 @@ def make_problem(
     squeeze_m = len(a_shape) == 1
     squeeze_n = len(b_shape) == 1
     if (trans_a and squeeze_m) or (trans_b and squeeze_n):
-        raise ValueError("gemm: trans_a/trans_b need operands with at least 2 dimensions")
+        raise InvalidValueError("gemm: trans_a/trans_b need operands with at least 2 dimensions")
     a2 = (1,) + a_shape if squeeze_m else a_shape
     b2 = b_shape + (1,) if squeeze_n else b_shape
     if trans_a:
@@ -209,16 +214,18 @@ def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
 def check_out(out: Any, prob: GemmProblem, kind: str) -> None:
     """Refuse an ``out`` array that cannot hold the result, before anything runs."""
     if kind == "host" and array_kind(out) == "host" and not isinstance(out, np.ndarray):
-        raise ValueError(f"out: must be a numpy.ndarray, got {type(out).__name__}")
+        raise InvalidValueError(f"out: must be a numpy.ndarray, got {type(out).__name__}")
     op = describe(out, "out")
     if op.kind != kind:
-        raise ValueError(f"out: a {op.kind} array cannot receive a result computed on {kind} data")
+        raise InvalidValueError(
+            f"out: a {op.kind} array cannot receive a result computed on {kind} data")
     if op.shape != prob.out_shape:
-        raise ValueError(f"out: has shape {op.shape}, the result has shape {prob.out_shape}")
+        raise InvalidValueError(f"out: has shape {op.shape}, the result has shape {prob.out_shape}")
     if op.dtype != prob.dtype:
-        raise ValueError(f"out: has dtype {op.dtype.name}, the result has dtype {prob.dtype.name}")
+        raise InvalidValueError(
+            f"out: has dtype {op.dtype.name}, the result has dtype {prob.dtype.name}")
     if kind == "host":
         if not out.flags.c_contiguous:
-            raise ValueError("out: must be C-contiguous")
+            raise InvalidValueError("out: must be C-contiguous")
         if not out.flags.writeable:
-            raise ValueError("out: is read-only")
+            raise InvalidValueError("out: is read-only")

@@ -97,10 +97,14 @@ def random_operands(
     dtype = np.dtype(dtype)
 
     def draw(shape: tuple[int, ...]) -> np.ndarray:
+        # Drawn directly in the requested dtype, so a size that does not fit fails naming
+        # that dtype, and no float64 copy twice the size is ever made.
         if dtype.kind in "iu":
-            x = rng.integers(1, 10, size=shape) * rng.choice([-1, 1], size=shape)
-            return x.astype(dtype)
-        x = rng.uniform(0.5, 1.5, size=shape) * rng.choice([-1.0, 1.0], size=shape)
-        return x.astype(dtype)
+            x = rng.integers(1, 10, size=shape, dtype=dtype)
+        else:
+            x = rng.random(size=shape, dtype=dtype)
+            x += dtype.type(0.5)
+        np.negative(x, out=x, where=rng.integers(0, 2, size=shape, dtype=np.int8) == 1)
+        return x
 
     return draw(shape_a), draw(shape_b)

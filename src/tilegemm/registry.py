@@ -22,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
-BACKENDS: tuple[str, ...] = ("cuda", "opencl", "cpu")
+from tilegemm.errors import InvalidTypeError, InvalidValueError
+
+BACKENDS: tuple[str, ...] = ("cuda", "opencl", "cpu", "cudac")
 FLOATS: tuple[str, ...] = ("float32", "float64")
 INTS: tuple[str, ...] = ("int32", "int64")
 
@@ -88,7 +90,7 @@ class KernelSpec:
         unknown = sorted(set(overrides) - set(known))
         if unknown:
             allowed = ", ".join(known) or "none"
-            raise ValueError(
+            raise InvalidValueError(
                 f"kernel {self.name!r} ({self.backend}) has no parameter(s) {', '.join(unknown)}; "
                 f"its parameters are: {allowed}"
             )
@@ -96,9 +98,10 @@ class KernelSpec:
         for name, value in overrides.items():
             p = known[name]
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise ValueError(f"{self.name}: parameter {name} must be an integer, got {value!r}")
+                raise InvalidValueError(
+                    f"{self.name}: parameter {name} must be an integer, got {value!r}")
             if int(value) not in p.choices:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{self.name}: {name}={value} is not allowed; choose one of "
                     f"{', '.join(map(str, p.choices))}"
                 )
@@ -106,7 +109,7 @@ class KernelSpec:
         for c in self.constraints:
             if not c.check(params):
                 shown = ", ".join(f"{k}={v}" for k, v in params.items())
-                raise ValueError(f"{self.name}: constraint '{c.text}' fails for {shown}")
+                raise InvalidValueError(f"{self.name}: constraint '{c.text}' fails for {shown}")
         return params
 
     def is_valid(self, params: Mapping[str, int]) -> bool:
@@ -176,7 +179,7 @@ def get(name: str, backend: str) -> KernelSpec:
         if s.name == name:
             return s
     choices = ", ".join(s.name for s in specs_for(backend)) or "none"
-    raise ValueError(f"unknown kernel {name!r} for backend {backend!r}; choices: {choices}")
+    raise InvalidValueError(f"unknown kernel {name!r} for backend {backend!r}; choices: {choices}")
 
 
 def default_for(backend: str, dtype: np.dtype | str) -> KernelSpec:
@@ -185,7 +188,9 @@ def default_for(backend: str, dtype: np.dtype | str) -> KernelSpec:
     The tuner's cache, when it has an entry for the device and shape, takes precedence (see
     ``tilegemm.api``); this is the fallback and needs no measurement.
     """
-    candidates = [s for s in specs_for(backend) if s.supports(dtype)]
+    # Rungs that compute at a reduced precision (tensor cores) run only on request.
+    candidates = [s for s in specs_for(backend)
+                  if s.supports(dtype) and not s.extra.get("precisions")]
     if not candidates:
-        raise TypeError(f"no {backend} kernel supports dtype {np.dtype(dtype).name}")
+        raise InvalidTypeError(f"no {backend} kernel supports dtype {np.dtype(dtype).name}")
     return max(candidates, key=lambda s: s.rung)

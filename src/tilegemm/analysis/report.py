@@ -16,6 +16,7 @@ import numpy as np
 from tilegemm.analysis.memory import SECTOR
 from tilegemm.analysis.occupancy import ARCH_LIMITS, occupancy
 from tilegemm.analysis.roofline import bound, get_gpu
+from tilegemm.errors import InvalidValueError
 
 
 def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | None = None,
@@ -27,7 +28,7 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
     from tilegemm.backends.cuda import simulator_enabled
 
     if backend != "cuda":
-        raise ValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
+        raise InvalidValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
     spec = registry.get(kernel, backend)
     resolved = spec.resolve(params)
     g = get_gpu(gpu)
@@ -94,8 +95,10 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
         note = ("compiled resources skipped: this process runs the CUDA simulator, which "
                 "cannot compile PTX")
 
-    roof = {name: bound(g, trace["dtype"], flops, nbytes).__dict__
-            for name, nbytes in (("traced", traced_bytes), ("compulsory", ideal_bytes))}
+    # An empty product does no arithmetic: a roofline bound would be meaningless (0/0).
+    roof = {} if flops == 0 else {
+        name: bound(g, trace["dtype"], flops, nbytes).__dict__
+        for name, nbytes in (("traced", traced_bytes), ("compulsory", ideal_bytes))}
     return {
         "trace": trace, "memory": memory, "static_smem_per_block": declared_smem,
         "resources": res_rows, "resources_note": note,
@@ -170,7 +173,7 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
     tot.add_column("value", justify="right")
     rows = [
         ("FLOPs (2·M·N·K)", _n(mem["flops"])),
-        ("global load requests / 32-byte sectors (seed 004's 'transactions')",
+        ("global load requests / 32-byte sectors (the optimisation note's 'transactions')",
          f"{_n(mem['global_load_requests'])} / {_n(mem['global_load_sectors'])}"),
         ("global store requests / sectors",
          f"{_n(mem['global_store_requests'])} / {_n(mem['global_store_sectors'])}"),
@@ -217,7 +220,18 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
     elif ex["resources_note"]:
         out.append(Text(ex["resources_note"]))
 
+    out += _roofline_items(ex)
+    return out
+
+
+def _roofline_items(ex: Mapping[str, Any]) -> list[Any]:
+    """The roofline table, or one line saying why there is none (an empty product)."""
+    from rich.table import Table
+    from rich.text import Text
+
     g = ex["gpu"]
+    if not ex["roofline"]:
+        return [Text("no roofline: the product is empty (no arithmetic to bound)")]
     roof = Table(title=f"roofline on {g['name']} ({g['fp32_tflops']} TFLOP/s FP32, "
                        f"{g['fp64_tflops']} FP64, {g['bandwidth_tbs']} TB/s)")
     for col in ("bytes counted", "bytes", "FLOP/byte", "bound", "limited by"):
@@ -227,8 +241,7 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
                  else "compulsory (perfect cache)")
         roof.add_row(label, _si(b["bytes"], "B"), _n(b["intensity"]),
                      _si(b["flops_per_s"], "FLOP/s"), b["limited_by"])
-    out.append(roof)
-    return out
+    return [roof]
 
 
 def to_json(ex: Mapping[str, Any]) -> dict[str, Any]:

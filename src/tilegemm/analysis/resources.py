@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import KernelSpec
 
 ARCHS: dict[str, tuple[int, int]] = {"sm_80": (8, 0), "sm_90": (9, 0)}
@@ -101,13 +102,14 @@ def ptx_for(spec: KernelSpec, params: dict[str, int], dtype: str = "float32",
             arch: str = "sm_90") -> str:
     """The PTX of a CUDA rung for ``arch`` (C-contiguous operands)."""
     if spec.backend != "cuda":
-        raise ValueError(f"{spec.name} is a {spec.backend} kernel; PTX exists for CUDA rungs only")
+        raise InvalidValueError(
+            f"{spec.name} is a {spec.backend} kernel; PTX exists for CUDA rungs only")
     if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; choices: {', '.join(ARCHS)}")
+        raise InvalidValueError(f"unknown arch {arch!r}; choices: {', '.join(ARCHS)}")
     from tilegemm.backends.cuda import simulator_enabled
 
     if simulator_enabled():
-        raise RuntimeError("PTX cannot be compiled under the CUDA simulator; unset "
+        raise UnavailableError("PTX cannot be compiled under the CUDA simulator; unset "
                            "NUMBA_ENABLE_CUDASIM")
     return _ptx(spec, tuple(sorted(params.items())), np.dtype(dtype).name, arch)
 

@@ -5,7 +5,7 @@ run no faster than ``min(peak FLOP/s, F/Q × bandwidth)``. Two byte counts brack
 
 - *traced*: every 32-byte sector the warps request (what the tracer counts), as if no
   cache ever served a second request for the same sector — the pessimistic bound and
-  the one seed 004's transaction counts imply;
+  the one the optimisation note's transaction counts imply;
 - *compulsory*: each input read once and the output written once — the bound with a
   perfect cache.
 
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from tilegemm.errors import InvalidValueError
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ def get_gpu(key: str) -> GPU:
     try:
         return GPUS[key.lower()]
     except KeyError:
-        raise ValueError(f"unknown GPU {key!r}; known: {', '.join(GPUS)}") from None
+        raise InvalidValueError(f"unknown GPU {key!r}; known: {', '.join(GPUS)}") from None
 
 
 @dataclass(frozen=True)

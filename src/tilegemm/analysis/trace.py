@@ -1,8 +1,8 @@
 """Trace a CUDA kernel's own memory accesses by running it on numba's CUDA simulator.
 
 Why trace rather than model: a formula per kernel is a second copy of the kernel that can
-drift from it, and it is exactly where hand analyses go wrong (seed 004 counts its shared
-kernel's bank conflicts by intuition). Here the counts come from executing the rung's real
+drift from it, and it is exactly where hand analyses go wrong (the optimisation note counts its
+shared kernel's bank conflicts by intuition). Here the counts come from executing the rung's real
 Python code: every array the kernel touches is replaced by a :class:`TracedArray` that
 records each element access — which thread, which instruction (source site and dynamic
 instance), which byte address, how wide, load or store — and
@@ -59,6 +59,7 @@ from tilegemm.analysis.memory import (
     count_block,
     tidy,
 )
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 
 GLOBAL_ALIGN = 256  # cudaMalloc returns 256-byte aligned allocations
 SHARED_ALIGN = 128
@@ -321,7 +322,7 @@ class Trace:
 def _simulator_kernel_fn(kernel: Any) -> Callable[..., Any]:
     """The Python function of a simulator kernel; a clear error for a real (jitted) one."""
     if "simulator" not in type(kernel).__module__:
-        raise RuntimeError("tracing needs numba's CUDA simulator: set NUMBA_ENABLE_CUDASIM=1 "
+        raise UnavailableError("tracing needs numba's CUDA simulator: set NUMBA_ENABLE_CUDASIM=1 "
                            "before numba.cuda is imported (or use trace_in_subprocess)")
     return kernel.py_func
 
@@ -413,15 +414,17 @@ def trace_rung(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int]
     from tilegemm.analysis.sampling import combine, plan_blocks
 
     if backend != "cuda":
-        raise ValueError(f"explain traces CUDA rungs only (got backend {backend!r}); the same "
-                         "kernels' OpenCL/CPU versions are not traced")
+        raise InvalidValueError(
+            f"explain traces CUDA rungs only (got backend {backend!r}); the same "
+            "kernels' OpenCL/CPU versions are not traced")
     for name, v in (("m", m), ("n", n), ("k", k), ("batch", batch)):
         if v < 0 or (name == "batch" and v < 1):
-            raise ValueError(f"{name} must be >= {1 if name == 'batch' else 0}, got {v}")
+            raise InvalidValueError(f"{name} must be >= {1 if name == 'batch' else 0}, got {v}")
     spec = registry.get(kernel, backend)
     np_dtype = np.dtype(dtype)
     if not spec.supports(np_dtype):
-        raise TypeError(f"{spec.name} supports {', '.join(spec.dtypes)}, not {np_dtype.name}")
+        raise InvalidTypeError(
+            f"{spec.name} supports {', '.join(spec.dtypes)}, not {np_dtype.name}")
     resolved = spec.resolve(params)
     program = spec.program(resolved, np_dtype)
     a, b, c = operands(m, n, k, batch, np_dtype)

@@ -6,6 +6,7 @@ import importlib
 from functools import cache
 
 from tilegemm.backends.base import Backend, BackendStatus
+from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
 __all__ = ["Backend", "BackendStatus", "get_backend", "statuses", "BACKENDS"]
@@ -14,7 +15,7 @@ __all__ = ["Backend", "BackendStatus", "get_backend", "statuses", "BACKENDS"]
 @cache
 def get_backend(name: str) -> Backend:
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choices: {', '.join(BACKENDS)}")
+        raise InvalidValueError(f"unknown backend {name!r}; choices: {', '.join(BACKENDS)}")
     module = importlib.import_module(f"tilegemm.backends.{name}")
     return module.BACKEND
 

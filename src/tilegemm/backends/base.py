@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.errors import InvalidTypeError, InvalidValueError
 from tilegemm.problem import GemmProblem, Operand
 from tilegemm.registry import KernelSpec
 
@@ -77,10 +78,10 @@ def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]
         for name, x in (("alpha", alpha), ("beta", beta)):
             f = float(x)
             if not math.isfinite(f) or f != math.floor(f):
-                raise TypeError(f"{name}={x!r} must be an integer for an {prob.dtype.name} "
+                raise InvalidTypeError(f"{name}={x!r} must be an integer for an {prob.dtype.name} "
                                 "product")
             if not info.min <= int(x) <= info.max:
-                raise ValueError(f"{name}={x!r} does not fit in {prob.dtype.name}")
+                raise InvalidValueError(f"{name}={x!r} does not fit in {prob.dtype.name}")
     return t(alpha), t(beta)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -35,15 +36,21 @@ def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np
     return dest
 
 
+@cache
+def _status() -> BackendStatus:
+    """Probed once: ``kernel="auto"`` asks on every call, and small products are measured in
+    microseconds."""
+    import os
+
+    return BackendStatus("cpu", True, f"Numba on {os.cpu_count()} CPU core(s)", ("host CPU",))
+
+
 class CpuBackend(Backend):
     name = "cpu"
     array_kind = "host"
 
     def status(self) -> BackendStatus:
-        import os
-
-        return BackendStatus("cpu", True, f"Numba on {os.cpu_count()} CPU core(s)",
-                             ("host CPU",))
+        return _status()
 
     def run(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,

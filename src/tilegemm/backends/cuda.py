@@ -26,6 +26,8 @@ from tilegemm.backends.base import (
     resolve_scalars,
     wall_clock_elapsed,
 )
+from tilegemm.backends.cuda_stream import choose_stream, numba_stream
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
 from tilegemm.registry import KernelSpec
 
@@ -58,7 +60,7 @@ def _reshape(d: Any, shape: tuple[int, ...]) -> Any:
     if tuple(d.shape) != tuple(shape) and not d.is_c_contiguous():
         strides = _nocopy_strides(d, tuple(shape))
         if strides is None:
-            raise ValueError(
+            raise InvalidValueError(
                 f"a non-contiguous device array of shape {tuple(d.shape)} cannot be viewed as "
                 f"{tuple(shape)} without a copy; pass a C-contiguous array (or a CuPy/PyTorch "
                 "array, whose library copies on the device)"
@@ -124,6 +126,7 @@ def _wrap_like(result: Any, like: Any) -> Any:
 class CudaBackend(Backend):
     name = "cuda"
     array_kind = "cuda"
+    accepts_stream = True  # matmul/gemm(stream=...) chooses the stream (backends/cuda_stream)
 
     @cache  # noqa: B019 - one backend object per process
     def status(self) -> BackendStatus:
@@ -147,15 +150,25 @@ class CudaBackend(Backend):
         return BackendStatus("cuda", True, "numba-cuda", devices, accelerated=True)
 
     def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype) -> None:
+        need = spec.extra.get("min_cc")  # e.g. tensor-core rungs: (8, 0)
+        if need and not simulator_enabled():
+            from numba import cuda
+
+            have = tuple(cuda.get_current_device().compute_capability)
+            if have < tuple(need):
+                raise UnavailableError(
+                    f"{spec.name}: needs a GPU of compute capability {need[0]}.{need[1]} "
+                    f"(sm_{need[0]}{need[1]}) or newer for its tensor-core instructions; this "
+                    f"GPU is sm_{have[0]}{have[1]}. Use precision='ieee' (the FFMA rungs)")
         if spec.threads is not None and spec.threads(params) > MAX_THREADS_PER_BLOCK:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{spec.name}: {spec.threads(params)} threads per block exceed the CUDA limit "
                 f"of {MAX_THREADS_PER_BLOCK}"
             )
         if spec.smem is not None:
             need = spec.smem(params, np.dtype(dtype).itemsize)
             if need > MAX_STATIC_SMEM:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{spec.name}: needs {need} bytes of static shared memory per block, more "
                     f"than the {MAX_STATIC_SMEM}-byte static limit"
                 )
@@ -170,7 +183,7 @@ class CudaBackend(Backend):
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         mode = prob.batch_mode(which)
         if op.dtype != prob.dtype:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"matmul: device operand {which} has dtype {op.dtype.name} but the result is "
                 f"{prob.dtype.name}; cast it on the device first (mixed dtypes are converted "
                 "only for host arrays)"
@@ -203,10 +216,11 @@ class CudaBackend(Backend):
             # that numba defines, and so compiles, afresh on every call.
             d = _strided_view(d, d.shape[::-1], d.strides[::-1]) if d.ndim == 2 else None
             if d is None:
-                raise ValueError("gemm: trans_a/trans_b on batched numba device arrays is not "
-                                 "supported; pass a CuPy or PyTorch array or transpose first")
+                raise InvalidValueError(
+                    "gemm: trans_a/trans_b on batched numba device arrays is not "
+                    "supported; pass a CuPy or PyTorch array or transpose first")
         if mode == "broadcast":
-            raise ValueError(
+            raise InvalidValueError(
                 "matmul: partially broadcast batch dimensions on numba device arrays are not "
                 "supported; pass CuPy/PyTorch arrays or give both operands full batch shapes"
             )
@@ -218,6 +232,7 @@ class CudaBackend(Backend):
     def run(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
         a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
+        stream: Any = None,
     ) -> Any:
         from numba import cuda
 
@@ -227,13 +242,18 @@ class CudaBackend(Backend):
         device_ops = [op for op in (a, b, c) if op is not None and op.kind == "cuda"]
         on_device = bool(device_ops)
         shape3 = (prob.batch, prob.m, prob.n)
+        # Every copy and the launch go on the caller's stream (see backends/cuda_stream).
+        device_arrays = [op.obj for op in device_ops]
+        if out is not None and on_device:
+            device_arrays.append(out)
+        s = numba_stream(choose_stream(stream, device_arrays))
 
         # Operands and a device c first: their checks (a layout that needs a copy, a wrong
         # c) must raise before out is written (poisoned or loaded with c).
         if not prob.empty:
             a3, b3 = (
                 self._device_operand(op, prob, w) if op.kind == "cuda"
-                else cuda.to_device(host_operand_3d(op.obj, prob, w))
+                else cuda.to_device(host_operand_3d(op.obj, prob, w), stream=s)
                 for op, w in ((a, "a"), (b, "b"))
             )
         dc = self._device_c(c, prob) if beta != 0 and c.kind == "cuda" else None
@@ -242,54 +262,57 @@ class CudaBackend(Backend):
         if out is not None and on_device:
             dout = _as_device(out)
             if not dout.is_c_contiguous():
-                raise ValueError("out: a device out array must be C-contiguous")
+                raise InvalidValueError("out: a device out array must be C-contiguous")
             dest3 = _reshape(dout, shape3)
             # out=a: kernels read A while writing C, so an out overlapping a device operand
             # gets a fresh buffer, copied into out after the launch.
             alias = any(op.kind == "cuda" and _may_overlap(dout, _as_device(op.obj))
                         for op in (a, b))
-            c3 = cuda.device_array(shape3, dtype=prob.dtype) if alias else dest3
+            c3 = cuda.device_array(shape3, dtype=prob.dtype, stream=s) if alias else dest3
         else:
             alias = False
-            c3 = cuda.device_array(shape3, dtype=prob.dtype)
+            c3 = cuda.device_array(shape3, dtype=prob.dtype, stream=s)
         if dc is not None:
-            c3.copy_to_device(dc)
+            c3.copy_to_device(dc, stream=s)
         elif beta != 0:
             host_c = np.ascontiguousarray(
                 np.broadcast_to(np.asarray(c.obj, dtype=prob.dtype), prob.out_shape)
             ).reshape(shape3)
-            c3.copy_to_device(host_c)
+            c3.copy_to_device(host_c, stream=s)
         elif poison_enabled() and c3.size:
-            c3.copy_to_device(np.full(shape3, poison_value(prob.dtype), dtype=prob.dtype))
+            c3.copy_to_device(np.full(shape3, poison_value(prob.dtype), dtype=prob.dtype),
+                              stream=s)
 
         if not prob.empty:
             program = spec.program(params, prob.dtype)
-            program.launch(a3, b3, c3, alpha, beta)
+            program.launch(a3, b3, c3, alpha, beta, stream=s)
 
         if on_device:
+            # No wait: the caller's next work on the same stream runs after ours.
             if out is not None:
                 if alias and c3.size:
-                    dest3.copy_to_device(c3)
+                    dest3.copy_to_device(c3, stream=s)
                 return out
             result = _reshape(c3, prob.out_shape) if prob.out_shape != shape3 else c3
             like = device_ops[0].obj
             return _wrap_like(result, like)
         host = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
         if host.size:
-            c3.copy_to_host(host.reshape(shape3))
+            c3.copy_to_host(host.reshape(shape3), stream=s)
+            s.synchronize()  # a host result is complete when the call returns
         return host
 
     def _device_c(self, c: Operand, prob: GemmProblem) -> Any:
         """A device C0 for beta != 0: must already have the result's shape and dtype."""
 
         if c.dtype != prob.dtype or c.shape != prob.out_shape:
-            raise ValueError(
+            raise InvalidValueError(
                 f"gemm: a device c must have the result's shape {prob.out_shape} and dtype "
                 f"{prob.dtype.name}; got {c.shape} {c.dtype.name}"
             )
         d = _as_device(c.obj)
         if not d.is_c_contiguous():
-            raise ValueError("gemm: a device c must be C-contiguous")
+            raise InvalidValueError("gemm: a device c must be C-contiguous")
         return _reshape(d, (prob.batch, prob.m, prob.n))
 
     def synchronize(self) -> None:

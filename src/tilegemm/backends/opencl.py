@@ -27,6 +27,7 @@ after the build, with the compiled kernel's own work-group limit).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ from tilegemm.backends.opencl_program import (
     OpenCLProgram,
     type_defines,
 )
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
 from tilegemm.registry import KernelSpec
 
@@ -98,13 +100,13 @@ def default_device_index() -> int:
     cl = _cl()
     devices = all_devices()
     if not devices:
-        raise RuntimeError("no OpenCL device found")
+        raise UnavailableError("no OpenCL device found")
     if os.environ.get("PYOPENCL_CTX"):
         chosen = cl.create_some_context(interactive=False).devices[0]
         for i, d in enumerate(devices):
             if _same(d, chosen):
                 return i
-        raise RuntimeError(f"PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r} chose a device "
+        raise UnavailableError(f"PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r} chose a device "
                            "that is not in the platform list")
     gpus = [i for i, d in enumerate(devices) if device_kind(d) == "gpu"]
     return gpus[0] if gpus else 0
@@ -116,7 +118,7 @@ def check_device_index(index: Any) -> int:
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not (
             0 <= int(index) < len(devices)):
         listing = "; ".join(f"{i}: {d.name.strip()}" for i, d in enumerate(devices)) or "none"
-        raise ValueError(f"unknown OpenCL device {index!r}; devices here: {listing} "
+        raise InvalidValueError(f"unknown OpenCL device {index!r}; devices here: {listing} "
                          "(see 'tilegemm info')")
     return int(index)
 
@@ -230,23 +232,55 @@ class OpenCLBackend(Backend):
     ) -> None:
         name = device.name.strip()
         if dtype.name == "float64" and not has_fp64(device):
-            raise TypeError(f"OpenCL device {name} lacks cl_khr_fp64: float64 is not supported "
-                            "there (use float32 or another device)")
+            raise InvalidTypeError(
+                f"OpenCL device {name} lacks cl_khr_fp64: float64 is not supported "
+                "there (use float32 or another device)")
         program: OpenCLProgram = spec.program(params, dtype)
         threads = program.local[0] * program.local[1]
         if threads > device.max_work_group_size:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{spec.name}: {threads} work-items per work-group exceed the device limit "
                 f"max_work_group_size={device.max_work_group_size} on {name}")
         for dim, (size, limit) in enumerate(zip(program.local, device.max_work_item_sizes)):
             if size > limit:
-                raise ValueError(
+                raise InvalidValueError(
                     f"{spec.name}: work-group size {size} in dimension {dim} exceeds the device "
                     f"limit max_work_item_sizes[{dim}]={limit} on {name}")
         if program.local_mem > device.local_mem_size:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{spec.name}: needs {program.local_mem} bytes of local memory per work-group, "
                 f"more than the device limit local_mem_size={device.local_mem_size} on {name}")
+
+    @staticmethod
+    def _check_sizes(device: Any, prob: GemmProblem) -> None:
+        """Refuse a product whose buffers the device cannot allocate, before creating any.
+
+        Without this, PyOpenCL fails part-way through with ``INVALID_BUFFER_SIZE`` (one buffer
+        over ``max_mem_alloc_size``) or an out-of-resources error.
+        """
+        item = prob.dtype.itemsize
+        lead = {w: (1 if prob.batch_mode(w) == "single" else prob.batch) for w in ("a", "b")}
+        buffers = (
+            ("A", (lead["a"], prob.m, prob.k) if prob.k else (0,)),
+            ("B", (lead["b"], prob.k, prob.n) if prob.k else (0,)),
+            ("the result", (prob.batch, prob.m, prob.n)),
+        )
+        name = device.name.strip()
+        total = 0
+        for what, shape in buffers:
+            nbytes = math.prod(shape) * item
+            total += nbytes
+            if nbytes > device.max_mem_alloc_size:
+                shown = "×".join(map(str, shape[1:] if shape[0] == 1 else shape))
+                raise InvalidValueError(
+                    f"{what} ({shown} {prob.dtype.name}, {_gib(nbytes)}) is larger than the "
+                    f"largest buffer OpenCL device {name} can allocate (max_mem_alloc_size = "
+                    f"{_gib(device.max_mem_alloc_size)}); split the product or use another "
+                    "device")
+        if total > device.global_mem_size:
+            raise InvalidValueError(
+                f"A, B and the result need {_gib(total)}, more than OpenCL device {name} has "
+                f"(global_mem_size = {_gib(device.global_mem_size)})")
 
     # -- devices, queues, programs ----------------------------------------------------------
 
@@ -280,7 +314,7 @@ class OpenCLBackend(Backend):
         first = arrays[0]
         for x in arrays[1:]:
             if not _same(x.context, first.context):
-                raise ValueError(
+                raise InvalidValueError(
                     "pyopencl arrays from different OpenCL contexts were passed together; "
                     "all device arrays of one call must live in the same context (copy them "
                     "into one with pyopencl.array.to_device)")
@@ -289,7 +323,7 @@ class OpenCLBackend(Backend):
         if device is not None:
             wanted = all_devices()[check_device_index(device)]
             if not _same(wanted, dev):
-                raise ValueError(
+                raise InvalidValueError(
                     f"device={device} is {wanted.name.strip()}, but the pyopencl arrays live on "
                     f"{dev.name.strip()}; omit device= to run where the data is")
         queue = first.queue if first.queue is not None else self._queue(context, dev)
@@ -333,7 +367,7 @@ class OpenCLBackend(Backend):
                                            target.device)
         threads = program.local[0] * program.local[1]
         if threads > limit:
-            raise ValueError(
+            raise InvalidValueError(
                 f"{spec.name}: {threads} work-items per work-group exceed the compiled kernel's "
                 f"limit CL_KERNEL_WORK_GROUP_SIZE={limit} on {target.device.name.strip()}")
         return program, kernel
@@ -361,7 +395,7 @@ class OpenCLBackend(Backend):
         """A pyopencl operand as (buffer, element offset, batch stride) with dense rows."""
         x = op.obj
         if op.dtype != prob.dtype:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"matmul: device operand {which} has dtype {op.dtype.name} but the result is "
                 f"{prob.dtype.name}; cast it on the device first (mixed dtypes are converted "
                 "only for host arrays)")
@@ -391,7 +425,7 @@ class OpenCLBackend(Backend):
             return
         x = c.obj
         if c.dtype != prob.dtype:
-            raise TypeError(f"gemm: device c has dtype {c.dtype.name}, the result is "
+            raise InvalidTypeError(f"gemm: device c has dtype {c.dtype.name}, the result is "
                             f"{prob.dtype.name}; cast it on the device first")
         if (_same(x.base_data, dest.base_data) and x.offset == dest.offset
                 and x.flags.c_contiguous and x.shape == prob.out_shape):
@@ -424,6 +458,7 @@ class OpenCLBackend(Backend):
         if out is not None and on_device:
             arrays.append(out)
         target = self._target(arrays, device)
+        self._check_sizes(target.device, prob)
         program, kernel = self._checked_kernel(spec, params, prob.dtype, target)
         queue = target.queue
         shape3 = (prob.batch, prob.m, prob.n)
@@ -434,7 +469,7 @@ class OpenCLBackend(Backend):
         dest = None
         if out is not None and on_device:
             if not out.flags.c_contiguous:
-                raise ValueError("out: a device out array must be C-contiguous")
+                raise InvalidValueError("out: a device out array must be C-contiguous")
             # An out that shares a buffer with A or B would be overwritten while read.
             overlaps = out.base_data is not None and any(
                 op.kind == "opencl" and op.obj.base_data is not None
@@ -503,6 +538,7 @@ class OpenCLBackend(Backend):
         """Operands copied to the device once; ``elapsed`` reads OpenCL profiling events."""
         cla = _cla()
         own = self.own_device(device)
+        self._check_sizes(own.device, prob)
         program, kernel = self._checked_kernel(spec, params, prob.dtype, own)
         queue = own.queue
         t = prob.dtype.type
@@ -540,6 +576,10 @@ class OpenCLBackend(Backend):
         used, self._used = self._used, {}
         for queue in used.values():
             queue.finish()
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _cla() -> Any:

@@ -110,3 +110,19 @@ def slug(text: str) -> str:
     s = re.sub(r"\(r\)|\(tm\)|\bcpu\b|@.*$", "", text.lower())
     s = re.sub(r"[^a-z0-9]+", "-", s).strip("-")
     return s or "device"
+
+
+def short_slug(text: str, words: int = 4) -> str:
+    """A short file-name form of a device name: list index, parenthesised details, driver
+    prefixes and filler words dropped, at most ``words`` words.
+
+    ``[0] pthread-Intel(R) Xeon(R) Platinum 8480+ (cpu, Portable Computing Language) default``
+    → ``intel-xeon-platinum-8480``.
+    """
+    t = re.sub(r"^\s*\[\d+\]\s*", "", text)
+    t = re.sub(r"\((r|tm)\)", "", t, flags=re.IGNORECASE)
+    t = re.sub(r"\([^)]*\)", " ", t)
+    t = re.sub(r"^pthread-|\b(default|processor|cpu|with|\d+-core)\b", " ", t.strip(),
+               flags=re.IGNORECASE)
+    return "-".join(slug(t).split("-")[:words]) or "device"
+

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import OK, Measurement
+from tilegemm.errors import InvalidValueError
 
 STYLES = ("-", "--", ":", "-.")
 
@@ -24,8 +25,8 @@ def plot_sizes(results: Results, path: str | Path) -> Path:
 
     backends = results.backends("sizes")
     if not backends:
-        raise ValueError("these results have no size sweep to plot (run the 'sizes' report)")
-    fig, axes = plt.subplots(1, len(backends), figsize=(7.5 * len(backends), 5.5),
+        raise InvalidValueError("these results have no size sweep to plot (run the 'sizes' report)")
+    fig, axes = plt.subplots(1, len(backends), figsize=(10.0 * len(backends), 5.5),
                              squeeze=False)
     cmap = plt.get_cmap("tab10")
     for ax, be in zip(axes[0], backends):
@@ -60,7 +61,9 @@ def plot_sizes(results: Results, path: str | Path) -> Path:
         device = results.meta.get("backends", {}).get(be, {}).get("device", "")
         ax.set_title(f"{be}: {device}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left", ncol=2)
+        # The legend sits beside the panel, never on top of a line.
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                  borderaxespad=0.0, frameon=False)
     dtype = results.meta.get("settings", {}).get("dtype", "")
     commit = str(results.meta.get("git_commit", ""))[:12]
     fig.suptitle(f"tilegemm ladder, {dtype} (commit {commit}, {results.meta.get('created', '')})",
@@ -68,6 +71,6 @@ def plot_sizes(results: Results, path: str | Path) -> Path:
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110, bbox_inches="tight")  # keeps the legends beside the panels
     plt.close(fig)
     return out

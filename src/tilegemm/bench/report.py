@@ -1,4 +1,5 @@
-"""The seed's tables from a :class:`~tilegemm.bench.results.Results`: terminal, Markdown, CSV.
+"""the optimisation note's tables from a :class:`~tilegemm.bench.results.Results`: terminal,
+Markdown, CSV.
 
 Tables are built once as plain data (:class:`Table`) and rendered three ways, so what the
 terminal shows, what ``--format md`` writes and what the README embeds are the same
@@ -16,10 +17,11 @@ from typing import Any
 
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import FAILED, OK, SKIPPED, Measurement
+from tilegemm.errors import InvalidValueError
 
-# Seed 004's outputs-per-thread sweep (TFLOP/s at 1024³, block 32×32, its GPU is not
+# the optimisation note's outputs-per-thread sweep (TFLOP/s at 1024³, block 32×32, its GPU is not
 # named): shown beside ours for the shape of the curve, not as a target.
-SEED_004_R_TFLOPS: dict[int, float] = {1: 3.67, 2: 4.80, 4: 6.02, 8: 6.77, 16: 6.67, 32: 5.32}
+NOTE_R_TFLOPS: dict[int, float] = {1: 3.67, 2: 4.80, 4: 6.02, 8: 6.77, 16: 6.67, 32: 5.32}
 DASH = "—"
 
 
@@ -65,10 +67,43 @@ def short_name(vendor: str) -> str:
     return vendor.split(" (")[0]
 
 
+# Timings whose spread (IQR / median) exceeds this are marked: on a busy machine the
+# median is not the kernel's speed, and a ratio to an equally disturbed vendor run can be
+# off by orders of magnitude (a demo once printed "4748.9 % of NumPy").
+NOISY_SPREAD = 0.10
+NOISY_MARK = " ⚠"
+
+
+def spread(m: Measurement | None) -> float | None:
+    """IQR / median of a case's steady samples, or None without samples."""
+    s = m.stats if m is not None and m.status == OK else None
+    if s is None or s.median <= 0 or len(m.samples) < 2:
+        return None
+    return (s.q3 - s.q1) / s.median
+
+
+def noisy(m: Measurement | None) -> bool:
+    x = spread(m)
+    return x is not None and x > NOISY_SPREAD
+
+
 def _percent(m: Measurement, ref: Measurement | None) -> str:
     if ref is None or m.gflops is None or ref.gflops is None:
         return DASH
-    return f"{100 * m.gflops / ref.gflops:.1f}%"
+    mark = NOISY_MARK if (noisy(m) or noisy(ref)) and m is not ref else ""
+    return f"{100 * m.gflops / ref.gflops:.1f}%{mark}"
+
+
+def _noise_notes(ms: Iterable[Measurement]) -> list[str]:
+    """One note naming the noisy timings (the vendor's included), if any."""
+    bad = [m for m in ms if noisy(m)]
+    if not bad:
+        return []
+    shown = ", ".join(f"{m.kernel if m.vendor else m.variant} ({100 * spread(m):.0f}%)"
+                      for m in bad)
+    return [f"{NOISY_MARK.strip()} noisy timing (IQR/median over {100 * NOISY_SPREAD:.0f}%): "
+            f"{shown}; the machine was busy or the clock unsteady, so these ratios are not "
+            "reliable: re-run on a quiet machine"]
 
 
 def _problem_notes(ms: Iterable[Measurement]) -> list[str]:
@@ -123,8 +158,9 @@ def ladder_tables(results: Results) -> list[Table]:
                 params = " ".join(f"{k}={v}" for k, v in m.params.items())
                 t.rows.append([DASH if m.vendor else str(m.rung), m.kernel, params, verified,
                                fmt_ms(s.median) if s and m.status == OK else DASH, iqr,
-                               cell(m), _percent(m, ref)])
+                               cell(m) + (NOISY_MARK if noisy(m) else ""), _percent(m, ref)])
             t.notes += _problem_notes(at)
+            t.notes += _noise_notes(at)
             if line := _vendor_line(results, be):
                 t.notes.append(line)
             tables.append(t)
@@ -132,7 +168,8 @@ def ladder_tables(results: Results) -> list[Table]:
 
 
 def sizes_tables(results: Results) -> list[Table]:
-    """Seed 004's table: GFLOP/s per kernel variant (rows) and size M = N = K (columns)."""
+    """the optimisation note's table: GFLOP/s per kernel variant (rows) and size M = N = K
+    (columns)."""
     tables = []
     dtype = results.meta.get("settings", {}).get("dtype", "float32")
     for be in results.backends("sizes"):
@@ -144,8 +181,10 @@ def sizes_tables(results: Results) -> list[Table]:
         t = Table(f"GFLOP/s by size and block size — {be} on {_device(results, be)}, {dtype}",
                   ["kernel"] + [str(n) for n in sizes])
         for name, by_size in variants.items():
-            t.rows.append([name] + [cell(by_size.get(n)) for n in sizes])
+            t.rows.append([name] + [cell(by_size.get(n)) + (NOISY_MARK if noisy(by_size.get(n))
+                                                             else "") for n in sizes])
         t.notes += _problem_notes(_order(ms))
+        t.notes += _noise_notes(_order(ms))
         if line := _vendor_line(results, be):
             t.notes.append(line)
         tables.append(t)
@@ -153,7 +192,7 @@ def sizes_tables(results: Results) -> list[Table]:
 
 
 def rsweep_tables(results: Results) -> list[Table]:
-    """Seed 004's outputs-per-thread sweep."""
+    """the optimisation note's outputs-per-thread sweep."""
     tables = []
     for be in results.backends("rsweep"):
         ms = results.for_report("rsweep", be)
@@ -163,22 +202,25 @@ def rsweep_tables(results: Results) -> list[Table]:
             ref_name = short_name(ref.kernel) if ref else "vendor"
             t = Table(f"Outputs per thread (R) — {be} on {_device(results, be)}, {n}³",
                       ["kernel", "R", "parameters", "GFLOP/s", f"% of {ref_name}",
-                       "seed 004 TFLOP/s (1024³, its GPU)"], text_columns=3)
+                       "optimisation note TFLOP/s (1024³, its GPU)"], text_columns=3)
             for m in at:
                 r = m.params.get("R")
                 params = " ".join(f"{k}={v}" for k, v in m.params.items() if k != "R")
-                seed = SEED_004_R_TFLOPS.get(r) if r is not None else None
-                t.rows.append([m.kernel, str(r), params, cell(m), _percent(m, ref),
-                               f"{seed:.2f}" if seed is not None else DASH])
+                seed = NOTE_R_TFLOPS.get(r) if r is not None else None
+                t.rows.append([m.kernel, str(r), params, cell(m) + (NOISY_MARK if noisy(m)
+                                                                     else ""),
+                               _percent(m, ref), f"{seed:.2f}" if seed is not None else DASH])
             if ref is not None:
                 t.rows.append([ref.kernel, DASH, "", cell(ref), "100.0%", DASH])
             t.notes += _problem_notes(at)
+            t.notes += _noise_notes(at + ([ref] if ref is not None else []))
             tables.append(t)
     return tables
 
 
 def compile_tables(results: Results) -> list[Table]:
-    """Seed 002's comparison: first call (compilation included) vs steady, and NumPy."""
+    """the Numba ROC example's comparison: first call (compilation included) vs steady, and
+    NumPy."""
     tables = []
     ms_all = [m for m in results.measurements if "compile" in m.reports]
     numpy_row = next((m for m in ms_all if m.backend == "cpu" and m.vendor), None)
@@ -294,7 +336,7 @@ def render(results: Results, fmt: str, reports: Iterable[str] | None = None) -> 
         return to_csv(results)
     if fmt == "json":
         return results.to_json()
-    raise ValueError(f"unknown format {fmt!r}; choose md, csv or json")
+    raise InvalidValueError(f"unknown format {fmt!r}; choose md, csv or json")
 
 
 def print_rich(results: Results, reports: Iterable[str] | None = None, console: Any = None) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tilegemm.bench.timing import FAILED, Measurement
+from tilegemm.errors import InvalidValueError
 
 SCHEMA = "tilegemm-bench/1"
 
@@ -47,7 +48,7 @@ class Results:
     def from_json(cls, text: str) -> Results:
         data = json.loads(text)
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise ValueError(f"not a tilegemm benchmark file (expected schema {SCHEMA!r})")
+            raise InvalidValueError(f"not a tilegemm benchmark file (expected schema {SCHEMA!r})")
         return cls(dict(data.get("meta", {})),
                    [Measurement.from_dict(d) for d in data.get("measurements", [])])
 
@@ -56,23 +57,28 @@ class Results:
         try:
             text = Path(path).read_text()
         except FileNotFoundError:
-            raise ValueError(f"results file {str(path)!r} does not exist") from None
+            raise InvalidValueError(f"results file {str(path)!r} does not exist") from None
         try:
             return cls.from_json(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+            raise InvalidValueError(f"{path}: not valid JSON ({exc})") from None
 
     def device_slug(self) -> str:
-        """``<device>`` part of a results file name: the first accelerated backend's device,
+        """``<device>`` part of a results file name, short and readable: the first
+        accelerated backend's device (``nvidia-h100-80gb-hbm3``, ``opencl-pocl-amd-epyc``),
         else ``cpu-<cpu model>``."""
-        from tilegemm.bench.environment import slug
+        from tilegemm.bench.environment import short_slug
 
         infos = self.meta.get("backends", {})
         for name in ("cuda", "opencl"):
             info = infos.get(name)
             if info and name in self.backends() and info.get("device"):
-                return slug(info["device"])
-        return "cpu-" + slug(self.meta.get("host", {}).get("cpu", "cpu"))
+                device = info["device"]
+                if name == "opencl":
+                    pocl = "Portable Computing Language" in device
+                    return "opencl-" + ("pocl-" if pocl else "") + short_slug(device)
+                return short_slug(device)
+        return "cpu-" + short_slug(self.meta.get("host", {}).get("cpu", "cpu"))
 
     def default_stem(self) -> str:
         """``<device-slug>-<date>`` for ``benchmarks/results/``."""

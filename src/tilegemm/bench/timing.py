@@ -4,7 +4,8 @@ The protocol, for one kernel on one problem:
 
 1. **First call** — build (compile), upload operands and run one launch, timed on the host
    clock to the end of the launch. This is what a user waits for on a first ``matmul`` call
-   (the seed 002 "1st GPU time"); it is reported apart and never mixed into steady figures.
+   (the "1st GPU time" of the Numba ROC example); it is reported apart and never mixed into steady
+   figures.
 2. **Verify** — the result of that first launch is fetched and compared with the float64
    reference (:func:`tilegemm.reference.assert_close`) with the output NaN-poisoned before
    the launch. A kernel that raises or computes a wrong result is reported as FAILED with
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.base import Backend, Prepared, poison_value
+from tilegemm.errors import InvalidValueError, UsageError
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import assert_close
 from tilegemm.registry import KernelSpec
@@ -64,9 +66,10 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.min_reps < 0 or self.max_reps < self.min_reps:
-            raise ValueError("need 0 <= min_reps <= max_reps (0: verify and first call only)")
+            raise InvalidValueError(
+                "need 0 <= min_reps <= max_reps (0: verify and first call only)")
         if self.budget_s <= 0 or self.warmup < 0:
-            raise ValueError("budget must be > 0 and warm-up >= 0")
+            raise InvalidValueError("budget must be > 0 and warm-up >= 0")
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,11 @@ class Measurement:
     def gflops(self) -> float | None:
         """GFLOP/s at the median steady time (None unless the case ran and verified)."""
         s = self.stats
-        if self.status != OK or s is None or s.median <= 0:
+        if self.status != OK or s is None:
+            return None
+        if self.flops == 0:
+            return 0.0  # an empty product: nothing to compute, whatever the timer says
+        if s.median <= 0:
             return None
         return self.flops / s.median / 1e9
 
@@ -199,6 +206,8 @@ def time_prepared(
             synchronize()
         first = clock() - t0
         result = prepared.fetch()
+    except UsageError:
+        raise  # refused before anything ran (a size over the device's limit): not a failure
     except Exception as exc:
         raise KernelFailure(_reason(exc)) from exc
     try:
@@ -324,4 +333,6 @@ def measure_kernel(
             prepare, verify, policy, synchronize=backend.synchronize, clock=clock, flush=flush)
     except KernelFailure as exc:
         meas.status, meas.reason = FAILED, str(exc)
+    except UsageError as exc:
+        meas.status, meas.reason = SKIPPED, str(exc)
     return meas

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from tilegemm.errors import InvalidValueError
+
 
 def add_param_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -17,9 +19,9 @@ def parse_params(items: list[str]) -> dict[str, int]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"parameter {item!r} is not KEY=VALUE")
+            raise InvalidValueError(f"parameter {item!r} is not KEY=VALUE")
         try:
             params[key.strip()] = int(value)
         except ValueError:
-            raise ValueError(f"parameter {key}: {value!r} is not an integer") from None
+            raise InvalidValueError(f"parameter {key}: {value!r} is not an integer") from None
     return params

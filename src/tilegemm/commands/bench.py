@@ -1,10 +1,12 @@
-"""Reproduce the seed's performance tables on this machine's devices, against the vendor BLAS.
+"""Reproduce the optimisation note's performance tables on this machine's devices, against
+the vendor BLAS.
 
-Reports (``--reports``, all by default): ``compile`` (first call vs steady, seed 002),
-``sizes`` (GFLOP/s over sizes × block sizes, seed 004), ``rsweep`` (outputs per thread,
-seed 004) and ``ladder`` (every rung as a share of cuBLAS / CLBlast / NumPy). Every kernel
-is verified before it is timed; a wrong one shows FAILED. The default is a quick run at
-small sizes; ``--full`` runs the seed's sizes (8…4096, ladder at 1024³ and 4096³).
+Reports (``--reports``, all by default): ``compile`` (first call vs steady, as the Numba ROC
+example prints them), ``sizes`` (GFLOP/s over sizes × block sizes, from the optimisation
+note), ``rsweep`` (outputs per thread, also the note's) and ``ladder`` (every rung as a share
+of cuBLAS / CLBlast / NumPy). Every kernel is verified before it is timed; a wrong one shows
+FAILED. The default is a quick run at small sizes; ``--full`` runs the note's sizes (8…4096,
+ladder at 1024³ and 4096³).
 
 Exit status 1 if any kernel FAILED.
 """
@@ -15,9 +17,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import BACKENDS
 
-HELP = "the seed's tables on this device vs the vendor library (tables, files, plots)"
+HELP = "the optimisation note's tables on this device vs the vendor library (tables, files, plots)"
 FORMATS = ("md", "csv", "json")
 
 
@@ -60,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prof.add_argument("--quick", action="store_true",
                       help="small sizes, short budgets (the default; what `make demo` runs)")
     prof.add_argument("--full", action="store_true",
-                      help="the seed's sizes: 8…4096, ladder at 1024³ and 4096³, R sweep at "
-                           "1024³, 1 s per case")
+                      help="the optimisation note's sizes: 8…4096, ladder at 1024³ and "
+                           "4096³, R sweep at 1024³, 1 s per case")
     what.add_argument("--backend", action="append", choices=BACKENDS, dest="backends",
                       help="backend to run (repeatable); default: every usable one, the CUDA "
                            "simulator excluded")
@@ -78,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="size(s) of the ladder table")
     what.add_argument("--r-size", type=int, metavar="N", help="size of the R sweep")
     what.add_argument("--compile-size", type=int, metavar="N",
-                      help="size of the first-call vs steady table (seed 002: 256)")
+                      help="size of the first-call vs steady table (the Numba ROC example "
+                           "used 256)")
     what.add_argument("--dtype", default="float32", choices=("float32", "float64"))
 
     how = parser.add_argument_group("how to time")
@@ -120,7 +124,7 @@ def settings_from(args: argparse.Namespace):  # -> Settings
             over[attr] = value
     for name in ("r_size", "compile_size"):
         if getattr(args, name, None) is not None and getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+            raise InvalidValueError(f"--{name.replace('_', '-')} must be >= 1")
     over["dtype"] = args.dtype
     pol = {}
     for name, attr in (("budget", "budget_s"), ("min_reps", "min_reps"),
@@ -146,7 +150,7 @@ def choose_backends(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         status = get_backend(name).status()
         if not status.usable:
             if args.backends:
-                raise RuntimeError(f"backend {name!r} is not usable here: {status.reason}")
+                raise UnavailableError(f"backend {name!r} is not usable here: {status.reason}")
             left.append(f"{name}: not usable ({status.reason})")
         elif status.simulated and not args.include_simulated:
             left.append(f"{name}: {status.reason} — skipped (simulated; --include-simulated "
@@ -154,7 +158,7 @@ def choose_backends(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         else:
             run.append(name)
     if not run:
-        raise RuntimeError("no backend to benchmark: " + "; ".join(left))
+        raise UnavailableError("no backend to benchmark: " + "; ".join(left))
     return run, left
 
 
@@ -163,6 +167,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.from_json:
         results = Results.load(args.from_json)
+        if args.plot and not results.backends("sizes"):
+            raise InvalidValueError(f"--plot: {args.from_json} has no 'sizes' report to plot")
         _emit(results, args)
         return 0
 
@@ -170,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
     from tilegemm.commands._console import console
 
     settings = settings_from(args)
+    if args.plot and "sizes" not in settings.reports:
+        # Checked before anything runs: the plot is of the size sweep.
+        raise InvalidValueError("--plot draws the 'sizes' report, which --reports leaves out; "
+                                "add sizes to --reports or drop --plot")
     backends, left = choose_backends(args)
     err = console(stderr=True)
     if not args.quiet:

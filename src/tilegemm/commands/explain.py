@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from tilegemm.commands._params import add_param_arguments, parse_params
+from tilegemm.errors import InvalidValueError
 
 HELP = "count a kernel's memory transactions, bank conflicts, resources, occupancy, roofline"
 
@@ -19,9 +20,20 @@ HELP = "count a kernel's memory transactions, bank conflicts, resources, occupan
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from tilegemm.analysis.roofline import GPUS
 
-    parser.add_argument("kernel", help="rung name (see 'tilegemm kernels --backend cuda')")
+    parser.add_argument("kernel", help="rung name (see 'tilegemm kernels --backend cuda'); "
+                        "with --sass also several, comma-separated, or 'all'")
     parser.add_argument("--backend", default="cuda", choices=("cuda",),
                         help="only CUDA rungs are traced")
+    parser.add_argument("--sass", action="store_true",
+                        help="count the compiled machine code instead: instructions per k step "
+                             "by class in the hot loop and one interior k-tile, FFMA share "
+                             "(needs nvdisasm: pip install nvidia-cuda-nvdisasm)")
+    parser.add_argument("--arch", default="sm_90",
+                        help="with --sass: the architecture to compile for (sm_80, sm_90)")
+    parser.add_argument("--hot-loop", action="store_true",
+                        help="with --sass: also print the hot loop's SASS, annotated")
+    parser.add_argument("--yardstick", action="store_true",
+                        help="with --sass: add the CUDA C rungs (NVRTC) to the table")
     parser.add_argument("--m", type=int, default=32)
     parser.add_argument("--n", type=int, default=32)
     parser.add_argument("--k", type=int, default=32)
@@ -47,15 +59,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import json
 
+    if args.sass:
+        from tilegemm.commands._sass import run_sass
+
+        return run_sass(args)
+
     from tilegemm.analysis.report import explain, render, to_json
 
     for name in ("m", "n", "k"):
         if getattr(args, name) < 0:
-            raise ValueError(f"--{name} must be >= 0")
+            raise InvalidValueError(f"--{name} must be >= 0")
     if args.batch < 1:
-        raise ValueError("--batch must be >= 1")
+        raise InvalidValueError("--batch must be >= 1")
     if args.samples < 1:
-        raise ValueError("--samples must be >= 1")
+        raise InvalidValueError("--samples must be >= 1")
     ex = explain(args.kernel, args.m, args.n, args.k, params=parse_params(args.params),
                  dtype=args.dtype, batch=args.batch, beta=args.beta, gpu=args.gpu,
                  samples=args.samples, full=args.full, full_limit=args.full_limit,

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 
+from tilegemm.errors import InvalidValueError
+from tilegemm.registry import BACKENDS
+
 HELP = "the kernel ladder, with parameters and constraints"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", choices=("cuda", "opencl", "cpu"), help="one backend only")
+    parser.add_argument("--backend", choices=BACKENDS, help="one backend only")
     parser.add_argument("--resources", action="store_true",
-                        help="compile each CUDA rung at its defaults for sm_80 and sm_90 with "
-                             "nvJitLink (no GPU needed) and show registers, spills, shared memory")
+                        help="compile each CUDA rung (Numba with nvJitLink, CUDA C with NVRTC) at "
+                             "its defaults for sm_80 and sm_90 (no GPU needed) and show "
+                             "registers, spills, shared memory")
     parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--markdown", action="store_true",
@@ -28,9 +32,10 @@ def run(args: argparse.Namespace) -> int:
 
     specs = tilegemm.kernels(args.backend)
     if args.resources:
-        if args.backend not in (None, "cuda"):
-            raise ValueError("--resources compiles CUDA rungs only; use it with --backend cuda "
-                             "or without --backend")
+        if args.backend not in (None, "cuda", "cudac"):
+            raise InvalidValueError(
+                "--resources compiles CUDA rungs only; use it with --backend cuda "
+                "or cudac, or without --backend")
         return _resources(specs, args)
     if args.json:
         print(json.dumps([{
@@ -64,18 +69,22 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
 
     from tilegemm.analysis.resources import ARCHS, cuda_resources
     from tilegemm.commands._console import console
+    from tilegemm.kernels.cudac import cudac_resources
 
-    rows = [cuda_resources(s, None, args.dtype, arch).as_dict()
-            for s in specs if s.backend == "cuda" for arch in ARCHS]
+    compilers = {"cuda": cuda_resources, "cudac": cudac_resources}
+    rows = [dict(backend=s.backend, **compilers[s.backend](s, None, args.dtype, arch).as_dict())
+            for s in specs if s.backend in compilers and s.supports(args.dtype)
+            for arch in ARCHS]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = Table(title=f"CUDA rungs compiled with nvJitLink ({args.dtype}, default parameters)")
-    for col in ("kernel", "arch", "params", "registers", "spill st/ld (B)", "stack (B)",
+    table = Table(title=f"CUDA rungs compiled for each arch ({args.dtype}, default parameters)")
+    for col in ("backend", "kernel", "arch", "params", "registers", "spill st/ld (B)", "stack (B)",
                 "smem (B)"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["kernel"], r["arch"], " ".join(f"{k}={v}" for k, v in r["params"].items()),
+        params = " ".join(f"{k}={v}" for k, v in r["params"].items())
+        table.add_row(r["backend"], r["kernel"], r["arch"], params,
                       str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}",
                       str(r["stack"]), str(r["smem"]))
     console().print(table)

@@ -1,6 +1,7 @@
 """Run one product with one rung, verify it against float64 NumPy, print time and GFLOP/s.
 
-Exits with status 1 if the result does not match the reference.
+Exit status: 0 verified; 1 the result does not match the reference; 2 the request was
+refused (a bad parameter, a size the device or memory cannot hold); 3 an internal error.
 """
 
 from __future__ import annotations
@@ -8,19 +9,21 @@ from __future__ import annotations
 import argparse
 
 from tilegemm.commands._params import add_param_arguments, parse_params
+from tilegemm.errors import InvalidValueError
 
 HELP = "run one product, verified, timed"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", default="auto", help="rung name (see 'tilegemm kernels')")
-    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "opencl", "cpu"))
-    parser.add_argument("--m", type=int, default=512)
-    parser.add_argument("--n", type=int, default=512)
-    parser.add_argument("--k", type=int, default=512)
+    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "opencl", "cpu"),
+                        help="where to run ('auto': the best usable backend here)")
+    parser.add_argument("--m", type=int, default=512, help="rows of A and of the result")
+    parser.add_argument("--n", type=int, default=512, help="columns of B and of the result")
+    parser.add_argument("--k", type=int, default=512, help="the shared (contracted) dimension")
     parser.add_argument("--batch", type=int, default=0, help="batch count (0: a plain 2-D product)")
     parser.add_argument("--dtype", default="float32",
-                        choices=("float32", "float64", "int32", "int64"))
+                        choices=("float32", "float64", "int32", "int64"), help="element type")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls after the first")
     add_param_arguments(parser)
 
@@ -29,15 +32,25 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from tilegemm.api import choose_backend, choose_kernel
-    from tilegemm.bench.timing import OK, Policy, measure_kernel
+    from tilegemm.bench.timing import OK, SKIPPED, Policy, measure_kernel
     from tilegemm.problem import describe, host_operand_3d, make_problem
     from tilegemm.reference import random_operands
 
     for name in ("m", "n", "k", "batch", "repeat"):
         if getattr(args, name) < 0:
-            raise ValueError(f"--{name} must be >= 0")
+            raise InvalidValueError(f"--{name} must be >= 0")
     params = parse_params(args.params)
     lead = (args.batch,) if args.batch else ()
+    dtype = np.dtype(args.dtype)
+    for what, shape in (("A", lead + (args.m, args.k)), ("B", lead + (args.k, args.n)),
+                        ("the result", lead + (args.m, args.n))):
+        try:
+            np.empty(shape, dtype)  # not touched: only asks whether the memory exists
+        except MemoryError:
+            gib = np.prod(shape, dtype=np.float64) * dtype.itemsize / 2**30
+            raise InvalidValueError(
+                f"cannot allocate {what} of shape {shape} as {dtype.name} ({gib:.1f} GiB) "
+                "on this machine; choose smaller --m/--n/--k") from None
     a, b = random_operands(lead + (args.m, args.k), lead + (args.k, args.n), args.dtype)
     ops = [describe(a, "a"), describe(b, "b")]
     # Resolve what 'auto' means up front so the report names the real choice.
@@ -54,8 +67,6 @@ def run(args: argparse.Namespace) -> int:
         print("note: the CUDA simulator runs one Python thread per GPU thread; expect minutes "
               "at this size (try --m 32 --n 32 --k 32)")
 
-    np.empty(prob.out_shape, prob.dtype)  # an impossible size fails here, as a user error
-
     # One home for timing: verify on a NaN-poisoned first launch, then device-timed launches.
     reps = args.repeat
     policy = Policy(warmup=1 if reps else 0, min_reps=reps, max_reps=reps, budget_s=1e9)
@@ -63,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
                           host_operand_3d(b, prob, "b"), policy)
     print(f"{backend.name}:{spec.name} {_shown(meas.params)} {args.dtype} "
           f"M={args.m} N={args.n} K={args.k}{f' batch={args.batch}' if args.batch else ''}")
+    if meas.status == SKIPPED:  # refused before it ran (device limits): the caller can fix it
+        raise InvalidValueError(meas.reason)
     if meas.status != OK:
         print(f"  {meas.status}: {meas.reason}")
         return 1
@@ -73,8 +86,10 @@ def run(args: argparse.Namespace) -> int:
     if stats is None:
         print("  steady: not measured (--repeat 0)")
     else:
+        rate = "no work (an empty product)" if meas.gflops is None else \
+            f"{meas.gflops:.2f} GFLOP/s"
         print(f"  steady: median {stats.median * 1e3:.3f} ms of {len(meas.samples)} launches "
-              f"({meas.method}), {meas.gflops:.2f} GFLOP/s")
+              f"({meas.method}), {rate}")
     return 0
 
 

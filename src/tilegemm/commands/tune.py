@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 
+from tilegemm.commands._console import console as _console
+from tilegemm.errors import InvalidValueError
+
 HELP = "search a kernel's parameters for this device and cache the best"
 
 
@@ -47,27 +50,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _show(cache) -> int:  # noqa: ANN001 - the module
-    from rich.console import Console
-    from rich.table import Table
-
+    """The cache grouped by device and dtype, one entry a line: readable at 80 columns."""
     entries = cache.load()
-    console = Console()
-    console.print(f"tuning cache: {cache.cache_path()} ({len(entries)} entries)")
-    if not entries:
-        return 0
-    table = Table("backend", "device", "arch", "dtype", "bucket M,N,K", "kernel", "params",
-                  "GFLOP/s", "measured at")
+    print(f"tuning cache: {cache.cache_path()} ({len(entries)} entries)")
+    group = None
     for e in sorted(entries, key=lambda e: (e.backend, e.device, e.dtype, e.bucket, -e.gflops)):
-        table.add_row(e.backend, e.device, e.arch, e.dtype, ",".join(map(str, e.bucket)),
-                      e.kernel, " ".join(f"{k}={v}" for k, v in e.params.items()),
-                      f"{e.gflops:.1f}", "x".join(map(str, e.shape)))
-    console.print(table)
+        if (e.backend, e.device, e.arch, e.dtype) != group:
+            group = (e.backend, e.device, e.arch, e.dtype)
+            print(f"\n{e.backend} on {e.device}" + (f" ({e.arch})" if e.arch else "")
+                  + f", {e.dtype}:")
+        shape = "x".join(map(str, e.shape[:3])) + (f" batch {e.shape[3]}"
+                                                     if len(e.shape) > 3 and e.shape[3] else "")
+        params = " ".join(f"{k}={v}" for k, v in e.params.items())
+        print(f"  sizes near {','.join(map(str, e.bucket))}: {e.kernel} {params}".rstrip())
+        print(f"      {e.gflops:.1f} GFLOP/s, measured at {shape}")
     return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
     import numpy as np
-    from rich.console import Console
     from rich.progress import Progress
     from rich.table import Table
 
@@ -79,9 +80,9 @@ def _tune(args: argparse.Namespace) -> int:
 
     for name in ("m", "n", "k", "batch", "budget"):
         if getattr(args, name) < 0:
-            raise ValueError(f"--{name} must be >= 0")
+            raise InvalidValueError(f"--{name} must be >= 0")
     if min(args.m, args.n, args.k) == 0:
-        raise ValueError("--m, --n and --k must be >= 1 to time anything")
+        raise InvalidValueError("--m, --n and --k must be >= 1 to time anything")
     dtype = np.dtype(args.dtype)
     probe = np.zeros((1, 1), dtype=dtype)
     backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")])
@@ -89,13 +90,14 @@ def _tune(args: argparse.Namespace) -> int:
     if args.kernel:
         specs = [registry.get(k, backend.name) for k in args.kernel]
     else:
-        specs = [s for s in registry.specs_for(backend.name) if s.params and s.supports(dtype)]
+        specs = [s for s in registry.specs_for(backend.name)  # IEEE rungs only: see precision
+                 if s.params and s.supports(dtype) and not s.extra.get("precisions")]
     if not specs:
-        raise ValueError(f"no {backend.name} rung with parameters supports {dtype.name}")
+        raise InvalidValueError(f"no {backend.name} rung with parameters supports {dtype.name}")
     prob = strategies.problem_for(args.m, args.n, args.k, dtype, args.batch)
     limits = space.limits_for(backend.name)
     check = None if args.no_register_check else space.cuda_register_check
-    console = Console()
+    console = _console()
     console.print(f"tuning on {dev.name if dev else backend.name} "
                   f"{dev.arch if dev else ''}: {args.m}x{args.n}x{args.k} {dtype.name}"
                   f"{f' batch {args.batch}' if args.batch else ''}, strategy {args.strategy}")
@@ -110,7 +112,9 @@ def _tune(args: argparse.Namespace) -> int:
     for spec, cands, is_baseline in jobs:
         budget = args.budget or None
         total = min(len(cands), budget) if budget else len(cands)
-        with Progress(console=console, transient=True) as bar:
+        # A progress bar only on a terminal: elsewhere (CI logs, pipes) it leaves blank lines.
+        with Progress(console=console, transient=True,
+                      disable=not console.is_terminal) as bar:
             task = bar.add_task(spec.name, total=total)
             result = strategies.tune(
                 backend, spec, prob, cands, strategy=args.strategy, budget=budget,

@@ -140,8 +140,8 @@ def _usable(backend: Backend, kernel: str, params: dict[str, int], dtype: str) -
     """The (spec, resolved params) if the rung exists, supports dtype and fits the device."""
     try:
         spec = registry.get(kernel, backend.name)
-        if not spec.supports(dtype):
-            return None
+        if not spec.supports(dtype) or spec.extra.get("precisions"):
+            return None  # reduced-precision rungs run only on request (precision=)
         resolved = backend.resolve(spec, params)
         backend.check_limits(spec, resolved, dtype)
     except (ValueError, TypeError):
@@ -151,7 +151,8 @@ def _usable(backend: Backend, kernel: str, params: dict[str, int], dtype: str) -
 
 def _simulator_choice(dtype: str) -> Choice | None:
     specs = [s for s in registry.specs_for("cuda")
-             if s.supports(dtype) and "sim_params" in s.extra]
+             if s.supports(dtype) and "sim_params" in s.extra
+             and not s.extra.get("precisions")]
     if not specs:
         return None
     spec = max(specs, key=lambda s: s.rung)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tilegemm.backends.base import Backend
+from tilegemm.errors import InvalidValueError
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import assert_close, random_operands
 from tilegemm.registry import KernelSpec
@@ -57,7 +58,7 @@ def order(candidates: Sequence[Params], strategy: str, seed: int = 0) -> list[Pa
         shuffled = list(candidates)
         random.Random(seed).shuffle(shuffled)
         return shuffled
-    raise ValueError(f"unknown strategy {strategy!r}; choices: {', '.join(STRATEGIES)}")
+    raise InvalidValueError(f"unknown strategy {strategy!r}; choices: {', '.join(STRATEGIES)}")
 
 
 def problem_for(m: int, n: int, k: int, dtype: np.dtype | str, batch: int = 0) -> GemmProblem:
@@ -79,9 +80,9 @@ def tune(
     limits, registers) cost nothing but are reported. ``progress`` is called after each.
     """
     if repeats < 1:
-        raise ValueError("repeats must be >= 1")
+        raise InvalidValueError("repeats must be >= 1")
     if budget is not None and budget < 1:
-        raise ValueError("budget must be >= 1")
+        raise InvalidValueError("budget must be >= 1")
     batch = prob.batch if prob.batch_shape else 1
     a3, b3 = random_operands((batch, prob.m, prob.k), (batch, prob.k, prob.n), prob.dtype,
                              seed=seed)

@@ -1,6 +1,7 @@
 """OpenCL rungs, one module per rung (``kNN_<name>.py`` + ``kNN_<name>.cl``), each with ``SPEC``.
 
-The ladder and its ids are the CUDA ladder's, written in OpenCL C: the model of seed 002
+The ladder and its ids are the CUDA ladder's, written in OpenCL C: the model of Numba's former ROC
+(AMD HSA) target
 (Numba's old ROC/HSA target: ``get_global_id``/``get_local_id``, work-group local memory,
 ``barrier``) is OpenCL's. Conventions every rung follows:
 

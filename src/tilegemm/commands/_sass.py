@@ -1,0 +1,90 @@
+"""``tilegemm explain --sass``: the machine-code counts of CUDA rungs as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+from tilegemm.commands._params import parse_params
+from tilegemm.errors import InvalidValueError
+
+SHORT = {"fma": "fma", "lds": "LDS", "ldg": "LDG", "sts": "STS", "bar": "BAR", "int": "int",
+         "move": "move", "branch": "branch"}
+
+
+def _specs(args: argparse.Namespace) -> list:
+    from tilegemm import registry
+
+    def tiled(specs: tuple) -> list:
+        # FFMA rungs only: the counts are per FFMA (a tensor-core rung issues HMMA instead)
+        return [s for s in specs if {"BM", "BN", "BK"} <= {p.name for p in s.params}
+                and not s.extra.get("precisions")]
+
+    if args.kernel == "all":
+        specs = tiled(registry.specs_for("cuda"))
+    else:
+        specs = [registry.get(name.strip(), args.backend) for name in args.kernel.split(",")]
+    for s in specs:
+        if s.backend not in ("cuda", "cudac"):
+            raise InvalidValueError(f"{s.name} is a {s.backend} kernel; --sass needs a CUDA rung")
+    if args.yardstick:
+        specs += tiled(registry.specs_for("cudac"))
+    return specs
+
+
+def run_sass(args: argparse.Namespace) -> int:
+    import json
+
+    from tilegemm.analysis.resources import ARCHS
+    from tilegemm.analysis.sass import nvdisasm_path, sass_report, toolchain
+
+    if args.arch not in ARCHS:
+        raise InvalidValueError(f"unknown arch {args.arch!r}; choices: {', '.join(ARCHS)}")
+    if args.dtype not in ("float32", "float64"):
+        raise InvalidValueError("--sass counts floating-point kernels: --dtype float32 or float64")
+    nvdisasm_path()
+    specs = _specs(args)
+    params = parse_params(args.params)
+    reports = [sass_report(s, params if len(specs) == 1 else None, args.dtype, args.arch)
+               for s in specs]
+    if args.json:
+        print(json.dumps({"toolchain": toolchain(),
+                          "kernels": [dict(r.as_dict(), hot_loop_sass=r.hot_lines)
+                                      if args.hot_loop else r.as_dict() for r in reports]},
+                         indent=2))
+        return 0
+    from rich.table import Table
+
+    from tilegemm.analysis.sass import CLASSES
+    from tilegemm.commands._console import console
+
+    out = console()
+    tools = toolchain()
+    table = Table(title=f"Machine code per thread per k step ({args.dtype}, {args.arch}; "
+                        f"nvdisasm {tools['nvdisasm']}, NVVM {tools['nvvm']})")
+    shown = ("fma", "lds", "ldg", "sts", "bar", "int", "move", "branch")
+    for col in ("kernel", "region", "instr", *(SHORT[c] for c in shown), "rest", "FFMA share",
+                "FFMA/LDS byte"):
+        table.add_column(col, justify="left" if col in ("kernel", "region") else "right")
+    for r in reports:
+        d = r.as_dict()
+        for region, title in (("hot_loop", "hot loop"), ("k_tile", "k-tile")):
+            x = d[region]
+            per = x["per_kstep"]
+            rest = sum(per[c] for c in CLASSES if c not in shown)
+            fpb = x["fma_per_shared_byte"]
+            table.add_row(f"{r.kernel} ({r.source})" if region == "hot_loop" else "", title,
+                          f"{per['total']:.1f}", *(f"{per[c]:.3g}" for c in shown),
+                          f"{rest:.3g}", f"{x['fma_share']:.1%}",
+                          "–" if fpb is None else f"{fpb:.2f}")
+    out.print(table)
+    out.print("Per thread per k step. fma: FFMA/DFMA; int: integer/address arithmetic; move: "
+              "moves and constants; rest: other FP, STG, local memory, other.")
+    out.print("FFMA share = the issue-bound ceiling on the FP32 peak (one instruction issues "
+              "per clock per scheduler). Registers and spills: tilegemm kernels --resources.")
+    if args.hot_loop:
+        for r in reports:
+            out.print(f"\n[bold]{r.kernel} ({r.source}): hot loop, "
+                      f"{r.hot_ksteps:g} k step(s) per iteration[/bold]")
+            for line in r.hot_lines:
+                out.print(line, markup=False, highlight=False)
+    return 0

@@ -1,0 +1,123 @@
+"""Exit codes and messages of the command line for refused input, internal errors, pipes.
+
+0 success, 1 wrong result, 2 refused input (one line), 3 internal error (one line, or the
+traceback with --debug / TILEGEMM_DEBUG=1).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.cli import main
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError, UsageError
+
+
+def test_validation_errors_are_usage_errors_and_builtin_types():
+    """Callers catching ValueError/TypeError keep working; the CLI can tell them apart."""
+    with pytest.raises(InvalidValueError) as exc:
+        tilegemm.matmul(np.ones((2, 3)), np.ones((4, 2)), backend="cpu")
+    assert isinstance(exc.value, ValueError) and isinstance(exc.value, UsageError)
+    with pytest.raises(InvalidTypeError) as exc:
+        tilegemm.matmul(np.ones((2, 3), np.complex64), np.ones((3, 2)), backend="cpu")
+    assert isinstance(exc.value, TypeError)
+    with pytest.raises(InvalidValueError):
+        tilegemm.matmul(np.ones((2, 3)), np.ones((3, 2)), backend="cpu", kernel="nope")
+    assert issubclass(UnavailableError, RuntimeError)
+
+
+def _raise(exc: BaseException):
+    def run(args):
+        raise exc
+    return run
+
+
+@pytest.mark.parametrize("exc", [KeyError("x"), ValueError("a library's own check"),
+                                 TypeError("unsupported format string")])
+def test_internal_errors_exit_3_with_one_line(monkeypatch, capsys, exc):
+    """A plain ValueError/TypeError from deep inside is a bug, not the user's mistake: it
+    printed as 'error: ...' with exit 2 (a crash on an empty OpenCL product looked like a
+    refused input)."""
+    import tilegemm.commands.info as info
+
+    monkeypatch.setattr(info, "run", _raise(exc))
+    monkeypatch.delenv("TILEGEMM_DEBUG", raising=False)
+    assert main(["info"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("tilegemm: internal error:") and err.count("\n") == 1
+    assert "--debug" in err and "Traceback" not in err
+
+
+def test_debug_shows_the_traceback(monkeypatch, capsys):
+    import tilegemm.commands.info as info
+
+    monkeypatch.setattr(info, "run", _raise(KeyError("x")))
+    assert main(["info", "--debug"]) == 3
+    assert "Traceback" in capsys.readouterr().err
+    monkeypatch.setenv("TILEGEMM_DEBUG", "1")
+    assert main(["info"]) == 3
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_usage_errors_exit_2(monkeypatch, capsys):
+    import tilegemm.commands.info as info
+
+    monkeypatch.setattr(info, "run", _raise(InvalidValueError("bad --m")))
+    assert main(["info"]) == 2
+    err = capsys.readouterr().err
+    assert err == "tilegemm: error: bad --m\n"
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("extra", [["--m", "0"], ["--n", "0"], ["--batch", "2", "--m", "0"]])
+def test_run_empty_product_on_opencl(capsys, extra):
+    """It printed 'verified: yes' then crashed formatting a missing GFLOP/s figure (exit 2)."""
+    assert main(["run", "--backend", "opencl", "--kernel", "naive", "--k", "3",
+                 "--repeat", "2", *extra]) == 0
+    out = capsys.readouterr().out
+    assert "verified: yes" in out and "steady:" in out
+
+
+@pytest.mark.opencl
+def test_opencl_buffer_over_the_device_limit_is_refused_before_launch(capsys):
+    """It leaked pyopencl's LogicError (INVALID_BUFFER_SIZE), reported by the CLI as a
+    wrong result (exit 1)."""
+    from tilegemm.backends import get_backend
+    from tilegemm.backends.opencl import all_devices, default_device_index
+
+    device = all_devices()[default_device_index()]
+    limit = device.max_mem_alloc_size
+    side = int((limit / 4) ** 0.5) + 64  # a float32 side x side result just over the limit
+    a = np.ones((side, 1), np.float32)
+    b = np.ones((1, side), np.float32)
+    with pytest.raises(InvalidValueError, match="max_mem_alloc_size"):
+        tilegemm.matmul(a, b, backend="opencl", kernel="naive")
+    assert get_backend("opencl").status().usable
+    assert main(["run", "--backend", "opencl", "--kernel", "naive", "--m", str(side),
+                 "--n", str(side), "--k", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "max_mem_alloc_size" in err and err.count("\n") == 1
+
+
+def test_run_names_the_requested_dtype_when_memory_runs_out(capsys):
+    """A float32 request failed while drawing float64 random data, naming float64."""
+    assert main(["run", "--backend", "cpu", "--m", "2000000", "--k", "2000000",
+                 "--n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "float32" in err and "float64" not in err and err.count("\n") == 1
+
+
+def test_output_cut_by_the_reader_is_quiet():
+    """``tilegemm ... | head`` printed 'error: [Errno 32] Broken pipe' (exit 2)."""
+    script = ("import tilegemm.commands.info as info, tilegemm.cli as cli\n"
+              "info.run = lambda args: [print('x' * 99) for _ in range(20000)] and 0\n"
+              "raise SystemExit(cli.main(['info']))\n")
+    cmd = (f"{sys.executable} -c \"{script}\" | head -n 1 >/dev/null; "
+           "echo \"status=${PIPESTATUS[0]}\" >&2")
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "Broken pipe" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "error" not in r.stderr and "status=141" in r.stderr, r.stderr

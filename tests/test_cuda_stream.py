@@ -1,0 +1,126 @@
+"""The CUDA stream a product runs on: the caller's, or the one ``stream=`` names.
+
+Results handed back to CuPy or PyTorch were produced on stream 0 with no ordering against
+the caller's stream, so a consumer on a non-blocking stream could read C before the kernel
+ended. What can be checked without a GPU is checked here: which stream is chosen for each
+kind of operand (with stand-in objects), argument validation, and, on the simulator, that
+every launch receives the chosen stream. docs/gpu-session.md has the check on hardware.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.backends.cuda_stream import choose_stream, describe_stream, operand_stream
+from tilegemm.errors import InvalidTypeError, InvalidValueError
+
+
+class _CAIv3:
+    """Any object exposing ``__cuda_array_interface__`` version 3 with a stream."""
+
+    def __init__(self, stream):
+        self.__cuda_array_interface__ = {"shape": (2, 2), "typestr": "<f4", "version": 3,
+                                         "data": (0, False), "strides": None,
+                                         "stream": stream}
+
+
+class _ProtocolStream:
+    def __cuda_stream__(self):
+        return (0, 0xBEEF)
+
+
+def test_explicit_streams_are_classified():
+    assert describe_stream(0) == ("handle", 0)
+    assert describe_stream(7) == ("handle", 7)
+    assert describe_stream(_ProtocolStream()) == ("handle", 0xBEEF)
+
+
+@pytest.mark.parametrize("bad", [-1, True, "stream", 1.5, object()])
+def test_bad_stream_argument_is_a_type_error(bad):
+    with pytest.raises(InvalidTypeError, match="stream"):
+        describe_stream(bad)
+
+
+def test_cai_v3_stream_field_is_used():
+    assert operand_stream(_CAIv3(1234)) == ("handle", 1234)
+    assert operand_stream(_CAIv3(None)) is None
+    assert choose_stream(None, [_CAIv3(None), _CAIv3(99)]) == ("handle", 99)
+    # An explicit stream= wins over the operands'.
+    assert choose_stream(5, [_CAIv3(99)]) == ("handle", 5)
+    assert choose_stream(None, []) is None
+
+
+def test_cupy_and_torch_current_streams(monkeypatch):
+    """Stand-ins for CuPy and PyTorch: the library's *current* stream is used, not 0."""
+    cupy = types.ModuleType("cupy")
+    cupy.cuda = types.SimpleNamespace(
+        get_current_stream=lambda: types.SimpleNamespace(ptr=4242))
+    torch = types.ModuleType("torch")
+    seen = []
+
+    def current_stream(device):
+        seen.append(device)
+        return types.SimpleNamespace(cuda_stream=777)
+
+    torch.cuda = types.SimpleNamespace(current_stream=current_stream)
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    CupyArray = type("ndarray", (), {"__module__": "cupy._core.core"})
+    TorchTensor = type("Tensor", (), {"__module__": "torch", "device": "cuda:1"})
+    assert operand_stream(CupyArray()) == ("handle", 4242)
+    assert operand_stream(TorchTensor()) == ("handle", 777)
+    assert seen == ["cuda:1"]
+    CupyStream = type("Stream", (), {"__module__": "cupy.cuda.stream", "ptr": 31})
+    TorchStream = type("Stream", (), {"__module__": "torch.cuda.streams", "cuda_stream": 32})
+    assert describe_stream(CupyStream()) == ("handle", 31)
+    assert describe_stream(TorchStream()) == ("handle", 32)
+
+
+def test_stream_on_a_backend_without_streams_is_refused_before_running():
+    a = np.ones((3, 2), np.float32)
+    b = np.ones((2, 4), np.float32)
+    out = np.full((3, 4), 5.0, np.float32)
+    with pytest.raises(InvalidValueError, match="stream="):
+        tilegemm.matmul(a, b, backend="cpu", stream=0, out=out)
+    assert (out == 5.0).all()
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_every_launch_gets_the_chosen_stream(monkeypatch, rng):
+    from numba import cuda
+
+    from tilegemm.backends.cuda_program import CudaProgram
+    from tilegemm.reference import assert_close
+
+    launched = []
+    original = CudaProgram.launch
+
+    def spy(self, A, B, C, alpha, beta, stream=0):
+        launched.append(stream)
+        return original(self, A, B, C, alpha, beta, stream)
+
+    monkeypatch.setattr(CudaProgram, "launch", spy)
+    a = rng.uniform(-1, 1, (5, 3)).astype(np.float32)
+    b = rng.uniform(-1, 1, (3, 4)).astype(np.float32)
+    mine = cuda.stream()
+    got = tilegemm.matmul(a, b, backend="cuda", kernel="naive", stream=mine)
+    assert_close(got, a, b)
+    assert launched == [mine]
+    # A numba device array bound to a stream: that stream is used without stream=. (The
+    # simulator's to_device drops its stream argument, so the arrays are made directly.)
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    theirs = cuda.stream()
+    da = FakeCUDAArray(a.copy(), stream=theirs)
+    db = FakeCUDAArray(b.copy(), stream=theirs)
+    got = tilegemm.matmul(da, db, backend="cuda", kernel="naive")
+    assert_close(got.copy_to_host(), a, b)
+    assert launched[-1] is theirs
+    with pytest.raises(InvalidTypeError):
+        tilegemm.matmul(a, b, backend="cuda", kernel="naive", stream="fast")

@@ -1,0 +1,136 @@
+"""``tilegemm explain --sass``: the machine code of CUDA rungs, counted (no GPU needed).
+
+The counts are deterministic for a given compiler and disassembler, so the guard on the
+fastest rungs' FFMA share is exact, and skipped when the toolchain differs from the one the
+figures were taken with (a new ptxas schedules differently; re-measure and update then).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tilegemm import cli
+from tilegemm.analysis import sass
+from tilegemm.errors import UnavailableError
+from tilegemm.registry import get
+
+# A tiny hand-written kernel: set-up, an outer loop (k-tile) with a vector/scalar diamond,
+# an inner loop (k step) of 2 FFMA + 1 LDS + 1 IADD3 + 1 branch, then the exit.
+SYNTHETIC = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   ISETP.GE.AND P0, PT, R2, R3, PT ;
+        /*0020*/               @P0 BRA `(.L_x_1) ;
+        /*0030*/                   LDG.E.128.CONSTANT R4, [R6.64] ;
+        /*0040*/                   BRA `(.L_x_2) ;
+.L_x_1:
+        /*0050*/                   LDG.E R4, [R6.64] ;
+        /*0060*/                   IADD3 R6, R6, 0x4, RZ ;
+.L_x_2:
+        /*0070*/                   STS.128 [R8], R4 ;
+        /*0080*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_3:
+        /*0090*/                   LDS.128 R12, [R9] ;
+        /*00a0*/                   FFMA R20, R12, R13, R20 ;
+        /*00b0*/                   FFMA R21, R14, R15, R21 ;
+        /*00c0*/                   IADD3 R9, R9, 0x10, RZ ;
+        /*00d0*/               @P1 BRA `(.L_x_3) ;
+        /*00e0*/                   IADD3 R2, R2, 0x8, RZ ;
+        /*00f0*/               @P2 BRA `(.L_x_0) ;
+        /*0100*/                   EXIT ;
+.L_x_4:
+        /*0110*/                   BRA `(.L_x_4) ;
+"""
+
+
+def test_synthetic_loops_paths_and_classes() -> None:
+    r = sass.analyse(SYNTHETIC, kernel="toy", source="test", arch="sm_90", dtype="float32",
+                     params={}, fma_per_kstep=2, bk=4)
+    assert r.hot_range == (0x90, 0xd0)
+    assert r.hot.total == 5 and r.hot.get("fma") == 2 and r.hot.lds_bytes == 16
+    assert r.hot_ksteps == 1
+    # k-tile: the 128-bit path (more global bytes than the scalar one), the inner loop 4 times.
+    assert r.tile_ksteps == 4
+    assert dict(r.tile.ldg_widths) == {16: 1}
+    # head (ISETP, BRA), 128-bit side (LDG, BRA), STS+BAR, 4 k steps, latch (IADD3, BRA)
+    assert r.tile.total == 2 + 2 + 2 + 4 * 5 + 2
+    d = r.as_dict()
+    assert d["hot_loop"]["fma_share"] == pytest.approx(2 / 5)
+    assert d["hot_loop"]["fma_per_shared_byte"] == pytest.approx(2 / 16)
+    assert d["k_tile"]["per_kstep"]["total"] == pytest.approx(28 / 4)
+    # The self-loop after EXIT (padding trap) holds no FFMA and is not the hot loop.
+    assert any("// FFMA" in line for line in r.hot_lines)
+
+
+@pytest.mark.parametrize(("op", "mods", "cls"), [
+    ("FFMA", "", "fma"), ("DFMA", "", "fma"), ("LDS", ".U.128", "lds"), ("LDG", ".E.128", "ldg"),
+    ("STS", ".128", "sts"), ("BAR", ".SYNC", "bar"), ("IMAD", ".MOV.U32", "move"),
+    ("IMAD", ".WIDE", "int"), ("LEA", "", "int"), ("ULDC", ".64", "move"),
+    ("BRA", "", "branch"), ("LDL", ".64", "local"), ("STL", "", "local"),
+])
+def test_classes(op: str, mods: str, cls: str) -> None:
+    assert sass.classify(op, mods) == cls
+
+
+def _nvdisasm_or_skip() -> None:
+    try:
+        sass.nvdisasm_path()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+# The toolchain the guard's figures were measured with, and the figures (sm_90, float32
+# defaults). Rung 9 (pipelined) is the fastest rung.
+GUARD_TOOLCHAIN = {"nvdisasm": "13.5.37", "nvvm": "13.5.37"}
+GUARD = {"pipelined": (0.76, 0.63)}  # (hot loop, k-tile) FFMA share, at least
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("name", list(GUARD))
+def test_fastest_rung_ffma_share_does_not_regress(name: str) -> None:
+    _nvdisasm_or_skip()
+    if sass.toolchain() != GUARD_TOOLCHAIN:
+        pytest.skip(f"toolchain {sass.toolchain()} differs from {GUARD_TOOLCHAIN}, "
+                    "for which the figures were measured")
+    r = sass.sass_report(get(name, "cuda"), None, "float32", "sm_90")
+    hot, tile = GUARD[name]
+    assert r.share(r.hot) >= hot
+    assert r.share(r.tile) >= tile
+    assert r.local_memory == 0
+    assert r.hot.lds_bytes > 0 and r.tile.get("bar") > 0
+
+
+@pytest.mark.ptx
+def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
+    _nvdisasm_or_skip()
+    assert cli.main(["explain", "pipelined", "--sass", "--json", "--hot-loop"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    k = out["kernels"][0]
+    assert k["kernel"] == "pipelined" and k["arch"] == "sm_90"
+    assert k["fma_per_kstep"] == 64
+    assert k["hot_loop"]["per_kstep"]["fma"] == 64
+    assert any("FFMA" in line for line in k["hot_loop_sass"])
+    assert cli.main(["explain", "pipelined", "--sass"]) == 0
+    assert "FFMA share" in capsys.readouterr().out
+
+
+def test_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["explain", "warptile", "--sass", "--arch", "sm_70"]) == 2
+    err = capsys.readouterr().err
+    assert "sm_70" in err and "sm_80" in err and "sm_90" in err
+    assert cli.main(["explain", "naive", "--sass"]) == 2
+    assert "BM" in capsys.readouterr().err
+
+
+def test_missing_nvdisasm_is_one_line(monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(sass, "nvdisasm_path", _missing)
+    assert cli.main(["explain", "warptile", "--sass"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "nvdisasm" in err and "\n" not in err
+
+
+def _missing() -> str:
+    raise UnavailableError("nvdisasm is missing: pip install nvidia-cuda-nvdisasm")
