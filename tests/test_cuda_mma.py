@@ -23,7 +23,7 @@ def _operands(rng: np.random.Generator, a_shape: tuple, b_shape: tuple) -> tuple
 
 
 def _sim(**over: int) -> dict[str, int]:
-    return {k: v for k, v in SPEC.extra["sim_params"].items() if k != "PASSES"} | over
+    return {k: v for k, v in SPEC.sim_params.items() if k != "PASSES"} | over
 
 
 # (a shape, b shape): partial tiles on every edge, K % 4 != 0 (the 4-byte copy path) and

@@ -59,6 +59,7 @@ def test_every_rung_compiles_to_a_cubin(spec: KernelSpec, arch: str) -> None:
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_float64_compiles_for_sm90(spec: KernelSpec) -> None:
     r = cudac_resources(spec, None, "float64", "sm_90")
+    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
     assert r.smem == _declared_smem(spec, "float64")
     assert r.registers * spec.threads(spec.defaults()) <= 65_536
 

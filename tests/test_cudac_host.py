@@ -41,7 +41,7 @@ def _small(spec: KernelSpec) -> dict[str, int]:
     """The Numba rung's simulator-sized parameters where they apply (few threads, so quick
     on the CPU), else the defaults."""
     numba = {s.name: s for s in tilegemm.kernels("cuda")}.get(spec.name)
-    small = dict(numba.extra.get("sim_params", {})) if numba else {}
+    small = dict(numba.sim_params or {}) if numba else {}
     return spec.resolve(small if small and spec.is_valid(small) else {})
 
 

@@ -14,36 +14,42 @@ import numpy as np
 
 from tilegemm import registry
 from tilegemm.backends import get_backend
-from tilegemm.backends.base import Backend
+from tilegemm.backends.base import Backend, Target
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.precision import apply_precision
 from tilegemm.problem import GemmProblem, Operand, check_out, describe, make_problem
 from tilegemm.registry import BACKENDS, KernelSpec
+from tilegemm.tune.select import auto_choice
 
 AUTO = "auto"
 
 
 def choose_backend(name: str, operands: list[Operand]) -> Backend:
-    """The backend to run on: the operands' device if they live on one, else the request."""
+    """The backend to run on: the operands' device if they live on one, else the request.
+
+    Operands are matched to backends by array kind (``Backend.array_kind``), so a backend
+    that owns a kind of device array is found without naming it here.
+    """
     kinds = {op.kind for op in operands if op.kind != "host"}
     if len(kinds) > 1:
         raise InvalidValueError(f"operands live on different devices ({', '.join(sorted(kinds))})")
     data_kind = kinds.pop() if kinds else "host"
+    owners = [n for n in BACKENDS if get_backend(n).array_kind == data_kind]
     if name == AUTO:
         if data_kind != "host":
-            name = data_kind
+            name = owners[0]
         else:
             name = next(
                 (n for n in BACKENDS
                  if get_backend(n).status().usable and get_backend(n).status().accelerated),
-                "cpu",
+                owners[0],
             )
     elif name not in BACKENDS:
         raise InvalidValueError(f"unknown backend {name!r}; choices: auto, {', '.join(BACKENDS)}")
-    elif data_kind != "host" and name != data_kind:
+    elif data_kind != "host" and get_backend(name).array_kind != data_kind:
         raise InvalidValueError(
             f"operands are {data_kind} arrays but backend={name!r} was requested; use "
-            f"backend={data_kind!r} (or 'auto'), or copy them to the host first"
+            f"backend={owners[0]!r} (or 'auto'), or copy them to the host first"
         )
     backend = get_backend(name)
     status = backend.status()
@@ -57,38 +63,28 @@ def choose_backend(name: str, operands: list[Operand]) -> Backend:
 
 
 def choose_kernel(
-    kernel: str, backend: Backend, prob: GemmProblem, params: dict[str, Any]
+    kernel: str, backend: Backend, prob: GemmProblem, params: dict[str, Any],
+    target: Target | None = None,
 ) -> tuple[KernelSpec, dict[str, int]]:
-    """The rung and its full, validated parameters."""
+    """The rung and its full parameters, validated on ``target`` (default: the backend's
+    default device), the device that will run them."""
+    target = target or backend.target()
     if kernel == AUTO:
         if params:
             raise InvalidValueError(
                 f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
                 "chooses its own)"
             )
-        choice = _tuned_choice(backend, prob)
-        if choice is not None:
-            return choice
-        spec = registry.default_for(backend.name, prob.dtype)
-    else:
-        spec = registry.get(kernel, backend.name)
+        return auto_choice(backend, target, prob)
+    spec = registry.get(kernel, backend.name)
     if not spec.supports(prob.dtype):
         raise InvalidTypeError(
             f"kernel {spec.name!r} ({backend.name}) does not support dtype {prob.dtype.name}; "
             f"it supports {', '.join(spec.dtypes)}"
         )
-    resolved = backend.resolve(spec, params)
-    backend.check_limits(spec, resolved, prob.dtype)
+    resolved = backend.resolve(spec, params, target)
+    backend.check_limits(spec, resolved, prob.dtype, target)
     return spec, resolved
-
-
-def _tuned_choice(backend: Backend, prob: GemmProblem) -> tuple[KernelSpec, dict[str, int]] | None:
-    """The tuner's cached best for this device and shape, if the tuner has one."""
-    try:
-        from tilegemm.tune.select import tuned_choice
-    except ImportError:
-        return None
-    return tuned_choice(backend, prob)
 
 
 def _check_params_are_upper_case(params: dict[str, Any]) -> None:
@@ -145,9 +141,9 @@ def gemm(
         else:
             c_op = None  # never read when beta == 0
     be = choose_backend(backend, ops)
-    if device is not None and not getattr(be, "accepts_device", False):
+    if device is not None and not be.accepts_device:
         raise InvalidValueError(f"device= chooses an OpenCL device; backend {be.name!r} has no "
-                         "device choice (pass backend='opencl')")
+                                "device choice (pass backend='opencl')")
     if stream is not None:
         if not getattr(be, "accepts_stream", False):
             raise InvalidValueError(f"stream= chooses a CUDA stream; backend {be.name!r} has "
@@ -155,15 +151,16 @@ def gemm(
         from tilegemm.backends.cuda_stream import describe_stream
 
         describe_stream(stream)  # a wrong type fails here, before anything runs
+    # The device first: defaults, parameters and limits are those of the device that runs.
+    target = be.target_for(ops, device)
     kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
-    spec, resolved = choose_kernel(kernel, be, prob, params)
+    spec, resolved = choose_kernel(kernel, be, prob, params, target)
     if out is not None:
         data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
         check_out(out, prob, data_kind)
-    extra: dict[str, Any] = {} if device is None else {"device": device}
-    if stream is not None:
-        extra["stream"] = stream
-    result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta, **extra)
+    extra: dict[str, Any] = {} if stream is None else {"stream": stream}
+    result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta,
+                    target=target, **extra)
     if out is None and type(result) is np.ndarray and result.ndim == 0:
         return result[()]  # vector · vector: a NumPy scalar, as np.matmul returns
     return result

@@ -7,8 +7,8 @@
 - ``"3xtf32"``: each operand split into a TF32 big part and a TF32 remainder, three tensor-
   core products per step (small·big + big·small + big·big): near-float32 accuracy.
 
-A rung that computes at a reduced precision declares it: ``extra["precisions"]`` maps each
-precision it computes to the value of its parameter ``extra["precision_param"]`` (rung
+A rung that computes at a reduced precision declares it: ``precisions`` maps each
+precision it computes to the value of its parameter ``precision_param`` (rung
 ``mma``: PASSES=1 or 3). Such a rung never runs unless asked for by precision=, so
 kernel="auto" at the default precision keeps today's FFMA rungs, and naming it without
 precision= is refused rather than quietly giving TF32 results.
@@ -29,7 +29,7 @@ PRECISIONS: tuple[str, ...] = (IEEE, "tf32", "3xtf32")
 
 def reduced(spec: registry.KernelSpec) -> bool:
     """Whether the rung computes at a precision other than IEEE (it declares which)."""
-    return bool(spec.extra.get("precisions"))
+    return bool(spec.precisions)
 
 
 def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.dtype,
@@ -47,15 +47,15 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
             if reduced(spec):
                 raise InvalidValueError(
                     f"kernel {kernel!r} computes with tensor cores, not IEEE float32: pass "
-                    f"precision= one of {', '.join(map(repr, spec.extra['precisions']))}")
+                    f"precision= one of {', '.join(map(repr, spec.precisions))}")
         return kernel, params
     if dtype != np.float32:
         raise InvalidTypeError(f"precision={p!r} applies to float32 operands; {dtype.name} "
                                f"products support only precision='ieee'")
-    specs = [s for s in registry.specs_for(backend) if p in s.extra.get("precisions", {})]
+    specs = [s for s in registry.specs_for(backend) if p in s.precisions]
     if not specs:
         have = sorted({b for b in registry.BACKENDS for s in registry.specs_for(b)
-                       if p in s.extra.get("precisions", {})})
+                       if p in s.precisions})
         raise UnavailableError(
             f"precision={p!r} needs tensor cores, and backend {backend!r} has no tensor-core "
             f"kernel (it computes in IEEE float32 only); backends with one: "
@@ -67,15 +67,15 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
                 "chooses its own)")
         spec = max(specs, key=lambda s: s.rung)
         if _simulated(backend):  # the smallest tiles: the simulator runs a thread per thread
-            params = {k: v for k, v in spec.extra.get("sim_params", {}).items()
-                      if k != spec.extra["precision_param"]}
+            params = {k: v for k, v in (spec.sim_params or {}).items()
+                      if k != spec.precision_param}
     else:
         spec = registry.get(kernel, backend)
         if spec not in specs:
             raise InvalidValueError(
                 f"kernel {kernel!r} cannot compute precision={p!r}; kernels that can: "
                 f"{', '.join(s.name for s in specs)}")
-    name, value = spec.extra["precision_param"], spec.extra["precisions"][p]
+    name, value = spec.precision_param, spec.precisions[p]
     if params.get(name, value) != value:
         raise InvalidValueError(f"{name}={params[name]} contradicts precision={p!r} "
                                 f"({name}={value}); pass only precision=")
@@ -102,10 +102,9 @@ def _half(precision: str | None, kernel: str, backend: str,
                 f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
                 "chooses its own)")
         spec = max(specs, key=lambda s: s.rung)
-        if _simulated(backend):
-            params = {k: v for k, v in spec.extra.get("sim_params", {}).items()
-                      if k != spec.extra.get("precision_param")}
-            params.update(spec.extra.get("sim_params_float16", {}))
+        if _simulated(backend):  # the smallest tiles: the simulator runs a thread per thread
+            params = {k: v for k, v in (spec.sim_params or {}).items()
+                      if k != spec.precision_param}
         return spec.name, params
     return kernel, params  # choose_kernel refuses a kernel without float16
 

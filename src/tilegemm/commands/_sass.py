@@ -17,7 +17,7 @@ def _specs(args: argparse.Namespace) -> list:
     def tiled(specs: tuple) -> list:
         # FFMA rungs only: the counts are per FFMA (a tensor-core rung issues HMMA instead)
         return [s for s in specs if {"BM", "BN", "BK"} <= {p.name for p in s.params}
-                and not s.extra.get("precisions")]
+                and not s.precisions]
 
     if args.kernel == "all":
         specs = tiled(registry.specs_for("cuda"))

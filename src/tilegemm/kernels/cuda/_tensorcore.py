@@ -311,9 +311,9 @@ def _py_cp_wait(n: int) -> Any:
 @cache
 def tensorcore_ops() -> TensorCoreOps:
     """The instructions for the current mode (real compilation or the simulator)."""
-    from tilegemm.backends.cuda import simulator_enabled
+    from tilegemm import simulator
 
-    if simulator_enabled():
+    if simulator.enabled():
         return TensorCoreOps(_py_mma_tf32, _py_mma_16bit("f16"), _py_mma_16bit("bf16"),
                              _py_to_tf32, _py_ldmatrix_x4, _py_ldmatrix_x4_trans,
                              _py_cp_async(16), _py_cp_async(4),

@@ -524,8 +524,7 @@ SPEC = KernelSpec(
     threads=_threads,
     smem=_smem,
     doc=__doc__,
-    extra={"sim_params": {"BM": 32, "BN": 16, "BK": 8, "WM": 16, "WN": 16, "STAGES": 2,
-                          "GROUP_M": 2, "PASSES": 1},
-           "sim_params_float16": {"BK": 16},
-           "precisions": PRECISIONS, "precision_param": "PASSES", "min_cc": (8, 0)},
+    sim_params={"BM": 32, "BN": 16, "BK": 16, "WM": 16, "WN": 16, "STAGES": 2, "GROUP_M": 2,
+                "PASSES": 1},  # BK=16: one m16n8k16 step for float16
+    precisions=PRECISIONS, precision_param="PASSES", min_cc=(8, 0),
 )
