@@ -241,6 +241,14 @@ class Backend(ABC):
         toolchain can tell without running it (the tuner rejects spilling candidates)."""
         return None
 
+    def resource_report(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                        arch: str) -> Any:
+        """What the compiler allocated for the rung built for ``arch`` ("sm_90") with no
+        device present (an ``analysis.resources.Resources``: registers, spills, stack, shared
+        memory), or None where the backend's toolchain cannot tell (``tilegemm kernels
+        --resources``)."""
+        return None
+
     def cache_flusher(self, target: Target | None = None) -> Callable[[], None] | None:
         """A function that evicts the device's cache between timed launches, or None."""
         return None

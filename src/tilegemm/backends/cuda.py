@@ -183,11 +183,18 @@ class CudaBackend(Backend):
                   target: Target) -> tuple[int, int] | None:
         """ptxas's registers and spills, compiled for the target's arch (sm_90 when the
         arch is not one the resource tool knows)."""
-        from tilegemm.analysis.resources import ARCHS, cuda_resources
+        from tilegemm.analysis.resources import ARCHS
 
         arch = target.arch if target.arch in ARCHS else "sm_90"
-        res = cuda_resources(spec, dict(params), np.dtype(dtype).name, arch)
+        res = self.resource_report(spec, params, dtype, arch)
         return res.registers, res.spills
+
+    def resource_report(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                        arch: str) -> Any:
+        """ptxas's report for the rung's PTX linked by nvJitLink for ``arch``; no GPU needed."""
+        from tilegemm.analysis.resources import cuda_resources
+
+        return cuda_resources(spec, dict(params), np.dtype(dtype).name, arch)
 
     def device_details(self, target: Target) -> dict[str, Any]:
         """Name, compute capability, driver and runtime versions, L2 size, SM count."""
