@@ -41,7 +41,7 @@ def _small(spec: KernelSpec) -> dict[str, int]:
     """The Numba rung's simulator-sized parameters where they apply (few threads, so quick
     on the CPU), else the defaults."""
     numba = {s.name: s for s in tilegemm.kernels("cuda")}.get(spec.name)
-    small = dict(numba.extra.get("sim_params", {})) if numba else {}
+    small = dict(numba.sim_params or {}) if numba else {}
     return spec.resolve(small if small and spec.is_valid(small) else {})
 
 
@@ -178,7 +178,7 @@ def test_batches_strides_alpha_beta_and_grid_stride(build_dir: Path, name: str) 
 
 def test_the_harness_catches_an_out_of_bounds_read(build_dir: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A kernel with the source notes' defect (no bounds check) must fail here."""
+    """A kernel with the source texts' defect (no bounds check) must fail here."""
     broken = (_compile.SOURCES / "k02_coalesced.cu").read_text().replace(
         "for (int k = 0; k < K; ++k)", "for (int k = 0; k < K + 1; ++k)")
     (tmp_path / "k02_coalesced.cu").write_text(broken)

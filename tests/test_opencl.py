@@ -72,7 +72,7 @@ def test_alternative_parameters(spec: KernelSpec) -> None:
     """The alternative set, and every per-device-type default set (so a GPU machine still
     runs the CPU defaults' code path, and the other way round)."""
     sets = [ALTERNATIVE.get(spec.name, {}), spec.defaults(),
-            *spec.extra.get("device_defaults", {}).values()]
+            *spec.device_defaults.values()]
     for params in sets:
         for m, n, k in [(1, 1, 1), (7, 13, 5), (33, 17, 65), (37, 70, 19), (64, 64, 64)]:
             a, b = random_operands((m, k), (k, n), "float32")
@@ -385,7 +385,7 @@ def test_benchmark_uses_the_backends_device_defaults():
     from tilegemm.problem import describe, host_operand_3d, make_problem
 
     backend = get_backend("opencl")
-    spec = next(s for s in tilegemm.kernels("opencl") if s.extra.get("device_defaults"))
+    spec = next(s for s in tilegemm.kernels("opencl") if s.device_defaults)
     expected = backend.resolve(spec, {})
     a, b = random_operands((33, 17), (17, 20), np.float32)
     prob = make_problem(describe(a, "a"), describe(b, "b"))

@@ -17,8 +17,9 @@ import numpy as np
 
 from tilegemm.errors import InvalidTypeError, InvalidValueError
 
-# What the kernels compute in.
-SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float64", "int32", "int64")
+# What the kernels compute in. float16 runs only on tensor cores (tilegemm.precision says
+# where), with float32 accumulation; elsewhere a float16 product is computed in float32.
+SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float64", "int32", "int64", "float16")
 
 # Result dtypes NumPy's matmul can produce that tilegemm computes in a kernel dtype and casts
 # back, bit for bit as NumPy's own loops: integers narrower than 32 bits and unsigned ones

@@ -24,8 +24,7 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
             samples: int = 2, full: bool = False, full_limit: int = 16,
             backend: str = "cuda", resources: bool = True) -> dict[str, Any]:
     """Everything ``tilegemm explain`` shows, as a JSON-ready dict."""
-    from tilegemm import registry
-    from tilegemm.backends.cuda import simulator_enabled
+    from tilegemm import registry, simulator
 
     if backend != "cuda":
         raise InvalidValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
@@ -34,7 +33,7 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
     g = get_gpu(gpu)
     kw = dict(params=resolved, dtype=dtype, batch=batch, beta=beta, samples=samples,
               full_limit=full_limit, backend=backend)
-    if simulator_enabled():
+    if simulator.enabled():
         from tilegemm.analysis.trace import trace_rung
 
         trace = trace_rung(kernel, m, n, k, full=full or None, **kw)
@@ -84,7 +83,7 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
     threads = trace["threads_per_block"]
     res_rows: list[dict[str, Any]] = []
     note = ""
-    if resources and not simulator_enabled():
+    if resources and not simulator.enabled():
         from tilegemm.analysis.resources import cuda_resources
 
         for arch in ARCH_LIMITS:

@@ -106,9 +106,9 @@ def ptx_for(spec: KernelSpec, params: dict[str, int], dtype: str = "float32",
             f"{spec.name} is a {spec.backend} kernel; PTX exists for CUDA rungs only")
     if arch not in ARCHS:
         raise InvalidValueError(f"unknown arch {arch!r}; choices: {', '.join(ARCHS)}")
-    from tilegemm.backends.cuda import simulator_enabled
+    from tilegemm import simulator
 
-    if simulator_enabled():
+    if simulator.enabled():
         raise UnavailableError("PTX cannot be compiled under the CUDA simulator; unset "
                            "NUMBA_ENABLE_CUDASIM")
     return _ptx(spec, tuple(sorted(params.items())), np.dtype(dtype).name, arch)

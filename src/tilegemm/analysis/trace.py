@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm import simulator
 from tilegemm.analysis.memory import (
     GLOBAL,
     RECORD,
@@ -518,7 +519,7 @@ def trace_in_subprocess(kernel: str, m: int, n: int, k: int, *,
     Use this from any process that has imported (or will import) the real ``numba.cuda``,
     e.g. to compile PTX as well: the simulator cannot be switched on after that import.
     """
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env = dict(os.environ, **{simulator.ENV_VAR: "1"})
     src = str(Path(__file__).resolve().parents[2])  # .../src, so an uninstalled tree works
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "tilegemm.analysis.trace", kernel, "--backend", backend,

@@ -35,7 +35,7 @@ from tilegemm.bench.timing import (
     Policy,
     measure_kernel,
 )
-from tilegemm.bench.vendors import Vendor, find_vendor, measure_vendor, numpy_vendor
+from tilegemm.bench.vendors import Vendor, find_vendor, measure_vendor
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import random_operands
 from tilegemm.registry import KernelSpec
@@ -149,7 +149,9 @@ def plan(
     first: list[Case] = []
     rest: list[Case] = []
     for be in backends:
-        specs = [s for s in specs_for(be) if s.supports(dtype)]
+        # IEEE rungs only: a tensor-core rung computes at another precision (precision=)
+        # and is to be compared with cuBLAS at that precision, not with SGEMM.
+        specs = [s for s in specs_for(be) if s.supports(dtype) and not s.precisions]
         if "compile" in settings.reports:
             n = settings.compile_size
             first += [_case("compile", be, n, s) for s in specs]
@@ -204,7 +206,7 @@ def _operands(state: RunState, case: Case, dtype: np.dtype) -> tuple[np.ndarray,
 
 def _vendor(state: RunState, backend: Backend) -> Vendor | None:
     if backend.name not in state.vendors:
-        vendor, note = (numpy_vendor(), "") if backend.name == "cpu" else find_vendor(backend)
+        vendor, note = find_vendor(backend)
         state.vendors[backend.name] = vendor
         state.vendor_notes[backend.name] = vendor.note if vendor else note
     return state.vendors[backend.name]

@@ -55,12 +55,14 @@ def run(args: argparse.Namespace) -> int:
     ops = [describe(a, "a"), describe(b, "b")]
     # Resolve what 'auto' means up front so the report names the real choice.
     backend = choose_backend(args.backend, ops)
+    target = backend.target()
     prob = make_problem(*ops)
-    spec, resolved = choose_kernel(args.kernel, backend, prob, params)
-    simulated = backend.status().simulated
-    if simulated and not params and "sim_params" in spec.extra:
-        # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults.
-        resolved = backend.resolve(spec, spec.extra["sim_params"])
+    spec, resolved = choose_kernel(args.kernel, backend, prob, params, target)
+    simulated = target.simulated
+    if simulated and not params and spec.sim_params is not None:
+        # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults
+        # (kernel="auto" already chose them; this is for a rung named explicitly).
+        resolved = backend.resolve(spec, spec.sim_params, target)
         print(f"note: CUDA simulator, so {spec.name} runs with its small simulator parameters "
               f"({_shown(resolved)}); pass parameters to override")
     if simulated and prob.flops > 2 * 64**3:
@@ -71,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     reps = args.repeat
     policy = Policy(warmup=1 if reps else 0, min_reps=reps, max_reps=reps, budget_s=1e9)
     meas = measure_kernel(backend, spec, resolved, prob, host_operand_3d(a, prob, "a"),
-                          host_operand_3d(b, prob, "b"), policy)
+                          host_operand_3d(b, prob, "b"), policy, target=target)
     print(f"{backend.name}:{spec.name} {_shown(meas.params)} {args.dtype} "
           f"M={args.m} N={args.n} K={args.k}{f' batch={args.batch}' if args.batch else ''}")
     if meas.status == SKIPPED:  # refused before it ran (device limits): the caller can fix it

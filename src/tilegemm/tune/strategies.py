@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tilegemm.backends.base import Backend
+from tilegemm.backends.base import Backend, Target
 from tilegemm.errors import InvalidValueError
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import assert_close, random_operands
@@ -72,7 +72,7 @@ def tune(
     backend: Backend, spec: KernelSpec, prob: GemmProblem, candidates: Sequence[Params], *,
     strategy: str = "exhaustive", budget: int | None = None, seed: int = 0, repeats: int = 5,
     resource_check: ResourceCheck | None = None,
-    progress: Callable[[Trial], None] | None = None,
+    progress: Callable[[Trial], None] | None = None, target: Target | None = None,
 ) -> TuneResult:
     """Verify and time up to ``budget`` candidates (all if None) in ``strategy`` order.
 
@@ -86,12 +86,13 @@ def tune(
     batch = prob.batch if prob.batch_shape else 1
     a3, b3 = random_operands((batch, prob.m, prob.k), (batch, prob.k, prob.n), prob.dtype,
                              seed=seed)
+    target = target or backend.target()
     trials: list[Trial] = []
     spent = 0
     for params in order(candidates, strategy, seed):
         if budget is not None and spent >= budget:
             break
-        trial = _try(backend, spec, prob, params, a3, b3, repeats, resource_check)
+        trial = _try(backend, target, spec, prob, params, a3, b3, repeats, resource_check)
         if trial.status != "rejected":
             spent += 1
         trials.append(trial)
@@ -100,11 +101,11 @@ def tune(
     return TuneResult(spec, prob, trials)
 
 
-def _try(backend: Backend, spec: KernelSpec, prob: GemmProblem, params: Params,
-         a3: np.ndarray, b3: np.ndarray, repeats: int,
+def _try(backend: Backend, target: Target, spec: KernelSpec, prob: GemmProblem,
+         params: Params, a3: np.ndarray, b3: np.ndarray, repeats: int,
          resource_check: ResourceCheck | None) -> Trial:
     try:
-        backend.check_limits(spec, params, prob.dtype)
+        backend.check_limits(spec, params, prob.dtype, target)
     except ValueError as exc:
         return Trial(dict(params), "rejected", detail=str(exc))
     if resource_check is not None:
@@ -112,7 +113,7 @@ def _try(backend: Backend, spec: KernelSpec, prob: GemmProblem, params: Params,
         if why:
             return Trial(dict(params), "rejected", detail=why)
     try:
-        prepared = backend.prepare(spec, params, prob, a3, b3)
+        prepared = backend.prepare(spec, params, prob, a3, b3, target=target)
         prepared.launch()
         result = prepared.fetch()
     except NotImplementedError:

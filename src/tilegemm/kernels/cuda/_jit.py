@@ -22,9 +22,9 @@ def kernel_jit(threads: int) -> Callable[[Callable[..., Any]], Any]:
     """The decorator for a rung's kernel launched with exactly ``threads`` threads a block."""
     from numba import cuda
 
-    from tilegemm.backends.cuda import simulator_enabled
+    from tilegemm import simulator
 
-    if simulator_enabled():
+    if simulator.enabled():
         from tilegemm.kernels.cuda._simulator import install
 
         install()  # numba's simulator races on cuda.shared.array; see _simulator.py

@@ -77,5 +77,5 @@ SPEC = KernelSpec(
     threads=lambda p: p["BLOCK"] ** 2,
     smem=lambda p, itemsize: 0,
     doc=__doc__,
-    extra={"sim_params": {"BLOCK": 8}},  # smallest block: the simulator runs a thread each
+    sim_params={"BLOCK": 8},  # smallest block: the simulator runs a thread each
 )

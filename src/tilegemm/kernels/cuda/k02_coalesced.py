@@ -78,5 +78,5 @@ SPEC = KernelSpec(
     threads=lambda p: p["BLOCK"] ** 2,
     smem=lambda p, itemsize: 0,
     doc=__doc__,
-    extra={"sim_params": {"BLOCK": 8}},
+    sim_params={"BLOCK": 8},
 )

@@ -100,5 +100,5 @@ SPEC = KernelSpec(
     threads=lambda p: p["TILE"] ** 2,
     smem=lambda p, itemsize: 2 * p["TILE"] ** 2 * itemsize,
     doc=__doc__,
-    extra={"sim_params": {"TILE": 8}},
+    sim_params={"TILE": 8},
 )

@@ -120,5 +120,5 @@ SPEC = KernelSpec(
     threads=lambda p: p["TILE"] * (p["TILE"] // p["R"]),
     smem=lambda p, itemsize: 2 * p["TILE"] ** 2 * itemsize,
     doc=__doc__,
-    extra={"sim_params": {"TILE": 8, "R": 2}},
+    sim_params={"TILE": 8, "R": 2},
 )
