@@ -124,6 +124,13 @@ def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
     assert hmma and len(hmma) % per_step == 0  # whole k steps of the warp tile
     assert re.search(r"LDSM\.16\.M88\.4", text) and re.search(r"LDGSTS\.E\.BYPASS\.128", text)
     assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
+    from tilegemm.analysis.sass_mma import count
+
+    c = count(text, kernel="mma", arch=arch, dtype="float32", params=params)
+    # the hot loop holds whole k steps of the warp tile, fed by ldmatrix, no local memory
+    assert c.hot["HMMA"] % per_step == 0 and c.hot["LDSM"] == c.hot["HMMA"] // (
+        params["WN"] // 8)
+    assert c.local_memory == 0 and 0 < c.hmma_share < 1
 
 
 @pytest.mark.ptx
