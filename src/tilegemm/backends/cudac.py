@@ -16,14 +16,30 @@ numba's simulator cannot run CUDA C.
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 from tilegemm.backends.base import BackendStatus
 from tilegemm.backends.cuda import CudaBackend
+from tilegemm.registry import KernelSpec
 
 
 class CudacBackend(CudaBackend):
     name = "cudac"
     array_kind = "cuda"
+    traceable = False  # CUDA C: numba's simulator cannot run it
+    kernel_source = "CUDA C"
+
+    def compiled_resources(self, spec: KernelSpec, params: dict[str, int] | None, dtype: str,
+                           arch: str) -> Any:
+        """What ptxas allocated, compiled with NVRTC."""
+        from tilegemm.kernels.cudac import cudac_resources
+
+        return cudac_resources(spec, params, dtype, arch)
+
+    def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
+        from tilegemm.kernels.cudac import compile_cubin
+
+        return compile_cubin(spec, params, dtype, arch).data
 
     @cache  # noqa: B019 - one backend object per process
     def status(self) -> BackendStatus:

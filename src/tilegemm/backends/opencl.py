@@ -253,6 +253,10 @@ class OpenCLBackend(Backend):
         return {"platform": d.platform.name.strip(), "driver": d.driver_version,
                 "opencl": d.version, "compute_units": int(d.max_compute_units)}
 
+    def results_prefix(self, info: Mapping[str, Any]) -> str:
+        where = f"{info.get('platform', '')} {info.get('device', '')}"
+        return "opencl-pocl-" if "Portable Computing Language" in where else "opencl-"
+
     def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
                      target: Target | None = None) -> None:
         if not self.status().usable:

@@ -28,11 +28,12 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     import tilegemm
+    from tilegemm.backends import get_backend
     from tilegemm.commands._console import console
 
     specs = tilegemm.kernels(args.backend)
     if args.resources:
-        if args.backend not in (None, "cuda", "cudac"):
+        if args.backend is not None and not get_backend(args.backend).compile_archs:
             raise InvalidValueError(
                 "--resources compiles CUDA rungs only; use it with --backend cuda "
                 "or cudac, or without --backend")
@@ -67,14 +68,13 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
 
     from rich.table import Table
 
-    from tilegemm.analysis.resources import ARCHS, cuda_resources
+    from tilegemm.backends import get_backend
     from tilegemm.commands._console import console
-    from tilegemm.kernels.cudac import cudac_resources
 
-    compilers = {"cuda": cuda_resources, "cudac": cudac_resources}
-    rows = [dict(backend=s.backend, **compilers[s.backend](s, None, args.dtype, arch).as_dict())
-            for s in specs if s.backend in compilers and s.supports(args.dtype)
-            for arch in ARCHS]
+    rows = [dict(backend=s.backend, **get_backend(s.backend).compiled_resources(
+                s, None, args.dtype, arch).as_dict())
+            for s in specs if s.supports(args.dtype)
+            for arch in get_backend(s.backend).compile_archs]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
