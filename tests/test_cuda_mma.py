@@ -124,3 +124,45 @@ def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
     assert hmma and len(hmma) % per_step == 0  # whole k steps of the warp tile
     assert re.search(r"LDSM\.16\.M88\.4", text) and re.search(r"LDGSTS\.E\.BYPASS\.128", text)
     assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_float16_hmma_and_transposed_ldmatrix_without_local_memory(arch: str) -> None:
+    from tilegemm.analysis.resources import cuda_resources, ptx_for
+    from tilegemm.analysis.sass import disassemble, link_cubin
+
+    params = SPEC.defaults()
+    r = cuda_resources(SPEC, params, "float16", arch)
+    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+    text = disassemble(link_cubin(ptx_for(SPEC, params, "float16", arch), arch))
+    per_step = (params["WM"] // 16) * (params["WN"] // 8)
+    hmma = re.findall(r"HMMA\.16816\.F32\b", text)
+    assert hmma and len(hmma) % per_step == 0
+    assert re.search(r"LDSM\.16\.MT88\.4", text) and re.search(r"LDSM\.16\.M88\.4", text)
+    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
+
+
+# --- float16 ------------------------------------------------------------------------------
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((7, 21), (21, 13)), ((2, 17, 16), (16, 9))])
+def test_float16_products_accumulate_in_float32(a_shape: tuple, b_shape: tuple,
+                                                rng: np.random.Generator) -> None:
+    # K = 21: rows not 16-byte aligned (the plain-load path); K = 16: the cp.async path.
+    a = rng.standard_normal(a_shape).astype(np.float16)
+    b = rng.standard_normal(b_shape).astype(np.float16)
+    r = tilegemm.matmul(a, b, backend="cuda")  # auto: float16 runs on tensor cores
+    assert r.dtype == np.float16 and r.shape == np.matmul(a, b).shape
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    # exact float16 inputs, float32 sums: only the final rounding to float16 remains
+    assert np.all(np.abs(r - want) <= np.abs(want) * 2.0**-11 + 1e-3)
+
+
+def test_float16_elsewhere_or_with_a_precision_is_refused() -> None:
+    a = np.ones((2, 2), np.float16)
+    with pytest.raises(UnavailableError, match="float16 .* backend 'cpu' has no kernel.*cuda"):
+        tilegemm.matmul(a, a, backend="cpu")
+    with pytest.raises(InvalidValueError, match="float16 products always use tensor cores"):
+        tilegemm.matmul(a, a, backend="cpu", precision="tf32")

@@ -59,6 +59,18 @@ def test_ldmatrix_layout_is_the_mma_16bit_a_fragment() -> None:
                 assert T.a_16bit_layout(lane, 2 * j + h) == (row, col)
 
 
+def test_ldmatrix_trans_layout_is_the_mma_16bit_b_fragment() -> None:
+    # x4.trans from a row-major k×n tile: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), then
+    # the same for n 8-15; registers 0, 1 are the B fragment of n 0-7, registers 2, 3 of 8-15
+    for lane in range(32):
+        for j in range(4):
+            for h in range(2):
+                m, r, c = T.ldmatrix_trans_layout(lane, j, h)
+                k, n = r + 8 * (m % 2), c + 8 * (m // 2)
+                kb, nb = T.b_16bit_layout(lane, 2 * (j % 2) + h)
+                assert (k, n) == (kb, nb + 8 * (j // 2))
+
+
 def test_tf32_round_is_nearest_ties_away_and_truncate_drops_13_bits() -> None:
     one = np.float32(1.0)
     ulp = np.float32(2.0**-10)  # TF32 keeps 10 mantissa bits

@@ -148,3 +148,14 @@ def test_cli_kernels_resources_for_cudac(capsys: pytest.CaptureFixture[str]) -> 
     assert {(r["backend"], r["kernel"], r["arch"]) for r in rows} == {
         ("cudac", s.name, a) for s in SPECS for a in ARCHS}
     assert all(r["registers"] > 0 and r["smem"] >= 0 for r in rows)
+
+
+def test_backend_resource_report_is_the_nvrtc_one() -> None:
+    """The hook the kernels command and the tuner's spill check read, per backend."""
+    from tilegemm.backends import get_backend
+
+    spec = get("register1d", "cudac")
+    report = get_backend("cudac").resource_report(spec, {}, np.dtype("float32"), "sm_90")
+    assert report == cudac_resources(spec, None, "float32", "sm_90")
+    assert get_backend("cpu").resource_report(get("blocked", "cpu"), {}, np.dtype("float32"),
+                                              "sm_90") is None

@@ -175,7 +175,8 @@ def matmul(
 
     - 1-D operands are promoted (a row for ``a``, a column for ``b``) and the added axis is
       removed; leading dimensions broadcast and the batch runs on the device in one launch.
-    - The result dtype is ``numpy.result_type(a, b)``: float32, float64, int32 or int64.
+    - The result dtype is ``numpy.result_type(a, b)``: float32, float64, int32, int64, or
+      float16 (CUDA tensor cores only).
     - NumPy in, NumPy out (other ndarray subclasses are computed on their data and give a
       plain ndarray; ``np.matrix`` and masked arrays are refused); CUDA device arrays
       (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array out, with no
@@ -191,7 +192,8 @@ def matmul(
       ``tilegemm.backends.cuda_stream``. Host results are complete when the call returns.
     - ``precision`` (float32 only): "ieee" (default: IEEE float32 multiply-adds), "tf32" or
       "3xtf32" (tensor cores, CUDA on sm_80 or newer; see :mod:`tilegemm.precision`). A
-      precision no kernel here can compute is an error, never a silent fallback.
+      precision no kernel here can compute is an error, never a silent fallback. float16
+      operands always run on CUDA tensor cores with float32 accumulation.
     """
     return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,
                 precision=precision, **params)

@@ -39,6 +39,8 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
     if p not in PRECISIONS:
         raise InvalidValueError(f"unknown precision {precision!r}; choices: "
                                 f"{', '.join(map(repr, PRECISIONS))}")
+    if dtype == np.float16:
+        return _half(precision, kernel, backend, params)
     if p == IEEE:
         if kernel != "auto":
             spec = registry.get(kernel, backend)
@@ -78,6 +80,33 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
         raise InvalidValueError(f"{name}={params[name]} contradicts precision={p!r} "
                                 f"({name}={value}); pass only precision=")
     return spec.name, {**params, name: value}
+
+
+def _half(precision: str | None, kernel: str, backend: str,
+          params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """float16 products: tensor cores with float32 accumulation, the only way they run."""
+    if precision is not None:
+        raise InvalidValueError(
+            f"precision={precision!r} applies to float32 operands; float16 products always "
+            "use tensor cores with float32 accumulation (leave precision= unset)")
+    specs = [s for s in registry.specs_for(backend) if s.supports("float16")]
+    if not specs:
+        have = sorted({b for b in registry.BACKENDS for s in registry.specs_for(b)
+                       if s.supports("float16")})
+        raise UnavailableError(
+            f"float16 products run on tensor cores, and backend {backend!r} has no kernel "
+            f"for them; backends with one: {', '.join(have) or 'none'} (or cast to float32)")
+    if kernel == "auto":
+        if params:
+            raise InvalidValueError(
+                f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
+                "chooses its own)")
+        spec = max(specs, key=lambda s: s.rung)
+        if _simulated(backend):  # the smallest tiles: the simulator runs a thread per thread
+            params = {k: v for k, v in (spec.sim_params or {}).items()
+                      if k != spec.precision_param}
+        return spec.name, params
+    return kernel, params  # choose_kernel refuses a kernel without float16
 
 
 def _simulated(backend: str) -> bool:

@@ -17,7 +17,8 @@ import numpy as np
 
 from tilegemm.errors import InvalidTypeError, InvalidValueError
 
-SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float64", "int32", "int64")
+# float16 runs only on tensor cores (tilegemm.precision says where): float32 accumulation.
+SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float64", "int32", "int64", "float16")
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ class Backend(ABC):
     array_kind: str = "host"
     accepts_device: bool = False  # whether device= may choose among several devices
     # GPU architectures the backend compiles its rungs for without a GPU (resource and SASS
-    # reports: compiled_resources, cubin); () when it has no such toolchain.
+    # reports: resource_report, cubin); () when it has no such toolchain.
     compile_archs: tuple[str, ...] = ()
     # Its rungs are Numba CUDA Python: numba's simulator runs them, so 'explain' can trace
     # their memory accesses, and numba compiles them to PTX.
@@ -249,15 +249,8 @@ class Backend(ABC):
         if not self.compile_archs:
             return None
         arch = target.arch if target.arch in self.compile_archs else self.compile_archs[-1]
-        res = self.compiled_resources(spec, dict(params), np.dtype(dtype).name, arch)
-        return res.registers, res.spills
-
-    def compiled_resources(self, spec: KernelSpec, params: dict[str, int] | None, dtype: str,
-                           arch: str) -> Any:
-        """What the compiler allocated for a rung built for ``arch`` (one of
-        ``compile_archs``), as ``analysis.resources.Resources``; needs no GPU."""
-        raise UnavailableError(f"{self.label or self.name} rungs have no compiled resource "
-                               "report")
+        res = self.resource_report(spec, params, dtype, arch)
+        return None if res is None else (res.registers, res.spills)
 
     def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
         """The rung's machine code for ``arch`` (SASS analysis); needs no GPU."""
@@ -272,6 +265,14 @@ class Backend(ABC):
         """What starts a results file's name before the device's own (``opencl-pocl-``),
         from the device details a results file recorded (``bench.environment``)."""
         return ""
+
+    def resource_report(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                        arch: str) -> Any:
+        """What the compiler allocated for the rung built for ``arch`` ("sm_90") with no
+        device present (an ``analysis.resources.Resources``: registers, spills, stack, shared
+        memory), or None where the backend's toolchain cannot tell (``tilegemm kernels
+        --resources``)."""
+        return None
 
     def cache_flusher(self, target: Target | None = None) -> Callable[[], None] | None:
         """A function that evicts the device's cache between timed launches, or None."""

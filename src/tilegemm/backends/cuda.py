@@ -184,18 +184,18 @@ class CudaBackend(Backend):
                       timer="CUDA events", index=index, accelerated=True, vendors=vendors,
                       capability=(int(major), int(minor)), handle=dev)
 
-    def compiled_resources(self, spec: KernelSpec, params: dict[str, int] | None, dtype: str,
-                           arch: str) -> Any:
-        """ptxas's registers, spills and shared memory through PTX and nvJitLink."""
-        from tilegemm.analysis.resources import cuda_resources
-
-        return cuda_resources(spec, params, dtype, arch)
-
     def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
         from tilegemm.analysis.resources import ptx_for
         from tilegemm.analysis.sass import link_cubin
 
         return link_cubin(ptx_for(spec, params, dtype, arch), arch)
+
+    def resource_report(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                        arch: str) -> Any:
+        """ptxas's report for the rung's PTX linked by nvJitLink for ``arch``; no GPU needed."""
+        from tilegemm.analysis.resources import cuda_resources
+
+        return cuda_resources(spec, dict(params), np.dtype(dtype).name, arch)
 
     def device_details(self, target: Target) -> dict[str, Any]:
         """Name, compute capability, driver and runtime versions, L2 size, SM count."""

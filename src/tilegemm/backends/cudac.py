@@ -15,8 +15,11 @@ numba's simulator cannot run CUDA C.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
+
+import numpy as np
 
 from tilegemm.backends.base import BackendStatus
 from tilegemm.backends.cuda import CudaBackend
@@ -28,13 +31,6 @@ class CudacBackend(CudaBackend):
     array_kind = "cuda"
     traceable = False  # CUDA C: numba's simulator cannot run it
     kernel_source = "CUDA C"
-
-    def compiled_resources(self, spec: KernelSpec, params: dict[str, int] | None, dtype: str,
-                           arch: str) -> Any:
-        """What ptxas allocated, compiled with NVRTC."""
-        from tilegemm.kernels.cudac import cudac_resources
-
-        return cudac_resources(spec, params, dtype, arch)
 
     def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
         from tilegemm.kernels.cudac import compile_cubin
@@ -56,6 +52,14 @@ class CudacBackend(CudaBackend):
             return BackendStatus("cudac", False, cuda.reason)
         return BackendStatus("cudac", True, "CUDA C (NVRTC, cuda-core)", cuda.devices,
                              accelerated=True)
+
+    def resource_report(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                        arch: str) -> Any:
+        """ptxas's report from NVRTC's compilation of the rung's CUDA C for ``arch``; also
+        what the tuner's spill check reads (``resources``, inherited)."""
+        from tilegemm.kernels.cudac import cudac_resources
+
+        return cudac_resources(spec, dict(params), np.dtype(dtype).name, arch)
 
 
 BACKEND = CudacBackend()

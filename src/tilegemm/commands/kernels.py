@@ -28,15 +28,10 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     import tilegemm
-    from tilegemm.backends import get_backend
     from tilegemm.commands._console import console
 
     specs = tilegemm.kernels(args.backend)
     if args.resources:
-        if args.backend is not None and not get_backend(args.backend).compile_archs:
-            raise InvalidValueError(
-                "--resources compiles CUDA rungs only; use it with --backend cuda "
-                "or cudac, or without --backend")
         return _resources(specs, args)
     if args.json:
         print(json.dumps([{
@@ -66,15 +61,28 @@ def run(args: argparse.Namespace) -> int:
 def _resources(specs: list, args: argparse.Namespace) -> int:
     import json
 
+    import numpy as np
     from rich.table import Table
 
+    from tilegemm.analysis.resources import ARCHS
     from tilegemm.backends import get_backend
     from tilegemm.commands._console import console
 
-    rows = [dict(backend=s.backend, **get_backend(s.backend).compiled_resources(
-                s, None, args.dtype, arch).as_dict())
-            for s in specs if s.supports(args.dtype)
-            for arch in get_backend(s.backend).compile_archs]
+    # Each backend compiles its own rungs (no GPU needed) and says what the compiler
+    # allocated; backends whose toolchain cannot tell report None and are left out.
+    rows = []
+    for s in specs:
+        if not s.supports(args.dtype):
+            continue
+        for arch in ARCHS:
+            report = get_backend(s.backend).resource_report(s, {}, np.dtype(args.dtype), arch)
+            if report is None:
+                break
+            rows.append({"backend": s.backend, **report.as_dict()})
+    if not rows:
+        raise InvalidValueError(
+            "--resources reports compiled CUDA rungs (registers, spills, shared memory); "
+            f"backend {args.backend!r} has none: use --backend cuda or cudac, or no --backend")
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

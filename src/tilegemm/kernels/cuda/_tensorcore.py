@@ -23,6 +23,9 @@ leaves a real call, and the fragments go through local memory). The instructions
   array (float32) each 8×8 b16 matrix is 8 rows of 4 values and register ``j`` is value
   ``l % 4`` of row ``l // 4``, returned as arr's type: exactly the A fragment of
   ``m16n8k8.tf32`` (matrices: rows 0–7 and 8–15 of k 0–3, then of k 4–7);
+- ``ldmatrix_x4_trans(arr, idx)``: the same with ``.trans`` (16-bit only): register ``j``
+  holds elements (row ``2*(l%4)``, col ``l // 4``) and (row ``2*(l%4)+1``, same col) of
+  matrix ``j``; from a row-major k×n B tile that is the B fragment of ``m16n8k16``;
 - ``cp_async16(dst, didx, src, sidx, nbytes)``: ``cp.async.cg.shared.global`` of 16 bytes,
   of which the first ``nbytes`` come from ``src[sidx]`` and the rest are zero (so a
   partial vector at an edge needs no branch; ``nbytes == 0`` reads nothing). Both addresses
@@ -60,6 +63,7 @@ class TensorCoreOps(NamedTuple):
     mma_bf16: Any
     to_tf32: Any
     ldmatrix_x4: Any
+    ldmatrix_x4_trans: Any
     cp_async16: Any
     cp_async4: Any
     cp_commit: Any
@@ -104,6 +108,11 @@ def b_16bit_layout(lane: int, i: int) -> tuple[int, int]:
 def ldmatrix_layout(lane: int, j: int, h: int) -> tuple[int, int, int]:
     """(matrix, row, col) of half ``h`` of register ``j`` of ``lane`` after ldmatrix.x4."""
     return j, lane // 4, 2 * (lane % 4) + h
+
+
+def ldmatrix_trans_layout(lane: int, j: int, h: int) -> tuple[int, int, int]:
+    """(matrix, row, col) of half ``h`` of register ``j`` after ldmatrix.x4.trans."""
+    return j, 2 * (lane % 4) + h, lane // 4
 
 
 # --- NumPy models of the arithmetic ---------------------------------------------------------
@@ -241,6 +250,21 @@ def _py_ldmatrix_x4(arr: Any, idx: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def _py_ldmatrix_x4_trans(arr: Any, idx: Any) -> tuple[Any, ...]:
+    if arr.dtype.itemsize != 2:
+        raise TypeError("ldmatrix_x4_trans: needs a 16-bit shared array")
+    lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
+    rows = warp_exchange(_row(arr, idx, 8).astype(arr.dtype).view(np.uint16))
+    out = []
+    for j in range(4):
+        halves = []
+        for h in range(2):
+            m, r, c = ldmatrix_trans_layout(lane, j, h)
+            halves.append(int(rows[8 * m + r][c]))
+        out.append(np.uint32(halves[0] | (halves[1] << 16)))
+    return tuple(out)
+
+
 class _CopyQueue(threading.local):
     def __init__(self) -> None:
         self.open: list[Any] = []
@@ -291,7 +315,8 @@ def tensorcore_ops() -> TensorCoreOps:
 
     if simulator.enabled():
         return TensorCoreOps(_py_mma_tf32, _py_mma_16bit("f16"), _py_mma_16bit("bf16"),
-                             _py_to_tf32, _py_ldmatrix_x4, _py_cp_async(16), _py_cp_async(4),
+                             _py_to_tf32, _py_ldmatrix_x4, _py_ldmatrix_x4_trans,
+                             _py_cp_async(16), _py_cp_async(4),
                              _py_cp_commit, _py_cp_wait)
     return _compiled_ops()
 
@@ -391,26 +416,35 @@ def _compiled_ops() -> TensorCoreOps:
                 or not all(isinstance(t, types.Integer) for t in idx)):
             raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
 
-    @intrinsic
-    def ldmatrix_x4(typingctx: Any, arr: Any, idx: Any) -> Any:
-        check_array(arr, idx, "ldmatrix_x4")
-        if arr.dtype.bitwidth not in (16, 32):
-            raise TypingError(f"ldmatrix_x4: needs a 16- or 32-bit shared array, got {arr}")
-        out = types.uint32 if arr.dtype.bitwidth == 16 else arr.dtype
-        sig = types.UniTuple(out, 4)(arr, idx)
+    def ldmatrix_intrinsic(trans: bool) -> Any:
+        what = "ldmatrix_x4_trans" if trans else "ldmatrix_x4"
+        widths = (16,) if trans else (16, 32)
+        opcode = "ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "")
 
-        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            ptr = item_pointer(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-            fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
-            res = builder.asm(fty, "ldmatrix.sync.aligned.m8n8.x4.shared.b16 "
-                                   "{$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r",
-                              [shared_address(builder, ptr)], side_effect=True)
-            items = [builder.extract_value(res, q) for q in range(4)]
-            llty = context.get_value_type(sig.return_type.dtype)
-            items = [builder.bitcast(x, llty) if llty != i32 else x for x in items]
-            return context.make_tuple(builder, sig.return_type, items)
+        @intrinsic
+        def ldmatrix(typingctx: Any, arr: Any, idx: Any) -> Any:
+            check_array(arr, idx, what)
+            if arr.dtype.bitwidth not in widths:
+                raise TypingError(f"{what}: needs a {' or '.join(map(str, widths))}-bit "
+                                  f"shared array, got {arr}")
+            out = types.uint32 if arr.dtype.bitwidth == 16 else arr.dtype
+            sig = types.UniTuple(out, 4)(arr, idx)
 
-        return sig, codegen
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+                ptr = item_pointer(context, builder, sig.args[0], args[0], sig.args[1],
+                                   args[1])
+                fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+                res = builder.asm(fty, f"{opcode}.shared.b16 {{$0,$1,$2,$3}}, [$4];",
+                                  "=r,=r,=r,=r,r", [shared_address(builder, ptr)],
+                                  side_effect=True)
+                items = [builder.extract_value(res, q) for q in range(4)]
+                llty = context.get_value_type(sig.return_type.dtype)
+                items = [builder.bitcast(x, llty) if llty != i32 else x for x in items]
+                return context.make_tuple(builder, sig.return_type, items)
+
+            return sig, codegen
+
+        return ldmatrix
 
     def cp_async_intrinsic(size: int) -> Any:
         op = "cg" if size == 16 else "ca"
@@ -465,5 +499,6 @@ def _compiled_ops() -> TensorCoreOps:
 
         return wait
 
-    return TensorCoreOps(mma_tf32, mma_f16, mma_bf16, to_tf32, ldmatrix_x4,
-                         cp_async_intrinsic(16), cp_async_intrinsic(4), cp_commit, cp_wait)
+    return TensorCoreOps(mma_tf32, mma_f16, mma_bf16, to_tf32, ldmatrix_intrinsic(False),
+                         ldmatrix_intrinsic(True), cp_async_intrinsic(16), cp_async_intrinsic(4),
+                         cp_commit, cp_wait)

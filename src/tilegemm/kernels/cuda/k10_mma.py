@@ -1,4 +1,4 @@
-"""Rung 10 — mma: tensor cores (TF32 or 3×TF32), fed by ldmatrix and a cp.async pipeline.
+"""Rung 10 — mma: tensor cores (TF32, 3×TF32, FP16), fed by ldmatrix and a cp.async pipeline.
 
 What changed from pipelined: the multiply-adds leave the CUDA cores.
 
@@ -23,6 +23,11 @@ What changed from pipelined: the multiply-adds leave the CUDA cores.
    XOR-swizzled by row, so the eight rows each ldmatrix phase reads fall in distinct banks;
    the B tile's chunks are swizzled by k so the scalar B-fragment loads are conflict-free.
 
+float16 operands (and a float16 result, NumPy's rule) use ``mma.sync.m16n8k16`` with f16
+inputs and float32 accumulation; both fragments come from ``ldmatrix`` (B's with
+``.trans``, from the row-major k×n tile), and BK must be a multiple of 16. Rows that are not
+16-byte aligned are staged with plain loads (``cp.async`` copies 4 bytes at least).
+
 What it should buy: TF32 tensor cores peak at ~495 TFLOP/s dense on an H100 against ~67
 for FP32 FFMA, so a compute-bound product can run several times faster; 3×TF32 spends three
 mma per step to keep float32-like accuracy and should still beat FFMA by ~1.5–2×.
@@ -36,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
+from tilegemm.errors import InvalidValueError
 from tilegemm.kernels.cuda._access import access_ops
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
@@ -57,6 +63,208 @@ def _smem(p: Mapping[str, int], itemsize: int) -> int:
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
+    if dtype == np.float16:
+        return _build_f16(p)
+    return _build_tf32(p)
+
+
+def _swizzle(c: int, r: int, chunks: int) -> int:
+    """Physical 16-byte chunk of logical chunk ``c`` in row ``r`` of a tile with ``chunks``
+    chunks a row: XOR with the row's position among the rows of the same 128-byte bank
+    line, so 8 consecutive rows reading one logical chunk hit 8 distinct bank groups."""
+    return c ^ ((r // max(1, 8 // chunks)) % min(chunks, 8))
+
+
+def _build_f16(p: Mapping[str, int]) -> CudaProgram:
+    """float16 operands and result: m16n8k16 f16 mma with float32 accumulation; A and B
+    fragments by ldmatrix (B with .trans) from chunk-swizzled tiles; BK a multiple of 16."""
+    global cuda
+    from numba import cuda
+
+    BM, BN, BK, WM, WN = p["BM"], p["BN"], p["BK"], p["WM"], p["WN"]
+    STAGES, GROUP_M = p["STAGES"], p["GROUP_M"]
+    if BK % 16:
+        raise InvalidValueError(f"mma: float16 needs BK a multiple of 16 (one m16n8k16 "
+                                f"step), got BK={BK}")
+    MI, NI = WM // 16, WN // 8
+    NB = (NI + 1) // 2  # ldmatrix.x4.trans loads two n-blocks of B
+    NB2 = 2 * NB
+    ACC = MI * NI * 4
+    WCOLS = BN // WN
+    NT = _threads(p)
+    ACH, BCH = BK // 8, BN // 8  # 16-byte chunks (8 halves) per tile row
+    A_CHUNKS, B_CHUNKS = BM * ACH, BK * BCH
+    A_ROUNDS, B_ROUNDS = ceil_div(A_CHUNKS, NT), ceil_div(B_CHUNKS, NT)
+    ASH, AMOD = max(1, 8 // ACH), min(ACH, 8)
+    BSH, BMOD = max(1, 8 // BCH), min(BCH, 8)
+    load, store, _, _, _, _, address, ALIGN = access_ops()
+    tc = tensorcore_ops()
+    mma, ldsm, ldsm_t = tc.mma_f16, tc.ldmatrix_x4, tc.ldmatrix_x4_trans
+    cp16, commit = tc.cp_async16, tc.cp_commit
+    wait_ring = tc.cp_wait(STAGES - 2)
+    wait_all = tc.cp_wait(0)
+    f16, f32 = np.float16, np.float32
+    zero = f32(0)  # (a float16 constant frozen as a closure variable makes NVVM reject the IR)
+
+    @cuda.jit(device=True, inline=True)
+    def load_stage(As, Bs, A, B, s, k0, za, zb, row0, col0, m, n, k_len, a_vec, b_vec, tid):
+        for rnd in range(A_ROUNDS):
+            v = tid + rnd * NT
+            if v < A_CHUNKS:
+                r = v // ACH
+                c = v % ACH
+                pc = c ^ ((r // ASH) % AMOD)
+                gr = row0 + r
+                gc = k0 + c * 8
+                if a_vec:
+                    nb = 0
+                    if gr < m and gc < k_len:
+                        nb = min(k_len - gc, 8) * 2
+                    cp16(As, (s, r, pc * 8), A, (za, min(gr, m - 1), min(gc, k_len - 1)), nb)
+                else:  # cp.async copies 4 bytes at least: plain loads for odd rows
+                    for q in range(8):
+                        x = f16(0)
+                        if gr < m and gc + q < k_len:
+                            x = load(A, (za, gr, gc + q))
+                        store(As, (s, r, pc * 8 + q), x)
+        for rnd in range(B_ROUNDS):
+            v = tid + rnd * NT
+            if v < B_CHUNKS:
+                r = v // BCH
+                c = v % BCH
+                pc = c ^ ((r // BSH) % BMOD)
+                gr = k0 + r
+                gc = col0 + c * 8
+                if b_vec:
+                    nb = 0
+                    if gr < k_len and gc < n:
+                        nb = min(n - gc, 8) * 2
+                    cp16(Bs, (s, r, pc * 8), B, (zb, min(gr, k_len - 1), min(gc, n - 1)), nb)
+                else:
+                    for q in range(8):
+                        x = f16(0)
+                        if gr < k_len and gc + q < n:
+                            x = load(B, (zb, gr, gc + q))
+                        store(Bs, (s, r, pc * 8 + q), x)
+
+    @cuda.jit(device=True, inline=True)
+    def put(C, z, gr, gc, v, alpha, beta, m, n):
+        if gr < m and gc < n:
+            if beta == 0:
+                store(C, (z, gr, gc), f16(alpha * v))
+            else:
+                store(C, (z, gr, gc), f16(alpha * v + beta * f32(load(C, (z, gr, gc)))))
+
+    @kernel_jit(NT)
+    def mma_f16_kernel(A, B, C, alpha_h, beta_h):
+        m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
+        alpha = f32(alpha_h)
+        beta = f32(beta_h)
+        tid = cuda.threadIdx.x & 1023
+        warp = tid // 32
+        lane = tid % 32
+        wm0 = (warp // WCOLS) * WM
+        wn0 = (warp % WCOLS) * WN
+        a_vec = (k_len % 8 == 0 and address(A) % 16 == 0 and A.strides[2] == 2
+                 and A.strides[1] % 16 == 0 and A.strides[0] % 16 == 0)
+        b_vec = (n % 8 == 0 and address(B) % 16 == 0 and B.strides[2] == 2
+                 and B.strides[1] % 16 == 0 and B.strides[0] % 16 == 0)
+        As = cuda.shared.array((STAGES, BM, BK), f16, alignment=ALIGN)
+        Bs = cuda.shared.array((STAGES, BK, BN), f16, alignment=ALIGN)
+        acc = cuda.local.array(ACC, f32)  # fragment (i, j) at 4 * (i * NI + j)
+        fa = cuda.local.array((MI, 4), np.uint32)
+        fb = cuda.local.array((NB2, 2), np.uint32)
+        tiles_m = (m + BM - 1) // BM
+        tiles_n = (n + BN - 1) // BN
+        group = GROUP_M * tiles_n
+        k_tiles = (k_len + BK - 1) // BK
+        mat = lane // 8
+        z = cuda.blockIdx.z
+        while z < C.shape[0]:
+            za = z if A.shape[0] > 1 else 0
+            zb = z if B.shape[0] > 1 else 0
+            tile = cuda.blockIdx.x
+            while tile < tiles_m * tiles_n:
+                first = (tile // group) * GROUP_M
+                gsize = min(tiles_m - first, GROUP_M)
+                row0 = (first + (tile % group) % gsize) * BM
+                col0 = ((tile % group) // gsize) * BN
+                for q in range(ACC):
+                    acc[q] = zero
+                for s in range(STAGES - 1):
+                    if s < k_tiles:
+                        load_stage(As, Bs, A, B, s, s * BK, za, zb, row0, col0, m, n, k_len,
+                                   a_vec, b_vec, tid)
+                    commit()
+                kt = 0
+                while kt < k_tiles:
+                    wait_ring()
+                    cuda.syncthreads()
+                    nt = kt + STAGES - 1
+                    if nt < k_tiles:
+                        load_stage(As, Bs, A, B, nt % STAGES, nt * BK, za, zb, row0, col0, m,
+                                   n, k_len, a_vec, b_vec, tid)
+                    commit()
+                    cur = kt % STAGES
+                    kk = 0
+                    while kk < BK:
+                        for i in range(MI):
+                            r = wm0 + i * 16 + lane % 8 + 8 * (mat % 2)
+                            c = kk // 8 + mat // 2
+                            x0, x1, x2, x3 = ldsm(As, (cur, r, (c ^ ((r // ASH) % AMOD)) * 8))
+                            fa[i, 0] = x0
+                            fa[i, 1] = x1
+                            fa[i, 2] = x2
+                            fa[i, 3] = x3
+                        kr = kk + lane % 8 + 8 * (mat % 2)
+                        for jj in range(NB):
+                            # matrices: k +0/+8 of n-block 2jj, then of n-block 2jj+1 (if any)
+                            c = wn0 // 8 + 2 * jj + (mat // 2 if 2 * jj + 1 < NI else 0)
+                            y0, y1, y2, y3 = ldsm_t(Bs, (cur, kr, (c ^ ((kr // BSH) % BMOD)) * 8))
+                            fb[2 * jj, 0] = y0
+                            fb[2 * jj, 1] = y1
+                            fb[2 * jj + 1, 0] = y2
+                            fb[2 * jj + 1, 1] = y3
+                        for i in range(MI):
+                            for j in range(NI):
+                                q = 4 * (i * NI + j)
+                                d0, d1, d2, d3 = mma(
+                                    (fa[i, 0], fa[i, 1], fa[i, 2], fa[i, 3]),
+                                    (fb[j, 0], fb[j, 1]),
+                                    (acc[q], acc[q + 1], acc[q + 2], acc[q + 3]))
+                                acc[q] = d0
+                                acc[q + 1] = d1
+                                acc[q + 2] = d2
+                                acc[q + 3] = d3
+                        kk += 16
+                    kt += 1
+                wait_all()
+                cuda.syncthreads()
+                g = lane // 4
+                t = lane % 4
+                for i in range(MI):
+                    for j in range(NI):
+                        gr = row0 + wm0 + i * 16 + g
+                        gc = col0 + wn0 + j * 8 + 2 * t
+                        put(C, z, gr, gc, acc[0], alpha, beta, m, n)
+                        put(C, z, gr, gc + 1, acc[1], alpha, beta, m, n)
+                        put(C, z, gr + 8, gc, acc[2], alpha, beta, m, n)
+                        put(C, z, gr + 8, gc + 1, acc[3], alpha, beta, m, n)
+                        # fragment (i, j) written from constant indices; the rest shift
+                        # down (an epilogue loop not unrolled must not index acc by i, j,
+                        # or acc moves to local memory)
+                        for q in range(ACC - 4):
+                            acc[q] = acc[q + 4]
+                tile += cuda.gridDim.x
+            z += cuda.gridDim.z
+
+    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
+        return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
+
+    return CudaProgram(mma_f16_kernel, (NT, 1, 1), grid)
+
+
+def _build_tf32(p: Mapping[str, int]) -> CudaProgram:
     global cuda
     from numba import cuda
 
@@ -289,7 +497,7 @@ SPEC = KernelSpec(
     name="mma",
     backend="cuda",
     rung=10,
-    title="tensor cores (TF32, 3xTF32) with ldmatrix and a cp.async pipeline",
+    title="tensor cores (TF32, 3xTF32, FP16) with ldmatrix and a cp.async pipeline",
     build=build,
     params=(
         Param("BM", 128, (16, 32, 64, 128, 256), "rows of C per block"),
@@ -308,14 +516,15 @@ SPEC = KernelSpec(
         Constraint("(BM/WM)*(BN/WN)*32 <= 1024 threads",
                    lambda p: p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0
                    and _threads(p) <= 1024),
-        Constraint("float32 ring fits the 48 KB of static shared memory",
-                   lambda p: _smem(p, 4) <= 48 * 1024),
+        Constraint("the float16 ring fits the 48 KB of static shared memory (float32 "
+                   "needs twice as much: checked for the dtype before a launch)",
+                   lambda p: _smem(p, 2) <= 48 * 1024),
     ),
-    dtypes=("float32",),
+    dtypes=("float32", "float16"),
     threads=_threads,
     smem=_smem,
     doc=__doc__,
-    sim_params={"BM": 32, "BN": 16, "BK": 8, "WM": 16, "WN": 16, "STAGES": 2, "GROUP_M": 2,
-                "PASSES": 1},
+    sim_params={"BM": 32, "BN": 16, "BK": 16, "WM": 16, "WN": 16, "STAGES": 2, "GROUP_M": 2,
+                "PASSES": 1},  # BK=16: one m16n8k16 step for float16
     precisions=PRECISIONS, precision_param="PASSES", min_cc=(8, 0),
 )
