@@ -124,6 +124,13 @@ def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
     assert hmma and len(hmma) % per_step == 0  # whole k steps of the warp tile
     assert re.search(r"LDSM\.16\.M88\.4", text) and re.search(r"LDGSTS\.E\.BYPASS\.128", text)
     assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
+    from tilegemm.analysis.sass_mma import count
+
+    c = count(text, kernel="mma", arch=arch, dtype="float32", params=params)
+    # the hot loop holds whole k steps of the warp tile, fed by ldmatrix, no local memory
+    assert c.hot["HMMA"] % per_step == 0 and c.hot["LDSM"] == c.hot["HMMA"] // (
+        params["WN"] // 8)
+    assert c.local_memory == 0 and 0 < c.hmma_share < 1
 
 
 @pytest.mark.ptx
@@ -160,9 +167,11 @@ def test_float16_products_accumulate_in_float32(a_shape: tuple, b_shape: tuple,
     assert np.all(np.abs(r - want) <= np.abs(want) * 2.0**-11 + 1e-3)
 
 
-def test_float16_elsewhere_or_with_a_precision_is_refused() -> None:
-    a = np.ones((2, 2), np.float16)
-    with pytest.raises(UnavailableError, match="float16 .* backend 'cpu' has no kernel.*cuda"):
-        tilegemm.matmul(a, a, backend="cpu")
-    with pytest.raises(InvalidValueError, match="float16 products always use tensor cores"):
-        tilegemm.matmul(a, a, backend="cpu", precision="tf32")
+def test_float16_elsewhere_is_computed_in_float32_and_a_precision_is_refused() -> None:
+    """Without a tensor-core rung, float16 is accumulated in float32 and rounded back, as
+    NumPy's own float16 matmul does; precision= still needs tensor cores."""
+    a = np.full((2, 3), 0.5, np.float16)
+    r = tilegemm.matmul(a, a.T, backend="cpu")
+    assert r.dtype == np.float16 and np.all(r == np.matmul(a, a.T))
+    with pytest.raises(UnavailableError, match="needs tensor cores"):
+        tilegemm.matmul(a, a.T, backend="cpu", precision="tf32")

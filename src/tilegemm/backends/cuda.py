@@ -225,11 +225,18 @@ class CudaBackend(Backend):
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         mode = prob.batch_mode(which)
         if op.dtype != prob.dtype:
-            raise InvalidTypeError(
-                f"matmul: device operand {which} has dtype {op.dtype.name} but the result is "
-                f"{prob.dtype.name}; cast it on the device first (mixed dtypes are converted "
-                "only for host arrays)"
-            )
+            # Mixed dtypes are converted once, on the device, by the array's own library.
+            if lib == "cupy":
+                x = x.astype(prob.dtype)
+            elif lib == "torch":
+                import torch
+
+                x = x.to(getattr(torch, prob.dtype.name))
+            else:
+                raise InvalidTypeError(
+                    f"matmul: numba device operand {which} has dtype {op.dtype.name} but the "
+                    f"product is computed in {prob.dtype.name}, and numba arrays have no "
+                    "device-side cast; cast it first (CuPy and PyTorch arrays are converted)")
         if lib in ("cupy", "torch"):
             # The array's own library reshapes/broadcasts on the device.
             if squeeze:

@@ -430,10 +430,8 @@ class OpenCLBackend(Backend):
         """A pyopencl operand as (buffer, element offset, batch stride) with dense rows."""
         x = op.obj
         if op.dtype != prob.dtype:
-            raise InvalidTypeError(
-                f"matmul: device operand {which} has dtype {op.dtype.name} but the result is "
-                f"{prob.dtype.name}; cast it on the device first (mixed dtypes are converted "
-                "only for host arrays)")
+            # Mixed dtypes: converted once, on the device (a dense copy in the kernel dtype).
+            x = x.astype(prob.dtype, queue=target.queue)
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         own_lead = prob.a_batch_shape if which == "a" else prob.b_batch_shape
         view = _strided_view(x, prob, which)

@@ -18,7 +18,8 @@
 #define BLOCK 16  // threads per block side (BLOCK × BLOCK)
 #endif
 
-extern "C" __global__ void __launch_bounds__(BLOCK * BLOCK, 1)
+// Blocks enough for 1,024 resident threads: at most 64 registers a thread (see _gemm.cuh).
+extern "C" __global__ void __launch_bounds__(BLOCK * BLOCK, 1024 / (BLOCK * BLOCK))
 tilegemm_coalesced(GEMM_ARGS)
 {
     for (idx_t z = blockIdx.z; z < batch; z += gridDim.z) {

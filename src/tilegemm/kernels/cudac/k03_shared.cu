@@ -22,7 +22,8 @@
 #define TILE 16  // the sample's BLOCK_SIZE: tile side and threads per block side
 #endif
 
-extern "C" __global__ void __launch_bounds__(TILE * TILE, 1)
+// Blocks enough for 1,024 resident threads: at most 64 registers a thread (see _gemm.cuh).
+extern "C" __global__ void __launch_bounds__(TILE * TILE, 1024 / (TILE * TILE))
 tilegemm_shared(GEMM_ARGS)
 {
     __shared__ T As[TILE][TILE];

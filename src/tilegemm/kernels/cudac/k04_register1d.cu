@@ -25,6 +25,7 @@
 #endif
 #define ROWS (TILE / R)  // threads along y, and the row step between a thread's outputs
 
+// One resident block is enough: R accumulators need registers (see _gemm.cuh).
 extern "C" __global__ void __launch_bounds__(TILE * ROWS, 1)
 tilegemm_register1d(GEMM_ARGS)
 {
