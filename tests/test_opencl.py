@@ -405,3 +405,17 @@ def test_benchmark_plan_uses_the_backends_device_defaults():
     planned = {c.spec.name: dict(c.params) for c in cases if c.spec is not None}
     for spec in tilegemm.kernels("opencl"):
         assert planned[spec.name] == backend.resolve(spec, {}), spec.name
+
+
+def test_mixed_dtype_device_operands_are_converted_on_the_device(queue) -> None:
+    """float32 @ float64 pyopencl arrays were refused ('cast it on the device first');
+    NumPy's result type, float64, is computed, converting the float32 operand once."""
+    _, cla = _cl()
+    a, b = random_operands((5, 7), (7, 3), "float32")
+    b64 = b.astype(np.float64)
+    got = tilegemm.matmul(cla.to_device(queue, a), cla.to_device(queue, b64), backend="opencl")
+    assert isinstance(got, cla.Array) and got.dtype == np.float64
+    assert_close(got.get(), a.astype(np.float64), b64)
+    with pytest.raises(TypeError, match="cast back on the host only"):
+        tilegemm.matmul(cla.to_device(queue, a.astype(np.float16)),
+                        cla.to_device(queue, b.astype(np.float16)), backend="opencl")

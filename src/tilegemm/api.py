@@ -17,7 +17,14 @@ from tilegemm.backends import get_backend
 from tilegemm.backends.base import Backend, Target
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.precision import apply_precision
-from tilegemm.problem import GemmProblem, Operand, check_out, describe, make_problem
+from tilegemm.problem import (
+    GemmProblem,
+    Operand,
+    check_out,
+    describe,
+    make_problem,
+    to_result,
+)
 from tilegemm.registry import BACKENDS, KernelSpec
 from tilegemm.tune.select import auto_choice
 
@@ -34,7 +41,7 @@ def choose_backend(name: str, operands: list[Operand]) -> Backend:
     if len(kinds) > 1:
         raise InvalidValueError(f"operands live on different devices ({', '.join(sorted(kinds))})")
     data_kind = kinds.pop() if kinds else "host"
-    owners = [n for n in BACKENDS if get_backend(n).array_kind == data_kind]
+    owners = [n for n in BACKENDS if get_backend(n).array_kind == data_kind]  # host: the CPU
     if name == AUTO:
         if data_kind != "host":
             name = owners[0]
@@ -153,21 +160,58 @@ def gemm(
         describe_stream(stream)  # a wrong type fails here, before anything runs
     # The device first: defaults, parameters and limits are those of the device that runs.
     target = be.target_for(ops, device)
+    prob = _tensor_core_half(prob, be)
     kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
     spec, resolved = choose_kernel(kernel, be, prob, params, target)
-    if out is not None:
-        data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
-        check_out(out, prob, data_kind)
+    data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
+    if data_kind != "host" and prob.result_dtype is not None:
+        raise InvalidTypeError(
+            f"matmul: the result dtype {prob.result_dtype.name} is computed as "
+            f"{prob.dtype.name} and cast back on the host only; for device arrays, cast the "
+            f"operands to {prob.dtype.name} first")
+    direct = True if out is None else check_out(out, prob, data_kind)
     extra: dict[str, Any] = {} if stream is None else {"stream": stream}
-    result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta,
-                    target=target, **extra)
-    if out is None and type(result) is np.ndarray and result.ndim == 0:
+    result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out if direct else None,
+                    alpha, beta, target=target, **extra)
+    if data_kind == "host":
+        result = to_result(result, prob.out_dtype)
+    if out is not None and not direct:
+        # Strided, cast, broadcast or overlapping out: the product went to a temporary.
+        np.copyto(out, result, casting="same_kind")
+        return out
+    if out is not None:
+        return out
+    return _wrap_like_numpy(result, (a, b))
+
+
+def _tensor_core_half(prob: GemmProblem, be: Backend) -> GemmProblem:
+    """float16 results are computed in float32 and cast back, as NumPy does, except on a
+    backend with a float16 (tensor-core) rung, which takes float16 operands directly."""
+    if prob.result_dtype is None or prob.result_dtype != np.float16:
+        return prob
+    if not any(s.supports("float16") for s in registry.specs_for(be.name)):
+        return prob
+    from dataclasses import replace
+
+    return replace(prob, dtype=np.dtype(np.float16), result_dtype=None)
+
+
+def _wrap_like_numpy(result: Any, inputs: tuple[Any, Any]) -> Any:
+    """A host result as NumPy's matmul returns it: the highest-priority ndarray subclass
+    among the inputs wraps it (``__array_wrap__``); a plain 0-d result is a NumPy scalar."""
+    if type(result) is not np.ndarray:
+        return result  # a device array: the operands' own library type
+    subclasses = [x for x in inputs if isinstance(x, np.ndarray) and type(x) is not np.ndarray]
+    if subclasses:
+        owner = max(subclasses, key=lambda x: getattr(x, "__array_priority__", 0.0))
+        return owner.__array_wrap__(result, (np.matmul, inputs, 0), False)
+    if result.ndim == 0:
         return result[()]  # vector · vector: a NumPy scalar, as np.matmul returns
     return result
 
 
 def matmul(
-    a: Any, b: Any, *, out: Any = None, kernel: str = AUTO, backend: str = AUTO,
+    a: Any, b: Any, out: Any = None, *, kernel: str = AUTO, backend: str = AUTO,
     device: int | None = None, stream: Any = None, precision: str | None = None,
     **params: Any,
 ) -> Any:
@@ -175,12 +219,17 @@ def matmul(
 
     - 1-D operands are promoted (a row for ``a``, a column for ``b``) and the added axis is
       removed; leading dimensions broadcast and the batch runs on the device in one launch.
-    - The result dtype is ``numpy.result_type(a, b)``: float32, float64, int32, int64, or
-      float16 (CUDA tensor cores only).
-    - NumPy in, NumPy out (other ndarray subclasses are computed on their data and give a
-      plain ndarray; ``np.matrix`` and masked arrays are refused); CUDA device arrays
-      (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array out, with no
-      copy to the host.
+    - The result dtype is ``numpy.result_type(a, b)``. float32, float64, int32 and int64 are
+      computed as they are; float16 (in float32), bool, and narrow or unsigned integers (in
+      int32/int64, wrapping as NumPy's do) are computed in a kernel dtype and cast back, on
+      host arrays (float16 runs on tensor cores where a backend has them). Complex, long
+      double and object results are refused (``TypeError``).
+    - ``out`` (also positional, as for ``np.matmul``): any strides, overlap with the inputs,
+      a dtype the result casts to under NumPy's ``same_kind`` rule.
+    - NumPy in, NumPy out (an ndarray subclass wraps the result through its
+      ``__array_wrap__``, as with NumPy; ``np.matrix`` and masked arrays are refused); CUDA
+      device arrays (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array
+      out, with no copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
       "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
     - ``device`` (OpenCL only) is a device index as listed by ``tilegemm info``; by default

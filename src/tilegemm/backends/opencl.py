@@ -253,6 +253,10 @@ class OpenCLBackend(Backend):
         return {"platform": d.platform.name.strip(), "driver": d.driver_version,
                 "opencl": d.version, "compute_units": int(d.max_compute_units)}
 
+    def results_prefix(self, info: Mapping[str, Any]) -> str:
+        where = f"{info.get('platform', '')} {info.get('device', '')}"
+        return "opencl-pocl-" if "Portable Computing Language" in where else "opencl-"
+
     def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
                      target: Target | None = None) -> None:
         if not self.status().usable:
@@ -426,10 +430,8 @@ class OpenCLBackend(Backend):
         """A pyopencl operand as (buffer, element offset, batch stride) with dense rows."""
         x = op.obj
         if op.dtype != prob.dtype:
-            raise InvalidTypeError(
-                f"matmul: device operand {which} has dtype {op.dtype.name} but the result is "
-                f"{prob.dtype.name}; cast it on the device first (mixed dtypes are converted "
-                "only for host arrays)")
+            # Mixed dtypes: converted once, on the device (a dense copy in the kernel dtype).
+            x = x.astype(prob.dtype, queue=target.queue)
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         own_lead = prob.a_batch_shape if which == "a" else prob.b_batch_shape
         view = _strided_view(x, prob, which)
