@@ -41,7 +41,7 @@ def choose_backend(name: str, operands: list[Operand]) -> Backend:
     if len(kinds) > 1:
         raise InvalidValueError(f"operands live on different devices ({', '.join(sorted(kinds))})")
     data_kind = kinds.pop() if kinds else "host"
-    owners = [n for n in BACKENDS if get_backend(n).array_kind == data_kind]
+    owners = [n for n in BACKENDS if get_backend(n).array_kind == data_kind]  # host: the CPU
     if name == AUTO:
         if data_kind != "host":
             name = owners[0]

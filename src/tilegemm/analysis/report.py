@@ -25,8 +25,9 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
             backend: str = "cuda", resources: bool = True) -> dict[str, Any]:
     """Everything ``tilegemm explain`` shows, as a JSON-ready dict."""
     from tilegemm import registry, simulator
+    from tilegemm.backends import get_backend
 
-    if backend != "cuda":
+    if not get_backend(backend).traceable:
         raise InvalidValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
     spec = registry.get(kernel, backend)
     resolved = spec.resolve(params)

@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.backends import get_backend
+from tilegemm.backends.cuda import COMPILE_ARCHS
 from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import KernelSpec
 
-ARCHS: dict[str, tuple[int, int]] = {"sm_80": (8, 0), "sm_90": (9, 0)}
+ARCHS = COMPILE_ARCHS  # the CUDA backend's: sm_80 and sm_90
 
 
 @dataclass(frozen=True)
@@ -101,7 +103,7 @@ def _ptx(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str, arch
 def ptx_for(spec: KernelSpec, params: dict[str, int], dtype: str = "float32",
             arch: str = "sm_90") -> str:
     """The PTX of a CUDA rung for ``arch`` (C-contiguous operands)."""
-    if spec.backend != "cuda":
+    if not get_backend(spec.backend).traceable:
         raise InvalidValueError(
             f"{spec.name} is a {spec.backend} kernel; PTX exists for CUDA rungs only")
     if arch not in ARCHS:

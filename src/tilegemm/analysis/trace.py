@@ -413,8 +413,9 @@ def trace_rung(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int]
     """
     from tilegemm import registry
     from tilegemm.analysis.sampling import combine, plan_blocks
+    from tilegemm.backends import get_backend
 
-    if backend != "cuda":
+    if not get_backend(backend).traceable:
         raise InvalidValueError(
             f"explain traces CUDA rungs only (got backend {backend!r}); the same "
             "kernels' OpenCL/CPU versions are not traced")

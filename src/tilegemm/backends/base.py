@@ -154,6 +154,13 @@ class Backend(ABC):
     label: str = ""  # how messages name it ("OpenCL"); the name when empty
     array_kind: str = "host"
     accepts_device: bool = False  # whether device= may choose among several devices
+    # GPU architectures the backend compiles its rungs for without a GPU (resource and SASS
+    # reports: resource_report, cubin); () when it has no such toolchain.
+    compile_archs: tuple[str, ...] = ()
+    # Its rungs are Numba CUDA Python: numba's simulator runs them, so 'explain' can trace
+    # their memory accesses, and numba compiles them to PTX.
+    traceable: bool = False
+    kernel_source: str = ""  # what its rungs are written in, for reports ("numba", "CUDA C")
 
     @abstractmethod
     def status(self) -> BackendStatus:
@@ -239,7 +246,25 @@ class Backend(ABC):
                   target: Target) -> tuple[int, int] | None:
         """(registers per thread, bytes spilled) of the compiled rung, where the backend's
         toolchain can tell without running it (the tuner rejects spilling candidates)."""
+        if not self.compile_archs:
+            return None
+        arch = target.arch if target.arch in self.compile_archs else self.compile_archs[-1]
+        res = self.resource_report(spec, params, dtype, arch)
+        return None if res is None else (res.registers, res.spills)
+
+    def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
+        """The rung's machine code for ``arch`` (SASS analysis); needs no GPU."""
+        raise UnavailableError(f"{self.label or self.name} rungs have no cubin")
+
+    def describe_devices(self) -> Any:
+        """A rich table of this backend's devices and their limits for ``tilegemm info``, or
+        None when a backend has nothing to add to its status line."""
         return None
+
+    def results_prefix(self, info: Mapping[str, Any]) -> str:
+        """What starts a results file's name before the device's own (``opencl-pocl-``),
+        from the device details a results file recorded (``bench.environment``)."""
+        return ""
 
     def resource_report(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
                         arch: str) -> Any:

@@ -35,6 +35,8 @@ from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableErro
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
 from tilegemm.registry import KernelSpec
 
+# The architectures rungs are compiled for without a GPU (nvJitLink), by compute capability.
+COMPILE_ARCHS: dict[str, tuple[int, int]] = {"sm_80": (8, 0), "sm_90": (9, 0)}
 MAX_THREADS_PER_BLOCK = 1024
 MAX_STATIC_SMEM = 48 * 1024  # bytes of static shared memory per block on every arch
 # Every CUDA GPU since sm_50: 1,024 threads, 48 KiB of static shared memory and 64 Ki
@@ -133,6 +135,9 @@ class CudaBackend(Backend):
     name = "cuda"
     label = "CUDA"
     array_kind = "cuda"
+    compile_archs = tuple(COMPILE_ARCHS)
+    traceable = True
+    kernel_source = "numba"
     accepts_stream = True  # matmul/gemm(stream=...) chooses the stream (backends/cuda_stream)
 
     @cache  # noqa: B019 - one backend object per process
@@ -179,15 +184,11 @@ class CudaBackend(Backend):
                       timer="CUDA events", index=index, accelerated=True, vendors=vendors,
                       capability=(int(major), int(minor)), handle=dev)
 
-    def resources(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
-                  target: Target) -> tuple[int, int] | None:
-        """ptxas's registers and spills, compiled for the target's arch (sm_90 when the
-        arch is not one the resource tool knows)."""
-        from tilegemm.analysis.resources import ARCHS
+    def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
+        from tilegemm.analysis.resources import ptx_for
+        from tilegemm.analysis.sass import link_cubin
 
-        arch = target.arch if target.arch in ARCHS else "sm_90"
-        res = self.resource_report(spec, params, dtype, arch)
-        return res.registers, res.spills
+        return link_cubin(ptx_for(spec, params, dtype, arch), arch)
 
     def resource_report(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
                         arch: str) -> Any:

@@ -29,6 +29,13 @@ from tilegemm.registry import KernelSpec
 class CudacBackend(CudaBackend):
     name = "cudac"
     array_kind = "cuda"
+    traceable = False  # CUDA C: numba's simulator cannot run it
+    kernel_source = "CUDA C"
+
+    def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
+        from tilegemm.kernels.cudac import compile_cubin
+
+        return compile_cubin(spec, params, dtype, arch).data
 
     @cache  # noqa: B019 - one backend object per process
     def status(self) -> BackendStatus:

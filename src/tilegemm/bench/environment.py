@@ -6,6 +6,7 @@ reproducible; every results file carries these.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import platform
 import re
@@ -16,7 +17,7 @@ from typing import Any
 from tilegemm.backends.base import Backend, Target
 from tilegemm.backends.cpu import cpu_name
 
-__all__ = ["backend_info", "cpu_name", "git_commit", "host_info", "slug"]
+__all__ = ["backend_info", "cpu_name", "git_commit", "host_info", "slug", "versions"]
 
 
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
@@ -30,6 +31,21 @@ def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return sha + ("-dirty" if dirty else "") if sha else "unknown"
+
+
+PACKAGES = ("tilegemm", "numpy", "numba", "numba-cuda", "pyopencl", "pocl-binary-distribution",
+            "cuda-bindings", "nvidia-nvjitlink", "cupy-cuda12x", "cupy-cuda13x", "torch")
+
+
+def versions() -> dict[str, str]:
+    """Python's and every installed package's version that changes what a number means."""
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return found
 
 
 # Settings that change what a number means (thread counts, TF32); recorded when set.

@@ -222,21 +222,24 @@ def compile_tables(results: Results) -> list[Table]:
     """the Numba ROC example's comparison: first call (compilation included) vs steady, and
     NumPy."""
     tables = []
+    from tilegemm.backends import host_backend
+
+    host = host_backend()
     ms_all = [m for m in results.measurements if "compile" in m.reports]
-    numpy_row = next((m for m in ms_all if m.backend == "cpu" and m.vendor), None)
+    numpy_row = next((m for m in ms_all if m.backend == host and m.vendor), None)
     for be in results.backends("compile"):
         at = _order(m for m in ms_all if m.backend == be)
-        if not at or (be == "cpu" and all(m.vendor for m in at)):
+        if not at or (be == host and all(m.vendor for m in at)):
             continue
         n = at[0].m
         t = Table(f"First call vs steady — {be} on {_device(results, be)}, {n}³",
                   ["kernel", "parameters", "first call ms", "steady median ms", "first/steady",
                    "GFLOP/s (steady)"], text_columns=2)
-        rows = at + ([numpy_row] if numpy_row is not None and be != "cpu" else [])
+        rows = at + ([numpy_row] if numpy_row is not None and be != host else [])
         for m in rows:
             s = m.stats if m.status == OK else None
             ratio = f"{m.first_s / s.median:,.0f}×" if s and m.first_s and s.median else DASH
-            name = f"{m.kernel} (CPU)" if m.vendor and m.backend == "cpu" else m.kernel
+            name = f"{m.kernel} (CPU)" if m.vendor and m.backend == host else m.kernel
             params = " ".join(f"{k}={v}" for k, v in m.params.items())
             t.rows.append([name, params, fmt_ms(m.first_s) if m.status == OK else cell(m),
                            fmt_ms(s.median) if s else DASH, ratio, cell(m)])
@@ -345,7 +348,7 @@ def print_rich(results: Results, reports: Iterable[str] | None = None, console: 
     from rich.table import Table as RichTable
 
     if console is None:
-        from tilegemm.commands._console import console as make_console
+        from tilegemm.console import console as make_console
 
         console = make_console()
     for line in header_lines(results):

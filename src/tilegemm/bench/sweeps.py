@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm import registry
-from tilegemm.backends import get_backend
+from tilegemm.backends import get_backend, host_backend
 from tilegemm.backends.base import Backend
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import (
@@ -176,7 +176,7 @@ def plan(
                 rest.append(_case("rsweep", be, n))
     if "compile" in settings.reports and backends:
         n = settings.compile_size  # the Numba ROC example prints NumPy's time beside the GPU's
-        first.append(_case("compile", "cpu", n))
+        first.append(_case("compile", host_backend(), n))
     rest.sort(key=lambda c: c.flops)  # stable: report order kept within a size
     return first + rest
 
@@ -303,9 +303,8 @@ def run_bench(
     clock: Clock = time.perf_counter,
 ) -> Results:
     """Plan, run and package a whole benchmark with the metadata a results file needs."""
-    from tilegemm.bench.environment import backend_info, git_commit, host_info
+    from tilegemm.bench.environment import backend_info, git_commit, host_info, versions
     from tilegemm.bench.results import now_iso
-    from tilegemm.commands.info import versions
 
     created = now_iso()
     cases = plan(backends, settings, specs_for)

@@ -13,6 +13,7 @@ SHORT = {"fma": "fma", "lds": "LDS", "ldg": "LDG", "sts": "STS", "bar": "BAR", "
 
 def _specs(args: argparse.Namespace) -> list:
     from tilegemm import registry
+    from tilegemm.backends import get_backend
 
     def tiled(specs: tuple) -> list:
         # FFMA rungs only: the counts are per FFMA (a tensor-core rung issues HMMA instead)
@@ -20,14 +21,15 @@ def _specs(args: argparse.Namespace) -> list:
                 and not s.precisions]
 
     if args.kernel == "all":
-        specs = tiled(registry.specs_for("cuda"))
+        specs = tiled(registry.specs_for(args.backend))
     else:
         specs = [registry.get(name.strip(), args.backend) for name in args.kernel.split(",")]
     for s in specs:
-        if s.backend not in ("cuda", "cudac"):
+        if not get_backend(s.backend).compile_archs:
             raise InvalidValueError(f"{s.name} is a {s.backend} kernel; --sass needs a CUDA rung")
-    if args.yardstick:
-        specs += tiled(registry.specs_for("cudac"))
+    if args.yardstick:  # the other compiled backends' rungs (CUDA C), side by side
+        specs += [s for name in registry.BACKENDS if name != args.backend
+                  and get_backend(name).compile_archs for s in tiled(registry.specs_for(name))]
     return specs
 
 

@@ -10,13 +10,14 @@ import argparse
 
 from tilegemm.commands._params import add_param_arguments, parse_params
 from tilegemm.errors import InvalidValueError
+from tilegemm.registry import BACKENDS
 
 HELP = "run one product, verified, timed"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", default="auto", help="rung name (see 'tilegemm kernels')")
-    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "opencl", "cpu"),
+    parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
                         help="where to run ('auto': the best usable backend here)")
     parser.add_argument("--m", type=int, default=512, help="rows of A and of the result")
     parser.add_argument("--n", type=int, default=512, help="columns of B and of the result")

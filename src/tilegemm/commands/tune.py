@@ -12,12 +12,13 @@ import argparse
 
 from tilegemm.commands._console import console as _console
 from tilegemm.errors import InvalidValueError
+from tilegemm.registry import BACKENDS
 
 HELP = "search a kernel's parameters for this device and cache the best"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "opencl", "cpu"))
+    parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS))
     parser.add_argument("--kernel", action="append", default=None,
                         help="rung to tune (repeatable; default: every rung with parameters)")
     parser.add_argument("--m", type=int, default=4096)
