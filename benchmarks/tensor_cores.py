@@ -72,7 +72,7 @@ def main() -> int:
 
     from tilegemm import registry
     from tilegemm.backends import get_backend
-    from tilegemm.tune.strategies import problem_for
+    from tilegemm.problem import problem_for
 
     backend = get_backend("cuda")
     status = backend.status()

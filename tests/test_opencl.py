@@ -419,3 +419,20 @@ def test_mixed_dtype_device_operands_are_converted_on_the_device(queue) -> None:
     with pytest.raises(TypeError, match="cast back on the host only"):
         tilegemm.matmul(cla.to_device(queue, a.astype(np.float16)),
                         cla.to_device(queue, b.astype(np.float16)), backend="opencl")
+
+
+def test_prepare_poisons_its_output_so_the_verified_launch_proves_every_write() -> None:
+    """Benchmarks and the tuner verify the first launch of a prepared product; that proves
+    something only if the output held NaN before it (as the CUDA and CPU backends do)."""
+    from tilegemm.bench.timing import poisoned, prepare_verified
+    from tilegemm.problem import problem_for
+
+    be = get_backend("opencl")
+    spec = registry.get("naive", "opencl")
+    prob = problem_for(5, 3, 4, "float32")
+    a, b = random_operands((1, 5, 4), (1, 4, 3), "float32")
+    with poisoned():
+        prepared = be.prepare(spec, be.resolve(spec, {}), prob, a, b)
+    assert np.isnan(prepared.fetch()).all()
+    prepared = prepare_verified(be, spec, be.resolve(spec, {}), prob, a, b)
+    assert_close(prepared.fetch(), a, b)

@@ -307,3 +307,12 @@ def check_out(out: Any, prob: GemmProblem, kind: str) -> bool:
         raise InvalidValueError("output array is read-only")
     return (op.shape == prob.out_shape and op.dtype == prob.dtype
             and prob.result_dtype is None and out.flags.c_contiguous)
+
+
+def problem_for(m: int, n: int, k: int, dtype: np.dtype | str, batch: int = 0) -> GemmProblem:
+    """An (M, N, K) product of ``dtype`` described without operands (tuner, benchmarks);
+    ``batch`` > 0 makes it a batch of that many products."""
+    return GemmProblem(m=m, n=n, k=k, dtype=np.dtype(dtype),
+                       batch_shape=(batch,) if batch else (),
+                       a_batch_shape=(batch,) if batch else (),
+                       b_batch_shape=(batch,) if batch else ())

@@ -583,6 +583,9 @@ class OpenCLBackend(Backend):
             a_args = (da.data, 0, prob.m * prob.k if a3.shape[0] > 1 else 0)
             b_args = (db.data, 0, prob.k * prob.n if b3.shape[0] > 1 else 0)
         dc = cla.empty(queue, (prob.batch, prob.m, prob.n), prob.dtype)
+        if poison_enabled() and dc.size:  # so the verified first launch proves every write
+            pattern = np.array([poison_value(prob.dtype)], dtype=prob.dtype)
+            _cl().enqueue_fill_buffer(queue, dc.data, pattern, 0, dc.nbytes)
 
         def enqueue() -> Any:
             if dc.size == 0:

@@ -244,6 +244,27 @@ def time_prepared(
     return first, samples
 
 
+def prepare_verified(
+    backend: Backend, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+    a3: np.ndarray, b3: np.ndarray, *, target: Target | None = None,
+) -> Prepared:
+    """``backend.prepare`` with its output NaN-poisoned, one launch, and the result checked
+    against float64 NumPy: the first step of every measurement (benchmarks, the tuner, the
+    scripts in benchmarks/), so nothing is timed that skips an element or is wrong.
+
+    Raises AssertionError (from :func:`~tilegemm.reference.assert_close`) for a wrong
+    result; whatever preparing or launching raises passes through.
+    """
+    with poisoned():
+        prepared = backend.prepare(spec, params, prob, a3, b3, target=target)
+        prepared.launch()
+        backend.synchronize()
+    got = np.asarray(prepared.fetch()).reshape(-1, prob.m, prob.n)
+    shown = " ".join(f"{k}={v}" for k, v in params.items())
+    assert_close(got, a3, b3, what=f"{backend.name}:{spec.name} {shown}".strip())
+    return prepared
+
+
 def host_prepared(
     backend: Backend, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
     a3: np.ndarray, b3: np.ndarray,
