@@ -134,6 +134,7 @@ def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
 
 
 @pytest.mark.ptx
+@pytest.mark.slow  # two more compilations (~12 s)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_float16_hmma_and_transposed_ldmatrix_without_local_memory(arch: str) -> None:
     from tilegemm.analysis.resources import cuda_resources, ptx_for

@@ -131,6 +131,25 @@ def _wrap_like(result: Any, like: Any) -> Any:
     return result
 
 
+def _driver_library_present() -> bool:
+    """Whether the CUDA driver library can be loaded (what numba-cuda itself needs first);
+    ``NUMBA_CUDA_DRIVER`` names a driver elsewhere, so then numba-cuda decides."""
+    import ctypes
+    import os
+    import sys
+
+    if os.environ.get("NUMBA_CUDA_DRIVER"):
+        return True
+    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return True
+    return False
+
+
 class CudaBackend(Backend):
     name = "cuda"
     label = "CUDA"
@@ -142,6 +161,10 @@ class CudaBackend(Backend):
 
     @cache  # noqa: B019 - one backend object per process
     def status(self) -> BackendStatus:
+        if not simulator.enabled() and not _driver_library_present():
+            # Importing numba-cuda takes about half a second; kernel="auto" asks every
+            # backend on the first call, so a machine without a driver should not pay it.
+            return BackendStatus("cuda", False, "no CUDA GPU or driver found (no libcuda)")
         try:
             from numba import cuda
         except Exception as exc:  # pragma: no cover - numba-cuda is a dependency

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm import simulator
 from tilegemm.backends.base import BackendStatus
-from tilegemm.backends.cuda import CudaBackend
+from tilegemm.backends.cuda import CudaBackend, _driver_library_present
 from tilegemm.registry import KernelSpec
 
 
@@ -39,6 +40,8 @@ class CudacBackend(CudaBackend):
 
     @cache  # noqa: B019 - one backend object per process
     def status(self) -> BackendStatus:
+        if not simulator.enabled() and not _driver_library_present():
+            return BackendStatus("cudac", False, "no CUDA GPU or driver found (no libcuda)")
         try:
             import cuda.core  # noqa: F401
             from cuda.bindings import nvrtc  # noqa: F401

@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tilegemm.api import choose_backend, choose_kernel
     from tilegemm.bench.timing import OK, SKIPPED, Policy, measure_kernel
+    from tilegemm.plan import plan
     from tilegemm.problem import describe, host_operand_3d, make_problem
     from tilegemm.reference import random_operands
 
@@ -59,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     target = backend.target()
     prob = make_problem(*ops)
     spec, resolved = choose_kernel(args.kernel, backend, prob, params, target)
+    chosen = plan(a, b, kernel=args.kernel, backend=args.backend, **params)
     simulated = target.simulated
     if simulated and not params and spec.sim_params is not None:
         # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
                           host_operand_3d(b, prob, "b"), policy, target=target)
     print(f"{backend.name}:{spec.name} {_shown(meas.params)} {args.dtype} "
           f"M={args.m} N={args.n} K={args.k}{f' batch={args.batch}' if args.batch else ''}")
+    print(f"  chosen: {chosen.source}{f'; {chosen.path}' if chosen.path else ''} "
+          f"(device {chosen.device})")
     if meas.status == SKIPPED:  # refused before it ran (device limits): the caller can fix it
         raise InvalidValueError(meas.reason)
     if meas.status != OK:

@@ -3,9 +3,10 @@
 Order: numba's CUDA simulator → the highest rung with ``sim_params`` (the simulator runs
 one Python thread per CUDA thread, so the smallest valid tiles are the only sensible ones;
 speed means nothing there); else a tuned entry in the cache for this exact device → one
-for the same architecture; else the registry's default rung (the rung flagged
-``auto=True``, else the highest one; see :func:`tilegemm.registry.default_for`) at its
-defaults for the device.
+for the same architecture; else the shipped database of measured parameters
+(:mod:`tilegemm.tune.database`: this device → its ISA); else the registry's default rung
+(the rung flagged ``auto=True``, else the highest one; see
+:func:`tilegemm.registry.default_for`) at its defaults for the device.
 
 :func:`auto_choice` runs on every call with ``kernel="auto"``, so it is cheap: the device
 is the caller's :class:`~tilegemm.backends.base.Target` (already made), the cache file is
@@ -68,13 +69,42 @@ def auto_choice(backend: Backend, target: Target, prob: GemmProblem) -> Choice:
     Raises (TypeError: no rung supports the dtype; ValueError: the default rung does not
     fit the device) only when nothing can run.
     """
+    spec, resolved, _ = auto_plan(backend, target, prob)
+    return spec, resolved
+
+
+def auto_plan(backend: Backend, target: Target, prob: GemmProblem
+              ) -> tuple[KernelSpec, dict[str, int], str]:
+    """:func:`auto_choice` with why: "tuned", "simulator", "database (device)",
+    "database (isa)" or "default" (see the module docstring for the order)."""
     choice = tuned_choice(backend, prob, target)
     if choice is not None:
-        return choice
+        return (*choice, "simulator" if target.simulated else "tuned")
+    dtype = prob.dtype.name
+    key = ("database", target.key, dtype)
+    if key not in _db_memo:
+        _db_memo[key] = _database_choice(backend, target, dtype)
+    if _db_memo[key] is not None:
+        return _db_memo[key]
     spec = registry.default_for(backend.name, prob.dtype)
     resolved = backend.resolve(spec, {}, target)
     backend.check_limits(spec, resolved, prob.dtype, target)
-    return spec, resolved
+    return spec, resolved, "default"
+
+
+_db_memo: dict[tuple[Any, ...], tuple[KernelSpec, dict[str, int], str] | None] = {}
+
+
+def _database_choice(backend: Backend, target: Target, dtype: str
+                     ) -> tuple[KernelSpec, dict[str, int], str] | None:
+    from tilegemm.tune import database
+
+    found = database.lookup(target, dtype)
+    if found is None:
+        return None
+    entry, tier = found
+    choice = _usable(backend, target, entry["kernel"], entry["params"], dtype)
+    return None if choice is None else (*choice, f"database ({tier})")
 
 
 def tuned_choice(backend: Backend, prob: GemmProblem,
@@ -109,14 +139,18 @@ def _choose(backend: Backend, target: Target, dev: DeviceId, dtype: str, prob: G
 
 
 def untuned_choice(backend: Backend, dtype: str, target: Target | None = None) -> Choice | None:
-    """What ``kernel="auto"`` picks with an empty cache: the registry default at its
-    (device-resolved) defaults. ``tilegemm tune`` times it as the baseline, so a tuned
-    entry replaces it only by being faster."""
+    """What ``kernel="auto"`` picks with an empty cache: the database's entry for the
+    device, else the registry default at its (device-resolved) defaults. ``tilegemm tune``
+    times it as the baseline, so a tuned entry replaces it only by being faster."""
+    target = target or backend.target()
+    db = _database_choice(backend, target, dtype)
+    if db is not None:
+        return db[0], db[1]
     try:
         spec = registry.default_for(backend.name, dtype)
     except TypeError:
         return None
-    return _usable(backend, target or backend.target(), spec.name, {}, dtype)
+    return _usable(backend, target, spec.name, {}, dtype)
 
 
 def _usable(backend: Backend, target: Target, kernel: str, params: dict[str, int],
