@@ -50,8 +50,9 @@ _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 _PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
 
 
-def link_ptx(ptx: str, arch: str) -> tuple[str, int]:
-    """Link PTX to a cubin for ``arch`` with nvJitLink; return (info log, cubin size)."""
+def link(ptx: str, arch: str) -> tuple[str, bytes]:
+    """Link PTX to a cubin for ``arch`` with nvJitLink (no GPU needed); return ptxas's
+    info log and the cubin. The one linker call behind resource reports and SASS."""
     from cuda.bindings import nvjitlink
 
     handle = nvjitlink.create(2, [f"-arch={arch}", "-verbose"])
@@ -68,10 +69,17 @@ def link_ptx(ptx: str, arch: str) -> tuple[str, int]:
         size = nvjitlink.get_info_log_size(handle)
         log = bytearray(size)
         nvjitlink.get_info_log(handle, log)
-        cubin_size = nvjitlink.get_linked_cubin_size(handle)
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, cubin)
     finally:
         nvjitlink.destroy(handle)
-    return bytes(log).decode(errors="replace").rstrip("\x00"), int(cubin_size)
+    return bytes(log).decode(errors="replace").rstrip("\x00"), bytes(cubin)
+
+
+def link_ptx(ptx: str, arch: str) -> tuple[str, int]:
+    """Link PTX to a cubin for ``arch`` with nvJitLink; return (info log, cubin size)."""
+    log, cubin = link(ptx, arch)
+    return log, len(cubin)
 
 
 def parse_ptxas_log(log: str) -> dict[str, int]:

@@ -441,24 +441,9 @@ def disassemble(cubin: bytes) -> str:
 
 def link_cubin(ptx: str, arch: str) -> bytes:
     """Link PTX to a cubin for ``arch`` with nvJitLink (as ``kernels --resources`` does)."""
-    from cuda.bindings import nvjitlink
+    from tilegemm.analysis.resources import link
 
-    handle = nvjitlink.create(1, [f"-arch={arch}"])
-    try:
-        data = ptx.encode()
-        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
-        try:
-            nvjitlink.complete(handle)
-        except Exception as exc:
-            size = nvjitlink.get_error_log_size(handle)
-            log = bytearray(size)
-            nvjitlink.get_error_log(handle, log)
-            raise RuntimeError(f"nvJitLink failed for {arch}: {bytes(log).decode()}") from exc
-        buf = bytearray(nvjitlink.get_linked_cubin_size(handle))
-        nvjitlink.get_linked_cubin(handle, buf)
-    finally:
-        nvjitlink.destroy(handle)
-    return bytes(buf)
+    return link(ptx, arch)[1]
 
 
 def nvvm_version() -> str:
