@@ -190,6 +190,8 @@ class Path:
     lds_bytes: int
     lds_widths: tuple[tuple[int, int], ...]
     ldg_widths: tuple[tuple[int, int], ...]
+    sts_bytes: int = 0  # shared bytes stored, zero fills (stores of RZ) not counted
+    scalar_ldg: int = 0  # global loads narrower than 128 bits (edge and fallback paths)
 
     @staticmethod
     def of(instrs: list[Instr]) -> Path:
@@ -198,7 +200,10 @@ class Path:
         ldg = Counter(i.width for i in instrs if i.cls == "ldg")
         return Path(tuple(sorted(c.items())), sum(w * n for w, n in ldg.items()),
                     sum(w * n for w, n in lds.items()), tuple(sorted(lds.items())),
-                    tuple(sorted(ldg.items())))
+                    tuple(sorted(ldg.items())),
+                    sum(i.width for i in instrs
+                        if i.cls == "sts" and not i.operands.rstrip().endswith("RZ")),
+                    sum(n for w, n in ldg.items() if w < 16))
 
     @staticmethod
     def empty() -> Path:
@@ -207,12 +212,14 @@ class Path:
     def __add__(self, other: Path) -> Path:
         return Path(_merge(self.counts, other.counts), self.ldg_bytes + other.ldg_bytes,
                     self.lds_bytes + other.lds_bytes, _merge(self.lds_widths, other.lds_widths),
-                    _merge(self.ldg_widths, other.ldg_widths))
+                    _merge(self.ldg_widths, other.ldg_widths), self.sts_bytes + other.sts_bytes,
+                    self.scalar_ldg + other.scalar_ldg)
 
     def __mul__(self, k: int) -> Path:
         return Path(tuple((a, n * k) for a, n in self.counts), self.ldg_bytes * k,
                     self.lds_bytes * k, tuple((a, n * k) for a, n in self.lds_widths),
-                    tuple((a, n * k) for a, n in self.ldg_widths))
+                    tuple((a, n * k) for a, n in self.ldg_widths), self.sts_bytes * k,
+                    self.scalar_ldg * k)
 
     def get(self, cls: str) -> int:
         return dict(self.counts).get(cls, 0)
@@ -222,9 +229,12 @@ class Path:
         return sum(n for _, n in self.counts)
 
     def key(self) -> tuple[int, ...]:
-        """Preference between paths: most FMAs, most global bytes, most shared stores and
-        barriers, fewest instructions (the interior path of a GEMM k-tile)."""
-        return (self.get("fma"), self.ldg_bytes, self.get("sts"), self.get("bar"), -self.total)
+        """Preference between paths, for the interior path of a GEMM k-tile: most FMAs, most
+        bytes in 128-bit global loads, fewest narrower global loads, most shared bytes
+        stored (zero fills not counted), most barriers, then fewest instructions."""
+        wide = sum(w * n for w, n in self.ldg_widths if w >= 16)
+        return (self.get("fma"), wide, -self.scalar_ldg, self.sts_bytes, self.get("bar"),
+                -self.total)
 
 
 def _merge(a: tuple, b: tuple) -> tuple:
