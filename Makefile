@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/tilegemm demo
 
-# The seed's full tables on this machine's backends (sizes 8..4096; slow rungs are skipped
+# the optimisation note's full tables on this machine's backends (sizes 8..4096; slow rungs are skipped
 # at sizes their smaller runs predict to take too long).
 bench: $(STAMP)
 	$(VENV)/bin/tilegemm bench --full

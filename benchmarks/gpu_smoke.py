@@ -132,7 +132,7 @@ def main() -> int:
 
     def prepared() -> str:
         from tilegemm.bench.timing import Policy, measure_kernel
-        from tilegemm.tune.strategies import problem_for
+        from tilegemm.problem import problem_for
 
         prob = problem_for(1024, 1024, 1024, "float32")
         a3, b3 = random_operands((1, 1024, 1024), (1, 1024, 1024), np.float32)
@@ -158,7 +158,7 @@ def main() -> int:
     def vendor() -> str:
         from tilegemm.bench.timing import Policy
         from tilegemm.bench.vendors import find_vendor, measure_vendor
-        from tilegemm.tune.strategies import problem_for
+        from tilegemm.problem import problem_for
 
         v, note = find_vendor(be)
         assert v is not None, note

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tilegemm import registry  # noqa: E402
 from tilegemm.backends import get_backend  # noqa: E402
+from tilegemm.bench.timing import prepare_verified  # noqa: E402
 from tilegemm.problem import describe, make_problem  # noqa: E402
 from tilegemm.reference import assert_close  # noqa: E402
 
@@ -71,10 +72,7 @@ def ladder_table(backend: Any, queue: Any, n: int, reps: int) -> list[dict[str, 
     rows = []
     for spec in registry.specs_for("opencl"):
         params = backend.resolve(spec, {})
-        prepared = backend.prepare(spec, params, prob, a[None], b[None])
-        prepared.launch()
-        queue.finish()
-        assert_close(prepared.fetch()[0], a, b, what=f"opencl:{spec.name} n={n}")
+        prepared = prepare_verified(backend, spec, params, prob, a[None], b[None])
         best = min(timed(lambda p=prepared: (p.launch(), queue.finish())) for _ in range(reps))
         rows.append({"rung": spec.rung, "kernel": spec.name, "params": params, "n": n,
                      "gflops_best": 2.0 * n**3 / best / 1e9})
@@ -124,10 +122,7 @@ def main() -> int:
         prob = make_problem(describe(a, "a"), describe(b, "b"))
         flops = 2.0 * n**3
 
-        prepared = backend.prepare(spec, params, prob, a[None], b[None])
-        prepared.launch()
-        queue.finish()
-        assert_close(prepared.fetch()[0], a, b, what=f"opencl:{spec.name} n={n}")
+        prepared = prepare_verified(backend, spec, params, prob, a[None], b[None])
         calls = {"ours": lambda p=prepared: (p.launch(), queue.finish())}
 
         if pyclblast is not None:

@@ -1,4 +1,4 @@
-"""Measure issue 5's targets on a GPU: fast CUDA rungs vs cuBLAS (FP32, no TF32).
+"""Measure the performance targets on a GPU: fast CUDA rungs vs cuBLAS (FP32, no TF32).
 
     CUPY_TF32=0 python benchmarks/perf_targets.py [--kernel pipelined] [--tuned]
 
@@ -48,9 +48,10 @@ def main() -> int:
 
     from tilegemm import registry
     from tilegemm.backends import get_backend
-    from tilegemm.reference import assert_close, random_operands
+    from tilegemm.bench.timing import prepare_verified
+    from tilegemm.problem import problem_for
+    from tilegemm.reference import random_operands
     from tilegemm.tune.select import tuned_choice
-    from tilegemm.tune.strategies import problem_for
 
     backend = get_backend("cuda")
     status = backend.status()
@@ -67,9 +68,7 @@ def main() -> int:
             spec, params = registry.get(args.kernel, "cuda"), {}
         params = spec.resolve(params)
         a, b = random_operands((1, m, k), (1, k, n), np.float32)
-        prepared = backend.prepare(spec, params, prob, a, b)
-        prepared.launch()
-        assert_close(prepared.fetch().reshape(1, m, n), a, b, what=f"{spec.name} {m}x{n}x{k}")
+        prepared = prepare_verified(backend, spec, params, prob, a, b)  # poisoned, checked
         prepared.elapsed(2)  # warm-up
         ours = statistics.median(prepared.elapsed(args.repeat))
         theirs = cublas_seconds(a[0], b[0], args.repeat)

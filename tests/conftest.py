@@ -15,6 +15,7 @@ Markers (declared in pyproject.toml):
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -22,6 +23,8 @@ import pytest
 # Every fresh output buffer a backend allocates is filled with NaN (ints: a sentinel)
 # before the launch, so an element a kernel never writes fails the check.
 os.environ.setdefault("TILEGEMM_POISON", "1")
+# Compiled kernels are cached in a directory of this test session, never the user's cache.
+os.environ.setdefault("TILEGEMM_KERNEL_CACHE", tempfile.mkdtemp(prefix="tilegemm-kernels-"))
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("", "0")
 REAL_GPU = os.environ.get("TILEGEMM_GPU_TESTS", "") not in ("", "0")

@@ -246,7 +246,7 @@ class _OneGflopBackend(Backend):
     def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]  # pragma: no cover
         raise AssertionError
 
-    def prepare(self, spec, params, prob, a3, b3) -> Prepared:  # type: ignore[no-untyped-def]
+    def prepare(self, spec, params, prob, a3, b3, target=None) -> Prepared:  # type: ignore[no-untyped-def]
         out = np.matmul(a3, b3)
         t = prob.flops / 1e9
         return Prepared(lambda: None, lambda: out, lambda n: [t] * n)

@@ -193,14 +193,14 @@ class FakeBackend(Backend):
     def status(self) -> BackendStatus:
         return BackendStatus("cpu", True, "fake")
 
-    def check_limits(self, spec, params, dtype) -> None:  # type: ignore[no-untyped-def]
+    def check_limits(self, spec, params, dtype, target=None) -> None:  # type: ignore[no-untyped-def]
         if params.get("TILE", 0) > 16:
             raise ValueError("TILE=32 needs more shared memory than this fake device has")
 
     def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]  # pragma: no cover
         raise AssertionError("the harness must not call run() when prepare() exists")
 
-    def prepare(self, spec, params, prob, a3, b3) -> Prepared:  # type: ignore[no-untyped-def]
+    def prepare(self, spec, params, prob, a3, b3, target=None) -> Prepared:  # type: ignore[no-untyped-def]
         result = np.matmul(a3, b3).astype(prob.dtype)
         if self.corrupt:
             result[0, -1, -1] = np.nan  # one element never written

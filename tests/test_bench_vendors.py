@@ -13,7 +13,8 @@ import types
 import numpy as np
 import pytest
 
-from tilegemm.backends.base import Backend, BackendStatus
+from tilegemm.backends import get_backend
+from tilegemm.backends.base import Backend, BackendStatus, Limits, Target
 from tilegemm.bench import vendors
 from tilegemm.bench.timing import FAILED, OK, Policy
 from tilegemm.problem import GemmProblem
@@ -37,6 +38,10 @@ class _GpuBackend(Backend):
 
     def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]  # pragma: no cover
         raise AssertionError
+
+    def _target(self, index: int | None) -> Target:
+        return Target(self.name, "Fake GPU", "gpu", "sm_90", Limits(1024), "CUDA events",
+                      accelerated=True, vendors=("cupy", "torch"))
 
 
 class _Event:
@@ -209,7 +214,7 @@ def test_clblast_glue_on_a_real_opencl_queue(monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setitem(sys.modules, "pyclblast", types.SimpleNamespace(gemm=gemm,
                                                                        __version__="0.fake"))
-    v = vendors._clblast_vendor(_GpuBackend("opencl"))
+    v = vendors._clblast_vendor(get_backend("opencl").target())
     prob, a3, b3 = _problem()
     m = vendors.measure_vendor(v, "opencl", prob, a3, b3, POLICY)
     assert m.status == OK and m.samples and calls[0] == (12, 7, 9, 9, 7, 7)
@@ -238,7 +243,7 @@ def test_clblast_time_covers_every_kernel_a_call_enqueues(monkeypatch: pytest.Mo
 
     monkeypatch.setitem(sys.modules, "pyclblast", types.SimpleNamespace(gemm=gemm,
                                                                        __version__="0.fake"))
-    v = vendors._clblast_vendor(_GpuBackend("opencl"))
+    v = vendors._clblast_vendor(get_backend("opencl").target())
     prob, a3, b3 = _problem()
     m = vendors.measure_vendor(v, "opencl", prob, a3, b3,
                                Policy(warmup=0, min_reps=2, max_reps=2, budget_s=0.01))

@@ -38,7 +38,7 @@ def _sim(name: str) -> tuple[registry.KernelSpec, dict[str, int]]:
     if not _available(name):
         pytest.skip(f"rung {name} not registered")
     spec = registry.get(name, "cuda")
-    return spec, spec.resolve(spec.extra["sim_params"])
+    return spec, spec.resolve(spec.sim_params)
 
 
 @pytest.mark.parametrize("name", RUNGS)

@@ -5,7 +5,7 @@ with no edit. The CUDA C rungs (``tilegemm.kernels("cudac")``) go through the sa
 on a real GPU only (``gpu`` marker: the simulator cannot run CUDA C), with the same small
 parameters where they share the Numba rung's, else their defaults.
 
-Each Numba rung runs with its ``extra["sim_params"]`` (the smallest valid tiles): the
+Each Numba rung runs with its ``sim_params`` (the smallest valid tiles): the
 simulator runs one Python thread per CUDA thread, so shapes stay tiny but still break
 tiling (partial tiles on every edge, primes, K=1, 1×K). Outputs are NaN-poisoned before
 each launch (conftest), so an element a kernel skips fails the check.
@@ -26,7 +26,9 @@ from tilegemm.registry import KernelSpec
 
 pytestmark = pytest.mark.cudasim
 
-SPECS = tilegemm.kernels("cuda")
+# Tensor-core rungs compute at a reduced precision, only on request (precision=), and have
+# their own tests with error bounds for it: tests/test_cuda_mma.py.
+SPECS = [s for s in tilegemm.kernels("cuda") if not s.precisions]
 CUDAC = tilegemm.kernels("cudac")
 # Every rung these tests run: Numba rungs everywhere, CUDA C rungs only on a GPU.
 RUNGS = [pytest.param(s, id=s.name) for s in SPECS] + [
@@ -37,9 +39,9 @@ BIG = (33, 17, 65)  # the slowest hostile shape on the simulator: float32 only
 def _sim(spec: KernelSpec) -> dict[str, int]:
     if spec.backend == "cudac":  # the Numba rung's small parameters, where it has them
         numba = {s.name: s for s in SPECS}.get(spec.name)
-        small = dict(numba.extra.get("sim_params", {})) if numba else {}
+        small = dict(numba.sim_params or {}) if numba else {}
         return small if small and spec.is_valid(small) else {}
-    return dict(spec.extra.get("sim_params", {}))
+    return dict(spec.sim_params or {})
 
 
 def _mm(spec: KernelSpec, a: Any, b: Any, **params: Any) -> Any:

@@ -2,9 +2,10 @@
 ptxas allocated; the cudac backend says why it cannot run here.
 
 Compilations are kept per process (``compile_cubin`` caches), so every test below that
-asks for the same (rung, parameters, dtype, arch) reuses one compilation. Correctness on
-hardware is checked by tests/test_cuda_rungs.py, which runs every cudac rung through the
-same cases as the Numba rungs when a GPU is present (``gpu`` marker).
+asks for the same (rung, parameters, dtype, arch) reuses one compilation. Correctness is
+checked on the CPU by tests/test_cudac_host.py (the same sources built with g++ and
+AddressSanitizer) and on hardware by tests/test_cuda_rungs.py, which runs every cudac rung
+through the same cases as the Numba rungs when a GPU is present (``gpu`` marker).
 """
 
 from __future__ import annotations
@@ -53,11 +54,14 @@ def test_every_rung_compiles_to_a_cubin(spec: KernelSpec, arch: str) -> None:
     assert r.smem == _declared_smem(spec, "float32")
     threads = spec.threads(spec.defaults())
     assert r.registers * threads <= 65_536, "the block must fit an SM's register file"
+    if spec.rung <= 3:  # launch bounds ask for 1,024 resident threads: 64 registers
+        assert r.registers <= 64, r
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_float64_compiles_for_sm90(spec: KernelSpec) -> None:
     r = cudac_resources(spec, None, "float64", "sm_90")
+    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
     assert r.smem == _declared_smem(spec, "float64")
     assert r.registers * spec.threads(spec.defaults()) <= 65_536
 
@@ -146,3 +150,14 @@ def test_cli_kernels_resources_for_cudac(capsys: pytest.CaptureFixture[str]) -> 
     assert {(r["backend"], r["kernel"], r["arch"]) for r in rows} == {
         ("cudac", s.name, a) for s in SPECS for a in ARCHS}
     assert all(r["registers"] > 0 and r["smem"] >= 0 for r in rows)
+
+
+def test_backend_resource_report_is_the_nvrtc_one() -> None:
+    """The hook the kernels command and the tuner's spill check read, per backend."""
+    from tilegemm.backends import get_backend
+
+    spec = get("register1d", "cudac")
+    report = get_backend("cudac").resource_report(spec, {}, np.dtype("float32"), "sm_90")
+    assert report == cudac_resources(spec, None, "float32", "sm_90")
+    assert get_backend("cpu").resource_report(get("blocked", "cpu"), {}, np.dtype("float32"),
+                                              "sm_90") is None

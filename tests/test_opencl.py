@@ -72,7 +72,7 @@ def test_alternative_parameters(spec: KernelSpec) -> None:
     """The alternative set, and every per-device-type default set (so a GPU machine still
     runs the CPU defaults' code path, and the other way round)."""
     sets = [ALTERNATIVE.get(spec.name, {}), spec.defaults(),
-            *spec.extra.get("device_defaults", {}).values()]
+            *spec.device_defaults.values()]
     for params in sets:
         for m, n, k in [(1, 1, 1), (7, 13, 5), (33, 17, 65), (37, 70, 19), (64, 64, 64)]:
             a, b = random_operands((m, k), (k, n), "float32")
@@ -385,7 +385,7 @@ def test_benchmark_uses_the_backends_device_defaults():
     from tilegemm.problem import describe, host_operand_3d, make_problem
 
     backend = get_backend("opencl")
-    spec = next(s for s in tilegemm.kernels("opencl") if s.extra.get("device_defaults"))
+    spec = next(s for s in tilegemm.kernels("opencl") if s.device_defaults)
     expected = backend.resolve(spec, {})
     a, b = random_operands((33, 17), (17, 20), np.float32)
     prob = make_problem(describe(a, "a"), describe(b, "b"))
@@ -405,3 +405,34 @@ def test_benchmark_plan_uses_the_backends_device_defaults():
     planned = {c.spec.name: dict(c.params) for c in cases if c.spec is not None}
     for spec in tilegemm.kernels("opencl"):
         assert planned[spec.name] == backend.resolve(spec, {}), spec.name
+
+
+def test_mixed_dtype_device_operands_are_converted_on_the_device(queue) -> None:
+    """float32 @ float64 pyopencl arrays were refused ('cast it on the device first');
+    NumPy's result type, float64, is computed, converting the float32 operand once."""
+    _, cla = _cl()
+    a, b = random_operands((5, 7), (7, 3), "float32")
+    b64 = b.astype(np.float64)
+    got = tilegemm.matmul(cla.to_device(queue, a), cla.to_device(queue, b64), backend="opencl")
+    assert isinstance(got, cla.Array) and got.dtype == np.float64
+    assert_close(got.get(), a.astype(np.float64), b64)
+    with pytest.raises(TypeError, match="cast back on the host only"):
+        tilegemm.matmul(cla.to_device(queue, a.astype(np.float16)),
+                        cla.to_device(queue, b.astype(np.float16)), backend="opencl")
+
+
+def test_prepare_poisons_its_output_so_the_verified_launch_proves_every_write() -> None:
+    """Benchmarks and the tuner verify the first launch of a prepared product; that proves
+    something only if the output held NaN before it (as the CUDA and CPU backends do)."""
+    from tilegemm.bench.timing import poisoned, prepare_verified
+    from tilegemm.problem import problem_for
+
+    be = get_backend("opencl")
+    spec = registry.get("naive", "opencl")
+    prob = problem_for(5, 3, 4, "float32")
+    a, b = random_operands((1, 5, 4), (1, 4, 3), "float32")
+    with poisoned():
+        prepared = be.prepare(spec, be.resolve(spec, {}), prob, a, b)
+    assert np.isnan(prepared.fetch()).all()
+    prepared = prepare_verified(be, spec, be.resolve(spec, {}), prob, a, b)
+    assert_close(prepared.fetch(), a, b)

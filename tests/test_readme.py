@@ -27,3 +27,23 @@ def test_readme_states_the_two_commands_ci_runs():
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make demo" in text and "make test" in text
     assert "make test" in ci
+
+
+def test_readme_usage_snippet_runs_as_pasted_without_a_gpu():
+    """Its backend="cuda" line raised on every machine without a GPU. The first Python block
+    under "## Use" must run as written on a CPU-only machine (the CuPy block after it is
+    for GPU machines and says so)."""
+
+    text = (ROOT / "README.md").read_text()
+    use = text[text.index("## Use"):]
+    block = use[use.index("```python") + len("```python"):]
+    block = block[:block.index("```")]
+    assert 'backend="cuda"' not in block
+    namespace: dict = {}
+    exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    from tilegemm.reference import assert_close
+
+    a, b = namespace["a"], namespace["b"]
+    assert_close(namespace["c"], a, b)
+    assert_close(namespace["c3"], a[None], b)
+    assert_close(namespace["e"], a, b)  # gemm(a.T, trans_a=True) is a @ b again

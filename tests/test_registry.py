@@ -54,7 +54,7 @@ def test_every_registered_rung_is_well_formed():
             assert p.default in p.choices
         if s.smem is not None:
             assert s.smem(defaults, 4) >= 0
-        sim = s.extra.get("sim_params")
+        sim = s.sim_params
         if sim is not None:
             s.resolve(sim)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tilegemm import registry
-from tilegemm.backends.base import Backend, BackendStatus, Prepared
+from tilegemm.backends.base import Backend, BackendStatus, Prepared, Target
 from tilegemm.registry import Constraint, KernelSpec, Param
 from tilegemm.tune import cache, select, space, strategies
 from tilegemm.tune.cache import DeviceId, Entry, TuneCacheWarning
@@ -51,11 +51,11 @@ class FakeBackend(Backend):
     def run(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN201
         raise AssertionError("the tuner must use prepare()")
 
-    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype) -> None:  # noqa: ANN001
+    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype, target=None) -> None:  # noqa: ANN001
         if spec.threads(params) > 512:
             raise ValueError("too many threads")
 
-    def prepare(self, spec, params, prob, a3, b3) -> Prepared:  # noqa: ANN001
+    def prepare(self, spec, params, prob, a3, b3, target=None) -> Prepared:  # noqa: ANN001
         self.prepared.append(dict(params))
         x, y = params["X"], params["Y"]
         good = np.matmul(a3.astype(np.float64), b3).astype(prob.dtype)
@@ -78,10 +78,16 @@ class FakeGpu(FakeBackend):
         return BackendStatus("cuda", True, "fake", ("NVIDIA H100 80GB HBM3 (sm_90)",),
                              accelerated=True)
 
-    def check_limits(self, spec, params, dtype) -> None:  # noqa: ANN001
+    def _target(self, index: int | None) -> Target:
+        from tilegemm.backends.cuda import CUDA_LIMITS
+
+        return Target("cuda", "NVIDIA H100 80GB HBM3", "gpu", "sm_90", CUDA_LIMITS,
+                      "CUDA events", accelerated=True)
+
+    def check_limits(self, spec, params, dtype, target=None) -> None:  # noqa: ANN001
         from tilegemm.backends.cuda import CudaBackend
 
-        CudaBackend.check_limits(self, spec, params, dtype)  # type: ignore[arg-type]
+        CudaBackend.check_limits(self, spec, params, dtype, target)  # type: ignore[arg-type]
 
 
 def _prob() -> strategies.GemmProblem:
@@ -89,7 +95,7 @@ def _prob() -> strategies.GemmProblem:
 
 
 def test_space_prunes_with_constraints_and_limits() -> None:
-    limits = space.Limits(max_threads=512, max_smem=2 * 1024 * 4)
+    limits = space.Limits(threads_per_block=512, shared_per_block=2 * 1024 * 4)
     cands = space.candidates(FAKE, "float32", limits)
     assert cands and all(p["X"] * p["Y"] <= 32 for p in cands)  # the rung's constraint
     assert all(p["X"] * 64 <= 512 and p["Y"] <= 2 for p in cands)  # device limits
@@ -97,7 +103,8 @@ def test_space_prunes_with_constraints_and_limits() -> None:
 
 
 def test_register_rule() -> None:
-    lim = space.CUDA_LIMITS
+    from tilegemm.backends.cuda import CUDA_LIMITS as lim
+
     assert space.register_verdict(128, 0, 256, lim) is None
     assert "spills" in space.register_verdict(128, 8, 256, lim)
     assert "65536" in space.register_verdict(168, 0, 512, lim)
@@ -105,7 +112,7 @@ def test_register_rule() -> None:
 
 def test_exhaustive_picks_fastest_verified_candidate() -> None:
     be = FakeBackend()
-    cands = space.candidates(FAKE, "float32", space.Limits(max_threads=10**6))
+    cands = space.candidates(FAKE, "float32", space.Limits(threads_per_block=10**6))
     result = strategies.tune(be, FAKE, _prob(), cands, repeats=5)
     wrong = [t for t in result.trials if t.status == "wrong"]
     assert [t.params for t in wrong] == [{"X": 8, "Y": 2}]  # caught before timing
@@ -120,14 +127,14 @@ def test_exhaustive_picks_fastest_verified_candidate() -> None:
 
 def test_budget_counts_candidates_that_reach_the_backend() -> None:
     be = FakeBackend()
-    cands = space.candidates(FAKE, "float32", space.Limits(max_threads=10**6))
+    cands = space.candidates(FAKE, "float32", space.Limits(threads_per_block=10**6))
     result = strategies.tune(be, FAKE, _prob(), cands, strategy="random", budget=4, seed=3)
     assert len(be.prepared) == 4
     assert sum(t.status != "rejected" for t in result.trials) == 4
 
 
 def test_random_is_reproducible_per_seed() -> None:
-    cands = space.candidates(FAKE, "float32", space.Limits(max_threads=10**6))
+    cands = space.candidates(FAKE, "float32", space.Limits(threads_per_block=10**6))
     a = strategies.order(cands, "random", seed=7)
     assert a == strategies.order(cands, "random", seed=7)
     assert sorted(map(str, a)) == sorted(map(str, cands))
@@ -138,7 +145,7 @@ def test_random_is_reproducible_per_seed() -> None:
 
 def test_failing_candidates_are_recorded_not_fatal() -> None:
     class Broken(FakeBackend):
-        def prepare(self, spec, params, prob, a3, b3) -> Prepared:  # noqa: ANN001
+        def prepare(self, spec, params, prob, a3, b3, target=None) -> Prepared:  # noqa: ANN001
             if params["X"] == 1:
                 raise RuntimeError("launch failed")
             return super().prepare(spec, params, prob, a3, b3)
@@ -272,10 +279,17 @@ def test_builtin_default_for_cuda_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("pipelined not registered")
 
     be = FakeGpu()
-    assert select.device_id(be) == DeviceId("cuda", "NVIDIA H100 80GB HBM3", "sm_90")
-    spec, params = select.tuned_choice(be, strategies.problem_for(4096, 4096, 4096, "float32"))
+    target = be.target()
+    assert select.device_id(target) == DeviceId("cuda", "NVIDIA H100 80GB HBM3", "sm_90")
+    prob = strategies.problem_for(4096, 4096, 4096, "float32")
+    assert select.tuned_choice(be, prob, target) is None  # nothing tuned yet
+    spec, params = select.auto_choice(be, target, prob)
     assert spec.name == "pipelined" and params == spec.defaults()
-    assert select.tuned_choice(be, strategies.problem_for(64, 64, 64, "int32")) is None
+    assert spec is registry.default_for("cuda", "float64")  # the rung flagged auto=True
+    # pipelined has no int32: auto takes the highest rung that has
+    ints, _ = select.auto_choice(be, target, strategies.problem_for(64, 64, 64, "int32"))
+    assert ints.supports("int32") and ints.rung == max(
+        s.rung for s in registry.specs_for("cuda") if s.supports("int32"))
 
 
 def test_auto_uses_cached_choice_for_a_gpu() -> None:
@@ -320,3 +334,33 @@ def test_tuning_one_rung_records_the_untuned_auto_choice_as_a_baseline(tmp_path,
     spec, params = choose_kernel("auto", backend, make_problem(*ops), {})
     best = max(entries, key=lambda e: e.gflops)
     assert (spec.name, params) == (best.kernel, best.params)
+
+
+@pytest.mark.opencl
+def test_opencl_tuner_prunes_by_the_devices_own_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidates 'tilegemm tune' hands to the search are those the device itself admits
+    (PoCL: 4096 work-items, hundreds of KiB of local memory), not a guessed 256 / 32 KiB."""
+    from tilegemm.backends import get_backend
+    from tilegemm.cli import main
+
+    target = get_backend("opencl").target()
+    device = target.handle
+    assert target.limits.threads_per_block == device.max_work_group_size
+    assert target.limits.shared_per_block == device.local_mem_size
+    assert target.limits.max_allocation == device.max_mem_alloc_size
+    spec = registry.get("register2d", "opencl")
+    handed: list[list[dict[str, int]]] = []
+
+    def record(backend, spec, prob, cands, **kw):  # noqa: ANN001, ANN003, ANN202
+        handed.append(list(cands))
+        return strategies.TuneResult(spec, prob, [])
+
+    monkeypatch.setattr(strategies, "tune", record)
+    assert main(["tune", "--backend", "opencl", "--kernel", "register2d", "--m", "8", "--n",
+                 "8", "--k", "8", "--dry-run"]) == 0
+    expected = space.candidates(spec, "float32", target.limits)
+    assert handed[-1] == expected
+    if device.max_work_group_size > 256:  # PoCL on a CPU: 4096
+        assert any(spec.threads(p) > 256 for p in expected)
+    if device.local_mem_size > 32 * 1024:
+        assert any(spec.smem(p, 4) > 32 * 1024 for p in expected)

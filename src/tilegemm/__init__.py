@@ -11,7 +11,9 @@ happens on the first call that needs a backend.
 # ``tilegemm.kernels()`` callable while ``tilegemm.kernels.cuda`` still imports normally.
 import tilegemm.kernels  # noqa: F401  (see above; must precede the API import)
 from tilegemm.api import backends, gemm, kernels, matmul
+from tilegemm.plan import Plan, plan
 from tilegemm.reference import assert_close, reference
 
 __version__ = "0.1.0"
-__all__ = ["matmul", "gemm", "kernels", "backends", "reference", "assert_close", "__version__"]
+__all__ = ["matmul", "gemm", "plan", "Plan", "kernels", "backends", "reference", "assert_close",
+           "__version__"]

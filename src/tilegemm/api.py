@@ -14,35 +14,49 @@ import numpy as np
 
 from tilegemm import registry
 from tilegemm.backends import get_backend
-from tilegemm.backends.base import Backend
+from tilegemm.backends.base import Backend, Target
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
-from tilegemm.problem import GemmProblem, Operand, check_out, describe, make_problem
+from tilegemm.precision import apply_precision
+from tilegemm.problem import (
+    GemmProblem,
+    Operand,
+    check_out,
+    describe,
+    make_problem,
+    to_result,
+)
 from tilegemm.registry import BACKENDS, KernelSpec
+from tilegemm.tune.select import auto_choice
 
 AUTO = "auto"
 
 
 def choose_backend(name: str, operands: list[Operand]) -> Backend:
-    """The backend to run on: the operands' device if they live on one, else the request."""
+    """The backend to run on: the operands' device if they live on one, else the request.
+
+    Operands are matched to backends by array kind (``Backend.array_kind``), so a backend
+    that owns a kind of device array is found without naming it here.
+    """
     kinds = {op.kind for op in operands if op.kind != "host"}
     if len(kinds) > 1:
         raise InvalidValueError(f"operands live on different devices ({', '.join(sorted(kinds))})")
     data_kind = kinds.pop() if kinds else "host"
+    owners = [n for n in BACKENDS if get_backend(n).array_kind == data_kind]  # host: the CPU
     if name == AUTO:
         if data_kind != "host":
-            name = data_kind
+            name = owners[0]
         else:
             name = next(
                 (n for n in BACKENDS
                  if get_backend(n).status().usable and get_backend(n).status().accelerated),
-                "cpu",
+                owners[0],
             )
     elif name not in BACKENDS:
         raise InvalidValueError(f"unknown backend {name!r}; choices: auto, {', '.join(BACKENDS)}")
-    elif data_kind != "host" and name != data_kind:
+    elif data_kind != "host" and get_backend(name).array_kind != data_kind:
         raise InvalidValueError(
             f"operands are {data_kind} arrays but backend={name!r} was requested; use "
-            f"backend={data_kind!r} (or 'auto'), or copy them to the host first"
+            f"backend={owners[0]!r} (or 'auto'), or copy them to the host first"
         )
     backend = get_backend(name)
     status = backend.status()
@@ -56,38 +70,28 @@ def choose_backend(name: str, operands: list[Operand]) -> Backend:
 
 
 def choose_kernel(
-    kernel: str, backend: Backend, prob: GemmProblem, params: dict[str, Any]
+    kernel: str, backend: Backend, prob: GemmProblem, params: dict[str, Any],
+    target: Target | None = None,
 ) -> tuple[KernelSpec, dict[str, int]]:
-    """The rung and its full, validated parameters."""
+    """The rung and its full parameters, validated on ``target`` (default: the backend's
+    default device), the device that will run them."""
+    target = target or backend.target()
     if kernel == AUTO:
         if params:
             raise InvalidValueError(
                 f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
                 "chooses its own)"
             )
-        choice = _tuned_choice(backend, prob)
-        if choice is not None:
-            return choice
-        spec = registry.default_for(backend.name, prob.dtype)
-    else:
-        spec = registry.get(kernel, backend.name)
+        return auto_choice(backend, target, prob)
+    spec = registry.get(kernel, backend.name)
     if not spec.supports(prob.dtype):
         raise InvalidTypeError(
             f"kernel {spec.name!r} ({backend.name}) does not support dtype {prob.dtype.name}; "
             f"it supports {', '.join(spec.dtypes)}"
         )
-    resolved = backend.resolve(spec, params)
-    backend.check_limits(spec, resolved, prob.dtype)
+    resolved = backend.resolve(spec, params, target)
+    backend.check_limits(spec, resolved, prob.dtype, target)
     return spec, resolved
-
-
-def _tuned_choice(backend: Backend, prob: GemmProblem) -> tuple[KernelSpec, dict[str, int]] | None:
-    """The tuner's cached best for this device and shape, if the tuner has one."""
-    try:
-        from tilegemm.tune.select import tuned_choice
-    except ImportError:
-        return None
-    return tuned_choice(backend, prob)
 
 
 def _check_params_are_upper_case(params: dict[str, Any]) -> None:
@@ -110,7 +114,7 @@ def gemm(
     a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
     trans_a: bool = False, trans_b: bool = False, out: Any = None,
     kernel: str = AUTO, backend: str = AUTO, device: int | None = None, stream: Any = None,
-    **params: Any,
+    precision: str | None = None, **params: Any,
 ) -> Any:
     """``alpha * op(a) @ op(b) + beta * c`` with ``op(x)`` = x or its (last-two-axes) transpose.
 
@@ -144,9 +148,9 @@ def gemm(
         else:
             c_op = None  # never read when beta == 0
     be = choose_backend(backend, ops)
-    if device is not None and not getattr(be, "accepts_device", False):
+    if device is not None and not be.accepts_device:
         raise InvalidValueError(f"device= chooses an OpenCL device; backend {be.name!r} has no "
-                         "device choice (pass backend='opencl')")
+                                "device choice (pass backend='opencl')")
     if stream is not None:
         if not getattr(be, "accepts_stream", False):
             raise InvalidValueError(f"stream= chooses a CUDA stream; backend {be.name!r} has "
@@ -154,32 +158,78 @@ def gemm(
         from tilegemm.backends.cuda_stream import describe_stream
 
         describe_stream(stream)  # a wrong type fails here, before anything runs
-    spec, resolved = choose_kernel(kernel, be, prob, params)
+    # The device first: defaults, parameters and limits are those of the device that runs.
+    target = be.target_for(ops, device)
+    prob = _tensor_core_half(prob, be)
+    kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
+    spec, resolved = choose_kernel(kernel, be, prob, params, target)
+    data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
+    if data_kind != "host" and prob.result_dtype is not None:
+        raise InvalidTypeError(
+            f"matmul: the result dtype {prob.result_dtype.name} is computed as "
+            f"{prob.dtype.name} and cast back on the host only; for device arrays, cast the "
+            f"operands to {prob.dtype.name} first")
+    direct = True if out is None else check_out(out, prob, data_kind)
+    extra: dict[str, Any] = {} if stream is None else {"stream": stream}
+    result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out if direct else None,
+                    alpha, beta, target=target, **extra)
+    if data_kind == "host":
+        result = to_result(result, prob.out_dtype)
+    if out is not None and not direct:
+        # Strided, cast, broadcast or overlapping out: the product went to a temporary.
+        np.copyto(out, result, casting="same_kind")
+        return out
     if out is not None:
-        data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
-        check_out(out, prob, data_kind)
-    extra: dict[str, Any] = {} if device is None else {"device": device}
-    if stream is not None:
-        extra["stream"] = stream
-    result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out, alpha, beta, **extra)
-    if out is None and type(result) is np.ndarray and result.ndim == 0:
+        return out
+    return _wrap_like_numpy(result, (a, b))
+
+
+def _tensor_core_half(prob: GemmProblem, be: Backend) -> GemmProblem:
+    """float16 results are computed in float32 and cast back, as NumPy does, except on a
+    backend with a float16 (tensor-core) rung, which takes float16 operands directly."""
+    if prob.result_dtype is None or prob.result_dtype != np.float16:
+        return prob
+    if not any(s.supports("float16") for s in registry.specs_for(be.name)):
+        return prob
+    from dataclasses import replace
+
+    return replace(prob, dtype=np.dtype(np.float16), result_dtype=None)
+
+
+def _wrap_like_numpy(result: Any, inputs: tuple[Any, Any]) -> Any:
+    """A host result as NumPy's matmul returns it: the highest-priority ndarray subclass
+    among the inputs wraps it (``__array_wrap__``); a plain 0-d result is a NumPy scalar."""
+    if type(result) is not np.ndarray:
+        return result  # a device array: the operands' own library type
+    subclasses = [x for x in inputs if isinstance(x, np.ndarray) and type(x) is not np.ndarray]
+    if subclasses:
+        owner = max(subclasses, key=lambda x: getattr(x, "__array_priority__", 0.0))
+        return owner.__array_wrap__(result, (np.matmul, inputs, 0), False)
+    if result.ndim == 0:
         return result[()]  # vector · vector: a NumPy scalar, as np.matmul returns
     return result
 
 
 def matmul(
-    a: Any, b: Any, *, out: Any = None, kernel: str = AUTO, backend: str = AUTO,
-    device: int | None = None, stream: Any = None, **params: Any,
+    a: Any, b: Any, out: Any = None, *, kernel: str = AUTO, backend: str = AUTO,
+    device: int | None = None, stream: Any = None, precision: str | None = None,
+    **params: Any,
 ) -> Any:
     """Matrix product with NumPy's ``matmul`` semantics, computed by a tilegemm rung.
 
     - 1-D operands are promoted (a row for ``a``, a column for ``b``) and the added axis is
       removed; leading dimensions broadcast and the batch runs on the device in one launch.
-    - The result dtype is ``numpy.result_type(a, b)``: float32, float64, int32 or int64.
-    - NumPy in, NumPy out (other ndarray subclasses are computed on their data and give a
-      plain ndarray; ``np.matrix`` and masked arrays are refused); CUDA device arrays
-      (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array out, with no
-      copy to the host.
+    - The result dtype is ``numpy.result_type(a, b)``. float32, float64, int32 and int64 are
+      computed as they are; float16 (in float32), bool, and narrow or unsigned integers (in
+      int32/int64, wrapping as NumPy's do) are computed in a kernel dtype and cast back, on
+      host arrays (float16 runs on tensor cores where a backend has them). Complex, long
+      double and object results are refused (``TypeError``).
+    - ``out`` (also positional, as for ``np.matmul``): any strides, overlap with the inputs,
+      a dtype the result casts to under NumPy's ``same_kind`` rule.
+    - NumPy in, NumPy out (an ndarray subclass wraps the result through its
+      ``__array_wrap__``, as with NumPy; ``np.matrix`` and masked arrays are refused); CUDA
+      device arrays (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array
+      out, with no copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
       "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
     - ``device`` (OpenCL only) is a device index as listed by ``tilegemm info``; by default
@@ -189,9 +239,13 @@ def matmul(
       array's own stream, the ``stream`` of a ``__cuda_array_interface__``), so the result is
       ordered with the caller's other work without a device-wide wait; see
       ``tilegemm.backends.cuda_stream``. Host results are complete when the call returns.
+    - ``precision`` (float32 only): "ieee" (default: IEEE float32 multiply-adds), "tf32" or
+      "3xtf32" (tensor cores, CUDA on sm_80 or newer; see :mod:`tilegemm.precision`). A
+      precision no kernel here can compute is an error, never a silent fallback. float16
+      operands always run on CUDA tensor cores with float32 accumulation.
     """
     return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,
-                **params)
+                precision=precision, **params)
 
 
 def kernels(backend: str | None = None) -> list[KernelSpec]:

@@ -10,6 +10,16 @@ bug in tilegemm or its libraries and exits with status 3 (``--debug`` shows the 
 
 from __future__ import annotations
 
+from typing import Any
+
+try:  # NumPy's own exception for a disallowed cast into ``out`` (a TypeError)
+    from numpy._core._exceptions import _UFuncOutputCastingError as _NumPyOutputCastingError
+except ImportError:  # pragma: no cover - NumPy 1.x
+    try:
+        from numpy.core._exceptions import _UFuncOutputCastingError as _NumPyOutputCastingError
+    except ImportError:
+        _NumPyOutputCastingError = None  # type: ignore[assignment,misc]
+
 
 class UsageError(Exception):
     """Base class: the call was refused before anything ran; the caller can fix it."""
@@ -25,3 +35,25 @@ class InvalidTypeError(UsageError, TypeError):
 
 class UnavailableError(UsageError, RuntimeError):
     """What was asked for cannot run on this machine (no GPU, no driver, no device)."""
+
+
+if _NumPyOutputCastingError is not None:
+    class OutputCastingError(UsageError, _NumPyOutputCastingError):  # type: ignore[misc]
+        """The result cannot be cast into ``out`` under NumPy's ``same_kind`` rule: the same
+        exception type (and message) as ``np.matmul`` raises, so code catching NumPy's
+        ``UFuncTypeError`` or ``TypeError`` keeps working."""
+else:  # pragma: no cover
+    class OutputCastingError(UsageError, TypeError):  # type: ignore[no-redef]
+        """The result cannot be cast into ``out`` under NumPy's ``same_kind`` rule."""
+
+
+def output_casting_error(from_: Any, to: Any) -> OutputCastingError:
+    """NumPy's "Cannot cast ufunc 'matmul' output from ... to ..." for these dtypes."""
+    import numpy as np
+
+    if _NumPyOutputCastingError is not None:
+        return OutputCastingError(np.matmul, "same_kind", np.dtype(from_), np.dtype(to), 0)
+    return OutputCastingError(  # pragma: no cover
+        f"Cannot cast ufunc 'matmul' output from {np.dtype(from_)!r} to {np.dtype(to)!r} "
+        "with casting rule 'same_kind'")
+

@@ -17,7 +17,24 @@ import numpy as np
 
 from tilegemm.errors import InvalidTypeError, InvalidValueError
 
-SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float64", "int32", "int64")
+# What the kernels compute in. float16 runs only on tensor cores (tilegemm.precision says
+# where), with float32 accumulation; elsewhere a float16 product is computed in float32.
+SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float64", "int32", "int64", "float16")
+
+# Result dtypes NumPy's matmul can produce that tilegemm computes in a kernel dtype and casts
+# back, bit for bit as NumPy's own loops: integers narrower than 32 bits and unsigned ones
+# wrap modulo 2**bits, which the 32/64-bit sums already give (modular arithmetic is the
+# same for signed and unsigned of one width); float16 is accumulated in float32 as NumPy
+# does internally; bool is "any product true", i.e. a count of true products != 0.
+COMPUTED_AS: dict[str, str] = {
+    "float32": "float32", "float64": "float64", "int32": "int32", "int64": "int64",
+    "float16": "float32", "bool": "int32",
+    "int8": "int32", "int16": "int32", "uint8": "int32", "uint16": "int32",
+    "uint32": "int32", "uint64": "int64",
+}
+# NumPy result dtypes that are refused by design: no kernel computes them (complex, long
+# double, object, strings, dates), and emulating them would hide a slow or inexact path.
+RESULT_DTYPES: tuple[str, ...] = tuple(COMPUTED_AS)
 
 
 @dataclass(frozen=True)
@@ -61,11 +78,9 @@ def describe(x: Any, name: str) -> Operand:
             f"{name}: masked arrays are not supported (the mask would be ignored); "
             "pass x.filled(0) or the unmasked data")
     if not isinstance(x, np.ndarray):
-        try:
-            x = np.asarray(x)
-        except Exception as exc:  # pragma: no cover - depends on the object
-            raise InvalidTypeError(
-                f"{name}: cannot convert {type(x).__name__} to an array") from exc
+        # The object's own errors (from __array__, say) reach the caller unchanged, as
+        # they do from np.matmul.
+        x = np.asarray(x)
     return Operand(x, kind, x.shape, x.dtype)
 
 
@@ -77,6 +92,31 @@ def check_dtype(dtype: np.dtype, what: str) -> np.dtype:
             f"{', '.join(SUPPORTED_DTYPES)}"
         )
     return dtype
+
+
+def compute_dtype(result: np.dtype, what: str = "matmul") -> np.dtype:
+    """The kernel dtype that computes NumPy's result dtype ``result`` exactly (see
+    :data:`COMPUTED_AS`), or a TypeError listing the result dtypes tilegemm computes."""
+    result = np.dtype(result)
+    name = COMPUTED_AS.get(result.name) if result.isnative else None
+    if name is None:
+        raise InvalidTypeError(
+            f"{what}: the result dtype would be {result.name}, which tilegemm does not "
+            f"compute; supported result dtypes are {', '.join(RESULT_DTYPES)} (complex, long "
+            "double and object arrays are left to NumPy)")
+    return np.dtype(name)
+
+
+def to_result(x: np.ndarray, result: np.dtype) -> np.ndarray:
+    """A computed host array as NumPy's result dtype (wrapping casts, bool as != 0)."""
+    result = np.dtype(result)
+    if x.dtype == result:
+        # Equal but possibly another C type of the same size (longlong vs long): a view
+        # gives the exact type NumPy would return, without a copy.
+        return x if x.dtype.char == result.char else x.view(result)
+    if result.kind == "b":
+        return x != 0
+    return x.astype(result)
 
 
 @dataclass(frozen=True)
@@ -94,6 +134,14 @@ class GemmProblem:
     squeeze_n: bool = False  # b was 1-D: drop the N axis from the result
     trans_a: bool = False
     trans_b: bool = False
+    # NumPy's result dtype when it is not the dtype the kernel computes in (``dtype``):
+    # float16, bool, narrow or unsigned integers; None when they are the same.
+    result_dtype: np.dtype | None = None
+
+    @property
+    def out_dtype(self) -> np.dtype:
+        """The dtype of the array the caller gets (NumPy's result dtype)."""
+        return self.dtype if self.result_dtype is None else np.dtype(self.result_dtype)
 
     @property
     def batch(self) -> int:
@@ -141,10 +189,6 @@ def make_problem(
                 f"matmul: input operand {name} is 0-d (shape ()); matmul needs arrays of at "
                 "least 1 dimension (use * for scalars)"
             )
-    dtype = check_dtype(np.result_type(a.dtype, b.dtype), "matmul")
-    check_dtype(a.dtype, "matmul: operand a")
-    check_dtype(b.dtype, "matmul: operand b")
-
     a_shape, b_shape = a.shape, b.shape
     squeeze_m = len(a_shape) == 1
     squeeze_n = len(b_shape) == 1
@@ -171,10 +215,16 @@ def make_problem(
         raise _shape_error(
             a.shape, b.shape, f"leading (batch) dimensions {a_lead} and {b_lead} do not broadcast"
         ) from None
+    # Dtypes after shapes, as NumPy checks them: a shape error is a ValueError whatever the
+    # dtypes. Any pair whose result dtype is computed is converted once on the way in.
+    result = np.result_type(a.dtype, b.dtype)
+    dtype = compute_dtype(result)
     nd = len(batch_shape)
     pad = lambda s: (1,) * (nd - len(s)) + s  # noqa: E731
     return GemmProblem(
-        m=m, n=n, k=ka, dtype=dtype, batch_shape=batch_shape,
+        m=m, n=n, k=ka, dtype=dtype,
+        result_dtype=None if result == dtype and result.char == dtype.char else result,
+        batch_shape=batch_shape,
         a_batch_shape=pad(a_lead), b_batch_shape=pad(b_lead),
         squeeze_m=squeeze_m, squeeze_n=squeeze_n, trans_a=trans_a, trans_b=trans_b,
     )
@@ -211,21 +261,58 @@ def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
     return view
 
 
-def check_out(out: Any, prob: GemmProblem, kind: str) -> None:
-    """Refuse an ``out`` array that cannot hold the result, before anything runs."""
+def check_out(out: Any, prob: GemmProblem, kind: str) -> bool:
+    """Refuse an ``out`` array that cannot hold the result, before anything runs.
+
+    Host ``out`` follows NumPy: any strides, a dtype the result casts to under
+    ``same_kind``, extra leading dimensions the result broadcasts to. Returns True when the
+    backend can write into ``out`` directly (C-contiguous, the computed dtype, the result's
+    shape); otherwise the result is computed into a temporary and copied into ``out``.
+    Device ``out`` arrays must be dense and match the result's shape and dtype exactly.
+    """
+    from tilegemm.errors import output_casting_error
+
     if kind == "host" and array_kind(out) == "host" and not isinstance(out, np.ndarray):
-        raise InvalidValueError(f"out: must be a numpy.ndarray, got {type(out).__name__}")
+        raise InvalidTypeError(f"out: must be a numpy.ndarray, got {type(out).__name__}")
     op = describe(out, "out")
     if op.kind != kind:
         raise InvalidValueError(
             f"out: a {op.kind} array cannot receive a result computed on {kind} data")
-    if op.shape != prob.out_shape:
-        raise InvalidValueError(f"out: has shape {op.shape}, the result has shape {prob.out_shape}")
-    if op.dtype != prob.dtype:
+    if kind != "host":
+        if op.shape != prob.out_shape:
+            raise InvalidValueError(
+                f"out: has shape {op.shape}, the result has shape {prob.out_shape}")
+        if op.dtype != prob.out_dtype:
+            raise InvalidValueError(f"out: has dtype {op.dtype.name}, the result has dtype "
+                                    f"{prob.out_dtype.name} (device out arrays are not cast)")
+        return True
+    core = prob.out_shape[len(prob.batch_shape):]
+    if len(op.shape) < len(core) or tuple(op.shape[len(op.shape) - len(core):]) != core:
         raise InvalidValueError(
-            f"out: has dtype {op.dtype.name}, the result has dtype {prob.dtype.name}")
-    if kind == "host":
-        if not out.flags.c_contiguous:
-            raise InvalidValueError("out: must be C-contiguous")
-        if not out.flags.writeable:
-            raise InvalidValueError("out: is read-only")
+            f"matmul: Output operand 0 has a mismatch in its core dimensions: out has shape "
+            f"{op.shape}, the result's last {len(core)} dimension(s) are {core}")
+    lead = tuple(op.shape[:len(op.shape) - len(core)])
+    try:
+        fits = tuple(np.broadcast_shapes(prob.batch_shape, lead)) == lead
+    except ValueError:
+        fits = False
+    if not fits:
+        shown = lambda s: "(" + ",".join(map(str, s)) + ")"  # noqa: E731
+        raise InvalidValueError(
+            f"non-broadcastable output operand with shape {shown(op.shape)} doesn't match "
+            f"the broadcast shape {shown(prob.out_shape)}")
+    if not np.can_cast(prob.out_dtype, op.dtype, "same_kind"):
+        raise output_casting_error(prob.out_dtype, op.dtype)
+    if not out.flags.writeable:
+        raise InvalidValueError("output array is read-only")
+    return (op.shape == prob.out_shape and op.dtype == prob.dtype
+            and prob.result_dtype is None and out.flags.c_contiguous)
+
+
+def problem_for(m: int, n: int, k: int, dtype: np.dtype | str, batch: int = 0) -> GemmProblem:
+    """An (M, N, K) product of ``dtype`` described without operands (tuner, benchmarks);
+    ``batch`` > 0 makes it a batch of that many products."""
+    return GemmProblem(m=m, n=n, k=k, dtype=np.dtype(dtype),
+                       batch_shape=(batch,) if batch else (),
+                       a_batch_shape=(batch,) if batch else (),
+                       b_batch_shape=(batch,) if batch else ())

@@ -68,7 +68,21 @@ class KernelSpec:
     threads: Callable[[Mapping[str, int]], int] | None = None
     smem: Callable[[Mapping[str, int], int], int] | None = None
     doc: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    # Parameters for numba's CUDA simulator, which runs one Python thread per GPU thread:
+    # the smallest valid tiles. kernel="auto" uses them there (speed means nothing).
+    sim_params: Mapping[str, int] | None = None
+    # Measured defaults per kind of device ("cpu", "gpu"...) replacing the rung's own,
+    # when they fit the caller's overrides (OpenCL rungs tuned for PoCL on a CPU).
+    device_defaults: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # kernel="auto" picks this rung (at its defaults) before anything is tuned; a backend
+    # without a flagged rung gets its highest rung. See :func:`default_for`.
+    auto: bool = False
+    # A rung that computes at a reduced precision (tensor cores) maps each precision= it
+    # computes to the value of its parameter ``precision_param``; it runs only on request.
+    precisions: Mapping[str, int] = field(default_factory=dict)
+    precision_param: str = ""
+    # The oldest CUDA compute capability whose instructions the rung uses, e.g. (8, 0).
+    min_cc: tuple[int, int] | None = None
 
     @property
     def key(self) -> str:
@@ -183,12 +197,17 @@ def get(name: str, backend: str) -> KernelSpec:
 
 
 def default_for(backend: str, dtype: np.dtype | str) -> KernelSpec:
-    """The built-in choice for ``kernel="auto"``: the highest rung that supports ``dtype``.
+    """The built-in rung for ``kernel="auto"``: the rung flagged ``auto=True`` that supports
+    ``dtype``, else the highest rung that does.
 
     The tuner's cache, when it has an entry for the device and shape, takes precedence (see
-    ``tilegemm.api``); this is the fallback and needs no measurement.
+    :func:`tilegemm.tune.select.auto_choice`, the one place "auto" is decided); this is the
+    fallback and needs no measurement.
     """
-    candidates = [s for s in specs_for(backend) if s.supports(dtype)]
+    # Rungs that compute at a reduced precision (tensor cores) run only on request.
+    candidates = [s for s in specs_for(backend)
+                  if s.supports(dtype) and not s.precisions]
     if not candidates:
         raise InvalidTypeError(f"no {backend} kernel supports dtype {np.dtype(dtype).name}")
-    return max(candidates, key=lambda s: s.rung)
+    flagged = [s for s in candidates if s.auto]
+    return max(flagged or candidates, key=lambda s: s.rung)

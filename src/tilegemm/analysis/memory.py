@@ -10,7 +10,7 @@ simulator, turns those records into warp-level figures:
   warp (32 consecutive linear thread ids, x fastest) at the same site and the same dynamic
   instance. This is how SIMT hardware issues memory instructions.
 - **Global memory**: a request moves whole 32-byte **sectors**; the count of distinct
-  32-byte segments a request touches is what seed 004 calls "transactions" (and what
+  32-byte segments a request touches is what the optimisation note calls "transactions" (and what
   Nsight Compute reports as ``l1tex__t_sectors_pipe_lsu_mem_global_op_{ld,st}.sum``).
 - **Shared memory**: 32 banks of 4 bytes; bank = (address / 4) mod 32. Threads reading the
   *same* 4-byte word get it by broadcast; distinct words in one bank are serialised. A

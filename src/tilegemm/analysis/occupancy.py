@@ -1,6 +1,6 @@
 """Theoretical occupancy: how many blocks of a kernel fit on one SM, and what limits it.
 
-Seed 004 explains why its register kernel slows down beyond 8 outputs per thread by
+The optimisation note explains why its register kernel slows down beyond 8 outputs per thread by
 occupancy: more registers per thread and the same shared memory per block mean fewer
 resident warps. This module does that arithmetic the way NVIDIA's occupancy calculator
 (``cuda_occupancy.h``, ``cudaOccMaxActiveBlocksPerMultiprocessor``) does, from the

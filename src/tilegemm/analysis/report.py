@@ -24,17 +24,17 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
             samples: int = 2, full: bool = False, full_limit: int = 16,
             backend: str = "cuda", resources: bool = True) -> dict[str, Any]:
     """Everything ``tilegemm explain`` shows, as a JSON-ready dict."""
-    from tilegemm import registry
-    from tilegemm.backends.cuda import simulator_enabled
+    from tilegemm import registry, simulator
+    from tilegemm.backends import get_backend
 
-    if backend != "cuda":
+    if not get_backend(backend).traceable:
         raise InvalidValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
     spec = registry.get(kernel, backend)
     resolved = spec.resolve(params)
     g = get_gpu(gpu)
     kw = dict(params=resolved, dtype=dtype, batch=batch, beta=beta, samples=samples,
               full_limit=full_limit, backend=backend)
-    if simulator_enabled():
+    if simulator.enabled():
         from tilegemm.analysis.trace import trace_rung
 
         trace = trace_rung(kernel, m, n, k, full=full or None, **kw)
@@ -84,7 +84,7 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
     threads = trace["threads_per_block"]
     res_rows: list[dict[str, Any]] = []
     note = ""
-    if resources and not simulator_enabled():
+    if resources and not simulator.enabled():
         from tilegemm.analysis.resources import cuda_resources
 
         for arch in ARCH_LIMITS:
@@ -173,7 +173,7 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
     tot.add_column("value", justify="right")
     rows = [
         ("FLOPs (2·M·N·K)", _n(mem["flops"])),
-        ("global load requests / 32-byte sectors (seed 004's 'transactions')",
+        ("global load requests / 32-byte sectors (the optimisation note's 'transactions')",
          f"{_n(mem['global_load_requests'])} / {_n(mem['global_load_sectors'])}"),
         ("global store requests / sectors",
          f"{_n(mem['global_store_requests'])} / {_n(mem['global_store_sectors'])}"),

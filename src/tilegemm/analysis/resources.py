@@ -15,10 +15,12 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.backends import get_backend
+from tilegemm.backends.cuda import COMPILE_ARCHS
 from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import KernelSpec
 
-ARCHS: dict[str, tuple[int, int]] = {"sm_80": (8, 0), "sm_90": (9, 0)}
+ARCHS = COMPILE_ARCHS  # the CUDA backend's: sm_80 and sm_90
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,9 @@ _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 _PTXAS_SMEM = re.compile(r"(\d+) bytes smem")
 
 
-def link_ptx(ptx: str, arch: str) -> tuple[str, int]:
-    """Link PTX to a cubin for ``arch`` with nvJitLink; return (info log, cubin size)."""
+def link(ptx: str, arch: str) -> tuple[str, bytes]:
+    """Link PTX to a cubin for ``arch`` with nvJitLink (no GPU needed); return ptxas's
+    info log and the cubin. The one linker call behind resource reports and SASS."""
     from cuda.bindings import nvjitlink
 
     handle = nvjitlink.create(2, [f"-arch={arch}", "-verbose"])
@@ -66,10 +69,17 @@ def link_ptx(ptx: str, arch: str) -> tuple[str, int]:
         size = nvjitlink.get_info_log_size(handle)
         log = bytearray(size)
         nvjitlink.get_info_log(handle, log)
-        cubin_size = nvjitlink.get_linked_cubin_size(handle)
+        cubin = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, cubin)
     finally:
         nvjitlink.destroy(handle)
-    return bytes(log).decode(errors="replace").rstrip("\x00"), int(cubin_size)
+    return bytes(log).decode(errors="replace").rstrip("\x00"), bytes(cubin)
+
+
+def link_ptx(ptx: str, arch: str) -> tuple[str, int]:
+    """Link PTX to a cubin for ``arch`` with nvJitLink; return (info log, cubin size)."""
+    log, cubin = link(ptx, arch)
+    return log, len(cubin)
 
 
 def parse_ptxas_log(log: str) -> dict[str, int]:
@@ -101,14 +111,14 @@ def _ptx(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str, arch
 def ptx_for(spec: KernelSpec, params: dict[str, int], dtype: str = "float32",
             arch: str = "sm_90") -> str:
     """The PTX of a CUDA rung for ``arch`` (C-contiguous operands)."""
-    if spec.backend != "cuda":
+    if not get_backend(spec.backend).traceable:
         raise InvalidValueError(
             f"{spec.name} is a {spec.backend} kernel; PTX exists for CUDA rungs only")
     if arch not in ARCHS:
         raise InvalidValueError(f"unknown arch {arch!r}; choices: {', '.join(ARCHS)}")
-    from tilegemm.backends.cuda import simulator_enabled
+    from tilegemm import simulator
 
-    if simulator_enabled():
+    if simulator.enabled():
         raise UnavailableError("PTX cannot be compiled under the CUDA simulator; unset "
                            "NUMBA_ENABLE_CUDASIM")
     return _ptx(spec, tuple(sorted(params.items())), np.dtype(dtype).name, arch)

@@ -5,7 +5,7 @@ run no faster than ``min(peak FLOP/s, F/Q × bandwidth)``. Two byte counts brack
 
 - *traced*: every 32-byte sector the warps request (what the tracer counts), as if no
   cache ever served a second request for the same sector — the pessimistic bound and
-  the one seed 004's transaction counts imply;
+  the one the optimisation note's transaction counts imply;
 - *compulsory*: each input read once and the output written once — the bound with a
   perfect cache.
 

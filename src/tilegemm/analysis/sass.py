@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.backends import get_backend
 from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import KernelSpec
 
@@ -450,24 +451,9 @@ def disassemble(cubin: bytes) -> str:
 
 def link_cubin(ptx: str, arch: str) -> bytes:
     """Link PTX to a cubin for ``arch`` with nvJitLink (as ``kernels --resources`` does)."""
-    from cuda.bindings import nvjitlink
+    from tilegemm.analysis.resources import link
 
-    handle = nvjitlink.create(1, [f"-arch={arch}"])
-    try:
-        data = ptx.encode()
-        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
-        try:
-            nvjitlink.complete(handle)
-        except Exception as exc:
-            size = nvjitlink.get_error_log_size(handle)
-            log = bytearray(size)
-            nvjitlink.get_error_log(handle, log)
-            raise RuntimeError(f"nvJitLink failed for {arch}: {bytes(log).decode()}") from exc
-        buf = bytearray(nvjitlink.get_linked_cubin_size(handle))
-        nvjitlink.get_linked_cubin(handle, buf)
-    finally:
-        nvjitlink.destroy(handle)
-    return bytes(buf)
+    return link(ptx, arch)[1]
 
 
 def nvvm_version() -> str:
@@ -503,7 +489,8 @@ def sass_report(spec: KernelSpec, params: dict[str, int] | None = None,
 
     if arch not in ARCHS:
         raise InvalidValueError(f"unknown arch {arch!r}; choices: {', '.join(ARCHS)}")
-    if spec.backend not in ("cuda", "cudac"):
+    backend = get_backend(spec.backend)
+    if arch not in backend.compile_archs:
         raise InvalidValueError(f"{spec.name} is a {spec.backend} kernel; --sass needs a CUDA rung "
                          "(tilegemm kernels --backend cuda)")
     params = spec.resolve(params)
@@ -512,7 +499,7 @@ def sass_report(spec: KernelSpec, params: dict[str, int] | None = None,
     per_kstep = fma_per_kstep(spec, params)
     text = _disassembled(spec, tuple(sorted(params.items())), dt, arch)
     return analyse(text, kernel=spec.name,
-                   source="CUDA C" if spec.backend == "cudac" else "numba", arch=arch,
+                   source=backend.kernel_source, arch=arch,
                    dtype=dt, params=params, fma_per_kstep=per_kstep, bk=params["BK"])
 
 
@@ -524,10 +511,4 @@ def _disassembled(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: 
 
 def cubin_for(spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
     """The cubin of a rung: numba rungs through PTX and nvJitLink; CUDA C ones via NVRTC."""
-    if spec.backend == "cudac":
-        from tilegemm.kernels.cudac import compile_cubin
-
-        return compile_cubin(spec, params, dtype, arch).data
-    from tilegemm.analysis.resources import ptx_for
-
-    return link_cubin(ptx_for(spec, params, dtype, arch), arch)
+    return get_backend(spec.backend).cubin(spec, params, dtype, arch)

@@ -1,8 +1,8 @@
 """Trace a CUDA kernel's own memory accesses by running it on numba's CUDA simulator.
 
 Why trace rather than model: a formula per kernel is a second copy of the kernel that can
-drift from it, and it is exactly where hand analyses go wrong (seed 004 counts its shared
-kernel's bank conflicts by intuition). Here the counts come from executing the rung's real
+drift from it, and it is exactly where hand analyses go wrong (the optimisation note counts its
+shared kernel's bank conflicts by intuition). Here the counts come from executing the rung's real
 Python code: every array the kernel touches is replaced by a :class:`TracedArray` that
 records each element access — which thread, which instruction (source site and dynamic
 instance), which byte address, how wide, load or store — and
@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm import simulator
 from tilegemm.analysis.memory import (
     GLOBAL,
     RECORD,
@@ -412,8 +413,9 @@ def trace_rung(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int]
     """
     from tilegemm import registry
     from tilegemm.analysis.sampling import combine, plan_blocks
+    from tilegemm.backends import get_backend
 
-    if backend != "cuda":
+    if not get_backend(backend).traceable:
         raise InvalidValueError(
             f"explain traces CUDA rungs only (got backend {backend!r}); the same "
             "kernels' OpenCL/CPU versions are not traced")
@@ -518,7 +520,7 @@ def trace_in_subprocess(kernel: str, m: int, n: int, k: int, *,
     Use this from any process that has imported (or will import) the real ``numba.cuda``,
     e.g. to compile PTX as well: the simulator cannot be switched on after that import.
     """
-    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    env = dict(os.environ, **{simulator.ENV_VAR: "1"})
     src = str(Path(__file__).resolve().parents[2])  # .../src, so an uninstalled tree works
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
     cmd = [sys.executable, "-m", "tilegemm.analysis.trace", kernel, "--backend", backend,

@@ -9,7 +9,7 @@ from tilegemm.backends.base import Backend, BackendStatus
 from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
-__all__ = ["Backend", "BackendStatus", "get_backend", "statuses", "BACKENDS"]
+__all__ = ["Backend", "BackendStatus", "get_backend", "host_backend", "statuses", "BACKENDS"]
 
 
 @cache
@@ -18,6 +18,12 @@ def get_backend(name: str) -> Backend:
         raise InvalidValueError(f"unknown backend {name!r}; choices: {', '.join(BACKENDS)}")
     module = importlib.import_module(f"tilegemm.backends.{name}")
     return module.BACKEND
+
+
+def host_backend() -> str:
+    """The backend whose arrays are the host's NumPy arrays (the CPU): the fallback of
+    ``backend="auto"`` and the home of the NumPy reference in benchmarks."""
+    return next(n for n in BACKENDS if get_backend(n).array_kind == "host")
 
 
 def statuses() -> list[BackendStatus]:

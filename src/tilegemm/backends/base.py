@@ -1,8 +1,13 @@
 """The small interface every backend implements, and what they share.
 
 A backend owns one kind of array ("host" NumPy, "cuda" device arrays, "opencl" arrays),
-knows whether it can run here (and why not), checks a rung's resource needs against its
-device before a launch, and runs a :class:`~tilegemm.problem.GemmProblem`.
+knows whether it can run here (and why not), and owns every fact about its devices: it
+describes the device a call will run on as a :class:`Target` (a stable key, the kind, the
+architecture, the limits, the timer, the vendor reference, details for results files).
+Everything that depends on the device (default parameters, limit checks, launches,
+benchmarks, the tuner's search space and its cache key) is decided from that Target, so
+``device=`` is applied before anything else and no module outside ``backends/`` needs to
+know which backend it is talking to.
 """
 
 from __future__ import annotations
@@ -11,13 +16,13 @@ import math
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tilegemm.errors import InvalidTypeError, InvalidValueError
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import GemmProblem, Operand
 from tilegemm.registry import KernelSpec
 
@@ -30,6 +35,51 @@ class BackendStatus:
     devices: tuple[str, ...] = ()
     simulated: bool = False  # e.g. numba's CUDA simulator: correct but very slow
     accelerated: bool = False  # a real GPU (or other accelerator): kernel="auto" prefers it
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one block (work-group) may use on a device; the checks and the tuner read these.
+
+    A zero means "no such limit here" (the CPU has no register file to share, PoCL does
+    not report registers).
+    """
+
+    threads_per_block: int
+    block_dims: tuple[int, ...] = ()  # the most threads along each block dimension
+    shared_per_block: int = 0  # bytes of (static) shared / local memory per block
+    registers_per_block: int = 0  # the register file one block may use (CUDA: per SM)
+    registers_per_thread: int = 0
+    max_allocation: int = 0  # bytes of the largest single buffer
+
+
+@dataclass(frozen=True)
+class Target:
+    """The one device a call runs on, as its backend describes it.
+
+    Made by :meth:`Backend.target` before anything else is decided, so parameters,
+    defaults and limits are always those of the device that runs the kernel. ``key`` is
+    stable across processes and device orderings (the tuner's cache and the compile cache
+    key on it); ``index`` is the ``device=`` number, which can change when hardware does.
+    """
+
+    backend: str  # the registry's backend name
+    name: str  # the device's own name, e.g. "NVIDIA H100 80GB HBM3"
+    kind: str  # "gpu", "cpu", "accelerator" or "simulator"
+    arch: str  # CUDA "sm_90"; the machine ("x86_64") for host code; "" when unknown
+    limits: Limits
+    timer: str  # what measures a launch: "CUDA events", "perf_counter"...
+    index: int | None = None  # the device= index, when the backend has several devices
+    capability: tuple[int, ...] = ()  # CUDA compute capability (9, 0); () when none
+    simulated: bool = False  # correct but slow (numba's CUDA simulator): never timed
+    accelerated: bool = False  # a real GPU or other accelerator
+    vendors: tuple[str, ...] = ()  # vendor references to time against, tried in order
+    handle: Any = field(default=None, compare=False, hash=False, repr=False)  # backend's own
+
+    @property
+    def key(self) -> str:
+        """A stable device key: backend, architecture and device name (no index)."""
+        return f"{self.backend}/{self.arch}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -85,32 +135,105 @@ def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]
     return t(alpha), t(beta)
 
 
+def unknown_device(backend: str, index: Any, names: tuple[str, ...]) -> InvalidValueError:
+    """The error for a ``device=`` that names no device here, listing the devices."""
+    listing = "; ".join(f"{i}: {n}" for i, n in enumerate(names)) or "none"
+    return InvalidValueError(f"unknown {backend} device {index!r}; devices here: {listing} "
+                      "(see 'tilegemm info')")
+
+
 class Backend(ABC):
+    """One kind of device and its arrays. Adding a backend: see docs/architecture.md.
+
+    Every method that depends on the device takes the :class:`Target` that
+    :meth:`target` made; ``target=None`` means the default device (kept so a caller with
+    no device choice need not ask for one).
+    """
+
     name: str = ""
+    label: str = ""  # how messages name it ("OpenCL"); the name when empty
     array_kind: str = "host"
+    accepts_device: bool = False  # whether device= may choose among several devices
+    # GPU architectures the backend compiles its rungs for without a GPU (resource and SASS
+    # reports: resource_report, cubin); () when it has no such toolchain.
+    compile_archs: tuple[str, ...] = ()
+    # Its rungs are Numba CUDA Python: numba's simulator runs them, so 'explain' can trace
+    # their memory accesses, and numba compiles them to PTX.
+    traceable: bool = False
+    kernel_source: str = ""  # what its rungs are written in, for reports ("numba", "CUDA C")
 
     @abstractmethod
     def status(self) -> BackendStatus:
         """Probe once (cached by the implementation); never raises."""
 
-    def resolve(self, spec: KernelSpec, params: Mapping[str, Any]) -> dict[str, int]:
-        """The rung's full parameters; a backend may start from defaults measured for its
-        device (OpenCL: ``spec.extra["device_defaults"]``) instead of the rung's own."""
+    def device_names(self) -> tuple[str, ...]:
+        """The devices ``device=`` indexes, by name (the error for a bad index lists them)."""
+        return self.status().devices
+
+    def target(self, device: int | None = None) -> Target:
+        """The device a call runs on: ``device`` (an index into :meth:`device_names`) or the
+        default one. Raises ValueError listing the devices for an index that is not there,
+        and RuntimeError when the backend cannot run here."""
+        status = self.status()
+        if not status.usable:
+            raise UnavailableError(f"backend {self.name!r} is not usable here: {status.reason}")
+        if device is not None:
+            names = self.device_names()
+            if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or not (
+                    0 <= int(device) < len(names)):
+                raise unknown_device(self.label or self.name, device, names)
+            device = int(device)
+        return self._target(device)
+
+    def _target(self, index: int | None) -> Target:
+        """The Target of device ``index`` (already checked), or of the default device.
+
+        Every real backend describes its device here; this fallback (no limits, the host
+        clock) only serves a backend that has no device facts to give, such as a test's.
+        """
+        status = self.status()
+        names = self.device_names()
+        kind = "simulator" if status.simulated else "gpu" if status.accelerated else "cpu"
+        return Target(self.name, names[index or 0] if names else self.name, kind, "",
+                      Limits(threads_per_block=0), timer="perf_counter", index=index,
+                      simulated=status.simulated, accelerated=status.accelerated)
+
+    def target_for(self, operands: Sequence[Operand], device: int | None = None) -> Target:
+        """The Target a call on ``operands`` runs on: where device arrays live (a backend
+        with several devices overrides this), else ``device`` or the default."""
+        return self.target(device)
+
+    def device_details(self, target: Target) -> dict[str, Any]:
+        """What a results file records about the device beyond the Target (driver...)."""
+        return {}
+
+    def resolve(self, spec: KernelSpec, params: Mapping[str, Any],
+                target: Target | None = None) -> dict[str, int]:
+        """The rung's full parameters on ``target``; a backend may start from defaults
+        measured for that kind of device (``spec.device_defaults``) instead of the rung's."""
+        defaults = spec.device_defaults.get((target or self.target()).kind, {})
+        if defaults:
+            merged = {**defaults, **params}
+            if spec.is_valid(merged):
+                return spec.resolve(merged)
         return spec.resolve(params)
 
-    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype) -> None:
-        """Raise ValueError if the rung's threads or shared memory exceed the device."""
+    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                     target: Target | None = None) -> None:
+        """Raise ValueError if the rung's threads or shared memory exceed ``target``."""
+        check_block_limits(spec, params, dtype, target or self.target())
 
     @abstractmethod
     def run(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
         a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
+        target: Target | None = None,
     ) -> Any:
         """Compute and return the result (``out`` if given), of the operands' array type."""
 
     def prepare(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
-        a3: np.ndarray, b3: np.ndarray,
+        a3: np.ndarray, b3: np.ndarray, target: Target | None = None,
     ) -> Prepared:
         """Copy (batch|1, M, K) and (batch|1, K, N) host operands to the device once and
         return launch/fetch/elapsed closures over them (alpha=1, beta=0)."""
@@ -118,3 +241,56 @@ class Backend(ABC):
 
     def synchronize(self) -> None:
         """Wait for queued work (timing uses this); host backends have nothing to wait for."""
+
+    def resources(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                  target: Target) -> tuple[int, int] | None:
+        """(registers per thread, bytes spilled) of the compiled rung, where the backend's
+        toolchain can tell without running it (the tuner rejects spilling candidates)."""
+        if not self.compile_archs:
+            return None
+        arch = target.arch if target.arch in self.compile_archs else self.compile_archs[-1]
+        res = self.resource_report(spec, params, dtype, arch)
+        return None if res is None else (res.registers, res.spills)
+
+    def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
+        """The rung's machine code for ``arch`` (SASS analysis); needs no GPU."""
+        raise UnavailableError(f"{self.label or self.name} rungs have no cubin")
+
+    def describe_devices(self) -> Any:
+        """A rich table of this backend's devices and their limits for ``tilegemm info``, or
+        None when a backend has nothing to add to its status line."""
+        return None
+
+    def results_prefix(self, info: Mapping[str, Any]) -> str:
+        """What starts a results file's name before the device's own (``opencl-pocl-``),
+        from the device details a results file recorded (``bench.environment``)."""
+        return ""
+
+    def resource_report(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                        arch: str) -> Any:
+        """What the compiler allocated for the rung built for ``arch`` ("sm_90") with no
+        device present (an ``analysis.resources.Resources``: registers, spills, stack, shared
+        memory), or None where the backend's toolchain cannot tell (``tilegemm kernels
+        --resources``)."""
+        return None
+
+    def cache_flusher(self, target: Target | None = None) -> Callable[[], None] | None:
+        """A function that evicts the device's cache between timed launches, or None."""
+        return None
+
+
+def check_block_limits(spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                       target: Target) -> None:
+    """The rung's declared threads and shared memory per block against ``target.limits``."""
+    limits = target.limits
+    if spec.threads is not None and limits.threads_per_block and (
+            spec.threads(params) > limits.threads_per_block):
+        raise InvalidValueError(
+            f"{spec.name}: {spec.threads(params)} threads per block exceed the limit of "
+            f"{limits.threads_per_block} on {target.name}")
+    if spec.smem is not None and limits.shared_per_block:
+        need = spec.smem(params, np.dtype(dtype).itemsize)
+        if need > limits.shared_per_block:
+            raise InvalidValueError(
+                f"{spec.name}: needs {need} bytes of shared memory per block, more than the "
+                f"{limits.shared_per_block}-byte limit on {target.name}")

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import platform
 from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,7 +14,9 @@ import numpy as np
 from tilegemm.backends.base import (
     Backend,
     BackendStatus,
+    Limits,
     Prepared,
+    Target,
     poison_enabled,
     poison_value,
     resolve_scalars,
@@ -18,6 +24,22 @@ from tilegemm.backends.base import (
 )
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
 from tilegemm.registry import KernelSpec
+
+# A write of a buffer larger than the CPU's last-level cache evicts it between timed runs.
+HOST_FLUSH_BYTES = 64 * 1024 * 1024
+
+
+@cache
+def cpu_name() -> str:
+    """The CPU model (from /proc/cpuinfo on Linux), else what ``platform`` knows; the one
+    reader used by results files, benchmark scripts and the tuning cache's device key."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "CPU"
 
 
 def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np.ndarray:
@@ -35,19 +57,39 @@ def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np
     return dest
 
 
+@cache
+def _status() -> BackendStatus:
+    """Probed once: ``kernel="auto"`` asks on every call, and small products are measured in
+    microseconds."""
+    return BackendStatus("cpu", True, f"Numba on {os.cpu_count()} CPU core(s)", ("host CPU",))
+
+
 class CpuBackend(Backend):
     name = "cpu"
+    label = "CPU"
     array_kind = "host"
 
     def status(self) -> BackendStatus:
-        import os
+        return _status()
 
-        return BackendStatus("cpu", True, f"Numba on {os.cpu_count()} CPU core(s)",
-                             ("host CPU",))
+    @cache  # noqa: B019 - one backend object per process
+    def _target(self, index: int | None) -> Target:
+        # No block limits: a CPU "block" is a loop nest; the largest allocation is the
+        # host's memory, which NumPy reports itself when it runs out.
+        return Target(self.name, cpu_name(), "cpu", platform.machine(),
+                      Limits(threads_per_block=0), timer="perf_counter", vendors=("numpy",))
+
+    def device_details(self, target: Target) -> dict[str, Any]:
+        return {"device": target.name}
+
+    def cache_flusher(self, target: Target | None = None) -> Any:
+        buf = np.empty(HOST_FLUSH_BYTES // 8, dtype=np.float64)
+        return lambda: buf.fill(1.0)
 
     def run(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
         a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
+        target: Target | None = None,
     ) -> np.ndarray:
         alpha, beta = resolve_scalars(prob, alpha, beta)
         a3 = host_operand_3d(a.obj, prob, "a")
@@ -68,7 +110,7 @@ class CpuBackend(Backend):
 
     def prepare(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
-        a3: np.ndarray, b3: np.ndarray,
+        a3: np.ndarray, b3: np.ndarray, target: Target | None = None,
     ) -> Prepared:
         """Compile (outside any timing), then time launches with ``perf_counter``.
 

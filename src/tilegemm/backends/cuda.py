@@ -10,33 +10,41 @@ result is returned as the same library's array, with no copy to the host.
 
 from __future__ import annotations
 
-import os
+import subprocess
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
 import numpy as np
 
+from tilegemm import simulator
 from tilegemm.backends.base import (
     Backend,
     BackendStatus,
+    Limits,
     Prepared,
+    Target,
+    check_block_limits,
     poison_enabled,
     poison_value,
     resolve_scalars,
     wall_clock_elapsed,
 )
 from tilegemm.backends.cuda_stream import choose_stream, numba_stream
-from tilegemm.errors import InvalidTypeError, InvalidValueError
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
 from tilegemm.registry import KernelSpec
 
+# The architectures rungs are compiled for without a GPU (nvJitLink), by compute capability.
+COMPILE_ARCHS: dict[str, tuple[int, int]] = {"sm_80": (8, 0), "sm_90": (9, 0)}
 MAX_THREADS_PER_BLOCK = 1024
 MAX_STATIC_SMEM = 48 * 1024  # bytes of static shared memory per block on every arch
-
-
-def simulator_enabled() -> bool:
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("", "0")
+# Every CUDA GPU since sm_50: 1,024 threads, 48 KiB of static shared memory and 64 Ki
+# registers per block, at most 255 registers a thread. The tuner and the resource checks
+# read these through the Target, never from here.
+CUDA_LIMITS = Limits(threads_per_block=MAX_THREADS_PER_BLOCK, block_dims=(1024, 1024, 64),
+                     shared_per_block=MAX_STATIC_SMEM, registers_per_block=65536,
+                     registers_per_thread=255)
 
 
 def _as_device(x: Any) -> Any:
@@ -67,7 +75,7 @@ def _reshape(d: Any, shape: tuple[int, ...]) -> Any:
             )
         return _strided_view(d, tuple(shape), strides)
     r = d.reshape(shape)
-    if simulator_enabled() and not getattr(r, "__cuda_ndarray__", False):
+    if simulator.enabled() and not getattr(r, "__cuda_ndarray__", False):
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         return FakeCUDAArray(r)
@@ -94,7 +102,7 @@ def _nocopy_strides(d: Any, shape: tuple[int, ...]) -> tuple[int, ...] | None:
 
 def _strided_view(d: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
     """A view of ``d``'s memory with ``shape`` and byte ``strides`` from its element 0."""
-    if simulator_enabled():
+    if simulator.enabled():
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
         x = np.asarray(d._ary)
@@ -123,18 +131,45 @@ def _wrap_like(result: Any, like: Any) -> Any:
     return result
 
 
+def _driver_library_present() -> bool:
+    """Whether the CUDA driver library can be loaded (what numba-cuda itself needs first);
+    ``NUMBA_CUDA_DRIVER`` names a driver elsewhere, so then numba-cuda decides."""
+    import ctypes
+    import os
+    import sys
+
+    if os.environ.get("NUMBA_CUDA_DRIVER"):
+        return True
+    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
+    for name in names:
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return True
+    return False
+
+
 class CudaBackend(Backend):
     name = "cuda"
+    label = "CUDA"
     array_kind = "cuda"
+    compile_archs = tuple(COMPILE_ARCHS)
+    traceable = True
+    kernel_source = "numba"
     accepts_stream = True  # matmul/gemm(stream=...) chooses the stream (backends/cuda_stream)
 
     @cache  # noqa: B019 - one backend object per process
     def status(self) -> BackendStatus:
+        if not simulator.enabled() and not _driver_library_present():
+            # Importing numba-cuda takes about half a second; kernel="auto" asks every
+            # backend on the first call, so a machine without a driver should not pay it.
+            return BackendStatus("cuda", False, "no CUDA GPU or driver found (no libcuda)")
         try:
             from numba import cuda
         except Exception as exc:  # pragma: no cover - numba-cuda is a dependency
             return BackendStatus("cuda", False, f"numba-cuda cannot be imported: {exc}")
-        if simulator_enabled():
+        if simulator.enabled():
             return BackendStatus("cuda", True, "numba CUDA simulator (NUMBA_ENABLE_CUDASIM=1)",
                                  ("simulator",), simulated=True)
         try:
@@ -149,19 +184,59 @@ class CudaBackend(Backend):
             return BackendStatus("cuda", False, f"CUDA driver error: {exc}")
         return BackendStatus("cuda", True, "numba-cuda", devices, accelerated=True)
 
-    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype) -> None:
-        if spec.threads is not None and spec.threads(params) > MAX_THREADS_PER_BLOCK:
-            raise InvalidValueError(
-                f"{spec.name}: {spec.threads(params)} threads per block exceed the CUDA limit "
-                f"of {MAX_THREADS_PER_BLOCK}"
-            )
-        if spec.smem is not None:
-            need = spec.smem(params, np.dtype(dtype).itemsize)
-            if need > MAX_STATIC_SMEM:
-                raise InvalidValueError(
-                    f"{spec.name}: needs {need} bytes of static shared memory per block, more "
-                    f"than the {MAX_STATIC_SMEM}-byte static limit"
-                )
+    @cache  # noqa: B019 - one backend object per process
+    def _target(self, index: int | None) -> Target:
+        vendors = ("cupy", "torch")
+        if simulator.enabled():
+            return Target(self.name, "simulator", "simulator", "", CUDA_LIMITS,
+                          timer="CUDA events", simulated=True)
+        from numba import cuda
+
+        dev = cuda.gpus[0 if index is None else index]  # attributes proxy to the device
+        name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        major, minor = dev.compute_capability
+        limits = Limits(
+            threads_per_block=int(dev.MAX_THREADS_PER_BLOCK),
+            block_dims=(int(dev.MAX_BLOCK_DIM_X), int(dev.MAX_BLOCK_DIM_Y),
+                        int(dev.MAX_BLOCK_DIM_Z)),
+            shared_per_block=MAX_STATIC_SMEM,  # numba rungs use static shared memory only
+            registers_per_block=int(dev.MAX_REGISTERS_PER_BLOCK),
+            registers_per_thread=CUDA_LIMITS.registers_per_thread,
+        )
+        return Target(self.name, name, "gpu", f"sm_{major}{minor}", limits,
+                      timer="CUDA events", index=index, accelerated=True, vendors=vendors,
+                      capability=(int(major), int(minor)), handle=dev)
+
+    def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
+        from tilegemm.analysis.resources import ptx_for
+        from tilegemm.analysis.sass import link_cubin
+
+        return link_cubin(ptx_for(spec, params, dtype, arch), arch)
+
+    def resource_report(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                        arch: str) -> Any:
+        """ptxas's report for the rung's PTX linked by nvJitLink for ``arch``; no GPU needed."""
+        from tilegemm.analysis.resources import cuda_resources
+
+        return cuda_resources(spec, dict(params), np.dtype(dtype).name, arch)
+
+    def device_details(self, target: Target) -> dict[str, Any]:
+        """Name, compute capability, driver and runtime versions, L2 size, SM count."""
+        if target.simulated:
+            return {}
+        return _cuda_details()
+
+    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                     target: Target | None = None) -> None:
+        target = target or self.target()
+        need = spec.min_cc  # e.g. tensor-core rungs: (8, 0)
+        have = target.capability
+        if need and have and have < tuple(need):
+            raise UnavailableError(
+                f"{spec.name}: needs a GPU of compute capability {need[0]}.{need[1]} "
+                f"(sm_{need[0]}{need[1]}) or newer for its tensor-core instructions; this "
+                f"GPU is sm_{have[0]}{have[1]}. Use precision='ieee' (the FFMA rungs)")
+        check_block_limits(spec, params, dtype, target)
 
     def _device_operand(self, op: Operand, prob: GemmProblem, which: str) -> Any:
         """A device operand as a (batch or 1, rows, cols) numba device array, no host trip."""
@@ -173,11 +248,18 @@ class CudaBackend(Backend):
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         mode = prob.batch_mode(which)
         if op.dtype != prob.dtype:
-            raise InvalidTypeError(
-                f"matmul: device operand {which} has dtype {op.dtype.name} but the result is "
-                f"{prob.dtype.name}; cast it on the device first (mixed dtypes are converted "
-                "only for host arrays)"
-            )
+            # Mixed dtypes are converted once, on the device, by the array's own library.
+            if lib == "cupy":
+                x = x.astype(prob.dtype)
+            elif lib == "torch":
+                import torch
+
+                x = x.to(getattr(torch, prob.dtype.name))
+            else:
+                raise InvalidTypeError(
+                    f"matmul: numba device operand {which} has dtype {op.dtype.name} but the "
+                    f"product is computed in {prob.dtype.name}, and numba arrays have no "
+                    "device-side cast; cast it first (CuPy and PyTorch arrays are converted)")
         if lib in ("cupy", "torch"):
             # The array's own library reshapes/broadcasts on the device.
             if squeeze:
@@ -222,7 +304,7 @@ class CudaBackend(Backend):
     def run(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
         a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
-        stream: Any = None,
+        target: Target | None = None, stream: Any = None,
     ) -> Any:
         from numba import cuda
 
@@ -312,7 +394,7 @@ class CudaBackend(Backend):
 
     def prepare(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
-        a3: np.ndarray, b3: np.ndarray,
+        a3: np.ndarray, b3: np.ndarray, target: Target | None = None,
     ) -> Prepared:
         """Operands uploaded once; each launch bracketed by a pair of CUDA events.
 
@@ -336,7 +418,7 @@ class CudaBackend(Backend):
                 program.launch(da, db, dc, alpha, beta)
 
         def elapsed(n: int) -> list[float]:
-            if simulator_enabled():
+            if simulator.enabled():
                 return wall_clock_elapsed(launch, n)
             events = [(cuda.event(), cuda.event()) for _ in range(n)]
             for start, end in events:
@@ -348,9 +430,9 @@ class CudaBackend(Backend):
 
         return Prepared(launch=launch, fetch=dc.copy_to_host, elapsed=elapsed)
 
-    def cache_flusher(self) -> Any:
+    def cache_flusher(self, target: Target | None = None) -> Any:
         """Evict L2 between timed launches: a device-to-device copy of twice its size."""
-        if simulator_enabled():
+        if simulator.enabled():
             return None
         from numba import cuda
 
@@ -360,9 +442,41 @@ class CudaBackend(Backend):
         return lambda: dst.copy_to_device(src)
 
 
+def _cuda_details() -> dict[str, Any]:
+    from numba import cuda
+
+    dev = cuda.get_current_device()
+    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+    details: dict[str, Any] = {"device": name,
+                               "compute_capability": "{}.{}".format(*dev.compute_capability)}
+    try:
+        major, minor = cuda.cudadrv.driver.driver.get_version()
+        details["driver_cuda_version"] = f"{major}.{minor}"
+    except Exception:
+        pass
+    try:
+        major, minor = cuda.runtime.get_version()
+        details["runtime_cuda_version"] = f"{major}.{minor}"
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            details["driver"] = out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        details["l2_bytes"] = int(dev.L2_CACHE_SIZE)
+        details["sm_count"] = int(dev.MULTIPROCESSOR_COUNT)
+    except Exception:
+        pass
+    return details
+
+
 def _may_overlap(x: Any, y: Any) -> bool:
     """Whether two numba device arrays may share memory (by address range; conservative)."""
-    if simulator_enabled():
+    if simulator.enabled():
         return bool(np.may_share_memory(np.asarray(x._ary), np.asarray(y._ary)))
     return _span(x)[0] < _span(y)[1] and _span(y)[0] < _span(x)[1]
 

@@ -98,9 +98,9 @@ def numba_stream(choice: tuple[str, Any] | None) -> Any:
     kind, value = choice
     if kind == "numba":
         return value
-    from tilegemm.backends.cuda import simulator_enabled
+    from tilegemm import simulator
 
-    if value == 0 or simulator_enabled():  # the simulator runs everything synchronously
+    if value == 0 or simulator.enabled():  # the simulator runs everything synchronously
         return cuda.default_stream()
     if value == LEGACY_DEFAULT:
         return cuda.legacy_default_stream()

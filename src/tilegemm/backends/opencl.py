@@ -39,10 +39,13 @@ import numpy as np
 from tilegemm.backends.base import (
     Backend,
     BackendStatus,
+    Limits,
     Prepared,
+    Target,
     poison_enabled,
     poison_value,
     resolve_scalars,
+    unknown_device,
 )
 from tilegemm.backends.opencl_program import (
     KERNEL_NAME,
@@ -117,14 +120,12 @@ def check_device_index(index: Any) -> int:
     devices = all_devices()
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not (
             0 <= int(index) < len(devices)):
-        listing = "; ".join(f"{i}: {d.name.strip()}" for i, d in enumerate(devices)) or "none"
-        raise InvalidValueError(f"unknown OpenCL device {index!r}; devices here: {listing} "
-                         "(see 'tilegemm info')")
+        raise unknown_device("OpenCL", index, tuple(d.name.strip() for d in devices))
     return int(index)
 
 
 @dataclass
-class _Target:
+class _Place:
     """Where one call runs: a context, one of its devices and an in-order queue."""
 
     context: Any
@@ -147,6 +148,7 @@ class _Cache:
 
 class OpenCLBackend(Backend):
     name = "opencl"
+    label = "OpenCL"
     array_kind = "opencl"
     accepts_device = True  # matmul/gemm(device=i) selects a device by index
 
@@ -154,6 +156,7 @@ class OpenCLBackend(Backend):
         self._own: dict[int, _OwnDevice] = {}
         self._cache = _Cache()
         self._used: dict[int, Any] = {}  # queues that may have work in flight
+        self._targets: dict[int, Target] = {}  # per device index, while the device is the same
 
     # -- probing ------------------------------------------------------------------------
 
@@ -207,25 +210,58 @@ class OpenCLBackend(Backend):
 
     # -- parameters and limits --------------------------------------------------------------
 
-    def resolve(self, spec: KernelSpec, params: Mapping[str, Any]) -> dict[str, int]:
-        """The rung's parameters, starting from its measured defaults for this kind of device
-        (``extra["device_defaults"]``) when it has some and they fit the user's overrides."""
-        tuned = dict(spec.extra.get("device_defaults", {}).get(self._default_kind(), {}))
-        if tuned:
-            merged = {**tuned, **params}
-            if spec.is_valid(merged):
-                return spec.resolve(merged)
-        return spec.resolve(params)
+    def device_names(self) -> tuple[str, ...]:
+        return tuple(d.name.strip() for d in all_devices())
 
-    def _default_kind(self) -> str:
-        if not self.status().usable:
-            return ""
-        return device_kind(all_devices()[default_device_index()])
+    def _target(self, index: int | None) -> Target:
+        return self._device_target(default_device_index() if index is None else index)
 
-    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype) -> None:
+    def _device_target(self, index: int) -> Target:
+        d = all_devices()[index]
+        known = self._targets.get(index)
+        if known is not None and known.handle is d:
+            return known
+        kind = device_kind(d)
+        limits = Limits(threads_per_block=int(d.max_work_group_size),
+                        block_dims=tuple(int(x) for x in d.max_work_item_sizes),
+                        shared_per_block=int(d.local_mem_size),
+                        max_allocation=int(d.max_mem_alloc_size))
+        target = self._targets[index] = Target(
+            self.name, d.name.strip(), kind, "", limits, timer="OpenCL profiling events",
+            index=index, accelerated=kind == "gpu", vendors=("clblast",), handle=d)
+        return target
+
+    def target_for(self, operands: Sequence[Operand], device: int | None = None) -> Target:
+        """The device of the caller's pyopencl arrays (``device=``, if given, must be it)."""
+        arrays = [op.obj for op in operands if op.kind == "opencl"]
+        if not arrays:
+            return self.target(device)
+        first = arrays[0]
+        dev = first.queue.device if first.queue is not None else first.context.devices[0]
+        here = next((i for i, d in enumerate(all_devices()) if _same(d, dev)), None)
+        if device is not None:
+            wanted = self.target(device)
+            if here != wanted.index:
+                raise InvalidValueError(
+                    f"device={device} is {wanted.name}, but the pyopencl arrays live on "
+                    f"{dev.name.strip()}; omit device= to run where the data is")
+            return wanted
+        return self.target(here) if here is not None else self.target()
+
+    def device_details(self, target: Target) -> dict[str, Any]:
+        d = target.handle
+        return {"platform": d.platform.name.strip(), "driver": d.driver_version,
+                "opencl": d.version, "compute_units": int(d.max_compute_units)}
+
+    def results_prefix(self, info: Mapping[str, Any]) -> str:
+        where = f"{info.get('platform', '')} {info.get('device', '')}"
+        return "opencl-pocl-" if "Portable Computing Language" in where else "opencl-"
+
+    def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
+                     target: Target | None = None) -> None:
         if not self.status().usable:
             return
-        self._check_device(spec, params, np.dtype(dtype), all_devices()[default_device_index()])
+        self._check_device(spec, params, np.dtype(dtype), (target or self.target()).handle)
 
     def _check_device(
         self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype, device: Any,
@@ -306,11 +342,12 @@ class OpenCLBackend(Backend):
                 context, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
         return queue
 
-    def _target(self, arrays: Sequence[Any], device: int | None) -> _Target:
-        """The context of the caller's pyopencl arrays, else our own on the chosen device."""
+    def _place(self, arrays: Sequence[Any], target: Target | None) -> _Place:
+        """The context of the caller's pyopencl arrays, else our own on the target device."""
+        device = None if target is None else target.index
         if not arrays:
             own = self.own_device(device)
-            return _Target(own.context, own.device, own.queue)
+            return _Place(own.context, own.device, own.queue)
         first = arrays[0]
         for x in arrays[1:]:
             if not _same(x.context, first.context):
@@ -320,16 +357,14 @@ class OpenCLBackend(Backend):
                     "into one with pyopencl.array.to_device)")
         context = first.context
         dev = first.queue.device if first.queue is not None else context.devices[0]
-        if device is not None:
-            wanted = all_devices()[check_device_index(device)]
-            if not _same(wanted, dev):
-                raise InvalidValueError(
-                    f"device={device} is {wanted.name.strip()}, but the pyopencl arrays live on "
-                    f"{dev.name.strip()}; omit device= to run where the data is")
+        if target is not None and not _same(target.handle, dev):
+            raise InvalidValueError(
+                f"device={target.index} is {target.name}, but the pyopencl arrays live on "
+                f"{dev.name.strip()}; omit device= to run where the data is")
         queue = first.queue if first.queue is not None else self._queue(context, dev)
-        return _Target(context, dev, queue)
+        return _Place(context, dev, queue)
 
-    def kernel(self, target: _Target | _OwnDevice, program: OpenCLProgram,
+    def kernel(self, target: _Place | _OwnDevice, program: OpenCLProgram,
                name: str = KERNEL_NAME, source: str | None = None) -> Any:
         """The compiled kernel, built once per (source, options, context, device)."""
         cl = _cl()
@@ -351,13 +386,13 @@ class OpenCLBackend(Backend):
             kernel = self._cache.kernels[key] = cl.Kernel(built, name)
         return kernel
 
-    def _layout_kernel(self, target: _Target, dtype: np.dtype) -> Any:
+    def _layout_kernel(self, target: _Place, dtype: np.dtype) -> Any:
         program = OpenCLProgram("layout", LAYOUT, tuple(sorted(type_defines(dtype).items())),
                                 (1, 1), (1, 1))
         return self.kernel(target, program, "gather", program.source)
 
     def _checked_kernel(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
-                        target: _Target | _OwnDevice) -> tuple[OpenCLProgram, Any]:
+                        target: _Place | _OwnDevice) -> tuple[OpenCLProgram, Any]:
         """Device checks, the build, and the compiled kernel's own work-group limit."""
         cl = _cl()
         self._check_device(spec, params, dtype, target.device)
@@ -374,7 +409,7 @@ class OpenCLBackend(Backend):
 
     # -- operands -----------------------------------------------------------------------
 
-    def _gather(self, target: _Target, x: Any, dtype: np.dtype, zoff: np.ndarray, rs: int,
+    def _gather(self, target: _Place, x: Any, dtype: np.dtype, zoff: np.ndarray, rs: int,
                 cs: int, rows: int, cols: int, dst: Any | None = None) -> Any:
         """Dense (len(zoff), rows, cols) copy of a strided device view, on the device."""
         cla = _cla()
@@ -390,15 +425,13 @@ class OpenCLBackend(Backend):
                np.int32(rows), np.int32(cols))
         return dst
 
-    def _device_operand(self, target: _Target, op: Operand, prob: GemmProblem,
+    def _device_operand(self, target: _Place, op: Operand, prob: GemmProblem,
                         which: str) -> tuple[Any, int, int]:
         """A pyopencl operand as (buffer, element offset, batch stride) with dense rows."""
         x = op.obj
         if op.dtype != prob.dtype:
-            raise InvalidTypeError(
-                f"matmul: device operand {which} has dtype {op.dtype.name} but the result is "
-                f"{prob.dtype.name}; cast it on the device first (mixed dtypes are converted "
-                "only for host arrays)")
+            # Mixed dtypes: converted once, on the device (a dense copy in the kernel dtype).
+            x = x.astype(prob.dtype, queue=target.queue)
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         own_lead = prob.a_batch_shape if which == "a" else prob.b_batch_shape
         view = _strided_view(x, prob, which)
@@ -413,7 +446,7 @@ class OpenCLBackend(Backend):
         dense = self._gather(target, x, prob.dtype, zoff, rs, cs, rows, cols)
         return dense.base_data, dense.offset // dense.dtype.itemsize, rows * cols
 
-    def _fill_c0(self, target: _Target, c: Operand, prob: GemmProblem, dest: Any) -> None:
+    def _fill_c0(self, target: _Place, c: Operand, prob: GemmProblem, dest: Any) -> None:
         """Put C0 (broadcast to the result) into ``dest`` before a beta != 0 launch."""
         cl = _cl()
         shape3 = (prob.batch, prob.m, prob.n)
@@ -448,7 +481,7 @@ class OpenCLBackend(Backend):
     def run(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
         a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
-        device: int | None = None,
+        target: Target | None = None,
     ) -> Any:
         cl, cla = _cl(), _cla()
         alpha, beta = resolve_scalars(prob, alpha, beta)
@@ -457,7 +490,7 @@ class OpenCLBackend(Backend):
         on_device = bool(arrays)
         if out is not None and on_device:
             arrays.append(out)
-        target = self._target(arrays, device)
+        target = self._place(arrays, target)
         self._check_sizes(target.device, prob)
         program, kernel = self._checked_kernel(spec, params, prob.dtype, target)
         queue = target.queue
@@ -510,7 +543,7 @@ class OpenCLBackend(Backend):
                             src_offset=dest.offset, is_blocking=True)
         return host
 
-    def _operand(self, target: _Target, op: Operand, prob: GemmProblem,
+    def _operand(self, target: _Place, op: Operand, prob: GemmProblem,
                  which: str) -> tuple[Any, int, int]:
         if op.kind == "opencl":
             return self._device_operand(target, op, prob, which)
@@ -533,11 +566,11 @@ class OpenCLBackend(Backend):
 
     def prepare(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
-        a3: np.ndarray, b3: np.ndarray, device: int | None = None,
+        a3: np.ndarray, b3: np.ndarray, target: Target | None = None,
     ) -> Prepared:
         """Operands copied to the device once; ``elapsed`` reads OpenCL profiling events."""
         cla = _cla()
-        own = self.own_device(device)
+        own = self.own_device(None if target is None else target.index)
         self._check_sizes(own.device, prob)
         program, kernel = self._checked_kernel(spec, params, prob.dtype, own)
         queue = own.queue
@@ -550,6 +583,9 @@ class OpenCLBackend(Backend):
             a_args = (da.data, 0, prob.m * prob.k if a3.shape[0] > 1 else 0)
             b_args = (db.data, 0, prob.k * prob.n if b3.shape[0] > 1 else 0)
         dc = cla.empty(queue, (prob.batch, prob.m, prob.n), prob.dtype)
+        if poison_enabled() and dc.size:  # so the verified first launch proves every write
+            pattern = np.array([poison_value(prob.dtype)], dtype=prob.dtype)
+            _cl().enqueue_fill_buffer(queue, dc.data, pattern, 0, dc.nbytes)
 
         def enqueue() -> Any:
             if dc.size == 0:

@@ -71,7 +71,7 @@ class OpenCLProgram:
     defines: tuple[tuple[str, str], ...]
     local: tuple[int, int]
     tile: tuple[int, int]
-    dim0_is_row: bool = False  # only the seed's naive mapping puts rows in dimension 0
+    dim0_is_row: bool = False  # only the original example's naive mapping puts rows in dimension 0
     local_mem: int = 0  # bytes of __local memory per work-group
 
     @property

@@ -6,15 +6,18 @@ reproducible; every results file carries these.
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import os
 import platform
 import re
 import subprocess
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tilegemm.backends.base import Backend
+from tilegemm.backends.base import Backend, Target
+from tilegemm.backends.cpu import cpu_name
+
+__all__ = ["backend_info", "cpu_name", "git_commit", "host_info", "slug", "versions"]
 
 
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
@@ -30,17 +33,19 @@ def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
     return sha + ("-dirty" if dirty else "") if sha else "unknown"
 
 
-@cache
-def cpu_name() -> str:
-    """The CPU model (from /proc/cpuinfo on Linux), else what ``platform`` knows; the one
-    reader used by results files, benchmark scripts and the tuning cache's device key."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
+PACKAGES = ("tilegemm", "numpy", "numba", "numba-cuda", "pyopencl", "pocl-binary-distribution",
+            "cuda-bindings", "nvidia-nvjitlink", "cupy-cuda12x", "cupy-cuda13x", "torch")
+
+
+def versions() -> dict[str, str]:
+    """Python's and every installed package's version that changes what a number means."""
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return found
 
 
 # Settings that change what a number means (thread counts, TF32); recorded when set.
@@ -54,55 +59,22 @@ def host_info() -> dict[str, Any]:
             "system": f"{platform.system()} {platform.release()}", "env": env}
 
 
-def backend_info(backend: Backend) -> dict[str, Any]:
-    """Device name, compute capability and driver of the backend's (first) device."""
+def backend_info(backend: Backend, target: Target | None = None) -> dict[str, Any]:
+    """What a results file records about the device: the status, then the Target's name,
+    kind and architecture and the backend's own details (driver, compute capability...)."""
     status = backend.status()
     info: dict[str, Any] = {"usable": status.usable, "reason": status.reason,
                             "simulated": status.simulated, "devices": list(status.devices),
                             "device": status.devices[0] if status.devices else ""}
-    if backend.name == "cpu":
-        info["device"] = cpu_name()
-    if backend.name == "cuda" and status.usable and not status.simulated:
-        info.update(_cuda_details())
-    describe = getattr(backend, "device_info", None)  # a backend may add its own details
-    if callable(describe):
-        try:
-            info.update(describe())
-        except Exception as exc:  # details are nice to have; never fail a run on them
-            info["device_info_error"] = str(exc)
+    if not status.usable:
+        return info
+    try:
+        target = target or backend.target()
+        info.update(device=target.name, kind=target.kind, arch=target.arch, key=target.key)
+        info.update(backend.device_details(target))
+    except Exception as exc:  # details are nice to have; never fail a run on them
+        info["device_info_error"] = str(exc)
     return info
-
-
-def _cuda_details() -> dict[str, Any]:
-    from numba import cuda
-
-    dev = cuda.get_current_device()
-    name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
-    details: dict[str, Any] = {"device": name,
-                               "compute_capability": "{}.{}".format(*dev.compute_capability)}
-    try:
-        major, minor = cuda.cudadrv.driver.driver.get_version()
-        details["driver_cuda_version"] = f"{major}.{minor}"
-    except Exception:
-        pass
-    try:
-        major, minor = cuda.runtime.get_version()
-        details["runtime_cuda_version"] = f"{major}.{minor}"
-    except Exception:
-        pass
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            details["driver"] = out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        details["l2_bytes"] = int(dev.L2_CACHE_SIZE)
-        details["sm_count"] = int(dev.MULTIPROCESSOR_COUNT)
-    except Exception:
-        pass
-    return details
 
 
 def slug(text: str) -> str:

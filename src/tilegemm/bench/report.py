@@ -1,4 +1,5 @@
-"""The seed's tables from a :class:`~tilegemm.bench.results.Results`: terminal, Markdown, CSV.
+"""the optimisation note's tables from a :class:`~tilegemm.bench.results.Results`: terminal,
+Markdown, CSV.
 
 Tables are built once as plain data (:class:`Table`) and rendered three ways, so what the
 terminal shows, what ``--format md`` writes and what the README embeds are the same
@@ -18,9 +19,9 @@ from tilegemm.bench.results import Results
 from tilegemm.bench.timing import FAILED, OK, SKIPPED, Measurement
 from tilegemm.errors import InvalidValueError
 
-# Seed 004's outputs-per-thread sweep (TFLOP/s at 1024³, block 32×32, its GPU is not
+# the optimisation note's outputs-per-thread sweep (TFLOP/s at 1024³, block 32×32, its GPU is not
 # named): shown beside ours for the shape of the curve, not as a target.
-SEED_004_R_TFLOPS: dict[int, float] = {1: 3.67, 2: 4.80, 4: 6.02, 8: 6.77, 16: 6.67, 32: 5.32}
+NOTE_R_TFLOPS: dict[int, float] = {1: 3.67, 2: 4.80, 4: 6.02, 8: 6.77, 16: 6.67, 32: 5.32}
 DASH = "—"
 
 
@@ -167,7 +168,8 @@ def ladder_tables(results: Results) -> list[Table]:
 
 
 def sizes_tables(results: Results) -> list[Table]:
-    """Seed 004's table: GFLOP/s per kernel variant (rows) and size M = N = K (columns)."""
+    """the optimisation note's table: GFLOP/s per kernel variant (rows) and size M = N = K
+    (columns)."""
     tables = []
     dtype = results.meta.get("settings", {}).get("dtype", "float32")
     for be in results.backends("sizes"):
@@ -190,7 +192,7 @@ def sizes_tables(results: Results) -> list[Table]:
 
 
 def rsweep_tables(results: Results) -> list[Table]:
-    """Seed 004's outputs-per-thread sweep."""
+    """the optimisation note's outputs-per-thread sweep."""
     tables = []
     for be in results.backends("rsweep"):
         ms = results.for_report("rsweep", be)
@@ -200,11 +202,11 @@ def rsweep_tables(results: Results) -> list[Table]:
             ref_name = short_name(ref.kernel) if ref else "vendor"
             t = Table(f"Outputs per thread (R) — {be} on {_device(results, be)}, {n}³",
                       ["kernel", "R", "parameters", "GFLOP/s", f"% of {ref_name}",
-                       "seed 004 TFLOP/s (1024³, its GPU)"], text_columns=3)
+                       "optimisation note TFLOP/s (1024³, its GPU)"], text_columns=3)
             for m in at:
                 r = m.params.get("R")
                 params = " ".join(f"{k}={v}" for k, v in m.params.items() if k != "R")
-                seed = SEED_004_R_TFLOPS.get(r) if r is not None else None
+                seed = NOTE_R_TFLOPS.get(r) if r is not None else None
                 t.rows.append([m.kernel, str(r), params, cell(m) + (NOISY_MARK if noisy(m)
                                                                      else ""),
                                _percent(m, ref), f"{seed:.2f}" if seed is not None else DASH])
@@ -217,23 +219,27 @@ def rsweep_tables(results: Results) -> list[Table]:
 
 
 def compile_tables(results: Results) -> list[Table]:
-    """Seed 002's comparison: first call (compilation included) vs steady, and NumPy."""
+    """the Numba ROC example's comparison: first call (compilation included) vs steady, and
+    NumPy."""
     tables = []
+    from tilegemm.backends import host_backend
+
+    host = host_backend()
     ms_all = [m for m in results.measurements if "compile" in m.reports]
-    numpy_row = next((m for m in ms_all if m.backend == "cpu" and m.vendor), None)
+    numpy_row = next((m for m in ms_all if m.backend == host and m.vendor), None)
     for be in results.backends("compile"):
         at = _order(m for m in ms_all if m.backend == be)
-        if not at or (be == "cpu" and all(m.vendor for m in at)):
+        if not at or (be == host and all(m.vendor for m in at)):
             continue
         n = at[0].m
         t = Table(f"First call vs steady — {be} on {_device(results, be)}, {n}³",
                   ["kernel", "parameters", "first call ms", "steady median ms", "first/steady",
                    "GFLOP/s (steady)"], text_columns=2)
-        rows = at + ([numpy_row] if numpy_row is not None and be != "cpu" else [])
+        rows = at + ([numpy_row] if numpy_row is not None and be != host else [])
         for m in rows:
             s = m.stats if m.status == OK else None
             ratio = f"{m.first_s / s.median:,.0f}×" if s and m.first_s and s.median else DASH
-            name = f"{m.kernel} (CPU)" if m.vendor and m.backend == "cpu" else m.kernel
+            name = f"{m.kernel} (CPU)" if m.vendor and m.backend == host else m.kernel
             params = " ".join(f"{k}={v}" for k, v in m.params.items())
             t.rows.append([name, params, fmt_ms(m.first_s) if m.status == OK else cell(m),
                            fmt_ms(s.median) if s else DASH, ratio, cell(m)])
@@ -342,7 +348,7 @@ def print_rich(results: Results, reports: Iterable[str] | None = None, console: 
     from rich.table import Table as RichTable
 
     if console is None:
-        from tilegemm.commands._console import console as make_console
+        from tilegemm.console import console as make_console
 
         console = make_console()
     for line in header_lines(results):

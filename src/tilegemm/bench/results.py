@@ -67,17 +67,19 @@ class Results:
         """``<device>`` part of a results file name, short and readable: the first
         accelerated backend's device (``nvidia-h100-80gb-hbm3``, ``opencl-pocl-amd-epyc``),
         else ``cpu-<cpu model>``."""
+        from tilegemm.backends import get_backend
         from tilegemm.bench.environment import short_slug
+        from tilegemm.registry import BACKENDS
 
         infos = self.meta.get("backends", {})
-        for name in ("cuda", "opencl"):
+        ran = self.backends()
+        for name in BACKENDS:
             info = infos.get(name)
-            if info and name in self.backends() and info.get("device"):
-                device = info["device"]
-                if name == "opencl":
-                    pocl = "Portable Computing Language" in device
-                    return "opencl-" + ("pocl-" if pocl else "") + short_slug(device)
-                return short_slug(device)
+            if not (info and name in ran and info.get("device")):
+                continue
+            backend = get_backend(name)
+            if backend.array_kind != "host":
+                return backend.results_prefix(info) + short_slug(info["device"])
         return "cpu-" + short_slug(self.meta.get("host", {}).get("cpu", "cpu"))
 
     def default_stem(self) -> str:

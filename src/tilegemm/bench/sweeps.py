@@ -1,12 +1,13 @@
-"""The seed's tables as plans of cases, built from the registry, and the loop that runs them.
+"""the optimisation note's tables as plans of cases, built from the registry, and the loop that
+runs them.
 
 Four reports, each a list of :class:`Case` (a rung or the vendor library, parameters, size):
 
-- ``sizes`` (seed 004): GFLOP/s over M = N = K for every rung; rungs with a block-size
+- ``sizes`` (the optimisation note): GFLOP/s over M = N = K for every rung; rungs with a block-size
   parameter (``BLOCK`` or ``TILE``) once per block size (8, 16, 32), others at defaults.
-- ``rsweep`` (seed 004): rungs with an outputs-per-thread parameter ``R``, once per R.
+- ``rsweep`` (the optimisation note): rungs with an outputs-per-thread parameter ``R``, once per R.
 - ``ladder``: every rung at its defaults at one or more sizes, as a share of the vendor.
-- ``compile`` (seed 002): first call (compilation included) vs steady time, and NumPy.
+- ``compile`` (the Numba ROC example): first call (compilation included) vs steady time, and NumPy.
 
 Nothing here lists kernels: which rungs exist, their parameters and which values are
 valid all come from :mod:`tilegemm.registry`, so a new rung shows up in every table.
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm import registry
-from tilegemm.backends import get_backend
+from tilegemm.backends import get_backend, host_backend
 from tilegemm.backends.base import Backend
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import (
@@ -34,14 +35,14 @@ from tilegemm.bench.timing import (
     Policy,
     measure_kernel,
 )
-from tilegemm.bench.vendors import Vendor, find_vendor, measure_vendor, numpy_vendor
+from tilegemm.bench.vendors import Vendor, find_vendor, measure_vendor
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import random_operands
 from tilegemm.registry import KernelSpec
 
 REPORTS: tuple[str, ...] = ("compile", "ladder", "sizes", "rsweep")
-BLOCK_PARAMS: tuple[str, ...] = ("BLOCK", "TILE")  # "block size" in the seed's tables
-OUTPUTS_PARAM = "R"  # outputs per thread (seed 004's ILP kernel)
+BLOCK_PARAMS: tuple[str, ...] = ("BLOCK", "TILE")  # "block size" in the optimisation note's tables
+OUTPUTS_PARAM = "R"  # outputs per thread (the optimisation note's ILP kernel)
 SEED_SIZES: tuple[int, ...] = tuple(2**i for i in range(3, 13))  # 8 … 4096
 
 
@@ -53,7 +54,7 @@ def block_param(spec: KernelSpec) -> str | None:
 
 @dataclass(frozen=True)
 class Settings:
-    """What to run. ``quick()`` is ``make demo``; ``full()`` is the seed's sizes."""
+    """What to run. ``quick()`` is ``make demo``; ``full()`` is the optimisation note's sizes."""
 
     dtype: str = "float32"
     reports: tuple[str, ...] = REPORTS
@@ -148,7 +149,9 @@ def plan(
     first: list[Case] = []
     rest: list[Case] = []
     for be in backends:
-        specs = [s for s in specs_for(be) if s.supports(dtype)]
+        # IEEE rungs only: a tensor-core rung computes at another precision (precision=)
+        # and is to be compared with cuBLAS at that precision, not with SGEMM.
+        specs = [s for s in specs_for(be) if s.supports(dtype) and not s.precisions]
         if "compile" in settings.reports:
             n = settings.compile_size
             first += [_case("compile", be, n, s) for s in specs]
@@ -172,8 +175,8 @@ def plan(
             if swept:
                 rest.append(_case("rsweep", be, n))
     if "compile" in settings.reports and backends:
-        n = settings.compile_size  # seed 002 prints the CPU (NumPy) time beside the GPU's
-        first.append(_case("compile", "cpu", n))
+        n = settings.compile_size  # the Numba ROC example prints NumPy's time beside the GPU's
+        first.append(_case("compile", host_backend(), n))
     rest.sort(key=lambda c: c.flops)  # stable: report order kept within a size
     return first + rest
 
@@ -203,7 +206,7 @@ def _operands(state: RunState, case: Case, dtype: np.dtype) -> tuple[np.ndarray,
 
 def _vendor(state: RunState, backend: Backend) -> Vendor | None:
     if backend.name not in state.vendors:
-        vendor, note = (numpy_vendor(), "") if backend.name == "cpu" else find_vendor(backend)
+        vendor, note = find_vendor(backend)
         state.vendors[backend.name] = vendor
         state.vendor_notes[backend.name] = vendor.note if vendor else note
     return state.vendors[backend.name]
@@ -300,9 +303,8 @@ def run_bench(
     clock: Clock = time.perf_counter,
 ) -> Results:
     """Plan, run and package a whole benchmark with the metadata a results file needs."""
-    from tilegemm.bench.environment import backend_info, git_commit, host_info
+    from tilegemm.bench.environment import backend_info, git_commit, host_info, versions
     from tilegemm.bench.results import now_iso
-    from tilegemm.commands.info import versions
 
     created = now_iso()
     cases = plan(backends, settings, specs_for)

@@ -4,7 +4,8 @@ The protocol, for one kernel on one problem:
 
 1. **First call** — build (compile), upload operands and run one launch, timed on the host
    clock to the end of the launch. This is what a user waits for on a first ``matmul`` call
-   (the seed 002 "1st GPU time"); it is reported apart and never mixed into steady figures.
+   (the "1st GPU time" of the Numba ROC example); it is reported apart and never mixed into steady
+   figures.
 2. **Verify** — the result of that first launch is fetched and compared with the float64
    reference (:func:`tilegemm.reference.assert_close`) with the output NaN-poisoned before
    the launch. A kernel that raises or computes a wrong result is reported as FAILED with
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.backends.base import Backend, Prepared, poison_value
+from tilegemm.backends.base import Backend, Prepared, Target, poison_value
 from tilegemm.errors import InvalidValueError, UsageError
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import assert_close
@@ -43,7 +44,6 @@ OK = "ok"
 FAILED = "FAILED"
 SKIPPED = "skipped"
 
-HOST_FLUSH_BYTES = 64 * 1024 * 1024  # larger than any CPU's last-level cache we expect
 
 
 @dataclass(frozen=True)
@@ -244,6 +244,27 @@ def time_prepared(
     return first, samples
 
 
+def prepare_verified(
+    backend: Backend, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+    a3: np.ndarray, b3: np.ndarray, *, target: Target | None = None,
+) -> Prepared:
+    """``backend.prepare`` with its output NaN-poisoned, one launch, and the result checked
+    against float64 NumPy: the first step of every measurement (benchmarks, the tuner, the
+    scripts in benchmarks/), so nothing is timed that skips an element or is wrong.
+
+    Raises AssertionError (from :func:`~tilegemm.reference.assert_close`) for a wrong
+    result; whatever preparing or launching raises passes through.
+    """
+    with poisoned():
+        prepared = backend.prepare(spec, params, prob, a3, b3, target=target)
+        prepared.launch()
+        backend.synchronize()
+    got = np.asarray(prepared.fetch()).reshape(-1, prob.m, prob.n)
+    shown = " ".join(f"{k}={v}" for k, v in params.items())
+    assert_close(got, a3, b3, what=f"{backend.name}:{spec.name} {shown}".strip())
+    return prepared
+
+
 def host_prepared(
     backend: Backend, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
     a3: np.ndarray, b3: np.ndarray,
@@ -269,27 +290,10 @@ def host_prepared(
     return Prepared(launch=launch, fetch=lambda: out.copy(), elapsed=elapsed)
 
 
-def cache_flusher(backend: Backend) -> Callable[[], None] | None:
-    """A function that evicts the device's cache between repeats, or None if unsupported.
-
-    A backend may offer ``cache_flusher()`` (CUDA writes a buffer twice the L2 size); host
-    backends get a write of a buffer larger than the CPU's last-level cache.
-    """
-    make = getattr(backend, "cache_flusher", None)
-    if make is not None:
-        return make()
-    if backend.array_kind == "host":
-        buf = np.empty(HOST_FLUSH_BYTES // 8, dtype=np.float64)
-        return lambda: buf.fill(1.0)
-    return None
-
-
-TIMERS = {"cuda": "CUDA events", "opencl": "OpenCL profiling events", "cpu": "perf_counter"}
-
-
 def measure_kernel(
     backend: Backend, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
     a3: np.ndarray, b3: np.ndarray, policy: Policy, *, clock: Clock = time.perf_counter,
+    target: Target | None = None,
 ) -> Measurement:
     """Verify then time one rung with ``params`` (merged with its defaults) on ``prob``.
 
@@ -304,19 +308,19 @@ def measure_kernel(
     if not spec.supports(prob.dtype):
         meas.status, meas.reason = SKIPPED, f"no {prob.dtype.name} support"
         return meas
+    target = target or backend.target()
     try:
-        resolved = backend.resolve(spec, params)  # device defaults apply (OpenCL)
-        backend.check_limits(spec, resolved, prob.dtype)
+        resolved = backend.resolve(spec, params, target)  # device defaults apply (OpenCL)
+        backend.check_limits(spec, resolved, prob.dtype, target)
     except ValueError as exc:
         meas.status, meas.reason = SKIPPED, str(exc)
         return meas
     meas.params = dict(resolved)
-    simulated = backend.status().simulated
-    meas.method = TIMERS.get(backend.name, "backend timer") + (" (simulator)" if simulated else "")
+    meas.method = target.timer + (" (simulator)" if target.simulated else "")
 
     def prepare() -> Prepared:
         try:
-            return backend.prepare(spec, resolved, prob, a3, b3)
+            return backend.prepare(spec, resolved, prob, a3, b3, target=target)
         except NotImplementedError:
             meas.method = "perf_counter around tilegemm.matmul (no Backend.prepare)"
             return host_prepared(backend, spec, resolved, prob, a3, b3)
@@ -325,7 +329,7 @@ def measure_kernel(
         got = result.reshape(prob.batch, prob.m, prob.n)
         assert_close(got, a3, b3, what=f"{backend.name}:{meas.variant}")
 
-    flush = cache_flusher(backend) if policy.flush else None
+    flush = backend.cache_flusher(target) if policy.flush else None
     meas.flushed = flush is not None
     try:
         meas.first_s, meas.samples = time_prepared(

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.backends.base import Backend, Prepared, wall_clock_elapsed
+from tilegemm.backends.base import Backend, Prepared, Target, wall_clock_elapsed
 from tilegemm.bench.timing import (
     FAILED,
     Clock,
@@ -163,28 +163,21 @@ def _torch_vendor() -> Vendor:
                   torch.cuda.synchronize, "CUDA events")
 
 
-def _opencl_queue(backend: Backend) -> Any:
-    """A profiling queue on the OpenCL backend's device (its own context when it has one)."""
+def _opencl_queue(target: Target) -> Any:
+    """A profiling queue of our own on the target's OpenCL device."""
     import pyopencl as cl
 
-    queue = getattr(backend, "queue", None)
-    queue = queue() if callable(queue) else queue
-    if queue is not None:
-        return cl.CommandQueue(queue.context, queue.device,
-                               properties=cl.command_queue_properties.PROFILING_ENABLE)
-    devices = [d for p in cl.get_platforms() for d in p.get_devices()]
-    gpus = [d for d in devices if d.type & cl.device_type.GPU]
-    device = (gpus or devices)[0]
-    ctx = cl.Context([device])
-    return cl.CommandQueue(ctx, device, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    ctx = cl.Context([target.handle])
+    return cl.CommandQueue(ctx, target.handle,
+                           properties=cl.command_queue_properties.PROFILING_ENABLE)
 
 
-def _clblast_vendor(backend: Backend) -> Vendor:
+def _clblast_vendor(target: Target) -> Vendor:
     import pyclblast
     import pyopencl as cl
     import pyopencl.array as cla
 
-    queue = _opencl_queue(backend)
+    queue = _opencl_queue(target)
 
     def prepare(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray) -> Prepared:
         if prob.batch != 1:
@@ -225,22 +218,25 @@ def _clblast_vendor(backend: Backend) -> Vendor:
                   queue.finish, "OpenCL profiling events")
 
 
-def find_vendor(backend: Backend) -> tuple[Vendor | None, str]:
-    """The reference library for ``backend`` and a line saying what was found (or why not)."""
-    if backend.name == "cpu":
-        v = numpy_vendor()
-        return v, v.note
-    if backend.status().simulated:
+# The references a Target may name (``Target.vendors``), each made for that device.
+VENDORS: dict[str, Callable[[Target], Vendor]] = {
+    "numpy": lambda target: numpy_vendor(),
+    "cupy": lambda target: _cupy_vendor(),
+    "torch": lambda target: _torch_vendor(),
+    "clblast": _clblast_vendor,
+}
+
+
+def find_vendor(backend: Backend, target: Target | None = None) -> tuple[Vendor | None, str]:
+    """The reference library for the target device (default: the backend's) and a line
+    saying what was found (or why not): the first of ``target.vendors`` that loads."""
+    target = target or backend.target()
+    if target.simulated:
         return None, "simulated backend: no vendor reference"
     tried: list[str] = []
-    makers: list[Callable[[], Vendor]] = []
-    if backend.name == "cuda":
-        makers = [_cupy_vendor, _torch_vendor]
-    elif backend.name == "opencl":
-        makers = [lambda: _clblast_vendor(backend)]
-    for make in makers:
+    for name in target.vendors:
         try:
-            v = make()
+            v = VENDORS[name](target)
             return v, v.note
         except Exception as exc:  # ImportError mostly; any failure just means "no reference"
             tried.append(f"{type(exc).__name__}: {exc}")

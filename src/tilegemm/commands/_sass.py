@@ -13,19 +13,23 @@ SHORT = {"fma": "fma", "lds": "LDS", "ldg": "LDG", "sts": "STS", "bar": "BAR", "
 
 def _specs(args: argparse.Namespace) -> list:
     from tilegemm import registry
+    from tilegemm.backends import get_backend
 
     def tiled(specs: tuple) -> list:
-        return [s for s in specs if {"BM", "BN", "BK"} <= {p.name for p in s.params}]
+        # FFMA rungs only: the counts are per FFMA (a tensor-core rung issues HMMA instead)
+        return [s for s in specs if {"BM", "BN", "BK"} <= {p.name for p in s.params}
+                and not s.precisions]
 
     if args.kernel == "all":
-        specs = tiled(registry.specs_for("cuda"))
+        specs = tiled(registry.specs_for(args.backend))
     else:
         specs = [registry.get(name.strip(), args.backend) for name in args.kernel.split(",")]
     for s in specs:
-        if s.backend not in ("cuda", "cudac"):
+        if not get_backend(s.backend).compile_archs:
             raise InvalidValueError(f"{s.name} is a {s.backend} kernel; --sass needs a CUDA rung")
-    if args.yardstick:
-        specs += tiled(registry.specs_for("cudac"))
+    if args.yardstick:  # the other compiled backends' rungs (CUDA C), side by side
+        specs += [s for name in registry.BACKENDS if name != args.backend
+                  and get_backend(name).compile_archs for s in tiled(registry.specs_for(name))]
     return specs
 
 
@@ -37,11 +41,14 @@ def run_sass(args: argparse.Namespace) -> int:
 
     if args.arch not in ARCHS:
         raise InvalidValueError(f"unknown arch {args.arch!r}; choices: {', '.join(ARCHS)}")
+    specs = _specs(args)
+    params = parse_params(args.params)
+    tensor = [s for s in specs if s.precisions]  # HMMA, not FFMA: counted on their own
+    if tensor:
+        return _run_mma(args, tensor, params if len(specs) == 1 else None)
     if args.dtype not in ("float32", "float64"):
         raise InvalidValueError("--sass counts floating-point kernels: --dtype float32 or float64")
     nvdisasm_path()
-    specs = _specs(args)
-    params = parse_params(args.params)
     reports = [sass_report(s, params if len(specs) == 1 else None, args.dtype, args.arch)
                for s in specs]
     if args.json:
@@ -85,4 +92,36 @@ def run_sass(args: argparse.Namespace) -> int:
                       f"{r.hot_ksteps:g} k step(s) per iteration[/bold]")
             for line in r.hot_lines:
                 out.print(line, markup=False, highlight=False)
+    return 0
+
+
+def _run_mma(args: argparse.Namespace, specs: list, params: dict | None) -> int:
+    """Tensor-core rungs: the hot loop's HMMA and what feeds it (analysis.sass_mma)."""
+    import json
+
+    from tilegemm.analysis.sass import nvdisasm_path
+    from tilegemm.analysis.sass_mma import KINDS, mma_report
+
+    for s in specs:
+        if not s.supports(args.dtype):
+            raise InvalidValueError(f"{s.name} computes {', '.join(s.dtypes)}, not {args.dtype}")
+    nvdisasm_path()
+    reports = [mma_report(s, params, args.dtype, args.arch) for s in specs]
+    if args.json:
+        print(json.dumps({"kernels": [r.as_dict() for r in reports]}, indent=2))
+        return 0
+    from rich.table import Table
+
+    from tilegemm.commands._console import console
+
+    table = Table(title=f"Tensor-core hot loop, per thread ({args.dtype}, {args.arch})")
+    for col in ("kernel", "instr", *KINDS, "HMMA share", "HMMA in kernel", "LDL/STL"):
+        table.add_column(col, justify="left" if col == "kernel" else "right")
+    for r in reports:
+        table.add_row(r.kernel, str(r.hot["total"]), *(str(r.hot[k]) for k in KINDS),
+                      f"{r.hmma_share:.1%}", str(r.hmma), str(r.local_memory))
+    console().print(table)
+    console().print("The loop body once, all its branches counted. other: integer/address "
+                    "work, moves, branches, TF32 rounding. Registers: tilegemm kernels "
+                    "--resources.")
     return 0

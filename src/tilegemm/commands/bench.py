@@ -1,10 +1,12 @@
-"""Reproduce the seed's performance tables on this machine's devices, against the vendor BLAS.
+"""Reproduce the optimisation note's performance tables on this machine's devices, against
+the vendor BLAS.
 
-Reports (``--reports``, all by default): ``compile`` (first call vs steady, seed 002),
-``sizes`` (GFLOP/s over sizes × block sizes, seed 004), ``rsweep`` (outputs per thread,
-seed 004) and ``ladder`` (every rung as a share of cuBLAS / CLBlast / NumPy). Every kernel
-is verified before it is timed; a wrong one shows FAILED. The default is a quick run at
-small sizes; ``--full`` runs the seed's sizes (8…4096, ladder at 1024³ and 4096³).
+Reports (``--reports``, all by default): ``compile`` (first call vs steady, as the Numba ROC
+example prints them), ``sizes`` (GFLOP/s over sizes × block sizes, from the optimisation
+note), ``rsweep`` (outputs per thread, also the note's) and ``ladder`` (every rung as a share
+of cuBLAS / CLBlast / NumPy). Every kernel is verified before it is timed; a wrong one shows
+FAILED. The default is a quick run at small sizes; ``--full`` runs the note's sizes (8…4096,
+ladder at 1024³ and 4096³).
 
 Exit status 1 if any kernel FAILED.
 """
@@ -18,7 +20,7 @@ from pathlib import Path
 from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import BACKENDS
 
-HELP = "the seed's tables on this device vs the vendor library (tables, files, plots)"
+HELP = "the optimisation note's tables on this device vs the vendor library (tables, files, plots)"
 FORMATS = ("md", "csv", "json")
 
 
@@ -61,8 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prof.add_argument("--quick", action="store_true",
                       help="small sizes, short budgets (the default; what `make demo` runs)")
     prof.add_argument("--full", action="store_true",
-                      help="the seed's sizes: 8…4096, ladder at 1024³ and 4096³, R sweep at "
-                           "1024³, 1 s per case")
+                      help="the optimisation note's sizes: 8…4096, ladder at 1024³ and "
+                           "4096³, R sweep at 1024³, 1 s per case")
     what.add_argument("--backend", action="append", choices=BACKENDS, dest="backends",
                       help="backend to run (repeatable); default: every usable one, the CUDA "
                            "simulator excluded")
@@ -79,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="size(s) of the ladder table")
     what.add_argument("--r-size", type=int, metavar="N", help="size of the R sweep")
     what.add_argument("--compile-size", type=int, metavar="N",
-                      help="size of the first-call vs steady table (seed 002: 256)")
+                      help="size of the first-call vs steady table (the Numba ROC example "
+                           "used 256)")
     what.add_argument("--dtype", default="float32", choices=("float32", "float64"))
 
     how = parser.add_argument_group("how to time")

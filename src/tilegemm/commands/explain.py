@@ -19,10 +19,13 @@ HELP = "count a kernel's memory transactions, bank conflicts, resources, occupan
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from tilegemm.analysis.roofline import GPUS
+    from tilegemm.backends import get_backend
+    from tilegemm.registry import BACKENDS
 
     parser.add_argument("kernel", help="rung name (see 'tilegemm kernels --backend cuda'); "
                         "with --sass also several, comma-separated, or 'all'")
-    parser.add_argument("--backend", default="cuda", choices=("cuda",),
+    traced = tuple(name for name in BACKENDS if get_backend(name).traceable)
+    parser.add_argument("--backend", default=traced[0], choices=traced,
                         help="only CUDA rungs are traced")
     parser.add_argument("--sass", action="store_true",
                         help="count the compiled machine code instead: instructions per k step "

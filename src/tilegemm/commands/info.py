@@ -3,27 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as md
-import platform
+
+from tilegemm.bench.environment import versions
 
 HELP = "backends and devices found, versions"
 
-PACKAGES = ("tilegemm", "numpy", "numba", "numba-cuda", "pyopencl", "pocl-binary-distribution",
-            "cuda-bindings", "nvidia-nvjitlink", "cupy-cuda12x", "cupy-cuda13x", "torch")
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     pass
-
-
-def versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
-    for name in PACKAGES:
-        try:
-            found[name] = md.version(name)
-        except md.PackageNotFoundError:
-            continue
-    return found
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,9 +28,8 @@ def run(args: argparse.Namespace) -> int:
             usable += " (simulated)"
         table.add_row(s.name, usable, "\n".join(s.devices), s.reason)
     console.print(table)
-    extra = _opencl_details()
-    if extra:
-        console.print(extra)
+    for details in _device_tables():
+        console.print(details)
     vt = Table(title="versions")
     vt.add_column("package")
     vt.add_column("version")
@@ -54,10 +39,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _opencl_details() -> object | None:
-    """The OpenCL backend's own device table, when it offers one."""
+def _device_tables() -> list[object]:
+    """Each backend's own device table, for the backends that offer one."""
     from tilegemm.backends import get_backend
+    from tilegemm.registry import BACKENDS
 
-    be = get_backend("opencl")
-    describe = getattr(be, "describe_devices", None)
-    return describe() if describe else None
+    tables = (get_backend(name).describe_devices() for name in BACKENDS)
+    return [t for t in tables if t is not None]

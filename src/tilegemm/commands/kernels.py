@@ -32,10 +32,6 @@ def run(args: argparse.Namespace) -> int:
 
     specs = tilegemm.kernels(args.backend)
     if args.resources:
-        if args.backend not in (None, "cuda", "cudac"):
-            raise InvalidValueError(
-                "--resources compiles CUDA rungs only; use it with --backend cuda "
-                "or cudac, or without --backend")
         return _resources(specs, args)
     if args.json:
         print(json.dumps([{
@@ -65,16 +61,28 @@ def run(args: argparse.Namespace) -> int:
 def _resources(specs: list, args: argparse.Namespace) -> int:
     import json
 
+    import numpy as np
     from rich.table import Table
 
-    from tilegemm.analysis.resources import ARCHS, cuda_resources
+    from tilegemm.analysis.resources import ARCHS
+    from tilegemm.backends import get_backend
     from tilegemm.commands._console import console
-    from tilegemm.kernels.cudac import cudac_resources
 
-    compilers = {"cuda": cuda_resources, "cudac": cudac_resources}
-    rows = [dict(backend=s.backend, **compilers[s.backend](s, None, args.dtype, arch).as_dict())
-            for s in specs if s.backend in compilers and s.supports(args.dtype)
-            for arch in ARCHS]
+    # Each backend compiles its own rungs (no GPU needed) and says what the compiler
+    # allocated; backends whose toolchain cannot tell report None and are left out.
+    rows = []
+    for s in specs:
+        if not s.supports(args.dtype):
+            continue
+        for arch in ARCHS:
+            report = get_backend(s.backend).resource_report(s, {}, np.dtype(args.dtype), arch)
+            if report is None:
+                break
+            rows.append({"backend": s.backend, **report.as_dict()})
+    if not rows:
+        raise InvalidValueError(
+            "--resources reports compiled CUDA rungs (registers, spills, shared memory); "
+            f"backend {args.backend!r} has none: use --backend cuda or cudac, or no --backend")
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

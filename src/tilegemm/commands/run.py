@@ -10,13 +10,14 @@ import argparse
 
 from tilegemm.commands._params import add_param_arguments, parse_params
 from tilegemm.errors import InvalidValueError
+from tilegemm.registry import BACKENDS
 
 HELP = "run one product, verified, timed"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", default="auto", help="rung name (see 'tilegemm kernels')")
-    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "opencl", "cpu"),
+    parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
                         help="where to run ('auto': the best usable backend here)")
     parser.add_argument("--m", type=int, default=512, help="rows of A and of the result")
     parser.add_argument("--n", type=int, default=512, help="columns of B and of the result")
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tilegemm.api import choose_backend, choose_kernel
     from tilegemm.bench.timing import OK, SKIPPED, Policy, measure_kernel
+    from tilegemm.plan import plan
     from tilegemm.problem import describe, host_operand_3d, make_problem
     from tilegemm.reference import random_operands
 
@@ -55,12 +57,15 @@ def run(args: argparse.Namespace) -> int:
     ops = [describe(a, "a"), describe(b, "b")]
     # Resolve what 'auto' means up front so the report names the real choice.
     backend = choose_backend(args.backend, ops)
+    target = backend.target()
     prob = make_problem(*ops)
-    spec, resolved = choose_kernel(args.kernel, backend, prob, params)
-    simulated = backend.status().simulated
-    if simulated and not params and "sim_params" in spec.extra:
-        # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults.
-        resolved = backend.resolve(spec, spec.extra["sim_params"])
+    spec, resolved = choose_kernel(args.kernel, backend, prob, params, target)
+    chosen = plan(a, b, kernel=args.kernel, backend=args.backend, **params)
+    simulated = target.simulated
+    if simulated and not params and spec.sim_params is not None:
+        # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults
+        # (kernel="auto" already chose them; this is for a rung named explicitly).
+        resolved = backend.resolve(spec, spec.sim_params, target)
         print(f"note: CUDA simulator, so {spec.name} runs with its small simulator parameters "
               f"({_shown(resolved)}); pass parameters to override")
     if simulated and prob.flops > 2 * 64**3:
@@ -71,9 +76,11 @@ def run(args: argparse.Namespace) -> int:
     reps = args.repeat
     policy = Policy(warmup=1 if reps else 0, min_reps=reps, max_reps=reps, budget_s=1e9)
     meas = measure_kernel(backend, spec, resolved, prob, host_operand_3d(a, prob, "a"),
-                          host_operand_3d(b, prob, "b"), policy)
+                          host_operand_3d(b, prob, "b"), policy, target=target)
     print(f"{backend.name}:{spec.name} {_shown(meas.params)} {args.dtype} "
           f"M={args.m} N={args.n} K={args.k}{f' batch={args.batch}' if args.batch else ''}")
+    print(f"  chosen: {chosen.source}{f'; {chosen.path}' if chosen.path else ''} "
+          f"(device {chosen.device})")
     if meas.status == SKIPPED:  # refused before it ran (device limits): the caller can fix it
         raise InvalidValueError(meas.reason)
     if meas.status != OK:

@@ -12,12 +12,13 @@ import argparse
 
 from tilegemm.commands._console import console as _console
 from tilegemm.errors import InvalidValueError
+from tilegemm.registry import BACKENDS
 
 HELP = "search a kernel's parameters for this device and cache the best"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="auto", choices=("auto", "cuda", "opencl", "cpu"))
+    parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS))
     parser.add_argument("--kernel", action="append", default=None,
                         help="rung to tune (repeatable; default: every rung with parameters)")
     parser.add_argument("--m", type=int, default=4096)
@@ -86,25 +87,26 @@ def _tune(args: argparse.Namespace) -> int:
     dtype = np.dtype(args.dtype)
     probe = np.zeros((1, 1), dtype=dtype)
     backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")])
-    dev = device_id(backend)
+    target = backend.target()
+    dev = device_id(target)
     if args.kernel:
         specs = [registry.get(k, backend.name) for k in args.kernel]
     else:
-        specs = [s for s in registry.specs_for(backend.name) if s.params and s.supports(dtype)]
+        specs = [s for s in registry.specs_for(backend.name)  # IEEE rungs only: see precision
+                 if s.params and s.supports(dtype) and not s.precisions]
     if not specs:
         raise InvalidValueError(f"no {backend.name} rung with parameters supports {dtype.name}")
     prob = strategies.problem_for(args.m, args.n, args.k, dtype, args.batch)
-    limits = space.limits_for(backend.name)
-    check = None if args.no_register_check else space.cuda_register_check
+    limits = target.limits  # the device's own, never a guess per backend
+    check = None if args.no_register_check else space.register_check(backend, target)
     console = _console()
-    console.print(f"tuning on {dev.name if dev else backend.name} "
-                  f"{dev.arch if dev else ''}: {args.m}x{args.n}x{args.k} {dtype.name}"
+    console.print(f"tuning on {target.name} {target.arch}: {args.m}x{args.n}x{args.k} {dtype.name}"
                   f"{f' batch {args.batch}' if args.batch else ''}, strategy {args.strategy}")
     summary = Table("kernel", "tried", "ok", "wrong", "rejected", "error", "best params",
                     "ms", "GFLOP/s")
     # The baseline: what kernel="auto" runs untuned. Recorded like any result, so the cache
     # lookup (fastest entry wins) switches away from it only for something faster.
-    baseline = untuned_choice(backend, dtype.name)
+    baseline = untuned_choice(backend, dtype.name, target)
     jobs = [(spec, space.candidates(spec, dtype, limits), False) for spec in specs]
     if baseline is not None:
         jobs.insert(0, (baseline[0], [baseline[1]], True))
@@ -117,7 +119,7 @@ def _tune(args: argparse.Namespace) -> int:
             task = bar.add_task(spec.name, total=total)
             result = strategies.tune(
                 backend, spec, prob, cands, strategy=args.strategy, budget=budget,
-                seed=args.seed, repeats=args.repeat, resource_check=check,
+                seed=args.seed, repeats=args.repeat, resource_check=check, target=target,
                 progress=lambda t, task=task: bar.advance(task) if t.status != "rejected"
                 else None,
             )
@@ -133,7 +135,7 @@ def _tune(args: argparse.Namespace) -> int:
         summary.add_row(label, str(len(result.trials)), *map(str, counts.values()),
                         " ".join(f"{k}={v}" for k, v in best.params.items()),
                         f"{best.seconds * 1e3:.3f}", f"{gflops:.1f}")
-        if not args.dry_run and dev is not None and dev.name != "simulator":
+        if not args.dry_run and not target.simulated:
             cache.record(cache.Entry(
                 backend=backend.name, device=dev.name, arch=dev.arch, dtype=dtype.name,
                 bucket=cache.shape_bucket(args.m, args.n, args.k), kernel=spec.name,

@@ -7,7 +7,7 @@
   verified against the float64 reference before it is timed, and timed through
   ``Backend.prepare(...).elapsed(n)`` (device-side timing, median of repeats);
 - :mod:`~tilegemm.tune.cache` — the per-device JSON cache;
-- :mod:`~tilegemm.tune.select` — ``tuned_choice``, which ``kernel="auto"`` consults.
+- :mod:`~tilegemm.tune.select` — ``auto_choice``, the one place ``kernel="auto"`` is decided.
 
 Nothing here imports a GPU library at import time.
 """

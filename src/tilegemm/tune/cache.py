@@ -15,6 +15,7 @@ written by another tilegemm version, is ignored with a :class:`TuneCacheWarning`
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -70,6 +71,12 @@ def cache_dir() -> Path:
     env = os.environ.get("TILEGEMM_CACHE_DIR")
     if env:
         return Path(env)
+    return _user_cache_dir()
+
+
+@functools.cache
+def _user_cache_dir() -> Path:
+    """Looked up once per process (``kernel="auto"`` reads the cache on every call)."""
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("tilegemm"))

@@ -1,31 +1,28 @@
-"""``kernel="auto"``: the tuned choice for this device and shape, else a built-in default.
+"""``kernel="auto"``: the one place it is decided (:func:`auto_choice`).
 
-:func:`tuned_choice` is called by :func:`tilegemm.api.choose_kernel` on every call with
-``kernel="auto"``, so it is cheap: the device identity comes from the backend's status
-(already probed by then, so nothing new is initialised), the cache file is read once and
-re-read only when its modification time changes, and answers are memoised per (backend,
-device, dtype, shape bucket).
+Order: numba's CUDA simulator → the highest rung with ``sim_params`` (the simulator runs
+one Python thread per CUDA thread, so the smallest valid tiles are the only sensible ones;
+speed means nothing there); else a tuned entry in the cache for this exact device → one
+for the same architecture; else the shipped database of measured parameters
+(:mod:`tilegemm.tune.database`: this device → its ISA); else the registry's default rung
+(the rung flagged ``auto=True``, else the highest one; see
+:func:`tilegemm.registry.default_for`) at its defaults for the device.
 
-Order: a cached entry for this exact device → one for the same architecture → the
-built-in default for the backend and dtype below → None (the API then uses
-``registry.default_for``, the highest rung with its defaults). Under numba's CUDA
-simulator the choice is the highest rung with its ``sim_params``: the simulator runs one
-Python thread per CUDA thread, so the smallest valid tiles are the only sensible ones
-(speed means nothing there).
+:func:`auto_choice` runs on every call with ``kernel="auto"``, so it is cheap: the device
+is the caller's :class:`~tilegemm.backends.base.Target` (already made), the cache file is
+read once and re-read only when its modification time changes, and answers are memoised
+per (device, dtype, shape bucket).
 """
 
 from __future__ import annotations
 
 import os
-import platform
-import re
 import warnings
 from pathlib import Path
 from typing import Any
 
 from tilegemm import registry
-from tilegemm.backends.base import Backend
-from tilegemm.bench.environment import cpu_name
+from tilegemm.backends.base import Backend, Target
 from tilegemm.problem import GemmProblem
 from tilegemm.registry import KernelSpec
 from tilegemm.tune import cache as tcache
@@ -33,34 +30,14 @@ from tilegemm.tune.cache import DeviceId, TuneCacheWarning
 
 Choice = tuple[KernelSpec, dict[str, int]]
 
-# Built-in choices before any tuning: (backend, dtype) -> {arch or "*": (rung, overrides)}.
-# float32 on CUDA: the top rung at its defaults (CUTLASS's 128×128×8 SIMT tile, see
-# docs/performance.md). float64: the same rung; at the defaults it needs 255 registers
-# (no spills), so one 256-thread block per SM; measured choices come from 'tilegemm tune'.
-BUILTIN: dict[tuple[str, str], dict[str, tuple[str, dict[str, int]]]] = {
-    ("cuda", "float32"): {"*": ("pipelined", {})},
-    ("cuda", "float64"): {"*": ("pipelined", {})},
-}
-
-_CUDA_DEVICE = re.compile(r"^(?P<name>.*) \((?P<arch>sm_\d+)\)$")
-
-
-def device_id(backend: Backend) -> DeviceId | None:
-    """Who this backend runs on, from its (cached) status; None if it is not usable."""
-    status = backend.status()
-    if not status.usable:
-        return None
-    if backend.name == "cuda":
-        if status.simulated:
-            return DeviceId("cuda", "simulator", "")
-        match = _CUDA_DEVICE.match(status.devices[0]) if status.devices else None
-        if match:
-            return DeviceId("cuda", match["name"], match["arch"])
-        return DeviceId("cuda", status.devices[0] if status.devices else "cuda", "")
-    if backend.name == "cpu":
-        return DeviceId("cpu", cpu_name(), platform.machine())
-    return DeviceId(backend.name, status.devices[0] if status.devices else backend.name, "")
-
+def device_id(target: Target | Backend) -> DeviceId | None:
+    """The tuning cache's device key: the Target's backend, device name and architecture
+    (a Backend means its default device; None if it cannot run here)."""
+    if isinstance(target, Backend):
+        if not target.status().usable:
+            return None
+        target = target.target()
+    return DeviceId(target.backend, target.name, target.arch)
 
 
 def _mtime(path: Path) -> float | None:
@@ -86,73 +63,114 @@ def _entries() -> list[tcache.Entry]:
 _memo: dict[tuple[Any, ...], Choice | None] = {}
 
 
-def tuned_choice(backend: Backend, prob: GemmProblem) -> Choice | None:
-    """(rung, full parameters) for ``kernel="auto"``, or None for the registry default."""
-    dev = device_id(backend)
-    if dev is None:
-        return None
+def auto_choice(backend: Backend, target: Target, prob: GemmProblem) -> Choice:
+    """What ``kernel="auto"`` runs on ``target`` for ``prob``: (rung, full parameters).
+
+    Raises (TypeError: no rung supports the dtype; ValueError: the default rung does not
+    fit the device) only when nothing can run.
+    """
+    spec, resolved, _ = auto_plan(backend, target, prob)
+    return spec, resolved
+
+
+def auto_plan(backend: Backend, target: Target, prob: GemmProblem
+              ) -> tuple[KernelSpec, dict[str, int], str]:
+    """:func:`auto_choice` with why: "tuned", "simulator", "database (device)",
+    "database (isa)" or "default" (see the module docstring for the order)."""
+    choice = tuned_choice(backend, prob, target)
+    if choice is not None:
+        return (*choice, "simulator" if target.simulated else "tuned")
     dtype = prob.dtype.name
-    if dev.name == "simulator" and not dev.arch:
-        return _simulator_choice(dtype)
+    key = ("database", target.key, dtype)
+    if key not in _db_memo:
+        _db_memo[key] = _database_choice(backend, target, dtype)
+    if _db_memo[key] is not None:
+        return _db_memo[key]
+    spec = registry.default_for(backend.name, prob.dtype)
+    resolved = backend.resolve(spec, {}, target)
+    backend.check_limits(spec, resolved, prob.dtype, target)
+    return spec, resolved, "default"
+
+
+_db_memo: dict[tuple[Any, ...], tuple[KernelSpec, dict[str, int], str] | None] = {}
+
+
+def _database_choice(backend: Backend, target: Target, dtype: str
+                     ) -> tuple[KernelSpec, dict[str, int], str] | None:
+    from tilegemm.tune import database
+
+    found = database.lookup(target, dtype)
+    if found is None:
+        return None
+    entry, tier = found
+    choice = _usable(backend, target, entry["kernel"], entry["params"], dtype)
+    return None if choice is None else (*choice, f"database ({tier})")
+
+
+def tuned_choice(backend: Backend, prob: GemmProblem,
+                 target: Target | None = None) -> Choice | None:
+    """(rung, full parameters) from the simulator rule or the cache, or None for the
+    registry default."""
+    if target is None:
+        if not backend.status().usable:
+            return None
+        target = backend.target()
+    dtype = prob.dtype.name
+    if target.simulated:
+        return _simulator_choice(backend, dtype)
+    dev = device_id(target)
     entries = _entries()
     key = (dev, dtype, tuple(tcache.shape_bucket(prob.m, prob.n, prob.k)))
     if key not in _memo:
-        _memo[key] = _choose(backend, dev, dtype, prob, entries)
+        _memo[key] = _choose(backend, target, dev, dtype, prob, entries)
     return _memo[key]
 
 
-def _choose(backend: Backend, dev: DeviceId, dtype: str, prob: GemmProblem,
+def _choose(backend: Backend, target: Target, dev: DeviceId, dtype: str, prob: GemmProblem,
             entries: list[tcache.Entry]) -> Choice | None:
     entry = tcache.lookup(entries, dev, dtype, prob.m, prob.n, prob.k)
     if entry is not None:
-        choice = _usable(backend, entry.kernel, entry.params, dtype)
+        choice = _usable(backend, target, entry.kernel, entry.params, dtype)
         if choice is not None:
             return choice
         warnings.warn(f"tuning cache entry {entry.kernel} {entry.params} does not fit this "
-                      "tilegemm/device any more; ignoring it", TuneCacheWarning, stacklevel=3)
-    return builtin_choice(backend, dev, dtype)
+                      "tilegemm/device any more; ignoring it", TuneCacheWarning, stacklevel=4)
+    return None
 
 
-def untuned_choice(backend: Backend, dtype: str) -> Choice | None:
-    """What ``kernel="auto"`` picks with an empty cache: the built-in choice, else the
-    registry default at its (device-resolved) defaults. ``tilegemm tune`` times it as the
-    baseline, so a tuned entry replaces it only by being faster."""
-    dev = device_id(backend)
-    choice = builtin_choice(backend, dev, dtype) if dev is not None else None
-    if choice is not None:
-        return choice
+def untuned_choice(backend: Backend, dtype: str, target: Target | None = None) -> Choice | None:
+    """What ``kernel="auto"`` picks with an empty cache: the database's entry for the
+    device, else the registry default at its (device-resolved) defaults. ``tilegemm tune``
+    times it as the baseline, so a tuned entry replaces it only by being faster."""
+    target = target or backend.target()
+    db = _database_choice(backend, target, dtype)
+    if db is not None:
+        return db[0], db[1]
     try:
         spec = registry.default_for(backend.name, dtype)
     except TypeError:
         return None
-    return _usable(backend, spec.name, {}, dtype)
+    return _usable(backend, target, spec.name, {}, dtype)
 
 
-def builtin_choice(backend: Backend, dev: DeviceId, dtype: str) -> Choice | None:
-    table = BUILTIN.get((backend.name, dtype))
-    if not table:
-        return None
-    kernel, overrides = table.get(dev.arch, table.get("*", (None, {})))
-    return _usable(backend, kernel, overrides, dtype) if kernel else None
-
-
-def _usable(backend: Backend, kernel: str, params: dict[str, int], dtype: str) -> Choice | None:
+def _usable(backend: Backend, target: Target, kernel: str, params: dict[str, int],
+            dtype: str) -> Choice | None:
     """The (spec, resolved params) if the rung exists, supports dtype and fits the device."""
     try:
         spec = registry.get(kernel, backend.name)
-        if not spec.supports(dtype):
-            return None
-        resolved = backend.resolve(spec, params)
-        backend.check_limits(spec, resolved, dtype)
+        if not spec.supports(dtype) or spec.precisions:
+            return None  # reduced-precision rungs run only on request (precision=)
+        resolved = backend.resolve(spec, params, target)
+        backend.check_limits(spec, resolved, dtype, target)
     except (ValueError, TypeError):
         return None
     return spec, resolved
 
 
-def _simulator_choice(dtype: str) -> Choice | None:
-    specs = [s for s in registry.specs_for("cuda")
-             if s.supports(dtype) and "sim_params" in s.extra]
+def _simulator_choice(backend: Backend, dtype: str) -> Choice | None:
+    specs = [s for s in registry.specs_for(backend.name)
+             if s.supports(dtype) and s.sim_params is not None and not s.precisions]
     if not specs:
         return None
     spec = max(specs, key=lambda s: s.rung)
-    return spec, spec.resolve(spec.extra["sim_params"])
+    return spec, spec.resolve(spec.sim_params)

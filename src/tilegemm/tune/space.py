@@ -1,9 +1,11 @@
 """The search space of one rung on one device: every valid parameter set that fits.
 
 Pruning uses the same predicates the launcher uses (``KernelSpec.space()`` applies the
-rung's constraints; :class:`Limits` mirrors ``Backend.check_limits``), so the tuner can
-never pick a candidate the launcher would refuse. Register pressure is a third, optional
-filter for CUDA: a candidate whose ptxas register count × threads exceeds the register
+rung's constraints; :func:`fits` reads the device's own :class:`Limits` from its
+:class:`~tilegemm.backends.base.Target`, as ``Backend.check_limits`` does), so the tuner
+can never pick a candidate the launcher would refuse, nor skip one the device could run.
+Register pressure is a third, optional filter where the backend can report registers
+(``Backend.resources``): a candidate whose register count × threads exceeds the register
 file cannot launch, and one that spills is never the fastest; it costs a compilation
 (seconds), so it is applied lazily, per candidate, just before the candidate is timed.
 """
@@ -11,44 +13,28 @@ file cannot launch, and one that spills is never the fastest; it costs a compila
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
+from tilegemm.backends.base import Backend, Limits, Target
 from tilegemm.registry import KernelSpec
+
+__all__ = ["Limits", "Params", "ResourceCheck", "candidates", "fits", "register_check",
+           "register_verdict"]
 
 Params = dict[str, int]
 
 
-@dataclass(frozen=True)
-class Limits:
-    """What one block may use on the device (CUDA defaults; static shared memory)."""
-
-    max_threads: int = 1024
-    max_smem: int = 48 * 1024
-    registers_per_sm: int = 65536
-    max_registers: int = 255
-
-
-CUDA_LIMITS = Limits()
-
-
-def limits_for(backend: str) -> Limits:
-    if backend == "cuda":
-        return CUDA_LIMITS
-    if backend == "opencl":
-        return Limits(max_threads=256, max_smem=32 * 1024, registers_per_sm=0)
-    return Limits(max_threads=1 << 30, max_smem=1 << 30, registers_per_sm=0)
-
-
 def fits(spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype | str,
          limits: Limits) -> str | None:
-    """Why ``params`` cannot run within ``limits`` (None if they can)."""
+    """Why ``params`` cannot run within ``limits`` (None if they can; 0 means no limit)."""
     itemsize = np.dtype(dtype).itemsize
-    if spec.threads is not None and spec.threads(params) > limits.max_threads:
-        return f"{spec.threads(params)} threads > {limits.max_threads}"
-    if spec.smem is not None and spec.smem(params, itemsize) > limits.max_smem:
-        return f"{spec.smem(params, itemsize)} B shared memory > {limits.max_smem}"
+    if spec.threads is not None and limits.threads_per_block and (
+            spec.threads(params) > limits.threads_per_block):
+        return f"{spec.threads(params)} threads > {limits.threads_per_block}"
+    if spec.smem is not None and limits.shared_per_block and (
+            spec.smem(params, itemsize) > limits.shared_per_block):
+        return f"{spec.smem(params, itemsize)} B shared memory > {limits.shared_per_block}"
     return None
 
 
@@ -62,34 +48,37 @@ def candidates(spec: KernelSpec, dtype: np.dtype | str, limits: Limits) -> list[
 ResourceCheck = Callable[[KernelSpec, Mapping[str, int], np.dtype], "str | None"]
 
 
-def cuda_register_check(spec: KernelSpec, params: Mapping[str, int],
-                        dtype: np.dtype) -> str | None:
-    """Reject a CUDA candidate that spills or whose registers × threads overflow an SM.
+def register_check(backend: Backend, target: Target) -> ResourceCheck | None:
+    """A check that rejects a candidate that spills or whose registers × threads overflow
+    the register file, where the backend can report registers for ``target`` (else None).
 
-    Compiles the candidate's PTX and links it with nvJitLink for sm_90 (no GPU needed);
-    returns None when resources cannot be computed here (e.g. under the simulator), since
-    then the timing run is the only judge.
+    Compiles the candidate (no GPU needed for CUDA: PTX linked by nvJitLink); a candidate
+    whose resources cannot be computed here is not rejected, since then the timing run is
+    the only judge.
     """
-    from tilegemm.backends.cuda import simulator_enabled
-
-    if spec.backend != "cuda" or simulator_enabled():
+    if target.simulated or not target.limits.registers_per_block:
         return None
-    from tilegemm.analysis.resources import cuda_resources
 
-    try:
-        res = cuda_resources(spec, dict(params), np.dtype(dtype).name, "sm_90")
-    except Exception:  # no toolchain here: cannot judge, do not reject
-        return None
-    return register_verdict(res.registers, res.spills, spec.threads(params) if spec.threads
-                            else 1, CUDA_LIMITS)
+    def check(spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype) -> str | None:
+        try:
+            found = backend.resources(spec, params, dtype, target)
+        except Exception:  # no toolchain here: cannot judge, do not reject
+            return None
+        if found is None:
+            return None
+        registers, spills = found
+        threads = spec.threads(params) if spec.threads else 1
+        return register_verdict(registers, spills, threads, target.limits)
+
+    return check
 
 
 def register_verdict(registers: int, spills: int, threads: int, limits: Limits) -> str | None:
-    """The pure rule behind :func:`cuda_register_check` (tested without compiling)."""
+    """The pure rule behind :func:`register_check` (tested without compiling)."""
     if spills:
         return f"spills {spills} bytes to local memory"
-    if registers > limits.max_registers:
-        return f"{registers} registers > {limits.max_registers}"
-    if limits.registers_per_sm and registers * threads > limits.registers_per_sm:
-        return f"{registers} registers x {threads} threads > {limits.registers_per_sm}"
+    if limits.registers_per_thread and registers > limits.registers_per_thread:
+        return f"{registers} registers > {limits.registers_per_thread}"
+    if limits.registers_per_block and registers * threads > limits.registers_per_block:
+        return f"{registers} registers x {threads} threads > {limits.registers_per_block}"
     return None

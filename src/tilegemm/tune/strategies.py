@@ -1,10 +1,11 @@
 """Search strategies: which candidates to try, and the loop that verifies and times them.
 
-Every candidate is run once and checked against the float64 reference *before* it is
-timed (llm.c's rule: a fast wrong kernel must never win), then timed with
-``Backend.prepare(...).elapsed(repeats)`` — device-side times, one per launch, operands
-resident on the device — and scored by the median. A candidate that fails to build, to
-launch or to verify is recorded with the reason and excluded; tuning goes on.
+Every candidate is run once on a NaN-poisoned output and checked against the float64
+reference *before* it is timed (``bench.timing.prepare_verified``, as benchmarks do: a fast
+wrong kernel must never win), then timed with ``Backend.prepare(...).elapsed(repeats)``:
+device-side times, one per launch, operands resident on the device, scored by the median.
+A candidate that fails to build, to launch or to verify is recorded with the reason and
+excluded; tuning goes on.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tilegemm.backends.base import Backend
+from tilegemm.backends.base import Backend, Target
+from tilegemm.bench.timing import prepare_verified
 from tilegemm.errors import InvalidValueError
-from tilegemm.problem import GemmProblem
-from tilegemm.reference import assert_close, random_operands
+from tilegemm.problem import GemmProblem, problem_for
+from tilegemm.reference import random_operands
 from tilegemm.registry import KernelSpec
 from tilegemm.tune.space import Params, ResourceCheck
+
+__all__ = ["STRATEGIES", "Trial", "TuneResult", "order", "problem_for", "tune"]
 
 STRATEGIES = ("exhaustive", "random")
 
@@ -61,18 +65,11 @@ def order(candidates: Sequence[Params], strategy: str, seed: int = 0) -> list[Pa
     raise InvalidValueError(f"unknown strategy {strategy!r}; choices: {', '.join(STRATEGIES)}")
 
 
-def problem_for(m: int, n: int, k: int, dtype: np.dtype | str, batch: int = 0) -> GemmProblem:
-    return GemmProblem(m=m, n=n, k=k, dtype=np.dtype(dtype),
-                       batch_shape=(batch,) if batch else (),
-                       a_batch_shape=(batch,) if batch else (),
-                       b_batch_shape=(batch,) if batch else ())
-
-
 def tune(
     backend: Backend, spec: KernelSpec, prob: GemmProblem, candidates: Sequence[Params], *,
     strategy: str = "exhaustive", budget: int | None = None, seed: int = 0, repeats: int = 5,
     resource_check: ResourceCheck | None = None,
-    progress: Callable[[Trial], None] | None = None,
+    progress: Callable[[Trial], None] | None = None, target: Target | None = None,
 ) -> TuneResult:
     """Verify and time up to ``budget`` candidates (all if None) in ``strategy`` order.
 
@@ -86,12 +83,13 @@ def tune(
     batch = prob.batch if prob.batch_shape else 1
     a3, b3 = random_operands((batch, prob.m, prob.k), (batch, prob.k, prob.n), prob.dtype,
                              seed=seed)
+    target = target or backend.target()
     trials: list[Trial] = []
     spent = 0
     for params in order(candidates, strategy, seed):
         if budget is not None and spent >= budget:
             break
-        trial = _try(backend, spec, prob, params, a3, b3, repeats, resource_check)
+        trial = _try(backend, target, spec, prob, params, a3, b3, repeats, resource_check)
         if trial.status != "rejected":
             spent += 1
         trials.append(trial)
@@ -100,29 +98,24 @@ def tune(
     return TuneResult(spec, prob, trials)
 
 
-def _try(backend: Backend, spec: KernelSpec, prob: GemmProblem, params: Params,
-         a3: np.ndarray, b3: np.ndarray, repeats: int,
+def _try(backend: Backend, target: Target, spec: KernelSpec, prob: GemmProblem,
+         params: Params, a3: np.ndarray, b3: np.ndarray, repeats: int,
          resource_check: ResourceCheck | None) -> Trial:
     try:
-        backend.check_limits(spec, params, prob.dtype)
+        backend.check_limits(spec, params, prob.dtype, target)
     except ValueError as exc:
         return Trial(dict(params), "rejected", detail=str(exc))
     if resource_check is not None:
         why = resource_check(spec, params, prob.dtype)
         if why:
             return Trial(dict(params), "rejected", detail=why)
-    try:
-        prepared = backend.prepare(spec, params, prob, a3, b3)
-        prepared.launch()
-        result = prepared.fetch()
+    try:  # the benchmarks' first step: a poisoned output, one launch, the float64 check
+        prepared = prepare_verified(backend, spec, params, prob, a3, b3, target=target)
     except NotImplementedError:
         raise
-    except Exception as exc:  # a candidate that cannot build or launch loses, tuning goes on
-        return Trial(dict(params), "error", detail=f"{type(exc).__name__}: {exc}")
-    try:
-        assert_close(np.asarray(result).reshape(-1, prob.m, prob.n), a3, b3,
-                     what=f"{spec.name} {params}")
     except AssertionError as exc:
         return Trial(dict(params), "wrong", detail=str(exc).splitlines()[0])
+    except Exception as exc:  # a candidate that cannot build or launch loses, tuning goes on
+        return Trial(dict(params), "error", detail=f"{type(exc).__name__}: {exc}")
     times = [float(t) for t in prepared.elapsed(repeats)]
     return Trial(dict(params), "ok", statistics.median(times), times)

@@ -1,9 +1,10 @@
-"""Rung 1 (CPU) — the seed's triple loop ``matrixMulCpu``, compiled with Numba ``@njit``.
+"""Rung 1 (CPU) — the optimisation note's triple loop ``matrixMulCpu``, compiled with Numba
+``@njit``.
 
 i over rows, j over columns, l over K: the innermost loop walks B down a column (stride N),
 so every iteration touches a new cache line of B and nothing is vectorised. It is the
 baseline every other rung is measured against, and the CPU analogue of the naive GPU
-kernel. Generalised from the seed: any M, N, K, batches, alpha/beta, every dtype.
+kernel. Generalised from the original: any M, N, K, batches, alpha/beta, every dtype.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ SPEC = KernelSpec(
     name="triple_loop",
     backend="cpu",
     rung=1,
-    title="the seed's CPU triple loop (i, j, l)",
+    title="the optimisation note's CPU triple loop (i, j, l)",
     build=build,
     dtypes=FLOATS + INTS,
     doc=__doc__,

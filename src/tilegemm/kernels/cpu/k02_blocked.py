@@ -36,6 +36,10 @@ from tilegemm.registry import FLOATS, INTS, Constraint, KernelSpec, Param
 # Below this many multiply-adds per product (and with a batch of at least two), the threads
 # split the batch instead of one product: a parallel region per K panel costs more than it buys.
 SMALL_PRODUCT = 96 * 96 * 96
+# At most this many multiply-adds in all (batch included), the product runs on the calling
+# thread without packing: waking the thread pool and packing cost more than they buy
+# (measured crossover, see docs/cpu.md).
+DIRECT_PRODUCT = 64 * 64 * 64
 
 
 def micro_kernel_source(mr: int, nr: int) -> str:
@@ -92,184 +96,24 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
-    import numba
-    from numba import njit, prange
+    """The compiled rung for one parameter set: ``_blocked_source`` with the parameters as
+    constants, loaded through the persistent compile cache (compiled once per machine)."""
+    from pathlib import Path
 
-    mr, nr, mc, kc_max, nc_max = p["MR"], p["NR"], p["MC"], p["KC"], p["NC"]
-    nbt = numba.from_dtype(dtype)
-    zero = dtype.type(0)
-    flags = jit_flags(dtype)
-    # Explicit signatures: every function compiles once, eagerly, here (no specialisation per
-    # literal argument or per read-only flag); A and B are read-only so any input is accepted.
-    i8, flag = numba.int64, numba.boolean
-    ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (2, 3))
-    a2, a3, a4 = nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
-    ukernel = micro_kernel(mr, nr, dtype)
-    nr_u = np.uint64(nr)
+    from tilegemm.compile_cache import fill_template, load_module
 
-    @njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8), **flags)
-    def pack_b(B, pc, kc, jc, nc, Bp, s0, s1):
-        """Bp[s, p, j] = B[pc + p, jc + s*NR + j], zero beyond column nc."""
-        for s in range(s0, s1):
-            j0 = s * nr
-            width = min(nr, nc - j0)
-            for q in range(kc):
-                row = B[pc + q]
-                for j in range(width):
-                    Bp[s, q, j] = row[jc + j0 + j]
-                for j in range(width, nr):
-                    Bp[s, q, j] = zero
-
-    @njit(numba.void(ro2, i8, i8, i8, i8, a3), **flags)
-    def pack_a(A, ic, mc, pc, kc, Ap):
-        """Ap[r, p, i] = A[ic + r*MR + i, pc + p], zero beyond row mc."""
-        for r in range((mc + mr - 1) // mr):
-            i0 = r * mr
-            height = min(mr, mc - i0)
-            for i in range(height):
-                row = A[ic + i0 + i]
-                for q in range(kc):
-                    Ap[r, q, i] = row[pc + q]
-            for i in range(height, mr):
-                for q in range(kc):
-                    Ap[r, q, i] = zero
-
-    @njit(numba.void(a3, a3, a2, i8, i8, i8, i8, i8, i8, i8, nbt, nbt, flag, a2), **flags)
-    def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
-        """Every MR×NR tile of C[ic:ic+mc, jc:jc+nc] in strips s0..s1 from packed panels.
-
-        C gets ``alpha*T (+ beta*C)`` on the first K panel and ``+= alpha*T`` after; tiles
-        that stick out of C (edges) store only the part that exists.
-        """
-        for s in range(s0, s1):
-            j = jc + s * nr
-            w = min(nr, jc + nc - j)
-            for r in range((mc + mr - 1) // mr):
-                i = ic + r * mr
-                h = min(mr, ic + mc - i)
-                ukernel(kc, Ap, r, Bp, s, T)
-                if h == mr and w == nr:
-                    # Whole tile: unsigned column indices (no wraparound selects) and a
-                    # constant trip count, so each row updates with a few vector ops.
-                    ju = np.uint64(j)
-                    for ii in range(mr):
-                        crow, trow = C[i + ii], T[ii]
-                        if not first:
-                            for jj in range(nr_u):
-                                crow[ju + jj] += alpha * trow[jj]
-                        elif beta == zero:
-                            for jj in range(nr_u):
-                                crow[ju + jj] = alpha * trow[jj]
-                        else:
-                            for jj in range(nr_u):
-                                crow[ju + jj] = alpha * trow[jj] + beta * crow[ju + jj]
-                else:
-                    for ii in range(h):
-                        for jj in range(w):
-                            v = alpha * T[ii, jj]
-                            if not first:
-                                C[i + ii, j + jj] += v
-                            elif beta == zero:
-                                C[i + ii, j + jj] = v
-                            else:
-                                C[i + ii, j + jj] = v + beta * C[i + ii, j + jj]
-
-    @njit(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2), **flags)
-    def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T):
-        """One product on the calling thread (the batch-parallel path)."""
-        m, n, k = C.shape[0], C.shape[1], A.shape[1]
-        for jc in range(0, n, nc_max):
-            nc = min(nc_max, n - jc)
-            for pc in range(0, k, kc_max):
-                kc = min(kc_max, k - pc)
-                pack_b(B, pc, kc, jc, nc, Bp, 0, (nc + nr - 1) // nr)
-                for ic in range(0, m, mc):
-                    mcc = min(mc, m - ic)
-                    pack_a(A, ic, mcc, pc, kc, Ap)
-                    macro(Ap, Bp, C, ic, mcc, jc, nc, kc, 0, (nc + nr - 1) // nr,
-                          alpha, beta, pc == 0, T)
-
-    @njit(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3),
-          parallel=True, **flags)
-    def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, ngroups, Bp,
-                     Ap_all, T_all):
-        """The one parallel region, so Numba compiles one parfor, not one per phase.
-
-        phase 0: task t packs the t-th of ``ntasks`` slices of the B panel of product z;
-        phase 1: task t = (row block of ``nblk``, strip group of ``ngroups``) packs its A
-        block and computes its tiles (blocks differ by at most one MR strip, so threads stay
-        balanced); phase 2: task t is the whole product t of the batch (small products).
-        """
-        nstrips = (nc + nr - 1) // nr
-        msr = (C.shape[1] + mr - 1) // mr
-        za = z if A.shape[0] > 1 else 0
-        zb = z if B.shape[0] > 1 else 0
-        for tu in prange(ntasks):
-            t = np.int64(tu)  # prange indices are unsigned; keep index arithmetic signed
-            if phase == 0:
-                pack_b(B[zb], pc, kc, jc, nc, Bp, t * nstrips // ntasks,
-                       (t + 1) * nstrips // ntasks)
-            elif phase == 1:
-                blk, g = t // ngroups, t % ngroups
-                ic = blk * msr // nblk * mr
-                mcc = min((blk + 1) * msr // nblk * mr, C.shape[1]) - ic
-                pack_a(A[za], ic, mcc, pc, kc, Ap_all[t])
-                macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, g * nstrips // ngroups,
-                      (g + 1) * nstrips // ngroups, alpha, beta, pc == 0, T_all[t])
-            else:
-                # scratch sized to the product, not the blocks: tiny products stay cheap
-                kcap = min(kc_max, A.shape[2])
-                Ap = np.empty((min(mc // mr, (C.shape[1] + mr - 1) // mr), kcap, mr),
-                              dtype=C.dtype)
-                Bpz = np.empty(((min(nc_max, C.shape[2]) + nr - 1) // nr, kcap, nr),
-                               dtype=C.dtype)
-                T = np.empty((mr, nr), dtype=C.dtype)
-                gemm_serial(A[t if A.shape[0] > 1 else 0], B[t if B.shape[0] > 1 else 0],
-                            C[t], alpha, beta, Ap, Bpz, T)
-
-    @njit(numba.void(ro3, ro3, a3, nbt, nbt), **flags)
-    def blocked(A, B, C, alpha, beta):
-        batch, m, n = C.shape[0], C.shape[1], C.shape[2]
-        k = A.shape[2]
-        if k == 0:  # no products: C = beta*C, or zeros (C unread when beta == 0)
-            for z in range(batch):
-                for i in range(m):
-                    for j in range(n):
-                        base = alpha * zero
-                        C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
-            return
-        nthreads = numba.get_num_threads()
-        strip_cap = (min(nc_max, n) + nr - 1) // nr
-        empty = np.empty((1, 1, 1, mr), dtype=C.dtype)
-        if batch > 1 and m * n * k <= SMALL_PRODUCT:
-            run_parallel(2, batch, A, B, C, 0, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],
-                         empty, empty[0])
-            return
-        # One product at a time, threads over (row block × strip group) tasks: row blocks of
-        # at most MC rows, as many as a multiple of the thread count when there are enough
-        # MR strips; when there are few, column groups of the B panel supply the tasks.
-        msr = (m + mr - 1) // mr
-        nblk = (msr + mc // mr - 1) // (mc // mr)
-        nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
-        kcap = min(kc_max, k)
-        Bp = np.empty((strip_cap, kcap, nr), dtype=C.dtype)
-        ngroups_max = 1 if nblk >= nthreads else min(strip_cap, 2 * nthreads)
-        Ap_all = np.empty((nblk * ngroups_max, (msr + nblk - 1) // nblk, kcap, mr),
-                          dtype=C.dtype)
-        T_all = np.empty((nblk * ngroups_max, mr, nr), dtype=C.dtype)
-        for z in range(batch):
-            for jc in range(0, n, nc_max):
-                nc = min(nc_max, n - jc)
-                nstrips = (nc + nr - 1) // nr
-                ngroups = min(ngroups_max, nstrips)
-                for pc in range(0, k, kc_max):
-                    kc = min(kc_max, k - pc)
-                    run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc, nc,
-                                 pc, kc, nblk, ngroups, Bp, Ap_all, T_all)
-                    run_parallel(1, nblk * ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc,
-                                 nblk, ngroups, Bp, Ap_all, T_all)
-
-    return blocked
+    dtype = np.dtype(dtype)
+    header = {"MR": p["MR"], "NR": p["NR"], "MC": p["MC"], "KC": p["KC"], "NC": p["NC"]}
+    template = (Path(__file__).parent / "_blocked_source.py").read_text()
+    source = fill_template(
+        template,
+        {"MR, NR, MC, KC, NC": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
+         "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT},
+        {"ukernel": micro_kernel_source(p["MR"], p["NR"])},
+    )
+    module = load_module(f"blocked-{dtype.name}", source,
+                         {"kernel": "blocked", "params": header, "dtype": dtype.name})
+    return module.blocked
 
 
 SPEC = KernelSpec(

@@ -69,9 +69,9 @@ def width(itemsize: int) -> int:
 @cache
 def access_ops() -> Access:
     """The vector helpers for the current mode (real compilation or the simulator)."""
-    from tilegemm.backends.cuda import simulator_enabled
+    from tilegemm import simulator
 
-    if simulator_enabled():
+    if simulator.enabled():
         return Access(_py_load, _py_store, _py_vload, _py_vstore, _py_vload, _py_vstore,
                       _py_address, None)
     return _compiled_ops()

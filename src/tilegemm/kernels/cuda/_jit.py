@@ -26,9 +26,9 @@ def kernel_jit(threads: int, min_blocks: int = 0) -> Callable[[Callable[..., Any
     """
     from numba import cuda
 
-    from tilegemm.backends.cuda import simulator_enabled
+    from tilegemm import simulator
 
-    if simulator_enabled():
+    if simulator.enabled():
         from tilegemm.kernels.cuda._simulator import install
 
         install()  # numba's simulator races on cuda.shared.array; see _simulator.py

@@ -1,14 +1,15 @@
-"""Rung 1 — naive: one thread per element of C, with the seed's mapping (threadIdx.x → row).
+"""Rung 1 — naive: one thread per element of C, with the original example's mapping
+(threadIdx.x → row).
 
-This is Numba's documentation example ``matmul`` (seeds 000/003): ``i, j = cuda.grid(2)``
-and a loop over k. Because x is the fastest-varying thread index and it walks *rows* of
-row-major C, the 32 threads of a warp read A and write C with a stride of a whole row:
-every warp access touches up to 32 different 32-byte sectors (uncoalesced). B is read
-along a column per thread but the warp shares one address per k (a broadcast). The
-rung is kept exactly so, because the next rung fixes only this and the difference is
-measurable (``tilegemm bench``) and countable (``tilegemm explain``).
+This is Numba's documentation example ``matmul``: ``i, j = cuda.grid(2)`` and a loop over k.
+Because x is the fastest-varying thread index and it walks *rows* of row-major C, the 32
+threads of a warp read A and write C with a stride of a whole row: every warp access touches
+up to 32 different 32-byte sectors (uncoalesced). B is read along a column per thread but
+the warp shares one address per k (a broadcast). The rung is kept exactly so, because the
+next rung fixes only this and the difference is measurable (``tilegemm bench``) and
+countable (``tilegemm explain``).
 
-Fixed from the seed: any M, N, K (bounds checks), batches in grid z, grid-stride loops so
+Fixed from the original: any M, N, K (bounds checks), batches in grid z, grid-stride loops so
 no grid dimension exceeds the hardware limit, accumulation in the output dtype.
 """
 
@@ -43,7 +44,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         while z < C.shape[0]:
             za = z if A.shape[0] > 1 else 0
             zb = z if B.shape[0] > 1 else 0
-            # x → row i (the seed's mapping), y → column j
+            # x → row i (the original example's mapping), y → column j
             i = cuda.blockIdx.x * bs + cuda.threadIdx.x
             while i < m:
                 j = cuda.blockIdx.y * bs + cuda.threadIdx.y
@@ -69,12 +70,12 @@ SPEC = KernelSpec(
     name="naive",
     backend="cuda",
     rung=1,
-    title="one thread per output, seed mapping (x → row)",
+    title="one thread per output, the Numba example's mapping (x → row)",
     build=build,
     params=(Param("BLOCK", 16, (8, 16, 32), "threads per block side (BLOCK × BLOCK)"),),
     dtypes=FLOATS + INTS,
     threads=lambda p: p["BLOCK"] ** 2,
     smem=lambda p, itemsize: 0,
     doc=__doc__,
-    extra={"sim_params": {"BLOCK": 8}},  # smallest block: the simulator runs a thread each
+    sim_params={"BLOCK": 8},  # smallest block: the simulator runs a thread each
 )

@@ -6,7 +6,7 @@ they read 32 consecutive elements of B (one row of B per k-step: 4 32-byte secto
 float32, the minimum), all read the *same* element of A (a broadcast: one sector), and
 write 32 consecutive elements of C. In rung 1 every one of those accesses to A and C
 touched a different sector. Same arithmetic, same number of instructions, far fewer memory
-transactions: this rung isolates the effect of coalescing (seed 004's transaction
+transactions: this rung isolates the effect of coalescing (the optimisation note's transaction
 analysis: 5 transactions per warp per k-step).
 
 Arithmetic intensity is unchanged (every k-step still loads two values from global memory
@@ -78,5 +78,5 @@ SPEC = KernelSpec(
     threads=lambda p: p["BLOCK"] ** 2,
     smem=lambda p, itemsize: 0,
     doc=__doc__,
-    extra={"sim_params": {"BLOCK": 8}},
+    sim_params={"BLOCK": 8},
 )

@@ -9,10 +9,10 @@ A: R + 1 shared loads for R multiply-adds instead of 2R, and R independent accum
 give the scheduler instruction-level parallelism to hide latency. Each thread also copies
 R elements of each tile, in rows ``ty + r·TILE/R`` (coalesced along x).
 
-This is seed 004's ``matrixMulSharedILPkernel`` generalised: the seed hard-codes R = 2 and a
-``+16`` row offset (valid only for TILE = 32) and assumes square sizes that are multiples
-of TILE. Seed 004's sweep at 1024³ with 32×32 tiles (R = 1, 2, 4, 8, 16, 32 → 3.67, 4.80,
-6.02, 6.77, 6.67, 5.32 TFLOP/s) shows the trade-off: more outputs per thread mean more
+This is the optimisation note's ``matrixMulSharedILPkernel`` generalised: the original hard-codes R
+= 2 and a ``+16`` row offset (valid only for TILE = 32) and assumes square sizes that are multiples
+of TILE. the optimisation note's sweep at 1024³ with 32×32 tiles (R = 1, 2, 4, 8, 16, 32 → 3.67,
+4.80, 6.02, 6.77, 6.67, 5.32 TFLOP/s) shows the trade-off: more outputs per thread mean more
 reuse but fewer threads per block and more registers, until occupancy falls.
 
 The accumulators are a ``cuda.local.array`` indexed only inside loops with constant trip
@@ -105,7 +105,8 @@ SPEC = KernelSpec(
     name="register1d",
     backend="cuda",
     rung=4,
-    title="R outputs per thread down a column, B value kept in a register (seed 004 ILP)",
+    title="R outputs per thread down a column, B value kept in a register (the optimisation "
+          "note's ILP kernel)",
     build=build,
     params=(
         Param("TILE", 32, (8, 16, 32), "tile side (TILE × TILE tiles of A, B and C)"),
@@ -119,5 +120,5 @@ SPEC = KernelSpec(
     threads=lambda p: p["TILE"] * (p["TILE"] // p["R"]),
     smem=lambda p, itemsize: 2 * p["TILE"] ** 2 * itemsize,
     doc=__doc__,
-    extra={"sim_params": {"TILE": 8, "R": 2}},
+    sim_params={"TILE": 8, "R": 2},
 )

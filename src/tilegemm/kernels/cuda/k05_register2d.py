@@ -164,5 +164,5 @@ SPEC = KernelSpec(
     threads=_threads,
     smem=lambda p, itemsize: (p["BM"] * p["BK"] + p["BK"] * p["BN"]) * itemsize,
     doc=__doc__,
-    extra={"sim_params": {"BM": 16, "BN": 16, "BK": 4, "TM": 2, "TN": 2}},
+    sim_params={"BM": 16, "BN": 16, "BK": 4, "TM": 2, "TN": 2},
 )

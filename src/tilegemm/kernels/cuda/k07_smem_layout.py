@@ -219,5 +219,5 @@ SPEC = KernelSpec(
     threads=_threads,
     smem=_smem,
     doc=__doc__,
-    extra={"sim_params": {"BM": 16, "BN": 16, "BK": 8, "TM": 4, "TN": 4}},
+    sim_params={"BM": 16, "BN": 16, "BK": 8, "TM": 4, "TN": 4},
 )

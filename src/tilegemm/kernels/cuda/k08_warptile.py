@@ -336,6 +336,6 @@ SPEC = KernelSpec(
     threads=_threads,
     smem=_smem,
     doc=__doc__,
-    extra={"sim_params": {"BM": 32, "BN": 16, "BK": 8, "WM": 32, "WN": 16, "WNITER": 1,
-                          "TM": 4, "TN": 4}},
+    sim_params={"BM": 32, "BN": 16, "BK": 8, "WM": 32, "WN": 16, "WNITER": 1,
+                "TM": 4, "TN": 4},
 )

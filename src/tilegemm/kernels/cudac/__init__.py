@@ -1,4 +1,4 @@
-"""CUDA C rungs ("cudac"): the source notes' own kernels, compiled at run time with NVRTC.
+"""CUDA C rungs ("cudac"): the tutorials' own CUDA C kernels, compiled at run time with NVRTC.
 
 One rung is two files: ``kNN_<name>.cu``, the kernel in CUDA C with comments that say why,
 and ``kNN_<name>.py``, its ``SPEC`` (parameters, constraints, threads, shared memory,

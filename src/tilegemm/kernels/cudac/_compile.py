@@ -79,15 +79,20 @@ def compile_cubin(rung: KernelSpec | str, params: dict[str, int] | None = None,
     return _compile(spec.rung, spec.name, tuple(sorted(resolved.items())), dt, arch)
 
 
+def source_text(path: Path, params: tuple[tuple[str, int], ...], dtype: str) -> str:
+    """What the compiler sees: the element type and the parameters, then the .cu file."""
+    defines = [f"typedef {C_TYPES[dtype]} T;"] + [f"#define {k} {v}" for k, v in params]
+    # #line keeps compiler messages pointing at the lines of the .cu file itself.
+    return "\n".join([*defines, f'#line 1 "{path.name}"', path.read_text()])
+
+
 @cache
 def _compile(rung: int, name: str, params: tuple[tuple[str, int], ...], dtype: str,
              arch: str) -> Cubin:
     from cuda.bindings import nvrtc
 
     path = SOURCES / f"k{rung:02d}_{name}.cu"
-    defines = [f"typedef {C_TYPES[dtype]} T;"] + [f"#define {k} {v}" for k, v in params]
-    # #line keeps NVRTC's messages pointing at the lines of the .cu file itself.
-    source = "\n".join([*defines, f'#line 1 "{path.name}"', path.read_text()])
+    source = source_text(path, params, dtype)
     options = [f"-arch={arch}", f"-I{SOURCES}", *OPTIONS]
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), path.name.encode(), 0, [], [])
     _check(nvrtc, err, "nvrtcCreateProgram")
@@ -96,7 +101,7 @@ def _compile(rung: int, name: str, params: tuple[tuple[str, int], ...], dtype: s
         log = _log(nvrtc, prog)
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise RuntimeError(f"NVRTC could not compile {path.name} for {arch} with "
-                               f"{' '.join(defines)}:\n{log}")
+                               f"{dict(params)} ({dtype}):\n{log}")
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(nvrtc, err, "nvrtcGetCUBINSize")
         data = bytearray(size)

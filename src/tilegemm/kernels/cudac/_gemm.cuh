@@ -25,11 +25,13 @@ typedef long long idx_t;
     idx_t sAb, idx_t sAm, idx_t sAk, idx_t sBb, idx_t sBk, idx_t sBn,              \
     idx_t sCb, idx_t sCm, idx_t sCn, T alpha, T beta
 
-// Every kernel declares __launch_bounds__(threads per block, 1). The first number lets
-// ptxas fit the registers to the block (a 1,024-thread block must make do with 64 per
-// thread, or the launch fails); the 1 ("one resident block is enough") stops it from
-// squeezing registers further to fit more blocks per SM, which on its own it does, and
-// which makes even the naive kernel spill to local memory.
+// Every kernel declares __launch_bounds__(threads per block, blocks per SM). The first
+// number lets ptxas fit the registers to the block (a 1,024-thread block must make do with
+// 64 per thread, or the launch fails). The second says how many blocks must fit on an SM
+// at once, which caps the registers at 65,536 / (threads · blocks); without it ptxas picks
+// a cap of its own, squeezing even the naive kernel into 32 registers and local-memory
+// spills. Rungs 1-3 ask for 1,024 resident threads (64 registers: no spills, half of an
+// SM's threads), rung 4 and the register-tiled rungs for as many as their tiles allow.
 
 // C is read only when beta != 0: an uninitialised (or NaN) C must not leak into
 // alpha * A @ B, as in BLAS.

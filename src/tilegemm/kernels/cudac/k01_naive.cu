@@ -6,7 +6,7 @@
 // (up to 32 memory transactions per warp access) while all of them read the same element
 // of B. Rung 2 changes only this mapping.
 //
-// Fixed compared with the source notes: any M, N, K (every access is bounds-checked),
+// Fixed compared with the originals: any M, N, K (every access is bounds-checked),
 // batches in grid z, and grid-stride loops so no grid dimension exceeds its hardware limit
 // (65,535 blocks in y and z).
 #include "_gemm.cuh"
@@ -15,7 +15,8 @@
 #define BLOCK 16  // threads per block side (BLOCK × BLOCK)
 #endif
 
-extern "C" __global__ void __launch_bounds__(BLOCK * BLOCK, 1)
+// Blocks enough for 1,024 resident threads: at most 64 registers a thread (see _gemm.cuh).
+extern "C" __global__ void __launch_bounds__(BLOCK * BLOCK, 1024 / (BLOCK * BLOCK))
 tilegemm_naive(GEMM_ARGS)
 {
     for (idx_t z = blockIdx.z; z < batch; z += gridDim.z) {

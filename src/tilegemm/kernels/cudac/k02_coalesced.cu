@@ -8,9 +8,9 @@
 // elements of C. The note counts 5 load transactions per warp and k-step; rung 1 needs
 // up to 33. Same arithmetic, far fewer memory transactions.
 //
-// Fixed compared with the note: any M, N, K and rectangular matrices (the note assumes
+// Fixed compared with the optimisation note: any M, N, K and rectangular matrices (it assumes
 // square width × width and a grid that covers it exactly), bounds on every access,
-// accumulation in T (the note sums into an int and stores an undeclared "Pervalue"),
+// accumulation in T (it sums into an int and stores an undeclared "Pervalue"),
 // batches in grid z, grid-stride loops.
 #include "_gemm.cuh"
 
@@ -18,7 +18,8 @@
 #define BLOCK 16  // threads per block side (BLOCK × BLOCK)
 #endif
 
-extern "C" __global__ void __launch_bounds__(BLOCK * BLOCK, 1)
+// Blocks enough for 1,024 resident threads: at most 64 registers a thread (see _gemm.cuh).
+extern "C" __global__ void __launch_bounds__(BLOCK * BLOCK, 1024 / (BLOCK * BLOCK))
 tilegemm_coalesced(GEMM_ARGS)
 {
     for (idx_t z = blockIdx.z; z < batch; z += gridDim.z) {

@@ -2,9 +2,9 @@
 
 ``matMul_GlobalKernel`` of the CUDA optimisation note (``k02_coalesced.cu``): the only change
 from rung 1 is that threadIdx.x walks columns, so a warp reads 32 consecutive elements of B,
-one (broadcast) element of A, and writes 32 consecutive elements of C: the note's 5 load
-transactions per warp and k-step. Fixed from the note: any M, N, K and rectangular shapes,
-bounds on every access, batches, grid-stride loops.
+one (broadcast) element of A, and writes 32 consecutive elements of C: the optimisation
+note's 5 load transactions per warp and k-step. Fixed from the note: any M, N, K and
+rectangular shapes, bounds on every access, batches, grid-stride loops.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ SPEC = KernelSpec(
     name="coalesced",
     backend="cudac",
     rung=2,
-    title="one thread per output, x → column (the note's global-memory kernel)",
+    title="one thread per output, x → column (the optimisation note's global-memory kernel)",
     build=build,
     params=(Param("BLOCK", 16, (8, 16, 32), "threads per block side (BLOCK × BLOCK)"),),
     dtypes=FLOATS + INTS,

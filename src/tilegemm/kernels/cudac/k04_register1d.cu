@@ -7,11 +7,11 @@
 // outputs in rows ty + r·ROWS (ROWS = TILE/R) of column tx. In the inner loop it loads
 // Bs[k][tx] once into a register and uses it for R multiply-adds: R + 1 shared loads for R
 // multiply-adds instead of 2R, and R independent accumulators give the scheduler
-// instruction-level parallelism to hide latency. The note's sweep at 1024³ with 32 × 32
+// instruction-level parallelism to hide latency. The optimisation note's sweep at 1024³ with 32 × 32
 // tiles (R = 1, 2, 4, 8, 16, 32: 3.67, 4.80, 6.02, 6.77, 6.67, 5.32 TFLOP/s) shows the
 // trade-off: more reuse per thread, until registers and fewer threads cut occupancy.
 //
-// Fixed compared with the note: it hard-codes R = 2 and a "+16" row offset (right only
+// Fixed compared with the optimisation note: it hard-codes R = 2 and a "+16" row offset (right only
 // for 32 × 32 tiles) and assumes square sizes that are multiples of the tile; here any R
 // dividing TILE, any M, N, K, zero-filled edges, no early exit before a barrier.
 // acc[R] is indexed only by unrolled loops with constant bounds, so it lives in registers.
@@ -25,6 +25,7 @@
 #endif
 #define ROWS (TILE / R)  // threads along y, and the row step between a thread's outputs
 
+// One resident block is enough: R accumulators need registers (see _gemm.cuh).
 extern "C" __global__ void __launch_bounds__(TILE * ROWS, 1)
 tilegemm_register1d(GEMM_ARGS)
 {

@@ -1,9 +1,10 @@
-"""Rung 4 — register1d (CUDA C): the note's ``matrixMulSharedILPkernel`` with R outputs.
+"""Rung 4 — register1d (CUDA C): the optimisation note's ILP kernel with R outputs a thread.
 
-``k04_register1d.cu``: TILE × TILE shared tiles as in rung 3, but TILE × TILE/R threads, each
-computing R outputs down a column; one shared load of B feeds R multiply-adds held in R
-registers. The note hard-codes R = 2 and a ``+16`` row offset (right only for 32 × 32 tiles)
-and assumes multiples of the tile; here any R dividing TILE and any M, N, K.
+``k04_register1d.cu`` (the note's ``matrixMulSharedILPkernel``): TILE × TILE shared tiles
+as in rung 3, but TILE × TILE/R threads, each computing R outputs down a column; one shared
+load of B feeds R multiply-adds held in R registers. The note hard-codes R = 2 and a
+``+16`` row offset (right only for 32 × 32 tiles) and assumes multiples of the tile; here
+any R dividing TILE and any M, N, K.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ SPEC = KernelSpec(
     name="register1d",
     backend="cudac",
     rung=4,
-    title="R outputs per thread down a column (the note's ILP kernel, any R)",
+    title="R outputs per thread down a column (the optimisation note's ILP kernel, any R)",
     build=build,
     params=(
         Param("TILE", 32, (8, 16, 32), "tile side (TILE × TILE tiles of A, B and C)"),

@@ -155,7 +155,9 @@ tilegemm_warptile(GEMM_ARGS)
             }
             __syncthreads();  // both tiles are complete
 
-#pragma unroll
+            // Fully unrolled for float. For double, 8 steps at a time: fully unrolled, ptxas
+            // prefetches so many values of the next steps that it spills at 255 registers.
+#pragma unroll(sizeof(T) == 4 ? BK : 8)
             for (int kk = 0; kk < BK; ++kk) {
                 // This thread's column of A and row of B for step kk, into registers.
                 T ra[RT], rb[CT];

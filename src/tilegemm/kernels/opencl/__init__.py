@@ -1,6 +1,7 @@
 """OpenCL rungs, one module per rung (``kNN_<name>.py`` + ``kNN_<name>.cl``), each with ``SPEC``.
 
-The ladder and its ids are the CUDA ladder's, written in OpenCL C: the model of seed 002
+The ladder and its ids are the CUDA ladder's, written in OpenCL C: the model of Numba's former ROC
+(AMD HSA) target
 (Numba's old ROC/HSA target: ``get_global_id``/``get_local_id``, work-group local memory,
 ``barrier``) is OpenCL's. Conventions every rung follows:
 
@@ -12,7 +13,7 @@ The ladder and its ids are the CUDA ladder's, written in OpenCL C: the model of 
   holds the shared kernel signature ``GEMM_ARGS`` and the C-store macro ``STORE_C``.
 - Any M, N, K: bounds on every edge; no work-item leaves before a barrier; C is read only
   when ``beta != 0``; the batch index is dimension 2.
-- ``extra["device_defaults"]`` may hold parameter defaults per OpenCL device type
+- ``device_defaults`` may hold parameter defaults per OpenCL device type
   ("cpu", "gpu"), measured data that replaces the GPU-minded defaults on that kind of
   device (see docs/opencl.md).
 """

@@ -1,11 +1,11 @@
-/* Rung 1, naive: one work-item per element of C with the seed's mapping, dimension 0 -> row.
+/* Rung 1, naive: one work-item per element of C with the original example's mapping, dimension 0 -> row.
    Consecutive work-items (dimension 0) walk down a column of row-major C, so they read A
    and write C with a stride of a whole row. No local memory and no barrier, so the
    out-of-range work-items may simply return. */
 
 kernel void gemm(GEMM_ARGS)
 {
-    const int i = get_global_id(0);  /* row: the seed's roc.get_global_id(0) */
+    const int i = get_global_id(0);  /* row: the original example's roc.get_global_id(0) */
     const int j = get_global_id(1);  /* column */
     const int z = get_global_id(2);  /* product in the batch */
     if (i >= M || j >= N)

@@ -1,10 +1,10 @@
-/* Rung 3, shared: the seed's matmulfast (roc.shared.array + roc.barrier) with its shape
+/* Rung 3, shared: the Numba ROC example's matmulfast (roc.shared.array + roc.barrier) with its shape
    assumptions removed. A work-group of TILE x TILE work-items computes a TILE x TILE tile
    of C; it walks the K dimension one TILE x TILE tile of A and of B at a time, each
    work-item loading one element of each into local memory, so every element fetched
    from global memory is used TILE times.
 
-   Fixed from the seed: any M, N, K (out-of-range loads fill zeros, the number of K tiles
+   Fixed from the original: any M, N, K (out-of-range loads fill zeros, the number of K tiles
    is ceil(K / TILE) rather than the grid size), and no work-item returns before a barrier
    (a barrier that not every work-item of the group reaches is undefined behaviour). */
 

@@ -1,10 +1,11 @@
 """Rung 3 — shared: TILE × TILE tiles of A and B staged in work-group local memory.
 
-Seed 002's ``matmulfast`` (``roc.shared.array``, ``roc.barrier``) and seed 001's
+the Numba ROC example's ``matmulfast`` (``roc.shared.array``, ``roc.barrier``) and the
+MatrixMulCUDA walk-through's
 ``MatrixMulCUDA``: each element loaded from global memory is used TILE times from local
 memory, cutting global traffic by a factor TILE.
 
-Fixed from the seed: it assumed N = gridsize × blocksize (square, a multiple of the
+Fixed from the original: it assumed N = gridsize × blocksize (square, a multiple of the
 tile) and used the grid size as the number of K tiles; here out-of-range loads fill zeros,
 K is walked in ceil(K / TILE) steps, and no work-item returns before a barrier.
 """
@@ -33,7 +34,7 @@ SPEC = KernelSpec(
     name="shared",
     backend="opencl",
     rung=3,
-    title="local-memory tiles (seed matmulfast), any shape",
+    title="local-memory tiles (the Numba ROC example's matmulfast), any shape",
     build=build,
     params=(Param("TILE", 16, (8, 16, 32), "tile side: TILE × TILE work-items and outputs"),),
     dtypes=FLOATS + INTS,

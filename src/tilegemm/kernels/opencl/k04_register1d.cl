@@ -1,7 +1,7 @@
 /* Rung 4, register1d: the shared rung, but each work-item computes R outputs of one column
    (rows ty, ty + TILE/R, ...), so a work-group of TILE x TILE/R work-items covers the
    TILE x TILE tile. In the inner loop the B element is read from local memory once into
-   a register and used R times (seed 004's outputs-per-thread sweep): fewer local-memory
+   a register and used R times (the optimisation note's outputs-per-thread sweep): fewer local-memory
    reads per multiply-add and R independent accumulators for instruction-level
    parallelism, at the cost of R registers per work-item. */
 

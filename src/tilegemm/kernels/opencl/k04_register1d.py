@@ -1,12 +1,12 @@
 """Rung 4 — register1d: each work-item computes R outputs of a column of the tile.
 
-Seed 004's outputs-per-thread (ILP) kernel: the B value read from local memory is kept in
-a register and used for R multiply-adds, with R independent accumulators. A work-group of
+the optimisation note's outputs-per-thread (ILP) kernel: the B value read from local memory is kept
+in a register and used for R multiply-adds, with R independent accumulators. A work-group of
 TILE × TILE/R work-items covers a TILE × TILE tile. More outputs per work-item mean fewer
 local reads per multiply-add, until registers and the smaller work-group cost occupancy
-(the seed measured a peak at R = 8 on its GPU).
+(the note measured a peak at R = 8 on its GPU).
 
-Fixed from the seed: the hard-coded ``+16`` row offset is TILE/R, and any M, N, K work.
+Fixed from the original: the hard-coded ``+16`` row offset is TILE/R, and any M, N, K work.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ SPEC = KernelSpec(
     name="register1d",
     backend="opencl",
     rung=4,
-    title="R outputs per work-item (seed ILP sweep)",
+    title="R outputs per work-item (the optimisation note's ILP sweep)",
     build=build,
     params=(
         Param("TILE", 32, (8, 16, 32), "tile side (TILE × TILE outputs per work-group)"),

@@ -73,6 +73,5 @@ SPEC = KernelSpec(
     smem=_local_bytes,
     doc=__doc__,
     # Measured on PoCL (AVX2 code, 2 cores): see docs/opencl.md.
-    extra={"device_defaults": {"cpu": {"BM": 8, "BN": 16, "BK": 8, "TM": 8, "TN": 16,
-                                       "VW": 8}}},
+    device_defaults={"cpu": {"BM": 8, "BN": 16, "BK": 8, "TM": 8, "TN": 16, "VW": 8}},
 )

@@ -1,0 +1,125 @@
+"""Measure rung ``mma`` on a GPU against cuBLAS at the same precision (PyTorch's cuBLAS).
+
+    PYTHONPATH=src python benchmarks/tensor_cores.py [--repeat 20] [--sizes 2048 4096]
+
+For each size n (n×n×n products) and mode:
+
+- ``tf32``: mma with PASSES=1 against cuBLAS with TF32 enabled
+  (``torch.backends.cuda.matmul.fp32_precision = "tf32"``, or ``allow_tf32 = True`` on an
+  older torch). Target at 4096³: >= 60 % of cuBLAS.
+- ``3xtf32``: mma with PASSES=3 against cuBLAS FP32 SGEMM (no TF32). Targets at 4096³:
+  >= 1.5× SGEMM's speed, and a maximum error against float64 no worse than SGEMM's.
+- ``float16``: mma on float16 operands against cuBLAS half GEMM with float32 accumulation
+  (``allow_fp16_reduced_precision_reduction = False``). Target at 4096³: >= 60 %.
+
+Every result is checked against float64 NumPy before it is timed: the maximum error,
+scaled by max(|A|·|B|), is printed for tilegemm and for cuBLAS, and a tilegemm error more
+than 4× cuBLAS's (same precision) fails the run. Times: CUDA events, median of --repeat,
+after two warm-up launches. Needs a real GPU of compute capability 8.0 or newer, and torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from typing import Any
+
+import numpy as np
+
+MODES = ("tf32", "3xtf32", "float16")
+
+
+def _set_torch_fp32(torch: Any, precision: str) -> None:
+    """cuBLAS FP32 GEMMs as "ieee" (SGEMM) or "tf32" (TF32 tensor cores)."""
+    matmul = torch.backends.cuda.matmul
+    if getattr(matmul, "fp32_precision", None) is not None:
+        matmul.fp32_precision = precision
+    else:
+        matmul.allow_tf32 = precision == "tf32"
+
+
+def _torch_run(torch: Any, a: np.ndarray, b: np.ndarray, repeat: int) -> tuple[float, Any]:
+    da, db = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    out = torch.matmul(da, db)
+    for _ in range(2):
+        torch.matmul(da, db, out=out)
+    times = []
+    for _ in range(repeat):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.matmul(da, db, out=out)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    return statistics.median(times), out.cpu().numpy()
+
+
+def _error(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    scale = float(np.max(np.abs(a64) @ np.abs(b64)))
+    return float(np.max(np.abs(c.astype(np.float64) - a64 @ b64))) / scale
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096])
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--repeat", type=int, default=20)
+    args = parser.parse_args()
+
+    import torch
+
+    from tilegemm import registry
+    from tilegemm.backends import get_backend
+    from tilegemm.problem import problem_for
+
+    backend = get_backend("cuda")
+    status = backend.status()
+    if not status.usable or status.simulated or not torch.cuda.is_available():
+        print(f"needs a real GPU and torch with CUDA: {status.reason}")
+        return 2
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < (8, 0):
+        print(f"needs compute capability 8.0 or newer; this GPU is {major}.{minor}")
+        return 2
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    print(f"device: {status.devices[0]}, torch {torch.__version__}")
+    spec = registry.get("mma", "cuda")
+    rng = np.random.default_rng(0)
+    failed = False
+    for n in args.sizes:
+        for mode in args.modes:
+            dtype = np.float16 if mode == "float16" else np.float32
+            a = rng.standard_normal((1, n, n)).astype(dtype)
+            b = rng.standard_normal((1, n, n)).astype(dtype)
+            params = spec.resolve({} if mode == "float16"
+                                  else {spec.precision_param: spec.precisions[mode]})
+            prepared = backend.prepare(spec, params, problem_for(n, n, n, dtype), a, b)
+            prepared.launch()
+            ours_err = _error(prepared.fetch().reshape(n, n), a[0], b[0])
+            prepared.elapsed(2)
+            ours = statistics.median(prepared.elapsed(args.repeat))
+            _set_torch_fp32(torch, "tf32" if mode == "tf32" else "ieee")
+            theirs, c = _torch_run(torch, a[0], b[0], args.repeat)
+            theirs_err = _error(c, a[0], b[0])
+            ratio = theirs / ours
+            flops = 2.0 * n**3
+            ref = {"tf32": "cuBLAS TF32", "3xtf32": "cuBLAS SGEMM", "float16": "cuBLAS FP16"}
+            print(f"{n:>5}^3 {mode:<8} mma {flops / ours / 1e12:7.1f} TFLOP/s  {ref[mode]} "
+                  f"{flops / theirs / 1e12:7.1f}  ratio {ratio:.2f}  max error "
+                  f"{ours_err:.1e} vs {theirs_err:.1e}")
+            if ours_err > 4 * theirs_err + 1e-7:
+                print("  FAILED: error more than 4x cuBLAS's")
+                failed = True
+            if n == 4096:
+                goal = 1.5 if mode == "3xtf32" else 0.6
+                met = ratio >= goal and (mode != "3xtf32" or ours_err <= theirs_err)
+                print(f"  target ratio >= {goal}"
+                      + (" and error <= SGEMM's" if mode == "3xtf32" else "")
+                      + f": {'MET' if met else 'NOT MET'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The machine code of a tensor-core rung, counted: HMMA and what feeds it.
+
+The FFMA accounting of :mod:`tilegemm.analysis.sass` does not apply to a tensor-core rung:
+its multiply-adds are HMMA instructions, each a whole 16×8×k fragment product for the warp.
+What matters instead is how much else the hot loop issues around them (fragment loads,
+TF32 conversions, address arithmetic): this module finds the loop with the most HMMA
+(innermost first) and counts its instructions by kind, with the HMMA share of them. The
+counts cover the loop body once with all its branches (the 16-byte and the 4-byte copy
+paths alike), so they bound from above what the interior path issues.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tilegemm.analysis.sass import _all_loops, find_loops, parse_sass
+from tilegemm.registry import KernelSpec
+
+#: Kinds of instruction a tensor-core hot loop is made of, in report order.
+KINDS = ("HMMA", "LDSM", "LDS", "LDGSTS", "DEPBAR", "BAR", "other")
+
+
+def kind(op: str) -> str:
+    if op in ("HMMA", "LDSM", "LDS", "LDGSTS", "BAR"):
+        return op
+    if op in ("DEPBAR", "LDGDEPBAR"):
+        return "DEPBAR"
+    return "other"  # integer/address work, moves, branches, and TF32 rounding (ptxas expands
+    # cvt.rna.tf32.f32 into a compare and integer operations)
+
+
+@dataclass(frozen=True)
+class MmaSass:
+    kernel: str
+    arch: str
+    dtype: str
+    params: dict[str, int]
+    instructions: int  # in the whole kernel
+    hmma: int  # in the whole kernel
+    local_memory: int  # LDL/STL anywhere
+    hot: dict[str, int]  # the hot loop's counts by kind, and "total"
+
+    @property
+    def hmma_share(self) -> float:
+        return self.hot["HMMA"] / self.hot["total"] if self.hot["total"] else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "arch": self.arch, "dtype": self.dtype,
+                "params": self.params, "instructions": self.instructions, "hmma": self.hmma,
+                "local_memory_instructions": self.local_memory, "hot_loop": self.hot,
+                "hmma_share": self.hmma_share}
+
+
+def count(text: str, *, kernel: str, arch: str, dtype: str,
+          params: dict[str, int]) -> MmaSass:
+    """Counts of a disassembled tensor-core kernel (nvdisasm text)."""
+    instrs = parse_sass(text)
+    loops = _all_loops(find_loops(instrs))
+
+    def hmma(lp: Any) -> int:
+        return sum(1 for i in instrs if lp.contains(i.addr) and i.op == "HMMA")
+
+    with_mma = [lp for lp in loops if hmma(lp)]
+    if not with_mma:
+        raise RuntimeError(f"{kernel}: no loop with HMMA found in the machine code")
+    innermost = [lp for lp in with_mma if not any(hmma(c) for c in lp.children)]
+    hot = max(innermost, key=lambda lp: (hmma(lp), -(lp.end - lp.start)))
+    kinds = Counter(kind(i.op) for i in instrs if hot.contains(i.addr))
+    counts = {k: kinds.get(k, 0) for k in KINDS}
+    counts["total"] = sum(kinds.values())
+    return MmaSass(kernel=kernel, arch=arch, dtype=dtype, params=params,
+                   instructions=len(instrs), hmma=sum(1 for i in instrs if i.op == "HMMA"),
+                   local_memory=sum(1 for i in instrs if i.op in ("LDL", "STL")), hot=counts)
+
+
+def mma_report(spec: KernelSpec, params: dict[str, int] | None = None,
+               dtype: str = "float32", arch: str = "sm_90") -> MmaSass:
+    """Compile, disassemble and count one tensor-core rung."""
+    from tilegemm.analysis.resources import ptx_for
+    from tilegemm.analysis.sass import disassemble, link_cubin
+
+    params = spec.resolve(params)
+    dt = np.dtype(dtype).name
+    text = disassemble(link_cubin(ptx_for(spec, params, dt, arch), arch))
+    return count(text, kernel=spec.name, arch=arch, dtype=dt, params=params)

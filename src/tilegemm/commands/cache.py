@@ -1,0 +1,51 @@
+"""Show or clear the compiled-kernel cache (CPU kernels kept on disk between processes).
+
+The first call of a CPU rung compiles it for several seconds; the cache keeps the machine
+code so later processes load it in a fraction of a second. Entries written by another
+tilegemm, Numba or Python version, or on another CPU, are never loaded; --clear removes
+everything. TILEGEMM_KERNEL_CACHE sets the directory ('off' disables the cache). The
+tuning results ('tilegemm tune') are kept separately; 'tilegemm tune --clear' removes those.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "show or clear the compiled-kernel cache"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--clear", action="store_true", help="delete every cached kernel")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from tilegemm import compile_cache
+    from tilegemm.commands._console import console as make_console
+
+    console = make_console()
+    root = compile_cache.cache_root()
+    if root is None:
+        console.print(f"kernel cache: off ({compile_cache.ENV} is set to turn it off)")
+        return 0
+    if args.clear:
+        n = compile_cache.clear()
+        console.print(f"kernel cache {root}: removed {n} entr{'y' if n == 1 else 'ies'}")
+        return 0
+    found = compile_cache.entries()
+    total = sum(e.bytes for e in found)
+    console.print(f"kernel cache {root}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, "
+                  f"{total / 1e6:.1f} MB")
+    if found:
+        table = Table()
+        for col in ("kernel", "dtype", "parameters", "usable here", "versions", "size"):
+            table.add_column(col)
+        for e in found:
+            params = " ".join(f"{k}={v}" for k, v in e.describe.get("params", {}).items())
+            versions = " ".join(f"{k} {v}" for k, v in e.versions.items())
+            table.add_row(e.describe.get("kernel", e.name), e.describe.get("dtype", ""), params,
+                          "yes" if e.current else "no (other version or CPU)", versions,
+                          f"{e.bytes / 1e3:.0f} kB")
+        console.print(table)
+    return 0

@@ -1,0 +1,221 @@
+"""The persistent compile cache: compiled CPU kernels kept on disk across processes.
+
+A Numba rung compiles for seconds; without a cache every new Python process pays that on
+its first call. The blocked CPU rung is written out as one small Python module per
+(parameters, dtype) with its parameters as constants, and Numba's own on-disk cache stores
+the machine code beside that module (``__pycache__``), so the next process loads it in a
+fraction of a second.
+
+Where: ``$TILEGEMM_KERNEL_CACHE`` if set (``off`` or ``0`` turns the cache off), else
+``kernels/`` under the tuning cache's directory (``$TILEGEMM_CACHE_DIR``, else
+``platformdirs.user_cache_dir("tilegemm")``).
+
+Key: the file name holds a hash of the module's full source (the kernel template, the
+parameters and dtype), the versions of tilegemm, Numba, llvmlite and Python, and the CPU
+model and features, so a cache written by another version or on another CPU is simply
+not found (Numba also checks the CPU and its own version itself). ``tilegemm cache``
+lists the entries; ``tilegemm cache --clear`` removes them.
+
+A cache is a convenience, never a reason to fail: a directory that cannot be written gives
+a :class:`CompileCacheWarning` and the kernel compiles in memory as before; an entry that
+cannot be loaded (a truncated or corrupt file) gives the warning, is deleted and rebuilt.
+Two processes filling the same entry at once are safe: every file is written to a
+temporary name and renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ENV = "TILEGEMM_KERNEL_CACHE"
+SUBDIR = "cpu"
+
+# Compilations and cache loads of every function this process built through the cache
+# (Numba's own per-dispatcher counters, summed); tests and benchmarks read them.
+STATS = {"compiled": 0, "loaded": 0}
+
+
+class CompileCacheWarning(UserWarning):
+    """The compile cache could not be used for a kernel (it compiled without it)."""
+
+
+def cache_root() -> Path | None:
+    """The kernel cache directory, or None when ``TILEGEMM_KERNEL_CACHE=off``."""
+    env = os.environ.get(ENV)
+    if env is not None:
+        return None if env.strip().lower() in ("", "0", "off", "no", "false") else Path(env)
+    from tilegemm.tune.cache import cache_dir
+
+    return cache_dir() / "kernels"
+
+
+def _versions() -> dict[str, str]:
+    import llvmlite
+    import numba
+
+    from tilegemm import __version__
+
+    return {"tilegemm": __version__, "numba": numba.__version__,
+            "llvmlite": llvmlite.__version__, "python": platform.python_version()}
+
+
+def _cpu_key() -> str:
+    """CPU model and the LLVM feature string Numba compiles for."""
+    from llvmlite import binding as llvm
+
+    from tilegemm.bench.environment import cpu_name
+
+    return f"{cpu_name()}|{llvm.get_host_cpu_name()}|{llvm.get_host_cpu_features().flatten()}"
+
+
+def fill_template(template: str, header: dict[str, Any], blocks: dict[str, str]) -> str:
+    """``template`` with the ``# @header`` block replaced by ``NAME = repr(value)`` lines and
+    each ``# @<name>`` … ``# @end-<name>`` block by ``blocks[name]``."""
+    lines = "".join(f"{k} = {v!r}\n" for k, v in header.items())
+    out = _replace_block(template, "header", lines)
+    for name, text in blocks.items():
+        out = _replace_block(out, name, text)
+    return out
+
+
+def _replace_block(text: str, name: str, body: str) -> str:
+    pattern = re.compile(rf"^# @{name}\b[^\n]*\n.*?^# @end-{name}\n", re.S | re.M)
+    if not pattern.search(text):
+        raise RuntimeError(f"kernel template has no '# @{name}' block")
+    return pattern.sub(lambda _: f"# @{name}\n{body}# @end-{name}\n", text, count=1)
+
+
+def load_module(name: str, source: str, describe: dict[str, Any]) -> ModuleType:
+    """Import ``source`` (whose functions use ``cache=CACHE``) through the cache.
+
+    ``describe`` (rung, parameters, dtype) is recorded in the file for ``tilegemm cache``.
+    The source must assign ``CACHE = False`` in its header; it is set to True here when the
+    cache is usable.
+    """
+    key = {"describe": describe, "versions": _versions(), "cpu": _cpu_key()}
+    digest = hashlib.sha256((source + json.dumps(key, sort_keys=True)).encode()).hexdigest()
+    stem = f"{name}-{digest[:20]}"
+    root = cache_root()
+    if root is None:
+        return _exec_uncached(stem, source)
+    folder = root / SUBDIR
+    text = (f"# tilegemm compiled-kernel cache entry: {json.dumps(key, sort_keys=True)}\n"
+            + source.replace("\nCACHE = False\n", "\nCACHE = True\n", 1))
+    path = folder / f"{stem}.py"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(f"{folder} is not writable")
+        if not path.is_file() or path.read_text() != text:
+            _write_atomic(path, text)  # rewritten only when different: Numba checks its mtime
+    except OSError as exc:
+        warnings.warn(f"kernel cache {folder} cannot be used ({exc}); compiling without it "
+                      f"(set {ENV} to a writable directory, or to 'off')",
+                      CompileCacheWarning, stacklevel=3)
+        return _exec_uncached(stem, source)
+    try:
+        return _import(stem, path)
+    except Exception as exc:  # noqa: BLE001 - any failure to load the entry: rebuild once
+        warnings.warn(f"kernel cache entry {path.name} could not be loaded "
+                      f"({type(exc).__name__}: {exc}); deleting and rebuilding it",
+                      CompileCacheWarning, stacklevel=3)
+        _remove_entry(folder, stem)
+        _write_atomic(path, text)
+        return _import(stem, path)  # a second failure is a real error, not the cache's
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _import(stem: str, path: Path) -> ModuleType:
+    modname = "tilegemm_kernel_" + stem.replace("-", "_")
+    spec = importlib.util.spec_from_file_location(modname, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[modname] = module  # Numba's cache finds functions through their module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(modname, None)
+        raise
+    _count(module)
+    return module
+
+
+def _exec_uncached(stem: str, source: str) -> ModuleType:
+    module = ModuleType("tilegemm_kernel_" + stem.replace("-", "_"))
+    exec(compile(source, f"<tilegemm kernel {stem}>", "exec"), module.__dict__)  # noqa: S102
+    _count(module)
+    return module
+
+
+def _count(module: ModuleType) -> None:
+    for f in getattr(module, "COMPILED", ()):
+        STATS["loaded"] += sum(f.stats.cache_hits.values())
+        STATS["compiled"] += len(f.signatures) - sum(f.stats.cache_hits.values())
+
+
+def _remove_entry(folder: Path, stem: str) -> None:
+    for p in list(folder.glob(f"{stem}.*")) + list((folder / "__pycache__").glob(f"{stem}*")):
+        p.unlink(missing_ok=True)
+
+
+@dataclass
+class CacheEntry:
+    name: str
+    describe: dict[str, Any]
+    versions: dict[str, str]
+    current: bool  # written by this tilegemm/Numba/Python on this CPU
+    bytes: int  # source plus compiled code
+
+
+def entries() -> list[CacheEntry]:
+    """What the cache holds (empty when it is off or absent)."""
+    root = cache_root()
+    folder = root / SUBDIR if root else None
+    if folder is None or not folder.is_dir():
+        return []
+    now = {"versions": _versions(), "cpu": _cpu_key()}
+    out = []
+    for path in sorted(folder.glob("*.py")):
+        try:
+            first = path.read_text().split("\n", 1)[0]
+            key = json.loads(first.split(":", 1)[1])
+        except (OSError, ValueError, IndexError):
+            key = {}
+        size = path.stat().st_size + sum(
+            p.stat().st_size for p in (folder / "__pycache__").glob(f"{path.stem}*"))
+        out.append(CacheEntry(path.stem, key.get("describe", {}), key.get("versions", {}),
+                              key.get("versions") == now["versions"]
+                              and key.get("cpu") == now["cpu"], size))
+    return out
+
+
+def clear() -> int:
+    """Delete every kernel cache entry; returns how many there were."""
+    root = cache_root()
+    n = len(entries())
+    if root is not None and (root / SUBDIR).is_dir():
+        shutil.rmtree(root / SUBDIR, ignore_errors=True)
+    return n

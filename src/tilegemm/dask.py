@@ -1,0 +1,267 @@
+"""Matrix products of Dask arrays, with a tilegemm rung computing every block.
+
+``tilegemm.dask.matmul(a, b)`` builds the same task graph as ``dask.array.matmul``: one
+task per (output block, contraction block) pair that multiplies two chunks, then a tree
+reduction (``split_every`` blocks at a time) that adds the partial products along the
+contraction axis. Only the block kernel differs: tilegemm instead of NumPy/CuPy. Dask
+schedules the tasks; this module adds no scheduler of its own, so the threaded scheduler,
+``dask.distributed`` (``LocalCluster``, dask-jobqueue, dask-kubernetes) and dask-cuda's
+``LocalCUDACluster`` (one worker per GPU, CuPy chunks) all run it unchanged.
+
+Everything that can be checked from the arrays' metadata is checked when the graph is
+built, before any task runs: shapes and dtypes (NumPy's matmul rules), known chunk sizes,
+the backend, the rung and its parameters. A mismatched chunking of the contraction axis is
+rechunked (the coarser side's chunks win, so partial products stay few), unless
+``align=False`` asks for an error instead.
+
+This module needs ``dask[array]`` (and ``distributed`` for clusters): ``pip install
+tilegemm[dask]``. ``import tilegemm`` does not import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from functools import partial, reduce
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.array.routines import matmul as _dask_matmul
+from dask.array.utils import meta_from_array
+
+from tilegemm.api import AUTO, _check_params_are_upper_case, choose_backend, choose_kernel
+from tilegemm.backends import get_backend
+from tilegemm.problem import Operand, array_kind, make_problem
+from tilegemm.registry import BACKENDS
+
+__all__ = ["matmul", "register", "unregister", "registered"]
+
+# How many distinct block shapes are fully validated (rung limits) before the graph is built.
+# Regular chunkings have at most 2 sizes per axis (8 shapes); a ragged one can have many,
+# and they only differ in size, which the rungs' limits do not depend on beyond the first.
+_MAX_SHAPES_CHECKED = 64
+
+
+def matmul(
+    a: Any, b: Any, *, kernel: str = AUTO, backend: str = AUTO, align: bool = True,
+    split_every: int | None = None, **params: Any,
+) -> da.Array:
+    """``a @ b`` for Dask arrays (NumPy ``matmul`` semantics), each block by tilegemm.
+
+    - ``a``, ``b``: Dask arrays with NumPy or CuPy chunks (a NumPy array is wrapped as a
+      single-chunk Dask array). 1-D operands are promoted as in NumPy and leading (batch)
+      dimensions broadcast.
+    - ``kernel``, ``backend`` and the UPPER-CASE rung ``params`` (``TILE=16``) are passed to
+      :func:`tilegemm.matmul` for every block, on whichever worker runs it.
+    - ``align``: when the chunks of ``a``'s last axis and ``b``'s contraction axis differ,
+      rechunk the side with more chunks to the other's (True, the default) or raise
+      ``ValueError`` (False).
+    - ``split_every``: how many partial products each reduction task adds (Dask's default
+      when None).
+
+    Returns a lazy Dask array; nothing runs until it is computed. Raises before building
+    any task when shapes, dtypes, chunk sizes, the backend, the rung or its parameters are
+    wrong.
+    """
+    _check_params_are_upper_case(params)
+    a = _as_dask(a, "a")
+    b = _as_dask(b, "b")
+    _check_known_chunks(a, "a")
+    _check_known_chunks(b, "b")
+    # NumPy's rules on the whole shapes: 0-d, K mismatch, batch broadcast, dtypes.
+    prob = make_problem(Operand(None, array_kind(a._meta), a.shape, a.dtype),
+                        Operand(None, array_kind(b._meta), b.shape, b.dtype))
+
+    a_is_1d, b_is_1d = a.ndim == 1, b.ndim == 1
+    if a_is_1d:
+        a = a[np.newaxis, :]
+    if b_is_1d:
+        b = b[:, np.newaxis]
+    if a.ndim < b.ndim:
+        a = a[(b.ndim - a.ndim) * (np.newaxis,)]
+    elif a.ndim > b.ndim:
+        b = b[(a.ndim - b.ndim) * (np.newaxis,)]
+    a, b = _align(a, b, align)
+    _check_blocks(a, b, prob.dtype, kernel, backend, params)
+
+    nd = a.ndim
+    out_ind = tuple(range(nd + 1))
+    lhs_ind = tuple(range(nd))
+    rhs_ind = tuple(range(nd - 2)) + (lhs_ind[-1], nd)
+    block = partial(_block_product, kernel=kernel, backend=backend, dtype=prob.dtype.str,
+                    params=params)
+    out = da.blockwise(
+        block, out_ind, a, lhs_ind, b, rhs_ind,
+        adjust_chunks={lhs_ind[-1]: 1}, dtype=prob.dtype, concatenate=False,
+        name=f"tilegemm-matmul-{da.core.tokenize(a, b, kernel, backend, params)}",
+        meta=meta_from_array(a._meta, ndim=nd + 1, dtype=prob.dtype),
+    )
+    # Tree reduction over the contraction axis (kept as an axis of 1-wide blocks above).
+    if out.shape[-2] == 1:
+        out = out.squeeze(-2)
+    else:
+        out = da.reduction(out, _add_partials, _add_partials, axis=-2, dtype=prob.dtype,
+                           concatenate=False, split_every=split_every,
+                           name="tilegemm-matmul-sum")
+    if a_is_1d:
+        out = out.squeeze(-2)
+    if b_is_1d:
+        out = out.squeeze(-1)
+    return out
+
+
+def _as_dask(x: Any, name: str) -> da.Array:
+    if isinstance(x, da.Array):
+        return x
+    if isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__"):
+        return da.from_array(x, chunks=x.shape or ())
+    raise TypeError(f"tilegemm.dask.matmul: {name} must be a Dask array (or a NumPy/CuPy "
+                    f"array, taken as one chunk), got {type(x).__name__}")
+
+
+def _check_known_chunks(x: da.Array, name: str) -> None:
+    if any(np.isnan(c) for cs in x.chunks for c in cs):
+        raise ValueError(f"tilegemm.dask.matmul: {name} has unknown chunk sizes (shape "
+                         f"{x.shape}); call {name}.compute_chunk_sizes() first")
+
+
+def _align(a: da.Array, b: da.Array, align: bool) -> tuple[da.Array, da.Array]:
+    """Give the contraction axis and the batch axes the same chunks on both sides."""
+    nd = a.ndim
+    a_chunks = {i: a.chunks[i] for i in range(nd - 2)}
+    b_chunks = {i: b.chunks[i] for i in range(nd - 2)}
+    a_new: dict[int, tuple[int, ...]] = {}
+    b_new: dict[int, tuple[int, ...]] = {}
+    # Batch axes: an axis of length 1 on one side broadcasts (any chunking); else they match.
+    for i in range(nd - 2):
+        if a.shape[i] == 1 or b.shape[i] == 1 or a_chunks[i] == b_chunks[i]:
+            continue
+        if not align:
+            raise ValueError(f"tilegemm.dask.matmul: batch axis {i} is chunked {a_chunks[i]} "
+                             f"in a but {b_chunks[i]} in b (pass align=True to rechunk)")
+        if len(a_chunks[i]) <= len(b_chunks[i]):
+            b_new[i] = a_chunks[i]
+        else:
+            a_new[i] = b_chunks[i]
+    ka, kb = a.chunks[-1], b.chunks[-2]
+    if ka != kb:
+        if not align:
+            raise ValueError(f"tilegemm.dask.matmul: the contraction axis is chunked {ka} in a "
+                             f"but {kb} in b; rechunk one to match, or pass align=True")
+        if len(ka) <= len(kb):
+            b_new[nd - 2] = ka
+        else:
+            a_new[nd - 1] = kb
+    if a_new:
+        a = a.rechunk(a_new)
+    if b_new:
+        b = b.rechunk(b_new)
+    return a, b
+
+
+def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, kernel: str, backend: str,
+                  params: dict[str, Any]) -> None:
+    """Validate every distinct block product before any task exists.
+
+    Shapes and dtypes of each chunk pair go through tilegemm's own rules; the backend, rung
+    and parameters are resolved too when the backend is usable in this process (a client
+    without the workers' GPU still checks the names and the parameters' spelling).
+    """
+    if backend != AUTO and backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choices: auto, {', '.join(BACKENDS)}")
+    if kernel == AUTO and params:
+        raise ValueError(f"parameters {', '.join(params)} need an explicit kernel= "
+                         "(kernel='auto' chooses its own)")
+    kind = array_kind(a._meta)
+    nd = a.ndim
+    sizes = [sorted(set(a.chunks[i]) | set(b.chunks[i])) for i in range(nd - 2)]
+    shapes = itertools.product(*sizes, sorted(set(a.chunks[-2])), sorted(set(a.chunks[-1])),
+                               sorted(set(b.chunks[-1])))
+    local = backend == AUTO or get_backend(backend).status().usable
+    for shape in itertools.islice(shapes, _MAX_SHAPES_CHECKED):
+        *batch, m, k, n = shape
+        a_shape = tuple(1 if a.shape[i] == 1 else s for i, s in enumerate(batch)) + (m, k)
+        b_shape = tuple(1 if b.shape[i] == 1 else s for i, s in enumerate(batch)) + (k, n)
+        prob = make_problem(Operand(None, kind, a_shape, a.dtype),
+                            Operand(None, kind, b_shape, b.dtype))
+        if local:
+            ops = [Operand(None, kind, a_shape, a.dtype), Operand(None, kind, b_shape, b.dtype)]
+            be = choose_backend(backend, ops)
+            choose_kernel(kernel, be, prob, params)
+        else:
+            from tilegemm import registry
+
+            if kernel != AUTO:
+                spec = registry.get(kernel, backend)
+                if not spec.supports(dtype):
+                    raise TypeError(f"kernel {kernel!r} ({backend}) does not support dtype "
+                                    f"{np.dtype(dtype).name}")
+                spec.resolve(params)
+            break
+
+
+def _block_product(a: Any, b: Any, *, kernel: str, backend: str, dtype: str,
+                   params: dict[str, Any]) -> Any:
+    """One task: a chunk of ``a`` times a chunk of ``b`` by tilegemm, with the contraction
+    axis put back as a length-1 axis (blockwise expects it; the reduction removes it)."""
+    import tilegemm
+
+    if a.shape[-1] != b.shape[-2]:  # the graph was built for matching chunks
+        raise RuntimeError(f"tilegemm.dask: chunks of shapes {a.shape} and {b.shape} do not "
+                           "match the array metadata the graph was built from")
+    c = tilegemm.matmul(a, b, kernel=kernel, backend=backend, **params)
+    if c.dtype != np.dtype(dtype):
+        raise RuntimeError(f"tilegemm.dask: a chunk product has dtype {c.dtype}, the graph "
+                           f"expects {np.dtype(dtype).name} (chunks of another dtype than "
+                           "their array's metadata says)")
+    return c[..., np.newaxis, :]
+
+
+def _add_partials(x: Any, axis: Any = None, keepdims: bool = False, **_: Any) -> Any:
+    """Add partial products (a list of same-shape blocks, or one block) elementwise."""
+    out = reduce(lambda p, q: p + q, x) if isinstance(x, list) else x
+    return out if keepdims else out.squeeze(axis[0])
+
+
+# --- opt-in routing of ``a @ b`` --------------------------------------------------------------
+
+_registered: dict[str, Any] | None = None
+
+
+def register(**kw: Any) -> None:
+    """Route ``a @ b`` on Dask arrays through :func:`matmul` (with ``kw``), process-wide.
+
+    Dask's ``Array.__matmul__`` looks up ``dask.array.routines.matmul`` on every call; this
+    replaces that function. ``dask.array.matmul`` itself is left alone. Undo with
+    :func:`unregister`; :func:`registered` does both around a ``with`` block.
+    """
+    global _registered
+    import dask.array.routines as routines
+
+    _registered = dict(kw)
+    routines.matmul = _routed
+
+
+def unregister() -> None:
+    """Give ``a @ b`` back to Dask's own matmul."""
+    global _registered
+    import dask.array.routines as routines
+
+    routines.matmul = _dask_matmul
+    _registered = None
+
+
+@contextlib.contextmanager
+def registered(**kw: Any) -> Iterator[None]:
+    """``with registered(kernel="blocked"):`` — ``a @ b`` uses tilegemm inside the block."""
+    register(**kw)
+    try:
+        yield
+    finally:
+        unregister()
+
+
+def _routed(a: Any, b: Any) -> da.Array:
+    return matmul(a, b, **(_registered or {}))

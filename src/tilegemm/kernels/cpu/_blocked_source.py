@@ -1,0 +1,264 @@
+"""Source of the blocked CPU rung, written out once per (parameters, dtype) and cached.
+
+:mod:`tilegemm.compile_cache` copies this file with the lines between the ``@header``
+markers replaced by one parameter set's constants and the ``@ukernel`` block replaced by
+the generated MR×NR micro-kernel, then imports the copy. Every function is compiled with
+an explicit signature and ``cache=CACHE``, so Numba stores the machine code beside the
+copy and a new process loads it instead of compiling for several seconds. Module
+constants (not closures) carry the parameters: Numba freezes them into the code, and a
+closure over other compiled functions cannot be cached. See ``k02_blocked`` for what the
+loop nest does and why.
+"""
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from tilegemm.kernels.cpu._slp import slp_enabled
+
+# @header (replaced for each parameter set; these values only make the template importable)
+MR, NR, MC, KC, NC = 16, 8, 96, 512, 2048
+DTYPE = "float32"
+CACHE = False
+SMALL_PRODUCT = 96 * 96 * 96
+DIRECT_PRODUCT = 64 * 64 * 64
+# @end-header
+
+mr, nr, mc, kc_max, nc_max = MR, NR, MC, KC, NC
+_dt = np.dtype(DTYPE)
+nbt = numba.from_dtype(_dt)
+zero = _dt.type(0)
+uint64 = numba.uint64
+nr_u = np.uint64(nr)
+FLAGS: dict = {"error_model": "numpy", "boundscheck": False, "cache": CACHE}
+if _dt.kind == "f":
+    FLAGS["fastmath"] = {"contract"}
+i8, flag = numba.int64, numba.boolean
+ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (2, 3))
+a2, a3, a4 = nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
+
+
+# @ukernel (replaced by the generated MR×NR micro-kernel)
+def ukernel(kc, Ap, r, Bp, s, T):
+    c0_0 = zero
+    for p in range(uint64(kc)):
+        c0_0 += Ap[r, p, 0] * Bp[s, p, 0]
+    T[0, 0] = c0_0
+# @end-ukernel
+
+
+with slp_enabled():  # the micro-kernel alone is compiled with the SLP vectoriser on
+    ukernel = njit(numba.void(i8, a3, i8, a3, i8, a2), **FLAGS)(ukernel)
+
+
+@njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8), **FLAGS)
+def pack_b(B, pc, kc, jc, nc, Bp, s0, s1):
+    """Bp[s, p, j] = B[pc + p, jc + s*NR + j], zero beyond column nc."""
+    for s in range(s0, s1):
+        j0 = s * nr
+        width = min(nr, nc - j0)
+        for q in range(kc):
+            row = B[pc + q]
+            for j in range(width):
+                Bp[s, q, j] = row[jc + j0 + j]
+            for j in range(width, nr):
+                Bp[s, q, j] = zero
+
+
+@njit(numba.void(ro2, i8, i8, i8, i8, a3), **FLAGS)
+def pack_a(A, ic, mc, pc, kc, Ap):
+    """Ap[r, p, i] = A[ic + r*MR + i, pc + p], zero beyond row mc."""
+    for r in range((mc + mr - 1) // mr):
+        i0 = r * mr
+        height = min(mr, mc - i0)
+        for i in range(height):
+            row = A[ic + i0 + i]
+            for q in range(kc):
+                Ap[r, q, i] = row[pc + q]
+        for i in range(height, mr):
+            for q in range(kc):
+                Ap[r, q, i] = zero
+
+
+@njit(numba.void(a3, a3, a2, i8, i8, i8, i8, i8, i8, i8, nbt, nbt, flag, a2), **FLAGS)
+def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
+    """Every MR×NR tile of C[ic:ic+mc, jc:jc+nc] in strips s0..s1 from packed panels.
+
+    C gets ``alpha*T (+ beta*C)`` on the first K panel and ``+= alpha*T`` after; tiles
+    that stick out of C (edges) store only the part that exists.
+    """
+    for s in range(s0, s1):
+        j = jc + s * nr
+        w = min(nr, jc + nc - j)
+        for r in range((mc + mr - 1) // mr):
+            i = ic + r * mr
+            h = min(mr, ic + mc - i)
+            ukernel(kc, Ap, r, Bp, s, T)
+            if h == mr and w == nr:
+                # Whole tile: unsigned column indices (no wraparound selects) and a
+                # constant trip count, so each row updates with a few vector ops.
+                ju = np.uint64(j)
+                for ii in range(mr):
+                    crow, trow = C[i + ii], T[ii]
+                    if not first:
+                        for jj in range(nr_u):
+                            crow[ju + jj] += alpha * trow[jj]
+                    elif beta == zero:
+                        for jj in range(nr_u):
+                            crow[ju + jj] = alpha * trow[jj]
+                    else:
+                        for jj in range(nr_u):
+                            crow[ju + jj] = alpha * trow[jj] + beta * crow[ju + jj]
+            else:
+                for ii in range(h):
+                    for jj in range(w):
+                        v = alpha * T[ii, jj]
+                        if not first:
+                            C[i + ii, j + jj] += v
+                        elif beta == zero:
+                            C[i + ii, j + jj] = v
+                        else:
+                            C[i + ii, j + jj] = v + beta * C[i + ii, j + jj]
+
+
+@njit(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2), **FLAGS)
+def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T):
+    """One product on the calling thread (the batch-parallel path)."""
+    m, n, k = C.shape[0], C.shape[1], A.shape[1]
+    for jc in range(0, n, nc_max):
+        nc = min(nc_max, n - jc)
+        for pc in range(0, k, kc_max):
+            kc = min(kc_max, k - pc)
+            pack_b(B, pc, kc, jc, nc, Bp, 0, (nc + nr - 1) // nr)
+            for ic in range(0, m, mc):
+                mcc = min(mc, m - ic)
+                pack_a(A, ic, mcc, pc, kc, Ap)
+                macro(Ap, Bp, C, ic, mcc, jc, nc, kc, 0, (nc + nr - 1) // nr,
+                      alpha, beta, pc == 0, T)
+
+
+@njit(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
+def direct(A, B, C, alpha, beta):
+    """Small products on the calling thread, unpacked: for each row of C, a row of A times
+    B, accumulated row by row (unit stride in B and C, so LLVM vectorises the j loop).
+
+    No packing and no parallel region, whose wake-up costs more than the whole
+    product below ``DIRECT_PRODUCT`` multiply-adds. Each element is the same K-ordered sum
+    as in the packed path.
+    """
+    batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
+    acc = np.empty(n, dtype=C.dtype)
+    for z in range(batch):
+        Az = A[z if A.shape[0] > 1 else 0]
+        Bz = B[z if B.shape[0] > 1 else 0]
+        Cz = C[z]
+        for i in range(m):
+            crow = Cz[i]
+            arow = Az[i]
+            acc[:] = zero
+            for p in range(k):
+                a = arow[p]
+                brow = Bz[p]
+                for j in range(n):
+                    acc[j] += a * brow[j]
+            if beta == zero:
+                for j in range(n):
+                    crow[j] = alpha * acc[j]
+            else:
+                for j in range(n):
+                    crow[j] = alpha * acc[j] + beta * crow[j]
+
+
+@njit(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3),
+      parallel=True, **FLAGS)
+def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, ngroups, Bp,
+                 Ap_all, T_all):
+    """The one parallel region, so Numba compiles one parfor, not one per phase.
+
+    phase 0: task t packs the t-th of ``ntasks`` slices of the B panel of product z;
+    phase 1: task t = (row block of ``nblk``, strip group of ``ngroups``) packs its A
+    block and computes its tiles (blocks differ by at most one MR strip, so threads stay
+    balanced); phase 2: task t is the whole product t of the batch (small products).
+    """
+    nstrips = (nc + nr - 1) // nr
+    msr = (C.shape[1] + mr - 1) // mr
+    za = z if A.shape[0] > 1 else 0
+    zb = z if B.shape[0] > 1 else 0
+    for tu in prange(ntasks):
+        t = np.int64(tu)  # prange indices are unsigned; keep index arithmetic signed
+        if phase == 0:
+            pack_b(B[zb], pc, kc, jc, nc, Bp, t * nstrips // ntasks,
+                   (t + 1) * nstrips // ntasks)
+        elif phase == 1:
+            blk, g = t // ngroups, t % ngroups
+            ic = blk * msr // nblk * mr
+            mcc = min((blk + 1) * msr // nblk * mr, C.shape[1]) - ic
+            pack_a(A[za], ic, mcc, pc, kc, Ap_all[t])
+            macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, g * nstrips // ngroups,
+                  (g + 1) * nstrips // ngroups, alpha, beta, pc == 0, T_all[t])
+        else:
+            # scratch sized to the product, not the blocks: tiny products stay cheap
+            kcap = min(kc_max, A.shape[2])
+            Ap = np.empty((min(mc // mr, (C.shape[1] + mr - 1) // mr), kcap, mr),
+                          dtype=C.dtype)
+            Bpz = np.empty(((min(nc_max, C.shape[2]) + nr - 1) // nr, kcap, nr),
+                           dtype=C.dtype)
+            T = np.empty((mr, nr), dtype=C.dtype)
+            gemm_serial(A[t if A.shape[0] > 1 else 0], B[t if B.shape[0] > 1 else 0],
+                        C[t], alpha, beta, Ap, Bpz, T)
+
+
+@njit(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8), **FLAGS)
+def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max):
+    """The rung on ``nthreads`` threads (an argument: reading Numba's thread count inside
+    compiled code goes through a pointer, and code holding one cannot be cached); products
+    of at most ``direct_max`` multiply-adds in all take the unpacked single-thread path."""
+    batch, m, n = C.shape[0], C.shape[1], C.shape[2]
+    k = A.shape[2]
+    if k == 0:  # no products: C = beta*C, or zeros (C unread when beta == 0)
+        for z in range(batch):
+            for i in range(m):
+                for j in range(n):
+                    base = alpha * zero
+                    C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
+        return
+    if batch * m * n * k <= direct_max:
+        direct(A, B, C, alpha, beta)
+        return
+    strip_cap = (min(nc_max, n) + nr - 1) // nr
+    empty = np.empty((1, 1, 1, mr), dtype=C.dtype)
+    if batch > 1 and m * n * k <= SMALL_PRODUCT:
+        run_parallel(2, batch, A, B, C, 0, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],
+                     empty, empty[0])
+        return
+    # One product at a time, threads over (row block × strip group) tasks: row blocks of
+    # at most MC rows, as many as a multiple of the thread count when there are enough
+    # MR strips; when there are few, column groups of the B panel supply the tasks.
+    msr = (m + mr - 1) // mr
+    nblk = (msr + mc // mr - 1) // (mc // mr)
+    nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
+    kcap = min(kc_max, k)
+    Bp = np.empty((strip_cap, kcap, nr), dtype=C.dtype)
+    ngroups_max = 1 if nblk >= nthreads else min(strip_cap, 2 * nthreads)
+    Ap_all = np.empty((nblk * ngroups_max, (msr + nblk - 1) // nblk, kcap, mr),
+                      dtype=C.dtype)
+    T_all = np.empty((nblk * ngroups_max, mr, nr), dtype=C.dtype)
+    for z in range(batch):
+        for jc in range(0, n, nc_max):
+            nc = min(nc_max, n - jc)
+            nstrips = (nc + nr - 1) // nr
+            ngroups = min(ngroups_max, nstrips)
+            for pc in range(0, k, kc_max):
+                kc = min(kc_max, k - pc)
+                run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc, nc,
+                             pc, kc, nblk, ngroups, Bp, Ap_all, T_all)
+                run_parallel(1, nblk * ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc,
+                             nblk, ngroups, Bp, Ap_all, T_all)
+
+
+def blocked(A, B, C, alpha, beta):
+    """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N)."""
+    blocked_threads(A, B, C, alpha, beta, numba.get_num_threads(), DIRECT_PRODUCT)
+
+
+COMPILED = (ukernel, pack_b, pack_a, macro, gemm_serial, direct, run_parallel, blocked_threads)

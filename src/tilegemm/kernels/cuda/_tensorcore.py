@@ -1,0 +1,504 @@
+"""Tensor-core and asynchronous-copy instructions for Numba kernels, and their simulator
+stand-ins.
+
+numba-cuda has no tensor-core API, but a numba ``@intrinsic`` can emit any PTX instruction
+through llvmlite's ``ir.InlineAsm``: ptxas then sees an ordinary ``mma``/``ldmatrix``/
+``cp.async`` in the kernel's own PTX and schedules and allocates registers around it, so the
+fragments stay in registers (linking a separately compiled CUDA C device function instead
+leaves a real call, and the fragments go through local memory). The instructions:
+
+- ``mma_tf32(a, b, c)``: ``mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32``; ``a`` is a
+  4-tuple and ``b`` a 2-tuple of float32 (the hardware uses their top 19 bits, the TF32
+  part; round them first with ``to_tf32``), ``c`` and the result are 4-tuples of float32;
+- ``mma_f16(a, b, c)`` / ``mma_bf16(a, b, c)``: ``mma.sync.aligned.m16n8k16.row.col.f32``
+  with f16 or bf16 inputs; ``a`` is a 4-tuple and ``b`` a 2-tuple of uint32, each holding two
+  16-bit values (the lower-indexed element in the low half), ``c``/result float32;
+- ``to_tf32(x)``: ``cvt.rna.tf32.f32``, a float32 rounded to nearest (ties away from zero)
+  to TF32, returned as a float32 whose low 13 mantissa bits are zero;
+- ``ldmatrix_x4(arr, idx)``: ``ldmatrix.sync.aligned.m8n8.x4.shared.b16``. ``arr`` is a
+  16-bit shared array; lane ``l`` gives the address of row ``l % 8`` of 8×8 matrix ``l // 8``
+  (8 consecutive elements from ``arr[idx]``, 16-byte aligned); the result is 4 uint32,
+  register ``j`` holding elements ``2*(l%4)`` and ``2*(l%4)+1`` of row ``l // 4`` of matrix
+  ``j``: exactly an A (x4) or two B (x2 + x2) fragments of ``m16n8k16``. On a 32-bit
+  array (float32) each 8×8 b16 matrix is 8 rows of 4 values and register ``j`` is value
+  ``l % 4`` of row ``l // 4``, returned as arr's type: exactly the A fragment of
+  ``m16n8k8.tf32`` (matrices: rows 0–7 and 8–15 of k 0–3, then of k 4–7);
+- ``ldmatrix_x4_trans(arr, idx)``: the same with ``.trans`` (16-bit only): register ``j``
+  holds elements (row ``2*(l%4)``, col ``l // 4``) and (row ``2*(l%4)+1``, same col) of
+  matrix ``j``; from a row-major k×n B tile that is the B fragment of ``m16n8k16``;
+- ``cp_async16(dst, didx, src, sidx, nbytes)``: ``cp.async.cg.shared.global`` of 16 bytes,
+  of which the first ``nbytes`` come from ``src[sidx]`` and the rest are zero (so a
+  partial vector at an edge needs no branch; ``nbytes == 0`` reads nothing). Both addresses
+  must be 16-byte aligned. ``cp_async4`` is the 4-byte ``cp.async.ca`` for unaligned data;
+- ``cp_commit()``: ``cp.async.commit_group``; ``cp_wait(n)`` returns the function for
+  ``cp.async.wait_group n`` (n is an immediate, so one function per n).
+
+The fragment layouts are those of the PTX ISA ("Matrix Fragments for mma.m16n8k8" and
+"for mma.m16n8k16 with floating point type"), written out as the ``*_layout`` functions
+below; the simulator stand-ins are built on the same functions, and
+tests/test_cuda_tensorcore.py checks both against entries transcribed from the ISA tables.
+
+Under numba's CUDA simulator the instructions cannot execute, so :func:`tensorcore_ops`
+returns Python emulations with the same signatures. A warp-wide instruction is emulated
+warp-wide: every lane deposits its fragment in a per-warp scratch, a barrier, then each
+lane rebuilds the warp's whole A, B and C from the layout and returns its own part of
+D = A·B + C (computed in float64 from TF32-truncated or 16-bit inputs, rounded to float32).
+``cp.async`` is emulated faithfully in its ordering: a copy is queued per thread and lands
+only at the ``cp_wait`` that retires its group, so a kernel that reads shared memory before
+waiting reads stale data in the simulator too.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import cache
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class TensorCoreOps(NamedTuple):
+    mma_tf32: Any
+    mma_f16: Any
+    mma_bf16: Any
+    to_tf32: Any
+    ldmatrix_x4: Any
+    ldmatrix_x4_trans: Any
+    cp_async16: Any
+    cp_async4: Any
+    cp_commit: Any
+    cp_wait: Any  # cp_wait(n) -> the function for cp.async.wait_group n
+
+
+# --- fragment layouts (PTX ISA), shared by the emulations and the tests --------------------
+# g = lane // 4 ("groupID"), t = lane % 4 ("threadID_in_group").
+
+
+def a_tf32_layout(lane: int, i: int) -> tuple[int, int]:
+    """(row, col) in the 16×8 A of m16n8k8.tf32 held by register ``i`` (0–3) of ``lane``."""
+    g, t = lane // 4, lane % 4
+    return g + 8 * (i % 2), t + 4 * (i // 2)
+
+
+def b_tf32_layout(lane: int, i: int) -> tuple[int, int]:
+    """(row=k, col=n) in the 8×8 B of m16n8k8.tf32 held by register ``i`` (0–1)."""
+    g, t = lane // 4, lane % 4
+    return t + 4 * i, g
+
+
+def c_layout(lane: int, i: int) -> tuple[int, int]:
+    """(row, col) in the 16×8 C/D (float32) of m16n8k8 and m16n8k16, register ``i`` (0–3)."""
+    g, t = lane // 4, lane % 4
+    return g + 8 * (i // 2), 2 * t + i % 2
+
+
+def a_16bit_layout(lane: int, i: int) -> tuple[int, int]:
+    """(row, col) in the 16×16 A of m16n8k16 of 16-bit element ``i`` (0–7; register i//2,
+    half i%2 with the even element in the low half)."""
+    g, t = lane // 4, lane % 4
+    return g + 8 * ((i // 2) % 2), 2 * t + i % 2 + 8 * (i // 4)
+
+
+def b_16bit_layout(lane: int, i: int) -> tuple[int, int]:
+    """(row=k, col=n) in the 16×8 B of m16n8k16 of 16-bit element ``i`` (0–3)."""
+    g, t = lane // 4, lane % 4
+    return 2 * t + i % 2 + 8 * (i // 2), g
+
+
+def ldmatrix_layout(lane: int, j: int, h: int) -> tuple[int, int, int]:
+    """(matrix, row, col) of half ``h`` of register ``j`` of ``lane`` after ldmatrix.x4."""
+    return j, lane // 4, 2 * (lane % 4) + h
+
+
+def ldmatrix_trans_layout(lane: int, j: int, h: int) -> tuple[int, int, int]:
+    """(matrix, row, col) of half ``h`` of register ``j`` after ldmatrix.x4.trans."""
+    return j, 2 * (lane % 4) + h, lane // 4
+
+
+# --- NumPy models of the arithmetic ---------------------------------------------------------
+
+
+def tf32_round(x: Any) -> np.ndarray:
+    """float32 → TF32 rounded to nearest, ties away from zero (``cvt.rna.tf32.f32``)."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    rounded = (bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)
+    return np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
+
+
+def tf32_truncate(x: Any) -> np.ndarray:
+    """The TF32 part the tensor core reads from a float32 register (low 13 bits dropped)."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    return (bits & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def bf16_bits(x: Any) -> np.ndarray:
+    """float32 → bfloat16 bit patterns (uint16), rounded to nearest even."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def bf16_value(bits: Any) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) → float32."""
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
+
+
+def _half_values(words: Any, kind: str) -> np.ndarray:
+    """Two 16-bit values (low half first) of each uint32 in ``words`` as float64."""
+    w = np.asarray(words, dtype=np.uint32)
+    halves = np.stack([w & 0xFFFF, w >> 16], axis=-1).astype(np.uint16)
+    if kind == "f16":
+        return halves.view(np.float16).astype(np.float64)
+    return bf16_value(halves).astype(np.float64)
+
+
+# --- simulator emulations -------------------------------------------------------------------
+
+_LOCK = threading.Lock()
+_TIMEOUT = 120.0  # seconds a lane waits for its warp before the emulation gives up
+
+
+class _WarpSlot:
+    def __init__(self) -> None:
+        self.values: list[Any] = [None] * 32
+        self.barrier = threading.Barrier(32, timeout=_TIMEOUT)
+
+
+def warp_exchange(value: Any) -> list[Any]:
+    """Simulator only: every lane of the calling warp gives ``value``; each gets all 32.
+
+    A per-warp scratch on the simulator's block manager, two barriers (one before reading,
+    one before the scratch may be reused). Needs blocks of whole warps, all lanes arriving,
+    as the ``.sync.aligned`` instructions it stands for do.
+    """
+    t = threading.current_thread()
+    manager = t._manager  # type: ignore[attr-defined]
+    if int(np.prod(manager._block_dim)) % 32:
+        raise RuntimeError("warp-wide tensor-core instructions need blocks of whole warps")
+    tid = t.thread_id  # type: ignore[attr-defined]
+    key = (tuple(t.blockIdx), tid // 32)  # type: ignore[attr-defined]
+    with _LOCK:
+        slots = manager.__dict__.setdefault("_tilegemm_warps", {})
+        slot = slots.get(key)
+        if slot is None:
+            slot = slots[key] = _WarpSlot()
+    slot.values[tid % 32] = value
+    slot.barrier.wait()
+    out = list(slot.values)
+    slot.barrier.wait()
+    return out
+
+
+def _py_mma_tf32(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
+    frags = warp_exchange((tuple(a), tuple(b), tuple(c)))
+    A, B, C = np.zeros((16, 8)), np.zeros((8, 8)), np.zeros((16, 8))
+    for lane, (fa, fb, fc) in enumerate(frags):
+        ta, tb = tf32_truncate(np.array(fa, np.float32)), tf32_truncate(np.array(fb, np.float32))
+        for i in range(4):
+            A[a_tf32_layout(lane, i)] = ta[i]
+            C[c_layout(lane, i)] = fc[i]
+        for i in range(2):
+            B[b_tf32_layout(lane, i)] = tb[i]
+    D = (A @ B + C).astype(np.float32)
+    lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
+    return tuple(D[c_layout(lane, i)] for i in range(4))
+
+
+def _py_mma_16bit(kind: str) -> Any:
+    def mma(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
+        frags = warp_exchange((tuple(a), tuple(b), tuple(c)))
+        A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+        for lane, (fa, fb, fc) in enumerate(frags):
+            va, vb = _half_values(fa, kind).ravel(), _half_values(fb, kind).ravel()
+            for i in range(8):
+                A[a_16bit_layout(lane, i)] = va[i]
+            for i in range(4):
+                B[b_16bit_layout(lane, i)] = vb[i]
+            for i in range(4):
+                C[c_layout(lane, i)] = fc[i]
+        D = (A @ B + C).astype(np.float32)
+        lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
+        return tuple(D[c_layout(lane, i)] for i in range(4))
+
+    mma.__name__ = f"mma_{kind}"
+    return mma
+
+
+def _py_to_tf32(x: Any) -> np.float32:
+    return np.float32(tf32_round(np.float32(x)))
+
+
+def _row(arr: Any, idx: tuple[int, ...], count: int) -> np.ndarray:
+    head, last = tuple(int(i) for i in idx[:-1]), int(idx[-1])
+    return np.array([arr[head + (last + q,)] for q in range(count)])
+
+
+def _py_ldmatrix_x4(arr: Any, idx: Any) -> tuple[Any, ...]:
+    if arr.dtype.itemsize not in (2, 4):
+        raise TypeError("ldmatrix_x4: needs a 16- or 32-bit shared array")
+    lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
+    if arr.dtype.itemsize == 4:
+        rows32 = warp_exchange(_row(arr, idx, 4).astype(arr.dtype))
+        return tuple(rows32[8 * j + lane // 4][lane % 4] for j in range(4))
+    rows = warp_exchange(_row(arr, idx, 8).astype(arr.dtype).view(np.uint16))
+    out = []
+    for j in range(4):
+        m, r, c = ldmatrix_layout(lane, j, 0)
+        row = rows[8 * m + r]
+        out.append(np.uint32(int(row[c]) | (int(row[c + 1]) << 16)))
+    return tuple(out)
+
+
+def _py_ldmatrix_x4_trans(arr: Any, idx: Any) -> tuple[Any, ...]:
+    if arr.dtype.itemsize != 2:
+        raise TypeError("ldmatrix_x4_trans: needs a 16-bit shared array")
+    lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
+    rows = warp_exchange(_row(arr, idx, 8).astype(arr.dtype).view(np.uint16))
+    out = []
+    for j in range(4):
+        halves = []
+        for h in range(2):
+            m, r, c = ldmatrix_trans_layout(lane, j, h)
+            halves.append(int(rows[8 * m + r][c]))
+        out.append(np.uint32(halves[0] | (halves[1] << 16)))
+    return tuple(out)
+
+
+class _CopyQueue(threading.local):
+    def __init__(self) -> None:
+        self.open: list[Any] = []
+        self.groups: list[list[Any]] = []
+
+
+_copies = _CopyQueue()
+
+
+def _py_cp_async(size: int) -> Any:
+    def cp_async(dst: Any, didx: Any, src: Any, sidx: Any, nbytes: Any) -> None:
+        if dst.dtype.itemsize != src.dtype.itemsize:
+            raise TypeError("cp_async: source and destination element sizes differ")
+        count = size // dst.itemsize
+        valid = int(nbytes) // dst.itemsize
+        values = np.zeros(count, dst.dtype)
+        if valid:
+            values[:valid] = _row(src, sidx, valid)  # read at issue: global data is constant
+        _copies.open.append((dst, tuple(int(i) for i in didx), values))
+
+    cp_async.__name__ = f"cp_async{size}"
+    return cp_async
+
+
+def _py_cp_commit() -> None:
+    _copies.groups.append(_copies.open)
+    _copies.open = []
+
+
+@cache
+def _py_cp_wait(n: int) -> Any:
+    def cp_wait() -> None:
+        keep = len(_copies.groups) - n
+        for group in _copies.groups[:max(keep, 0)]:
+            for dst, didx, values in group:
+                head, last = didx[:-1], didx[-1]
+                for q, v in enumerate(values):
+                    dst[head + (last + q,)] = v
+        _copies.groups = _copies.groups[max(keep, 0):]
+
+    return cp_wait
+
+
+@cache
+def tensorcore_ops() -> TensorCoreOps:
+    """The instructions for the current mode (real compilation or the simulator)."""
+    from tilegemm import simulator
+
+    if simulator.enabled():
+        return TensorCoreOps(_py_mma_tf32, _py_mma_16bit("f16"), _py_mma_16bit("bf16"),
+                             _py_to_tf32, _py_ldmatrix_x4, _py_ldmatrix_x4_trans,
+                             _py_cp_async(16), _py_cp_async(4),
+                             _py_cp_commit, _py_cp_wait)
+    return _compiled_ops()
+
+
+# --- compiled intrinsics --------------------------------------------------------------------
+
+
+@cache
+def _compiled_ops() -> TensorCoreOps:
+    from llvmlite import ir
+    from numba import types
+    from numba.core.errors import TypingError
+    from numba.cuda import cgutils
+    from numba.cuda.api_util import normalize_indices
+    from numba.cuda.extending import intrinsic
+
+    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+
+    def tuple_of(t: Any, n: int, kind: Any, what: str) -> None:
+        if (not isinstance(t, types.BaseTuple) or len(t) != n
+                or not all(isinstance(x, kind) for x in t)):
+            raise TypingError(f"{what}: needs a tuple of {n} {kind.__name__} values, got {t}")
+
+    def unpack(context: Any, builder: Any, tupty: Any, val: Any, to: Any, llty: Any) -> list:
+        items = cgutils.unpack_tuple(builder, val, count=len(tupty))
+        out = []
+        for x, t in zip(items, tupty):
+            x = context.cast(builder, x, t, to)
+            out.append(builder.bitcast(x, llty) if x.type != llty else x)
+        return out
+
+    def mma_intrinsic(opcode: str, na: int, nb: int, a_kind: Any, a_type: Any) -> Any:
+        # D (4 × f32) = A·B + C; A, B as 32-bit registers ("r"), C, D as "f".
+        asm = (f"{opcode} {{$0,$1,$2,$3}}, {{{','.join(f'${4 + i}' for i in range(na))}}}, "
+               f"{{{','.join(f'${4 + na + i}' for i in range(nb))}}}, "
+               f"{{{','.join(f'${4 + na + nb + i}' for i in range(4))}}};")
+        constraints = ",".join(["=f"] * 4 + ["r"] * (na + nb) + ["f"] * 4)
+        fty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * (na + nb) + [f32] * 4)
+
+        @intrinsic
+        def mma(typingctx: Any, a: Any, b: Any, c: Any) -> Any:
+            tuple_of(a, na, a_kind, opcode)
+            tuple_of(b, nb, a_kind, opcode)
+            tuple_of(c, 4, types.Float, opcode)
+            sig = types.UniTuple(types.float32, 4)(a, b, c)
+
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+                ta, tb, tc = sig.args
+                ops = (unpack(context, builder, ta, args[0], a_type, i32)
+                       + unpack(context, builder, tb, args[1], a_type, i32)
+                       + unpack(context, builder, tc, args[2], types.float32, f32))
+                res = builder.asm(fty, asm, constraints, ops, side_effect=False)
+                items = [builder.extract_value(res, q) for q in range(4)]
+                return context.make_tuple(builder, sig.return_type, items)
+
+            return sig, codegen
+
+        return mma
+
+    mma_tf32 = mma_intrinsic("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 4, 2,
+                             types.Float, types.float32)
+    mma_f16 = mma_intrinsic("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 4, 2,
+                            types.Integer, types.uint32)
+    mma_bf16 = mma_intrinsic("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 4, 2,
+                             types.Integer, types.uint32)
+
+    @intrinsic
+    def to_tf32(typingctx: Any, x: Any) -> Any:
+        if not isinstance(x, types.Float):
+            raise TypingError(f"to_tf32: needs a float, got {x}")
+        sig = types.float32(x)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            v = context.cast(builder, args[0], sig.args[0], types.float32)
+            bits = builder.asm(ir.FunctionType(i32, [f32]), "cvt.rna.tf32.f32 $0, $1;",
+                               "=r,f", [v], side_effect=False)
+            return builder.bitcast(bits, f32)
+
+        return sig, codegen
+
+    def item_pointer(context: Any, builder: Any, arrty: Any, arr: Any, idxty: Any,
+                     idx: Any) -> Any:
+        idxty, indices = normalize_indices(context, builder, idxty, idx, arrty, arrty.dtype)
+        ary = context.make_array(arrty)(context, builder, value=arr)
+        return cgutils.get_item_pointer(context, builder, arrty, ary, indices,
+                                        wraparound=False)
+
+    def shared_address(builder: Any, ptr: Any) -> Any:
+        """A generic pointer into shared memory as the 32-bit shared-window address."""
+        sptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, addrspace=3))
+        return builder.ptrtoint(sptr, i32)
+
+    def check_array(arr: Any, idx: Any, what: str) -> None:
+        if not isinstance(arr, types.Array):
+            raise TypingError(f"{what}: needs an array, got {arr}")
+        if (not isinstance(idx, types.BaseTuple) or len(idx) != arr.ndim
+                or not all(isinstance(t, types.Integer) for t in idx)):
+            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
+
+    def ldmatrix_intrinsic(trans: bool) -> Any:
+        what = "ldmatrix_x4_trans" if trans else "ldmatrix_x4"
+        widths = (16,) if trans else (16, 32)
+        opcode = "ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "")
+
+        @intrinsic
+        def ldmatrix(typingctx: Any, arr: Any, idx: Any) -> Any:
+            check_array(arr, idx, what)
+            if arr.dtype.bitwidth not in widths:
+                raise TypingError(f"{what}: needs a {' or '.join(map(str, widths))}-bit "
+                                  f"shared array, got {arr}")
+            out = types.uint32 if arr.dtype.bitwidth == 16 else arr.dtype
+            sig = types.UniTuple(out, 4)(arr, idx)
+
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+                ptr = item_pointer(context, builder, sig.args[0], args[0], sig.args[1],
+                                   args[1])
+                fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+                res = builder.asm(fty, f"{opcode}.shared.b16 {{$0,$1,$2,$3}}, [$4];",
+                                  "=r,=r,=r,=r,r", [shared_address(builder, ptr)],
+                                  side_effect=True)
+                items = [builder.extract_value(res, q) for q in range(4)]
+                llty = context.get_value_type(sig.return_type.dtype)
+                items = [builder.bitcast(x, llty) if llty != i32 else x for x in items]
+                return context.make_tuple(builder, sig.return_type, items)
+
+            return sig, codegen
+
+        return ldmatrix
+
+    def cp_async_intrinsic(size: int) -> Any:
+        op = "cg" if size == 16 else "ca"
+
+        @intrinsic
+        def cp_async(typingctx: Any, dst: Any, didx: Any, src: Any, sidx: Any,
+                     nbytes: Any) -> Any:
+            check_array(dst, didx, "cp_async")
+            check_array(src, sidx, "cp_async")
+            if dst.dtype.bitwidth != src.dtype.bitwidth:
+                raise TypingError("cp_async: source and destination element sizes differ")
+            if not isinstance(nbytes, types.Integer):
+                raise TypingError("cp_async: nbytes must be an integer")
+            sig = types.void(dst, didx, src, sidx, nbytes)
+
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+                dty, dity, sty, sity, nty = sig.args
+                dptr = item_pointer(context, builder, dty, args[0], dity, args[1])
+                sptr = item_pointer(context, builder, sty, args[2], sity, args[3])
+                n = context.cast(builder, args[4], nty, types.int32)
+                fty = ir.FunctionType(ir.VoidType(), [i32, i64, i32])
+                builder.asm(fty, f"cp.async.{op}.shared.global [$0], [$1], {size}, $2;",
+                            "r,l,r,~{memory}",
+                            [shared_address(builder, dptr), builder.ptrtoint(sptr, i64), n],
+                            side_effect=True)
+
+            return sig, codegen
+
+        return cp_async
+
+    @intrinsic
+    def cp_commit(typingctx: Any) -> Any:
+        sig = types.void()
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+            builder.asm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;",
+                        "~{memory}", [], side_effect=True)
+
+        return sig, codegen
+
+    @cache
+    def cp_wait(n: int) -> Any:
+        @intrinsic
+        def wait(typingctx: Any) -> Any:
+            sig = types.void()
+
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+                builder.asm(ir.FunctionType(ir.VoidType(), []), f"cp.async.wait_group {n};",
+                            "~{memory}", [], side_effect=True)
+
+            return sig, codegen
+
+        return wait
+
+    return TensorCoreOps(mma_tf32, mma_f16, mma_bf16, to_tf32, ldmatrix_intrinsic(False),
+                         ldmatrix_intrinsic(True), cp_async_intrinsic(16), cp_async_intrinsic(4),
+                         cp_commit, cp_wait)

@@ -1,0 +1,115 @@
+"""``precision=``: how a float32 product is computed, chosen by the caller, never silently.
+
+- ``"ieee"`` (the default): IEEE float32 multiply-adds (FFMA) with float32 accumulation,
+  what every rung but the tensor-core ones computes.
+- ``"tf32"``: tensor cores, each operand rounded to TF32 (10 mantissa bits) once; float32
+  accumulation. Much faster on sm_80+ GPUs, with errors ~2**-11 relative per product term.
+- ``"3xtf32"``: each operand split into a TF32 big part and a TF32 remainder, three tensor-
+  core products per step (small·big + big·small + big·big): near-float32 accuracy.
+
+A rung that computes at a reduced precision declares it: ``precisions`` maps each
+precision it computes to the value of its parameter ``precision_param`` (rung
+``mma``: PASSES=1 or 3). Such a rung never runs unless asked for by precision=, so
+kernel="auto" at the default precision keeps today's FFMA rungs, and naming it without
+precision= is refused rather than quietly giving TF32 results.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tilegemm import registry
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
+
+IEEE = "ieee"
+PRECISIONS: tuple[str, ...] = (IEEE, "tf32", "3xtf32")
+
+
+def reduced(spec: registry.KernelSpec) -> bool:
+    """Whether the rung computes at a precision other than IEEE (it declares which)."""
+    return bool(spec.precisions)
+
+
+def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.dtype,
+                    params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The (kernel, params) that compute ``precision``; a clear error when nothing can."""
+    p = IEEE if precision is None else precision
+    if p not in PRECISIONS:
+        raise InvalidValueError(f"unknown precision {precision!r}; choices: "
+                                f"{', '.join(map(repr, PRECISIONS))}")
+    if dtype == np.float16:
+        return _half(precision, kernel, backend, params)
+    if p == IEEE:
+        if kernel != "auto":
+            spec = registry.get(kernel, backend)
+            if reduced(spec):
+                raise InvalidValueError(
+                    f"kernel {kernel!r} computes with tensor cores, not IEEE float32: pass "
+                    f"precision= one of {', '.join(map(repr, spec.precisions))}")
+        return kernel, params
+    if dtype != np.float32:
+        raise InvalidTypeError(f"precision={p!r} applies to float32 operands; {dtype.name} "
+                               f"products support only precision='ieee'")
+    specs = [s for s in registry.specs_for(backend) if p in s.precisions]
+    if not specs:
+        have = sorted({b for b in registry.BACKENDS for s in registry.specs_for(b)
+                       if p in s.precisions})
+        raise UnavailableError(
+            f"precision={p!r} needs tensor cores, and backend {backend!r} has no tensor-core "
+            f"kernel (it computes in IEEE float32 only); backends with one: "
+            f"{', '.join(have) or 'none'}")
+    if kernel == "auto":
+        if params:
+            raise InvalidValueError(
+                f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
+                "chooses its own)")
+        spec = max(specs, key=lambda s: s.rung)
+        if _simulated(backend):  # the smallest tiles: the simulator runs a thread per thread
+            params = {k: v for k, v in (spec.sim_params or {}).items()
+                      if k != spec.precision_param}
+    else:
+        spec = registry.get(kernel, backend)
+        if spec not in specs:
+            raise InvalidValueError(
+                f"kernel {kernel!r} cannot compute precision={p!r}; kernels that can: "
+                f"{', '.join(s.name for s in specs)}")
+    name, value = spec.precision_param, spec.precisions[p]
+    if params.get(name, value) != value:
+        raise InvalidValueError(f"{name}={params[name]} contradicts precision={p!r} "
+                                f"({name}={value}); pass only precision=")
+    return spec.name, {**params, name: value}
+
+
+def _half(precision: str | None, kernel: str, backend: str,
+          params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """float16 products: tensor cores with float32 accumulation, the only way they run."""
+    if precision is not None:
+        raise InvalidValueError(
+            f"precision={precision!r} applies to float32 operands; float16 products always "
+            "use tensor cores with float32 accumulation (leave precision= unset)")
+    specs = [s for s in registry.specs_for(backend) if s.supports("float16")]
+    if not specs:
+        have = sorted({b for b in registry.BACKENDS for s in registry.specs_for(b)
+                       if s.supports("float16")})
+        raise UnavailableError(
+            f"float16 products run on tensor cores, and backend {backend!r} has no kernel "
+            f"for them; backends with one: {', '.join(have) or 'none'} (or cast to float32)")
+    if kernel == "auto":
+        if params:
+            raise InvalidValueError(
+                f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
+                "chooses its own)")
+        spec = max(specs, key=lambda s: s.rung)
+        if _simulated(backend):  # the smallest tiles: the simulator runs a thread per thread
+            params = {k: v for k, v in (spec.sim_params or {}).items()
+                      if k != spec.precision_param}
+        return spec.name, params
+    return kernel, params  # choose_kernel refuses a kernel without float16
+
+
+def _simulated(backend: str) -> bool:
+    from tilegemm.backends import get_backend
+
+    return get_backend(backend).status().simulated

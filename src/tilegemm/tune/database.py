@@ -1,0 +1,63 @@
+"""The shipped database of measured parameters per device (``database.json``).
+
+Defaults tuned on one machine can run at a fraction of the speed on another: the CPU
+micro-kernel's register tile must fit the vector registers of the ISA (16 on AVX2, 32 on
+AVX-512) for the dtype. ``kernel="auto"`` consults, in order: the user's tuning cache
+(``tilegemm tune``), then this database (this device by name and ISA, then the ISA's
+defaults, entries with device ``"*"``), then the rung's own defaults. Entries record where
+they were measured; add one from a ``tilegemm tune`` or ``benchmarks/cpu_blocked.py`` run.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from tilegemm.backends.base import Target
+
+PATH = Path(__file__).with_name("database.json")
+
+
+@cache
+def entries(path: Path = PATH) -> tuple[dict[str, Any], ...]:
+    data = json.loads(path.read_text())
+    return tuple(data["entries"])
+
+
+@cache
+def host_isa() -> str:
+    """The CPU's vector ISA as the micro-kernel sees it: "avx512", "avx2" (with FMA) or
+    "generic", from the features LLVM compiles for (so it agrees with the code)."""
+    from llvmlite import binding as llvm
+
+    features = llvm.get_host_cpu_features()
+    if features.get("avx512f"):
+        return "avx512"
+    if features.get("avx2") and features.get("fma"):
+        return "avx2"
+    return "generic"
+
+
+def isa(target: Target) -> str:
+    """The database's architecture tier for ``target``: the ISA for host code, else the
+    Target's architecture (CUDA "sm_90")."""
+    return host_isa() if target.backend == "cpu" else target.arch
+
+
+def lookup(target: Target, dtype: str,
+           table: tuple[dict[str, Any], ...] | None = None) -> tuple[dict[str, Any], str] | None:
+    """(entry, tier) for ``target`` and ``dtype``: tier "device" (name and ISA match), else
+    "isa" (an entry for any device of this ISA, the ``"*"`` one first); None when the
+    database has nothing (the rung's defaults apply)."""
+    table = entries() if table is None else table
+    arch = isa(target)
+    same = [e for e in table if e["backend"] == target.backend and e["dtype"] == dtype
+            and e["isa"] == arch]
+    for e in same:
+        if e["device"] == target.name:
+            return e, "device"
+    for e in sorted(same, key=lambda e: e["device"] != "*"):
+        return e, "isa"
+    return None

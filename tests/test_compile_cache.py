@@ -1,0 +1,160 @@
+"""The persistent compile cache: reuse across processes, corrupt and stale entries, an
+unwritable directory, and the ``tilegemm cache`` command. Compilations are counted (Numba's
+own cache hit counters), never timed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tilegemm import compile_cache
+from tilegemm.compile_cache import CompileCacheWarning, fill_template, load_module
+
+# A one-function template in the shape of the real ones (a header and a replaceable block);
+# compiles in well under a second.
+TEMPLATE = '''
+import numba
+from numba import njit
+
+# @header
+SCALE = 1
+CACHE = False
+# @end-header
+
+
+# @body
+def twice(x):
+    return x
+# @end-body
+
+
+twice = njit(numba.float64(numba.float64), cache=CACHE)(twice)
+COMPILED = (twice,)
+'''
+
+LOAD = """
+import json, sys
+from tilegemm import compile_cache
+m = compile_cache.load_module("probe", sys.argv[1], {"kernel": "probe"})
+print(json.dumps({"stats": compile_cache.STATS, "value": m.twice(2.0)}))
+"""
+
+
+def _source(scale: int = 3) -> str:
+    return fill_template(TEMPLATE, {"SCALE": scale, "CACHE": False},
+                         {"body": "def twice(x):\n    return SCALE * x\n"})
+
+
+def _in_subprocess(cache: Path, source: str) -> dict:
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(cache))
+    out = subprocess.run([sys.executable, "-c", LOAD, source], env=env, capture_output=True,
+                         text=True, check=True, timeout=120)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _counts() -> tuple[int, int]:
+    return compile_cache.STATS["compiled"], compile_cache.STATS["loaded"]
+
+
+def test_second_process_loads_instead_of_compiling(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    before = _counts()
+    m = load_module("probe", _source(), {"kernel": "probe"})
+    assert m.twice(2.0) == 6.0
+    assert _counts() == (before[0] + 1, before[1])  # compiled here, and saved
+    again = _in_subprocess(tmp_path, _source())
+    assert again["value"] == 6.0
+    assert again["stats"] == {"compiled": 0, "loaded": 1}
+    # other constants are another entry: compiled, not loaded from the first one
+    assert _in_subprocess(tmp_path, _source(5)) == {"stats": {"compiled": 1, "loaded": 0},
+                                                    "value": 10.0}
+
+
+def test_corrupt_entry_warns_and_rebuilds(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    load_module("probe", _source(7), {"kernel": "probe"})
+    index = list((tmp_path / "cpu" / "__pycache__").glob("*.nbi"))
+    assert index
+    for f in index:
+        f.write_bytes(f.read_bytes()[:12] + b"\x00garbage")
+    before = _counts()
+    with pytest.warns(CompileCacheWarning, match="could not be loaded"):
+        m = load_module("probe", _source(7), {"kernel": "probe"})
+    assert m.twice(1.5) == 10.5
+    assert _counts()[0] == before[0] + 1  # rebuilt
+    assert _in_subprocess(tmp_path, _source(7))["stats"] == {"compiled": 0, "loaded": 1}
+
+
+def test_other_version_is_not_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    load_module("probe", _source(11), {"kernel": "probe"})
+    real = compile_cache._versions()
+    monkeypatch.setattr(compile_cache, "_versions", lambda: {**real, "tilegemm": "0.0.0-other"})
+    before = _counts()
+    assert load_module("probe", _source(11), {"kernel": "probe"}).twice(1.0) == 11.0
+    assert _counts() == (before[0] + 1, before[1])
+    monkeypatch.setattr(compile_cache, "_versions", lambda: real)
+    listed = compile_cache.entries()
+    assert len(listed) == 2 and sorted(e.current for e in listed) == [False, True]
+
+
+def test_unwritable_cache_dir_warns_and_runs_uncached(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(blocker / "cache"))
+    with pytest.warns(CompileCacheWarning, match="cannot be used"):
+        m = load_module("probe", _source(13), {"kernel": "probe"})
+    assert m.twice(1.0) == 13.0
+
+
+def test_cache_off_and_template_errors(monkeypatch):
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", "off")
+    assert compile_cache.cache_root() is None and compile_cache.entries() == []
+    assert load_module("probe", _source(17), {"kernel": "probe"}).twice(1.0) == 17.0
+    with pytest.raises(RuntimeError, match="no '# @missing' block"):
+        fill_template(TEMPLATE, {}, {"missing": "x = 1\n"})
+
+
+def test_cache_command_lists_and_clears(tmp_path, monkeypatch, capsys):
+    from tilegemm.cli import main
+
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    load_module("probe", _source(19), {"kernel": "probe", "params": {"SCALE": 19}})
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert "1 entry" in out and "SCALE=19" in out and "yes" in out
+    assert main(["cache", "--clear"]) == 0
+    assert "removed 1 entry" in capsys.readouterr().out
+    assert compile_cache.entries() == []
+
+
+@pytest.mark.slow
+def test_blocked_rung_is_loaded_by_a_second_process(tmp_path, monkeypatch):
+    """The real CPU rung (small tiles to compile faster) through the cache end to end."""
+    from tilegemm import registry
+
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    spec = registry.get("blocked", "cpu")
+    params = spec.resolve({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256})
+    spec.build(params, np.dtype("float64"))
+    code = f"""
+import json, numpy as np, tilegemm
+from tilegemm import compile_cache
+from tilegemm.reference import assert_close
+rng = np.random.default_rng(3)
+a, b = rng.standard_normal((131, 77)), rng.standard_normal((77, 90))
+assert_close(tilegemm.matmul(a, b, kernel="blocked", **{params!r}), a, b)
+print(json.dumps(compile_cache.STATS))
+"""
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True, timeout=300)
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stats["compiled"] == 0 and stats["loaded"] >= 7, stats

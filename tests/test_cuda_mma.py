@@ -1,0 +1,178 @@
+"""Rung ``mma`` (tensor cores) and ``precision=``: results against float64 with the error
+model of each precision, the errors for requests nothing can compute, and the compiled
+machine code (HMMA, no local memory)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm import registry
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
+from tilegemm.kernels.cuda._tensorcore import tf32_round
+
+SPEC = registry.get("mma", "cuda")
+
+
+def _operands(rng: np.random.Generator, a_shape: tuple, b_shape: tuple) -> tuple:
+    return (rng.standard_normal(a_shape).astype(np.float32),
+            rng.standard_normal(b_shape).astype(np.float32))
+
+
+def _sim(**over: int) -> dict[str, int]:
+    return {k: v for k, v in SPEC.sim_params.items() if k != "PASSES"} | over
+
+
+# (a shape, b shape): partial tiles on every edge, K % 4 != 0 (the 4-byte copy path) and
+# == 0 (the 16-byte path), K below one stage, batches with B broadcast, a 1×K row.
+CASES = [((7, 13), (13, 5)), ((2, 20, 12), (12, 9)), ((1, 9), (9, 17)),
+         ((3, 4), (4, 1))]
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("a_shape", "b_shape"), CASES)
+def test_tf32_is_the_product_of_tf32_rounded_operands(a_shape: tuple, b_shape: tuple,
+                                                     rng: np.random.Generator) -> None:
+    a, b = _operands(rng, a_shape, b_shape)
+    r = tilegemm.matmul(a, b, backend="cuda", precision="tf32", kernel="mma", **_sim())
+    assert r.dtype == np.float32 and r.shape == np.matmul(a, b).shape
+    k = a.shape[-1]
+    exact_tf32 = np.matmul(tf32_round(a).astype(np.float64), tf32_round(b))
+    # float32 accumulation of k exact products (TF32 × TF32 fits a float32)
+    assert np.max(np.abs(r - exact_tf32)) <= 4 * k * 2.0**-24 * np.max(np.abs(exact_tf32)) + 1e-6
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("a_shape", "b_shape"), CASES[:2])
+def test_3xtf32_is_near_float32_and_better_than_tf32(a_shape: tuple, b_shape: tuple,
+                                                     rng: np.random.Generator) -> None:
+    a, b = _operands(rng, a_shape, b_shape)
+    want = np.matmul(a.astype(np.float64), b)
+    r3 = tilegemm.matmul(a, b, backend="cuda", precision="3xtf32", kernel="mma", **_sim())
+    r1 = tilegemm.matmul(a, b, backend="cuda", precision="tf32", kernel="mma", **_sim())
+    k = a.shape[-1]
+    scale = np.matmul(np.abs(a).astype(np.float64), np.abs(b))
+    assert np.all(np.abs(r3 - want) <= 4 * k * 2.0**-22 * scale)  # float32-like
+    assert np.max(np.abs(r1 - want)) > 8 * np.max(np.abs(r3 - want))  # the passes matter
+
+
+@pytest.mark.cudasim
+def test_gemm_alpha_beta_and_auto_with_precision(rng: np.random.Generator) -> None:
+    a, b = _operands(rng, (9, 6), (6, 11))
+    c = rng.standard_normal((9, 11)).astype(np.float32)
+    r = tilegemm.gemm(a, b, c, alpha=2.0, beta=-0.5, backend="cuda", precision="3xtf32")
+    want = 2.0 * np.matmul(a.astype(np.float64), b) - 0.5 * c
+    assert np.max(np.abs(r - want)) < 1e-4
+
+
+# --- refused requests (no kernel runs) ------------------------------------------------------
+
+
+def test_unknown_precision_lists_the_choices() -> None:
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(InvalidValueError, match="'ieee', 'tf32', '3xtf32'"):
+        tilegemm.matmul(a, a, precision="fp8")
+
+
+def test_precision_on_a_backend_without_tensor_cores_is_refused() -> None:
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(UnavailableError, match="backend 'cpu' has no tensor-core.*: cuda"):
+        tilegemm.matmul(a, a, backend="cpu", precision="tf32")
+
+
+def test_precision_for_float64_is_refused() -> None:
+    a = np.ones((2, 2))
+    with pytest.raises(InvalidTypeError, match="float32 operands; float64"):
+        tilegemm.matmul(a, a, backend="cpu", precision="3xtf32")
+
+
+@pytest.mark.cudasim
+def test_tensor_core_rung_needs_precision_and_a_consistent_passes() -> None:
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(InvalidValueError, match="pass precision= one of 'tf32', '3xtf32'"):
+        tilegemm.matmul(a, a, backend="cuda", kernel="mma", **_sim())
+    with pytest.raises(InvalidValueError, match="PASSES=1 contradicts precision='3xtf32'"):
+        tilegemm.matmul(a, a, backend="cuda", kernel="mma", precision="3xtf32",
+                        **_sim(PASSES=1))
+    with pytest.raises(InvalidValueError, match="cannot compute precision='tf32'"):
+        tilegemm.matmul(a, a, backend="cuda", kernel="pipelined", precision="tf32")
+
+
+def test_auto_at_ieee_never_picks_a_tensor_core_rung() -> None:
+    assert registry.default_for("cuda", "float32").name != "mma"
+    assert not SPEC.supports("float64")
+
+
+# --- machine code ---------------------------------------------------------------------------
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
+    from tilegemm.analysis.resources import cuda_resources, ptx_for
+    from tilegemm.analysis.sass import disassemble, link_cubin
+
+    params = SPEC.defaults()
+    r = cuda_resources(SPEC, params, "float32", arch)
+    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+    text = disassemble(link_cubin(ptx_for(SPEC, params, "float32", arch), arch))
+    hmma = re.findall(r"HMMA\.1688\.F32\.TF32", text)
+    per_step = (params["WM"] // 16) * (params["WN"] // 8)
+    assert hmma and len(hmma) % per_step == 0  # whole k steps of the warp tile
+    assert re.search(r"LDSM\.16\.M88\.4", text) and re.search(r"LDGSTS\.E\.BYPASS\.128", text)
+    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
+    from tilegemm.analysis.sass_mma import count
+
+    c = count(text, kernel="mma", arch=arch, dtype="float32", params=params)
+    # the hot loop holds whole k steps of the warp tile, fed by ldmatrix, no local memory
+    assert c.hot["HMMA"] % per_step == 0 and c.hot["LDSM"] == c.hot["HMMA"] // (
+        params["WN"] // 8)
+    assert c.local_memory == 0 and 0 < c.hmma_share < 1
+
+
+@pytest.mark.ptx
+@pytest.mark.slow  # two more compilations (~12 s)
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_float16_hmma_and_transposed_ldmatrix_without_local_memory(arch: str) -> None:
+    from tilegemm.analysis.resources import cuda_resources, ptx_for
+    from tilegemm.analysis.sass import disassemble, link_cubin
+
+    params = SPEC.defaults()
+    r = cuda_resources(SPEC, params, "float16", arch)
+    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+    text = disassemble(link_cubin(ptx_for(SPEC, params, "float16", arch), arch))
+    per_step = (params["WM"] // 16) * (params["WN"] // 8)
+    hmma = re.findall(r"HMMA\.16816\.F32\b", text)
+    assert hmma and len(hmma) % per_step == 0
+    assert re.search(r"LDSM\.16\.MT88\.4", text) and re.search(r"LDSM\.16\.M88\.4", text)
+    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
+
+
+# --- float16 ------------------------------------------------------------------------------
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((7, 21), (21, 13)), ((2, 17, 16), (16, 9))])
+def test_float16_products_accumulate_in_float32(a_shape: tuple, b_shape: tuple,
+                                                rng: np.random.Generator) -> None:
+    # K = 21: rows not 16-byte aligned (the plain-load path); K = 16: the cp.async path.
+    a = rng.standard_normal(a_shape).astype(np.float16)
+    b = rng.standard_normal(b_shape).astype(np.float16)
+    r = tilegemm.matmul(a, b, backend="cuda")  # auto: float16 runs on tensor cores
+    assert r.dtype == np.float16 and r.shape == np.matmul(a, b).shape
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    # exact float16 inputs, float32 sums: only the final rounding to float16 remains
+    assert np.all(np.abs(r - want) <= np.abs(want) * 2.0**-11 + 1e-3)
+
+
+def test_float16_elsewhere_is_computed_in_float32_and_a_precision_is_refused() -> None:
+    """Without a tensor-core rung, float16 is accumulated in float32 and rounded back, as
+    NumPy's own float16 matmul does; precision= still needs tensor cores."""
+    a = np.full((2, 3), 0.5, np.float16)
+    r = tilegemm.matmul(a, a.T, backend="cpu")
+    assert r.dtype == np.float16 and np.all(r == np.matmul(a, a.T))
+    with pytest.raises(UnavailableError, match="needs tensor cores"):
+        tilegemm.matmul(a, a.T, backend="cpu", precision="tf32")

@@ -1,0 +1,270 @@
+"""Tensor-core primitives (tilegemm.kernels.cuda._tensorcore): fragment layouts against the
+PTX ISA tables, the simulator emulations against NumPy (with negative controls), and the
+compiled instructions in the sm_80/sm_90 machine code."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tilegemm.kernels.cuda import _tensorcore as T
+
+cuda: Any = None  # numba.cuda, a module global: the simulator swaps it through globals
+
+# --- layouts against entries transcribed from the PTX ISA fragment figures -----------------
+# (lane, register or element) -> (row, col), read off "Matrix Fragments for mma.m16n8k8"
+# (.tf32) and "mma.m16n8k16 with floating point type" (.f16/.bf16).
+ISA_TABLE = {
+    "a_tf32": {(0, 0): (0, 0), (0, 1): (8, 0), (0, 2): (0, 4), (0, 3): (8, 4),
+               (3, 0): (0, 3), (4, 0): (1, 0), (31, 3): (15, 7), (13, 2): (3, 5)},
+    "b_tf32": {(0, 0): (0, 0), (0, 1): (4, 0), (1, 0): (1, 0), (4, 0): (0, 1),
+               (31, 1): (7, 7), (30, 0): (2, 7)},
+    "c": {(0, 0): (0, 0), (0, 1): (0, 1), (0, 2): (8, 0), (0, 3): (8, 1), (1, 0): (0, 2),
+          (4, 0): (1, 0), (31, 3): (15, 7)},
+    "a_16bit": {(0, 0): (0, 0), (0, 1): (0, 1), (0, 2): (8, 0), (0, 3): (8, 1),
+                (0, 4): (0, 8), (0, 5): (0, 9), (0, 6): (8, 8), (0, 7): (8, 9),
+                (1, 0): (0, 2), (4, 0): (1, 0), (31, 7): (15, 15)},
+    "b_16bit": {(0, 0): (0, 0), (0, 1): (1, 0), (0, 2): (8, 0), (0, 3): (9, 0),
+                (1, 0): (2, 0), (4, 0): (0, 1), (31, 3): (15, 7)},
+}
+LAYOUTS: dict[str, tuple[Any, int, tuple[int, int]]] = {
+    # name: (function, registers per lane, matrix shape)
+    "a_tf32": (T.a_tf32_layout, 4, (16, 8)),
+    "b_tf32": (T.b_tf32_layout, 2, (8, 8)),
+    "c": (T.c_layout, 4, (16, 8)),
+    "a_16bit": (T.a_16bit_layout, 8, (16, 16)),
+    "b_16bit": (T.b_16bit_layout, 4, (16, 8)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_layout_matches_isa_table_and_covers_matrix_once(name: str) -> None:
+    fn, regs, shape = LAYOUTS[name]
+    for (lane, i), where in ISA_TABLE[name].items():
+        assert fn(lane, i) == where, (name, lane, i)
+    cells = [fn(lane, i) for lane in range(32) for i in range(regs)]
+    assert sorted(cells) == [(r, c) for r in range(shape[0]) for c in range(shape[1])]
+
+
+def test_ldmatrix_layout_is_the_mma_16bit_a_fragment() -> None:
+    # x4 from matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (0-7, 8-15), (8-15, 8-15)
+    for lane in range(32):
+        for j in range(4):
+            for h in range(2):
+                m, r, c = T.ldmatrix_layout(lane, j, h)
+                row, col = r + 8 * (m % 2), c + 8 * (m // 2)
+                assert T.a_16bit_layout(lane, 2 * j + h) == (row, col)
+
+
+def test_ldmatrix_trans_layout_is_the_mma_16bit_b_fragment() -> None:
+    # x4.trans from a row-major k×n tile: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), then
+    # the same for n 8-15; registers 0, 1 are the B fragment of n 0-7, registers 2, 3 of 8-15
+    for lane in range(32):
+        for j in range(4):
+            for h in range(2):
+                m, r, c = T.ldmatrix_trans_layout(lane, j, h)
+                k, n = r + 8 * (m % 2), c + 8 * (m // 2)
+                kb, nb = T.b_16bit_layout(lane, 2 * (j % 2) + h)
+                assert (k, n) == (kb, nb + 8 * (j // 2))
+
+
+def test_tf32_round_is_nearest_ties_away_and_truncate_drops_13_bits() -> None:
+    one = np.float32(1.0)
+    ulp = np.float32(2.0**-10)  # TF32 keeps 10 mantissa bits
+    assert T.tf32_round(one + ulp / 2) == one + ulp  # a tie rounds away from zero
+    assert T.tf32_round(-(one + ulp / 2)) == -(one + ulp)
+    assert T.tf32_round(one + ulp / 4) == one
+    assert T.tf32_truncate(one + ulp * np.float32(0.99)) == one
+    x = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    r = T.tf32_round(x)
+    assert np.all(r.view(np.uint32) & 0x1FFF == 0)
+    assert np.max(np.abs(r - x) / np.abs(x)) <= 2.0**-11
+    assert np.isinf(T.tf32_round(np.float32(np.inf)))
+
+
+def test_bf16_round_trip() -> None:
+    x = np.array([1.0, -2.5, 3.14159, 1e-3], np.float32)
+    back = T.bf16_value(T.bf16_bits(x))
+    assert np.all(np.abs(back - x) <= np.abs(x) * 2.0**-8)
+    assert T.bf16_value(T.bf16_bits(np.float32(1.0 + 2.0**-8))) == 1.0  # tie to even
+
+
+# --- kernels that drive each primitive for one warp ----------------------------------------
+
+
+def _kernels(swap: bool = False) -> tuple[Any, Any]:
+    """A TF32 and a 16-bit (cp.async → ldmatrix → mma) one-warp kernel. ``swap`` exchanges
+    two A registers: the negative control the layout checks must catch."""
+    global cuda
+    from numba import cuda
+
+    tc = T.tensorcore_ops()
+    mma_tf32, mma_bf16, mma_f16, to_tf32 = tc.mma_tf32, tc.mma_bf16, tc.mma_f16, tc.to_tf32
+    ldsm, cp16, commit, wait0 = tc.ldmatrix_x4, tc.cp_async16, tc.cp_commit, tc.cp_wait(0)
+
+    @cuda.jit
+    def tf32(A, B, C, D):
+        lane = cuda.threadIdx.x
+        g = lane // 4
+        t = lane % 4
+        a0, a1 = to_tf32(A[g, t]), to_tf32(A[g + 8, t])
+        if swap:
+            a0, a1 = a1, a0
+        a = (a0, a1, to_tf32(A[g, t + 4]), to_tf32(A[g + 8, t + 4]))
+        b = (to_tf32(B[t, g]), to_tf32(B[t + 4, g]))
+        c = (C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1])
+        d = mma_tf32(a, b, c)
+        D[g, 2 * t] = d[0]
+        D[g, 2 * t + 1] = d[1]
+        D[g + 8, 2 * t] = d[2]
+        D[g + 8, 2 * t + 1] = d[3]
+
+    @cuda.jit
+    def half(A, Bt, C, D, E):
+        # A: 16×16 and Bt: 8×16 (B transposed) of 16-bit patterns; D = bf16 product + C,
+        # E = f16 product of the same bits + C (the bits are read as each format).
+        sA = cuda.shared.array((16, 16), np.uint16)
+        sB = cuda.shared.array((8, 16), np.uint16)
+        lane = cuda.threadIdx.x
+        r = lane // 2
+        h = (lane % 2) * 8
+        cp16(sA, (r, h), A, (r, h), 16)
+        if lane < 16:
+            cp16(sB, (r, h), Bt, (r, h), 16)
+        commit()
+        wait0()
+        cuda.syncthreads()
+        m = lane // 8
+        rr = lane % 8
+        a = ldsm(sA, (rr + 8 * (m % 2), 8 * (m // 2)))
+        bb = ldsm(sB, (rr, 8 * (m % 2)))  # matrices 0, 1: B for k 0-7 and 8-15 (2, 3 repeat them)
+        if swap:
+            a = (a[1], a[0], a[2], a[3])
+        g = lane // 4
+        t = lane % 4
+        c = (C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1])
+        d = mma_bf16(a, (bb[0], bb[1]), c)
+        e = mma_f16(a, (bb[0], bb[1]), c)
+        D[g, 2 * t] = d[0]
+        D[g, 2 * t + 1] = d[1]
+        D[g + 8, 2 * t] = d[2]
+        D[g + 8, 2 * t + 1] = d[3]
+        E[g, 2 * t] = e[0]
+        E[g, 2 * t + 1] = e[1]
+        E[g + 8, 2 * t] = e[2]
+        E[g + 8, 2 * t + 1] = e[3]
+
+    return tf32, half
+
+
+def _run_tf32(swap: bool, rng: np.random.Generator) -> float:
+    tf32, _ = _kernels(swap)
+    A = rng.standard_normal((16, 8)).astype(np.float32)
+    B = rng.standard_normal((8, 8)).astype(np.float32)
+    C = rng.standard_normal((16, 8)).astype(np.float32)
+    D = np.full((16, 8), np.nan, np.float32)
+    tf32[1, 32](A, B, C, D)
+    want = T.tf32_round(A).astype(np.float64) @ T.tf32_round(B) + C
+    return float(np.max(np.abs(D - want)))
+
+
+def _run_half(swap: bool, rng: np.random.Generator) -> tuple[float, float]:
+    _, half = _kernels(swap)
+    A = rng.standard_normal((16, 16)).astype(np.float32)
+    B = rng.standard_normal((16, 8)).astype(np.float32)
+    C = rng.standard_normal((16, 8)).astype(np.float32)
+    D = np.full((16, 8), np.nan, np.float32)
+    E = np.full((16, 8), np.nan, np.float32)
+    # bf16 run: the bits are bf16 patterns; the f16 kernel reads them as float16 instead.
+    abits, bbits = T.bf16_bits(A), T.bf16_bits(np.ascontiguousarray(B.T))
+    half[1, 32](abits, bbits, C, D, E)
+    want_bf = T.bf16_value(abits).astype(np.float64) @ T.bf16_value(bbits).T + C
+    fa = abits.view(np.float16).astype(np.float64)
+    fb = bbits.view(np.float16).astype(np.float64)
+    with np.errstate(all="ignore"):
+        want_f = fa @ fb.T + C
+    ok = np.isfinite(want_f)
+    return (float(np.max(np.abs(D - want_bf))),
+            float(np.max(np.abs(E[ok] - want_f[ok]) / (1 + np.abs(want_f[ok])))))
+
+
+@pytest.mark.cudasim
+def test_mma_tf32_matches_numpy_and_catches_a_swapped_fragment(rng: np.random.Generator) -> None:
+    assert _run_tf32(False, rng) < 1e-4
+    assert _run_tf32(True, rng) > 1e-2  # negative control
+
+
+@pytest.mark.cudasim
+def test_cp_async_ldmatrix_mma_16bit_match_numpy_and_catch_a_swap(
+        rng: np.random.Generator) -> None:
+    bf, f = _run_half(False, rng)
+    assert bf < 1e-4 and f < 1e-4
+    bf, f = _run_half(True, rng)
+    assert bf > 1e-2 and f > 1e-2  # negative control
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_cp_async_lands_only_at_the_wait_that_retires_its_group() -> None:
+    global cuda
+    from numba import cuda
+
+    tc = T.tensorcore_ops()
+    cp4, commit, wait0, wait1 = tc.cp_async4, tc.cp_commit, tc.cp_wait(0), tc.cp_wait(1)
+
+    @cuda.jit
+    def k(src, out):
+        s = cuda.shared.array(2, np.float32)
+        s[0] = 0.0
+        s[1] = 0.0
+        cp4(s, (0,), src, (0,), 4)
+        commit()
+        cp4(s, (1,), src, (1,), 0)  # zero bytes read: zero-fill
+        commit()
+        out[0] = s[0]  # nothing has landed yet
+        wait1()  # retires the first group only
+        out[1] = s[0]
+        s[1] = 7.0
+        wait0()
+        out[2] = s[1]
+
+    out = np.full(3, np.nan, np.float32)
+    k[1, 1](np.array([5.0, 6.0], np.float32), out)
+    assert out.tolist() == [0.0, 5.0, 0.0]
+
+
+# --- the compiled instructions --------------------------------------------------------------
+
+
+def _sass(kernel: Any, sig: tuple, arch: str) -> tuple[str, dict[str, int]]:
+    from numba.cuda import compile_ptx
+
+    from tilegemm.analysis.resources import ARCHS, link_ptx, parse_ptxas_log
+    from tilegemm.analysis.sass import disassemble, link_cubin
+
+    ptx, _ = compile_ptx(kernel.py_func, sig, cc=ARCHS[arch])
+    return disassemble(link_cubin(ptx, arch)), parse_ptxas_log(link_ptx(ptx, arch)[0])
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tensor_core_instructions_in_sass_without_local_memory(arch: str) -> None:
+    from numba import types
+
+    tf32, half = _kernels()
+    f2, u2 = types.float32[:, ::1], types.uint16[:, ::1]
+    text, figures = _sass(tf32, (f2, f2, f2, f2), arch)
+    assert len(re.findall(r"HMMA\.1688\.F32\.TF32", text)) == 1
+    assert not re.search(r"\b(LDL|STL)\b", text)
+    assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
+    text, figures = _sass(half, (u2, u2, f2, f2, f2), arch)
+    assert len(re.findall(r"HMMA\.16816\.F32\.BF16", text)) == 1
+    assert len(re.findall(r"HMMA\.16816\.F32\b(?!\.BF16)", text)) == 1
+    assert len(re.findall(r"LDSM\.16\.M88\.4", text)) == 2
+    assert re.search(r"LDGSTS\.E\.BYPASS\.128", text)
+    assert re.search(r"LDGDEPBAR", text) and re.search(r"DEPBAR", text)
+    assert not re.search(r"\b(LDL|STL)\b", text)
+    assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0

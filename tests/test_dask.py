@@ -1,0 +1,228 @@
+"""tilegemm.dask: Dask array products with tilegemm as the block kernel.
+
+Every block runs the CPU ``triple_loop`` rung: it compiles in about a second per dtype,
+where the ``blocked`` rung takes 5-25 s, and the point here is the graph (chunk alignment,
+the reduction, batches, schedulers, retries), not the kernel. Results are checked against
+the float64 reference with the K-scaled tolerance.
+
+The 2-worker ``LocalCluster`` for the correctness tests runs its workers as threads of this
+process (``processes=False``): on a 2-core CI machine, two spawned worker processes would
+each need seconds to import NumPy, Numba and tilegemm and to compile the rung again, while
+threads share the compiled rung; the tasks still go through the scheduler, the workers and
+serialisation of results between them. Only the worker-kill test needs a process it can
+kill, so it alone starts worker processes (with a nanny that restarts the killed one).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+
+import tilegemm  # noqa: E402
+import tilegemm.dask as tgd  # noqa: E402
+from tilegemm.reference import assert_close  # noqa: E402
+
+KW = {"kernel": "triple_loop", "backend": "cpu"}
+
+# (a shape, a chunks, b shape, b chunks): odd chunkings.
+CASES = {
+    "ragged": ((37, 23), ((10, 20, 7), (5, 9, 9)), (23, 19), ((5, 9, 9), (4, 15))),
+    "uneven-k": ((17, 31), (6, (20, 3, 8)), (31, 13), ((13, 18), 5)),
+    "single-chunk": ((9, 11), -1, (11, 7), -1),
+    "k-one": ((8, 1), 3, (1, 6), 4),
+    "batch": ((4, 1, 9, 11), (3, 1, 4, (5, 6)), (3, 11, 5), (2, (5, 6), 3)),
+    "batch-same": ((3, 7, 10), (2, 7, 4), (3, 10, 6), (2, 4, 6)),
+    "vector-left": ((11,), 4, (11, 6), (3, 4)),
+    "vector-right": ((6, 11), (4, 3), (11,), 5),
+}
+
+
+def _operands(case: str, dtype=np.float32, seed: int = 0):
+    sa, ca, sb, cb = CASES[case]
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(sa).astype(dtype)
+    b = rng.standard_normal(sb).astype(dtype)
+    return a, b, da.from_array(a, chunks=ca), da.from_array(b, chunks=cb)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_threaded_matches_numpy(case):
+    a, b, da_a, da_b = _operands(case)
+    c = tgd.matmul(da_a, da_b, **KW)
+    expected_shape = np.matmul(a, b).shape
+    assert c.shape == expected_shape and c.dtype == np.float32
+    r = c.compute(scheduler="threads")
+    assert type(r) is np.ndarray
+    assert_close(r, a, b, what=case)
+
+
+def test_mixed_dtypes_and_integers_exact():
+    a, b, da_a, da_b = _operands("uneven-k")
+    b64 = b.astype(np.float64)
+    c = tgd.matmul(da_a, da.from_array(b64, chunks=(7, 5)), **KW)
+    assert c.dtype == np.float64
+    assert_close(c.compute(scheduler="threads"), a, b64)
+    ai = np.random.default_rng(1).integers(-9, 9, (13, 21)).astype(np.int64)
+    bi = np.random.default_rng(2).integers(-9, 9, (21, 5)).astype(np.int64)
+    ci = tgd.matmul(da.from_array(ai, chunks=(5, 8)), da.from_array(bi, chunks=(8, 2)), **KW)
+    np.testing.assert_array_equal(ci.compute(scheduler="threads"), ai @ bi)
+
+
+def test_contraction_rechunked_to_the_coarser_side():
+    a, b, da_a, da_b = _operands("ragged")
+    da_b = da_b.rechunk(((2,) * 11 + (1,), 19))  # 12 K-chunks against a's 3
+    c = tgd.matmul(da_a, da_b, **KW)
+    # One partial product per K-chunk of a: the coarser chunking won.
+    partial = next(v for k, v in c.dask.layers.items() if k.startswith("tilegemm-matmul-")
+                   and "sum" not in k)
+    assert len(partial) == len(da_a.chunks[0]) * 3 * len(c.chunks[1])
+    assert_close(c.compute(scheduler="threads"), a, b)
+
+
+def test_tree_reduction_and_forwarding(monkeypatch):
+    a, b, da_a, da_b = _operands("uneven-k")
+    da_a = da_a.rechunk((6, 4))
+    da_b = da_b.rechunk((4, 5))  # 8 K-chunks; split_every=2 gives 3 levels of sums
+    seen = []
+    real = tilegemm.matmul
+
+    def spy(x, y, **kw):
+        seen.append(kw)
+        return real(x, y, **kw)
+
+    monkeypatch.setattr(tilegemm, "matmul", spy)
+    c = tgd.matmul(da_a, da_b, split_every=2, **KW)
+    # 8 partial products -> 4 -> 2 (two intermediate levels) -> 1 (the aggregate).
+    assert sum(k.startswith("tilegemm-matmul-sum-partial") for k in c.dask.layers) == 2
+    assert_close(c.compute(scheduler="threads"), a, b)
+    assert len(seen) == 3 * 8 * 3 and all(kw == KW for kw in seen)
+
+
+def test_registered_routes_the_operator():
+    a, b, da_a, da_b = _operands("ragged")
+    plain = da_a @ da_b
+    assert not any(k.startswith("tilegemm") for k in plain.dask.layers)
+    with tgd.registered(**KW):
+        routed = da_a @ da_b
+        routed_r = a @ da_b  # NumPy on the left: Dask's __rmatmul__
+    assert any(k.startswith("tilegemm-matmul") for k in routed.dask.layers)
+    assert any(k.startswith("tilegemm-matmul") for k in routed_r.dask.layers)
+    assert not any(k.startswith("tilegemm") for k in (da_a @ da_b).dask.layers)
+    assert_close(routed.compute(scheduler="threads"), a, b)
+    assert_close(routed_r.compute(scheduler="threads"), a, b)
+
+
+def _explodes(shape, chunks, dtype=np.float32):
+    """A Dask array whose every chunk raises if a task ever computes it."""
+
+    def boom(x):
+        raise AssertionError("a task ran")
+
+    return da.zeros(shape, chunks=chunks, dtype=dtype).map_blocks(boom, dtype=dtype)
+
+
+@pytest.mark.parametrize("a, b, kw, error, match", [
+    (((5, 7), 3, np.float32), ((8, 4), 3, np.float32), {}, ValueError, "not aligned"),
+    (((2, 5, 7), 3, np.float32), ((3, 7, 4), 3, np.float32), {}, ValueError, "broadcast"),
+    (((5, 7), 3, np.float32), ((7, 4), 3, np.complex128), {}, TypeError, "complex128"),
+    (((5, 7), 3, np.complex64), ((7, 4), 3, np.complex64), {}, TypeError, "complex64"),
+    (((5, 7), (5, (3, 4)), np.float32), ((7, 4), ((4, 3), 4), np.float32), {"align": False},
+     ValueError, "contraction axis is chunked"),
+    (((3, 5, 7), (1, 5, 7), np.float32), ((3, 7, 4), (2, 7, 4), np.float32),
+     {"align": False}, ValueError, "batch axis 0"),
+    (((5, 7), 3, np.float32), ((7, 4), 3, np.float32), {"backend": "tpu"}, ValueError,
+     "unknown backend"),
+    (((5, 7), 3, np.float32), ((7, 4), 3, np.float32), {"backend": "cpu", "kernel": "nope"},
+     Exception, "nope"),
+    (((5, 7), 3, np.float32), ((7, 4), 3, np.float32), {"TILE": 8}, ValueError,
+     "explicit kernel"),
+    (((5, 7), 3, np.float32), ((7, 4), 3, np.float32), {"tile": 8}, TypeError, "UPPER-CASE"),
+])
+def test_bad_input_raises_before_any_task(a, b, kw, error, match):
+    x, y = _explodes(*a), _explodes(*b)
+    with pytest.raises(error, match=match):
+        tgd.matmul(x, y, **kw)
+
+
+def test_unknown_chunk_sizes_and_non_arrays_raise():
+    x = da.from_array(np.arange(12.0).reshape(3, 4), chunks=2)
+    x = x[x[:, 0] > 0]  # rows unknown until computed
+    with pytest.raises(ValueError, match="compute_chunk_sizes"):
+        tgd.matmul(x, da.ones((4, 2), chunks=2))
+    with pytest.raises(TypeError, match="Dask array"):
+        tgd.matmul([[1.0]], da.ones((1, 1)))
+    with pytest.raises(ValueError, match="0-d"):
+        tgd.matmul(da.ones(()), da.ones((1, 1)))
+
+
+def test_lazy_until_computed():
+    x = _explodes((5, 7), 3)
+    c = tgd.matmul(x, da.ones((7, 4), chunks=3, dtype=np.float32), **KW)  # builds, runs nothing
+    with pytest.raises(AssertionError, match="a task ran"):
+        c.compute(scheduler="sync")
+
+
+def test_import_tilegemm_does_not_import_dask():
+    code = "import sys, tilegemm; assert 'dask' not in sys.modules, 'dask imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+
+
+@pytest.fixture(scope="module")
+def thread_cluster():
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                       dashboard_address=":0")
+    client = distributed.Client(cluster, timeout=30)
+    yield client
+    client.close(timeout=30)
+    cluster.close(timeout=30)
+
+
+@pytest.mark.parametrize("case", ["ragged", "uneven-k", "single-chunk", "batch"])
+def test_local_cluster_matches_numpy(thread_cluster, case):
+    a, b, da_a, da_b = _operands(case, seed=3)
+    c = tgd.matmul(da_a, da_b, **KW)
+    assert_close(thread_cluster.compute(c).result(timeout=60), a, b, what=case)
+    assert len(thread_cluster.scheduler_info()["workers"]) == 2
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_computation_still_right():
+    a = np.random.default_rng(4).standard_normal((24, 30)).astype(np.float32)
+    b = np.random.default_rng(5).standard_normal((30, 12)).astype(np.float32)
+
+    def slow(x):  # defined here so that cloudpickle ships it by value to the workers
+        import time
+
+        time.sleep(0.4)
+        return x
+
+    da_a = da.from_array(a, chunks=(8, 10)).map_blocks(slow, dtype=a.dtype)  # 9 slow chunks
+    da_b = da.from_array(b, chunks=(10, 6))
+    c = tgd.matmul(da_a, da_b, **KW)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0", death_timeout=60) as cluster, \
+            distributed.Client(cluster, timeout=60) as client:
+        client.wait_for_workers(2, timeout=60)
+        pids = client.run(os.getpid)
+        client.run(lambda: __import__("tilegemm").matmul(np.ones((2, 2), np.float32),
+                                                       np.ones((2, 2), np.float32), **KW))
+        future = client.compute(c)
+        deadline = time.monotonic() + 30
+        while not any(client.processing().values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert not future.done(), "finished before the kill; make the blocks slower"
+        victim = sorted(pids.values())[0]
+        os.kill(victim, signal.SIGKILL)
+        assert_close(future.result(timeout=120), a, b, what="after a worker was killed")
+        assert victim not in client.run(os.getpid).values()

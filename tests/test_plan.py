@@ -1,0 +1,102 @@
+"""``tilegemm.plan``: what ``kernel="auto"`` chooses and why, and the parameter database's
+lookup order (the user's tuning cache → this device → its ISA → the rung's defaults)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.backends import get_backend
+from tilegemm.backends.base import Limits, Target
+from tilegemm.tune import cache as tcache
+from tilegemm.tune import database, select
+
+
+def _target(name: str) -> Target:
+    return Target("cpu", name, "cpu", "x86_64", Limits(threads_per_block=0), "perf_counter")
+
+
+TABLE = (
+    {"backend": "cpu", "device": "Other CPU", "isa": "avx2", "dtype": "float32",
+     "kernel": "blocked", "params": {"MR": 4}},
+    {"backend": "cpu", "device": "*", "isa": "avx2", "dtype": "float32",
+     "kernel": "blocked", "params": {"MR": 8}},
+    {"backend": "cpu", "device": "Chip X", "isa": "avx2", "dtype": "float32",
+     "kernel": "blocked", "params": {"MR": 6}},
+    {"backend": "cpu", "device": "Chip X", "isa": "avx512", "dtype": "float32",
+     "kernel": "blocked", "params": {"MR": 16}},
+)
+
+
+def test_database_lookup_order(monkeypatch):
+    monkeypatch.setattr(database, "host_isa", lambda: "avx2")
+    entry, tier = database.lookup(_target("Chip X"), "float32", TABLE)
+    assert (entry["params"], tier) == ({"MR": 6}, "device")  # name and ISA both match
+    entry, tier = database.lookup(_target("Chip Y"), "float32", TABLE)
+    assert (entry["params"], tier) == ({"MR": 8}, "isa")  # the ISA's "*" entry first
+    assert database.lookup(_target("Chip X"), "float64", TABLE) is None  # rung defaults
+    monkeypatch.setattr(database, "host_isa", lambda: "avx512")
+    entry, tier = database.lookup(_target("Chip X"), "float32", TABLE)
+    assert (entry["params"], tier) == ({"MR": 16}, "device")  # same name, other ISA
+    monkeypatch.setattr(database, "host_isa", lambda: "generic")
+    assert database.lookup(_target("Chip X"), "float32", TABLE) is None
+
+
+def test_shipped_database_entries_are_valid_parameters():
+    from tilegemm import registry
+
+    for e in database.entries():
+        spec = registry.get(e["kernel"], e["backend"])
+        assert spec.supports(e["dtype"]) and spec.is_valid(spec.resolve(e["params"])), e
+        assert e["isa"] in ("avx2", "avx512") and e.get("measured"), e
+
+
+class _Spy(Exception):
+    """Raised by the patched run: the test needs the choice, not the product."""
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("shape", [(8, 8, 8), (300, 200, 100)])
+def test_plan_agrees_with_what_runs(dtype, shape, monkeypatch):
+    m, n, k = shape
+    a, b = np.ones((m, k), dtype), np.ones((k, n), dtype)
+    planned = tilegemm.plan(a, b)
+    seen = {}
+
+    def spy(spec, params, prob, *args, **kwargs):
+        seen.update(kernel=spec.name, params=dict(params))
+        raise _Spy
+
+    monkeypatch.setattr(get_backend("cpu"), "run", spy)
+    with pytest.raises(_Spy):
+        tilegemm.matmul(a, b)
+    assert (planned.backend, planned.kernel, planned.params) == ("cpu", seen["kernel"],
+                                                                  seen["params"])
+    assert planned.source in ("database (device)", "database (isa)", "default")
+    assert ("small product" in planned.path) == (m * n * k <= 64**3)
+    assert planned.kernel in str(planned) and planned.source in str(planned)
+
+
+def test_tuned_cache_overrides_the_database(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    a = np.ones((256, 256), np.float32)
+    assert tilegemm.plan(a, a).source != "tuned"
+    dev = select.device_id(get_backend("cpu"))
+    tcache.record(tcache.Entry(dev.backend, dev.name, dev.arch, "float32", [256, 256, 256],
+                               "blocked", {"MR": 12, "NR": 8, "MC": 96, "KC": 256, "NC": 1024},
+                               1e-3, 33.0))
+    planned = tilegemm.plan(a, a)
+    assert planned.source == "tuned" and planned.params["MR"] == 12
+    assert planned.params["KC"] == 256
+
+
+def test_plan_requested_kernel_and_bad_input():
+    a = np.ones((5, 7), np.float64)
+    planned = tilegemm.plan(a, a.T, kernel="blocked", MR=4)
+    assert planned.source == "requested" and planned.params["MR"] == 4
+    assert planned.shape == (1, 5, 5, 7)
+    with pytest.raises(ValueError, match="unknown kernel"):
+        tilegemm.plan(a, a.T, kernel="nope", backend="cpu")
+    with pytest.raises(ValueError):
+        tilegemm.plan(a, a)  # 5x7 @ 5x7: shapes do not match
