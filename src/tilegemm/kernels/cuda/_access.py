@@ -89,9 +89,9 @@ def vload_at() -> Any:
     loads through ``idx``, so simulator tests catch a wrong offset and the tracer sees an
     ordinary access.
     """
-    from tilegemm.backends.cuda import simulator_enabled
+    from tilegemm import simulator
 
-    if simulator_enabled():
+    if simulator.enabled():
         return _py_vload_at
     return _compiled_vload_at()
 
