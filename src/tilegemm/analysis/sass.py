@@ -10,10 +10,9 @@ loops from the backward branches, and counts instruction classes:
 
 - in the **hot loop**: the innermost loop holding the most FFMAs (the ``kk`` loop, or the
   whole k-tile loop once ``kk`` is fully unrolled);
-- in **one k-tile**: the loop around it, along the path through its branches that moves
-  the most global bytes and, among those, issues the fewest instructions (the interior
-  path: full 128-bit loads, no scalar fallbacks), with the hot loop counted as often as one
-  k-tile runs it.
+- in **one k-tile**: the loop around it, along the interior path through its branches
+  (full 128-bit loads, no scalar fallbacks or zero fills, fewest instructions; see
+  ``Path.key``), with the hot loop counted as often as one k-tile runs it.
 
 Both are reported per k step: divided by the k steps they hold (FFMAs / (BM·BN/threads)).
 See docs/explain.md for the method and its limits.
@@ -229,13 +228,14 @@ class Path:
     def total(self) -> int:
         return sum(n for _, n in self.counts)
 
-    def key(self) -> tuple[int, ...]:
-        """Preference between paths, for the interior path of a GEMM k-tile: most FMAs, most
-        bytes in 128-bit global loads, fewest narrower global loads, most shared bytes
-        stored (zero fills not counted), most barriers, then fewest instructions."""
+    def key(self, vector: bool = True) -> tuple[int, ...]:
+        """Preference between paths, for the interior path of a GEMM k-tile: most FMAs;
+        in a loop with 128-bit global loads the most bytes in those and the fewest narrower
+        ones (the fallback paths), else the most global bytes; most shared bytes stored
+        (zero fills not counted); most barriers; then fewest instructions."""
         wide = sum(w * n for w, n in self.ldg_widths if w >= 16)
-        return (self.get("fma"), wide, -self.scalar_ldg, self.sts_bytes, self.get("bar"),
-                -self.total)
+        loads = (wide, -self.scalar_ldg) if vector else (self.ldg_bytes, 0)
+        return (self.get("fma"), *loads, self.sts_bytes, self.get("bar"), -self.total)
 
 
 def _merge(a: tuple, b: tuple) -> tuple:
@@ -290,6 +290,7 @@ def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
                 return idx
         return None
 
+    vector = any(i.cls == "ldg" and i.width >= 16 for i in instrs if loop.contains(i.addr))
     best: list[Path | None] = [None] * len(nodes)
     best[0] = nodes[0][2]
     result: Path | None = None
@@ -303,7 +304,7 @@ def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
             if ins.target is None:
                 continue
             if ins.target == loop.start and ins.addr >= s and ins.op in ("BRA", "JMP"):
-                if result is None or cur.key() > result.key():
+                if result is None or cur.key(vector) > result.key(vector):
                     result = cur
             elif loop.start < ins.target <= loop.end and ins.target > e:
                 t = starts.get(ins.target, node_at(ins.target))
@@ -313,7 +314,7 @@ def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
             succ.add(idx + 1)
         for t in succ:
             cand = cur + nodes[t][2]
-            if best[t] is None or cand.key() > best[t].key():
+            if best[t] is None or cand.key(vector) > best[t].key(vector):
                 best[t] = cand
     return result if result is not None else Path.of(
         [i for i in instrs if loop.contains(i.addr)])

@@ -16,6 +16,13 @@ schedule to the hardware hierarchy (block → SM shared memory, warp → schedul
 registers), the structure every faster GEMM (CUTLASS, tensor cores) builds on. siboehm
 measures kernel 10 at ~ +5–10 % over his best non-warptiled kernel on A6000. Reads stay
 conflict-free: a quarter-warp reads 4 consecutive B chunks and 2 A chunks 32 bytes apart.
+
+Machine code (docs/performance.md): the kernel is generated as source at build time with
+the BK k steps of a tile written out (``_codegen``), so every shared load is a per-thread
+base plus a constant; blocks wholly inside the operands take an interior path that issues
+all global loads of a k-tile before any shared store, at per-thread offsets bumped per
+k-tile (``vload_at``), with no bounds checks; float32 asks for two blocks per SM (128
+registers). FFMA share of an interior k-tile on sm_90: 68 % before, 90 % now.
 """
 
 from __future__ import annotations
