@@ -27,7 +27,7 @@ registers). FFMA share of an interior k-tile on sm_90: 68 % before, 90 % now.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -77,33 +77,18 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     WCOLS = BN // WN  # warps across the block tile
     RT, CT = WMITER * TM, WNITER * TN  # a thread's outputs: RT × CT
     NT = _threads(p)
-    W = width(dtype.itemsize)
-    ISZ = dtype.itemsize
-    VB = VECTOR_BYTES
-    A_VPR, B_VPR = BK // W, BN // W
-    A_VECS, B_VECS = BM * A_VPR, BK * B_VPR
-    A_ROUNDS, B_ROUNDS = ceil_div(A_VECS, NT), ceil_div(B_VECS, NT)
-    RPW = max(W, 32 * W // BK)  # rows of A one warp loads per round: the swizzle period
-    ld, st, vload, vstore, gather, scatter, address, ALIGN = access_ops()
-    zero = dtype.type(0)
-    nptype = dtype.type
-
     namespace = dict(
         cuda=cuda, BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, WM=WM, WN=WN, WSUBM=WSUBM,
-        WSUBN=WSUBN, LCOLS=LCOLS, WCOLS=WCOLS, RT=RT, CT=CT, NT=NT, W=W, ISZ=ISZ, VB=VB,
-        A_VPR=A_VPR, B_VPR=B_VPR, A_VECS=A_VECS, B_VECS=B_VECS, A_ROUNDS=A_ROUNDS,
-        B_ROUNDS=B_ROUNDS, RPW=RPW, ld=ld, st=st, vload=vload, vstore=vstore, gather=gather,
-        scatter=scatter, address=address, vload_at=vload_at(), ALIGN=ALIGN, zero=zero,
-        nptype=nptype)
-    source = KERNEL.replace("#@BASES", indent(_bases(p, W, RPW, NT), 4))
-    source = source.replace("#@FAST_LOADS", indent(_fast_loads(p, W, NT), 24))
-    source = source.replace("#@COMPUTE", indent(_compute(p, W, RPW), 20))
-    offsets, bumps = _offsets(p, W, NT)
-    source = source.replace("#@BLOCK_OFFSETS", indent(offsets, 16))
-    source = source.replace("#@BUMP", indent(bumps, 20))
-    # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread.
-    kernel = kernel_jit(NT, 2 if ISZ == 4 and NT <= 256 else 0)(
-        compile_source(source, "warptile", namespace))
+        WSUBN=WSUBN, LCOLS=LCOLS, WCOLS=WCOLS, RT=RT, CT=CT, NT=NT)
+    mapping = ["warp = tid // 32", "lane = tid % 32",
+               "wr0 = (warp // WCOLS) * WM  # this warp's tile inside the block tile",
+               "wc0 = (warp % WCOLS) * WN",
+               "tr0 = wr0 + (lane // LCOLS) * TM  # this thread's first row/column",
+               "tc0 = wc0 + (lane % LCOLS) * TN"]
+    kernel = generate("warptile", p, dtype, namespace, mapping, RT, CT,
+                      "(i // TM) * WSUBM + i % TM", "(j // TN) * WSUBN + j % TN",
+                      lambda i: (i // TM) * WSUBM + i % TM,
+                      lambda j: (j // TN) * WSUBN + j % TN, access_ops())
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(n, BN), ceil_div(m, BM), batch)
@@ -111,23 +96,55 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     return CudaProgram(kernel, (NT, 1, 1), grid)
 
 
+def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[str, Any],
+             mapping: list[str], rt: int, ct: int, row_expr: str, col_expr: str,
+             row_off: Callable[[int], int], col_off: Callable[[int], int], ops: Any) -> Any:
+    """The kernel of a register-tiled rung with A transposed and swizzled in shared memory
+    (rungs 7 and 8): ``mapping`` sets this thread's first row ``tr0`` and column ``tc0``
+    from ``tid``; its i-th row is ``tr0 + row_off(i)`` (``row_expr`` in the epilogue's
+    loop), its j-th column ``tc0 + col_off(j)``. ``ops``: the rung's ``access_ops()``."""
+    BM, BN, BK = p["BM"], p["BN"], p["BK"]
+    NT = namespace["NT"]
+    W = width(dtype.itemsize)
+    A_VPR, B_VPR = BK // W, BN // W
+    A_VECS, B_VECS = BM * A_VPR, BK * B_VPR
+    RPW = max(W, 32 * W // BK)  # rows of A one warp loads per round: the swizzle period
+    ld, st, vload, vstore, gather, scatter, address, ALIGN = ops
+    namespace = dict(
+        namespace, BM=BM, BN=BN, BK=BK, RT=rt, CT=ct, W=W, ISZ=dtype.itemsize,
+        VB=VECTOR_BYTES, A_VPR=A_VPR, B_VPR=B_VPR, A_VECS=A_VECS, B_VECS=B_VECS,
+        A_ROUNDS=ceil_div(A_VECS, NT), B_ROUNDS=ceil_div(B_VECS, NT), RPW=RPW, ld=ld, st=st,
+        vload=vload, vstore=vstore, gather=gather, scatter=scatter, address=address,
+        vload_at=vload_at(), ALIGN=ALIGN, zero=dtype.type(0), nptype=dtype.type)
+    source = KERNEL.replace("KERNEL_NAME", name).replace("ROW_EXPR", row_expr)
+    source = source.replace("COL_EXPR", col_expr)
+    source = source.replace("#@MAPPING", indent(mapping, 4))
+    source = source.replace("#@BASES", indent(_bases(p, W, RPW, NT, rt, ct, row_off, col_off),
+                                                4))
+    source = source.replace("#@FAST_LOADS", indent(_fast_loads(p, W, NT), 24))
+    source = source.replace("#@COMPUTE", indent(_compute(p, W, RPW, rt, ct), 20))
+    offsets, bumps = _offsets(p, W, NT)
+    source = source.replace("#@BLOCK_OFFSETS", indent(offsets, 16))
+    source = source.replace("#@BUMP", indent(bumps, 20))
+    # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread.
+    return kernel_jit(NT, 2 if dtype.itemsize == 4 and NT <= 256 else 0)(
+        compile_source(source, name, namespace))
+
+
 def _sk(kk: int, w: int, rpw: int, bm: int) -> int:
     """The swizzle of k row ``kk`` of the transposed A tile (constant per k step)."""
     return ((kk // w) * rpw) & (bm - 1)
 
 
-def _bases(p: Mapping[str, int], w: int, rpw: int, nt: int) -> list[str]:
+def _bases(p: Mapping[str, int], w: int, rpw: int, nt: int, RT: int, CT: int,
+           row_off: Callable[[int], int], col_off: Callable[[int], int]) -> list[str]:
     """Per-thread shared offsets, computed once: the k loop adds only constants to them."""
-    WMITER = _wmiter(p)
-    WSUBM, WSUBN = p["WM"] // WMITER, p["WN"] // p["WNITER"]
-    RT, CT = WMITER * p["TM"], p["WNITER"] * p["TN"]
     lines = []
     for sk in sorted({_sk(kk, w, rpw, p["BM"]) for kk in range(p["BK"])}):
         for i in range(0, RT, w):
-            off = (i // p["TM"]) * WSUBM + i % p["TM"]
-            lines.append(f"xa_{sk}_{i} = (tr0 + {off}) ^ {sk}")
+            lines.append(f"xa_{sk}_{i} = (tr0 + {row_off(i)}) ^ {sk}")
     for j in range(0, CT, w):
-        lines.append(f"xb_{j} = tc0 + {(j // p['TN']) * WSUBN + j % p['TN']}")
+        lines.append(f"xb_{j} = tc0 + {col_off(j)}")
     a_vpr, b_vpr = p["BK"] // w, p["BN"] // w
     for rnd in range(ceil_div(p["BM"] * a_vpr, nt)):
         lines += [f"ar{rnd} = (tid + {rnd * nt}) // {a_vpr}",
@@ -176,10 +193,9 @@ def _offsets(p: Mapping[str, int], w: int, nt: int) -> tuple[list[str], list[str
     return offsets, bumps
 
 
-def _compute(p: Mapping[str, int], w: int, rpw: int, buf: str = "") -> list[str]:
+def _compute(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int,
+             buf: str = "") -> list[str]:
     """The BK k steps of one tile, written out: shared loads at base + constant, FMAs."""
-    WMITER = _wmiter(p)
-    RT, CT = WMITER * p["TM"], p["WNITER"] * p["TN"]
     lines = []
     for kk in range(p["BK"]):
         sk = _sk(kk, w, rpw, p["BM"])
@@ -197,15 +213,10 @@ def _compute(p: Mapping[str, int], w: int, rpw: int, buf: str = "") -> list[str]
 
 # The kernel, as source: #@ lines are replaced by generated code in build().
 KERNEL = """
-def warptile(A, B, C, alpha, beta):
+def KERNEL_NAME(A, B, C, alpha, beta):
     m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
     tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
-    warp = tid // 32
-    lane = tid % 32
-    wr0 = (warp // WCOLS) * WM  # this warp's tile inside the block tile
-    wc0 = (warp % WCOLS) * WN
-    tr0 = wr0 + (lane // LCOLS) * TM  # this thread's first row/column in sub-tile 0
-    tc0 = wc0 + (lane % LCOLS) * TN
+#@MAPPING
     a_vec = (k_len % W == 0 and address(A) % VB == 0 and A.strides[2] == ISZ
              and A.strides[1] % VB == 0 and A.strides[0] % VB == 0)
     b_vec = (n % W == 0 and address(B) % VB == 0 and B.strides[2] == ISZ
@@ -283,10 +294,10 @@ def warptile(A, B, C, alpha, beta):
 #@BUMP
                 # C: row 0 of acc written, rows shift up (constant indices, see rung 6).
                 for i in range(RT):
-                    gr = row0 + tr0 + (i // TM) * WSUBM + i % TM
+                    gr = row0 + tr0 + ROW_EXPR
                     if gr < m:
                         for j in range(0, CT, W):
-                            gc = col0 + tc0 + (j // TN) * WSUBN + j % TN
+                            gc = col0 + tc0 + COL_EXPR
                             if c_vec and gc < n:
                                 if beta == 0:
                                     for q in range(W):
