@@ -45,8 +45,8 @@ bench-gpu-system:
 # goes to compiling kernels, one test at a time per core.
 TEST_JOBS ?= auto
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n $(TEST_JOBS) -m "not cudasim"
-	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n $(TEST_JOBS) -m cudasim
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not cudasim"
+	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m cudasim
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not cudasim and not slow"
