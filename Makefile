@@ -41,9 +41,12 @@ bench-gpu-system:
 # Plain tests (API, CPU, OpenCL on PoCL, PTX/nvJitLink) in one process, then every CUDA
 # rung on numba's CUDA simulator in a second one (the simulator must be chosen before
 # numba.cuda is first imported).
+# Both runs spread over the machine's cores (pytest-xdist, TEST_JOBS=auto): most of the time
+# goes to compiling kernels, one test at a time per core.
+TEST_JOBS ?= auto
 test: $(STAMP) lint
-	$(PY) -m pytest -q -m "not cudasim"
-	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -m cudasim
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not cudasim"
+	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m cudasim
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not cudasim and not slow"

@@ -199,4 +199,6 @@ def test_vector_rungs_traced_conflicts_match_the_hand_model():
     assert v["vstore(As, (r, c), vload(A, (za, gr, gc)))"] == (4, 4)
     s = _shared_sites(trace_rung("smem_layout", 128, 128, 16))
     assert all(waves == ideal for waves, ideal in s.values()), s
-    assert sorted(ideal for _, ideal in s.values()) == [1, 4, 4, 4]  # 1 scalar, 3 vector
+    # Scalar stores of A (1 wavefront) and 128-bit accesses (4); the k steps are written
+    # out, so each step's shared loads are sites of their own.
+    assert {ideal for _, ideal in s.values()} == {1, 4}

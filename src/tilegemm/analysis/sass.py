@@ -10,10 +10,9 @@ loops from the backward branches, and counts instruction classes:
 
 - in the **hot loop**: the innermost loop holding the most FFMAs (the ``kk`` loop, or the
   whole k-tile loop once ``kk`` is fully unrolled);
-- in **one k-tile**: the loop around it, along the path through its branches that moves
-  the most global bytes and, among those, issues the fewest instructions (the interior
-  path: full 128-bit loads, no scalar fallbacks), with the hot loop counted as often as one
-  k-tile runs it.
+- in **one k-tile**: the loop around it, along the interior path through its branches
+  (full 128-bit loads, no scalar fallbacks or zero fills, fewest instructions; see
+  ``Path.key``), with the hot loop counted as often as one k-tile runs it.
 
 Both are reported per k step: divided by the k steps they hold (FFMAs / (BM·BN/threads)).
 See docs/explain.md for the method and its limits.
@@ -191,6 +190,8 @@ class Path:
     lds_bytes: int
     lds_widths: tuple[tuple[int, int], ...]
     ldg_widths: tuple[tuple[int, int], ...]
+    sts_bytes: int = 0  # shared bytes stored, zero fills (stores of RZ) not counted
+    scalar_ldg: int = 0  # global loads narrower than 128 bits (edge and fallback paths)
 
     @staticmethod
     def of(instrs: list[Instr]) -> Path:
@@ -199,7 +200,10 @@ class Path:
         ldg = Counter(i.width for i in instrs if i.cls == "ldg")
         return Path(tuple(sorted(c.items())), sum(w * n for w, n in ldg.items()),
                     sum(w * n for w, n in lds.items()), tuple(sorted(lds.items())),
-                    tuple(sorted(ldg.items())))
+                    tuple(sorted(ldg.items())),
+                    sum(i.width for i in instrs
+                        if i.cls == "sts" and not i.operands.rstrip().endswith("RZ")),
+                    sum(n for w, n in ldg.items() if w < 16))
 
     @staticmethod
     def empty() -> Path:
@@ -208,12 +212,14 @@ class Path:
     def __add__(self, other: Path) -> Path:
         return Path(_merge(self.counts, other.counts), self.ldg_bytes + other.ldg_bytes,
                     self.lds_bytes + other.lds_bytes, _merge(self.lds_widths, other.lds_widths),
-                    _merge(self.ldg_widths, other.ldg_widths))
+                    _merge(self.ldg_widths, other.ldg_widths), self.sts_bytes + other.sts_bytes,
+                    self.scalar_ldg + other.scalar_ldg)
 
     def __mul__(self, k: int) -> Path:
         return Path(tuple((a, n * k) for a, n in self.counts), self.ldg_bytes * k,
                     self.lds_bytes * k, tuple((a, n * k) for a, n in self.lds_widths),
-                    tuple((a, n * k) for a, n in self.ldg_widths))
+                    tuple((a, n * k) for a, n in self.ldg_widths), self.sts_bytes * k,
+                    self.scalar_ldg * k)
 
     def get(self, cls: str) -> int:
         return dict(self.counts).get(cls, 0)
@@ -222,10 +228,14 @@ class Path:
     def total(self) -> int:
         return sum(n for _, n in self.counts)
 
-    def key(self) -> tuple[int, ...]:
-        """Preference between paths: most FMAs, most global bytes, most shared stores and
-        barriers, fewest instructions (the interior path of a GEMM k-tile)."""
-        return (self.get("fma"), self.ldg_bytes, self.get("sts"), self.get("bar"), -self.total)
+    def key(self, vector: bool = True) -> tuple[int, ...]:
+        """Preference between paths, for the interior path of a GEMM k-tile: most FMAs;
+        in a loop with 128-bit global loads the most bytes in those and the fewest narrower
+        ones (the fallback paths), else the most global bytes; most shared bytes stored
+        (zero fills not counted); most barriers; then fewest instructions."""
+        wide = sum(w * n for w, n in self.ldg_widths if w >= 16)
+        loads = (wide, -self.scalar_ldg) if vector else (self.ldg_bytes, 0)
+        return (self.get("fma"), *loads, self.sts_bytes, self.get("bar"), -self.total)
 
 
 def _merge(a: tuple, b: tuple) -> tuple:
@@ -280,6 +290,7 @@ def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
                 return idx
         return None
 
+    vector = any(i.cls == "ldg" and i.width >= 16 for i in instrs if loop.contains(i.addr))
     best: list[Path | None] = [None] * len(nodes)
     best[0] = nodes[0][2]
     result: Path | None = None
@@ -293,7 +304,7 @@ def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
             if ins.target is None:
                 continue
             if ins.target == loop.start and ins.addr >= s and ins.op in ("BRA", "JMP"):
-                if result is None or cur.key() > result.key():
+                if result is None or cur.key(vector) > result.key(vector):
                     result = cur
             elif loop.start < ins.target <= loop.end and ins.target > e:
                 t = starts.get(ins.target, node_at(ins.target))
@@ -303,7 +314,7 @@ def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
             succ.add(idx + 1)
         for t in succ:
             cand = cur + nodes[t][2]
-            if best[t] is None or cand.key() > best[t].key():
+            if best[t] is None or cand.key(vector) > best[t].key(vector):
                 best[t] = cand
     return result if result is not None else Path.of(
         [i for i in instrs if loop.contains(i.addr)])

@@ -43,7 +43,9 @@ def host_isa() -> str:
 def isa(target: Target) -> str:
     """The database's architecture tier for ``target``: the ISA for host code, else the
     Target's architecture (CUDA "sm_90")."""
-    return host_isa() if target.backend == "cpu" else target.arch
+    from tilegemm.backends import host_backend
+
+    return host_isa() if target.backend == host_backend() else target.arch
 
 
 def lookup(target: Target, dtype: str,

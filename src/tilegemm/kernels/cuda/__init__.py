@@ -28,6 +28,10 @@ Register economy in the fast rungs (6–9; measured with ``tilegemm kernels --ba
   each row offset live (rung 6 alone: 185 → 161).
 - Together: float32 defaults on sm_90 from 157–188 registers to 121–127, i.e. from one to
   two 256-thread blocks per SM, with no spills; float64 defaults no longer spill.
+- Rungs 7 and 8 are generated as source at build time (``k08_warptile.generate``,
+  ``_codegen``): the BK k steps written out, a block-uniform interior path, per-thread load
+  offsets (``_access.vload_at``) and two blocks per SM in float32 (128 registers); see
+  docs/performance.md for the machine code (``tilegemm explain --sass``).
 - Indices stay 64-bit (numba's ``intp``), so no product of an index and a stride can
   overflow at 2**31 elements.
 """

@@ -18,8 +18,12 @@ from collections.abc import Callable
 from typing import Any
 
 
-def kernel_jit(threads: int) -> Callable[[Callable[..., Any]], Any]:
-    """The decorator for a rung's kernel launched with exactly ``threads`` threads a block."""
+def kernel_jit(threads: int, min_blocks: int = 0) -> Callable[[Callable[..., Any]], Any]:
+    """The decorator for a rung's kernel launched with exactly ``threads`` threads a block.
+
+    ``min_blocks`` > 0 also asks ptxas to fit that many blocks per SM (``.minnctapersm``):
+    at 256 threads and 2 blocks, at most 128 registers a thread.
+    """
     from numba import cuda
 
     from tilegemm import simulator
@@ -29,4 +33,4 @@ def kernel_jit(threads: int) -> Callable[[Callable[..., Any]], Any]:
 
         install()  # numba's simulator races on cuda.shared.array; see _simulator.py
         return cuda.jit
-    return cuda.jit(launch_bounds=threads)
+    return cuda.jit(launch_bounds=(threads, min_blocks) if min_blocks else threads)

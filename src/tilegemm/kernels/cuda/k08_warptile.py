@@ -16,17 +16,25 @@ schedule to the hardware hierarchy (block → SM shared memory, warp → schedul
 registers), the structure every faster GEMM (CUTLASS, tensor cores) builds on. siboehm
 measures kernel 10 at ~ +5–10 % over his best non-warptiled kernel on A6000. Reads stay
 conflict-free: a quarter-warp reads 4 consecutive B chunks and 2 A chunks 32 bytes apart.
+
+Machine code (docs/performance.md): the kernel is generated as source at build time with
+the BK k steps of a tile written out (``_codegen``), so every shared load is a per-thread
+base plus a constant; blocks wholly inside the operands take an interior path that issues
+all global loads of a k-tile before any shared store, at per-thread offsets bumped per
+k-tile (``vload_at``), with no bounds checks; float32 asks for two blocks per SM (128
+registers). FFMA share of an interior k-tile on sm_90: 68 % before, 90 % now.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
-from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, width
+from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, width
+from tilegemm.kernels.cuda._codegen import compile_source, indent
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.launch import capped_grid, ceil_div
 from tilegemm.registry import Constraint, KernelSpec, Param
@@ -69,57 +77,183 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     WCOLS = BN // WN  # warps across the block tile
     RT, CT = WMITER * TM, WNITER * TN  # a thread's outputs: RT × CT
     NT = _threads(p)
+    namespace = dict(
+        cuda=cuda, BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, WM=WM, WN=WN, WSUBM=WSUBM,
+        WSUBN=WSUBN, LCOLS=LCOLS, WCOLS=WCOLS, RT=RT, CT=CT, NT=NT)
+    mapping = ["warp = tid // 32", "lane = tid % 32",
+               "wr0 = (warp // WCOLS) * WM  # this warp's tile inside the block tile",
+               "wc0 = (warp % WCOLS) * WN",
+               "tr0 = wr0 + (lane // LCOLS) * TM  # this thread's first row/column",
+               "tc0 = wc0 + (lane % LCOLS) * TN"]
+    kernel = generate("warptile", p, dtype, namespace, mapping, RT, CT,
+                      "(i // TM) * WSUBM + i % TM", "(j // TN) * WSUBN + j % TN",
+                      lambda i: (i // TM) * WSUBM + i % TM,
+                      lambda j: (j // TN) * WSUBN + j % TN, access_ops())
+
+    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
+        return capped_grid(ceil_div(n, BN), ceil_div(m, BM), batch)
+
+    return CudaProgram(kernel, (NT, 1, 1), grid)
+
+
+def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[str, Any],
+             mapping: list[str], rt: int, ct: int, row_expr: str, col_expr: str,
+             row_off: Callable[[int], int], col_off: Callable[[int], int], ops: Any) -> Any:
+    """The kernel of a register-tiled rung with A transposed and swizzled in shared memory
+    (rungs 7 and 8): ``mapping`` sets this thread's first row ``tr0`` and column ``tc0``
+    from ``tid``; its i-th row is ``tr0 + row_off(i)`` (``row_expr`` in the epilogue's
+    loop), its j-th column ``tc0 + col_off(j)``. ``ops``: the rung's ``access_ops()``."""
+    BM, BN, BK = p["BM"], p["BN"], p["BK"]
+    NT = namespace["NT"]
     W = width(dtype.itemsize)
-    ISZ = dtype.itemsize
-    VB = VECTOR_BYTES
     A_VPR, B_VPR = BK // W, BN // W
     A_VECS, B_VECS = BM * A_VPR, BK * B_VPR
-    A_ROUNDS, B_ROUNDS = ceil_div(A_VECS, NT), ceil_div(B_VECS, NT)
     RPW = max(W, 32 * W // BK)  # rows of A one warp loads per round: the swizzle period
-    ld, st, vload, vstore, gather, scatter, address, ALIGN = access_ops()
-    zero = dtype.type(0)
-    nptype = dtype.type
+    ld, st, vload, vstore, gather, scatter, address, ALIGN = ops
+    namespace = dict(
+        namespace, BM=BM, BN=BN, BK=BK, RT=rt, CT=ct, W=W, ISZ=dtype.itemsize,
+        VB=VECTOR_BYTES, A_VPR=A_VPR, B_VPR=B_VPR, A_VECS=A_VECS, B_VECS=B_VECS,
+        A_ROUNDS=ceil_div(A_VECS, NT), B_ROUNDS=ceil_div(B_VECS, NT), RPW=RPW, ld=ld, st=st,
+        vload=vload, vstore=vstore, gather=gather, scatter=scatter, address=address,
+        vload_at=vload_at(), ALIGN=ALIGN, zero=dtype.type(0), nptype=dtype.type)
+    source = KERNEL.replace("KERNEL_NAME", name).replace("ROW_EXPR", row_expr)
+    source = source.replace("COL_EXPR", col_expr)
+    source = source.replace("#@MAPPING", indent(mapping, 4))
+    source = source.replace("#@BASES", indent(_bases(p, W, RPW, NT, rt, ct, row_off, col_off),
+                                                4))
+    source = source.replace("#@FAST_LOADS", indent(_fast_loads(p, W, NT), 24))
+    source = source.replace("#@COMPUTE", indent(_compute(p, W, RPW, rt, ct), 20))
+    offsets, bumps = _offsets(p, W, NT)
+    source = source.replace("#@BLOCK_OFFSETS", indent(offsets, 16))
+    source = source.replace("#@BUMP", indent(bumps, 20))
+    # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread.
+    return kernel_jit(NT, 2 if dtype.itemsize == 4 and NT <= 256 else 0)(
+        compile_source(source, name, namespace))
 
-    @kernel_jit(NT)
-    def warptile(A, B, C, alpha, beta):
-        m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
-        tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
-        warp = tid // 32
-        lane = tid % 32
-        wr0 = (warp // WCOLS) * WM  # this warp's tile inside the block tile
-        wc0 = (warp % WCOLS) * WN
-        tr0 = wr0 + (lane // LCOLS) * TM  # this thread's first row/column in sub-tile 0
-        tc0 = wc0 + (lane % LCOLS) * TN
-        a_vec = (k_len % W == 0 and address(A) % VB == 0 and A.strides[2] == ISZ
-                 and A.strides[1] % VB == 0 and A.strides[0] % VB == 0)
-        b_vec = (n % W == 0 and address(B) % VB == 0 and B.strides[2] == ISZ
-                 and B.strides[1] % VB == 0 and B.strides[0] % VB == 0)
-        c_vec = (n % W == 0 and address(C) % VB == 0 and C.strides[2] == ISZ
-                 and C.strides[1] % VB == 0 and C.strides[0] % VB == 0)
 
-        As = cuda.shared.array((BK, BM), nptype, alignment=ALIGN)  # transposed, swizzled
-        Bs = cuda.shared.array((BK, BN), nptype, alignment=ALIGN)
-        acc = cuda.local.array((RT, CT), nptype)
-        ra = cuda.local.array(RT, nptype)
-        rb = cuda.local.array(CT, nptype)
-        av = cuda.local.array(W, nptype)
-        cv = cuda.local.array(W, nptype)
+def _sk(kk: int, w: int, rpw: int, bm: int) -> int:
+    """The swizzle of k row ``kk`` of the transposed A tile (constant per k step)."""
+    return ((kk // w) * rpw) & (bm - 1)
 
-        z = cuda.blockIdx.z
-        while z < C.shape[0]:
-            za = z if A.shape[0] > 1 else 0
-            zb = z if B.shape[0] > 1 else 0
-            bm = cuda.blockIdx.y
-            while bm < (m + BM - 1) // BM:
-                bn = cuda.blockIdx.x
-                while bn < (n + BN - 1) // BN:
-                    row0 = bm * BM
-                    col0 = bn * BN
-                    for i in range(RT):
-                        for j in range(CT):
-                            acc[i, j] = zero
-                    k0 = 0
-                    while k0 < k_len:
+
+def _bases(p: Mapping[str, int], w: int, rpw: int, nt: int, RT: int, CT: int,
+           row_off: Callable[[int], int], col_off: Callable[[int], int]) -> list[str]:
+    """Per-thread shared offsets, computed once: the k loop adds only constants to them."""
+    lines = []
+    for sk in sorted({_sk(kk, w, rpw, p["BM"]) for kk in range(p["BK"])}):
+        for i in range(0, RT, w):
+            lines.append(f"xa_{sk}_{i} = (tr0 + {row_off(i)}) ^ {sk}")
+    for j in range(0, CT, w):
+        lines.append(f"xb_{j} = tc0 + {col_off(j)}")
+    a_vpr, b_vpr = p["BK"] // w, p["BN"] // w
+    for rnd in range(ceil_div(p["BM"] * a_vpr, nt)):
+        lines += [f"ar{rnd} = (tid + {rnd * nt}) // {a_vpr}",
+                  f"ac{rnd} = ((tid + {rnd * nt}) % {a_vpr}) * {w}",
+                  f"asw{rnd} = ar{rnd} ^ (((ac{rnd} // {w}) * {rpw}) & {p['BM'] - 1})"]
+    for rnd in range(ceil_div(p["BK"] * b_vpr, nt)):
+        lines += [f"br{rnd} = (tid + {rnd * nt}) // {b_vpr}",
+                  f"bc{rnd} = ((tid + {rnd * nt}) % {b_vpr}) * {w}"]
+    return lines
+
+
+def _fast_loads(p: Mapping[str, int], w: int, nt: int) -> list[str]:
+    """An interior k-tile: every global load first (no bounds checks), then the stores."""
+    a_vecs, b_vecs = p["BM"] * (p["BK"] // w), p["BK"] * (p["BN"] // w)
+    loads, stores = [], []
+    for rnd in range(ceil_div(a_vecs, nt)):
+        load = f"ga{rnd} = vload_at(A, (za, row0 + ar{rnd}, k0 + ac{rnd}), oa{rnd})"
+        store = [f"st(As, (ac{rnd} + {q}, asw{rnd}), ga{rnd}[{q}])" for q in range(w)]
+        if (rnd + 1) * nt <= a_vecs:
+            loads.append(load)
+            stores += store
+        else:  # a partial last round: its threads load and store at once
+            stores += [f"if tid + {rnd * nt} < {a_vecs}:", "    " + load,
+                       *("    " + x for x in store)]
+    for rnd in range(ceil_div(b_vecs, nt)):
+        load = f"gb{rnd} = vload_at(B, (zb, k0 + br{rnd}, col0 + bc{rnd}), ob{rnd})"
+        store = [f"vstore(Bs, (br{rnd}, bc{rnd}), gb{rnd})"]
+        if (rnd + 1) * nt <= b_vecs:
+            loads.append(load)
+            stores += store
+        else:
+            stores += [f"if tid + {rnd * nt} < {b_vecs}:", "    " + load, "    " + store[0]]
+    return loads + stores
+
+
+def _offsets(p: Mapping[str, int], w: int, nt: int) -> tuple[list[str], list[str]]:
+    """Element offsets of this thread's global loads in the first k-tile of a block tile,
+    and what one k-tile adds to them (used only on the interior path, where A's k stride
+    is one element)."""
+    a_rounds = ceil_div(p["BM"] * (p["BK"] // w), nt)
+    b_rounds = ceil_div(p["BK"] * (p["BN"] // w), nt)
+    offsets = [f"oa{r} = za * sa0 + (row0 + ar{r}) * sa1 + ac{r}" for r in range(a_rounds)]
+    offsets += [f"ob{r} = zb * sb0 + br{r} * sb1 + col0 + bc{r}" for r in range(b_rounds)]
+    bumps = [f"oa{r} += BK" for r in range(a_rounds)]
+    bumps += [f"ob{r} += BK * sb1" for r in range(b_rounds)]
+    return offsets, bumps
+
+
+def _compute(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int,
+             buf: str = "") -> list[str]:
+    """The BK k steps of one tile, written out: shared loads at base + constant, FMAs."""
+    lines = []
+    for kk in range(p["BK"]):
+        sk = _sk(kk, w, rpw, p["BM"])
+        lines.append(f"# k step {kk}")
+        for i in range(0, RT, w):
+            names = ", ".join(f"a{i + q}" for q in range(w))
+            lines.append(f"{names} = vload(As, ({buf}{kk}, xa_{sk}_{i}))")
+        for j in range(0, CT, w):
+            names = ", ".join(f"b{j + q}" for q in range(w))
+            lines.append(f"{names} = vload(Bs, ({buf}{kk}, xb_{j}))")
+        for i in range(RT):
+            lines += [f"acc[{i}, {j}] += a{i} * b{j}" for j in range(CT)]
+    return lines
+
+
+# The kernel, as source: #@ lines are replaced by generated code in build().
+KERNEL = """
+def KERNEL_NAME(A, B, C, alpha, beta):
+    m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
+    tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
+#@MAPPING
+    a_vec = (k_len % W == 0 and address(A) % VB == 0 and A.strides[2] == ISZ
+             and A.strides[1] % VB == 0 and A.strides[0] % VB == 0)
+    b_vec = (n % W == 0 and address(B) % VB == 0 and B.strides[2] == ISZ
+             and B.strides[1] % VB == 0 and B.strides[0] % VB == 0)
+    c_vec = (n % W == 0 and address(C) % VB == 0 and C.strides[2] == ISZ
+             and C.strides[1] % VB == 0 and C.strides[0] % VB == 0)
+
+    As = cuda.shared.array((BK, BM), nptype, alignment=ALIGN)  # transposed, swizzled
+    Bs = cuda.shared.array((BK, BN), nptype, alignment=ALIGN)
+    acc = cuda.local.array((RT, CT), nptype)
+    av = cuda.local.array(W, nptype)
+    cv = cuda.local.array(W, nptype)
+    sa0, sa1 = A.strides[0] // ISZ, A.strides[1] // ISZ  # strides in elements
+    sb0, sb1 = B.strides[0] // ISZ, B.strides[1] // ISZ
+#@BASES
+
+    z = cuda.blockIdx.z
+    while z < C.shape[0]:
+        za = z if A.shape[0] > 1 else 0
+        zb = z if B.shape[0] > 1 else 0
+        bm = cuda.blockIdx.y
+        while bm < (m + BM - 1) // BM:
+            bn = cuda.blockIdx.x
+            while bn < (n + BN - 1) // BN:
+                row0 = bm * BM
+                col0 = bn * BN
+#@BLOCK_OFFSETS
+                for i in range(RT):
+                    for j in range(CT):
+                        acc[i, j] = zero
+                # Block-uniform: the whole tile is inside A, B and C, and vectors are safe.
+                inner = a_vec and b_vec and row0 + BM <= m and col0 + BN <= n
+                k0 = 0
+                while k0 < k_len:
+                    if inner and k0 + BK <= k_len:
+#@FAST_LOADS
+                    else:
                         for rnd in range(A_ROUNDS):
                             v = tid + rnd * NT
                             if v < A_VECS:
@@ -153,57 +287,41 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                                             Bs[r, c + q] = ld(B, (zb, gr, gc + q))
                                         else:
                                             Bs[r, c + q] = zero
-                        cuda.syncthreads()
-                        kk = 0
-                        while kk < BK:
-                            sk = ((kk // W) * RPW) & (BM - 1)
-                            for i in range(0, RT, W):
-                                rr = tr0 + (i // TM) * WSUBM + i % TM
-                                scatter(ra, (i,), vload(As, (kk, rr ^ sk)))
-                            for j in range(0, CT, W):
-                                scatter(rb, (j,), vload(Bs, (kk, tc0 + (j // TN) * WSUBN
-                                                             + j % TN)))
-                            for i in range(RT):
-                                for j in range(CT):
-                                    acc[i, j] += ra[i] * rb[j]
-                            kk += 1
-                        cuda.syncthreads()
-                        k0 += BK
-                    # C: row 0 of acc written, rows shift up (constant indices, see rung 6).
-                    for i in range(RT):
-                        gr = row0 + tr0 + (i // TM) * WSUBM + i % TM
-                        if gr < m:
-                            for j in range(0, CT, W):
-                                gc = col0 + tc0 + (j // TN) * WSUBN + j % TN
-                                if c_vec and gc < n:
-                                    if beta == 0:
-                                        for q in range(W):
-                                            cv[q] = alpha * acc[0, j + q]
-                                    else:
-                                        scatter(cv, (0,), vload(C, (z, gr, gc)))
-                                        for q in range(W):
-                                            cv[q] = alpha * acc[0, j + q] + beta * cv[q]
-                                    vstore(C, (z, gr, gc), gather(cv, (0,)))
-                                else:
+                    cuda.syncthreads()
+#@COMPUTE
+                    cuda.syncthreads()
+                    k0 += BK
+#@BUMP
+                # C: row 0 of acc written, rows shift up (constant indices, see rung 6).
+                for i in range(RT):
+                    gr = row0 + tr0 + ROW_EXPR
+                    if gr < m:
+                        for j in range(0, CT, W):
+                            gc = col0 + tc0 + COL_EXPR
+                            if c_vec and gc < n:
+                                if beta == 0:
                                     for q in range(W):
-                                        if gc + q < n:
-                                            if beta == 0:
-                                                st(C, (z, gr, gc + q), alpha * acc[0, j + q])
-                                            else:
-                                                st(C, (z, gr, gc + q), alpha * acc[0, j + q]
-                                                   + beta * ld(C, (z, gr, gc + q)))
-                        for r in range(RT - 1):
-                            for j in range(CT):
-                                acc[r, j] = acc[r + 1, j]
-                    bn += cuda.gridDim.x
-                bm += cuda.gridDim.y
-            z += cuda.gridDim.z
-
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(n, BN), ceil_div(m, BM), batch)
-
-    return CudaProgram(warptile, (NT, 1, 1), grid)
-
+                                        cv[q] = alpha * acc[0, j + q]
+                                else:
+                                    scatter(cv, (0,), vload(C, (z, gr, gc)))
+                                    for q in range(W):
+                                        cv[q] = alpha * acc[0, j + q] + beta * cv[q]
+                                vstore(C, (z, gr, gc), gather(cv, (0,)))
+                            else:
+                                for q in range(W):
+                                    if gc + q < n:
+                                        if beta == 0:
+                                            st(C, (z, gr, gc + q), alpha * acc[0, j + q])
+                                        else:
+                                            st(C, (z, gr, gc + q), alpha * acc[0, j + q]
+                                               + beta * ld(C, (z, gr, gc + q)))
+                    for r in range(RT - 1):
+                        for j in range(CT):
+                            acc[r, j] = acc[r + 1, j]
+                bn += cuda.gridDim.x
+            bm += cuda.gridDim.y
+        z += cuda.gridDim.z
+"""
 
 
 SPEC = KernelSpec(

@@ -25,6 +25,9 @@ import numpy as np
 from tilegemm.errors import InvalidTypeError, InvalidValueError
 from tilegemm.registry import KernelSpec, get
 
+# The backend these rungs belong to: this package's name (tilegemm.kernels.<backend>).
+BACKEND = __name__.split(".")[-2]
+
 SOURCES = Path(__file__).resolve().parent
 ARCHS: tuple[str, ...] = ("sm_80", "sm_90")
 # The C type each NumPy dtype compiles as (``typedef ... T;``).
@@ -66,8 +69,8 @@ def compile_cubin(rung: KernelSpec | str, params: dict[str, int] | None = None,
     ``rung`` is a cudac KernelSpec or its name (``"warptile"``); ``params`` override the
     rung's defaults and are validated against its constraints.
     """
-    spec = get(rung, "cudac") if isinstance(rung, str) else rung
-    if spec.backend != "cudac":
+    spec = get(rung, BACKEND) if isinstance(rung, str) else rung
+    if spec.backend != BACKEND:
         raise InvalidValueError(f"{spec.name} is a {spec.backend} kernel; compile_cubin compiles "
                          "cudac (CUDA C) rungs")
     resolved = spec.resolve(params)
@@ -138,7 +141,7 @@ def cudac_resources(rung: KernelSpec | str, params: dict[str, int] | None = None
     the same ``Resources`` record the Numba rungs get from nvJitLink."""
     from tilegemm.analysis.resources import Resources, parse_ptxas_log
 
-    spec = get(rung, "cudac") if isinstance(rung, str) else rung
+    spec = get(rung, BACKEND) if isinstance(rung, str) else rung
     cubin = compile_cubin(spec, params, dtype, arch)
     return Resources(kernel=spec.name, arch=arch, dtype=cubin.dtype, params=cubin.params,
                      cubin_bytes=len(cubin.data), **parse_ptxas_log(cubin.log))
