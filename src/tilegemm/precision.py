@@ -39,8 +39,8 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
     if p not in PRECISIONS:
         raise InvalidValueError(f"unknown precision {precision!r}; choices: "
                                 f"{', '.join(map(repr, PRECISIONS))}")
-    if dtype == np.float16:
-        return _half(precision, kernel, backend, params)
+    if np.dtype(dtype).name in ("float16", "bfloat16"):
+        return _half(precision, kernel, backend, np.dtype(dtype), params)
     if p == IEEE:
         if kernel != "auto":
             spec = registry.get(kernel, backend)
@@ -82,19 +82,22 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
     return spec.name, {**params, name: value}
 
 
-def _half(precision: str | None, kernel: str, backend: str,
+def _half(precision: str | None, kernel: str, backend: str, dtype: np.dtype,
           params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """float16 products: tensor cores with float32 accumulation, the only way they run."""
+    """float16/bfloat16 operands on a backend that takes them as they are: tensor cores
+    with float32 accumulation, the only way they run there."""
+    name = dtype.name
     if precision is not None:
         raise InvalidValueError(
-            f"precision={precision!r} applies to float32 operands; float16 products always "
-            "use tensor cores with float32 accumulation (leave precision= unset)")
-    specs = [s for s in registry.specs_for(backend) if s.supports("float16")]
+            f"precision={precision!r} applies to float32 operands; {name} products always "
+            "use tensor cores with float32 accumulation (leave precision= unset; "
+            "dtype=np.float32 gives a float32 result)")
+    specs = [s for s in registry.specs_for(backend) if s.supports(name)]
     if not specs:
         have = sorted({b for b in registry.BACKENDS for s in registry.specs_for(b)
-                       if s.supports("float16")})
+                       if s.supports(name)})
         raise UnavailableError(
-            f"float16 products run on tensor cores, and backend {backend!r} has no kernel "
+            f"{name} products run on tensor cores, and backend {backend!r} has no kernel "
             f"for them; backends with one: {', '.join(have) or 'none'} (or cast to float32)")
     if kernel == "auto":
         if params:

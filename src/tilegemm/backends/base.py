@@ -117,7 +117,8 @@ def poison_enabled() -> bool:
 
 def poison_value(dtype: np.dtype) -> Any:
     dtype = np.dtype(dtype)
-    return np.nan if dtype.kind == "f" else np.iinfo(dtype).min + 7
+    floating = dtype.kind == "f" or dtype.name == "bfloat16"  # (ml_dtypes: kind "V")
+    return np.nan if floating else np.iinfo(dtype).min + 7
 
 
 def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]:
