@@ -273,4 +273,5 @@ def blocked(A, B, C, alpha, beta):
     blocked_threads(A, B, C, alpha, beta, numba.get_num_threads(), DIRECT_PRODUCT)
 
 
-COMPILED = (ukernel, aligned3, pack_b, pack_a, macro, gemm_serial, direct, run_parallel, blocked_threads)
+COMPILED = (ukernel, aligned3, pack_b, pack_a, macro, gemm_serial, direct, run_parallel,
+            blocked_threads)
