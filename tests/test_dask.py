@@ -226,3 +226,32 @@ def test_worker_killed_mid_computation_still_right():
         os.kill(victim, signal.SIGKILL)
         assert_close(future.result(timeout=120), a, b, what="after a worker was killed")
         assert victim not in client.run(os.getpid).values()
+
+
+@pytest.mark.parametrize("threads", [1, None])
+def test_block_kernel_thread_count(monkeypatch, threads):
+    """Blocks run one per Dask worker thread, so by default each block's CPU kernel uses
+    one thread (no oversubscription); threads=None leaves Numba's own count."""
+    import numba
+
+    a, b, da_a, da_b = _operands("uneven-k")
+    seen = []
+    real = tilegemm.matmul
+
+    def spy(x, y, **kw):
+        seen.append(numba.get_num_threads())
+        return real(x, y, **kw)
+
+    monkeypatch.setattr(tilegemm, "matmul", spy)
+    c = tgd.matmul(da_a, da_b, threads=threads, **KW)
+    assert_close(c.compute(scheduler="threads"), a, b)
+    expected = 1 if threads == 1 else numba.config.NUMBA_NUM_THREADS
+    assert seen and all(n == expected for n in seen)
+    assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS  # restored
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2"])
+def test_bad_thread_count_raises_before_any_task(threads):
+    _, _, da_a, da_b = _operands("uneven-k")
+    with pytest.raises(ValueError, match="threads"):
+        tgd.matmul(da_a, da_b, threads=threads)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm import registry
+from tilegemm import fastpath, registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import Backend, Target
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
@@ -27,7 +27,7 @@ from tilegemm.problem import (
     to_result,
 )
 from tilegemm.registry import BACKENDS, KernelSpec
-from tilegemm.tune.select import auto_choice
+from tilegemm.tune.select import auto_choice, tuning_cache_path
 
 AUTO = "auto"
 
@@ -124,6 +124,9 @@ def gemm(
     only when ``beta != 0``. Other arguments are as for :func:`matmul`.
     """
     _check_params_are_upper_case(params)
+    plain = (c is None and out is None and alpha == 1 and beta == 0 and not trans_a
+             and not trans_b and kernel == AUTO and backend == AUTO and device is None
+             and stream is None and precision is None and not params)
     _check_scalar(alpha, "alpha")
     _check_scalar(beta, "beta")
     ops = [describe(a, "a"), describe(b, "b")]
@@ -177,6 +180,9 @@ def gemm(
                     alpha, beta, target=target, **extra)
     if data_kind == "host":
         result = to_result(result, prob.out_dtype)
+        if (plain and prob.result_dtype is None and be.array_kind == "host"
+                and prob.dtype == getattr(a, "dtype", None)):
+            fastpath.remember(a, b, spec.program(resolved, prob.dtype), tuning_cache_path())
     if out is not None and not direct:
         # Strided, cast, broadcast or overlapping out: the product went to a temporary.
         np.copyto(out, result, casting="same_kind")
@@ -271,6 +277,11 @@ def matmul(
       give a bfloat16 result (``numpy.result_type``; ``np.matmul`` itself returns float32
       for ``ml_dtypes`` arrays, having no bfloat16 loop).
     """
+    if (out is None and kernel == AUTO and backend == AUTO and device is None
+            and stream is None and precision is None and not params):
+        result = fastpath.try_small(a, b)  # a small product an earlier call decided
+        if result is not None:
+            return result
     return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,
                 precision=precision, dtype=dtype, **params)
 

@@ -46,7 +46,7 @@ _MAX_SHAPES_CHECKED = 64
 
 def matmul(
     a: Any, b: Any, *, kernel: str = AUTO, backend: str = AUTO, align: bool = True,
-    split_every: int | None = None, **params: Any,
+    split_every: int | None = None, threads: int | None = 1, **params: Any,
 ) -> da.Array:
     """``a @ b`` for Dask arrays (NumPy ``matmul`` semantics), each block by tilegemm.
 
@@ -60,12 +60,22 @@ def matmul(
       ``ValueError`` (False).
     - ``split_every``: how many partial products each reduction task adds (Dask's default
       when None).
+    - ``threads``: how many threads a CPU block kernel may use (1 by default; None: Numba's
+      thread count). Dask already runs one block per worker thread, so a block kernel that
+      also spreads over every core oversubscribes the machine (each core then juggles several
+      spinning threads); dask.distributed sets ``OMP_NUM_THREADS=1`` in its workers for the
+      same reason. Raise it when there are fewer blocks in flight than cores, e.g. one worker
+      with one thread on a many-core machine.
 
     Returns a lazy Dask array; nothing runs until it is computed. Raises before building
     any task when shapes, dtypes, chunk sizes, the backend, the rung or its parameters are
     wrong.
     """
     _check_params_are_upper_case(params)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ValueError(f"tilegemm.dask.matmul: threads must be a positive int or None, "
+                         f"got {threads!r}")
     a = _as_dask(a, "a")
     b = _as_dask(b, "b")
     _check_known_chunks(a, "a")
@@ -91,7 +101,7 @@ def matmul(
     lhs_ind = tuple(range(nd))
     rhs_ind = tuple(range(nd - 2)) + (lhs_ind[-1], nd)
     block = partial(_block_product, kernel=kernel, backend=backend, dtype=prob.dtype.str,
-                    params=params)
+                    params=params, threads=threads)
     out = da.blockwise(
         block, out_ind, a, lhs_ind, b, rhs_ind,
         adjust_chunks={lhs_ind[-1]: 1}, dtype=prob.dtype, concatenate=False,
@@ -203,7 +213,7 @@ def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, kernel: str, backen
 
 
 def _block_product(a: Any, b: Any, *, kernel: str, backend: str, dtype: str,
-                   params: dict[str, Any]) -> Any:
+                   params: dict[str, Any], threads: int | None = None) -> Any:
     """One task: a chunk of ``a`` times a chunk of ``b`` by tilegemm, with the contraction
     axis put back as a length-1 axis (blockwise expects it; the reduction removes it)."""
     import tilegemm
@@ -211,12 +221,30 @@ def _block_product(a: Any, b: Any, *, kernel: str, backend: str, dtype: str,
     if a.shape[-1] != b.shape[-2]:  # the graph was built for matching chunks
         raise RuntimeError(f"tilegemm.dask: chunks of shapes {a.shape} and {b.shape} do not "
                            "match the array metadata the graph was built from")
-    c = tilegemm.matmul(a, b, kernel=kernel, backend=backend, **params)
+    with _cpu_threads(threads):
+        c = tilegemm.matmul(a, b, kernel=kernel, backend=backend, **params)
     if c.dtype != np.dtype(dtype):
         raise RuntimeError(f"tilegemm.dask: a chunk product has dtype {c.dtype}, the graph "
                            f"expects {np.dtype(dtype).name} (chunks of another dtype than "
                            "their array's metadata says)")
     return c[..., np.newaxis, :]
+
+
+@contextlib.contextmanager
+def _cpu_threads(threads: int | None) -> Iterator[None]:
+    """Numba's parallel regions started from this thread use at most ``threads`` threads
+    (Numba's setting is per calling thread, so other workers' threads are unaffected)."""
+    if threads is None:
+        yield
+        return
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 def _add_partials(x: Any, axis: Any = None, keepdims: bool = False, **_: Any) -> Any:

@@ -50,6 +50,13 @@ def _mtime(path: Path) -> float | None:
 _loaded: dict[str, Any] = {"path": None, "mtime": None, "entries": []}
 
 
+def tuning_cache_path() -> str | None:
+    """The tuning cache file the last decision read (None before any), for callers that
+    remember decisions and must notice when it changes (``tilegemm.fastpath``)."""
+    path = _loaded["path"]
+    return None if path is None else str(path)
+
+
 def _entries() -> list[tcache.Entry]:
     """The cache's entries, re-read only when the file (or its location) changes."""
     path = tcache.cache_path()
