@@ -542,6 +542,8 @@ def _compiled_ops() -> TensorCoreOps:
             if arrty.dtype == types.float32:
                 return v
             if arrty.dtype == types.float16:
+                if v.type != ir.HalfType():  # numba stores float16 as its i16 bits
+                    v = builder.bitcast(v, ir.HalfType())
                 return builder.fpext(v, f32)
             wide = builder.shl(builder.zext(v, i32), ir.Constant(i32, 16))
             return builder.bitcast(wide, f32)
@@ -561,6 +563,8 @@ def _compiled_ops() -> TensorCoreOps:
             v = context.cast(builder, args[2], sig.args[2], types.float32)
             if arrty.dtype == types.float16:
                 v = builder.fptrunc(v, ir.HalfType())
+                if ptr.type.pointee != v.type:  # numba stores float16 as its i16 bits
+                    v = builder.bitcast(v, ptr.type.pointee)
             elif arrty.dtype != types.float32:
                 v = builder.asm(ir.FunctionType(ir.IntType(16), [f32]),
                                 "cvt.rn.bf16.f32 $0, $1;", "=h,f", [v], side_effect=False)
