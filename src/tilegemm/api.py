@@ -27,7 +27,7 @@ from tilegemm.problem import (
     to_result,
 )
 from tilegemm.registry import BACKENDS, KernelSpec
-from tilegemm.tune.select import auto_choice, tuning_cache_path
+from tilegemm.tune.select import auto_choice, tuned_precision_params, tuning_cache_path
 
 AUTO = "auto"
 
@@ -166,7 +166,11 @@ def gemm(
     # The device first: defaults, parameters and limits are those of the device that runs.
     target = be.target_for(ops, device)
     prob = _tensor_core_half(prob, be)
+    asked_auto = kernel == AUTO and not params
     kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
+    if asked_auto and kernel != AUTO:  # a tensor-core rung: its tuned parameters, if any
+        tuned = tuned_precision_params(be, target, prob, kernel, precision or "ieee")
+        params = params if tuned is None else tuned
     spec, resolved = choose_kernel(kernel, be, prob, params, target)
     data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
     if data_kind != "host" and prob.result_dtype is not None:

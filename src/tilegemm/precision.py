@@ -25,6 +25,25 @@ from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableErro
 
 IEEE = "ieee"
 PRECISIONS: tuple[str, ...] = (IEEE, "tf32", "3xtf32")
+# The epsilon the float64 checks (tilegemm.reference.bound) scale by for a float32 result
+# computed at a reduced precision: TF32 operands carry 10 mantissa bits (each rounded to
+# within 2**-11, a product to within ~2**-10); 3xTF32 drops the small·small term (~2**-22)
+# on top of float32 accumulation.
+TOLERANCE_EPS: dict[str, float] = {"tf32": 2.0**-10, "3xtf32": 2.0**-21}
+
+
+def precision_of(spec: registry.KernelSpec, params: dict[str, Any] | Any,
+                 dtype: np.dtype | str) -> str:
+    """The precision= that ``params`` of ``spec`` compute for ``dtype`` operands."""
+    if not spec.precisions or np.dtype(dtype) != np.float32:
+        return IEEE
+    value = params.get(spec.precision_param)
+    return next((p for p, v in spec.precisions.items() if v == value), IEEE)
+
+
+def tolerance_eps(spec: registry.KernelSpec, params: Any, dtype: np.dtype | str) -> float | None:
+    """The ``eps`` for :func:`tilegemm.reference.assert_close` (None: the dtype's own)."""
+    return TOLERANCE_EPS.get(precision_of(spec, params, dtype))
 
 
 def reduced(spec: registry.KernelSpec) -> bool:

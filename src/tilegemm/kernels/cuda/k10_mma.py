@@ -69,6 +69,13 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     return _build_tf32(p)
 
 
+def _dtype_check(p: Mapping[str, int], dtype: np.dtype) -> str | None:
+    if np.dtype(dtype).itemsize == 2 and p["BK"] % 16:
+        return (f"{np.dtype(dtype).name} needs BK a multiple of 16 (one m16n8k16 step), "
+                f"got BK={p['BK']}")
+    return None
+
+
 def _swizzle(c: int, r: int, chunks: int) -> int:
     """Physical 16-byte chunk of logical chunk ``c`` in row ``r`` of a tile with ``chunks``
     chunks a row: XOR with the row's position among the rows of the same 128-byte bank
@@ -536,5 +543,5 @@ SPEC = KernelSpec(
     doc=__doc__,
     sim_params={"BM": 32, "BN": 16, "BK": 16, "WM": 16, "WN": 16, "STAGES": 2, "GROUP_M": 2,
                 "PASSES": 1},  # BK=16: one m16n8k16 step for float16
-    precisions=PRECISIONS, precision_param="PASSES", min_cc=(8, 0),
+    precisions=PRECISIONS, precision_param="PASSES", min_cc=(8, 0), dtype_check=_dtype_check,
 )
