@@ -61,7 +61,7 @@ def _bits(x: Any) -> Any:
     on the device) viewed as its 16-bit patterns (numba has no bfloat16 type; the
     tensor-core rung reads the patterns as bfloat16). Any other array unchanged."""
     if isinstance(x, np.ndarray):
-        return x.view(np.uint16) if x.dtype.name == "bfloat16" else x
+        return x.view(np.int16) if x.dtype.name == "bfloat16" else x
     if _source_library(x) == "torch":
         import torch
 
@@ -71,8 +71,8 @@ def _bits(x: Any) -> Any:
 
 
 def _numba_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype of a device array that holds ``dtype`` values (bfloat16: uint16 bits)."""
-    return np.dtype(np.uint16) if np.dtype(dtype).name == "bfloat16" else np.dtype(dtype)
+    """The dtype of a device array that holds ``dtype`` values (bfloat16: its bits as int16)."""
+    return np.dtype(np.int16) if np.dtype(dtype).name == "bfloat16" else np.dtype(dtype)
 
 
 def _reshape(d: Any, shape: tuple[int, ...]) -> Any:

@@ -19,7 +19,7 @@ class CudaProgram:
     block: tuple[int, int, int]
     grid: Callable[[int, int, int], tuple[int, int, int]]  # (batch, M, N) -> blocks
     # numba types of (operands and C, alpha and beta) for ahead-of-time PTX, where they
-    # are not the dtype's own: bfloat16 arrays are passed as their uint16 bit patterns
+    # are not the dtype's own: bfloat16 arrays are passed as their bit patterns (int16)
     # (numba has no bfloat16 array type) with float32 scalars.
     arg_types: tuple[str, str] | None = None
 

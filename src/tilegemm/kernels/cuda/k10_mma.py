@@ -87,7 +87,7 @@ def _build_16bit(p: Mapping[str, int], dtype: str) -> CudaProgram:
     """float16 or bfloat16 operands: m16n8k16 mma with float32 accumulation; A and B
     fragments by ldmatrix (B with .trans) from chunk-swizzled tiles; BK a multiple of 16.
 
-    bfloat16 arrays arrive as their 16-bit patterns (uint16; int16 from PyTorch), which
+    bfloat16 arrays arrive as their 16-bit patterns (int16, as PyTorch views them too), which
     the copies and ldmatrix move unchanged and only the mma reads as bfloat16. C is
     written through ``store_f32``, which converts by C's own type: a 16-bit result like the
     operands, or float32 (``dtype=np.float32``) unrounded."""
@@ -118,7 +118,7 @@ def _build_16bit(p: Mapping[str, int], dtype: str) -> CudaProgram:
     load_f32, store_f32 = tc.load_f32, tc.store_f32
     wait_ring = tc.cp_wait(STAGES - 2)
     wait_all = tc.cp_wait(0)
-    elt = np.float16 if dtype == "float16" else np.uint16  # bfloat16: its bit patterns
+    elt = np.float16 if dtype == "float16" else np.int16  # bfloat16: its bit patterns
     f32 = np.float32
     zero = f32(0)  # (a float16 constant frozen as a closure variable makes NVVM reject the IR)
 
@@ -277,7 +277,7 @@ def _build_16bit(p: Mapping[str, int], dtype: str) -> CudaProgram:
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
 
-    arg_types = ("uint16", "float32") if dtype == "bfloat16" else None
+    arg_types = ("int16", "float32") if dtype == "bfloat16" else None
     return CudaProgram(mma_16bit_kernel, (NT, 1, 1), grid, arg_types)
 
 
