@@ -7,8 +7,9 @@ shows every breakage: device listing, each rung on numba device arrays, CuPy arr
 PyTorch tensors at 257×129×65 (and 257×128×64, the 128-bit path), transposes, ``out=``,
 ``gemm`` with a device ``c``, results ordered with the caller's CUDA stream (CuPy,
 PyTorch, ``stream=``), ``Backend.prepare`` with CUDA events and the L2 flush, the
-device details the results file records, and the cuBLAS reference. Exit status 1 if any
-check failed.
+device details the results file records, the cuBLAS reference (FP32, and TF32/FP16/BF16
+for the tensor-core rung), the tensor-core rung at each precision, float16/bfloat16 from
+NumPy and PyTorch with 16-bit and float32 results. Exit status 1 if any check failed.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 import tilegemm
 from tilegemm import registry
 from tilegemm.backends import get_backend
+from tilegemm.precision import TOLERANCE_EPS
 from tilegemm.reference import assert_close, random_operands
 
 FAILED: list[str] = []
@@ -61,15 +63,50 @@ def main() -> int:
         print("no PyTorch:", exc)
     shapes = [(257, 129, 65), (257, 128, 64)]
     for spec in tilegemm.kernels("cuda"):
-        for lib, (to, back) in libs.items():
-            for m, n, k in shapes:
-                a, b = random_operands((m, k), (k, n), np.float32)
+        # a tensor-core rung runs only on request: at each precision it computes
+        for precision in spec.precisions or (None,):
+            eps = TOLERANCE_EPS.get(precision or "ieee")
+            for lib, (to, back) in libs.items():
+                for m, n, k in shapes:
+                    a, b = random_operands((m, k), (k, n), np.float32)
 
-                def one(spec=spec, to=to, back=back, a=a, b=b) -> None:  # noqa: ANN001
-                    r = tilegemm.matmul(to(a), to(b), backend="cuda", kernel=spec.name)
-                    assert_close(back(r), a, b, what=type(r).__name__)
+                    def one(spec=spec, to=to, back=back, a=a, b=b, precision=precision,
+                            eps=eps) -> None:  # noqa: ANN001
+                        r = tilegemm.matmul(to(a), to(b), backend="cuda", kernel=spec.name,
+                                            precision=precision)
+                        assert_close(back(r), a, b, what=type(r).__name__, eps=eps)
 
-                check(f"{spec.name:12s} {lib:6s} {m}x{n}x{k}", one)
+                    check(f"{spec.name:12s} {lib:6s} {m}x{n}x{k}"
+                          + (f" {precision}" if precision else ""), one)
+    for dtype in ("float16", "bfloat16"):  # tensor cores, 16-bit and float32 results
+        m, n, k = shapes[0]
+        a, b = random_operands((m, k), (k, n), dtype)
+
+        def half(a=a, b=b) -> None:  # noqa: ANN001
+            r = tilegemm.matmul(a, b, backend="cuda")
+            assert r.dtype == a.dtype
+            assert_close(r, a, b, what=a.dtype.name)
+            r32 = tilegemm.matmul(a, b, backend="cuda", dtype=np.float32)
+            assert r32.dtype == np.float32
+            assert_close(r32, a, b, what=f"{a.dtype.name} -> float32")
+
+        check(f"mma          numpy  {m}x{n}x{k} {dtype} (and dtype=float32)", half)
+    if "torch" in libs:
+        def torch_bf16() -> None:
+            import torch
+
+            from tilegemm.bench.vendors import _from_torch, _to_torch
+
+            m, n, k = shapes[0]
+            a, b = random_operands((m, k), (k, n), "bfloat16")
+            r = tilegemm.matmul(_to_torch(torch, a), _to_torch(torch, b))
+            assert r.dtype == torch.bfloat16 and r.is_cuda
+            assert_close(_from_torch(torch, r), a, b, what="torch.bfloat16")
+            r32 = tilegemm.matmul(_to_torch(torch, a), _to_torch(torch, b), dtype=np.float32)
+            assert r32.dtype == torch.float32
+            assert_close(r32.cpu().numpy(), a, b, what="torch.bfloat16 -> float32")
+
+        check("mma          torch  bfloat16 tensors (and dtype=float32)", torch_bf16)
     m, n, k = shapes[0]
     for lib, (to, back) in libs.items():
         a, b = random_operands((k, m), (k, n), np.float64)
@@ -169,6 +206,25 @@ def main() -> int:
         return f"{note}: {meas.flops / min(meas.samples) / 1e9:.0f} GFLOP/s"
 
     check("vendor (cuBLAS)", vendor)
+
+    def vendors_at_precision() -> str:
+        from tilegemm.bench.timing import Policy
+        from tilegemm.bench.vendors import find_vendor, measure_vendor
+        from tilegemm.problem import problem_for
+
+        notes = []
+        for dtype, math in (("float32", "tf32"), ("float16", "fp16"), ("bfloat16", "bf16")):
+            v, note = find_vendor(be, math=math)
+            assert v is not None, note
+            prob = problem_for(1024, 1024, 1024, dtype)
+            a3, b3 = random_operands((1, 1024, 1024), (1, 1024, 1024), dtype)
+            meas = measure_vendor(v, "cuda", prob, a3, b3,
+                                  Policy(warmup=1, min_reps=3, budget_s=0.2))
+            assert meas.status == "ok", meas.reason
+            notes.append(f"{v.name} {meas.flops / min(meas.samples) / 1e12:.0f} TFLOP/s")
+        return "; ".join(notes)
+
+    check("vendors at TF32/FP16/BF16 (cuBLAS)", vendors_at_precision)
     print(f"{len(FAILED)} failed" + (": " + "; ".join(FAILED) if FAILED else ""))
     return 1 if FAILED else 0
 

@@ -11,6 +11,8 @@ For each size n (n×n×n products) and mode:
   >= 1.5× SGEMM's speed, and a maximum error against float64 no worse than SGEMM's.
 - ``float16``: mma on float16 operands against cuBLAS half GEMM with float32 accumulation
   (``allow_fp16_reduced_precision_reduction = False``). Target at 4096³: >= 60 %.
+- ``bfloat16``: the same for ``ml_dtypes.bfloat16`` operands against cuBLAS BF16
+  (``allow_bf16_reduced_precision_reduction = False``). Target at 4096³: >= 60 %.
 
 Every result is checked against float64 NumPy before it is timed: the maximum error,
 scaled by max(|A|·|B|), is printed for tilegemm and for cuBLAS, and a tilegemm error more
@@ -29,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-MODES = ("tf32", "3xtf32", "float16")
+MODES = ("tf32", "3xtf32", "float16", "bfloat16")
+HALF = ("float16", "bfloat16")
 
 
 def _set_torch_fp32(torch: Any, precision: str) -> None:
@@ -44,8 +47,9 @@ def _set_torch_fp32(torch: Any, precision: str) -> None:
 def _torch_run(torch: Any, a: np.ndarray, b: np.ndarray, repeat: int) -> tuple[float, Any]:
     from tilegemm.backends.base import Prepared
     from tilegemm.bench.timing import fixed, steady
+    from tilegemm.bench.vendors import _from_torch, _to_torch  # bfloat16 through its bits
 
-    da, db = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+    da, db = _to_torch(torch, a), _to_torch(torch, b)
     out = torch.matmul(da, db)
 
     def elapsed(n: int) -> list[float]:
@@ -60,9 +64,10 @@ def _torch_run(torch: Any, a: np.ndarray, b: np.ndarray, repeat: int) -> tuple[f
         torch.cuda.synchronize()
         return [s.elapsed_time(e) / 1e3 for s, e in events]
 
-    prepared = Prepared(lambda: torch.matmul(da, db, out=out), lambda: out.cpu().numpy(), elapsed)
+    fetch = lambda: _from_torch(torch, out)  # noqa: E731
+    prepared = Prepared(lambda: torch.matmul(da, db, out=out), fetch, elapsed)
     times = steady(prepared, fixed(repeat, warmup=2))
-    return statistics.median(times), out.cpu().numpy()
+    return statistics.median(times), fetch()
 
 
 def _error(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
@@ -95,16 +100,17 @@ def main() -> int:
         print(f"needs compute capability 8.0 or newer; this GPU is {major}.{minor}")
         return 2
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     print(f"device: {status.devices[0]}, torch {torch.__version__}")
     spec = registry.get("mma", "cuda")
     rng = np.random.default_rng(0)
     failed = False
     for n in args.sizes:
         for mode in args.modes:
-            dtype = np.float16 if mode == "float16" else np.float32
+            dtype = np.dtype(mode) if mode in HALF else np.dtype(np.float32)
             a = rng.standard_normal((1, n, n)).astype(dtype)
             b = rng.standard_normal((1, n, n)).astype(dtype)
-            params = spec.resolve({} if mode == "float16"
+            params = spec.resolve({} if mode in HALF
                                   else {spec.precision_param: spec.precisions[mode]})
             with poisoned():  # an element the kernel never writes stays NaN
                 prepared = backend.prepare(spec, params, problem_for(n, n, n, dtype), a, b)
@@ -116,7 +122,8 @@ def main() -> int:
             theirs_err = _error(c, a[0], b[0])
             ratio = theirs / ours
             flops = 2.0 * n**3
-            ref = {"tf32": "cuBLAS TF32", "3xtf32": "cuBLAS SGEMM", "float16": "cuBLAS FP16"}
+            ref = {"tf32": "cuBLAS TF32", "3xtf32": "cuBLAS SGEMM", "float16": "cuBLAS FP16",
+                   "bfloat16": "cuBLAS BF16"}
             print(f"{n:>5}^3 {mode:<8} mma {flops / ours / 1e12:7.1f} TFLOP/s  {ref[mode]} "
                   f"{flops / theirs / 1e12:7.1f}  ratio {ratio:.2f}  max error "
                   f"{ours_err:.1e} vs {theirs_err:.1e}")

@@ -173,7 +173,7 @@ def test_zero_d_inputs(zero_d):
 @pytest.mark.parametrize("dtype", [np.complex64, np.complex128, np.longdouble, object])
 def test_unsupported_dtypes_list_supported(dtype):
     a = np.ones((2, 2), dtype=dtype)
-    with pytest.raises(TypeError, match="float32, float64, int32, int64, float16, bool"):
+    with pytest.raises(TypeError, match="float32, float64, int32, int64, float16, bfloat16, bool"):
         tilegemm.matmul(a, a)
 
 

@@ -271,10 +271,10 @@ def test_integer_overflow_wraps_exactly_like_numpy(dtype):
     np.testing.assert_array_equal(tilegemm.matmul(a, b, **CPU), expected)
 
 
-@pytest.mark.parametrize("kwarg", [{"dtype": "float64"}, {"kernal": "triple_loop"},
+@pytest.mark.parametrize("kwarg", [{"out_dtype": "float64"}, {"kernal": "triple_loop"},
                                    {"Backend": "cpu"}])
 def test_unknown_keywords_are_not_taken_for_kernel_parameters(kwarg):
-    """matmul(a, b, dtype=...) or a typo like kernal= said 'parameters dtype need an explicit
+    """matmul(a, b, out_dtype=...) or a typo like kernal= said 'parameters ... need an explicit
     kernel='; rung parameters are UPPER-CASE, anything else is an unexpected keyword."""
     a, b = random_operands((2, 3), (3, 2), "float32")
     name = next(iter(kwarg))

@@ -377,3 +377,30 @@ def test_save_lists_every_file_it_wrote(cpu_results: Results, tmp_path: Path,
     for suffix in (".json", ".md", ".png"):
         assert any(line.startswith("wrote ") and line.endswith(suffix)
                    for line in err.splitlines()), err
+
+
+def test_tensor_core_plans_pin_the_precision_and_ieee_plans_leave_them_out() -> None:
+    mma = registry.get("mma", "cuda")
+    ieee = plan(["cuda"], Settings.quick(reports=("ladder",)))
+    assert ieee and all(c.spec is not mma for c in ieee)
+    for settings, passes in ((Settings.quick(reports=("ladder",), precision="tf32"), 1),
+                             (Settings.quick(reports=("ladder",), precision="3xtf32"), 3),
+                             (Settings.quick(reports=("ladder",), dtype="bfloat16"), 1)):
+        cases = plan(["cuda"], settings)
+        rungs = [c for c in cases if c.spec is not None]
+        assert [c.spec for c in rungs] == [mma]  # only the tensor-core rung, at its precision
+        assert dict(rungs[0].params)["PASSES"] == passes
+        assert any(c.spec is None for c in cases)  # and the reference at that precision
+
+
+def test_bench_cli_refuses_a_precision_for_16bit_data() -> None:
+    import argparse
+
+    from tilegemm.commands.bench import add_arguments, settings_from
+    from tilegemm.errors import InvalidValueError
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(InvalidValueError, match="--precision tf32 applies to --dtype float32"):
+        settings_from(parser.parse_args(["--dtype", "float16", "--precision", "tf32"]))
+    assert settings_from(parser.parse_args(["--precision", "3xtf32"])).precision == "3xtf32"

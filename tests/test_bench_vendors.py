@@ -250,3 +250,65 @@ def test_clblast_time_covers_every_kernel_a_call_enqueues(monkeypatch: pytest.Mo
     assert m.status == OK
     # each timed call took at least as long as its slow first kernel alone
     assert min(m.samples) >= 0.9 * min(spans[-2:])
+
+
+# --- the reference at the tensor-core rung's own precision --------------------------------
+
+
+def test_vendor_math_follows_dtype_and_precision() -> None:
+    assert vendors.vendor_math("float32") == "native"
+    assert vendors.vendor_math("float32", "tf32") == "tf32"
+    assert vendors.vendor_math("float32", "3xtf32") == "native"  # 3xTF32 vs SGEMM
+    assert vendors.vendor_math("float16") == "fp16"
+    assert vendors.vendor_math("bfloat16") == "bf16"
+
+
+def test_cupy_tf32_reference_and_no_16bit_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    monkeypatch.setenv("CUPY_TF32", "0")
+    with pytest.raises(ValueError, match="FP32/TF32 only, not BF16"):
+        vendors._cupy_vendor("bf16")
+    fake = _fake_cupy()
+
+    def import_cupy(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name == "cupy":
+            sys.modules["cupy"] = fake
+            return fake
+        return real_import(name, *args, **kwargs)
+
+    import builtins
+
+    real_import = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", import_cupy)
+    v = vendors._cupy_vendor("tf32")
+    assert os.environ["CUPY_TF32"] == "1" and v.math == "tf32" and "TF32" in v.name
+    prob, a3, b3 = _problem()
+    m = vendors.measure_vendor(v, "cuda", prob, a3, b3, POLICY)
+    assert m.status == OK  # checked at TF32's epsilon
+    monkeypatch.setenv("CUPY_TF32", "0")  # imported already, with TF32 off: no TF32 mode
+    with pytest.raises(ValueError, match="no TF32 reference"):
+        vendors._cupy_vendor("tf32")
+
+
+def test_torch_math_modes_set_the_flags() -> None:
+    matmul = types.SimpleNamespace(allow_tf32=False,
+                                   allow_fp16_reduced_precision_reduction=True,
+                                   allow_bf16_reduced_precision_reduction=True)
+    torch = types.SimpleNamespace(backends=types.SimpleNamespace(
+        cuda=types.SimpleNamespace(matmul=matmul)))
+    assert "TF32" in vendors._torch_math(torch, "tf32") and matmul.allow_tf32 is True
+    assert "float32 accumulation" in vendors._torch_math(torch, "bf16")
+    assert matmul.allow_tf32 is False and not matmul.allow_bf16_reduced_precision_reduction
+    vendors._torch_math(torch, "fp16")
+    assert not matmul.allow_fp16_reduced_precision_reduction
+
+
+def test_a_16bit_run_skips_references_without_that_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    monkeypatch.setitem(sys.modules, "torch", None)
+    v, note = vendors.find_vendor(_GpuBackend("cuda"), math="bf16")
+    assert v is None and "FP32/TF32 only" in note
+    v, _ = vendors.find_vendor(_GpuBackend("cuda"), math="native")
+    assert v is not None and v.math == "native"

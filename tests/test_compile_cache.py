@@ -158,3 +158,60 @@ print(json.dumps(compile_cache.STATS))
                          text=True, check=True, timeout=300)
     stats = json.loads(out.stdout.strip().splitlines()[-1])
     assert stats["compiled"] == 0 and stats["loaded"] >= 7, stats
+
+
+# --- keyed text entries (the PTX of CUDA rungs compiled without a GPU) ----------------------
+
+def test_cached_texts_builds_once_then_reads(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    calls = []
+
+    def build() -> dict[str, str]:
+        calls.append(1)
+        return {"sm_80": "ptx 80", "sm_90": "ptx 90"}
+
+    key = {"describe": {"kernel": "probe", "dtype": "float32"}, "sources": "abc"}
+    first = compile_cache.cached_texts("cuda", "probe-float32", key, build)
+    again = compile_cache.cached_texts("cuda", "probe-float32", key, build)
+    assert first == again == {"sm_80": "ptx 80", "sm_90": "ptx 90"}
+    assert len(calls) == 1
+    # another key (changed sources) is another entry, built again
+    compile_cache.cached_texts("cuda", "probe-float32", {**key, "sources": "abd"}, build)
+    assert len(calls) == 2
+    listed = [e for e in compile_cache.entries() if e.describe.get("kernel") == "probe"]
+    assert len(listed) == 2 and all(e.current and e.bytes > 0 for e in listed)
+    assert compile_cache.clear() >= 2
+    assert compile_cache.entries() == []
+
+
+def test_cached_texts_corrupt_entry_warns_and_rebuilds(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    key = {"describe": {"kernel": "probe"}, "sources": "abc"}
+    compile_cache.cached_texts("cuda", "probe", key, lambda: {"sm_90": "good"})
+    [path] = (tmp_path / "cuda").glob("probe-*.json")
+    path.write_text(path.read_text()[:40])  # truncated
+    with pytest.warns(CompileCacheWarning, match="could not be loaded"):
+        texts = compile_cache.cached_texts("cuda", "probe", key, lambda: {"sm_90": "rebuilt"})
+    assert texts == {"sm_90": "rebuilt"}
+    assert json.loads(path.read_text())["texts"] == {"sm_90": "rebuilt"}
+
+
+def test_cached_texts_other_version_is_not_used(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    key = {"describe": {"kernel": "probe"}}
+    compile_cache.cached_texts("cuda", "probe", key, lambda: {"sm_90": "old"})
+    real = compile_cache._versions()
+    monkeypatch.setattr(compile_cache, "_versions", lambda: {**real, "numba": "0.0-other"})
+    assert compile_cache.cached_texts("cuda", "probe", key, lambda: {"sm_90": "new"}) == {
+        "sm_90": "new"}
+    monkeypatch.setattr(compile_cache, "_versions", lambda: real)
+    assert sorted(e.current for e in compile_cache.entries()) == [False, True]
+
+
+def test_cached_texts_unwritable_dir_warns_and_builds(tmp_path: Path, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv(compile_cache.ENV, str(blocker))
+    with pytest.warns(CompileCacheWarning, match="cannot be used"):
+        texts = compile_cache.cached_texts("cuda", "probe", {"describe": {}}, lambda: {"a": "b"})
+    assert texts == {"a": "b"}

@@ -222,6 +222,36 @@ def test_blocked_micro_kernel_is_vectorised():
     assert "gather" not in asm
 
 
+def test_vector_width_attributes_reach_every_function_definition():
+    from tilegemm.kernels.cpu._slp import with_vector_width
+
+    ir = ('declare i32 @"g"(i32)\n'
+          'define i32 @"f"(i8** noalias captures(none) %"r", {i8*, i32}** %"e") {\n'
+          'entry:\n  ret i32 0\n}\n'
+          'define linkonce_odr i32 @"h"(i32 %"x") noinline\n{\nentry:\n  ret i32 %"x"\n}\n')
+    out = with_vector_width(ir, 512)
+    defines = [ln for ln in out.splitlines() if ln.startswith("define")]
+    assert len(defines) == 2
+    for ln in defines:
+        assert '"prefer-vector-width"="512" "min-legal-vector-width"="512"' in ln
+    assert 'declare i32 @"g"(i32)' in out.splitlines()  # declarations untouched
+    assert out.count("{") == ir.count("{")
+
+
+def test_blocked_uses_full_width_vectors_on_avx512():
+    """LLVM prefers 256-bit vectors on Intel's AVX-512 server cores; the rung asks for 512
+    (half the FMA throughput otherwise). Reads the machine code, so it needs such a CPU."""
+    from tilegemm.kernels.cpu.k02_blocked import micro_kernel, vector_bits
+    from tilegemm.tune.database import host_isa
+
+    if host_isa() != "avx512":
+        pytest.skip("host CPU has no AVX-512")
+    assert vector_bits() == 512
+    uk = micro_kernel(8, 32, np.dtype("float32"))
+    fmas = [ln for ln in uk.inspect_asm(uk.signatures[0]).splitlines() if "vfmadd" in ln]
+    assert len(fmas) >= 16 and all("zmm" in ln for ln in fmas), fmas[:4]
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_blocked_packed_path_on_small_shapes(dtype, monkeypatch):
     """Small products take the unpacked path; with its threshold at 0 the same hostile and

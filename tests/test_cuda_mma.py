@@ -151,6 +151,22 @@ def test_float16_hmma_and_transposed_ldmatrix_without_local_memory(arch: str) ->
     assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
 
 
+@pytest.mark.ptx
+def test_bfloat16_hmma_without_local_memory() -> None:
+    from tilegemm.analysis.resources import cuda_resources, ptx_for
+    from tilegemm.analysis.sass import disassemble, link_cubin
+
+    params, arch = SPEC.defaults(), "sm_80"
+    r = cuda_resources(SPEC, params, "bfloat16", arch)
+    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
+    text = disassemble(link_cubin(ptx_for(SPEC, params, "bfloat16", arch), arch))
+    per_step = (params["WM"] // 16) * (params["WN"] // 8)
+    hmma = re.findall(r"HMMA\.16816\.F32\.BF16\b", text)
+    assert hmma and len(hmma) % per_step == 0
+    assert re.search(r"F2FP\.BF16", text)  # the epilogue's cvt.rn.bf16.f32
+    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
+
+
 # --- float16 ------------------------------------------------------------------------------
 
 
@@ -176,3 +192,105 @@ def test_float16_elsewhere_is_computed_in_float32_and_a_precision_is_refused() -
     assert r.dtype == np.float16 and np.all(r == np.matmul(a, a.T))
     with pytest.raises(UnavailableError, match="needs tensor cores"):
         tilegemm.matmul(a, a.T, backend="cpu", precision="tf32")
+
+
+# --- bfloat16, and float32 output on request ---------------------------------------------
+
+BF16 = np.dtype("bfloat16")  # ml_dtypes.bfloat16 (tilegemm imports ml_dtypes)
+
+
+def _half_operands(rng: np.random.Generator, a_shape: tuple, b_shape: tuple,
+                   dtype: np.dtype) -> tuple:
+    return (rng.standard_normal(a_shape).astype(dtype),
+            rng.standard_normal(b_shape).astype(dtype))
+
+
+def _exact(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.matmul(a.astype(np.float64), b.astype(np.float64))
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((7, 21), (21, 13)), ((2, 17, 16), (16, 9))])
+def test_bfloat16_products_accumulate_in_float32(a_shape: tuple, b_shape: tuple,
+                                                 rng: np.random.Generator) -> None:
+    # K = 21: the plain-load path (rows not 16-byte aligned); K = 16: cp.async, a batch
+    # with B broadcast. Odd M and N: partial tiles on both edges.
+    a, b = _half_operands(rng, a_shape, b_shape, BF16)
+    r = tilegemm.matmul(a, b, backend="cuda")  # auto: bfloat16 runs on tensor cores
+    assert r.dtype == BF16 and r.shape == np.matmul(a, b).shape
+    want = _exact(a, b)
+    # exact bfloat16 inputs, float32 sums: only the final rounding to bfloat16 (8 bits)
+    err = np.abs(r.astype(np.float64) - want)
+    assert np.all(err <= np.abs(want) * 2.0**-8 + 1e-6 * np.sqrt(a.shape[-1]))
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_float32_output_on_request_keeps_the_float32_sums(dtype: str,
+                                                           rng: np.random.Generator) -> None:
+    a, b = _half_operands(rng, (2, 9, 24), (24, 11), np.dtype(dtype))
+    want = _exact(a, b)
+    r = tilegemm.matmul(a, b, backend="cuda", dtype=np.float32)
+    assert r.dtype == np.float32 and r.shape == want.shape
+    k = a.shape[-1]  # products of 16-bit values are exact in float32: float32 sums only
+    tol = k * 2.0**-24 * _exact(np.abs(a), np.abs(b))
+    assert np.all(np.abs(r - want) <= tol)
+    assert np.max(np.abs(r - want)) < np.max(np.abs(
+        tilegemm.matmul(a, b, backend="cuda").astype(np.float64) - want))  # not rounded
+    out = np.full(want.shape, np.nan, np.float32)  # a float32 out asks for the same
+    assert tilegemm.matmul(a, b, out, backend="cuda") is out
+    assert np.array_equal(out, r)
+
+
+@pytest.mark.cudasim
+def test_bfloat16_gemm_alpha_beta_reads_c(rng: np.random.Generator) -> None:
+    a, b = _half_operands(rng, (9, 16), (16, 7), BF16)
+    c = rng.standard_normal((9, 7)).astype(BF16)
+    r = tilegemm.gemm(a, b, c, alpha=2.0, beta=-0.5, backend="cuda")
+    want = 2.0 * _exact(a, b) - 0.5 * c.astype(np.float64)
+    assert r.dtype == BF16
+    assert np.all(np.abs(r.astype(np.float64) - want) <= np.abs(want) * 2.0**-8 + 1e-5)
+    r32 = tilegemm.gemm(a, b, c, alpha=2.0, beta=-0.5, backend="cuda", dtype=np.float32)
+    assert r32.dtype == np.float32 and np.max(np.abs(r32 - want)) < 1e-5
+
+
+def test_bfloat16_elsewhere_is_computed_in_float32_and_rounded_back(
+        rng: np.random.Generator) -> None:
+    """As float16: backends without tensor cores accumulate in float32 and round once."""
+    a, b = _half_operands(rng, (5, 7), (7, 3), BF16)
+    want32 = np.matmul(a.astype(np.float32), b.astype(np.float32))
+    r = tilegemm.matmul(a, b, backend="cpu")
+    assert r.dtype == BF16 and np.array_equal(r, want32.astype(BF16))
+    r32 = tilegemm.matmul(a, b, backend="cpu", dtype=np.float32)
+    assert r32.dtype == np.float32 and np.allclose(r32, want32, rtol=1e-6, atol=1e-6)
+    with pytest.raises(UnavailableError, match="needs tensor cores"):
+        tilegemm.matmul(a, b, backend="cpu", precision="tf32")
+
+
+@pytest.mark.opencl
+def test_bfloat16_on_opencl_is_computed_in_float32(rng: np.random.Generator) -> None:
+    a, b = _half_operands(rng, (6, 5), (5, 4), BF16)
+    r = tilegemm.matmul(a, b, backend="opencl")
+    want32 = np.matmul(a.astype(np.float32), b.astype(np.float32))
+    assert r.dtype == BF16
+    assert np.all(np.abs(r.astype(np.float32) - want32) <= np.abs(want32) * 2.0**-8 + 1e-6)
+
+
+def test_dtype_argument_follows_numpy() -> None:
+    a = np.ones((2, 3), np.float64)
+    with pytest.raises(InvalidTypeError, match="from dtype\\('float64'\\) to dtype\\('int32'\\)"):
+        tilegemm.matmul(a, a.T, backend="cpu", dtype=np.int32)
+    with pytest.raises(InvalidTypeError, match="no common dtype"):
+        tilegemm.matmul(np.ones((2, 2), BF16), np.ones((2, 2), np.float16), backend="cpu")
+    r = tilegemm.matmul(np.ones((2, 3), np.int32), np.ones((3, 2), np.int32), backend="cpu",
+                        dtype=np.float64)
+    assert r.dtype == np.float64 and np.all(r == 3)
+
+
+@pytest.mark.cudasim
+def test_half_precision_requests_are_refused_with_the_choices() -> None:
+    a = np.ones((4, 16), BF16)
+    with pytest.raises(InvalidValueError, match="bfloat16 products always use tensor cores"):
+        tilegemm.matmul(a, a.T, backend="cuda", precision="tf32")
+    with pytest.raises(InvalidTypeError, match="supported result dtypes are .*bfloat16"):
+        tilegemm.matmul(a, a.T, backend="cuda", dtype=np.complex64)

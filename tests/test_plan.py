@@ -100,3 +100,24 @@ def test_plan_requested_kernel_and_bad_input():
         tilegemm.plan(a, a.T, kernel="nope", backend="cpu")
     with pytest.raises(ValueError):
         tilegemm.plan(a, a)  # 5x7 @ 5x7: shapes do not match
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+@pytest.mark.parametrize(("dtype", "kw"), [("bfloat16", {}), ("float16", {"dtype": "float32"}),
+                                           ("float32", {"precision": "3xtf32"})])
+def test_plan_agrees_with_what_runs_on_tensor_cores(dtype, kw, monkeypatch):
+    a = np.ones((9, 16), dtype)
+    planned = tilegemm.plan(a, a.T, backend="cuda", **kw)
+    seen = {}
+
+    def spy(spec, params, prob, *args, **kwargs):
+        seen.update(kernel=spec.name, params=dict(params), dtype=prob.dtype.name)
+        raise _Spy
+
+    monkeypatch.setattr(get_backend("cuda"), "run", spy)
+    with pytest.raises(_Spy):
+        tilegemm.matmul(a, a.T, backend="cuda", **kw)
+    assert (planned.kernel, planned.params, planned.dtype) == (
+        "mma", seen["params"], seen["dtype"]) and seen["kernel"] == "mma"
+    assert seen["dtype"] == dtype  # 16-bit operands reach the kernel as they are

@@ -370,3 +370,91 @@ def test_opencl_tuner_prunes_by_the_devices_own_limits(monkeypatch: pytest.Monke
         assert any(spec.threads(p) > 256 for p in expected)
     if device.local_mem_size > 32 * 1024:
         assert any(spec.smem(p, 4) > 32 * 1024 for p in expected)
+
+
+# --- tensor-core rungs: searched per precision, cached per precision ----------------------
+
+def test_tensor_core_space_pins_the_precision_parameter() -> None:
+    from tilegemm.backends.cuda import CUDA_LIMITS
+
+    mma = registry.get("mma", "cuda")
+    tf32 = space.candidates(mma, "float32", CUDA_LIMITS, "tf32")
+    x3 = space.candidates(mma, "float32", CUDA_LIMITS, "3xtf32")
+    assert tf32 and x3 and {p["PASSES"] for p in tf32} == {1} and {p["PASSES"] for p in x3} == {3}
+    assert all(mma.smem(p, 4) <= CUDA_LIMITS.shared_per_block for p in tf32)
+    assert space.candidates(mma, "float32", CUDA_LIMITS) == []  # never tuned for IEEE
+    for half in ("float16", "bfloat16"):  # one mode: PASSES ignored, BK whole k16 steps
+        cands = space.candidates(mma, half, CUDA_LIMITS)
+        assert cands and {p["PASSES"] for p in cands} == {1}
+        assert all(p["BK"] % 16 == 0 for p in cands)
+        assert space.candidates(mma, half, CUDA_LIMITS, "tf32") == []
+    # an IEEE rung is never tuned for a reduced precision
+    assert space.candidates(registry.get("pipelined", "cuda"), "float32", CUDA_LIMITS,
+                            "tf32") == []
+
+
+def test_tuning_specs_choose_rungs_by_precision_and_refuse_mismatches() -> None:
+    from tilegemm.commands.tune import tuning_specs
+    from tilegemm.errors import InvalidValueError
+
+    f32 = np.dtype(np.float32)
+    assert [s.name for s in tuning_specs("cuda", f32, "tf32")] == ["mma"]
+    assert [s.name for s in tuning_specs("cuda", np.dtype("bfloat16"), "ieee")] == ["mma"]
+    assert "mma" not in [s.name for s in tuning_specs("cuda", f32, "ieee")]
+    with pytest.raises(InvalidValueError, match="pass --precision one of tf32, 3xtf32"):
+        tuning_specs("cuda", f32, "ieee", ["mma"])
+    with pytest.raises(InvalidValueError, match="cannot compute float32 at precision tf32"):
+        tuning_specs("cuda", f32, "tf32", ["pipelined"])
+
+
+def test_tensor_core_baseline_is_the_rung_at_its_defaults_with_the_precision() -> None:
+    from tilegemm.commands.tune import baseline_choice
+
+    be = FakeGpu()
+    mma = registry.get("mma", "cuda")
+    spec, params = baseline_choice(be, be.target(), np.dtype(np.float32), "3xtf32", [mma],
+                                   select.untuned_choice)
+    assert spec is mma and params == {**mma.defaults(), "PASSES": 3}
+
+
+def test_cache_entries_serve_only_their_precision() -> None:
+    be = FakeGpu()
+    target = be.target()
+    tuned = {"BM": 64, "BN": 128, "BK": 16, "WM": 32, "WN": 32, "STAGES": 3, "GROUP_M": 8,
+             "PASSES": 3}
+    cache.record(_entry(device=target.name, kernel="mma", params=tuned, precision="3xtf32",
+                        bucket=cache.shape_bucket(2048, 2048, 2048)))
+    cache.record(_entry(device=target.name, kernel="mma", precision="tf32", gflops=1.0,
+                        params={**tuned, "PASSES": 1, "BM": 128},
+                        bucket=cache.shape_bucket(2048, 2048, 2048)))
+    assert len(cache.load()) == 2  # same rung and shape, two precisions: two entries
+    prob = strategies.problem_for(2048, 2048, 2048, "float32")
+    got = select.tuned_precision_params(be, target, prob, "mma", "3xtf32")
+    assert got == registry.get("mma", "cuda").resolve(tuned)
+    assert select.tuned_precision_params(be, target, prob, "mma", "tf32")["BM"] == 128
+    assert select.tuned_precision_params(
+        be, target, strategies.problem_for(64, 64, 64, "float32"), "mma", "tf32") is None
+    # kernel="auto" at IEEE never sees them
+    assert select.tuned_choice(be, prob, target) is None
+
+
+def test_reduced_precision_results_are_checked_at_their_own_precision() -> None:
+    from tilegemm.precision import precision_of, tolerance_eps
+    from tilegemm.reference import assert_close, random_operands
+
+    mma = registry.get("mma", "cuda")
+    assert precision_of(mma, {"PASSES": 3}, "float32") == "3xtf32"
+    assert precision_of(mma, {"PASSES": 1}, "float16") == "ieee"
+    assert tolerance_eps(mma, {"PASSES": 1}, "float32") == 2.0**-10
+    assert tolerance_eps(registry.get("pipelined", "cuda"), {}, "float32") is None
+    a, b = random_operands((1, 8, 64), (1, 64, 8), np.float32, seed=1)
+    from tilegemm.kernels.cuda._tensorcore import tf32_round
+
+    tf32 = np.matmul(tf32_round(a), tf32_round(b))  # what a TF32 pass computes
+    with pytest.raises(AssertionError):
+        assert_close(tf32, a, b)  # too coarse for float32's own bound...
+    assert_close(tf32, a, b, eps=2.0**-10)  # ...within TF32's
+    ha, hb = random_operands((3, 5), (5, 2), "bfloat16", seed=2)
+    assert ha.dtype.name == "bfloat16" and np.all(np.abs(ha.astype(np.float32)) >= 0.5)
+    assert_close(np.matmul(ha.astype(np.float32), hb.astype(np.float32)).astype(ha.dtype),
+                 ha, hb)

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm import registry
+from tilegemm import fastpath, registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import Backend, Target
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.precision import apply_precision
 from tilegemm.problem import (
+    HALF_DTYPES,
     GemmProblem,
     Operand,
     check_out,
@@ -26,7 +27,7 @@ from tilegemm.problem import (
     to_result,
 )
 from tilegemm.registry import BACKENDS, KernelSpec
-from tilegemm.tune.select import auto_choice
+from tilegemm.tune.select import auto_choice, tuned_precision_params, tuning_cache_path
 
 AUTO = "auto"
 
@@ -95,7 +96,7 @@ def choose_kernel(
 
 
 def _check_params_are_upper_case(params: dict[str, Any]) -> None:
-    """Rung parameters are UPPER-CASE (TILE, BM...); any other keyword (dtype=, a typo like
+    """Rung parameters are UPPER-CASE (TILE, BM...); any other keyword (out_dtype=, a typo like
     kernal=) is a mistake that must not be reported as a kernel parameter."""
     for key in params:
         if not key.isupper():
@@ -114,7 +115,7 @@ def gemm(
     a: Any, b: Any, c: Any = None, *, alpha: float = 1.0, beta: float = 0.0,
     trans_a: bool = False, trans_b: bool = False, out: Any = None,
     kernel: str = AUTO, backend: str = AUTO, device: int | None = None, stream: Any = None,
-    precision: str | None = None, **params: Any,
+    precision: str | None = None, dtype: Any = None, **params: Any,
 ) -> Any:
     """``alpha * op(a) @ op(b) + beta * c`` with ``op(x)`` = x or its (last-two-axes) transpose.
 
@@ -123,10 +124,14 @@ def gemm(
     only when ``beta != 0``. Other arguments are as for :func:`matmul`.
     """
     _check_params_are_upper_case(params)
+    plain = (c is None and out is None and alpha == 1 and beta == 0 and not trans_a
+             and not trans_b and kernel == AUTO and backend == AUTO and device is None
+             and stream is None and precision is None and not params)
     _check_scalar(alpha, "alpha")
     _check_scalar(beta, "beta")
     ops = [describe(a, "a"), describe(b, "b")]
-    prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b)
+    dtype = _float32_out_on_request(dtype, out, ops)
+    prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
     if beta != 0 and c is None:
         raise InvalidValueError("gemm: beta != 0 needs c")
     c_op = None
@@ -161,7 +166,11 @@ def gemm(
     # The device first: defaults, parameters and limits are those of the device that runs.
     target = be.target_for(ops, device)
     prob = _tensor_core_half(prob, be)
+    asked_auto = kernel == AUTO and not params
     kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
+    if asked_auto and kernel != AUTO:  # a tensor-core rung: its tuned parameters, if any
+        tuned = tuned_precision_params(be, target, prob, kernel, precision or "ieee")
+        params = params if tuned is None else tuned
     spec, resolved = choose_kernel(kernel, be, prob, params, target)
     data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
     if data_kind != "host" and prob.result_dtype is not None:
@@ -175,6 +184,9 @@ def gemm(
                     alpha, beta, target=target, **extra)
     if data_kind == "host":
         result = to_result(result, prob.out_dtype)
+        if (plain and prob.result_dtype is None and be.array_kind == "host"
+                and prob.dtype == getattr(a, "dtype", None)):
+            fastpath.remember(a, b, spec.program(resolved, prob.dtype), tuning_cache_path())
     if out is not None and not direct:
         # Strided, cast, broadcast or overlapping out: the product went to a temporary.
         np.copyto(out, result, casting="same_kind")
@@ -184,16 +196,34 @@ def gemm(
     return _wrap_like_numpy(result, (a, b))
 
 
+def _float32_out_on_request(dtype: Any, out: Any, ops: list[Operand]) -> Any:
+    """A float32 ``out`` for float16/bfloat16 operands asks for float32 output (as
+    ``dtype=np.float32`` does): tensor cores then write their float32 sums directly instead
+    of rounding them to 16 bits and widening them again."""
+    if dtype is not None or out is None:
+        return dtype
+    if all(op.dtype.name in HALF_DTYPES for op in ops):
+        try:
+            if describe(out, "out").dtype == np.float32:
+                return np.float32
+        except Exception:  # a bad out is reported by check_out, with its own message
+            return None
+    return None
+
+
 def _tensor_core_half(prob: GemmProblem, be: Backend) -> GemmProblem:
-    """float16 results are computed in float32 and cast back, as NumPy does, except on a
-    backend with a float16 (tensor-core) rung, which takes float16 operands directly."""
-    if prob.result_dtype is None or prob.result_dtype != np.float16:
+    """float16/bfloat16 operands: computed in float32 and rounded back, as NumPy does,
+    except on a backend with a tensor-core rung for that dtype, which takes the 16-bit
+    operands directly and writes a 16-bit result, or a float32 one on request (dtype=)."""
+    half = prob.operand_dtype if prob.operand_dtype is not None else prob.out_dtype
+    if half.name not in HALF_DTYPES or prob.out_dtype.name not in (half.name, "float32"):
         return prob
-    if not any(s.supports("float16") for s in registry.specs_for(be.name)):
+    if not any(s.supports(half) for s in registry.specs_for(be.name)):
         return prob
     from dataclasses import replace
 
-    return replace(prob, dtype=np.dtype(np.float16), result_dtype=None)
+    c_dtype = np.dtype(np.float32) if prob.out_dtype == np.float32 else None
+    return replace(prob, dtype=half, result_dtype=None, c_dtype=c_dtype)
 
 
 def _wrap_like_numpy(result: Any, inputs: tuple[Any, Any]) -> Any:
@@ -213,7 +243,7 @@ def _wrap_like_numpy(result: Any, inputs: tuple[Any, Any]) -> Any:
 def matmul(
     a: Any, b: Any, out: Any = None, *, kernel: str = AUTO, backend: str = AUTO,
     device: int | None = None, stream: Any = None, precision: str | None = None,
-    **params: Any,
+    dtype: Any = None, **params: Any,
 ) -> Any:
     """Matrix product with NumPy's ``matmul`` semantics, computed by a tilegemm rung.
 
@@ -242,10 +272,22 @@ def matmul(
     - ``precision`` (float32 only): "ieee" (default: IEEE float32 multiply-adds), "tf32" or
       "3xtf32" (tensor cores, CUDA on sm_80 or newer; see :mod:`tilegemm.precision`). A
       precision no kernel here can compute is an error, never a silent fallback. float16
-      operands always run on CUDA tensor cores with float32 accumulation.
+      and bfloat16 (``ml_dtypes.bfloat16``; PyTorch ``torch.bfloat16`` on the device)
+      operands run on CUDA tensor cores with float32 accumulation; on the CPU and OpenCL
+      they are computed in float32 and rounded back, as NumPy computes float16.
+    - ``dtype``: NumPy's ``matmul(..., dtype=)``, the result dtype (operands cast to it
+      under ``same_kind``). ``dtype=np.float32`` (or a float32 ``out``) with float16 or
+      bfloat16 operands gives the tensor cores' float32 sums unrounded. bfloat16 operands
+      give a bfloat16 result (``numpy.result_type``; ``np.matmul`` itself returns float32
+      for ``ml_dtypes`` arrays, having no bfloat16 loop).
     """
+    if (out is None and kernel == AUTO and backend == AUTO and device is None
+            and stream is None and precision is None and not params):
+        result = fastpath.try_small(a, b)  # a small product an earlier call decided
+        if result is not None:
+            return result
     return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,
-                precision=precision, **params)
+                precision=precision, dtype=dtype, **params)
 
 
 def kernels(backend: str | None = None) -> list[KernelSpec]:

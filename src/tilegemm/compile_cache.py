@@ -21,10 +21,17 @@ a :class:`CompileCacheWarning` and the kernel compiles in memory as before; an e
 cannot be loaded (a truncated or corrupt file) gives the warning, is deleted and rebuilt.
 Two processes filling the same entry at once are safe: every file is written to a
 temporary name and renamed into place.
+
+CUDA rungs compiled without a GPU (for ``kernels --resources`` and ``explain --sass``) keep
+their PTX, one JSON file per (rung, parameters, dtype) holding the text for every
+architecture, in ``cuda/`` beside the CPU entries (:func:`cached_texts`). Their key adds a
+hash of the CUDA kernel sources and the numba-cuda version; a lock file per entry makes
+parallel processes (e.g. test workers) wait for one compile instead of each compiling.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -35,6 +42,7 @@ import shutil
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -42,6 +50,8 @@ from typing import Any
 
 ENV = "TILEGEMM_KERNEL_CACHE"
 SUBDIR = "cpu"
+TEXT_SUBDIRS = ("cuda",)  # keyed stores of compiled text (cached_texts)
+_TEXT_HEADER = "tilegemm compiled-kernel cache entry"
 
 # Compilations and cache loads of every function this process built through the cache
 # (Numba's own per-dispatcher counters, summed); tests and benchmarks read them.
@@ -193,9 +203,11 @@ class CacheEntry:
 def entries() -> list[CacheEntry]:
     """What the cache holds (empty when it is off or absent)."""
     root = cache_root()
-    folder = root / SUBDIR if root else None
-    if folder is None or not folder.is_dir():
+    if root is None:
         return []
+    folder = root / SUBDIR
+    if not folder.is_dir():
+        return _text_entries(root)
     now = {"versions": _versions(), "cpu": _cpu_key()}
     out = []
     for path in sorted(folder.glob("*.py")):
@@ -209,6 +221,22 @@ def entries() -> list[CacheEntry]:
         out.append(CacheEntry(path.stem, key.get("describe", {}), key.get("versions", {}),
                               key.get("versions") == now["versions"]
                               and key.get("cpu") == now["cpu"], size))
+    return out + _text_entries(root)
+
+
+def _text_entries(root: Path) -> list[CacheEntry]:
+    now = _versions()
+    out = []
+    for sub in TEXT_SUBDIRS:
+        for path in sorted((root / sub).glob("*.json")) if (root / sub).is_dir() else ():
+            try:
+                key = json.loads(path.read_text()).get("key", {})
+            except (OSError, ValueError, AttributeError):
+                key = {}
+            versions = key.get("versions", {})
+            current = all(versions.get(k) == v for k, v in now.items())
+            out.append(CacheEntry(path.stem, key.get("describe", {}), versions, current,
+                                  path.stat().st_size))
     return out
 
 
@@ -216,6 +244,71 @@ def clear() -> int:
     """Delete every kernel cache entry; returns how many there were."""
     root = cache_root()
     n = len(entries())
-    if root is not None and (root / SUBDIR).is_dir():
-        shutil.rmtree(root / SUBDIR, ignore_errors=True)
+    if root is not None:
+        for sub in (SUBDIR, *TEXT_SUBDIRS):
+            if (root / sub).is_dir():
+                shutil.rmtree(root / sub, ignore_errors=True)
     return n
+
+
+def source_digest(paths: Iterable[Path]) -> str:
+    """A hash of the given source files' contents (part of a text entry's key)."""
+    h = hashlib.sha256()
+    for path in sorted(paths):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def cached_texts(subdir: str, name: str, key: dict[str, Any],
+                 build: Callable[[], dict[str, str]]) -> dict[str, str]:
+    """The texts ``build()`` returns (e.g. PTX per architecture), kept on disk under ``key``.
+
+    ``key`` must hold everything the texts depend on (sources digest, parameters, tool
+    versions; tilegemm/Numba/Python versions are added here) and a ``describe`` dict for
+    ``tilegemm cache``. The first process to need an entry builds it under a lock file
+    while others wait, then read it. An unreadable entry gives a :class:`CompileCacheWarning`
+    and is rebuilt; an unusable directory gives the warning and ``build()`` runs uncached.
+    """
+    full = {**key, "versions": {**_versions(), **key.get("versions", {})}}
+    root = cache_root()
+    if root is None:
+        return build()
+    digest = hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()[:20]
+    folder = root / subdir
+    path = folder / f"{name}-{digest}.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = open(folder / f".{path.stem}.lock", "a")  # noqa: SIM115 - held until built
+    except OSError as exc:
+        warnings.warn(f"kernel cache {folder} cannot be used ({exc}); compiling without it "
+                      f"(set {ENV} to a writable directory, or to 'off')",
+                      CompileCacheWarning, stacklevel=2)
+        return build()
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        texts = _read_texts(path, full)
+        if texts is None:
+            texts = build()
+            try:
+                _write_atomic(path, json.dumps({"header": _TEXT_HEADER, "key": full,
+                                                "texts": texts}))
+            except OSError as exc:
+                warnings.warn(f"kernel cache entry {path.name} could not be written ({exc})",
+                              CompileCacheWarning, stacklevel=2)
+    return texts
+
+
+def _read_texts(path: Path, key: dict[str, Any]) -> dict[str, str] | None:
+    if not path.is_file():
+        return None
+    try:
+        entry = json.loads(path.read_text())
+        if entry["key"] != key or not all(isinstance(t, str) for t in entry["texts"].values()):
+            raise ValueError("the entry does not match its key")
+        return dict(entry["texts"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        warnings.warn(f"kernel cache entry {path.name} could not be loaded "
+                      f"({type(exc).__name__}: {exc}); rebuilding it",
+                      CompileCacheWarning, stacklevel=3)
+        path.unlink(missing_ok=True)
+        return None

@@ -46,7 +46,7 @@ _MAX_SHAPES_CHECKED = 64
 
 def matmul(
     a: Any, b: Any, *, kernel: str = AUTO, backend: str = AUTO, align: bool = True,
-    split_every: int | None = None, **params: Any,
+    split_every: int | None = None, threads: int | None = 1, **params: Any,
 ) -> da.Array:
     """``a @ b`` for Dask arrays (NumPy ``matmul`` semantics), each block by tilegemm.
 
@@ -60,12 +60,22 @@ def matmul(
       ``ValueError`` (False).
     - ``split_every``: how many partial products each reduction task adds (Dask's default
       when None).
+    - ``threads``: how many threads a CPU block kernel may use (1 by default; None: Numba's
+      thread count). Dask already runs one block per worker thread, so a block kernel that
+      also spreads over every core oversubscribes the machine (each core then juggles several
+      spinning threads); dask.distributed sets ``OMP_NUM_THREADS=1`` in its workers for the
+      same reason. Raise it when there are fewer blocks in flight than cores, e.g. one worker
+      with one thread on a many-core machine.
 
     Returns a lazy Dask array; nothing runs until it is computed. Raises before building
     any task when shapes, dtypes, chunk sizes, the backend, the rung or its parameters are
     wrong.
     """
     _check_params_are_upper_case(params)
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ValueError(f"tilegemm.dask.matmul: threads must be a positive int or None, "
+                         f"got {threads!r}")
     a = _as_dask(a, "a")
     b = _as_dask(b, "b")
     _check_known_chunks(a, "a")
@@ -73,6 +83,12 @@ def matmul(
     # NumPy's rules on the whole shapes: 0-d, K mismatch, batch broadcast, dtypes.
     prob = make_problem(Operand(None, array_kind(a._meta), a.shape, a.dtype),
                         Operand(None, array_kind(b._meta), b.shape, b.dtype))
+    # Partial products are kept and added in the dtype the kernel computes in (float32 for
+    # float16/bfloat16, int32/int64 for bool and narrow or unsigned integers) and cast to
+    # NumPy's result dtype once at the end: float16 partial sums would round at every
+    # addition, where NumPy rounds the float32 sum once. Integers wrap the same either way.
+    acc_dtype, out_dtype = prob.dtype, prob.out_dtype
+    block_dtype = None if acc_dtype == out_dtype else acc_dtype
 
     a_is_1d, b_is_1d = a.ndim == 1, b.ndim == 1
     if a_is_1d:
@@ -84,27 +100,29 @@ def matmul(
     elif a.ndim > b.ndim:
         b = b[(a.ndim - b.ndim) * (np.newaxis,)]
     a, b = _align(a, b, align)
-    _check_blocks(a, b, prob.dtype, kernel, backend, params)
+    _check_blocks(a, b, acc_dtype, block_dtype, kernel, backend, params)
 
     nd = a.ndim
     out_ind = tuple(range(nd + 1))
     lhs_ind = tuple(range(nd))
     rhs_ind = tuple(range(nd - 2)) + (lhs_ind[-1], nd)
-    block = partial(_block_product, kernel=kernel, backend=backend, dtype=prob.dtype.str,
-                    params=params)
+    block = partial(_block_product, kernel=kernel, backend=backend, dtype=acc_dtype.str,
+                    block_dtype=block_dtype, params=params, threads=threads)
     out = da.blockwise(
         block, out_ind, a, lhs_ind, b, rhs_ind,
-        adjust_chunks={lhs_ind[-1]: 1}, dtype=prob.dtype, concatenate=False,
-        name=f"tilegemm-matmul-{da.core.tokenize(a, b, kernel, backend, params)}",
-        meta=meta_from_array(a._meta, ndim=nd + 1, dtype=prob.dtype),
+        adjust_chunks={lhs_ind[-1]: 1}, dtype=acc_dtype, concatenate=False,
+        name=f"tilegemm-matmul-{da.core.tokenize(a, b, kernel, backend, params, threads)}",
+        meta=meta_from_array(a._meta, ndim=nd + 1, dtype=acc_dtype),
     )
     # Tree reduction over the contraction axis (kept as an axis of 1-wide blocks above).
     if out.shape[-2] == 1:
         out = out.squeeze(-2)
     else:
-        out = da.reduction(out, _add_partials, _add_partials, axis=-2, dtype=prob.dtype,
+        out = da.reduction(out, _add_partials, _add_partials, axis=-2, dtype=acc_dtype,
                            concatenate=False, split_every=split_every,
                            name="tilegemm-matmul-sum")
+    if out_dtype != acc_dtype:
+        out = out.astype(out_dtype)
     if a_is_1d:
         out = out.squeeze(-2)
     if b_is_1d:
@@ -161,8 +179,8 @@ def _align(a: da.Array, b: da.Array, align: bool) -> tuple[da.Array, da.Array]:
     return a, b
 
 
-def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, kernel: str, backend: str,
-                  params: dict[str, Any]) -> None:
+def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, block_dtype: np.dtype | None,
+                  kernel: str, backend: str, params: dict[str, Any]) -> None:
     """Validate every distinct block product before any task exists.
 
     Shapes and dtypes of each chunk pair go through tilegemm's own rules; the backend, rung
@@ -185,7 +203,7 @@ def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, kernel: str, backen
         a_shape = tuple(1 if a.shape[i] == 1 else s for i, s in enumerate(batch)) + (m, k)
         b_shape = tuple(1 if b.shape[i] == 1 else s for i, s in enumerate(batch)) + (k, n)
         prob = make_problem(Operand(None, kind, a_shape, a.dtype),
-                            Operand(None, kind, b_shape, b.dtype))
+                            Operand(None, kind, b_shape, b.dtype), dtype=block_dtype)
         if local:
             ops = [Operand(None, kind, a_shape, a.dtype), Operand(None, kind, b_shape, b.dtype)]
             be = choose_backend(backend, ops)
@@ -203,20 +221,41 @@ def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, kernel: str, backen
 
 
 def _block_product(a: Any, b: Any, *, kernel: str, backend: str, dtype: str,
-                   params: dict[str, Any]) -> Any:
+                   params: dict[str, Any], threads: int | None = None,
+                   block_dtype: np.dtype | None = None) -> Any:
     """One task: a chunk of ``a`` times a chunk of ``b`` by tilegemm, with the contraction
-    axis put back as a length-1 axis (blockwise expects it; the reduction removes it)."""
+    axis put back as a length-1 axis (blockwise expects it; the reduction removes it).
+    ``block_dtype``: the kernel's dtype, asked for when it is not NumPy's result dtype."""
     import tilegemm
 
     if a.shape[-1] != b.shape[-2]:  # the graph was built for matching chunks
         raise RuntimeError(f"tilegemm.dask: chunks of shapes {a.shape} and {b.shape} do not "
                            "match the array metadata the graph was built from")
-    c = tilegemm.matmul(a, b, kernel=kernel, backend=backend, **params)
+    with _cpu_threads(threads):
+        extra = {} if block_dtype is None else {"dtype": block_dtype}
+        c = tilegemm.matmul(a, b, kernel=kernel, backend=backend, **extra, **params)
     if c.dtype != np.dtype(dtype):
         raise RuntimeError(f"tilegemm.dask: a chunk product has dtype {c.dtype}, the graph "
                            f"expects {np.dtype(dtype).name} (chunks of another dtype than "
                            "their array's metadata says)")
     return c[..., np.newaxis, :]
+
+
+@contextlib.contextmanager
+def _cpu_threads(threads: int | None) -> Iterator[None]:
+    """Numba's parallel regions started from this thread use at most ``threads`` threads
+    (Numba's setting is per calling thread, so other workers' threads are unaffected)."""
+    if threads is None:
+        yield
+        return
+    import numba
+
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before)
 
 
 def _add_partials(x: Any, axis: Any = None, keepdims: bool = False, **_: Any) -> Any:

@@ -25,6 +25,25 @@ from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableErro
 
 IEEE = "ieee"
 PRECISIONS: tuple[str, ...] = (IEEE, "tf32", "3xtf32")
+# The epsilon the float64 checks (tilegemm.reference.bound) scale by for a float32 result
+# computed at a reduced precision: TF32 operands carry 10 mantissa bits (each rounded to
+# within 2**-11, a product to within ~2**-10); 3xTF32 drops the small·small term (~2**-22)
+# on top of float32 accumulation.
+TOLERANCE_EPS: dict[str, float] = {"tf32": 2.0**-10, "3xtf32": 2.0**-21}
+
+
+def precision_of(spec: registry.KernelSpec, params: dict[str, Any] | Any,
+                 dtype: np.dtype | str) -> str:
+    """The precision= that ``params`` of ``spec`` compute for ``dtype`` operands."""
+    if not spec.precisions or np.dtype(dtype) != np.float32:
+        return IEEE
+    value = params.get(spec.precision_param)
+    return next((p for p, v in spec.precisions.items() if v == value), IEEE)
+
+
+def tolerance_eps(spec: registry.KernelSpec, params: Any, dtype: np.dtype | str) -> float | None:
+    """The ``eps`` for :func:`tilegemm.reference.assert_close` (None: the dtype's own)."""
+    return TOLERANCE_EPS.get(precision_of(spec, params, dtype))
 
 
 def reduced(spec: registry.KernelSpec) -> bool:
@@ -39,8 +58,8 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
     if p not in PRECISIONS:
         raise InvalidValueError(f"unknown precision {precision!r}; choices: "
                                 f"{', '.join(map(repr, PRECISIONS))}")
-    if dtype == np.float16:
-        return _half(precision, kernel, backend, params)
+    if np.dtype(dtype).name in ("float16", "bfloat16"):
+        return _half(precision, kernel, backend, np.dtype(dtype), params)
     if p == IEEE:
         if kernel != "auto":
             spec = registry.get(kernel, backend)
@@ -82,19 +101,22 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
     return spec.name, {**params, name: value}
 
 
-def _half(precision: str | None, kernel: str, backend: str,
+def _half(precision: str | None, kernel: str, backend: str, dtype: np.dtype,
           params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """float16 products: tensor cores with float32 accumulation, the only way they run."""
+    """float16/bfloat16 operands on a backend that takes them as they are: tensor cores
+    with float32 accumulation, the only way they run there."""
+    name = dtype.name
     if precision is not None:
         raise InvalidValueError(
-            f"precision={precision!r} applies to float32 operands; float16 products always "
-            "use tensor cores with float32 accumulation (leave precision= unset)")
-    specs = [s for s in registry.specs_for(backend) if s.supports("float16")]
+            f"precision={precision!r} applies to float32 operands; {name} products always "
+            "use tensor cores with float32 accumulation (leave precision= unset; "
+            "dtype=np.float32 gives a float32 result)")
+    specs = [s for s in registry.specs_for(backend) if s.supports(name)]
     if not specs:
         have = sorted({b for b in registry.BACKENDS for s in registry.specs_for(b)
-                       if s.supports("float16")})
+                       if s.supports(name)})
         raise UnavailableError(
-            f"float16 products run on tensor cores, and backend {backend!r} has no kernel "
+            f"{name} products run on tensor cores, and backend {backend!r} has no kernel "
             f"for them; backends with one: {', '.join(have) or 'none'} (or cast to float32)")
     if kernel == "auto":
         if params:

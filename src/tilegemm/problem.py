@@ -13,22 +13,29 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: np.dtype("bfloat16"))
 import numpy as np
 
 from tilegemm.errors import InvalidTypeError, InvalidValueError
 
-# What the kernels compute in. float16 runs only on tensor cores (tilegemm.precision says
-# where), with float32 accumulation; elsewhere a float16 product is computed in float32.
-SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float64", "int32", "int64", "float16")
+# What the kernels compute in. float16 and bfloat16 run only on tensor cores
+# (tilegemm.precision says where), with float32 accumulation; elsewhere such a product is
+# computed in float32 and rounded back.
+SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "float64", "int32", "int64", "float16",
+                                     "bfloat16")
+# 16-bit float operands that tensor-core rungs take as they are (ml_dtypes.bfloat16 for
+# bfloat16), accumulating in float32; a float32 result is theirs on request (dtype=).
+HALF_DTYPES: tuple[str, ...] = ("float16", "bfloat16")
 
 # Result dtypes NumPy's matmul can produce that tilegemm computes in a kernel dtype and casts
 # back, bit for bit as NumPy's own loops: integers narrower than 32 bits and unsigned ones
 # wrap modulo 2**bits, which the 32/64-bit sums already give (modular arithmetic is the
 # same for signed and unsigned of one width); float16 is accumulated in float32 as NumPy
-# does internally; bool is "any product true", i.e. a count of true products != 0.
+# does internally (bfloat16 likewise); bool is "any product true", i.e. a count of true
+# products != 0.
 COMPUTED_AS: dict[str, str] = {
     "float32": "float32", "float64": "float64", "int32": "int32", "int64": "int64",
-    "float16": "float32", "bool": "int32",
+    "float16": "float32", "bfloat16": "float32", "bool": "int32",
     "int8": "int32", "int16": "int32", "uint8": "int32", "uint16": "int32",
     "uint32": "int32", "uint64": "int64",
 }
@@ -47,7 +54,16 @@ class Operand:
     dtype: np.dtype
 
 
+def _torch_cuda_bfloat16(x: Any) -> bool:
+    """A PyTorch CUDA tensor of bfloat16, which has no ``__cuda_array_interface__`` (the
+    interface has no bfloat16 type string): described from its own attributes."""
+    return (type(x).__module__.startswith("torch") and str(getattr(x, "dtype", "")) ==
+            "torch.bfloat16" and bool(getattr(x, "is_cuda", False)))
+
+
 def array_kind(x: Any) -> str:
+    if _torch_cuda_bfloat16(x):
+        return "cuda"
     # numba's device arrays (and the simulator's stand-ins, which lack the interface dict)
     # carry the __cuda_ndarray__ marker; CuPy and PyTorch expose the interface.
     if hasattr(x, "__cuda_array_interface__") or getattr(x, "__cuda_ndarray__", False):
@@ -60,6 +76,8 @@ def array_kind(x: Any) -> str:
 def describe(x: Any, name: str) -> Operand:
     """Shape and dtype of ``x`` (NumPy, CUDA-array-interface or pyopencl array, or a list)."""
     kind = array_kind(x)
+    if _torch_cuda_bfloat16(x):
+        return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype("bfloat16"))
     if kind == "cuda" and not hasattr(x, "__cuda_array_interface__"):
         return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype(x.dtype))
     if kind == "cuda":
@@ -137,11 +155,22 @@ class GemmProblem:
     # NumPy's result dtype when it is not the dtype the kernel computes in (``dtype``):
     # float16, bool, narrow or unsigned integers; None when they are the same.
     result_dtype: np.dtype | None = None
+    # The dtype the kernel writes C in when it is not ``dtype``: float32 from float16 or
+    # bfloat16 operands on tensor cores (``dtype=np.float32``); None otherwise.
+    c_dtype: np.dtype | None = None
+    # NumPy's result type of the operands themselves, before ``dtype=`` overrides it (a
+    # tensor-core backend takes float16/bfloat16 operands as they are); None: ``out_dtype``.
+    operand_dtype: np.dtype | None = None
+
+    @property
+    def store_dtype(self) -> np.dtype:
+        """The dtype of the array the kernel writes (``dtype`` unless ``c_dtype``)."""
+        return self.dtype if self.c_dtype is None else np.dtype(self.c_dtype)
 
     @property
     def out_dtype(self) -> np.dtype:
-        """The dtype of the array the caller gets (NumPy's result dtype)."""
-        return self.dtype if self.result_dtype is None else np.dtype(self.result_dtype)
+        """The dtype of the array the caller gets (NumPy's result dtype, or ``dtype=``)."""
+        return self.store_dtype if self.result_dtype is None else np.dtype(self.result_dtype)
 
     @property
     def batch(self) -> int:
@@ -180,9 +209,15 @@ def _shape_error(a: tuple[int, ...], b: tuple[int, ...], detail: str) -> Invalid
 
 
 def make_problem(
-    a: Operand, b: Operand, *, trans_a: bool = False, trans_b: bool = False
+    a: Operand, b: Operand, *, trans_a: bool = False, trans_b: bool = False,
+    dtype: Any = None,
 ) -> GemmProblem:
-    """Apply NumPy's matmul rules to two operands (after optional transposes)."""
+    """Apply NumPy's matmul rules to two operands (after optional transposes).
+
+    ``dtype`` is NumPy's ``matmul(..., dtype=)``: the result dtype, the operands being cast
+    to it under the ``same_kind`` rule (float16/bfloat16 operands with ``dtype=np.float32``
+    keep running on tensor cores where a backend has them, writing float32 directly).
+    """
     for op, name in ((a, "a"), (b, "b")):
         if len(op.shape) == 0:
             raise InvalidValueError(
@@ -217,13 +252,28 @@ def make_problem(
         ) from None
     # Dtypes after shapes, as NumPy checks them: a shape error is a ValueError whatever the
     # dtypes. Any pair whose result dtype is computed is converted once on the way in.
-    result = np.result_type(a.dtype, b.dtype)
-    dtype = compute_dtype(result)
+    try:
+        natural = result = np.result_type(a.dtype, b.dtype)
+    except TypeError as e:  # e.g. bfloat16 with float16 or int32: no common dtype
+        raise InvalidTypeError(f"matmul: operands of dtypes {a.dtype.name} and {b.dtype.name} "
+                               f"have no common dtype ({e}); cast one of them") from None
+    if dtype is not None:
+        try:
+            result = np.dtype(dtype)
+        except TypeError as e:
+            raise InvalidTypeError(f"matmul: dtype={dtype!r} is not a NumPy dtype") from e
+        for op, i in ((a, 0), (b, 1)):
+            if not np.can_cast(op.dtype, result, "same_kind"):
+                raise InvalidTypeError(
+                    f"Cannot cast ufunc 'matmul' input {i} from dtype('{op.dtype.name}') to "
+                    f"dtype('{result.name}') with casting rule 'same_kind'")
+    compute = compute_dtype(result)
     nd = len(batch_shape)
     pad = lambda s: (1,) * (nd - len(s)) + s  # noqa: E731
     return GemmProblem(
-        m=m, n=n, k=ka, dtype=dtype,
-        result_dtype=None if result == dtype and result.char == dtype.char else result,
+        m=m, n=n, k=ka, dtype=compute,
+        result_dtype=None if result == compute and result.char == compute.char else result,
+        operand_dtype=natural if natural != result else None,
         batch_shape=batch_shape,
         a_batch_shape=pad(a_lead), b_batch_shape=pad(b_lead),
         squeeze_m=squeeze_m, squeeze_n=squeeze_n, trans_a=trans_a, trans_b=trans_b,
@@ -305,7 +355,7 @@ def check_out(out: Any, prob: GemmProblem, kind: str) -> bool:
         raise output_casting_error(prob.out_dtype, op.dtype)
     if not out.flags.writeable:
         raise InvalidValueError("output array is read-only")
-    return (op.shape == prob.out_shape and op.dtype == prob.dtype
+    return (op.shape == prob.out_shape and op.dtype == prob.store_dtype
             and prob.result_dtype is None and out.flags.c_contiguous)
 
 

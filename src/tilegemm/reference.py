@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 SAFETY = 4.0
@@ -40,26 +41,34 @@ def reference(
 def bound(
     a: np.ndarray, b: np.ndarray, k: int, dtype: np.dtype, *, alpha: float = 1.0,
     beta: float = 0.0, c: np.ndarray | None = None, trans_a: bool = False, trans_b: bool = False,
+    eps: float | None = None,
 ) -> np.ndarray | float:
-    """Elementwise absolute error allowed for a result of ``dtype`` with inner size ``k``."""
+    """Elementwise absolute error allowed for a result of ``dtype`` with inner size ``k``.
+
+    ``eps`` replaces the dtype's machine epsilon where the arithmetic is coarser than the
+    result's dtype: float32 results of TF32 tensor-core products (see
+    :data:`tilegemm.precision.TOLERANCE_EPS`).
+    """
     dtype = np.dtype(dtype)
     if dtype.kind in "iu":
         return 0.0
-    eps = float(np.finfo(dtype).eps)
+    info = ml_dtypes.finfo(dtype)  # NumPy's finfo, and bfloat16's
+    eps = float(info.eps) if eps is None else float(eps)
     mag = np.abs(reference(np.abs(a), np.abs(b), alpha=abs(alpha), trans_a=trans_a,
                            trans_b=trans_b))
     if beta != 0 and c is not None:
         mag = mag + abs(beta) * np.abs(np.asarray(c, dtype=np.float64))
     # + 1 keeps K=0/1 meaningful; tiny floor for all-zero rows.
-    return SAFETY * (max(k, 1) + 1) * eps * mag + np.finfo(dtype).tiny
+    return SAFETY * (max(k, 1) + 1) * eps * mag + float(info.tiny)
 
 
 def assert_close(
     result: Any, a: np.ndarray, b: np.ndarray, *, alpha: float = 1.0, beta: float = 0.0,
     c: np.ndarray | None = None, trans_a: bool = False, trans_b: bool = False,
-    what: str = "result",
+    what: str = "result", eps: float | None = None,
 ) -> None:
-    """Raise AssertionError naming the first bad index and the worst errors."""
+    """Raise AssertionError naming the first bad index and the worst errors (``eps``: see
+    :func:`bound`)."""
     result = np.asarray(result)
     ref = reference(a, b, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b)
     if result.shape != ref.shape:
@@ -68,7 +77,7 @@ def assert_close(
     if np.ndim(a) == 1:
         k = np.shape(a)[0]
     tol = bound(a, b, k, result.dtype, alpha=alpha, beta=beta, c=c,
-                trans_a=trans_a, trans_b=trans_b)
+                trans_a=trans_a, trans_b=trans_b, eps=eps)
     r64 = result.astype(ref.dtype, copy=False)
     finite = np.isfinite(ref)
     with np.errstate(invalid="ignore"):
@@ -101,6 +110,8 @@ def random_operands(
         # that dtype, and no float64 copy twice the size is ever made.
         if dtype.kind in "iu":
             x = rng.integers(1, 10, size=shape, dtype=dtype)
+        elif dtype not in (np.float32, np.float64):  # float16, bfloat16: no direct draw
+            x = (rng.random(size=shape, dtype=np.float32) + np.float32(0.5)).astype(dtype)
         else:
             x = rng.random(size=shape, dtype=dtype)
             x += dtype.type(0.5)

@@ -83,6 +83,10 @@ class KernelSpec:
     precision_param: str = ""
     # The oldest CUDA compute capability whose instructions the rung uses, e.g. (8, 0).
     min_cc: tuple[int, int] | None = None
+    # Why ``params`` cannot compute ``dtype`` (None when they can), for parameters valid for
+    # one dtype and not another (rung mma: BK a multiple of 16 for 16-bit operands). The
+    # limit checks refuse such a call before anything runs; the tuner prunes it.
+    dtype_check: Callable[[Mapping[str, int], np.dtype], str | None] | None = None
 
     @property
     def key(self) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -98,14 +99,49 @@ def parse_ptxas_log(log: str) -> dict[str, int]:
 
 @cache
 def _ptx(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str, arch: str) -> str:
-    from numba.cuda import compile_ptx
+    """The PTX for ``arch``, from the on-disk kernel cache when another process (or an
+    earlier run) compiled it; a miss compiles every architecture at once."""
+    from importlib.metadata import version
 
-    program = spec.program(dict(params), np.dtype(dtype))
+    from tilegemm import compile_cache
+
+    sources = Path(__file__).parents[1]
+    key = {
+        "describe": {"kernel": spec.name, "backend": spec.backend, "dtype": dtype,
+                     "params": dict(params), "output": "PTX " + " ".join(ARCHS)},
+        "sources": compile_cache.source_digest(
+            [*(sources / "kernels" / "cuda").glob("*.py"), sources / "backends" /
+             "cuda_program.py", Path(__file__)]),
+        "versions": {"numba-cuda": version("numba-cuda")},
+    }
+    texts = compile_cache.cached_texts("cuda", f"{spec.name}-{dtype}", key,
+                                       lambda: compile_ptx_all(spec, dict(params), dtype))
+    return texts[arch]
+
+
+def compile_ptx_all(spec: KernelSpec, params: dict[str, int], dtype: str) -> dict[str, str]:
+    """PTX of a CUDA rung for every architecture in :data:`ARCHS`, lowered once.
+
+    numba-cuda's lowering (Python → LLVM IR, most of a compile) does not depend on the
+    architecture for our rungs; only NVVM's code generation does. So the kernel is lowered
+    once, as ``numba.cuda.compile_ptx`` would for the oldest architecture, and NVVM then
+    writes the PTX for each (tests compare this with ``compile_ptx`` per architecture).
+    """
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.cuda.compiler import _compile_pyfunc_with_fixup
+
+    from tilegemm.kernels.cuda._numba_compile import install as speed_up_lowering
+
+    speed_up_lowering()
+    program = spec.program(params, np.dtype(dtype))
     # Compile as the dispatcher would: a rung's launch bounds change ptxas' register budget.
     bounds = getattr(program.kernel, "targetoptions", {}).get("launch_bounds")
-    ptx, _ = compile_ptx(program.kernel.py_func, program.signature(dtype), cc=ARCHS[arch],
-                         launch_bounds=bounds)
-    return ptx
+    ccs = {arch: ARCHS[arch] for arch in ARCHS}
+    with global_compiler_lock:
+        lib, _ = _compile_pyfunc_with_fixup(
+            program.kernel.py_func, program.signature(dtype), device=False,
+            cc=min(ccs.values()), abi="numba", launch_bounds=bounds)
+        return {arch: lib.get_asm_str(cc=cc) for arch, cc in ccs.items()}
 
 
 def ptx_for(spec: KernelSpec, params: dict[str, int], dtype: str = "float32",

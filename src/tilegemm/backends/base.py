@@ -117,7 +117,8 @@ def poison_enabled() -> bool:
 
 def poison_value(dtype: np.dtype) -> Any:
     dtype = np.dtype(dtype)
-    return np.nan if dtype.kind == "f" else np.iinfo(dtype).min + 7
+    floating = dtype.kind == "f" or dtype.name == "bfloat16"  # (ml_dtypes: kind "V")
+    return np.nan if floating else np.iinfo(dtype).min + 7
 
 
 def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]:
@@ -281,7 +282,11 @@ class Backend(ABC):
 
 def check_block_limits(spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
                        target: Target) -> None:
-    """The rung's declared threads and shared memory per block against ``target.limits``."""
+    """The rung's declared threads and shared memory per block against ``target.limits``,
+    and its parameters against the dtype (``KernelSpec.dtype_check``)."""
+    why = spec.dtype_check(params, np.dtype(dtype)) if spec.dtype_check else None
+    if why:
+        raise InvalidValueError(f"{spec.name}: {why}")
     limits = target.limits
     if spec.threads is not None and limits.threads_per_block and (
             spec.threads(params) > limits.threads_per_block):

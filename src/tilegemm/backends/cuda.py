@@ -56,6 +56,25 @@ def _as_device(x: Any) -> Any:
     return cuda.as_cuda_array(x)
 
 
+def _bits(x: Any) -> Any:
+    """``x`` as numba can hold it: a bfloat16 array (ml_dtypes on the host, torch.bfloat16
+    on the device) viewed as its 16-bit patterns (numba has no bfloat16 type; the
+    tensor-core rung reads the patterns as bfloat16). Any other array unchanged."""
+    if isinstance(x, np.ndarray):
+        return x.view(np.int16) if x.dtype.name == "bfloat16" else x
+    if _source_library(x) == "torch":
+        import torch
+
+        if x.dtype == torch.bfloat16:
+            return x.view(torch.int16)
+    return x
+
+
+def _numba_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype of a device array that holds ``dtype`` values (bfloat16: its bits as int16)."""
+    return np.dtype(np.int16) if np.dtype(dtype).name == "bfloat16" else np.dtype(dtype)
+
+
 def _reshape(d: Any, shape: tuple[int, ...]) -> Any:
     """A view of a device array with another shape; a ValueError where that needs a copy.
 
@@ -117,8 +136,9 @@ def _source_library(x: Any) -> str:
     return type(x).__module__.split(".")[0]
 
 
-def _wrap_like(result: Any, like: Any) -> Any:
-    """Return ``result`` (a numba device array) as the array type of ``like``, zero-copy."""
+def _wrap_like(result: Any, like: Any, dtype: np.dtype | None = None) -> Any:
+    """Return ``result`` (a numba device array) as the array type of ``like``, zero-copy;
+    ``dtype`` bfloat16: ``result`` holds bit patterns, returned as torch.bfloat16."""
     lib = _source_library(like)
     if lib == "cupy":
         import cupy
@@ -127,7 +147,10 @@ def _wrap_like(result: Any, like: Any) -> Any:
     if lib == "torch":
         import torch
 
-        return torch.as_tensor(result, device=like.device)
+        t = torch.as_tensor(result, device=like.device)
+        if dtype is not None and np.dtype(dtype).name == "bfloat16":
+            t = t.view(torch.bfloat16)
+        return t
     return result
 
 
@@ -279,7 +302,7 @@ class CudaBackend(Backend):
 
                     x = cupy.broadcast_to(x, shape)
                 x = x.reshape(prob.batch, rows, cols)  # materialises the partial broadcast
-            return _as_device(x)
+            return _as_device(_bits(x))
         d = _as_device(x)
         if squeeze:
             d = _reshape(d, (1, cols) if which == "a" else (rows, 1))
@@ -309,6 +332,11 @@ class CudaBackend(Backend):
         from numba import cuda
 
         alpha, beta = resolve_scalars(prob, alpha, beta)
+        if prob.dtype.name == "bfloat16" or prob.c_dtype is not None:
+            # the 16-bit tensor-core kernels scale their float32 sums by float32 scalars
+            alpha, beta = np.float32(alpha), np.float32(beta)
+        cdt = prob.store_dtype  # what the kernel writes: the result, or float32 on request
+        ndt = _numba_dtype(cdt)
         # A device c (read when beta != 0) also keeps the result on the device: api.check_out
         # then demands a device out, which must not be treated as a host array below.
         device_ops = [op for op in (a, b, c) if op is not None and op.kind == "cuda"]
@@ -325,35 +353,34 @@ class CudaBackend(Backend):
         if not prob.empty:
             a3, b3 = (
                 self._device_operand(op, prob, w) if op.kind == "cuda"
-                else cuda.to_device(host_operand_3d(op.obj, prob, w), stream=s)
+                else cuda.to_device(_bits(host_operand_3d(op.obj, prob, w)), stream=s)
                 for op, w in ((a, "a"), (b, "b"))
             )
         dc = self._device_c(c, prob) if beta != 0 and c.kind == "cuda" else None
 
         # Destination on the device: out itself when it is a device array.
         if out is not None and on_device:
-            dout = _as_device(out)
+            dout = _as_device(_bits(out))
             if not dout.is_c_contiguous():
                 raise InvalidValueError("out: a device out array must be C-contiguous")
             dest3 = _reshape(dout, shape3)
             # out=a: kernels read A while writing C, so an out overlapping a device operand
             # gets a fresh buffer, copied into out after the launch.
-            alias = any(op.kind == "cuda" and _may_overlap(dout, _as_device(op.obj))
+            alias = any(op.kind == "cuda" and _may_overlap(dout, _as_device(_bits(op.obj)))
                         for op in (a, b))
-            c3 = cuda.device_array(shape3, dtype=prob.dtype, stream=s) if alias else dest3
+            c3 = cuda.device_array(shape3, dtype=ndt, stream=s) if alias else dest3
         else:
             alias = False
-            c3 = cuda.device_array(shape3, dtype=prob.dtype, stream=s)
+            c3 = cuda.device_array(shape3, dtype=ndt, stream=s)
         if dc is not None:
             c3.copy_to_device(dc, stream=s)
         elif beta != 0:
             host_c = np.ascontiguousarray(
-                np.broadcast_to(np.asarray(c.obj, dtype=prob.dtype), prob.out_shape)
+                np.broadcast_to(np.asarray(c.obj, dtype=cdt), prob.out_shape)
             ).reshape(shape3)
-            c3.copy_to_device(host_c, stream=s)
+            c3.copy_to_device(_bits(host_c), stream=s)
         elif poison_enabled() and c3.size:
-            c3.copy_to_device(np.full(shape3, poison_value(prob.dtype), dtype=prob.dtype),
-                              stream=s)
+            c3.copy_to_device(_bits(np.full(shape3, poison_value(cdt), dtype=cdt)), stream=s)
 
         if not prob.empty:
             program = spec.program(params, prob.dtype)
@@ -367,22 +394,22 @@ class CudaBackend(Backend):
                 return out
             result = _reshape(c3, prob.out_shape) if prob.out_shape != shape3 else c3
             like = device_ops[0].obj
-            return _wrap_like(result, like)
-        host = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
+            return _wrap_like(result, like, cdt)
+        host = out if out is not None else np.empty(prob.out_shape, dtype=cdt)
         if host.size:
-            c3.copy_to_host(host.reshape(shape3), stream=s)
+            c3.copy_to_host(_bits(host).reshape(shape3), stream=s)
             s.synchronize()  # a host result is complete when the call returns
         return host
 
     def _device_c(self, c: Operand, prob: GemmProblem) -> Any:
         """A device C0 for beta != 0: must already have the result's shape and dtype."""
 
-        if c.dtype != prob.dtype or c.shape != prob.out_shape:
+        if c.dtype != prob.store_dtype or c.shape != prob.out_shape:
             raise InvalidValueError(
                 f"gemm: a device c must have the result's shape {prob.out_shape} and dtype "
-                f"{prob.dtype.name}; got {c.shape} {c.dtype.name}"
+                f"{prob.store_dtype.name}; got {c.shape} {c.dtype.name}"
             )
-        d = _as_device(c.obj)
+        d = _as_device(_bits(c.obj))
         if not d.is_c_contiguous():
             raise InvalidValueError("gemm: a device c must be C-contiguous")
         return _reshape(d, (prob.batch, prob.m, prob.n))
@@ -406,12 +433,16 @@ class CudaBackend(Backend):
         from numba import cuda
 
         program = spec.program(params, prob.dtype)
-        da, db = cuda.to_device(a3), cuda.to_device(b3)
+        da, db = cuda.to_device(_bits(a3)), cuda.to_device(_bits(b3))
         shape3 = (prob.batch, prob.m, prob.n)
-        dc = cuda.device_array(shape3, dtype=prob.dtype)
+        cdt = prob.store_dtype
+        dc = cuda.device_array(shape3, dtype=_numba_dtype(cdt))
         if poison_enabled() and dc.size:
-            dc.copy_to_device(np.full(shape3, poison_value(prob.dtype), dtype=prob.dtype))
-        alpha, beta = prob.dtype.type(1), prob.dtype.type(0)
+            dc.copy_to_device(_bits(np.full(shape3, poison_value(cdt), dtype=cdt)))
+        if prob.dtype.name == "bfloat16" or prob.c_dtype is not None:
+            alpha, beta = np.float32(1), np.float32(0)
+        else:
+            alpha, beta = prob.dtype.type(1), prob.dtype.type(0)
 
         def launch() -> None:
             if not prob.empty:
@@ -428,7 +459,10 @@ class CudaBackend(Backend):
             events[-1][1].synchronize()
             return [cuda.event_elapsed_time(s, e) / 1e3 for s, e in events]
 
-        return Prepared(launch=launch, fetch=dc.copy_to_host, elapsed=elapsed)
+        def fetch() -> np.ndarray:
+            return dc.copy_to_host().view(cdt)  # bfloat16: its bits, viewed back
+
+        return Prepared(launch=launch, fetch=fetch, elapsed=elapsed)
 
     def cache_flusher(self, target: Target | None = None) -> Any:
         """Evict L2 between timed launches: a device-to-device copy of twice its size."""

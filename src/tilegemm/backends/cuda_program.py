@@ -18,6 +18,10 @@ class CudaProgram:
     kernel: Any  # numba.cuda Dispatcher
     block: tuple[int, int, int]
     grid: Callable[[int, int, int], tuple[int, int, int]]  # (batch, M, N) -> blocks
+    # numba types of (operands and C, alpha and beta) for ahead-of-time PTX, where they
+    # are not the dtype's own: bfloat16 arrays are passed as their bit patterns (int16)
+    # (numba has no bfloat16 array type) with float32 scalars.
+    arg_types: tuple[str, str] | None = None
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
         batch, m, n = C.shape
@@ -25,5 +29,6 @@ class CudaProgram:
 
     def signature(self, dtype: str) -> str:
         """The C-contiguous signature used for ahead-of-time PTX (resource reports)."""
-        arr = f"{dtype}[:, :, ::1]"
-        return f"void({arr}, {arr}, {arr}, {dtype}, {dtype})"
+        elem, scalar = self.arg_types or (dtype, dtype)
+        arr = f"{elem}[:, :, ::1]"
+        return f"void({arr}, {arr}, {arr}, {scalar}, {scalar})"

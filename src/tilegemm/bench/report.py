@@ -139,9 +139,16 @@ def _order(ms: Iterable[Measurement]) -> list[Measurement]:
                                      tuple(sorted(m.params.items()))))
 
 
+def _dtype_label(settings: dict) -> str:
+    """The dtype, with the precision when it is not IEEE ("float32 tf32")."""
+    dtype = settings.get("dtype", "float32")
+    precision = settings.get("precision", "ieee")
+    return dtype if precision == "ieee" else f"{dtype} {precision}"
+
+
 def ladder_tables(results: Results) -> list[Table]:
     tables = []
-    dtype = results.meta.get("settings", {}).get("dtype", "float32")
+    dtype = _dtype_label(results.meta.get("settings", {}))
     for be in results.backends("ladder"):
         ms = results.for_report("ladder", be)
         for n in _sizes_of(ms):
@@ -171,7 +178,7 @@ def sizes_tables(results: Results) -> list[Table]:
     """the optimisation note's table: GFLOP/s per kernel variant (rows) and size M = N = K
     (columns)."""
     tables = []
-    dtype = results.meta.get("settings", {}).get("dtype", "float32")
+    dtype = _dtype_label(results.meta.get("settings", {}))
     for be in results.backends("sizes"):
         ms = results.for_report("sizes", be)
         sizes = _sizes_of(ms)
@@ -279,7 +286,7 @@ def header_lines(results: Results) -> list[str]:
     settings = meta.get("settings", {})
     pol = settings.get("policy", {})
     if settings:
-        lines.append(f"profile {settings.get('profile')}, {settings.get('dtype')}; timing: "
+        lines.append(f"profile {settings.get('profile')}, {_dtype_label(settings)}; timing: "
                      f"median of ≥{pol.get('min_reps')} reps within {pol.get('budget_s')} s "
                      f"after {pol.get('warmup')} warm-up launches"
                      + (", L2 flushed between reps" if pol.get("flush") else ""))

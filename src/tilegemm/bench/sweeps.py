@@ -35,7 +35,8 @@ from tilegemm.bench.timing import (
     Policy,
     measure_kernel,
 )
-from tilegemm.bench.vendors import Vendor, find_vendor, measure_vendor
+from tilegemm.bench.vendors import Vendor, find_vendor, measure_vendor, vendor_math
+from tilegemm.errors import UnavailableError
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import random_operands
 from tilegemm.registry import KernelSpec
@@ -57,6 +58,9 @@ class Settings:
     """What to run. ``quick()`` is ``make demo``; ``full()`` is the optimisation note's sizes."""
 
     dtype: str = "float32"
+    # "ieee": the FFMA rungs against the dtype's own GEMM; "tf32"/"3xtf32" (float32), or a
+    # 16-bit dtype: the tensor-core rungs, against cuBLAS at that precision (vendor_math).
+    precision: str = "ieee"
     reports: tuple[str, ...] = REPORTS
     sizes: tuple[int, ...] = (8, 16, 32, 64, 128, 256)
     blocks: tuple[int, ...] = (8, 16, 32)
@@ -131,8 +135,8 @@ def _case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
         from tilegemm.backends import get_backend
 
         merged = get_backend(backend).resolve(spec, overrides or {})
-    except ValueError:  # refused parameters: measure_kernel reports the case as skipped
-        merged = {**spec.defaults(), **(overrides or {})}
+    except (ValueError, UnavailableError):  # refused parameters, or no device to ask:
+        merged = {**spec.defaults(), **(overrides or {})}  # measure_kernel reports it
     params = tuple((p.name, merged[p.name]) for p in spec.params)
     return Case(report, backend, n, n, n, spec, params)
 
@@ -144,33 +148,45 @@ def plan(
     """Every case of the selected reports: compile cases first (so their first call is
     the cold one), then the rest in ascending size (so slow rungs are skipped at sizes
     their smaller runs predict to be too slow). ``specs_for`` defaults to the registry."""
+    from tilegemm.tune.space import precision_pin
+
     specs_for = specs_for or registry.specs_for
     dtype = np.dtype(settings.dtype)
     first: list[Case] = []
     rest: list[Case] = []
     for be in backends:
-        # IEEE rungs only: a tensor-core rung computes at another precision (precision=)
-        # and is to be compared with cuBLAS at that precision, not with SGEMM.
-        specs = [s for s in specs_for(be) if s.supports(dtype) and not s.precisions]
+        # The rungs that compute this dtype at this precision: the IEEE rungs for "ieee";
+        # the tensor-core rungs, precision parameter pinned, for "tf32", "3xtf32" and 16-bit
+        # dtypes (compared with cuBLAS at that precision, never with SGEMM for TF32).
+        pins = {s: precision_pin(s, dtype, settings.precision)
+                for s in specs_for(be) if s.supports(dtype)}
+        specs = [s for s, pin in pins.items() if pin is not False]
+
+        def case(report: str, n: int, s: KernelSpec, over: dict[str, int] | None = None,
+                 be: str = be, pins: dict = pins) -> Case:
+            pin = pins[s]
+            fixed = {pin[0]: pin[1]} if pin else {}
+            return _case(report, be, n, s, {**(over or {}), **fixed})
+
         if "compile" in settings.reports:
             n = settings.compile_size
-            first += [_case("compile", be, n, s) for s in specs]
+            first += [case("compile", n, s) for s in specs]
             first.append(_case("compile", be, n))
         if "ladder" in settings.reports:
             for n in settings.ladder_sizes:
-                rest += [_case("ladder", be, n, s) for s in specs]
+                rest += [case("ladder", n, s) for s in specs]
                 rest.append(_case("ladder", be, n))
         if "sizes" in settings.reports:
             for n in settings.sizes:
                 for s in specs:
-                    rest += [_case("sizes", be, n, s, v) for v in _variants(s, settings)]
+                    rest += [case("sizes", n, s, v) for v in _variants(s, settings)]
                 rest.append(_case("sizes", be, n))
         if "rsweep" in settings.reports:
             n = settings.r_size
             swept = [s for s in specs if any(p.name == OUTPUTS_PARAM for p in s.params)]
             for s in swept:
                 choices = next(p.choices for p in s.params if p.name == OUTPUTS_PARAM)
-                rest += [_case("rsweep", be, n, s, {OUTPUTS_PARAM: r})
+                rest += [case("rsweep", n, s, {OUTPUTS_PARAM: r})
                          for r in settings.r_values if r in choices]
             if swept:
                 rest.append(_case("rsweep", be, n))
@@ -204,9 +220,9 @@ def _operands(state: RunState, case: Case, dtype: np.dtype) -> tuple[np.ndarray,
     return state.operands[key]
 
 
-def _vendor(state: RunState, backend: Backend) -> Vendor | None:
+def _vendor(state: RunState, backend: Backend, math: str = "native") -> Vendor | None:
     if backend.name not in state.vendors:
-        vendor, note = find_vendor(backend)
+        vendor, note = find_vendor(backend, math=math)
         state.vendors[backend.name] = vendor
         state.vendor_notes[backend.name] = vendor.note if vendor else note
     return state.vendors[backend.name]
@@ -242,7 +258,7 @@ def run_case(
                        a_batch_shape=(1,), b_batch_shape=(1,))
     vendor = None
     if case.spec is None:
-        vendor = _vendor(state, backend)
+        vendor = _vendor(state, backend, vendor_math(dtype, settings.precision))
         if vendor is None:
             return None
     slow = _too_slow(state, case, settings)

@@ -5,7 +5,11 @@ table reports a rung's GFLOP/s and its share of:
 
 - ``cuda``: cuBLAS through CuPy (``CUPY_TF32=0``) or PyTorch
   (``torch.backends.cuda.matmul.allow_tf32 = False``): pure FP32 math, never TF32 tensor
-  cores, which would be a different (less accurate) product.
+  cores, which would be a different (less accurate) product. A tensor-core run is compared
+  with cuBLAS *at its own precision* (:func:`vendor_math`): TF32 (CuPy with
+  ``CUPY_TF32=1``, or PyTorch with TF32 enabled), FP16 and BF16 with float32 accumulation
+  (PyTorch, reduced-precision reductions off); 3xTF32 against FP32 SGEMM, the accuracy it
+  matches.
 - ``opencl``: CLBlast through ``pyclblast`` when it is installed.
 - ``cpu``: NumPy's ``matmul`` (OpenBLAS or whichever BLAS NumPy was built with).
 
@@ -47,6 +51,7 @@ class Vendor:
     prepare: Callable[[GemmProblem, np.ndarray, np.ndarray], Prepared]
     synchronize: Callable[[], None] = lambda: None
     timer: str = "perf_counter"
+    math: str = "native"  # see vendor_math: what it computes, and so how it is verified
 
 
 def _numpy_blas() -> str:
@@ -78,11 +83,36 @@ def numpy_vendor() -> Vendor:
     return Vendor("numpy", f"NumPy ({_numpy_blas()})", note, prepare)
 
 
-def _cupy_vendor() -> Vendor:
-    # Pure FP32 (no TF32 tensor cores). CuPy reads CUPY_TF32 when it is imported, so it is
-    # set before; if CuPy was imported earlier with TF32 on, say so rather than pretend.
-    tf32_on = "cupy" in sys.modules and os.environ.get("CUPY_TF32", "0") != "0"
-    os.environ["CUPY_TF32"] = "0"
+# What the vendor reference computes, per (dtype, precision=) of the tilegemm run.
+MATHS: tuple[str, ...] = ("native", "tf32", "fp16", "bf16")
+
+
+def vendor_math(dtype: np.dtype | str, precision: str = "ieee") -> str:
+    """The cuBLAS mode a run of ``dtype`` at ``precision`` is compared with: "native" (the
+    dtype's own IEEE GEMM: SGEMM, DGEMM), "tf32", "fp16" or "bf16" (16-bit inputs, float32
+    accumulation). 3xTF32 is compared with SGEMM: its claim is float32 accuracy, faster."""
+    name = np.dtype(dtype).name
+    if name == "float16":
+        return "fp16"
+    if name == "bfloat16":
+        return "bf16"
+    return "tf32" if precision == "tf32" else "native"
+
+
+MATH_LABEL = {"native": "", "tf32": " TF32", "fp16": " FP16", "bf16": " BF16"}
+
+
+def _cupy_vendor(math: str = "native") -> Vendor:
+    # CuPy reads CUPY_TF32 when it is imported, so it is set before; if CuPy was imported
+    # earlier with the other setting, refuse (the next vendor is tried) rather than pretend.
+    if math not in ("native", "tf32"):
+        raise ValueError(f"the CuPy reference covers FP32/TF32 only, not {math.upper()} "
+                         "(PyTorch is the reference for 16-bit inputs)")
+    want = "1" if math == "tf32" else "0"
+    if math == "tf32" and "cupy" in sys.modules and os.environ.get("CUPY_TF32", "0") != want:
+        raise ValueError("CuPy was imported with CUPY_TF32 unset: no TF32 reference")
+    tf32_on = "cupy" in sys.modules and os.environ.get("CUPY_TF32", "0") != "0" and want == "0"
+    os.environ["CUPY_TF32"] = want
     import cupy
 
     def prepare(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray) -> Prepared:
@@ -106,9 +136,11 @@ def _cupy_vendor() -> Vendor:
         return Prepared(launch, lambda: cupy.asnumpy(out), elapsed)
 
     precision = ("CUPY_TF32=1 was set before tilegemm: TF32 may be used" if tf32_on
+                 else "CUPY_TF32=1: TF32 tensor cores" if math == "tf32"
                  else "CUPY_TF32=0: FP32 compute, no TF32")
-    return Vendor("cublas-cupy", "cuBLAS (CuPy)", f"cupy {cupy.__version__}, {precision}", prepare,
-                  lambda: cupy.cuda.Device().synchronize(), "CUDA events")
+    return Vendor("cublas-cupy" + ("-tf32" if math == "tf32" else ""),
+                  f"cuBLAS{MATH_LABEL[math]} (CuPy)", f"cupy {cupy.__version__}, {precision}",
+                  prepare, lambda: cupy.cuda.Device().synchronize(), "CUDA events", math)
 
 
 def _torch_fp32_matmul(torch: Any) -> None:
@@ -130,16 +162,54 @@ def _torch_fp32_matmul(torch: Any) -> None:
         matmul.allow_tf32 = False
 
 
-def _torch_vendor() -> Vendor:
+def _torch_math(torch: Any, math: str) -> str:
+    """Set PyTorch's cuBLAS mode for ``math``; the note for the results file."""
+    matmul = torch.backends.cuda.matmul
+    if math == "tf32":
+        try:
+            new_api = getattr(matmul, "fp32_precision", None) is not None
+        except Exception:
+            new_api = False
+        if new_api:
+            matmul.fp32_precision = "tf32"
+        else:
+            matmul.allow_tf32 = True
+        return "TF32 matmul (tensor cores, TF32 enabled)"
+    _torch_fp32_matmul(torch)
+    if math == "fp16":
+        matmul.allow_fp16_reduced_precision_reduction = False
+        return "FP16 matmul, float32 accumulation (no reduced-precision reduction)"
+    if math == "bf16":
+        matmul.allow_bf16_reduced_precision_reduction = False
+        return "BF16 matmul, float32 accumulation (no reduced-precision reduction)"
+    return "FP32 matmul (no TF32)"
+
+
+def _to_torch(torch: Any, x: np.ndarray) -> Any:
+    """A host array on the GPU; bfloat16 (ml_dtypes) through its bits, which torch's
+    ``from_numpy`` does not know as a dtype."""
+    if x.dtype.name == "bfloat16":
+        return torch.from_numpy(np.ascontiguousarray(x).view(np.int16)).cuda().view(
+            torch.bfloat16)
+    return torch.from_numpy(x).cuda()
+
+
+def _from_torch(torch: Any, t: Any) -> np.ndarray:
+    if str(getattr(t, "dtype", "")) == "torch.bfloat16":
+        return t.view(torch.int16).cpu().numpy().view("bfloat16")
+    return t.cpu().numpy()
+
+
+def _torch_vendor(math: str = "native") -> Vendor:
     import torch
 
     if not torch.cuda.is_available():
         raise ImportError("PyTorch has no CUDA device")
-    _torch_fp32_matmul(torch)
+    note = _torch_math(torch, math)
 
     def prepare(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray) -> Prepared:
         a, b = (a3[0], b3[0]) if prob.batch == 1 else (a3, b3)
-        da, db = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+        da, db = _to_torch(torch, a), _to_torch(torch, b)
         out = torch.empty((prob.m, prob.n) if prob.batch == 1 else (prob.batch, prob.m, prob.n),
                           dtype=da.dtype, device=da.device)
 
@@ -156,11 +226,11 @@ def _torch_vendor() -> Vendor:
             events[-1][1].synchronize()
             return [s.elapsed_time(e) / 1e3 for s, e in events]
 
-        return Prepared(launch, lambda: out.cpu().numpy(), elapsed)
+        return Prepared(launch, lambda: _from_torch(torch, out), elapsed)
 
-    return Vendor("cublas-torch", "cuBLAS (PyTorch)",
-                  f"torch {torch.__version__}, FP32 matmul (no TF32)", prepare,
-                  torch.cuda.synchronize, "CUDA events")
+    return Vendor("cublas-torch" + ("" if math == "native" else f"-{math}"),
+                  f"cuBLAS{MATH_LABEL[math]} (PyTorch)", f"torch {torch.__version__}, {note}",
+                  prepare, torch.cuda.synchronize, "CUDA events", math)
 
 
 def _opencl_queue(target: Target) -> Any:
@@ -218,25 +288,37 @@ def _clblast_vendor(target: Target) -> Vendor:
                   queue.finish, "OpenCL profiling events")
 
 
-# The references a Target may name (``Target.vendors``), each made for that device.
-VENDORS: dict[str, Callable[[Target], Vendor]] = {
-    "numpy": lambda target: numpy_vendor(),
-    "cupy": lambda target: _cupy_vendor(),
-    "torch": lambda target: _torch_vendor(),
-    "clblast": _clblast_vendor,
+def _native_only(make: Callable[[Target], Vendor]) -> Callable[[Target, str], Vendor]:
+    def vendor(target: Target, math: str = "native") -> Vendor:
+        if math != "native":
+            raise ValueError(f"no {math.upper()} mode (its dtype's own GEMM only)")
+        return make(target)
+
+    return vendor
+
+
+# The references a Target may name (``Target.vendors``), each made for that device and
+# the math to compare with (:func:`vendor_math`); one that cannot compute it raises.
+VENDORS: dict[str, Callable[[Target, str], Vendor]] = {
+    "numpy": _native_only(lambda target: numpy_vendor()),
+    "cupy": lambda target, math="native": _cupy_vendor(math),
+    "torch": lambda target, math="native": _torch_vendor(math),
+    "clblast": _native_only(_clblast_vendor),
 }
 
 
-def find_vendor(backend: Backend, target: Target | None = None) -> tuple[Vendor | None, str]:
-    """The reference library for the target device (default: the backend's) and a line
-    saying what was found (or why not): the first of ``target.vendors`` that loads."""
+def find_vendor(backend: Backend, target: Target | None = None,
+                math: str = "native") -> tuple[Vendor | None, str]:
+    """The reference library for the target device (default: the backend's) computing
+    ``math`` (:func:`vendor_math`), and a line saying what was found (or why not): the
+    first of ``target.vendors`` that loads and has that mode."""
     target = target or backend.target()
     if target.simulated:
         return None, "simulated backend: no vendor reference"
     tried: list[str] = []
     for name in target.vendors:
         try:
-            v = VENDORS[name](target)
+            v = VENDORS[name](target, math)
             return v, v.note
         except Exception as exc:  # ImportError mostly; any failure just means "no reference"
             tried.append(f"{type(exc).__name__}: {exc}")
@@ -251,8 +333,12 @@ def measure_vendor(
     meas = Measurement(backend=backend_name, kernel=vendor.name, m=prob.m, n=prob.n, k=prob.k,
                        batch=prob.batch, dtype=prob.dtype.name, vendor=True, method=vendor.timer)
 
+    # TF32 is checked at TF32's epsilon, as the rung is (16-bit results: their dtype's own)
+    eps = 2.0**-10 if vendor.math == "tf32" else None
+
     def verify(result: np.ndarray) -> None:
-        assert_close(result.reshape(prob.batch, prob.m, prob.n), a3, b3, what=vendor.name)
+        assert_close(result.reshape(prob.batch, prob.m, prob.n), a3, b3, what=vendor.name,
+                     eps=eps)
 
     try:
         meas.first_s, meas.samples = time_prepared(

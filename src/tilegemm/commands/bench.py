@@ -83,7 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--compile-size", type=int, metavar="N",
                       help="size of the first-call vs steady table (the Numba ROC example "
                            "used 256)")
-    what.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    what.add_argument("--dtype", default="float32",
+                      choices=("float32", "float64", "float16", "bfloat16"),
+                      help="float16/bfloat16: the tensor-core rungs against cuBLAS FP16/BF16 "
+                           "(PyTorch)")
+    what.add_argument("--precision", default="ieee", choices=("ieee", "tf32", "3xtf32"),
+                      help="float32: tf32/3xtf32 run the tensor-core rungs, against cuBLAS "
+                           "TF32 (CuPy/PyTorch, TF32 enabled) and FP32 SGEMM respectively")
 
     how = parser.add_argument_group("how to time")
     how.add_argument("--budget", type=float, metavar="S",
@@ -126,6 +132,11 @@ def settings_from(args: argparse.Namespace):  # -> Settings
         if getattr(args, name, None) is not None and getattr(args, name) < 1:
             raise InvalidValueError(f"--{name.replace('_', '-')} must be >= 1")
     over["dtype"] = args.dtype
+    precision = getattr(args, "precision", "ieee")
+    if precision != "ieee" and args.dtype != "float32":
+        raise InvalidValueError(f"--precision {precision} applies to --dtype float32; "
+                                f"{args.dtype} runs the tensor-core rungs in their one mode")
+    over["precision"] = precision
     pol = {}
     for name, attr in (("budget", "budget_s"), ("min_reps", "min_reps"),
                        ("max_reps", "max_reps"), ("warmup", "warmup")):
@@ -183,8 +194,10 @@ def run(args: argparse.Namespace) -> int:
     backends, left = choose_backends(args)
     err = console(stderr=True)
     if not args.quiet:
+        shown = settings.dtype + ("" if settings.precision == "ieee"
+                                  else f", precision {settings.precision}")
         err.print(f"[dim]benchmarking {', '.join(backends)} ({settings.profile}, "
-                  f"{settings.dtype}); reports: {', '.join(settings.reports)}[/]")
+                  f"{shown}); reports: {', '.join(settings.reports)}[/]")
         for line in left:
             err.print(f"[dim]  {line}[/]", highlight=False)
     if args.quiet:

@@ -42,7 +42,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--k", type=int, default=32)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--dtype", default="float32",
-                        choices=("float32", "float64", "int32", "int64"))
+                        choices=("float32", "float64", "int32", "int64", "float16", "bfloat16"),
+                        help="float16/bfloat16: tensor-core rungs (with --sass)")
     parser.add_argument("--beta", type=float, default=0.0,
                         help="non-zero: the kernel also reads C (beta·C)")
     parser.add_argument("--gpu", default="h100", choices=tuple(GPUS),

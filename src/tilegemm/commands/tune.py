@@ -25,7 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--k", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=0)
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--dtype", default="float32",
+                        choices=("float32", "float64", "float16", "bfloat16"),
+                        help="float16/bfloat16: the tensor-core rungs (CUDA)")
+    parser.add_argument("--precision", default="ieee", choices=("ieee", "tf32", "3xtf32"),
+                        help="float32 only: tf32/3xtf32 tune the tensor-core rungs at that "
+                             "precision (their precision parameter held fixed); the result "
+                             "serves matmul(..., precision=) on this device")
     parser.add_argument("--strategy", default="random", choices=("exhaustive", "random"))
     parser.add_argument("--budget", type=int, default=40,
                         help="candidates to run per rung (0: all)")
@@ -73,7 +79,6 @@ def _tune(args: argparse.Namespace) -> int:
     from rich.progress import Progress
     from rich.table import Table
 
-    from tilegemm import registry
     from tilegemm.api import choose_backend
     from tilegemm.problem import describe
     from tilegemm.tune import cache, space, strategies
@@ -85,29 +90,31 @@ def _tune(args: argparse.Namespace) -> int:
     if min(args.m, args.n, args.k) == 0:
         raise InvalidValueError("--m, --n and --k must be >= 1 to time anything")
     dtype = np.dtype(args.dtype)
+    precision = getattr(args, "precision", "ieee")
+    if precision != "ieee" and dtype != np.float32:
+        raise InvalidValueError(f"--precision {precision} applies to float32; {dtype.name} "
+                                "has one tensor-core mode (leave --precision ieee)")
     probe = np.zeros((1, 1), dtype=dtype)
     backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")])
     target = backend.target()
     dev = device_id(target)
-    if args.kernel:
-        specs = [registry.get(k, backend.name) for k in args.kernel]
-    else:
-        specs = [s for s in registry.specs_for(backend.name)  # IEEE rungs only: see precision
-                 if s.params and s.supports(dtype) and not s.precisions]
+    specs = tuning_specs(backend.name, dtype, precision, args.kernel)
     if not specs:
-        raise InvalidValueError(f"no {backend.name} rung with parameters supports {dtype.name}")
+        raise InvalidValueError(f"no {backend.name} rung with parameters computes {dtype.name}"
+                                + (f" at precision {precision}" if precision != "ieee" else ""))
     prob = strategies.problem_for(args.m, args.n, args.k, dtype, args.batch)
     limits = target.limits  # the device's own, never a guess per backend
     check = None if args.no_register_check else space.register_check(backend, target)
     console = _console()
     console.print(f"tuning on {target.name} {target.arch}: {args.m}x{args.n}x{args.k} {dtype.name}"
-                  f"{f' batch {args.batch}' if args.batch else ''}, strategy {args.strategy}")
+                  + (f" precision {precision}" if precision != "ieee" else "")
+                  + f"{f' batch {args.batch}' if args.batch else ''}, strategy {args.strategy}")
     summary = Table("kernel", "tried", "ok", "wrong", "rejected", "error", "best params",
                     "ms", "GFLOP/s")
     # The baseline: what kernel="auto" runs untuned. Recorded like any result, so the cache
     # lookup (fastest entry wins) switches away from it only for something faster.
-    baseline = untuned_choice(backend, dtype.name, target)
-    jobs = [(spec, space.candidates(spec, dtype, limits), False) for spec in specs]
+    baseline = baseline_choice(backend, target, dtype, precision, specs, untuned_choice)
+    jobs = [(spec, space.candidates(spec, dtype, limits, precision), False) for spec in specs]
     if baseline is not None:
         jobs.insert(0, (baseline[0], [baseline[1]], True))
     for spec, cands, is_baseline in jobs:
@@ -140,8 +147,50 @@ def _tune(args: argparse.Namespace) -> int:
                 backend=backend.name, device=dev.name, arch=dev.arch, dtype=dtype.name,
                 bucket=cache.shape_bucket(args.m, args.n, args.k), kernel=spec.name,
                 params=best.params, seconds=best.seconds, gflops=gflops,
-                shape=[args.m, args.n, args.k, args.batch]))
+                shape=[args.m, args.n, args.k, args.batch], precision=precision))
     console.print(summary)
     if not args.dry_run:
         console.print(f"cache: {cache.cache_path()}")
     return 0
+
+
+def tuning_specs(backend: str, dtype, precision: str,  # noqa: ANN001 - a NumPy dtype
+                 kernels: list[str] | None = None) -> list:
+    """The rungs a tuning run covers: those that compute ``dtype`` at ``precision`` (the
+    IEEE rungs for "ieee" float32/float64; the tensor-core rungs for "tf32", "3xtf32" and
+    16-bit dtypes), or the named ``kernels`` after checking that they can."""
+    from tilegemm import registry
+    from tilegemm.tune import space
+
+    if kernels:
+        specs = [registry.get(k, backend) for k in kernels]
+        for spec in specs:
+            if not spec.supports(dtype):
+                raise InvalidValueError(f"kernel {spec.name!r} does not support {dtype.name}; "
+                                        f"it supports {', '.join(spec.dtypes)}")
+            if space.precision_pin(spec, dtype, precision) is False:
+                can = ", ".join(spec.precisions) or "ieee"
+                raise InvalidValueError(f"kernel {spec.name!r} cannot compute {dtype.name} at "
+                                        f"precision {precision}; pass --precision one of {can}")
+        return specs
+    return [s for s in registry.specs_for(backend) if s.params and s.supports(dtype)
+            and space.precision_pin(s, dtype, precision) is not False]
+
+
+def baseline_choice(backend, target, dtype, precision: str, specs: list,  # noqa: ANN001
+                    untuned):  # noqa: ANN001, ANN201
+    """What the call runs untuned, timed first: ``kernel="auto"``'s IEEE choice, or for a
+    tensor-core run the highest such rung at its defaults, precision parameter pinned."""
+    from tilegemm.tune import space
+
+    tensor = [s for s in specs if s.precisions]
+    if not tensor or any(not s.precisions for s in specs):
+        return untuned(backend, dtype.name, target)
+    top = max(tensor, key=lambda s: s.rung)
+    pin = space.precision_pin(top, dtype, precision)
+    try:
+        resolved = backend.resolve(top, {pin[0]: pin[1]} if pin else {}, target)
+        backend.check_limits(top, resolved, dtype, target)
+    except (ValueError, TypeError):
+        return None
+    return top, resolved

@@ -54,11 +54,14 @@ class Entry:
     shape: list[int] = field(default_factory=list)  # the measured [M, N, K, batch]
     version: str = ""
     when: float = 0.0
+    # precision= the entry computes ("ieee", "tf32", "3xtf32"): a tensor-core entry is used
+    # only for calls asking for that precision, never for kernel="auto" at "ieee".
+    precision: str = "ieee"
 
     @property
     def key(self) -> tuple[Any, ...]:
         return (self.backend, self.device, self.arch, self.dtype, tuple(self.bucket),
-                self.kernel)
+                self.kernel, self.precision)
 
 
 def current_version() -> str:
@@ -163,11 +166,13 @@ def clear(path: Path | None = None) -> bool:
 
 
 def lookup(entries: list[Entry], device: DeviceId, dtype: str, m: int, n: int, k: int,
-           kernel: str | None = None) -> Entry | None:
-    """Best entry for the shape's bucket: this exact device, else its architecture."""
+           kernel: str | None = None, precision: str = "ieee") -> Entry | None:
+    """Best entry for the shape's bucket and precision: this exact device, else its
+    architecture."""
     want = shape_bucket(m, n, k)
     same = [e for e in entries if e.backend == device.backend and e.dtype == dtype
-            and e.bucket == want and (kernel is None or e.kernel == kernel)]
+            and e.bucket == want and (kernel is None or e.kernel == kernel)
+            and e.precision == precision]
     tiers = (
         [e for e in same if e.device == device.name and e.arch == device.arch],
         [e for e in same if device.arch and e.arch == device.arch],

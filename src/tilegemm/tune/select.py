@@ -50,6 +50,13 @@ def _mtime(path: Path) -> float | None:
 _loaded: dict[str, Any] = {"path": None, "mtime": None, "entries": []}
 
 
+def tuning_cache_path() -> str | None:
+    """The tuning cache file the last decision read (None before any), for callers that
+    remember decisions and must notice when it changes (``tilegemm.fastpath``)."""
+    path = _loaded["path"]
+    return None if path is None else str(path)
+
+
 def _entries() -> list[tcache.Entry]:
     """The cache's entries, re-read only when the file (or its location) changes."""
     path = tcache.cache_path()
@@ -174,3 +181,34 @@ def _simulator_choice(backend: Backend, dtype: str) -> Choice | None:
         return None
     spec = max(specs, key=lambda s: s.rung)
     return spec, spec.resolve(spec.sim_params)
+
+
+def tuned_precision_params(backend: Backend, target: Target, prob: GemmProblem, kernel: str,
+                           precision: str) -> dict[str, int] | None:
+    """Tuned parameters of tensor-core rung ``kernel`` computing ``precision`` (float32) or
+    the 16-bit ``prob.dtype`` ("ieee": their one mode), from the cache entries ``tilegemm
+    tune --precision``/``--dtype float16`` recorded for this device, else None (the rung's
+    defaults). Entries are matched on precision, so TF32 parameters never serve 3xTF32."""
+    if target.simulated:
+        return None
+    dev = device_id(target)
+    entries = _entries()
+    key = ("precision", dev, prob.dtype.name, precision, kernel,
+           tuple(tcache.shape_bucket(prob.m, prob.n, prob.k)))
+    if key not in _memo:
+        entry = tcache.lookup(entries, dev, prob.dtype.name, prob.m, prob.n, prob.k,
+                              kernel=kernel, precision=precision)
+        choice = None
+        if entry is not None:
+            try:
+                spec = registry.get(kernel, backend.name)
+                resolved = backend.resolve(spec, entry.params, target)
+                backend.check_limits(spec, resolved, prob.dtype, target)
+                choice = (spec, resolved)
+            except (ValueError, TypeError):
+                warnings.warn(f"tuning cache entry {entry.kernel} {entry.params} does not fit "
+                              "this tilegemm/device any more; ignoring it", TuneCacheWarning,
+                              stacklevel=3)
+        _memo[key] = choice
+    found = _memo[key]
+    return None if found is None else dict(found[1])

@@ -19,8 +19,8 @@ import numpy as np
 from tilegemm.backends.base import Backend, Limits, Target
 from tilegemm.registry import KernelSpec
 
-__all__ = ["Limits", "Params", "ResourceCheck", "candidates", "fits", "register_check",
-           "register_verdict"]
+__all__ = ["Limits", "Params", "ResourceCheck", "candidates", "fits", "precision_pin",
+           "register_check", "register_verdict"]
 
 Params = dict[str, int]
 
@@ -38,11 +38,40 @@ def fits(spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype | str,
     return None
 
 
-def candidates(spec: KernelSpec, dtype: np.dtype | str, limits: Limits) -> list[Params]:
-    """Every parameter set the rung allows and the device limits admit, in space() order."""
+def candidates(spec: KernelSpec, dtype: np.dtype | str, limits: Limits,
+               precision: str = "ieee") -> list[Params]:
+    """Every parameter set the rung allows and the device limits admit, in space() order,
+    computing ``precision`` (see :func:`precision_pin`)."""
     if not spec.supports(dtype):
         return []
-    return [p for p in spec.space() if fits(spec, p, dtype, limits) is None]
+    pin = precision_pin(spec, dtype, precision)
+    if pin is False:
+        return []
+    dtype = np.dtype(dtype)
+    return [p for p in spec.space()
+            if (pin is None or p[pin[0]] == pin[1]) and fits(spec, p, dtype, limits) is None
+            and not (spec.dtype_check and spec.dtype_check(p, dtype))]
+
+
+def precision_pin(spec: KernelSpec, dtype: np.dtype | str,
+                  precision: str = "ieee") -> tuple[str, int] | None | bool:
+    """The (parameter, value) a tuning run of ``spec`` must hold fixed to compute
+    ``precision``; None when the rung has no precision parameter; False when the rung
+    cannot compute it (a tensor-core rung is never tuned for IEEE float32).
+
+    For float32 operands a tensor-core rung's precision parameter *is* the precision
+    (mma: PASSES=1 for "tf32", 3 for "3xtf32"), so it is pinned, never searched. 16-bit
+    operands have one tensor-core mode and ignore it: pinned to its first value, so no
+    candidate is timed twice.
+    """
+    if not spec.precisions:
+        return None if precision == "ieee" else False
+    name = spec.precision_param
+    if np.dtype(dtype).itemsize == 2:
+        return (name, min(spec.precisions.values())) if precision == "ieee" else False
+    if precision not in spec.precisions:
+        return False
+    return name, spec.precisions[precision]
 
 
 ResourceCheck = Callable[[KernelSpec, Mapping[str, int], np.dtype], "str | None"]

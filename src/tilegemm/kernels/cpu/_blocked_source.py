@@ -22,6 +22,7 @@ DTYPE = "float32"
 CACHE = False
 SMALL_PRODUCT = 96 * 96 * 96
 DIRECT_PRODUCT = 64 * 64 * 64
+VECTOR_BITS = None  # widest vectors the code may use (None: LLVM's choice for the CPU)
 # @end-header
 
 mr, nr, mc, kc_max, nc_max = MR, NR, MC, KC, NC
@@ -49,6 +50,18 @@ def ukernel(kc, Ap, r, Bp, s, T):
 
 with slp_enabled():  # the micro-kernel alone is compiled with the SLP vectoriser on
     ukernel = njit(numba.void(i8, a3, i8, a3, i8, a2), **FLAGS)(ukernel)
+
+
+@njit(a3(i8, i8, i8, a3), **FLAGS)
+def aligned3(d0, d1, d2, like):
+    """An uninitialised C-contiguous (d0, d1, d2) array of ``like``'s dtype that starts on a
+    64-byte boundary. Numba aligns arrays to 32 bytes, so with AVX-512 every other 64-byte
+    load of a packed B row would straddle two cache lines (measured: 5 % of the rung)."""
+    n = d0 * d1 * d2
+    isz = like.itemsize
+    buf = np.empty(n + 64 // isz, dtype=like.dtype)
+    off = ((64 - buf.ctypes.data % 64) % 64) // isz
+    return buf[off:off + n].reshape((d0, d1, d2))
 
 
 @njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8), **FLAGS)
@@ -201,8 +214,7 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             kcap = min(kc_max, A.shape[2])
             Ap = np.empty((min(mc // mr, (C.shape[1] + mr - 1) // mr), kcap, mr),
                           dtype=C.dtype)
-            Bpz = np.empty(((min(nc_max, C.shape[2]) + nr - 1) // nr, kcap, nr),
-                           dtype=C.dtype)
+            Bpz = aligned3((min(nc_max, C.shape[2]) + nr - 1) // nr, kcap, nr, C)
             T = np.empty((mr, nr), dtype=C.dtype)
             gemm_serial(A[t if A.shape[0] > 1 else 0], B[t if B.shape[0] > 1 else 0],
                         C[t], alpha, beta, Ap, Bpz, T)
@@ -238,7 +250,7 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max):
     nblk = (msr + mc // mr - 1) // (mc // mr)
     nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
     kcap = min(kc_max, k)
-    Bp = np.empty((strip_cap, kcap, nr), dtype=C.dtype)
+    Bp = aligned3(strip_cap, kcap, nr, C)
     ngroups_max = 1 if nblk >= nthreads else min(strip_cap, 2 * nthreads)
     Ap_all = np.empty((nblk * ngroups_max, (msr + nblk - 1) // nblk, kcap, mr),
                       dtype=C.dtype)
@@ -261,4 +273,5 @@ def blocked(A, B, C, alpha, beta):
     blocked_threads(A, B, C, alpha, beta, numba.get_num_threads(), DIRECT_PRODUCT)
 
 
-COMPILED = (ukernel, pack_b, pack_a, macro, gemm_serial, direct, run_parallel, blocked_threads)
+COMPILED = (ukernel, aligned3, pack_b, pack_a, macro, gemm_serial, direct, run_parallel,
+            blocked_threads)

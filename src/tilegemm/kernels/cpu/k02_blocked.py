@@ -91,7 +91,9 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
     ns: dict[str, Any] = {"zero": dtype.type(0), "uint64": numba.uint64}
     exec(micro_kernel_source(mr, nr), ns)  # noqa: S102 - our own generated source
     i8, a2, a3 = numba.int64, nbt[:, ::1], nbt[:, :, ::1]
-    with slp_enabled():
+    from tilegemm.kernels.cpu._slp import vector_width
+
+    with slp_enabled(), vector_width(vector_bits()):
         return njit(numba.void(i8, a3, i8, a3, i8, a2), **jit_flags(dtype))(ns["ukernel"])
 
 
@@ -101,19 +103,32 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     from pathlib import Path
 
     from tilegemm.compile_cache import fill_template, load_module
+    from tilegemm.kernels.cpu._slp import vector_width
 
     dtype = np.dtype(dtype)
     header = {"MR": p["MR"], "NR": p["NR"], "MC": p["MC"], "KC": p["KC"], "NC": p["NC"]}
+    bits = vector_bits()
     template = (Path(__file__).parent / "_blocked_source.py").read_text()
     source = fill_template(
         template,
         {"MR, NR, MC, KC, NC": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
-         "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT},
+         "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
+         "VECTOR_BITS": bits},
         {"ukernel": micro_kernel_source(p["MR"], p["NR"])},
     )
-    module = load_module(f"blocked-{dtype.name}", source,
-                         {"kernel": "blocked", "params": header, "dtype": dtype.name})
+    with vector_width(bits):  # compiled (or loaded from the cache) with full-width vectors
+        module = load_module(f"blocked-{dtype.name}", source,
+                             {"kernel": "blocked", "params": header, "dtype": dtype.name})
     return module.blocked
+
+
+def vector_bits() -> int | None:
+    """512 on AVX-512 CPUs, whatever LLVM's tuning prefers (see ``_slp.vector_width``:
+    it would use half-width vectors on Intel's server cores); None (LLVM's choice)
+    elsewhere."""
+    from tilegemm.tune.database import host_isa
+
+    return 512 if host_isa() == "avx512" else None
 
 
 SPEC = KernelSpec(

@@ -33,4 +33,7 @@ def kernel_jit(threads: int, min_blocks: int = 0) -> Callable[[Callable[..., Any
 
         install()  # numba's simulator races on cuda.shared.array; see _simulator.py
         return cuda.jit
+    from tilegemm.kernels.cuda._numba_compile import install as speed_up_lowering
+
+    speed_up_lowering()  # same PTX, a faster numba-cuda lowering step; see _numba_compile.py
     return cuda.jit(launch_bounds=(threads, min_blocks) if min_blocks else threads)

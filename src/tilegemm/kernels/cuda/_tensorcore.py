@@ -31,7 +31,12 @@ leaves a real call, and the fragments go through local memory). The instructions
   partial vector at an edge needs no branch; ``nbytes == 0`` reads nothing). Both addresses
   must be 16-byte aligned. ``cp_async4`` is the 4-byte ``cp.async.ca`` for unaligned data;
 - ``cp_commit()``: ``cp.async.commit_group``; ``cp_wait(n)`` returns the function for
-  ``cp.async.wait_group n`` (n is an immediate, so one function per n).
+  ``cp.async.wait_group n`` (n is an immediate, so one function per n);
+- ``load_f32(arr, idx)`` / ``store_f32(arr, idx, x)``: an element of a float32, float16 or
+  bfloat16 array read as, or written from, a float32, converted by the array's type at
+  compile time (so one epilogue serves every output dtype). bfloat16 arrays are 16-bit
+  integer arrays holding the bit patterns (numba has no bfloat16 array type); writing one
+  rounds to nearest even (``cvt.rn.bf16.f32``), NaN staying NaN.
 
 The fragment layouts are those of the PTX ISA ("Matrix Fragments for mma.m16n8k8" and
 "for mma.m16n8k16 with floating point type"), written out as the ``*_layout`` functions
@@ -68,6 +73,8 @@ class TensorCoreOps(NamedTuple):
     cp_async4: Any
     cp_commit: Any
     cp_wait: Any  # cp_wait(n) -> the function for cp.async.wait_group n
+    load_f32: Any
+    store_f32: Any
 
 
 # --- fragment layouts (PTX ISA), shared by the emulations and the tests --------------------
@@ -133,10 +140,12 @@ def tf32_truncate(x: Any) -> np.ndarray:
 
 
 def bf16_bits(x: Any) -> np.ndarray:
-    """float32 → bfloat16 bit patterns (uint16), rounded to nearest even."""
+    """float32 → bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays NaN
+    (a quiet NaN of the same sign, as ``cvt.rn.bf16.f32`` gives)."""
     bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, (bits >> 16) | 0x7FC0, rounded).astype(np.uint16)
 
 
 def bf16_value(bits: Any) -> np.ndarray:
@@ -308,6 +317,20 @@ def _py_cp_wait(n: int) -> Any:
     return cp_wait
 
 
+def _py_load_f32(arr: Any, idx: Any) -> np.float32:
+    v = arr[idx]
+    if arr.dtype.kind in "iu":  # bfloat16 bit patterns
+        return np.float32(bf16_value(np.uint16(int(v) & 0xFFFF)))
+    return np.float32(v)
+
+
+def _py_store_f32(arr: Any, idx: Any, x: Any) -> None:
+    if arr.dtype.kind in "iu":
+        arr[idx] = bf16_bits(np.float32(x)).astype(arr.dtype)
+    else:
+        arr[idx] = np.float32(x)  # NumPy rounds to nearest even into float16
+
+
 @cache
 def tensorcore_ops() -> TensorCoreOps:
     """The instructions for the current mode (real compilation or the simulator)."""
@@ -317,7 +340,7 @@ def tensorcore_ops() -> TensorCoreOps:
         return TensorCoreOps(_py_mma_tf32, _py_mma_16bit("f16"), _py_mma_16bit("bf16"),
                              _py_to_tf32, _py_ldmatrix_x4, _py_ldmatrix_x4_trans,
                              _py_cp_async(16), _py_cp_async(4),
-                             _py_cp_commit, _py_cp_wait)
+                             _py_cp_commit, _py_cp_wait, _py_load_f32, _py_store_f32)
     return _compiled_ops()
 
 
@@ -499,6 +522,56 @@ def _compiled_ops() -> TensorCoreOps:
 
         return wait
 
+    def check_element(arr: Any, idx: Any, what: str) -> None:
+        check_array(arr, idx, what)
+        d = arr.dtype
+        if not (d in (types.float32, types.float16)
+                or (isinstance(d, types.Integer) and d.bitwidth == 16)):
+            raise TypingError(f"{what}: needs a float32, float16 or 16-bit (bfloat16 bits) "
+                              f"array, got {arr}")
+
+    @intrinsic
+    def load_f32(typingctx: Any, arr: Any, idx: Any) -> Any:
+        check_element(arr, idx, "load_f32")
+        sig = types.float32(arr, idx)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            arrty = sig.args[0]
+            v = builder.load(item_pointer(context, builder, arrty, args[0], sig.args[1],
+                                          args[1]))
+            if arrty.dtype == types.float32:
+                return v
+            if arrty.dtype == types.float16:
+                if v.type != ir.HalfType():  # numba stores float16 as its i16 bits
+                    v = builder.bitcast(v, ir.HalfType())
+                return builder.fpext(v, f32)
+            wide = builder.shl(builder.zext(v, i32), ir.Constant(i32, 16))
+            return builder.bitcast(wide, f32)
+
+        return sig, codegen
+
+    @intrinsic
+    def store_f32(typingctx: Any, arr: Any, idx: Any, x: Any) -> Any:
+        check_element(arr, idx, "store_f32")
+        if not isinstance(x, types.Float):
+            raise TypingError(f"store_f32: needs a float value, got {x}")
+        sig = types.void(arr, idx, x)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+            arrty = sig.args[0]
+            ptr = item_pointer(context, builder, arrty, args[0], sig.args[1], args[1])
+            v = context.cast(builder, args[2], sig.args[2], types.float32)
+            if arrty.dtype == types.float16:
+                v = builder.fptrunc(v, ir.HalfType())
+                if ptr.type.pointee != v.type:  # numba stores float16 as its i16 bits
+                    v = builder.bitcast(v, ptr.type.pointee)
+            elif arrty.dtype != types.float32:
+                v = builder.asm(ir.FunctionType(ir.IntType(16), [f32]),
+                                "cvt.rn.bf16.f32 $0, $1;", "=h,f", [v], side_effect=False)
+            builder.store(v, ptr)
+
+        return sig, codegen
+
     return TensorCoreOps(mma_tf32, mma_f16, mma_bf16, to_tf32, ldmatrix_intrinsic(False),
                          ldmatrix_intrinsic(True), cp_async_intrinsic(16), cp_async_intrinsic(4),
-                         cp_commit, cp_wait)
+                         cp_commit, cp_wait, load_f32, store_f32)

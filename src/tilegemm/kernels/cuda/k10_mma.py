@@ -1,4 +1,4 @@
-"""Rung 10 — mma: tensor cores (TF32, 3×TF32, FP16), fed by ldmatrix and a cp.async pipeline.
+"""Rung 10 — mma: tensor cores (TF32, 3×TF32, FP16, BF16), fed by ldmatrix and cp.async.
 
 What changed from pipelined: the multiply-adds leave the CUDA cores.
 
@@ -23,10 +23,11 @@ What changed from pipelined: the multiply-adds leave the CUDA cores.
    XOR-swizzled by row, so the eight rows each ldmatrix phase reads fall in distinct banks;
    the B tile's chunks are swizzled by k so the scalar B-fragment loads are conflict-free.
 
-float16 operands (and a float16 result, NumPy's rule) use ``mma.sync.m16n8k16`` with f16
-inputs and float32 accumulation; both fragments come from ``ldmatrix`` (B's with
-``.trans``, from the row-major k×n tile), and BK must be a multiple of 16. Rows that are not
-16-byte aligned are staged with plain loads (``cp.async`` copies 4 bytes at least).
+float16 and bfloat16 operands use ``mma.sync.m16n8k16`` with f16 or bf16 inputs and
+float32 accumulation; both fragments come from ``ldmatrix`` (B's with ``.trans``, from the
+row-major k×n tile), and BK must be a multiple of 16. Rows that are not 16-byte aligned are
+staged with plain loads (``cp.async`` copies 4 bytes at least). The result is 16-bit like
+the operands (NumPy's rule) or, with ``dtype=np.float32``, the float32 sums unrounded.
 
 What it should buy: TF32 tensor cores peak at ~495 TFLOP/s dense on an H100 against ~67
 for FP32 FFMA, so a compute-bound product can run several times faster; 3×TF32 spends three
@@ -63,9 +64,16 @@ def _smem(p: Mapping[str, int], itemsize: int) -> int:
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
-    if dtype == np.float16:
-        return _build_f16(p)
+    if np.dtype(dtype).name in ("float16", "bfloat16"):
+        return _build_16bit(p, np.dtype(dtype).name)
     return _build_tf32(p)
+
+
+def _dtype_check(p: Mapping[str, int], dtype: np.dtype) -> str | None:
+    if np.dtype(dtype).itemsize == 2 and p["BK"] % 16:
+        return (f"{np.dtype(dtype).name} needs BK a multiple of 16 (one m16n8k16 step), "
+                f"got BK={p['BK']}")
+    return None
 
 
 def _swizzle(c: int, r: int, chunks: int) -> int:
@@ -75,16 +83,21 @@ def _swizzle(c: int, r: int, chunks: int) -> int:
     return c ^ ((r // max(1, 8 // chunks)) % min(chunks, 8))
 
 
-def _build_f16(p: Mapping[str, int]) -> CudaProgram:
-    """float16 operands and result: m16n8k16 f16 mma with float32 accumulation; A and B
-    fragments by ldmatrix (B with .trans) from chunk-swizzled tiles; BK a multiple of 16."""
+def _build_16bit(p: Mapping[str, int], dtype: str) -> CudaProgram:
+    """float16 or bfloat16 operands: m16n8k16 mma with float32 accumulation; A and B
+    fragments by ldmatrix (B with .trans) from chunk-swizzled tiles; BK a multiple of 16.
+
+    bfloat16 arrays arrive as their 16-bit patterns (int16, as PyTorch views them too), which
+    the copies and ldmatrix move unchanged and only the mma reads as bfloat16. C is
+    written through ``store_f32``, which converts by C's own type: a 16-bit result like the
+    operands, or float32 (``dtype=np.float32``) unrounded."""
     global cuda
     from numba import cuda
 
     BM, BN, BK, WM, WN = p["BM"], p["BN"], p["BK"], p["WM"], p["WN"]
     STAGES, GROUP_M = p["STAGES"], p["GROUP_M"]
     if BK % 16:
-        raise InvalidValueError(f"mma: float16 needs BK a multiple of 16 (one m16n8k16 "
+        raise InvalidValueError(f"mma: {dtype} needs BK a multiple of 16 (one m16n8k16 "
                                 f"step), got BK={BK}")
     MI, NI = WM // 16, WN // 8
     NB = (NI + 1) // 2  # ldmatrix.x4.trans loads two n-blocks of B
@@ -99,11 +112,14 @@ def _build_f16(p: Mapping[str, int]) -> CudaProgram:
     BSH, BMOD = max(1, 8 // BCH), min(BCH, 8)
     load, store, _, _, _, _, address, ALIGN = access_ops()
     tc = tensorcore_ops()
-    mma, ldsm, ldsm_t = tc.mma_f16, tc.ldmatrix_x4, tc.ldmatrix_x4_trans
+    mma = tc.mma_f16 if dtype == "float16" else tc.mma_bf16
+    ldsm, ldsm_t = tc.ldmatrix_x4, tc.ldmatrix_x4_trans
     cp16, commit = tc.cp_async16, tc.cp_commit
+    load_f32, store_f32 = tc.load_f32, tc.store_f32
     wait_ring = tc.cp_wait(STAGES - 2)
     wait_all = tc.cp_wait(0)
-    f16, f32 = np.float16, np.float32
+    elt = np.float16 if dtype == "float16" else np.int16  # bfloat16: its bit patterns
+    f32 = np.float32
     zero = f32(0)  # (a float16 constant frozen as a closure variable makes NVVM reject the IR)
 
     @cuda.jit(device=True, inline=True)
@@ -123,7 +139,7 @@ def _build_f16(p: Mapping[str, int]) -> CudaProgram:
                     cp16(As, (s, r, pc * 8), A, (za, min(gr, m - 1), min(gc, k_len - 1)), nb)
                 else:  # cp.async copies 4 bytes at least: plain loads for odd rows
                     for q in range(8):
-                        x = f16(0)
+                        x = elt(0)
                         if gr < m and gc + q < k_len:
                             x = load(A, (za, gr, gc + q))
                         store(As, (s, r, pc * 8 + q), x)
@@ -142,7 +158,7 @@ def _build_f16(p: Mapping[str, int]) -> CudaProgram:
                     cp16(Bs, (s, r, pc * 8), B, (zb, min(gr, k_len - 1), min(gc, n - 1)), nb)
                 else:
                     for q in range(8):
-                        x = f16(0)
+                        x = elt(0)
                         if gr < k_len and gc + q < n:
                             x = load(B, (zb, gr, gc + q))
                         store(Bs, (s, r, pc * 8 + q), x)
@@ -151,12 +167,12 @@ def _build_f16(p: Mapping[str, int]) -> CudaProgram:
     def put(C, z, gr, gc, v, alpha, beta, m, n):
         if gr < m and gc < n:
             if beta == 0:
-                store(C, (z, gr, gc), f16(alpha * v))
+                store_f32(C, (z, gr, gc), alpha * v)
             else:
-                store(C, (z, gr, gc), f16(alpha * v + beta * f32(load(C, (z, gr, gc)))))
+                store_f32(C, (z, gr, gc), alpha * v + beta * load_f32(C, (z, gr, gc)))
 
     @kernel_jit(NT)
-    def mma_f16_kernel(A, B, C, alpha_h, beta_h):
+    def mma_16bit_kernel(A, B, C, alpha_h, beta_h):
         m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
         alpha = f32(alpha_h)
         beta = f32(beta_h)
@@ -169,8 +185,8 @@ def _build_f16(p: Mapping[str, int]) -> CudaProgram:
                  and A.strides[1] % 16 == 0 and A.strides[0] % 16 == 0)
         b_vec = (n % 8 == 0 and address(B) % 16 == 0 and B.strides[2] == 2
                  and B.strides[1] % 16 == 0 and B.strides[0] % 16 == 0)
-        As = cuda.shared.array((STAGES, BM, BK), f16, alignment=ALIGN)
-        Bs = cuda.shared.array((STAGES, BK, BN), f16, alignment=ALIGN)
+        As = cuda.shared.array((STAGES, BM, BK), elt, alignment=ALIGN)
+        Bs = cuda.shared.array((STAGES, BK, BN), elt, alignment=ALIGN)
         acc = cuda.local.array(ACC, f32)  # fragment (i, j) at 4 * (i * NI + j)
         fa = cuda.local.array((MI, 4), np.uint32)
         fb = cuda.local.array((NB2, 2), np.uint32)
@@ -261,7 +277,8 @@ def _build_f16(p: Mapping[str, int]) -> CudaProgram:
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
 
-    return CudaProgram(mma_f16_kernel, (NT, 1, 1), grid)
+    arg_types = ("int16", "float32") if dtype == "bfloat16" else None
+    return CudaProgram(mma_16bit_kernel, (NT, 1, 1), grid, arg_types)
 
 
 def _build_tf32(p: Mapping[str, int]) -> CudaProgram:
@@ -497,7 +514,7 @@ SPEC = KernelSpec(
     name="mma",
     backend="cuda",
     rung=10,
-    title="tensor cores (TF32, 3xTF32, FP16) with ldmatrix and a cp.async pipeline",
+    title="tensor cores (TF32, 3xTF32, FP16, BF16) with ldmatrix and a cp.async pipeline",
     build=build,
     params=(
         Param("BM", 128, (16, 32, 64, 128, 256), "rows of C per block"),
@@ -520,11 +537,11 @@ SPEC = KernelSpec(
                    "needs twice as much: checked for the dtype before a launch)",
                    lambda p: _smem(p, 2) <= 48 * 1024),
     ),
-    dtypes=("float32", "float16"),
+    dtypes=("float32", "float16", "bfloat16"),
     threads=_threads,
     smem=_smem,
     doc=__doc__,
     sim_params={"BM": 32, "BN": 16, "BK": 16, "WM": 16, "WN": 16, "STAGES": 2, "GROUP_M": 2,
                 "PASSES": 1},  # BK=16: one m16n8k16 step for float16
-    precisions=PRECISIONS, precision_param="PASSES", min_cc=(8, 0),
+    precisions=PRECISIONS, precision_param="PASSES", min_cc=(8, 0), dtype_check=_dtype_check,
 )

@@ -1,0 +1,68 @@
+"""The faster numba-cuda lowering step (tilegemm.kernels.cuda._numba_compile) decides the
+same singly-assigned variables as numba-cuda's own, and one lowering gives each
+architecture's PTX exactly as ``numba.cuda.compile_ptx`` does. Compile-only, no GPU."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.analysis.resources import ARCHS, compile_ptx_all
+from tilegemm.kernels.cuda import _numba_compile
+from tilegemm.registry import get
+
+pytestmark = pytest.mark.ptx
+
+
+def _normalise(ptx: str) -> str:
+    """Drop the per-compile counters and ids numba puts in symbol names."""
+    ptx = re.sub(r"_ZN[0-9A-Za-z_$]+", "SYMBOL", ptx)
+    return re.sub(r"_cudapy_smem_\d+", "smem", ptx)
+
+
+@pytest.mark.parametrize("name", ["naive", "shared", "register2d"])
+def test_patched_search_finds_the_same_variables(name: str, monkeypatch) -> None:
+    from numba.cuda import compile_ptx, lowering
+
+    _numba_compile.install()
+    lower = lowering.Lower
+    seen: list[tuple[set[str], set[str]]] = []
+
+    def both(self) -> None:
+        lower._tilegemm_original_find_singly_assigned(self)
+        original = set(self._singly_assigned_vars)
+        _numba_compile._find_singly_assigned_variable(self)
+        seen.append((original, set(self._singly_assigned_vars)))
+
+    monkeypatch.setattr(lower, "_find_singly_assigned_variable", both)
+    spec = get(name, "cuda")
+    program = spec.program(spec.defaults(), np.dtype("float32"))
+    compile_ptx(program.kernel.py_func, program.signature("float32"), cc=ARCHS["sm_90"])
+    assert seen and any(original for original, _ in seen)
+    for original, patched in seen:
+        assert patched == original
+
+
+@pytest.mark.parametrize("name", ["register2d", "mma"])
+def test_one_lowering_gives_each_architectures_ptx(name: str) -> None:
+    from numba.cuda import compile_ptx
+
+    spec = get(name, "cuda")
+    params = spec.defaults()
+    program = spec.program(params, np.dtype("float32"))
+    bounds = program.kernel.targetoptions.get("launch_bounds")
+    together = compile_ptx_all(spec, params, "float32")
+    assert set(together) == set(ARCHS)
+    for arch, cc in ARCHS.items():
+        alone, _ = compile_ptx(program.kernel.py_func, program.signature("float32"), cc=cc,
+                               launch_bounds=bounds)
+        assert _normalise(together[arch]) == _normalise(alone), arch
+    assert together["sm_80"] != together["sm_90"]
+
+
+def test_every_cuda_rung_is_listed() -> None:
+    # the fix is installed on the path every rung compiles through (kernel_jit)
+    assert {s.name for s in tilegemm.kernels("cuda")} >= {"naive", "register2d", "mma"}
