@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numba
@@ -37,6 +36,7 @@ from tilegemm.bench.environment import (  # noqa: E402
     cpu_results_stem,
     git_commit,
 )
+from tilegemm.bench.timing import mean_call_seconds  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,15 +47,6 @@ a = np.ones((64, 64), np.{dtype}); tilegemm.matmul(a, a)
 b = np.ones((256, 256), np.{dtype}); tilegemm.matmul(b, b)
 print(time.perf_counter() - t)
 """
-
-
-def per_call(f, seconds: float = 0.3) -> float:
-    f()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        f()
-        n += 1
-    return (time.perf_counter() - t0) / n
 
 
 def main() -> None:
@@ -79,8 +70,8 @@ def main() -> None:
     for dtype in args.dtypes:
         for n in (8, 32, 64):
             a, b = np.random.rand(n, n).astype(dtype), np.random.rand(n, n).astype(dtype)
-            ours = per_call(lambda a=a, b=b: tilegemm.matmul(a, b))
-            ref = per_call(lambda a=a, b=b: np.matmul(a, b))
+            ours = mean_call_seconds(lambda a=a, b=b: tilegemm.matmul(a, b))
+            ref = mean_call_seconds(lambda a=a, b=b: np.matmul(a, b))
             tiny.append({"size": n, "dtype": dtype, "us_tilegemm": round(ours * 1e6, 1),
                          "us_numpy": round(ref * 1e6, 2), "times_numpy": round(ours / ref, 1)})
             print(f"{dtype} {n}^3 per call: {ours * 1e6:.1f} us vs NumPy {ref * 1e6:.2f} us "

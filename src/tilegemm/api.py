@@ -282,7 +282,7 @@ def matmul(
       for ``ml_dtypes`` arrays, having no bfloat16 loop).
     """
     if (out is None and kernel == AUTO and backend == AUTO and device is None
-            and stream is None and precision is None and not params):
+            and stream is None and precision is None and dtype is None and not params):
         result = fastpath.try_small(a, b)  # a small product an earlier call decided
         if result is not None:
             return result

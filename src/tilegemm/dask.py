@@ -83,6 +83,12 @@ def matmul(
     # NumPy's rules on the whole shapes: 0-d, K mismatch, batch broadcast, dtypes.
     prob = make_problem(Operand(None, array_kind(a._meta), a.shape, a.dtype),
                         Operand(None, array_kind(b._meta), b.shape, b.dtype))
+    # Partial products are kept and added in the dtype the kernel computes in (float32 for
+    # float16/bfloat16, int32/int64 for bool and narrow or unsigned integers) and cast to
+    # NumPy's result dtype once at the end: float16 partial sums would round at every
+    # addition, where NumPy rounds the float32 sum once. Integers wrap the same either way.
+    acc_dtype, out_dtype = prob.dtype, prob.out_dtype
+    block_dtype = None if acc_dtype == out_dtype else acc_dtype
 
     a_is_1d, b_is_1d = a.ndim == 1, b.ndim == 1
     if a_is_1d:
@@ -94,27 +100,29 @@ def matmul(
     elif a.ndim > b.ndim:
         b = b[(a.ndim - b.ndim) * (np.newaxis,)]
     a, b = _align(a, b, align)
-    _check_blocks(a, b, prob.dtype, kernel, backend, params)
+    _check_blocks(a, b, acc_dtype, block_dtype, kernel, backend, params)
 
     nd = a.ndim
     out_ind = tuple(range(nd + 1))
     lhs_ind = tuple(range(nd))
     rhs_ind = tuple(range(nd - 2)) + (lhs_ind[-1], nd)
-    block = partial(_block_product, kernel=kernel, backend=backend, dtype=prob.dtype.str,
-                    params=params, threads=threads)
+    block = partial(_block_product, kernel=kernel, backend=backend, dtype=acc_dtype.str,
+                    block_dtype=block_dtype, params=params, threads=threads)
     out = da.blockwise(
         block, out_ind, a, lhs_ind, b, rhs_ind,
-        adjust_chunks={lhs_ind[-1]: 1}, dtype=prob.dtype, concatenate=False,
-        name=f"tilegemm-matmul-{da.core.tokenize(a, b, kernel, backend, params)}",
-        meta=meta_from_array(a._meta, ndim=nd + 1, dtype=prob.dtype),
+        adjust_chunks={lhs_ind[-1]: 1}, dtype=acc_dtype, concatenate=False,
+        name=f"tilegemm-matmul-{da.core.tokenize(a, b, kernel, backend, params, threads)}",
+        meta=meta_from_array(a._meta, ndim=nd + 1, dtype=acc_dtype),
     )
     # Tree reduction over the contraction axis (kept as an axis of 1-wide blocks above).
     if out.shape[-2] == 1:
         out = out.squeeze(-2)
     else:
-        out = da.reduction(out, _add_partials, _add_partials, axis=-2, dtype=prob.dtype,
+        out = da.reduction(out, _add_partials, _add_partials, axis=-2, dtype=acc_dtype,
                            concatenate=False, split_every=split_every,
                            name="tilegemm-matmul-sum")
+    if out_dtype != acc_dtype:
+        out = out.astype(out_dtype)
     if a_is_1d:
         out = out.squeeze(-2)
     if b_is_1d:
@@ -171,8 +179,8 @@ def _align(a: da.Array, b: da.Array, align: bool) -> tuple[da.Array, da.Array]:
     return a, b
 
 
-def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, kernel: str, backend: str,
-                  params: dict[str, Any]) -> None:
+def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, block_dtype: np.dtype | None,
+                  kernel: str, backend: str, params: dict[str, Any]) -> None:
     """Validate every distinct block product before any task exists.
 
     Shapes and dtypes of each chunk pair go through tilegemm's own rules; the backend, rung
@@ -195,7 +203,7 @@ def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, kernel: str, backen
         a_shape = tuple(1 if a.shape[i] == 1 else s for i, s in enumerate(batch)) + (m, k)
         b_shape = tuple(1 if b.shape[i] == 1 else s for i, s in enumerate(batch)) + (k, n)
         prob = make_problem(Operand(None, kind, a_shape, a.dtype),
-                            Operand(None, kind, b_shape, b.dtype))
+                            Operand(None, kind, b_shape, b.dtype), dtype=block_dtype)
         if local:
             ops = [Operand(None, kind, a_shape, a.dtype), Operand(None, kind, b_shape, b.dtype)]
             be = choose_backend(backend, ops)
@@ -213,16 +221,19 @@ def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, kernel: str, backen
 
 
 def _block_product(a: Any, b: Any, *, kernel: str, backend: str, dtype: str,
-                   params: dict[str, Any], threads: int | None = None) -> Any:
+                   params: dict[str, Any], threads: int | None = None,
+                   block_dtype: np.dtype | None = None) -> Any:
     """One task: a chunk of ``a`` times a chunk of ``b`` by tilegemm, with the contraction
-    axis put back as a length-1 axis (blockwise expects it; the reduction removes it)."""
+    axis put back as a length-1 axis (blockwise expects it; the reduction removes it).
+    ``block_dtype``: the kernel's dtype, asked for when it is not NumPy's result dtype."""
     import tilegemm
 
     if a.shape[-1] != b.shape[-2]:  # the graph was built for matching chunks
         raise RuntimeError(f"tilegemm.dask: chunks of shapes {a.shape} and {b.shape} do not "
                            "match the array metadata the graph was built from")
     with _cpu_threads(threads):
-        c = tilegemm.matmul(a, b, kernel=kernel, backend=backend, **params)
+        extra = {} if block_dtype is None else {"dtype": block_dtype}
+        c = tilegemm.matmul(a, b, kernel=kernel, backend=backend, **extra, **params)
     if c.dtype != np.dtype(dtype):
         raise RuntimeError(f"tilegemm.dask: a chunk product has dtype {c.dtype}, the graph "
                            f"expects {np.dtype(dtype).name} (chunks of another dtype than "
