@@ -458,3 +458,12 @@ def test_reduced_precision_results_are_checked_at_their_own_precision() -> None:
     assert ha.dtype.name == "bfloat16" and np.all(np.abs(ha.astype(np.float32)) >= 0.5)
     assert_close(np.matmul(ha.astype(np.float32), hb.astype(np.float32)).astype(ha.dtype),
                  ha, hb)
+
+
+def test_tune_cli_refuses_what_no_rung_here_computes(capsys) -> None:  # noqa: ANN001
+    from tilegemm.cli import main
+
+    assert main(["tune", "--backend", "cpu", "--dtype", "float64", "--precision", "tf32"]) != 0
+    assert "applies to --dtype float32, not float64" in capsys.readouterr().err
+    assert main(["tune", "--backend", "cpu", "--dtype", "bfloat16"]) != 0
+    assert "backends with one: cuda" in capsys.readouterr().err
