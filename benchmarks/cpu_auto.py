@@ -10,7 +10,7 @@ Large sizes use ``cpu_blocked.measure`` (blocks of ours and NumPy alternating, p
 between) with the parameters ``tilegemm.plan`` reports for auto; tiny sizes time whole
 ``tilegemm.matmul`` calls (validation and dispatch included) against ``np.matmul``; the
 first call runs ``import tilegemm`` and one ``matmul`` in new processes, after one process
-has filled the cache. Writes ``benchmarks/results/cpu-auto-<cpu>-<isa>.json``.
+has filled the cache. Writes ``benchmarks/results/cpu-auto-<cpu>-<isa>-m<family>-<model>.json``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,12 @@ import cpu_blocked  # noqa: E402
 
 import tilegemm  # noqa: E402
 from tilegemm import registry  # noqa: E402
-from tilegemm.bench.environment import cpu_name, git_commit, slug  # noqa: E402
+from tilegemm.bench.environment import (  # noqa: E402
+    cpu_family_model,
+    cpu_name,
+    cpu_results_stem,
+    git_commit,
+)
 from tilegemm.bench.timing import mean_call_seconds  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
 
@@ -83,7 +88,8 @@ def main() -> None:
               f"{sorted(runs)[1]:.2f} s", flush=True)
     flags = cpu_blocked.simd_flags()
     result = {
-        "device": "cpu", "cpu_model": cpu_name(), "isa": host_isa(), "simd": flags,
+        "device": "cpu", "cpu_model": cpu_name(), "cpu_family_model": cpu_family_model(),
+        "isa": host_isa(), "simd": flags,
         "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
         "numpy_version": np.__version__, "numba_version": numba.__version__,
         "git_commit": git_commit(),
@@ -94,7 +100,8 @@ def main() -> None:
         "large": large, "tiny": tiny, "first_call_warm_cache": first,
     }
     if not args.no_save:
-        path = ROOT / "benchmarks" / "results" / f"cpu-auto-{slug(cpu_name())}-{host_isa()}.json"
+        name = cpu_results_stem("cpu-auto", host_isa())
+        path = ROOT / "benchmarks" / "results" / f"{name}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {path.relative_to(ROOT)}")
 

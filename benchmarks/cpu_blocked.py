@@ -15,8 +15,10 @@ Each block starts after a pause (``--pause``, default 0.3 s): OpenBLAS worker th
 spinning for about 0.1 s after a call, and Numba's OpenMP workers briefly too, so a launch
 that follows the other library immediately shares its cores with those spinning threads.
 Strict one-by-one interleaving measured both sides at a third to a half of their speed on
-this 2-core machine. Writes ``benchmarks/results/cpu-blocked-<cpu-model-slug>.json`` unless
-``--no-save``.
+this 2-core machine. Writes
+``benchmarks/results/cpu-blocked-<cpu>-<isa>-m<family>-<model>.json`` unless ``--no-save``
+(the ISA and the family/model numbers: virtual machines of different generations often
+report the same CPU name).
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ import numpy as np
 from tilegemm import registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import wall_clock_elapsed
-from tilegemm.bench.environment import cpu_name, git_commit, slug
+from tilegemm.bench.environment import cpu_family_model, cpu_name, cpu_results_stem, git_commit
 from tilegemm.bench.timing import alternating, prepare_verified
 from tilegemm.problem import describe, host_operand_3d, make_problem
 from tilegemm.reference import random_operands
+from tilegemm.tune.database import host_isa
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -128,7 +131,8 @@ def main() -> None:
                   flush=True)
     model = cpu_name()
     result = {
-        "device": "cpu", "cpu_model": model, "cores": os.cpu_count(), "simd": simd_flags(),
+        "device": "cpu", "cpu_model": model, "cpu_family_model": cpu_family_model(),
+        "isa": host_isa(), "cores": os.cpu_count(), "simd": simd_flags(),
         "numba_threads": numba.get_num_threads(), "numpy_version": np.__version__,
         "numba_version": numba.__version__, "git_commit": git_commit(),
         "kernel": "cpu:blocked", "params": params, "sizes": args.sizes,
@@ -139,7 +143,8 @@ def main() -> None:
         "results": rows,
     }
     if not args.no_save:
-        path = ROOT / "benchmarks" / "results" / f"cpu-blocked-{slug(model)}.json"
+        name = cpu_results_stem("cpu-blocked", host_isa())
+        path = ROOT / "benchmarks" / "results" / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {path.relative_to(ROOT)}")
