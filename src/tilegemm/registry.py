@@ -173,22 +173,25 @@ def _discover_backend(backend: str) -> list[KernelSpec]:
 
 
 @cache
-def all_specs() -> tuple[KernelSpec, ...]:
-    """Every registered rung, ordered by backend then rung number."""
-    specs: list[KernelSpec] = []
-    for backend in BACKENDS:
-        specs.extend(_discover_backend(backend))
+def _specs_of(backend: str) -> tuple[KernelSpec, ...]:
+    """One backend's rungs, ordered by rung number. Discovered per backend, so a CPU call
+    never imports the CUDA rung modules (a fresh process's first call pays for what it uses)."""
+    specs = _discover_backend(backend)
     seen: set[str] = set()
     for s in specs:
         if s.key in seen:
             raise RuntimeError(f"kernel {s.key} is registered twice")
         seen.add(s.key)
-    order = {b: i for i, b in enumerate(BACKENDS)}
-    return tuple(sorted(specs, key=lambda s: (order[s.backend], s.rung, s.name)))
+    return tuple(sorted(specs, key=lambda s: (s.rung, s.name)))
+
+
+def all_specs() -> tuple[KernelSpec, ...]:
+    """Every registered rung, ordered by backend then rung number."""
+    return tuple(s for backend in BACKENDS for s in _specs_of(backend))
 
 
 def specs_for(backend: str) -> tuple[KernelSpec, ...]:
-    return tuple(s for s in all_specs() if s.backend == backend)
+    return _specs_of(backend) if backend in BACKENDS else ()
 
 
 def get(name: str, backend: str) -> KernelSpec:
