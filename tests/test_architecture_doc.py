@@ -30,13 +30,13 @@ def _roots() -> list[Any]:
     from tilegemm.backends.base import Backend, Target
     from tilegemm.bench.reports import PlanContext, Report
     from tilegemm.bench.sweeps import Case
-    from tilegemm.registry import KernelSpec
+    from tilegemm.registry import BackendLine, KernelSpec
 
     modules = ("tilegemm", "tilegemm.bench", "tilegemm.backends", "tilegemm.backends.base",
                "tilegemm.registry", "tilegemm.bench.report", "tilegemm.bench.reports",
                "tilegemm.bench.sweeps")
     return [*map(importlib.import_module, modules), Backend, Target, KernelSpec, Report,
-            PlanContext, Case]
+            PlanContext, Case, BackendLine]
 
 
 def _has(root: Any, dotted: str) -> bool:
@@ -76,6 +76,8 @@ def _names_known() -> set[str]:
 
 def _path_exists(token: str) -> bool:
     pattern = re.sub(r"<[^>]+>", "*", token.removeprefix("python ")).replace("kNN", "k[0-9][0-9]")
+    if (ROOT / pattern).exists():
+        return True
     if "/" not in pattern:  # a file name: anywhere in the package
         return any((ROOT / "src" / "tilegemm").rglob(pattern))
     return any(any(base.glob(pattern)) for base in (ROOT, ROOT / "src" / "tilegemm"))
@@ -85,7 +87,13 @@ def _missing(section: str) -> list[str]:
     missing = []
     roots = _roots()
     for token in sorted(set(re.findall(r"`([^`]+)`", _section(section)))):
-        if "/" in token or token.endswith(".py"):
+        if token.startswith("*"):  # a file pattern
+            continue
+        if "-" in token and not token.startswith("-"):  # a dependency: declared
+            if f'"{token}' not in (ROOT / "pyproject.toml").read_text():
+                missing.append(token)
+            continue
+        if "/" in token or token.endswith((".py", ".toml", ".md")):
             if not _path_exists(token):
                 missing.append(token)
             continue
