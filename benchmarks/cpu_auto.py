@@ -10,7 +10,7 @@ Large sizes use ``cpu_blocked.measure`` (blocks of ours and NumPy alternating, p
 between) with the parameters ``tilegemm.plan`` reports for auto; tiny sizes time whole
 ``tilegemm.matmul`` calls (validation and dispatch included) against ``np.matmul``; the
 first call runs ``import tilegemm`` and one ``matmul`` in new processes, after one process
-has filled the cache. Writes ``benchmarks/results/cpu-auto-<cpu>-<isa>.json``.
+has filled the cache. Writes ``benchmarks/results/cpu-auto-<cpu>-<isa>-m<family>-<model>.json``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numba
@@ -31,7 +30,13 @@ import cpu_blocked  # noqa: E402
 
 import tilegemm  # noqa: E402
 from tilegemm import registry  # noqa: E402
-from tilegemm.bench.environment import cpu_name, git_commit, slug  # noqa: E402
+from tilegemm.bench.environment import (  # noqa: E402
+    cpu_family_model,
+    cpu_name,
+    cpu_results_stem,
+    git_commit,
+)
+from tilegemm.bench.timing import mean_call_seconds  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,15 +47,6 @@ a = np.ones((64, 64), np.{dtype}); tilegemm.matmul(a, a)
 b = np.ones((256, 256), np.{dtype}); tilegemm.matmul(b, b)
 print(time.perf_counter() - t)
 """
-
-
-def per_call(f, seconds: float = 0.3) -> float:
-    f()
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        f()
-        n += 1
-    return (time.perf_counter() - t0) / n
 
 
 def main() -> None:
@@ -74,8 +70,8 @@ def main() -> None:
     for dtype in args.dtypes:
         for n in (8, 32, 64):
             a, b = np.random.rand(n, n).astype(dtype), np.random.rand(n, n).astype(dtype)
-            ours = per_call(lambda a=a, b=b: tilegemm.matmul(a, b))
-            ref = per_call(lambda a=a, b=b: np.matmul(a, b))
+            ours = mean_call_seconds(lambda a=a, b=b: tilegemm.matmul(a, b))
+            ref = mean_call_seconds(lambda a=a, b=b: np.matmul(a, b))
             tiny.append({"size": n, "dtype": dtype, "us_tilegemm": round(ours * 1e6, 1),
                          "us_numpy": round(ref * 1e6, 2), "times_numpy": round(ours / ref, 1)})
             print(f"{dtype} {n}^3 per call: {ours * 1e6:.1f} us vs NumPy {ref * 1e6:.2f} us "
@@ -92,7 +88,8 @@ def main() -> None:
               f"{sorted(runs)[1]:.2f} s", flush=True)
     flags = cpu_blocked.simd_flags()
     result = {
-        "device": "cpu", "cpu_model": cpu_name(), "isa": host_isa(), "simd": flags,
+        "device": "cpu", "cpu_model": cpu_name(), "cpu_family_model": cpu_family_model(),
+        "isa": host_isa(), "simd": flags,
         "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
         "numpy_version": np.__version__, "numba_version": numba.__version__,
         "git_commit": git_commit(),
@@ -103,7 +100,8 @@ def main() -> None:
         "large": large, "tiny": tiny, "first_call_warm_cache": first,
     }
     if not args.no_save:
-        path = ROOT / "benchmarks" / "results" / f"cpu-auto-{slug(cpu_name())}-{host_isa()}.json"
+        name = cpu_results_stem("cpu-auto", host_isa())
+        path = ROOT / "benchmarks" / "results" / f"{name}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {path.relative_to(ROOT)}")
 

@@ -15,8 +15,10 @@ Each block starts after a pause (``--pause``, default 0.3 s): OpenBLAS worker th
 spinning for about 0.1 s after a call, and Numba's OpenMP workers briefly too, so a launch
 that follows the other library immediately shares its cores with those spinning threads.
 Strict one-by-one interleaving measured both sides at a third to a half of their speed on
-this 2-core machine. Writes ``benchmarks/results/cpu-blocked-<cpu-model-slug>.json`` unless
-``--no-save``.
+this 2-core machine. Writes
+``benchmarks/results/cpu-blocked-<cpu>-<isa>-m<family>-<model>.json`` unless ``--no-save``
+(the ISA and the family/model numbers: virtual machines of different generations often
+report the same CPU name).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numba
@@ -32,9 +35,12 @@ import numpy as np
 
 from tilegemm import registry
 from tilegemm.backends import get_backend
-from tilegemm.bench.environment import cpu_name, git_commit, slug
+from tilegemm.backends.base import wall_clock_elapsed
+from tilegemm.bench.environment import cpu_family_model, cpu_name, cpu_results_stem, git_commit
+from tilegemm.bench.timing import alternating, prepare_verified
 from tilegemm.problem import describe, host_operand_3d, make_problem
-from tilegemm.reference import assert_close, random_operands
+from tilegemm.reference import random_operands
+from tilegemm.tune.database import host_isa
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,27 +67,32 @@ def simd_flags() -> list[str]:
 def measure(spec, params, n: int, dtype: str, rounds: int, block: int, pause: float) -> dict:
     a, b = random_operands((n, n), (n, n), dtype)
     prob = make_problem(describe(a, "a"), describe(b, "b"))
+    backend = get_backend("cpu")
     t0 = time.perf_counter()
-    prepared = get_backend("cpu").prepare(spec, params, prob, host_operand_3d(a, prob, "a"),
-                                          host_operand_3d(b, prob, "b"))
-    prepared.launch()  # compiles on the first (dtype, params); warms caches
+    # Compiles on the first (dtype, params), warms caches; output NaN-poisoned, then checked.
+    prepared = prepare_verified(backend, spec, params, prob, host_operand_3d(a, prob, "a"),
+                                host_operand_3d(b, prob, "b"))
     first_call_s = time.perf_counter() - t0
-    assert_close(prepared.fetch()[0], a, b, what=f"blocked {n} {dtype}")
     out = np.empty((n, n), dtype=dtype)
     np.matmul(a, b, out=out)
-    ours, ref, ours_cpu, ref_cpu = [], [], [], []
-    for _ in range(rounds):
-        time.sleep(pause)
-        for _ in range(block):
-            c = time.process_time()
-            ours.extend(prepared.elapsed(1))
-            ours_cpu.append(time.process_time() - c)
-        time.sleep(pause)
-        for _ in range(block):
-            c, t = time.process_time(), time.perf_counter()
-            np.matmul(a, b, out=out)
-            ref.append(time.perf_counter() - t)
-            ref_cpu.append(time.process_time() - c)
+    ours_cpu: list[float] = []
+    ref_cpu: list[float] = []
+
+    def blocks(one: Callable[[], list[float]], cpu: list[float]) -> Callable[[], list[float]]:
+        def run() -> list[float]:  # ``block`` launches; CPU seconds of each kept aside
+            wall = []
+            for _ in range(block):
+                c = time.process_time()
+                wall.extend(one())
+                cpu.append(time.process_time() - c)
+            return wall
+        return run
+
+    times = alternating({
+        "ours": blocks(lambda: prepared.elapsed(1), ours_cpu),
+        "numpy": blocks(lambda: wall_clock_elapsed(lambda: np.matmul(a, b, out=out), 1), ref_cpu),
+    }, rounds, pause=pause)
+    ours, ref = times["ours"], times["numpy"]
     flop = 2.0 * n**3
     g_ours, g_np = flop / np.median(ours) / 1e9, flop / np.median(ref) / 1e9
     return {"size": n, "dtype": dtype, "first_call_s": round(first_call_s, 3),
@@ -120,7 +131,8 @@ def main() -> None:
                   flush=True)
     model = cpu_name()
     result = {
-        "device": "cpu", "cpu_model": model, "cores": os.cpu_count(), "simd": simd_flags(),
+        "device": "cpu", "cpu_model": model, "cpu_family_model": cpu_family_model(),
+        "isa": host_isa(), "cores": os.cpu_count(), "simd": simd_flags(),
         "numba_threads": numba.get_num_threads(), "numpy_version": np.__version__,
         "numba_version": numba.__version__, "git_commit": git_commit(),
         "kernel": "cpu:blocked", "params": params, "sizes": args.sizes,
@@ -131,7 +143,8 @@ def main() -> None:
         "results": rows,
     }
     if not args.no_save:
-        path = ROOT / "benchmarks" / "results" / f"cpu-blocked-{slug(model)}.json"
+        name = cpu_results_stem("cpu-blocked", host_isa())
+        path = ROOT / "benchmarks" / "results" / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {path.relative_to(ROOT)}")

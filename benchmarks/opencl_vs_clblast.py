@@ -24,6 +24,7 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from tilegemm import registry  # noqa: E402
 from tilegemm.backends import get_backend  # noqa: E402
-from tilegemm.bench.timing import prepare_verified  # noqa: E402
+from tilegemm.backends.base import wall_clock_elapsed  # noqa: E402
+from tilegemm.bench.timing import alternating, prepare_verified  # noqa: E402
 from tilegemm.problem import describe, make_problem  # noqa: E402
 from tilegemm.reference import assert_close  # noqa: E402
 
@@ -57,10 +59,10 @@ def clblast_library_version() -> str | None:
         return None
 
 
-def timed(call: Any) -> float:
-    t0 = time.perf_counter()
-    call()
-    return time.perf_counter() - t0
+def host_timed(call: Callable[[], Any]) -> Callable[[], list[float]]:
+    """One wall-clock-timed call (``call`` ends with ``queue.finish()``): the same clock
+    for ours, CLBlast and NumPy."""
+    return lambda: wall_clock_elapsed(call, 1)
 
 
 def ladder_table(backend: Any, queue: Any, n: int, reps: int) -> list[dict[str, Any]]:
@@ -73,7 +75,8 @@ def ladder_table(backend: Any, queue: Any, n: int, reps: int) -> list[dict[str, 
     for spec in registry.specs_for("opencl"):
         params = backend.resolve(spec, {})
         prepared = prepare_verified(backend, spec, params, prob, a[None], b[None])
-        best = min(timed(lambda p=prepared: (p.launch(), queue.finish())) for _ in range(reps))
+        launch = host_timed(lambda p=prepared: (p.launch(), queue.finish()))
+        best = min(alternating({spec.name: launch}, reps, pause=0.0)[spec.name])
         rows.append({"rung": spec.rung, "kernel": spec.name, "params": params, "n": n,
                      "gflops_best": 2.0 * n**3 / best / 1e9})
         print(f"ladder n={n}: {spec.rung} {spec.name:11s} {rows[-1]['gflops_best']:7.1f} "
@@ -139,10 +142,8 @@ def main() -> int:
         calls["numpy"] = lambda a=a, b=b: np.matmul(a, b)
         calls["numpy"]()
 
-        times: dict[str, list[float]] = {name: [] for name in calls}
-        for _ in range(args.reps):
-            for name, call in calls.items():
-                times[name].append(timed(call))
+        times = alternating({name: host_timed(call) for name, call in calls.items()},
+                            args.reps, pause=0.0)
         result: dict[str, Any] = {"n": n}
         for name, ts in times.items():
             result[name] = {

@@ -4,8 +4,9 @@
 
 Prints GFLOP/s of the rung and of cuBLAS (CuPy) per shape, their ratio, the ratio at
 4096³ (target >= 0.80) and the geometric mean over the eight shapes (target >= 0.70).
-Every result is verified against float64 NumPy before it is timed. Times come from
-``Backend.prepare(...).elapsed(n)`` (CUDA events) and CuPy events, median of --repeat.
+Every result is verified on a NaN-poisoned output against float64 NumPy before it is
+timed, through the benchmarks' own path (``bench.timing.measure_kernel`` and
+``measure_vendor``): CUDA events and CuPy events, median of --repeat after two warm-ups.
 ``--tuned`` uses kernel="auto"'s choice (the tuning cache) instead of the defaults.
 """
 
@@ -13,30 +14,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import sys
 
 import numpy as np
 
 SHAPES = [(1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096), (8192, 8192, 8192),
           (1000, 1000, 1000), (4097, 4097, 4097), (4096, 4096, 512), (512, 512, 8192)]
-
-
-def cublas_seconds(a: np.ndarray, b: np.ndarray, repeat: int) -> float:
-    import cupy
-
-    da, db = cupy.asarray(a), cupy.asarray(b)
-    for _ in range(2):
-        da @ db
-    times = []
-    for _ in range(repeat):
-        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        da @ db
-        stop.record()
-        stop.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
-    return statistics.median(times)
 
 
 def main() -> int:
@@ -48,7 +31,8 @@ def main() -> int:
 
     from tilegemm import registry
     from tilegemm.backends import get_backend
-    from tilegemm.bench.timing import prepare_verified
+    from tilegemm.bench.timing import OK, fixed, measure_kernel
+    from tilegemm.bench.vendors import VENDORS, measure_vendor
     from tilegemm.problem import problem_for
     from tilegemm.reference import random_operands
     from tilegemm.tune.select import tuned_choice
@@ -59,6 +43,9 @@ def main() -> int:
         print(f"needs a real GPU: {status.reason}")
         return 2
     print(f"device: {status.devices[0]}")
+    target = backend.target()
+    cublas = VENDORS["cupy"](target)
+    policy = fixed(args.repeat, warmup=2)
     ratios = {}
     for m, n, k in SHAPES:
         prob = problem_for(m, n, k, "float32")
@@ -68,10 +55,12 @@ def main() -> int:
             spec, params = registry.get(args.kernel, "cuda"), {}
         params = spec.resolve(params)
         a, b = random_operands((1, m, k), (1, k, n), np.float32)
-        prepared = prepare_verified(backend, spec, params, prob, a, b)  # poisoned, checked
-        prepared.elapsed(2)  # warm-up
-        ours = statistics.median(prepared.elapsed(args.repeat))
-        theirs = cublas_seconds(a[0], b[0], args.repeat)
+        mine = measure_kernel(backend, spec, params, prob, a, b, policy, target=target)
+        ref = measure_vendor(cublas, backend.name, prob, a, b, policy)
+        if mine.status != OK or ref.status != OK or not mine.stats or not ref.stats:
+            print(f"{m}x{n}x{k}: {mine.status} {mine.reason} | cuBLAS {ref.status} {ref.reason}")
+            return 1
+        ours, theirs = mine.stats.median, ref.stats.median
         flops = 2.0 * m * n * k
         ratios[(m, n, k)] = theirs / ours
         print(f"{m:>5}x{n:>5}x{k:>5}  {spec.name} {params}  {flops / ours / 1e9:9.1f} GFLOP/s"

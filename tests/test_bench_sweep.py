@@ -404,3 +404,19 @@ def test_bench_cli_refuses_a_precision_for_16bit_data() -> None:
     with pytest.raises(InvalidValueError, match="--precision tf32 applies to --dtype float32"):
         settings_from(parser.parse_args(["--dtype", "float16", "--precision", "tf32"]))
     assert settings_from(parser.parse_args(["--precision", "3xtf32"])).precision == "3xtf32"
+
+
+def test_cpu_results_stem_names_isa_and_model(monkeypatch) -> None:
+    """Two machines with the same vendor string but different ISA or model get different
+    results files (generic names like "Intel(R) Xeon(R) Processor" are common under KVM)."""
+    from tilegemm.bench import environment
+
+    monkeypatch.setattr(environment, "cpu_name", lambda: "Intel(R) Xeon(R) Processor")
+    monkeypatch.setattr(environment, "cpu_family_model", lambda: "6-207")
+    assert (environment.cpu_results_stem("cpu-blocked", "avx512")
+            == "cpu-blocked-intel-xeon-processor-avx512-m6-207")
+    monkeypatch.setattr(environment, "cpu_family_model", lambda: "6-143")
+    assert environment.cpu_results_stem("cpu-auto", "avx512").endswith("-avx512-m6-143")
+    monkeypatch.setattr(environment, "cpu_family_model", lambda: "")  # no /proc/cpuinfo
+    assert (environment.cpu_results_stem("cpu-auto", "avx2")
+            == "cpu-auto-intel-xeon-processor-avx2")

@@ -15,7 +15,11 @@ from tilegemm.bench.timing import (
     Measurement,
     Policy,
     Stats,
+    alternating,
+    fixed,
+    mean_call_seconds,
     measure_kernel,
+    steady,
     time_prepared,
 )
 from tilegemm.problem import GemmProblem
@@ -109,6 +113,38 @@ def test_max_reps_bounds_a_fast_kernel() -> None:
                                Policy(warmup=0, budget_s=10.0, min_reps=1, max_reps=37),
                                clock=clock)
     assert len(samples) == 37
+
+
+def test_fixed_policy_times_exactly_the_repeats_after_the_warmup() -> None:
+    """The tuner's and the scripts' policy: the same number of launches for every
+    candidate, however slow (no budget cuts a slow one short)."""
+    clock = FakeClock()
+    k = FakeKernel(clock, 30.0, result=np.zeros(1), warmup=2)
+    k.launches = 1  # as after the verified first launch
+    samples = steady(k.prepared(), fixed(7, warmup=2), clock=clock)
+    assert samples == [30.0] * 7  # warm-up (99.0) excluded
+    assert k.elapsed_calls[0] == 2 and sum(k.elapsed_calls) == 9
+
+
+def test_alternating_blocks_pause_before_each_contender() -> None:
+    events: list[str] = []
+    got = alternating({"ours": lambda: events.append("ours") or [1.0, 2.0],
+                       "ref": lambda: events.append("ref") or [3.0]},
+                      3, pause=0.5, sleep=lambda s: events.append(f"sleep {s}"))
+    assert got == {"ours": [1.0, 2.0] * 3, "ref": [3.0] * 3}
+    assert events == ["sleep 0.5", "ours", "sleep 0.5", "ref"] * 3
+
+
+def test_mean_call_seconds_averages_many_short_calls() -> None:
+    clock = FakeClock()
+    calls = []
+
+    def call() -> None:
+        calls.append(1)
+        clock.now += 0.01
+
+    assert mean_call_seconds(call, 0.1, clock=clock) == pytest.approx(0.01)
+    assert len(calls) == 11  # one untimed call, then ten within 0.1 s
 
 
 def test_zero_reps_verifies_and_times_the_first_call_only() -> None:

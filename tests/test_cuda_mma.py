@@ -294,3 +294,29 @@ def test_half_precision_requests_are_refused_with_the_choices() -> None:
         tilegemm.matmul(a, a.T, backend="cuda", precision="tf32")
     with pytest.raises(InvalidTypeError, match="supported result dtypes are .*bfloat16"):
         tilegemm.matmul(a, a.T, backend="cuda", dtype=np.complex64)
+
+
+def test_an_untyped_cuda_array_is_refused_naming_the_bfloat16_route() -> None:
+    class Untyped:  # what a CuPy array of ml_dtypes.bfloat16 would expose
+        __cuda_array_interface__ = {"shape": (4, 4), "typestr": "|V2", "data": (0, False),
+                                    "version": 3}
+
+    with pytest.raises(InvalidTypeError, match="torch.bfloat16"):
+        tilegemm.matmul(Untyped(), Untyped())
+
+
+def test_a_torch_bfloat16_cuda_tensor_is_described_without_the_array_interface() -> None:
+    from tilegemm.problem import array_kind, describe
+
+    class Tensor:  # stands for torch.Tensor: bfloat16 has no __cuda_array_interface__
+        dtype = "torch.bfloat16"
+        is_cuda = True
+        shape = (3, 5)
+
+        @property
+        def __cuda_array_interface__(self) -> dict:
+            raise TypeError("dtype torch.bfloat16 is not supported")
+
+    Tensor.__module__ = "torch"
+    op = describe(Tensor(), "a")
+    assert array_kind(Tensor()) == "cuda" and op.dtype == BF16 and op.shape == (3, 5)

@@ -255,3 +255,185 @@ def test_bad_thread_count_raises_before_any_task(threads):
     _, _, da_a, da_b = _operands("uneven-k")
     with pytest.raises(ValueError, match="threads"):
         tgd.matmul(da_a, da_b, threads=threads)
+
+
+def test_narrow_dtypes_match_numpy_and_add_partials_in_the_kernel_dtype(monkeypatch):
+    """float16, bool and narrow or unsigned integers: NumPy's result dtype, with the partial
+    products computed and added in the kernel's dtype (float32, int32) and cast once."""
+    rng = np.random.default_rng(6)
+    seen = []
+    real = tilegemm.matmul
+
+    def spy(x, y, **kw):
+        seen.append(kw.get("dtype"))
+        return real(x, y, **kw)
+
+    monkeypatch.setattr(tilegemm, "matmul", spy)
+    for dtype, kernel_dtype in [(np.int8, np.int32), (np.uint8, np.int32), (np.bool_, np.int32),
+                                (np.uint32, np.int32), (np.int16, np.int32)]:
+        a = rng.integers(-128, 128, (9, 40)).astype(dtype)  # int8 products wrap, as NumPy's
+        b = rng.integers(-128, 128, (40, 7)).astype(dtype)
+        seen.clear()
+        c = tgd.matmul(da.from_array(a, chunks=(4, 6)), da.from_array(b, chunks=(6, 3)), **KW)
+        assert c.dtype == (a @ b).dtype
+        r = c.compute(scheduler="threads")
+        assert r.dtype == (a @ b).dtype
+        np.testing.assert_array_equal(r, a @ b, err_msg=np.dtype(dtype).name)
+        assert seen and all(d == kernel_dtype for d in seen)
+
+    # float16 over 16 contraction chunks: within one float16 rounding of the exact product,
+    # which float16 partial sums (one rounding per addition) would exceed.
+    a = rng.uniform(0.5, 1.0, (8, 64)).astype(np.float16)
+    b = rng.uniform(0.5, 1.0, (64, 8)).astype(np.float16)
+    seen.clear()
+    c = tgd.matmul(da.from_array(a, chunks=(8, 4)), da.from_array(b, chunks=(4, 8)), **KW)
+    r = c.compute(scheduler="threads")
+    assert c.dtype == r.dtype == np.float16 and seen and all(d == np.float32 for d in seen)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.all(np.abs(r - exact) <= np.spacing(exact.astype(np.float16)))
+
+
+def test_vector_dot_and_empty_dimensions():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(11).astype(np.float32)
+    y = rng.standard_normal(11).astype(np.float32)
+    c = tgd.matmul(da.from_array(x, chunks=4), da.from_array(y, chunks=5), **KW)
+    assert c.shape == () and c.dtype == np.float32
+    assert_close(c.compute(scheduler="threads"), x, y)
+    for sa, ca, sb, cb in [((5, 0), (2, 0), (0, 4), (0, 3)),   # K = 0: zeros
+                           ((0, 7), (0, 3), (7, 4), 3), ((5, 7), 3, (7, 0), (3, 0))]:
+        a, b = np.ones(sa, np.float32), np.ones(sb, np.float32)
+        r = tgd.matmul(da.from_array(a, chunks=ca), da.from_array(b, chunks=cb), **KW)
+        np.testing.assert_array_equal(r.compute(scheduler="threads"), a @ b)
+
+
+def test_numpy_operand_is_one_chunk():
+    a, b, da_a, da_b = _operands("ragged")
+    c = tgd.matmul(a, da_b, **KW)
+    assert c.chunks[0] == (a.shape[0],)
+    assert_close(c.compute(scheduler="threads"), a, b)
+    assert_close(tgd.matmul(da_a, b, **KW).compute(scheduler="threads"), a, b)
+
+
+def test_rung_parameters_reach_every_block_and_are_checked_first(monkeypatch):
+    """UPPER-CASE parameters are validated against the rung when the graph is built and
+    passed to every block (the block kernel is faked here: no compile of ``blocked``)."""
+    seen = []
+
+    def fake(x, y, **kw):
+        seen.append(kw)
+        return np.matmul(x, y)
+
+    monkeypatch.setattr(tilegemm, "matmul", fake)
+    a, b, da_a, da_b = _operands("uneven-k")
+    kw = {"kernel": "blocked", "backend": "cpu", "MR": 8, "NR": 32}
+    c = tgd.matmul(da_a, da_b, **kw)
+    assert not seen  # lazy
+    assert_close(c.compute(scheduler="threads"), a, b)
+    assert seen and all(s == kw for s in seen)
+    for bad, match in [({"MR": 5}, "MR=5"), ({"MR": 16, "NR": 32}, "MR\\*NR"),
+                       ({"TILE": 8}, "TILE")]:
+        with pytest.raises(ValueError, match=match):
+            tgd.matmul(_explodes((5, 7), 3), _explodes((7, 4), 3), kernel="blocked",
+                       backend="cpu", **bad)
+
+
+def test_backend_missing_here_still_checks_names_and_parameters(monkeypatch):
+    """A client without the workers' GPU builds the graph for a CUDA rung, checking the
+    rung's name, dtypes and parameters without the device."""
+
+    class Missing:
+        def status(self):
+            return type("Status", (), {"usable": False})()
+
+    monkeypatch.setattr(tgd, "get_backend", lambda name: Missing())
+    x, y = _explodes((8, 8), 4), _explodes((8, 8), 4)
+    c = tgd.matmul(x, y, backend="cuda", kernel="shared", TILE=16)
+    assert c.shape == (8, 8)
+    xi, yi = _explodes((8, 8), 4, np.int64), _explodes((8, 8), 4, np.int64)
+    for a, b, kw, error, match in [
+        (x, y, {"kernel": "nope"}, ValueError, "nope"),
+        (x, y, {"kernel": "shared", "TILE": 7}, ValueError, "TILE=7"),
+        (x, y, {"kernel": "shared", "BM": 64}, ValueError, "BM"),
+        (xi, yi, {"kernel": "vectorized"}, TypeError, "int64"),
+    ]:
+        with pytest.raises(error, match=match):
+            tgd.matmul(a, b, backend="cuda", **kw)
+
+
+def test_chunks_of_another_dtype_than_the_metadata_fail_clearly():
+    a, b, da_a, da_b = _operands("ragged")
+    lying = da_a.map_blocks(lambda t: t.astype(np.float64), dtype=np.float32)
+    c = tgd.matmul(lying, da_b, **KW)
+    with pytest.raises(RuntimeError, match="graph expects float32"):
+        c.compute(scheduler="sync")
+
+
+def test_dtype_keyword_as_numpy(monkeypatch):
+    """``dtype=`` is NumPy's matmul(dtype=): every block computes in it, partials included."""
+    rng = np.random.default_rng(8)
+    seen = []
+    real = tilegemm.matmul
+
+    def spy(x, y, **kw):
+        seen.append(kw.get("dtype"))
+        return real(x, y, **kw)
+
+    monkeypatch.setattr(tilegemm, "matmul", spy)
+    ai = rng.integers(-128, 128, (9, 40)).astype(np.int8)
+    bi = rng.integers(-128, 128, (40, 7)).astype(np.int8)
+    c = tgd.matmul(da.from_array(ai, chunks=(4, 6)), da.from_array(bi, chunks=(6, 3)),
+                   dtype=np.int64, **KW)  # no wrapping: int64 sums
+    assert c.dtype == np.int64
+    np.testing.assert_array_equal(c.compute(scheduler="threads"),
+                                  np.matmul(ai, bi, dtype=np.int64))
+    assert seen and all(d == np.int64 for d in seen)
+
+    a, b, da_a, da_b = _operands("uneven-k")
+    a16, b16 = a.astype(np.float16), b.astype(np.float16)
+    seen.clear()
+    c = tgd.matmul(da_a.astype(np.float16), da_b.astype(np.float16), dtype=np.float32, **KW)
+    r = c.compute(scheduler="threads")
+    assert c.dtype == r.dtype == np.float32 and all(d == np.float32 for d in seen)
+    assert_close(r, a16.astype(np.float32), b16.astype(np.float32))  # float32, not rounded
+    c = tgd.matmul(da_a, da_b, dtype=np.float64, **KW)
+    assert c.dtype == np.float64
+    assert_close(c.compute(scheduler="threads"), a.astype(np.float64), b.astype(np.float64))
+    with pytest.raises(TypeError):
+        tgd.matmul(_explodes((5, 7), 3), _explodes((7, 4), 3), dtype=np.int32)  # not same_kind
+
+
+def test_precision_forwarded_and_checked_before_any_task(monkeypatch):
+    seen = []
+    real = tilegemm.matmul
+
+    def spy(x, y, **kw):
+        seen.append(kw.get("precision"))
+        return real(x, y, **kw)
+
+    monkeypatch.setattr(tilegemm, "matmul", spy)
+    a, b, da_a, da_b = _operands("ragged")
+    c = tgd.matmul(da_a, da_b, precision="ieee", **KW)
+    assert_close(c.compute(scheduler="threads"), a, b)
+    assert seen and all(p == "ieee" for p in seen)
+    x, y = _explodes((5, 7), 3), _explodes((7, 4), 3)
+    with pytest.raises(RuntimeError, match="tensor cores"):  # no tensor-core rung on the CPU
+        tgd.matmul(x, y, backend="cpu", precision="tf32")
+    with pytest.raises(ValueError, match="unknown precision"):
+        tgd.matmul(x, y, precision="bogus")
+    with pytest.raises(TypeError, match="float32 operands"):
+        tgd.matmul(_explodes((5, 7), 3, np.float64), _explodes((7, 4), 3, np.float64),
+                   backend="cpu", precision="tf32")
+
+
+def test_precision_checked_without_the_workers_gpu(monkeypatch):
+    class Missing:
+        def status(self):
+            return type("Status", (), {"usable": False})()
+
+    monkeypatch.setattr(tgd, "get_backend", lambda name: Missing())
+    x, y = _explodes((8, 8), 4), _explodes((8, 8), 4)
+    assert tgd.matmul(x, y, backend="cuda", precision="tf32").shape == (8, 8)
+    assert tgd.matmul(x, y, backend="cuda", kernel="mma", precision="3xtf32").shape == (8, 8)
+    with pytest.raises(ValueError, match="cannot compute precision"):
+        tgd.matmul(x, y, backend="cuda", kernel="shared", precision="tf32")

@@ -61,7 +61,7 @@ def test_poisoned_output_is_fully_written(spy, rng, monkeypatch):
 
 @pytest.mark.parametrize("case", ["transposed view", "other shape", "other dtype",
                                   "mixed dtypes", "subclass", "keyword", "out", "float16",
-                                  "big", "byte order"])
+                                  "big", "byte order", "dtype"])
 def test_anything_else_takes_the_full_path(spy, rng, case):
     a, b = _operands(rng, 8, 8, 8, np.float32)
     tilegemm.matmul(a, b)
@@ -87,8 +87,12 @@ def test_anything_else_takes_the_full_path(spy, rng, case):
         a, b = _operands(rng, 65, 64, 64, np.float32)
     elif case == "byte order":
         a, b = a.astype(">f4"), b.astype(">f4")
+    elif case == "dtype":
+        kwargs = {"dtype": np.float64}
     result = tilegemm.matmul(a, b, **kwargs)
     assert len(spy) == 2
+    if case == "dtype":  # NumPy's dtype=, not the first call's float32
+        assert result.dtype == np.float64
     assert_close(result, a, b)
 
 

@@ -37,8 +37,8 @@ FAKE = KernelSpec(
 
 class FakeBackend(Backend):
     """Times are a function of the parameters; (X=8, Y=2) would be fastest but computes a
-    WRONG result; every candidate's last timed launch is a 100 s outlier, so only the
-    median can pick the right winner."""
+    WRONG result; every fifth launch of a candidate is a 100 s outlier, so only the median
+    can pick the right winner."""
 
     name = "cpu"
 
@@ -65,8 +65,14 @@ class FakeBackend(Backend):
         def fetch() -> np.ndarray:
             return good + 1.0 if wrong else good
 
+        launches = [0]
+
         def elapsed(n: int) -> list[float]:
-            return [base * (1 + 0.001 * i) for i in range(n - 1)] + [100.0]  # one outlier
+            times = []
+            for _ in range(n):
+                launches[0] += 1
+                times.append(100.0 if launches[0] % 5 == 0 else base * (1 + 0.001 * launches[0]))
+            return times
 
         return Prepared(launch=lambda: None, fetch=fetch, elapsed=elapsed)
 
@@ -452,3 +458,12 @@ def test_reduced_precision_results_are_checked_at_their_own_precision() -> None:
     assert ha.dtype.name == "bfloat16" and np.all(np.abs(ha.astype(np.float32)) >= 0.5)
     assert_close(np.matmul(ha.astype(np.float32), hb.astype(np.float32)).astype(ha.dtype),
                  ha, hb)
+
+
+def test_tune_cli_refuses_what_no_rung_here_computes(capsys) -> None:  # noqa: ANN001
+    from tilegemm.cli import main
+
+    assert main(["tune", "--backend", "cpu", "--dtype", "float64", "--precision", "tf32"]) != 0
+    assert "applies to --dtype float32, not float64" in capsys.readouterr().err
+    assert main(["tune", "--backend", "cpu", "--dtype", "bfloat16"]) != 0
+    assert "backends with one: cuda" in capsys.readouterr().err

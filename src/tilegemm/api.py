@@ -154,8 +154,9 @@ def gemm(
             c_op = None  # never read when beta == 0
     be = choose_backend(backend, ops)
     if device is not None and not be.accepts_device:
-        raise InvalidValueError(f"device= chooses an OpenCL device; backend {be.name!r} has no "
-                                "device choice (pass backend='opencl')")
+        choosers = [n for n in BACKENDS if get_backend(n).accepts_device]
+        raise InvalidValueError(f"backend {be.name!r} has no device choice; device= works "
+                                f"with backend={' or '.join(map(repr, choosers))}")
     if stream is not None:
         if not getattr(be, "accepts_stream", False):
             raise InvalidValueError(f"stream= chooses a CUDA stream; backend {be.name!r} has "
@@ -262,8 +263,9 @@ def matmul(
       out, with no copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
       "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
-    - ``device`` (OpenCL only) is a device index as listed by ``tilegemm info``; by default
-      the device is the one PYOPENCL_CTX names, else the first GPU, else the first device.
+    - ``device`` (OpenCL and CUDA) is a device index as listed by ``tilegemm info``; by
+      default, OpenCL's is the one PYOPENCL_CTX names, else the first GPU, else the first
+      device, and CUDA's is GPU 0. CUDA device arrays run on the device they live on.
     - ``stream`` (CUDA only): the stream to run on. By default, the caller's current stream
       for their arrays' library (CuPy's current stream, PyTorch's current stream, a numba
       array's own stream, the ``stream`` of a ``__cuda_array_interface__``), so the result is
@@ -282,7 +284,7 @@ def matmul(
       for ``ml_dtypes`` arrays, having no bfloat16 loop).
     """
     if (out is None and kernel == AUTO and backend == AUTO and device is None
-            and stream is None and precision is None and not params):
+            and stream is None and precision is None and dtype is None and not params):
         result = fastpath.try_small(a, b)  # a small product an earlier call decided
         if result is not None:
             return result

@@ -82,7 +82,14 @@ def describe(x: Any, name: str) -> Operand:
         return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype(x.dtype))
     if kind == "cuda":
         cai = x.__cuda_array_interface__
-        return Operand(x, kind, tuple(int(s) for s in cai["shape"]), np.dtype(cai["typestr"]))
+        dtype = np.dtype(cai["typestr"])
+        if dtype.kind == "V":  # e.g. a bfloat16 array: the interface has no type for it
+            raise InvalidTypeError(
+                f"{name}: a CUDA array of untyped {dtype.itemsize}-byte elements (typestr "
+                f"{cai['typestr']!r}); the CUDA array interface cannot say bfloat16, so "
+                "bfloat16 device arrays are taken from PyTorch (torch.bfloat16) only; cast "
+                "to float16/float32, or pass a torch tensor")
+        return Operand(x, kind, tuple(int(s) for s in cai["shape"]), dtype)
     if kind == "opencl":
         return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype(x.dtype))
     # Subclasses whose meaning a plain product would change are refused; any other

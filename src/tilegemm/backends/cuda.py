@@ -10,8 +10,9 @@ result is returned as the same library's array, with no copy to the host.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
@@ -181,6 +182,7 @@ class CudaBackend(Backend):
     traceable = True
     kernel_source = "numba"
     accepts_stream = True  # matmul/gemm(stream=...) chooses the stream (backends/cuda_stream)
+    accepts_device = True  # matmul/gemm(device=i): GPU i of numba's list (``tilegemm info``)
 
     @cache  # noqa: B019 - one backend object per process
     def status(self) -> BackendStatus:
@@ -324,10 +326,43 @@ class CudaBackend(Backend):
         n = 1 if mode == "single" else prob.batch
         return _reshape(d, (n, rows, cols))
 
+    def target_for(self, operands: Sequence[Operand], device: int | None = None) -> Target:
+        """Device arrays run where they live (the current CUDA device); ``device=`` picks
+        the GPU for host operands only, so the two together are refused."""
+        if device is not None and any(op.kind == self.array_kind for op in operands):
+            self.target(device)  # an unknown index still gets the listing first
+            raise InvalidValueError(
+                f"device={device} with CUDA device arrays: they run on the device they live "
+                "on; drop device= (or move the arrays there)")
+        return self.target(device)
+
+    def _on(self, target: Target | None) -> contextlib.AbstractContextManager[Any]:
+        """``target``'s GPU made current for the block (the default device: left as is)."""
+        if target is None or target.index is None or target.simulated:
+            return contextlib.nullcontext()
+        from numba import cuda
+
+        return cuda.gpus[target.index]
+
+    def _bound(self, target: Target | None, f: Callable[..., Any]) -> Callable[..., Any]:
+        """``f`` run with ``target``'s GPU current (prepared closures run later)."""
+        def on_target(*args: Any) -> Any:
+            with self._on(target):
+                return f(*args)
+        return on_target
+
     def run(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
         a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
         target: Target | None = None, stream: Any = None,
+    ) -> Any:
+        with self._on(target):
+            return self._run(spec, params, prob, a, b, c, out, alpha, beta, stream)
+
+    def _run(
+        self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+        a: Operand, b: Operand, c: Operand | None, out: Any, alpha: Any, beta: Any,
+        stream: Any,
     ) -> Any:
         from numba import cuda
 
@@ -429,7 +464,14 @@ class CudaBackend(Backend):
         is verifiable. Under the simulator events record no time, so ``elapsed`` falls back
         to the host clock (numbers then mean nothing; only correctness does).
         """
+        with self._on(target):
+            prepared = self._prepare(spec, params, prob, a3, b3)
+        return Prepared(launch=self._bound(target, prepared.launch),
+                        fetch=self._bound(target, prepared.fetch),
+                        elapsed=self._bound(target, prepared.elapsed))
 
+    def _prepare(self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+                 a3: np.ndarray, b3: np.ndarray) -> Prepared:
         from numba import cuda
 
         program = spec.program(params, prob.dtype)

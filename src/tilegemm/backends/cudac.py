@@ -32,6 +32,9 @@ class CudacBackend(CudaBackend):
     array_kind = "cuda"
     traceable = False  # CUDA C: numba's simulator cannot run it
     kernel_source = "CUDA C"
+    # A cudac program loads its module on the device current when first launched, so it
+    # runs on the default GPU only (numba's kernels load per device: the cuda backend can).
+    accepts_device = False
 
     def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
         from tilegemm.kernels.cudac import compile_cubin

@@ -17,7 +17,8 @@ from typing import Any
 from tilegemm.backends.base import Backend, Target
 from tilegemm.backends.cpu import cpu_name
 
-__all__ = ["backend_info", "cpu_name", "git_commit", "host_info", "slug", "versions"]
+__all__ = ["backend_info", "cpu_family_model", "cpu_name", "cpu_results_stem", "git_commit",
+           "host_info", "slug", "versions"]
 
 
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
@@ -75,6 +76,37 @@ def backend_info(backend: Backend, target: Target | None = None) -> dict[str, An
     except Exception as exc:  # details are nice to have; never fail a run on them
         info["device_info_error"] = str(exc)
     return info
+
+
+def cpu_family_model() -> str:
+    """``<family>-<model>`` from /proc/cpuinfo (``6-207`` for an Emerald Rapids Xeon), or "".
+
+    Virtual machines often report only the vendor's generic name ("Intel(R) Xeon(R)
+    Processor"), which is the same for several generations; the family and model numbers
+    tell them apart.
+    """
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block is enough
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    family, model = fields.get("cpu family", ""), fields.get("model", "")
+    return f"{family}-{model}" if family and model else ""
+
+
+def cpu_results_stem(kind: str, isa: str) -> str:
+    """The name of a CPU results file: ``<kind>-<cpu>-<isa>[-<family>-<model>]``.
+
+    The ISA and the family/model keep two machines that report the same vendor string
+    (two Xeon generations under KVM, say) from overwriting each other's results.
+    """
+    fm = cpu_family_model()
+    return "-".join(part for part in (kind, slug(cpu_name()), isa, fm and f"m{fm}") if part)
 
 
 def slug(text: str) -> str:

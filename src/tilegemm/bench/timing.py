@@ -43,6 +43,7 @@ Clock = Callable[[], float]
 OK = "ok"
 FAILED = "FAILED"
 SKIPPED = "skipped"
+WRONG = "wrong result: "  # how a FAILED reason starts when the kernel ran but was wrong
 
 
 
@@ -212,36 +213,89 @@ def time_prepared(
     try:
         verify(np.asarray(result))
     except AssertionError as exc:
-        raise KernelFailure("wrong result: " + " ".join(str(exc).split())) from exc
+        raise KernelFailure(WRONG + " ".join(str(exc).split())) from exc
 
     try:
-        if policy.warmup and first < policy.budget_s:
-            prepared.elapsed(policy.warmup)
-        samples: list[float] = []
-        start = clock()
-        chunk = 1
-        while len(samples) < policy.max_reps:
-            wall = clock() - start
-            if samples and wall >= policy.budget_s and len(samples) >= policy.min_reps:
-                break
-            if samples and wall >= policy.budget_s * policy.hard_cap:
-                break
-            if flush is not None:
-                flush()
-                count = 1  # each launch must start cold: one at a time
-            else:
-                count = min(chunk, policy.max_reps - len(samples))
-                if samples:  # do not overshoot the budget by more than one launch
-                    per = max(wall / len(samples), 1e-9)
-                    count = max(1, min(count, int((policy.budget_s - wall) / per) + 1))
-                chunk = min(chunk * 2, 32)
-            got = list(prepared.elapsed(count))
-            if len(got) != count or any(not np.isfinite(t) or t < 0 for t in got):
-                raise RuntimeError(f"timer returned {got!r} for {count} launch(es)")
-            samples.extend(float(t) for t in got)
+        samples = steady(prepared, policy, first=first, clock=clock, flush=flush)
     except Exception as exc:
         raise KernelFailure(_reason(exc)) from exc
     return first, samples
+
+
+def steady(
+    prepared: Prepared, policy: Policy, *, first: float = 0.0,
+    clock: Clock = time.perf_counter, flush: Callable[[], None] | None = None,
+) -> list[float]:
+    """Warm-up, then the steady samples (seconds per launch) of an already verified
+    ``prepared``: the one timing loop (benchmarks, the tuner, the scripts in benchmarks/).
+
+    Launches are timed by ``prepared.elapsed`` (the backend's timer), in growing chunks
+    until ``policy``'s budget is spent; with ``flush``, one at a time after a cache flush.
+    ``first`` (the first call's seconds) skips the warm-up when it alone took the budget.
+    """
+    if policy.warmup and first < policy.budget_s:
+        prepared.elapsed(policy.warmup)
+    samples: list[float] = []
+    start = clock()
+    chunk = 1
+    while len(samples) < policy.max_reps:
+        wall = clock() - start
+        if samples and wall >= policy.budget_s and len(samples) >= policy.min_reps:
+            break
+        if samples and wall >= policy.budget_s * policy.hard_cap:
+            break
+        if flush is not None:
+            flush()
+            count = 1  # each launch must start cold: one at a time
+        else:
+            count = min(chunk, policy.max_reps - len(samples))
+            if samples:  # do not overshoot the budget by more than one launch
+                per = max(wall / len(samples), 1e-9)
+                count = max(1, min(count, int((policy.budget_s - wall) / per) + 1))
+            chunk = min(chunk * 2, 32)
+        got = list(prepared.elapsed(count))
+        if len(got) != count or any(not np.isfinite(t) or t < 0 for t in got):
+            raise RuntimeError(f"timer returned {got!r} for {count} launch(es)")
+        samples.extend(float(t) for t in got)
+    return samples
+
+
+def fixed(repeats: int, warmup: int = 1) -> Policy:
+    """Exactly ``repeats`` timed launches after ``warmup``, whatever they cost: the tuner's
+    and the scripts' policy, where candidates are compared on the same number of launches."""
+    return Policy(warmup=warmup, min_reps=repeats, max_reps=repeats, budget_s=_NO_BUDGET)
+
+
+_NO_BUDGET = 1e9  # seconds: "no wall-clock budget" (finite, so the chunk arithmetic holds)
+
+
+def alternating(
+    contenders: Mapping[str, Callable[[], list[float]]], rounds: int, *,
+    pause: float = 0.3, sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, list[float]]:
+    """Blocks of launches of each contender in turn, ``pause`` seconds idle before each
+    block, ``rounds`` times: a slow drift of the machine (clocks, another process) then
+    touches every contender alike. Each contender is a callable returning one block's
+    samples (e.g. ``lambda: prepared.elapsed(3)``); returns all samples per contender."""
+    got: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):
+        for name, block in contenders.items():
+            sleep(pause)
+            got[name].extend(float(t) for t in block())
+    return got
+
+
+def mean_call_seconds(call: Callable[[], Any], seconds: float = 0.3, *,
+                      clock: Clock = time.perf_counter) -> float:
+    """Mean wall-clock seconds of one ``call()`` over about ``seconds`` of calls, after one
+    untimed call: for calls too short to time one at a time (tiny products through the
+    public API, validation and dispatch included)."""
+    call()
+    n, t0 = 0, clock()
+    while n == 0 or clock() - t0 < seconds:
+        call()
+        n += 1
+    return (clock() - t0) / n
 
 
 def prepare_verified(

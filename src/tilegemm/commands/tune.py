@@ -92,16 +92,19 @@ def _tune(args: argparse.Namespace) -> int:
     dtype = np.dtype(args.dtype)
     precision = getattr(args, "precision", "ieee")
     if precision != "ieee" and dtype != np.float32:
-        raise InvalidValueError(f"--precision {precision} applies to float32; {dtype.name} "
-                                "has one tensor-core mode (leave --precision ieee)")
+        raise InvalidValueError(f"--precision {precision} applies to --dtype float32, not "
+                                f"{dtype.name} (float16/bfloat16 have one tensor-core mode; "
+                                "leave --precision ieee)")
     probe = np.zeros((1, 1), dtype=dtype)
     backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")])
     target = backend.target()
     dev = device_id(target)
     specs = tuning_specs(backend.name, dtype, precision, args.kernel)
     if not specs:
+        have = sorted({b for b in BACKENDS if tuning_specs(b, dtype, precision)})
         raise InvalidValueError(f"no {backend.name} rung with parameters computes {dtype.name}"
-                                + (f" at precision {precision}" if precision != "ieee" else ""))
+                                + (f" at precision {precision}" if precision != "ieee" else "")
+                                + f"; backends with one: {', '.join(have) or 'none'}")
     prob = strategies.problem_for(args.m, args.n, args.k, dtype, args.batch)
     limits = target.limits  # the device's own, never a guess per backend
     check = None if args.no_register_check else space.register_check(backend, target)

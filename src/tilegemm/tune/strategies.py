@@ -1,9 +1,9 @@
 """Search strategies: which candidates to try, and the loop that verifies and times them.
 
 Every candidate is run once on a NaN-poisoned output and checked against the float64
-reference *before* it is timed (``bench.timing.prepare_verified``, as benchmarks do: a fast
-wrong kernel must never win), then timed with ``Backend.prepare(...).elapsed(repeats)``:
-device-side times, one per launch, operands resident on the device, scored by the median.
+reference *before* it is timed, then timed: ``bench.timing.measure_kernel``, the benchmarks'
+own path (a fast wrong kernel must never win), with a fixed number of launches (``repeats``,
+after one warm-up): device-side times, operands resident on the device, scored by the median.
 A candidate that fails to build, to launch or to verify is recorded with the reason and
 excluded; tuning goes on.
 """
@@ -11,14 +11,13 @@ excluded; tuning goes on.
 from __future__ import annotations
 
 import random
-import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tilegemm.backends.base import Backend, Target
-from tilegemm.bench.timing import prepare_verified
+from tilegemm.bench.timing import OK, SKIPPED, WRONG, fixed, measure_kernel
 from tilegemm.errors import InvalidValueError
 from tilegemm.problem import GemmProblem, problem_for
 from tilegemm.reference import random_operands
@@ -109,13 +108,13 @@ def _try(backend: Backend, target: Target, spec: KernelSpec, prob: GemmProblem,
         why = resource_check(spec, params, prob.dtype)
         if why:
             return Trial(dict(params), "rejected", detail=why)
-    try:  # the benchmarks' first step: a poisoned output, one launch, the float64 check
-        prepared = prepare_verified(backend, spec, params, prob, a3, b3, target=target)
-    except NotImplementedError:
-        raise
-    except AssertionError as exc:
-        return Trial(dict(params), "wrong", detail=str(exc).splitlines()[0])
-    except Exception as exc:  # a candidate that cannot build or launch loses, tuning goes on
-        return Trial(dict(params), "error", detail=f"{type(exc).__name__}: {exc}")
-    times = [float(t) for t in prepared.elapsed(repeats)]
-    return Trial(dict(params), "ok", statistics.median(times), times)
+    # The benchmarks' own path: a poisoned output, one launch, the float64 check, then
+    # exactly ``repeats`` launches on the backend's timer after one warm-up.
+    meas = measure_kernel(backend, spec, params, prob, a3, b3, fixed(repeats), target=target)
+    if meas.status == OK and meas.stats is not None:
+        return Trial(dict(params), "ok", meas.stats.median, meas.samples)
+    if meas.status == SKIPPED:
+        return Trial(dict(params), "rejected", detail=meas.reason)
+    if meas.reason.startswith(WRONG):  # a fast wrong kernel must never win
+        return Trial(dict(params), "wrong", detail=meas.reason.removeprefix(WRONG))
+    return Trial(dict(params), "error", detail=meas.reason)  # cannot build or launch: it loses

@@ -1,0 +1,79 @@
+"""CUDA ``device=`` on a machine with several GPUs, without any GPU: numba's device list
+is faked, so the choice of device, the Target it gives and the errors before any launch
+are checked here (the launch itself on GPU ``i`` needs the hardware)."""
+
+from __future__ import annotations
+
+import functools
+
+import numba.cuda
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.backends import cuda as cuda_backend
+from tilegemm.backends import get_backend
+
+
+class FakeGpu:
+    """What ``numba.cuda.gpus`` yields: a name, a compute capability and attributes."""
+
+    MAX_THREADS_PER_BLOCK = 1024
+    MAX_BLOCK_DIM_X, MAX_BLOCK_DIM_Y, MAX_BLOCK_DIM_Z = 1024, 1024, 64
+    MAX_REGISTERS_PER_BLOCK = 65536
+
+    def __init__(self, name: str, cc: tuple[int, int]) -> None:
+        self.name, self.compute_capability = name.encode(), cc
+
+
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> cuda_backend.CudaBackend:
+    """The registered CUDA backend seeing an H100 and an A100 (its caches bypassed)."""
+    monkeypatch.setattr(cuda_backend.simulator, "enabled", lambda: False)
+    monkeypatch.setattr(cuda_backend, "_driver_library_present", lambda: True)
+    monkeypatch.setattr(numba.cuda, "is_available", lambda: True, raising=False)
+    monkeypatch.setattr(numba.cuda, "gpus",
+                        [FakeGpu("NVIDIA H100 80GB HBM3", (9, 0)),
+                         FakeGpu("NVIDIA A100-SXM4-40GB", (8, 0))], raising=False)
+    be = get_backend("cuda")
+    cls = type(be)
+    monkeypatch.setattr(be, "status", functools.partial(cls.status.__wrapped__, be))
+    monkeypatch.setattr(be, "_target", functools.partial(cls._target.__wrapped__, be))
+
+    def no_launch(*args: object, **kwargs: object) -> None:
+        raise AssertionError("nothing may run before the device is checked")
+
+    monkeypatch.setattr(be, "run", no_launch)
+    monkeypatch.setattr(be, "prepare", no_launch)
+    return be
+
+
+def test_device_index_chooses_the_gpu_and_its_limits(two_gpus) -> None:  # noqa: ANN001
+    t = two_gpus.target(1)
+    assert (t.name, t.arch, t.index, t.kind) == ("NVIDIA A100-SXM4-40GB", "sm_80", 1, "gpu")
+    assert two_gpus.target().arch == "sm_90"  # the default: GPU 0
+    assert two_gpus.target(1).key != two_gpus.target(0).key  # caches tell the GPUs apart
+
+
+@pytest.mark.parametrize("bad", [2, -1, "1", True, 1.0])
+def test_device_out_of_range_lists_the_gpus_before_any_launch(two_gpus, bad) -> None:  # noqa: ANN001
+    a = np.ones((8, 8), np.float32)
+    with pytest.raises(ValueError, match=r"unknown CUDA device .*devices here: "
+                       r"0: NVIDIA H100 80GB HBM3 \(sm_90\); 1: NVIDIA A100-SXM4-40GB \(sm_80\)"):
+        tilegemm.matmul(a, a, backend="cuda", device=bad)
+
+
+def test_plan_runs_on_the_chosen_gpu(two_gpus) -> None:  # noqa: ANN001
+    a = np.ones((64, 64), np.float32)
+    assert "sm_80" in tilegemm.plan(a, a, backend="cuda", device=1).device
+    assert "sm_90" in tilegemm.plan(a, a, backend="cuda").device
+
+
+def test_device_with_cuda_device_arrays_is_refused(two_gpus) -> None:  # noqa: ANN001
+    from tilegemm.problem import Operand
+
+    op = Operand(obj=None, kind="cuda", shape=(8, 8), dtype=np.dtype(np.float32))
+    with pytest.raises(ValueError, match="device=1 with CUDA device arrays"):
+        two_gpus.target_for([op], 1)
+    with pytest.raises(ValueError, match="unknown CUDA device 5"):
+        two_gpus.target_for([op], 5)
