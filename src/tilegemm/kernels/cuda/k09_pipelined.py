@@ -31,13 +31,14 @@ written out two k-tiles at a time, one per buffer, so the buffer is a constant i
 shared address (no parity arithmetic at all). Interior blocks stage the next tile with
 128-bit loads at per-thread offsets bumped per k-tile, no bounds checks, issued before the
 current tile's FMAs; edge blocks and unaligned operands stage element by element. float32
-asks for two blocks per SM (128 registers). FFMA share on sm_90: hot loop 76 % → 87 %,
+asks for two blocks per SM (128 registers); float64 keeps the k steps of a tile a loop
+(written out, they spill on sm_80). FFMA share on sm_90: hot loop 76 % → 87 %,
 interior k-tile 63 % → 87 %.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -115,16 +116,23 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         return (j // TN) * WSUBN + j % TN
 
     offsets, bumps = _offsets(p, W, NT)
-    source = fill(KERNEL, {
+    # float64: k steps written out need more than 255 registers on sm_80 (the next step's
+    # operands next to 128 of accumulators and the staged tile), so they stay a loop there.
+    if dtype.itemsize == 4:
+        computes = [_compute(p, W, RPW, RT, CT, f"{buf}, ") for buf in (0, 1)]
+    else:
+        computes = [_compute_loop(p, W, RPW, RT, CT, buf, row_off, col_off) for buf in (0, 1)]
+    parts = {
         "MAPPING": mapping,
         "BASES": _bases(p, W, RPW, NT, RT, CT, row_off, col_off),
         "BLOCK_OFFSETS": offsets,
         "STAGE": _stage(p, W, NT, bumps),
-        "COMPUTE0": _compute(p, W, RPW, RT, CT, "0, "),
-        "COMPUTE1": _compute(p, W, RPW, RT, CT, "1, "),
+        "COMPUTE0": computes[0],
+        "COMPUTE1": computes[1],
         "STORE0": _store(p, W, NT, 0),
         "STORE1": _store(p, W, NT, 1),
-    })
+    }
+    source = fill(KERNEL, parts)
     # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread.
     kernel = kernel_jit(NT, 2 if dtype.itemsize == 4 and NT <= 256 else 0)(
         compile_source(source, "pipelined", namespace))
@@ -133,6 +141,21 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
 
     return CudaProgram(kernel, (NT, 1, 1), grid)
+
+
+def _compute_loop(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int, buf: int,
+                  row_off: Callable[[int], int], col_off: Callable[[int], int]) -> list[str]:
+    """The BK k steps of one tile as a loop over ``kk`` (float64, see build())."""
+    lines = ["for kk in range(BK):", f"    sk = ((kk // {w}) * {rpw}) & {p['BM'] - 1}"]
+    for i in range(0, RT, w):
+        names = ", ".join(f"a{i + q}" for q in range(w))
+        lines.append(f"    {names} = vload(As, ({buf}, kk, (tr0 + {row_off(i)}) ^ sk))")
+    for j in range(0, CT, w):
+        names = ", ".join(f"b{j + q}" for q in range(w))
+        lines.append(f"    {names} = vload(Bs, ({buf}, kk, tc0 + {col_off(j)}))")
+    for i in range(RT):
+        lines += [f"    acc[{i}, {j}] += a{i} * b{j}" for j in range(CT)]
+    return lines
 
 
 def _stage(p: Mapping[str, int], w: int, nt: int, bumps: list[str]) -> list[str]:
