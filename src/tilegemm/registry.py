@@ -24,7 +24,26 @@ import numpy as np
 
 from tilegemm.errors import InvalidTypeError, InvalidValueError
 
-BACKENDS: tuple[str, ...] = ("cuda", "opencl", "cpu", "cudac")
+
+@dataclass(frozen=True)
+class BackendLine:
+    """A backend as registered: its name (``tilegemm.backends.<name>`` defines ``BACKEND``)
+    and what must be known without importing it, so that a host product's first call
+    imports and probes no GPU library it cannot use."""
+
+    name: str
+    array_kind: str  # its Backend.array_kind: the arrays it owns ("host", "cuda", "opencl")
+    gpu_hint: str  # the cheap check (tilegemm.backends._probe.HINTS) before probing for a GPU
+
+
+# One registration line per backend, in backend="auto"'s order of preference.
+REGISTERED: tuple[BackendLine, ...] = (
+    BackendLine("cuda", "cuda", "cuda_driver"),
+    BackendLine("opencl", "opencl", "gpu_device_node"),
+    BackendLine("cpu", "host", "none"),
+    BackendLine("cudac", "cuda", "cuda_driver"),
+)
+BACKENDS: tuple[str, ...] = tuple(b.name for b in REGISTERED)
 FLOATS: tuple[str, ...] = ("float32", "float64")
 INTS: tuple[str, ...] = ("int32", "int64")
 

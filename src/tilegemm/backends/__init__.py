@@ -7,15 +7,15 @@ from functools import cache
 
 from tilegemm.backends.base import Backend, BackendStatus
 from tilegemm.errors import InvalidValueError
-from tilegemm.registry import BACKENDS
+from tilegemm.registry import BACKENDS, REGISTERED
 
 __all__ = ["ARRAY_KINDS", "Backend", "BackendStatus", "get_backend", "host_backend", "statuses",
            "BACKENDS"]
 
 
-# Each backend's Backend.array_kind, known without importing it (a test checks they agree):
-# a host product's first call imports only the backends it may use.
-ARRAY_KINDS: dict[str, str] = {"cuda": "cuda", "opencl": "opencl", "cpu": "host", "cudac": "cuda"}
+# Each backend's Backend.array_kind from its registration line, known without importing it
+# (a test checks they agree): a host product's first call imports only the backends it may use.
+ARRAY_KINDS: dict[str, str] = {b.name: b.array_kind for b in REGISTERED}
 
 
 @cache

@@ -12,10 +12,12 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
 from tilegemm import simulator
+from tilegemm.registry import REGISTERED
 
 # Device nodes a Linux GPU driver, and so a GPU OpenCL device, needs: /dev/dri (Intel, AMD
 # and Mesa), /dev/kfd (ROCm), /dev/dxg (WSL), /dev/nvidiactl (NVIDIA).
@@ -52,10 +54,15 @@ def _gpu_device_node() -> bool:
         Path("/dev").glob("nvidia[0-9]*"))
 
 
+# The checks a registration line (``registry.BackendLine.gpu_hint``) may name.
+HINTS: dict[str, Callable[[], bool]] = {
+    "cuda_driver": lambda: simulator.enabled() or driver_library_present(),
+    "gpu_device_node": lambda: opencl_gpu_possible(),
+    "none": lambda: False,  # the host's own backend: never an accelerator
+}
+
+
 def may_be_accelerated(backend: str) -> bool:
     """False when ``backend``'s probe certainly finds no accelerator (see the module doc)."""
-    if backend in ("cuda", "cudac"):
-        return simulator.enabled() or driver_library_present()
-    if backend == "opencl":
-        return opencl_gpu_possible()
-    return backend != "cpu"
+    line = next((b for b in REGISTERED if b.name == backend), None)
+    return True if line is None else HINTS[line.gpu_hint]()
