@@ -16,12 +16,12 @@ from tilegemm import registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import Backend, BackendStatus, Prepared
 from tilegemm.bench import report
+from tilegemm.bench.reports.sizes import block_param
 from tilegemm.bench.results import Results
 from tilegemm.bench.sweeps import (
     Case,
     RunState,
     Settings,
-    block_param,
     plan,
     run_bench,
     run_plan,
@@ -79,8 +79,10 @@ def cpu_results() -> Results:
 
 
 def _register(mp: pytest.MonkeyPatch) -> None:
-    original = registry.all_specs
-    mp.setattr(registry, "all_specs", lambda: original() + (BROKEN, RAISING, TILED))
+    original = registry._specs_of
+    fakes = (BROKEN, RAISING, TILED)
+    mp.setattr(registry, "_specs_of",
+               lambda backend: original(backend) + tuple(f for f in fakes if f.backend == backend))
 
 
 def test_plan_reads_block_and_r_parameters_from_the_registry() -> None:
@@ -95,6 +97,31 @@ def test_plan_reads_block_and_r_parameters_from_the_registry() -> None:
     ladder = {c.spec.name for c in cases if c.report == "ladder" and c.spec}
     assert {s.name for s in registry.specs_for("cpu")} <= ladder
     assert any(c.report == "ladder" and c.spec is None for c in cases)  # the vendor
+
+
+def test_a_report_is_one_module_declaring_cases_and_tables(
+        cpu_results: Results, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every shipped report is found by discovery, and a new one (here added to the
+    discovered set, as a new module would be) joins plans, tables and rendering alone."""
+    from tilegemm.bench.report import Table
+    from tilegemm.bench.reports import Report, all_reports
+    from tilegemm.bench.sweeps import REPORTS
+
+    assert REPORTS == ("compile", "sizes", "rsweep", "ladder")  # table order, ladder last
+    spec = registry.specs_for("cpu")[0]
+
+    def cases(ctx):  # noqa: ANN001, ANN202
+        return [ctx.case("tiny", be, 8, spec) for be in ctx.backends]
+
+    def tables(results: Results) -> list[Table]:
+        n = len(results.for_report("tiny", "cpu"))
+        return [Table("Tiny report", ["cases"], [[str(n)]])]
+
+    monkeypatch.setitem(all_reports(), "tiny", Report("tiny", 50, cases, tables))
+    [case] = plan(["cpu"], Settings.quick(reports=("tiny",)))
+    assert (case.report, case.spec, case.m) == ("tiny", spec, 8)
+    assert "### Tiny report" in report.to_markdown(cpu_results, ["tiny", "ladder"])
+    assert "### Tiny report" not in report.to_markdown(cpu_results, ["ladder"])
 
 
 def test_identical_cases_are_measured_once(cpu_results: Results) -> None:

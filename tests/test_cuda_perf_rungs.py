@@ -53,11 +53,12 @@ def test_float32_shapes(name: str, shape: tuple[int, int, int]) -> None:
 
 @pytest.mark.parametrize("name", RUNGS)
 def test_float64_batched_alpha_beta(name: str) -> None:
-    """float64 (2-element vectors), A shared by the batch, beta != 0 reads C."""
+    """float64 (2-element vectors), A shared by the batch, beta != 0 reads C; interior
+    blocks over several k-tiles (float64 stages tiles differently in pipelined) and edges."""
     spec, params = _sim(name)
     rng = np.random.default_rng()
-    a, b = random_operands((1, 11, 10), (2, 10, 18), np.float64)
-    c0 = rng.uniform(-1, 1, size=(2, 11, 18))
+    a, b = random_operands((1, 37, 26), (2, 26, 34), np.float64)
+    c0 = rng.uniform(-1, 1, size=(2, 37, 34))
     out = tilegemm.gemm(a, b, c0, alpha=-1.5, beta=0.5, kernel=name, backend="cuda", **params)
     assert_close(out, a, b, alpha=-1.5, beta=0.5, c=c0, what=f"{name} float64 batched")
 

@@ -367,3 +367,73 @@ def test_chunks_of_another_dtype_than_the_metadata_fail_clearly():
     c = tgd.matmul(lying, da_b, **KW)
     with pytest.raises(RuntimeError, match="graph expects float32"):
         c.compute(scheduler="sync")
+
+
+def test_dtype_keyword_as_numpy(monkeypatch):
+    """``dtype=`` is NumPy's matmul(dtype=): every block computes in it, partials included."""
+    rng = np.random.default_rng(8)
+    seen = []
+    real = tilegemm.matmul
+
+    def spy(x, y, **kw):
+        seen.append(kw.get("dtype"))
+        return real(x, y, **kw)
+
+    monkeypatch.setattr(tilegemm, "matmul", spy)
+    ai = rng.integers(-128, 128, (9, 40)).astype(np.int8)
+    bi = rng.integers(-128, 128, (40, 7)).astype(np.int8)
+    c = tgd.matmul(da.from_array(ai, chunks=(4, 6)), da.from_array(bi, chunks=(6, 3)),
+                   dtype=np.int64, **KW)  # no wrapping: int64 sums
+    assert c.dtype == np.int64
+    np.testing.assert_array_equal(c.compute(scheduler="threads"),
+                                  np.matmul(ai, bi, dtype=np.int64))
+    assert seen and all(d == np.int64 for d in seen)
+
+    a, b, da_a, da_b = _operands("uneven-k")
+    a16, b16 = a.astype(np.float16), b.astype(np.float16)
+    seen.clear()
+    c = tgd.matmul(da_a.astype(np.float16), da_b.astype(np.float16), dtype=np.float32, **KW)
+    r = c.compute(scheduler="threads")
+    assert c.dtype == r.dtype == np.float32 and all(d == np.float32 for d in seen)
+    assert_close(r, a16.astype(np.float32), b16.astype(np.float32))  # float32, not rounded
+    c = tgd.matmul(da_a, da_b, dtype=np.float64, **KW)
+    assert c.dtype == np.float64
+    assert_close(c.compute(scheduler="threads"), a.astype(np.float64), b.astype(np.float64))
+    with pytest.raises(TypeError):
+        tgd.matmul(_explodes((5, 7), 3), _explodes((7, 4), 3), dtype=np.int32)  # not same_kind
+
+
+def test_precision_forwarded_and_checked_before_any_task(monkeypatch):
+    seen = []
+    real = tilegemm.matmul
+
+    def spy(x, y, **kw):
+        seen.append(kw.get("precision"))
+        return real(x, y, **kw)
+
+    monkeypatch.setattr(tilegemm, "matmul", spy)
+    a, b, da_a, da_b = _operands("ragged")
+    c = tgd.matmul(da_a, da_b, precision="ieee", **KW)
+    assert_close(c.compute(scheduler="threads"), a, b)
+    assert seen and all(p == "ieee" for p in seen)
+    x, y = _explodes((5, 7), 3), _explodes((7, 4), 3)
+    with pytest.raises(RuntimeError, match="tensor cores"):  # no tensor-core rung on the CPU
+        tgd.matmul(x, y, backend="cpu", precision="tf32")
+    with pytest.raises(ValueError, match="unknown precision"):
+        tgd.matmul(x, y, precision="bogus")
+    with pytest.raises(TypeError, match="float32 operands"):
+        tgd.matmul(_explodes((5, 7), 3, np.float64), _explodes((7, 4), 3, np.float64),
+                   backend="cpu", precision="tf32")
+
+
+def test_precision_checked_without_the_workers_gpu(monkeypatch):
+    class Missing:
+        def status(self):
+            return type("Status", (), {"usable": False})()
+
+    monkeypatch.setattr(tgd, "get_backend", lambda name: Missing())
+    x, y = _explodes((8, 8), 4), _explodes((8, 8), 4)
+    assert tgd.matmul(x, y, backend="cuda", precision="tf32").shape == (8, 8)
+    assert tgd.matmul(x, y, backend="cuda", kernel="mma", precision="3xtf32").shape == (8, 8)
+    with pytest.raises(ValueError, match="cannot compute precision"):
+        tgd.matmul(x, y, backend="cuda", kernel="shared", precision="tf32")

@@ -76,3 +76,26 @@ def test_default_for_is_the_highest_rung_supporting_the_dtype():
 def test_program_is_built_once():
     spec = registry.get("triple_loop", "cpu")
     assert spec.program({}, np.float32) is spec.program({}, np.dtype("float32"))
+
+
+def test_every_registration_line_names_a_known_probe_hint() -> None:
+    """A backend's registration line is all a new backend adds outside its own files."""
+    from tilegemm.backends import _probe
+    from tilegemm.registry import REGISTERED
+
+    assert {b.gpu_hint for b in REGISTERED} <= set(_probe.HINTS)
+    assert _probe.HINTS["none"]() is False
+
+
+def test_a_backend_is_named_only_in_its_own_files_and_its_registration_line() -> None:
+    """Adding the cudac backend touched backends/cudac.py, kernels/cudac/ and the registry
+    line (plus its dependency in pyproject.toml): no other source file names it."""
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "src" / "tilegemm"
+    own = {src / "backends" / "cudac.py", src / "registry.py"}
+    naming = [str(p.relative_to(src)) for p in src.rglob("*.py")
+              if p not in own and (src / "kernels" / "cudac") not in p.parents
+              and re.search(r"\bcudac\b", p.read_text())]
+    assert naming == []

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from tilegemm import fastpath, registry
-from tilegemm.backends import get_backend
+from tilegemm.backends import ARRAY_KINDS, get_backend
+from tilegemm.backends._probe import may_be_accelerated
 from tilegemm.backends.base import Backend, Target
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.precision import apply_precision
@@ -42,14 +43,16 @@ def choose_backend(name: str, operands: list[Operand]) -> Backend:
     if len(kinds) > 1:
         raise InvalidValueError(f"operands live on different devices ({', '.join(sorted(kinds))})")
     data_kind = kinds.pop() if kinds else "host"
-    owners = [n for n in BACKENDS if get_backend(n).array_kind == data_kind]  # host: the CPU
+    owners = [n for n in BACKENDS if ARRAY_KINDS[n] == data_kind]  # host: the CPU
     if name == AUTO:
         if data_kind != "host":
             name = owners[0]
         else:
+            # A GPU first; backends that certainly have none are not probed (see _probe).
             name = next(
                 (n for n in BACKENDS
-                 if get_backend(n).status().usable and get_backend(n).status().accelerated),
+                 if may_be_accelerated(n) and get_backend(n).status().usable
+                 and get_backend(n).status().accelerated),
                 owners[0],
             )
     elif name not in BACKENDS:

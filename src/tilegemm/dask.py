@@ -24,6 +24,7 @@ import contextlib
 import itertools
 from collections.abc import Iterator
 from functools import partial, reduce
+from types import SimpleNamespace
 from typing import Any
 
 import dask.array as da
@@ -31,8 +32,15 @@ import numpy as np
 from dask.array.routines import matmul as _dask_matmul
 from dask.array.utils import meta_from_array
 
-from tilegemm.api import AUTO, _check_params_are_upper_case, choose_backend, choose_kernel
+from tilegemm.api import (
+    AUTO,
+    _check_params_are_upper_case,
+    _tensor_core_half,
+    choose_backend,
+    choose_kernel,
+)
 from tilegemm.backends import get_backend
+from tilegemm.precision import apply_precision
 from tilegemm.problem import Operand, array_kind, make_problem
 from tilegemm.registry import BACKENDS
 
@@ -45,16 +53,19 @@ _MAX_SHAPES_CHECKED = 64
 
 
 def matmul(
-    a: Any, b: Any, *, kernel: str = AUTO, backend: str = AUTO, align: bool = True,
-    split_every: int | None = None, threads: int | None = 1, **params: Any,
+    a: Any, b: Any, *, kernel: str = AUTO, backend: str = AUTO, precision: str | None = None,
+    dtype: Any = None, align: bool = True, split_every: int | None = None,
+    threads: int | None = 1, **params: Any,
 ) -> da.Array:
     """``a @ b`` for Dask arrays (NumPy ``matmul`` semantics), each block by tilegemm.
 
     - ``a``, ``b``: Dask arrays with NumPy or CuPy chunks (a NumPy array is wrapped as a
       single-chunk Dask array). 1-D operands are promoted as in NumPy and leading (batch)
       dimensions broadcast.
-    - ``kernel``, ``backend`` and the UPPER-CASE rung ``params`` (``TILE=16``) are passed to
-      :func:`tilegemm.matmul` for every block, on whichever worker runs it.
+    - ``kernel``, ``backend``, ``precision`` and the UPPER-CASE rung ``params`` (``TILE=16``)
+      are passed to :func:`tilegemm.matmul` for every block, on whichever worker runs it.
+    - ``dtype``: NumPy's ``matmul(..., dtype=)``, the result dtype (``np.float32`` for
+      float16 operands keeps the tensor cores' float32 sums).
     - ``align``: when the chunks of ``a``'s last axis and ``b``'s contraction axis differ,
       rechunk the side with more chunks to the other's (True, the default) or raise
       ``ValueError`` (False).
@@ -82,13 +93,13 @@ def matmul(
     _check_known_chunks(b, "b")
     # NumPy's rules on the whole shapes: 0-d, K mismatch, batch broadcast, dtypes.
     prob = make_problem(Operand(None, array_kind(a._meta), a.shape, a.dtype),
-                        Operand(None, array_kind(b._meta), b.shape, b.dtype))
+                        Operand(None, array_kind(b._meta), b.shape, b.dtype), dtype=dtype)
     # Partial products are kept and added in the dtype the kernel computes in (float32 for
     # float16/bfloat16, int32/int64 for bool and narrow or unsigned integers) and cast to
     # NumPy's result dtype once at the end: float16 partial sums would round at every
     # addition, where NumPy rounds the float32 sum once. Integers wrap the same either way.
     acc_dtype, out_dtype = prob.dtype, prob.out_dtype
-    block_dtype = None if acc_dtype == out_dtype else acc_dtype
+    block_dtype = None if acc_dtype == out_dtype and dtype is None else acc_dtype
 
     a_is_1d, b_is_1d = a.ndim == 1, b.ndim == 1
     if a_is_1d:
@@ -100,18 +111,20 @@ def matmul(
     elif a.ndim > b.ndim:
         b = b[(a.ndim - b.ndim) * (np.newaxis,)]
     a, b = _align(a, b, align)
-    _check_blocks(a, b, acc_dtype, block_dtype, kernel, backend, params)
+    _check_blocks(a, b, block_dtype, kernel, backend, precision, params)
 
     nd = a.ndim
     out_ind = tuple(range(nd + 1))
     lhs_ind = tuple(range(nd))
     rhs_ind = tuple(range(nd - 2)) + (lhs_ind[-1], nd)
     block = partial(_block_product, kernel=kernel, backend=backend, dtype=acc_dtype.str,
-                    block_dtype=block_dtype, params=params, threads=threads)
+                    block_dtype=block_dtype, precision=precision, params=params,
+                    threads=threads)
     out = da.blockwise(
         block, out_ind, a, lhs_ind, b, rhs_ind,
         adjust_chunks={lhs_ind[-1]: 1}, dtype=acc_dtype, concatenate=False,
-        name=f"tilegemm-matmul-{da.core.tokenize(a, b, kernel, backend, params, threads)}",
+        name="tilegemm-matmul-" + da.core.tokenize(a, b, kernel, backend, precision, acc_dtype,
+                                                   params, threads),
         meta=meta_from_array(a._meta, ndim=nd + 1, dtype=acc_dtype),
     )
     # Tree reduction over the contraction axis (kept as an axis of 1-wide blocks above).
@@ -179,13 +192,15 @@ def _align(a: da.Array, b: da.Array, align: bool) -> tuple[da.Array, da.Array]:
     return a, b
 
 
-def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, block_dtype: np.dtype | None,
-                  kernel: str, backend: str, params: dict[str, Any]) -> None:
-    """Validate every distinct block product before any task exists.
+def _check_blocks(a: da.Array, b: da.Array, block_dtype: np.dtype | None, kernel: str,
+                  backend: str, precision: str | None, params: dict[str, Any]) -> None:
+    """Validate every distinct block product before any task exists, as
+    :func:`tilegemm.matmul` would on a worker.
 
-    Shapes and dtypes of each chunk pair go through tilegemm's own rules; the backend, rung
-    and parameters are resolved too when the backend is usable in this process (a client
-    without the workers' GPU still checks the names and the parameters' spelling).
+    Shapes and dtypes of each chunk pair go through tilegemm's own rules; the backend,
+    precision, rung and parameters are resolved too when the backend is usable in this
+    process (a client without the workers' GPU still checks the names, the precision and the
+    parameters' spelling and values).
     """
     if backend != AUTO and backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; choices: auto, {', '.join(BACKENDS)}")
@@ -202,27 +217,28 @@ def _check_blocks(a: da.Array, b: da.Array, dtype: np.dtype, block_dtype: np.dty
         *batch, m, k, n = shape
         a_shape = tuple(1 if a.shape[i] == 1 else s for i, s in enumerate(batch)) + (m, k)
         b_shape = tuple(1 if b.shape[i] == 1 else s for i, s in enumerate(batch)) + (k, n)
-        prob = make_problem(Operand(None, kind, a_shape, a.dtype),
-                            Operand(None, kind, b_shape, b.dtype), dtype=block_dtype)
+        ops = [Operand(None, kind, a_shape, a.dtype), Operand(None, kind, b_shape, b.dtype)]
+        prob = make_problem(ops[0], ops[1], dtype=block_dtype)
+        be: Any = choose_backend(backend, ops) if local else SimpleNamespace(name=backend)
+        prob = _tensor_core_half(prob, be)  # as matmul decides: 16-bit on tensor cores
+        rung, rung_params = apply_precision(precision, kernel, be.name, prob.dtype, params)
         if local:
-            ops = [Operand(None, kind, a_shape, a.dtype), Operand(None, kind, b_shape, b.dtype)]
-            be = choose_backend(backend, ops)
-            choose_kernel(kernel, be, prob, params)
+            choose_kernel(rung, be, prob, rung_params)
         else:
             from tilegemm import registry
 
-            if kernel != AUTO:
-                spec = registry.get(kernel, backend)
-                if not spec.supports(dtype):
-                    raise TypeError(f"kernel {kernel!r} ({backend}) does not support dtype "
-                                    f"{np.dtype(dtype).name}")
-                spec.resolve(params)
+            if rung != AUTO:
+                spec = registry.get(rung, backend)
+                if not spec.supports(prob.dtype):
+                    raise TypeError(f"kernel {rung!r} ({backend}) does not support dtype "
+                                    f"{prob.dtype.name}")
+                spec.resolve(rung_params)
             break
 
 
 def _block_product(a: Any, b: Any, *, kernel: str, backend: str, dtype: str,
                    params: dict[str, Any], threads: int | None = None,
-                   block_dtype: np.dtype | None = None) -> Any:
+                   block_dtype: np.dtype | None = None, precision: str | None = None) -> Any:
     """One task: a chunk of ``a`` times a chunk of ``b`` by tilegemm, with the contraction
     axis put back as a length-1 axis (blockwise expects it; the reduction removes it).
     ``block_dtype``: the kernel's dtype, asked for when it is not NumPy's result dtype."""
@@ -232,7 +248,9 @@ def _block_product(a: Any, b: Any, *, kernel: str, backend: str, dtype: str,
         raise RuntimeError(f"tilegemm.dask: chunks of shapes {a.shape} and {b.shape} do not "
                            "match the array metadata the graph was built from")
     with _cpu_threads(threads):
-        extra = {} if block_dtype is None else {"dtype": block_dtype}
+        extra: dict[str, Any] = {} if block_dtype is None else {"dtype": block_dtype}
+        if precision is not None:
+            extra["precision"] = precision
         c = tilegemm.matmul(a, b, kernel=kernel, backend=backend, **extra, **params)
     if c.dtype != np.dtype(dtype):
         raise RuntimeError(f"tilegemm.dask: a chunk product has dtype {c.dtype}, the graph "

@@ -24,7 +24,26 @@ import numpy as np
 
 from tilegemm.errors import InvalidTypeError, InvalidValueError
 
-BACKENDS: tuple[str, ...] = ("cuda", "opencl", "cpu", "cudac")
+
+@dataclass(frozen=True)
+class BackendLine:
+    """A backend as registered: its name (``tilegemm.backends.<name>`` defines ``BACKEND``)
+    and what must be known without importing it, so that a host product's first call
+    imports and probes no GPU library it cannot use."""
+
+    name: str
+    array_kind: str  # its Backend.array_kind: the arrays it owns ("host", "cuda", "opencl")
+    gpu_hint: str  # the cheap check (tilegemm.backends._probe.HINTS) before probing for a GPU
+
+
+# One registration line per backend, in backend="auto"'s order of preference.
+REGISTERED: tuple[BackendLine, ...] = (
+    BackendLine("cuda", "cuda", "cuda_driver"),
+    BackendLine("opencl", "opencl", "gpu_device_node"),
+    BackendLine("cpu", "host", "none"),
+    BackendLine("cudac", "cuda", "cuda_driver"),
+)
+BACKENDS: tuple[str, ...] = tuple(b.name for b in REGISTERED)
 FLOATS: tuple[str, ...] = ("float32", "float64")
 INTS: tuple[str, ...] = ("int32", "int64")
 
@@ -173,22 +192,25 @@ def _discover_backend(backend: str) -> list[KernelSpec]:
 
 
 @cache
-def all_specs() -> tuple[KernelSpec, ...]:
-    """Every registered rung, ordered by backend then rung number."""
-    specs: list[KernelSpec] = []
-    for backend in BACKENDS:
-        specs.extend(_discover_backend(backend))
+def _specs_of(backend: str) -> tuple[KernelSpec, ...]:
+    """One backend's rungs, ordered by rung number. Discovered per backend, so a CPU call
+    never imports the CUDA rung modules (a fresh process's first call pays for what it uses)."""
+    specs = _discover_backend(backend)
     seen: set[str] = set()
     for s in specs:
         if s.key in seen:
             raise RuntimeError(f"kernel {s.key} is registered twice")
         seen.add(s.key)
-    order = {b: i for i, b in enumerate(BACKENDS)}
-    return tuple(sorted(specs, key=lambda s: (order[s.backend], s.rung, s.name)))
+    return tuple(sorted(specs, key=lambda s: (s.rung, s.name)))
+
+
+def all_specs() -> tuple[KernelSpec, ...]:
+    """Every registered rung, ordered by backend then rung number."""
+    return tuple(s for backend in BACKENDS for s in _specs_of(backend))
 
 
 def specs_for(backend: str) -> tuple[KernelSpec, ...]:
-    return tuple(s for s in all_specs() if s.backend == backend)
+    return _specs_of(backend) if backend in BACKENDS else ()
 
 
 def get(name: str, backend: str) -> KernelSpec:

@@ -7,9 +7,15 @@ from functools import cache
 
 from tilegemm.backends.base import Backend, BackendStatus
 from tilegemm.errors import InvalidValueError
-from tilegemm.registry import BACKENDS
+from tilegemm.registry import BACKENDS, REGISTERED
 
-__all__ = ["Backend", "BackendStatus", "get_backend", "host_backend", "statuses", "BACKENDS"]
+__all__ = ["ARRAY_KINDS", "Backend", "BackendStatus", "get_backend", "host_backend", "statuses",
+           "BACKENDS"]
+
+
+# Each backend's Backend.array_kind from its registration line, known without importing it
+# (a test checks they agree): a host product's first call imports only the backends it may use.
+ARRAY_KINDS: dict[str, str] = {b.name: b.array_kind for b in REGISTERED}
 
 
 @cache
@@ -23,7 +29,7 @@ def get_backend(name: str) -> Backend:
 def host_backend() -> str:
     """The backend whose arrays are the host's NumPy arrays (the CPU): the fallback of
     ``backend="auto"`` and the home of the NumPy reference in benchmarks."""
-    return next(n for n in BACKENDS if get_backend(n).array_kind == "host")
+    return next(n for n in BACKENDS if ARRAY_KINDS[n] == "host")
 
 
 def statuses() -> list[BackendStatus]:

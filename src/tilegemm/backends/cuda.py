@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm import simulator
+from tilegemm.backends._probe import driver_library_present as _driver_library_present
 from tilegemm.backends.base import (
     Backend,
     BackendStatus,
@@ -153,25 +154,6 @@ def _wrap_like(result: Any, like: Any, dtype: np.dtype | None = None) -> Any:
             t = t.view(torch.bfloat16)
         return t
     return result
-
-
-def _driver_library_present() -> bool:
-    """Whether the CUDA driver library can be loaded (what numba-cuda itself needs first);
-    ``NUMBA_CUDA_DRIVER`` names a driver elsewhere, so then numba-cuda decides."""
-    import ctypes
-    import os
-    import sys
-
-    if os.environ.get("NUMBA_CUDA_DRIVER"):
-        return True
-    names = ("nvcuda.dll",) if sys.platform == "win32" else ("libcuda.so.1", "libcuda.so")
-    for name in names:
-        try:
-            ctypes.CDLL(name)
-        except OSError:
-            continue
-        return True
-    return False
 
 
 class CudaBackend(Backend):

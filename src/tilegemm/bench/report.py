@@ -1,5 +1,7 @@
-"""the optimisation note's tables from a :class:`~tilegemm.bench.results.Results`: terminal,
-Markdown, CSV.
+"""Benchmark tables from a :class:`~tilegemm.bench.results.Results`: terminal, Markdown, CSV.
+
+Each report (``tilegemm.bench.reports``) builds its own :class:`Table` s with the helpers
+here; this module renders them.
 
 Tables are built once as plain data (:class:`Table`) and rendered three ways, so what the
 terminal shows, what ``--format md`` writes and what the README embeds are the same
@@ -19,9 +21,6 @@ from tilegemm.bench.results import Results
 from tilegemm.bench.timing import FAILED, OK, SKIPPED, Measurement
 from tilegemm.errors import InvalidValueError
 
-# the optimisation note's outputs-per-thread sweep (TFLOP/s at 1024³, block 32×32, its GPU is not
-# named): shown beside ours for the shape of the curve, not as a target.
-NOTE_R_TFLOPS: dict[int, float] = {1: 3.67, 2: 4.80, 4: 6.02, 8: 6.77, 16: 6.67, 32: 5.32}
 DASH = "—"
 
 
@@ -87,14 +86,19 @@ def noisy(m: Measurement | None) -> bool:
     return x is not None and x > NOISY_SPREAD
 
 
-def _percent(m: Measurement, ref: Measurement | None) -> str:
+def marked_cell(m: Measurement | None) -> str:
+    """:func:`cell`, marked when the timing was noisy."""
+    return cell(m) + (NOISY_MARK if noisy(m) else "")
+
+
+def percent(m: Measurement, ref: Measurement | None) -> str:
     if ref is None or m.gflops is None or ref.gflops is None:
         return DASH
     mark = NOISY_MARK if (noisy(m) or noisy(ref)) and m is not ref else ""
     return f"{100 * m.gflops / ref.gflops:.1f}%{mark}"
 
 
-def _noise_notes(ms: Iterable[Measurement]) -> list[str]:
+def noise_notes(ms: Iterable[Measurement]) -> list[str]:
     """One note naming the noisy timings (the vendor's included), if any."""
     bad = [m for m in ms if noisy(m)]
     if not bad:
@@ -106,7 +110,7 @@ def _noise_notes(ms: Iterable[Measurement]) -> list[str]:
             "reliable: re-run on a quiet machine"]
 
 
-def _problem_notes(ms: Iterable[Measurement]) -> list[str]:
+def problem_notes(ms: Iterable[Measurement]) -> list[str]:
     """FAILED reasons, one per case; skip reasons, one per distinct reason and variant."""
     notes: list[str] = []
     seen: set[tuple[str, str]] = set()
@@ -119,154 +123,43 @@ def _problem_notes(ms: Iterable[Measurement]) -> list[str]:
     return notes
 
 
-def _device(results: Results, backend: str) -> str:
+def device_of(results: Results, backend: str) -> str:
     info = results.meta.get("backends", {}).get(backend, {})
     return info.get("device") or backend
 
 
-def _vendor_line(results: Results, backend: str) -> str | None:
+def vendor_line(results: Results, backend: str) -> str | None:
     note = results.meta.get("vendors", {}).get(backend)
     return f"vendor reference: {note}" if note else None
 
 
-def _sizes_of(ms: Iterable[Measurement]) -> list[int]:
+def sizes_of(ms: Iterable[Measurement]) -> list[int]:
     return sorted({m.m for m in ms})
 
 
-def _order(ms: Iterable[Measurement]) -> list[Measurement]:
+def in_order(ms: Iterable[Measurement]) -> list[Measurement]:
     """Rungs by rung number then parameters, the vendor last."""
     return sorted(ms, key=lambda m: (m.vendor, m.rung or 0, m.kernel,
                                      tuple(sorted(m.params.items()))))
 
 
-def _dtype_label(settings: dict) -> str:
+def dtype_label(settings: dict) -> str:
     """The dtype, with the precision when it is not IEEE ("float32 tf32")."""
     dtype = settings.get("dtype", "float32")
     precision = settings.get("precision", "ieee")
     return dtype if precision == "ieee" else f"{dtype} {precision}"
 
 
-def ladder_tables(results: Results) -> list[Table]:
-    tables = []
-    dtype = _dtype_label(results.meta.get("settings", {}))
-    for be in results.backends("ladder"):
-        ms = results.for_report("ladder", be)
-        for n in _sizes_of(ms):
-            at = _order(m for m in ms if m.m == n)
-            ref = next((m for m in at if m.vendor and m.status == OK), None)
-            ref_name = short_name(ref.kernel) if ref else "vendor"
-            t = Table(f"Ladder — {be} on {_device(results, be)}, {dtype}, {n}³",
-                      ["rung", "kernel", "parameters", "verified", "median ms", "IQR ms",
-                       "GFLOP/s", f"% of {ref_name}"], text_columns=4)
-            for m in at:
-                s = m.stats
-                iqr = f"{fmt_ms(s.q1)}–{fmt_ms(s.q3)}" if s and m.status == OK else DASH
-                verified = {OK: "yes", FAILED: FAILED}.get(m.status, "not run")
-                params = " ".join(f"{k}={v}" for k, v in m.params.items())
-                t.rows.append([DASH if m.vendor else str(m.rung), m.kernel, params, verified,
-                               fmt_ms(s.median) if s and m.status == OK else DASH, iqr,
-                               cell(m) + (NOISY_MARK if noisy(m) else ""), _percent(m, ref)])
-            t.notes += _problem_notes(at)
-            t.notes += _noise_notes(at)
-            if line := _vendor_line(results, be):
-                t.notes.append(line)
-            tables.append(t)
-    return tables
-
-
-def sizes_tables(results: Results) -> list[Table]:
-    """the optimisation note's table: GFLOP/s per kernel variant (rows) and size M = N = K
-    (columns)."""
-    tables = []
-    dtype = _dtype_label(results.meta.get("settings", {}))
-    for be in results.backends("sizes"):
-        ms = results.for_report("sizes", be)
-        sizes = _sizes_of(ms)
-        variants: dict[str, dict[int, Measurement]] = {}
-        for m in _order(ms):
-            variants.setdefault(m.variant, {})[m.m] = m
-        t = Table(f"GFLOP/s by size and block size — {be} on {_device(results, be)}, {dtype}",
-                  ["kernel"] + [str(n) for n in sizes])
-        for name, by_size in variants.items():
-            t.rows.append([name] + [cell(by_size.get(n)) + (NOISY_MARK if noisy(by_size.get(n))
-                                                             else "") for n in sizes])
-        t.notes += _problem_notes(_order(ms))
-        t.notes += _noise_notes(_order(ms))
-        if line := _vendor_line(results, be):
-            t.notes.append(line)
-        tables.append(t)
-    return tables
-
-
-def rsweep_tables(results: Results) -> list[Table]:
-    """the optimisation note's outputs-per-thread sweep."""
-    tables = []
-    for be in results.backends("rsweep"):
-        ms = results.for_report("rsweep", be)
-        ref = next((m for m in ms if m.vendor and m.status == OK), None)
-        for n in _sizes_of(ms):
-            at = [m for m in _order(ms) if m.m == n and not m.vendor]
-            ref_name = short_name(ref.kernel) if ref else "vendor"
-            t = Table(f"Outputs per thread (R) — {be} on {_device(results, be)}, {n}³",
-                      ["kernel", "R", "parameters", "GFLOP/s", f"% of {ref_name}",
-                       "optimisation note TFLOP/s (1024³, its GPU)"], text_columns=3)
-            for m in at:
-                r = m.params.get("R")
-                params = " ".join(f"{k}={v}" for k, v in m.params.items() if k != "R")
-                seed = NOTE_R_TFLOPS.get(r) if r is not None else None
-                t.rows.append([m.kernel, str(r), params, cell(m) + (NOISY_MARK if noisy(m)
-                                                                     else ""),
-                               _percent(m, ref), f"{seed:.2f}" if seed is not None else DASH])
-            if ref is not None:
-                t.rows.append([ref.kernel, DASH, "", cell(ref), "100.0%", DASH])
-            t.notes += _problem_notes(at)
-            t.notes += _noise_notes(at + ([ref] if ref is not None else []))
-            tables.append(t)
-    return tables
-
-
-def compile_tables(results: Results) -> list[Table]:
-    """the Numba ROC example's comparison: first call (compilation included) vs steady, and
-    NumPy."""
-    tables = []
-    from tilegemm.backends import host_backend
-
-    host = host_backend()
-    ms_all = [m for m in results.measurements if "compile" in m.reports]
-    numpy_row = next((m for m in ms_all if m.backend == host and m.vendor), None)
-    for be in results.backends("compile"):
-        at = _order(m for m in ms_all if m.backend == be)
-        if not at or (be == host and all(m.vendor for m in at)):
-            continue
-        n = at[0].m
-        t = Table(f"First call vs steady — {be} on {_device(results, be)}, {n}³",
-                  ["kernel", "parameters", "first call ms", "steady median ms", "first/steady",
-                   "GFLOP/s (steady)"], text_columns=2)
-        rows = at + ([numpy_row] if numpy_row is not None and be != host else [])
-        for m in rows:
-            s = m.stats if m.status == OK else None
-            ratio = f"{m.first_s / s.median:,.0f}×" if s and m.first_s and s.median else DASH
-            name = f"{m.kernel} (CPU)" if m.vendor and m.backend == host else m.kernel
-            params = " ".join(f"{k}={v}" for k, v in m.params.items())
-            t.rows.append([name, params, fmt_ms(m.first_s) if m.status == OK else cell(m),
-                           fmt_ms(s.median) if s else DASH, ratio, cell(m)])
-        t.notes += _problem_notes(rows)
-        t.notes.append("first call = build/compile + operand upload + one launch, host clock; "
-                       "steady = median of backend-timed launches after warm-up")
-        tables.append(t)
-    return tables
-
-
-BUILDERS = {"compile": compile_tables, "sizes": sizes_tables, "rsweep": rsweep_tables,
-            "ladder": ladder_tables}
-
-
 def tables(results: Results, reports: Iterable[str] | None = None) -> list[Table]:
-    """Every table, in the order a reader wants them: ladder last (it is the summary)."""
-    wanted = list(reports) if reports is not None else ["compile", "sizes", "rsweep", "ladder"]
+    """The tables of ``reports`` (default: all), in the order a reader wants them (each
+    report's ``position``: the ladder, the summary, last)."""
+    from tilegemm.bench.reports import all_reports
+
+    wanted = set(all_reports() if reports is None else reports)
     out: list[Table] = []
-    for name in wanted:
-        out += BUILDERS[name](results)
+    for name, rep in all_reports().items():
+        if name in wanted:
+            out += rep.tables(results)
     return out
 
 
@@ -286,7 +179,7 @@ def header_lines(results: Results) -> list[str]:
     settings = meta.get("settings", {})
     pol = settings.get("policy", {})
     if settings:
-        lines.append(f"profile {settings.get('profile')}, {_dtype_label(settings)}; timing: "
+        lines.append(f"profile {settings.get('profile')}, {dtype_label(settings)}; timing: "
                      f"median of ≥{pol.get('min_reps')} reps within {pol.get('budget_s')} s "
                      f"after {pol.get('warmup')} warm-up launches"
                      + (", L2 flushed between reps" if pol.get("flush") else ""))

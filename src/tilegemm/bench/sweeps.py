@@ -1,16 +1,11 @@
-"""the optimisation note's tables as plans of cases, built from the registry, and the loop that
-runs them.
+"""Benchmark plans: the cases of the selected reports, built from the registry, and the loop
+that runs them.
 
-Four reports, each a list of :class:`Case` (a rung or the vendor library, parameters, size):
-
-- ``sizes`` (the optimisation note): GFLOP/s over M = N = K for every rung; rungs with a block-size
-  parameter (``BLOCK`` or ``TILE``) once per block size (8, 16, 32), others at defaults.
-- ``rsweep`` (the optimisation note): rungs with an outputs-per-thread parameter ``R``, once per R.
-- ``ladder``: every rung at its defaults at one or more sizes, as a share of the vendor.
-- ``compile`` (the Numba ROC example): first call (compilation included) vs steady time, and NumPy.
-
-Nothing here lists kernels: which rungs exist, their parameters and which values are
-valid all come from :mod:`tilegemm.registry`, so a new rung shows up in every table.
+Each report (``compile``, ``sizes``, ``rsweep``, ``ladder``...) is one module of
+:mod:`tilegemm.bench.reports` declaring its cases (a rung or the vendor library,
+parameters, size) and its tables. Nothing here lists kernels: which rungs exist, their
+parameters and which values are valid all come from :mod:`tilegemm.registry`, so a new
+rung shows up in every table.
 Identical cases in several reports are measured once.
 """
 
@@ -24,8 +19,10 @@ from typing import Any
 import numpy as np
 
 from tilegemm import registry
-from tilegemm.backends import get_backend, host_backend
+from tilegemm.backends import get_backend
 from tilegemm.backends.base import Backend
+from tilegemm.bench.reports import PlanContext, all_reports
+from tilegemm.bench.reports import names as report_names
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import (
     OK,
@@ -41,16 +38,8 @@ from tilegemm.problem import GemmProblem
 from tilegemm.reference import random_operands
 from tilegemm.registry import KernelSpec
 
-REPORTS: tuple[str, ...] = ("compile", "ladder", "sizes", "rsweep")
-BLOCK_PARAMS: tuple[str, ...] = ("BLOCK", "TILE")  # "block size" in the optimisation note's tables
-OUTPUTS_PARAM = "R"  # outputs per thread (the optimisation note's ILP kernel)
+REPORTS: tuple[str, ...] = report_names()  # the --reports choices, in table order
 SEED_SIZES: tuple[int, ...] = tuple(2**i for i in range(3, 13))  # 8 … 4096
-
-
-def block_param(spec: KernelSpec) -> str | None:
-    """The rung's block-size parameter (BLOCK or TILE), if it has one."""
-    names = [p.name for p in spec.params]
-    return next((n for n in BLOCK_PARAMS if n in names), None)
 
 
 @dataclass(frozen=True)
@@ -116,15 +105,6 @@ class Case:
         return f"{self.backend}:{who} {shown} {self.m}×{self.n}×{self.k}".replace("  ", " ")
 
 
-def _variants(spec: KernelSpec, settings: Settings) -> list[dict[str, int]]:
-    """Block sizes from the settings that the rung's parameter allows, else its defaults."""
-    name = block_param(spec)
-    if name is None:
-        return [{}]
-    choices = next(p.choices for p in spec.params if p.name == name)
-    return [{name: b} for b in settings.blocks if b in choices]
-
-
 def _case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
           overrides: dict[str, int] | None = None) -> Case:
     """A case with the rung's full parameter set (defaults filled in, declaration order),
@@ -145,54 +125,35 @@ def plan(
     backends: Sequence[str], settings: Settings,
     specs_for: Callable[[str], Iterable[KernelSpec]] | None = None,
 ) -> list[Case]:
-    """Every case of the selected reports: compile cases first (so their first call is
-    the cold one), then the rest in ascending size (so slow rungs are skipped at sizes
+    """Every case of the selected reports: the cold reports' cases first (compile: so their
+    first call is the cold one), then the rest in ascending size (so slow rungs are skipped at sizes
     their smaller runs predict to be too slow). ``specs_for`` defaults to the registry."""
     from tilegemm.tune.space import precision_pin
 
     specs_for = specs_for or registry.specs_for
     dtype = np.dtype(settings.dtype)
+    # The rungs that compute this dtype at this precision: the IEEE rungs for "ieee"; the
+    # tensor-core rungs, precision parameter pinned, for "tf32", "3xtf32" and 16-bit dtypes
+    # (compared with cuBLAS at that precision, never with SGEMM for TF32).
+    pins = {be: {s: precision_pin(s, dtype, settings.precision)
+                 for s in specs_for(be) if s.supports(dtype)} for be in backends}
+
+    def case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
+             overrides: dict[str, int] | None = None) -> Case:
+        if spec is None:
+            return _case(report, backend, n)
+        pin = pins[backend][spec]
+        fixed = {pin[0]: pin[1]} if pin else {}
+        return _case(report, backend, n, spec, {**(overrides or {}), **fixed})
+
+    ctx = PlanContext(tuple(backends), settings,
+                      {be: [s for s, pin in pins[be].items() if pin is not False]
+                       for be in backends}, case)
     first: list[Case] = []
     rest: list[Case] = []
-    for be in backends:
-        # The rungs that compute this dtype at this precision: the IEEE rungs for "ieee";
-        # the tensor-core rungs, precision parameter pinned, for "tf32", "3xtf32" and 16-bit
-        # dtypes (compared with cuBLAS at that precision, never with SGEMM for TF32).
-        pins = {s: precision_pin(s, dtype, settings.precision)
-                for s in specs_for(be) if s.supports(dtype)}
-        specs = [s for s, pin in pins.items() if pin is not False]
-
-        def case(report: str, n: int, s: KernelSpec, over: dict[str, int] | None = None,
-                 be: str = be, pins: dict = pins) -> Case:
-            pin = pins[s]
-            fixed = {pin[0]: pin[1]} if pin else {}
-            return _case(report, be, n, s, {**(over or {}), **fixed})
-
-        if "compile" in settings.reports:
-            n = settings.compile_size
-            first += [case("compile", n, s) for s in specs]
-            first.append(_case("compile", be, n))
-        if "ladder" in settings.reports:
-            for n in settings.ladder_sizes:
-                rest += [case("ladder", n, s) for s in specs]
-                rest.append(_case("ladder", be, n))
-        if "sizes" in settings.reports:
-            for n in settings.sizes:
-                for s in specs:
-                    rest += [case("sizes", n, s, v) for v in _variants(s, settings)]
-                rest.append(_case("sizes", be, n))
-        if "rsweep" in settings.reports:
-            n = settings.r_size
-            swept = [s for s in specs if any(p.name == OUTPUTS_PARAM for p in s.params)]
-            for s in swept:
-                choices = next(p.choices for p in s.params if p.name == OUTPUTS_PARAM)
-                rest += [case("rsweep", n, s, {OUTPUTS_PARAM: r})
-                         for r in settings.r_values if r in choices]
-            if swept:
-                rest.append(_case("rsweep", be, n))
-    if "compile" in settings.reports and backends:
-        n = settings.compile_size  # the Numba ROC example prints NumPy's time beside the GPU's
-        first.append(_case("compile", host_backend(), n))
+    for name, report in all_reports().items():
+        if name in settings.reports:
+            (first if report.cold else rest).extend(report.cases(ctx))
     rest.sort(key=lambda c: c.flops)  # stable: report order kept within a size
     return first + rest
 

@@ -227,9 +227,10 @@ def _emit(results, args: argparse.Namespace) -> None:
     from tilegemm.bench import report
 
     fmt = args.format
-    reports = [r for r in ("compile", "sizes", "rsweep", "ladder")
-               if r in results.meta.get("settings", {}).get("reports", ["compile", "sizes",
-                                                                       "rsweep", "ladder"])]
+    from tilegemm.bench.sweeps import REPORTS
+
+    asked = results.meta.get("settings", {}).get("reports", REPORTS)
+    reports = [r for r in REPORTS if r in asked]
     if fmt and not args.output:
         sys.stdout.write(report.render(results, fmt, reports))
     elif not args.quiet:

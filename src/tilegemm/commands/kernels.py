@@ -82,7 +82,8 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
     if not rows:
         raise InvalidValueError(
             "--resources reports compiled CUDA rungs (registers, spills, shared memory); "
-            f"backend {args.backend!r} has none: use --backend cuda or cudac, or no --backend")
+            f"backend {args.backend!r} has none: use --backend "
+            f"{' or '.join(n for n in BACKENDS if get_backend(n).compile_archs)}, or none")
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

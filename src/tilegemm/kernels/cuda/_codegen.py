@@ -9,7 +9,8 @@ ptxas folds into the load instruction (``LDS.128 R8, [R2+0x400]``), and ptxas ca
 the next step's loads among this step's FMAs. The generated source is an ordinary numba
 kernel: it compiles, runs on the simulator and is traced like the hand-written rungs.
 
-``unrolled(lines, indent)`` indents generated lines; ``compile_source(source, name,
+``indent(lines, spaces)`` indents generated lines, ``fill(template, parts)`` puts them in
+place of ``#@NAME`` marker lines; ``compile_source(source, name,
 namespace)`` turns the text into a function whose globals are ``namespace`` (the rung's
 constants and helpers, and ``cuda``: numba's simulator swaps ``cuda`` in a kernel's globals,
 so it must be a global there, not a closure variable). The text is registered with
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -39,3 +41,13 @@ def compile_source(source: str, name: str, namespace: dict[str, Any]) -> Callabl
     linecache.cache[filename] = (len(source), None, lines, filename)
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own generated text
     return namespace[name]
+
+
+def fill(template: str, parts: dict[str, list[str]]) -> str:
+    """``template`` with every line ``#@NAME`` replaced by ``parts[NAME]``, each line
+    indented like the marker (so one part can go to several depths)."""
+
+    def lines(match: re.Match[str]) -> str:
+        return indent(parts[match.group(2)], len(match.group(1)))
+
+    return re.sub(r"^( *)#@(\w+)$", lines, template, flags=re.MULTILINE)

@@ -24,18 +24,30 @@ What changed from warptile, two things:
 What it should buy: the last big step of siboehm's ladder (kernels 11–12, +5–10 %), and
 the L2 reuse that matters most at large sizes, where the gap to cuBLAS is otherwise set
 by DRAM traffic.
+
+Machine code (docs/performance.md): generated as source at build time like rungs 7–8
+(``_codegen``, warptile's per-thread shared bases and written-out k steps). The k loop is
+written out two k-tiles at a time, one per buffer, so the buffer is a constant in every
+shared address (no parity arithmetic at all). Interior blocks stage the next tile with
+128-bit loads at per-thread offsets bumped per k-tile, no bounds checks, issued before the
+current tile's FMAs; edge blocks and unaligned operands stage element by element. float32
+asks for two blocks per SM (128 registers); float64 keeps the k steps of a tile a loop
+(written out, they spill on sm_80). FFMA share on sm_90: hot loop 76 % → 87 %,
+interior k-tile 63 % → 87 %.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
-from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, width
+from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, width
+from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
+from tilegemm.kernels.cuda.k08_warptile import _bases, _compute, _offsets
 from tilegemm.launch import capped_grid, ceil_div
 from tilegemm.registry import Constraint, KernelSpec, Param
 
@@ -78,162 +90,247 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     RT, CT = WMITER * TM, WNITER * TN  # a thread's outputs: RT × CT
     NT = _threads(p)
     W = width(dtype.itemsize)
-    ISZ = dtype.itemsize
-    VB = VECTOR_BYTES
     A_VPR, B_VPR = BK // W, BN // W
     A_VECS, B_VECS = BM * A_VPR, BK * B_VPR
     A_ROUNDS, B_ROUNDS = ceil_div(A_VECS, NT), ceil_div(B_VECS, NT)
     RPW = max(W, 32 * W // BK)  # rows of A one warp loads per round: the swizzle period
-    SA, SB = A_ROUNDS * W, B_ROUNDS * W  # staging registers per thread
     ld, st, vload, vstore, gather, scatter, address, ALIGN = access_ops()
-    zero = dtype.type(0)
-    nptype = dtype.type
+    namespace = dict(
+        cuda=cuda, BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, WM=WM, WN=WN, WSUBM=WSUBM,
+        WSUBN=WSUBN, LCOLS=LCOLS, WCOLS=WCOLS, RT=RT, CT=CT, NT=NT, GROUP_M=GROUP_M,
+        W=W, ISZ=dtype.itemsize, VB=VECTOR_BYTES, A_VPR=A_VPR, B_VPR=B_VPR, A_VECS=A_VECS,
+        B_VECS=B_VECS, A_ROUNDS=A_ROUNDS, B_ROUNDS=B_ROUNDS, SA=A_ROUNDS * W,
+        SB=B_ROUNDS * W, RPW=RPW, ld=ld, st=st, vload=vload, vstore=vstore, gather=gather,
+        scatter=scatter, address=address, vload_at=vload_at(), ALIGN=ALIGN,
+        zero=dtype.type(0), nptype=dtype.type)
+    mapping = ["warp = tid // 32", "lane = tid % 32",
+               "wr0 = (warp // WCOLS) * WM  # this warp's tile inside the block tile",
+               "wc0 = (warp % WCOLS) * WN",
+               "tr0 = wr0 + (lane // LCOLS) * TM  # this thread's first row/column",
+               "tc0 = wc0 + (lane % LCOLS) * TN"]
 
-    @kernel_jit(NT)
-    def pipelined(A, B, C, alpha, beta):
-        m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
-        tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
-        warp = tid // 32
-        lane = tid % 32
-        wr0 = (warp // WCOLS) * WM
-        wc0 = (warp % WCOLS) * WN
-        tr0 = wr0 + (lane // LCOLS) * TM
-        tc0 = wc0 + (lane % LCOLS) * TN
-        a_vec = (k_len % W == 0 and address(A) % VB == 0 and A.strides[2] == ISZ
-                 and A.strides[1] % VB == 0 and A.strides[0] % VB == 0)
-        b_vec = (n % W == 0 and address(B) % VB == 0 and B.strides[2] == ISZ
-                 and B.strides[1] % VB == 0 and B.strides[0] % VB == 0)
-        c_vec = (n % W == 0 and address(C) % VB == 0 and C.strides[2] == ISZ
-                 and C.strides[1] % VB == 0 and C.strides[0] % VB == 0)
+    def row_off(i: int) -> int:
+        return (i // TM) * WSUBM + i % TM
 
-        As = cuda.shared.array((2, BK, BM), nptype, alignment=ALIGN)  # transposed, swizzled
-        Bs = cuda.shared.array((2, BK, BN), nptype, alignment=ALIGN)
-        acc = cuda.local.array((RT, CT), nptype)
-        ra = cuda.local.array(RT, nptype)
-        rb = cuda.local.array(CT, nptype)
-        sa = cuda.local.array(SA, nptype)  # the next tile, staged in registers
-        sb = cuda.local.array(SB, nptype)
-        cv = cuda.local.array(W, nptype)
+    def col_off(j: int) -> int:
+        return (j // TN) * WSUBN + j % TN
 
-        tiles_m = (m + BM - 1) // BM
-        tiles_n = (n + BN - 1) // BN
-        group = GROUP_M * tiles_n  # tiles in one group of GROUP_M tile rows
-        k_tiles = (k_len + BK - 1) // BK
-        z = cuda.blockIdx.z
-        while z < C.shape[0]:
-            za = z if A.shape[0] > 1 else 0
-            zb = z if B.shape[0] > 1 else 0
-            t = cuda.blockIdx.x
-            while t < tiles_m * tiles_n:
-                # Grouped order: column-major inside groups of GROUP_M tile rows.
-                first = (t // group) * GROUP_M
-                gsize = min(tiles_m - first, GROUP_M)
-                row0 = (first + (t % group) % gsize) * BM
-                col0 = ((t % group) // gsize) * BN
-                for i in range(RT):
-                    for j in range(CT):
-                        acc[i, j] = zero
-                for kt in range(k_tiles + 1):
-                    # Stage tile kt (if any) from global memory into registers...
-                    if kt < k_tiles:
-                        k0 = kt * BK
-                        for rnd in range(A_ROUNDS):
-                            v = tid + rnd * NT
-                            r = v // A_VPR
-                            c = (v % A_VPR) * W
-                            gr = row0 + r
-                            gc = k0 + c
-                            if v < A_VECS and a_vec and gr < m and gc < k_len:
-                                scatter(sa, (rnd * W,), vload(A, (za, gr, gc)))
-                            else:
-                                for q in range(W):
-                                    if v < A_VECS and gr < m and gc + q < k_len:
-                                        sa[rnd * W + q] = ld(A, (za, gr, gc + q))
-                                    else:
-                                        sa[rnd * W + q] = zero
-                        for rnd in range(B_ROUNDS):
-                            v = tid + rnd * NT
-                            r = v // B_VPR
-                            c = (v % B_VPR) * W
-                            gr = k0 + r
-                            gc = col0 + c
-                            if v < B_VECS and b_vec and gr < k_len and gc < n:
-                                scatter(sb, (rnd * W,), vload(B, (zb, gr, gc)))
-                            else:
-                                for q in range(W):
-                                    if v < B_VECS and gr < k_len and gc + q < n:
-                                        sb[rnd * W + q] = ld(B, (zb, gr, gc + q))
-                                    else:
-                                        sb[rnd * W + q] = zero
-                    # ...compute on tile kt-1 (its buffer was filled before the last
-                    # barrier) while those loads are in flight...
-                    if kt > 0:
-                        cur = (kt - 1) % 2
-                        kk = 0
-                        while kk < BK:
-                            sk = ((kk // W) * RPW) & (BM - 1)
-                            for i in range(0, RT, W):
-                                rr = tr0 + (i // TM) * WSUBM + i % TM
-                                scatter(ra, (i,), vload(As, (cur, kk, rr ^ sk)))
-                            for j in range(0, CT, W):
-                                scatter(rb, (j,), vload(Bs, (cur, kk, tc0 + (j // TN) * WSUBN
-                                                             + j % TN)))
-                            for i in range(RT):
-                                for j in range(CT):
-                                    acc[i, j] += ra[i] * rb[j]
-                            kk += 1
-                    # ...then store tile kt into the other buffer. Nobody reads that buffer
-                    # now: its last readers (tile kt-2) finished before the last barrier.
-                    if kt < k_tiles:
-                        nxt = kt % 2
-                        for rnd in range(A_ROUNDS):
-                            v = tid + rnd * NT
-                            if v < A_VECS:
-                                r = v // A_VPR
-                                c = (v % A_VPR) * W
-                                swz = r ^ (((c // W) * RPW) & (BM - 1))
-                                for q in range(W):
-                                    st(As, (nxt, c + q, swz), sa[rnd * W + q])
-                        for rnd in range(B_ROUNDS):
-                            v = tid + rnd * NT
-                            if v < B_VECS:
-                                r = v // B_VPR
-                                c = (v % B_VPR) * W
-                                vstore(Bs, (nxt, r, c), gather(sb, (rnd * W,)))
-                    cuda.syncthreads()  # the one barrier per k-tile
-                # C: row 0 of acc written, rows shift up (constant indices, see rung 6).
-                for i in range(RT):
-                    gr = row0 + tr0 + (i // TM) * WSUBM + i % TM
-                    if gr < m:
-                        for j in range(0, CT, W):
-                            gc = col0 + tc0 + (j // TN) * WSUBN + j % TN
-                            if c_vec and gc < n:
-                                if beta == 0:
-                                    for q in range(W):
-                                        cv[q] = alpha * acc[0, j + q]
-                                else:
-                                    scatter(cv, (0,), vload(C, (z, gr, gc)))
-                                    for q in range(W):
-                                        cv[q] = alpha * acc[0, j + q] + beta * cv[q]
-                                vstore(C, (z, gr, gc), gather(cv, (0,)))
-                            else:
-                                for q in range(W):
-                                    if gc + q < n:
-                                        if beta == 0:
-                                            st(C, (z, gr, gc + q), alpha * acc[0, j + q])
-                                        else:
-                                            st(C, (z, gr, gc + q), alpha * acc[0, j + q]
-                                               + beta * ld(C, (z, gr, gc + q)))
-                    for r in range(RT - 1):
-                        for j in range(CT):
-                            acc[r, j] = acc[r + 1, j]
-                t += cuda.gridDim.x
-            z += cuda.gridDim.z
+    offsets, bumps = _offsets(p, W, NT)
+    # float64: k steps written out need more than 255 registers on sm_80 (the next step's
+    # operands next to 128 of accumulators and the staged tile), so they stay a loop there.
+    if dtype.itemsize == 4:
+        computes = [_compute(p, W, RPW, RT, CT, f"{buf}, ") for buf in (0, 1)]
+    else:
+        computes = [_compute_loop(p, W, RPW, RT, CT, buf, row_off, col_off) for buf in (0, 1)]
+    parts = {
+        "MAPPING": mapping,
+        "BASES": _bases(p, W, RPW, NT, RT, CT, row_off, col_off),
+        "BLOCK_OFFSETS": offsets,
+        "STAGE": _stage(p, W, NT, bumps),
+        "COMPUTE0": computes[0],
+        "COMPUTE1": computes[1],
+        "STORE0": _store(p, W, NT, 0),
+        "STORE1": _store(p, W, NT, 1),
+    }
+    source = fill(KERNEL, parts)
+    # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread.
+    kernel = kernel_jit(NT, 2 if dtype.itemsize == 4 and NT <= 256 else 0)(
+        compile_source(source, "pipelined", namespace))
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
 
-    return CudaProgram(pipelined, (NT, 1, 1), grid)
+    return CudaProgram(kernel, (NT, 1, 1), grid)
+
+
+def _compute_loop(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int, buf: int,
+                  row_off: Callable[[int], int], col_off: Callable[[int], int]) -> list[str]:
+    """The BK k steps of one tile as a loop over ``kk`` (float64, see build())."""
+    lines = ["for kk in range(BK):", f"    sk = ((kk // {w}) * {rpw}) & {p['BM'] - 1}"]
+    for i in range(0, RT, w):
+        names = ", ".join(f"a{i + q}" for q in range(w))
+        lines.append(f"    {names} = vload(As, ({buf}, kk, (tr0 + {row_off(i)}) ^ sk))")
+    for j in range(0, CT, w):
+        names = ", ".join(f"b{j + q}" for q in range(w))
+        lines.append(f"    {names} = vload(Bs, ({buf}, kk, tc0 + {col_off(j)}))")
+    for i in range(RT):
+        lines += [f"    acc[{i}, {j}] += a{i} * b{j}" for j in range(CT)]
+    return lines
+
+
+def _stage(p: Mapping[str, int], w: int, nt: int, bumps: list[str]) -> list[str]:
+    """Tile ``kn`` from global memory into the staging registers ``sa``/``sb``: on the
+    interior path every 128-bit load at a bumped offset, no bounds checks; otherwise
+    element by element with checks (edges, K not a multiple of 4, misaligned views)."""
+    a_vecs, b_vecs = p["BM"] * (p["BK"] // w), p["BK"] * (p["BN"] // w)
+    fast = []
+    for rnd in range(ceil_div(a_vecs, nt)):
+        load = (f"scatter(sa, ({rnd * w},), "
+                f"vload_at(A, (za, row0 + ar{rnd}, kn + ac{rnd}), oa{rnd}))")
+        fast += [load] if (rnd + 1) * nt <= a_vecs else [
+            f"if tid + {rnd * nt} < {a_vecs}:", "    " + load]
+    for rnd in range(ceil_div(b_vecs, nt)):
+        load = (f"scatter(sb, ({rnd * w},), "
+                f"vload_at(B, (zb, kn + br{rnd}, col0 + bc{rnd}), ob{rnd}))")
+        fast += [load] if (rnd + 1) * nt <= b_vecs else [
+            f"if tid + {rnd * nt} < {b_vecs}:", "    " + load]
+    return (["if inner and kn + BK <= k_len:"] + ["    " + x for x in fast]
+            + ["else:"] + ["    " + x for x in SLOW_STAGE.strip("\n").splitlines()] + bumps)
+
+
+def _store(p: Mapping[str, int], w: int, nt: int, buf: int) -> list[str]:
+    """The staged tile into shared buffer ``buf``: A transposed and swizzled, B as is."""
+    a_vecs, b_vecs = p["BM"] * (p["BK"] // w), p["BK"] * (p["BN"] // w)
+    lines = []
+    for rnd in range(ceil_div(a_vecs, nt)):
+        store = [f"st(As, ({buf}, ac{rnd} + {q}, asw{rnd}), sa[{rnd * w + q}])"
+                 for q in range(w)]
+        lines += store if (rnd + 1) * nt <= a_vecs else [
+            f"if tid + {rnd * nt} < {a_vecs}:", *("    " + x for x in store)]
+    for rnd in range(ceil_div(b_vecs, nt)):
+        store = f"vstore(Bs, ({buf}, br{rnd}, bc{rnd}), gather(sb, ({rnd * w},)))"
+        lines += [store] if (rnd + 1) * nt <= b_vecs else [
+            f"if tid + {rnd * nt} < {b_vecs}:", "    " + store]
+    return lines
+
+
+# The edge path of a stage: element-wise where a vector would leave the operand.
+SLOW_STAGE = """
+for rnd in range(A_ROUNDS):
+    v = tid + rnd * NT
+    r = v // A_VPR
+    c = (v % A_VPR) * W
+    gr = row0 + r
+    gc = kn + c
+    if v < A_VECS and a_vec and gr < m and gc < k_len:
+        scatter(sa, (rnd * W,), vload(A, (za, gr, gc)))
+    else:
+        for q in range(W):
+            if v < A_VECS and gr < m and gc + q < k_len:
+                sa[rnd * W + q] = ld(A, (za, gr, gc + q))
+            else:
+                sa[rnd * W + q] = zero
+for rnd in range(B_ROUNDS):
+    v = tid + rnd * NT
+    r = v // B_VPR
+    c = (v % B_VPR) * W
+    gr = kn + r
+    gc = col0 + c
+    if v < B_VECS and b_vec and gr < k_len and gc < n:
+        scatter(sb, (rnd * W,), vload(B, (zb, gr, gc)))
+    else:
+        for q in range(W):
+            if v < B_VECS and gr < k_len and gc + q < n:
+                sb[rnd * W + q] = ld(B, (zb, gr, gc + q))
+            else:
+                sb[rnd * W + q] = zero
+"""
+
+# The kernel, as source: #@ lines are replaced by generated code in build(). The k loop
+# is written out two k-tiles at a time, one per shared buffer, so buffer parity is a
+# constant in every shared address.
+KERNEL = """
+def pipelined(A, B, C, alpha, beta):
+    m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
+    tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
+    #@MAPPING
+    a_vec = (k_len % W == 0 and address(A) % VB == 0 and A.strides[2] == ISZ
+             and A.strides[1] % VB == 0 and A.strides[0] % VB == 0)
+    b_vec = (n % W == 0 and address(B) % VB == 0 and B.strides[2] == ISZ
+             and B.strides[1] % VB == 0 and B.strides[0] % VB == 0)
+    c_vec = (n % W == 0 and address(C) % VB == 0 and C.strides[2] == ISZ
+             and C.strides[1] % VB == 0 and C.strides[0] % VB == 0)
+
+    As = cuda.shared.array((2, BK, BM), nptype, alignment=ALIGN)  # transposed, swizzled
+    Bs = cuda.shared.array((2, BK, BN), nptype, alignment=ALIGN)
+    acc = cuda.local.array((RT, CT), nptype)
+    sa = cuda.local.array(SA, nptype)  # the next tile, staged in registers
+    sb = cuda.local.array(SB, nptype)
+    cv = cuda.local.array(W, nptype)
+    sa0, sa1 = A.strides[0] // ISZ, A.strides[1] // ISZ  # strides in elements
+    sb0, sb1 = B.strides[0] // ISZ, B.strides[1] // ISZ
+    #@BASES
+
+    tiles_m = (m + BM - 1) // BM
+    tiles_n = (n + BN - 1) // BN
+    group = GROUP_M * tiles_n  # tiles in one group of GROUP_M tile rows
+    z = cuda.blockIdx.z
+    while z < C.shape[0]:
+        za = z if A.shape[0] > 1 else 0
+        zb = z if B.shape[0] > 1 else 0
+        t = cuda.blockIdx.x
+        while t < tiles_m * tiles_n:
+            # Grouped order: column-major inside groups of GROUP_M tile rows.
+            first = (t // group) * GROUP_M
+            gsize = min(tiles_m - first, GROUP_M)
+            row0 = (first + (t % group) % gsize) * BM
+            col0 = ((t % group) // gsize) * BN
+            #@BLOCK_OFFSETS
+            for i in range(RT):
+                for j in range(CT):
+                    acc[i, j] = zero
+            # Block-uniform: the whole tile is inside A, B and C, and vectors are safe.
+            inner = a_vec and b_vec and row0 + BM <= m and col0 + BN <= n
+            # Prologue: tile 0 into buffer 0.
+            kn = 0
+            #@STAGE
+            cuda.syncthreads()  # this block's previous tile may still be reading buffer 0
+            #@STORE0
+            cuda.syncthreads()
+            k0 = 0
+            while k0 < k_len:
+                # Buffer 0 holds tile k0. Issue tile k0 + BK's global loads (into
+                # registers), compute on buffer 0 while they are in flight, then store
+                # them into buffer 1. Nobody reads buffer 1 now: its last readers finished
+                # before the last barrier. One barrier per k-tile.
+                kn = k0 + BK
+                if kn < k_len:
+                    #@STAGE
+                #@COMPUTE0
+                if kn >= k_len:
+                    break
+                #@STORE1
+                cuda.syncthreads()
+                k0 = kn
+                # The same with the buffers swapped.
+                kn = k0 + BK
+                if kn < k_len:
+                    #@STAGE
+                #@COMPUTE1
+                if kn >= k_len:
+                    break
+                #@STORE0
+                cuda.syncthreads()
+                k0 = kn
+            # C: row 0 of acc written, rows shift up (constant indices, see rung 6).
+            for i in range(RT):
+                gr = row0 + tr0 + (i // TM) * WSUBM + i % TM
+                if gr < m:
+                    for j in range(0, CT, W):
+                        gc = col0 + tc0 + (j // TN) * WSUBN + j % TN
+                        if c_vec and gc < n:
+                            if beta == 0:
+                                for q in range(W):
+                                    cv[q] = alpha * acc[0, j + q]
+                            else:
+                                scatter(cv, (0,), vload(C, (z, gr, gc)))
+                                for q in range(W):
+                                    cv[q] = alpha * acc[0, j + q] + beta * cv[q]
+                            vstore(C, (z, gr, gc), gather(cv, (0,)))
+                        else:
+                            for q in range(W):
+                                if gc + q < n:
+                                    if beta == 0:
+                                        st(C, (z, gr, gc + q), alpha * acc[0, j + q])
+                                    else:
+                                        st(C, (z, gr, gc + q), alpha * acc[0, j + q]
+                                           + beta * ld(C, (z, gr, gc + q)))
+                for r in range(RT - 1):
+                    for j in range(CT):
+                        acc[r, j] = acc[r + 1, j]
+            t += cuda.gridDim.x
+        z += cuda.gridDim.z
+"""
 
 
 SPEC = KernelSpec(

@@ -1,0 +1,51 @@
+"""``ladder``: every rung at its defaults at one or more sizes, as a share of the vendor
+library in the same run (the summary table, shown last)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tilegemm.bench import report as rp
+from tilegemm.bench.reports import Report
+from tilegemm.bench.results import Results
+
+if TYPE_CHECKING:
+    from tilegemm.bench.reports import PlanContext
+    from tilegemm.bench.sweeps import Case
+
+
+def ladder_tables(results: Results) -> list[rp.Table]:
+    tables = []
+    dtype = rp.dtype_label(results.meta.get("settings", {}))
+    for be in results.backends("ladder"):
+        ms = results.for_report("ladder", be)
+        for n in rp.sizes_of(ms):
+            at = rp.in_order(m for m in ms if m.m == n)
+            ref = next((m for m in at if m.vendor and m.status == rp.OK), None)
+            ref_name = rp.short_name(ref.kernel) if ref else "vendor"
+            t = rp.Table(f"Ladder — {be} on {rp.device_of(results, be)}, {dtype}, {n}³",
+                      ["rung", "kernel", "parameters", "verified", "median ms", "IQR ms",
+                       "GFLOP/s", f"% of {ref_name}"], text_columns=4)
+            for m in at:
+                s = m.stats
+                iqr = f"{rp.fmt_ms(s.q1)}–{rp.fmt_ms(s.q3)}" if s and m.status == rp.OK else rp.DASH
+                verified = {rp.OK: "yes", rp.FAILED: rp.FAILED}.get(m.status, "not run")
+                params = " ".join(f"{k}={v}" for k, v in m.params.items())
+                t.rows.append([rp.DASH if m.vendor else str(m.rung), m.kernel, params, verified,
+                               rp.fmt_ms(s.median) if s and m.status == rp.OK else rp.DASH, iqr,
+                               rp.marked_cell(m), rp.percent(m, ref)])
+            t.notes += rp.problem_notes(at)
+            t.notes += rp.noise_notes(at)
+            if line := rp.vendor_line(results, be):
+                t.notes.append(line)
+            tables.append(t)
+    return tables
+
+
+def cases(ctx: PlanContext) -> list[Case]:
+    return [c for n in ctx.settings.ladder_sizes for be in ctx.backends
+            for c in [*(ctx.case("ladder", be, n, s) for s in ctx.specs[be]),
+                      ctx.case("ladder", be, n)]]
+
+
+REPORT = Report("ladder", 40, cases, ladder_tables)
