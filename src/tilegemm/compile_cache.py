@@ -22,6 +22,16 @@ cannot be loaded (a truncated or corrupt file) gives the warning, is deleted and
 Two processes filling the same entry at once are safe: every file is written to a
 temporary name and renamed into place.
 
+OpenCL programs on PoCL: PoCL keeps its own kernel cache (the compiled program and the
+work-group functions, keyed by the source, build options, device and PoCL build), and
+PyOpenCL skips its binary cache on PoCL for that reason, so a second process builds nothing.
+tilegemm points that cache into ``pocl/`` here (``POCL_CACHE_DIR``, set before PoCL starts
+unless the user set it), so ``tilegemm cache`` shows and clears it. PoCL trusts its files,
+so tilegemm records their sizes and times after use; an entry changed since then (truncated,
+overwritten) gives the warning and is deleted before PoCL starts, and PoCL rebuilds it.
+Other drivers cache builds themselves (NVIDIA) or through PyOpenCL's binary cache (AMD and
+the rest).
+
 CUDA rungs compiled without a GPU (for ``kernels --resources`` and ``explain --sass``) keep
 their PTX, one JSON file per (rung, parameters, dtype) holding the text for every
 architecture, in ``cuda/`` beside the CPU entries (:func:`cached_texts`). Their key adds a
@@ -31,6 +41,7 @@ parallel processes (e.g. test workers) wait for one compile instead of each comp
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import importlib.util
@@ -50,6 +61,7 @@ from typing import Any
 
 ENV = "TILEGEMM_KERNEL_CACHE"
 SUBDIR = "cpu"
+POCL_SUBDIR = "pocl"  # PoCL's own kernel cache, when tilegemm chose where it lives
 TEXT_SUBDIRS = ("cuda",)  # keyed stores of compiled text (cached_texts)
 _TEXT_HEADER = "tilegemm compiled-kernel cache entry"
 
@@ -70,6 +82,89 @@ def cache_root() -> Path | None:
     from tilegemm.tune.cache import cache_dir
 
     return cache_dir() / "kernels"
+
+
+def pocl_cache_dir() -> Path | None:
+    """Where tilegemm keeps PoCL's kernel cache (None when the compile cache is off)."""
+    root = cache_root()
+    return None if root is None else root / POCL_SUBDIR
+
+
+def use_pocl_cache() -> None:
+    """Point PoCL's kernel cache into ours, unless the user chose one; call before PoCL
+    starts (it reads ``POCL_CACHE_DIR`` once). Entries changed since a process recorded
+    them are removed first, with a warning (see :func:`_check_pocl_entries`). An unusable
+    directory warns and leaves PoCL's default."""
+    folder = pocl_cache_dir()
+    if folder is None or os.environ.get("POCL_CACHE_DIR"):
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(f"{folder} is not writable")
+    except OSError as exc:
+        warnings.warn(f"kernel cache {folder} cannot be used for PoCL ({exc}); PoCL keeps "
+                      "its default cache", CompileCacheWarning, stacklevel=3)
+        return
+    _check_pocl_entries(folder)
+    os.environ["POCL_CACHE_DIR"] = str(folder)
+
+
+POCL_MANIFEST = "tilegemm-manifest.json"
+_POCL_VOLATILE = ("last_accessed",)  # PoCL touches it on every use
+
+
+def _pocl_files(folder: Path) -> dict[str, list[int]]:
+    """Size and modification time of every file of every PoCL entry (``XX/HASH/...``)."""
+    out = {}
+    for path in folder.glob("*/*/**/*"):
+        if path.is_file() and path.name not in _POCL_VOLATILE:
+            st = path.stat()
+            out[str(path.relative_to(folder))] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _check_pocl_entries(folder: Path) -> None:
+    """PoCL trusts its cache: a truncated or altered compiled program fails the build and,
+    in PoCL 3, aborts the process at exit. PoCL writes an entry once and never changes it,
+    so a file whose size or time differs from what a process recorded after using it
+    (:func:`record_pocl_cache_at_exit`) was damaged: its entry is deleted (with a warning)
+    before PoCL starts, and PoCL rebuilds it."""
+    try:
+        recorded = json.loads((folder / POCL_MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    now = _pocl_files(folder)
+    bad = {Path(name).parts[:2] for name, stat in recorded.items()
+           if name in now and now[name] != stat}
+    for parts in sorted(bad):
+        entry = folder.joinpath(*parts)
+        warnings.warn(f"PoCL kernel cache entry {entry} was changed after it was written; "
+                      "deleting it (PoCL rebuilds it)", CompileCacheWarning, stacklevel=4)
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+_RECORDING = False
+
+
+def record_pocl_cache_at_exit() -> None:
+    """At exit, record the files of tilegemm's PoCL cache (PoCL writes a kernel's code at
+    its first launch, after the build), for :func:`_check_pocl_entries`."""
+    global _RECORDING
+    folder = pocl_cache_dir()
+    if _RECORDING or folder is None or os.environ.get("POCL_CACHE_DIR") != str(folder):
+        return
+    _RECORDING = True
+    import atexit
+
+    atexit.register(_record_pocl_files, folder)
+
+
+def _record_pocl_files(folder: Path) -> None:
+    # Unrecorded entries are simply trusted, as PoCL itself does.
+    with contextlib.suppress(OSError):
+        _write_atomic(folder / POCL_MANIFEST,
+                      json.dumps({"header": _TEXT_HEADER, "files": _pocl_files(folder)}))
 
 
 def _versions() -> dict[str, str]:
@@ -207,7 +302,7 @@ def entries() -> list[CacheEntry]:
         return []
     folder = root / SUBDIR
     if not folder.is_dir():
-        return _text_entries(root)
+        return _text_entries(root) + _pocl_entries(root)
     now = {"versions": _versions(), "cpu": _cpu_key()}
     out = []
     for path in sorted(folder.glob("*.py")):
@@ -221,7 +316,21 @@ def entries() -> list[CacheEntry]:
         out.append(CacheEntry(path.stem, key.get("describe", {}), key.get("versions", {}),
                               key.get("versions") == now["versions"]
                               and key.get("cpu") == now["cpu"], size))
-    return out + _text_entries(root)
+    return out + _text_entries(root) + _pocl_entries(root)
+
+
+def _pocl_entries(root: Path) -> list[CacheEntry]:
+    """PoCL's kernel cache as one entry per compiled program (``program.bc``)."""
+    out = []
+    folder = root / POCL_SUBDIR
+    for program in sorted(folder.glob("*/*/program.bc")) if folder.is_dir() else ():
+        entry = program.parent
+        size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+        kernels = sorted(p.name for p in entry.iterdir() if p.is_dir())
+        out.append(CacheEntry(f"pocl-{entry.parent.name}{entry.name}"[:25],
+                              {"kernel": "OpenCL program (PoCL cache)", "kernels": kernels},
+                              {}, True, size))
+    return out
 
 
 def _text_entries(root: Path) -> list[CacheEntry]:
@@ -245,7 +354,7 @@ def clear() -> int:
     root = cache_root()
     n = len(entries())
     if root is not None:
-        for sub in (SUBDIR, *TEXT_SUBDIRS):
+        for sub in (SUBDIR, *TEXT_SUBDIRS, POCL_SUBDIR):
             if (root / sub).is_dir():
                 shutil.rmtree(root / sub, ignore_errors=True)
     return n

@@ -10,9 +10,10 @@ true only for a GPU: ``backend="auto"`` prefers a real GPU but never PoCL on the
 the CPU backend.
 
 Programs. A rung's :class:`~tilegemm.backends.opencl_program.OpenCLProgram` is compiled
-once per (source, defines, context/device) and kept in memory; PyOpenCL's on-disk binary
-cache stays on, so a new process reuses earlier builds. A failed build raises
-``RuntimeError`` with the compiler log.
+once per (source, defines, context/device) and kept in memory. Across processes the driver
+keeps the build: PoCL in its kernel cache, which tilegemm points into its own cache
+directory (see :mod:`tilegemm.compile_cache`), NVIDIA's driver itself, other drivers through
+PyOpenCL's binary cache. A failed build raises ``RuntimeError`` with the compiler log.
 
 Arrays. NumPy operands are copied in and the result copied out. ``pyopencl.array.Array``
 operands stay on their device and the result is a ``pyopencl.array.Array`` in the same
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -60,6 +62,10 @@ LAYOUT = "_layout.cl"
 
 
 def _cl() -> Any:
+    if "pyopencl" not in sys.modules:
+        from tilegemm.compile_cache import use_pocl_cache
+
+        use_pocl_cache()  # before PoCL starts: it reads POCL_CACHE_DIR once
     import pyopencl
 
     return pyopencl
@@ -367,24 +373,33 @@ class OpenCLBackend(Backend):
     def kernel(self, target: _Place | _OwnDevice, program: OpenCLProgram,
                name: str = KERNEL_NAME, source: str | None = None) -> Any:
         """The compiled kernel, built once per (source, options, context, device)."""
-        cl = _cl()
         source = program.source if source is None else source
         key = (target.context.int_ptr, target.device.int_ptr, source, program.options, name)
         kernel = self._cache.kernels.get(key)
         if kernel is None:
-            built = cl.Program(target.context, source)
-            try:
-                built.build(options=list(program.options), devices=[target.device])
-            except cl.Error as exc:
-                try:
-                    log = built.get_build_info(target.device, cl.program_build_info.LOG)
-                except cl.Error:
-                    log = ""
-                raise RuntimeError(
-                    f"OpenCL build of {program.rung} failed on {target.device.name.strip()} "
-                    f"with {' '.join(program.options)}:\n{(log or str(exc)).strip()}") from None
-            kernel = self._cache.kernels[key] = cl.Kernel(built, name)
+            kernel = self._build(target, program, name, source)
+            from tilegemm.compile_cache import record_pocl_cache_at_exit
+
+            record_pocl_cache_at_exit()
+            self._cache.kernels[key] = kernel
         return kernel
+
+    @staticmethod
+    def _build(target: _Place | _OwnDevice, program: OpenCLProgram, name: str,
+               source: str) -> Any:
+        cl = _cl()
+        built = cl.Program(target.context, source)
+        try:
+            built.build(options=list(program.options), devices=[target.device])
+        except cl.Error as exc:
+            try:
+                log = built.get_build_info(target.device, cl.program_build_info.LOG)
+            except cl.Error:
+                log = ""
+            raise RuntimeError(
+                f"OpenCL build of {program.rung} failed on {target.device.name.strip()} "
+                f"with {' '.join(program.options)}:\n{(log or str(exc)).strip()}") from None
+        return cl.Kernel(built, name)
 
     def _layout_kernel(self, target: _Place, dtype: np.dtype) -> Any:
         program = OpenCLProgram("layout", LAYOUT, tuple(sorted(type_defines(dtype).items())),

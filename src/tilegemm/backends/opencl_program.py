@@ -2,8 +2,8 @@
 
 Kept free of pyopencl imports (rung modules import it at top level, and building a
 description needs no device). The backend compiles the source once per (source, defines,
-device) and keeps the program in memory; PyOpenCL's on-disk binary cache stays on, so a
-second process skips the compiler too.
+device) and keeps the program in memory; the driver's on-disk cache (PoCL's kernel cache,
+kept in tilegemm's cache directory) lets a second process skip the compiler too.
 
 Every OpenCL rung has the same kernel, named ``gemm``, with the same arguments::
 

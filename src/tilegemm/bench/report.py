@@ -86,6 +86,11 @@ def noisy(m: Measurement | None) -> bool:
     return x is not None and x > NOISY_SPREAD
 
 
+def marked_cell(m: Measurement | None) -> str:
+    """:func:`cell`, marked when the timing was noisy."""
+    return cell(m) + (NOISY_MARK if noisy(m) else "")
+
+
 def percent(m: Measurement, ref: Measurement | None) -> str:
     if ref is None or m.gflops is None or ref.gflops is None:
         return DASH

@@ -5,25 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tilegemm.bench.report import (
-    DASH,
-    FAILED,
-    NOISY_MARK,
-    OK,
-    Table,
-    cell,
-    device_of,
-    dtype_label,
-    fmt_ms,
-    in_order,
-    noise_notes,
-    noisy,
-    percent,
-    problem_notes,
-    short_name,
-    sizes_of,
-    vendor_line,
-)
+from tilegemm.bench import report as rp
 from tilegemm.bench.reports import Report
 from tilegemm.bench.results import Results
 
@@ -32,29 +14,29 @@ if TYPE_CHECKING:
     from tilegemm.bench.sweeps import Case
 
 
-def ladder_tables(results: Results) -> list[Table]:
+def ladder_tables(results: Results) -> list[rp.Table]:
     tables = []
-    dtype = dtype_label(results.meta.get("settings", {}))
+    dtype = rp.dtype_label(results.meta.get("settings", {}))
     for be in results.backends("ladder"):
         ms = results.for_report("ladder", be)
-        for n in sizes_of(ms):
-            at = in_order(m for m in ms if m.m == n)
-            ref = next((m for m in at if m.vendor and m.status == OK), None)
-            ref_name = short_name(ref.kernel) if ref else "vendor"
-            t = Table(f"Ladder — {be} on {device_of(results, be)}, {dtype}, {n}³",
+        for n in rp.sizes_of(ms):
+            at = rp.in_order(m for m in ms if m.m == n)
+            ref = next((m for m in at if m.vendor and m.status == rp.OK), None)
+            ref_name = rp.short_name(ref.kernel) if ref else "vendor"
+            t = rp.Table(f"Ladder — {be} on {rp.device_of(results, be)}, {dtype}, {n}³",
                       ["rung", "kernel", "parameters", "verified", "median ms", "IQR ms",
                        "GFLOP/s", f"% of {ref_name}"], text_columns=4)
             for m in at:
                 s = m.stats
-                iqr = f"{fmt_ms(s.q1)}–{fmt_ms(s.q3)}" if s and m.status == OK else DASH
-                verified = {OK: "yes", FAILED: FAILED}.get(m.status, "not run")
+                iqr = f"{rp.fmt_ms(s.q1)}–{rp.fmt_ms(s.q3)}" if s and m.status == rp.OK else rp.DASH
+                verified = {rp.OK: "yes", rp.FAILED: rp.FAILED}.get(m.status, "not run")
                 params = " ".join(f"{k}={v}" for k, v in m.params.items())
-                t.rows.append([DASH if m.vendor else str(m.rung), m.kernel, params, verified,
-                               fmt_ms(s.median) if s and m.status == OK else DASH, iqr,
-                               cell(m) + (NOISY_MARK if noisy(m) else ""), percent(m, ref)])
-            t.notes += problem_notes(at)
-            t.notes += noise_notes(at)
-            if line := vendor_line(results, be):
+                t.rows.append([rp.DASH if m.vendor else str(m.rung), m.kernel, params, verified,
+                               rp.fmt_ms(s.median) if s and m.status == rp.OK else rp.DASH, iqr,
+                               rp.marked_cell(m), rp.percent(m, ref)])
+            t.notes += rp.problem_notes(at)
+            t.notes += rp.noise_notes(at)
+            if line := rp.vendor_line(results, be):
                 t.notes.append(line)
             tables.append(t)
     return tables

@@ -5,19 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tilegemm.bench.report import (
-    NOISY_MARK,
-    Table,
-    cell,
-    device_of,
-    dtype_label,
-    in_order,
-    noise_notes,
-    noisy,
-    problem_notes,
-    sizes_of,
-    vendor_line,
-)
+from tilegemm.bench import report as rp
 from tilegemm.bench.reports import Report
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import Measurement
@@ -28,25 +16,25 @@ if TYPE_CHECKING:
     from tilegemm.registry import KernelSpec
 
 
-def sizes_tables(results: Results) -> list[Table]:
+def sizes_tables(results: Results) -> list[rp.Table]:
     """the optimisation note's table: GFLOP/s per kernel variant (rows) and size M = N = K
     (columns)."""
     tables = []
-    dtype = dtype_label(results.meta.get("settings", {}))
+    dtype = rp.dtype_label(results.meta.get("settings", {}))
     for be in results.backends("sizes"):
         ms = results.for_report("sizes", be)
-        sizes = sizes_of(ms)
+        sizes = rp.sizes_of(ms)
         variants: dict[str, dict[int, Measurement]] = {}
-        for m in in_order(ms):
+        for m in rp.in_order(ms):
             variants.setdefault(m.variant, {})[m.m] = m
-        t = Table(f"GFLOP/s by size and block size — {be} on {device_of(results, be)}, {dtype}",
-                  ["kernel"] + [str(n) for n in sizes])
+        where = f"{be} on {rp.device_of(results, be)}, {dtype}"
+        t = rp.Table(f"GFLOP/s by size and block size — {where}",
+                     ["kernel"] + [str(n) for n in sizes])
         for name, by_size in variants.items():
-            t.rows.append([name] + [cell(by_size.get(n)) + (NOISY_MARK if noisy(by_size.get(n))
-                                                             else "") for n in sizes])
-        t.notes += problem_notes(in_order(ms))
-        t.notes += noise_notes(in_order(ms))
-        if line := vendor_line(results, be):
+            t.rows.append([name] + [rp.marked_cell(by_size.get(n)) for n in sizes])
+        t.notes += rp.problem_notes(rp.in_order(ms))
+        t.notes += rp.noise_notes(rp.in_order(ms))
+        if line := rp.vendor_line(results, be):
             t.notes.append(line)
         tables.append(t)
     return tables
