@@ -51,7 +51,9 @@ def test_vectorized_float64_uses_two_element_vectors() -> None:
 def test_later_rungs_read_both_tiles_as_vectors(name: str) -> None:
     spec = _spec(name)
     ptx = ptx_for(spec, spec.defaults(), "float32", "sm_90")
-    assert _count(ptx, "ld.global.v4.f32") >= 2
+    assert _count(ptx, "ld.global.v4.f32") >= 2  # edge blocks
+    # Interior blocks read A and B through the read-only path (LDG.E.128.CONSTANT).
+    assert _count(ptx, "ld.global.nc.v4.f32") >= 2
     assert _count(ptx, "ld.shared.v4.f32") >= 4  # A (transposed) and B, TM/4 + TN/4 each
     assert "ld.shared.f32" not in ptx  # no scalar shared reads left in the inner loop
 

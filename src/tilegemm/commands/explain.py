@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from tilegemm.commands._params import add_param_arguments, parse_params
+from tilegemm.commands._params import add_param_arguments, add_shape_arguments, parse_params
 from tilegemm.errors import InvalidValueError
 
 HELP = "count a kernel's memory transactions, bank conflicts, resources, occupancy, roofline"
@@ -37,13 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --sass: also print the hot loop's SASS, annotated")
     parser.add_argument("--yardstick", action="store_true",
                         help="with --sass: add the CUDA C rungs (NVRTC) to the table")
-    parser.add_argument("--m", type=int, default=32)
-    parser.add_argument("--n", type=int, default=32)
-    parser.add_argument("--k", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--dtype", default="float32",
-                        choices=("float32", "float64", "int32", "int64", "float16", "bfloat16"),
-                        help="float16/bfloat16: tensor-core rungs (with --sass)")
+    add_shape_arguments(parser, 32, 1,
+                        ("float32", "float64", "int32", "int64", "float16", "bfloat16"),
+                        "float16/bfloat16: tensor-core rungs (with --sass)")
     parser.add_argument("--beta", type=float, default=0.0,
                         help="non-zero: the kernel also reads C (beta·C)")
     parser.add_argument("--gpu", default="h100", choices=tuple(GPUS),

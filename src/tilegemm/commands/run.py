@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from tilegemm.commands._params import add_param_arguments, parse_params
+from tilegemm.commands._params import add_param_arguments, add_shape_arguments, parse_params
 from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
@@ -19,12 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", default="auto", help="rung name (see 'tilegemm kernels')")
     parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
                         help="where to run ('auto': the best usable backend here)")
-    parser.add_argument("--m", type=int, default=512, help="rows of A and of the result")
-    parser.add_argument("--n", type=int, default=512, help="columns of B and of the result")
-    parser.add_argument("--k", type=int, default=512, help="the shared (contracted) dimension")
-    parser.add_argument("--batch", type=int, default=0, help="batch count (0: a plain 2-D product)")
-    parser.add_argument("--dtype", default="float32",
-                        choices=("float32", "float64", "int32", "int64"), help="element type")
+    add_shape_arguments(parser, 512, 0, ("float32", "float64", "int32", "int64"), "element type")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls after the first")
     add_param_arguments(parser)
 

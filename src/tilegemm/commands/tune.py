@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from tilegemm.commands._console import console as _console
+from tilegemm.commands._params import add_shape_arguments
 from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
@@ -21,13 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS))
     parser.add_argument("--kernel", action="append", default=None,
                         help="rung to tune (repeatable; default: every rung with parameters)")
-    parser.add_argument("--m", type=int, default=4096)
-    parser.add_argument("--n", type=int, default=4096)
-    parser.add_argument("--k", type=int, default=4096)
-    parser.add_argument("--batch", type=int, default=0)
-    parser.add_argument("--dtype", default="float32",
-                        choices=("float32", "float64", "float16", "bfloat16"),
-                        help="float16/bfloat16: the tensor-core rungs (CUDA)")
+    add_shape_arguments(parser, 4096, 0, ("float32", "float64", "float16", "bfloat16"),
+                        "float16/bfloat16: the tensor-core rungs (CUDA)")
     parser.add_argument("--precision", default="ieee", choices=("ieee", "tf32", "3xtf32"),
                         help="float32 only: tf32/3xtf32 tune the tensor-core rungs at that "
                              "precision (their precision parameter held fixed); the result "

@@ -14,7 +14,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from tilegemm.kernels.cpu._slp import slp_enabled
+from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
 
 # @header (replaced for each parameter set; these values only make the template importable)
 MR, NR, MC, KC, NC = 16, 8, 96, 512, 2048
@@ -37,6 +37,7 @@ if _dt.kind == "f":
 i8, flag = numba.int64, numba.boolean
 ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (2, 3))
 a2, a3, a4 = nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
+prefetch_w = prefetch_write()
 
 
 # @ukernel (replaced by the generated MR×NR micro-kernel)
@@ -106,6 +107,12 @@ def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
         for r in range((mc + mr - 1) // mr):
             i = ic + r * mr
             h = min(mr, ic + mc - i)
+            # Start fetching the tile's rows of C now: they are read and written only after
+            # the micro-kernel's KC steps, and each row lies in another page and, with C
+            # larger than L2, misses to L3 or memory, where the prefetch hides the latency.
+            for ii in range(h):
+                prefetch_w(C, i + ii, j)
+                prefetch_w(C, i + ii, j + w - 1)
             ukernel(kc, Ap, r, Bp, s, T)
             if h == mr and w == nr:
                 # Whole tile: unsigned column indices (no wraparound selects) and a

@@ -80,3 +80,42 @@ def vector_width(bits: int | None) -> Iterator[None]:
             yield
         finally:
             library.add_ir_module = original
+
+
+def _prefetch_intrinsic() -> object:
+    """``prefetch_write(C, i, j)``: ask the CPU to bring the cache line of ``C[i, j]`` in
+    for writing (LLVM's ``llvm.prefetch``, rw=1, locality 3: every level), without waiting.
+
+    Built lazily so importing this module does not import Numba.
+    """
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch_write(typingctx, arr, i, j):  # noqa: ANN001, ANN202 - Numba's protocol
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            aryty = signature.args[0]
+            ary = context.make_array(aryty)(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]],
+                                           wraparound=False)
+            i8p = ir.IntType(8).as_pointer()
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+            builder.call(fn, [builder.bitcast(ptr, i8p), i32(1), i32(3), i32(1)])
+            return context.get_dummy_value()
+
+        return types.void(arr, i, j), codegen
+
+    return prefetch_write
+
+
+_PREFETCH: list[object] = []
+
+
+def prefetch_write() -> object:
+    """The ``prefetch_write`` intrinsic (see ``_prefetch_intrinsic``), built once."""
+    if not _PREFETCH:
+        _PREFETCH.append(_prefetch_intrinsic())
+    return _PREFETCH[0]

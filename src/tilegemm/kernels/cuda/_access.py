@@ -306,6 +306,10 @@ def _compiled_vload_at() -> Any:
             ptr = builder.gep(ary.data, [offset])
             vec = ir.VectorType(context.get_value_type(arrty.dtype), w)
             v = builder.load(builder.bitcast(ptr, vec.as_pointer()), align=VECTOR_BYTES)
+            # Read-only for the whole kernel (the operands; an output that overlaps them
+            # goes to a temporary): NVPTX may then use the non-coherent read-only path,
+            # ld.global.nc (LDG.E.128.CONSTANT), as CUDA C does for const __restrict__.
+            v.set_metadata("invariant.load", builder.module.add_metadata([]))
             items = [builder.extract_element(v, ir.Constant(ir.IntType(32), q))
                      for q in range(w)]
             return context.make_tuple(builder, sig.return_type, items)
