@@ -54,6 +54,20 @@ def _operands(case: str, dtype=np.float32, seed: int = 0):
     return a, b, da.from_array(a, chunks=ca), da.from_array(b, chunks=cb)
 
 
+def _spy_blocks(monkeypatch, record):
+    """Wrap ``tilegemm.matmul`` (what every block calls) and return the list of
+    ``record(kwargs)`` for each block, evaluated inside the block's task."""
+    seen = []
+    real = tilegemm.matmul
+
+    def spy(x, y, **kw):
+        seen.append(record(kw))
+        return real(x, y, **kw)
+
+    monkeypatch.setattr(tilegemm, "matmul", spy)
+    return seen
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_threaded_matches_numpy(case):
     a, b, da_a, da_b = _operands(case)
@@ -92,14 +106,7 @@ def test_tree_reduction_and_forwarding(monkeypatch):
     a, b, da_a, da_b = _operands("uneven-k")
     da_a = da_a.rechunk((6, 4))
     da_b = da_b.rechunk((4, 5))  # 8 K-chunks; split_every=2 gives 3 levels of sums
-    seen = []
-    real = tilegemm.matmul
-
-    def spy(x, y, **kw):
-        seen.append(kw)
-        return real(x, y, **kw)
-
-    monkeypatch.setattr(tilegemm, "matmul", spy)
+    seen = _spy_blocks(monkeypatch, lambda kw: kw)
     c = tgd.matmul(da_a, da_b, split_every=2, **KW)
     # 8 partial products -> 4 -> 2 (two intermediate levels) -> 1 (the aggregate).
     assert sum(k.startswith("tilegemm-matmul-sum-partial") for k in c.dask.layers) == 2
@@ -235,14 +242,7 @@ def test_block_kernel_thread_count(monkeypatch, threads):
     import numba
 
     a, b, da_a, da_b = _operands("uneven-k")
-    seen = []
-    real = tilegemm.matmul
-
-    def spy(x, y, **kw):
-        seen.append(numba.get_num_threads())
-        return real(x, y, **kw)
-
-    monkeypatch.setattr(tilegemm, "matmul", spy)
+    seen = _spy_blocks(monkeypatch, lambda kw: numba.get_num_threads())
     c = tgd.matmul(da_a, da_b, threads=threads, **KW)
     assert_close(c.compute(scheduler="threads"), a, b)
     expected = 1 if threads == 1 else numba.config.NUMBA_NUM_THREADS
@@ -261,14 +261,7 @@ def test_narrow_dtypes_match_numpy_and_add_partials_in_the_kernel_dtype(monkeypa
     """float16, bool and narrow or unsigned integers: NumPy's result dtype, with the partial
     products computed and added in the kernel's dtype (float32, int32) and cast once."""
     rng = np.random.default_rng(6)
-    seen = []
-    real = tilegemm.matmul
-
-    def spy(x, y, **kw):
-        seen.append(kw.get("dtype"))
-        return real(x, y, **kw)
-
-    monkeypatch.setattr(tilegemm, "matmul", spy)
+    seen = _spy_blocks(monkeypatch, lambda kw: kw.get("dtype"))
     for dtype, kernel_dtype in [(np.int8, np.int32), (np.uint8, np.int32), (np.bool_, np.int32),
                                 (np.uint32, np.int32), (np.int16, np.int32)]:
         a = rng.integers(-128, 128, (9, 40)).astype(dtype)  # int8 products wrap, as NumPy's
@@ -372,14 +365,7 @@ def test_chunks_of_another_dtype_than_the_metadata_fail_clearly():
 def test_dtype_keyword_as_numpy(monkeypatch):
     """``dtype=`` is NumPy's matmul(dtype=): every block computes in it, partials included."""
     rng = np.random.default_rng(8)
-    seen = []
-    real = tilegemm.matmul
-
-    def spy(x, y, **kw):
-        seen.append(kw.get("dtype"))
-        return real(x, y, **kw)
-
-    monkeypatch.setattr(tilegemm, "matmul", spy)
+    seen = _spy_blocks(monkeypatch, lambda kw: kw.get("dtype"))
     ai = rng.integers(-128, 128, (9, 40)).astype(np.int8)
     bi = rng.integers(-128, 128, (40, 7)).astype(np.int8)
     c = tgd.matmul(da.from_array(ai, chunks=(4, 6)), da.from_array(bi, chunks=(6, 3)),
@@ -404,14 +390,7 @@ def test_dtype_keyword_as_numpy(monkeypatch):
 
 
 def test_precision_forwarded_and_checked_before_any_task(monkeypatch):
-    seen = []
-    real = tilegemm.matmul
-
-    def spy(x, y, **kw):
-        seen.append(kw.get("precision"))
-        return real(x, y, **kw)
-
-    monkeypatch.setattr(tilegemm, "matmul", spy)
+    seen = _spy_blocks(monkeypatch, lambda kw: kw.get("precision"))
     a, b, da_a, da_b = _operands("ragged")
     c = tgd.matmul(da_a, da_b, precision="ieee", **KW)
     assert_close(c.compute(scheduler="threads"), a, b)
