@@ -13,6 +13,7 @@ timed, through the benchmarks' own path (``bench.timing.measure_kernel`` and
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 
@@ -27,6 +28,7 @@ def main() -> int:
     parser.add_argument("--kernel", default="pipelined")
     parser.add_argument("--tuned", action="store_true")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--json", help="also write the rows, device, versions and commit here")
     args = parser.parse_args()
 
     from tilegemm import registry
@@ -47,6 +49,7 @@ def main() -> int:
     cublas = VENDORS["cupy"](target)
     policy = fixed(args.repeat, warmup=2)
     ratios = {}
+    rows = []
     for m, n, k in SHAPES:
         prob = problem_for(m, n, k, "float32")
         if args.tuned:
@@ -63,12 +66,27 @@ def main() -> int:
         ours, theirs = mine.stats.median, ref.stats.median
         flops = 2.0 * m * n * k
         ratios[(m, n, k)] = theirs / ours
+        rows.append({"m": m, "n": n, "k": k, "kernel": spec.name, "params": dict(params),
+                     "seconds": ours, "cublas_seconds": theirs,
+                     "gflops": flops / ours / 1e9, "cublas_gflops": flops / theirs / 1e9,
+                     "ratio": theirs / ours})
         print(f"{m:>5}x{n:>5}x{k:>5}  {spec.name} {params}  {flops / ours / 1e9:9.1f} GFLOP/s"
               f"  cuBLAS {flops / theirs / 1e9:9.1f}  ratio {theirs / ours:.3f}")
     geo = math.exp(sum(map(math.log, ratios.values())) / len(ratios))
     at4096 = ratios[(4096, 4096, 4096)]
     print(f"4096^3 ratio {at4096:.3f} (target >= 0.80): {'MET' if at4096 >= 0.8 else 'NOT MET'}")
     print(f"geomean ratio {geo:.3f} (target >= 0.70): {'MET' if geo >= 0.7 else 'NOT MET'}")
+    if args.json:
+        from tilegemm.bench.environment import backend_info, git_commit, host_info, versions
+
+        doc = {"what": "fast rung vs cuBLAS FP32 (CuPy, TF32 off) over the target shapes",
+               "tuned": args.tuned, "repeat": args.repeat, "timing": "median of CUDA events",
+               "device": backend_info(backend, target), "host": host_info(),
+               "versions": versions(), "commit": git_commit(),
+               "cublas": cublas.name if hasattr(cublas, "name") else "cupy",
+               "rows": rows, "ratio_4096": at4096, "geomean_ratio": geo}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
     return 0
 
 

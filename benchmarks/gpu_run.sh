@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU runbook (docs/gpu-session.md) as a few long commands, for a lent GPU machine that
+# has numba-cuda, CuPy and PyTorch in its system Python and no network:
+#
+#   bash benchmarks/gpu_run.sh check   # steps 0-2: what is there, smoke test, the GPU test
+#                                      # run and compute-sanitizer (memcheck, racecheck) on
+#                                      # every rung, the last three side by side (~8 min)
+#   bash benchmarks/gpu_run.sh bench   # step 3-4: the ladder against cuBLAS (bench --full)
+#                                      # and the fast rungs over the eight target shapes
+#   bash benchmarks/gpu_run.sh tests   # the GPU test run alone, on every core
+#   bash benchmarks/gpu_run.sh tune    # step 4: tuning at 4096^3, then the targets tuned
+#
+# Logs and results go to $OUT (default ./gpu-out). Nothing here times two things at once:
+# the check step runs its three correctness jobs together, the timing steps run alone.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+# The cache directory is named: platformdirs may be missing from a system Python.
+export TILEGEMM_CACHE_DIR=${TILEGEMM_CACHE_DIR:-/tmp/tilegemm-cache}
+export CUPY_TF32=0 NVIDIA_TF32_OVERRIDE=0
+PY=${PY:-python3}
+[ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && {
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site; }
+
+info() {
+  nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.sm,temperature.gpu,power.limit \
+      --format=csv
+  $PY -c "import sys, numba, numba_cuda, cupy, torch, numpy; print(sys.version.split()[0], \
+'numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'cupy', cupy.__version__, \
+'torch', torch.__version__, 'numpy', numpy.__version__)"
+  git log -1 --format='commit %H %s' 2>/dev/null || true
+  $PY -m tilegemm.cli info
+}
+
+case "${1:-check}" in
+check)
+  info 2>&1 | tee "$OUT/info.log"
+  timeout 200 $PY benchmarks/gpu_smoke.py > "$OUT/smoke.log" 2>&1
+  echo "smoke: exit $?"; grep -E '^(FAIL|[0-9]+ failed)' "$OUT/smoke.log"
+  (timeout 420 compute-sanitizer --tool memcheck --error-exitcode 3 \
+      $PY benchmarks/gpu_sanitize.py > "$OUT/memcheck.log" 2>&1; echo "memcheck: exit $?") &
+  (timeout 420 compute-sanitizer --tool racecheck --error-exitcode 3 \
+      $PY benchmarks/gpu_sanitize.py > "$OUT/racecheck.log" 2>&1; echo "racecheck: exit $?") &
+  (TILEGEMM_GPU_TESTS=1 timeout 420 $PY -m pytest -q -n 8 -p no:cacheprovider \
+      -m "cudasim or gpu" tests > "$OUT/gpu-tests.log" 2>&1; echo "gpu tests: exit $?") &
+  wait
+  for f in memcheck racecheck; do echo "== $f"; grep -E 'ERROR SUMMARY|^FAIL|failed' "$OUT/$f.log"; done
+  echo "== gpu tests"; tail -25 "$OUT/gpu-tests.log"
+  ;;
+bench)
+  # BENCH_ARGS: the full run by default; "--reports ladder,compile --ladder-sizes 1024,4096"
+  # is the ladder against cuBLAS alone, in about two minutes.
+  info > "$OUT/bench.log" 2>&1
+  timeout 330 $PY -m tilegemm.cli bench ${BENCH_ARGS:---full} --backend cuda --save "$OUT" \
+      >> "$OUT/bench.log" 2>&1
+  echo "bench: exit $?"
+  for k in pipelined warptile; do
+    timeout 150 $PY benchmarks/perf_targets.py --kernel $k --json "$OUT/targets-$k.json" \
+        >> "$OUT/targets.log" 2>&1
+    echo "targets $k: exit $?"
+  done
+  tail -40 "$OUT/bench.log"; cat "$OUT/targets.log"
+  ;;
+tests)
+  # the GPU test run alone, every core compiling (TEST_TIMEOUT seconds at most)
+  TILEGEMM_GPU_TESTS=1 timeout ${TEST_TIMEOUT:-400} $PY -m pytest -q -n 16 -p no:cacheprovider \
+      -rf -W ignore -m "cudasim or gpu" ${TEST_ARGS:-tests} > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests: exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.log" | tail -30
+  ;;
+tune)
+  info > "$OUT/info.log" 2>&1
+  for k in pipelined warptile; do
+    timeout 170 $PY -m tilegemm.cli tune --backend cuda --kernel $k \
+        --m 4096 --n 4096 --k 4096 --strategy random --budget 30 >> "$OUT/tune.log" 2>&1
+    echo "tune $k: exit $?"
+  done
+  cp "$TILEGEMM_CACHE_DIR"/*.json "$OUT/" 2>/dev/null
+  timeout 200 $PY benchmarks/perf_targets.py --tuned > "$OUT/targets-tuned.log" 2>&1
+  echo "targets tuned: exit $?"
+  tail -30 "$OUT/tune.log"; cat "$OUT/targets-tuned.log"
+  ;;
+*) echo "usage: $0 check|bench|tests|tune" >&2; exit 2 ;;
+esac
