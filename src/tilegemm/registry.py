@@ -106,6 +106,12 @@ class KernelSpec:
     # one dtype and not another (rung mma: BK a multiple of 16 for 16-bit operands). The
     # limit checks refuse such a call before anything runs; the tuner prunes it.
     dtype_check: Callable[[Mapping[str, int], np.dtype], str | None] | None = None
+    # kernel="auto" without a tuned entry: ``shape_params(params, problem, target)`` may
+    # adapt the default (or database) parameters to one problem on one device, e.g. smaller
+    # tiles or split-K when the tiles of C cannot fill the GPU. Returns (parameters, why),
+    # or None to keep them. Reads only facts the Target holds (its SM count...).
+    shape_params: Callable[[Mapping[str, int], Any, Any], tuple[dict[str, int], str] | None
+                           ] | None = None
 
     @property
     def key(self) -> str:

@@ -212,7 +212,8 @@ class CudaBackend(Backend):
         )
         return Target(self.name, name, "gpu", f"sm_{major}{minor}", limits,
                       timer="CUDA events", index=index, accelerated=True, vendors=vendors,
-                      capability=(int(major), int(minor)), handle=dev)
+                      capability=(int(major), int(minor)),
+                      compute_units=_sm_count(dev), handle=dev)
 
     def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
         from tilegemm.analysis.resources import ptx_for
@@ -498,6 +499,14 @@ class CudaBackend(Backend):
         src = cuda.device_array(2 * l2, dtype=np.uint8)
         dst = cuda.device_array(2 * l2, dtype=np.uint8)
         return lambda: dst.copy_to_device(src)
+
+
+def _sm_count(dev: Any) -> int:
+    """The device's SM count, 0 when it cannot be read (then nothing depends on it)."""
+    try:
+        return int(dev.MULTIPROCESSOR_COUNT)
+    except Exception:
+        return 0
 
 
 def _cuda_details() -> dict[str, Any]:
