@@ -163,6 +163,27 @@ class KernelSpec:
             return False
         return True
 
+    def outputs_per_thread(self, params: Mapping[str, int]) -> int | None:
+        """Results each thread holds in registers for the whole k loop (None: unknown).
+
+        A block computes a BM×BN (or TILE×TILE, BLOCK×BLOCK) tile of C with
+        ``threads(params)`` threads, so each thread owns tile/threads accumulators, live
+        from the first k step to the store. That count is a floor under the registers the
+        kernel needs, known without compiling: the tuner uses it to skip parameter sets
+        that must spill (and whose fully unrolled code takes minutes to compile).
+        """
+        if self.threads is None:
+            return None
+        if "BM" in params and "BN" in params:
+            tile = params["BM"] * params["BN"]
+        elif "TILE" in params:
+            tile = params["TILE"] ** 2
+        elif "BLOCK" in params:
+            tile = params["BLOCK"] ** 2
+        else:
+            return None
+        return max(1, tile // self.threads(params))
+
     def space(self) -> Iterable[dict[str, int]]:
         """Every valid parameter combination (the tuner's search space before device limits)."""
         names = [p.name for p in self.params]

@@ -255,6 +255,14 @@ class CudaBackend(Backend):
         trans = prob.trans_a if which == "a" else prob.trans_b
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         mode = prob.batch_mode(which)
+        if prob.dtype.name == "bfloat16" and lib != "torch":
+            # Only PyTorch has bfloat16 device tensors whose bits this backend can view;
+            # numba's simulator accepted ml_dtypes arrays and its kernel read the values as
+            # 16-bit integers, returning zeros.
+            raise InvalidTypeError(
+                f"matmul: device operand {which} holds bfloat16 in a {lib} array; bfloat16 "
+                "on the device is taken as torch.bfloat16 tensors (or pass NumPy arrays of "
+                "ml_dtypes.bfloat16 from the host)")
         if op.dtype != prob.dtype:
             # Mixed dtypes are converted once, on the device, by the array's own library.
             if lib == "cupy":
