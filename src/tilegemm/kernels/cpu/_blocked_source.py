@@ -29,6 +29,7 @@ mr, nr, mc, kc_max, nc_max = MR, NR, MC, KC, NC
 _dt = np.dtype(DTYPE)
 nbt = numba.from_dtype(_dt)
 zero = _dt.type(0)
+one = _dt.type(1)
 uint64 = numba.uint64
 nr_u = np.uint64(nr)
 FLAGS: dict = {"error_model": "numpy", "boundscheck": False, "cache": CACHE}
@@ -41,7 +42,7 @@ prefetch_w = prefetch_write()
 
 
 # @ukernel (replaced by the generated MR×NR micro-kernel)
-def ukernel(kc, Ap, r, Bp, s, T):
+def ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode):
     c0_0 = zero
     for p in range(uint64(kc)):
         c0_0 += Ap[r, p, 0] * Bp[s, p, 0]
@@ -50,7 +51,8 @@ def ukernel(kc, Ap, r, Bp, s, T):
 
 
 with slp_enabled():  # the micro-kernel alone is compiled with the SLP vectoriser on
-    ukernel = njit(numba.void(i8, a3, i8, a3, i8, a2), **FLAGS)(ukernel)
+    ukernel = njit(numba.void(i8, a3, i8, a3, i8, a2, a2, i8, i8, nbt, nbt, i8),
+                   **FLAGS)(ukernel)
 
 
 @njit(a3(i8, i8, i8, a3), **FLAGS)
@@ -113,23 +115,14 @@ def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
             for ii in range(h):
                 prefetch_w(C, i + ii, j)
                 prefetch_w(C, i + ii, j + w - 1)
-            ukernel(kc, Ap, r, Bp, s, T)
             if h == mr and w == nr:
-                # Whole tile: unsigned column indices (no wraparound selects) and a
-                # constant trip count, so each row updates with a few vector ops.
-                ju = np.uint64(j)
-                for ii in range(mr):
-                    crow, trow = C[i + ii], T[ii]
-                    if not first:
-                        for jj in range(nr_u):
-                            crow[ju + jj] += alpha * trow[jj]
-                    elif beta == zero:
-                        for jj in range(nr_u):
-                            crow[ju + jj] = alpha * trow[jj]
-                    else:
-                        for jj in range(nr_u):
-                            crow[ju + jj] = alpha * trow[jj] + beta * crow[ju + jj]
+                # Whole tile: written from the accumulators, with no scratch tile between.
+                if first and beta == zero:
+                    ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, beta, 1)
+                else:
+                    ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, beta if first else one, 2)
             else:
+                ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, beta, 0)
                 for ii in range(h):
                     for jj in range(w):
                         v = alpha * T[ii, jj]

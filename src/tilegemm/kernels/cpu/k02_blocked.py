@@ -47,9 +47,15 @@ K_UNROLL = 4
 def micro_kernel_source(mr: int, nr: int, unroll: int = K_UNROLL) -> str:
     """Python source of the MR×NR micro-kernel, fully unrolled into named scalars.
 
-    ``ukernel(kc, Ap, r, Bp, s, T)`` computes the tile ``T = Ap[r, :kc].T @ Bp[s, :kc]`` from
-    A strip r and B strip s of the packed panels (Ap[r] is (KC, MR), Bp[s] is (KC, NR); T is
-    (MR, NR)). Strips are indexed here rather than passed as views: a view is a new array
+    ``ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode)`` computes the tile
+    ``Ap[r, :kc].T @ Bp[s, :kc]`` from A strip r and B strip s of the packed panels (Ap[r]
+    is (KC, MR), Bp[s] is (KC, NR)) and writes it: mode 0 into the scratch tile T (MR, NR)
+    (edge tiles, whose caller stores the part that exists); mode 1 ``C[i:i+MR, j:j+NR] =
+    alpha*tile`` (C not read); mode 2 ``= alpha*tile + bb*C`` (bb = beta on the first K
+    panel, 1 after). Writing whole tiles from the accumulators, under the SLP vectoriser,
+    makes the update vector code: as a loop over a scratch tile in the caller, LLVM
+    unrolled it fully and left 256 scalar FMAs per 8×32 tile (see docs/cpu.md).
+    Strips are indexed here rather than passed as views: a view is a new array
     object whose reference counting, per tile, costs atomics on a panel both threads share.
     The K loop runs over an unsigned index so Numba emits no negative-index wraparound (which
     would turn the B loads into gathers).
@@ -59,8 +65,6 @@ def micro_kernel_source(mr: int, nr: int, unroll: int = K_UNROLL) -> str:
     iteration the loop counter, the two pointer increments and the branch take issue slots
     from 16 FMAs; four steps ran the micro-kernel alone 10-20 % faster (see docs/cpu.md).
     Each element is still the same K-ordered sum of products.
-    The alpha/beta update of C stays out of here, in an ordinary loop: unrolling it too
-    would triple the generated source, and Numba's compile time grows with it.
     """
 
     def step(indent: str, p: str) -> list[str]:
@@ -70,7 +74,7 @@ def micro_kernel_source(mr: int, nr: int, unroll: int = K_UNROLL) -> str:
             body.extend(f"{indent}c{i}_{j} += a * b{j}" for j in range(nr))
         return body
 
-    lines = ["def ukernel(kc, Ap, r, Bp, s, T):"]
+    lines = ["def ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode):"]
     for i in range(mr):
         lines.append("    " + " = ".join(f"c{i}_{j}" for j in range(nr)) + " = zero")
     lines.append("    kcu = uint64(kc)")
@@ -84,7 +88,21 @@ def micro_kernel_source(mr: int, nr: int, unroll: int = K_UNROLL) -> str:
     else:
         lines.append("    for p in range(kcu):")
     lines.extend(step("        ", "p"))
-    lines.extend(f"    T[{i}, {j}] = c{i}_{j}" for i in range(mr) for j in range(nr))
+    # mode 0: the tile to T (an edge tile: the caller stores the part that exists);
+    # mode 1: C = alpha*tile; mode 2: C = alpha*tile + bb*C (bb = 1 after the first panel)
+    lines.append("    if mode == 0:")
+    lines.extend(f"        T[{i}, {j}] = c{i}_{j}" for i in range(mr) for j in range(nr))
+    lines.append("        return")
+    lines.append("    ju = uint64(j)")
+    lines.extend(f"    r{i} = uint64(i + {i})" for i in range(mr))
+    lines.append("    if mode == 1:")
+    lines.extend(f"        C[r{i}, ju + uint64({j})] = alpha * c{i}_{j}"
+                 for i in range(mr) for j in range(nr))
+    lines.append("    else:")
+    for i in range(mr):
+        for j in range(nr):
+            at = f"C[r{i}, ju + uint64({j})]"
+            lines.append(f"        {at} = alpha * c{i}_{j} + bb * {at}")
     return "\n".join(lines) + "\n"
 
 
@@ -115,8 +133,9 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
     i8, a2, a3 = numba.int64, nbt[:, ::1], nbt[:, :, ::1]
     from tilegemm.kernels.cpu._slp import vector_width
 
+    sig = numba.void(i8, a3, i8, a3, i8, a2, a2, i8, i8, nbt, nbt, i8)
     with slp_enabled(), vector_width(vector_bits()):
-        return njit(numba.void(i8, a3, i8, a3, i8, a2), **jit_flags(dtype))(ns["ukernel"])
+        return njit(sig, **jit_flags(dtype))(ns["ukernel"])
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
