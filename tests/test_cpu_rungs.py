@@ -264,3 +264,38 @@ def test_blocked_packed_path_on_small_shapes(dtype, monkeypatch):
     for shape_a, shape_b in cases:
         a, b = random_operands(shape_a, shape_b, dtype)
         assert_close(run(spec, a, b), a, b, what=f"packed {dtype} {shape_a} {shape_b}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_micro_kernel_every_k_remainder(dtype):
+    """The micro-kernel's K loop runs ``K_UNROLL`` steps per iteration and then a remainder
+    loop: every depth from 1 to past two unrolled iterations, into a NaN-poisoned tile, must
+    equal the float64 product of the strips (tolerance scaled by K)."""
+    from tilegemm.kernels.cpu.k02_blocked import K_UNROLL, micro_kernel
+
+    mr, nr = 4, 8
+    uk = micro_kernel(mr, nr, np.dtype(dtype))
+    rng = np.random.default_rng(13)
+    for kc in range(1, 2 * K_UNROLL + 2):
+        # strip r=1 and s=1 of two-strip panels, so the strip indexing is exercised too
+        ap = rng.standard_normal((2, kc, mr)).astype(dtype)
+        bp = rng.standard_normal((2, kc, nr)).astype(dtype)
+        tile = np.full((mr, nr), np.nan, dtype=dtype)
+        uk(kc, ap, 1, bp, 1, tile)
+        assert_close(tile, ap[1].T, bp[1], what=f"micro-kernel {dtype} kc={kc}")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_blocked_k_remainders_in_later_panels(dtype, monkeypatch):
+    """Through the packed path with a small KC, K splits into panels whose depths are not
+    multiples of the unroll (the last panel too): 1×K rows, K=1, partial tiles on both edges."""
+    spec = next(s for s in CPU_RUNGS if s.name == "blocked")
+    params = dict(spec.defaults(), MR=4, NR=8, MC=48, KC=64)
+    program = spec.program(params, dtype)
+    monkeypatch.setitem(program.__globals__, "DIRECT_PRODUCT", 0)
+    for m, n, k in ((1, 9, 67), (1, 1, 130), (5, 3, 1), (13, 17, 66), (49, 9, 131),
+                    (7, 33, 65)):
+        a, b = random_operands((m, k), (k, n), dtype)
+        out = np.full((m, n), np.nan, dtype=dtype)
+        result = tilegemm.matmul(a, b, out, kernel="blocked", backend="cpu", **params)
+        assert_close(result, a, b, what=f"blocked KC=64 {dtype} {(m, n, k)}")
