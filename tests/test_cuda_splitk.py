@@ -217,3 +217,16 @@ def test_tuner_baseline_is_the_adapted_choice() -> None:
     assert spec.name == "pipelined" and params["SPLIT_K"] == 8
     spec, params = untuned_choice(backend, "float32", _gpu(132))
     assert params == spec.defaults()
+
+
+def test_tuner_holds_split_k_at_the_shapes_choice() -> None:
+    """SPLIT_K is chosen per shape, not searched: the tuner's candidates keep the value
+    kernel="auto" runs (the defaults' 1 unless told), so its budget goes to tile sizes."""
+    from tilegemm.tune.space import candidates
+
+    spec = _spec()
+    plain = candidates(spec, "float32", CUDA_LIMITS)
+    held = candidates(spec, "float32", CUDA_LIMITS, held={"SPLIT_K": 8, "BM": 64})
+    assert plain and {p["SPLIT_K"] for p in plain} == {1}
+    assert {p["SPLIT_K"] for p in held} == {8}
+    assert len(held) == len(plain)  # BM is searched: holding it changes nothing

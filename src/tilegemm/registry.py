@@ -56,6 +56,10 @@ class Param:
     default: int
     choices: tuple[int, ...]
     help: str = ""
+    # False: not searched by the tuner, which holds it at the value kernel="auto" uses for
+    # the shape being tuned: a launch strategy chosen per shape (pipelined's SPLIT_K) would
+    # otherwise multiply the candidates, most of them pointless for that shape.
+    searched: bool = True
 
 
 @dataclass(frozen=True)

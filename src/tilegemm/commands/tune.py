@@ -114,7 +114,10 @@ def _tune(args: argparse.Namespace) -> int:
     # lookup (fastest entry wins) switches away from it only for something faster.
     baseline = baseline_choice(backend, target, dtype, precision, specs,
                                lambda b, d, t: untuned_choice(b, d, t, prob))
-    jobs = [(spec, space.candidates(spec, dtype, limits, precision), False) for spec in specs]
+    # Launch strategies (searched=False, e.g. split-K) stay at the baseline's value.
+    jobs = [(spec, space.candidates(spec, dtype, limits, precision,
+                                    baseline[1] if baseline and baseline[0] is spec else None),
+             False) for spec in specs]
     if baseline is not None:
         jobs.insert(0, (baseline[0], [baseline[1]], True))
     for spec, cands, is_baseline in jobs:

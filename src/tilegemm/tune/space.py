@@ -57,17 +57,22 @@ def accumulator_verdict(spec: KernelSpec, params: Mapping[str, int], dtype: np.d
 
 
 def candidates(spec: KernelSpec, dtype: np.dtype | str, limits: Limits,
-               precision: str = "ieee") -> list[Params]:
+               precision: str = "ieee", held: Mapping[str, int] | None = None) -> list[Params]:
     """Every parameter set the rung allows and the device limits admit, in space() order,
-    computing ``precision`` (see :func:`precision_pin`)."""
+    computing ``precision`` (see :func:`precision_pin`). Parameters declared
+    ``searched=False`` keep their value in ``held`` (what kernel="auto" runs for the shape),
+    else their default."""
     if not spec.supports(dtype):
         return []
     pin = precision_pin(spec, dtype, precision)
     if pin is False:
         return []
     dtype = np.dtype(dtype)
+    fixed = {x.name: (held or {}).get(x.name, x.default) for x in spec.params
+             if not x.searched}
     return [p for p in spec.space()
-            if (pin is None or p[pin[0]] == pin[1]) and fits(spec, p, dtype, limits) is None
+            if all(p[k] == v for k, v in fixed.items())
+            and (pin is None or p[pin[0]] == pin[1]) and fits(spec, p, dtype, limits) is None
             and not (spec.dtype_check and spec.dtype_check(p, dtype))
             and accumulator_verdict(spec, p, dtype, limits) is None]
 

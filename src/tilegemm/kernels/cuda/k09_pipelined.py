@@ -449,7 +449,8 @@ SPEC = KernelSpec(
         Param("TN", 4, (4, 8), "columns of C per thread per sub-tile (whole vectors)"),
         Param("GROUP_M", 8, (1, 2, 4, 8, 16), "tile rows per group of the block order"),
         Param("SPLIT_K", 1, (1, 2, 4, 8, 16),
-              "slices of K computed by separate blocks, then summed in order (1: none)"),
+              "slices of K computed by separate blocks, then summed in order (1: none)",
+              searched=False),  # chosen per shape (shape_params); the tuner holds it
     ),
     constraints=(
         Constraint("BM % WM == 0 and BN % WN == 0",
