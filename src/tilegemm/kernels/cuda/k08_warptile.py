@@ -210,19 +210,25 @@ def _offsets(p: Mapping[str, int], w: int, nt: int) -> tuple[list[str], list[str
 
 def _compute(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int,
              buf: str = "") -> list[str]:
-    """The BK k steps of one tile, written out: shared loads at base + constant, FMAs."""
+    """The BK k steps of one tile, written out: shared loads at base + constant, FMAs.
+
+    Every k step's operands get names of their own (``a3_k5``; ``_b1`` for buffer 1 of
+    pipelined), so each is assigned once: numba's SSA reconstruction looks up the reaching
+    definition of a reassigned variable with a linear scan of its block, which made it
+    quadratic in the length of the written-out code."""
     lines = []
+    tag = f"_b{buf[0]}" if buf else ""
     for kk in range(p["BK"]):
         sk = _sk(kk, w, rpw, p["BM"])
         lines.append(f"# k step {kk}")
         for i in range(0, RT, w):
-            names = ", ".join(f"a{i + q}" for q in range(w))
+            names = ", ".join(f"a{i + q}_k{kk}{tag}" for q in range(w))
             lines.append(f"{names} = vload(As, ({buf}{kk}, xa_{sk}_{i}))")
         for j in range(0, CT, w):
-            names = ", ".join(f"b{j + q}" for q in range(w))
+            names = ", ".join(f"b{j + q}_k{kk}{tag}" for q in range(w))
             lines.append(f"{names} = vload(Bs, ({buf}{kk}, xb_{j}))")
         for i in range(RT):
-            lines += [f"acc[{i}, {j}] += a{i} * b{j}" for j in range(CT)]
+            lines += [f"acc[{i}, {j}] += a{i}_k{kk}{tag} * b{j}_k{kk}{tag}" for j in range(CT)]
     return lines
 
 
@@ -253,12 +259,12 @@ def _compute_rows(p: Mapping[str, int], w: int, RT: int, CT: int,
     for kk in range(p["BK"]):
         base = "ya" if kk % 2 else "xa"
         lines.append(f"# k step {kk}")
-        lines += [f"a{i} = ld(As, ({base} + {i}, {kk}))" for i in range(RT)]
+        lines += [f"a{i}_k{kk} = ld(As, ({base} + {i}, {kk}))" for i in range(RT)]
         for j in range(0, CT, w):
-            names = ", ".join(f"b{j + r}" for r in range(w))
+            names = ", ".join(f"b{j + r}_k{kk}" for r in range(w))
             lines.append(f"{names} = vload(Bs, ({kk}, xb_{j}))")
         for i in range(RT):
-            lines += [f"acc[{i}, {j}] += a{i} * b{j}" for j in range(CT)]
+            lines += [f"acc[{i}, {j}] += a{i}_k{kk} * b{j}_k{kk}" for j in range(CT)]
     return lines
 
 
