@@ -62,6 +62,11 @@ bench)
         >> "$OUT/targets.log" 2>&1
     echo "targets $k: exit $?"
   done
+  # kernel="auto": the defaults adapted to the SM count (128x64 tiles, split-K); three
+  # builds of pipelined (about 35 s each on the first call)
+  timeout 240 $PY benchmarks/perf_targets.py --auto --json "$OUT/targets-auto.json" \
+      >> "$OUT/targets.log" 2>&1
+  echo "targets auto: exit $?"
   tail -40 "$OUT/bench.log"; cat "$OUT/targets.log"
   ;;
 tests)

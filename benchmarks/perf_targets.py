@@ -7,7 +7,9 @@ Prints GFLOP/s of the rung and of cuBLAS (CuPy) per shape, their ratio, the rati
 Every result is verified on a NaN-poisoned output against float64 NumPy before it is
 timed, through the benchmarks' own path (``bench.timing.measure_kernel`` and
 ``measure_vendor``): CUDA events and CuPy events, median of --repeat after two warm-ups.
-``--tuned`` uses kernel="auto"'s choice (the tuning cache) instead of the defaults.
+``--tuned`` uses the tuning cache's entry instead of the defaults; ``--auto`` uses exactly
+what ``kernel="auto"`` runs for each shape (tuned entry, else the defaults adapted to the
+GPU's SM count: a smaller tile or split-K for shapes whose tiles cannot fill it).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--kernel", default="pipelined")
     parser.add_argument("--tuned", action="store_true")
+    parser.add_argument("--auto", action="store_true",
+                        help='what kernel="auto" runs for each shape (overrides --kernel)')
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", help="also write the rows, device, versions and commit here")
     args = parser.parse_args()
@@ -37,7 +41,7 @@ def main() -> int:
     from tilegemm.bench.vendors import VENDORS, measure_vendor
     from tilegemm.problem import problem_for
     from tilegemm.reference import random_operands
-    from tilegemm.tune.select import tuned_choice
+    from tilegemm.tune.select import auto_plan, tuned_choice
 
     backend = get_backend("cuda")
     status = backend.status()
@@ -52,7 +56,10 @@ def main() -> int:
     rows = []
     for m, n, k in SHAPES:
         prob = problem_for(m, n, k, "float32")
-        if args.tuned:
+        why = ""
+        if args.auto:
+            spec, params, why = auto_plan(backend, target, prob)
+        elif args.tuned:
             spec, params = tuned_choice(backend, prob) or (registry.get(args.kernel, "cuda"), {})
         else:
             spec, params = registry.get(args.kernel, "cuda"), {}
@@ -69,7 +76,7 @@ def main() -> int:
         rows.append({"m": m, "n": n, "k": k, "kernel": spec.name, "params": dict(params),
                      "seconds": ours, "cublas_seconds": theirs,
                      "gflops": flops / ours / 1e9, "cublas_gflops": flops / theirs / 1e9,
-                     "ratio": theirs / ours})
+                     "ratio": theirs / ours, **({"why": why} if why else {})})
         print(f"{m:>5}x{n:>5}x{k:>5}  {spec.name} {params}  {flops / ours / 1e9:9.1f} GFLOP/s"
               f"  cuBLAS {flops / theirs / 1e9:9.1f}  ratio {theirs / ours:.3f}")
     geo = math.exp(sum(map(math.log, ratios.values())) / len(ratios))
@@ -80,7 +87,8 @@ def main() -> int:
         from tilegemm.bench.environment import backend_info, git_commit, host_info, versions
 
         doc = {"what": "fast rung vs cuBLAS FP32 (CuPy, TF32 off) over the target shapes",
-               "tuned": args.tuned, "repeat": args.repeat, "timing": "median of CUDA events",
+               "tuned": args.tuned, "auto": args.auto, "repeat": args.repeat,
+               "timing": "median of CUDA events",
                "device": backend_info(backend, target), "host": host_info(),
                "versions": versions(), "commit": git_commit(),
                "cublas": cublas.name if hasattr(cublas, "name") else "cupy",

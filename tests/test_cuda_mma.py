@@ -243,6 +243,20 @@ def test_float32_output_on_request_keeps_the_float32_sums(dtype: str,
 
 
 @pytest.mark.cudasim
+def test_bfloat16_numba_device_arrays_are_refused_before_anything_is_written(
+        rng: np.random.Generator) -> None:
+    """numba has no bfloat16 type; its simulator held ml_dtypes arrays anyway, and the
+    kernel read their values as 16-bit integers: the product came back as zeros."""
+    from numba import cuda
+
+    a, b = _half_operands(rng, (9, 5), (5, 7), BF16)
+    out = cuda.to_device(np.full((9, 7), np.nan, np.float32))
+    with pytest.raises(TypeError, match="torch.bfloat16"):
+        tilegemm.matmul(cuda.to_device(a), cuda.to_device(b), out, backend="cuda")
+    assert np.isnan(out.copy_to_host()).all()
+
+
+@pytest.mark.cudasim
 def test_bfloat16_gemm_alpha_beta_reads_c(rng: np.random.Generator) -> None:
     a, b = _half_operands(rng, (9, 16), (16, 7), BF16)
     c = rng.standard_normal((9, 7)).astype(BF16)

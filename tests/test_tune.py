@@ -467,3 +467,33 @@ def test_tune_cli_refuses_what_no_rung_here_computes(capsys) -> None:  # noqa: A
     assert "applies to --dtype float32, not float64" in capsys.readouterr().err
     assert main(["tune", "--backend", "cpu", "--dtype", "bfloat16"]) != 0
     assert "backends with one: cuda" in capsys.readouterr().err
+
+
+def test_candidates_whose_accumulators_cannot_fit_are_dropped_before_compiling() -> None:
+    """On the H100 the tuner spent 110 s compiling one candidate: tiles whose accumulators
+    alone exceed 255 registers per thread must spill and take minutes to compile."""
+    from tilegemm.backends.cuda import CUDA_LIMITS
+
+    spec = registry.get("smem_layout", "cuda")
+    bomb = {"BM": 256, "BN": 64, "BK": 32, "TM": 16, "TN": 16}  # 256 outputs per thread
+    assert spec.is_valid(bomb) and spec.outputs_per_thread(bomb) == 256
+    assert "256 accumulators" in space.accumulator_verdict(spec, bomb, "float32", CUDA_LIMITS)
+    default = spec.resolve({})
+    assert spec.outputs_per_thread(default) == 64
+    assert space.accumulator_verdict(spec, default, "float32", CUDA_LIMITS) is None
+    # float64 needs two registers per accumulator: 128 outputs fit in float32 only
+    half = next(p for p in spec.space() if spec.outputs_per_thread(p) == 128)
+    assert space.accumulator_verdict(spec, half, "float32", CUDA_LIMITS) is None
+    assert "256 registers" in space.accumulator_verdict(spec, half, "float64", CUDA_LIMITS)
+    found = space.candidates(spec, "float32", CUDA_LIMITS)
+    assert bomb not in found and default in found
+    assert all(spec.outputs_per_thread(p) < 255 for p in found)
+    # where the device reports no register limit (CPU, PoCL) nothing is dropped
+    assert space.accumulator_verdict(spec, bomb, "float32", space.Limits(1024)) is None
+
+
+def test_outputs_per_thread_follows_each_rungs_tile() -> None:
+    cuda = {n: registry.get(n, "cuda") for n in ("naive", "register1d", "pipelined")}
+    assert cuda["naive"].outputs_per_thread({"BLOCK": 16}) == 1
+    assert cuda["register1d"].outputs_per_thread({"TILE": 32, "R": 4}) == 4
+    assert cuda["pipelined"].outputs_per_thread(cuda["pipelined"].resolve({})) == 64

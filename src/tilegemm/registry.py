@@ -106,6 +106,12 @@ class KernelSpec:
     # one dtype and not another (rung mma: BK a multiple of 16 for 16-bit operands). The
     # limit checks refuse such a call before anything runs; the tuner prunes it.
     dtype_check: Callable[[Mapping[str, int], np.dtype], str | None] | None = None
+    # kernel="auto" without a tuned entry: ``shape_params(params, problem, target)`` may
+    # adapt the default (or database) parameters to one problem on one device, e.g. smaller
+    # tiles or split-K when the tiles of C cannot fill the GPU. Returns (parameters, why),
+    # or None to keep them. Reads only facts the Target holds (its SM count...).
+    shape_params: Callable[[Mapping[str, int], Any, Any], tuple[dict[str, int], str] | None
+                           ] | None = None
 
     @property
     def key(self) -> str:
@@ -156,6 +162,27 @@ class KernelSpec:
         except ValueError:
             return False
         return True
+
+    def outputs_per_thread(self, params: Mapping[str, int]) -> int | None:
+        """Results each thread holds in registers for the whole k loop (None: unknown).
+
+        A block computes a BM×BN (or TILE×TILE, BLOCK×BLOCK) tile of C with
+        ``threads(params)`` threads, so each thread owns tile/threads accumulators, live
+        from the first k step to the store. That count is a floor under the registers the
+        kernel needs, known without compiling: the tuner uses it to skip parameter sets
+        that must spill (and whose fully unrolled code takes minutes to compile).
+        """
+        if self.threads is None:
+            return None
+        if "BM" in params and "BN" in params:
+            tile = params["BM"] * params["BN"]
+        elif "TILE" in params:
+            tile = params["TILE"] ** 2
+        elif "BLOCK" in params:
+            tile = params["BLOCK"] ** 2
+        else:
+            return None
+        return max(1, tile // self.threads(params))
 
     def space(self) -> Iterable[dict[str, int]]:
         """Every valid parameter combination (the tuner's search space before device limits)."""

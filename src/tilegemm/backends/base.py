@@ -74,6 +74,9 @@ class Target:
     simulated: bool = False  # correct but slow (numba's CUDA simulator): never timed
     accelerated: bool = False  # a real GPU or other accelerator
     vendors: tuple[str, ...] = ()  # vendor references to time against, tried in order
+    # Blocks that run at once, one per unit: CUDA's streaming multiprocessors (SMs), 0 when
+    # unknown. Decides whether a product's tiles fill the device (tile size, split-K).
+    compute_units: int = 0
     handle: Any = field(default=None, compare=False, hash=False, repr=False)  # backend's own
 
     @property

@@ -212,7 +212,8 @@ class CudaBackend(Backend):
         )
         return Target(self.name, name, "gpu", f"sm_{major}{minor}", limits,
                       timer="CUDA events", index=index, accelerated=True, vendors=vendors,
-                      capability=(int(major), int(minor)), handle=dev)
+                      capability=(int(major), int(minor)),
+                      compute_units=_sm_count(dev), handle=dev)
 
     def cubin(self, spec: KernelSpec, params: dict[str, int], dtype: str, arch: str) -> bytes:
         from tilegemm.analysis.resources import ptx_for
@@ -254,6 +255,14 @@ class CudaBackend(Backend):
         trans = prob.trans_a if which == "a" else prob.trans_b
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         mode = prob.batch_mode(which)
+        if prob.dtype.name == "bfloat16" and lib != "torch":
+            # Only PyTorch has bfloat16 device tensors whose bits this backend can view;
+            # numba's simulator accepted ml_dtypes arrays and its kernel read the values as
+            # 16-bit integers, returning zeros.
+            raise InvalidTypeError(
+                f"matmul: device operand {which} holds bfloat16 in a {lib} array; bfloat16 "
+                "on the device is taken as torch.bfloat16 tensors (or pass NumPy arrays of "
+                "ml_dtypes.bfloat16 from the host)")
         if op.dtype != prob.dtype:
             # Mixed dtypes are converted once, on the device, by the array's own library.
             if lib == "cupy":
@@ -498,6 +507,14 @@ class CudaBackend(Backend):
         src = cuda.device_array(2 * l2, dtype=np.uint8)
         dst = cuda.device_array(2 * l2, dtype=np.uint8)
         return lambda: dst.copy_to_device(src)
+
+
+def _sm_count(dev: Any) -> int:
+    """The device's SM count, 0 when it cannot be read (then nothing depends on it)."""
+    try:
+        return int(dev.MULTIPROCESSOR_COUNT)
+    except Exception:
+        return 0
 
 
 def _cuda_details() -> dict[str, Any]:

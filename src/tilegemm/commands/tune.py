@@ -112,7 +112,8 @@ def _tune(args: argparse.Namespace) -> int:
                     "ms", "GFLOP/s")
     # The baseline: what kernel="auto" runs untuned. Recorded like any result, so the cache
     # lookup (fastest entry wins) switches away from it only for something faster.
-    baseline = baseline_choice(backend, target, dtype, precision, specs, untuned_choice)
+    baseline = baseline_choice(backend, target, dtype, precision, specs,
+                               lambda b, d, t: untuned_choice(b, d, t, prob))
     jobs = [(spec, space.candidates(spec, dtype, limits, precision), False) for spec in specs]
     if baseline is not None:
         jobs.insert(0, (baseline[0], [baseline[1]], True))

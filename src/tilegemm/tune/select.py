@@ -92,11 +92,31 @@ def auto_plan(backend: Backend, target: Target, prob: GemmProblem
     if key not in _db_memo:
         _db_memo[key] = _database_choice(backend, target, dtype)
     if _db_memo[key] is not None:
-        return _db_memo[key]
+        return _for_shape(backend, target, prob, *_db_memo[key])
     spec = registry.default_for(backend.name, prob.dtype)
     resolved = backend.resolve(spec, {}, target)
     backend.check_limits(spec, resolved, prob.dtype, target)
-    return spec, resolved, "default"
+    return _for_shape(backend, target, prob, spec, resolved, "default")
+
+
+def _for_shape(backend: Backend, target: Target, prob: GemmProblem, spec: KernelSpec,
+               params: dict[str, int], source: str) -> tuple[KernelSpec, dict[str, int], str]:
+    """The untuned choice adapted to this problem on this device by the rung's own
+    ``shape_params`` (smaller tiles, split-K), when the product's tiles cannot fill the
+    device; checked like any parameters, and kept as it was if the adaptation does not fit.
+    A tuned entry never comes here: it was measured for the shape."""
+    if spec.shape_params is None or target.simulated:
+        return spec, params, source
+    found = spec.shape_params(params, prob, target)
+    if found is None:
+        return spec, params, source
+    shaped, why = found
+    try:
+        resolved = backend.resolve(spec, shaped, target)
+        backend.check_limits(spec, resolved, prob.dtype, target)
+    except (ValueError, TypeError):
+        return spec, params, source
+    return spec, resolved, f"{source}; {why}"
 
 
 _db_memo: dict[tuple[Any, ...], tuple[KernelSpec, dict[str, int], str] | None] = {}
@@ -145,19 +165,26 @@ def _choose(backend: Backend, target: Target, dev: DeviceId, dtype: str, prob: G
     return None
 
 
-def untuned_choice(backend: Backend, dtype: str, target: Target | None = None) -> Choice | None:
+def untuned_choice(backend: Backend, dtype: str, target: Target | None = None,
+                   prob: GemmProblem | None = None) -> Choice | None:
     """What ``kernel="auto"`` picks with an empty cache: the database's entry for the
-    device, else the registry default at its (device-resolved) defaults. ``tilegemm tune``
+    device, else the registry default at its (device-resolved) defaults; for ``prob``,
+    adapted to its shape as ``kernel="auto"`` does (:func:`_for_shape`). ``tilegemm tune``
     times it as the baseline, so a tuned entry replaces it only by being faster."""
     target = target or backend.target()
     db = _database_choice(backend, target, dtype)
     if db is not None:
-        return db[0], db[1]
-    try:
-        spec = registry.default_for(backend.name, dtype)
-    except TypeError:
-        return None
-    return _usable(backend, target, spec.name, {}, dtype)
+        choice: Choice | None = (db[0], db[1])
+    else:
+        try:
+            spec = registry.default_for(backend.name, dtype)
+        except TypeError:
+            return None
+        choice = _usable(backend, target, spec.name, {}, dtype)
+    if choice is None or prob is None:
+        return choice
+    spec, params, _ = _for_shape(backend, target, prob, choice[0], choice[1], "")
+    return spec, params
 
 
 def _usable(backend: Backend, target: Target, kernel: str, params: dict[str, int],

@@ -4,10 +4,13 @@ Pruning uses the same predicates the launcher uses (``KernelSpec.space()`` appli
 rung's constraints; :func:`fits` reads the device's own :class:`Limits` from its
 :class:`~tilegemm.backends.base.Target`, as ``Backend.check_limits`` does), so the tuner
 can never pick a candidate the launcher would refuse, nor skip one the device could run.
-Register pressure is a third, optional filter where the backend can report registers
-(``Backend.resources``): a candidate whose register count × threads exceeds the register
-file cannot launch, and one that spills is never the fastest; it costs a compilation
-(seconds), so it is applied lazily, per candidate, just before the candidate is timed.
+Register pressure is a third filter, in two parts. Before anything compiles, a candidate
+whose accumulators alone (:meth:`KernelSpec.outputs_per_thread`) exceed the registers one
+thread may have is dropped: it must spill, and on a GPU its fully unrolled code took
+minutes to compile (the first tuning run on an H100 timed one candidate in 110 s). Where
+the backend can report registers (``Backend.resources``), a candidate whose register count
+× threads exceeds the register file, or that spills, is rejected too; that costs a
+compilation (seconds), so it is applied lazily, per candidate, just before it is timed.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import numpy as np
 from tilegemm.backends.base import Backend, Limits, Target
 from tilegemm.registry import KernelSpec
 
-__all__ = ["Limits", "Params", "ResourceCheck", "candidates", "fits", "precision_pin",
-           "register_check", "register_verdict"]
+__all__ = ["Limits", "Params", "ResourceCheck", "accumulator_verdict", "candidates", "fits",
+           "precision_pin", "register_check", "register_verdict"]
 
 Params = dict[str, int]
 
@@ -38,6 +41,21 @@ def fits(spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype | str,
     return None
 
 
+def accumulator_verdict(spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype | str,
+                        limits: Limits) -> str | None:
+    """Why ``params`` must spill before compiling (None when they may fit): each thread's
+    accumulators, in 32-bit registers (two per float64; 16-bit products accumulate in
+    float32), already exceed ``limits.registers_per_thread``."""
+    outputs = spec.outputs_per_thread(params)
+    if not limits.registers_per_thread or outputs is None:
+        return None
+    words = outputs * max(1, np.dtype(dtype).itemsize // 4)
+    if words >= limits.registers_per_thread:
+        return (f"{outputs} accumulators per thread need {words} registers; a thread has "
+                f"{limits.registers_per_thread}")
+    return None
+
+
 def candidates(spec: KernelSpec, dtype: np.dtype | str, limits: Limits,
                precision: str = "ieee") -> list[Params]:
     """Every parameter set the rung allows and the device limits admit, in space() order,
@@ -50,7 +68,8 @@ def candidates(spec: KernelSpec, dtype: np.dtype | str, limits: Limits,
     dtype = np.dtype(dtype)
     return [p for p in spec.space()
             if (pin is None or p[pin[0]] == pin[1]) and fits(spec, p, dtype, limits) is None
-            and not (spec.dtype_check and spec.dtype_check(p, dtype))]
+            and not (spec.dtype_check and spec.dtype_check(p, dtype))
+            and accumulator_verdict(spec, p, dtype, limits) is None]
 
 
 def precision_pin(spec: KernelSpec, dtype: np.dtype | str,

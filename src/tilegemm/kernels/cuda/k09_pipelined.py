@@ -21,6 +21,14 @@ What changed from warptile, two things:
    ~25 distinct panels instead of ~36. The grid is one-dimensional over tiles (grid-stride),
    batches in z.
 
+3. Split-K (``SPLIT_K`` > 1), a way of launching the same kernel: blocks also split K into
+   slices, write partial products to a workspace, and a second small kernel adds the
+   slices in a fixed order and applies alpha, beta and C (``_splitk.py``). It is for
+   products whose tiles of C are fewer than the GPU's SMs (512×512×8192: 16 tiles for 132
+   SMs). ``kernel="auto"`` chooses it, or a smaller 128×64 tile, from the SM count when
+   nothing was tuned for the shape (:func:`shape_params`); with ``SPLIT_K=1`` the
+   kernel is exactly the one without split-K.
+
 What it should buy: the last big step of siboehm's ladder (kernels 11–12, +5–10 %), and
 the L2 reuse that matters most at large sizes, where the gap to cuBLAS is otherwise set
 by DRAM traffic.
@@ -47,6 +55,7 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, width
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
+from tilegemm.kernels.cuda._splitk import SplitKProgram
 from tilegemm.kernels.cuda.k08_warptile import _bases, _compute, _offsets
 from tilegemm.launch import capped_grid, ceil_div
 from tilegemm.registry import Constraint, KernelSpec, Param
@@ -83,6 +92,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
 
     BM, BN, BK, TM, TN = p["BM"], p["BN"], p["BK"], p["TM"], p["TN"]
     WM, WN, WNITER, GROUP_M = p["WM"], p["WN"], p["WNITER"], p["GROUP_M"]
+    SPLIT = p["SPLIT_K"]
     WMITER = _wmiter(p)
     WSUBM, WSUBN = WM // WMITER, WN // WNITER
     LCOLS = WSUBN // TN  # lanes across a warp sub-tile
@@ -102,7 +112,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         B_VECS=B_VECS, A_ROUNDS=A_ROUNDS, B_ROUNDS=B_ROUNDS, SA=A_ROUNDS * W,
         SB=B_ROUNDS * W, RPW=RPW, ld=ld, st=st, vload=vload, vstore=vstore, gather=gather,
         scatter=scatter, address=address, vload_at=vload_at(), ALIGN=ALIGN,
-        zero=dtype.type(0), nptype=dtype.type)
+        zero=dtype.type(0), nptype=dtype.type, SPLIT=SPLIT)
     mapping = ["warp = tid // 32", "lane = tid % 32",
                "wr0 = (warp // WCOLS) * WM  # this warp's tile inside the block tile",
                "wc0 = (warp % WCOLS) * WN",
@@ -116,6 +126,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         return (j // TN) * WSUBN + j % TN
 
     offsets, bumps = _offsets(p, W, NT)
+    if SPLIT > 1:  # the first k-tile of a slice starts at k_beg, not at 0
+        offsets = [x + (" + k_beg" if x.startswith("oa") else " + k_beg * sb1")
+                   for x in offsets]
     # float64: k steps written out need more than 255 registers on sm_80 (the next step's
     # operands next to 128 of accumulators and the staged tile), so they stay a loop there.
     if dtype.itemsize == 4:
@@ -131,16 +144,37 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         "COMPUTE1": computes[1],
         "STORE0": _store(p, W, NT, 0),
         "STORE1": _store(p, W, NT, 1),
+        "SLICES": ["k_beg = 0", "k_end = k_len"] if SPLIT == 1 else [],
+        "PRODUCT": SINGLE_PRODUCT if SPLIT == 1 else SPLIT_PRODUCT,
     }
     source = fill(KERNEL, parts)
-    # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread.
-    kernel = kernel_jit(NT, 2 if dtype.itemsize == 4 and NT <= 256 else 0)(
+    # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread. Not with
+    # split-K: the slice's end, a computed value where the plain kernel compares with a
+    # kernel argument, took ptxas past 128 registers into ~160 spills (sm_90); split-K
+    # runs one block per SM instead, and shape_params sizes the split for that.
+    two_blocks = dtype.itemsize == 4 and NT <= 256 and SPLIT == 1
+    kernel = kernel_jit(NT, 2 if two_blocks else 0)(
         compile_source(source, "pipelined", namespace))
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
 
-    return CudaProgram(kernel, (NT, 1, 1), grid)
+    if SPLIT == 1:
+        return CudaProgram(kernel, (NT, 1, 1), grid)
+    return SplitKProgram(kernel, (NT, 1, 1), grid, slices=SPLIT)
+
+
+# How a block finds its product and its range of K. Without split-K: all of K.
+SINGLE_PRODUCT = ["za = z if A.shape[0] > 1 else 0", "zb = z if B.shape[0] > 1 else 0"]
+# With split-K, C is the workspace: slice s of product p at C[p * SPLIT + s], so finding
+# them divides by the constant SPLIT (a shift), not by the run-time number of products.
+# Slices are whole k-tiles, so a slice starts at a multiple of BK: a 128-bit aligned
+# element whenever row starts are.
+SPLIT_PRODUCT = ["zp = z // SPLIT  # the product; z % SPLIT is the slice",
+                 "za = zp if A.shape[0] > 1 else 0",
+                 "zb = zp if B.shape[0] > 1 else 0",
+                 "k_beg = (z % SPLIT) * (((k_len + SPLIT - 1) // SPLIT + BK - 1) // BK * BK)",
+                 "k_end = min(k_len, k_beg + ((k_len + SPLIT - 1) // SPLIT + BK - 1) // BK * BK)"]
 
 
 def _compute_loop(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int, buf: int,
@@ -174,7 +208,7 @@ def _stage(p: Mapping[str, int], w: int, nt: int, bumps: list[str]) -> list[str]
                 f"vload_at(B, (zb, kn + br{rnd}, col0 + bc{rnd}), ob{rnd}))")
         fast += [load] if (rnd + 1) * nt <= b_vecs else [
             f"if tid + {rnd * nt} < {b_vecs}:", "    " + load]
-    return (["if inner and kn + BK <= k_len:"] + ["    " + x for x in fast]
+    return (["if inner and kn + BK <= k_end:"] + ["    " + x for x in fast]
             + ["else:"] + ["    " + x for x in SLOW_STAGE.strip("\n").splitlines()] + bumps)
 
 
@@ -202,11 +236,11 @@ for rnd in range(A_ROUNDS):
     c = (v % A_VPR) * W
     gr = row0 + r
     gc = kn + c
-    if v < A_VECS and a_vec and gr < m and gc < k_len:
+    if v < A_VECS and a_vec and gr < m and gc < k_end:
         scatter(sa, (rnd * W,), vload(A, (za, gr, gc)))
     else:
         for q in range(W):
-            if v < A_VECS and gr < m and gc + q < k_len:
+            if v < A_VECS and gr < m and gc + q < k_end:
                 sa[rnd * W + q] = ld(A, (za, gr, gc + q))
             else:
                 sa[rnd * W + q] = zero
@@ -216,11 +250,11 @@ for rnd in range(B_ROUNDS):
     c = (v % B_VPR) * W
     gr = kn + r
     gc = col0 + c
-    if v < B_VECS and b_vec and gr < k_len and gc < n:
+    if v < B_VECS and b_vec and gr < k_end and gc < n:
         scatter(sb, (rnd * W,), vload(B, (zb, gr, gc)))
     else:
         for q in range(W):
-            if v < B_VECS and gr < k_len and gc + q < n:
+            if v < B_VECS and gr < k_end and gc + q < n:
                 sb[rnd * W + q] = ld(B, (zb, gr, gc + q))
             else:
                 sb[rnd * W + q] = zero
@@ -254,10 +288,10 @@ def pipelined(A, B, C, alpha, beta):
     tiles_m = (m + BM - 1) // BM
     tiles_n = (n + BN - 1) // BN
     group = GROUP_M * tiles_n  # tiles in one group of GROUP_M tile rows
+    #@SLICES
     z = cuda.blockIdx.z
     while z < C.shape[0]:
-        za = z if A.shape[0] > 1 else 0
-        zb = z if B.shape[0] > 1 else 0
+        #@PRODUCT
         t = cuda.blockIdx.x
         while t < tiles_m * tiles_n:
             # Grouped order: column-major inside groups of GROUP_M tile rows.
@@ -272,32 +306,32 @@ def pipelined(A, B, C, alpha, beta):
             # Block-uniform: the whole tile is inside A, B and C, and vectors are safe.
             inner = a_vec and b_vec and row0 + BM <= m and col0 + BN <= n
             # Prologue: tile 0 into buffer 0.
-            kn = 0
+            kn = k_beg
             #@STAGE
             cuda.syncthreads()  # this block's previous tile may still be reading buffer 0
             #@STORE0
             cuda.syncthreads()
-            k0 = 0
-            while k0 < k_len:
+            k0 = k_beg
+            while k0 < k_end:
                 # Buffer 0 holds tile k0. Issue tile k0 + BK's global loads (into
                 # registers), compute on buffer 0 while they are in flight, then store
                 # them into buffer 1. Nobody reads buffer 1 now: its last readers finished
                 # before the last barrier. One barrier per k-tile.
                 kn = k0 + BK
-                if kn < k_len:
+                if kn < k_end:
                     #@STAGE
                 #@COMPUTE0
-                if kn >= k_len:
+                if kn >= k_end:
                     break
                 #@STORE1
                 cuda.syncthreads()
                 k0 = kn
                 # The same with the buffers swapped.
                 kn = k0 + BK
-                if kn < k_len:
+                if kn < k_end:
                     #@STAGE
                 #@COMPUTE1
-                if kn >= k_len:
+                if kn >= k_end:
                     break
                 #@STORE0
                 cuda.syncthreads()
@@ -333,6 +367,71 @@ def pipelined(A, B, C, alpha, beta):
 """
 
 
+# kernel="auto" on a real GPU, when nothing was tuned for the shape (see shape_params).
+FILL = 0.9  # "about one wave": tiles for at least 90 % of the SMs
+# The smaller tile for products whose 128x128 tiles leave SMs idle: 128x64, still 256
+# threads (8 warps a block, as the default), 8x4 outputs a thread. Checked with ptxas for
+# sm_90 (`tilegemm kernels --resources`): float32 and float64 without spills.
+SMALL_TILE = {"BM": 128, "BN": 64, "WM": 32, "WN": 32, "WNITER": 1, "TM": 8, "TN": 4}
+MIN_SLICE_TILES = 16  # a split-K slice walks at least 16 k-tiles (prologue amortised)
+MAX_WORKSPACE = 256 * 1024 * 1024  # bytes of partial products split-K may allocate
+
+
+def shape_params(p: Mapping[str, int], prob: Any, target: Any
+                 ) -> tuple[dict[str, int], str] | None:
+    """Parameters for one product on one device, from ``p`` (the defaults or the
+    database's), when its tiles of C cannot keep every SM busy; None to keep ``p``.
+
+    A block runs on one SM, so a product with fewer tiles than SMs leaves SMs idle
+    whatever the kernel does. In order:
+
+    1. ``p``'s tiles fill about one wave (at least ``FILL`` × SMs blocks): keep ``p``.
+    2. The defaults with a tile of 128×64 (``SMALL_TILE``) fill about one wave: use it
+       (1024³ on 132 SMs: 128 blocks instead of 64).
+    3. Split-K: the smallest ``SPLIT_K`` whose tiles × slices fill about one wave, each
+       slice at least ``MIN_SLICE_TILES`` k-tiles and the workspace at most
+       ``MAX_WORKSPACE`` (512×512×8192 on 132 SMs: 8 slices of 1024, 128 blocks). A
+       split-K block needs more than 128 registers in float32 (see build()), so it runs
+       one block per SM: a wave is one block per SM, and more slices would start a
+       second wave.
+    4. Otherwise the smaller tile if it gives more blocks, else ``p``.
+
+    Reads the SM count from ``target.compute_units``; a device that does not report it
+    keeps ``p``. ``p`` asking for split-K already is kept.
+    """
+    sms = int(getattr(target, "compute_units", 0) or 0)
+    m, n, k, batch = prob.m, prob.n, prob.k, prob.batch
+    if sms <= 0 or p["SPLIT_K"] != 1 or m * n * k * batch == 0:
+        return None
+
+    def tiles(q: Mapping[str, int]) -> int:
+        return ceil_div(m, q["BM"]) * ceil_div(n, q["BN"]) * batch
+
+    have = tiles(p)
+    if have >= FILL * sms:
+        return None
+    small = {**p, **SMALL_TILE} if p == SPEC.defaults() else None
+    if small is not None and tiles(small) >= FILL * sms:
+        return small, (f"{tiles(small)} tiles of {small['BM']}x{small['BN']} for {sms} SMs "
+                       f"({have} of {p['BM']}x{p['BN']})")
+    itemsize = np.dtype(prob.dtype).itemsize
+    split = 1
+    for s in sorted(v for v in _SPLITS if v > 1):
+        if ceil_div(k, s) < MIN_SLICE_TILES * p["BK"]:
+            break
+        if s * batch * m * n * itemsize > MAX_WORKSPACE:
+            break
+        split = s
+        if have * s >= FILL * sms:
+            break
+    if split > 1:
+        return ({**p, "SPLIT_K": split},
+                f"split-K: {have} tiles x {split} slices of K for {sms} SMs")
+    if small is not None and tiles(small) > have:
+        return small, f"{tiles(small)} tiles of {small['BM']}x{small['BN']} for {sms} SMs"
+    return None
+
+
 SPEC = KernelSpec(
     name="pipelined",
     backend="cuda",
@@ -349,6 +448,8 @@ SPEC = KernelSpec(
         Param("TM", 8, (4, 8), "rows of C per thread per sub-tile (whole vectors)"),
         Param("TN", 4, (4, 8), "columns of C per thread per sub-tile (whole vectors)"),
         Param("GROUP_M", 8, (1, 2, 4, 8, 16), "tile rows per group of the block order"),
+        Param("SPLIT_K", 1, (1, 2, 4, 8, 16),
+              "slices of K computed by separate blocks, then summed in order (1: none)"),
     ),
     constraints=(
         Constraint("BM % WM == 0 and BN % WN == 0",
@@ -364,7 +465,10 @@ SPEC = KernelSpec(
     threads=_threads,
     smem=_smem,
     doc=__doc__,
+    shape_params=lambda p, prob, target: shape_params(p, prob, target),
     auto=True,  # kernel="auto" before tuning: the top rung at its defaults (float32 and 64)
     sim_params={"BM": 32, "BN": 16, "BK": 8, "WM": 32, "WN": 16, "WNITER": 1,
                 "TM": 4, "TN": 4, "GROUP_M": 2},
 )
+
+_SPLITS = next(x.choices for x in SPEC.params if x.name == "SPLIT_K")

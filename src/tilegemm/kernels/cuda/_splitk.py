@@ -1,0 +1,125 @@
+"""Split-K: a launch strategy for products whose output tiles cannot keep the GPU busy.
+
+A GEMM kernel gives each block one tile of C and walks all of K. When M and N are small
+and K is long (512×512×8192 has sixteen 128×128 tiles), most SMs of a large GPU have
+nothing to do: sixteen blocks on 132 SMs leave 88 % of the machine idle however fast each
+block is. Split-K cuts K into ``SPLIT_K`` slices of whole k-tiles; block (tile, slice)
+computes the tile's partial product over its slice into a workspace, and a second, small
+kernel adds the slices of each element **in a fixed order** (slice 0, 1, 2...) and applies
+``alpha``, ``beta`` and C. There are no atomics, so the same inputs give bit-identical
+results on every call, whatever order the blocks ran in.
+
+The workspace has the product's dtype (float32 or float64) and ``SPLIT_K`` times the size
+of C: slice s of product p is ``W[p * SPLIT_K + s]``. A split-K block runs alone on its SM
+(it needs more than 128 registers in float32), so ``shape_params`` in the pipelined rung
+chooses the number of slices for one block per SM.
+
+Each program keeps one workspace per CUDA stream and device and reuses it across calls:
+allocating (and later freeing, which synchronises the device) on every call would cost
+more than the reduction itself. The two launches of one call are enqueued together under
+a lock, so two host threads sharing a stream cannot interleave their partial sums.
+
+Private module (no ``SPEC``): imports numba only when a program is launched.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from tilegemm.backends.cuda_program import CudaProgram
+from tilegemm.launch import MAX_GRID_X, ceil_div
+
+REDUCE_THREADS = 256
+KEPT_WORKSPACES = 4  # per program: a caller cycling through new streams keeps only these
+cuda: Any = None  # numba.cuda, bound by reduce_kernel() (see tilegemm.kernels.cuda docstring)
+
+
+@dataclass(frozen=True)
+class SplitKProgram(CudaProgram):
+    """A pipelined kernel built with ``SPLIT_K`` > 1, launched as partial products + sum.
+
+    ``kernel`` writes the partial products (``C`` of shape (batch × slices, M, N)); it has
+    the same signature as every rung, so resource reports and PTX analysis see it as usual.
+    """
+
+    slices: int = 2
+    _spaces: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    _lock: Any = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
+        batch, m, n = C.shape
+        dtype = np.dtype(C.dtype)
+        one, zero = dtype.type(1), dtype.type(0)
+        total = batch * m * n
+        blocks = max(1, min(ceil_div(total, REDUCE_THREADS), MAX_GRID_X))
+        with self._lock:
+            work = self._workspace((self.slices * batch, m, n), dtype, stream)
+            super().launch(A, B, work, one, zero, stream)
+            reduce_kernel()[blocks, REDUCE_THREADS, stream](work, C, alpha, beta)
+
+    def _workspace(self, shape: tuple[int, int, int], dtype: np.dtype, stream: Any) -> Any:
+        """This stream's workspace of ``shape`` (kept for the next call of the same shape)."""
+        from numba import cuda
+
+        key = (_device_key(), _stream_key(stream))
+        work = self._spaces.get(key)
+        if work is None or tuple(work.shape) != shape or np.dtype(work.dtype) != dtype:
+            self._spaces.pop(key, None)
+            while len(self._spaces) >= KEPT_WORKSPACES:  # the oldest goes first
+                self._spaces.pop(next(iter(self._spaces)))
+            work = cuda.device_array(shape, dtype=dtype, stream=stream)
+            self._spaces[key] = work
+        return work
+
+
+def _device_key() -> int:
+    from numba import cuda
+
+    try:
+        return int(cuda.get_current_device().id)
+    except Exception:  # the simulator's device has no id
+        return 0
+
+
+def _stream_key(stream: Any) -> Any:
+    """A stream's identity: its handle (0 for the default stream)."""
+    if stream is None or isinstance(stream, int):
+        return stream or 0
+    handle = getattr(stream, "handle", None)
+    value = getattr(handle, "value", handle)
+    return value if isinstance(value, int) else id(stream)
+
+
+@cache
+def reduce_kernel() -> Any:
+    """``reduce(W, C, alpha, beta)``: ``C[p] = alpha * sum_s W[p * slices + s] + beta * C[p]``,
+    the slices added in order 0, 1, 2... (reproducible); C is read only when beta != 0, so a
+    NaN left in C by the caller never reaches the result."""
+    global cuda
+    from numba import cuda
+
+    @cuda.jit
+    def reduce_slices(W, C, alpha, beta):  # noqa: N803 - the rungs' names for operands
+        batch, m, n = C.shape
+        slices = W.shape[0] // batch
+        plane = m * n
+        i = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        while i < batch * plane:
+            p = i // plane
+            r = (i - p * plane) // n
+            c = i - p * plane - r * n
+            s = W[p * slices, r, c]
+            for t in range(1, slices):
+                s += W[p * slices + t, r, c]
+            if beta == 0:
+                C[p, r, c] = alpha * s
+            else:
+                C[p, r, c] = alpha * s + beta * C[p, r, c]
+            i += cuda.gridDim.x * cuda.blockDim.x
+
+    return reduce_slices
