@@ -2,7 +2,7 @@
 
 Each function below returns, for the 32 threads of warp 0, the shared-memory element index
 one instruction touches, written exactly as the kernel computes it (kept in sync with
-k06_vectorized.py and k07_smem_layout.py by hand; the kernels' own correctness tests fail if
+the generated kernels of rungs 6 and 7 by hand; the kernels' own correctness tests fail if
 the layout is inconsistent, these count only the conflicts). ``wavefronts`` applies the
 hardware rule: a request is split into phases (32 threads for 4-byte words, 8 threads for
 16-byte vectors); within a phase, each bank serves one distinct 4-byte word per wavefront.
@@ -43,17 +43,17 @@ def ideal(width: int) -> int:
 # --- rung 6: As[BM][BK] row-major, thread rows/columns contiguous ------------------------
 
 def k06_store_a(q: int = 0) -> list[int]:
-    # vstore(As, (r, c), ...) with v = tid, r = v // (BK/W), c = (v % (BK/W)) * W
+    # vstore(As, (ar0, ac0), ...): ar0 = tid // (BK/W), ac0 = (tid % (BK/W)) * W
     return [(t // (BK // W)) * BK + (t % (BK // W)) * W for t in WARP]
 
 
 def k06_read_a(i: int = 0, kk: int = 0) -> list[int]:
-    # ld(As, (ty * TM + i, kk))
+    # ld(As, (xa + i, kk)), xa = tr0 = ty * TM (k08_warptile._compute_rows)
     return [((t // TCOLS) * TM + i) * BK + kk for t in WARP]
 
 
 def k06_read_b(j: int = 0, kk: int = 0) -> list[int]:
-    # vload(Bs, (kk, tx * TN + j))
+    # vload(Bs, (kk, xb_j)), xb_j = tc0 + j = tx * TN + j
     return [kk * BN + (t % TCOLS) * TN + j for t in WARP]
 
 

@@ -82,9 +82,12 @@ def _nvdisasm_or_skip() -> None:
 
 
 # The toolchain the guard's figures were measured with, and the figures (sm_90, float32
-# defaults): warptile and pipelined (rungs 8 and 9), whose k steps are written out.
+# defaults): rungs 6-9, whose k steps are written out. vectorized (rung 6) reads A one
+# element per row per k step (8 scalar LDS next to 64 FFMA), hence its lower ceiling; it
+# was 69 % (k-tile) before its k steps were written out.
 GUARD_TOOLCHAIN = {"nvdisasm": "13.5.37", "nvvm": "13.5.37"}
-GUARD = {"warptile": (0.90, 0.90), "pipelined": (0.86, 0.86)}  # (hot loop, k-tile), at least
+GUARD = {"vectorized": (0.83, 0.83), "smem_layout": (0.90, 0.90), "warptile": (0.90, 0.90),
+         "pipelined": (0.86, 0.86)}  # (hot loop, k-tile), at least
 
 
 @pytest.mark.ptx

@@ -98,11 +98,15 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
 
 def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[str, Any],
              mapping: list[str], rt: int, ct: int, row_expr: str, col_expr: str,
-             row_off: Callable[[int], int], col_off: Callable[[int], int], ops: Any) -> Any:
+             row_off: Callable[[int], int], col_off: Callable[[int], int], ops: Any,
+             a_rows: bool = False) -> Any:
     """The kernel of a register-tiled rung with A transposed and swizzled in shared memory
     (rungs 7 and 8): ``mapping`` sets this thread's first row ``tr0`` and column ``tc0``
     from ``tid``; its i-th row is ``tr0 + row_off(i)`` (``row_expr`` in the epilogue's
-    loop), its j-th column ``tc0 + col_off(j)``. ``ops``: the rung's ``access_ops()``."""
+    loop), its j-th column ``tc0 + col_off(j)``. ``ops``: the rung's ``access_ops()``.
+
+    ``a_rows``: A stays row-major and unswizzled in shared memory, ``As[BM][BK]``, and is
+    read one element per row per k step (rung 6; see ``_compute_rows``)."""
     BM, BN, BK = p["BM"], p["BN"], p["BK"]
     NT = namespace["NT"]
     W = width(dtype.itemsize)
@@ -119,10 +123,15 @@ def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[s
     source = KERNEL.replace("KERNEL_NAME", name).replace("ROW_EXPR", row_expr)
     source = source.replace("COL_EXPR", col_expr)
     source = source.replace("#@MAPPING", indent(mapping, 4))
-    source = source.replace("#@BASES", indent(_bases(p, W, RPW, NT, rt, ct, row_off, col_off),
-                                                4))
-    source = source.replace("#@FAST_LOADS", indent(_fast_loads(p, W, NT), 24))
-    source = source.replace("#@COMPUTE", indent(_compute(p, W, RPW, rt, ct), 20))
+    source = source.replace("#@BASES", indent(
+        _bases(p, W, RPW, NT, rt, ct, row_off, col_off, a_rows), 4))
+    source = source.replace("#@FAST_LOADS", indent(_fast_loads(p, W, NT, a_rows), 24))
+    source = source.replace("#@COMPUTE", indent(
+        _compute_rows(p, W, rt, ct, dtype.itemsize == 4) if a_rows
+        else _compute(p, W, RPW, rt, ct), 20))
+    source = source.replace("#@DECLARE_A", indent([A_ROWS if a_rows else A_TRANSPOSED], 4))
+    source = source.replace("#@STORE_A", indent(
+        STORE_A_ROWS if a_rows else STORE_A_TRANSPOSED, 32))
     offsets, bumps = _offsets(p, W, NT)
     source = source.replace("#@BLOCK_OFFSETS", indent(offsets, 16))
     source = source.replace("#@BUMP", indent(bumps, 20))
@@ -137,32 +146,38 @@ def _sk(kk: int, w: int, rpw: int, bm: int) -> int:
 
 
 def _bases(p: Mapping[str, int], w: int, rpw: int, nt: int, RT: int, CT: int,
-           row_off: Callable[[int], int], col_off: Callable[[int], int]) -> list[str]:
+           row_off: Callable[[int], int], col_off: Callable[[int], int],
+           a_rows: bool = False) -> list[str]:
     """Per-thread shared offsets, computed once: the k loop adds only constants to them."""
     lines = []
-    for sk in sorted({_sk(kk, w, rpw, p["BM"]) for kk in range(p["BK"])}):
-        for i in range(0, RT, w):
-            lines.append(f"xa_{sk}_{i} = (tr0 + {row_off(i)}) ^ {sk}")
+    if a_rows:  # row-major A: two bases of the same rows (see _compute_rows)
+        lines += ["xa = tr0", "ya = tr0 + cuda.threadIdx.y  # == tr0: the block is 1-D"]
+    else:
+        for sk in sorted({_sk(kk, w, rpw, p["BM"]) for kk in range(p["BK"])}):
+            for i in range(0, RT, w):
+                lines.append(f"xa_{sk}_{i} = (tr0 + {row_off(i)}) ^ {sk}")
     for j in range(0, CT, w):
         lines.append(f"xb_{j} = tc0 + {col_off(j)}")
     a_vpr, b_vpr = p["BK"] // w, p["BN"] // w
     for rnd in range(ceil_div(p["BM"] * a_vpr, nt)):
         lines += [f"ar{rnd} = (tid + {rnd * nt}) // {a_vpr}",
-                  f"ac{rnd} = ((tid + {rnd * nt}) % {a_vpr}) * {w}",
-                  f"asw{rnd} = ar{rnd} ^ (((ac{rnd} // {w}) * {rpw}) & {p['BM'] - 1})"]
+                  f"ac{rnd} = ((tid + {rnd * nt}) % {a_vpr}) * {w}"]
+        if not a_rows:
+            lines.append(f"asw{rnd} = ar{rnd} ^ (((ac{rnd} // {w}) * {rpw}) & {p['BM'] - 1})")
     for rnd in range(ceil_div(p["BK"] * b_vpr, nt)):
         lines += [f"br{rnd} = (tid + {rnd * nt}) // {b_vpr}",
                   f"bc{rnd} = ((tid + {rnd * nt}) % {b_vpr}) * {w}"]
     return lines
 
 
-def _fast_loads(p: Mapping[str, int], w: int, nt: int) -> list[str]:
+def _fast_loads(p: Mapping[str, int], w: int, nt: int, a_rows: bool = False) -> list[str]:
     """An interior k-tile: every global load first (no bounds checks), then the stores."""
     a_vecs, b_vecs = p["BM"] * (p["BK"] // w), p["BK"] * (p["BN"] // w)
     loads, stores = [], []
     for rnd in range(ceil_div(a_vecs, nt)):
         load = f"ga{rnd} = vload_at(A, (za, row0 + ar{rnd}, k0 + ac{rnd}), oa{rnd})"
-        store = [f"st(As, (ac{rnd} + {q}, asw{rnd}), ga{rnd}[{q}])" for q in range(w)]
+        store = ([f"vstore(As, (ar{rnd}, ac{rnd}), ga{rnd})"] if a_rows else
+                 [f"st(As, (ac{rnd} + {q}, asw{rnd}), ga{rnd}[{q}])" for q in range(w)])
         if (rnd + 1) * nt <= a_vecs:
             loads.append(load)
             stores += store
@@ -195,21 +210,73 @@ def _offsets(p: Mapping[str, int], w: int, nt: int) -> tuple[list[str], list[str
 
 def _compute(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int,
              buf: str = "") -> list[str]:
-    """The BK k steps of one tile, written out: shared loads at base + constant, FMAs."""
+    """The BK k steps of one tile, written out: shared loads at base + constant, FMAs.
+
+    Every k step's operands get names of their own (``a3_k5``; ``_b1`` for buffer 1 of
+    pipelined), so each is assigned once: numba's SSA reconstruction looks up the reaching
+    definition of a reassigned variable with a linear scan of its block, which made it
+    quadratic in the length of the written-out code."""
     lines = []
+    tag = f"_b{buf[0]}" if buf else ""
     for kk in range(p["BK"]):
         sk = _sk(kk, w, rpw, p["BM"])
         lines.append(f"# k step {kk}")
         for i in range(0, RT, w):
-            names = ", ".join(f"a{i + q}" for q in range(w))
+            names = ", ".join(f"a{i + q}_k{kk}{tag}" for q in range(w))
             lines.append(f"{names} = vload(As, ({buf}{kk}, xa_{sk}_{i}))")
         for j in range(0, CT, w):
-            names = ", ".join(f"b{j + q}" for q in range(w))
+            names = ", ".join(f"b{j + q}_k{kk}{tag}" for q in range(w))
             lines.append(f"{names} = vload(Bs, ({buf}{kk}, xb_{j}))")
         for i in range(RT):
-            lines += [f"acc[{i}, {j}] += a{i} * b{j}" for j in range(CT)]
+            lines += [f"acc[{i}, {j}] += a{i}_k{kk}{tag} * b{j}_k{kk}{tag}" for j in range(CT)]
     return lines
 
+
+def _compute_rows(p: Mapping[str, int], w: int, RT: int, CT: int,
+                  written_out: bool = True) -> list[str]:
+    """The BK k steps of one tile with A row-major in shared memory (rung 6), written out:
+    per k step one scalar load per row of A (``As[row][k]``), the 128-bit loads of B, the
+    FMAs.
+
+    Even k steps address A through ``xa``, odd ones through ``ya``, the same value that
+    LLVM cannot prove equal: with one base, LLVM's load-store vectorizer fuses the scalar
+    loads of four consecutive k steps into one 128-bit load along k, which keeps 4·TM
+    values of A live (32 registers at the defaults) and spills at the 128 registers two
+    blocks per SM allow. Reading A along k in vectors is a different kernel, not rung 6.
+
+    ``written_out=False`` (float64) keeps the k steps a loop: written out, they need more
+    than 255 registers on sm_90 next to the 128 registers of float64 accumulators."""
+    if not written_out:
+        lines = ["kk = 0", "while kk < BK:"]
+        lines += [f"    a{i} = ld(As, (xa + {i}, kk))" for i in range(RT)]
+        for j in range(0, CT, w):
+            names = ", ".join(f"b{j + r}" for r in range(w))
+            lines.append(f"    {names} = vload(Bs, (kk, xb_{j}))")
+        for i in range(RT):
+            lines += [f"    acc[{i}, {j}] += a{i} * b{j}" for j in range(CT)]
+        return [*lines, "    kk += 1"]
+    lines = []
+    for kk in range(p["BK"]):
+        base = "ya" if kk % 2 else "xa"
+        lines.append(f"# k step {kk}")
+        lines += [f"a{i}_k{kk} = ld(As, ({base} + {i}, {kk}))" for i in range(RT)]
+        for j in range(0, CT, w):
+            names = ", ".join(f"b{j + r}_k{kk}" for r in range(w))
+            lines.append(f"{names} = vload(Bs, ({kk}, xb_{j}))")
+        for i in range(RT):
+            lines += [f"acc[{i}, {j}] += a{i}_k{kk} * b{j}_k{kk}" for j in range(CT)]
+    return lines
+
+
+# How the generated kernel declares and fills the A tile: transposed and swizzled (rungs
+# 7-9) or row-major (rung 6). On the edge path STORE_A puts av (the W elements at row r,
+# columns c...c+W-1 of the tile) in place.
+A_TRANSPOSED = "As = cuda.shared.array((BK, BM), nptype, alignment=ALIGN)  # transposed, swizzled"
+A_ROWS = "As = cuda.shared.array((BM, BK), nptype, alignment=ALIGN)  # row-major"
+STORE_A_TRANSPOSED = ["swz = r ^ (((c // W) * RPW) & (BM - 1))",
+                      "for q in range(W):",
+                      "    st(As, (c + q, swz), av[q])"]
+STORE_A_ROWS = ["vstore(As, (r, c), gather(av, (0,)))"]
 
 # The kernel, as source: #@ lines are replaced by generated code in build().
 KERNEL = """
@@ -224,7 +291,7 @@ def KERNEL_NAME(A, B, C, alpha, beta):
     c_vec = (n % W == 0 and address(C) % VB == 0 and C.strides[2] == ISZ
              and C.strides[1] % VB == 0 and C.strides[0] % VB == 0)
 
-    As = cuda.shared.array((BK, BM), nptype, alignment=ALIGN)  # transposed, swizzled
+#@DECLARE_A
     Bs = cuda.shared.array((BK, BN), nptype, alignment=ALIGN)
     acc = cuda.local.array((RT, CT), nptype)
     av = cuda.local.array(W, nptype)
@@ -269,9 +336,7 @@ def KERNEL_NAME(A, B, C, alpha, beta):
                                             av[q] = ld(A, (za, gr, gc + q))
                                         else:
                                             av[q] = zero
-                                swz = r ^ (((c // W) * RPW) & (BM - 1))
-                                for q in range(W):
-                                    st(As, (c + q, swz), av[q])
+#@STORE_A
                         for rnd in range(B_ROUNDS):
                             v = tid + rnd * NT
                             if v < B_VECS:
@@ -292,7 +357,10 @@ def KERNEL_NAME(A, B, C, alpha, beta):
                     cuda.syncthreads()
                     k0 += BK
 #@BUMP
-                # C: row 0 of acc written, rows shift up (constant indices, see rung 6).
+                # C, one thread row at a time: row 0 of acc is always the one written and
+                # the rows shift up after it, so every index into acc is a compile-time
+                # constant and acc stays in registers (a loop over i that LLVM does not
+                # unroll would put acc in local memory).
                 for i in range(RT):
                     gr = row0 + tr0 + ROW_EXPR
                     if gr < m:
