@@ -246,25 +246,21 @@ def _compute_rows(p: Mapping[str, int], w: int, RT: int, CT: int,
 
     ``written_out=False`` (float64) keeps the k steps a loop: written out, they need more
     than 255 registers on sm_90 next to the 128 registers of float64 accumulators."""
-    if not written_out:
-        lines = ["kk = 0", "while kk < BK:"]
-        lines += [f"    a{i} = ld(As, (xa + {i}, kk))" for i in range(RT)]
+    def step(k: object, base: str, sfx: str) -> list[str]:
+        out = [f"a{i}{sfx} = ld(As, ({base} + {i}, {k}))" for i in range(RT)]
         for j in range(0, CT, w):
-            names = ", ".join(f"b{j + r}" for r in range(w))
-            lines.append(f"    {names} = vload(Bs, (kk, xb_{j}))")
+            names = ", ".join(f"b{j + r}{sfx}" for r in range(w))
+            out.append(f"{names} = vload(Bs, ({k}, xb_{j}))")
         for i in range(RT):
-            lines += [f"    acc[{i}, {j}] += a{i} * b{j}" for j in range(CT)]
-        return [*lines, "    kk += 1"]
+            out += [f"acc[{i}, {j}] += a{i}{sfx} * b{j}{sfx}" for j in range(CT)]
+        return out
+
+    if not written_out:
+        return ["kk = 0", "while kk < BK:", *("    " + ln for ln in step("kk", "xa", "")),
+                "    kk += 1"]
     lines = []
     for kk in range(p["BK"]):
-        base = "ya" if kk % 2 else "xa"
-        lines.append(f"# k step {kk}")
-        lines += [f"a{i}_k{kk} = ld(As, ({base} + {i}, {kk}))" for i in range(RT)]
-        for j in range(0, CT, w):
-            names = ", ".join(f"b{j + r}_k{kk}" for r in range(w))
-            lines.append(f"{names} = vload(Bs, ({kk}, xb_{j}))")
-        for i in range(RT):
-            lines += [f"acc[{i}, {j}] += a{i}_k{kk} * b{j}_k{kk}" for j in range(CT)]
+        lines += [f"# k step {kk}", *step(kk, "ya" if kk % 2 else "xa", f"_k{kk}")]
     return lines
 
 
