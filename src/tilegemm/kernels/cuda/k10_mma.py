@@ -46,7 +46,7 @@ from tilegemm.errors import InvalidValueError
 from tilegemm.kernels.cuda._access import access_ops
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
-from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.launch import ceil_div, flat_tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -274,9 +274,7 @@ def _build_16bit(p: Mapping[str, int], dtype: str) -> CudaProgram:
                 tile += cuda.gridDim.x
             z += cuda.gridDim.z
 
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
-
+    grid = flat_tile_grid(BM, BN)
     arg_types = ("int16", "float32") if dtype == "bfloat16" else None
     return CudaProgram(mma_16bit_kernel, (NT, 1, 1), grid, arg_types)
 
@@ -504,9 +502,7 @@ def _build_tf32(p: Mapping[str, int]) -> CudaProgram:
                 tile += cuda.gridDim.x
             z += cuda.gridDim.z
 
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
-
+    grid = flat_tile_grid(BM, BN)
     return CudaProgram(mma_kernel, (NT, 1, 1), grid)
 
 
