@@ -110,21 +110,27 @@ def test_auto_at_ieee_never_picks_a_tensor_core_rung() -> None:
 # --- machine code ---------------------------------------------------------------------------
 
 
-@pytest.mark.ptx
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
+def _sass_without_local_memory(dtype: str, arch: str) -> tuple[dict[str, int], str, int]:
+    """The rung at its defaults compiled for ``arch``: no spills, no stack frame, no LDL/STL
+    in the SASS. Returns the parameters, the SASS text and the HMMA of one warp-tile k step."""
     from tilegemm.analysis.resources import cuda_resources, ptx_for
     from tilegemm.analysis.sass import disassemble, link_cubin
 
     params = SPEC.defaults()
-    r = cuda_resources(SPEC, params, "float32", arch)
+    r = cuda_resources(SPEC, params, dtype, arch)
     assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
-    text = disassemble(link_cubin(ptx_for(SPEC, params, "float32", arch), arch))
+    text = disassemble(link_cubin(ptx_for(SPEC, params, dtype, arch), arch))
+    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
+    return params, text, (params["WM"] // 16) * (params["WN"] // 8)
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
+    params, text, per_step = _sass_without_local_memory("float32", arch)
     hmma = re.findall(r"HMMA\.1688\.F32\.TF32", text)
-    per_step = (params["WM"] // 16) * (params["WN"] // 8)
     assert hmma and len(hmma) % per_step == 0  # whole k steps of the warp tile
     assert re.search(r"LDSM\.16\.M88\.4", text) and re.search(r"LDGSTS\.E\.BYPASS\.128", text)
-    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
     from tilegemm.analysis.sass_mma import count
 
     c = count(text, kernel="mma", arch=arch, dtype="float32", params=params)
@@ -138,34 +144,18 @@ def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
 @pytest.mark.slow  # two more compilations (~12 s)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_float16_hmma_and_transposed_ldmatrix_without_local_memory(arch: str) -> None:
-    from tilegemm.analysis.resources import cuda_resources, ptx_for
-    from tilegemm.analysis.sass import disassemble, link_cubin
-
-    params = SPEC.defaults()
-    r = cuda_resources(SPEC, params, "float16", arch)
-    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
-    text = disassemble(link_cubin(ptx_for(SPEC, params, "float16", arch), arch))
-    per_step = (params["WM"] // 16) * (params["WN"] // 8)
+    _, text, per_step = _sass_without_local_memory("float16", arch)
     hmma = re.findall(r"HMMA\.16816\.F32\b", text)
     assert hmma and len(hmma) % per_step == 0
     assert re.search(r"LDSM\.16\.MT88\.4", text) and re.search(r"LDSM\.16\.M88\.4", text)
-    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
 
 
 @pytest.mark.ptx
 def test_bfloat16_hmma_without_local_memory() -> None:
-    from tilegemm.analysis.resources import cuda_resources, ptx_for
-    from tilegemm.analysis.sass import disassemble, link_cubin
-
-    params, arch = SPEC.defaults(), "sm_80"
-    r = cuda_resources(SPEC, params, "bfloat16", arch)
-    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
-    text = disassemble(link_cubin(ptx_for(SPEC, params, "bfloat16", arch), arch))
-    per_step = (params["WM"] // 16) * (params["WN"] // 8)
+    _, text, per_step = _sass_without_local_memory("bfloat16", "sm_80")
     hmma = re.findall(r"HMMA\.16816\.F32\.BF16\b", text)
     assert hmma and len(hmma) % per_step == 0
     assert re.search(r"F2FP\.BF16", text)  # the epilogue's cvt.rn.bf16.f32
-    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
 
 
 # --- float16 ------------------------------------------------------------------------------

@@ -49,26 +49,28 @@ def test_layout_matches_isa_table_and_covers_matrix_once(name: str) -> None:
     assert sorted(cells) == [(r, c) for r in range(shape[0]) for c in range(shape[1])]
 
 
-def test_ldmatrix_layout_is_the_mma_16bit_a_fragment() -> None:
-    # x4 from matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (0-7, 8-15), (8-15, 8-15)
+def _ldmatrix_x4_elements(layout):
+    """(lane, register j, half h, row, column) of each element an ldmatrix x4 ``layout``
+    hands out: its matrices m = 0..3 are the 8 × 8 quarters (rows 0-7, cols 0-7), (rows
+    8-15, cols 0-7), (0-7, 8-15), (8-15, 8-15) of one 16 × 16 tile."""
     for lane in range(32):
         for j in range(4):
             for h in range(2):
-                m, r, c = T.ldmatrix_layout(lane, j, h)
-                row, col = r + 8 * (m % 2), c + 8 * (m // 2)
-                assert T.a_16bit_layout(lane, 2 * j + h) == (row, col)
+                m, r, c = layout(lane, j, h)
+                yield lane, j, h, r + 8 * (m % 2), c + 8 * (m // 2)
+
+
+def test_ldmatrix_layout_is_the_mma_16bit_a_fragment() -> None:
+    for lane, j, h, row, col in _ldmatrix_x4_elements(T.ldmatrix_layout):
+        assert T.a_16bit_layout(lane, 2 * j + h) == (row, col)
 
 
 def test_ldmatrix_trans_layout_is_the_mma_16bit_b_fragment() -> None:
     # x4.trans from a row-major k×n tile: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), then
     # the same for n 8-15; registers 0, 1 are the B fragment of n 0-7, registers 2, 3 of 8-15
-    for lane in range(32):
-        for j in range(4):
-            for h in range(2):
-                m, r, c = T.ldmatrix_trans_layout(lane, j, h)
-                k, n = r + 8 * (m % 2), c + 8 * (m // 2)
-                kb, nb = T.b_16bit_layout(lane, 2 * (j % 2) + h)
-                assert (k, n) == (kb, nb + 8 * (j // 2))
+    for lane, j, h, k, n in _ldmatrix_x4_elements(T.ldmatrix_trans_layout):
+        kb, nb = T.b_16bit_layout(lane, 2 * (j % 2) + h)
+        assert (k, n) == (kb, nb + 8 * (j // 2))
 
 
 def test_tf32_round_is_nearest_ties_away_and_truncate_drops_13_bits() -> None:

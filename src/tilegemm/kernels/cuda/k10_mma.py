@@ -55,7 +55,7 @@ from tilegemm.kernels.cuda._access import access_ops
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
-from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.launch import ceil_div, flat_tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -105,20 +105,12 @@ def _build_16bit(p: Mapping[str, int], dtype: str) -> CudaProgram:
                                 f"step), got BK={p['BK']}")
     kernel = _generate(p, dtype)
     arg_types = ("int16", "float32") if dtype == "bfloat16" else None
-    return CudaProgram(kernel, (_threads(p), 1, 1), _grid(p), arg_types)
+    return CudaProgram(kernel, (_threads(p), 1, 1), flat_tile_grid(p["BM"], p["BN"]), arg_types)
 
 
 def _build_tf32(p: Mapping[str, int]) -> CudaProgram:
-    return CudaProgram(_generate(p, "float32"), (_threads(p), 1, 1), _grid(p))
-
-
-def _grid(p: Mapping[str, int]) -> Any:
-    BM, BN = p["BM"], p["BN"]
-
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
-
-    return grid
+    return CudaProgram(_generate(p, "float32"), (_threads(p), 1, 1),
+                       flat_tile_grid(p["BM"], p["BN"]))
 
 
 def _generate(p: Mapping[str, int], dtype: str) -> Any:
