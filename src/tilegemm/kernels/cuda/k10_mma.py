@@ -310,6 +310,49 @@ def _build_tf32(p: Mapping[str, int]) -> CudaProgram:
             else:
                 store(C, (z, gr, gc), alpha * v + beta * load(C, (z, gr, gc)))
 
+    @cuda.jit(device=True, inline=True)
+    def load_stage(As, Bs, A, B, s, k0, za, zb, row0, col0, m, n, k_len, a_vec, b_vec, tid):
+        """cp.async copies of the k-tile at k0 into ring stage s, chunks swizzled; what
+        lies outside A or B is zero-filled by the copies' source size."""
+        for rnd in range(A_ROUNDS):
+            v = tid + rnd * NT
+            if v < A_CHUNKS:
+                r = v // ACH
+                c = v % ACH
+                pc = c ^ ((r // ASWZ) % ACH)
+                gr = row0 + r
+                gc = k0 + c * 4
+                if a_vec:
+                    nb = 0
+                    if gr < m and gc < k_len:
+                        nb = min(k_len - gc, 4) * 4
+                    cp16(As, (s, r, pc * 4), A, (za, min(gr, m - 1), min(gc, k_len - 1)), nb)
+                else:
+                    for q in range(4):
+                        ok = gr < m and gc + q < k_len
+                        cp4(As, (s, r, pc * 4 + q), A,
+                            (za, min(gr, m - 1), min(gc + q, k_len - 1)),
+                            4 if ok else 0)
+        for rnd in range(B_ROUNDS):
+            v = tid + rnd * NT
+            if v < B_CHUNKS:
+                r = v // BCH
+                c = v % BCH
+                pc = c ^ ((2 * (r % 4)) & BSWZ)
+                gr = k0 + r
+                gc = col0 + c * 4
+                if b_vec:
+                    nb = 0
+                    if gr < k_len and gc < n:
+                        nb = min(n - gc, 4) * 4
+                    cp16(Bs, (s, r, pc * 4), B, (zb, min(gr, k_len - 1), min(gc, n - 1)), nb)
+                else:
+                    for q in range(4):
+                        ok = gr < k_len and gc + q < n
+                        cp4(Bs, (s, r, pc * 4 + q), B,
+                            (zb, min(gr, k_len - 1), min(gc + q, n - 1)),
+                            4 if ok else 0)
+
     @kernel_jit(NT)
     def mma_kernel(A, B, C, alpha, beta):
         m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
@@ -355,46 +398,8 @@ def _build_tf32(p: Mapping[str, int]) -> CudaProgram:
                 for s in range(STAGES - 1):
                     if s < k_tiles:
                         k0 = s * BK
-                        for rnd in range(A_ROUNDS):
-                            v = tid + rnd * NT
-                            if v < A_CHUNKS:
-                                r = v // ACH
-                                c = v % ACH
-                                pc = c ^ ((r // ASWZ) % ACH)
-                                gr = row0 + r
-                                gc = k0 + c * 4
-                                if a_vec:
-                                    nb = 0
-                                    if gr < m and gc < k_len:
-                                        nb = min(k_len - gc, 4) * 4
-                                    cp16(As, (s, r, pc * 4), A,
-                                         (za, min(gr, m - 1), min(gc, k_len - 1)), nb)
-                                else:
-                                    for q in range(4):
-                                        ok = gr < m and gc + q < k_len
-                                        cp4(As, (s, r, pc * 4 + q), A,
-                                            (za, min(gr, m - 1), min(gc + q, k_len - 1)),
-                                            4 if ok else 0)
-                        for rnd in range(B_ROUNDS):
-                            v = tid + rnd * NT
-                            if v < B_CHUNKS:
-                                r = v // BCH
-                                c = v % BCH
-                                pc = c ^ ((2 * (r % 4)) & BSWZ)
-                                gr = k0 + r
-                                gc = col0 + c * 4
-                                if b_vec:
-                                    nb = 0
-                                    if gr < k_len and gc < n:
-                                        nb = min(n - gc, 4) * 4
-                                    cp16(Bs, (s, r, pc * 4), B,
-                                         (zb, min(gr, k_len - 1), min(gc, n - 1)), nb)
-                                else:
-                                    for q in range(4):
-                                        ok = gr < k_len and gc + q < n
-                                        cp4(Bs, (s, r, pc * 4 + q), B,
-                                            (zb, min(gr, k_len - 1), min(gc + q, n - 1)),
-                                            4 if ok else 0)
+                        load_stage(As, Bs, A, B, s, k0, za, zb, row0, col0, m, n, k_len,
+                                   a_vec, b_vec, tid)
                     commit()
                 kt = 0
                 while kt < k_tiles:
@@ -404,46 +409,8 @@ def _build_tf32(p: Mapping[str, int]) -> CudaProgram:
                     if nt < k_tiles:
                         s = nt % STAGES
                         k0 = nt * BK
-                        for rnd in range(A_ROUNDS):
-                            v = tid + rnd * NT
-                            if v < A_CHUNKS:
-                                r = v // ACH
-                                c = v % ACH
-                                pc = c ^ ((r // ASWZ) % ACH)
-                                gr = row0 + r
-                                gc = k0 + c * 4
-                                if a_vec:
-                                    nb = 0
-                                    if gr < m and gc < k_len:
-                                        nb = min(k_len - gc, 4) * 4
-                                    cp16(As, (s, r, pc * 4), A,
-                                         (za, min(gr, m - 1), min(gc, k_len - 1)), nb)
-                                else:
-                                    for q in range(4):
-                                        ok = gr < m and gc + q < k_len
-                                        cp4(As, (s, r, pc * 4 + q), A,
-                                            (za, min(gr, m - 1), min(gc + q, k_len - 1)),
-                                            4 if ok else 0)
-                        for rnd in range(B_ROUNDS):
-                            v = tid + rnd * NT
-                            if v < B_CHUNKS:
-                                r = v // BCH
-                                c = v % BCH
-                                pc = c ^ ((2 * (r % 4)) & BSWZ)
-                                gr = k0 + r
-                                gc = col0 + c * 4
-                                if b_vec:
-                                    nb = 0
-                                    if gr < k_len and gc < n:
-                                        nb = min(n - gc, 4) * 4
-                                    cp16(Bs, (s, r, pc * 4), B,
-                                         (zb, min(gr, k_len - 1), min(gc, n - 1)), nb)
-                                else:
-                                    for q in range(4):
-                                        ok = gr < k_len and gc + q < n
-                                        cp4(Bs, (s, r, pc * 4 + q), B,
-                                            (zb, min(gr, k_len - 1), min(gc + q, n - 1)),
-                                            4 if ok else 0)
+                        load_stage(As, Bs, A, B, s, k0, za, zb, row0, col0, m, n, k_len,
+                                   a_vec, b_vec, tid)
                     commit()  # always, so group counts stay aligned with tiles
                     cur = kt % STAGES
                     kk = 0
