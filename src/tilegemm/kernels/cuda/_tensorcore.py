@@ -56,6 +56,7 @@ waiting reads stale data in the simulator too.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from functools import cache
 from typing import Any, NamedTuple
 
@@ -199,36 +200,44 @@ def warp_exchange(value: Any) -> list[Any]:
     return out
 
 
-def _py_mma_tf32(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
+def _emulate_mma(a: Any, b: Any, c: Any, k: int,
+                 operands: Callable[[int, Any, Any, np.ndarray, np.ndarray], None]
+                 ) -> tuple[np.float32, ...]:
+    """This lane's result of a warp's m16n8k``k`` mma: the 32 lanes' fragments gathered,
+    ``operands(lane, fa, fb, A, B)`` places a lane's A and B values in A (16×k) and B
+    (k×8), the accumulators go by ``c_layout``, and D = A·B + C is rounded to float32."""
     frags = warp_exchange((tuple(a), tuple(b), tuple(c)))
-    A, B, C = np.zeros((16, 8)), np.zeros((8, 8)), np.zeros((16, 8))
+    A, B, C = np.zeros((16, k)), np.zeros((k, 8)), np.zeros((16, 8))
     for lane, (fa, fb, fc) in enumerate(frags):
-        ta, tb = tf32_truncate(np.array(fa, np.float32)), tf32_truncate(np.array(fb, np.float32))
+        operands(lane, fa, fb, A, B)
         for i in range(4):
-            A[a_tf32_layout(lane, i)] = ta[i]
             C[c_layout(lane, i)] = fc[i]
-        for i in range(2):
-            B[b_tf32_layout(lane, i)] = tb[i]
     D = (A @ B + C).astype(np.float32)
     lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
     return tuple(D[c_layout(lane, i)] for i in range(4))
 
 
+def _py_mma_tf32(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
+    def operands(lane: int, fa: Any, fb: Any, A: np.ndarray, B: np.ndarray) -> None:
+        ta, tb = tf32_truncate(np.array(fa, np.float32)), tf32_truncate(np.array(fb, np.float32))
+        for i in range(4):
+            A[a_tf32_layout(lane, i)] = ta[i]
+        for i in range(2):
+            B[b_tf32_layout(lane, i)] = tb[i]
+
+    return _emulate_mma(a, b, c, 8, operands)
+
+
 def _py_mma_16bit(kind: str) -> Any:
+    def operands(lane: int, fa: Any, fb: Any, A: np.ndarray, B: np.ndarray) -> None:
+        va, vb = _half_values(fa, kind).ravel(), _half_values(fb, kind).ravel()
+        for i in range(8):
+            A[a_16bit_layout(lane, i)] = va[i]
+        for i in range(4):
+            B[b_16bit_layout(lane, i)] = vb[i]
+
     def mma(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
-        frags = warp_exchange((tuple(a), tuple(b), tuple(c)))
-        A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
-        for lane, (fa, fb, fc) in enumerate(frags):
-            va, vb = _half_values(fa, kind).ravel(), _half_values(fb, kind).ravel()
-            for i in range(8):
-                A[a_16bit_layout(lane, i)] = va[i]
-            for i in range(4):
-                B[b_16bit_layout(lane, i)] = vb[i]
-            for i in range(4):
-                C[c_layout(lane, i)] = fc[i]
-        D = (A @ B + C).astype(np.float32)
-        lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
-        return tuple(D[c_layout(lane, i)] for i in range(4))
+        return _emulate_mma(a, b, c, 16, operands)
 
     mma.__name__ = f"mma_{kind}"
     return mma

@@ -31,6 +31,7 @@ on A6000 and more where loads are issued back to back.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -39,12 +40,12 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import access_ops, width
 from tilegemm.kernels.cuda.k06_vectorized import SPEC as VECTORIZED
 from tilegemm.launch import tile_grid
-from tilegemm.registry import KernelSpec, changed
+from tilegemm.registry import changed
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
 
-# Rung 6's tiles, threads, shared memory and limits; TM in whole 128-bit vectors too, since
-# a thread's rows of A are now read as vectors.
+# Rung 6's tiles, with TM in whole 128-bit vectors too: a thread's rows of A are now read
+# as vectors.
 PARAMS = changed(VECTORIZED.params, "TM", choices=(4, 8, 16),
                  help="rows of C per thread (whole 128-bit vectors)")
 
@@ -74,16 +75,13 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     return CudaProgram(kernel, (NT, 1, 1), tile_grid(BM, BN))
 
 
-SPEC = KernelSpec(
+# Rung 6 with A's layout in shared memory changed: its limits, threads and shared memory.
+SPEC = replace(
+    VECTORIZED,
     name="smem_layout",
-    backend="cuda",
     rung=7,
     title="A transposed + swizzled in shared memory, bank-conflict-free vector reads",
     build=build,
     params=PARAMS,
-    constraints=VECTORIZED.constraints,
-    threads=VECTORIZED.threads,
-    smem=VECTORIZED.smem,
     doc=__doc__,
-    sim_params=VECTORIZED.sim_params,
 )

@@ -163,8 +163,8 @@ def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[s
         A_ROUNDS=ceil_div(A_VECS, NT), B_ROUNDS=ceil_div(B_VECS, NT), RPW=RPW, ld=ld, st=st,
         vload=vload, vstore=vstore, gather=gather, scatter=scatter, address=address,
         vload_at=vload_at(), ALIGN=ALIGN, zero=dtype.type(0), nptype=dtype.type)
-    source = KERNEL.replace("KERNEL_NAME", name).replace("ROW_EXPR", row_expr)
-    source = source.replace("COL_EXPR", col_expr)
+    source = KERNEL.replace("KERNEL_NAME", name)
+    source = source.replace("#@STORE_C", indent(store_c(row_expr, col_expr), 16))
     source = source.replace("#@MAPPING", indent(mapping, 4))
     source = source.replace("#@BASES", indent(
         _bases(p, W, RPW, NT, rt, ct, row_off, col_off, a_rows), 4))
@@ -317,6 +317,46 @@ STORE_A_TRANSPOSED = ["swz = r ^ (((c // W) * RPW) & (BM - 1))",
                       "    st(As, (c + q, swz), av[q])"]
 STORE_A_ROWS = ["vstore(As, (r, c), gather(av, (0,)))"]
 
+# The epilogue of the warp-tiled kernels (rungs 8 and 9): C, one thread row at a time. Row 0
+# of acc is always the one written and the rows shift up after it, so every index into acc
+# is a compile-time constant and acc stays in registers (a loop over i that LLVM does not
+# unroll would put acc in local memory). ROW_EXPR and COL_EXPR: a thread's i-th row and
+# j-th column from its first (WarpTiles).
+STORE_C = """\
+for i in range(RT):
+    gr = row0 + tr0 + ROW_EXPR
+    if gr < m:
+        for j in range(0, CT, W):
+            gc = col0 + tc0 + COL_EXPR
+            if c_vec and gc < n:
+                if beta == 0:
+                    for q in range(W):
+                        cv[q] = alpha * acc[0, j + q]
+                else:
+                    scatter(cv, (0,), vload(C, (z, gr, gc)))
+                    for q in range(W):
+                        cv[q] = alpha * acc[0, j + q] + beta * cv[q]
+                vstore(C, (z, gr, gc), gather(cv, (0,)))
+            else:
+                for q in range(W):
+                    if gc + q < n:
+                        if beta == 0:
+                            st(C, (z, gr, gc + q), alpha * acc[0, j + q])
+                        else:
+                            st(C, (z, gr, gc + q), alpha * acc[0, j + q]
+                               + beta * ld(C, (z, gr, gc + q)))
+    for r in range(RT - 1):
+        for j in range(CT):
+            acc[r, j] = acc[r + 1, j]
+"""
+
+
+def store_c(row_expr: str, col_expr: str) -> list[str]:
+    """The lines of STORE_C for a thread layout whose rows and columns are ``row_expr``
+    and ``col_expr`` (in i and j) away from its first."""
+    return STORE_C.replace("ROW_EXPR", row_expr).replace("COL_EXPR", col_expr).splitlines()
+
+
 # The kernel, as source: #@ lines are replaced by generated code in build().
 KERNEL = """
 def KERNEL_NAME(A, B, C, alpha, beta):
@@ -396,35 +436,8 @@ def KERNEL_NAME(A, B, C, alpha, beta):
                     cuda.syncthreads()
                     k0 += BK
 #@BUMP
-                # C, one thread row at a time: row 0 of acc is always the one written and
-                # the rows shift up after it, so every index into acc is a compile-time
-                # constant and acc stays in registers (a loop over i that LLVM does not
-                # unroll would put acc in local memory).
-                for i in range(RT):
-                    gr = row0 + tr0 + ROW_EXPR
-                    if gr < m:
-                        for j in range(0, CT, W):
-                            gc = col0 + tc0 + COL_EXPR
-                            if c_vec and gc < n:
-                                if beta == 0:
-                                    for q in range(W):
-                                        cv[q] = alpha * acc[0, j + q]
-                                else:
-                                    scatter(cv, (0,), vload(C, (z, gr, gc)))
-                                    for q in range(W):
-                                        cv[q] = alpha * acc[0, j + q] + beta * cv[q]
-                                vstore(C, (z, gr, gc), gather(cv, (0,)))
-                            else:
-                                for q in range(W):
-                                    if gc + q < n:
-                                        if beta == 0:
-                                            st(C, (z, gr, gc + q), alpha * acc[0, j + q])
-                                        else:
-                                            st(C, (z, gr, gc + q), alpha * acc[0, j + q]
-                                               + beta * ld(C, (z, gr, gc + q)))
-                    for r in range(RT - 1):
-                        for j in range(CT):
-                            acc[r, j] = acc[r + 1, j]
+                # C, one thread row at a time (see STORE_C).
+#@STORE_C
                 bn += cuda.gridDim.x
             bm += cuda.gridDim.y
         z += cuda.gridDim.z

@@ -47,6 +47,7 @@ interior k-tile 63 % → 87 %.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -56,9 +57,7 @@ from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, wi
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._splitk import SplitKProgram
-from tilegemm.kernels.cuda.k08_warptile import (
-    SPEC as WARPTILE,
-)
+from tilegemm.kernels.cuda.k08_warptile import SPEC as WARPTILE
 from tilegemm.kernels.cuda.k08_warptile import (
     WARP_CONSTRAINTS,
     WARP_MAPPING,
@@ -66,9 +65,10 @@ from tilegemm.kernels.cuda.k08_warptile import (
     _bases,
     _compute,
     _offsets,
+    store_c,
 )
 from tilegemm.launch import ceil_div, flat_tile_grid
-from tilegemm.registry import Constraint, KernelSpec, Param, changed
+from tilegemm.registry import Constraint, Param, changed
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
 
@@ -119,6 +119,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         "STORE1": _store(p, W, NT, 1),
         "SLICES": ["k_beg = 0", "k_end = k_len"] if SPLIT == 1 else [],
         "PRODUCT": SINGLE_PRODUCT if SPLIT == 1 else SPLIT_PRODUCT,
+        "STORE_C": store_c(WarpTiles.ROW_EXPR, WarpTiles.COL_EXPR),
     }
     source = fill(KERNEL, parts)
     # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread. Not with
@@ -307,32 +308,8 @@ def pipelined(A, B, C, alpha, beta):
                 #@STORE0
                 cuda.syncthreads()
                 k0 = kn
-            # C: row 0 of acc written, rows shift up (constant indices, see rung 6).
-            for i in range(RT):
-                gr = row0 + tr0 + (i // TM) * WSUBM + i % TM
-                if gr < m:
-                    for j in range(0, CT, W):
-                        gc = col0 + tc0 + (j // TN) * WSUBN + j % TN
-                        if c_vec and gc < n:
-                            if beta == 0:
-                                for q in range(W):
-                                    cv[q] = alpha * acc[0, j + q]
-                            else:
-                                scatter(cv, (0,), vload(C, (z, gr, gc)))
-                                for q in range(W):
-                                    cv[q] = alpha * acc[0, j + q] + beta * cv[q]
-                            vstore(C, (z, gr, gc), gather(cv, (0,)))
-                        else:
-                            for q in range(W):
-                                if gc + q < n:
-                                    if beta == 0:
-                                        st(C, (z, gr, gc + q), alpha * acc[0, j + q])
-                                    else:
-                                        st(C, (z, gr, gc + q), alpha * acc[0, j + q]
-                                           + beta * ld(C, (z, gr, gc + q)))
-                for r in range(RT - 1):
-                    for j in range(CT):
-                        acc[r, j] = acc[r + 1, j]
+            # C: row 0 of acc written, rows shift up (constant indices, see rung 8's STORE_C).
+            #@STORE_C
             t += cuda.gridDim.x
         z += cuda.gridDim.z
 """
@@ -403,14 +380,15 @@ def shape_params(p: Mapping[str, int], prob: Any, target: Any
     return None
 
 
-SPEC = KernelSpec(
+# Rung 8's warp tiles and threads, in two shared-memory stages.
+SPEC = replace(
+    WARPTILE,
     name="pipelined",
-    backend="cuda",
     rung=9,
     title="double-buffered shared tiles, one barrier per k-tile, grouped block order",
     build=build,
     params=(
-        # rung 8's tiles; BK = 8 by default: two stages of 8 hold what one of 16 did
+        # BK = 8 by default: two stages of 8 hold what one of 16 did
         *changed(WARPTILE.params, "BK", default=8),
         Param("GROUP_M", 8, (1, 2, 4, 8, 16), "tile rows per group of the block order"),
         Param("SPLIT_K", 1, (1, 2, 4, 8, 16),
@@ -422,7 +400,6 @@ SPEC = KernelSpec(
         Constraint("float32 tiles fit the 48 KB of static shared memory",
                    lambda p: _smem(p, 4) <= 48 * 1024),
     ),
-    threads=WARPTILE.threads,
     smem=_smem,
     doc=__doc__,
     shape_params=lambda p, prob, target: shape_params(p, prob, target),
