@@ -62,6 +62,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tilegemm.kernels.cuda._access import check_index, item_pointer
+
 
 class TensorCoreOps(NamedTuple):
     mma_tf32: Any
@@ -362,7 +364,6 @@ def _compiled_ops() -> TensorCoreOps:
     from numba import types
     from numba.core.errors import TypingError
     from numba.cuda import cgutils
-    from numba.cuda.api_util import normalize_indices
     from numba.cuda.extending import intrinsic
 
     f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
@@ -429,24 +430,10 @@ def _compiled_ops() -> TensorCoreOps:
 
         return sig, codegen
 
-    def item_pointer(context: Any, builder: Any, arrty: Any, arr: Any, idxty: Any,
-                     idx: Any) -> Any:
-        idxty, indices = normalize_indices(context, builder, idxty, idx, arrty, arrty.dtype)
-        ary = context.make_array(arrty)(context, builder, value=arr)
-        return cgutils.get_item_pointer(context, builder, arrty, ary, indices,
-                                        wraparound=False)
-
     def shared_address(builder: Any, ptr: Any) -> Any:
         """A generic pointer into shared memory as the 32-bit shared-window address."""
         sptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, addrspace=3))
         return builder.ptrtoint(sptr, i32)
-
-    def check_array(arr: Any, idx: Any, what: str) -> None:
-        if not isinstance(arr, types.Array):
-            raise TypingError(f"{what}: needs an array, got {arr}")
-        if (not isinstance(idx, types.BaseTuple) or len(idx) != arr.ndim
-                or not all(isinstance(t, types.Integer) for t in idx)):
-            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
 
     def ldmatrix_intrinsic(trans: bool) -> Any:
         what = "ldmatrix_x4_trans" if trans else "ldmatrix_x4"
@@ -455,7 +442,7 @@ def _compiled_ops() -> TensorCoreOps:
 
         @intrinsic
         def ldmatrix(typingctx: Any, arr: Any, idx: Any) -> Any:
-            check_array(arr, idx, what)
+            check_index(arr, idx, what)
             if arr.dtype.bitwidth not in widths:
                 raise TypingError(f"{what}: needs a {' or '.join(map(str, widths))}-bit "
                                   f"shared array, got {arr}")
@@ -484,8 +471,8 @@ def _compiled_ops() -> TensorCoreOps:
         @intrinsic
         def cp_async(typingctx: Any, dst: Any, didx: Any, src: Any, sidx: Any,
                      nbytes: Any) -> Any:
-            check_array(dst, didx, "cp_async")
-            check_array(src, sidx, "cp_async")
+            check_index(dst, didx, "cp_async")
+            check_index(src, sidx, "cp_async")
             if dst.dtype.bitwidth != src.dtype.bitwidth:
                 raise TypingError("cp_async: source and destination element sizes differ")
             if not isinstance(nbytes, types.Integer):
@@ -532,7 +519,7 @@ def _compiled_ops() -> TensorCoreOps:
         return wait
 
     def check_element(arr: Any, idx: Any, what: str) -> None:
-        check_array(arr, idx, what)
+        check_index(arr, idx, what)
         d = arr.dtype
         if not (d in (types.float32, types.float16)
                 or (isinstance(d, types.Integer) and d.bitwidth == 16)):
