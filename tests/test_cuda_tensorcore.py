@@ -270,3 +270,23 @@ def test_tensor_core_instructions_in_sass_without_local_memory(arch: str) -> Non
     assert re.search(r"LDGDEPBAR", text) and re.search(r"DEPBAR", text)
     assert not re.search(r"\b(LDL|STL)\b", text)
     assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
+
+
+def test_offset_forms_check_their_offsets_in_the_simulator() -> None:
+    """The simulator stand-ins of the offset-addressed instructions refuse an offset that is
+    not the one of the index they stand for, or outside the shared array (negative control
+    for the kernels' written-out offsets)."""
+    src = np.arange(64, dtype=np.float32).reshape(1, 8, 8)
+    dst = np.zeros((2, 4, 8), np.float32)
+    with pytest.raises(AssertionError, match="not that of index"):
+        T._py_cp_async16_at(dst, 0, src, (0, 1, 4), 13, 16)
+    with pytest.raises(AssertionError, match="not that of index"):
+        T._py_cp_async16_ptr(dst, 0, src, (0, 1, 4), 13 * 4, 16)
+    with pytest.raises(IndexError, match="outside a shared array"):
+        T._py_cp_async16_at(dst, 64, src, (0, 1, 4), 12, 16)
+    with pytest.raises(IndexError, match="outside a shared array"):
+        T._py_lds_at(1)(dst, 64)
+    v = np.array([1 + 2.0**-11, 1 + 2.0**-12, np.nan, -np.inf], np.float32)
+    shared = v.copy()
+    T._py_round_tf32_at(shared, 0)
+    assert np.array_equal(shared, T.tf32_round(v), equal_nan=True)
