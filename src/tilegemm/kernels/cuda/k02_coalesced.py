@@ -22,7 +22,7 @@ import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._jit import kernel_jit
-from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.launch import tile_grid
 from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -60,11 +60,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                 i += cuda.gridDim.y * bs
             z += cuda.gridDim.z
 
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        # columns in x (up to 2**31-1 blocks), rows in y (capped, strided beyond 65,535)
-        return capped_grid(ceil_div(n, bs), ceil_div(m, bs), batch)
-
-    return CudaProgram(coalesced, (bs, bs, 1), grid)
+    return CudaProgram(coalesced, (bs, bs, 1), tile_grid(bs, bs))
 
 
 SPEC = KernelSpec(

@@ -37,7 +37,7 @@ import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import access_ops, width
-from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.launch import tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -73,10 +73,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                       lambda i: (i // W) * PM + i % W, lambda j: (j // W) * PN + j % W,
                       access_ops())
 
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(n, BN), ceil_div(m, BM), batch)
-
-    return CudaProgram(kernel, (NT, 1, 1), grid)
+    return CudaProgram(kernel, (NT, 1, 1), tile_grid(BM, BN))
 
 
 SPEC = KernelSpec(

@@ -36,7 +36,7 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, width
 from tilegemm.kernels.cuda._codegen import compile_source, indent
 from tilegemm.kernels.cuda._jit import kernel_jit
-from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.launch import ceil_div, tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -90,10 +90,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                       lambda i: (i // TM) * WSUBM + i % TM,
                       lambda j: (j // TN) * WSUBN + j % TN, access_ops())
 
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(n, BN), ceil_div(m, BM), batch)
-
-    return CudaProgram(kernel, (NT, 1, 1), grid)
+    return CudaProgram(kernel, (NT, 1, 1), tile_grid(BM, BN))
 
 
 def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[str, Any],

@@ -57,7 +57,7 @@ from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._splitk import SplitKProgram
 from tilegemm.kernels.cuda.k08_warptile import _bases, _compute, _offsets
-from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.launch import ceil_div, flat_tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -156,9 +156,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     kernel = kernel_jit(NT, 2 if two_blocks else 0)(
         compile_source(source, "pipelined", namespace))
 
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(m, BM) * ceil_div(n, BN), 1, batch)
-
+    grid = flat_tile_grid(BM, BN)
     if SPLIT == 1:
         return CudaProgram(kernel, (NT, 1, 1), grid)
     return SplitKProgram(kernel, (NT, 1, 1), grid, slices=SPLIT)
