@@ -83,10 +83,13 @@ waiting reads stale data in the simulator too.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from tilegemm.kernels.cuda._access import check_index, item_pointer
 
 
 class TensorCoreOps(NamedTuple):
@@ -233,36 +236,44 @@ def warp_exchange(value: Any) -> list[Any]:
     return out
 
 
-def _py_mma_tf32(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
+def _emulate_mma(a: Any, b: Any, c: Any, k: int,
+                 operands: Callable[[int, Any, Any, np.ndarray, np.ndarray], None]
+                 ) -> tuple[np.float32, ...]:
+    """This lane's result of a warp's m16n8k``k`` mma: the 32 lanes' fragments gathered,
+    ``operands(lane, fa, fb, A, B)`` places a lane's A and B values in A (16×k) and B
+    (k×8), the accumulators go by ``c_layout``, and D = A·B + C is rounded to float32."""
     frags = warp_exchange((tuple(a), tuple(b), tuple(c)))
-    A, B, C = np.zeros((16, 8)), np.zeros((8, 8)), np.zeros((16, 8))
+    A, B, C = np.zeros((16, k)), np.zeros((k, 8)), np.zeros((16, 8))
     for lane, (fa, fb, fc) in enumerate(frags):
-        ta, tb = tf32_truncate(np.array(fa, np.float32)), tf32_truncate(np.array(fb, np.float32))
+        operands(lane, fa, fb, A, B)
         for i in range(4):
-            A[a_tf32_layout(lane, i)] = ta[i]
             C[c_layout(lane, i)] = fc[i]
-        for i in range(2):
-            B[b_tf32_layout(lane, i)] = tb[i]
     D = (A @ B + C).astype(np.float32)
     lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
     return tuple(D[c_layout(lane, i)] for i in range(4))
 
 
+def _py_mma_tf32(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
+    def operands(lane: int, fa: Any, fb: Any, A: np.ndarray, B: np.ndarray) -> None:
+        ta, tb = tf32_truncate(np.array(fa, np.float32)), tf32_truncate(np.array(fb, np.float32))
+        for i in range(4):
+            A[a_tf32_layout(lane, i)] = ta[i]
+        for i in range(2):
+            B[b_tf32_layout(lane, i)] = tb[i]
+
+    return _emulate_mma(a, b, c, 8, operands)
+
+
 def _py_mma_16bit(kind: str) -> Any:
+    def operands(lane: int, fa: Any, fb: Any, A: np.ndarray, B: np.ndarray) -> None:
+        va, vb = _half_values(fa, kind).ravel(), _half_values(fb, kind).ravel()
+        for i in range(8):
+            A[a_16bit_layout(lane, i)] = va[i]
+        for i in range(4):
+            B[b_16bit_layout(lane, i)] = vb[i]
+
     def mma(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
-        frags = warp_exchange((tuple(a), tuple(b), tuple(c)))
-        A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
-        for lane, (fa, fb, fc) in enumerate(frags):
-            va, vb = _half_values(fa, kind).ravel(), _half_values(fb, kind).ravel()
-            for i in range(8):
-                A[a_16bit_layout(lane, i)] = va[i]
-            for i in range(4):
-                B[b_16bit_layout(lane, i)] = vb[i]
-            for i in range(4):
-                C[c_layout(lane, i)] = fc[i]
-        D = (A @ B + C).astype(np.float32)
-        lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
-        return tuple(D[c_layout(lane, i)] for i in range(4))
+        return _emulate_mma(a, b, c, 16, operands)
 
     mma.__name__ = f"mma_{kind}"
     return mma
@@ -463,7 +474,6 @@ def _compiled_ops() -> TensorCoreOps:
     from numba import types
     from numba.core.errors import TypingError
     from numba.cuda import cgutils
-    from numba.cuda.api_util import normalize_indices
     from numba.cuda.extending import intrinsic
 
     f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
@@ -530,24 +540,10 @@ def _compiled_ops() -> TensorCoreOps:
 
         return sig, codegen
 
-    def item_pointer(context: Any, builder: Any, arrty: Any, arr: Any, idxty: Any,
-                     idx: Any) -> Any:
-        idxty, indices = normalize_indices(context, builder, idxty, idx, arrty, arrty.dtype)
-        ary = context.make_array(arrty)(context, builder, value=arr)
-        return cgutils.get_item_pointer(context, builder, arrty, ary, indices,
-                                        wraparound=False)
-
     def shared_address(builder: Any, ptr: Any) -> Any:
         """A generic pointer into shared memory as the 32-bit shared-window address."""
         sptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, addrspace=3))
         return builder.ptrtoint(sptr, i32)
-
-    def check_array(arr: Any, idx: Any, what: str) -> None:
-        if not isinstance(arr, types.Array):
-            raise TypingError(f"{what}: needs an array, got {arr}")
-        if (not isinstance(idx, types.BaseTuple) or len(idx) != arr.ndim
-                or not all(isinstance(t, types.Integer) for t in idx)):
-            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
 
     def ldmatrix_intrinsic(trans: bool) -> Any:
         what = "ldmatrix_x4_trans" if trans else "ldmatrix_x4"
@@ -556,7 +552,7 @@ def _compiled_ops() -> TensorCoreOps:
 
         @intrinsic
         def ldmatrix(typingctx: Any, arr: Any, idx: Any) -> Any:
-            check_array(arr, idx, what)
+            check_index(arr, idx, what)
             if arr.dtype.bitwidth not in widths:
                 raise TypingError(f"{what}: needs a {' or '.join(map(str, widths))}-bit "
                                   f"shared array, got {arr}")
@@ -585,8 +581,8 @@ def _compiled_ops() -> TensorCoreOps:
         @intrinsic
         def cp_async(typingctx: Any, dst: Any, didx: Any, src: Any, sidx: Any,
                      nbytes: Any) -> Any:
-            check_array(dst, didx, "cp_async")
-            check_array(src, sidx, "cp_async")
+            check_index(dst, didx, "cp_async")
+            check_index(src, sidx, "cp_async")
             if dst.dtype.bitwidth != src.dtype.bitwidth:
                 raise TypingError("cp_async: source and destination element sizes differ")
             if not isinstance(nbytes, types.Integer):
@@ -633,7 +629,7 @@ def _compiled_ops() -> TensorCoreOps:
         return wait
 
     def check_element(arr: Any, idx: Any, what: str) -> None:
-        check_array(arr, idx, what)
+        check_index(arr, idx, what)
         d = arr.dtype
         if not (d in (types.float32, types.float16)
                 or (isinstance(d, types.Integer) and d.bitwidth == 16)):
@@ -759,7 +755,7 @@ def _compiled_ops() -> TensorCoreOps:
     def cp_async16_at(typingctx: Any, dst: Any, doff: Any, src: Any, sidx: Any, soff: Any,
                       nbytes: Any) -> Any:
         check_offset(dst, doff, "cp_async16_at")
-        check_array(src, sidx, "cp_async16_at")
+        check_index(src, sidx, "cp_async16_at")
         if not isinstance(soff, types.Integer) or not isinstance(nbytes, types.Integer):
             raise TypingError("cp_async16_at: soff and nbytes must be integers")
         if dst.dtype.bitwidth != src.dtype.bitwidth:
@@ -783,7 +779,7 @@ def _compiled_ops() -> TensorCoreOps:
     def cp_async16_ptr(typingctx: Any, dst: Any, doff: Any, src: Any, sidx: Any, ptr: Any,
                        nbytes: Any) -> Any:
         check_offset(dst, doff, "cp_async16_ptr")
-        check_array(src, sidx, "cp_async16_ptr")
+        check_index(src, sidx, "cp_async16_ptr")
         if not isinstance(ptr, types.Integer) or not isinstance(nbytes, types.Integer):
             raise TypingError("cp_async16_ptr: ptr and nbytes must be integers")
         sig = types.void(dst, doff, src, sidx, ptr, nbytes)
