@@ -20,7 +20,6 @@ operands larger than one worker's limit, and the peak memory each worker reporte
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import threading
 import time
@@ -35,7 +34,7 @@ from distributed import Client, LocalCluster, wait
 
 import tilegemm
 import tilegemm.dask as tgd
-from tilegemm.bench.environment import cpu_name, git_commit, slug
+from tilegemm.bench.environment import cpu_name, git_commit, write_cpu_results
 from tilegemm.tune.database import host_isa
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -176,9 +175,7 @@ def main() -> None:
     if not args.skip_memory:
         doc["memory"] = memory(args.memory_n, args.chunk, args.limit)
     if not args.no_save:
-        path = ROOT / "benchmarks" / "results" / f"dask-matmul-{slug(cpu_name())}-{host_isa()}.json"
-        path.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {path.relative_to(ROOT)}")
+        write_cpu_results(ROOT, "dask-matmul", host_isa(), doc, indent=1)
 
 
 if __name__ == "__main__":

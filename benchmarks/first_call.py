@@ -17,7 +17,6 @@ median of ``--runs`` new processes is reported, with the time split into imports
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -28,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_blocked  # noqa: E402
 
-from tilegemm.bench.environment import cpu_name, git_commit, slug, versions  # noqa: E402
+from tilegemm.bench.environment import cpu_name, git_commit, versions, write_cpu_results  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,9 +104,7 @@ def main() -> None:
         "load_average_at_end": list(os.getloadavg()), "first_call_warm_cache": rows,
     }
     if not args.no_save:
-        path = ROOT / "benchmarks" / "results" / f"first-call-{slug(cpu_name())}-{host_isa()}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path.relative_to(ROOT)}")
+        write_cpu_results(ROOT, "first-call", host_isa(), result)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@
 #                                      # and the fast rungs over the eight target shapes
 #   bash benchmarks/gpu_run.sh tests   # the GPU test run alone, on every core
 #   bash benchmarks/gpu_run.sh tune    # step 4: tuning at 4096^3, then the targets tuned
+#   bash benchmarks/gpu_run.sh tensor  # step 4, tensor cores: rung mma in TF32, 3xTF32, FP16
+#                                      # and BF16 against cuBLAS at the same precision, and
+#                                      # each mode's error against float64 (~6 min)
 #
 # Logs and results go to $OUT (default ./gpu-out). Nothing here times two things at once:
 # the check step runs its three correctness jobs together, the timing steps run alone.
@@ -87,5 +90,14 @@ tune)
   echo "targets tuned: exit $?"
   tail -30 "$OUT/tune.log"; cat "$OUT/targets-tuned.log"
   ;;
-*) echo "usage: $0 check|bench|tests|tune" >&2; exit 2 ;;
+tensor)
+  info > "$OUT/tensor.log" 2>&1
+  timeout 420 $PY benchmarks/tensor_cores.py --sizes 2048 4096 >> "$OUT/tensor.log" 2>&1
+  echo "tensor cores: exit $?"
+  timeout 150 $PY benchmarks/tensor_core_errors.py --k 256 4096 --mn 1024 \
+      --json "$OUT/tensor-core-errors-gpu.json" > "$OUT/tensor-errors.log" 2>&1
+  echo "tensor-core errors: exit $?"
+  tail -30 "$OUT/tensor.log"; tail -15 "$OUT/tensor-errors.log"
+  ;;
+*) echo "usage: $0 check|bench|tests|tune|tensor" >&2; exit 2 ;;
 esac

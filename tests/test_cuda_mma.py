@@ -5,6 +5,7 @@ machine code (HMMA, no local memory)."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pytest
@@ -109,21 +110,27 @@ def test_auto_at_ieee_never_picks_a_tensor_core_rung() -> None:
 # --- machine code ---------------------------------------------------------------------------
 
 
-@pytest.mark.ptx
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
+def _sass_without_local_memory(dtype: str, arch: str) -> tuple[dict[str, int], str, int]:
+    """The rung at its defaults compiled for ``arch``: no spills, no stack frame, no LDL/STL
+    in the SASS. Returns the parameters, the SASS text and the HMMA of one warp-tile k step."""
     from tilegemm.analysis.resources import cuda_resources, ptx_for
     from tilegemm.analysis.sass import disassemble, link_cubin
 
     params = SPEC.defaults()
-    r = cuda_resources(SPEC, params, "float32", arch)
+    r = cuda_resources(SPEC, params, dtype, arch)
     assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
-    text = disassemble(link_cubin(ptx_for(SPEC, params, "float32", arch), arch))
+    text = disassemble(link_cubin(ptx_for(SPEC, params, dtype, arch), arch))
+    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
+    return params, text, (params["WM"] // 16) * (params["WN"] // 8)
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
+    params, text, per_step = _sass_without_local_memory("float32", arch)
     hmma = re.findall(r"HMMA\.1688\.F32\.TF32", text)
-    per_step = (params["WM"] // 16) * (params["WN"] // 8)
     assert hmma and len(hmma) % per_step == 0  # whole k steps of the warp tile
     assert re.search(r"LDSM\.16\.M88\.4", text) and re.search(r"LDGSTS\.E\.BYPASS\.128", text)
-    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
     from tilegemm.analysis.sass_mma import count
 
     c = count(text, kernel="mma", arch=arch, dtype="float32", params=params)
@@ -137,34 +144,18 @@ def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
 @pytest.mark.slow  # two more compilations (~12 s)
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_float16_hmma_and_transposed_ldmatrix_without_local_memory(arch: str) -> None:
-    from tilegemm.analysis.resources import cuda_resources, ptx_for
-    from tilegemm.analysis.sass import disassemble, link_cubin
-
-    params = SPEC.defaults()
-    r = cuda_resources(SPEC, params, "float16", arch)
-    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
-    text = disassemble(link_cubin(ptx_for(SPEC, params, "float16", arch), arch))
-    per_step = (params["WM"] // 16) * (params["WN"] // 8)
+    _, text, per_step = _sass_without_local_memory("float16", arch)
     hmma = re.findall(r"HMMA\.16816\.F32\b", text)
     assert hmma and len(hmma) % per_step == 0
     assert re.search(r"LDSM\.16\.MT88\.4", text) and re.search(r"LDSM\.16\.M88\.4", text)
-    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
 
 
 @pytest.mark.ptx
 def test_bfloat16_hmma_without_local_memory() -> None:
-    from tilegemm.analysis.resources import cuda_resources, ptx_for
-    from tilegemm.analysis.sass import disassemble, link_cubin
-
-    params, arch = SPEC.defaults(), "sm_80"
-    r = cuda_resources(SPEC, params, "bfloat16", arch)
-    assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
-    text = disassemble(link_cubin(ptx_for(SPEC, params, "bfloat16", arch), arch))
-    per_step = (params["WM"] // 16) * (params["WN"] // 8)
+    _, text, per_step = _sass_without_local_memory("bfloat16", "sm_80")
     hmma = re.findall(r"HMMA\.16816\.F32\.BF16\b", text)
     assert hmma and len(hmma) % per_step == 0
     assert re.search(r"F2FP\.BF16", text)  # the epilogue's cvt.rn.bf16.f32
-    assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
 
 
 # --- float16 ------------------------------------------------------------------------------
@@ -334,3 +325,72 @@ def test_a_torch_bfloat16_cuda_tensor_is_described_without_the_array_interface()
     Tensor.__module__ = "torch"
     op = describe(Tensor(), "a")
     assert array_kind(Tensor()) == "cuda" and op.dtype == BF16 and op.shape == (3, 5)
+
+
+# --- the interior path: blocks wholly inside the operands ------------------------------------
+# With the simulator's 32×16×16 tiles and 2 stages, these shapes have interior blocks that run
+# the unchecked copy loop for several k-tiles (offsets checked against the index by the
+# simulator's cp.async), edge blocks on every side, a partial last k-tile, batches with a
+# broadcast operand, and a strided (non-contiguous) A.
+INTERIOR = [((70, 52), (52, 40), {}), ((2, 64, 48), (48, 33), {"STAGES": 3}),
+            ((40, 64), (64, 64), {"BN": 32, "WN": 32})]
+
+
+def _strided(x: np.ndarray) -> np.ndarray:
+    """``x`` as a view with a row stride larger than its rows (still 16-byte aligned)."""
+    pad = np.zeros(x.shape[:-1] + (x.shape[-1] + 8,), x.dtype)
+    pad[..., : x.shape[-1]] = x
+    return pad[..., : x.shape[-1]]
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("a_shape", "b_shape", "over"), INTERIOR)
+@pytest.mark.parametrize("precision", ["tf32", "3xtf32"])
+def test_interior_blocks_tf32(a_shape: tuple, b_shape: tuple, over: dict, precision: str,
+                              rng: np.random.Generator) -> None:
+    a, b = _operands(rng, a_shape, b_shape)
+    a = _strided(a)
+    r = tilegemm.matmul(a, b, backend="cuda", precision=precision, kernel="mma",
+                        **_sim(**over))
+    k = a.shape[-1]
+    if precision == "tf32":
+        want = np.matmul(tf32_round(a).astype(np.float64), tf32_round(b))
+        tol = 4 * k * 2.0**-24 * np.max(np.abs(want)) + 1e-6
+        assert np.max(np.abs(r - want)) <= tol
+    else:
+        want = np.matmul(a.astype(np.float64), b)
+        scale = np.matmul(np.abs(a).astype(np.float64), np.abs(b))
+        assert np.all(np.abs(r - want) <= 4 * k * 2.0**-22 * scale)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("a_shape", "b_shape", "over"), INTERIOR)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_interior_blocks_16bit(a_shape: tuple, b_shape: tuple, over: dict, dtype: str,
+                               rng: np.random.Generator) -> None:
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        nptype: Any = ml_dtypes.bfloat16
+    else:
+        nptype = np.float16
+    a, b = (x.astype(nptype) for x in _operands(rng, a_shape, b_shape))
+    a = _strided(a)
+    r = tilegemm.matmul(a, b, backend="cuda", kernel="mma", dtype=np.float32,
+                        **_sim(**over))
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    k = a.shape[-1]
+    assert r.dtype == np.float32
+    assert np.max(np.abs(r - want)) <= 4 * k * 2.0**-24 * np.max(np.abs(want)) + 1e-6
+
+
+@pytest.mark.cudasim
+def test_tf32_rounding_in_shared_memory_keeps_nan_and_inf(rng: np.random.Generator) -> None:
+    a, b = _operands(rng, (40, 32), (32, 32))
+    a[3, 5], a[36, 20], b[7, 30] = np.nan, np.inf, -np.inf
+    r = tilegemm.matmul(a, b, backend="cuda", precision="tf32", kernel="mma", **_sim())
+    with np.errstate(invalid="ignore"):
+        want = np.matmul(tf32_round(a).astype(np.float64), tf32_round(b))
+    assert np.array_equal(np.isnan(r), np.isnan(want))
+    assert np.array_equal(np.isinf(r), np.isinf(want))
+    fin = np.isfinite(want)
+    assert np.max(np.abs(r[fin] - want[fin])) <= 4 * 32 * 2.0**-24 * np.max(np.abs(want[fin]))

@@ -49,26 +49,28 @@ def test_layout_matches_isa_table_and_covers_matrix_once(name: str) -> None:
     assert sorted(cells) == [(r, c) for r in range(shape[0]) for c in range(shape[1])]
 
 
-def test_ldmatrix_layout_is_the_mma_16bit_a_fragment() -> None:
-    # x4 from matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (0-7, 8-15), (8-15, 8-15)
+def _ldmatrix_x4_elements(layout):
+    """(lane, register j, half h, row, column) of each element an ldmatrix x4 ``layout``
+    hands out: its matrices m = 0..3 are the 8 × 8 quarters (rows 0-7, cols 0-7), (rows
+    8-15, cols 0-7), (0-7, 8-15), (8-15, 8-15) of one 16 × 16 tile."""
     for lane in range(32):
         for j in range(4):
             for h in range(2):
-                m, r, c = T.ldmatrix_layout(lane, j, h)
-                row, col = r + 8 * (m % 2), c + 8 * (m // 2)
-                assert T.a_16bit_layout(lane, 2 * j + h) == (row, col)
+                m, r, c = layout(lane, j, h)
+                yield lane, j, h, r + 8 * (m % 2), c + 8 * (m // 2)
+
+
+def test_ldmatrix_layout_is_the_mma_16bit_a_fragment() -> None:
+    for lane, j, h, row, col in _ldmatrix_x4_elements(T.ldmatrix_layout):
+        assert T.a_16bit_layout(lane, 2 * j + h) == (row, col)
 
 
 def test_ldmatrix_trans_layout_is_the_mma_16bit_b_fragment() -> None:
     # x4.trans from a row-major k×n tile: matrices (k 0-7, n 0-7), (k 8-15, n 0-7), then
     # the same for n 8-15; registers 0, 1 are the B fragment of n 0-7, registers 2, 3 of 8-15
-    for lane in range(32):
-        for j in range(4):
-            for h in range(2):
-                m, r, c = T.ldmatrix_trans_layout(lane, j, h)
-                k, n = r + 8 * (m % 2), c + 8 * (m // 2)
-                kb, nb = T.b_16bit_layout(lane, 2 * (j % 2) + h)
-                assert (k, n) == (kb, nb + 8 * (j // 2))
+    for lane, j, h, k, n in _ldmatrix_x4_elements(T.ldmatrix_trans_layout):
+        kb, nb = T.b_16bit_layout(lane, 2 * (j % 2) + h)
+        assert (k, n) == (kb, nb + 8 * (j // 2))
 
 
 def test_tf32_round_is_nearest_ties_away_and_truncate_drops_13_bits() -> None:
@@ -268,3 +270,23 @@ def test_tensor_core_instructions_in_sass_without_local_memory(arch: str) -> Non
     assert re.search(r"LDGDEPBAR", text) and re.search(r"DEPBAR", text)
     assert not re.search(r"\b(LDL|STL)\b", text)
     assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
+
+
+def test_offset_forms_check_their_offsets_in_the_simulator() -> None:
+    """The simulator stand-ins of the offset-addressed instructions refuse an offset that is
+    not the one of the index they stand for, or outside the shared array (negative control
+    for the kernels' written-out offsets)."""
+    src = np.arange(64, dtype=np.float32).reshape(1, 8, 8)
+    dst = np.zeros((2, 4, 8), np.float32)
+    with pytest.raises(AssertionError, match="not that of index"):
+        T._py_cp_async16_at(dst, 0, src, (0, 1, 4), 13, 16)
+    with pytest.raises(AssertionError, match="not that of index"):
+        T._py_cp_async16_ptr(dst, 0, src, (0, 1, 4), 13 * 4, 16)
+    with pytest.raises(IndexError, match="outside a shared array"):
+        T._py_cp_async16_at(dst, 256, src, (0, 1, 4), 12, 16)
+    with pytest.raises(IndexError, match="outside a shared array"):
+        T._py_lds_at(1)(dst, 256)
+    v = np.array([1 + 2.0**-11, 1 + 2.0**-12, np.nan, -np.inf], np.float32)
+    shared = v.copy()
+    T._py_round_tf32_at(shared, 0)
+    assert np.array_equal(shared, T.tf32_round(v), equal_nan=True)

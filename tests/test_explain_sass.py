@@ -137,3 +137,29 @@ def test_missing_nvdisasm_is_one_line(monkeypatch: pytest.MonkeyPatch,
 
 def _missing() -> str:
     raise UnavailableError("nvdisasm is missing: pip install nvidia-cuda-nvdisasm")
+
+
+# Rung mma (tensor cores), sm_90, defaults: the HMMA share of its hot loop (the interior
+# k-tile loop: k steps written out, unchecked copies, TF32 rounded once in shared memory,
+# 3xTF32 split in 5 instructions a value).
+# Before that work (docs/tensor-cores.md, "Machine code"): 4.5 % (tf32), 17 % (3xtf32, a
+# k-step loop without the copies), 5.2 % (float16), 4.8 % (bfloat16).
+MMA_GUARD = {("float32", 1): 0.20, ("float32", 3): 0.22, ("float16", 1): 0.34,
+             ("bfloat16", 1): 0.34}
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize(("dtype", "passes"), list(MMA_GUARD))
+def test_tensor_core_rung_hmma_share_does_not_regress(dtype: str, passes: int) -> None:
+    _nvdisasm_or_skip()
+    if sass.toolchain() != GUARD_TOOLCHAIN:
+        pytest.skip(f"toolchain {sass.toolchain()} differs from {GUARD_TOOLCHAIN}, "
+                    "for which the figures were measured")
+    from tilegemm.analysis.sass_mma import mma_report
+
+    spec = get("mma", "cuda")
+    r = mma_report(spec, {"PASSES": passes} if dtype == "float32" else None, dtype, "sm_90")
+    assert r.hmma_share >= MMA_GUARD[(dtype, passes)], r.hot
+    assert r.local_memory == 0
+    # the interior loop: 4 copies (16 bytes each) a thread per k-tile at the defaults
+    assert r.hot["LDGSTS"] > 0 and r.hot["BAR"] > 0

@@ -8,6 +8,8 @@ and the same kernel is correct for any grid size.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_YZ = 65_535
 
@@ -29,6 +31,34 @@ def capped_grid(tiles_x: int, tiles_y: int, batch: int) -> tuple[int, int, int]:
         max(1, min(tiles_y, MAX_GRID_YZ)),
         max(1, min(batch, MAX_GRID_YZ)),
     )
+
+
+# What a program launches for a (batch, M, N) product: blocks in (x, y, z).
+Grid = Callable[[int, int, int], tuple[int, int, int]]
+
+
+def tile_grid(rows: int, cols: int, *, rows_in_x: bool = False) -> Grid:
+    """The grid of a kernel whose blocks each own a ``rows`` × ``cols`` tile of C: tiles
+    along N in x (up to 2**31-1 blocks), along M in y, batches in z, each capped (the
+    kernel strides over the rest). ``rows_in_x`` swaps x and y (rung 1's mapping)."""
+
+    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
+        tiles_m, tiles_n = ceil_div(m, rows), ceil_div(n, cols)
+        if rows_in_x:
+            return capped_grid(tiles_m, tiles_n, batch)
+        return capped_grid(tiles_n, tiles_m, batch)
+
+    return grid
+
+
+def flat_tile_grid(rows: int, cols: int) -> Grid:
+    """The grid of a kernel that numbers its ``rows`` × ``cols`` tiles of C itself (grouped
+    block orders): every tile in x, batches in z."""
+
+    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
+        return capped_grid(ceil_div(m, rows) * ceil_div(n, cols), 1, batch)
+
+    return grid
 
 
 def covered(grid: int, tiles: int) -> list[int]:

@@ -80,14 +80,7 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
             f"kernel (it computes in IEEE float32 only); backends with one: "
             f"{', '.join(have) or 'none'}")
     if kernel == "auto":
-        if params:
-            raise InvalidValueError(
-                f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
-                "chooses its own)")
-        spec = max(specs, key=lambda s: s.rung)
-        if _simulated(backend):  # the smallest tiles: the simulator runs a thread per thread
-            params = {k: v for k, v in (spec.sim_params or {}).items()
-                      if k != spec.precision_param}
+        spec, params = _auto_tensor_rung(specs, backend, params)
     else:
         spec = registry.get(kernel, backend)
         if spec not in specs:
@@ -119,16 +112,24 @@ def _half(precision: str | None, kernel: str, backend: str, dtype: np.dtype,
             f"{name} products run on tensor cores, and backend {backend!r} has no kernel "
             f"for them; backends with one: {', '.join(have) or 'none'} (or cast to float32)")
     if kernel == "auto":
-        if params:
-            raise InvalidValueError(
-                f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
-                "chooses its own)")
-        spec = max(specs, key=lambda s: s.rung)
-        if _simulated(backend):  # the smallest tiles: the simulator runs a thread per thread
-            params = {k: v for k, v in (spec.sim_params or {}).items()
-                      if k != spec.precision_param}
+        spec, params = _auto_tensor_rung(specs, backend, params)
         return spec.name, params
     return kernel, params  # choose_kernel refuses a kernel without float16
+
+
+def _auto_tensor_rung(specs: list[registry.KernelSpec], backend: str, params: dict[str, Any]
+                      ) -> tuple[registry.KernelSpec, dict[str, Any]]:
+    """kernel="auto" among the tensor-core rungs ``specs``: the highest, at its defaults
+    (the smallest tiles under the simulator, which runs a Python thread per GPU thread)."""
+    if params:
+        raise InvalidValueError(
+            f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
+            "chooses its own)")
+    spec = max(specs, key=lambda s: s.rung)
+    if _simulated(backend):
+        params = {k: v for k, v in (spec.sim_params or {}).items()
+                  if k != spec.precision_param}
+    return spec, params
 
 
 def _simulated(backend: str) -> bool:

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -370,22 +371,30 @@ class SassReport:
         }
 
 
-def analyse(text: str, *, kernel: str, source: str, arch: str, dtype: str,
-            params: dict[str, int], fma_per_kstep: int, bk: int) -> SassReport:
-    """Count the hot loop and one interior k-tile of a disassembled GEMM kernel."""
-    instrs = parse_sass(text)
+def hot_loop(instrs: list[Instr], counted: Callable[[Instr], bool], kernel: str,
+             what: str) -> tuple[Loop, list[Loop]]:
+    """The hot loop of a kernel and every loop holding ``counted`` instructions (the
+    arithmetic: FFMA, HMMA). The hot loop is the innermost such loop with the most of them;
+    of equals, the shortest."""
     loops = _all_loops(find_loops(instrs))
     if not loops:
         raise RuntimeError(f"{kernel}: no loop found in the machine code")
 
-    def fmas(lp: Loop) -> int:
-        return sum(1 for i in instrs if lp.contains(i.addr) and i.cls == "fma")
+    def count(lp: Loop) -> int:
+        return sum(1 for i in instrs if lp.contains(i.addr) and counted(i))
 
-    with_fma = [lp for lp in loops if fmas(lp)]
-    if not with_fma:
-        raise RuntimeError(f"{kernel}: no loop with FFMA/DFMA found in the machine code")
-    innermost = [lp for lp in with_fma if not any(fmas(c) for c in lp.children)]
-    hot = max(innermost, key=lambda lp: (fmas(lp), -(lp.end - lp.start)))
+    holding = [lp for lp in loops if count(lp)]
+    if not holding:
+        raise RuntimeError(f"{kernel}: no loop with {what} found in the machine code")
+    innermost = [lp for lp in holding if not any(count(c) for c in lp.children)]
+    return max(innermost, key=lambda lp: (count(lp), -(lp.end - lp.start))), holding
+
+
+def analyse(text: str, *, kernel: str, source: str, arch: str, dtype: str,
+            params: dict[str, int], fma_per_kstep: int, bk: int) -> SassReport:
+    """Count the hot loop and one interior k-tile of a disassembled GEMM kernel."""
+    instrs = parse_sass(text)
+    hot, with_fma = hot_loop(instrs, lambda i: i.cls == "fma", kernel, "FFMA/DFMA")
     hot_path = best_path(instrs, hot, {})
     tile_fma = fma_per_kstep * bk
     hot_fma = hot_path.get("fma")

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.analysis.sass import _all_loops, find_loops, parse_sass
+from tilegemm.analysis.resources import Compiled
+from tilegemm.analysis.sass import hot_loop, parse_sass
 from tilegemm.registry import KernelSpec
 
 #: Kinds of instruction a tensor-core hot loop is made of, in report order.
@@ -34,11 +35,7 @@ def kind(op: str) -> str:
 
 
 @dataclass(frozen=True)
-class MmaSass:
-    kernel: str
-    arch: str
-    dtype: str
-    params: dict[str, int]
+class MmaSass(Compiled):
     instructions: int  # in the whole kernel
     hmma: int  # in the whole kernel
     local_memory: int  # LDL/STL anywhere
@@ -59,16 +56,7 @@ def count(text: str, *, kernel: str, arch: str, dtype: str,
           params: dict[str, int]) -> MmaSass:
     """Counts of a disassembled tensor-core kernel (nvdisasm text)."""
     instrs = parse_sass(text)
-    loops = _all_loops(find_loops(instrs))
-
-    def hmma(lp: Any) -> int:
-        return sum(1 for i in instrs if lp.contains(i.addr) and i.op == "HMMA")
-
-    with_mma = [lp for lp in loops if hmma(lp)]
-    if not with_mma:
-        raise RuntimeError(f"{kernel}: no loop with HMMA found in the machine code")
-    innermost = [lp for lp in with_mma if not any(hmma(c) for c in lp.children)]
-    hot = max(innermost, key=lambda lp: (hmma(lp), -(lp.end - lp.start)))
+    hot, _ = hot_loop(instrs, lambda i: i.op == "HMMA", kernel, "HMMA")
     kinds = Counter(kind(i.op) for i in instrs if hot.contains(i.addr))
     counts = {k: kinds.get(k, 0) for k in KINDS}
     counts["total"] = sum(kinds.values())

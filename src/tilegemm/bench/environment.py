@@ -7,6 +7,7 @@ reproducible; every results file carries these.
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import platform
 import re
@@ -18,7 +19,7 @@ from tilegemm.backends.base import Backend, Target
 from tilegemm.backends.cpu import cpu_name
 
 __all__ = ["backend_info", "cpu_family_model", "cpu_name", "cpu_results_stem", "git_commit",
-           "host_info", "slug", "versions"]
+           "host_info", "slug", "versions", "write_cpu_results"]
 
 
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
@@ -107,6 +108,18 @@ def cpu_results_stem(kind: str, isa: str) -> str:
     """
     fm = cpu_family_model()
     return "-".join(part for part in (kind, slug(cpu_name()), isa, fm and f"m{fm}") if part)
+
+
+def write_cpu_results(root: Path, kind: str, isa: str, doc: dict[str, Any],
+                      indent: int = 2) -> Path:
+    """Write a CPU benchmark's results document to
+    ``<root>/benchmarks/results/<kind>-<cpu>-<isa>.json`` (``root``: the repository) and
+    say so."""
+    path = root / "benchmarks" / "results" / f"{kind}-{slug(cpu_name())}-{isa}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=indent) + "\n")
+    print(f"wrote {path.relative_to(root)}")
+    return path
 
 
 def slug(text: str) -> str:

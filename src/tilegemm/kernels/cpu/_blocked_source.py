@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
+from tilegemm.kernels.cpu._workspace import workspace
 
 # @header (replaced for each parameter set; these values only make the template importable)
 MR, NR, MC, KC, NC = 16, 8, 96, 512, 2048
@@ -37,7 +38,9 @@ if _dt.kind == "f":
     FLAGS["fastmath"] = {"contract"}
 i8, flag = numba.int64, numba.boolean
 ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (2, 3))
-a2, a3, a4 = nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
+a1, a2, a3, a4 = nbt[::1], nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
+# Scratch arrays start on 64-byte boundaries of the workspace (in elements).
+ALIGN = max(1, 64 // _dt.itemsize)
 prefetch_w = prefetch_write()
 
 
@@ -243,11 +246,47 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
                         C[t], alpha, beta, Ap, Bpz, T)
 
 
-@njit(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8), **FLAGS)
-def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max):
+@njit(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8), **FLAGS)
+def layout(batch, m, n, k, nthreads, direct_max):
+    """How the packed path splits the work and its scratch, for one call.
+
+    Returns (nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size):
+    row blocks and strip groups per panel; the B panel ``Bp`` (strip_cap, kcap, NR) at
+    element 0 of the workspace, the A blocks ``Ap_all`` (nblk*ngroups_max, rows_per_blk,
+    kcap, MR) at ``ap_at`` and the scratch tiles ``T_all`` (nblk*ngroups_max, MR, NR) at
+    ``t_at``, ``size`` elements in all (each part 64-byte aligned when the workspace is).
+    All zeros when the call takes a path without scratch: no K, at most ``direct_max``
+    multiply-adds in all, or a batch of small products.
+    """
+    if k == 0 or batch * m * n * k <= direct_max or (batch > 1 and m * n * k <= SMALL_PRODUCT):
+        return 0, 0, 0, 0, 0, 0, 0, 0
+    # Row blocks of at most MC rows, as many as a multiple of the thread count when there
+    # are enough MR strips; when there are few, column groups of the B panel supply the tasks.
+    strip_cap = (min(nc_max, n) + nr - 1) // nr
+    msr = (m + mr - 1) // mr
+    nblk = (msr + mc // mr - 1) // (mc // mr)
+    nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
+    kcap = min(kc_max, k)
+    ngroups_max = 1 if nblk >= nthreads else min(strip_cap, 2 * nthreads)
+    rows_per_blk = (msr + nblk - 1) // nblk
+    ap_at = (strip_cap * kcap * nr + ALIGN - 1) // ALIGN * ALIGN
+    t_at = ap_at + (nblk * ngroups_max * rows_per_blk * kcap * mr + ALIGN - 1) // ALIGN * ALIGN
+    size = t_at + nblk * ngroups_max * mr * nr
+    return nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size
+
+
+@njit(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1), **FLAGS)
+def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W):
     """The rung on ``nthreads`` threads (an argument: reading Numba's thread count inside
     compiled code goes through a pointer, and code holding one cannot be cached); products
-    of at most ``direct_max`` multiply-adds in all take the unpacked single-thread path."""
+    of at most ``direct_max`` multiply-adds in all take the unpacked single-thread path.
+
+    ``W``: the packed path's scratch, ``layout(...)[7]`` elements, 64-byte aligned for full
+    speed (a smaller one is replaced by a new array). The caller owns it and reuses it
+    between calls: allocated here, every call would take fresh pages from the operating
+    system where the allocator returns freed memory at once, as in dask.distributed's
+    workers (about 2000 page faults per float32 2048³ product; see ``_workspace``).
+    """
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
     k = A.shape[2]
     if k == 0:  # no products: C = beta*C, or zeros (C unread when beta == 0)
@@ -260,24 +299,21 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max):
     if batch * m * n * k <= direct_max:
         direct(A, B, C, alpha, beta)
         return
-    strip_cap = (min(nc_max, n) + nr - 1) // nr
     empty = np.empty((1, 1, 1, mr), dtype=C.dtype)
     if batch > 1 and m * n * k <= SMALL_PRODUCT:
         run_parallel(2, batch, A, B, C, 0, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],
                      empty, empty[0])
         return
-    # One product at a time, threads over (row block × strip group) tasks: row blocks of
-    # at most MC rows, as many as a multiple of the thread count when there are enough
-    # MR strips; when there are few, column groups of the B panel supply the tasks.
-    msr = (m + mr - 1) // mr
-    nblk = (msr + mc // mr - 1) // (mc // mr)
-    nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
-    kcap = min(kc_max, k)
-    Bp = aligned3(strip_cap, kcap, nr, C)
-    ngroups_max = 1 if nblk >= nthreads else min(strip_cap, 2 * nthreads)
-    Ap_all = np.empty((nblk * ngroups_max, (msr + nblk - 1) // nblk, kcap, mr),
-                      dtype=C.dtype)
-    T_all = np.empty((nblk * ngroups_max, mr, nr), dtype=C.dtype)
+    # One product at a time, threads over (row block × strip group) tasks (see layout).
+    nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(
+        batch, m, n, k, nthreads, direct_max)
+    if W.shape[0] < size:
+        W = np.empty(size, dtype=C.dtype)
+    ntask = nblk * ngroups_max
+    Bp = W[:strip_cap * kcap * nr].reshape((strip_cap, kcap, nr))
+    Ap_all = W[ap_at:ap_at + ntask * rows_per_blk * kcap * mr].reshape(
+        (ntask, rows_per_blk, kcap, mr))
+    T_all = W[t_at:t_at + ntask * mr * nr].reshape((ntask, mr, nr))
     for z in range(batch):
         for jc in range(0, n, nc_max):
             nc = min(nc_max, n - jc)
@@ -293,8 +329,11 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max):
 
 def blocked(A, B, C, alpha, beta):
     """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N)."""
-    blocked_threads(A, B, C, alpha, beta, numba.get_num_threads(), DIRECT_PRODUCT)
+    nthreads = numba.get_num_threads()
+    size = layout(C.shape[0], C.shape[1], C.shape[2], A.shape[2], nthreads, DIRECT_PRODUCT)[7]
+    blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
+                    workspace(size * _dt.itemsize).view(_dt))
 
 
 COMPILED = (ukernel, aligned3, pack_b, pack_a, macro, gemm_serial, direct, run_parallel,
-            blocked_threads)
+            layout, blocked_threads)

@@ -22,7 +22,7 @@ import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._jit import kernel_jit
-from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.launch import tile_grid
 from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -60,10 +60,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                 i += cuda.gridDim.x * bs
             z += cuda.gridDim.z
 
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(m, bs), ceil_div(n, bs), batch)
-
-    return CudaProgram(naive, (bs, bs, 1), grid)
+    return CudaProgram(naive, (bs, bs, 1), tile_grid(bs, bs, rows_in_x=True))
 
 
 SPEC = KernelSpec(

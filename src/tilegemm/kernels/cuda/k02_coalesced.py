@@ -16,14 +16,15 @@ for one multiply-add); caches, not reuse, are what keep it off DRAM. Rung 3 adds
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._jit import kernel_jit
-from tilegemm.launch import capped_grid, ceil_div
-from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
+from tilegemm.kernels.cuda.k01_naive import SPEC as NAIVE
+from tilegemm.launch import tile_grid
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
 
@@ -60,23 +61,15 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                 i += cuda.gridDim.y * bs
             z += cuda.gridDim.z
 
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        # columns in x (up to 2**31-1 blocks), rows in y (capped, strided beyond 65,535)
-        return capped_grid(ceil_div(n, bs), ceil_div(m, bs), batch)
-
-    return CudaProgram(coalesced, (bs, bs, 1), grid)
+    return CudaProgram(coalesced, (bs, bs, 1), tile_grid(bs, bs))
 
 
-SPEC = KernelSpec(
+# Rung 1's parameters, dtypes and block: only the mapping of threads to C changes.
+SPEC = replace(
+    NAIVE,
     name="coalesced",
-    backend="cuda",
     rung=2,
     title="one thread per output, x → column (coalesced B loads and C stores)",
     build=build,
-    params=(Param("BLOCK", 16, (8, 16, 32), "threads per block side (BLOCK × BLOCK)"),),
-    dtypes=FLOATS + INTS,
-    threads=lambda p: p["BLOCK"] ** 2,
-    smem=lambda p, itemsize: 0,
     doc=__doc__,
-    sim_params={"BLOCK": 8},
 )

@@ -29,7 +29,7 @@ import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._jit import kernel_jit
-from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.launch import tile_grid
 from tilegemm.registry import FLOATS, INTS, Constraint, KernelSpec, Param
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -95,10 +95,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                 ti += cuda.gridDim.y
             z += cuda.gridDim.z
 
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(n, tile), ceil_div(m, tile), batch)
-
-    return CudaProgram(register1d, (tile, rows, 1), grid)
+    return CudaProgram(register1d, (tile, rows, 1), tile_grid(tile, tile))
 
 
 SPEC = KernelSpec(

@@ -43,7 +43,7 @@ import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import access_ops
-from tilegemm.launch import capped_grid, ceil_div
+from tilegemm.launch import tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -75,10 +75,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     kernel = generate("vectorized", p, dtype, namespace, mapping, TM, TN, "i", "j",
                       lambda i: i, lambda j: j, access_ops(), a_rows=True)
 
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(n, BN), ceil_div(m, BM), batch)
-
-    return CudaProgram(kernel, (NT, 1, 1), grid)
+    return CudaProgram(kernel, (NT, 1, 1), tile_grid(BM, BN))
 
 
 SPEC = KernelSpec(

@@ -23,10 +23,8 @@ from typing import Any
 import numpy as np
 
 from tilegemm.errors import InvalidTypeError, InvalidValueError
+from tilegemm.kernels.cudac._program import BACKEND
 from tilegemm.registry import KernelSpec, get
-
-# The backend these rungs belong to: this package's name (tilegemm.kernels.<backend>).
-BACKEND = __name__.split(".")[-2]
 
 SOURCES = Path(__file__).resolve().parent
 ARCHS: tuple[str, ...] = ("sm_80", "sm_90")

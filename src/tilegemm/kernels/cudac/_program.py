@@ -1,6 +1,7 @@
 """What a cudac rung's ``build`` returns: how to launch its kernel on device arrays.
 
-Kept free of GPU imports until a launch. The kernel is compiled (NVRTC) and loaded
+``cudac_spec`` declares a rung: the ``SPEC`` of a CUDA C kernel that runs a Numba rung's
+algorithm. Kept free of GPU imports until a launch. The kernel is compiled (NVRTC) and loaded
 (``cuda.core``) the first time it runs on a device, for that device's architecture.
 Operands are any objects with ``__cuda_array_interface__`` (numba, CuPy, PyTorch arrays)
 shaped (batch or 1, M, K), (batch or 1, K, N) and (batch, M, N); their data pointers and
@@ -9,11 +10,17 @@ strides go to the kernel as they are, so strided and transposed views need no co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from tilegemm.launch import Grid
+from tilegemm.registry import KernelSpec
+
+# The backend these rungs belong to: this package's name (tilegemm.kernels.<backend>).
+BACKEND = __name__.split(".")[-2]
 
 _KERNELS: dict[tuple[Any, ...], Any] = {}
 
@@ -24,7 +31,7 @@ class CudacProgram:
     params: tuple[tuple[str, int], ...]
     dtype: str
     block: tuple[int, int, int]
-    grid: Callable[[int, int, int], tuple[int, int, int]]  # (batch, M, N) -> blocks
+    grid: Grid  # (batch, M, N) -> blocks
 
     def kernel(self) -> Any:
         """The loaded ``cuda.core`` Kernel for the current device (compiled once per arch)."""
@@ -63,6 +70,29 @@ class CudacProgram:
         config = LaunchConfig(grid=self.grid(batch, m, n), block=self.block)
         launch(_core_stream(stream), config, self.kernel(), *pointers, *sizes, *strides,
                t(alpha), t(beta))
+
+
+def cudac_spec(numba_rung: KernelSpec, doc: str, *, title: str,
+               block: Callable[[Mapping[str, int]], tuple[int, int, int]],
+               grid: Callable[[Mapping[str, int]], Grid], **fields: Any) -> KernelSpec:
+    """The ``SPEC`` of a CUDA C rung that runs the algorithm of ``numba_rung``.
+
+    It takes that rung's name and number (so ``tilegemm bench`` shows the two side by
+    side) and its parameters, constraints, dtypes, threads and shared memory (so one
+    parameter set compiles on both); ``fields`` replaces any of those (``params=``).
+    ``block(params)`` is the thread block and ``grid(params)`` the launch grid for
+    (batch, M, N); the kernel is ``kNN_<name>.cu`` beside the rung's module.
+    """
+    name = numba_rung.name
+
+    def build(p: Mapping[str, int], dtype: np.dtype) -> CudacProgram:
+        return CudacProgram(name, tuple(sorted(p.items())), dtype.name, block(p), grid(p))
+
+    shared = {"params": numba_rung.params, "constraints": numba_rung.constraints,
+              "dtypes": numba_rung.dtypes, "threads": numba_rung.threads,
+              "smem": numba_rung.smem}
+    return KernelSpec(name=name, backend=BACKEND, rung=numba_rung.rung, title=title,
+                      build=build, doc=doc, **{**shared, **fields})
 
 
 def _core_stream(stream: Any) -> Any:

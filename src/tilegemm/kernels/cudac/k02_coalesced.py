@@ -9,33 +9,13 @@ rectangular shapes, bounds on every access, batches, grid-stride loops.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from tilegemm.kernels.cuda.k02_coalesced import SPEC as NUMBA_RUNG
+from tilegemm.kernels.cudac._program import cudac_spec
+from tilegemm.launch import tile_grid
 
-import numpy as np
-
-from tilegemm.kernels.cudac._program import CudacProgram
-from tilegemm.launch import capped_grid, ceil_div
-from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
-
-
-def build(p: Mapping[str, int], dtype: np.dtype) -> CudacProgram:
-    bs = p["BLOCK"]
-
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(n, bs), ceil_div(m, bs), batch)  # x → columns
-
-    return CudacProgram("coalesced", tuple(sorted(p.items())), dtype.name, (bs, bs, 1), grid)
-
-
-SPEC = KernelSpec(
-    name="coalesced",
-    backend="cudac",
-    rung=2,
+SPEC = cudac_spec(
+    NUMBA_RUNG, __doc__,
     title="one thread per output, x → column (the optimisation note's global-memory kernel)",
-    build=build,
-    params=(Param("BLOCK", 16, (8, 16, 32), "threads per block side (BLOCK × BLOCK)"),),
-    dtypes=FLOATS + INTS,
-    threads=lambda p: p["BLOCK"] ** 2,
-    smem=lambda p, itemsize: 0,
-    doc=__doc__,
+    block=lambda p: (p["BLOCK"], p["BLOCK"], 1),
+    grid=lambda p: tile_grid(p["BLOCK"], p["BLOCK"]),  # x → columns
 )

@@ -10,33 +10,13 @@ grid z, grid-stride tile loops.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from tilegemm.kernels.cuda.k03_shared import SPEC as NUMBA_RUNG
+from tilegemm.kernels.cudac._program import cudac_spec
+from tilegemm.launch import tile_grid
 
-import numpy as np
-
-from tilegemm.kernels.cudac._program import CudacProgram
-from tilegemm.launch import capped_grid, ceil_div
-from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
-
-
-def build(p: Mapping[str, int], dtype: np.dtype) -> CudacProgram:
-    tile = p["TILE"]
-
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(n, tile), ceil_div(m, tile), batch)
-
-    return CudacProgram("shared", tuple(sorted(p.items())), dtype.name, (tile, tile, 1), grid)
-
-
-SPEC = KernelSpec(
-    name="shared",
-    backend="cudac",
-    rung=3,
+SPEC = cudac_spec(
+    NUMBA_RUNG, __doc__,
     title="TILE×TILE shared-memory tiles (cuda-samples MatrixMulCUDA<BLOCK_SIZE>)",
-    build=build,
-    params=(Param("TILE", 16, (8, 16, 32), "tile side (the sample's BLOCK_SIZE)"),),
-    dtypes=FLOATS + INTS,
-    threads=lambda p: p["TILE"] ** 2,
-    smem=lambda p, itemsize: 2 * p["TILE"] ** 2 * itemsize,
-    doc=__doc__,
+    block=lambda p: (p["TILE"], p["TILE"], 1),
+    grid=lambda p: tile_grid(p["TILE"], p["TILE"]),
 )

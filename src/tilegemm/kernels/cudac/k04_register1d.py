@@ -9,41 +9,13 @@ any R dividing TILE and any M, N, K.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from tilegemm.kernels.cuda.k04_register1d import SPEC as NUMBA_RUNG
+from tilegemm.kernels.cudac._program import cudac_spec
+from tilegemm.launch import tile_grid
 
-import numpy as np
-
-from tilegemm.kernels.cudac._program import CudacProgram
-from tilegemm.launch import capped_grid, ceil_div
-from tilegemm.registry import FLOATS, INTS, Constraint, KernelSpec, Param
-
-
-def build(p: Mapping[str, int], dtype: np.dtype) -> CudacProgram:
-    tile, rows = p["TILE"], p["TILE"] // p["R"]
-
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(n, tile), ceil_div(m, tile), batch)
-
-    return CudacProgram("register1d", tuple(sorted(p.items())), dtype.name, (tile, rows, 1),
-                        grid)
-
-
-SPEC = KernelSpec(
-    name="register1d",
-    backend="cudac",
-    rung=4,
+SPEC = cudac_spec(
+    NUMBA_RUNG, __doc__,
     title="R outputs per thread down a column (the optimisation note's ILP kernel, any R)",
-    build=build,
-    params=(
-        Param("TILE", 32, (8, 16, 32), "tile side (TILE × TILE tiles of A, B and C)"),
-        Param("R", 4, (1, 2, 4, 8, 16, 32), "outputs per thread (rows ty + r·TILE/R)"),
-    ),
-    constraints=(
-        Constraint("TILE % R == 0 (each thread's R rows must divide the tile evenly)",
-                   lambda p: p["TILE"] % p["R"] == 0),
-    ),
-    dtypes=FLOATS + INTS,
-    threads=lambda p: p["TILE"] * (p["TILE"] // p["R"]),
-    smem=lambda p, itemsize: 2 * p["TILE"] ** 2 * itemsize,
-    doc=__doc__,
+    block=lambda p: (p["TILE"], p["TILE"] // p["R"], 1),  # TILE × TILE/R threads
+    grid=lambda p: tile_grid(p["TILE"], p["TILE"]),
 )

@@ -11,36 +11,13 @@ its edges handle any shape.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import numpy as np
-
 from tilegemm.kernels.cuda.k08_warptile import SPEC as NUMBA_RUNG
-from tilegemm.kernels.cudac._program import CudacProgram
-from tilegemm.launch import capped_grid, ceil_div
-from tilegemm.registry import KernelSpec
+from tilegemm.kernels.cudac._program import cudac_spec
+from tilegemm.launch import tile_grid
 
-
-def build(p: Mapping[str, int], dtype: np.dtype) -> CudacProgram:
-    bm, bn = p["BM"], p["BN"]
-
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(n, bn), ceil_div(m, bm), batch)
-
-    threads = NUMBA_RUNG.threads(p)
-    return CudacProgram("warptile", tuple(sorted(p.items())), dtype.name, (threads, 1, 1), grid)
-
-
-SPEC = KernelSpec(
-    name="warptile",
-    backend="cudac",
-    rung=8,
+SPEC = cudac_spec(
+    NUMBA_RUNG, __doc__,
     title="warp tiles between block and thread tiles (siboehm kernel 10, CUDA C)",
-    build=build,
-    params=NUMBA_RUNG.params,
-    constraints=NUMBA_RUNG.constraints,
-    dtypes=NUMBA_RUNG.dtypes,
-    threads=NUMBA_RUNG.threads,
-    smem=NUMBA_RUNG.smem,
-    doc=__doc__,
+    block=lambda p: (NUMBA_RUNG.threads(p), 1, 1),
+    grid=lambda p: tile_grid(p["BM"], p["BN"]),
 )

@@ -10,38 +10,15 @@ for L2 reuse; one grid dimension over tiles, batches in z.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-import numpy as np
-
 from tilegemm.kernels.cuda.k09_pipelined import SPEC as NUMBA_RUNG
-from tilegemm.kernels.cudac._program import CudacProgram
-from tilegemm.launch import capped_grid, ceil_div
-from tilegemm.registry import KernelSpec
+from tilegemm.kernels.cudac._program import cudac_spec
+from tilegemm.launch import flat_tile_grid
 
-
-def build(p: Mapping[str, int], dtype: np.dtype) -> CudacProgram:
-    bm, bn = p["BM"], p["BN"]
-
-    def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
-        return capped_grid(ceil_div(m, bm) * ceil_div(n, bn), 1, batch)
-
-    threads = NUMBA_RUNG.threads(p)
-    return CudacProgram("pipelined", tuple(sorted(p.items())), dtype.name, (threads, 1, 1),
-                        grid)
-
-
-SPEC = KernelSpec(
-    name="pipelined",
-    backend="cudac",
-    rung=9,
+SPEC = cudac_spec(
+    NUMBA_RUNG, __doc__,
     title="double-buffered shared tiles, one barrier per k-tile, grouped order (CUDA C)",
-    build=build,
+    block=lambda p: (NUMBA_RUNG.threads(p), 1, 1),
+    grid=lambda p: flat_tile_grid(p["BM"], p["BN"]),  # grouped tile order, batches in z
     # the same tiles; split-K is a launch strategy of the Numba rung only
     params=tuple(x for x in NUMBA_RUNG.params if x.name != "SPLIT_K"),
-    constraints=NUMBA_RUNG.constraints,
-    dtypes=NUMBA_RUNG.dtypes,
-    threads=NUMBA_RUNG.threads,
-    smem=NUMBA_RUNG.smem,
-    doc=__doc__,
 )
