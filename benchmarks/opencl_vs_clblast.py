@@ -125,6 +125,12 @@ def main() -> int:
         prob = make_problem(describe(a, "a"), describe(b, "b"))
         flops = 2.0 * n**3
 
+        if args.kernel == "auto":  # what kernel="auto" runs for this size (database included)
+            import tilegemm
+
+            planned = tilegemm.plan(a, b, backend="opencl")
+            spec, params = registry.get(planned.kernel, "opencl"), dict(planned.params)
+            print(f"n={n}: auto runs {planned}", flush=True)
         prepared = prepare_verified(backend, spec, params, prob, a[None], b[None])
         calls = {"ours": lambda p=prepared: (p.launch(), queue.finish())}
 
@@ -144,7 +150,7 @@ def main() -> int:
 
         times = alternating({name: host_timed(call) for name, call in calls.items()},
                             args.reps, pause=0.0)
-        result: dict[str, Any] = {"n": n}
+        result: dict[str, Any] = {"n": n, "ours_kernel": spec.name, "ours_params": params}
         for name, ts in times.items():
             result[name] = {
                 "gflops_best": flops / min(ts) / 1e9,

@@ -34,7 +34,7 @@ def _roots() -> list[Any]:
 
     modules = ("tilegemm", "tilegemm.bench", "tilegemm.backends", "tilegemm.backends.base",
                "tilegemm.registry", "tilegemm.bench.report", "tilegemm.bench.reports",
-               "tilegemm.bench.sweeps")
+               "tilegemm.bench.sweeps", "tilegemm.kernels.cudac")
     return [*map(importlib.import_module, modules), Backend, Target, KernelSpec, Report,
             PlanContext, Case, BackendLine]
 

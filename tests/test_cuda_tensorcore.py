@@ -283,9 +283,9 @@ def test_offset_forms_check_their_offsets_in_the_simulator() -> None:
     with pytest.raises(AssertionError, match="not that of index"):
         T._py_cp_async16_ptr(dst, 0, src, (0, 1, 4), 13 * 4, 16)
     with pytest.raises(IndexError, match="outside a shared array"):
-        T._py_cp_async16_at(dst, 64, src, (0, 1, 4), 12, 16)
+        T._py_cp_async16_at(dst, 256, src, (0, 1, 4), 12, 16)
     with pytest.raises(IndexError, match="outside a shared array"):
-        T._py_lds_at(1)(dst, 64)
+        T._py_lds_at(1)(dst, 256)
     v = np.array([1 + 2.0**-11, 1 + 2.0**-12, np.nan, -np.inf], np.float32)
     shared = v.copy()
     T._py_round_tf32_at(shared, 0)

@@ -140,11 +140,12 @@ def _missing() -> str:
 
 
 # Rung mma (tensor cores), sm_90, defaults: the HMMA share of its hot loop (the interior
-# k-tile loop: k steps written out, unchecked copies, TF32 rounded once in shared memory).
+# k-tile loop: k steps written out, unchecked copies, TF32 rounded once in shared memory,
+# 3xTF32 split in 5 instructions a value).
 # Before that work (docs/tensor-cores.md, "Machine code"): 4.5 % (tf32), 17 % (3xtf32, a
 # k-step loop without the copies), 5.2 % (float16), 4.8 % (bfloat16).
-MMA_GUARD = {("float32", 1): 0.19, ("float32", 3): 0.18, ("float16", 1): 0.26,
-             ("bfloat16", 1): 0.26}
+MMA_GUARD = {("float32", 1): 0.20, ("float32", 3): 0.22, ("float16", 1): 0.34,
+             ("bfloat16", 1): 0.34}
 
 
 @pytest.mark.ptx

@@ -184,48 +184,21 @@ class MatmulCommon:
     def test_matrix_matrix_values(self, dt):
         mat1 = np.array([[1, 2], [3, 4]])
         mat2 = np.array([[1, 0], [1, 1]])
-        mat12 = np.stack([mat1, mat2], axis=0)
-        mat21 = np.stack([mat2, mat1], axis=0)
         tgt11 = np.array([[7, 10], [15, 22]])
         tgt12 = np.array([[3, 2], [7, 4]])
         tgt21 = np.array([[1, 2], [4, 6]])
-        tgt12_21 = np.stack([tgt12, tgt21], axis=0)
-        tgt11_12 = np.stack((tgt11, tgt12), axis=0)
-        tgt11_21 = np.stack((tgt11, tgt21), axis=0)
-        m1 = mat1.astype(dt)
-        m2 = mat2.astype(dt)
-        m12 = mat12.astype(dt)
-        m21 = mat21.astype(dt)
-
-        # matrix @ matrix
-        res = self.matmul(m1, m2)
-        assert_equal(res, tgt12)
-        res = self.matmul(m2, m1)
-        assert_equal(res, tgt21)
-
-        # stacked @ matrix
-        res = self.matmul(m12, m1)
-        assert_equal(res, tgt11_21)
-
-        # matrix @ stacked
-        res = self.matmul(m1, m12)
-        assert_equal(res, tgt11_12)
-
-        # stacked @ stacked
-        res = self.matmul(m12, m21)
-        assert_equal(res, tgt12_21)
+        self._check_stacked_products(mat1.astype(dt), mat2.astype(dt), tgt11, tgt12, tgt21)
 
         # boolean type
         m1 = np.array([[1, 1], [0, 0]], dtype=np.bool)
         m2 = np.array([[1, 0], [1, 1]], dtype=np.bool)
+        tgt21 = np.array([[1, 1], [1, 1]], dtype=np.bool)
+        self._check_stacked_products(m1, m2, m1, m1, tgt21)
+
+    def _check_stacked_products(self, m1, m2, tgt11, tgt12, tgt21):
+        """m1 @ m2 and m2 @ m1 (tgtXY is mX @ mY), then with stacks [m1, m2] and [m2, m1]."""
         m12 = np.stack([m1, m2], axis=0)
         m21 = np.stack([m2, m1], axis=0)
-        tgt11 = m1
-        tgt12 = m1
-        tgt21 = np.array([[1, 1], [1, 1]], dtype=np.bool)
-        tgt12_21 = np.stack([tgt12, tgt21], axis=0)
-        tgt11_12 = np.stack((tgt11, tgt12), axis=0)
-        tgt11_21 = np.stack((tgt11, tgt21), axis=0)
 
         # matrix @ matrix
         res = self.matmul(m1, m2)
@@ -235,15 +208,15 @@ class MatmulCommon:
 
         # stacked @ matrix
         res = self.matmul(m12, m1)
-        assert_equal(res, tgt11_21)
+        assert_equal(res, np.stack((tgt11, tgt21), axis=0))
 
         # matrix @ stacked
         res = self.matmul(m1, m12)
-        assert_equal(res, tgt11_12)
+        assert_equal(res, np.stack((tgt11, tgt12), axis=0))
 
         # stacked @ stacked
         res = self.matmul(m12, m21)
-        assert_equal(res, tgt12_21)
+        assert_equal(res, np.stack([tgt12, tgt21], axis=0))
 
 
 class TestMatmul(MatmulCommon):
@@ -397,21 +370,13 @@ class TestMatmul(MatmulCommon):
         c = np.zeros((3, 3))
         assert_array_equal(self.matmul(a, b), c)
 
-    def test_matmul_exception_multiply(self):
-        # test that matmul fails if `__mul__` is missing (object arrays: refused outright)
-        class add_not_multiply:
-            def __add__(self, other):
-                return self
-        a = np.full((3, 3), add_not_multiply())
-        with assert_raises(TypeError):
-            self.matmul(a, a)
-
-    def test_matmul_exception_add(self):
-        # test that matmul fails if `__add__` is missing (object arrays: refused outright)
-        class multiply_not_add:
-            def __mul__(self, other):
-                return self
-        a = np.full((3, 3), multiply_not_add())
+    @pytest.mark.parametrize("missing", ["multiply", "add"])
+    def test_matmul_exception(self, missing):
+        # test that matmul fails if `__mul__` or `__add__` is missing (NumPy's
+        # test_matmul_exception_multiply and _add; object arrays: refused outright)
+        has = "__add__" if missing == "multiply" else "__mul__"
+        only_one = type(f"{has.strip('_')}_not_{missing}", (), {has: lambda self, other: self})
+        a = np.full((3, 3), only_one())
         with assert_raises(TypeError):
             self.matmul(a, a)
 

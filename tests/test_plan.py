@@ -49,7 +49,24 @@ def test_shipped_database_entries_are_valid_parameters():
     for e in database.entries():
         spec = registry.get(e["kernel"], e["backend"])
         assert spec.supports(e["dtype"]) and spec.is_valid(spec.resolve(e["params"])), e
-        assert e["isa"] in ("avx2", "avx512") and e.get("measured"), e
+        # CPU entries name the vector ISA; an OpenCL device has no architecture string
+        assert e["isa"] in (("avx2", "avx512") if e["backend"] == "cpu" else ("",)), e
+        assert e.get("measured"), e
+
+
+def test_opencl_entry_matches_its_device_only():
+    """The PoCL entry is per device: another OpenCL device (or the same name on the CPU
+    backend) falls through to the rung's own defaults."""
+
+    def opencl(name: str) -> Target:
+        return Target("opencl", name, "cpu", "", Limits(threads_per_block=4096), "events")
+
+    name = "pthread-Intel(R) Xeon(R) Processor"
+    entry, tier = database.lookup(opencl(name), "float32")
+    assert (entry["kernel"], entry["params"]["TM"], entry["params"]["TN"], tier) == (
+        "vectorized", 16, 16, "device")
+    assert database.lookup(opencl(name), "float64") is None
+    assert database.lookup(opencl("pthread-AMD EPYC 9R14"), "float32") is None
 
 
 class _Spy(Exception):

@@ -99,3 +99,32 @@ def test_a_backend_is_named_only_in_its_own_files_and_its_registration_line() ->
               if p not in own and (src / "kernels" / "cudac") not in p.parents
               and re.search(r"\bcudac\b", p.read_text())]
     assert naming == []
+
+
+def test_changed_alters_one_parameter_and_refuses_an_unknown_one() -> None:
+    params = (Param("BM", 128, (64, 128)), Param("BK", 16, (8, 16), "depth"))
+    out = registry.changed(params, "BK", default=8)
+    assert out == (params[0], Param("BK", 8, (8, 16), "depth"))
+    assert params[1].default == 16  # the original is left as it was
+    with pytest.raises(KeyError, match="no parameter 'TM'"):
+        registry.changed(params, "TM", default=4)
+
+
+def test_derived_rungs_keep_their_source_rungs_limits() -> None:
+    """Rungs declared from another rung's SPEC (rung 2 from 1, 7 from 6, OpenCL 1 and 3
+    from CUDA's, 9 from 8) differ from it only where they say so."""
+    cases = [(("coalesced", "cuda", 2), ("naive", "cuda"), set()),
+             (("smem_layout", "cuda", 7), ("vectorized", "cuda"), {"TM"}),
+             (("naive", "opencl", 1), ("naive", "cuda"), set()),
+             (("shared", "opencl", 3), ("shared", "cuda"), set())]
+    for (name, backend, rung), source, differ in cases:
+        spec, src = registry.get(name, backend), registry.get(*source)
+        assert (spec.name, spec.backend, spec.rung) == (name, backend, rung)
+        assert spec.doc and spec.doc != src.doc and spec.build is not src.build
+        assert {p.name for p in spec.params if p not in src.params} == differ
+        assert spec.constraints == src.constraints and spec.dtypes == src.dtypes
+        for p in spec.space():
+            assert spec.threads(p) == src.threads(p) and spec.smem(p, 4) == src.smem(p, 4)
+    pipelined, warptile = registry.get("pipelined", "cuda"), registry.get("warptile", "cuda")
+    assert pipelined.threads is warptile.threads
+    assert pipelined.constraints[:3] == warptile.constraints[:3]

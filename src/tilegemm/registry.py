@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from itertools import product
 from typing import Any
@@ -60,6 +60,14 @@ class Param:
     # the shape being tuned: a launch strategy chosen per shape (pipelined's SPLIT_K) would
     # otherwise multiply the candidates, most of them pointless for that shape.
     searched: bool = True
+
+
+def changed(params: tuple[Param, ...], name: str, **changes: Any) -> tuple[Param, ...]:
+    """``params`` with the one called ``name`` changed (``default=``, ``choices=``...): for
+    a rung that keeps the previous rung's parameters but one."""
+    if name not in {q.name for q in params}:
+        raise KeyError(f"no parameter {name!r} to change")
+    return tuple(replace(q, **changes) if q.name == name else q for q in params)
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,18 @@ ARCHS = COMPILE_ARCHS  # the CUDA backend's: sm_80 and sm_90
 
 
 @dataclass(frozen=True)
-class Resources:
+class Compiled:
+    """Which compilation a record describes: a rung for an architecture, a dtype and a
+    parameter set."""
+
     kernel: str
     arch: str
     dtype: str
     params: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Resources(Compiled):
     registers: int
     spill_stores: int  # bytes
     spill_loads: int  # bytes

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.analysis.resources import Compiled
 from tilegemm.analysis.sass import hot_loop, parse_sass
 from tilegemm.registry import KernelSpec
 
@@ -34,11 +35,7 @@ def kind(op: str) -> str:
 
 
 @dataclass(frozen=True)
-class MmaSass:
-    kernel: str
-    arch: str
-    dtype: str
-    params: dict[str, int]
+class MmaSass(Compiled):
     instructions: int  # in the whole kernel
     hmma: int  # in the whole kernel
     local_memory: int  # LDL/STL anywhere

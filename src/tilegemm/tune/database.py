@@ -51,8 +51,10 @@ def isa(target: Target) -> str:
 def lookup(target: Target, dtype: str,
            table: tuple[dict[str, Any], ...] | None = None) -> tuple[dict[str, Any], str] | None:
     """(entry, tier) for ``target`` and ``dtype``: tier "device" (name and ISA match), else
-    "isa" (an entry for any device of this ISA, the ``"*"`` one first); None when the
-    database has nothing (the rung's defaults apply)."""
+    "isa" (an entry for any device of this ISA, the ``"*"`` one first; none for a device
+    without an architecture string, such as an OpenCL device, whose entries would otherwise
+    serve every other device); None when the database has nothing (the rung's defaults
+    apply)."""
     table = entries() if table is None else table
     arch = isa(target)
     same = [e for e in table if e["backend"] == target.backend and e["dtype"] == dtype
@@ -60,6 +62,8 @@ def lookup(target: Target, dtype: str,
     for e in same:
         if e["device"] == target.name:
             return e, "device"
+    if not arch:  # no architecture to share (OpenCL devices): entries are per device only
+        return None
     for e in sorted(same, key=lambda e: e["device"] != "*"):
         return e, "isa"
     return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
@@ -37,6 +37,14 @@ class PlanContext:
     settings: Settings
     specs: Mapping[str, list[KernelSpec]]
     case: Callable[..., Case]
+
+    def ladder_cases(self, report: str, backend: str, n: int,
+                     variants: Callable[[KernelSpec], Iterable[Mapping[str, int]]] = lambda s: [{}],
+                     ) -> list[Case]:
+        """The cases of one backend's ladder at n: every rung once per parameter set
+        ``variants(spec)`` gives (its device defaults by default), then the vendor library."""
+        return [*(self.case(report, backend, n, s, v) for s in self.specs[backend]
+                  for v in variants(s)), self.case(report, backend, n)]
 
 
 @dataclass(frozen=True)

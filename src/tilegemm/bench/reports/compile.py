@@ -49,10 +49,7 @@ def compile_tables(results: Results) -> list[rp.Table]:
 
 def cases(ctx: PlanContext) -> list[Case]:
     n = ctx.settings.compile_size
-    out = []
-    for be in ctx.backends:
-        out += [ctx.case("compile", be, n, s) for s in ctx.specs[be]]
-        out.append(ctx.case("compile", be, n))
+    out = [c for be in ctx.backends for c in ctx.ladder_cases("compile", be, n)]
     if ctx.backends:  # the Numba ROC example prints NumPy's time beside the GPU's
         from tilegemm.backends import host_backend
 

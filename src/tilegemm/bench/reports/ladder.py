@@ -44,8 +44,7 @@ def ladder_tables(results: Results) -> list[rp.Table]:
 
 def cases(ctx: PlanContext) -> list[Case]:
     return [c for n in ctx.settings.ladder_sizes for be in ctx.backends
-            for c in [*(ctx.case("ladder", be, n, s) for s in ctx.specs[be]),
-                      ctx.case("ladder", be, n)]]
+            for c in ctx.ladder_cases("ladder", be, n)]
 
 
 REPORT = Report("ladder", 40, cases, ladder_tables)

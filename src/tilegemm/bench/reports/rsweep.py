@@ -12,6 +12,7 @@ from tilegemm.bench.results import Results
 if TYPE_CHECKING:
     from tilegemm.bench.reports import PlanContext
     from tilegemm.bench.sweeps import Case
+    from tilegemm.registry import KernelSpec
 
 
 # the optimisation note's outputs-per-thread sweep (TFLOP/s at 1024³, block 32×32, its GPU is not
@@ -47,17 +48,12 @@ def rsweep_tables(results: Results) -> list[rp.Table]:
 
 
 def cases(ctx: PlanContext) -> list[Case]:
-    n = ctx.settings.r_size
-    out = []
-    for be in ctx.backends:
-        swept = [s for s in ctx.specs[be] if any(p.name == OUTPUTS_PARAM for p in s.params)]
-        for s in swept:
-            choices = next(p.choices for p in s.params if p.name == OUTPUTS_PARAM)
-            out += [ctx.case("rsweep", be, n, s, {OUTPUTS_PARAM: r})
-                    for r in ctx.settings.r_values if r in choices]
-        if swept:
-            out.append(ctx.case("rsweep", be, n))
-    return out
+    def r_values(s: KernelSpec) -> list[dict[str, int]]:  # none for a rung without R
+        choices = next((p.choices for p in s.params if p.name == OUTPUTS_PARAM), ())
+        return [{OUTPUTS_PARAM: r} for r in ctx.settings.r_values if r in choices]
+
+    return [c for be in ctx.backends if any(r_values(s) for s in ctx.specs[be])
+            for c in ctx.ladder_cases("rsweep", be, ctx.settings.r_size, r_values)]
 
 
 REPORT = Report("rsweep", 30, cases, rsweep_tables)

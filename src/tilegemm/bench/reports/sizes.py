@@ -59,14 +59,9 @@ def variants(spec: KernelSpec, blocks: tuple[int, ...]) -> list[dict[str, int]]:
 
 
 def cases(ctx: PlanContext) -> list[Case]:
-    out = []
-    for n in ctx.settings.sizes:
-        for be in ctx.backends:
-            for s in ctx.specs[be]:
-                out += [ctx.case("sizes", be, n, s, v)
-                        for v in variants(s, ctx.settings.blocks)]
-            out.append(ctx.case("sizes", be, n))
-    return out
+    return [c for n in ctx.settings.sizes for be in ctx.backends
+            for c in ctx.ladder_cases("sizes", be, n,
+                                      lambda s: variants(s, ctx.settings.blocks))]
 
 
 REPORT = Report("sizes", 20, cases, sizes_tables)

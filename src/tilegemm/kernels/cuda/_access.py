@@ -133,6 +133,32 @@ def _py_address(arr: Any) -> int:
 
 
 # --- compiled intrinsics -------------------------------------------------------------------
+# Typing and lowering helpers shared by the intrinsics here and in _tensorcore.py (numba is
+# imported when they run: while a kernel compiles).
+
+
+def check_index(arr: Any, idx: Any, what: str) -> None:
+    """Typing: ``arr`` is an array and ``idx`` a tuple of one integer per dimension."""
+    from numba import types
+    from numba.core.errors import TypingError
+
+    if not isinstance(arr, types.Array):
+        raise TypingError(f"{what}: needs an array, got {arr}")
+    if (not isinstance(idx, types.BaseTuple) or len(idx) != arr.ndim
+            or not all(isinstance(t, types.Integer) for t in idx)):
+        raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
+
+
+def item_pointer(context: Any, builder: Any, arrty: Any, arr: Any, idxty: Any,
+                 idx: Any) -> Any:
+    """Lowering: the address of ``arr[idx]``, without negative-index wraparound."""
+    from numba.cuda import cgutils
+    from numba.cuda.api_util import normalize_indices
+
+    idxty, indices = normalize_indices(context, builder, idxty, idx, arrty, arrty.dtype)
+    ary = context.make_array(arrty)(context, builder, value=arr)
+    return cgutils.get_item_pointer(context, builder, arrty, ary, indices, wraparound=False)
+
 
 
 @cache
@@ -141,15 +167,7 @@ def _compiled_ops() -> Access:
     from numba import types
     from numba.core.errors import TypingError
     from numba.cuda import cgutils
-    from numba.cuda.api_util import normalize_indices
     from numba.cuda.extending import intrinsic
-
-    def check_index(arr: Any, idx: Any, what: str) -> None:
-        if not isinstance(arr, types.Array):
-            raise TypingError(f"{what}: needs an array, got {arr}")
-        if (not isinstance(idx, types.BaseTuple) or len(idx) != arr.ndim
-                or not all(isinstance(t, types.Integer) for t in idx)):
-            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
 
     def check(arr: Any, idx: Any, what: str) -> int:
         if not isinstance(arr, types.Array) or not isinstance(arr.dtype, types.Number):
@@ -162,19 +180,9 @@ def _compiled_ops() -> Access:
 
     def vector_pointer(context: Any, builder: Any, arrty: Any, arr: Any, idxty: Any,
                        idx: Any, w: int) -> Any:
-        idxty, indices = normalize_indices(context, builder, idxty, idx, arrty, arrty.dtype)
-        ary = context.make_array(arrty)(context, builder, value=arr)
-        ptr = cgutils.get_item_pointer(context, builder, arrty, ary, indices,
-                                       wraparound=False)
+        ptr = item_pointer(context, builder, arrty, arr, idxty, idx)
         vec = ir.VectorType(context.get_value_type(arrty.dtype), w)
         return builder.bitcast(ptr, vec.as_pointer()), vec
-
-    def item_pointer(context: Any, builder: Any, arrty: Any, arr: Any, idxty: Any,
-                     idx: Any) -> Any:
-        idxty, indices = normalize_indices(context, builder, idxty, idx, arrty, arrty.dtype)
-        ary = context.make_array(arrty)(context, builder, value=arr)
-        return cgutils.get_item_pointer(context, builder, arrty, ary, indices,
-                                        wraparound=False)
 
     @intrinsic
     def load(typingctx: Any, arr: Any, idx: Any) -> Any:
@@ -216,10 +224,7 @@ def _compiled_ops() -> Access:
 
     def element_pointers(context: Any, builder: Any, arrty: Any, arr: Any, idxty: Any,
                          idx: Any, w: int) -> list[Any]:
-        idxty, indices = normalize_indices(context, builder, idxty, idx, arrty, arrty.dtype)
-        ary = context.make_array(arrty)(context, builder, value=arr)
-        ptr = cgutils.get_item_pointer(context, builder, arrty, ary, indices,
-                                       wraparound=False)
+        ptr = item_pointer(context, builder, arrty, arr, idxty, idx)
         return [builder.gep(ptr, [ir.Constant(ir.IntType(64), q)]) for q in range(w)]
 
     @intrinsic

@@ -34,9 +34,10 @@ leaves a real call, and the fragments go through local memory). The instructions
   ``cp.async.wait_group n`` (n is an immediate, so one function per n);
 - ``ldmatrix_x4_at(arr, off)``, ``ldmatrix_x4_trans_at(arr, off)``, ``lds_at(w)(arr, off)``
   and ``cp_async16_at(dst, doff, src, sidx, soff, nbytes)``: the same instructions (``lds_at``:
-  a ``w``-element shared load, ``ld.shared.v{w}``) addressed by element offsets instead of
-  index tuples: ``off``/``doff`` from the start of a shared array (its elements in row-major
-  order), ``soff`` from ``src``'s data pointer (``sum(i * stride / itemsize)`` of ``sidx``).
+  a ``w``-element shared load, ``ld.shared.v{w}``) addressed by offsets instead of index
+  tuples: ``off``/``doff`` in bytes from the start of a shared array (its elements in
+  row-major order), ``soff`` in elements from ``src``'s data pointer
+  (``sum(i * stride / itemsize)`` of ``sidx``).
   A kernel keeps per-thread offsets and adds constants to them, so the shared addresses
   become a register plus an immediate (``LDSM.16.M88.4 R8, [R2+0x800]``) and a copy's source
   is one pointer bumped per k-tile, instead of rebuilding each address from an index tuple
@@ -46,7 +47,13 @@ leaves a real call, and the fragments go through local memory). The instructions
 - ``cp_async16_ptr(dst, doff, src, sidx, ptr, nbytes)``: the same copy from the byte address
   ``ptr`` (``address(src)`` + byte offset of ``sidx``), so a kernel can bump one 64-bit
   address per k-tile; the simulator, where ``address`` is 0, checks ``ptr`` against ``sidx``;
-- ``round_tf32_at(arr, off)``: the 4 float32 at element offset ``off`` (16-byte aligned) of
+- ``split_tf32(x)``: ``(big, small)`` for 3×TF32: ``big`` is ``x`` rounded to TF32 (to
+  nearest, ties away, low 13 bits cleared: half a TF32 ulp added to the bits, then masked)
+  and ``small = x - big`` (exact) rounded for the tensor core as ``round_tf32_at`` rounds
+  (low bits unspecified). Five instructions where ``to_tf32`` twice and the subtraction
+  take seven. A NaN ``x`` gives a NaN ``small`` (its ``big`` may be anything), so the
+  product stays NaN; an infinite ``x`` gives ``big = x`` and a NaN ``small``, as before;
+- ``round_tf32_at(arr, off)``: the 4 float32 at byte offset ``off`` (16-byte aligned) of
   a shared array rounded in place to TF32 for the tensor core: ``ld.shared.v4``, per value
   ``cvt.rna.tf32.f32`` as ptxas expands it (finite: half a TF32 ulp added to the bits), then
   ``st.shared.v4``. The low 13 bits are left unspecified, as ptxas leaves them in a
@@ -76,10 +83,13 @@ waiting reads stale data in the simulator too.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from tilegemm.kernels.cuda._access import check_index, item_pointer
 
 
 class TensorCoreOps(NamedTuple):
@@ -101,6 +111,7 @@ class TensorCoreOps(NamedTuple):
     cp_async16_at: Any
     cp_async16_ptr: Any
     round_tf32_at: Any
+    split_tf32: Any
 
 
 # --- fragment layouts (PTX ISA), shared by the emulations and the tests --------------------
@@ -225,36 +236,44 @@ def warp_exchange(value: Any) -> list[Any]:
     return out
 
 
-def _py_mma_tf32(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
+def _emulate_mma(a: Any, b: Any, c: Any, k: int,
+                 operands: Callable[[int, Any, Any, np.ndarray, np.ndarray], None]
+                 ) -> tuple[np.float32, ...]:
+    """This lane's result of a warp's m16n8k``k`` mma: the 32 lanes' fragments gathered,
+    ``operands(lane, fa, fb, A, B)`` places a lane's A and B values in A (16×k) and B
+    (k×8), the accumulators go by ``c_layout``, and D = A·B + C is rounded to float32."""
     frags = warp_exchange((tuple(a), tuple(b), tuple(c)))
-    A, B, C = np.zeros((16, 8)), np.zeros((8, 8)), np.zeros((16, 8))
+    A, B, C = np.zeros((16, k)), np.zeros((k, 8)), np.zeros((16, 8))
     for lane, (fa, fb, fc) in enumerate(frags):
-        ta, tb = tf32_truncate(np.array(fa, np.float32)), tf32_truncate(np.array(fb, np.float32))
+        operands(lane, fa, fb, A, B)
         for i in range(4):
-            A[a_tf32_layout(lane, i)] = ta[i]
             C[c_layout(lane, i)] = fc[i]
-        for i in range(2):
-            B[b_tf32_layout(lane, i)] = tb[i]
     D = (A @ B + C).astype(np.float32)
     lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
     return tuple(D[c_layout(lane, i)] for i in range(4))
 
 
+def _py_mma_tf32(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
+    def operands(lane: int, fa: Any, fb: Any, A: np.ndarray, B: np.ndarray) -> None:
+        ta, tb = tf32_truncate(np.array(fa, np.float32)), tf32_truncate(np.array(fb, np.float32))
+        for i in range(4):
+            A[a_tf32_layout(lane, i)] = ta[i]
+        for i in range(2):
+            B[b_tf32_layout(lane, i)] = tb[i]
+
+    return _emulate_mma(a, b, c, 8, operands)
+
+
 def _py_mma_16bit(kind: str) -> Any:
+    def operands(lane: int, fa: Any, fb: Any, A: np.ndarray, B: np.ndarray) -> None:
+        va, vb = _half_values(fa, kind).ravel(), _half_values(fb, kind).ravel()
+        for i in range(8):
+            A[a_16bit_layout(lane, i)] = va[i]
+        for i in range(4):
+            B[b_16bit_layout(lane, i)] = vb[i]
+
     def mma(a: Any, b: Any, c: Any) -> tuple[np.float32, ...]:
-        frags = warp_exchange((tuple(a), tuple(b), tuple(c)))
-        A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
-        for lane, (fa, fb, fc) in enumerate(frags):
-            va, vb = _half_values(fa, kind).ravel(), _half_values(fb, kind).ravel()
-            for i in range(8):
-                A[a_16bit_layout(lane, i)] = va[i]
-            for i in range(4):
-                B[b_16bit_layout(lane, i)] = vb[i]
-            for i in range(4):
-                C[c_layout(lane, i)] = fc[i]
-        D = (A @ B + C).astype(np.float32)
-        lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
-        return tuple(D[c_layout(lane, i)] for i in range(4))
+        return _emulate_mma(a, b, c, 16, operands)
 
     mma.__name__ = f"mma_{kind}"
     return mma
@@ -270,8 +289,10 @@ def _row(arr: Any, idx: tuple[int, ...], count: int) -> np.ndarray:
 
 
 def _flat(arr: Any, off: Any, count: int, what: str) -> np.ndarray:
-    """Simulator: ``count`` elements of shared ``arr`` from element offset ``off`` (row-major)."""
-    flat, off = arr.reshape(-1), int(off)
+    """Simulator: ``count`` elements of shared ``arr`` from byte offset ``off`` (row-major)."""
+    if int(off) % arr.dtype.itemsize:
+        raise AssertionError(f"{what}: byte offset {off} is not a whole element")
+    flat, off = arr.reshape(-1), int(off) // arr.dtype.itemsize
     if off < 0 or off + count > flat.size:
         raise IndexError(f"{what}: offset {off} (+{count}) outside a shared array of "
                          f"{flat.size} elements")
@@ -329,8 +350,8 @@ def _py_ldmatrix_x4_trans_at(arr: Any, off: Any) -> tuple[Any, ...]:
 @cache
 def _py_lds_at(w: int) -> Any:
     def lds_at(arr: Any, off: Any) -> tuple[Any, ...]:
-        if int(off) % w:
-            raise AssertionError(f"lds_at({w}): offset {off} is not a multiple of {w}")
+        if int(off) % (w * arr.dtype.itemsize):
+            raise AssertionError(f"lds_at({w}): byte offset {off} is not {w}-element aligned")
         return tuple(_flat(arr, off, w, f"lds_at({w})").copy())
 
     return lds_at
@@ -367,11 +388,11 @@ def _py_cp_async16_at(dst: Any, doff: Any, src: Any, sidx: Any, soff: Any,
     if int(soff) != expect:
         raise AssertionError(f"cp_async16_at: offset {soff} is not that of index {sidx} "
                              f"({expect})")
-    if int(doff) % (16 // dst.itemsize):
+    if int(doff) % 16:
         raise AssertionError(f"cp_async16_at: shared offset {doff} is not 16-byte aligned")
     flat = dst.reshape(-1)
     _flat(dst, doff, 16 // dst.itemsize, "cp_async16_at")  # range check
-    _py_cp_async(16)(flat, (int(doff),), src, sidx, nbytes)
+    _py_cp_async(16)(flat, (int(doff) // dst.itemsize,), src, sidx, nbytes)
 
 
 def _py_cp_async16_ptr(dst: Any, doff: Any, src: Any, sidx: Any, ptr: Any,
@@ -382,8 +403,14 @@ def _py_cp_async16_ptr(dst: Any, doff: Any, src: Any, sidx: Any, ptr: Any,
     _py_cp_async16_at(dst, doff, src, sidx, int(ptr) // isz, nbytes)  # address(src) == 0
 
 
+def _py_split_tf32(x: Any) -> tuple[np.float32, np.float32]:
+    big = np.float32(tf32_round(np.float32(x)))
+    with np.errstate(invalid="ignore"):
+        return big, np.float32(tf32_round(np.float32(x) - big))
+
+
 def _py_round_tf32_at(arr: Any, off: Any) -> None:
-    if arr.dtype != np.float32 or int(off) % 4:
+    if arr.dtype != np.float32 or int(off) % 16:
         raise AssertionError("round_tf32_at: needs float32 and a 16-byte aligned offset")
     v = _flat(arr, off, 4, "round_tf32_at")
     v[:] = tf32_round(v)
@@ -433,7 +460,8 @@ def tensorcore_ops() -> TensorCoreOps:
                              _py_cp_async(16), _py_cp_async(4),
                              _py_cp_commit, _py_cp_wait, _py_load_f32, _py_store_f32,
                              _py_ldmatrix_x4_at, _py_ldmatrix_x4_trans_at, _py_lds_at,
-                             _py_cp_async16_at, _py_cp_async16_ptr, _py_round_tf32_at)
+                             _py_cp_async16_at, _py_cp_async16_ptr, _py_round_tf32_at,
+                             _py_split_tf32)
     return _compiled_ops()
 
 
@@ -446,7 +474,6 @@ def _compiled_ops() -> TensorCoreOps:
     from numba import types
     from numba.core.errors import TypingError
     from numba.cuda import cgutils
-    from numba.cuda.api_util import normalize_indices
     from numba.cuda.extending import intrinsic
 
     f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
@@ -513,24 +540,10 @@ def _compiled_ops() -> TensorCoreOps:
 
         return sig, codegen
 
-    def item_pointer(context: Any, builder: Any, arrty: Any, arr: Any, idxty: Any,
-                     idx: Any) -> Any:
-        idxty, indices = normalize_indices(context, builder, idxty, idx, arrty, arrty.dtype)
-        ary = context.make_array(arrty)(context, builder, value=arr)
-        return cgutils.get_item_pointer(context, builder, arrty, ary, indices,
-                                        wraparound=False)
-
     def shared_address(builder: Any, ptr: Any) -> Any:
         """A generic pointer into shared memory as the 32-bit shared-window address."""
         sptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, addrspace=3))
         return builder.ptrtoint(sptr, i32)
-
-    def check_array(arr: Any, idx: Any, what: str) -> None:
-        if not isinstance(arr, types.Array):
-            raise TypingError(f"{what}: needs an array, got {arr}")
-        if (not isinstance(idx, types.BaseTuple) or len(idx) != arr.ndim
-                or not all(isinstance(t, types.Integer) for t in idx)):
-            raise TypingError(f"{what}: needs a tuple of {arr.ndim} integer indices")
 
     def ldmatrix_intrinsic(trans: bool) -> Any:
         what = "ldmatrix_x4_trans" if trans else "ldmatrix_x4"
@@ -539,7 +552,7 @@ def _compiled_ops() -> TensorCoreOps:
 
         @intrinsic
         def ldmatrix(typingctx: Any, arr: Any, idx: Any) -> Any:
-            check_array(arr, idx, what)
+            check_index(arr, idx, what)
             if arr.dtype.bitwidth not in widths:
                 raise TypingError(f"{what}: needs a {' or '.join(map(str, widths))}-bit "
                                   f"shared array, got {arr}")
@@ -568,8 +581,8 @@ def _compiled_ops() -> TensorCoreOps:
         @intrinsic
         def cp_async(typingctx: Any, dst: Any, didx: Any, src: Any, sidx: Any,
                      nbytes: Any) -> Any:
-            check_array(dst, didx, "cp_async")
-            check_array(src, sidx, "cp_async")
+            check_index(dst, didx, "cp_async")
+            check_index(src, sidx, "cp_async")
             if dst.dtype.bitwidth != src.dtype.bitwidth:
                 raise TypingError("cp_async: source and destination element sizes differ")
             if not isinstance(nbytes, types.Integer):
@@ -616,7 +629,7 @@ def _compiled_ops() -> TensorCoreOps:
         return wait
 
     def check_element(arr: Any, idx: Any, what: str) -> None:
-        check_array(arr, idx, what)
+        check_index(arr, idx, what)
         d = arr.dtype
         if not (d in (types.float32, types.float16)
                 or (isinstance(d, types.Integer) and d.bitwidth == 16)):
@@ -667,15 +680,14 @@ def _compiled_ops() -> TensorCoreOps:
 
     def check_offset(arr: Any, off: Any, what: str) -> None:
         if not isinstance(arr, types.Array) or not isinstance(off, types.Integer):
-            raise TypingError(f"{what}: needs an array and an integer element offset")
+            raise TypingError(f"{what}: needs an array and an integer offset")
 
     def shared_at(context: Any, builder: Any, arrty: Any, arr: Any, offty: Any,
                   off: Any) -> Any:
-        """The 32-bit shared-window address of element ``off`` of shared array ``arr``."""
+        """The 32-bit shared-window address ``off`` bytes into shared array ``arr``."""
         ary = context.make_array(arrty)(context, builder, value=arr)
         o = context.cast(builder, off, offty, types.int32)
-        size = ir.Constant(i32, arrty.dtype.bitwidth // 8)
-        return builder.add(shared_address(builder, ary.data), builder.mul(o, size))
+        return builder.add(shared_address(builder, ary.data), o)
 
     def ldmatrix_at_intrinsic(trans: bool) -> Any:
         what = "ldmatrix_x4_trans_at" if trans else "ldmatrix_x4_at"
@@ -743,7 +755,7 @@ def _compiled_ops() -> TensorCoreOps:
     def cp_async16_at(typingctx: Any, dst: Any, doff: Any, src: Any, sidx: Any, soff: Any,
                       nbytes: Any) -> Any:
         check_offset(dst, doff, "cp_async16_at")
-        check_array(src, sidx, "cp_async16_at")
+        check_index(src, sidx, "cp_async16_at")
         if not isinstance(soff, types.Integer) or not isinstance(nbytes, types.Integer):
             raise TypingError("cp_async16_at: soff and nbytes must be integers")
         if dst.dtype.bitwidth != src.dtype.bitwidth:
@@ -767,7 +779,7 @@ def _compiled_ops() -> TensorCoreOps:
     def cp_async16_ptr(typingctx: Any, dst: Any, doff: Any, src: Any, sidx: Any, ptr: Any,
                        nbytes: Any) -> Any:
         check_offset(dst, doff, "cp_async16_ptr")
-        check_array(src, sidx, "cp_async16_ptr")
+        check_index(src, sidx, "cp_async16_ptr")
         if not isinstance(ptr, types.Integer) or not isinstance(nbytes, types.Integer):
             raise TypingError("cp_async16_ptr: ptr and nbytes must be integers")
         sig = types.void(dst, doff, src, sidx, ptr, nbytes)
@@ -807,8 +819,28 @@ def _compiled_ops() -> TensorCoreOps:
 
         return sig, codegen
 
+    @intrinsic
+    def split_tf32(typingctx: Any, x: Any) -> Any:
+        if not isinstance(x, types.Float):
+            raise TypingError(f"split_tf32: needs a float, got {x}")
+        sig = types.UniTuple(types.float32, 2)(x)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            v = context.cast(builder, args[0], sig.args[0], types.float32)
+            asm = ("{ .reg .b32 %b, %s; .reg .f32 %a; .reg .pred %p; "
+                   "mov.b32 %b, $2; add.u32 %b, %b, 4096; and.b32 %b, %b, 0xFFFFE000; "
+                   "sub.f32 %s, $2, %b; "
+                   "abs.f32 %a, %s; setp.lt.f32 %p, %a, 0f7F800000; "
+                   "@%p add.u32 %s, %s, 4096; mov.b32 $0, %b; mov.b32 $1, %s; }")
+            res = builder.asm(ir.FunctionType(ir.LiteralStructType([f32, f32]), [f32]), asm,
+                              "=f,=f,f", [v], side_effect=False)
+            items = [builder.extract_value(res, q) for q in range(2)]
+            return context.make_tuple(builder, sig.return_type, items)
+
+        return sig, codegen
+
     return TensorCoreOps(mma_tf32, mma_f16, mma_bf16, to_tf32, ldmatrix_intrinsic(False),
                          ldmatrix_intrinsic(True), cp_async_intrinsic(16), cp_async_intrinsic(4),
                          cp_commit, cp_wait, load_f32, store_f32, ldmatrix_at_intrinsic(False),
                          ldmatrix_at_intrinsic(True), lds_at, cp_async16_at, cp_async16_ptr,
-                         round_tf32_at)
+                         round_tf32_at, split_tf32)

@@ -16,14 +16,15 @@ for one multiply-add); caches, not reuse, are what keep it off DRAM. Rung 3 adds
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._jit import kernel_jit
+from tilegemm.kernels.cuda.k01_naive import SPEC as NAIVE
 from tilegemm.launch import tile_grid
-from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
 
@@ -63,16 +64,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     return CudaProgram(coalesced, (bs, bs, 1), tile_grid(bs, bs))
 
 
-SPEC = KernelSpec(
+# Rung 1's parameters, dtypes and block: only the mapping of threads to C changes.
+SPEC = replace(
+    NAIVE,
     name="coalesced",
-    backend="cuda",
     rung=2,
     title="one thread per output, x → column (coalesced B loads and C stores)",
     build=build,
-    params=(Param("BLOCK", 16, (8, 16, 32), "threads per block side (BLOCK × BLOCK)"),),
-    dtypes=FLOATS + INTS,
-    threads=lambda p: p["BLOCK"] ** 2,
-    smem=lambda p, itemsize: 0,
     doc=__doc__,
-    sim_params={"BLOCK": 8},
 )

@@ -31,24 +31,23 @@ on A6000 and more where loads are issued back to back.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import access_ops, width
+from tilegemm.kernels.cuda.k06_vectorized import SPEC as VECTORIZED
 from tilegemm.launch import tile_grid
-from tilegemm.registry import Constraint, KernelSpec, Param
+from tilegemm.registry import changed
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
 
-
-def _threads(p: Mapping[str, int]) -> int:
-    return (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
-
-
-def _smem(p: Mapping[str, int], itemsize: int) -> int:
-    return (p["BK"] * p["BM"] + p["BK"] * p["BN"]) * itemsize
+# Rung 6's tiles, with TM in whole 128-bit vectors too: a thread's rows of A are now read
+# as vectors.
+PARAMS = changed(VECTORIZED.params, "TM", choices=(4, 8, 16),
+                 help="rows of C per thread (whole 128-bit vectors)")
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
@@ -56,7 +55,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     from numba import cuda
 
     BM, BN, TM, TN = p["BM"], p["BN"], p["TM"], p["TN"]
-    NT = _threads(p)
+    NT = VECTORIZED.threads(p)
     TCOLS = BN // TN  # threads across a block tile row
     W = width(dtype.itemsize)  # elements per 128-bit vector
     PM = BM // (TM // W)  # a thread's row vectors are PM rows apart
@@ -76,30 +75,13 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     return CudaProgram(kernel, (NT, 1, 1), tile_grid(BM, BN))
 
 
-SPEC = KernelSpec(
+# Rung 6 with A's layout in shared memory changed: its limits, threads and shared memory.
+SPEC = replace(
+    VECTORIZED,
     name="smem_layout",
-    backend="cuda",
     rung=7,
     title="A transposed + swizzled in shared memory, bank-conflict-free vector reads",
     build=build,
-    params=(
-        Param("BM", 128, (16, 32, 64, 128, 256), "rows of C per block"),
-        Param("BN", 128, (16, 32, 64, 128, 256), "columns of C per block"),
-        Param("BK", 16, (8, 16, 32), "depth of the shared-memory tiles"),
-        Param("TM", 8, (4, 8, 16), "rows of C per thread (whole 128-bit vectors)"),
-        Param("TN", 8, (4, 8, 16), "columns of C per thread (whole 128-bit vectors)"),
-    ),
-    constraints=(
-        Constraint("BM % TM == 0 and BN % TN == 0", lambda p: p["BM"] % p["TM"] == 0
-                   and p["BN"] % p["TN"] == 0),
-        Constraint("16 <= (BM/TM)*(BN/TN) <= 1024 threads",
-                   lambda p: p["BM"] % p["TM"] == 0 and p["BN"] % p["TN"] == 0
-                   and 16 <= _threads(p) <= 1024),
-        Constraint("float32 tiles fit the 48 KB of static shared memory",
-                   lambda p: _smem(p, 4) <= 48 * 1024),
-    ),
-    threads=_threads,
-    smem=_smem,
+    params=PARAMS,
     doc=__doc__,
-    sim_params={"BM": 16, "BN": 16, "BK": 8, "TM": 4, "TN": 4},
 )

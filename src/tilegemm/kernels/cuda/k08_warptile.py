@@ -28,6 +28,7 @@ registers). FFMA share of an interior k-tile on sm_90: 68 % before, 90 % now.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -65,32 +66,77 @@ def _smem(p: Mapping[str, int], itemsize: int) -> int:
     return (p["BK"] * p["BM"] + p["BK"] * p["BN"]) * itemsize
 
 
+@dataclass(frozen=True)
+class WarpTiles:
+    """A warp-tiled rung's tile sizes and what follows from them, by the names its
+    generated kernel uses (rungs 8 and 9)."""
+
+    BM: int
+    BN: int
+    BK: int
+    TM: int
+    TN: int
+    WM: int
+    WN: int
+    WSUBM: int  # a warp sub-tile is WSUBM × WSUBN
+    WSUBN: int
+    LCOLS: int  # lanes across a warp sub-tile
+    WCOLS: int  # warps across the block tile
+    RT: int  # a thread's outputs: RT × CT
+    CT: int
+    NT: int  # threads per block
+
+    @classmethod
+    def of(cls, p: Mapping[str, int]) -> WarpTiles:
+        wmiter = _wmiter(p)
+        wsubm, wsubn = p["WM"] // wmiter, p["WN"] // p["WNITER"]
+        return cls(BM=p["BM"], BN=p["BN"], BK=p["BK"], TM=p["TM"], TN=p["TN"], WM=p["WM"],
+                   WN=p["WN"], WSUBM=wsubm, WSUBN=wsubn, LCOLS=wsubn // p["TN"],
+                   WCOLS=p["BN"] // p["WN"], RT=wmiter * p["TM"], CT=p["WNITER"] * p["TN"],
+                   NT=_threads(p))
+
+    def names(self) -> dict[str, int]:
+        return asdict(self)
+
+    # A thread's i-th row is tr0 + row_off(i): TM rows in each of its WMITER sub-tiles,
+    # WSUBM apart (columns likewise); ROW_EXPR and COL_EXPR say the same in the source.
+    ROW_EXPR = "(i // TM) * WSUBM + i % TM"
+    COL_EXPR = "(j // TN) * WSUBN + j % TN"
+
+    def row_off(self, i: int) -> int:
+        return (i // self.TM) * self.WSUBM + i % self.TM
+
+    def col_off(self, j: int) -> int:
+        return (j // self.TN) * self.WSUBN + j % self.TN
+
+
+# How a thread of a warp-tiled kernel finds its warp's tile and its own first row and column.
+WARP_MAPPING = ["warp = tid // 32", "lane = tid % 32",
+                "wr0 = (warp // WCOLS) * WM  # this warp's tile inside the block tile",
+                "wc0 = (warp % WCOLS) * WN",
+                "tr0 = wr0 + (lane // LCOLS) * TM  # this thread's first row/column",
+                "tc0 = wc0 + (lane % LCOLS) * TN"]
+
+# The rules of warp tiling (rung 9 keeps them).
+WARP_CONSTRAINTS = (
+    Constraint("BM % WM == 0 and BN % WN == 0",
+               lambda p: p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0),
+    Constraint("32 lanes cover one WSUBM x WSUBN sub-tile: WMITER = WM*WN/(32*TM*TN*WNITER)"
+               " integral, (WSUBM/TM)*(WSUBN/TN) == 32", _valid_warp),
+    Constraint("(BM/WM)*(BN/WN)*32 <= 1024 threads",
+               lambda p: p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0
+               and _threads(p) <= 1024),
+)
+
+
 def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     global cuda
     from numba import cuda
 
-    BM, BN, BK, TM, TN = p["BM"], p["BN"], p["BK"], p["TM"], p["TN"]
-    WM, WN, WNITER = p["WM"], p["WN"], p["WNITER"]
-    WMITER = _wmiter(p)
-    WSUBM, WSUBN = WM // WMITER, WN // WNITER
-    LCOLS = WSUBN // TN  # lanes across a warp sub-tile
-    WCOLS = BN // WN  # warps across the block tile
-    RT, CT = WMITER * TM, WNITER * TN  # a thread's outputs: RT × CT
-    NT = _threads(p)
-    namespace = dict(
-        cuda=cuda, BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, WM=WM, WN=WN, WSUBM=WSUBM,
-        WSUBN=WSUBN, LCOLS=LCOLS, WCOLS=WCOLS, RT=RT, CT=CT, NT=NT)
-    mapping = ["warp = tid // 32", "lane = tid % 32",
-               "wr0 = (warp // WCOLS) * WM  # this warp's tile inside the block tile",
-               "wc0 = (warp % WCOLS) * WN",
-               "tr0 = wr0 + (lane // LCOLS) * TM  # this thread's first row/column",
-               "tc0 = wc0 + (lane % LCOLS) * TN"]
-    kernel = generate("warptile", p, dtype, namespace, mapping, RT, CT,
-                      "(i // TM) * WSUBM + i % TM", "(j // TN) * WSUBN + j % TN",
-                      lambda i: (i // TM) * WSUBM + i % TM,
-                      lambda j: (j // TN) * WSUBN + j % TN, access_ops())
-
-    return CudaProgram(kernel, (NT, 1, 1), tile_grid(BM, BN))
+    t = WarpTiles.of(p)
+    kernel = generate("warptile", p, dtype, dict(cuda=cuda, **t.names()), WARP_MAPPING,
+                      t.RT, t.CT, t.ROW_EXPR, t.COL_EXPR, t.row_off, t.col_off, access_ops())
+    return CudaProgram(kernel, (t.NT, 1, 1), tile_grid(t.BM, t.BN))
 
 
 def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[str, Any],
@@ -117,8 +163,8 @@ def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[s
         A_ROUNDS=ceil_div(A_VECS, NT), B_ROUNDS=ceil_div(B_VECS, NT), RPW=RPW, ld=ld, st=st,
         vload=vload, vstore=vstore, gather=gather, scatter=scatter, address=address,
         vload_at=vload_at(), ALIGN=ALIGN, zero=dtype.type(0), nptype=dtype.type)
-    source = KERNEL.replace("KERNEL_NAME", name).replace("ROW_EXPR", row_expr)
-    source = source.replace("COL_EXPR", col_expr)
+    source = KERNEL.replace("KERNEL_NAME", name)
+    source = source.replace("#@STORE_C", indent(store_c(row_expr, col_expr), 16))
     source = source.replace("#@MAPPING", indent(mapping, 4))
     source = source.replace("#@BASES", indent(
         _bases(p, W, RPW, NT, rt, ct, row_off, col_off, a_rows), 4))
@@ -271,6 +317,46 @@ STORE_A_TRANSPOSED = ["swz = r ^ (((c // W) * RPW) & (BM - 1))",
                       "    st(As, (c + q, swz), av[q])"]
 STORE_A_ROWS = ["vstore(As, (r, c), gather(av, (0,)))"]
 
+# The epilogue of the warp-tiled kernels (rungs 8 and 9): C, one thread row at a time. Row 0
+# of acc is always the one written and the rows shift up after it, so every index into acc
+# is a compile-time constant and acc stays in registers (a loop over i that LLVM does not
+# unroll would put acc in local memory). ROW_EXPR and COL_EXPR: a thread's i-th row and
+# j-th column from its first (WarpTiles).
+STORE_C = """\
+for i in range(RT):
+    gr = row0 + tr0 + ROW_EXPR
+    if gr < m:
+        for j in range(0, CT, W):
+            gc = col0 + tc0 + COL_EXPR
+            if c_vec and gc < n:
+                if beta == 0:
+                    for q in range(W):
+                        cv[q] = alpha * acc[0, j + q]
+                else:
+                    scatter(cv, (0,), vload(C, (z, gr, gc)))
+                    for q in range(W):
+                        cv[q] = alpha * acc[0, j + q] + beta * cv[q]
+                vstore(C, (z, gr, gc), gather(cv, (0,)))
+            else:
+                for q in range(W):
+                    if gc + q < n:
+                        if beta == 0:
+                            st(C, (z, gr, gc + q), alpha * acc[0, j + q])
+                        else:
+                            st(C, (z, gr, gc + q), alpha * acc[0, j + q]
+                               + beta * ld(C, (z, gr, gc + q)))
+    for r in range(RT - 1):
+        for j in range(CT):
+            acc[r, j] = acc[r + 1, j]
+"""
+
+
+def store_c(row_expr: str, col_expr: str) -> list[str]:
+    """The lines of STORE_C for a thread layout whose rows and columns are ``row_expr``
+    and ``col_expr`` (in i and j) away from its first."""
+    return STORE_C.replace("ROW_EXPR", row_expr).replace("COL_EXPR", col_expr).splitlines()
+
+
 # The kernel, as source: #@ lines are replaced by generated code in build().
 KERNEL = """
 def KERNEL_NAME(A, B, C, alpha, beta):
@@ -350,35 +436,8 @@ def KERNEL_NAME(A, B, C, alpha, beta):
                     cuda.syncthreads()
                     k0 += BK
 #@BUMP
-                # C, one thread row at a time: row 0 of acc is always the one written and
-                # the rows shift up after it, so every index into acc is a compile-time
-                # constant and acc stays in registers (a loop over i that LLVM does not
-                # unroll would put acc in local memory).
-                for i in range(RT):
-                    gr = row0 + tr0 + ROW_EXPR
-                    if gr < m:
-                        for j in range(0, CT, W):
-                            gc = col0 + tc0 + COL_EXPR
-                            if c_vec and gc < n:
-                                if beta == 0:
-                                    for q in range(W):
-                                        cv[q] = alpha * acc[0, j + q]
-                                else:
-                                    scatter(cv, (0,), vload(C, (z, gr, gc)))
-                                    for q in range(W):
-                                        cv[q] = alpha * acc[0, j + q] + beta * cv[q]
-                                vstore(C, (z, gr, gc), gather(cv, (0,)))
-                            else:
-                                for q in range(W):
-                                    if gc + q < n:
-                                        if beta == 0:
-                                            st(C, (z, gr, gc + q), alpha * acc[0, j + q])
-                                        else:
-                                            st(C, (z, gr, gc + q), alpha * acc[0, j + q]
-                                               + beta * ld(C, (z, gr, gc + q)))
-                    for r in range(RT - 1):
-                        for j in range(CT):
-                            acc[r, j] = acc[r + 1, j]
+                # C, one thread row at a time (see STORE_C).
+#@STORE_C
                 bn += cuda.gridDim.x
             bm += cuda.gridDim.y
         z += cuda.gridDim.z
@@ -402,13 +461,7 @@ SPEC = KernelSpec(
         Param("TN", 4, (4, 8), "columns of C per thread per sub-tile (whole vectors)"),
     ),
     constraints=(
-        Constraint("BM % WM == 0 and BN % WN == 0",
-                   lambda p: p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0),
-        Constraint("32 lanes cover one WSUBM x WSUBN sub-tile: WMITER = WM*WN/(32*TM*TN*WNITER)"
-                   " integral, (WSUBM/TM)*(WSUBN/TN) == 32", _valid_warp),
-        Constraint("(BM/WM)*(BN/WN)*32 <= 1024 threads",
-                   lambda p: p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0
-                   and _threads(p) <= 1024),
+        *WARP_CONSTRAINTS,
         Constraint("float32 tiles fit the 48 KB of static shared memory",
                    lambda p: _smem(p, 4) <= 48 * 1024),
     ),

@@ -47,6 +47,7 @@ interior k-tile 63 % → 87 %.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -56,30 +57,20 @@ from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, wi
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._splitk import SplitKProgram
-from tilegemm.kernels.cuda.k08_warptile import _bases, _compute, _offsets
+from tilegemm.kernels.cuda.k08_warptile import SPEC as WARPTILE
+from tilegemm.kernels.cuda.k08_warptile import (
+    WARP_CONSTRAINTS,
+    WARP_MAPPING,
+    WarpTiles,
+    _bases,
+    _compute,
+    _offsets,
+    store_c,
+)
 from tilegemm.launch import ceil_div, flat_tile_grid
-from tilegemm.registry import Constraint, KernelSpec, Param
+from tilegemm.registry import Constraint, Param, changed
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
-
-
-def _wmiter(p: Mapping[str, int]) -> int:
-    per_sub = 32 * p["TM"] * p["TN"] * p["WNITER"]  # outputs of one warp sub-tile step
-    return (p["WM"] * p["WN"]) // per_sub if (p["WM"] * p["WN"]) % per_sub == 0 else 0
-
-
-def _valid_warp(p: Mapping[str, int]) -> bool:
-    """The 32 lanes exactly cover one WSUBM×WSUBN sub-tile with TM×TN each."""
-    wmiter = _wmiter(p)
-    if wmiter == 0 or p["WM"] % wmiter or p["WN"] % p["WNITER"]:
-        return False
-    wsubm, wsubn = p["WM"] // wmiter, p["WN"] // p["WNITER"]
-    return (wsubm % p["TM"] == 0 and wsubn % p["TN"] == 0
-            and (wsubm // p["TM"]) * (wsubn // p["TN"]) == 32)
-
-
-def _threads(p: Mapping[str, int]) -> int:
-    return (p["BM"] // p["WM"]) * (p["BN"] // p["WN"]) * 32
 
 
 def _smem(p: Mapping[str, int], itemsize: int) -> int:
@@ -90,15 +81,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     global cuda
     from numba import cuda
 
-    BM, BN, BK, TM, TN = p["BM"], p["BN"], p["BK"], p["TM"], p["TN"]
-    WM, WN, WNITER, GROUP_M = p["WM"], p["WN"], p["WNITER"], p["GROUP_M"]
+    t = WarpTiles.of(p)
+    BM, BN, BK, RT, CT, NT = t.BM, t.BN, t.BK, t.RT, t.CT, t.NT
     SPLIT = p["SPLIT_K"]
-    WMITER = _wmiter(p)
-    WSUBM, WSUBN = WM // WMITER, WN // WNITER
-    LCOLS = WSUBN // TN  # lanes across a warp sub-tile
-    WCOLS = BN // WN  # warps across the block tile
-    RT, CT = WMITER * TM, WNITER * TN  # a thread's outputs: RT × CT
-    NT = _threads(p)
     W = width(dtype.itemsize)
     A_VPR, B_VPR = BK // W, BN // W
     A_VECS, B_VECS = BM * A_VPR, BK * B_VPR
@@ -106,25 +91,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     RPW = max(W, 32 * W // BK)  # rows of A one warp loads per round: the swizzle period
     ld, st, vload, vstore, gather, scatter, address, ALIGN = access_ops()
     namespace = dict(
-        cuda=cuda, BM=BM, BN=BN, BK=BK, TM=TM, TN=TN, WM=WM, WN=WN, WSUBM=WSUBM,
-        WSUBN=WSUBN, LCOLS=LCOLS, WCOLS=WCOLS, RT=RT, CT=CT, NT=NT, GROUP_M=GROUP_M,
-        W=W, ISZ=dtype.itemsize, VB=VECTOR_BYTES, A_VPR=A_VPR, B_VPR=B_VPR, A_VECS=A_VECS,
-        B_VECS=B_VECS, A_ROUNDS=A_ROUNDS, B_ROUNDS=B_ROUNDS, SA=A_ROUNDS * W,
-        SB=B_ROUNDS * W, RPW=RPW, ld=ld, st=st, vload=vload, vstore=vstore, gather=gather,
-        scatter=scatter, address=address, vload_at=vload_at(), ALIGN=ALIGN,
-        zero=dtype.type(0), nptype=dtype.type, SPLIT=SPLIT)
-    mapping = ["warp = tid // 32", "lane = tid % 32",
-               "wr0 = (warp // WCOLS) * WM  # this warp's tile inside the block tile",
-               "wc0 = (warp % WCOLS) * WN",
-               "tr0 = wr0 + (lane // LCOLS) * TM  # this thread's first row/column",
-               "tc0 = wc0 + (lane % LCOLS) * TN"]
-
-    def row_off(i: int) -> int:
-        return (i // TM) * WSUBM + i % TM
-
-    def col_off(j: int) -> int:
-        return (j // TN) * WSUBN + j % TN
-
+        cuda=cuda, **t.names(), GROUP_M=p["GROUP_M"], W=W, ISZ=dtype.itemsize,
+        VB=VECTOR_BYTES, A_VPR=A_VPR, B_VPR=B_VPR, A_VECS=A_VECS, B_VECS=B_VECS,
+        A_ROUNDS=A_ROUNDS, B_ROUNDS=B_ROUNDS, SA=A_ROUNDS * W, SB=B_ROUNDS * W, RPW=RPW,
+        ld=ld, st=st, vload=vload, vstore=vstore, gather=gather, scatter=scatter,
+        address=address, vload_at=vload_at(), ALIGN=ALIGN, zero=dtype.type(0),
+        nptype=dtype.type, SPLIT=SPLIT)
     offsets, bumps = _offsets(p, W, NT)
     if SPLIT > 1:  # the first k-tile of a slice starts at k_beg, not at 0
         offsets = [x + (" + k_beg" if x.startswith("oa") else " + k_beg * sb1")
@@ -134,10 +106,11 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     if dtype.itemsize == 4:
         computes = [_compute(p, W, RPW, RT, CT, f"{buf}, ") for buf in (0, 1)]
     else:
-        computes = [_compute_loop(p, W, RPW, RT, CT, buf, row_off, col_off) for buf in (0, 1)]
+        computes = [_compute_loop(p, W, RPW, RT, CT, buf, t.row_off, t.col_off)
+                    for buf in (0, 1)]
     parts = {
-        "MAPPING": mapping,
-        "BASES": _bases(p, W, RPW, NT, RT, CT, row_off, col_off),
+        "MAPPING": WARP_MAPPING,
+        "BASES": _bases(p, W, RPW, NT, RT, CT, t.row_off, t.col_off),
         "BLOCK_OFFSETS": offsets,
         "STAGE": _stage(p, W, NT, bumps),
         "COMPUTE0": computes[0],
@@ -146,6 +119,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         "STORE1": _store(p, W, NT, 1),
         "SLICES": ["k_beg = 0", "k_end = k_len"] if SPLIT == 1 else [],
         "PRODUCT": SINGLE_PRODUCT if SPLIT == 1 else SPLIT_PRODUCT,
+        "STORE_C": store_c(WarpTiles.ROW_EXPR, WarpTiles.COL_EXPR),
     }
     source = fill(KERNEL, parts)
     # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread. Not with
@@ -334,32 +308,8 @@ def pipelined(A, B, C, alpha, beta):
                 #@STORE0
                 cuda.syncthreads()
                 k0 = kn
-            # C: row 0 of acc written, rows shift up (constant indices, see rung 6).
-            for i in range(RT):
-                gr = row0 + tr0 + (i // TM) * WSUBM + i % TM
-                if gr < m:
-                    for j in range(0, CT, W):
-                        gc = col0 + tc0 + (j // TN) * WSUBN + j % TN
-                        if c_vec and gc < n:
-                            if beta == 0:
-                                for q in range(W):
-                                    cv[q] = alpha * acc[0, j + q]
-                            else:
-                                scatter(cv, (0,), vload(C, (z, gr, gc)))
-                                for q in range(W):
-                                    cv[q] = alpha * acc[0, j + q] + beta * cv[q]
-                            vstore(C, (z, gr, gc), gather(cv, (0,)))
-                        else:
-                            for q in range(W):
-                                if gc + q < n:
-                                    if beta == 0:
-                                        st(C, (z, gr, gc + q), alpha * acc[0, j + q])
-                                    else:
-                                        st(C, (z, gr, gc + q), alpha * acc[0, j + q]
-                                           + beta * ld(C, (z, gr, gc + q)))
-                for r in range(RT - 1):
-                    for j in range(CT):
-                        acc[r, j] = acc[r + 1, j]
+            # C: row 0 of acc written, rows shift up (constant indices, see rung 8's STORE_C).
+            #@STORE_C
             t += cuda.gridDim.x
         z += cuda.gridDim.z
 """
@@ -430,38 +380,26 @@ def shape_params(p: Mapping[str, int], prob: Any, target: Any
     return None
 
 
-SPEC = KernelSpec(
+# Rung 8's warp tiles and threads, in two shared-memory stages.
+SPEC = replace(
+    WARPTILE,
     name="pipelined",
-    backend="cuda",
     rung=9,
     title="double-buffered shared tiles, one barrier per k-tile, grouped block order",
     build=build,
     params=(
-        Param("BM", 128, (32, 64, 128, 256), "rows of C per block"),
-        Param("BN", 128, (16, 32, 64, 128, 256), "columns of C per block"),
-        Param("BK", 8, (8, 16, 32), "depth of the shared-memory tiles"),
-        Param("WM", 64, (16, 32, 64, 128), "rows of C per warp"),
-        Param("WN", 32, (16, 32, 64, 128), "columns of C per warp"),
-        Param("WNITER", 2, (1, 2, 4), "warp sub-tiles across WN"),
-        Param("TM", 8, (4, 8), "rows of C per thread per sub-tile (whole vectors)"),
-        Param("TN", 4, (4, 8), "columns of C per thread per sub-tile (whole vectors)"),
+        # BK = 8 by default: two stages of 8 hold what one of 16 did
+        *changed(WARPTILE.params, "BK", default=8),
         Param("GROUP_M", 8, (1, 2, 4, 8, 16), "tile rows per group of the block order"),
         Param("SPLIT_K", 1, (1, 2, 4, 8, 16),
               "slices of K computed by separate blocks, then summed in order (1: none)",
               searched=False),  # chosen per shape (shape_params); the tuner holds it
     ),
     constraints=(
-        Constraint("BM % WM == 0 and BN % WN == 0",
-                   lambda p: p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0),
-        Constraint("32 lanes cover one WSUBM x WSUBN sub-tile: WMITER = WM*WN/(32*TM*TN*WNITER)"
-                   " integral, (WSUBM/TM)*(WSUBN/TN) == 32", _valid_warp),
-        Constraint("(BM/WM)*(BN/WN)*32 <= 1024 threads",
-                   lambda p: p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0
-                   and _threads(p) <= 1024),
+        *WARP_CONSTRAINTS,
         Constraint("float32 tiles fit the 48 KB of static shared memory",
                    lambda p: _smem(p, 4) <= 48 * 1024),
     ),
-    threads=_threads,
     smem=_smem,
     doc=__doc__,
     shape_params=lambda p, prob, target: shape_params(p, prob, target),

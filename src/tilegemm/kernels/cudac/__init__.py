@@ -17,9 +17,14 @@ Compiling needs no GPU:
 - ``cudac_resources(rung, params=None, dtype="float32", arch="sm_90")`` returns ptxas'
   registers, spills, stack and shared memory for it (``tilegemm.analysis.resources.Resources``).
 
+A rung's module declares ``SPEC = cudac_spec(<Numba rung's SPEC>, __doc__, title=...,
+block=..., grid=...)``: the Numba rung's name, number, parameters and limits, this kernel's
+thread block and launch grid.
+
 Running needs a GPU and ``cuda-core``: see ``tilegemm.backends.cudac``.
 """
 
 from tilegemm.kernels.cudac._compile import ARCHS, Cubin, compile_cubin, cudac_resources
+from tilegemm.kernels.cudac._program import cudac_spec
 
-__all__ = ["ARCHS", "Cubin", "compile_cubin", "cudac_resources"]
+__all__ = ["ARCHS", "Cubin", "compile_cubin", "cudac_resources", "cudac_spec"]

@@ -13,11 +13,12 @@ the output dtype, alpha/beta with C read only when beta != 0.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
 from tilegemm.backends.opencl_program import OpenCLProgram, make_program
-from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
+from tilegemm.kernels.cuda.k01_naive import SPEC as CUDA_RUNG
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> OpenCLProgram:
@@ -26,15 +27,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> OpenCLProgram:
                         dim0_is_row=True)
 
 
-SPEC = KernelSpec(
-    name="naive",
+# Rung 1 of the CUDA ladder (its parameters, dtypes and block), with this kernel.
+SPEC = replace(
+    CUDA_RUNG,
     backend="opencl",
-    rung=1,
     title="one work-item per output, the Numba example's mapping (dim 0 → row)",
     build=build,
-    params=(Param("BLOCK", 16, (8, 16, 32), "work-group side (BLOCK × BLOCK work-items)"),),
-    dtypes=FLOATS + INTS,
-    threads=lambda p: p["BLOCK"] ** 2,
-    smem=lambda p, itemsize: 0,
     doc=__doc__,
+    sim_params=None,
 )

@@ -9,11 +9,12 @@ difference from rung 1 is the cost of strided access alone.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
 from tilegemm.backends.opencl_program import OpenCLProgram, make_program
-from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
+from tilegemm.kernels.opencl.k01_naive import SPEC as NAIVE
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> OpenCLProgram:
@@ -22,15 +23,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> OpenCLProgram:
                         tile=(bs, bs))
 
 
-SPEC = KernelSpec(
+# Rung 1's parameters, dtypes and work-group: only the mapping of work-items to C changes.
+SPEC = replace(
+    NAIVE,
     name="coalesced",
-    backend="opencl",
     rung=2,
     title="one work-item per output, dim 0 → column (coalesced)",
     build=build,
-    params=(Param("BLOCK", 16, (8, 16, 32), "work-group side (BLOCK × BLOCK work-items)"),),
-    dtypes=FLOATS + INTS,
-    threads=lambda p: p["BLOCK"] ** 2,
-    smem=lambda p, itemsize: 0,
     doc=__doc__,
 )

@@ -13,32 +13,26 @@ K is walked in ceil(K / TILE) steps, and no work-item returns before a barrier.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
 from tilegemm.backends.opencl_program import OpenCLProgram, make_program
-from tilegemm.registry import FLOATS, INTS, KernelSpec, Param
-
-
-def _local_bytes(p: Mapping[str, int], itemsize: int) -> int:
-    return 2 * p["TILE"] ** 2 * itemsize
+from tilegemm.kernels.cuda.k03_shared import SPEC as CUDA_RUNG
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> OpenCLProgram:
     t = p["TILE"]
     return make_program("shared", "k03_shared.cl", p, dtype, local=(t, t), tile=(t, t),
-                        local_mem=_local_bytes(p, dtype.itemsize))
+                        local_mem=CUDA_RUNG.smem(p, dtype.itemsize))
 
 
-SPEC = KernelSpec(
-    name="shared",
+# Rung 3 of the CUDA ladder (its parameters, dtypes, block and local memory), with this kernel.
+SPEC = replace(
+    CUDA_RUNG,
     backend="opencl",
-    rung=3,
     title="local-memory tiles (the Numba ROC example's matmulfast), any shape",
     build=build,
-    params=(Param("TILE", 16, (8, 16, 32), "tile side: TILE × TILE work-items and outputs"),),
-    dtypes=FLOATS + INTS,
-    threads=lambda p: p["TILE"] ** 2,
-    smem=_local_bytes,
     doc=__doc__,
+    sim_params=None,
 )
