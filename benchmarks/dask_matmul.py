@@ -8,19 +8,24 @@ Usage (from the repository root; take the machine for yourself while it runs)::
 
 Speed: the operands are generated and persisted first (never timed); then rounds alternate
 ``tilegemm.dask.matmul(a, b).persist()`` and ``(a @ b).persist()`` (each waited for, then
-dropped), with a pause before each, on the threaded scheduler and on a ``LocalCluster`` of
-worker processes. Each result is checked against the other on a sample of rows.
+dropped), with a pause before each, after one untimed product of each that loads the
+kernels in every worker, on the threaded scheduler and on a ``LocalCluster`` of worker
+processes. Each result is checked against the other on a sample of rows. On the cluster the
+task stream also gives each side's median block-task compute time (the multiply of two
+chunks, fused with the first partial sum), which leaves out scheduling and transfers.
 
 Memory: a ``LocalCluster`` of 2 workers with a ``--limit`` memory limit each multiplies
 operands larger than one worker's limit, and the peak memory each worker reported
 (sampled every 0.2 s) is recorded beside the chunk budget. Writes
-``benchmarks/results/dask-matmul-<cpu>-<isa>.json``.
+``benchmarks/results/dask-matmul-<cpu>-<isa>-m<family>-<model>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
+import sys
 import threading
 import time
 from pathlib import Path
@@ -30,27 +35,51 @@ import dask.array as da
 import distributed
 import numba
 import numpy as np
-from distributed import Client, LocalCluster, wait
+from distributed import Client, LocalCluster, get_task_stream, wait
 
 import tilegemm
 import tilegemm.dask as tgd
-from tilegemm.bench.environment import cpu_name, git_commit, write_cpu_results
+from tilegemm.bench.environment import (
+    cpu_family_model,
+    cpu_name,
+    cpu_results_stem,
+    git_commit,
+)
 from tilegemm.tune.database import host_isa
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_blocked import simd_flags  # noqa: E402
 
 
-def _timed(make, scheduler, client) -> float:
+def _timed(make, scheduler, client, tasks: list[float] | None = None) -> float:
+    """Seconds to persist ``make()``; on a cluster, the compute seconds of its block tasks
+    (the first layer of the reduction) are appended to ``tasks``."""
     t = time.perf_counter()
     if client is None:
         with dask.config.set(scheduler=scheduler):
             x = make().persist()
+        dt = time.perf_counter() - t
     else:
-        x = make().persist()
-        wait(x)
-    dt = time.perf_counter() - t
+        with get_task_stream(client) as stream:
+            x = make().persist()
+            wait(x)
+            dt = time.perf_counter() - t
+        if tasks is not None:
+            tasks.extend(_block_task_seconds(stream.data))
     del x
     return dt
+
+
+def _block_task_seconds(records: list[dict]) -> list[float]:
+    """Compute seconds of each block-product task: the most numerous task group (one task
+    per output block and contraction block; the reduction's aggregates are fewer)."""
+    groups: dict[str, list[float]] = {}
+    for r in records:
+        key = r["key"][0] if isinstance(r["key"], tuple) else str(r["key"])
+        busy = sum(s["stop"] - s["start"] for s in r["startstops"] if s["action"] == "compute")
+        groups.setdefault(key, []).append(busy)
+    return max(groups.values(), key=len) if groups else []
 
 
 def _check(a, b, client, scheduler) -> float:
@@ -80,14 +109,17 @@ def speed(n: int, chunk: int, rounds: int, pause: float, cluster: bool) -> dict:
     sched = "distributed" if client else "threads"
     err = _check(a, b, client, "threads")
     ours, theirs = [], []
+    ours_tasks: list[float] = []
+    theirs_tasks: list[float] = []
     # one warm-up each (compiles / loads the kernel in every worker)
     _timed(lambda: tgd.matmul(a, b), "threads", client)
     _timed(lambda: a @ b, "threads", client)
     for _ in range(rounds):
         time.sleep(pause)
-        ours.append(_timed(lambda: tgd.matmul(a, b), "threads", client))
+        ours.append(_timed(lambda: tgd.matmul(a, b), "threads", client, ours_tasks))
         time.sleep(pause)
-        theirs.append(_timed(lambda: a @ b, "threads", client))
+        theirs.append(_timed(lambda: a @ b, "threads", client, theirs_tasks))
+    worker_env = dask.config.get("distributed.nanny.pre-spawn-environ") if cluster else None
     if client is not None:
         client.close()
         lc.close()
@@ -99,9 +131,23 @@ def speed(n: int, chunk: int, rounds: int, pause: float, cluster: bool) -> dict:
            "gflops_tilegemm": round(flop / t_ours / 1e9, 1),
            "gflops_dask_numpy": round(flop / t_theirs / 1e9, 1),
            "ratio": round(t_theirs / t_ours, 3), "max_rel_difference": err}
+    if cluster:
+        tt, tn = float(np.median(ours_tasks)), float(np.median(theirs_tasks))
+        block_flop = 2.0 * chunk ** 3
+        row.update(worker_environment=worker_env, block_tasks=len(ours_tasks),
+                   block_task_seconds_median_tilegemm=round(tt, 4),
+                   block_task_seconds_median_dask_numpy=round(tn, 4),
+                   block_task_gflops_tilegemm=round(block_flop / tt / 1e9, 1),
+                   block_task_gflops_dask_numpy=round(block_flop / tn / 1e9, 1),
+                   block_task_ratio=round(tn / tt, 3))
     print(f"{sched:12s} {n}^2 chunks {chunk}: tilegemm {row['gflops_tilegemm']} vs "
           f"dask+NumPy {row['gflops_dask_numpy']} GFLOP/s = {row['ratio']}x "
           f"(max rel diff {err:.1e})")
+    if cluster:
+        print(f"{'':12s} block tasks (median compute): tilegemm "
+              f"{row['block_task_gflops_tilegemm']} vs NumPy "
+              f"{row['block_task_gflops_dask_numpy']} GFLOP/s per worker thread = "
+              f"{row['block_task_ratio']}x")
     return row
 
 
@@ -152,7 +198,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--chunk", type=int, default=2048)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pause", type=float, default=1.0)
     ap.add_argument("--memory-n", type=int, default=20480,
                     help="size of the memory-limit product (20480: 3.1 GiB of operands)")
@@ -162,7 +208,8 @@ def main() -> None:
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
     doc = {
-        "cpu_model": cpu_name(), "isa": host_isa(), "machine": platform.machine(),
+        "cpu_model": cpu_name(), "cpu_family_model": cpu_family_model(), "isa": host_isa(),
+        "simd": simd_flags(), "machine": platform.machine(),
         "cores": dask.system.CPU_COUNT, "numba_threads": numba.config.NUMBA_NUM_THREADS,
         "versions": {"tilegemm": tilegemm.__version__, "dask": dask.__version__,
                      "distributed": distributed.__version__, "numpy": np.__version__,
@@ -175,7 +222,12 @@ def main() -> None:
     if not args.skip_memory:
         doc["memory"] = memory(args.memory_n, args.chunk, args.limit)
     if not args.no_save:
-        write_cpu_results(ROOT, "dask-matmul", host_isa(), doc, indent=1)
+        # Named with the CPU family and model: KVM guests of several Xeon generations
+        # report the same name.
+        stem = cpu_results_stem("dask-matmul", host_isa())
+        path = ROOT / "benchmarks" / "results" / f"{stem}.json"
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {path.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
