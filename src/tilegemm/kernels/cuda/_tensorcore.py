@@ -545,31 +545,42 @@ def _compiled_ops() -> TensorCoreOps:
         sptr = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, addrspace=3))
         return builder.ptrtoint(sptr, i32)
 
+    def ldmatrix_result(what: str, trans: bool, arr: Any) -> Any:
+        """The tuple type an ldmatrix of ``arr`` returns: four 32-bit registers (16-bit pairs
+        as uint32); refuses element widths the instruction cannot move."""
+        widths = (16,) if trans else (16, 32)
+        if arr.dtype.bitwidth not in widths:
+            raise TypingError(f"{what}: needs a {' or '.join(map(str, widths))}-bit "
+                              f"shared array, got {arr}")
+        return types.UniTuple(types.uint32 if arr.dtype.bitwidth == 16 else arr.dtype, 4)
+
+    def emit_ldmatrix(context: Any, builder: Any, rettype: Any, trans: bool,
+                      addr: Any) -> Any:
+        """``ldmatrix...x4`` from the 32-bit shared address ``addr``, as ``rettype``."""
+        opcode = "ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "")
+        fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
+        # side_effect: LLVM does not see the read, so this keeps it between the barriers
+        # and cp.async waits around it
+        res = builder.asm(fty, f"{opcode}.shared.b16 {{$0,$1,$2,$3}}, [$4];",
+                          "=r,=r,=r,=r,r", [addr], side_effect=True)
+        items = [builder.extract_value(res, q) for q in range(4)]
+        llty = context.get_value_type(rettype.dtype)
+        items = [builder.bitcast(x, llty) if llty != i32 else x for x in items]
+        return context.make_tuple(builder, rettype, items)
+
     def ldmatrix_intrinsic(trans: bool) -> Any:
         what = "ldmatrix_x4_trans" if trans else "ldmatrix_x4"
-        widths = (16,) if trans else (16, 32)
-        opcode = "ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "")
 
         @intrinsic
         def ldmatrix(typingctx: Any, arr: Any, idx: Any) -> Any:
             check_index(arr, idx, what)
-            if arr.dtype.bitwidth not in widths:
-                raise TypingError(f"{what}: needs a {' or '.join(map(str, widths))}-bit "
-                                  f"shared array, got {arr}")
-            out = types.uint32 if arr.dtype.bitwidth == 16 else arr.dtype
-            sig = types.UniTuple(out, 4)(arr, idx)
+            sig = ldmatrix_result(what, trans, arr)(arr, idx)
 
             def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
                 ptr = item_pointer(context, builder, sig.args[0], args[0], sig.args[1],
                                    args[1])
-                fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
-                res = builder.asm(fty, f"{opcode}.shared.b16 {{$0,$1,$2,$3}}, [$4];",
-                                  "=r,=r,=r,=r,r", [shared_address(builder, ptr)],
-                                  side_effect=True)
-                items = [builder.extract_value(res, q) for q in range(4)]
-                llty = context.get_value_type(sig.return_type.dtype)
-                items = [builder.bitcast(x, llty) if llty != i32 else x for x in items]
-                return context.make_tuple(builder, sig.return_type, items)
+                return emit_ldmatrix(context, builder, sig.return_type, trans,
+                                     shared_address(builder, ptr))
 
             return sig, codegen
 
@@ -691,29 +702,15 @@ def _compiled_ops() -> TensorCoreOps:
 
     def ldmatrix_at_intrinsic(trans: bool) -> Any:
         what = "ldmatrix_x4_trans_at" if trans else "ldmatrix_x4_at"
-        widths = (16,) if trans else (16, 32)
-        opcode = "ldmatrix.sync.aligned.m8n8.x4" + (".trans" if trans else "")
 
         @intrinsic
         def ldmatrix_at(typingctx: Any, arr: Any, off: Any) -> Any:
             check_offset(arr, off, what)
-            if arr.dtype.bitwidth not in widths:
-                raise TypingError(f"{what}: needs a {' or '.join(map(str, widths))}-bit "
-                                  f"shared array, got {arr}")
-            out = types.uint32 if arr.dtype.bitwidth == 16 else arr.dtype
-            sig = types.UniTuple(out, 4)(arr, off)
+            sig = ldmatrix_result(what, trans, arr)(arr, off)
 
             def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
                 addr = shared_at(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-                fty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32])
-                # side_effect: LLVM does not see the read, so this keeps it between the
-                # barriers and cp.async waits around it
-                res = builder.asm(fty, f"{opcode}.shared.b16 {{$0,$1,$2,$3}}, [$4];",
-                                  "=r,=r,=r,=r,r", [addr], side_effect=True)
-                items = [builder.extract_value(res, q) for q in range(4)]
-                llty = context.get_value_type(sig.return_type.dtype)
-                items = [builder.bitcast(x, llty) if llty != i32 else x for x in items]
-                return context.make_tuple(builder, sig.return_type, items)
+                return emit_ldmatrix(context, builder, sig.return_type, trans, addr)
 
             return sig, codegen
 
