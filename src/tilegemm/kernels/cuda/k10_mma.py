@@ -214,44 +214,35 @@ def _general_loader(ns: dict[str, Any], tf32: bool) -> Any:
     zero-filled by the copy; rows that are not 16-byte aligned go by 4-byte ``cp.async``
     (float32) or plain loads and stores (16-bit: cp.async copies 4 bytes at least)."""
     odd = ODD_TF32 if tf32 else ODD_16BIT
-    odd_a = odd.replace("ROWS", "m").replace("COLS", "k_len").replace("ZZ", "za")
-    odd_b = odd.replace("ROWS", "k_len").replace("COLS", "n").replace("ZZ", "zb")
-    source = GENERAL_LOADER.replace("#@ODD_A", odd_a.replace("OP", "A"))
-    return compile_source(source.replace("#@ODD_B", odd_b.replace("OP", "B")), "load_stage",
-                          dict(ns))
+    # A's tile is rows row0.. by columns k0..; B's is rows k0.. by columns col0..
+    rounds = [(OPERAND_ROUND + odd + "\n").replace("ROW0", r0).replace("COL0", c0)
+              .replace("ROWS", rows).replace("COLS", cols).replace("ZZ", zz)
+              .replace("OP", op).replace("op_", op.lower() + "_")
+              for op, r0, c0, rows, cols, zz in (("A", "row0", "k0", "m", "k_len", "za"),
+                                                 ("B", "k0", "col0", "k_len", "n", "zb"))]
+    return compile_source(GENERAL_LOADER + "".join(rounds), "load_stage", dict(ns))
 
 
 GENERAL_LOADER = """
 @cuda.jit(device=True, inline=True)
 def load_stage(As, Bs, A, B, s, k0, za, zb, row0, col0, m, n, k_len, a_vec, b_vec, tid):
-    for rnd in range(A_ROUNDS):
+"""
+# One operand's chunks (OP: A or B, a ROWS x COLS matrix of batch ZZ, whose tile starts at
+# row ROW0 and column COL0): whole 16-byte chunks by cp.async, zero-filled past the edges.
+OPERAND_ROUND = """\
+    for rnd in range(OP_ROUNDS):
         v = tid + rnd * NT
-        if v < A_CHUNKS:
-            r = v // ACH
-            c = v % ACH
-            pc = c ^ a_swz_of(r)
-            gr = row0 + r
-            gc = k0 + c * VW
-            if a_vec:
+        if v < OP_CHUNKS:
+            r = v // OPCH
+            c = v % OPCH
+            pc = c ^ op_swz_of(r)
+            gr = ROW0 + r
+            gc = COL0 + c * VW
+            if op_vec:
                 nb = 0
-                if gr < m and gc < k_len:
-                    nb = min(k_len - gc, VW) * ISZ
-                cp16(As, (s, r, pc * VW), A, (za, min(gr, m - 1), min(gc, k_len - 1)), nb)
-#@ODD_A
-    for rnd in range(B_ROUNDS):
-        v = tid + rnd * NT
-        if v < B_CHUNKS:
-            r = v // BCH
-            c = v % BCH
-            pc = c ^ b_swz_of(r)
-            gr = k0 + r
-            gc = col0 + c * VW
-            if b_vec:
-                nb = 0
-                if gr < k_len and gc < n:
-                    nb = min(n - gc, VW) * ISZ
-                cp16(Bs, (s, r, pc * VW), B, (zb, min(gr, k_len - 1), min(gc, n - 1)), nb)
-#@ODD_B
+                if gr < ROWS and gc < COLS:
+                    nb = min(COLS - gc, VW) * ISZ
+                cp16(OPs, (s, r, pc * VW), OP, (ZZ, min(gr, ROWS - 1), min(gc, COLS - 1)), nb)
 """
 # The unaligned path of one chunk (OP: A or B, a ROWS x COLS matrix of batch ZZ).
 ODD_TF32 = """\
