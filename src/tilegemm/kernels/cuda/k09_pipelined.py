@@ -59,12 +59,14 @@ from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._splitk import SplitKProgram
 from tilegemm.kernels.cuda.k08_warptile import SPEC as WARPTILE
 from tilegemm.kernels.cuda.k08_warptile import (
+    VECTOR_CHECKS,
     WARP_CONSTRAINTS,
     WARP_MAPPING,
     WarpTiles,
     _bases,
     _compute,
     _offsets,
+    k_step,
     store_c,
 )
 from tilegemm.launch import GROUP_M, ceil_div, flat_tile_grid
@@ -152,16 +154,11 @@ SPLIT_PRODUCT = ["zp = z // SPLIT  # the product; z % SPLIT is the slice",
 def _compute_loop(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int, buf: int,
                   row_off: Callable[[int], int], col_off: Callable[[int], int]) -> list[str]:
     """The BK k steps of one tile as a loop over ``kk`` (float64, see build())."""
-    lines = ["for kk in range(BK):", f"    sk = ((kk // {w}) * {rpw}) & {p['BM'] - 1}"]
-    for i in range(0, RT, w):
-        names = ", ".join(f"a{i + q}" for q in range(w))
-        lines.append(f"    {names} = vload(As, ({buf}, kk, (tr0 + {row_off(i)}) ^ sk))")
-    for j in range(0, CT, w):
-        names = ", ".join(f"b{j + q}" for q in range(w))
-        lines.append(f"    {names} = vload(Bs, ({buf}, kk, tc0 + {col_off(j)}))")
-    for i in range(RT):
-        lines += [f"    acc[{i}, {j}] += a{i} * b{j}" for j in range(CT)]
-    return lines
+    step = k_step(RT, CT, w, "", [f"({buf}, kk, (tr0 + {row_off(i)}) ^ sk)"
+                                  for i in range(0, RT, w)],
+                  [f"({buf}, kk, tc0 + {col_off(j)})" for j in range(0, CT, w)])
+    return ["for kk in range(BK):", f"    sk = ((kk // {w}) * {rpw}) & {p['BM'] - 1}",
+            *("    " + x for x in step)]
 
 
 def _stage(p: Mapping[str, int], w: int, nt: int, bumps: list[str]) -> list[str]:
@@ -228,20 +225,15 @@ for rnd in range({X}_ROUNDS):
 SLOW_STAGE = (_slow_copy("a", "row0", "kn", "m", "k_end")
               + _slow_copy("b", "kn", "col0", "k_end", "n") + "\n")
 
-# The kernel, as source: #@ lines are replaced by generated code in build(). The k loop
-# is written out two k-tiles at a time, one per shared buffer, so buffer parity is a
-# constant in every shared address.
+# The kernel, as source: #@ lines are replaced by generated code in build() (rung 8's
+# vector checks at import). The k loop is written out two k-tiles at a time, one per
+# shared buffer, so buffer parity is a constant in every shared address.
 KERNEL = """
 def pipelined(A, B, C, alpha, beta):
     m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
     tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
     #@MAPPING
-    a_vec = (k_len % W == 0 and address(A) % VB == 0 and A.strides[2] == ISZ
-             and A.strides[1] % VB == 0 and A.strides[0] % VB == 0)
-    b_vec = (n % W == 0 and address(B) % VB == 0 and B.strides[2] == ISZ
-             and B.strides[1] % VB == 0 and B.strides[0] % VB == 0)
-    c_vec = (n % W == 0 and address(C) % VB == 0 and C.strides[2] == ISZ
-             and C.strides[1] % VB == 0 and C.strides[0] % VB == 0)
+    #@VECTOR_CHECKS
 
     As = cuda.shared.array((2, BK, BM), nptype, alignment=ALIGN)  # transposed, swizzled
     Bs = cuda.shared.array((2, BK, BN), nptype, alignment=ALIGN)
@@ -308,7 +300,7 @@ def pipelined(A, B, C, alpha, beta):
             #@STORE_C
             t += cuda.gridDim.x
         z += cuda.gridDim.z
-"""
+""".replace("    #@VECTOR_CHECKS\n", VECTOR_CHECKS)
 
 
 # kernel="auto" on a real GPU, when nothing was tuned for the shape (see shape_params).
