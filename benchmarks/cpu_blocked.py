@@ -36,7 +36,13 @@ import numpy as np
 from tilegemm import registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import wall_clock_elapsed
-from tilegemm.bench.environment import cpu_family_model, cpu_name, cpu_results_stem, git_commit
+from tilegemm.bench.environment import (
+    cpu_family_model,
+    cpu_name,
+    cpu_results_stem,
+    git_commit,
+    numpy_blas,
+)
 from tilegemm.bench.timing import alternating, prepare_verified
 from tilegemm.problem import describe, host_operand_3d, make_problem
 from tilegemm.reference import random_operands
@@ -134,6 +140,7 @@ def main() -> None:
         "device": "cpu", "cpu_model": model, "cpu_family_model": cpu_family_model(),
         "isa": host_isa(), "cores": os.cpu_count(), "simd": simd_flags(),
         "numba_threads": numba.get_num_threads(), "numpy_version": np.__version__,
+        "numpy_blas": numpy_blas(),
         "numba_version": numba.__version__, "git_commit": git_commit(),
         "kernel": "cpu:blocked", "params": params, "sizes": args.sizes,
         "method": (f"median of {args.rounds} rounds x {args.block} launches, ours and NumPy "
