@@ -16,7 +16,6 @@ has filled the cache. Writes ``benchmarks/results/cpu-auto-<cpu>-<isa>-m<family>
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -33,10 +32,10 @@ from tilegemm import registry  # noqa: E402
 from tilegemm.bench.environment import (  # noqa: E402
     cpu_family_model,
     cpu_name,
-    cpu_results_stem,
     git_commit,
     host_info,
     numpy_blas,
+    write_cpu_results,
 )
 from tilegemm.bench.timing import mean_call_seconds  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
@@ -105,10 +104,7 @@ def main() -> None:
         "large": large, "tiny": tiny, "first_call_warm_cache": first,
     }
     if not args.no_save:
-        name = cpu_results_stem("cpu-auto", host_isa()) + args.suffix
-        path = ROOT / "benchmarks" / "results" / f"{name}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path.relative_to(ROOT)}")
+        write_cpu_results(ROOT, "cpu-auto", host_isa(), result, suffix=args.suffix)
 
 
 if __name__ == "__main__":

@@ -461,3 +461,18 @@ def test_numpy_blas_names_the_kernels_openblas_picked() -> None:
     blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
     if "openblas" in blas:  # the PyPI wheels' BLAS: the kernel generation is readable
         assert found["name"] == blas and found["openblas_kernels"].isidentifier(), found
+
+
+def test_write_cpu_results_uses_the_stem(monkeypatch, tmp_path: Path, capsys) -> None:
+    """The benchmark scripts' one writer names the file as cpu_results_stem does."""
+    import json
+
+    from tilegemm.bench import environment
+
+    monkeypatch.setattr(environment, "cpu_name", lambda: "Intel(R) Xeon(R) Processor")
+    monkeypatch.setattr(environment, "cpu_family_model", lambda: "6-167")
+    path = environment.write_cpu_results(tmp_path, "dask-matmul", "avx512", {"x": 1}, indent=1)
+    assert path == (tmp_path / "benchmarks" / "results"
+                    / "dask-matmul-intel-xeon-processor-avx512-m6-167.json")
+    assert json.loads(path.read_text()) == {"x": 1}
+    assert capsys.readouterr().out.strip() == f"wrote {path.relative_to(tmp_path)}"

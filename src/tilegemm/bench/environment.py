@@ -128,11 +128,12 @@ def cpu_results_stem(kind: str, isa: str) -> str:
 
 
 def write_cpu_results(root: Path, kind: str, isa: str, doc: dict[str, Any],
-                      indent: int = 2) -> Path:
+                      indent: int = 2, suffix: str = "") -> Path:
     """Write a CPU benchmark's results document to
-    ``<root>/benchmarks/results/<kind>-<cpu>-<isa>.json`` (``root``: the repository) and
-    say so."""
-    path = root / "benchmarks" / "results" / f"{kind}-{slug(cpu_name())}-{isa}.json"
+    ``<root>/benchmarks/results/<stem><suffix>.json`` (``root``: the repository; the stem
+    from :func:`cpu_results_stem`; ``suffix`` tells apart a second run under other settings)
+    and say so: the one writer of the benchmark scripts."""
+    path = root / "benchmarks" / "results" / f"{cpu_results_stem(kind, isa)}{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=indent) + "\n")
     print(f"wrote {path.relative_to(root)}")

@@ -67,7 +67,7 @@ from tilegemm.kernels.cuda.k08_warptile import (
     _offsets,
     store_c,
 )
-from tilegemm.launch import ceil_div, flat_tile_grid
+from tilegemm.launch import GROUP_M, ceil_div, flat_tile_grid
 from tilegemm.registry import Constraint, Param, changed
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -390,7 +390,7 @@ SPEC = replace(
     params=(
         # BK = 8 by default: two stages of 8 hold what one of 16 did
         *changed(WARPTILE.params, "BK", default=8),
-        Param("GROUP_M", 8, (1, 2, 4, 8, 16), "tile rows per group of the block order"),
+        GROUP_M,
         Param("SPLIT_K", 1, (1, 2, 4, 8, 16),
               "slices of K computed by separate blocks, then summed in order (1: none)",
               searched=False),  # chosen per shape (shape_params); the tuner holds it
