@@ -200,37 +200,33 @@ def _store(p: Mapping[str, int], w: int, nt: int, buf: int) -> list[str]:
     return lines
 
 
-# The edge path of a stage: element-wise where a vector would leave the operand.
-SLOW_STAGE = """
-for rnd in range(A_ROUNDS):
+def _slow_copy(x: str, row0: str, col0: str, rows: str, cols: str) -> str:
+    """The edge path of one operand's part of a stage (``x``: "a" or "b"), staging its
+    tile at (``row0``, ``col0``) of a ``rows`` × ``cols`` matrix into registers
+    (``sa``, ``sb``): a vector where the operand allows it and the vector lies inside,
+    else element by element, zero outside."""
+    X = x.upper()
+    return f"""
+for rnd in range({X}_ROUNDS):
     v = tid + rnd * NT
-    r = v // A_VPR
-    c = (v % A_VPR) * W
-    gr = row0 + r
-    gc = kn + c
-    if v < A_VECS and a_vec and gr < m and gc < k_end:
-        scatter(sa, (rnd * W,), vload(A, (za, gr, gc)))
+    r = v // {X}_VPR
+    c = (v % {X}_VPR) * W
+    gr = {row0} + r
+    gc = {col0} + c
+    if v < {X}_VECS and {x}_vec and gr < {rows} and gc < {cols}:
+        scatter(s{x}, (rnd * W,), vload({X}, (z{x}, gr, gc)))
     else:
         for q in range(W):
-            if v < A_VECS and gr < m and gc + q < k_end:
-                sa[rnd * W + q] = ld(A, (za, gr, gc + q))
+            if v < {X}_VECS and gr < {rows} and gc + q < {cols}:
+                s{x}[rnd * W + q] = ld({X}, (z{x}, gr, gc + q))
             else:
-                sa[rnd * W + q] = zero
-for rnd in range(B_ROUNDS):
-    v = tid + rnd * NT
-    r = v // B_VPR
-    c = (v % B_VPR) * W
-    gr = kn + r
-    gc = col0 + c
-    if v < B_VECS and b_vec and gr < k_end and gc < n:
-        scatter(sb, (rnd * W,), vload(B, (zb, gr, gc)))
-    else:
-        for q in range(W):
-            if v < B_VECS and gr < k_end and gc + q < n:
-                sb[rnd * W + q] = ld(B, (zb, gr, gc + q))
-            else:
-                sb[rnd * W + q] = zero
-"""
+                s{x}[rnd * W + q] = zero"""
+
+
+# The edge path of a stage: element-wise where a vector would leave the operand. A's
+# tile is BM × BK at (row0, kn) of the M × K matrix, B's BK × BN at (kn, col0) of K × N.
+SLOW_STAGE = (_slow_copy("a", "row0", "kn", "m", "k_end")
+              + _slow_copy("b", "kn", "col0", "k_end", "n") + "\n")
 
 # The kernel, as source: #@ lines are replaced by generated code in build(). The k loop
 # is written out two k-tiles at a time, one per shared buffer, so buffer parity is a
