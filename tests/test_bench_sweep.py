@@ -449,6 +449,20 @@ def test_cpu_results_stem_names_isa_and_model(monkeypatch) -> None:
             == "cpu-auto-intel-xeon-processor-avx2")
 
 
+def test_numpy_blas_names_the_kernels_openblas_picked() -> None:
+    """A ratio to NumPy is read against the BLAS kernels NumPy ran: OpenBLAS may pick an
+    older generation's (AVX2 "Haswell" on a Zen 5 EPYC), and results files record that."""
+    import numpy as np
+
+    from tilegemm.bench.environment import host_info, numpy_blas
+
+    found = numpy_blas()
+    assert host_info()["numpy_blas"] == found
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
+    if "openblas" in blas:  # the PyPI wheels' BLAS: the kernel generation is readable
+        assert found["name"] == blas and found["openblas_kernels"].isidentifier(), found
+
+
 def test_write_cpu_results_uses_the_stem(monkeypatch, tmp_path: Path, capsys) -> None:
     """The benchmark scripts' one writer names the file as cpu_results_stem does."""
     import json
