@@ -119,7 +119,12 @@ def _sass_without_local_memory(dtype: str, arch: str) -> tuple[dict[str, int], s
     params = SPEC.defaults()
     r = cuda_resources(SPEC, params, dtype, arch)
     assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
-    text = disassemble(link_cubin(ptx_for(SPEC, params, dtype, arch), arch))
+    ptx = ptx_for(SPEC, params, dtype, arch)
+    # the ring is one dynamic buffer, 16-byte aligned for cp.async and ldmatrix, and none
+    # of it static (sm_90 reports the 1 KB the driver reserves per block)
+    assert re.search(r"\.extern \.shared \.align 16 \.b8 \w+\[\]", ptx), ptx[:2000]
+    assert r.smem == (1024 if arch == "sm_90" else 0)
+    text = disassemble(link_cubin(ptx, arch))
     assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
     return params, text, (params["WM"] // 16) * (params["WN"] // 8)
 
@@ -128,6 +133,7 @@ def _sass_without_local_memory(dtype: str, arch: str) -> tuple[dict[str, int], s
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
     params, text, per_step = _sass_without_local_memory("float32", arch)
+    assert SPEC.smem(params, 4) > 48 * 1024  # the defaults need the opt-in
     hmma = re.findall(r"HMMA\.1688\.F32\.TF32", text)
     assert hmma and len(hmma) % per_step == 0  # whole k steps of the warp tile
     assert re.search(r"LDSM\.16\.M88\.4", text) and re.search(r"LDGSTS\.E\.BYPASS\.128", text)
