@@ -444,10 +444,12 @@ def test_deep_ring_in_dynamic_shared_memory(a_shape: tuple, b_shape: tuple, mode
 
 @pytest.mark.cudasim
 @pytest.mark.simulator
+@pytest.mark.slow  # two launches in the simulator
 def test_a_launch_one_stage_short_of_shared_memory_fails(rng: np.random.Generator) -> None:
     """Negative control: the ring lives in the launch's dynamic shared memory, so a launch
     that gives it one 16-byte chunk less must fail (the simulator checks every offset)."""
     import dataclasses
+    import threading
 
     p = SPEC.resolve({**_sim(), "PASSES": 1})
     program = SPEC.program(p, np.float32)
@@ -457,7 +459,9 @@ def test_a_launch_one_stage_short_of_shared_memory_fails(rng: np.random.Generato
     program.launch(a, b, c, np.float32(1), np.float32(0))
     assert np.allclose(c, np.matmul(a, b), rtol=1e-2, atol=1e-2)
     short = dataclasses.replace(program, dynamic_smem=program.dynamic_smem - 16)
-    with pytest.raises(Exception, match="outside a shared array|out of bounds|index"):
+    # the thread that reaches past the buffer raises IndexError ("outside a shared array");
+    # the simulator may report instead the broken barrier its block-mates then see
+    with pytest.raises((IndexError, threading.BrokenBarrierError)):
         short.launch(a, b, c, np.float32(1), np.float32(0))
 
 
