@@ -211,3 +211,17 @@ def test_wgmma_tile_compiles_to_hgmma_without_local_memory(kind: str, opcode: st
     assert not re.search(r"\b(LDL|STL)\b", text)
     figures = parse_ptxas_log(log)
     assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
+
+
+@pytest.mark.ptx
+def test_wgmma_does_not_assemble_for_plain_sm_90() -> None:
+    """Why sm_90a: the same PTX for the generic sm_90 target is refused by ptxas."""
+    from numba import types
+    from numba.cuda import compile_ptx
+
+    from tilegemm.analysis.resources import link
+
+    f = types.float32[:, ::1]
+    ptx, _ = compile_ptx(_tile_kernel("tf32").py_func, (f, f, f), cc=(9, 0))
+    with pytest.raises(RuntimeError, match="nvJitLink failed"):
+        link(ptx, "sm_90")

@@ -5,8 +5,10 @@ On Hopper the fastest path is ``wgmma.mma_async``: four warps (a *warpgroup*, 12
 issue one 64×N×K product together, A and B are read by the tensor core straight from shared
 memory through 64-bit *matrix descriptors*, and the instruction runs asynchronously, so a
 kernel can issue the next loads while it runs. Only ``sm_90a`` (the architecture-specific
-Hopper target) has it; plain ``sm_90`` code cannot use it. The route is the same as for
-``mma``: a numba ``@intrinsic`` emitting the PTX through llvmlite's ``ir.InlineAsm``.
+Hopper target) has it; plain ``sm_90`` code cannot use it (numba-cuda compiles for
+``sm_90a`` when it runs on a 9.x device, and :func:`compile_sm90a` asks for it offline).
+The route is the same as for ``mma``: a numba ``@intrinsic`` emitting the PTX through
+llvmlite's ``ir.InlineAsm``.
 
 The instructions (:func:`wgmma_ops` returns them for the current mode):
 
@@ -433,13 +435,15 @@ def _compiled_ops() -> WgmmaOps:
 
 
 def compile_sm90a(pyfunc: Any, sig: tuple) -> str:
-    """PTX for ``sm_90a`` of a kernel using these instructions. numba-cuda compiles for a
-    compute capability and writes ``.target sm_90``; ``wgmma`` exists only on the
-    architecture-specific ``sm_90a``, so the target line is rewritten (the code is the same;
-    link the result with ``-arch=sm_90a``)."""
+    """PTX for ``sm_90a`` of a kernel using these instructions (link it with
+    ``-arch=sm_90a``). ``wgmma`` exists only on the architecture-specific target: plain
+    ``sm_90`` PTX with it does not assemble. numba-cuda takes the arch suffix as a third
+    element of the compute capability, and picks it by itself when it compiles for a
+    device of compute capability 9.0 or above (``_ensure_cc`` in its codegen), so the same
+    kernel also compiles when launched on an H100."""
     from numba.cuda import compile_ptx
 
-    ptx, _ = compile_ptx(pyfunc, sig, cc=(9, 0))
-    if "\n.target sm_90\n" not in ptx:
-        raise RuntimeError("numba-cuda's PTX has no '.target sm_90' line to rewrite")
-    return ptx.replace("\n.target sm_90\n", "\n.target sm_90a\n", 1)
+    ptx, _ = compile_ptx(pyfunc, sig, cc=(9, 0, "a"))
+    if "\n.target sm_90a" not in ptx:
+        raise RuntimeError("numba-cuda did not write '.target sm_90a' for cc (9, 0, 'a')")
+    return ptx
