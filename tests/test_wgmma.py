@@ -223,5 +223,5 @@ def test_wgmma_does_not_assemble_for_plain_sm_90() -> None:
 
     f = types.float32[:, ::1]
     ptx, _ = compile_ptx(_tile_kernel("tf32").py_func, (f, f, f), cc=(9, 0))
-    with pytest.raises(RuntimeError, match="nvJitLink failed"):
+    with pytest.raises(Exception, match="PTX_COMPILE|nvJitLink failed"):  # (either call)
         link(ptx, "sm_90")
