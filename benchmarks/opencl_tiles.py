@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python benchmarks/opencl_tiles.py [--sizes 1024 2048]
         [--tiles 8x16/8 16x16/8 ...] [--rounds 5] [--reps 2] [--pause 0.5] [--out FILE]
+        [--no-save]
 
 Why a script of its own: the database entry for an OpenCL device is a choice between a few
 one-work-item-per-group tiles (``TMxTN/VW``: BM = TM, BN = TN), and the rates of PoCL
@@ -40,7 +41,7 @@ from opencl_vs_clblast import clblast_library_version, version  # noqa: E402
 from tilegemm import registry  # noqa: E402
 from tilegemm.backends import get_backend  # noqa: E402
 from tilegemm.backends.base import wall_clock_elapsed  # noqa: E402
-from tilegemm.bench.environment import cpu_name, git_commit  # noqa: E402
+from tilegemm.bench.environment import cpu_family_model, cpu_name, git_commit, slug  # noqa: E402
 from tilegemm.bench.timing import alternating, prepare_verified  # noqa: E402
 from tilegemm.problem import describe, make_problem  # noqa: E402
 from tilegemm.reference import assert_close  # noqa: E402
@@ -64,7 +65,9 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=2, help="calls per block")
     parser.add_argument("--pause", type=float, default=0.5, help="idle seconds per block")
     parser.add_argument("--no-clblast", action="store_true")
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (default: "
+                        "results/opencl-pocl-tiles-<cpu>-m<family>-<model>.json)")
+    parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
 
     import pyopencl as cl
@@ -143,6 +146,7 @@ def main() -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "git_commit": git_commit(),
         "cpu": cpu_name(),
+        "cpu_family_model": cpu_family_model(),
         "cpu_identity": cpu_identity(),
         "cpu_count": os.cpu_count(),
         "device": device.name.strip(),
@@ -162,10 +166,13 @@ def main() -> int:
         "load_average_after": os.getloadavg(),
         "results": rows,
     }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {args.out}")
+    if not args.no_save:
+        fm = cpu_family_model()
+        stem = "-".join(x for x in ("opencl-pocl-tiles", slug(cpu_name()), fm and f"m{fm}") if x)
+        out = args.out or ROOT / "benchmarks" / "results" / f"{stem}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {out}")
     return 0
 
 
