@@ -121,7 +121,8 @@ def main() -> int:
               "docs/opencl.md for installing libclblast-dev and pyclblast")
 
     print(f"device: {device.name.strip()} ({device.platform.version.strip()})")
-    print(f"ours: opencl:{spec.name} {params}")
+    print("ours: kernel=auto, per size below" if args.kernel == "auto"
+          else f"ours: opencl:{spec.name} {params}")
     load_before = os.getloadavg()
     rows = []
     for n in args.sizes:
