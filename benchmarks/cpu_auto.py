@@ -16,7 +16,6 @@ has filled the cache. Writes ``benchmarks/results/cpu-auto-<cpu>-<isa>-m<family>
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -33,8 +32,10 @@ from tilegemm import registry  # noqa: E402
 from tilegemm.bench.environment import (  # noqa: E402
     cpu_family_model,
     cpu_name,
-    cpu_results_stem,
     git_commit,
+    host_info,
+    numpy_blas,
+    write_cpu_results,
 )
 from tilegemm.bench.timing import mean_call_seconds  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
@@ -54,6 +55,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--suffix", default="", help="appended to the results file name, for a "
+                    "second run under other settings (OPENBLAS_CORETYPE=SkylakeX, say)")
     args = ap.parse_args()
     spec = registry.get("blocked", "cpu")
     large = []
@@ -92,6 +95,7 @@ def main() -> None:
         "isa": host_isa(), "simd": flags,
         "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
         "numpy_version": np.__version__, "numba_version": numba.__version__,
+        "numpy_blas": numpy_blas(), "env": host_info()["env"],
         "git_commit": git_commit(),
         "method": "large: median of 3 rounds x 2 launches, ours and NumPy alternating by block, "
                   "0.3 s idle before each block; tiny: whole matmul calls for 0.3 s; first call: "
@@ -100,10 +104,7 @@ def main() -> None:
         "large": large, "tiny": tiny, "first_call_warm_cache": first,
     }
     if not args.no_save:
-        name = cpu_results_stem("cpu-auto", host_isa())
-        path = ROOT / "benchmarks" / "results" / f"{name}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path.relative_to(ROOT)}")
+        write_cpu_results(ROOT, "cpu-auto", host_isa(), result, suffix=args.suffix)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ report the same CPU name).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from collections.abc import Callable
@@ -36,7 +35,13 @@ import numpy as np
 from tilegemm import registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import wall_clock_elapsed
-from tilegemm.bench.environment import cpu_family_model, cpu_name, cpu_results_stem, git_commit
+from tilegemm.bench.environment import (
+    cpu_family_model,
+    cpu_name,
+    git_commit,
+    numpy_blas,
+    write_cpu_results,
+)
 from tilegemm.bench.timing import alternating, prepare_verified
 from tilegemm.problem import describe, host_operand_3d, make_problem
 from tilegemm.reference import random_operands
@@ -134,6 +139,7 @@ def main() -> None:
         "device": "cpu", "cpu_model": model, "cpu_family_model": cpu_family_model(),
         "isa": host_isa(), "cores": os.cpu_count(), "simd": simd_flags(),
         "numba_threads": numba.get_num_threads(), "numpy_version": np.__version__,
+        "numpy_blas": numpy_blas(),
         "numba_version": numba.__version__, "git_commit": git_commit(),
         "kernel": "cpu:blocked", "params": params, "sizes": args.sizes,
         "method": (f"median of {args.rounds} rounds x {args.block} launches, ours and NumPy "
@@ -143,11 +149,7 @@ def main() -> None:
         "results": rows,
     }
     if not args.no_save:
-        name = cpu_results_stem("cpu-blocked", host_isa())
-        path = ROOT / "benchmarks" / "results" / f"{name}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path.relative_to(ROOT)}")
+        write_cpu_results(ROOT, "cpu-blocked", host_isa(), result)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ operands larger than one worker's limit, and the peak memory each worker reporte
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 import threading
@@ -42,8 +41,8 @@ import tilegemm.dask as tgd
 from tilegemm.bench.environment import (
     cpu_family_model,
     cpu_name,
-    cpu_results_stem,
     git_commit,
+    write_cpu_results,
 )
 from tilegemm.tune.database import host_isa
 
@@ -222,12 +221,7 @@ def main() -> None:
     if not args.skip_memory:
         doc["memory"] = memory(args.memory_n, args.chunk, args.limit)
     if not args.no_save:
-        # Named with the CPU family and model: KVM guests of several Xeon generations
-        # report the same name.
-        stem = cpu_results_stem("dask-matmul", host_isa())
-        path = ROOT / "benchmarks" / "results" / f"{stem}.json"
-        path.write_text(json.dumps(doc, indent=1) + "\n")
-        print(f"wrote {path.relative_to(ROOT)}")
+        write_cpu_results(ROOT, "dask-matmul", host_isa(), doc, indent=1)
 
 
 if __name__ == "__main__":

@@ -94,6 +94,10 @@ tensor)
   info > "$OUT/tensor.log" 2>&1
   timeout 420 $PY benchmarks/tensor_cores.py --sizes 2048 4096 >> "$OUT/tensor.log" 2>&1
   echo "tensor cores: exit $?"
+  # a deeper tile: 96 KB of dynamic shared memory in float32 (the opt-in, well past 48 KB)
+  timeout 240 $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 \
+      --params BK=32,STAGES=3 >> "$OUT/tensor.log" 2>&1
+  echo "tensor cores, BK=32 STAGES=3: exit $?"
   timeout 150 $PY benchmarks/tensor_core_errors.py --k 256 4096 --mn 1024 \
       --json "$OUT/tensor-core-errors-gpu.json" > "$OUT/tensor-errors.log" 2>&1
   echo "tensor-core errors: exit $?"

@@ -1,6 +1,7 @@
 """Measure rung ``mma`` on a GPU against cuBLAS at the same precision (PyTorch's cuBLAS).
 
-    PYTHONPATH=src python benchmarks/tensor_cores.py [--repeat 20] [--sizes 2048 4096]
+    PYTHONPATH=src python benchmarks/tensor_cores.py [--repeat 20] [--sizes 2048 4096] \
+        [--params BK=32,STAGES=3]
 
 For each size n (n×n×n products) and mode:
 
@@ -14,7 +15,10 @@ For each size n (n×n×n products) and mode:
 - ``bfloat16``: the same for ``ml_dtypes.bfloat16`` operands against cuBLAS BF16
   (``allow_bf16_reduced_precision_reduction = False``). Target at 4096³: >= 60 %.
 
-Every result is checked against float64 NumPy before it is timed: the maximum error,
+The rung runs at its defaults (a 4-stage ring: 64 KB of dynamic shared memory in float32,
+so the opt-in above 48 KB is exercised) or with ``--params`` overriding them; each line
+names the ring's shared memory. Every result is checked against float64 NumPy before it
+is timed: the maximum error,
 scaled by max(|A|·|B|), is printed for tilegemm and for cuBLAS, and a tilegemm error more
 than 4× cuBLAS's (same precision) fails the run. Times: CUDA events, median of --repeat,
 after two warm-up launches, through the benchmarks' timing loop (``bench.timing.steady``);
@@ -81,7 +85,10 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--params", default="",
+                        help="rung parameters over the defaults, e.g. BK=32,STAGES=3")
     args = parser.parse_args()
+    over = {k: int(v) for k, v in (kv.split("=") for kv in args.params.split(",") if kv)}
 
     import torch
 
@@ -110,8 +117,9 @@ def main() -> int:
             dtype = np.dtype(mode) if mode in HALF else np.dtype(np.float32)
             a = rng.standard_normal((1, n, n)).astype(dtype)
             b = rng.standard_normal((1, n, n)).astype(dtype)
-            params = spec.resolve({} if mode in HALF
-                                  else {spec.precision_param: spec.precisions[mode]})
+            params = spec.resolve(over if mode in HALF
+                                  else {**over, spec.precision_param: spec.precisions[mode]})
+            backend.check_limits(spec, params, dtype, backend.target())  # the opt-in maximum
             with poisoned():  # an element the kernel never writes stays NaN
                 prepared = backend.prepare(spec, params, problem_for(n, n, n, dtype), a, b)
                 prepared.launch()
@@ -126,7 +134,9 @@ def main() -> int:
                    "bfloat16": "cuBLAS BF16"}
             print(f"{n:>5}^3 {mode:<8} mma {flops / ours / 1e12:7.1f} TFLOP/s  {ref[mode]} "
                   f"{flops / theirs / 1e12:7.1f}  ratio {ratio:.2f}  max error "
-                  f"{ours_err:.1e} vs {theirs_err:.1e}")
+                  f"{ours_err:.1e} vs {theirs_err:.1e}  "
+                  f"(BK={params['BK']} STAGES={params['STAGES']}: "
+                  f"{spec.smem(params, dtype.itemsize) // 1024} KB shared)")
             if not ours_err <= 4 * theirs_err + 1e-7:  # NaN fails too
                 print("  FAILED: error more than 4x cuBLAS's")
                 failed = True

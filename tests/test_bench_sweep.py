@@ -447,3 +447,32 @@ def test_cpu_results_stem_names_isa_and_model(monkeypatch) -> None:
     monkeypatch.setattr(environment, "cpu_family_model", lambda: "")  # no /proc/cpuinfo
     assert (environment.cpu_results_stem("cpu-auto", "avx2")
             == "cpu-auto-intel-xeon-processor-avx2")
+
+
+def test_numpy_blas_names_the_kernels_openblas_picked() -> None:
+    """A ratio to NumPy is read against the BLAS kernels NumPy ran: OpenBLAS may pick an
+    older generation's (AVX2 "Haswell" on a Zen 5 EPYC), and results files record that."""
+    import numpy as np
+
+    from tilegemm.bench.environment import host_info, numpy_blas
+
+    found = numpy_blas()
+    assert host_info()["numpy_blas"] == found
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
+    if "openblas" in blas:  # the PyPI wheels' BLAS: the kernel generation is readable
+        assert found["name"] == blas and found["openblas_kernels"].isidentifier(), found
+
+
+def test_write_cpu_results_uses_the_stem(monkeypatch, tmp_path: Path, capsys) -> None:
+    """The benchmark scripts' one writer names the file as cpu_results_stem does."""
+    import json
+
+    from tilegemm.bench import environment
+
+    monkeypatch.setattr(environment, "cpu_name", lambda: "Intel(R) Xeon(R) Processor")
+    monkeypatch.setattr(environment, "cpu_family_model", lambda: "6-167")
+    path = environment.write_cpu_results(tmp_path, "dask-matmul", "avx512", {"x": 1}, indent=1)
+    assert path == (tmp_path / "benchmarks" / "results"
+                    / "dask-matmul-intel-xeon-processor-avx512-m6-167.json")
+    assert json.loads(path.read_text()) == {"x": 1}
+    assert capsys.readouterr().out.strip() == f"wrote {path.relative_to(tmp_path)}"

@@ -192,16 +192,7 @@ def test_no_vendor_is_a_note_not_an_error(monkeypatch: pytest.MonkeyPatch) -> No
     assert v is None and note.startswith("no vendor library found")
 
 
-def _pocl_usable() -> bool:
-    try:
-        import pyopencl as cl
-
-        return any(p.get_devices() for p in cl.get_platforms())
-    except Exception:
-        return False
-
-
-@pytest.mark.skipif(not _pocl_usable(), reason="no OpenCL device (PoCL) for pyopencl")
+@pytest.mark.opencl  # a device that is listed but cannot build programs does not count
 def test_clblast_glue_on_a_real_opencl_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     """pyclblast stand-in that computes on the host; the queue, arrays and profiling
     fallback are real pyopencl on PoCL."""

@@ -119,7 +119,12 @@ def _sass_without_local_memory(dtype: str, arch: str) -> tuple[dict[str, int], s
     params = SPEC.defaults()
     r = cuda_resources(SPEC, params, dtype, arch)
     assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
-    text = disassemble(link_cubin(ptx_for(SPEC, params, dtype, arch), arch))
+    ptx = ptx_for(SPEC, params, dtype, arch)
+    # the ring is one dynamic buffer, 16-byte aligned for cp.async and ldmatrix, and none
+    # of it static (sm_90 reports the 1 KB the driver reserves per block)
+    assert re.search(r"\.extern \.shared \.align 16 \.b8 \w+\[\]", ptx), ptx[:2000]
+    assert r.smem == (1024 if arch == "sm_90" else 0)
+    text = disassemble(link_cubin(ptx, arch))
     assert not re.search(r"\b(LDL|STL)(\.|\s)", text)
     return params, text, (params["WM"] // 16) * (params["WN"] // 8)
 
@@ -128,6 +133,7 @@ def _sass_without_local_memory(dtype: str, arch: str) -> tuple[dict[str, int], s
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_hmma_in_sass_and_no_local_memory(arch: str) -> None:
     params, text, per_step = _sass_without_local_memory("float32", arch)
+    assert SPEC.smem(params, 4) > 48 * 1024  # the defaults need the opt-in
     hmma = re.findall(r"HMMA\.1688\.F32\.TF32", text)
     assert hmma and len(hmma) % per_step == 0  # whole k steps of the warp tile
     assert re.search(r"LDSM\.16\.M88\.4", text) and re.search(r"LDGSTS\.E\.BYPASS\.128", text)
@@ -394,3 +400,165 @@ def test_tf32_rounding_in_shared_memory_keeps_nan_and_inf(rng: np.random.Generat
     assert np.array_equal(np.isinf(r), np.isinf(want))
     fin = np.isfinite(want)
     assert np.max(np.abs(r[fin] - want[fin])) <= 4 * 32 * 2.0**-24 * np.max(np.abs(want[fin]))
+
+
+# --- dynamic shared memory (the cp.async ring above 48 KB) ----------------------------------
+# A 4-stage ring of 64×64×32 tiles: 64 KB in float32, beyond the 48 KB a kernel may declare
+# statically, small enough for the simulator (2 warps of 64×32).
+DEEP = {"BM": 64, "BN": 64, "BK": 32, "WM": 64, "WN": 32, "STAGES": 4, "GROUP_M": 2}
+# (a shape, b shape): odd M, N, K (the 4-byte and plain-load copy paths, partial tiles on
+# every edge), for every mode; and for one 32- and one 16-bit mode an aligned shape whose one
+# block runs the unchecked copy loop for K/BK - (STAGES - 1) = 2 k-tiles, then the last 3.
+DEEP_CASES = [(mode, (67, 45), (45, 35)) for mode in ("tf32", "3xtf32", "float16", "bfloat16")
+              ] + [(mode, (64, 160), (160, 64)) for mode in ("tf32", "float16")]
+
+
+@pytest.mark.cudasim
+@pytest.mark.slow  # 20-60 s each in the simulator
+@pytest.mark.parametrize(("mode", "a_shape", "b_shape"), DEEP_CASES)
+def test_deep_ring_in_dynamic_shared_memory(a_shape: tuple, b_shape: tuple, mode: str,
+                                            rng: np.random.Generator) -> None:
+    assert SPEC.smem(DEEP, 4) > 48 * 1024  # float32: more than static memory allows
+    a, b = _operands(rng, a_shape, b_shape)
+    k = a.shape[-1]
+    if mode in ("tf32", "3xtf32"):
+        r = tilegemm.matmul(a, b, backend="cuda", kernel="mma", precision=mode, **DEEP)
+        if mode == "tf32":
+            want = np.matmul(tf32_round(a).astype(np.float64), tf32_round(b))
+            scale = np.matmul(np.abs(tf32_round(a)).astype(np.float64), np.abs(tf32_round(b)))
+            bound = 4 * k * 2.0**-24 * scale
+        else:
+            want = np.matmul(a.astype(np.float64), b)
+            bound = 4 * k * 2.0**-22 * np.matmul(np.abs(a).astype(np.float64), np.abs(b))
+    else:
+        nptype: Any = (pytest.importorskip("ml_dtypes").bfloat16 if mode == "bfloat16"
+                       else np.float16)
+        a, b = a.astype(nptype), b.astype(nptype)
+        r = tilegemm.matmul(a, b, backend="cuda", kernel="mma", dtype=np.float32, **DEEP)
+        want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        bound = 4 * k * 2.0**-24 * np.matmul(np.abs(a).astype(np.float64),
+                                            np.abs(b).astype(np.float64))
+    assert r.shape == want.shape and r.dtype == np.float32
+    assert np.all(np.abs(r - want) <= bound + 1e-30)  # NaN (a missed element) fails too
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+@pytest.mark.slow  # two launches in the simulator
+def test_a_launch_one_stage_short_of_shared_memory_fails(rng: np.random.Generator) -> None:
+    """Negative control: the ring lives in the launch's dynamic shared memory, so a launch
+    that gives it one 16-byte chunk less must fail (the simulator checks every offset)."""
+    import dataclasses
+    import threading
+
+    p = SPEC.resolve({**_sim(), "PASSES": 1})
+    program = SPEC.program(p, np.float32)
+    assert program.dynamic_smem == SPEC.smem(p, 4)
+    a, b = _operands(rng, (1, 32, 32), (1, 32, 16))
+    c = np.full((1, 32, 16), np.nan, np.float32)
+    program.launch(a, b, c, np.float32(1), np.float32(0))
+    assert np.allclose(c, np.matmul(a, b), rtol=1e-2, atol=1e-2)
+    short = dataclasses.replace(program, dynamic_smem=program.dynamic_smem - 16)
+    # the thread that reaches past the buffer raises IndexError ("outside a shared array");
+    # the simulator may report instead the broken barrier its block-mates then see
+    with pytest.raises((IndexError, threading.BrokenBarrierError)):
+        short.launch(a, b, c, np.float32(1), np.float32(0))
+
+
+class _FakeDispatcher:
+    """Stands for a numba dispatcher on a real GPU: records compiles and launches; its one
+    kernel is loaded as ``handle`` on device ``device``."""
+
+    def __init__(self, handle: int = 0xBEEF, device: int = 3) -> None:
+        from types import SimpleNamespace
+
+        cufunc = SimpleNamespace(handle=handle, device=SimpleNamespace(id=device))
+        self.kernel = SimpleNamespace(_codelibrary=SimpleNamespace(get_cufunc=lambda: cufunc))
+        self.compiled: list[tuple] = []
+        self.launches: list[tuple] = []
+
+    def typeof_pyval(self, value: Any) -> str:
+        return type(value).__name__
+
+    def compile(self, sig: tuple) -> Any:
+        self.compiled.append(sig)
+        return self.kernel
+
+    def __getitem__(self, config: tuple) -> Any:
+        return lambda *args: self.launches.append((config, args))
+
+
+MAX_DYNAMIC = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES in CUDA's driver API
+
+
+def test_opt_in_sets_the_attribute_once_per_kernel_device_and_size(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilegemm.backends import cuda_program
+
+    monkeypatch.setattr(cuda_program, "_OPTED_IN", set())
+    calls: list[tuple] = []
+    disp = _FakeDispatcher()
+    args = (np.zeros(1), np.zeros(1), np.zeros(1), 1.0, 0.0)
+    for nbytes in (98304, 98304, 131072):
+        cuda_program.opt_in_dynamic_shared(disp, args, nbytes,
+                                           set_attribute=lambda *a: calls.append(a))
+    assert [(int(a), v, h, d) for a, v, h, d in calls] == [
+        (MAX_DYNAMIC, 98304, 0xBEEF, 3), (MAX_DYNAMIC, 131072, 0xBEEF, 3)]
+    # the kernel opted in is the one compiled for these arguments' types
+    assert disp.compiled[0] == ("ndarray", "ndarray", "ndarray", "float", "float")
+
+
+def test_opt_in_goes_through_numbas_driver_binding(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilegemm import simulator
+    from tilegemm.backends import cuda_program
+
+    if simulator.enabled():
+        pytest.skip("numba's driver module is the simulator's here")
+    from numba.cuda.cudadrv import driver as numba_driver
+
+    monkeypatch.setattr(cuda_program, "_OPTED_IN", set())
+    calls: list[tuple] = []
+    # an instance attribute, so numba's lazy lookup (which needs a driver) is not reached
+    monkeypatch.setitem(vars(numba_driver.driver), "cuKernelSetAttribute",
+                        lambda *a: calls.append(a))
+    cuda_program.opt_in_dynamic_shared(_FakeDispatcher(7, 0), (1.0,), 65536)
+    assert [(int(a), v, h, d) for a, v, h, d in calls] == [(MAX_DYNAMIC, 65536, 7, 0)]
+
+
+@pytest.mark.parametrize(("nbytes", "sim", "opted"), [(96 * 1024, False, True),
+                                                      (48 * 1024, False, False),
+                                                      (96 * 1024, True, False)])
+def test_launch_opts_in_only_above_48_kb_on_a_gpu(nbytes: int, sim: bool, opted: bool,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from tilegemm import simulator
+    from tilegemm.backends import cuda_program
+
+    seen: list[tuple] = []
+    monkeypatch.setattr(simulator, "enabled", lambda: sim)
+    monkeypatch.setattr(cuda_program, "opt_in_dynamic_shared",
+                        lambda disp, args, n: seen.append((len(args), n)))
+    disp = _FakeDispatcher()
+    prog = cuda_program.CudaProgram(disp, (256, 1, 1), lambda b, m, n: (4, 1, b),
+                                    dynamic_smem=nbytes)
+    c = np.zeros((2, 3, 5))
+    prog.launch("A", "B", c, 1.0, 0.0, stream=0)
+    assert seen == ([(5, nbytes)] if opted else [])
+    # numba's launch configuration: grid, block, stream, then the dynamic shared bytes
+    assert disp.launches[0][0] == ((4, 1, 2), (256, 1, 1), 0, nbytes)
+
+
+def test_a_ring_beyond_the_devices_opt_in_maximum_is_refused() -> None:
+    """The limit checks use the device's opt-in maximum for this rung (not the static 48
+    KB), and name it when a ring exceeds it: 99 KB on an sm_86 GPU."""
+    from tilegemm.backends.base import Limits, Target
+    from tilegemm.backends.cuda import CudaBackend
+
+    target = Target("cuda", "Fake sm_86", "gpu", "sm_86",
+                    Limits(1024, shared_per_block=48 * 1024, shared_optin_per_block=99 * 1024),
+                    "CUDA events", capability=(8, 6))
+    fits = SPEC.resolve({"BK": 32, "STAGES": 3, "PASSES": 1})  # 96 KB in float32
+    CudaBackend().check_limits(SPEC, fits, np.dtype(np.float32), target)
+    deep = SPEC.resolve({"BK": 32, "STAGES": 4, "PASSES": 1})  # 128 KB
+    with pytest.raises(InvalidValueError, match=r"131072 bytes .* 101376-byte limit "
+                                                r"\(dynamic shared memory, opted in\)"):
+        CudaBackend().check_limits(SPEC, deep, np.dtype(np.float32), target)

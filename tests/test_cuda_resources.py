@@ -3,7 +3,8 @@
 nvJitLink's ptxas report is how we know a rung does what its docstring claims: the
 register-tiled rungs keep their accumulators in registers (no local memory, no spills),
 and the shared memory ptxas allocated is exactly what the spec declares, which is what the
-backend checks against the 48 KB static limit before a launch.
+backend checks against the 48 KB static limit before a launch (a rung with dynamic shared
+memory, mma, declares none statically: its launch sizes it, up to the opt-in maximum).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import pytest
 import tilegemm
 from tilegemm import cli
 from tilegemm.analysis.resources import ARCHS, cuda_resources, ptx_for
-from tilegemm.backends.cuda import MAX_STATIC_SMEM
+from tilegemm.backends.base import shared_limit
+from tilegemm.backends.cuda import CUDA_LIMITS
 from tilegemm.registry import KernelSpec, get
 
 pytestmark = pytest.mark.ptx
@@ -38,8 +40,9 @@ def test_rung_compiles_and_links(spec: KernelSpec, arch: str) -> None:
     r = cuda_resources(spec, None, "float32", arch)
     assert r.registers > 0
     assert r.cubin_bytes > 0
-    declared = _declared_smem(spec, "float32")
-    reserved = SM90_RESERVED_SMEM if arch == "sm_90" and declared else 0
+    # a rung with dynamic shared memory (mma) declares none statically: the launch sizes it
+    declared = 0 if spec.dynamic_smem else _declared_smem(spec, "float32")
+    reserved = SM90_RESERVED_SMEM if arch == "sm_90" and (declared or spec.dynamic_smem) else 0
     assert r.smem == declared + reserved, f"{spec.name}: ptxas smem {r.smem}, spec {declared}"
     assert spec.threads is not None and spec.threads(spec.defaults()) <= 1024
 
@@ -59,7 +62,8 @@ def test_register_tiles_stay_in_registers(name: str, arch: str) -> None:
 
 def _largest_block(spec: KernelSpec) -> dict[str, int]:
     """The most threads per block among the parameters the backend would launch."""
-    launchable = [p for p in spec.space() if spec.smem(p, 4) <= MAX_STATIC_SMEM]
+    limit, _ = shared_limit(spec, CUDA_LIMITS)  # the opt-in maximum for dynamic memory
+    launchable = [p for p in spec.space() if spec.smem(p, 4) <= limit]
     return max(launchable, key=lambda p: (spec.threads(p), sorted(p.items())))
 
 

@@ -315,14 +315,83 @@ def test_pyopencl_ctx_is_respected(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_explicit_device_index() -> None:
+    from tilegemm.backends import opencl
+
     a, b = random_operands((7, 5), (5, 3), "float32")
-    assert_close(tilegemm.matmul(a, b, backend="opencl", device=0), a, b)
+    index = opencl.default_device_index()
+    assert_close(tilegemm.matmul(a, b, backend="opencl", device=index), a, b)
     n = len(get_backend("opencl").status().devices)
     for bad in (n, -1, "0"):
         with pytest.raises(ValueError, match="unknown OpenCL device"):
             tilegemm.matmul(a, b, backend="opencl", device=bad)
     with pytest.raises(ValueError, match="backend 'cpu' has no device choice; device= works"):
         tilegemm.matmul(a, b, backend="cpu", device=0)
+
+
+class _FakePlatform:
+    name = "Portable Computing Language"
+    version = "OpenCL 3.0 PoCL 3.0-rc2  Linux, Release, RELOC, LLVM 14.0.6, SLEEF, DISTRO"
+
+
+class _FakeDevice:
+    """Just what device choice reads: a CPU device of a PoCL platform."""
+
+    def __init__(self, ptr: int, name: str) -> None:
+        import pyopencl as cl
+
+        self.int_ptr, self.name, self.type = ptr, name, cl.device_type.CPU
+        self.platform = _FakePlatform()
+
+
+def test_a_device_that_cannot_compile_is_skipped_and_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """PoCL 3.0 (LLVM 14) lists a Zen 5 CPU but cannot build for it: the default device is
+    the next one that can; naming the broken one with device= is a clear error before any
+    launch; with none that can, the backend says why instead of failing in a build."""
+    from tilegemm.backends import opencl
+    from tilegemm.errors import UnavailableError
+
+    broken, working = _FakeDevice(101, "pthread-AMD EPYC"), _FakeDevice(102, "pthread-ok")
+    monkeypatch.delenv("PYOPENCL_CTX", raising=False)
+    monkeypatch.setattr(opencl, "all_devices", lambda: (broken, working))
+    monkeypatch.setitem(opencl._BUILD_PROBLEMS, 101, "PoCL 3.0-rc2 (LLVM 14.0.6) cannot "
+                        "compile for it: its LLVM does not know this CPU model")
+    monkeypatch.setitem(opencl._BUILD_PROBLEMS, 102, "")
+    assert opencl.default_device_index.__wrapped__() == 1
+    be = opencl.OpenCLBackend()
+    with pytest.raises(UnavailableError, match=r"\[0\] pthread-AMD EPYC: PoCL 3.0-rc2 "
+                       r"\(LLVM 14.0.6\) cannot compile.*Devices: \[0\]"):
+        be.target(0)
+    monkeypatch.setattr(opencl, "all_devices", lambda: (broken,))
+    with pytest.raises(UnavailableError, match="no OpenCL device here can compile"):
+        opencl.default_device_index.__wrapped__()
+
+
+def test_build_problem_reads_the_compiler_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reason names PoCL and its LLVM, and says what helps; a device that builds has
+    none (the real default device included)."""
+    import pyopencl as cl
+
+    from tilegemm.backends import opencl
+
+    assert opencl.build_problem(opencl.all_devices()[opencl.default_device_index()]) == ""
+
+    class FakeProgram:
+        def __init__(self, context: object, source: str) -> None:
+            pass
+
+        def build(self) -> None:
+            raise cl.RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE\n\n"
+                                  "error: unknown target CPU 'generic'\n")
+
+    monkeypatch.setattr(cl, "Program", FakeProgram)
+    monkeypatch.setattr(cl, "Context", lambda devices: None)
+    monkeypatch.delitem(opencl._BUILD_PROBLEMS, 103, raising=False)
+    reason = opencl.build_problem(_FakeDevice(103, "pthread-AMD EPYC"))
+    opencl._BUILD_PROBLEMS.pop(103)
+    assert reason == ("PoCL 3.0-rc2 (LLVM 14.0.6) cannot compile for it: its LLVM does not "
+                      "know this CPU model (a PoCL built with a newer LLVM does, e.g. "
+                      "Debian/Ubuntu's pocl-opencl-icd) [error: unknown target CPU 'generic']")
 
 
 def test_work_group_limit_is_checked() -> None:

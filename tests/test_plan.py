@@ -43,6 +43,35 @@ def test_database_lookup_order(monkeypatch):
     assert database.lookup(_target("Chip X"), "float32", TABLE) is None
 
 
+def test_database_entry_for_another_cpu_generation_does_not_apply(monkeypatch):
+    """Zen 4 and Zen 5 both report "AMD EPYC": an entry naming a CPU family or model
+    serves that CPU only (the closest match first), and other generations fall to the
+    ISA's defaults."""
+    table = (
+        {"backend": "cpu", "device": "*", "isa": "avx512", "dtype": "float32",
+         "kernel": "blocked", "params": {"MR": 8}},
+        {"backend": "cpu", "device": "AMD EPYC", "cpu": "25", "isa": "avx512",
+         "dtype": "float32", "kernel": "blocked", "params": {"MR": 16}},
+        {"backend": "cpu", "device": "AMD EPYC", "cpu": "26-2", "isa": "avx512",
+         "dtype": "float32", "kernel": "blocked", "params": {"MR": 12}},
+        {"backend": "cpu", "device": "AMD EPYC", "isa": "avx512", "dtype": "float32",
+         "kernel": "blocked", "params": {"MR": 6}},
+    )
+    monkeypatch.setattr(database, "host_isa", lambda: "avx512")
+    found = {}
+    for fm in ("25-17", "26-2", "26-17", "6-207"):
+        monkeypatch.setattr(database, "host_family_model", lambda fm=fm: fm)
+        entry, tier = database.lookup(_target("AMD EPYC"), "float32", table)
+        found[fm] = (entry["params"]["MR"], tier)
+    assert found == {"25-17": (16, "device"),  # the family's entry beats the plain one
+                     "26-2": (12, "device"),  # the model's entry beats both
+                     "26-17": (6, "device"),  # only the entry that names no CPU applies
+                     "6-207": (6, "device")}
+    monkeypatch.setattr(database, "host_family_model", lambda: "26-2")
+    entry, tier = database.lookup(_target("AMD EPYC"), "float32", table[:2])
+    assert (entry["params"]["MR"], tier) == (8, "isa")  # Zen 4's entry is not Zen 5's
+
+
 def test_shipped_database_entries_are_valid_parameters():
     from tilegemm import registry
 
@@ -52,6 +81,8 @@ def test_shipped_database_entries_are_valid_parameters():
         # CPU entries name the vector ISA; an OpenCL device has no architecture string
         assert e["isa"] in (("avx2", "avx512") if e["backend"] == "cpu" else ("",)), e
         assert e.get("measured"), e
+        # "cpu" names a family ("25") or a family and model ("26-2") of /proc/cpuinfo
+        assert set(e.get("cpu", "0")) <= set("0123456789-"), e
 
 
 def test_opencl_entry_matches_its_device_only():

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from tilegemm.registry import Param
+
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_YZ = 65_535
 
@@ -53,12 +55,19 @@ def tile_grid(rows: int, cols: int, *, rows_in_x: bool = False) -> Grid:
 
 def flat_tile_grid(rows: int, cols: int) -> Grid:
     """The grid of a kernel that numbers its ``rows`` × ``cols`` tiles of C itself (grouped
-    block orders): every tile in x, batches in z."""
+    block orders, see :data:`GROUP_M`): every tile in x, batches in z."""
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(m, rows) * ceil_div(n, cols), 1, batch)
 
     return grid
+
+
+# The parameter of the grouped block order, declared once for the rungs that use it.
+# Blocks run roughly in launch order, so the tiles of C in flight together decide what L2
+# holds; numbering tiles column-major inside groups of GROUP_M tile rows makes them a
+# near-square patch, whose panels of A and B each serve several blocks from L2.
+GROUP_M = Param("GROUP_M", 8, (1, 2, 4, 8, 16), "tile rows per group of the block order")
 
 
 def covered(grid: int, tiles: int) -> list[int]:

@@ -124,6 +124,10 @@ class KernelSpec:
     # or None to keep them. Reads only facts the Target holds (its SM count...).
     shape_params: Callable[[Mapping[str, int], Any, Any], tuple[dict[str, int], str] | None
                            ] | None = None
+    # The rung's shared memory is dynamic (sized by each launch): it may use up to the
+    # device's opt-in maximum per block (Limits.shared_optin_per_block), not only the 48 KB
+    # a kernel may declare statically. Rung mma's cp.async ring.
+    dynamic_smem: bool = False
 
     @property
     def key(self) -> str:

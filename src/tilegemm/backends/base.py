@@ -48,6 +48,9 @@ class Limits:
     threads_per_block: int
     block_dims: tuple[int, ...] = ()  # the most threads along each block dimension
     shared_per_block: int = 0  # bytes of (static) shared / local memory per block
+    # bytes of dynamic shared memory a block may use once its kernel opts in (CUDA's
+    # MAX_SHARED_MEMORY_PER_BLOCK_OPTIN); 0: no more than shared_per_block
+    shared_optin_per_block: int = 0
     registers_per_block: int = 0  # the register file one block may use (CUDA: per SM)
     registers_per_thread: int = 0
     max_allocation: int = 0  # bytes of the largest single buffer
@@ -283,6 +286,15 @@ class Backend(ABC):
         return None
 
 
+def shared_limit(spec: KernelSpec, limits: Limits) -> tuple[int, str]:
+    """The shared memory a block of ``spec`` may use under ``limits`` (0: no limit), and
+    how to name that limit in a message: a rung with dynamic shared memory may use the
+    device's opt-in maximum, any other rung only what a kernel may declare statically."""
+    if spec.dynamic_smem and limits.shared_optin_per_block:
+        return limits.shared_optin_per_block, " (dynamic shared memory, opted in)"
+    return limits.shared_per_block, ""
+
+
 def check_block_limits(spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
                        target: Target) -> None:
     """The rung's declared threads and shared memory per block against ``target.limits``,
@@ -296,9 +308,11 @@ def check_block_limits(spec: KernelSpec, params: Mapping[str, int], dtype: np.dt
         raise InvalidValueError(
             f"{spec.name}: {spec.threads(params)} threads per block exceed the limit of "
             f"{limits.threads_per_block} on {target.name}")
-    if spec.smem is not None and limits.shared_per_block:
+    limit, kind = shared_limit(spec, limits)
+    if spec.smem is not None and limit:
         need = spec.smem(params, np.dtype(dtype).itemsize)
-        if need > limits.shared_per_block:
+        if need > limit:
             raise InvalidValueError(
                 f"{spec.name}: needs {need} bytes of shared memory per block, more than the "
-                f"{limits.shared_per_block}-byte limit on {target.name}")
+                f"{limit}-byte limit{kind} on {target.name}; choose fewer STAGES or a "
+                f"smaller BK, BM or BN")

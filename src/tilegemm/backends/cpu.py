@@ -42,6 +42,28 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine() or "CPU"
 
 
+@cache
+def cpu_family_model() -> str:
+    """``<family>-<model>`` from /proc/cpuinfo (``6-207`` for an Emerald Rapids Xeon), or "".
+
+    Virtual machines often report only the vendor's generic name ("Intel(R) Xeon(R)
+    Processor"), which is the same for several generations; the family and model numbers
+    tell them apart.
+    """
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block is enough
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    family, model = fields.get("cpu family", ""), fields.get("model", "")
+    return f"{family}-{model}" if family and model else ""
+
+
 def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np.ndarray:
     """The (batch, M, N) array kernels write: ``out`` itself when given, else a new array.
 

@@ -32,6 +32,7 @@ from tilegemm.backends.base import (
     resolve_scalars,
     wall_clock_elapsed,
 )
+from tilegemm.backends.cuda_program import MIN_OPTIN_SMEM_SM80, STATIC_SMEM_LIMIT
 from tilegemm.backends.cuda_stream import choose_stream, numba_stream
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
@@ -40,13 +41,13 @@ from tilegemm.registry import KernelSpec
 # The architectures rungs are compiled for without a GPU (nvJitLink), by compute capability.
 COMPILE_ARCHS: dict[str, tuple[int, int]] = {"sm_80": (8, 0), "sm_90": (9, 0)}
 MAX_THREADS_PER_BLOCK = 1024
-MAX_STATIC_SMEM = 48 * 1024  # bytes of static shared memory per block on every arch
+MAX_STATIC_SMEM = STATIC_SMEM_LIMIT  # bytes of static shared memory a block, any arch
 # Every CUDA GPU since sm_50: 1,024 threads, 48 KiB of static shared memory and 64 Ki
 # registers per block, at most 255 registers a thread. The tuner and the resource checks
 # read these through the Target, never from here.
 CUDA_LIMITS = Limits(threads_per_block=MAX_THREADS_PER_BLOCK, block_dims=(1024, 1024, 64),
                      shared_per_block=MAX_STATIC_SMEM, registers_per_block=65536,
-                     registers_per_thread=255)
+                     registers_per_thread=255, shared_optin_per_block=MIN_OPTIN_SMEM_SM80)
 
 
 def _as_device(x: Any) -> Any:
@@ -206,7 +207,9 @@ class CudaBackend(Backend):
             threads_per_block=int(dev.MAX_THREADS_PER_BLOCK),
             block_dims=(int(dev.MAX_BLOCK_DIM_X), int(dev.MAX_BLOCK_DIM_Y),
                         int(dev.MAX_BLOCK_DIM_Z)),
-            shared_per_block=MAX_STATIC_SMEM,  # numba rungs use static shared memory only
+            shared_per_block=MAX_STATIC_SMEM,  # what a kernel may declare statically
+            # rungs with dynamic shared memory (KernelSpec.dynamic_smem) opt in up to this
+            shared_optin_per_block=int(dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
             registers_per_block=int(dev.MAX_REGISTERS_PER_BLOCK),
             registers_per_thread=CUDA_LIMITS.registers_per_thread,
         )

@@ -8,9 +8,19 @@ the resource report and the analysis treat all rungs alike.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+# Bytes of shared memory a block may declare statically, and use dynamically without
+# opting in, on every CUDA GPU.
+STATIC_SMEM_LIMIT = 48 * 1024
+# Dynamic shared memory a block may use after opting in, on every GPU of compute capability
+# 8.0 or newer (the tensor-core rung's minimum): 99 KB on sm_86/sm_89/sm_120, more on
+# sm_80 (163 KB) and sm_90 (227 KB). A real GPU's Target reports its own maximum; this is
+# the figure without one (the simulator, compile-only checks, the rung's constraint).
+MIN_OPTIN_SMEM_SM80 = 99 * 1024
 
 
 @dataclass(frozen=True)
@@ -22,13 +32,63 @@ class CudaProgram:
     # are not the dtype's own: bfloat16 arrays are passed as their bit patterns (int16)
     # (numba has no bfloat16 array type) with float32 scalars.
     arg_types: tuple[str, str] | None = None
+    # Bytes of dynamic shared memory (``cuda.shared.array(0, ...)``) each launch gives a
+    # block: the fourth value of numba's launch configuration. Above 48 KB the kernel
+    # must first be opted in (see opt_in_dynamic_shared).
+    dynamic_smem: int = 0
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
         batch, m, n = C.shape
-        self.kernel[self.grid(batch, m, n), self.block, stream](A, B, C, alpha, beta)
+        args = (A, B, C, alpha, beta)
+        if self.dynamic_smem > STATIC_SMEM_LIMIT:
+            from tilegemm import simulator
+
+            if not simulator.enabled():  # the simulator has no such limit to lift
+                opt_in_dynamic_shared(self.kernel, args, self.dynamic_smem)
+        self.kernel[self.grid(batch, m, n), self.block, stream, self.dynamic_smem](*args)
 
     def signature(self, dtype: str) -> str:
         """The C-contiguous signature used for ahead-of-time PTX (resource reports)."""
         elem, scalar = self.arg_types or (dtype, dtype)
         arr = f"{elem}[:, :, ::1]"
         return f"void({arr}, {arr}, {arr}, {scalar}, {scalar})"
+
+
+# (device id, kernel handle, bytes) already opted in: the attribute belongs to the loaded
+# kernel, so once per kernel and device is enough, and a launch then costs one set lookup.
+_OPTED_IN: set[tuple[int, int, int]] = set()
+_OPT_IN_LOCK = threading.Lock()
+
+
+def opt_in_dynamic_shared(dispatcher: Any, args: tuple[Any, ...], nbytes: int,
+                          set_attribute: Callable[[Any, int, Any, int], Any] | None = None,
+                          ) -> None:
+    """Let the kernel that ``dispatcher`` runs for ``args`` use ``nbytes`` of dynamic shared
+    memory: CUDA refuses a launch with more than 48 KB unless the kernel's
+    ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` was raised first.
+
+    numba-cuda has no API for this attribute (numba-cuda issue #94); it loads kernels as
+    ``CUkernel``s, whose attributes are set per device with ``cuKernelSetAttribute``, as
+    numba's own ``set_shared_memory_carveout`` does. The kernel is compiled for ``args``
+    here (numba's launch then finds the same overload) to reach its loaded function.
+    ``set_attribute(attribute, value, kernel handle, device id)`` defaults to numba's
+    checked driver binding; tests pass a stand-in, having no GPU. The backend checks
+    ``nbytes`` against the device's opt-in maximum before any launch, so a driver error
+    here means a kernel that also declares static shared memory, which numba's rungs
+    avoid."""
+    kernel = dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in args))
+    cufunc = kernel._codelibrary.get_cufunc()  # the loaded kernel, cached by numba
+    device = int(cufunc.device.id)
+    key = (device, int(cufunc.handle), int(nbytes))
+    if key in _OPTED_IN:
+        return
+    from cuda.bindings.driver import CUfunction_attribute  # numba-cuda's own binding
+
+    if set_attribute is None:
+        from numba.cuda.cudadrv.driver import driver  # raises CudaAPIError on failure
+
+        set_attribute = driver.cuKernelSetAttribute
+    attribute = CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    with _OPT_IN_LOCK:
+        set_attribute(attribute, int(nbytes), cufunc.handle, device)
+        _OPTED_IN.add(key)

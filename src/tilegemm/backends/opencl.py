@@ -103,9 +103,55 @@ def _same(x: Any, y: Any) -> bool:
     return x.int_ptr == y.int_ptr
 
 
+# The smallest program a device must build before it is chosen by default.
+_PROBE_SOURCE = "__kernel void probe(__global float *x) { x[get_global_id(0)] += 1.0f; }"
+_BUILD_PROBLEMS: dict[int, str] = {}
+
+
+def build_problem(device: Any) -> str:
+    """"" when ``device`` builds a trivial program, else a one-line reason why it cannot.
+
+    A device can be listed and still unable to compile anything: PoCL 3.0, as bundled with
+    the PyOpenCL wheels, uses LLVM 14, which does not know CPUs newer than it (an AMD Zen 5
+    EPYC, CPU family 26) and asks its own compiler for the CPU "generic", which it then
+    rejects ("unknown target CPU 'generic'"). Such a device is skipped when choosing the
+    default device and refused when named with ``device=``, with this reason, instead of
+    failing at the first rung's build. One build per device and process (PoCL keeps the
+    successful build in its kernel cache).
+    """
+    key = int(device.int_ptr)
+    if key not in _BUILD_PROBLEMS:
+        cl = _cl()
+        try:
+            cl.Program(cl.Context([device]), _PROBE_SOURCE).build()
+            _BUILD_PROBLEMS[key] = ""
+        except cl.Error as exc:
+            log = " ".join(line.strip() for line in str(exc).splitlines()
+                           if "error" in line.lower() and "clBuildProgram" not in line)
+            reason = f"{_platform_label(device)} cannot compile for it"
+            if "unknown target CPU" in log:
+                reason += (": its LLVM does not know this CPU model (a PoCL built with a newer "
+                           "LLVM does, e.g. Debian/Ubuntu's pocl-opencl-icd)")
+            _BUILD_PROBLEMS[key] = reason + (f" [{log[:200]}]" if log else "")
+    return _BUILD_PROBLEMS[key]
+
+
+def _platform_label(device: Any) -> str:
+    """"PoCL 3.0-rc2 (LLVM 14.0.6)" from PoCL's long version string, else the platform's
+    name and version."""
+    import re
+
+    version = device.platform.version.strip()
+    found = re.search(r"(PoCL \S+).*?(LLVM [\d.]+)", version)
+    if found:
+        return f"{found.group(1)} ({found.group(2)})"
+    return f"{device.platform.name.strip()} ({version})"
+
+
 @cache
 def default_device_index() -> int:
-    """The device used without ``device=``: PYOPENCL_CTX, else the first GPU, else the first."""
+    """The device used without ``device=``: PYOPENCL_CTX, else the first GPU, else the first
+    device, skipping devices that cannot build a program (see :func:`build_problem`)."""
     cl = _cl()
     devices = all_devices()
     if not devices:
@@ -117,8 +163,16 @@ def default_device_index() -> int:
                 return i
         raise UnavailableError(f"PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r} chose a device "
                            "that is not in the platform list")
-    gpus = [i for i, d in enumerate(devices) if device_kind(d) == "gpu"]
-    return gpus[0] if gpus else 0
+    order = sorted(range(len(devices)), key=lambda i: device_kind(devices[i]) != "gpu")
+    for i in order:
+        if not build_problem(devices[i]):
+            return i
+    by_reason: dict[str, list[str]] = {}
+    for i in order:
+        by_reason.setdefault(build_problem(devices[i]), []).append(
+            f"[{i}] {devices[i].name.strip()}")
+    raise UnavailableError("no OpenCL device here can compile a program: " + "; ".join(
+        f"{', '.join(names)}: {reason}" for reason, names in by_reason.items()))
 
 
 def check_device_index(index: Any) -> int:
@@ -227,6 +281,10 @@ class OpenCLBackend(Backend):
         known = self._targets.get(index)
         if known is not None and known.handle is d:
             return known
+        problem = build_problem(d)
+        if problem:
+            raise UnavailableError(f"OpenCL device [{index}] {d.name.strip()}: {problem}. "
+                                   "Devices: " + ", ".join(self.status().devices))
         kind = device_kind(d)
         limits = Limits(threads_per_block=int(d.max_work_group_size),
                         block_dims=tuple(int(x) for x in d.max_work_item_sizes),

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from tilegemm.backends.base import Backend, Target
-from tilegemm.backends.cpu import cpu_name
+from tilegemm.backends.cpu import cpu_family_model, cpu_name
 
 __all__ = ["backend_info", "cpu_family_model", "cpu_name", "cpu_results_stem", "git_commit",
-           "host_info", "slug", "versions", "write_cpu_results"]
+           "host_info", "numpy_blas", "slug", "versions", "write_cpu_results"]
 
 
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
@@ -51,14 +51,52 @@ def versions() -> dict[str, str]:
 
 
 # Settings that change what a number means (thread counts, TF32); recorded when set.
-ENV_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
-            "CUPY_TF32", "NVIDIA_TF32_OVERRIDE", "NUMBA_ENABLE_CUDASIM", "POCL_MAX_PTHREAD_COUNT")
+ENV_VARS = ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+            "NUMBA_NUM_THREADS", "CUPY_TF32", "NVIDIA_TF32_OVERRIDE", "NUMBA_ENABLE_CUDASIM",
+            "POCL_MAX_PTHREAD_COUNT")
+
+
+def numpy_blas() -> dict[str, str]:
+    """NumPy's BLAS and, for OpenBLAS, the kernels it picked for this CPU ("Haswell",
+    "SkylakeX", "Zen"...).
+
+    OpenBLAS chooses its kernels from the CPUID it recognises; a CPU newer than the library
+    (a Zen 5 EPYC under OpenBLAS 0.3.31, say) gets an older generation's kernels, AVX2
+    instead of AVX-512, and NumPy's speed there is not what the hardware can do. A ratio
+    to NumPy means little without this; ``OPENBLAS_CORETYPE`` overrides the choice.
+    """
+    import ctypes
+    import glob
+
+    import numpy as np
+
+    found: dict[str, str] = {}
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        found.update(name=str(blas.get("name", "")), version=str(blas.get("version", "")))
+    except Exception:  # the config layout differs across NumPy versions; nice to have only
+        pass
+    libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
+    for path in sorted(glob.glob(str(libs / "*openblas*"))):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for symbol in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename",
+                       "openblas_get_corename64_", "openblas_get_corename"):
+            fn = getattr(lib, symbol, None)
+            if fn is not None:
+                fn.restype = ctypes.c_char_p
+                found["openblas_kernels"] = fn().decode()
+                return found
+    return found
 
 
 def host_info() -> dict[str, Any]:
     env = {k: os.environ[k] for k in ENV_VARS if k in os.environ}
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "machine": platform.machine(),
-            "system": f"{platform.system()} {platform.release()}", "env": env}
+            "system": f"{platform.system()} {platform.release()}", "env": env,
+            "numpy_blas": numpy_blas()}
 
 
 def backend_info(backend: Backend, target: Target | None = None) -> dict[str, Any]:
@@ -79,27 +117,6 @@ def backend_info(backend: Backend, target: Target | None = None) -> dict[str, An
     return info
 
 
-def cpu_family_model() -> str:
-    """``<family>-<model>`` from /proc/cpuinfo (``6-207`` for an Emerald Rapids Xeon), or "".
-
-    Virtual machines often report only the vendor's generic name ("Intel(R) Xeon(R)
-    Processor"), which is the same for several generations; the family and model numbers
-    tell them apart.
-    """
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the first processor's block is enough
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    family, model = fields.get("cpu family", ""), fields.get("model", "")
-    return f"{family}-{model}" if family and model else ""
-
-
 def cpu_results_stem(kind: str, isa: str) -> str:
     """The name of a CPU results file: ``<kind>-<cpu>-<isa>[-<family>-<model>]``.
 
@@ -111,11 +128,12 @@ def cpu_results_stem(kind: str, isa: str) -> str:
 
 
 def write_cpu_results(root: Path, kind: str, isa: str, doc: dict[str, Any],
-                      indent: int = 2) -> Path:
+                      indent: int = 2, suffix: str = "") -> Path:
     """Write a CPU benchmark's results document to
-    ``<root>/benchmarks/results/<kind>-<cpu>-<isa>.json`` (``root``: the repository) and
-    say so."""
-    path = root / "benchmarks" / "results" / f"{kind}-{slug(cpu_name())}-{isa}.json"
+    ``<root>/benchmarks/results/<stem><suffix>.json`` (``root``: the repository; the stem
+    from :func:`cpu_results_stem`; ``suffix`` tells apart a second run under other settings)
+    and say so: the one writer of the benchmark scripts."""
+    path = root / "benchmarks" / "results" / f"{cpu_results_stem(kind, isa)}{suffix}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=indent) + "\n")
     print(f"wrote {path.relative_to(root)}")

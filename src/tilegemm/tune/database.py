@@ -3,8 +3,9 @@
 Defaults tuned on one machine can run at a fraction of the speed on another: the CPU
 micro-kernel's register tile must fit the vector registers of the ISA (16 on AVX2, 32 on
 AVX-512) for the dtype. ``kernel="auto"`` consults, in order: the user's tuning cache
-(``tilegemm tune``), then this database (this device by name and ISA, then the ISA's
-defaults, entries with device ``"*"``), then the rung's own defaults. Entries record where
+(``tilegemm tune``), then this database (this device by name and ISA, and by CPU family
+and model where an entry names them; then the ISA's defaults, entries with device
+``"*"``), then the rung's own defaults. Entries record where
 they were measured; add one from a ``tilegemm tune`` or ``benchmarks/cpu_blocked.py`` run.
 """
 
@@ -48,20 +49,48 @@ def isa(target: Target) -> str:
     return host_isa() if target.backend == host_backend() else target.arch
 
 
+def host_family_model() -> str:
+    """The host CPU's ``<family>-<model>`` (``26-2``), which entries may name: virtual
+    machines of different generations often report the same CPU name ("AMD EPYC" for both
+    Zen 4 and Zen 5), and a tile measured on one can be far from the best on the other."""
+    from tilegemm.backends.cpu import cpu_family_model
+
+    return cpu_family_model()
+
+
+def _cpu_rank(entry: dict[str, Any], family_model: str) -> int | None:
+    """How closely ``entry``'s optional ``"cpu"`` field (``"25"``: any model of family 25;
+    ``"26-2"``: that model) matches the host: 2 for the model, 1 for the family, 0 when the
+    entry names none, None when it names another CPU (the entry does not apply)."""
+    want = entry.get("cpu")
+    if not want:
+        return 0
+    if family_model == want:
+        return 2
+    if "-" not in want and family_model.startswith(want + "-"):
+        return 1
+    return None
+
+
 def lookup(target: Target, dtype: str,
            table: tuple[dict[str, Any], ...] | None = None) -> tuple[dict[str, Any], str] | None:
-    """(entry, tier) for ``target`` and ``dtype``: tier "device" (name and ISA match), else
-    "isa" (an entry for any device of this ISA, the ``"*"`` one first; none for a device
-    without an architecture string, such as an OpenCL device, whose entries would otherwise
-    serve every other device); None when the database has nothing (the rung's defaults
-    apply)."""
+    """(entry, tier) for ``target`` and ``dtype``: tier "device" (name and ISA match, and
+    for host code the CPU family/model when the entry names one, the closest match first),
+    else "isa" (an entry for any device of this ISA, the ``"*"`` one first; none for a
+    device without an architecture string, such as an OpenCL device, whose entries would
+    otherwise serve every other device); None when the database has nothing (the rung's
+    defaults apply)."""
+    from tilegemm.backends import host_backend
+
     table = entries() if table is None else table
     arch = isa(target)
+    family_model = host_family_model() if target.backend == host_backend() else ""
     same = [e for e in table if e["backend"] == target.backend and e["dtype"] == dtype
             and e["isa"] == arch]
-    for e in same:
-        if e["device"] == target.name:
-            return e, "device"
+    ranked = [(rank, e) for e in same if e["device"] == target.name
+              and (rank := _cpu_rank(e, family_model)) is not None]
+    if ranked:
+        return max(ranked, key=lambda r: r[0])[1], "device"
     if not arch:  # no architecture to share (OpenCL devices): entries are per device only
         return None
     for e in sorted(same, key=lambda e: e["device"] != "*"):

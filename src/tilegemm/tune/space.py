@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from tilegemm.backends.base import Backend, Limits, Target
+from tilegemm.backends.base import Backend, Limits, Target, shared_limit
 from tilegemm.registry import KernelSpec
 
 __all__ = ["Limits", "Params", "ResourceCheck", "accumulator_verdict", "candidates", "fits",
@@ -35,9 +35,9 @@ def fits(spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype | str,
     if spec.threads is not None and limits.threads_per_block and (
             spec.threads(params) > limits.threads_per_block):
         return f"{spec.threads(params)} threads > {limits.threads_per_block}"
-    if spec.smem is not None and limits.shared_per_block and (
-            spec.smem(params, itemsize) > limits.shared_per_block):
-        return f"{spec.smem(params, itemsize)} B shared memory > {limits.shared_per_block}"
+    smem_limit, _ = shared_limit(spec, limits)
+    if spec.smem is not None and smem_limit and spec.smem(params, itemsize) > smem_limit:
+        return f"{spec.smem(params, itemsize)} B shared memory > {smem_limit}"
     return None
 
 

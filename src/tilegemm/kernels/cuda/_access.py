@@ -178,6 +178,13 @@ def _compiled_ops() -> Access:
             raise TypingError(f"{what}: {arr.dtype} is too wide for a 128-bit vector")
         return w
 
+    def check_store(arr: Any, idx: Any, values: Any, what: str) -> int:
+        """``check``, and ``values`` a tuple of one value per lane (scatter and vstore)."""
+        w = check(arr, idx, what)
+        if not isinstance(values, types.BaseTuple) or len(values) != w:
+            raise TypingError(f"{what}: needs a tuple of {w} values for {arr.dtype}")
+        return w
+
     def vector_pointer(context: Any, builder: Any, arrty: Any, arr: Any, idxty: Any,
                        idx: Any, w: int) -> Any:
         ptr = item_pointer(context, builder, arrty, arr, idxty, idx)
@@ -242,9 +249,7 @@ def _compiled_ops() -> Access:
 
     @intrinsic
     def scatter(typingctx: Any, arr: Any, idx: Any, values: Any) -> Any:
-        w = check(arr, idx, "scatter")
-        if not isinstance(values, types.BaseTuple) or len(values) != w:
-            raise TypingError(f"scatter: needs a tuple of {w} values for {arr.dtype}")
+        w = check_store(arr, idx, values, "scatter")
         sig = types.void(arr, idx, values)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
@@ -258,9 +263,7 @@ def _compiled_ops() -> Access:
 
     @intrinsic
     def vstore(typingctx: Any, arr: Any, idx: Any, values: Any) -> Any:
-        w = check(arr, idx, "vstore")
-        if not isinstance(values, types.BaseTuple) or len(values) != w:
-            raise TypingError(f"vstore: needs a tuple of {w} values for {arr.dtype}")
+        w = check_store(arr, idx, values, "vstore")
         sig = types.void(arr, idx, values)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:

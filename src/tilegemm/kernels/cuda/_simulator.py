@@ -29,7 +29,9 @@ def _locked_array(self: Any, shape: Any, dtype: Any, alignment: Any = None) -> A
     if isinstance(dtype, types.Type):
         dtype = numpy_support.as_dtype(dtype)
     if shape == 0:  # dynamic shared memory: one buffer, as in the simulator
-        count = self._dynshared_size // dtype.itemsize
+        # np.dtype(): a scalar type such as np.float32 has no itemsize of its own (numba's
+        # version fails on it; compiled kernels accept it)
+        count = self._dynshared_size // np.dtype(dtype).itemsize
         return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
     frame = sys._getframe(1)
     caller = (frame.f_code.co_filename, frame.f_lineno)

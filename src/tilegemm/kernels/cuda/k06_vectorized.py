@@ -37,24 +37,26 @@ FFMA share of an interior k-tile on sm_90: 69 % before, 84 % now (8 scalar reads
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import access_ops
+from tilegemm.kernels.cuda.k05_register2d import SPEC as REGISTER2D
 from tilegemm.launch import tile_grid
-from tilegemm.registry import Constraint, KernelSpec, Param
+from tilegemm.registry import FLOATS, Constraint, changed
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
 
-
-def _threads(p: Mapping[str, int]) -> int:
-    return (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
-
-
-def _smem(p: Mapping[str, int], itemsize: int) -> int:
-    return (p["BM"] * p["BK"] + p["BK"] * p["BN"]) * itemsize
+# Rung 5's block and thread tiles (and so its thread count and shared memory), with this
+# rung's own choices of BK, TM and TN: TN in whole 128-bit vectors of B and C.
+PARAMS = changed(REGISTER2D.params, "BK", default=16, choices=(8, 16, 32),
+                 help="depth of the shared-memory tiles")
+PARAMS = changed(PARAMS, "TM", choices=(2, 4, 8, 16))
+PARAMS = changed(PARAMS, "TN", choices=(4, 8, 16),
+                 help="columns of C per thread (whole 128-bit vectors)")
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
@@ -62,7 +64,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     from numba import cuda
 
     BM, BN, TM, TN = p["BM"], p["BN"], p["TM"], p["TN"]
-    NT = _threads(p)
+    NT = REGISTER2D.threads(p)
     TCOLS = BN // TN  # threads across a block tile row
 
     # The kernel is generated with its k steps written out, by the generator rungs 7-9
@@ -78,30 +80,23 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     return CudaProgram(kernel, (NT, 1, 1), tile_grid(BM, BN))
 
 
-SPEC = KernelSpec(
+SPEC = replace(
+    REGISTER2D,
     name="vectorized",
-    backend="cuda",
     rung=6,
     title="register2d with 128-bit global/shared loads and stores",
     build=build,
-    params=(
-        Param("BM", 128, (16, 32, 64, 128, 256), "rows of C per block"),
-        Param("BN", 128, (16, 32, 64, 128, 256), "columns of C per block"),
-        Param("BK", 16, (8, 16, 32), "depth of the shared-memory tiles"),
-        Param("TM", 8, (2, 4, 8, 16), "rows of C per thread"),
-        Param("TN", 8, (4, 8, 16), "columns of C per thread (whole 128-bit vectors)"),
-    ),
+    params=PARAMS,
     constraints=(
         Constraint("BM % TM == 0 and BN % TN == 0", lambda p: p["BM"] % p["TM"] == 0
                    and p["BN"] % p["TN"] == 0),
         Constraint("16 <= (BM/TM)*(BN/TN) <= 1024 threads",
                    lambda p: p["BM"] % p["TM"] == 0 and p["BN"] % p["TN"] == 0
-                   and 16 <= _threads(p) <= 1024),
+                   and 16 <= REGISTER2D.threads(p) <= 1024),
         Constraint("float32 tiles fit the 48 KB of static shared memory",
-                   lambda p: _smem(p, 4) <= 48 * 1024),
+                   lambda p: REGISTER2D.smem(p, 4) <= 48 * 1024),
     ),
-    threads=_threads,
-    smem=_smem,
+    dtypes=FLOATS,
     doc=__doc__,
     sim_params={"BM": 16, "BN": 16, "BK": 8, "TM": 4, "TN": 4},
 )

@@ -263,15 +263,31 @@ def _compute(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int,
     tag = f"_b{buf[0]}" if buf else ""
     for kk in range(p["BK"]):
         sk = _sk(kk, w, rpw, p["BM"])
-        lines.append(f"# k step {kk}")
-        for i in range(0, RT, w):
-            names = ", ".join(f"a{i + q}_k{kk}{tag}" for q in range(w))
-            lines.append(f"{names} = vload(As, ({buf}{kk}, xa_{sk}_{i}))")
-        for j in range(0, CT, w):
-            names = ", ".join(f"b{j + q}_k{kk}{tag}" for q in range(w))
-            lines.append(f"{names} = vload(Bs, ({buf}{kk}, xb_{j}))")
-        for i in range(RT):
-            lines += [f"acc[{i}, {j}] += a{i}_k{kk}{tag} * b{j}_k{kk}{tag}" for j in range(CT)]
+        lines += [f"# k step {kk}", *k_step(
+            RT, CT, w, f"_k{kk}{tag}",
+            [f"({buf}{kk}, xa_{sk}_{i})" for i in range(0, RT, w)],
+            [f"({buf}{kk}, xb_{j})" for j in range(0, CT, w)])]
+    return lines
+
+
+def k_step(RT: int, CT: int, w: int, sfx: str, a_at: list[str], b_at: list[str],
+           a_vectors: bool = True) -> list[str]:
+    """One k step of a thread tile, as source: its RT values of A and CT of B from shared
+    memory into ``a{i}{sfx}`` and ``b{j}{sfx}``, then the RT × CT FMAs into ``acc``.
+
+    B comes in 128-bit loads at the indices ``b_at`` (one per vector); A likewise at
+    ``a_at``, or with ``a_vectors=False`` one element per row (``a_at``: one per row).
+    Shared by the generated compute loops of rungs 6-9."""
+    def names(x: str, first: int) -> str:
+        return ", ".join(f"{x}{first + q}{sfx}" for q in range(w))
+
+    if a_vectors:
+        lines = [f"{names('a', i)} = vload(As, {at})" for i, at in zip(range(0, RT, w), a_at)]
+    else:
+        lines = [f"a{i}{sfx} = ld(As, {at})" for i, at in zip(range(RT), a_at)]
+    lines += [f"{names('b', j)} = vload(Bs, {at})" for j, at in zip(range(0, CT, w), b_at)]
+    for i in range(RT):
+        lines += [f"acc[{i}, {j}] += a{i}{sfx} * b{j}{sfx}" for j in range(CT)]
     return lines
 
 
@@ -290,13 +306,8 @@ def _compute_rows(p: Mapping[str, int], w: int, RT: int, CT: int,
     ``written_out=False`` (float64) keeps the k steps a loop: written out, they need more
     than 255 registers on sm_90 next to the 128 registers of float64 accumulators."""
     def step(k: object, base: str, sfx: str) -> list[str]:
-        out = [f"a{i}{sfx} = ld(As, ({base} + {i}, {k}))" for i in range(RT)]
-        for j in range(0, CT, w):
-            names = ", ".join(f"b{j + r}{sfx}" for r in range(w))
-            out.append(f"{names} = vload(Bs, ({k}, xb_{j}))")
-        for i in range(RT):
-            out += [f"acc[{i}, {j}] += a{i}{sfx} * b{j}{sfx}" for j in range(CT)]
-        return out
+        return k_step(RT, CT, w, sfx, [f"({base} + {i}, {k})" for i in range(RT)],
+                      [f"({k}, xb_{j})" for j in range(0, CT, w)], a_vectors=False)
 
     if not written_out:
         return ["kk = 0", "while kk < BK:", *("    " + ln for ln in step("kk", "xa", "")),
@@ -357,18 +368,26 @@ def store_c(row_expr: str, col_expr: str) -> list[str]:
     return STORE_C.replace("ROW_EXPR", row_expr).replace("COL_EXPR", col_expr).splitlines()
 
 
-# The kernel, as source: #@ lines are replaced by generated code in build().
-KERNEL = """
-def KERNEL_NAME(A, B, C, alpha, beta):
-    m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
-    tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
-#@MAPPING
+# Whether each operand moves in 128-bit vectors: unit stride along its rows, its base,
+# row and batch strides 16-byte aligned, and (A, B) whole vectors in a row. Checked once
+# per launch, per operand; one that fails takes the element-wise path. Rungs 6-9 share it.
+VECTOR_CHECKS = """\
     a_vec = (k_len % W == 0 and address(A) % VB == 0 and A.strides[2] == ISZ
              and A.strides[1] % VB == 0 and A.strides[0] % VB == 0)
     b_vec = (n % W == 0 and address(B) % VB == 0 and B.strides[2] == ISZ
              and B.strides[1] % VB == 0 and B.strides[0] % VB == 0)
     c_vec = (n % W == 0 and address(C) % VB == 0 and C.strides[2] == ISZ
              and C.strides[1] % VB == 0 and C.strides[0] % VB == 0)
+"""
+
+# The kernel, as source: #@ lines are replaced by generated code in build(); the vector
+# checks here, at import.
+KERNEL = """
+def KERNEL_NAME(A, B, C, alpha, beta):
+    m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
+    tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
+#@MAPPING
+#@VECTOR_CHECKS
 
 #@DECLARE_A
     Bs = cuda.shared.array((BK, BN), nptype, alignment=ALIGN)
@@ -441,7 +460,7 @@ def KERNEL_NAME(A, B, C, alpha, beta):
                 bn += cuda.gridDim.x
             bm += cuda.gridDim.y
         z += cuda.gridDim.z
-"""
+""".replace("#@VECTOR_CHECKS\n", VECTOR_CHECKS)
 
 
 SPEC = KernelSpec(

@@ -59,15 +59,17 @@ from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._splitk import SplitKProgram
 from tilegemm.kernels.cuda.k08_warptile import SPEC as WARPTILE
 from tilegemm.kernels.cuda.k08_warptile import (
+    VECTOR_CHECKS,
     WARP_CONSTRAINTS,
     WARP_MAPPING,
     WarpTiles,
     _bases,
     _compute,
     _offsets,
+    k_step,
     store_c,
 )
-from tilegemm.launch import ceil_div, flat_tile_grid
+from tilegemm.launch import GROUP_M, ceil_div, flat_tile_grid
 from tilegemm.registry import Constraint, Param, changed
 
 cuda: Any = None  # numba.cuda, bound by build() (see tilegemm.kernels.cuda docstring)
@@ -152,16 +154,11 @@ SPLIT_PRODUCT = ["zp = z // SPLIT  # the product; z % SPLIT is the slice",
 def _compute_loop(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int, buf: int,
                   row_off: Callable[[int], int], col_off: Callable[[int], int]) -> list[str]:
     """The BK k steps of one tile as a loop over ``kk`` (float64, see build())."""
-    lines = ["for kk in range(BK):", f"    sk = ((kk // {w}) * {rpw}) & {p['BM'] - 1}"]
-    for i in range(0, RT, w):
-        names = ", ".join(f"a{i + q}" for q in range(w))
-        lines.append(f"    {names} = vload(As, ({buf}, kk, (tr0 + {row_off(i)}) ^ sk))")
-    for j in range(0, CT, w):
-        names = ", ".join(f"b{j + q}" for q in range(w))
-        lines.append(f"    {names} = vload(Bs, ({buf}, kk, tc0 + {col_off(j)}))")
-    for i in range(RT):
-        lines += [f"    acc[{i}, {j}] += a{i} * b{j}" for j in range(CT)]
-    return lines
+    step = k_step(RT, CT, w, "", [f"({buf}, kk, (tr0 + {row_off(i)}) ^ sk)"
+                                  for i in range(0, RT, w)],
+                  [f"({buf}, kk, tc0 + {col_off(j)})" for j in range(0, CT, w)])
+    return ["for kk in range(BK):", f"    sk = ((kk // {w}) * {rpw}) & {p['BM'] - 1}",
+            *("    " + x for x in step)]
 
 
 def _stage(p: Mapping[str, int], w: int, nt: int, bumps: list[str]) -> list[str]:
@@ -200,52 +197,43 @@ def _store(p: Mapping[str, int], w: int, nt: int, buf: int) -> list[str]:
     return lines
 
 
-# The edge path of a stage: element-wise where a vector would leave the operand.
-SLOW_STAGE = """
-for rnd in range(A_ROUNDS):
+def _slow_copy(x: str, row0: str, col0: str, rows: str, cols: str) -> str:
+    """The edge path of one operand's part of a stage (``x``: "a" or "b"), staging its
+    tile at (``row0``, ``col0``) of a ``rows`` × ``cols`` matrix into registers
+    (``sa``, ``sb``): a vector where the operand allows it and the vector lies inside,
+    else element by element, zero outside."""
+    X = x.upper()
+    return f"""
+for rnd in range({X}_ROUNDS):
     v = tid + rnd * NT
-    r = v // A_VPR
-    c = (v % A_VPR) * W
-    gr = row0 + r
-    gc = kn + c
-    if v < A_VECS and a_vec and gr < m and gc < k_end:
-        scatter(sa, (rnd * W,), vload(A, (za, gr, gc)))
+    r = v // {X}_VPR
+    c = (v % {X}_VPR) * W
+    gr = {row0} + r
+    gc = {col0} + c
+    if v < {X}_VECS and {x}_vec and gr < {rows} and gc < {cols}:
+        scatter(s{x}, (rnd * W,), vload({X}, (z{x}, gr, gc)))
     else:
         for q in range(W):
-            if v < A_VECS and gr < m and gc + q < k_end:
-                sa[rnd * W + q] = ld(A, (za, gr, gc + q))
+            if v < {X}_VECS and gr < {rows} and gc + q < {cols}:
+                s{x}[rnd * W + q] = ld({X}, (z{x}, gr, gc + q))
             else:
-                sa[rnd * W + q] = zero
-for rnd in range(B_ROUNDS):
-    v = tid + rnd * NT
-    r = v // B_VPR
-    c = (v % B_VPR) * W
-    gr = kn + r
-    gc = col0 + c
-    if v < B_VECS and b_vec and gr < k_end and gc < n:
-        scatter(sb, (rnd * W,), vload(B, (zb, gr, gc)))
-    else:
-        for q in range(W):
-            if v < B_VECS and gr < k_end and gc + q < n:
-                sb[rnd * W + q] = ld(B, (zb, gr, gc + q))
-            else:
-                sb[rnd * W + q] = zero
-"""
+                s{x}[rnd * W + q] = zero"""
 
-# The kernel, as source: #@ lines are replaced by generated code in build(). The k loop
-# is written out two k-tiles at a time, one per shared buffer, so buffer parity is a
-# constant in every shared address.
+
+# The edge path of a stage: element-wise where a vector would leave the operand. A's
+# tile is BM × BK at (row0, kn) of the M × K matrix, B's BK × BN at (kn, col0) of K × N.
+SLOW_STAGE = (_slow_copy("a", "row0", "kn", "m", "k_end")
+              + _slow_copy("b", "kn", "col0", "k_end", "n") + "\n")
+
+# The kernel, as source: #@ lines are replaced by generated code in build() (rung 8's
+# vector checks at import). The k loop is written out two k-tiles at a time, one per
+# shared buffer, so buffer parity is a constant in every shared address.
 KERNEL = """
 def pipelined(A, B, C, alpha, beta):
     m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
     tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0 (see rung 5)
     #@MAPPING
-    a_vec = (k_len % W == 0 and address(A) % VB == 0 and A.strides[2] == ISZ
-             and A.strides[1] % VB == 0 and A.strides[0] % VB == 0)
-    b_vec = (n % W == 0 and address(B) % VB == 0 and B.strides[2] == ISZ
-             and B.strides[1] % VB == 0 and B.strides[0] % VB == 0)
-    c_vec = (n % W == 0 and address(C) % VB == 0 and C.strides[2] == ISZ
-             and C.strides[1] % VB == 0 and C.strides[0] % VB == 0)
+    #@VECTOR_CHECKS
 
     As = cuda.shared.array((2, BK, BM), nptype, alignment=ALIGN)  # transposed, swizzled
     Bs = cuda.shared.array((2, BK, BN), nptype, alignment=ALIGN)
@@ -312,7 +300,7 @@ def pipelined(A, B, C, alpha, beta):
             #@STORE_C
             t += cuda.gridDim.x
         z += cuda.gridDim.z
-"""
+""".replace("    #@VECTOR_CHECKS\n", VECTOR_CHECKS)
 
 
 # kernel="auto" on a real GPU, when nothing was tuned for the shape (see shape_params).
@@ -390,7 +378,7 @@ SPEC = replace(
     params=(
         # BK = 8 by default: two stages of 8 hold what one of 16 did
         *changed(WARPTILE.params, "BK", default=8),
-        Param("GROUP_M", 8, (1, 2, 4, 8, 16), "tile rows per group of the block order"),
+        GROUP_M,
         Param("SPLIT_K", 1, (1, 2, 4, 8, 16),
               "slices of K computed by separate blocks, then summed in order (1: none)",
               searched=False),  # chosen per shape (shape_params); the tuner holds it

@@ -15,9 +15,12 @@ What changed from pipelined: the multiply-adds leave the CUDA cores.
    STAGES-deep ring of shared tiles is in flight at once: tile k+STAGES-1 is being copied
    while tile k is multiplied, with one barrier per k-tile. Edges are zero-filled by the
    copy itself (its source size is the valid part), so the hot loop has no bounds tests.
-   The ring stays within the 48 KB of static shared memory (3 stages of 128×16 + 16×128
-   float32 by default); more stages or deeper tiles would need dynamic shared memory with
-   the opt-in attribute, which this rung does not use.
+   The ring is dynamic shared memory, sized by the launch: 4 stages of 128×16 + 16×128
+   float32 by default, 64 KB, more than the 48 KB a kernel may declare statically, so
+   before its first launch on a device the kernel is opted in to that much
+   (``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES``; backends/cuda_program.py), and
+   the limit checks use the device's opt-in maximum (227 KB on an H100, 163 KB on an A100,
+   99 KB on other GPUs since sm_80).
 3. Conflict-free fragment loads. A fragments come from ``ldmatrix.x4`` (one instruction
    per 16×8 fragment instead of four loads) out of an A tile whose 16-byte chunks are
    XOR-swizzled by row, so the eight rows each ldmatrix phase reads fall in distinct banks;
@@ -49,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.backends.cuda_program import CudaProgram
+from tilegemm.backends.cuda_program import MIN_OPTIN_SMEM_SM80, CudaProgram
 from tilegemm.errors import InvalidValueError
 from tilegemm.kernels.cuda._access import access_ops
 from tilegemm.kernels.cuda._codegen import compile_source, fill
@@ -105,12 +108,13 @@ def _build_16bit(p: Mapping[str, int], dtype: str) -> CudaProgram:
                                 f"step), got BK={p['BK']}")
     kernel = _generate(p, dtype)
     arg_types = ("int16", "float32") if dtype == "bfloat16" else None
-    return CudaProgram(kernel, (_threads(p), 1, 1), flat_tile_grid(p["BM"], p["BN"]), arg_types)
+    return CudaProgram(kernel, (_threads(p), 1, 1), flat_tile_grid(p["BM"], p["BN"]), arg_types,
+                       dynamic_smem=_smem(p, 2))
 
 
 def _build_tf32(p: Mapping[str, int]) -> CudaProgram:
     return CudaProgram(_generate(p, "float32"), (_threads(p), 1, 1),
-                       flat_tile_grid(p["BM"], p["BN"]))
+                       flat_tile_grid(p["BM"], p["BN"]), dynamic_smem=_smem(p, 4))
 
 
 def _generate(p: Mapping[str, int], dtype: str) -> Any:
@@ -136,7 +140,9 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
         cuda=cuda, BM=BM, BN=BN, BK=BK, WM=WM, WN=WN, STAGES=STAGES, GROUP_M=GROUP_M,
         MI=MI, NI=NI, WCOLS=BN // WN, NT=NT, ACH=ACH, BCH=BCH, A_CHUNKS=A_CHUNKS, B_CHUNKS=B_CHUNKS,
         A_ROUNDS=ceil_div(A_CHUNKS, NT), B_ROUNDS=ceil_div(B_CHUNKS, NT), VW=VW, ISZ=ISZ,
-        SA=BM * BK * ISZ, SB=BK * BN * ISZ, load=load, store=store, address=address, ALIGN=ALIGN,
+        SA=BM * BK * ISZ, SB=BK * BN * ISZ, B_BYTES=STAGES * BM * BK * ISZ,
+        A_OFF=0, A_TILE=BM * BK, A_W=BK, B_OFF=STAGES * BM * BK, B_TILE=BK * BN, B_W=BN,
+        load=load, store=store, address=address, ALIGN=ALIGN,
         f32=np.float32, zero=np.float32(0), split_tf32=tc.split_tf32, ldsm=tc.ldmatrix_x4_at,
         ldsm_t=tc.ldmatrix_x4_trans_at, cp16=tc.cp_async16, cp4=tc.cp_async4,
         cp16_ptr=tc.cp_async16_ptr, round_tf32=tc.round_tf32_at, commit=tc.cp_commit,
@@ -236,20 +242,21 @@ OPERAND_ROUND = """\
             r = v // OPCH
             c = v % OPCH
             pc = c ^ op_swz_of(r)
+            sx = OP_OFF + s * OP_TILE + r * OP_W + pc * VW  # in the one shared buffer
             gr = ROW0 + r
             gc = COL0 + c * VW
             if op_vec:
                 nb = 0
                 if gr < ROWS and gc < COLS:
                     nb = min(COLS - gc, VW) * ISZ
-                cp16(OPs, (s, r, pc * VW), OP, (ZZ, min(gr, ROWS - 1), min(gc, COLS - 1)), nb)
+                cp16(OPs, (sx,), OP, (ZZ, min(gr, ROWS - 1), min(gc, COLS - 1)), nb)
 """
 # The unaligned path of one chunk (OP: A or B, a ROWS x COLS matrix of batch ZZ).
 ODD_TF32 = """\
             else:
                 for q in range(VW):
                     ok = gr < ROWS and gc + q < COLS
-                    cp4(OPs, (s, r, pc * VW + q), OP,
+                    cp4(OPs, (sx + q,), OP,
                         (ZZ, min(gr, ROWS - 1), min(gc + q, COLS - 1)), 4 if ok else 0)"""
 ODD_16BIT = """\
             else:  # cp.async copies 4 bytes at least: plain loads for odd rows
@@ -257,7 +264,7 @@ ODD_16BIT = """\
                     x = elt(0)
                     if gr < ROWS and gc + q < COLS:
                         x = load(OP, (ZZ, gr, gc + q))
-                    store(OPs, (s, r, pc * VW + q), x)"""
+                    store(OPs, (sx + q,), x)"""
 
 
 def _fast_copies(p: Mapping[str, int], nt: int, ach: int, bch: int,
@@ -284,7 +291,7 @@ def _fast_copies(p: Mapping[str, int], nt: int, ach: int, bch: int,
     for rnd in range(ceil_div(b_chunks, nt)):
         bases += [f"br{rnd} = (tid + {rnd * nt}) // BCH",
                   f"bc{rnd} = (tid + {rnd * nt}) % BCH",
-                  f"db{rnd} = (br{rnd} * BN + (bc{rnd} ^ b_swz_of(br{rnd})) * VW) * ISZ"]
+                  f"db{rnd} = B_BYTES + (br{rnd} * BN + (bc{rnd} ^ b_swz_of(br{rnd})) * VW) * ISZ"]
         offsets.append(f"ob{rnd} = address(B) + (zb * sb0 + (kf0 + br{rnd}) * sb1 + col0 "
                        f"+ bc{rnd} * VW) * ISZ")
         bumps.append(f"ob{rnd} += bstep")
@@ -329,7 +336,7 @@ def _tf32_parts(p: Mapping[str, int], passes: int) -> tuple[list[str], list[str]
     for q in range(BK // 8):
         bases.append(f"xa{q} = (r_l * BK + (({2 * q} + mat // 2) ^ s_a) * 4) * 4")
     for j in range(NI):
-        bases += [f"xb{j} = (t * BN + (((wn0 + {8 * j} + g) // 4) ^ ((2 * t) & BSWZ)) * 4"
+        bases += [f"xb{j} = B_BYTES + (t * BN + (((wn0 + {8 * j} + g) // 4) ^ ((2 * t) & BSWZ)) * 4"
                   f" + g % 4) * 4"]
     lines = []
     for q in range(BK // 8):
@@ -384,7 +391,8 @@ def _16bit_parts(p: Mapping[str, int]) -> tuple[list[str], list[str]]:
         bases.append(f"xa{q} = (r_l * BK + (({2 * q} + mat // 2) ^ s_a) * 8) * 2")
     for jj in range(NB):
         nxt = "mat // 2" if 2 * jj + 1 < NI else "0"
-        bases.append(f"xb{jj} = (k_l * BN + ((wn0 // 8 + {2 * jj} + {nxt}) ^ s_b) * 8) * 2")
+        bases.append(f"xb{jj} = B_BYTES + (k_l * BN + ((wn0 // 8 + {2 * jj} + {nxt}) ^ s_b)"
+                     f" * 8) * 2")
     lines = []
     for q in range(BK // 16):
         kk = 16 * q
@@ -423,8 +431,13 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
              and A.strides[1] % 16 == 0 and A.strides[0] % 16 == 0)
     b_vec = (n % VW == 0 and address(B) % 16 == 0 and B.strides[2] == ISZ
              and B.strides[1] % 16 == 0 and B.strides[0] % 16 == 0)
-    As = cuda.shared.array((STAGES, BM, BK), elt, alignment=ALIGN)  # chunks swizzled
-    Bs = cuda.shared.array((STAGES, BK, BN), elt, alignment=ALIGN)
+    # One dynamic shared buffer, sized by the launch (so the ring may exceed the 48 KB of
+    # static shared memory): A's STAGES tiles [BM][BK], then B's [BK][BN] from byte B_BYTES,
+    # each row-major with its 16-byte chunks swizzled. As and Bs name the same buffer; every
+    # access is by offset (B's include B_BYTES), as a view of part of it would cost a
+    # run-time reshape.
+    As = cuda.shared.array(0, elt, alignment=ALIGN)
+    Bs = As
     acc = cuda.local.array((MI, NI, 4), f32)
     sa0, sa1 = A.strides[0] // ISZ, A.strides[1] // ISZ  # strides in elements
     sb0, sb1 = B.strides[0] // ISZ, B.strides[1] // ISZ
@@ -509,7 +522,8 @@ SPEC = KernelSpec(
         Param("BK", 16, (8, 16, 32), "depth of a pipeline stage"),
         Param("WM", 64, (16, 32, 64, 128), "rows of C per warp (16 per mma fragment)"),
         Param("WN", 32, (8, 16, 32, 64), "columns of C per warp (8 per mma fragment)"),
-        Param("STAGES", 3, (2, 3, 4), "shared tiles in the cp.async ring"),
+        Param("STAGES", 4, (2, 3, 4), "shared tiles in the cp.async ring (dynamic shared "
+              "memory: above 48 KB the kernel is opted in before its launch)"),
         Param("GROUP_M", 8, (1, 2, 4, 8, 16), "tile rows per group of the block order"),
         Param("PASSES", 1, (1, 3),
               "mma per step: 1 (precision='tf32') or 3 (precision='3xtf32'); set by precision="),
@@ -520,9 +534,10 @@ SPEC = KernelSpec(
         Constraint("(BM/WM)*(BN/WN)*32 <= 1024 threads",
                    lambda p: p["BM"] % p["WM"] == 0 and p["BN"] % p["WN"] == 0
                    and _threads(p) <= 1024),
-        Constraint("the float16 ring fits the 48 KB of static shared memory (float32 "
-                   "needs twice as much: checked for the dtype before a launch)",
-                   lambda p: _smem(p, 2) <= 48 * 1024),
+        Constraint("the float16 ring fits the 99 KB of dynamic shared memory every GPU "
+                   "since sm_80 offers (float32 needs twice as much: checked against the "
+                   "device's own maximum for the dtype before a launch)",
+                   lambda p: _smem(p, 2) <= MIN_OPTIN_SMEM_SM80),
     ),
     dtypes=("float32", "float16", "bfloat16"),
     threads=_threads,
@@ -531,4 +546,5 @@ SPEC = KernelSpec(
     sim_params={"BM": 32, "BN": 16, "BK": 16, "WM": 16, "WN": 16, "STAGES": 2, "GROUP_M": 2,
                 "PASSES": 1},  # BK=16: one m16n8k16 step for float16
     precisions=PRECISIONS, precision_param="PASSES", min_cc=(8, 0), dtype_check=_dtype_check,
+    dynamic_smem=True,
 )

@@ -19,65 +19,15 @@
 // As in rung 8: A transposed and swizzled in shared memory, 16-byte vectors through the
 // read-only path where the operand allows, zero-filled edges for any shape, loops with
 // compile-time bounds fully unrolled so acc, ra, rb, sa and sb live in registers.
-#include "_gemm.cuh"
-
-#ifndef BM
-#define BM 128
-#endif
-#ifndef BN
-#define BN 128
-#endif
+//
+// The parameters (rung 8's defaults but BK) and the tiling are rung 8's: _warptile.cuh.
 #ifndef BK
 #define BK 8
-#endif
-#ifndef WM
-#define WM 64
-#endif
-#ifndef WN
-#define WN 32
-#endif
-#ifndef WNITER
-#define WNITER 2
-#endif
-#ifndef TM
-#define TM 8
-#endif
-#ifndef TN
-#define TN 4
 #endif
 #ifndef GROUP_M
 #define GROUP_M 8  // tile rows per group of the block order
 #endif
-
-#define NT ((BM / WM) * (BN / WN) * 32)
-#define WMITER ((WM * WN) / (32 * TM * TN * WNITER))
-#define WSUBM (WM / WMITER)
-#define WSUBN (WN / WNITER)
-#define RT (WMITER * TM)
-#define CT (WNITER * TN)
-
-constexpr int W = VEC_WIDTH;
-constexpr int A_VPR = BK / W, B_VPR = BN / W;
-constexpr int A_VECS = BM * A_VPR, B_VECS = BK * B_VPR;
-constexpr int A_ROUNDS = (A_VECS + NT - 1) / NT;
-constexpr int B_ROUNDS = (B_VECS + NT - 1) / NT;
-constexpr int RPW = (32 * W / BK > W) ? 32 * W / BK : W;
-
-// ptxas may use up to 65,536 / (NT · MIN_BLOCKS) registers per thread: two resident
-// blocks per SM for float (128 registers, the 64 accumulators fit with room to spare),
-// one for double, whose 64 accumulators alone take 128 registers.
-#define MIN_BLOCKS (sizeof(T) == 4 ? 2 : 1)
-
-static_assert(BM % WM == 0 && BN % WN == 0, "warps must tile the block tile");
-static_assert(WMITER * 32 * TM * TN * WNITER == WM * WN, "lanes must cover a warp tile");
-static_assert((WSUBM / TM) * (WSUBN / TN) == 32, "32 lanes per warp sub-tile");
-static_assert(TM % W == 0 && TN % W == 0 && BK % W == 0 && BN % W == 0, "whole vectors");
-static_assert((BM & (BM - 1)) == 0, "the swizzle needs BM a power of two");
-
-__device__ __forceinline__ int swizzle(int r, int c)
-{
-    return r ^ (((c / W) * RPW) & (BM - 1));
-}
+#include "_warptile.cuh"
 
 extern "C" __global__ void __launch_bounds__(NT, MIN_BLOCKS)
 tilegemm_pipelined(GEMM_ARGS)

@@ -11,33 +11,28 @@ always touch neighbouring addresses.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import numpy as np
 
 from tilegemm.backends.opencl_program import OpenCLProgram, make_program
-from tilegemm.registry import Constraint, KernelSpec, Param
-
-
-def _local_bytes(p: Mapping[str, int], itemsize: int) -> int:
-    return (p["BM"] + p["BN"]) * p["BK"] * itemsize
-
-
-def _threads(p: Mapping[str, int]) -> int:
-    return (p["BM"] // p["TM"]) * (p["BN"] // p["TN"])
+from tilegemm.kernels.cuda.k05_register2d import SPEC as CUDA_RUNG
+from tilegemm.registry import FLOATS, Constraint, Param
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> OpenCLProgram:
     return make_program(
         "register2d", "k05_register2d.cl", p, dtype,
         local=(p["BN"] // p["TN"], p["BM"] // p["TM"]), tile=(p["BN"], p["BM"]),
-        local_mem=_local_bytes(p, dtype.itemsize),
+        local_mem=CUDA_RUNG.smem(p, dtype.itemsize),
     )
 
 
-SPEC = KernelSpec(
-    name="register2d",
+# Rung 5 of the CUDA ladder (its work-items and local memory per tile), with this kernel
+# and the tiles and constraints of its own.
+SPEC = replace(
+    CUDA_RUNG,
     backend="opencl",
-    rung=5,
     title="BM×BN×BK block tile, TM×TN outer product per work-item",
     build=build,
     params=(
@@ -51,7 +46,7 @@ SPEC = KernelSpec(
         Constraint("TM <= BM", lambda p: p["TM"] <= p["BM"]),
         Constraint("TN <= BN", lambda p: p["TN"] <= p["BN"]),
     ),
-    threads=_threads,
-    smem=_local_bytes,
+    dtypes=FLOATS,
     doc=__doc__,
+    sim_params=None,
 )
