@@ -215,3 +215,35 @@ def test_cached_texts_unwritable_dir_warns_and_builds(tmp_path: Path, monkeypatc
     with pytest.warns(CompileCacheWarning, match="cannot be used"):
         texts = compile_cache.cached_texts("cuda", "probe", {"describe": {}}, lambda: {"a": "b"})
     assert texts == {"a": "b"}
+
+
+def test_a_failed_pocl_builds_log_is_not_damage(tmp_path: Path) -> None:
+    """A failed PoCL build leaves an entry holding only ``build.log`` and rewrites it at
+    every attempt (a device whose compiler cannot target this CPU is probed by every
+    process): that is not a damaged program, so no warning and nothing deleted; a changed
+    compiled program still is."""
+    import json
+    import warnings
+
+    from tilegemm import compile_cache
+
+    failed = tmp_path / "FB" / "DKID"
+    built = tmp_path / "EB" / "KPJB"
+    failed.mkdir(parents=True)
+    built.mkdir(parents=True)
+    (failed / "build.log").write_text("error: unknown target CPU 'generic'\n")
+    (built / "program.bc").write_bytes(b"BC" * 100)
+    (built / "last_accessed").write_text("")
+    compile_cache._record_pocl_files(tmp_path)
+    assert "FB/DKID/build.log" not in json.loads(
+        (tmp_path / compile_cache.POCL_MANIFEST).read_text())["files"]
+    (failed / "build.log").write_text("error: unknown target CPU 'generic' (again)\n")
+    (built / "last_accessed").write_text("touched")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", compile_cache.CompileCacheWarning)
+        compile_cache._check_pocl_entries(tmp_path)
+    assert failed.exists() and built.exists()
+    (built / "program.bc").write_bytes(b"BC" * 10)  # truncated: damage
+    with pytest.warns(compile_cache.CompileCacheWarning, match="PoCL rebuilds it"):
+        compile_cache._check_pocl_entries(tmp_path)
+    assert not built.exists() and failed.exists()

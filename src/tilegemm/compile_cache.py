@@ -111,7 +111,10 @@ def use_pocl_cache() -> None:
 
 
 POCL_MANIFEST = "tilegemm-manifest.json"
-_POCL_VOLATILE = ("last_accessed",)  # PoCL touches it on every use
+# Files PoCL rewrites in place by design: "last_accessed" on every use, and "build.log",
+# which a failed build (a device whose compiler cannot target this CPU, say) leaves as the
+# entry's only file and rewrites at every attempt. Neither is code PoCL would load.
+_POCL_VOLATILE = ("last_accessed", "build.log")
 
 
 def _pocl_files(folder: Path) -> dict[str, list[int]]:

@@ -5,7 +5,8 @@ and ``kNN_<name>.py``, its ``SPEC`` (parameters, constraints, threads, shared me
 launch grid). Rungs that run the same algorithm as a Numba rung have its name and number,
 so ``tilegemm bench`` on a GPU shows Numba and CUDA C of one rung side by side.
 ``_gemm.cuh`` holds what every kernel shares: the element type ``T``, the one signature
-(``GEMM_ARGS``: pointers, sizes, element strides, alpha, beta) and the epilogue.
+(``GEMM_ARGS``: pointers, sizes, element strides, alpha, beta) and the epilogue;
+``_warptile.cuh`` what the warp-tiled rungs 8 and 9 share: their parameters and tiling.
 
 Compiling needs no GPU:
 

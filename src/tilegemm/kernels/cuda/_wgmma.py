@@ -1,0 +1,445 @@
+"""Hopper warpgroup MMA (``wgmma``, sm_90a) for Numba kernels, and its simulator stand-in.
+
+``mma.sync`` (see ``_tensorcore``) is a warp instruction whose A and B come from registers.
+On Hopper the fastest path is ``wgmma.mma_async``: four warps (a *warpgroup*, 128 threads)
+issue one 64×N×K product together, A and B are read by the tensor core straight from shared
+memory through 64-bit *matrix descriptors*, and the instruction runs asynchronously, so a
+kernel can issue the next loads while it runs. Only ``sm_90a`` (the architecture-specific
+Hopper target) has it; plain ``sm_90`` code cannot use it. The route is the same as for
+``mma``: a numba ``@intrinsic`` emitting the PTX through llvmlite's ``ir.InlineAsm``.
+
+The instructions (:func:`wgmma_ops` returns them for the current mode):
+
+- ``fence()``: ``wgmma.fence.sync.aligned``. Needed before the first ``mma_async`` of a
+  warpgroup, and again whenever the accumulators were touched by other instructions;
+- ``commit()``: ``wgmma.commit_group.sync.aligned``: the ``mma_async`` issued so far form
+  one group;
+- ``wait(n)``: the function for ``wgmma.wait_group.sync.aligned n`` (an immediate, so one
+  function per ``n``). It takes the accumulator tuple and returns it: the registers pass
+  through the instruction, so the compiler cannot read them before the wait retires the
+  product that writes them;
+- ``fence_proxy_async()``: ``fence.proxy.async.shared::cta``. ``wgmma`` reads shared memory
+  through the "async proxy"; ordinary stores to shared memory are only guaranteed visible
+  to it after this fence (then a barrier, so every thread's stores are fenced);
+- ``mma_tf32(n)``: the function ``(acc, desc_a, desc_b, scale_d) -> acc`` for
+  ``wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32``: ``acc`` is a tuple of ``n // 2``
+  float32 (this thread's part of the 64×n D, layout :func:`d_layout`), ``desc_a`` and
+  ``desc_b`` are uint64 descriptors, and ``scale_d`` is 0 (D = A·B, the accumulators are
+  ignored) or 1 (D = A·B + D). TF32 operands must be K-major (no transposed forms exist);
+- ``mma_bf16(n)`` / ``mma_f16(n)``: the same for ``m64n{n}k16.f32.bf16.bf16`` / ``.f16.f16``,
+  K-major operands (``imm-trans-a`` = ``imm-trans-b`` = 0);
+- ``smem_desc(arr, off, lbo, sbo)``: the descriptor of a matrix starting ``off`` bytes into
+  the shared array ``arr`` (16-byte aligned), with leading-dimension byte offset ``lbo`` and
+  stride-dimension byte offset ``sbo`` and no swizzle (:func:`encode_desc`).
+
+Shared-memory layout without swizzle (PTX ISA "Shared Memory Matrix Layout"): the operand
+is cut into *core matrices* of 8 rows × 16 bytes (8×4 tf32 values, 8×8 16-bit values), each
+stored as 128 contiguous bytes, row after row. For K-major A (64×K) and B (stored N×K, one
+row per column of B) the core matrix holding rows ``8i..8i+7`` and the ``j``-th 16 bytes of
+K starts at ``i * sbo + j * lbo`` bytes from the descriptor's start: LBO steps along K, SBO
+along M (or N). :func:`kmajor_offset` writes that out.
+
+Under numba's simulator the instructions cannot run, so :func:`wgmma_ops` returns Python
+stand-ins. The shared arrays a kernel takes descriptors of get addresses in a simulated
+shared-memory window (per block); the stand-in of ``mma_async`` gathers the 128 threads'
+accumulators, decodes both descriptors, reads the core matrices from those arrays, computes
+D in float64 from TF32-truncated (or 16-bit) inputs, rounds to float32 and gives each thread
+its fragment. A wrong stride or fragment therefore gives a wrong product, as on the GPU.
+The stand-in computes at issue; it does not model the asynchrony (a kernel that reads the
+accumulators before ``wait`` is not caught), but it does refuse an ``mma_async`` that no
+``fence`` preceded since the last ``wait``.
+"""
+
+from __future__ import annotations
+
+import threading
+from functools import cache
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tilegemm.kernels.cuda._tensorcore import bf16_value, tf32_truncate
+
+WARPGROUP = 128  # threads that issue one wgmma together
+SWIZZLE_MODES = {"none": 0, "128B": 1, "64B": 2, "32B": 3}  # descriptor bits 62-63
+N_SIZES = tuple(range(8, 257, 8))  # the n of m64nNk*: multiples of 8 up to 256
+
+
+class WgmmaOps(NamedTuple):
+    fence: Any
+    commit: Any
+    wait: Any  # wait(n) -> the function for wgmma.wait_group n
+    fence_proxy_async: Any
+    mma_tf32: Any  # mma_tf32(n) -> the function for m64n{n}k8 tf32
+    mma_bf16: Any  # mma_bf16(n) -> m64n{n}k16 bf16
+    mma_f16: Any  # mma_f16(n) -> m64n{n}k16 f16
+    smem_desc: Any
+
+
+# --- descriptor and layouts (PTX ISA), shared by the stand-ins, kernels and tests ---------
+
+
+def encode_desc(addr: int, lbo: int, sbo: int, swizzle: str = "none",
+                base_offset: int = 0) -> int:
+    """The 64-bit wgmma matrix descriptor (PTX ISA "Matrix Descriptor Format").
+
+    Bits 0-13: shared address >> 4; 16-29: leading-dimension byte offset >> 4; 32-45:
+    stride-dimension byte offset >> 4; 49-51: matrix base offset (only for swizzled layouts
+    not aligned to the swizzle's repeat); 62-63: swizzle mode. The low 4 bits of the three
+    byte quantities are dropped, so all must be multiples of 16; refused otherwise, since
+    the hardware would silently use a different address.
+    """
+    for name, v in (("address", addr), ("lbo", lbo), ("sbo", sbo)):
+        if v % 16 or not 0 <= v < 1 << 18:
+            raise ValueError(f"wgmma descriptor: {name} {v} must be a multiple of 16 "
+                             "below 256 KiB")
+    if not 0 <= base_offset < 8:
+        raise ValueError(f"wgmma descriptor: base offset {base_offset} is 3 bits")
+    return ((addr >> 4) | (lbo >> 4) << 16 | (sbo >> 4) << 32 | base_offset << 49
+            | SWIZZLE_MODES[swizzle] << 62)
+
+
+class Descriptor(NamedTuple):
+    addr: int
+    lbo: int
+    sbo: int
+    base_offset: int
+    swizzle: str
+
+
+def decode_desc(desc: int) -> Descriptor:
+    """The fields of a descriptor, byte quantities restored (inverse of :func:`encode_desc`)."""
+    desc = int(desc)
+    mode = {v: k for k, v in SWIZZLE_MODES.items()}[(desc >> 62) & 3]
+    return Descriptor((desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4,
+                      ((desc >> 32) & 0x3FFF) << 4, (desc >> 49) & 7, mode)
+
+
+def kmajor_offset(row: Any, k: Any, itemsize: int, lbo: int, sbo: int) -> Any:
+    """Byte offset of element (``row``, ``k``) of a K-major operand in the no-swizzle layout:
+    core matrix (``row // 8``, ``k // per``) at ``(row // 8) * sbo + (k // per) * lbo``, then
+    16 bytes per row inside it (``per`` = 16 // itemsize values of K in a row). Works on
+    ints and on NumPy arrays."""
+    per = 16 // itemsize
+    return (row // 8) * sbo + (k // per) * lbo + (row % 8) * 16 + (k % per) * itemsize
+
+
+def d_layout(thread: int, i: int) -> tuple[int, int]:
+    """(row, col) of the 64×N f32 D held by register ``i`` (0 … N/2-1) of warpgroup thread
+    ``thread`` (0-127), PTX ISA "Register Fragments … wgmma .m64nNk*": warp ``w`` holds rows
+    16w-16w+15, and each 8 columns repeat the m16n8 accumulator pattern of ``mma``."""
+    w, lane = divmod(thread, 32)
+    g, t = lane // 4, lane % 4
+    return 16 * w + g + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * t + i % 2
+
+
+# --- simulator stand-ins ------------------------------------------------------------------
+
+_LOCK = threading.Lock()
+_TIMEOUT = 120.0  # seconds a thread waits for its warpgroup before the stand-in gives up
+_WINDOW_START = 1024  # first simulated shared address (so a zero descriptor points nowhere)
+
+
+def _block_state() -> tuple[Any, dict]:
+    """(this thread, the per-block dict of wgmma simulator state)."""
+    t = threading.current_thread()
+    manager = t._manager  # type: ignore[attr-defined]
+    with _LOCK:
+        blocks = manager.__dict__.setdefault("_tilegemm_wgmma", {})
+        state = blocks.setdefault(tuple(t.blockIdx), {  # type: ignore[attr-defined]
+            "window": [], "next": _WINDOW_START, "groups": {}})
+    return t, state
+
+
+class _GroupSlot:
+    def __init__(self) -> None:
+        self.values: list[Any] = [None] * WARPGROUP
+        self.barrier = threading.Barrier(WARPGROUP, timeout=_TIMEOUT)
+
+
+def group_exchange(value: Any) -> list[Any]:
+    """Simulator only: every thread of the calling warpgroup gives ``value``; each gets all
+    128 (a per-warpgroup scratch, a barrier before reading and one before reuse)."""
+    t, state = _block_state()
+    if int(np.prod(t._manager._block_dim)) % WARPGROUP:  # type: ignore[attr-defined]
+        raise RuntimeError("wgmma needs blocks of whole warpgroups (multiples of 128 threads)")
+    tid = t.thread_id  # type: ignore[attr-defined]
+    with _LOCK:
+        slot = state["groups"].setdefault(tid // WARPGROUP, _GroupSlot())
+    slot.values[tid % WARPGROUP] = value
+    slot.barrier.wait()
+    out = list(slot.values)
+    slot.barrier.wait()
+    return out
+
+
+def _shared_base(arr: np.ndarray) -> int:
+    """The simulated shared address of ``arr``'s first byte: arrays get addresses, 1 KiB
+    aligned, in the order a block first takes a descriptor of them."""
+    if not arr.flags.c_contiguous:
+        raise TypeError("smem_desc: needs a contiguous shared array")
+    _, state = _block_state()
+    key = arr.__array_interface__["data"][0]
+    with _LOCK:
+        for base, start, _ in state["window"]:
+            if start == key:
+                return base
+        base = state["next"]
+        state["window"].append((base, key, arr.reshape(-1).view(np.uint8)))
+        state["next"] = base + (arr.nbytes + 1023) // 1024 * 1024
+    return base
+
+
+def _read_shared(addr: np.ndarray, itemsize: int) -> np.ndarray:
+    """The ``itemsize``-byte words at simulated shared addresses ``addr`` (as unsigned ints),
+    all within one array of the window (an address outside every array is an error)."""
+    _, state = _block_state()
+    lo, hi = int(addr.min()), int(addr.max()) + itemsize
+    for base, _, raw in state["window"]:
+        if base <= lo and hi <= base + raw.size:
+            idx = (addr - base)[..., None] + np.arange(itemsize)
+            words = np.ascontiguousarray(raw[idx])
+            return words.view(f"<u{itemsize}")[..., 0]
+    raise IndexError(f"wgmma: shared addresses {lo}-{hi} are not inside one shared array "
+                     "that a descriptor was taken of")
+
+
+def _py_smem_desc(arr: Any, off: Any, lbo: Any, sbo: Any) -> np.uint64:
+    return np.uint64(encode_desc(_shared_base(arr) + int(off), int(lbo), int(sbo)))
+
+
+def _operand(desc: int, rows: int, k: int, itemsize: int) -> np.ndarray:
+    """The rows×k K-major operand a no-swizzle descriptor points at, as raw words."""
+    d = decode_desc(desc)
+    if d.swizzle != "none" or d.base_offset:
+        raise NotImplementedError("wgmma stand-in: only the no-swizzle layout is emulated")
+    r, c = np.meshgrid(np.arange(rows), np.arange(k), indexing="ij")
+    return _read_shared(d.addr + kmajor_offset(r, c, itemsize, d.lbo, d.sbo), itemsize)
+
+
+class _Issue(threading.local):
+    def __init__(self) -> None:
+        self.fenced = False
+
+
+_issue = _Issue()
+
+
+def _py_fence() -> None:
+    _issue.fenced = True
+
+
+def _py_fence_proxy_async() -> None:
+    pass  # the simulator's shared memory is one coherent array
+
+
+def _py_commit() -> None:
+    pass  # the stand-in computes at issue (see the module docstring)
+
+
+@cache
+def _py_wait(n: int) -> Any:
+    def wait(acc: Any) -> Any:
+        _issue.fenced = False  # accumulators may be touched now: the next issue needs a fence
+        return acc
+
+    return wait
+
+
+@cache
+def _py_mma(kind: str, n: int) -> Any:
+    if n not in N_SIZES:
+        raise ValueError(f"wgmma: n={n} is not a multiple of 8 in 8-256")
+    k, itemsize = (8, 4) if kind == "tf32" else (16, 2)
+
+    def values(words: np.ndarray) -> np.ndarray:
+        if kind == "tf32":
+            return tf32_truncate(words.astype(np.uint32).view(np.float32)).astype(np.float64)
+        if kind == "f16":
+            return words.astype(np.uint16).view(np.float16).astype(np.float64)
+        return bf16_value(words.astype(np.uint16)).astype(np.float64)
+
+    def mma(acc: Any, desc_a: Any, desc_b: Any, scale_d: Any) -> tuple[np.float32, ...]:
+        if len(acc) != n // 2:
+            raise TypeError(f"wgmma m64n{n}: needs {n // 2} accumulators, got {len(acc)}")
+        if not _issue.fenced:
+            raise AssertionError("wgmma.mma_async without a wgmma.fence since the last wait")
+        frags = group_exchange((tuple(acc), int(desc_a), int(desc_b), int(scale_d)))
+        if len({f[1:] for f in frags}) != 1:
+            raise AssertionError("wgmma: descriptors and scale-d differ across the warpgroup")
+        A = values(_operand(int(desc_a), 64, k, itemsize))
+        B = values(_operand(int(desc_b), n, k, itemsize)).T  # stored N×K: B is its transpose
+        C = np.zeros((64, n))
+        if int(scale_d):
+            for thread, f in enumerate(frags):
+                for i in range(n // 2):
+                    C[d_layout(thread, i)] = f[0][i]
+        D = (A @ B + C).astype(np.float32)
+        me = threading.current_thread().thread_id % WARPGROUP  # type: ignore[attr-defined]
+        return tuple(D[d_layout(me, i)] for i in range(n // 2))
+
+    mma.__name__ = f"wgmma_m64n{n}_{kind}"
+    return mma
+
+
+@cache
+def wgmma_ops() -> WgmmaOps:
+    """The instructions for the current mode (real compilation or the simulator)."""
+    from tilegemm import simulator
+
+    if simulator.enabled():
+        from tilegemm.kernels.cuda._simulator import install
+
+        install()  # numba's simulator races on cuda.shared.array; see _simulator.py
+        return WgmmaOps(_py_fence, _py_commit, _py_wait, _py_fence_proxy_async,
+                        lambda n: _py_mma("tf32", n), lambda n: _py_mma("bf16", n),
+                        lambda n: _py_mma("f16", n), _py_smem_desc)
+    return _compiled_ops()
+
+
+# --- compiled intrinsics ------------------------------------------------------------------
+
+
+@cache
+def _compiled_ops() -> WgmmaOps:
+    from llvmlite import ir
+    from numba import types
+    from numba.core.errors import TypingError
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+
+    def barrier_like(asm: str) -> Any:
+        """An intrinsic with no operands: the instruction, kept in place (side effect and a
+        memory clobber, so no load or store moves across it)."""
+
+        @intrinsic
+        def op(typingctx: Any) -> Any:
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+                builder.asm(ir.FunctionType(ir.VoidType(), []), asm, "~{memory}", [],
+                            side_effect=True)
+
+            return types.void(), codegen
+
+        return op
+
+    fence = barrier_like("wgmma.fence.sync.aligned;")
+    commit = barrier_like("wgmma.commit_group.sync.aligned;")
+    fence_proxy_async = barrier_like("fence.proxy.async.shared::cta;")
+
+    def float_tuple(t: Any, what: str) -> int:
+        if not isinstance(t, types.BaseTuple) or not all(isinstance(x, types.Float)
+                                                         for x in t):
+            raise TypingError(f"{what}: needs a tuple of floats, got {t}")
+        return len(t)
+
+    def through_asm(builder: Any, context: Any, tupty: Any, val: Any, count: int,
+                    asm: str, extra: list, extra_constraints: list[str]) -> list:
+        """Run ``asm`` with ``count`` f32 registers read and written in place ($0… outputs,
+        tied to the first inputs), then ``extra`` operands; return the written registers."""
+        items = [context.cast(builder, x, t, types.float32)
+                 for x, t in zip(cgutils.unpack_tuple(builder, val, count=count), tupty)]
+        constraints = (["=f"] * count + [str(q) for q in range(count)] + extra_constraints
+                       + ["~{memory}"])
+        ret = ir.LiteralStructType([f32] * count) if count > 1 else f32
+        fty = ir.FunctionType(ret, [f32] * count + [x.type for x in extra])
+        res = builder.asm(fty, asm, ",".join(constraints), items + extra, side_effect=True)
+        return [builder.extract_value(res, q) for q in range(count)] if count > 1 else [res]
+
+    @cache
+    def wait(n: int) -> Any:
+        @intrinsic
+        def wait_group(typingctx: Any, acc: Any) -> Any:
+            count = float_tuple(acc, f"wgmma wait({n})")
+            sig = types.UniTuple(types.float32, count)(acc)
+
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+                out = through_asm(builder, context, sig.args[0], args[0], count,
+                                  f"wgmma.wait_group.sync.aligned {n};", [], [])
+                return context.make_tuple(builder, sig.return_type, out)
+
+            return sig, codegen
+
+        return wait_group
+
+    @cache
+    def mma(kind: str, n: int) -> Any:
+        if n not in N_SIZES:
+            raise ValueError(f"wgmma: n={n} is not a multiple of 8 in 8-256")
+        regs = n // 2
+        if kind == "tf32":
+            opcode, tail = f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32", "1, 1"
+        else:  # 16-bit inputs: scale-a, scale-b, then K-major A and B (no transpose)
+            opcode = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind}"
+            tail = "1, 1, 0, 0"
+        dregs = ",".join(f"${q}" for q in range(regs))
+        a, b, s = 2 * regs, 2 * regs + 1, 2 * regs + 2  # after the outputs and tied inputs
+        asm = (f"{{ .reg .pred %p; setp.ne.b32 %p, ${s}, 0; "
+               f"{opcode} {{{dregs}}}, ${a}, ${b}, %p, {tail}; }}")
+
+        @intrinsic
+        def mma_async(typingctx: Any, acc: Any, desc_a: Any, desc_b: Any,
+                      scale_d: Any) -> Any:
+            what = f"wgmma m64n{n} {kind}"
+            if float_tuple(acc, what) != regs:
+                raise TypingError(f"{what}: needs {regs} accumulators, got {acc}")
+            if not all(isinstance(x, types.Integer) for x in (desc_a, desc_b, scale_d)):
+                raise TypingError(f"{what}: descriptors and scale_d must be integers")
+            sig = types.UniTuple(types.float32, regs)(acc, desc_a, desc_b, scale_d)
+
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+                _, ta, tb, ts = sig.args
+                extra = [context.cast(builder, args[1], ta, types.uint64),
+                         context.cast(builder, args[2], tb, types.uint64),
+                         context.cast(builder, args[3], ts, types.int32)]
+                out = through_asm(builder, context, sig.args[0], args[0], regs, asm, extra,
+                                  ["l", "l", "r"])
+                return context.make_tuple(builder, sig.return_type, out)
+
+            return sig, codegen
+
+        return mma_async
+
+    @intrinsic
+    def smem_desc(typingctx: Any, arr: Any, off: Any, lbo: Any, sbo: Any) -> Any:
+        if not isinstance(arr, types.Array) or not all(
+                isinstance(x, types.Integer) for x in (off, lbo, sbo)):
+            raise TypingError("smem_desc: needs a shared array and integer offsets")
+        sig = types.uint64(arr, off, lbo, sbo)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            arrty, offty, lboty, sboty = sig.args
+            ary = context.make_array(arrty)(context, builder, value=args[0])
+            sptr = builder.addrspacecast(ary.data,
+                                         ir.PointerType(ary.data.type.pointee, addrspace=3))
+            addr = builder.add(builder.ptrtoint(sptr, i32),
+                               context.cast(builder, args[1], offty, types.int32))
+
+            def field(v: Any, shift: int) -> Any:  # (v >> 4) & 0x3FFF, placed at bit shift
+                v = builder.zext(v, i64) if v.type != i64 else v
+                v = builder.and_(builder.lshr(v, ir.Constant(i64, 4)),
+                                 ir.Constant(i64, 0x3FFF))
+                return builder.shl(v, ir.Constant(i64, shift)) if shift else v
+
+            lbo = context.cast(builder, args[2], lboty, types.uint64)
+            sbo = context.cast(builder, args[3], sboty, types.uint64)
+            return builder.or_(builder.or_(field(addr, 0), field(lbo, 16)), field(sbo, 32))
+
+        return sig, codegen
+
+    return WgmmaOps(fence, commit, wait, fence_proxy_async, lambda n: mma("tf32", n),
+                    lambda n: mma("bf16", n), lambda n: mma("f16", n), smem_desc)
+
+
+def compile_sm90a(pyfunc: Any, sig: tuple) -> str:
+    """PTX for ``sm_90a`` of a kernel using these instructions. numba-cuda compiles for a
+    compute capability and writes ``.target sm_90``; ``wgmma`` exists only on the
+    architecture-specific ``sm_90a``, so the target line is rewritten (the code is the same;
+    link the result with ``-arch=sm_90a``)."""
+    from numba.cuda import compile_ptx
+
+    ptx, _ = compile_ptx(pyfunc, sig, cc=(9, 0))
+    if "\n.target sm_90\n" not in ptx:
+        raise RuntimeError("numba-cuda's PTX has no '.target sm_90' line to rewrite")
+    return ptx.replace("\n.target sm_90\n", "\n.target sm_90a\n", 1)

@@ -1,0 +1,213 @@
+"""Hopper warpgroup MMA (tilegemm.kernels.cuda._wgmma): the descriptor and fragment layouts
+against the PTX ISA, a one-warpgroup 64×64 product under the simulator against float64
+NumPy (with negative controls), and the compiled kernel's sm_90a machine code (HGMMA, no
+local memory)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tilegemm.kernels.cuda import _wgmma as W
+from tilegemm.kernels.cuda._codegen import compile_source
+from tilegemm.kernels.cuda._tensorcore import bf16_bits, bf16_value, tf32_round
+
+cuda: Any = None  # numba.cuda, a module global: the simulator swaps it through globals
+
+# The tiny kernel's shared layout: the two core matrices along K of one 8-row group are
+# adjacent (LBO = 128 bytes), and 8-row groups follow each other (SBO = 256 bytes).
+LBO, SBO = 128, 256
+N = 64
+
+# --- descriptor and layouts ---------------------------------------------------------------
+
+
+def test_descriptor_bit_fields() -> None:
+    # PTX ISA "Matrix Descriptor Format": address >> 4 in bits 0-13, LBO >> 4 in 16-29,
+    # SBO >> 4 in 32-45, base offset in 49-51, swizzle mode in 62-63 (128B = 1)
+    desc = W.encode_desc(0x400, 128, 256)
+    assert desc == 0x40 | 8 << 16 | 16 << 32
+    assert W.encode_desc(0x3FFF0, 0x3FFF0, 0x3FFF0, "128B", 7) == (
+        0x3FFF | 0x3FFF << 16 | 0x3FFF << 32 | 7 << 49 | 1 << 62)
+    assert W.decode_desc(W.encode_desc(0x1230, 2048, 512, "32B", 3)) == (
+        0x1230, 2048, 512, 3, "32B")
+    for bad in ((0x408, 128, 256), (0x400, 100, 256), (1 << 18, 128, 256)):
+        with pytest.raises(ValueError):
+            W.encode_desc(*bad)
+
+
+def test_d_layout_matches_isa_entries_and_covers_the_tile_once() -> None:
+    # read off the PTX ISA figure for the m64nNk8 / m64nNk16 f32 accumulator D
+    entries = {(0, 0): (0, 0), (0, 1): (0, 1), (0, 2): (8, 0), (0, 3): (8, 1), (0, 4): (0, 8),
+               (1, 0): (0, 2), (4, 0): (1, 0), (32, 0): (16, 0), (127, 31): (63, 63),
+               (96, 5): (48, 9)}
+    for (thread, i), where in entries.items():
+        assert W.d_layout(thread, i) == where, (thread, i)
+    for n in (8, 64, 256):
+        cells = sorted(W.d_layout(t, i) for t in range(128) for i in range(n // 2))
+        assert cells == [(r, c) for r in range(64) for c in range(n)]
+
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_kmajor_offsets_tile_core_matrices_without_overlap(itemsize: int) -> None:
+    k = 32 // itemsize  # one wgmma step: 32 bytes of K
+    r, c = np.meshgrid(np.arange(64), np.arange(k), indexing="ij")
+    off = W.kmajor_offset(r, c, itemsize, LBO, SBO)
+    assert sorted(off.ravel().tolist()) == list(range(0, 64 * 32, itemsize))
+    # one core matrix is 8 rows of 16 contiguous bytes
+    assert off[1, 0] - off[0, 0] == 16 and off[0, 16 // itemsize] - off[0, 0] == LBO
+    assert off[8, 0] - off[0, 0] == SBO
+
+
+# --- a one-warpgroup kernel: shared tiles, fence, mma_async, commit, wait, store ----------
+
+_KERNEL = """
+def wgmma_tile(A, B, D):
+    sA = cuda.shared.array(SIZE, DTYPE)
+    sB = cuda.shared.array(SIZE, DTYPE)
+    t = cuda.threadIdx.x
+    for e in range(t, 64 * K, 128):
+        r = e // K
+        c = e % K
+        o = ((r // 8) * SBO + (c // PER) * LBO + (r % 8) * 16 + (c % PER) * ITEM) // ITEM
+        sA[o] = A[r, c]
+        sB[o] = B[c, r]  # B is K x 64; stored K-major: its column r is row r of sB
+    fence_proxy_async()
+    cuda.syncthreads()
+    z = np.float32(0.0)
+    acc = (#@ZEROS)
+    fence()
+    acc = mma(acc, smem_desc(sA, 0, A_LBO, A_SBO), smem_desc(sB, 0, LBO, SBO), 0)
+    commit()
+    acc = wait0(acc)
+    w = t // 32
+    g = (t % 32) // 4
+    q = t % 4
+#@STORES
+"""
+
+
+def _tile_kernel(kind: str, a_lbo: int = LBO, a_sbo: int = SBO, swap: bool = False) -> Any:
+    """The one-warpgroup kernel for ``kind`` ("tf32", "bf16", "f16"). ``a_lbo``/``a_sbo``
+    are what A's descriptor claims (the negative control lies); ``swap`` exchanges two
+    accumulator registers at the store (a wrong fragment layout)."""
+    from numba import cuda
+
+    ops = W.wgmma_ops()
+    item = 4 if kind == "tf32" else 2
+    k = 32 // item
+    stores = []
+    for i in range(N // 2):
+        j = {0: 1, 1: 0}.get(i, i) if swap else i
+        row = f"16 * w + g + {8 * ((i // 2) % 2)}"
+        col = f"{8 * (i // 4) + i % 2} + 2 * q"
+        stores.append(f"    D[{row}, {col}] = acc[{j}]")
+    source = (_KERNEL.replace("#@ZEROS", ", ".join(["z"] * (N // 2)))
+              .replace("#@STORES", "\n".join(stores)))
+    namespace = {
+        "cuda": cuda, "np": np, "SIZE": 64 * k, "K": k, "PER": 16 // item, "ITEM": item,
+        "DTYPE": np.float32 if kind == "tf32" else np.uint16, "LBO": LBO, "SBO": SBO,
+        "A_LBO": a_lbo, "A_SBO": a_sbo, "fence": ops.fence, "commit": ops.commit,
+        "wait0": ops.wait(0), "fence_proxy_async": ops.fence_proxy_async,
+        "smem_desc": ops.smem_desc,
+        "mma": {"tf32": ops.mma_tf32, "bf16": ops.mma_bf16, "f16": ops.mma_f16}[kind](N),
+    }
+    return cuda.jit(compile_source(source, "wgmma_tile", namespace))
+
+
+def _operands(kind: str, rng: np.random.Generator) -> tuple[Any, Any, np.ndarray]:
+    """A (64×K) and B (K×64) as the kernel takes them, and their float64 product."""
+    k = 8 if kind == "tf32" else 16
+    a = rng.standard_normal((64, k)).astype(np.float32)
+    b = rng.standard_normal((k, N)).astype(np.float32)
+    if kind == "tf32":
+        a, b = tf32_round(a), tf32_round(b)
+        return a, b, a.astype(np.float64) @ b
+    if kind == "bf16":
+        a, b = bf16_bits(a), bf16_bits(b)
+        return a, b, bf16_value(a).astype(np.float64) @ bf16_value(b)
+    a, b = a.astype(np.float16), b.astype(np.float16)
+    return a.view(np.uint16), b.view(np.uint16), a.astype(np.float64) @ b
+
+
+def _error(kind: str, rng: np.random.Generator, **lie: Any) -> float:
+    a, b, want = _operands(kind, rng)
+    d = np.full((64, N), np.nan, np.float32)
+    _tile_kernel(kind, **lie)[1, 128](a, b, d)
+    return float(np.max(np.abs(d - want)))
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+@pytest.mark.parametrize("kind", ["tf32", "bf16", "f16"])
+def test_wgmma_tile_matches_numpy(kind: str, rng: np.random.Generator) -> None:
+    assert _error(kind, rng) < 1e-4
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_wgmma_tile_negative_controls(rng: np.random.Generator) -> None:
+    # A's descriptor with LBO and SBO exchanged: the core matrices are read in the wrong order
+    assert _error("tf32", rng, a_lbo=SBO, a_sbo=LBO) > 1e-2
+    assert _error("tf32", rng, swap=True) > 1e-2  # two accumulators stored in each other's place
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_wgmma_stand_in_refuses_a_missing_fence_and_a_stray_address() -> None:
+    global cuda
+    from numba import cuda
+
+    ops = W.wgmma_ops()
+    mma, smem_desc = ops.mma_tf32(8), ops.smem_desc
+
+    @cuda.jit
+    def unfenced(out):
+        s = cuda.shared.array(256, np.float32)
+        z = np.float32(0.0)
+        d = mma((z, z, z, z), smem_desc(s, 0, 128, 256), smem_desc(s, 0, 128, 256), 0)
+        out[0] = d[0]
+
+    with pytest.raises(AssertionError, match="without a wgmma.fence"):
+        unfenced[1, 128](np.zeros(1, np.float32))
+
+    fence = ops.fence
+
+    @cuda.jit
+    def stray(out):
+        s = cuda.shared.array(64, np.float32)  # too small for a 64-row A
+        z = np.float32(0.0)
+        fence()
+        d = mma((z, z, z, z), smem_desc(s, 0, 128, 256), smem_desc(s, 0, 128, 256), 0)
+        out[0] = d[0]
+
+    with pytest.raises(IndexError, match="not inside one shared array"):
+        stray[1, 128](np.zeros(1, np.float32))
+
+
+# --- the compiled kernel's machine code ---------------------------------------------------
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("kind,opcode", [("tf32", r"HGMMA\.64x64x8\.F32\.TF32"),
+                                         ("bf16", r"HGMMA\.64x64x16\.F32\.BF16")])
+def test_wgmma_tile_compiles_to_hgmma_without_local_memory(kind: str, opcode: str) -> None:
+    from numba import types
+
+    from tilegemm.analysis.resources import link, parse_ptxas_log
+    from tilegemm.analysis.sass import disassemble
+
+    dt = types.float32 if kind == "tf32" else types.uint16
+    sig = (dt[:, ::1], dt[:, ::1], types.float32[:, ::1])
+    ptx = W.compile_sm90a(_tile_kernel(kind).py_func, sig)
+    assert ".target sm_90a" in ptx and "wgmma.mma_async" in ptx
+    log, cubin = link(ptx, "sm_90a")
+    text = disassemble(cubin)
+    assert len(re.findall(opcode, text)) == 1, text
+    assert re.search(r"\bWARPGROUP\.(ARRIVE|DEPBAR)", text)
+    assert not re.search(r"\b(LDL|STL)\b", text)
+    figures = parse_ptxas_log(log)
+    assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
