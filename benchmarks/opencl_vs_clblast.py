@@ -8,10 +8,14 @@ launch several kernels per call, so one profiling event would not cover it), ope
 already on the device; NumPy multiplies host arrays. Calls are interleaved round-robin
 (ours, CLBlast, NumPy, ours, ...) so a burst of load from elsewhere on the machine hits
 all three alike, and the ratios use each contender's best time; medians are recorded too.
+When ``auto`` runs parameters other than the rung's defaults (a database entry), the
+defaults are timed in the same rounds as a fourth contender, so the entry's gain is
+measured under the same conditions.
 
 CLBlast comes from ``pyclblast`` built against the system library (see docs/opencl.md);
 when it cannot be imported the comparison with it is skipped with a message, never
-estimated. Results go to benchmarks/results/opencl-<platform>-<cpu>.json.
+estimated. Results go to benchmarks/results/opencl-<platform>-<cpu>-m<family>-<model>.json
+(the family and model keep two machines with one vendor string apart).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.bench.environment import cpu_name, git_commit, slug
+from tilegemm.bench.environment import cpu_family_model, cpu_name, git_commit, slug
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -88,6 +92,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--reps", type=int, default=7, help="timed calls per contender")
+    parser.add_argument("--pause", type=float, default=0.0,
+                        help="idle seconds before each contender's call")
     parser.add_argument("--kernel", default="auto", help="OpenCL rung (auto: the highest)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
     parser.add_argument("--ladder", type=int, default=512, metavar="N",
@@ -115,7 +121,8 @@ def main() -> int:
               "docs/opencl.md for installing libclblast-dev and pyclblast")
 
     print(f"device: {device.name.strip()} ({device.platform.version.strip()})")
-    print(f"ours: opencl:{spec.name} {params}")
+    print("ours: kernel=auto, per size below" if args.kernel == "auto"
+          else f"ours: opencl:{spec.name} {params}")
     load_before = os.getloadavg()
     rows = []
     for n in args.sizes:
@@ -133,6 +140,10 @@ def main() -> int:
             print(f"n={n}: auto runs {planned}", flush=True)
         prepared = prepare_verified(backend, spec, params, prob, a[None], b[None])
         calls = {"ours": lambda p=prepared: (p.launch(), queue.finish())}
+        defaults = backend.resolve(spec, {})
+        if params != defaults:  # auto runs a database entry: time the defaults beside it
+            plain = prepare_verified(backend, spec, defaults, prob, a[None], b[None])
+            calls["default"] = lambda p=plain: (p.launch(), queue.finish())
 
         if pyclblast is not None:
             da, db = cla.to_device(queue, a), cla.to_device(queue, b)
@@ -149,7 +160,7 @@ def main() -> int:
         calls["numpy"]()
 
         times = alternating({name: host_timed(call) for name, call in calls.items()},
-                            args.reps, pause=0.0)
+                            args.reps, pause=args.pause)
         result: dict[str, Any] = {"n": n, "ours_kernel": spec.name, "ours_params": params}
         for name, ts in times.items():
             result[name] = {
@@ -159,10 +170,16 @@ def main() -> int:
             }
         ours = result["ours"]["gflops_best"]
         result["ratio_vs_numpy"] = ours / result["numpy"]["gflops_best"]
+        if "default" in result:
+            result["default_params"] = defaults
+            result["ratio_vs_default"] = ours / result["default"]["gflops_best"]
         if "clblast" in result:
             result["ratio_vs_clblast"] = ours / result["clblast"]["gflops_best"]
         rows.append(result)
         line = f"n={n:5d}  ours {ours:7.1f} GFLOP/s"
+        if "default" in result:
+            line += (f"  default {result['default']['gflops_best']:7.1f}"
+                     f"  ours/default {result['ratio_vs_default']:.2f}x")
         if "clblast" in result:
             line += (f"  CLBlast {result['clblast']['gflops_best']:7.1f}"
                      f"  ours/CLBlast {result['ratio_vs_clblast']:.2f}x")
@@ -192,8 +209,11 @@ def main() -> int:
             "libclblast": clblast_library_version(),
         },
         "dtype": "float32",
-        "timing": "best of --reps wall-clock calls incl. queue.finish(), interleaved; "
-                  "operands already on the device",
+        "cpu_family_model": cpu_family_model(),
+        "timing": "best (and median) of --reps wall-clock calls incl. queue.finish(), "
+                  "interleaved call by call, --pause s idle before each call; operands "
+                  "already on the device",
+        "pause": args.pause,
         "reps": args.reps,
         "ours": {"kernel": spec.name, "params": params},
         "clblast": "measured" if pyclblast is not None else "skipped: pyclblast not importable",
@@ -202,7 +222,9 @@ def main() -> int:
     }
     kind = "pocl" if "portable computing" in device.platform.name.lower() else slug(
         device.platform.name)
-    out = args.out or ROOT / "benchmarks" / "results" / f"opencl-{kind}-{slug(cpu_name())}.json"
+    fm = cpu_family_model()
+    stem = "-".join(x for x in (f"opencl-{kind}", slug(cpu_name()), fm and f"m{fm}") if x)
+    out = args.out or ROOT / "benchmarks" / "results" / f"{stem}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")

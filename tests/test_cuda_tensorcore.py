@@ -290,3 +290,31 @@ def test_offset_forms_check_their_offsets_in_the_simulator() -> None:
     shared = v.copy()
     T._py_round_tf32_at(shared, 0)
     assert np.array_equal(shared, T.tf32_round(v), equal_nan=True)
+
+
+def test_split_in_shared_memory_matches_the_fragment_split() -> None:
+    """3×TF32 splits each value once, in shared memory (``split_tf32_at``): the big part in
+    place, the small part at a second offset, exactly as ``split_tf32`` splits a fragment
+    value; big + small is the value to 2**-22 relative, NaN and infinity propagate to the
+    small part (so the product stays NaN), and misaligned or out-of-range offsets are
+    refused (negative control for the kernel's written-out offsets)."""
+    rng = np.random.default_rng(5)
+    v = np.concatenate([rng.standard_normal(4).astype(np.float32),
+                        np.array([1 + 2.0**-11, -3 - 2.0**-12, np.nan, np.inf], np.float32)])
+    shared = np.zeros(16, np.float32)
+    shared[:8] = v
+    T._py_split_tf32_at(shared, 0, 32)
+    T._py_split_tf32_at(shared, 16, 48)
+    for x, big, small in zip(v, shared[:8], shared[8:]):
+        want_big, want_small = T._py_split_tf32(x)
+        assert np.array_equal([big, small], [want_big, want_small], equal_nan=True)
+        assert big == T.tf32_round(np.float32(x)) or not np.isfinite(x)
+    fin = np.isfinite(v)
+    total = shared[:8][fin].astype(np.float64) + shared[8:][fin]
+    assert np.all(np.abs(total - v[fin]) <= 2.0**-22 * np.abs(v[fin]))
+    assert np.all(np.isnan(shared[8:][~fin]))
+    assert shared[4] != v[4] and shared[12] != 0  # 1 + 2**-11 rounds up, leaving -2**-11
+    with pytest.raises(AssertionError, match="16-byte aligned"):
+        T._py_split_tf32_at(shared, 4, 32)
+    with pytest.raises(IndexError, match="outside a shared array"):
+        T._py_split_tf32_at(shared, 0, 64)

@@ -80,6 +80,39 @@ def test_alternative_parameters(spec: KernelSpec) -> None:
                          what=f"{spec.name} {params} {m}x{n}x{k}")
 
 
+def _database_sets() -> list[tuple[str, dict[str, int]]]:
+    from tilegemm.tune import database
+
+    sets = [(e["kernel"], dict(e["params"])) for e in database.entries()
+            if e["backend"] == "opencl"]
+    # The 512-bit direct tile (float16) even where no entry names it.
+    sets.append(("vectorized", {"BM": 8, "BN": 32, "BK": 16, "TM": 8, "TN": 32, "VW": 16}))
+    return sets
+
+
+@pytest.mark.parametrize(("kernel", "params"), _database_sets(),
+                         ids=[f"{k}-{'-'.join(map(str, p.values()))}" for k, p in _database_sets()])
+def test_database_parameters(kernel: str, params: dict[str, int]) -> None:
+    """Every OpenCL database entry's parameters compute correctly on this device, whatever
+    device it was measured on: odd and prime shapes (partial tiles, rows not a multiple of
+    VW), a broadcast batch, transposed operands and beta, in both dtypes where possible."""
+    spec = registry.get(kernel, "opencl")
+    for dtype in ["float32", "float64"]:
+        for m, n, k in [(1, 1, 1), (7, 13, 5), (33, 17, 65), (37, 70, 19), (64, 64, 64),
+                        (65, 97, 31)]:
+            a, b = random_operands((m, k), (k, n), dtype)
+            assert_close(_mm(a, b, spec, **params), a, b,
+                         what=f"{kernel} {params} {dtype} {m}x{n}x{k}")
+    a, b = random_operands((3, 9, 40), (40, 48), "float32")
+    assert_close(_mm(a, b, spec, **params), a, b, what=f"{kernel} {params} batch")
+    at, bt = random_operands((40, 9), (48, 40), "float32")
+    c0 = random_operands((9, 48), (1,), "float32")[0]
+    got = tilegemm.gemm(at, bt, c0, alpha=1.5, beta=-2.0, trans_a=True, trans_b=True,
+                        backend="opencl", kernel=kernel, **params)
+    assert_close(got, at, bt, alpha=1.5, beta=-2.0, c=c0, trans_a=True, trans_b=True,
+                 what=f"{kernel} {params} transposed, beta")
+
+
 @pytest.mark.parametrize("spec", SPECS, ids=IDS)
 def test_batches_and_broadcast(spec: KernelSpec) -> None:
     cases = [

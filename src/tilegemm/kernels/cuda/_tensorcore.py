@@ -59,6 +59,12 @@ leaves a real call, and the fragments go through local memory). The instructions
   ``st.shared.v4``. The low 13 bits are left unspecified, as ptxas leaves them in a
   ``cvt.rna.tf32.f32`` result that only an mma reads (it ignores them), so only an mma may
   read the stored values; the stand-in stores them cleared;
+- ``split_tf32_at(arr, off, small_off)``: ``split_tf32`` of the 4 float32 at byte offset
+  ``off`` (16-byte aligned) of a shared array, in place: ``big`` stored back at ``off``,
+  ``small`` at ``small_off`` (``ld.shared.v4``, 5 instructions a value, two
+  ``st.shared.v4``). 3×TF32 splits each value once per block this way, where splitting
+  each fragment value as it is read does it once per warp that reads it; only an mma may
+  read the stored values (their low 13 bits are unspecified, as for ``round_tf32_at``);
 - ``load_f32(arr, idx)`` / ``store_f32(arr, idx, x)``: an element of a float32, float16 or
   bfloat16 array read as, or written from, a float32, converted by the array's type at
   compile time (so one epilogue serves every output dtype). bfloat16 arrays are 16-bit
@@ -112,6 +118,7 @@ class TensorCoreOps(NamedTuple):
     cp_async16_ptr: Any
     round_tf32_at: Any
     split_tf32: Any
+    split_tf32_at: Any
 
 
 # --- fragment layouts (PTX ISA), shared by the emulations and the tests --------------------
@@ -416,6 +423,16 @@ def _py_round_tf32_at(arr: Any, off: Any) -> None:
     v[:] = tf32_round(v)
 
 
+def _py_split_tf32_at(arr: Any, off: Any, small_off: Any) -> None:
+    if arr.dtype != np.float32 or int(off) % 16 or int(small_off) % 16:
+        raise AssertionError("split_tf32_at: needs float32 and 16-byte aligned offsets")
+    v = _flat(arr, off, 4, "split_tf32_at")
+    small = _flat(arr, small_off, 4, "split_tf32_at (small part)")
+    parts = [_py_split_tf32(x) for x in v]
+    v[:] = [b for b, _ in parts]
+    small[:] = [s for _, s in parts]
+
+
 def _py_cp_commit() -> None:
     _copies.groups.append(_copies.open)
     _copies.open = []
@@ -461,7 +478,7 @@ def tensorcore_ops() -> TensorCoreOps:
                              _py_cp_commit, _py_cp_wait, _py_load_f32, _py_store_f32,
                              _py_ldmatrix_x4_at, _py_ldmatrix_x4_trans_at, _py_lds_at,
                              _py_cp_async16_at, _py_cp_async16_ptr, _py_round_tf32_at,
-                             _py_split_tf32)
+                             _py_split_tf32, _py_split_tf32_at)
     return _compiled_ops()
 
 
@@ -836,8 +853,35 @@ def _compiled_ops() -> TensorCoreOps:
 
         return sig, codegen
 
+    @intrinsic
+    def split_tf32_at(typingctx: Any, arr: Any, off: Any, small_off: Any) -> Any:
+        check_offset(arr, off, "split_tf32_at")
+        check_offset(arr, small_off, "split_tf32_at")
+        if arr.dtype != types.float32:
+            raise TypingError(f"split_tf32_at: needs a float32 shared array, got {arr}")
+        sig = types.void(arr, off, small_off)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+            addr = shared_at(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            small = shared_at(context, builder, sig.args[0], args[0], sig.args[2], args[2])
+            # per value split_tf32's five instructions: big = (bits + half a TF32 ulp) with
+            # the low 13 bits cleared, small = x - big (exact), rounded unless not finite
+            split = " ".join(
+                f"add.u32 %b{q}, %t{q}, 4096; and.b32 %b{q}, %b{q}, 0xFFFFE000; "
+                f"sub.f32 %s{q}, %t{q}, %b{q}; abs.f32 %a{q}, %s{q}; "
+                f"setp.lt.f32 %p{q}, %a{q}, 0f7F800000; @%p{q} add.u32 %s{q}, %s{q}, 4096;"
+                for q in range(4))
+            asm = ("{ .reg .b32 %t<4>, %b<4>, %s<4>; .reg .f32 %a<4>; .reg .pred %p<4>; "
+                   "ld.shared.v4.b32 {%t0,%t1,%t2,%t3}, [$0]; " + split +
+                   " st.shared.v4.b32 [$0], {%b0,%b1,%b2,%b3};"
+                   " st.shared.v4.b32 [$1], {%s0,%s1,%s2,%s3}; }")
+            builder.asm(ir.FunctionType(ir.VoidType(), [i32, i32]), asm, "r,r,~{memory}",
+                        [addr, small], side_effect=True)
+
+        return sig, codegen
+
     return TensorCoreOps(mma_tf32, mma_f16, mma_bf16, to_tf32, ldmatrix_intrinsic(False),
                          ldmatrix_intrinsic(True), cp_async_intrinsic(16), cp_async_intrinsic(4),
                          cp_commit, cp_wait, load_f32, store_f32, ldmatrix_at_intrinsic(False),
                          ldmatrix_at_intrinsic(True), lds_at, cp_async16_at, cp_async16_ptr,
-                         round_tf32_at, split_tf32)
+                         round_tf32_at, split_tf32, split_tf32_at)

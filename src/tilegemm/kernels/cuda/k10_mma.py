@@ -37,8 +37,10 @@ the k steps of a tile written out, so every ldmatrix and shared load is a per-th
 plus a constant; blocks wholly inside the operands run an interior loop whose copies are
 unconditional 16-byte ``cp.async`` from per-thread global addresses bumped per k-tile; for
 TF32 each thread rounds the chunks it copied once, in shared memory, instead of every warp
-rounding its fragments. HMMA share of the hot loop on sm_90: tf32 4.5 % → 20.5 %, float16
-5.2 % → 34 %.
+rounding its fragments, and for 3×TF32 splits them there into big and small parts (the
+small parts in two alternating slots after the ring); a ring of a power-of-two size wraps by
+a mask. HMMA share of the hot loop on sm_90: tf32 4.5 % → 20.9 %, 3×TF32 17 % → 29 %,
+float16 5.2 % → 44 %.
 
 What it should buy: TF32 tensor cores peak at ~495 TFLOP/s dense on an H100 against ~67
 for FP32 FFMA, so a compute-bound product can run several times faster; 3×TF32 spends three
@@ -72,7 +74,15 @@ def _threads(p: Mapping[str, int]) -> int:
 
 
 def _smem(p: Mapping[str, int], itemsize: int) -> int:
-    return p["STAGES"] * (p["BM"] * p["BK"] + p["BK"] * p["BN"]) * itemsize
+    """Bytes of dynamic shared memory: the ring of STAGES A and B tiles, and for 3×TF32 two
+    slots for the small parts of one stage (see _split_own)."""
+    slots = STAGES_OF_SMALL_PARTS if itemsize == 4 and p.get("PASSES", 1) == 3 else 0
+    return (p["STAGES"] + slots) * (p["BM"] * p["BK"] + p["BK"] * p["BN"]) * itemsize
+
+
+# 3×TF32 keeps the small parts of the stage being read in one of two slots, alternating per
+# k-tile: a slot is rewritten two k-tiles after it was read, behind a barrier.
+STAGES_OF_SMALL_PARTS = 2
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
@@ -141,9 +151,11 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
         MI=MI, NI=NI, WCOLS=BN // WN, NT=NT, ACH=ACH, BCH=BCH, A_CHUNKS=A_CHUNKS, B_CHUNKS=B_CHUNKS,
         A_ROUNDS=ceil_div(A_CHUNKS, NT), B_ROUNDS=ceil_div(B_CHUNKS, NT), VW=VW, ISZ=ISZ,
         SA=BM * BK * ISZ, SB=BK * BN * ISZ, B_BYTES=STAGES * BM * BK * ISZ,
+        SMALL=STAGES * (BM * BK + BK * BN) * ISZ, SLOT=(BM * BK + BK * BN) * ISZ,
         A_OFF=0, A_TILE=BM * BK, A_W=BK, B_OFF=STAGES * BM * BK, B_TILE=BK * BN, B_W=BN,
         load=load, store=store, address=address, ALIGN=ALIGN,
-        f32=np.float32, zero=np.float32(0), split_tf32=tc.split_tf32, ldsm=tc.ldmatrix_x4_at,
+        f32=np.float32, zero=np.float32(0), split_tf32_at=tc.split_tf32_at,
+        ldsm=tc.ldmatrix_x4_at,
         ldsm_t=tc.ldmatrix_x4_trans_at, cp16=tc.cp_async16, cp4=tc.cp_async4,
         cp16_ptr=tc.cp_async16_ptr, round_tf32=tc.round_tf32_at, commit=tc.cp_commit,
         wait_ring=tc.cp_wait(STAGES - 2), wait_all=tc.cp_wait(0), lds1=tc.lds_at(1),
@@ -173,16 +185,27 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
                 epilogue.append(f"put(C, z, er + {16 * i + 8 * (r // 2)}, ec + {8 * j + r % 2},"
                                 f" acc[{i}, {j}, {r}], alpha, beta, m, n)")
     ns["put"] = _put()
-    rounding = _round_own(p, NT, ACH, BCH) if tf32 and PASSES == 1 else []
+    round_bases, rounding = _round_own(p, NT, ACH, BCH, PASSES) if tf32 else ([], [])
+    bases += round_bases
     # Byte offsets of the stage read (rs) and written (ws) in this k-tile, rotating through
     # the ring; A's and B's are one variable when their stages have the same size.
     same = BM == BN
     init = ["rsa = 0", "wsa = (STAGES - 1) * SA"]
     step = ["rsa += SA"]
+    if tf32 and PASSES == 3:  # the slot of the small parts, alternating (see _round_own)
+        init.append("ss = 0")
+        step.append("ss = SLOT - ss")
     if not same:
         init += ["rsb = 0", "wsb = (STAGES - 1) * SB"]
         step += ["rsb += SB"]
-    wrap = ["if rsa == STAGES * SA:", "    rsa = 0", *(["    rsb = 0"] if not same else [])]
+    if all(_pow2(STAGES * s) for s in (ns["SA"], ns["SB"])):
+        # a ring of a power-of-two size wraps by a mask: no compare and select, and the
+        # offsets are known to fit 32 bits (numba's integers are 64-bit)
+        step = [s.replace("+= SA", "= (rsa + SA) & (STAGES * SA - 1)")
+                .replace("+= SB", "= (rsb + SB) & (STAGES * SB - 1)") for s in step]
+        wrap = []
+    else:
+        wrap = ["if rsa == STAGES * SA:", "    rsa = 0", *(["    rsb = 0"] if not same else [])]
     ws = ["wsa = rsa", *(["wsb = rsb"] if not same else [])]
     source = fill(KERNEL, {"BASES": bases, "OFFSETS": offsets, "FAST_COPIES": copies[1],
                            "BUMP": bumps, "COMPUTE": compute, "EPILOGUE": epilogue,
@@ -192,6 +215,10 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
         source = source.replace("rsb", "rsa").replace("wsb", "wsa")
     name = f"mma_{dtype}_kernel"
     return kernel_jit(NT)(compile_source(source.replace("KERNEL_NAME", name), name, ns))
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
 
 
 def _swz_fn(expr: str, ns: dict[str, Any]) -> Any:
@@ -281,7 +308,7 @@ def _fast_copies(p: Mapping[str, int], nt: int, ach: int, bch: int,
         bases += [f"ar{rnd} = (tid + {rnd * nt}) // ACH",
                   f"ac{rnd} = (tid + {rnd * nt}) % ACH",
                   f"da{rnd} = (ar{rnd} * BK + (ac{rnd} ^ a_swz_of(ar{rnd})) * VW) * ISZ"]
-        offsets.append(f"oa{rnd} = address(A) + (za * sa0 + (row0 + ar{rnd}) * sa1 + kf0 "
+        offsets.append(f"oa{rnd} = address(A) + (za * sa0 + (row0 + ar{rnd}) * sa1 + kf "
                        f"+ ac{rnd} * VW) * ISZ")
         bumps.append(f"oa{rnd} += BK * ISZ")
         cp = (f"cp16_ptr(As, wsa + da{rnd}, A, (za, row0 + ar{rnd}, kf + ac{rnd} * VW), "
@@ -292,7 +319,7 @@ def _fast_copies(p: Mapping[str, int], nt: int, ach: int, bch: int,
         bases += [f"br{rnd} = (tid + {rnd * nt}) // BCH",
                   f"bc{rnd} = (tid + {rnd * nt}) % BCH",
                   f"db{rnd} = B_BYTES + (br{rnd} * BN + (bc{rnd} ^ b_swz_of(br{rnd})) * VW) * ISZ"]
-        offsets.append(f"ob{rnd} = address(B) + (zb * sb0 + (kf0 + br{rnd}) * sb1 + col0 "
+        offsets.append(f"ob{rnd} = address(B) + (zb * sb0 + (kf + br{rnd}) * sb1 + col0 "
                        f"+ bc{rnd} * VW) * ISZ")
         bumps.append(f"ob{rnd} += bstep")
         cp = (f"cp16_ptr(Bs, wsb + db{rnd}, B, (zb, kf + br{rnd}, col0 + bc{rnd} * VW), "
@@ -302,24 +329,37 @@ def _fast_copies(p: Mapping[str, int], nt: int, ach: int, bch: int,
     return (bases, copies), offsets, bumps
 
 
-def _round_own(p: Mapping[str, int], nt: int, ach: int, bch: int) -> list[str]:
-    """TF32 (PASSES=1): each thread rounds the chunks it copied into the stage about to be
-    read, in place, between its own ``cp.async`` wait and the barrier that publishes the
-    stage. Every value is then rounded once per block (16 a thread and k-tile at the
-    defaults) instead of once per warp that reads it as a fragment (48), and the fragments
-    go from shared memory to the mma unchanged. The copies of a chunk, on either path, are
-    always made by the same thread, so the thread that rounds it is the one that waited."""
+def _round_own(p: Mapping[str, int], nt: int, ach: int, bch: int,
+               passes: int) -> tuple[list[str], list[str]]:
+    """(per-thread bases, lines): each thread rounds (TF32) or splits (3×TF32) the chunks it
+    copied into the stage about to be read, between its own ``cp.async`` wait and the
+    barrier that publishes the stage. Every value is then converted once per block (16 a
+    thread and k-tile at the defaults) instead of once per warp that reads it as a fragment
+    (48), and the fragments go from shared memory to the mma unchanged. The copies of a
+    chunk, on either path, are always made by the same thread, so the thread that converts
+    it is the one that waited.
+
+    TF32 rounds in place. 3×TF32 stores the big part in place and the small part in slot
+    ``ss`` (two slots after the ring, alternating per k-tile, laid out like a stage: A's
+    tile then B's), from which the fragments of the small parts are read like the big ones;
+    a slot is rewritten two k-tiles later, after every warp has passed the barrier that
+    follows its last read."""
     a_chunks, b_chunks = p["BM"] * ach, p["BK"] * bch
-    lines = []
-    for rnd in range(ceil_div(a_chunks, nt)):
-        line = f"round_tf32(As, rsa + da{rnd})"
-        lines += [line] if (rnd + 1) * nt <= a_chunks else [
-            f"if tid < {a_chunks - rnd * nt}:", "    " + line]
-    for rnd in range(ceil_div(b_chunks, nt)):
-        line = f"round_tf32(Bs, rsb + db{rnd})"
-        lines += [line] if (rnd + 1) * nt <= b_chunks else [
-            f"if tid < {b_chunks - rnd * nt}:", "    " + line]
-    return lines
+    bases, lines = [], []
+    for op, chunks in (("a", a_chunks), ("b", b_chunks)):
+        arr, stage = ("As", "rsa") if op == "a" else ("Bs", "rsb")
+        for rnd in range(ceil_div(chunks, nt)):
+            own = f"d{op}{rnd}"
+            if passes == 3:
+                # the same chunk's place in a slot (B's offsets include the ring's B_BYTES)
+                rel = own if op == "a" else f"SA + {own} - B_BYTES"
+                bases.append(f"s{own} = SMALL + {rel}")
+                line = f"split_tf32_at({arr}, {stage} + {own}, ss + s{own})"
+            else:
+                line = f"round_tf32({arr}, {stage} + {own})"
+            lines += [line] if (rnd + 1) * nt <= chunks else [
+                f"if tid < {chunks - rnd * nt}:", "    " + line]
+    return bases, lines
 
 
 def _tf32_parts(p: Mapping[str, int], passes: int) -> tuple[list[str], list[str]]:
@@ -335,28 +375,31 @@ def _tf32_parts(p: Mapping[str, int], passes: int) -> tuple[list[str], list[str]
              "s_a = (r_l // ASWZ) % ACH"]
     for q in range(BK // 8):
         bases.append(f"xa{q} = (r_l * BK + (({2 * q} + mat // 2) ^ s_a) * 4) * 4")
+        if passes == 3:  # the same place in a slot of small parts (see _round_own)
+            bases.append(f"sxa{q} = SMALL + xa{q}")
     for j in range(NI):
-        bases += [f"xb{j} = B_BYTES + (t * BN + (((wn0 + {8 * j} + g) // 4) ^ ((2 * t) & BSWZ)) * 4"
-                  f" + g % 4) * 4"]
+        bases += [f"xb{j} = B_BYTES + (t * BN + (((wn0 + {8 * j} + g) // 4) ^ ((2 * t) & BSWZ))"
+                  f" * 4 + g % 4) * 4"]
+        if passes == 3:
+            bases.append(f"sxb{j} = SMALL + SA + xb{j} - B_BYTES")
+    # Fragments straight from shared memory, where they were rounded, or split into their
+    # big and small parts (3xTF32), once per block (see _round_own).
     lines = []
     for q in range(BK // 8):
         kk = 8 * q
         lines.append(f"# k step {q} (k {kk}..{kk + 7} of the tile)")
         for i in range(MI):
-            x = [f"x{i}_{r}_{q}" for r in range(4)]
-            lines.append(f"{', '.join(x)} = ldsm(As, rsa + xa{q} + {i * 16 * BK * 4})")
-            for r in range(4):
-                if passes == 3:
-                    lines.append(f"a{i}_{r}_{q}, as{i}_{r}_{q} = split_tf32({x[r]})")
-                else:  # rounded in shared memory (see _round_own)
-                    lines.append(f"a{i}_{r}_{q} = {x[r]}")
+            a_regs = ", ".join(f"a{i}_{r}_{q}" for r in range(4))
+            lines.append(f"{a_regs} = ldsm(As, rsa + xa{q} + {i * 16 * BK * 4})")
+            if passes == 3:
+                lines.append(f"{a_regs.replace('a', 'as')} = "
+                             f"ldsm(As, ss + sxa{q} + {i * 16 * BK * 4})")
         for j in range(NI):
             for h in range(2):
-                lines.append(f"y{j}_{h}_{q}, = lds1(Bs, rsb + xb{j} + {(kk + 4 * h) * BN * 4})")
+                row = (kk + 4 * h) * BN * 4
+                lines.append(f"b{j}_{h}_{q}, = lds1(Bs, rsb + xb{j} + {row})")
                 if passes == 3:
-                    lines.append(f"b{j}_{h}_{q}, bs{j}_{h}_{q} = split_tf32(y{j}_{h}_{q})")
-                else:
-                    lines.append(f"b{j}_{h}_{q} = y{j}_{h}_{q}")
+                    lines.append(f"bs{j}_{h}_{q}, = lds1(Bs, ss + sxb{j} + {row})")
         for i in range(MI):
             a = f"(a{i}_0_{q}, a{i}_1_{q}, a{i}_2_{q}, a{i}_3_{q})"
             asm = f"(as{i}_0_{q}, as{i}_1_{q}, as{i}_2_{q}, as{i}_3_{q})"
@@ -477,8 +520,8 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
             if a_vec and b_vec and row0 + BM <= m and col0 + BN <= n:
                 # Interior: while the tile being copied is wholly inside K, every copy is
                 # a whole 16-byte chunk at a per-thread offset that moves by a constant.
-                #@OFFSETS
                 kf = kf0
+                #@OFFSETS
                 while kt < k_fast:
                     wait_ring()  # tile kt has landed (this thread's copies)...
                     #@ROUND

@@ -9,6 +9,13 @@
    the matrix. Anything else (odd N or K, the right and bottom edges) takes the
    element-by-element path with bounds, so every shape stays correct. */
 
+/* Every loop over the register tile (TM rows, TNV vectors, VW lanes) is unrolled fully, so
+   that acc[][] and bv[] have constant indices only and live in vector registers. Left to
+   itself, PoCL's LLVM (15, Debian's PoCL 3.1 on a Zen 5 EPYC) kept the 8-iteration row
+   loop rolled and acc[] on the stack: a load, an FMA and a store per vector per k, the
+   stores (not the FMAs) setting the pace. */
+#define UNROLL _Pragma("unroll")
+
 #define WN (BN / TN)    /* work-items along N (dimension 0) */
 #define WM (BM / TM)    /* work-items along M (dimension 1) */
 #define NT (WN * WM)
@@ -48,7 +55,9 @@ kernel void gemm(GEMM_ARGS)
     const bool c_vec = c_base % VW == 0 && N % VW == 0;
 
     VT acc[TM][TNV];
+    UNROLL
     for (int r = 0; r < TM; ++r)
+        UNROLL
         for (int v = 0; v < TNV; ++v)
             acc[r][v] = (VT)ZERO;
 
@@ -62,10 +71,13 @@ kernel void gemm(GEMM_ARGS)
         global const T *bcol = b + col0;
         for (int k = 0; k < K; ++k) {
             VT bv[TNV];
+            UNROLL
             for (int v = 0; v < TNV; ++v)
                 bv[v] = *(global const VT *)(bcol + (long)k * N + v * VW);
+            UNROLL
             for (int r = 0; r < TM; ++r) {
                 const T av = arow[(long)r * K + k];
+                UNROLL
                 for (int v = 0; v < TNV; ++v)
                     acc[r][v] += av * bv[v];
             }
@@ -73,15 +85,19 @@ kernel void gemm(GEMM_ARGS)
     } else {
         for (int k = 0; k < K; ++k) {
             VT bv[TNV];
+            UNROLL
             for (int v = 0; v < TNV; ++v) {
                 T *x = (T *)&bv[v];
+                UNROLL
                 for (int e = 0; e < VW; ++e) {
                     const int j = col0 + v * VW + e;
                     x[e] = j < N ? b[(long)k * N + j] : ZERO;
                 }
             }
+            UNROLL
             for (int r = 0; r < TM; ++r) {
                 const T av = row0 + r < M ? a[(long)(row0 + r) * K + k] : ZERO;
+                UNROLL
                 for (int v = 0; v < TNV; ++v)
                     acc[r][v] += av * bv[v];
             }
@@ -95,9 +111,11 @@ kernel void gemm(GEMM_ARGS)
             global const T *src = a + (long)i * K + k;
             if (a_vec && i < M && k + VW <= K) {
                 const VT x = *(global const VT *)src;
+                UNROLL
                 for (int e = 0; e < VW; ++e)
                     As[kv * VW + e][r] = ((const T *)&x)[e];
             } else {
+                UNROLL
                 for (int e = 0; e < VW; ++e)
                     As[kv * VW + e][r] = (i < M && k + e < K) ? src[e] : ZERO;
             }
@@ -110,6 +128,7 @@ kernel void gemm(GEMM_ARGS)
                 Bs[kk][cv] = *(global const VT *)src;
             } else {
                 local T *dst = (local T *)&Bs[kk][cv];
+                UNROLL
                 for (int e = 0; e < VW; ++e)
                     dst[e] = (k < K && j + e < N) ? src[e] : ZERO;
             }
@@ -118,11 +137,15 @@ kernel void gemm(GEMM_ARGS)
         for (int kk = 0; kk < BK; ++kk) {
             T av[TM];
             VT bv[TNV];
+            UNROLL
             for (int r = 0; r < TM; ++r)
                 av[r] = As[kk][ty + r * WM];
+            UNROLL
             for (int v = 0; v < TNV; ++v)
                 bv[v] = Bs[kk][v * WN + tx];
+            UNROLL
             for (int r = 0; r < TM; ++r)
+                UNROLL
                 for (int v = 0; v < TNV; ++v)
                     acc[r][v] += av[r] * bv[v];
         }
@@ -131,11 +154,13 @@ kernel void gemm(GEMM_ARGS)
 
 #endif
 
+    UNROLL
     for (int r = 0; r < TM; ++r) {
         const int i = row0 + ty + r * WM;
         if (i >= M)
             continue;
         global T *crow = C + c_base + (long)i * N;
+        UNROLL
         for (int v = 0; v < TNV; ++v) {
             const int j = col0 + (v * WN + tx) * VW;
             if (c_vec && j + VW <= N) {
@@ -144,6 +169,7 @@ kernel void gemm(GEMM_ARGS)
                 else *dst = alpha * acc[r][v] + beta * *dst;
             } else {
                 const T *x = (const T *)&acc[r][v];
+                UNROLL
                 for (int e = 0; e < VW; ++e)
                     if (j + e < N)
                         STORE_C(crow + j + e, x[e]);
