@@ -225,3 +225,36 @@ def test_wgmma_does_not_assemble_for_plain_sm_90() -> None:
     ptx, _ = compile_ptx(_tile_kernel("tf32").py_func, (f, f, f), cc=(9, 0))
     with pytest.raises(Exception, match="PTX_COMPILE|nvJitLink failed"):  # (either call)
         link(ptx, "sm_90")
+
+
+# --- the prototype GEMM: the blocks in a k loop, edges included ----------------------------
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (70, 50, 37),
+                                   pytest.param(130, 65, 72, marks=pytest.mark.slow)])
+def test_wgmma_gemm_prototype_matches_numpy(m: int, n: int, k: int,
+                                            rng: np.random.Generator) -> None:
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    W.gemm_kernel(32)[((n + 63) // 64, (m + 63) // 64), 128](a, b, c)
+    want = tf32_round(a).astype(np.float64) @ tf32_round(b)
+    assert np.max(np.abs(c - want)) < 1e-5 * (1 + np.sqrt(k)) * 4
+
+
+@pytest.mark.ptx
+def test_wgmma_gemm_prototype_sass() -> None:
+    from numba import types
+
+    from tilegemm.analysis.resources import link, parse_ptxas_log
+    from tilegemm.analysis.sass import disassemble
+
+    f = types.float32[:, ::1]
+    log, cubin = link(W.compile_sm90a(W.gemm_kernel(32).py_func, (f, f, f)), "sm_90a")
+    text = disassemble(cubin)
+    assert len(re.findall(r"HGMMA\.64x64x8\.F32\.TF32", text)) == 4  # bk / 8 per k-tile
+    assert not re.search(r"\b(LDL|STL)\b", text)
+    figures = parse_ptxas_log(log)
+    assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0

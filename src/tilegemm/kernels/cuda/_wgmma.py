@@ -447,3 +447,83 @@ def compile_sm90a(pyfunc: Any, sig: tuple) -> str:
     if "\n.target sm_90a" not in ptx:
         raise RuntimeError("numba-cuda did not write '.target sm_90a' for cc (9, 0, 'a')")
     return ptx
+
+
+# --- a prototype GEMM: the building blocks in a k loop ------------------------------------
+
+_GEMM = """
+def wgmma_gemm(A, B, C):
+    m, n, k_len = C.shape[0], C.shape[1], A.shape[1]
+    sA = cuda.shared.array(SIZE, np.float32)
+    sB = cuda.shared.array(SIZE, np.float32)
+    t = cuda.threadIdx.x
+    i0 = cuda.blockIdx.y * 64
+    j0 = cuda.blockIdx.x * 64
+    da = smem_desc(sA, 0, LBO, SBO)
+    db = smem_desc(sB, 0, LBO, SBO)
+    z = np.float32(0.0)
+    acc = (#@ZEROS)
+    for k0 in range(0, k_len, BK):
+        for e in range(t, 64 * BK, 128):
+            r = e // BK  # A: consecutive threads read consecutive k of one row
+            c = e % BK
+            i = i0 + r
+            k = k0 + c
+            sA[((r // 8) * SBO + (c // 4) * LBO + (r % 8) * 16 + (c % 4) * 4) // 4] = (
+                to_tf32(A[i, k]) if i < m and k < k_len else z)
+            c = e // 64  # B: consecutive threads read consecutive n of one row
+            r = e % 64
+            j = j0 + r
+            k = k0 + c
+            sB[((r // 8) * SBO + (c // 4) * LBO + (r % 8) * 16 + (c % 4) * 4) // 4] = (
+                to_tf32(B[k, j]) if j < n and k < k_len else z)
+        fence_proxy_async()
+        cuda.syncthreads()
+        fence()
+#@STEPS
+        commit()
+        acc = wait0(acc)
+        cuda.syncthreads()  # every warp's product has read the tiles before they change
+    w = t // 32
+    g = (t % 32) // 4
+    q = t % 4
+#@STORES
+"""
+
+
+@cache
+def gemm_kernel(bk: int = 32) -> Any:
+    """A prototype wgmma GEMM, C = A·B for 2-D float32 A (M×K), B (K×N), C (M×N), any M,
+    N, K, in TF32 (inputs rounded to nearest): one warpgroup per 64×64 tile of C, grid
+    (ceil(N/64), ceil(M/64)), 128 threads. Per ``bk``-deep slice of K the warpgroup copies
+    the A and B tiles into shared memory in the no-swizzle K-major layout (LBO 128: the
+    core matrices of one 8-row group along K are adjacent; SBO = bk/4 × 128), zero outside
+    the matrices, then issues bk/8 ``mma_async`` whose descriptors step 256 bytes along K,
+    and waits. Not a rung (no pipeline, no swizzle, no batch, strides or alpha/beta): it
+    checks that the building blocks accumulate across a k loop, edges included, and shows
+    the code a loop gives (the tests read its SASS)."""
+    from numba import cuda
+
+    from tilegemm.kernels.cuda._codegen import compile_source
+    from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
+
+    if bk % 8 or not 8 <= bk <= 64:
+        raise ValueError(f"gemm_kernel: bk={bk} must be a multiple of 8 in 8-64")
+    ops = wgmma_ops()
+    lbo, sbo = 128, bk // 4 * 128
+    steps = [f"        acc = mma(acc, da + np.uint64({2 * s * lbo >> 4}), "
+             f"db + np.uint64({2 * s * lbo >> 4}), 1)" for s in range(bk // 8)]
+    stores = []
+    for i in range(32):
+        row, col = f"i0 + 16 * w + g + {8 * ((i // 2) % 2)}", f"j0 + {8 * (i // 4) + i % 2} + 2 * q"
+        stores.append(f"    if {row} < m and {col} < n:\n        C[{row}, {col}] = acc[{i}]")
+    # four 8-tuples joined: one 32-element tuple display becomes a list-to-tuple in
+    # CPython 3.11's bytecode here, which numba-cuda's bytecode reader refuses
+    zeros = ") + (".join([", ".join(["z"] * 8)] * 4)
+    source = (_GEMM.replace("#@ZEROS", zeros).replace("#@STEPS", "\n".join(steps))
+              .replace("#@STORES", "\n".join(stores)))
+    namespace = {"cuda": cuda, "np": np, "BK": bk, "SIZE": 64 * bk, "LBO": lbo, "SBO": sbo,
+                 "to_tf32": tensorcore_ops().to_tf32, "fence": ops.fence, "commit": ops.commit,
+                 "wait0": ops.wait(0), "fence_proxy_async": ops.fence_proxy_async,
+                 "smem_desc": ops.smem_desc, "mma": ops.mma_tf32(64)}
+    return cuda.jit(compile_source(source, "wgmma_gemm", namespace))
