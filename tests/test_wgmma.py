@@ -66,8 +66,8 @@ def test_kmajor_offsets_tile_core_matrices_without_overlap(itemsize: int) -> Non
 
 _KERNEL = """
 def wgmma_tile(A, B, D):
-    sA = cuda.shared.array(SIZE, DTYPE)
-    sB = cuda.shared.array(SIZE, DTYPE)
+    sA = cuda.shared.array(SIZE, DTYPE, alignment=ALIGN)
+    sB = cuda.shared.array(SIZE, DTYPE, alignment=ALIGN)
     t = cuda.threadIdx.x
     for e in range(t, 64 * K, 128):
         r = e // K
@@ -110,7 +110,8 @@ def _tile_kernel(kind: str, a_lbo: int = LBO, a_sbo: int = SBO, swap: bool = Fal
     namespace = {
         "cuda": cuda, "np": np, "SIZE": 64 * k, "K": k, "PER": 16 // item, "ITEM": item,
         "DTYPE": np.float32 if kind == "tf32" else np.uint16, "LBO": LBO, "SBO": SBO,
-        "A_LBO": a_lbo, "A_SBO": a_sbo, "fence": ops.fence, "commit": ops.commit,
+        "A_LBO": a_lbo, "A_SBO": a_sbo, "ALIGN": W.shared_alignment(), "fence": ops.fence,
+        "commit": ops.commit,
         "wait0": ops.wait(0), "fence_proxy_async": ops.fence_proxy_async,
         "smem_desc": ops.smem_desc,
         "mma": {"tf32": ops.mma_tf32, "bf16": ops.mma_bf16, "f16": ops.mma_f16}[kind](N),
@@ -204,6 +205,8 @@ def test_wgmma_tile_compiles_to_hgmma_without_local_memory(kind: str, opcode: st
     sig = (dt[:, ::1], dt[:, ::1], types.float32[:, ::1])
     ptx = W.compile_sm90a(_tile_kernel(kind).py_func, sig)
     assert ".target sm_90a" in ptx and "wgmma.mma_async" in ptx
+    # descriptors drop the low 4 address bits: the tiles must be declared aligned
+    assert len(re.findall(r"\.shared \.align 128 ", ptx)) == 2
     log, cubin = link(ptx, "sm_90a")
     text = disassemble(cubin)
     assert len(re.findall(opcode, text)) == 1, text
@@ -252,7 +255,9 @@ def test_wgmma_gemm_prototype_sass() -> None:
     from tilegemm.analysis.sass import disassemble
 
     f = types.float32[:, ::1]
-    log, cubin = link(W.compile_sm90a(W.gemm_kernel(32).py_func, (f, f, f)), "sm_90a")
+    ptx = W.compile_sm90a(W.gemm_kernel(32).py_func, (f, f, f))
+    assert len(re.findall(r"\.shared \.align 128 ", ptx)) == 2
+    log, cubin = link(ptx, "sm_90a")
     text = disassemble(cubin)
     assert len(re.findall(r"HGMMA\.64x64x8\.F32\.TF32", text)) == 4  # bk / 8 per k-tile
     assert not re.search(r"\b(LDL|STL)\b", text)

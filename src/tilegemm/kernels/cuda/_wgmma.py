@@ -32,7 +32,11 @@ The instructions (:func:`wgmma_ops` returns them for the current mode):
   K-major operands (``imm-trans-a`` = ``imm-trans-b`` = 0);
 - ``smem_desc(arr, off, lbo, sbo)``: the descriptor of a matrix starting ``off`` bytes into
   the shared array ``arr`` (16-byte aligned), with leading-dimension byte offset ``lbo`` and
-  stride-dimension byte offset ``sbo`` and no swizzle (:func:`encode_desc`).
+  stride-dimension byte offset ``sbo`` and no swizzle (:func:`encode_desc`). The descriptor
+  drops the address's low 4 bits, and numba declares shared arrays only 4-byte aligned, so
+  declare ``arr`` with ``alignment=shared_alignment()`` (128 compiled; the simulator
+  refuses the keyword, so None there); a misaligned array would be read from the wrong
+  address on the GPU, which the simulator cannot show.
 
 Shared-memory layout without swizzle (PTX ISA "Shared Memory Matrix Layout"): the operand
 is cut into *core matrices* of 8 rows × 16 bytes (8×4 tf32 values, 8×8 16-bit values), each
@@ -284,6 +288,16 @@ def _py_mma(kind: str, n: int) -> Any:
     return mma
 
 
+def shared_alignment() -> int | None:
+    """The ``alignment=`` for shared arrays that descriptors point into: 128 bytes when
+    compiling (numba's default is 4, the descriptor needs 16, and 128 keeps the door open
+    to the 32- and 64-byte swizzles); None under the simulator, whose ``shared.array``
+    refuses the keyword (its arrays sit in a simulated window aligned to 1 KiB)."""
+    from tilegemm import simulator
+
+    return None if simulator.enabled() else 128
+
+
 @cache
 def wgmma_ops() -> WgmmaOps:
     """The instructions for the current mode (real compilation or the simulator)."""
@@ -454,8 +468,8 @@ def compile_sm90a(pyfunc: Any, sig: tuple) -> str:
 _GEMM = """
 def wgmma_gemm(A, B, C):
     m, n, k_len = C.shape[0], C.shape[1], A.shape[1]
-    sA = cuda.shared.array(SIZE, np.float32)
-    sB = cuda.shared.array(SIZE, np.float32)
+    sA = cuda.shared.array(SIZE, np.float32, alignment=ALIGN)
+    sB = cuda.shared.array(SIZE, np.float32, alignment=ALIGN)
     t = cuda.threadIdx.x
     i0 = cuda.blockIdx.y * 64
     j0 = cuda.blockIdx.x * 64
@@ -522,7 +536,8 @@ def gemm_kernel(bk: int = 32) -> Any:
     zeros = ") + (".join([", ".join(["z"] * 8)] * 4)
     source = (_GEMM.replace("#@ZEROS", zeros).replace("#@STEPS", "\n".join(steps))
               .replace("#@STORES", "\n".join(stores)))
-    namespace = {"cuda": cuda, "np": np, "BK": bk, "SIZE": 64 * bk, "LBO": lbo, "SBO": sbo,
+    namespace = {"cuda": cuda, "np": np, "BK": bk, "SIZE": 64 * bk, "ALIGN": shared_alignment(),
+                 "LBO": lbo, "SBO": sbo,
                  "to_tf32": tensorcore_ops().to_tf32, "fence": ops.fence, "commit": ops.commit,
                  "wait0": ops.wait(0), "fence_proxy_async": ops.fence_proxy_async,
                  "smem_desc": ops.smem_desc, "mma": ops.mma_tf32(64)}
