@@ -24,6 +24,8 @@ class FakeGpu:
 
     def __init__(self, name: str, cc: tuple[int, int]) -> None:
         self.name, self.compute_capability = name.encode(), cc
+        # the opt-in shared memory per block: 227 KiB on an H100, 163 KiB on an A100
+        self.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = (227 if cc >= (9, 0) else 163) * 1024
 
 
 @pytest.fixture
@@ -53,6 +55,9 @@ def test_device_index_chooses_the_gpu_and_its_limits(two_gpus) -> None:  # noqa:
     assert (t.name, t.arch, t.index, t.kind) == ("NVIDIA A100-SXM4-40GB", "sm_80", 1, "gpu")
     assert two_gpus.target().arch == "sm_90"  # the default: GPU 0
     assert two_gpus.target(1).key != two_gpus.target(0).key  # caches tell the GPUs apart
+    # each GPU's own opt-in shared memory (the mma rung's ring is checked against it)
+    assert (two_gpus.target(0).limits.shared_optin_per_block,
+            t.limits.shared_optin_per_block) == (227 * 1024, 163 * 1024)
 
 
 @pytest.mark.parametrize("bad", [2, -1, "1", True, 1.0])
