@@ -20,7 +20,6 @@ the device. Take the machine for yourself while it runs (``flock -x /work/cpu.lo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -36,14 +35,19 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from first_call import cpu_identity  # noqa: E402
-from opencl_vs_clblast import clblast_library_version, version  # noqa: E402
+from opencl_vs_clblast import clblast_library_version, square_problem, version  # noqa: E402
 
 from tilegemm import registry  # noqa: E402
 from tilegemm.backends import get_backend  # noqa: E402
 from tilegemm.backends.base import wall_clock_elapsed  # noqa: E402
-from tilegemm.bench.environment import cpu_family_model, cpu_name, git_commit, slug  # noqa: E402
+from tilegemm.bench.environment import (  # noqa: E402
+    cpu_family_model,
+    cpu_name,
+    git_commit,
+    write_cpu_results,
+    write_results,
+)
 from tilegemm.bench.timing import alternating, prepare_verified  # noqa: E402
-from tilegemm.problem import describe, make_problem  # noqa: E402
 from tilegemm.reference import assert_close  # noqa: E402
 
 
@@ -87,10 +91,7 @@ def main() -> int:
     load_before = os.getloadavg()
     rows = []
     for n in args.sizes:
-        rng = np.random.default_rng(n)
-        a = rng.uniform(-1, 1, (n, n)).astype(np.float32)
-        b = rng.uniform(-1, 1, (n, n)).astype(np.float32)
-        prob = make_problem(describe(a, "a"), describe(b, "b"))
+        a, b, prob = square_problem(n)
         calls: dict[str, Callable[[], Any]] = {}
         params: dict[str, dict[str, int]] = {}
         for tile in args.tiles:
@@ -167,12 +168,10 @@ def main() -> int:
         "results": rows,
     }
     if not args.no_save:
-        fm = cpu_family_model()
-        stem = "-".join(x for x in ("opencl-pocl-tiles", slug(cpu_name()), fm and f"m{fm}") if x)
-        out = args.out or ROOT / "benchmarks" / "results" / f"{stem}.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {out}")
+        if args.out:
+            write_results(args.out, record, ROOT)
+        else:
+            write_cpu_results(ROOT, "opencl-pocl-tiles", "", record)
     return 0
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata as md
-import json
 import os
 import platform
 import subprocess
@@ -34,7 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.bench.environment import cpu_family_model, cpu_name, git_commit, slug
+from tilegemm.bench.environment import (
+    cpu_family_model,
+    cpu_name,
+    git_commit,
+    slug,
+    write_cpu_results,
+    write_results,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
@@ -88,6 +94,15 @@ def ladder_table(backend: Any, queue: Any, n: int, reps: int) -> list[dict[str, 
     return rows
 
 
+def square_problem(n: int) -> tuple[np.ndarray, np.ndarray, Any]:
+    """Fresh float32 operands of an n×n×n product (seeded by n, so each script and run
+    times the same data) and its problem description."""
+    rng = np.random.default_rng(n)
+    a = rng.uniform(-1, 1, (n, n)).astype(np.float32)
+    b = rng.uniform(-1, 1, (n, n)).astype(np.float32)
+    return a, b, make_problem(describe(a, "a"), describe(b, "b"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048])
@@ -126,10 +141,7 @@ def main() -> int:
     load_before = os.getloadavg()
     rows = []
     for n in args.sizes:
-        rng = np.random.default_rng(n)
-        a = rng.uniform(-1, 1, (n, n)).astype(np.float32)
-        b = rng.uniform(-1, 1, (n, n)).astype(np.float32)
-        prob = make_problem(describe(a, "a"), describe(b, "b"))
+        a, b, prob = square_problem(n)
         flops = 2.0 * n**3
 
         if args.kernel == "auto":  # what kernel="auto" runs for this size (database included)
@@ -222,12 +234,10 @@ def main() -> int:
     }
     kind = "pocl" if "portable computing" in device.platform.name.lower() else slug(
         device.platform.name)
-    fm = cpu_family_model()
-    stem = "-".join(x for x in (f"opencl-{kind}", slug(cpu_name()), fm and f"m{fm}") if x)
-    out = args.out or ROOT / "benchmarks" / "results" / f"{stem}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    if args.out:
+        write_results(args.out, record, ROOT)
+    else:
+        write_cpu_results(ROOT, f"opencl-{kind}", "", record)
     return 0
 
 

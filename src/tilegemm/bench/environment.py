@@ -19,7 +19,7 @@ from tilegemm.backends.base import Backend, Target
 from tilegemm.backends.cpu import cpu_family_model, cpu_name
 
 __all__ = ["backend_info", "cpu_family_model", "cpu_name", "cpu_results_stem", "git_commit",
-           "host_info", "numpy_blas", "slug", "versions", "write_cpu_results"]
+           "host_info", "numpy_blas", "slug", "versions", "write_cpu_results", "write_results"]
 
 
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
@@ -127,17 +127,26 @@ def cpu_results_stem(kind: str, isa: str) -> str:
     return "-".join(part for part in (kind, slug(cpu_name()), isa, fm and f"m{fm}") if part)
 
 
+def write_results(path: Path, doc: dict[str, Any], root: Path | None = None,
+                  indent: int = 2) -> Path:
+    """Write a benchmark's results document to ``path`` (folders made as needed) and say
+    so, relative to ``root`` (the repository) when inside it: the one writer of the
+    benchmark scripts."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=indent) + "\n")
+    shown = path.relative_to(root) if root is not None and path.is_relative_to(root) else path
+    print(f"wrote {shown}")
+    return path
+
+
 def write_cpu_results(root: Path, kind: str, isa: str, doc: dict[str, Any],
                       indent: int = 2, suffix: str = "") -> Path:
     """Write a CPU benchmark's results document to
     ``<root>/benchmarks/results/<stem><suffix>.json`` (``root``: the repository; the stem
-    from :func:`cpu_results_stem`; ``suffix`` tells apart a second run under other settings)
-    and say so: the one writer of the benchmark scripts."""
+    from :func:`cpu_results_stem`, ``isa`` "" for results that do not depend on it;
+    ``suffix`` tells apart a second run under other settings)."""
     path = root / "benchmarks" / "results" / f"{cpu_results_stem(kind, isa)}{suffix}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=indent) + "\n")
-    print(f"wrote {path.relative_to(root)}")
-    return path
+    return write_results(path, doc, root, indent)
 
 
 def slug(text: str) -> str:
