@@ -318,3 +318,41 @@ def test_split_in_shared_memory_matches_the_fragment_split() -> None:
         T._py_split_tf32_at(shared, 4, 32)
     with pytest.raises(IndexError, match="outside a shared array"):
         T._py_split_tf32_at(shared, 0, 64)
+
+
+def test_sim_barrier_releases_all_and_gives_up_when_the_block_aborts() -> None:
+    """The emulations' warp barrier: every party released together; a party of a block
+    whose thread failed (the simulator sets ``abort``) stops waiting at once instead of
+    sitting out the timeout; and a party that never arrives still ends in the timeout."""
+    import threading
+    import time
+
+    from tilegemm.kernels.cuda._tensorcore import SimBarrier
+
+    def run(barrier: SimBarrier, n: int, abort_after: float | None = None) -> list[str]:
+        out: list[str] = []
+        def party() -> None:
+            try:
+                barrier.wait()
+                out.append("ok")
+            except RuntimeError:  # the block aborted
+                out.append("aborted")
+
+        threads = [threading.Thread(target=party) for _ in range(n)]
+        for t in threads:
+            t.abort = False  # type: ignore[attr-defined]
+            t.start()
+        if abort_after is not None:
+            time.sleep(abort_after)
+            for t in threads:
+                t.abort = True  # type: ignore[attr-defined]
+        for t in threads:
+            t.join(10)
+        return out
+
+    assert run(SimBarrier(4), 4) == ["ok"] * 4
+    start = time.monotonic()
+    assert run(SimBarrier(4, timeout=60), 3, abort_after=0.2) == ["aborted"] * 3  # one died
+    assert time.monotonic() - start < 5
+    with pytest.raises(threading.BrokenBarrierError, match="1 of 2 threads never arrived"):
+        SimBarrier(2, timeout=0.3).wait()

@@ -210,12 +210,56 @@ def _half_values(words: Any, kind: str) -> np.ndarray:
 
 _LOCK = threading.Lock()
 _TIMEOUT = 120.0  # seconds a lane waits for its warp before the emulation gives up
+_POLL = 0.1  # seconds between a waiting lane's looks at its block's abort flag
+
+
+class SimBarrier:
+    """A barrier for ``parties`` simulator threads that gives up at once when the block is
+    aborted.
+
+    When one thread of a block raises (an index past a shared array, say), numba's simulator
+    sets ``abort`` on every thread of the block and reports that exception; a lane waiting
+    here for the failed one must then stop too, instead of sitting out ``threading.Barrier``'s
+    timeout (120 s per negative-control launch). ``timeout`` still bounds a wait in which no
+    thread failed but one never arrives (a kernel whose lanes diverge at a warp-wide
+    instruction), and raises ``threading.BrokenBarrierError`` as ``threading.Barrier`` does.
+    The simulator can also miss a failed thread (it drops threads that have ended before
+    looking at their exception), and then only the timeout ends the wait.
+    """
+
+    def __init__(self, parties: int, timeout: float | None = None) -> None:
+        self.parties = parties
+        self.timeout = _TIMEOUT if timeout is None else timeout
+        self._cond = threading.Condition()
+        self._arrived = 0
+        self._generation = 0
+
+    def wait(self) -> None:
+        me = threading.current_thread()
+        with self._cond:
+            generation = self._generation
+            self._arrived += 1
+            if self._arrived == self.parties:
+                self._arrived = 0
+                self._generation += 1
+                self._cond.notify_all()
+                return
+            waited = 0.0
+            while generation == self._generation:
+                if getattr(me, "abort", False):
+                    raise RuntimeError("another thread of this block failed")
+                if waited >= self.timeout:
+                    raise threading.BrokenBarrierError(
+                        f"{self.parties - self._arrived} of {self.parties} threads never "
+                        f"arrived within {self.timeout:.0f} s")
+                self._cond.wait(_POLL)
+                waited += _POLL
 
 
 class _WarpSlot:
     def __init__(self) -> None:
         self.values: list[Any] = [None] * 32
-        self.barrier = threading.Barrier(32, timeout=_TIMEOUT)
+        self.barrier = SimBarrier(32)
 
 
 def warp_exchange(value: Any) -> list[Any]:

@@ -64,7 +64,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tilegemm.kernels.cuda._tensorcore import bf16_value, tf32_truncate
+from tilegemm.kernels.cuda._tensorcore import SimBarrier, bf16_value, tf32_truncate
 
 WARPGROUP = 128  # threads that issue one wgmma together
 SWIZZLE_MODES = {"none": 0, "128B": 1, "64B": 2, "32B": 3}  # descriptor bits 62-63
@@ -142,7 +142,6 @@ def d_layout(thread: int, i: int) -> tuple[int, int]:
 # --- simulator stand-ins ------------------------------------------------------------------
 
 _LOCK = threading.Lock()
-_TIMEOUT = 120.0  # seconds a thread waits for its warpgroup before the stand-in gives up
 _WINDOW_START = 1024  # first simulated shared address (so a zero descriptor points nowhere)
 
 
@@ -160,7 +159,7 @@ def _block_state() -> tuple[Any, dict]:
 class _GroupSlot:
     def __init__(self) -> None:
         self.values: list[Any] = [None] * WARPGROUP
-        self.barrier = threading.Barrier(WARPGROUP, timeout=_TIMEOUT)
+        self.barrier = SimBarrier(WARPGROUP)
 
 
 def group_exchange(value: Any) -> list[Any]:
