@@ -30,19 +30,28 @@ HOST_FLUSH_BYTES = 64 * 1024 * 1024
 
 
 @cache
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none): the one
+    read of that file behind :func:`cpu_name` and :func:`cpu_family_model`."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the first processor's block is enough
+        key, _, value = line.partition(":")
+        fields[key.strip().lower()] = value.strip()
+    return fields
+
+
 def cpu_name() -> str:
     """The CPU model (from /proc/cpuinfo on Linux), else what ``platform`` knows; the one
     reader used by results files, benchmark scripts and the tuning cache's device key."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "CPU"
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "CPU"
 
 
-@cache
 def cpu_family_model() -> str:
     """``<family>-<model>`` from /proc/cpuinfo (``6-207`` for an Emerald Rapids Xeon), or "".
 
@@ -50,16 +59,7 @@ def cpu_family_model() -> str:
     Processor"), which is the same for several generations; the family and model numbers
     tell them apart.
     """
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            break  # the first processor's block is enough
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
+    fields = _cpuinfo()
     family, model = fields.get("cpu family", ""), fields.get("model", "")
     return f"{family}-{model}" if family and model else ""
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -139,8 +140,6 @@ def build_problem(device: Any) -> str:
 def _platform_label(device: Any) -> str:
     """"PoCL 3.0-rc2 (LLVM 14.0.6)" from PoCL's long version string, else the platform's
     name and version."""
-    import re
-
     version = device.platform.version.strip()
     found = re.search(r"(PoCL \S+).*?(LLVM [\d.]+)", version)
     if found:
