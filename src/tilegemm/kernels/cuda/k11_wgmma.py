@@ -112,8 +112,8 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
         SA=BM * ROW, SB=BN * ROW, SA16=BM * ROW // 16, SB16=BN * ROW // 16,
         B_BYTES=STAGES * BM * ROW, A_OFF=0, A_TILE=BM * BK, A_W=BK, WG_A=64 * ROW, ATOM=ATOM,
         ALIGN=shared_alignment(ATOM), load=load, store=store, address=address,
-        f32=np.float32, u64=np.uint64, elt={"float32": np.float32, "float16": np.float16,
-                                            "bfloat16": np.int16}[dtype],
+        f32=np.float32, u64=np.uint64, u32=np.uint32, i64=np.int64,
+        elt={"float32": np.float32, "float16": np.float16, "bfloat16": np.int16}[dtype],
         cp16=tc.cp_async16, cp4=tc.cp_async4, commit_cp=tc.cp_commit,
         wait_ring=tc.cp_wait(max(P - 1, 0)), wait_all=tc.cp_wait(0), to_tf32=tc.to_tf32,
         round_tf32=tc.round_tf32_at, fence=wg.fence, commit=wg.commit, wait0=wg.wait(0),
@@ -221,10 +221,15 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
         zb = z if B.shape[0] > 1 else 0
         tile = cuda.blockIdx.x
         while tile < tiles_m * tiles_n:
-            first = (tile // group) * GROUP_M
+            # mma's grouped order, divided in 32 bits: a 64-bit division is a subroutine
+            # call, and ptxas serializes every wgmma of a function that makes one
+            gi = i64(u32(tile) // u32(group))
+            gr = tile - gi * group
+            first = gi * GROUP_M
             gsize = min(tiles_m - first, GROUP_M)
-            row0 = (first + (tile % group) % gsize) * BM
-            col0 = ((tile % group) // gsize) * BN
+            gj = i64(u32(gr) // u32(gsize))
+            row0 = (first + gr - gj * gsize) * BM
+            col0 = gj * BN
             acc = #@ZEROS
             # Prologue: tiles 0..P-1 in flight, one cp.async group each.
             for s in range(P):
