@@ -5,8 +5,9 @@ numba-cuda's own disk cache; these tests check the file and its key (what must c
 and what must not), that a second process reuses the file untouched (numba keys its cubins
 to the file's time and size), the uncached paths (``off``, an unwritable directory), the
 guard that turns an unreadable numba cache entry into a warning and a rebuild, and
-``tilegemm cache``. Compiling to a cubin needs a GPU: the last test, which counts the
-compilations of a second process, runs only on one (TILEGEMM_GPU_TESTS=1).
+``tilegemm cache``. One test compiles a rung through the dispatcher to a cubin with the
+device's answers stood in for, and counts the compilations of a second process; the last
+test does the same on a real GPU (TILEGEMM_GPU_TESTS=1), launching the kernel.
 """
 
 from __future__ import annotations
@@ -188,6 +189,45 @@ def test_second_process_reuses_the_file_untouched(tmp_path):
     # numba's index is valid only while the source file keeps its time and size
     assert (after.st_ino, after.st_mtime_ns, after.st_size) == (
         before.st_ino, before.st_mtime_ns, before.st_size)
+
+
+# A whole compile through the dispatcher with no GPU: only the device's answers are stood
+# in for (an sm_90 device; bind() builds the cubin, as it does before numba saves a kernel,
+# but cannot load it without a driver). numba's lowering, NVVM, nvJitLink, the save and the
+# load are the real ones.
+COMPILE = """
+import hashlib, json
+from types import SimpleNamespace
+from numba.cuda import codegen, dispatcher
+from numba.cuda.cudadrv import runtime
+CC = (9, 0, "a")
+dispatcher.get_current_device = lambda: SimpleNamespace(compute_capability=CC[:2])
+codegen.JITCUDACodegen.magic_tuple = lambda self: (runtime.get_version(), CC[:2])
+codegen.CUDACodeLibrary._ensure_cc = lambda self, cc: CC if cc is None else cc
+dispatcher._Kernel.bind = lambda self: self._codelibrary.get_cubin()
+from tilegemm import compile_cache, registry
+spec = registry.get("vectorized", "cuda")
+program = spec.program(spec.resolve(spec.sim_params), "float32")
+kernel = program.kernel.compile(program.signature("float32"))
+cubin = kernel._codelibrary._cubin_cache[CC]
+print(json.dumps({"stats": compile_cache.STATS,
+                  "cubin": hashlib.sha256(bytes(cubin.code)).hexdigest()}))
+"""
+
+
+@offline
+@pytest.mark.slow
+def test_second_process_loads_the_compiled_kernel_instead_of_compiling(tmp_path):
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path), NUMBA_ENABLE_CUDASIM="0")
+    env.pop("NUMBA_CACHE_DIR", None)
+    runs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
+                             text=True, check=True, timeout=300)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert runs[0]["stats"] == {"compiled": 1, "loaded": 0}
+    assert runs[1]["stats"] == {"compiled": 0, "loaded": 1}
+    assert runs[1]["cubin"] == runs[0]["cubin"]  # the saved cubin itself
 
 
 @offline

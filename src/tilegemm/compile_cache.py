@@ -1,16 +1,17 @@
-"""The persistent compile cache: compiled CPU kernels kept on disk across processes.
+"""The persistent compile cache: compiled kernels kept on disk across processes.
 
-A Numba rung compiles for seconds; without a cache every new Python process pays that on
-its first call. The blocked CPU rung is written out as one small Python module per
-(parameters, dtype) with its parameters as constants, and Numba's own on-disk cache stores
-the machine code beside that module (``__pycache__``), so the next process loads it in a
-fraction of a second.
+A Numba rung compiles for seconds (a written-out CUDA rung for tens of seconds); without a
+cache every new Python process pays that on its first call. The blocked CPU rung is
+written out as one small Python module per (parameters, dtype) with its parameters as
+constants, and Numba's own on-disk cache stores the machine code beside that module
+(``__pycache__``), so the next process loads it in a fraction of a second. The written-out
+CUDA rungs are kept the same way (below).
 
 Where: ``$TILEGEMM_KERNEL_CACHE`` if set (``off`` or ``0`` turns the cache off), else
 ``kernels/`` under the tuning cache's directory (``$TILEGEMM_CACHE_DIR``, else
 ``platformdirs.user_cache_dir("tilegemm")``).
 
-Key: the file name holds a hash of the module's full source (the kernel template, the
+Key (CPU): the file name holds a hash of the module's full source (the kernel template, the
 parameters and dtype), the versions of tilegemm, Numba, llvmlite and Python, and the CPU
 model and features, so a cache written by another version or on another CPU is simply
 not found (Numba also checks the CPU and its own version itself). ``tilegemm cache``
@@ -31,6 +32,20 @@ so tilegemm records their sizes and times after use; an entry changed since then
 overwritten) gives the warning and is deleted before PoCL starts, and PoCL rebuilds it.
 Other drivers cache builds themselves (NVIDIA) or through PyOpenCL's binary cache (AMD and
 the rest).
+
+CUDA rungs on a GPU: a rung whose kernel is generated as source (vectorized and up,
+``kernels/cuda/_codegen.py``) has that source written to ``cuda-jit/<kernel>-<hash>.py``
+and imported with the kernel's globals (:func:`load_kernel_module`), and is jitted with
+numba-cuda's own cache, which keeps the compiled kernel, cubin included, in
+``cuda-jit/__pycache__``. numba-cuda's index adds the signature, the GPU's compute
+capability and the NVRTC and numba-cuda versions; the file name adds what the file does
+not show: a fingerprint of the kernel's globals (constants, intrinsics, the device
+functions it calls), its launch bounds, a hash of tilegemm's CUDA kernel sources and the
+versions of tilegemm, Numba, numba-cuda, Python, the CUDA compiler packages and the driver
+(:func:`cuda_versions`). An entry numba cannot read back gives the warning, is deleted and
+recompiled; saves of one kernel take a lock file. Under numba's simulator nothing is
+cached (the kernel is exec'd from memory as before), and the hand-written rungs 1–5, which
+compile in about a second, are not cached. See ``kernels/cuda/_jit.py``.
 
 CUDA rungs compiled without a GPU (for ``kernels --resources`` and ``explain --sass``) keep
 their PTX, one JSON file per (rung, parameters, dtype) holding the text for every

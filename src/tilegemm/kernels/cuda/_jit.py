@@ -39,7 +39,11 @@ What keys the entry:
 A cache is never a reason to fail: an entry numba cannot read back (a truncated index or
 data file) gives a :class:`~tilegemm.compile_cache.CompileCacheWarning`, is deleted and
 recompiled; a save that fails warns; an unwritable directory warns and the kernel compiles
-in memory as before; ``TILEGEMM_KERNEL_CACHE=off`` turns it off. Hand-written rungs (1–5)
+in memory as before; ``TILEGEMM_KERNEL_CACHE=off`` turns it off. Two processes compiling
+one kernel at once are safe (the module file is written under a temporary name and renamed;
+numba's saves of one kernel wait for each other on a lock file). ``NUMBA_CACHE_DIR``, if
+set, moves numba's files there (then ``tilegemm cache --clear`` does not remove them).
+Loads and compilations are counted in ``compile_cache.STATS``. Hand-written rungs (1–5)
 are closures of their ``build()`` that compile in about a second and call intrinsics from
 other files, which numba's index would not notice changing, so they are not cached.
 
