@@ -155,7 +155,8 @@ def test_every_written_out_rung_is_cached(tmp_path, monkeypatch, recwarn, rung, 
     assert isinstance(kernel._cache, CUDACache)
     [entry] = compile_cache.entries()
     assert entry.describe == {"kernel": rung, "backend": "cuda", "dtype": dtype,
-                              "params": params} and entry.current
+                              "params": params, "output": "compiled kernel"}
+    assert entry.current
 
 
 BUILD = """
@@ -366,7 +367,7 @@ def test_cache_command_lists_and_clears_cuda_entries(tmp_path, monkeypatch, caps
     registry._build.__wrapped__(spec, tuple(sorted(spec.resolve({}).items())), "float32")
     assert main(["cache"]) == 0
     out = capsys.readouterr().out
-    assert "1 entry" in out and "warptile" in out and "WNITER=2" in out
+    assert "1 entry" in out and "cuda warptile (compiled kernel)" in out and "WNITER=2" in out
     assert "float32" in out and "numba-cuda" in out
     assert main(["cache", "--clear"]) == 0
     assert "removed 1 entry" in capsys.readouterr().out

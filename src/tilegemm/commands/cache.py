@@ -47,7 +47,11 @@ def run(args: argparse.Namespace) -> int:
         for e in found:
             params = " ".join(f"{k}={v}" for k, v in e.describe.get("params", {}).items())
             versions = " ".join(f"{k} {v}" for k, v in e.versions.items())
-            table.add_row(e.describe.get("kernel", e.name), e.describe.get("dtype", ""), params,
+            kernel = " ".join(filter(None, (e.describe.get("backend"),
+                                            e.describe.get("kernel", e.name))))
+            if e.describe.get("output"):
+                kernel += f" ({e.describe['output']})"
+            table.add_row(kernel, e.describe.get("dtype", ""), params,
                           "yes" if e.current else "no (other version, CPU or driver)", versions,
                           f"{e.bytes / 1e3:.0f} kB")
         console.print(table)

@@ -125,7 +125,8 @@ def _kernel_module(fn: Callable[..., Any], source: str, options: dict[str, Any])
         warnings.warn(f"kernel {fn.__name__} is compiled without the cache: {exc}",
                       CompileCacheWarning, stacklevel=4)
         return None
-    key = {"describe": compile_cache.current_describe() or {"kernel": fn.__name__},
+    describe = compile_cache.current_describe() or {"kernel": fn.__name__}
+    key = {"describe": {**describe, "output": "compiled kernel"},
            "namespace": names, "jit": options, "sources": compile_cache.cuda_sources_digest(),
            "versions": compile_cache.cuda_versions()}
     module = compile_cache.load_kernel_module(fn.__name__, source, key, namespace)
