@@ -225,7 +225,11 @@ class KernelSpec:
 
 @cache
 def _build(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str) -> Any:
-    return spec.build(dict(params), np.dtype(dtype))
+    from tilegemm.compile_cache import describing  # how `tilegemm cache` lists what it keeps
+
+    with describing({"kernel": spec.name, "backend": spec.backend, "params": dict(params),
+                     "dtype": dtype}):
+        return spec.build(dict(params), np.dtype(dtype))
 
 
 def _discover_backend(backend: str) -> list[KernelSpec]:
