@@ -83,6 +83,7 @@ class WgmmaOps(NamedTuple):
     smem_desc_128b: Any  # smem_desc_128b(arr, off, sbo): a K-major 128-byte-swizzle descriptor
     sts4_at: Any  # sts4_at(arr, off, v0, v1, v2, v3): one 16-byte shared store
     pack_halves: Any  # pack_halves(lo, hi) -> uint32: two 16-bit values' bits, lo first
+    load_at: Any  # load_at(arr, idx, off): arr's element at element offset off (= idx's)
 
 
 # --- descriptor and layouts (PTX ISA), shared by the stand-ins, kernels and tests ---------
@@ -319,6 +320,14 @@ def _py_pack_halves(lo: Any, hi: Any) -> np.uint32:
     return np.uint32(_bits16(lo) | _bits16(hi) << 16)
 
 
+def _py_load_at(arr: Any, idx: Any, off: Any) -> Any:
+    isz = arr.dtype.itemsize
+    expect = sum(int(i) * (st // isz) for i, st in zip(idx, arr.strides))
+    if int(off) != expect:
+        raise AssertionError(f"load_at: offset {off} is not that of index {idx} ({expect})")
+    return arr[tuple(int(i) for i in idx)]
+
+
 class _Issue(threading.local):
     def __init__(self) -> None:
         self.fenced = False
@@ -409,7 +418,7 @@ def wgmma_ops() -> WgmmaOps:
         return WgmmaOps(_py_fence, _py_commit, _py_wait, _py_fence_proxy_async,
                         lambda n: _py_mma("tf32", n), lambda n: _py_mma("bf16", n),
                         lambda n: _py_mma("f16", n), _py_smem_desc, _py_smem_desc_128b,
-                        _py_sts4_at, _py_pack_halves)
+                        _py_sts4_at, _py_pack_halves, _py_load_at)
     return _compiled_ops()
 
 
@@ -615,9 +624,26 @@ def _compiled_ops() -> WgmmaOps:
 
         return sig, codegen
 
+    @intrinsic
+    def load_at(typingctx: Any, arr: Any, idx: Any, off: Any) -> Any:
+        if not isinstance(arr, types.Array) or not isinstance(off, types.Integer):
+            raise TypingError("load_at: needs an array, an index tuple and an integer offset")
+        sig = arr.dtype(arr, idx, off)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            arrty, _, offty = sig.args
+            ary = context.make_array(arrty)(context, builder, value=args[0])
+            ptr = builder.gep(ary.data, [context.cast(builder, args[2], offty, types.int64)])
+            v = builder.load(ptr)
+            # the operands are read-only for the whole kernel: ld.global.nc may serve it
+            v.set_metadata("invariant.load", builder.module.add_metadata([]))
+            return v
+
+        return sig, codegen
+
     return WgmmaOps(fence, commit, wait, fence_proxy_async, lambda n: mma("tf32", n),
                     lambda n: mma("bf16", n), lambda n: mma("f16", n), smem_desc,
-                    smem_desc_128b, sts4_at, pack_halves)
+                    smem_desc_128b, sts4_at, pack_halves, load_at)
 
 
 def compile_sm90a(pyfunc: Any, sig: tuple) -> str:

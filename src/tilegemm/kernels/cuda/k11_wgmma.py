@@ -24,6 +24,11 @@ next tiles. Only H100-class GPUs (compute capability 9.0, the architecture-speci
    column of B (a warp reads 32 adjacent columns: coalesced), rounds or packs them, and
    stores them as one 16-byte chunk of that column's row of the tile (conflict-free, one
    ``st.shared.v4``). TF32 A chunks are rounded in place by the thread that copied them.
+   Blocks wholly inside the operands run an interior loop while the tile being copied is
+   wholly inside K: A by unconditional 16-byte ``cp.async`` from per-thread addresses
+   bumped per k-tile (mma's interior copies), B by loads without bounds tests from
+   per-thread offsets bumped BK rows per k-tile; edge blocks and the last k-tiles take the
+   checked loader.
 3. Ordering, one barrier per k-tile: wait for this thread's copies of tile kt,
    ``fence.proxy.async`` (generic-proxy writes become visible to the tensor core), barrier,
    ``wgmma.fence``, four ``mma_async`` on stage kt, commit; then the copies of tile
@@ -60,7 +65,7 @@ from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
 from tilegemm.kernels.cuda._wgmma import shared_alignment, wgmma_ops
-from tilegemm.kernels.cuda.k10_mma import _put, _swz_fn, operand_round
+from tilegemm.kernels.cuda.k10_mma import _fast_copies, _put, _swz_fn, operand_round
 from tilegemm.launch import GROUP_M, ceil_div, flat_tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
 
@@ -119,6 +124,7 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
         round_tf32=tc.round_tf32_at, fence=wg.fence, commit=wg.commit, wait0=wg.wait(0),
         wait1=wg.wait(1), fence_proxy_async=wg.fence_proxy_async,
         smem_desc=wg.smem_desc_128b, sts4=wg.sts4_at, pack=wg.pack_halves,
+        load_at=wg.load_at, cp16_ptr=tc.cp_async16_ptr,
         mma={"float32": wg.mma_tf32, "float16": wg.mma_f16, "bfloat16": wg.mma_bf16}[dtype](BN),
     )
     # A's tile: mma's row-major [BM][BK] tile with 8 chunks a row, swizzled by r % 8: the
@@ -127,17 +133,19 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
     ns["put"] = _put()
     ns["load_stage"] = compile_source(_loader(tf32, VW), "load_stage", dict(ns))
 
+    # Per-thread copy bases: A's chunks (mma's interior copies: the byte offset ``da`` in
+    # a stage, the global address ``oa`` bumped per k-tile) and B's (``db``, ``ob``)
+    (bases, a_copies), offsets, bumps = _fast_copies({"BM": BM, "BK": BK}, NT, ROW // 16, 0,
+                                                     VW)
+    b_bases, b_offsets, b_bumps, b_copies = _fast_b(B_CHUNKS, NT, VW, tf32)
+    bases, offsets, bumps = bases + b_bases, offsets + b_offsets, bumps + b_bumps
     rounding = []
     if tf32:  # each thread rounds the A chunks it copied, in the stage about to be read
         for rnd in range(ceil_div(A_CHUNKS, NT)):
-            line = f"round_tf32(As, st * SA + ra{rnd})"
+            line = f"round_tf32(As, rsa + da{rnd})"
             rounding += [line] if (rnd + 1) * NT <= A_CHUNKS else [
                 f"if tid < {A_CHUNKS - rnd * NT}:", "    " + line]
-    bases = []
-    for rnd in range(ceil_div(A_CHUNKS, NT)):
-        bases += [f"ar{rnd} = (tid + {rnd * NT}) // ACH",
-                  f"ra{rnd} = ar{rnd} * 128 + (((tid + {rnd * NT}) % ACH) ^ (ar{rnd} % 8)) * 16"]
-    steps = [f"acc = mma(acc, da + u64({s * KSTEP // 16}), db + u64({s * KSTEP // 16}), 1)"
+    steps = [f"acc = mma(acc, dsa + u64({s * KSTEP // 16}), dsb + u64({s * KSTEP // 16}), 1)"
              for s in range(ROW // KSTEP)]
     epilogue = ["er = row0 + wg * 64 + 16 * w + g", "ec = col0 + 2 * q"]
     for i in range(BN // 2):
@@ -146,11 +154,42 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
     # eight-value tuples joined: a long tuple display becomes a list-to-tuple in CPython
     # 3.11's bytecode, which numba-cuda's bytecode reader refuses (BN/2 is a multiple of 8)
     zeros = " + ".join(["(" + ", ".join(["zf"] * 8) + ")"] * (BN // 16))
-    source = fill(KERNEL, {"BASES": bases, "ROUND": rounding or ["pass"], "STEPS": steps,
-                           "EPILOGUE": epilogue})
+    head = fill(ITERATION_HEAD, {"ROUND": rounding or ["pass"], "STEPS": steps})
+    source = fill(KERNEL, {"BASES": bases, "OFFSETS": offsets, "BUMP": bumps,
+                           "FAST_COPIES": a_copies + b_copies, "EPILOGUE": epilogue,
+                           "HEAD": head.splitlines()})
     source = source.replace("#@ZEROS", zeros)
     name = f"wgmma_{dtype}_kernel"
     return kernel_jit(NT, 1)(compile_source(source.replace("KERNEL_NAME", name), name, ns))
+
+
+def _fast_b(chunks: int, nt: int, vw: int, tf32: bool
+            ) -> tuple[list[str], list[str], list[str], list[str]]:
+    """B's interior copies: (per-thread bases, element offsets at the first fast k-tile,
+    what a k-tile adds to them, the copies of one k-tile). Chunk ``v = tid + rnd * NT`` is
+    column ``bn = v % BN`` and k ``bc * VW`` … of the tile: VW loads without bounds tests
+    down the column from one offset (``ob``, bumped BK rows per k-tile), rounded or packed,
+    and one 16-byte store at the fixed, swizzled byte offset ``db`` of the write stage."""
+    bases, offsets, bumps, copies = [], [], [], []
+    for rnd in range(ceil_div(chunks, nt)):
+        v = f"(tid + {rnd * nt})"
+        bases += [f"bn{rnd} = {v} % BN", f"bc{rnd} = {v} // BN",
+                  f"db{rnd} = B_BYTES + bn{rnd} * 128 + ((bc{rnd} ^ (bn{rnd} % 8)) * 16)"]
+        offsets.append(f"ob{rnd} = zb * sb0 + (kf + bc{rnd} * VW) * sb1 + col0 + bn{rnd}")
+        bumps.append(f"ob{rnd} += BK * sb1")
+        lines = [f"pb = ob{rnd}"]
+        for q in range(vw):
+            lines.append(f"x{q} = load_at(B, (zb, kf + bc{rnd} * VW + {q}, col0 + bn{rnd}), pb)")
+            if q < vw - 1:
+                lines.append("pb += sb1")
+        if tf32:
+            vals = ", ".join(f"to_tf32(x{q})" for q in range(vw))
+        else:
+            vals = ", ".join(f"pack(x{2 * h}, x{2 * h + 1})" for h in range(vw // 2))
+        lines.append(f"sts4(As, wsb + db{rnd}, {vals})")
+        copies += lines if (rnd + 1) * nt <= chunks else [
+            f"if tid < {chunks - rnd * nt}:", *("    " + x for x in lines)]
+    return bases, offsets, bumps, copies
 
 
 def _loader(tf32: bool, vw: int) -> str:
@@ -189,6 +228,20 @@ B_ROUND = """\
             #@B_VALUES
 """
 
+# The start of every k-tile of the main loop, in both of its paths: tile kt in stage
+# (byte offsets rsa in A's ring, rsb in B's) has landed; multiply it.
+ITERATION_HEAD = """\
+wait_ring()  # this thread's copies of tile kt have landed
+#@ROUND
+fence_proxy_async()  # this thread's shared writes, visible to the tensor core
+cuda.syncthreads()  # ... and everyone's; tile kt-2's products have all retired
+fence()
+dsa = dsa0 + u64(rsa >> 4)
+dsb = dsb0 + u64(rsb >> 4)
+#@STEPS
+commit()
+"""
+
 # The kernel, as source: #@ lines are replaced by generated code in _generate().
 KERNEL = """
 def KERNEL_NAME(A, B, C, alpha_in, beta_in):
@@ -202,12 +255,14 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
     q = tid % 4
     a_vec = (k_len % VW == 0 and address(A) % 16 == 0 and A.strides[2] == ISZ
              and A.strides[1] % 16 == 0 and A.strides[0] % 16 == 0)
+    sa0, sa1 = A.strides[0] // ISZ, A.strides[1] // ISZ  # strides in elements
+    sb0, sb1 = B.strides[0] // ISZ, B.strides[1] // ISZ
     # One dynamic shared buffer, 1024-byte aligned (the swizzle is applied to address
     # bits): A's STAGES tiles [BM rows][128 bytes], then from byte B_BYTES B's STAGES tiles
     # [BN rows][128 bytes], all in the 128-byte swizzle layout.
     As = cuda.shared.array(0, elt, alignment=ALIGN)
-    da0 = smem_desc(As, wg * WG_A, ATOM)  # this warpgroup's 64 rows of A, stage 0
-    db0 = smem_desc(As, B_BYTES, ATOM)
+    dsa0 = smem_desc(As, wg * WG_A, ATOM)  # descriptors: this warpgroup's 64 rows of A, stage 0
+    dsb0 = smem_desc(As, B_BYTES, ATOM)
     zf = f32(0)
     #@BASES
 
@@ -215,6 +270,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
     tiles_n = (n + BN - 1) // BN
     group = GROUP_M * tiles_n
     k_tiles = (k_len + BK - 1) // BK
+    k_fast = k_len // BK - P  # k-tiles whose successor P on is wholly inside K
     z = cuda.blockIdx.z
     while z < C.shape[0]:
         za = z if A.shape[0] > 1 else 0
@@ -238,25 +294,37 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
                                tid)
                 commit_cp()
             kt = 0
-            st = 0  # the stage of tile kt
+            rsa = 0  # byte offsets of the stage of tile kt in A's and B's rings
+            rsb = 0
             ws = P  # the stage tile kt + P is copied into
-            while kt < k_tiles:
-                wait_ring()  # this thread's copies of tile kt have landed
-                #@ROUND
-                fence_proxy_async()  # this thread's shared writes, visible to the tensor core
-                cuda.syncthreads()  # ... and everyone's; tile kt-2's products all retired
-                fence()
-                da = da0 + u64(st * SA16)
-                db = db0 + u64(st * SB16)
-                #@STEPS
-                commit()
+            if a_vec and row0 + BM <= m and col0 + BN <= n:
+                # Interior: while the tile being copied is wholly inside K, every copy is
+                # unchecked, from per-thread offsets that move by a constant per k-tile.
+                kf = P * BK  # k of the tile copied in this iteration
+                #@OFFSETS
+                while kt < k_fast:
+                    #@HEAD
+                    wsa = ws * SA  # into the stage of tile kt-2 (see the module docstring)
+                    wsb = ws * SB
+                    #@FAST_COPIES
+                    commit_cp()
+                    acc = wait1(acc)  # tile kt-1's product has retired; kt's may run on
+                    #@BUMP
+                    kf += BK
+                    kt += 1
+                    rsa = rsa + SA if rsa < (STAGES - 1) * SA else 0
+                    rsb = rsb + SB if rsb < (STAGES - 1) * SB else 0
+                    ws = ws + 1 if ws < STAGES - 1 else 0
+            while kt < k_tiles:  # edge blocks, and the last P k-tiles of any block
+                #@HEAD
                 if kt + P < k_tiles:  # into the stage of tile kt-2 (see the docstring)
                     load_stage(As, A, B, ws, (kt + P) * BK, za, zb, row0, col0, m, n, k_len,
                                a_vec, tid)
                 commit_cp()  # always, so cp.async group counts stay aligned with tiles
-                acc = wait1(acc)  # tile kt-1's product has retired; tile kt's may run on
+                acc = wait1(acc)  # tile kt-1's product has retired; kt's may run on
                 kt += 1
-                st = st + 1 if st < STAGES - 1 else 0
+                rsa = rsa + SA if rsa < (STAGES - 1) * SA else 0
+                rsb = rsb + SB if rsb < (STAGES - 1) * SB else 0
                 ws = ws + 1 if ws < STAGES - 1 else 0
             acc = wait0(acc)
             wait_all()
