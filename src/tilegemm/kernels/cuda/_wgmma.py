@@ -36,7 +36,17 @@ The instructions (:func:`wgmma_ops` returns them for the current mode):
   drops the address's low 4 bits, and numba declares shared arrays only 4-byte aligned, so
   declare ``arr`` with ``alignment=shared_alignment()`` (128 compiled; the simulator
   refuses the keyword, so None there); a misaligned array would be read from the wrong
-  address on the GPU, which the simulator cannot show.
+  address on the GPU, which the simulator cannot show;
+- ``smem_desc_128b(arr, off, sbo)``: the descriptor of a K-major operand in the 128-byte
+  swizzle layout (:func:`swizzle_offset`; swizzle mode 1, LBO unused): rows of 128 bytes,
+  8-row atoms ``sbo`` (1024) bytes apart. The hardware applies the swizzle to address bits
+  (:func:`swizzle_address`), so the atoms must be 1024-byte aligned
+  (``shared_alignment(1024)``); stepping along K inside a row adds to the start address;
+- ``sts4_at(arr, off, v0, v1, v2, v3)``: one 16-byte shared store (``st.shared.v4.b32``) of
+  four 32-bit values at byte ``off``; ``pack_halves(lo, hi)``: two 16-bit values' bits in
+  one uint32, ``lo`` in the low half; ``load_at(arr, idx, off)``: ``arr[idx]`` read from
+  the element offset ``off`` of the data pointer (the simulator checks that they agree),
+  so a kernel can keep per-thread offsets (rung wgmma's transposing B copies).
 
 Shared-memory layout without swizzle (PTX ISA "Shared Memory Matrix Layout"): the operand
 is cut into *core matrices* of 8 rows × 16 bytes (8×4 tf32 values, 8×8 16-bit values), each
@@ -397,10 +407,11 @@ def _py_mma(kind: str, n: int) -> Any:
 
 
 def shared_alignment(nbytes: int = 128) -> int | None:
-    """The ``alignment=`` for shared arrays that descriptors point into: 128 bytes when
-    compiling (numba's default is 4, the descriptor needs 16, and 128 keeps the door open
-    to the 32- and 64-byte swizzles); None under the simulator, whose ``shared.array``
-    refuses the keyword (its arrays sit in a simulated window aligned to 1 KiB)."""
+    """The ``alignment=`` for shared arrays that descriptors point into: ``nbytes`` when
+    compiling (numba's default is 4 and the descriptor needs 16; 128 by default, 1024 for
+    the 128-byte swizzle, whose atoms must be aligned); None under the simulator, whose
+    ``shared.array`` refuses the keyword (its arrays sit in a simulated window aligned to
+    1 KiB)."""
     from tilegemm import simulator
 
     return None if simulator.enabled() else nbytes
