@@ -1,16 +1,17 @@
-"""The persistent compile cache: compiled CPU kernels kept on disk across processes.
+"""The persistent compile cache: compiled kernels kept on disk across processes.
 
-A Numba rung compiles for seconds; without a cache every new Python process pays that on
-its first call. The blocked CPU rung is written out as one small Python module per
-(parameters, dtype) with its parameters as constants, and Numba's own on-disk cache stores
-the machine code beside that module (``__pycache__``), so the next process loads it in a
-fraction of a second.
+A Numba rung compiles for seconds (a written-out CUDA rung for tens of seconds); without a
+cache every new Python process pays that on its first call. The blocked CPU rung is
+written out as one small Python module per (parameters, dtype) with its parameters as
+constants, and Numba's own on-disk cache stores the machine code beside that module
+(``__pycache__``), so the next process loads it in a fraction of a second. The written-out
+CUDA rungs are kept the same way (below).
 
 Where: ``$TILEGEMM_KERNEL_CACHE`` if set (``off`` or ``0`` turns the cache off), else
 ``kernels/`` under the tuning cache's directory (``$TILEGEMM_CACHE_DIR``, else
 ``platformdirs.user_cache_dir("tilegemm")``).
 
-Key: the file name holds a hash of the module's full source (the kernel template, the
+Key (CPU): the file name holds a hash of the module's full source (the kernel template, the
 parameters and dtype), the versions of tilegemm, Numba, llvmlite and Python, and the CPU
 model and features, so a cache written by another version or on another CPU is simply
 not found (Numba also checks the CPU and its own version itself). ``tilegemm cache``
@@ -32,6 +33,20 @@ overwritten) gives the warning and is deleted before PoCL starts, and PoCL rebui
 Other drivers cache builds themselves (NVIDIA) or through PyOpenCL's binary cache (AMD and
 the rest).
 
+CUDA rungs on a GPU: a rung whose kernel is generated as source (vectorized and up,
+``kernels/cuda/_codegen.py``) has that source written to ``cuda-jit/<kernel>-<hash>.py``
+and imported with the kernel's globals (:func:`load_kernel_module`), and is jitted with
+numba-cuda's own cache, which keeps the compiled kernel, cubin included, in
+``cuda-jit/__pycache__``. numba-cuda's index adds the signature, the GPU's compute
+capability and the NVRTC and numba-cuda versions; the file name adds what the file does
+not show: a fingerprint of the kernel's globals (constants, intrinsics, the device
+functions it calls), its launch bounds, a hash of tilegemm's CUDA kernel sources and the
+versions of tilegemm, Numba, numba-cuda, Python, the CUDA compiler packages and the driver
+(:func:`cuda_versions`). An entry numba cannot read back gives the warning, is deleted and
+recompiled; saves of one kernel take a lock file. Under numba's simulator nothing is
+cached (the kernel is exec'd from memory as before), and the hand-written rungs 1–5, which
+compile in about a second, are not cached. See ``kernels/cuda/_jit.py``.
+
 CUDA rungs compiled without a GPU (for ``kernels --resources`` and ``explain --sass``) keep
 their PTX, one JSON file per (rung, parameters, dtype) holding the text for every
 architecture, in ``cuda/`` beside the CPU entries (:func:`cached_texts`). Their key adds a
@@ -42,7 +57,9 @@ parallel processes (e.g. test workers) wait for one compile instead of each comp
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
+import functools
 import hashlib
 import importlib.util
 import json
@@ -53,7 +70,7 @@ import shutil
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -61,6 +78,8 @@ from typing import Any
 
 ENV = "TILEGEMM_KERNEL_CACHE"
 SUBDIR = "cpu"
+CUDA_SUBDIR = "cuda-jit"  # generated CUDA kernels as modules; numba-cuda's cache beside them
+MODULE_SUBDIRS = (SUBDIR, CUDA_SUBDIR)  # folders of module entries (load_module and kin)
 POCL_SUBDIR = "pocl"  # PoCL's own kernel cache, when tilegemm chose where it lives
 TEXT_SUBDIRS = ("cuda",)  # keyed stores of compiled text (cached_texts)
 _TEXT_HEADER = "tilegemm compiled-kernel cache entry"
@@ -180,6 +199,65 @@ def _versions() -> dict[str, str]:
             "llvmlite": llvmlite.__version__, "python": platform.python_version()}
 
 
+def cuda_versions() -> dict[str, str]:
+    """What a cached CUDA kernel's machine code depends on besides its source: tilegemm,
+    Numba, numba-cuda and Python, the CUDA compiler packages (NVVM, NVRTC, nvJitLink,
+    cuda-bindings) and the driver ("none" without one). numba-cuda adds the compute
+    capability and NVRTC version itself (its codegen's ``magic_tuple``)."""
+    return {**_versions(), **_cuda_packages(), "driver": _driver_version()}
+
+
+@functools.cache
+def _cuda_packages() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for dist in ("numba-cuda", "cuda-bindings", "nvidia-nvvm", "nvidia-cuda-nvrtc",
+                 "nvidia-nvjitlink"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[dist] = version(dist)
+    return out
+
+
+@functools.cache
+def _driver_version() -> str:
+    """The CUDA driver's version, asked without creating a context; "none" without one."""
+    try:
+        from cuda.bindings import driver
+
+        err, v = driver.cuDriverGetVersion()
+        return str(v) if int(err) == 0 else "none"
+    except Exception:  # noqa: BLE001 - no driver library, or an old binding: no version
+        return "none"
+
+
+@functools.cache
+def cuda_sources_digest() -> str:
+    """A hash of tilegemm's Numba CUDA kernel sources: the generators, and the intrinsics
+    and device functions a generated kernel calls (their code is compiled into it)."""
+    return source_digest((Path(__file__).parent / "kernels" / "cuda").glob("*.py"))
+
+
+_DESCRIBE: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "tilegemm_compile_describe", default=None)
+
+
+@contextlib.contextmanager
+def describing(describe: dict[str, Any]) -> Iterator[None]:
+    """Kernels compiled inside are listed by ``tilegemm cache`` as ``describe`` (rung,
+    parameters, dtype): the rung's build() knows them, the cache it reaches does not."""
+    token = _DESCRIBE.set(describe)
+    try:
+        yield
+    finally:
+        _DESCRIBE.reset(token)
+
+
+def current_describe() -> dict[str, Any] | None:
+    """The description set by the innermost :func:`describing`, if any."""
+    return _DESCRIBE.get()
+
+
 def _cpu_key() -> str:
     """CPU model and the LLVM feature string Numba compiles for."""
     from llvmlite import binding as llvm
@@ -220,19 +298,10 @@ def load_module(name: str, source: str, describe: dict[str, Any]) -> ModuleType:
     if root is None:
         return _exec_uncached(stem, source)
     folder = root / SUBDIR
-    text = (f"# tilegemm compiled-kernel cache entry: {json.dumps(key, sort_keys=True)}\n"
+    text = (f"# {_TEXT_HEADER}: {json.dumps(key, sort_keys=True)}\n"
             + source.replace("\nCACHE = False\n", "\nCACHE = True\n", 1))
     path = folder / f"{stem}.py"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise PermissionError(f"{folder} is not writable")
-        if not path.is_file() or path.read_text() != text:
-            _write_atomic(path, text)  # rewritten only when different: Numba checks its mtime
-    except OSError as exc:
-        warnings.warn(f"kernel cache {folder} cannot be used ({exc}); compiling without it "
-                      f"(set {ENV} to a writable directory, or to 'off')",
-                      CompileCacheWarning, stacklevel=3)
+    if not _write_entry(path, text):
         return _exec_uncached(stem, source)
     try:
         return _import(stem, path)
@@ -243,6 +312,58 @@ def load_module(name: str, source: str, describe: dict[str, Any]) -> ModuleType:
         _remove_entry(folder, stem)
         _write_atomic(path, text)
         return _import(stem, path)  # a second failure is a real error, not the cache's
+
+
+def _write_entry(path: Path, text: str) -> bool:
+    """Make ``path`` hold ``text``, rewriting it only when it differs: numba keys its cached
+    code to the source file's modification time and size, so an unchanged file must keep
+    them. False, with a :class:`CompileCacheWarning`, when the directory cannot be used."""
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise PermissionError(f"{folder} is not writable")
+        if not path.is_file() or path.read_text() != text:
+            _write_atomic(path, text)
+    except OSError as exc:
+        warnings.warn(f"kernel cache {folder} cannot be used ({exc}); compiling without it "
+                      f"(set {ENV} to a writable directory, or to 'off')",
+                      CompileCacheWarning, stacklevel=4)
+        return False
+    return True
+
+
+def load_kernel_module(name: str, source: str, key: dict[str, Any],
+                       namespace: dict[str, Any]) -> ModuleType | None:
+    """Write a generated CUDA kernel's ``source`` to ``cuda-jit/<name>-<hash>.py`` and
+    import it with ``namespace`` as its initial globals; None when the cache is off or its
+    directory cannot be used (warned), and the caller compiles in memory.
+
+    A kernel defined in a real file is one numba-cuda's ``cache=True`` can keep: its cubin
+    goes to ``cuda-jit/__pycache__``, indexed by the file's time and size, the signature,
+    the compute capability and NVRTC version, and the numba-cuda version. What the file
+    does not show, ``key`` must: the globals the kernel is compiled with (numba freezes them
+    into the code, and its index does not hash them), the jit options, the tilegemm CUDA
+    sources they come from, and the versions (:func:`cuda_versions`). ``key["describe"]``
+    is shown by ``tilegemm cache``. The file is rewritten only when its text changes, so a
+    second process finds numba's index still valid.
+    """
+    root = cache_root()
+    if root is None:
+        return None
+    digest = hashlib.sha256((source + json.dumps(key, sort_keys=True)).encode()).hexdigest()
+    stem = f"{name}-{digest[:20]}"
+    path = root / CUDA_SUBDIR / f"{stem}.py"
+    if not _write_entry(path, f"# {_TEXT_HEADER}: {json.dumps(key, sort_keys=True)}\n"
+                              + source):
+        return None
+    try:
+        return _import(stem, path, namespace)
+    except Exception as exc:  # noqa: BLE001 - the in-memory path still works
+        warnings.warn(f"kernel cache entry {path.name} could not be imported "
+                      f"({type(exc).__name__}: {exc}); compiling without the cache",
+                      CompileCacheWarning, stacklevel=2)
+        return None
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -256,11 +377,12 @@ def _write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def _import(stem: str, path: Path) -> ModuleType:
+def _import(stem: str, path: Path, namespace: dict[str, Any] | None = None) -> ModuleType:
     modname = "tilegemm_kernel_" + stem.replace("-", "_")
     spec = importlib.util.spec_from_file_location(modname, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    module.__dict__.update(namespace or {})  # before the body runs: its names are globals
     sys.modules[modname] = module  # Numba's cache finds functions through their module
     try:
         spec.loader.exec_module(module)
@@ -303,12 +425,17 @@ def entries() -> list[CacheEntry]:
     root = cache_root()
     if root is None:
         return []
-    folder = root / SUBDIR
-    if not folder.is_dir():
-        return _text_entries(root) + _pocl_entries(root)
-    now = {"versions": _versions(), "cpu": _cpu_key()}
+    return (_module_entries(root / SUBDIR, {"versions": _versions(), "cpu": _cpu_key()})
+            + _module_entries(root / CUDA_SUBDIR, {"versions": cuda_versions(),
+                                                   "sources": cuda_sources_digest()})
+            + _text_entries(root) + _pocl_entries(root))
+
+
+def _module_entries(folder: Path, now: dict[str, Any]) -> list[CacheEntry]:
+    """One entry per module file (its first line holds its key); current when the parts
+    of the key in ``now`` match this process's."""
     out = []
-    for path in sorted(folder.glob("*.py")):
+    for path in sorted(folder.glob("*.py")) if folder.is_dir() else ():
         try:
             first = path.read_text().split("\n", 1)[0]
             key = json.loads(first.split(":", 1)[1])
@@ -317,9 +444,8 @@ def entries() -> list[CacheEntry]:
         size = path.stat().st_size + sum(
             p.stat().st_size for p in (folder / "__pycache__").glob(f"{path.stem}*"))
         out.append(CacheEntry(path.stem, key.get("describe", {}), key.get("versions", {}),
-                              key.get("versions") == now["versions"]
-                              and key.get("cpu") == now["cpu"], size))
-    return out + _text_entries(root) + _pocl_entries(root)
+                              all(key.get(k) == v for k, v in now.items()), size))
+    return out
 
 
 def _pocl_entries(root: Path) -> list[CacheEntry]:
@@ -357,7 +483,7 @@ def clear() -> int:
     root = cache_root()
     n = len(entries())
     if root is not None:
-        for sub in (SUBDIR, *TEXT_SUBDIRS, POCL_SUBDIR):
+        for sub in (*MODULE_SUBDIRS, *TEXT_SUBDIRS, POCL_SUBDIR):
             if (root / sub).is_dir():
                 shutil.rmtree(root / sub, ignore_errors=True)
     return n

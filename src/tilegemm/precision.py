@@ -125,7 +125,8 @@ def _auto_tensor_rung(specs: list[registry.KernelSpec], backend: str, params: di
         raise InvalidValueError(
             f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
             "chooses its own)")
-    spec = max(specs, key=lambda s: s.rung)
+    # (a rung that runs only when named, see KernelSpec.named_only, is passed over)
+    spec = max([s for s in specs if not s.named_only] or specs, key=lambda s: s.rung)
     if _simulated(backend):
         params = {k: v for k, v in (spec.sim_params or {}).items()
                   if k != spec.precision_param}

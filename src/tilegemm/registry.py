@@ -128,6 +128,13 @@ class KernelSpec:
     # device's opt-in maximum per block (Limits.shared_optin_per_block), not only the 48 KB
     # a kernel may declare statically. Rung mma's cp.async ring.
     dynamic_smem: bool = False
+    # The one compute capability whose architecture-specific instructions the rung uses
+    # (rung wgmma: (9, 0), the sm_90a target): compiled for that target only, and refused
+    # on any other GPU (a newer one lacks them too).
+    only_cc: tuple[int, int] | None = None
+    # Runs only when named (kernel="wgmma"): kernel="auto" and the tuner's untuned baseline
+    # pass it over. For a rung not yet verified on hardware.
+    named_only: bool = False
 
     @property
     def key(self) -> str:
@@ -218,7 +225,11 @@ class KernelSpec:
 
 @cache
 def _build(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str) -> Any:
-    return spec.build(dict(params), np.dtype(dtype))
+    from tilegemm.compile_cache import describing  # how `tilegemm cache` lists what it keeps
+
+    with describing({"kernel": spec.name, "backend": spec.backend, "params": dict(params),
+                     "dtype": dtype}):
+        return spec.build(dict(params), np.dtype(dtype))
 
 
 def _discover_backend(backend: str) -> list[KernelSpec]:

@@ -24,6 +24,15 @@ from tilegemm.registry import KernelSpec
 ARCHS = COMPILE_ARCHS  # the CUDA backend's: sm_80 and sm_90
 
 
+def archs_for(spec: KernelSpec) -> tuple[str, ...]:
+    """The architectures of :data:`ARCHS` that ``spec`` compiles for: all, or for a rung
+    with architecture-specific instructions (``KernelSpec.only_cc``) its own (wgmma:
+    sm_90, as sm_90a)."""
+    if spec.only_cc:
+        return tuple(a for a, cc in ARCHS.items() if cc == tuple(spec.only_cc))
+    return tuple(ARCHS)
+
+
 @dataclass(frozen=True)
 class Compiled:
     """Which compilation a record describes: a rung for an architecture, a dtype and a
@@ -63,6 +72,8 @@ def link(ptx: str, arch: str) -> tuple[str, bytes]:
     info log and the cubin. The one linker call behind resource reports and SASS."""
     from cuda.bindings import nvjitlink
 
+    if arch == "sm_90" and "\n.target sm_90a" in ptx:
+        arch = "sm_90a"  # a rung with sm_90a instructions (wgmma; KernelSpec.only_cc)
     handle = nvjitlink.create(2, [f"-arch={arch}", "-verbose"])
     try:
         data = ptx.encode()
@@ -123,6 +134,9 @@ def _ptx(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str, arch
     }
     texts = compile_cache.cached_texts("cuda", f"{spec.name}-{dtype}", key,
                                        lambda: compile_ptx_all(spec, dict(params), dtype))
+    if arch not in texts:
+        raise InvalidValueError(f"{spec.name} compiles only for {', '.join(texts)} "
+                                "(architecture-specific instructions)")
     return texts[arch]
 
 
@@ -143,7 +157,9 @@ def compile_ptx_all(spec: KernelSpec, params: dict[str, int], dtype: str) -> dic
     program = spec.program(params, np.dtype(dtype))
     # Compile as the dispatcher would: a rung's launch bounds change ptxas' register budget.
     bounds = getattr(program.kernel, "targetoptions", {}).get("launch_bounds")
-    ccs = {arch: ARCHS[arch] for arch in ARCHS}
+    ccs: dict[str, tuple] = {arch: ARCHS[arch] for arch in ARCHS}
+    if spec.only_cc:  # architecture-specific instructions: that target only (sm_90a)
+        ccs = {arch: (*cc, "a") for arch, cc in ccs.items() if cc == tuple(spec.only_cc)}
     with global_compiler_lock:
         lib, _ = _compile_pyfunc_with_fixup(
             program.kernel.py_func, program.signature(dtype), device=False,

@@ -7,6 +7,10 @@ TF32 conversions, address arithmetic): this module finds the loop with the most 
 (innermost first) and counts its instructions by kind, with the HMMA share of them. The
 counts cover the loop body once with all its branches (the 16-byte and the 4-byte copy
 paths alike), so they bound from above what the interior path issues.
+
+Rung wgmma's tensor-core instructions are HGMMA (one warpgroup-wide 64×N×k product,
+operands read from shared memory): counted in the same column as HMMA, and its
+``WARPGROUP.ARRIVE``/``WARPGROUP.DEPBAR`` (``wgmma.fence``/``wait_group``) with the waits.
 """
 
 from __future__ import annotations
@@ -25,10 +29,15 @@ from tilegemm.registry import KernelSpec
 KINDS = ("HMMA", "LDSM", "LDS", "LDGSTS", "DEPBAR", "BAR", "other")
 
 
+MMA_OPS = ("HMMA", "HGMMA")  # mma.sync and wgmma.mma_async
+
+
 def kind(op: str) -> str:
-    if op in ("HMMA", "LDSM", "LDS", "LDGSTS", "BAR"):
+    if op in MMA_OPS:
+        return "HMMA"
+    if op in ("LDSM", "LDS", "LDGSTS", "BAR"):
         return op
-    if op in ("DEPBAR", "LDGDEPBAR"):
+    if op in ("DEPBAR", "LDGDEPBAR", "WARPGROUP"):
         return "DEPBAR"
     return "other"  # integer/address work, moves, branches, and TF32 rounding (ptxas expands
     # cvt.rna.tf32.f32 into a compare and integer operations)
@@ -56,12 +65,12 @@ def count(text: str, *, kernel: str, arch: str, dtype: str,
           params: dict[str, int]) -> MmaSass:
     """Counts of a disassembled tensor-core kernel (nvdisasm text)."""
     instrs = parse_sass(text)
-    hot, _ = hot_loop(instrs, lambda i: i.op == "HMMA", kernel, "HMMA")
+    hot, _ = hot_loop(instrs, lambda i: i.op in MMA_OPS, kernel, "HMMA")
     kinds = Counter(kind(i.op) for i in instrs if hot.contains(i.addr))
     counts = {k: kinds.get(k, 0) for k in KINDS}
     counts["total"] = sum(kinds.values())
     return MmaSass(kernel=kernel, arch=arch, dtype=dtype, params=params,
-                   instructions=len(instrs), hmma=sum(1 for i in instrs if i.op == "HMMA"),
+                   instructions=len(instrs), hmma=sum(1 for i in instrs if i.op in MMA_OPS),
                    local_memory=sum(1 for i in instrs if i.op in ("LDL", "STL")), hot=counts)
 
 

@@ -36,7 +36,7 @@ from tilegemm.backends.cuda_program import MIN_OPTIN_SMEM_SM80, STATIC_SMEM_LIMI
 from tilegemm.backends.cuda_stream import choose_stream, numba_stream
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
-from tilegemm.registry import KernelSpec
+from tilegemm.registry import KernelSpec, specs_for
 
 # The architectures rungs are compiled for without a GPU (nvJitLink), by compute capability.
 COMPILE_ARCHS: dict[str, tuple[int, int]] = {"sm_80": (8, 0), "sm_90": (9, 0)}
@@ -240,8 +240,17 @@ class CudaBackend(Backend):
     def check_limits(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
                      target: Target | None = None) -> None:
         target = target or self.target()
-        need = spec.min_cc  # e.g. tensor-core rungs: (8, 0)
         have = target.capability
+        only = spec.only_cc  # architecture-specific instructions (wgmma: sm_90a)
+        if only and have and tuple(have[:2]) != tuple(only):
+            others = [s.name for s in specs_for(self.name) if s.precisions
+                      and not s.only_cc and (not s.min_cc or have >= tuple(s.min_cc))]
+            raise UnavailableError(
+                f"{spec.name}: uses sm_{only[0]}{only[1]}a instructions that only GPUs of "
+                f"compute capability {only[0]}.{only[1]} (H100, H200, GH200) have; this GPU "
+                f"is sm_{have[0]}{have[1]}. Tensor-core kernels that run here: "
+                f"{', '.join(others) or 'none'}")
+        need = spec.min_cc  # e.g. tensor-core rungs: (8, 0)
         if need and have and have < tuple(need):
             raise UnavailableError(
                 f"{spec.name}: needs a GPU of compute capability {need[0]}.{need[1]} "

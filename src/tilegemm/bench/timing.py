@@ -369,7 +369,7 @@ def measure_kernel(
     try:
         resolved = backend.resolve(spec, params, target)  # device defaults apply (OpenCL)
         backend.check_limits(spec, resolved, prob.dtype, target)
-    except ValueError as exc:
+    except (ValueError, UsageError) as exc:  # refused here (wgmma off sm_90: Unavailable)
         meas.status, meas.reason = SKIPPED, str(exc)
         return meas
     meas.params = dict(resolved)

@@ -1,10 +1,13 @@
-"""Show or clear the compiled-kernel cache (CPU kernels kept on disk between processes).
+"""Show or clear the compiled-kernel cache (kernels kept on disk between processes).
 
-The first call of a CPU rung compiles it for several seconds; the cache keeps the machine
-code so later processes load it in a fraction of a second. Entries written by another
-tilegemm, Numba or Python version, or on another CPU, are never loaded; --clear removes
-everything. TILEGEMM_KERNEL_CACHE sets the directory ('off' disables the cache). The
-tuning results ('tilegemm tune') are kept separately; 'tilegemm tune --clear' removes those.
+The first call of a CPU rung compiles it for several seconds, that of a written-out CUDA
+rung (vectorized and up) for tens of seconds on a GPU; the cache keeps the machine code so
+later processes load it in a fraction of a second. It also holds the PTX that
+'kernels --resources' and 'explain --sass' compile, and PoCL's OpenCL programs. Entries
+written by another tilegemm, Numba, numba-cuda or Python version, or on another CPU or
+driver, are never loaded; --clear removes everything. TILEGEMM_KERNEL_CACHE sets the
+directory ('off' disables the cache). The tuning results ('tilegemm tune') are kept
+separately; 'tilegemm tune --clear' removes those.
 """
 
 from __future__ import annotations
@@ -44,8 +47,12 @@ def run(args: argparse.Namespace) -> int:
         for e in found:
             params = " ".join(f"{k}={v}" for k, v in e.describe.get("params", {}).items())
             versions = " ".join(f"{k} {v}" for k, v in e.versions.items())
-            table.add_row(e.describe.get("kernel", e.name), e.describe.get("dtype", ""), params,
-                          "yes" if e.current else "no (other version or CPU)", versions,
+            kernel = " ".join(filter(None, (e.describe.get("backend"),
+                                            e.describe.get("kernel", e.name))))
+            if e.describe.get("output"):
+                kernel += f" ({e.describe['output']})"
+            table.add_row(kernel, e.describe.get("dtype", ""), params,
+                          "yes" if e.current else "no (other version, CPU or driver)", versions,
                           f"{e.bytes / 1e3:.0f} kB")
         console.print(table)
     return 0

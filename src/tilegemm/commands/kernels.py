@@ -64,7 +64,7 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
     import numpy as np
     from rich.table import Table
 
-    from tilegemm.analysis.resources import ARCHS
+    from tilegemm.analysis.resources import archs_for
     from tilegemm.backends import get_backend
     from tilegemm.commands._console import console
 
@@ -74,7 +74,7 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
     for s in specs:
         if not s.supports(args.dtype):
             continue
-        for arch in ARCHS:
+        for arch in archs_for(s):
             report = get_backend(s.backend).resource_report(s, {}, np.dtype(args.dtype), arch)
             if report is None:
                 break

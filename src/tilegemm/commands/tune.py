@@ -189,7 +189,7 @@ def baseline_choice(backend, target, dtype, precision: str, specs: list,  # noqa
     tensor = [s for s in specs if s.precisions]
     if not tensor or any(not s.precisions for s in specs):
         return untuned(backend, dtype.name, target)
-    top = max(tensor, key=lambda s: s.rung)
+    top = max([s for s in tensor if not s.named_only] or tensor, key=lambda s: s.rung)
     pin = space.precision_pin(top, dtype, precision)
     try:
         resolved = backend.resolve(top, {pin[0]: pin[1]} if pin else {}, target)

@@ -18,7 +18,7 @@ import numpy as np
 
 from tilegemm.backends.base import Backend, Target
 from tilegemm.bench.timing import OK, SKIPPED, WRONG, fixed, measure_kernel
-from tilegemm.errors import InvalidValueError
+from tilegemm.errors import InvalidValueError, UsageError
 from tilegemm.problem import GemmProblem, problem_for
 from tilegemm.reference import random_operands
 from tilegemm.registry import KernelSpec
@@ -102,7 +102,7 @@ def _try(backend: Backend, target: Target, spec: KernelSpec, prob: GemmProblem,
          resource_check: ResourceCheck | None) -> Trial:
     try:
         backend.check_limits(spec, params, prob.dtype, target)
-    except ValueError as exc:
+    except (ValueError, UsageError) as exc:  # (wgmma off sm_90: UnavailableError)
         return Trial(dict(params), "rejected", detail=str(exc))
     if resource_check is not None:
         why = resource_check(spec, params, prob.dtype)

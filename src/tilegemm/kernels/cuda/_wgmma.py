@@ -80,6 +80,9 @@ class WgmmaOps(NamedTuple):
     mma_bf16: Any  # mma_bf16(n) -> m64n{n}k16 bf16
     mma_f16: Any  # mma_f16(n) -> m64n{n}k16 f16
     smem_desc: Any
+    smem_desc_128b: Any  # smem_desc_128b(arr, off, sbo): a K-major 128-byte-swizzle descriptor
+    sts4_at: Any  # sts4_at(arr, off, v0, v1, v2, v3): one 16-byte shared store
+    pack_halves: Any  # pack_halves(lo, hi) -> uint32: two 16-bit values' bits, lo first
 
 
 # --- descriptor and layouts (PTX ISA), shared by the stand-ins, kernels and tests ---------
@@ -130,6 +133,35 @@ def kmajor_offset(row: Any, k: Any, itemsize: int, lbo: int, sbo: int) -> Any:
     return (row // 8) * sbo + (k // per) * lbo + (row % 8) * 16 + (k % per) * itemsize
 
 
+SWIZZLE_BYTES = {"128B": 128, "64B": 64, "32B": 32}  # row width of each swizzle's atom
+
+
+def swizzle_offset(row: Any, kbyte: Any, width: int = 128) -> Any:
+    """Byte offset of byte ``kbyte`` (< ``width``) of row ``row`` of a K-major operand in
+    the ``width``-byte swizzle layout (PTX ISA "Shared Memory Matrix Layout", swizzle modes
+    128B/64B/32B): rows of ``width`` bytes, 8 rows an atom of ``8 * width`` bytes, atoms one
+    after the other (SBO = ``8 * width``), and inside a row the 16-byte chunk ``j`` stored at
+    chunk ``j ^ (row % 8)`` (128B), ``j ^ ((row % 8) // 2)`` (64B) or ``j ^ ((row % 8) //
+    4)`` (32B). The atoms must start ``8 * width``-aligned in shared memory, since the
+    hardware applies the XOR to address bits (see :func:`swizzle_address`). Works on ints
+    and on NumPy arrays."""
+    chunk = kbyte // 16
+    xor = (row % 8) // (128 // width)
+    return (row // 8) * 8 * width + (row % 8) * width + (chunk ^ xor) * 16 + kbyte % 16
+
+
+def swizzle_address(addr: Any, swizzle: str) -> Any:
+    """A shared address as the tensor core reads it under ``swizzle``: the 16-byte chunk
+    bits 4.. XORed with bits 7.. (CUTLASS's ``Swizzle<3,4,3>``, ``<2,4,3>``, ``<1,4,3>`` for
+    128B, 64B, 32B). The pattern repeats every 1024 bytes; the descriptor's base offset
+    covers atoms that do not start at a multiple of it, which these kernels avoid."""
+    if swizzle == "none":
+        return addr
+    bits = {"128B": 3, "64B": 2, "32B": 1}[swizzle]
+    mask = (1 << bits) - 1
+    return addr ^ (((addr >> 7) & mask) << 4)
+
+
 def d_layout(thread: int, i: int) -> tuple[int, int]:
     """(row, col) of the 64×N f32 D held by register ``i`` (0 … N/2-1) of warpgroup thread
     ``thread`` (0-127), PTX ISA "Register Fragments … wgmma .m64nNk*": warp ``w`` holds rows
@@ -159,6 +191,7 @@ def _block_state() -> tuple[Any, dict]:
 class _GroupSlot:
     def __init__(self) -> None:
         self.values: list[Any] = [None] * WARPGROUP
+        self.result: tuple[bool, Any] = (True, None)
         self.barrier = SimBarrier(WARPGROUP)
 
 
@@ -175,6 +208,32 @@ def group_exchange(value: Any) -> list[Any]:
     slot.barrier.wait()
     out = list(slot.values)
     slot.barrier.wait()
+    return out
+
+
+def group_compute(value: Any, fn: Any) -> Any:
+    """Simulator only: every thread of the calling warpgroup gives ``value``; one of them
+    computes ``fn(all 128 values)`` and every thread gets that result (the product a
+    warpgroup instruction makes, computed once instead of by each of its 128 threads).
+    An exception in ``fn`` reaches every thread."""
+    t, state = _block_state()
+    if int(np.prod(t._manager._block_dim)) % WARPGROUP:  # type: ignore[attr-defined]
+        raise RuntimeError("wgmma needs blocks of whole warpgroups (multiples of 128 threads)")
+    tid = t.thread_id  # type: ignore[attr-defined]
+    with _LOCK:
+        slot = state["groups"].setdefault(tid // WARPGROUP, _GroupSlot())
+    slot.values[tid % WARPGROUP] = value
+    slot.barrier.wait()
+    if tid % WARPGROUP == 0:
+        try:
+            slot.result = (True, fn(list(slot.values)))
+        except Exception as exc:  # noqa: BLE001 - handed to every thread below
+            slot.result = (False, exc)
+    slot.barrier.wait()
+    ok, out = slot.result
+    slot.barrier.wait()
+    if not ok:
+        raise out
     return out
 
 
@@ -213,13 +272,51 @@ def _py_smem_desc(arr: Any, off: Any, lbo: Any, sbo: Any) -> np.uint64:
     return np.uint64(encode_desc(_shared_base(arr) + int(off), int(lbo), int(sbo)))
 
 
+def _py_smem_desc_128b(arr: Any, off: Any, sbo: Any) -> np.uint64:
+    # LBO is unused by K-major swizzled layouts whose K extent per instruction (32 bytes)
+    # fits one swizzle row; 16 (encoded 1), as CUTLASS writes it
+    return np.uint64(encode_desc(_shared_base(arr) + int(off), 16, int(sbo), "128B"))
+
+
 def _operand(desc: int, rows: int, k: int, itemsize: int) -> np.ndarray:
-    """The rows×k K-major operand a no-swizzle descriptor points at, as raw words."""
+    """The rows×k K-major operand a descriptor points at, as raw words: the no-swizzle
+    layout (core matrices at LBO/SBO steps, :func:`kmajor_offset`), or a swizzled one (rows
+    of the swizzle's width, 8-row atoms SBO apart, the address's chunk bits XORed as the
+    hardware does, :func:`swizzle_address`; LBO unused)."""
     d = decode_desc(desc)
-    if d.swizzle != "none" or d.base_offset:
-        raise NotImplementedError("wgmma stand-in: only the no-swizzle layout is emulated")
+    if d.base_offset:
+        raise NotImplementedError("wgmma stand-in: a non-zero base offset is not emulated "
+                                  "(keep swizzle atoms aligned to their repeat)")
     r, c = np.meshgrid(np.arange(rows), np.arange(k), indexing="ij")
-    return _read_shared(d.addr + kmajor_offset(r, c, itemsize, d.lbo, d.sbo), itemsize)
+    if d.swizzle == "none":
+        return _read_shared(d.addr + kmajor_offset(r, c, itemsize, d.lbo, d.sbo), itemsize)
+    width = SWIZZLE_BYTES[d.swizzle]
+    if k * itemsize > width:
+        raise NotImplementedError("wgmma stand-in: an instruction's K wider than the swizzle")
+    plain = d.addr + (r // 8) * d.sbo + (r % 8) * width + c * itemsize
+    return _read_shared(swizzle_address(plain, d.swizzle), itemsize)
+
+
+def _py_sts4_at(arr: Any, off: Any, *values: Any) -> None:
+    if int(off) % 16:
+        raise AssertionError(f"sts4_at: shared offset {off} is not 16-byte aligned")
+    words = np.array([np.asarray(v).view(np.uint32) if np.asarray(v).dtype.itemsize == 4
+                      else np.uint32(int(v) & 0xFFFFFFFF) for v in values], np.uint32)
+    flat = arr.reshape(-1).view(np.uint8)
+    if int(off) < 0 or int(off) + 16 > flat.size:
+        raise IndexError(f"sts4_at: offset {off} outside a shared array of {flat.size} bytes")
+    flat[int(off):int(off) + 16] = words.view(np.uint8)
+
+
+def _bits16(x: Any) -> int:
+    a = np.asarray(x)
+    if a.dtype.itemsize != 2:
+        raise TypeError(f"pack_halves: needs 16-bit values, got {a.dtype}")
+    return int(a.view(np.uint16))
+
+
+def _py_pack_halves(lo: Any, hi: Any) -> np.uint32:
+    return np.uint32(_bits16(lo) | _bits16(hi) << 16)
 
 
 class _Issue(threading.local):
@@ -269,17 +366,20 @@ def _py_mma(kind: str, n: int) -> Any:
             raise TypeError(f"wgmma m64n{n}: needs {n // 2} accumulators, got {len(acc)}")
         if not _issue.fenced:
             raise AssertionError("wgmma.mma_async without a wgmma.fence since the last wait")
-        frags = group_exchange((tuple(acc), int(desc_a), int(desc_b), int(scale_d)))
-        if len({f[1:] for f in frags}) != 1:
-            raise AssertionError("wgmma: descriptors and scale-d differ across the warpgroup")
-        A = values(_operand(int(desc_a), 64, k, itemsize))
-        B = values(_operand(int(desc_b), n, k, itemsize)).T  # stored N×K: B is its transpose
-        C = np.zeros((64, n))
-        if int(scale_d):
-            for thread, f in enumerate(frags):
-                for i in range(n // 2):
-                    C[d_layout(thread, i)] = f[0][i]
-        D = (A @ B + C).astype(np.float32)
+        def product(frags: list[Any]) -> np.ndarray:
+            if len({f[1:] for f in frags}) != 1:
+                raise AssertionError("wgmma: descriptors and scale-d differ across the "
+                                     "warpgroup")
+            A = values(_operand(int(desc_a), 64, k, itemsize))
+            B = values(_operand(int(desc_b), n, k, itemsize)).T  # stored N×K: B transposed
+            C = np.zeros((64, n))
+            if int(scale_d):
+                for thread, f in enumerate(frags):
+                    for i in range(n // 2):
+                        C[d_layout(thread, i)] = f[0][i]
+            return (A @ B + C).astype(np.float32)
+
+        D = group_compute((tuple(acc), int(desc_a), int(desc_b), int(scale_d)), product)
         me = threading.current_thread().thread_id % WARPGROUP  # type: ignore[attr-defined]
         return tuple(D[d_layout(me, i)] for i in range(n // 2))
 
@@ -287,14 +387,14 @@ def _py_mma(kind: str, n: int) -> Any:
     return mma
 
 
-def shared_alignment() -> int | None:
+def shared_alignment(nbytes: int = 128) -> int | None:
     """The ``alignment=`` for shared arrays that descriptors point into: 128 bytes when
     compiling (numba's default is 4, the descriptor needs 16, and 128 keeps the door open
     to the 32- and 64-byte swizzles); None under the simulator, whose ``shared.array``
     refuses the keyword (its arrays sit in a simulated window aligned to 1 KiB)."""
     from tilegemm import simulator
 
-    return None if simulator.enabled() else 128
+    return None if simulator.enabled() else nbytes
 
 
 @cache
@@ -308,7 +408,8 @@ def wgmma_ops() -> WgmmaOps:
         install()  # numba's simulator races on cuda.shared.array; see _simulator.py
         return WgmmaOps(_py_fence, _py_commit, _py_wait, _py_fence_proxy_async,
                         lambda n: _py_mma("tf32", n), lambda n: _py_mma("bf16", n),
-                        lambda n: _py_mma("f16", n), _py_smem_desc)
+                        lambda n: _py_mma("f16", n), _py_smem_desc, _py_smem_desc_128b,
+                        _py_sts4_at, _py_pack_halves)
     return _compiled_ops()
 
 
@@ -416,6 +517,24 @@ def _compiled_ops() -> WgmmaOps:
 
         return mma_async
 
+    def desc_codegen(context: Any, builder: Any, arrty: Any, arr: Any, offty: Any, off: Any,
+                     lbo: Any, sbo: Any, mode: int) -> Any:
+        """The descriptor of byte ``off`` of shared array ``arr``: address, LBO and SBO
+        (i64 values) each >> 4 in their 14-bit fields, the swizzle mode in bits 62-63."""
+        ary = context.make_array(arrty)(context, builder, value=arr)
+        sptr = builder.addrspacecast(ary.data,
+                                     ir.PointerType(ary.data.type.pointee, addrspace=3))
+        addr = builder.add(builder.ptrtoint(sptr, i32),
+                           context.cast(builder, off, offty, types.int32))
+
+        def field(v: Any, shift: int) -> Any:  # (v >> 4) & 0x3FFF, placed at bit shift
+            v = builder.zext(v, i64) if v.type != i64 else v
+            v = builder.and_(builder.lshr(v, ir.Constant(i64, 4)), ir.Constant(i64, 0x3FFF))
+            return builder.shl(v, ir.Constant(i64, shift)) if shift else v
+
+        desc = builder.or_(builder.or_(field(addr, 0), field(lbo, 16)), field(sbo, 32))
+        return builder.or_(desc, ir.Constant(i64, mode << 62)) if mode else desc
+
     @intrinsic
     def smem_desc(typingctx: Any, arr: Any, off: Any, lbo: Any, sbo: Any) -> Any:
         if not isinstance(arr, types.Array) or not all(
@@ -425,26 +544,80 @@ def _compiled_ops() -> WgmmaOps:
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
             arrty, offty, lboty, sboty = sig.args
+            return desc_codegen(context, builder, arrty, args[0], offty, args[1],
+                                context.cast(builder, args[2], lboty, types.uint64),
+                                context.cast(builder, args[3], sboty, types.uint64), 0)
+
+        return sig, codegen
+
+    @intrinsic
+    def smem_desc_128b(typingctx: Any, arr: Any, off: Any, sbo: Any) -> Any:
+        if not isinstance(arr, types.Array) or not all(
+                isinstance(x, types.Integer) for x in (off, sbo)):
+            raise TypingError("smem_desc_128b: needs a shared array and integer offsets")
+        sig = types.uint64(arr, off, sbo)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            arrty, offty, sboty = sig.args
+            return desc_codegen(context, builder, arrty, args[0], offty, args[1],
+                                ir.Constant(i64, 16),
+                                context.cast(builder, args[2], sboty, types.uint64),
+                                SWIZZLE_MODES["128B"])
+
+        return sig, codegen
+
+    def as_i32(context: Any, builder: Any, v: Any, ty: Any) -> Any:
+        """A 32-bit float or integer value as its 32 bits."""
+        if isinstance(ty, types.Float):
+            return builder.bitcast(context.cast(builder, v, ty, types.float32), i32)
+        return context.cast(builder, v, ty, types.uint32)
+
+    @intrinsic
+    def sts4_at(typingctx: Any, arr: Any, off: Any, v0: Any, v1: Any, v2: Any,
+                v3: Any) -> Any:
+        vals = (v0, v1, v2, v3)
+        if not isinstance(arr, types.Array) or not isinstance(off, types.Integer):
+            raise TypingError("sts4_at: needs a shared array and an integer offset")
+        if not all(isinstance(v, (types.Float, types.Integer)) and v.bitwidth == 32
+                   for v in vals):
+            raise TypingError(f"sts4_at: needs four 32-bit values, got {vals}")
+        sig = types.void(arr, off, *vals)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+            arrty, offty = sig.args[:2]
             ary = context.make_array(arrty)(context, builder, value=args[0])
             sptr = builder.addrspacecast(ary.data,
                                          ir.PointerType(ary.data.type.pointee, addrspace=3))
             addr = builder.add(builder.ptrtoint(sptr, i32),
                                context.cast(builder, args[1], offty, types.int32))
+            words = [as_i32(context, builder, v, t) for v, t in zip(args[2:], sig.args[2:])]
+            builder.asm(ir.FunctionType(ir.VoidType(), [i32] * 5),
+                        "st.shared.v4.b32 [$0], {$1, $2, $3, $4};", "r,r,r,r,r,~{memory}",
+                        [addr, *words], side_effect=True)
 
-            def field(v: Any, shift: int) -> Any:  # (v >> 4) & 0x3FFF, placed at bit shift
-                v = builder.zext(v, i64) if v.type != i64 else v
-                v = builder.and_(builder.lshr(v, ir.Constant(i64, 4)),
-                                 ir.Constant(i64, 0x3FFF))
-                return builder.shl(v, ir.Constant(i64, shift)) if shift else v
+        return sig, codegen
 
-            lbo = context.cast(builder, args[2], lboty, types.uint64)
-            sbo = context.cast(builder, args[3], sboty, types.uint64)
-            return builder.or_(builder.or_(field(addr, 0), field(lbo, 16)), field(sbo, 32))
+    @intrinsic
+    def pack_halves(typingctx: Any, lo: Any, hi: Any) -> Any:
+        for v in (lo, hi):
+            if not (isinstance(v, (types.Float, types.Integer)) and v.bitwidth == 16):
+                raise TypingError(f"pack_halves: needs 16-bit values, got {v}")
+        sig = types.uint32(lo, hi)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            i16 = ir.IntType(16)
+
+            def bits(v: Any) -> Any:
+                return builder.zext(builder.bitcast(v, i16) if v.type != i16 else v, i32)
+
+            return builder.or_(bits(args[0]),
+                               builder.shl(bits(args[1]), ir.Constant(i32, 16)))
 
         return sig, codegen
 
     return WgmmaOps(fence, commit, wait, fence_proxy_async, lambda n: mma("tf32", n),
-                    lambda n: mma("bf16", n), lambda n: mma("f16", n), smem_desc)
+                    lambda n: mma("bf16", n), lambda n: mma("f16", n), smem_desc,
+                    smem_desc_128b, sts4_at, pack_halves)
 
 
 def compile_sm90a(pyfunc: Any, sig: tuple) -> str:

@@ -229,6 +229,10 @@ def _swz_fn(expr: str, ns: dict[str, Any]) -> Any:
 
 
 def _put() -> Any:
+    """``put(C, z, row, col, v, alpha, beta, m, n)``: the epilogue's store of one result,
+    alpha/beta applied, C read only when beta != 0, nothing outside M×N (rung wgmma's too)."""
+    from numba import cuda
+
     @cuda.jit(device=True, inline=True)
     def put(C, z, gr, gc, v, alpha, beta, m, n):  # noqa: ANN001, ANN202
         if gr < m and gc < n:
@@ -246,14 +250,25 @@ def _general_loader(ns: dict[str, Any], tf32: bool) -> Any:
     of a block that is not wholly inside the operands. Partial 16-byte chunks are
     zero-filled by the copy; rows that are not 16-byte aligned go by 4-byte ``cp.async``
     (float32) or plain loads and stores (16-bit: cp.async copies 4 bytes at least)."""
-    odd = ODD_TF32 if tf32 else ODD_16BIT
     # A's tile is rows row0.. by columns k0..; B's is rows k0.. by columns col0..
-    rounds = [(OPERAND_ROUND + odd + "\n").replace("ROW0", r0).replace("COL0", c0)
-              .replace("ROWS", rows).replace("COLS", cols).replace("ZZ", zz)
-              .replace("OP", op).replace("op_", op.lower() + "_")
+    rounds = [operand_round(op, r0, c0, rows, cols, zz, tf32)
               for op, r0, c0, rows, cols, zz in (("A", "row0", "k0", "m", "k_len", "za"),
                                                  ("B", "k0", "col0", "k_len", "n", "zb"))]
     return compile_source(GENERAL_LOADER + "".join(rounds), "load_stage", dict(ns))
+
+
+def operand_round(op: str, row0: str, col0: str, rows: str, cols: str, zz: str,
+                  tf32: bool) -> str:
+    """The checked copy of one operand's tile into a stage (the body lines of a loader
+    function; see OPERAND_ROUND): operand ``op`` ("A" or "B"), a ``rows`` × ``cols`` matrix
+    of batch ``zz`` whose tile starts at row ``row0`` and column ``col0`` (names or
+    expressions of the loader's scope). The namespace must hold ``{op}_ROUNDS``,
+    ``{op}_CHUNKS``, ``{op}CH``, ``{op}_OFF``, ``{op}_TILE``, ``{op}_W`` and
+    ``{op.lower()}_swz_of``; rung wgmma copies its A tile with it too."""
+    odd = ODD_TF32 if tf32 else ODD_16BIT
+    return ((OPERAND_ROUND + odd + "\n").replace("ROW0", row0).replace("COL0", col0)
+            .replace("ROWS", rows).replace("COLS", cols).replace("ZZ", zz)
+            .replace("OP", op).replace("op_", op.lower() + "_"))
 
 
 GENERAL_LOADER = """

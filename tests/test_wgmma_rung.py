@@ -1,0 +1,221 @@
+"""Rung ``wgmma`` (Hopper warpgroup MMA, sm_90a): products against float64 on odd shapes for
+each precision (under the simulator, whose stand-in decodes the 128-byte-swizzled
+descriptors), how it is chosen (only by name, only on sm_90), and its sm_90a machine code.
+
+The products (marker ``cudasim`` without ``simulator``) also run on a Hopper GPU with
+``TILEGEMM_GPU_TESTS=1``, where they check what the simulator cannot: that the hardware
+reads the swizzled tiles as the stand-in does."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm import registry
+from tilegemm.errors import InvalidValueError, UnavailableError
+from tilegemm.kernels.cuda._tensorcore import tf32_round
+
+SPEC = registry.get("wgmma", "cuda")
+
+
+def _needs_sm90() -> None:
+    """Skip on a real GPU other than compute capability 9.0; the simulator always runs."""
+    from tilegemm import simulator
+
+    if not simulator.enabled():
+        from numba import cuda
+
+        if tuple(cuda.get_current_device().compute_capability) != (9, 0):
+            pytest.skip("wgmma needs an sm_90 GPU (H100, H200, GH200)")
+
+
+def _sim(**over: int) -> dict[str, int]:
+    return {k: v for k, v in SPEC.sim_params.items() if k != "PASSES"} | over
+
+
+def _check(r: np.ndarray, want: np.ndarray, k: int, scale: np.ndarray | None = None) -> None:
+    """float32 accumulation of k exact products (TF32 x TF32 and 16-bit x 16-bit fit a
+    float32): a K-scaled bound; NaN anywhere (the poisoned output) fails."""
+    assert not np.isnan(r).any()
+    big = np.max(np.abs(want)) if scale is None else scale
+    assert np.all(np.abs(r - want) <= 4 * k * 2.0**-24 * big + 1e-6), np.max(np.abs(r - want))
+
+
+def _strided(x: np.ndarray) -> np.ndarray:
+    """``x`` as a view with a row stride larger than its rows (still 16-byte aligned)."""
+    pad = np.zeros(x.shape[:-1] + (x.shape[-1] + 8,), x.dtype)
+    pad[..., : x.shape[-1]] = x
+    return pad[..., : x.shape[-1]]
+
+
+# (a shape, b shape, how): partial tiles on every edge with K not a multiple of BK and
+# primes; a batch with B broadcast and K below one tile; a transposed (K-strided) A, which
+# takes the 4-byte / plain-load copy path; a strided B view.
+TF32_CASES = [((67, 37), (37, 41), ""), ((2, 9, 13), (13, 40), ""),
+              ((70, 33), (33, 24), "a.T"), ((40, 64), (64, 35), "strided b")]
+
+
+def _shape(a: np.ndarray, b: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
+    if how == "a.T":
+        a = np.ascontiguousarray(a.T).T  # same values, K-strided
+    elif how == "strided b":
+        b = _strided(b)
+    return a, b
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("a_shape", "b_shape", "how"), TF32_CASES)
+def test_tf32_matches_float64_of_rounded_operands(a_shape: tuple, b_shape: tuple, how: str,
+                                                  rng: np.random.Generator) -> None:
+    _needs_sm90()
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    a, b = _shape(a, b, how)
+    r = tilegemm.matmul(a, b, backend="cuda", precision="tf32", kernel="wgmma", **_sim())
+    assert r.dtype == np.float32 and r.shape == np.matmul(a, b).shape
+    _check(r, np.matmul(tf32_round(a).astype(np.float64), tf32_round(b)), a.shape[-1])
+
+
+HALF_CASES = [("float16", (67, 77), (77, 41), ""), ("bfloat16", (2, 9, 70), (70, 33), ""),
+              ("float16", (36, 20), (20, 17), "a.T")]
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("dtype", "a_shape", "b_shape", "how"), HALF_CASES)
+def test_16bit_products_accumulate_in_float32(dtype: str, a_shape: tuple, b_shape: tuple,
+                                              how: str, rng: np.random.Generator) -> None:
+    _needs_sm90()
+    if dtype == "bfloat16":
+        nptype: Any = pytest.importorskip("ml_dtypes").bfloat16
+    else:
+        nptype = np.float16
+    a = rng.standard_normal(a_shape).astype(nptype)
+    b = rng.standard_normal(b_shape).astype(nptype)
+    a, b = _shape(a, b, how)
+    r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", dtype=np.float32, **_sim())
+    assert r.dtype == np.float32
+    _check(r, np.matmul(a.astype(np.float64), b.astype(np.float64)), a.shape[-1])
+
+
+@pytest.mark.cudasim
+def test_gemm_alpha_beta_reads_c(rng: np.random.Generator) -> None:
+    _needs_sm90()
+    a = rng.standard_normal((9, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 11)).astype(np.float32)
+    c = rng.standard_normal((9, 11)).astype(np.float32)
+    r = tilegemm.gemm(a, b, c, alpha=2.0, beta=-0.5, backend="cuda", precision="tf32",
+                      kernel="wgmma", **_sim())
+    want = 2.0 * np.matmul(tf32_round(a).astype(np.float64), tf32_round(b)) - 0.5 * c
+    _check(r, want, 40, 2.0 * np.max(np.abs(want)))
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+@pytest.mark.slow  # ~15 s: a 2-warpgroup block, a 4-stage ring, several k-tiles
+def test_two_warpgroups_and_a_deeper_ring(rng: np.random.Generator) -> None:
+    a = rng.standard_normal((130, 150)).astype(np.float32)
+    b = rng.standard_normal((150, 20)).astype(np.float32)
+    r = tilegemm.matmul(a, b, backend="cuda", precision="tf32", kernel="wgmma",
+                        **_sim(BM=128, BN=16, STAGES=4))
+    _check(r, np.matmul(tf32_round(a).astype(np.float64), tf32_round(b)), 150)
+
+
+# --- how it is chosen -----------------------------------------------------------------------
+
+
+def test_auto_never_picks_wgmma() -> None:
+    """Not yet run on hardware: kernel="auto" keeps rung mma for tensor-core requests."""
+    from tilegemm.precision import apply_precision
+
+    assert SPEC.named_only and registry.default_for("cuda", "float32").name != "wgmma"
+    for dtype, precision in ((np.float32, "tf32"), (np.float16, None)):
+        name, _ = apply_precision(precision, "auto", "cuda", np.dtype(dtype), {})
+        assert name == "mma"
+
+
+def test_wgmma_needs_tf32_and_has_no_3xtf32() -> None:
+    from tilegemm.precision import apply_precision
+
+    with pytest.raises(InvalidValueError, match="cannot compute precision='3xtf32'"):
+        apply_precision("3xtf32", "wgmma", "cuda", np.dtype(np.float32), {})
+    with pytest.raises(InvalidValueError, match="pass precision= one of 'tf32'"):
+        apply_precision(None, "wgmma", "cuda", np.dtype(np.float32), {})
+
+
+def _gpu(capability: tuple[int, int]) -> Any:
+    """A GPU's Target (no GPU needed) of ``capability``, with an H100's opt-in shared memory."""
+    from dataclasses import replace
+
+    from tilegemm.backends.base import Target
+    from tilegemm.backends.cuda import CUDA_LIMITS
+
+    limits = replace(CUDA_LIMITS, shared_optin_per_block=227 * 1024)
+    return Target("cuda", "GPU", "gpu", "sm_{}{}".format(*capability), limits, "CUDA events",
+                  capability=capability)
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0), (12, 0)])
+def test_any_gpu_but_sm90_is_refused_listing_what_runs(capability: tuple[int, int]) -> None:
+    from tilegemm.backends.cuda import BACKEND
+
+    target = _gpu(capability)
+    with pytest.raises(UnavailableError, match=r"sm_90a.*compute capability 9\.0.*"
+                                               r"Tensor-core kernels that run here: mma"):
+        BACKEND.check_limits(SPEC, SPEC.defaults(), np.dtype(np.float32), target)
+    BACKEND.check_limits(SPEC, SPEC.defaults(), np.dtype(np.float32), _gpu((9, 0)))  # runs
+
+
+def test_tuner_space_and_baseline() -> None:
+    """Searchable by the tuner; the untuned baseline stays mma."""
+    from tilegemm.backends.cuda import BACKEND, CUDA_LIMITS
+    from tilegemm.commands.tune import baseline_choice
+    from tilegemm.tune import select, space
+
+    cands = space.candidates(SPEC, "float32", CUDA_LIMITS, "tf32")
+    assert cands and all(p["PASSES"] == 1 for p in cands)
+    assert space.candidates(SPEC, "float32", CUDA_LIMITS, "3xtf32") == []
+    assert space.candidates(SPEC, "bfloat16", CUDA_LIMITS)
+    mma = registry.get("mma", "cuda")
+    choice = baseline_choice(BACKEND, _gpu((9, 0)), np.dtype(np.float32), "tf32", [mma, SPEC],
+                             select.untuned_choice)
+    assert choice is not None and choice[0] is mma
+
+
+# --- machine code (sm_90a, no GPU needed) ---------------------------------------------------
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize(("dtype", "opcode"), [
+    ("float32", r"HGMMA\.64x128x8\.F32\.TF32"), ("float16", r"HGMMA\.64x128x16\.F32 "),
+    ("bfloat16", r"HGMMA\.64x128x16\.F32\.BF16")])
+def test_sass_at_the_defaults(dtype: str, opcode: str) -> None:
+    """sm_90a SASS at the defaults: the four k steps of a tile are four chained HGMMA (not
+    serialized: ptxas does so, with a warning, when the function makes a call, e.g. for a
+    64-bit division), no local memory, no spills, registers within the 256-thread block."""
+    from tilegemm.analysis.resources import link, parse_ptxas_log, ptx_for
+    from tilegemm.analysis.sass import disassemble
+
+    ptx = ptx_for(SPEC, SPEC.defaults(), dtype, "sm_90")
+    assert "\n.target sm_90a" in ptx and ".extern .shared .align 1024" in ptx
+    log, cubin = link(ptx, "sm_90")
+    assert "serialized" not in log, log
+    text = disassemble(cubin)
+    assert len(re.findall(opcode, text)) == 4, text
+    assert len(re.findall(r"WARPGROUP\.DEPBAR", text)) == 2  # wait_group 1 and 0
+    assert not re.search(r"\b(LDL|STL)\b", text)
+    figures = parse_ptxas_log(log)
+    assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
+    assert 0 < figures["registers"] <= 255
+
+
+@pytest.mark.ptx
+def test_no_code_for_other_architectures() -> None:
+    from tilegemm.analysis.resources import archs_for, ptx_for
+
+    assert archs_for(SPEC) == ("sm_90",)
+    with pytest.raises(InvalidValueError, match="compiles only for sm_90"):
+        ptx_for(SPEC, SPEC.defaults(), "float32", "sm_80")
