@@ -169,3 +169,22 @@ def test_plan_agrees_with_what_runs_on_tensor_cores(dtype, kw, monkeypatch):
     assert (planned.kernel, planned.params, planned.dtype) == (
         "mma", seen["params"], seen["dtype"]) and seen["kernel"] == "mma"
     assert seen["dtype"] == dtype  # 16-bit operands reach the kernel as they are
+
+
+@pytest.mark.parametrize(("features", "expected"), [
+    ("+avx,+avx2,+fma,-avx512f,+sse4.2", "avx2"),
+    ("+avx,+avx2,+fma,+avx512f,+avx512bw", "avx512"),
+    ("+avx,+avx2,-fma", "generic"),  # AVX2 without FMA: the micro-kernel's FMAs would split
+    ("", "generic"),
+])
+def test_host_isa_follows_the_features_numba_compiles_for(monkeypatch, features, expected):
+    """``NUMBA_CPU_FEATURES`` (e.g. building AVX2 code on an AVX-512 machine) changes the
+    code Numba emits, so the register tile must follow it, not the host's features."""
+    from numba.core import config
+
+    monkeypatch.setattr(config, "CPU_FEATURES", features)
+    database.host_isa.cache_clear()
+    try:
+        assert database.host_isa() == expected
+    finally:
+        database.host_isa.cache_clear()

@@ -53,7 +53,7 @@ def versions() -> dict[str, str]:
 # Settings that change what a number means (thread counts, TF32); recorded when set.
 ENV_VARS = ("OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
             "NUMBA_NUM_THREADS", "CUPY_TF32", "NVIDIA_TF32_OVERRIDE", "NUMBA_ENABLE_CUDASIM",
-            "POCL_MAX_PTHREAD_COUNT")
+            "POCL_MAX_PTHREAD_COUNT", "NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_ENABLE_AVX")
 
 
 def numpy_blas() -> dict[str, str]:

@@ -30,15 +30,28 @@ def entries(path: Path = PATH) -> tuple[dict[str, Any], ...]:
 @cache
 def host_isa() -> str:
     """The CPU's vector ISA as the micro-kernel sees it: "avx512", "avx2" (with FMA) or
-    "generic", from the features LLVM compiles for (so it agrees with the code)."""
-    from llvmlite import binding as llvm
-
-    features = llvm.get_host_cpu_features()
-    if features.get("avx512f"):
+    "generic", from the features Numba compiles for, so it agrees with the code: the host's
+    features, unless ``NUMBA_CPU_FEATURES`` names others (e.g. with ``NUMBA_CPU_NAME``, to
+    build code for another machine) or ``NUMBA_ENABLE_AVX=0`` turned AVX off. A 32-register
+    AVX-512 tile compiled as AVX2 code would spill, so the tile must follow the code."""
+    flags = compiled_cpu_features()
+    if flags.get("avx512f"):
         return "avx512"
-    if features.get("avx2") and features.get("fma"):
+    if flags.get("avx2") and flags.get("fma"):
         return "avx2"
     return "generic"
+
+
+def compiled_cpu_features() -> dict[str, bool]:
+    """The CPU features Numba's CPU code generator uses, as {feature: enabled}: the same
+    rule as ``numba.core.codegen.CPUCodegen._get_host_cpu_features`` (the
+    ``NUMBA_CPU_FEATURES`` string if set, else LLVM's host features less AVX when
+    ``NUMBA_ENABLE_AVX=0``)."""
+    from numba.core import config
+    from numba.core.codegen import get_host_cpu_features
+
+    text = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return {f[1:]: f[0] == "+" for f in text.split(",") if f[:1] in "+-" and len(f) > 1}
 
 
 def isa(target: Target) -> str:
