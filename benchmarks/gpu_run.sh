@@ -11,7 +11,8 @@
 #   bash benchmarks/gpu_run.sh tune    # step 4: tuning at 4096^3, then the targets tuned
 #   bash benchmarks/gpu_run.sh tensor  # step 4, tensor cores: rung mma in TF32, 3xTF32, FP16
 #                                      # and BF16 against cuBLAS at the same precision, and
-#                                      # each mode's error against float64 (~6 min)
+#                                      # each mode's error against float64; then rung wgmma
+#                                      # (an H100 only) in TF32, FP16, BF16 (~9 min)
 #
 # Logs and results go to $OUT (default ./gpu-out). Nothing here times two things at once:
 # the check step runs its three correctness jobs together, the timing steps run alone.
@@ -98,6 +99,10 @@ tensor)
   timeout 240 $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 \
       --params BK=32,STAGES=3 >> "$OUT/tensor.log" 2>&1
   echo "tensor cores, BK=32 STAGES=3: exit $?"
+  # the Hopper rung (compute capability 9.0 only; exits 2 elsewhere)
+  timeout 240 $PY benchmarks/tensor_cores.py --kernel wgmma --sizes 4096 \
+      --modes tf32 float16 bfloat16 >> "$OUT/tensor.log" 2>&1
+  echo "tensor cores, wgmma: exit $?"
   timeout 150 $PY benchmarks/tensor_core_errors.py --k 256 4096 --mn 1024 \
       --json "$OUT/tensor-core-errors-gpu.json" > "$OUT/tensor-errors.log" 2>&1
   echo "tensor-core errors: exit $?"

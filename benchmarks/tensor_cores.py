@@ -1,7 +1,11 @@
-"""Measure rung ``mma`` on a GPU against cuBLAS at the same precision (PyTorch's cuBLAS).
+"""Measure a tensor-core rung on a GPU against cuBLAS at the same precision (PyTorch's cuBLAS).
 
     PYTHONPATH=src python benchmarks/tensor_cores.py [--repeat 20] [--sizes 2048 4096] \
-        [--params BK=32,STAGES=3]
+        [--params BK=32,STAGES=3] [--kernel mma|wgmma]
+
+``--kernel wgmma`` measures the Hopper rung instead of ``mma`` (compute capability 9.0
+only; it has no 3×TF32 mode, so that mode is skipped with a message). What follows is
+written for ``mma``; the modes mean the same for both.
 
 For each size n (n×n×n products) and mode:
 
@@ -87,6 +91,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--params", default="",
                         help="rung parameters over the defaults, e.g. BK=32,STAGES=3")
+    parser.add_argument("--kernel", choices=("mma", "wgmma"), default="mma",
+                        help="the tensor-core rung to time (wgmma: compute capability 9.0)")
     args = parser.parse_args()
     over = {k: int(v) for k, v in (kv.split("=") for kv in args.params.split(",") if kv)}
 
@@ -109,11 +115,19 @@ def main() -> int:
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     print(f"device: {status.devices[0]}, torch {torch.__version__}")
-    spec = registry.get("mma", "cuda")
+    spec = registry.get(args.kernel, "cuda")
+    if spec.only_cc and (major, minor) != spec.only_cc:
+        print(f"rung {spec.name} runs only on compute capability "
+              f"{spec.only_cc[0]}.{spec.only_cc[1]}; this GPU is {major}.{minor}")
+        return 2
     rng = np.random.default_rng(0)
     failed = False
     for n in args.sizes:
         for mode in args.modes:
+            if mode not in HALF and mode not in spec.precisions:
+                print(f"{n:>5}^3 {mode:<8} {spec.name}: no such mode (precisions: "
+                      f"{', '.join(spec.precisions)}), skipped")
+                continue
             dtype = np.dtype(mode) if mode in HALF else np.dtype(np.float32)
             a = rng.standard_normal((1, n, n)).astype(dtype)
             b = rng.standard_normal((1, n, n)).astype(dtype)
@@ -132,11 +146,12 @@ def main() -> int:
             flops = 2.0 * n**3
             ref = {"tf32": "cuBLAS TF32", "3xtf32": "cuBLAS SGEMM", "float16": "cuBLAS FP16",
                    "bfloat16": "cuBLAS BF16"}
-            print(f"{n:>5}^3 {mode:<8} mma {flops / ours / 1e12:7.1f} TFLOP/s  {ref[mode]} "
+            shape = " ".join(f"{k}={params[k]}" for k in ("BM", "BN", "BK", "STAGES")
+                             if k in params)
+            print(f"{n:>5}^3 {mode:<8} {spec.name} {flops / ours / 1e12:7.1f} TFLOP/s  {ref[mode]} "
                   f"{flops / theirs / 1e12:7.1f}  ratio {ratio:.2f}  max error "
                   f"{ours_err:.1e} vs {theirs_err:.1e}  "
-                  f"(BK={params['BK']} STAGES={params['STAGES']}: "
-                  f"{spec.smem(params, dtype.itemsize) // 1024} KB shared)")
+                  f"({shape}: {spec.smem(params, dtype.itemsize) // 1024} KB shared)")
             if not ours_err <= 4 * theirs_err + 1e-7:  # NaN fails too
                 print("  FAILED: error more than 4x cuBLAS's")
                 failed = True
