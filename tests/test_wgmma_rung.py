@@ -54,11 +54,13 @@ def _strided(x: np.ndarray) -> np.ndarray:
 
 # (a shape, b shape, how): partial tiles on every edge with K not a multiple of BK and
 # primes; one interior block (the unchecked copies for K/BK - (STAGES-2) = 2 k-tiles) and
-# edge blocks; a batch with B broadcast and K below one tile; a transposed (K-strided) A,
-# which takes the 4-byte / plain-load copy path; a batch of interior blocks with a strided
-# B view.
-TF32_CASES = [((67, 37), (37, 41), ""), ((67, 96), (96, 37), ""), ((2, 9, 13), (13, 40), ""),
-              ((70, 33), (33, 24), "a.T"), ((2, 64, 64), (64, 35), "strided b")]
+# edge blocks; an interior block with no unchecked k-tile (K < 2 BK: B's first loads must
+# not run); a batch with B broadcast and K below one tile; a transposed (K-strided) A,
+# which takes the 4-byte / plain-load copy path; a batch of interior blocks (one unchecked
+# k-tile) with a strided B view.
+TF32_CASES = [((67, 37), (37, 41), ""), ((67, 96), (96, 37), ""), ((64, 40), (40, 32), ""),
+              ((2, 9, 13), (13, 40), ""), ((70, 33), (33, 24), "a.T"),
+              ((2, 64, 64), (64, 35), "strided b")]
 
 
 def _shape(a: np.ndarray, b: np.ndarray, how: str) -> tuple[np.ndarray, np.ndarray]:
@@ -226,10 +228,10 @@ def test_no_code_for_other_architectures() -> None:
 
 
 # The interior loop at the defaults, per thread per k-tile (numba-cuda 0.30.4, CUDA 13.5):
-# 265 instructions in TF32, 233 in float16/bfloat16 (907 and ~1250 with the checked loader
-# on every tile), 4 HGMMA and 4 cp.async copies each. Skipped with another toolchain.
+# 278 instructions in TF32, 239/237 in float16/bfloat16 (907 and ~1250 with the checked
+# loader on every tile), 4 HGMMA and 4 cp.async copies each. Skipped with another toolchain.
 GUARD_TOOLCHAIN = {"nvdisasm": "13.5.37", "nvvm": "13.5.37"}
-WGMMA_GUARD = {"float32": 280, "float16": 250, "bfloat16": 250}  # hot-loop instructions, at most
+WGMMA_GUARD = {"float32": 290, "float16": 250, "bfloat16": 250}  # hot-loop instructions, at most
 
 
 @pytest.mark.ptx

@@ -27,8 +27,9 @@ next tiles. Only H100-class GPUs (compute capability 9.0, the architecture-speci
    Blocks wholly inside the operands run an interior loop while the tile being copied is
    wholly inside K: A by unconditional 16-byte ``cp.async`` from per-thread addresses
    bumped per k-tile (mma's interior copies), B by loads without bounds tests from
-   per-thread offsets bumped BK rows per k-tile; edge blocks and the last k-tiles take the
-   checked loader.
+   per-thread offsets bumped BK rows per k-tile, issued one k-tile ahead into registers
+   (so their latency overlaps the wait, the barrier and the next products) and rounded or
+   packed only when stored; edge blocks and the last k-tiles take the checked loader.
 3. Ordering, one barrier per k-tile: wait for this thread's copies of tile kt,
    ``fence.proxy.async`` (generic-proxy writes become visible to the tensor core), barrier,
    ``wgmma.fence``, four ``mma_async`` on stage kt, commit; then the copies of tile
@@ -137,8 +138,8 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
     # a stage, the global address ``oa`` bumped per k-tile) and B's (``db``, ``ob``)
     (bases, a_copies), offsets, bumps = _fast_copies({"BM": BM, "BK": BK}, NT, ROW // 16, 0,
                                                      VW)
-    b_bases, b_offsets, b_bumps, b_copies = _fast_b(B_CHUNKS, NT, VW, tf32)
-    bases, offsets, bumps = bases + b_bases, offsets + b_offsets, bumps + b_bumps
+    b = _fast_b(B_CHUNKS, NT, VW, tf32)
+    bases, offsets, bumps = bases + b["BASES"], offsets + b["OFFSETS"], bumps + b["BUMP"]
     rounding = []
     if tf32:  # each thread rounds the A chunks it copied, in the stage about to be read
         for rnd in range(ceil_div(A_CHUNKS, NT)):
@@ -156,40 +157,59 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
     zeros = " + ".join(["(" + ", ".join(["zf"] * 8) + ")"] * (BN // 16))
     head = fill(ITERATION_HEAD, {"ROUND": rounding or ["pass"], "STEPS": steps})
     source = fill(KERNEL, {"BASES": bases, "OFFSETS": offsets, "BUMP": bumps,
-                           "FAST_COPIES": a_copies + b_copies, "EPILOGUE": epilogue,
-                           "HEAD": head.splitlines()})
+                           "FAST_COPIES": a_copies + b["STORES"], "EPILOGUE": epilogue,
+                           "HEAD": head.splitlines(), "B_INIT": b["INIT"],
+                           "B_LOADS": b["LOADS"], "B_PRELOAD": b["PRELOAD"] + b["BUMP"]})
     source = source.replace("#@ZEROS", zeros)
     name = f"wgmma_{dtype}_kernel"
     return kernel_jit(NT, 1)(compile_source(source.replace("KERNEL_NAME", name), name, ns))
 
 
-def _fast_b(chunks: int, nt: int, vw: int, tf32: bool
-            ) -> tuple[list[str], list[str], list[str], list[str]]:
-    """B's interior copies: (per-thread bases, element offsets at the first fast k-tile,
-    what a k-tile adds to them, the copies of one k-tile). Chunk ``v = tid + rnd * NT`` is
-    column ``bn = v % BN`` and k ``bc * VW`` … of the tile: VW loads without bounds tests
-    down the column from one offset (``ob``, bumped BK rows per k-tile), rounded or packed,
-    and one 16-byte store at the fixed, swizzled byte offset ``db`` of the write stage."""
-    bases, offsets, bumps, copies = [], [], [], []
+def _fast_b(chunks: int, nt: int, vw: int, tf32: bool) -> dict[str, list[str]]:
+    """B's interior copies, one k-tile ahead through registers. Chunk ``v = tid + rnd * NT``
+    is column ``bn = v % BN`` and k ``bc * VW`` … of the tile: VW loads without bounds tests
+    down the column from one offset (``ob``, bumped BK rows per k-tile), rounded or packed
+    in registers (``y``) as loaded, and one 16-byte store at the fixed, swizzled byte offset
+    ``db`` of the write stage. The loads of tile kt+STAGES-1 are issued in iteration kt,
+    after its copies, and stored in iteration kt+1: their latency overlaps a whole k-tile
+    (the wait, the barrier, the next products) instead of stalling the copies.
+
+    Returns the kernel's parts: BASES (per thread), INIT (typed zero registers), OFFSETS
+    (at the first interior k-tile), LOADS (of the tile at ``kf + BK``), PRELOAD (of the tile
+    at ``kf``, before the loop), STORES, BUMP."""
+    parts: dict[str, list[str]] = {k: [] for k in ("BASES", "INIT", "OFFSETS", "LOADS",
+                                                   "PRELOAD", "STORES", "BUMP")}
     for rnd in range(ceil_div(chunks, nt)):
         v = f"(tid + {rnd * nt})"
-        bases += [f"bn{rnd} = {v} % BN", f"bc{rnd} = {v} // BN",
-                  f"db{rnd} = B_BYTES + bn{rnd} * 128 + ((bc{rnd} ^ (bn{rnd} % 8)) * 16)"]
-        offsets.append(f"ob{rnd} = zb * sb0 + (kf + bc{rnd} * VW) * sb1 + col0 + bn{rnd}")
-        bumps.append(f"ob{rnd} += BK * sb1")
-        lines = [f"pb = ob{rnd}"]
-        for q in range(vw):
-            lines.append(f"x{q} = load_at(B, (zb, kf + bc{rnd} * VW + {q}, col0 + bn{rnd}), pb)")
-            if q < vw - 1:
-                lines.append("pb += sb1")
+        parts["BASES"] += [f"bn{rnd} = {v} % BN", f"bc{rnd} = {v} // BN",
+                           f"db{rnd} = B_BYTES + bn{rnd} * 128 + ((bc{rnd} ^ (bn{rnd} % 8)) * 16)"]
+        regs = [f"y{rnd}_{q}" for q in range(vw)]  # the loaded values, as loaded
+        parts["INIT"] += [f"{r} = zero_b" for r in regs]
+        parts["OFFSETS"].append(f"ob{rnd} = zb * sb0 + (kf + bc{rnd} * VW) * sb1 + col0 + bn{rnd}")
+        parts["BUMP"].append(f"ob{rnd} += BK * sb1")
+
+        def loads(k: str, rnd: int = rnd, regs: list[str] = regs) -> list[str]:
+            lines = [f"pb = ob{rnd}"]
+            for q in range(vw):
+                lines.append(f"{regs[q]} = load_at(B, (zb, {k} + bc{rnd} * VW + {q}, "
+                             f"col0 + bn{rnd}), pb)")
+                if q < vw - 1:
+                    lines.append("pb += sb1")
+            return lines
+
+        def guard(lines: list[str], rnd: int = rnd) -> list[str]:
+            return lines if (rnd + 1) * nt <= chunks else [
+                f"if tid < {chunks - rnd * nt}:", *("    " + x for x in lines)]
+
+        parts["LOADS"] += guard(loads("kf + BK"))
+        parts["PRELOAD"] += guard(loads("kf"))
+        # rounded or packed only here, so the loads are first used one k-tile later
         if tf32:
-            vals = ", ".join(f"to_tf32(x{q})" for q in range(vw))
+            vals = ", ".join(f"to_tf32({r})" for r in regs)
         else:
-            vals = ", ".join(f"pack(x{2 * h}, x{2 * h + 1})" for h in range(vw // 2))
-        lines.append(f"sts4(As, wsb + db{rnd}, {vals})")
-        copies += lines if (rnd + 1) * nt <= chunks else [
-            f"if tid < {chunks - rnd * nt}:", *("    " + x for x in lines)]
-    return bases, offsets, bumps, copies
+            vals = ", ".join(f"pack({regs[2 * j]}, {regs[2 * j + 1]})" for j in range(vw // 2))
+        parts["STORES"] += guard([f"sts4(As, wsb + db{rnd}, {vals})"])
+    return parts
 
 
 def _loader(tf32: bool, vw: int) -> str:
@@ -264,6 +284,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
     dsa0 = smem_desc(As, wg * WG_A, ATOM)  # descriptors: this warpgroup's 64 rows of A, stage 0
     dsb0 = smem_desc(As, B_BYTES, ATOM)
     zf = f32(0)
+    zero_b = elt(0)  # B's type (bfloat16: its bits as int16)
     #@BASES
 
     tiles_m = (m + BM - 1) // BM
@@ -297,17 +318,22 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
             rsa = 0  # byte offsets of the stage of tile kt in A's and B's rings
             rsb = 0
             ws = P  # the stage tile kt + P is copied into
+            #@B_INIT
             if a_vec and row0 + BM <= m and col0 + BN <= n:
                 # Interior: while the tile being copied is wholly inside K, every copy is
                 # unchecked, from per-thread offsets that move by a constant per k-tile.
                 kf = P * BK  # k of the tile copied in this iteration
                 #@OFFSETS
+                if k_fast > 0:
+                    #@B_PRELOAD
                 while kt < k_fast:
                     #@HEAD
                     wsa = ws * SA  # into the stage of tile kt-2 (see the module docstring)
                     wsb = ws * SB
                     #@FAST_COPIES
                     commit_cp()
+                    if kt + 1 < k_fast:  # B of the next tile copied, into registers
+                        #@B_LOADS
                     acc = wait1(acc)  # tile kt-1's product has retired; kt's may run on
                     #@BUMP
                     kf += BK
