@@ -193,7 +193,7 @@ def test_wgmma_stand_in_refuses_a_missing_fence_and_a_stray_address() -> None:
     with pytest.raises(AssertionError, match="without a wgmma.fence"):
         unfenced[1, 128](np.zeros(1, np.float32))
 
-    fence = ops.fence
+    fence, commit, wait0 = ops.fence, ops.commit, ops.wait(0)
 
     @cuda.jit
     def stray(out):
@@ -201,6 +201,8 @@ def test_wgmma_stand_in_refuses_a_missing_fence_and_a_stray_address() -> None:
         z = np.float32(0.0)
         fence()
         d = mma((z, z, z, z), smem_desc(s, 0, 128, 256), smem_desc(s, 0, 128, 256), 0)
+        commit()
+        d = wait0(d)  # the product is computed (and shared memory read) here
         out[0] = d[0]
 
     with pytest.raises(IndexError, match="not inside one shared array"):
@@ -255,6 +257,11 @@ def wgmma_swizzled(A, B, D):
     for s in range(4):  # the 4 k steps of a 128-byte row: +32 bytes on the start address
         acc = mma(acc, da + np.uint64(2 * s), db + np.uint64(2 * s), 1)
     commit()
+    if CLOBBER:  # A rewritten while the products may still read it (a race on the GPU)
+        cuda.syncthreads()
+        for e in range(t, SIZE, 128):
+            sA[e] = 0
+        cuda.syncthreads()
     acc = wait0(acc)
     w = t // 32
     g = (t % 32) // 4
@@ -263,10 +270,11 @@ def wgmma_swizzled(A, B, D):
 """
 
 
-def _swizzled_kernel(kind: str, shrink: int = 1) -> Any:
+def _swizzled_kernel(kind: str, shrink: int = 1, clobber: bool = False) -> Any:
     """One warpgroup, a 64×64×(128 bytes) product from 128B-swizzled tiles, the descriptor
     stepped 32 bytes along K per instruction. ``shrink`` > 1 fills the tiles with a wrong
-    swizzle (chunk ^ (r % 8) // shrink, which the descriptor does not describe)."""
+    swizzle (chunk ^ (r % 8) // shrink, which the descriptor does not describe);
+    ``clobber`` zeroes A between the commit and the wait."""
     from numba import cuda
 
     ops = W.wgmma_ops()
@@ -277,7 +285,7 @@ def _swizzled_kernel(kind: str, shrink: int = 1) -> Any:
               .replace("#@STORES", "\n".join(stores)))
     namespace = {
         "cuda": cuda, "np": np, "SIZE": 64 * 128 // item, "K": 128 // item, "ITEM": item,
-        "SHRINK": shrink, "DTYPE": np.float32 if kind == "tf32" else np.uint16,
+        "SHRINK": shrink, "CLOBBER": clobber, "DTYPE": np.float32 if kind == "tf32" else np.uint16,
         "ALIGN": W.shared_alignment(1024), "fence": ops.fence, "commit": ops.commit,
         "wait0": ops.wait(0), "fence_proxy_async": ops.fence_proxy_async,
         "smem_desc": ops.smem_desc_128b,
@@ -286,7 +294,8 @@ def _swizzled_kernel(kind: str, shrink: int = 1) -> Any:
     return cuda.jit(compile_source(source, "wgmma_swizzled", namespace))
 
 
-def _swizzled_error(kind: str, rng: np.random.Generator, shrink: int = 1) -> float:
+def _swizzled_error(kind: str, rng: np.random.Generator, shrink: int = 1,
+                    clobber: bool = False) -> float:
     item = 4 if kind == "tf32" else 2
     k = 128 // item
     a = rng.standard_normal((64, k)).astype(np.float32)
@@ -302,7 +311,7 @@ def _swizzled_error(kind: str, rng: np.random.Generator, shrink: int = 1) -> flo
         want = a.astype(np.float64) @ b
         a, b = a.view(np.uint16), b.view(np.uint16)
     d = np.full((64, N), np.nan, np.float32)
-    _swizzled_kernel(kind, shrink)[1, 128](a, b, d)
+    _swizzled_kernel(kind, shrink, clobber)[1, 128](a, b, d)
     return float(np.max(np.abs(d - want)))
 
 
@@ -320,6 +329,16 @@ def test_a_wrong_swizzle_is_caught(rng: np.random.Generator) -> None:
     # the 64B pattern (chunk ^ (r % 8) // 2) written, the 128B one described: wrong product
     assert _swizzled_error("tf32", rng, shrink=2) > 1e-2
     assert _swizzled_error("tf32", rng, shrink=8) > 1e-2  # no swizzle at all
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_the_stand_in_reads_shared_memory_when_the_product_retires(
+        rng: np.random.Generator) -> None:
+    """A tile rewritten after the issue but before the wait changes the product, as it may
+    on the GPU: the stand-in computes a product when a wait retires it."""
+    assert _swizzled_error("bf16", rng) < 1e-4
+    assert _swizzled_error("bf16", rng, clobber=True) > 1e-2
 
 
 @pytest.mark.ptx

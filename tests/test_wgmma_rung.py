@@ -120,13 +120,34 @@ def test_gemm_alpha_beta_reads_c(rng: np.random.Generator) -> None:
 
 @pytest.mark.cudasim
 @pytest.mark.simulator
+@pytest.mark.slow  # ~10 s: two blocks of 256 threads
 def test_two_warpgroups_and_a_deeper_ring(rng: np.random.Generator) -> None:
-    """~8 s: 2-warpgroup blocks (one interior), a 4-stage ring, 5 k-tiles."""
-    a = rng.standard_normal((130, 152)).astype(np.float32)
-    b = rng.standard_normal((152, 20)).astype(np.float32)
+    """2-warpgroup blocks (one interior, one on N's edge), a 4-stage ring, 4 k-tiles (2 of
+    them unchecked)."""
+    a = rng.standard_normal((128, 128)).astype(np.float32)
+    b = rng.standard_normal((128, 20)).astype(np.float32)
     r = tilegemm.matmul(a, b, backend="cuda", precision="tf32", kernel="wgmma",
                         **_sim(BM=128, BN=16, STAGES=4))
-    _check(r, np.matmul(tf32_round(a).astype(np.float64), tf32_round(b)), 152)
+    _check(r, np.matmul(tf32_round(a).astype(np.float64), tf32_round(b)), 128)
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_copies_one_tile_further_ahead_are_caught(rng: np.random.Generator) -> None:
+    """The ring's ordering, checked: copying STAGES - 1 tiles ahead (instead of STAGES - 2)
+    rewrites the stage of tile kt-1 while its product may still run. The simulator's
+    stand-in computes a product when a wait retires it, reading shared memory then, so the
+    result is wrong there (on a GPU it would be wrong only sometimes)."""
+    from tilegemm.kernels.cuda import k11_wgmma
+
+    a = rng.standard_normal((1, 64, 160)).astype(np.float32)
+    b = rng.standard_normal((1, 160, 32)).astype(np.float32)
+    want = np.matmul(tf32_round(a).astype(np.float64), tf32_round(b))
+    p = SPEC.resolve({**_sim(), "PASSES": 1})
+    for ahead, ok in ((p["STAGES"] - 2, True), (p["STAGES"] - 1, False)):
+        c = np.full((1, 64, 32), np.nan, np.float32)
+        k11_wgmma.build(p, np.dtype(np.float32), ahead).launch(a, b, c, 1.0, 0.0)
+        assert (np.max(np.abs(c - want)) < 1e-3) == ok, (ahead, np.max(np.abs(c - want)))
 
 
 # --- how it is chosen -----------------------------------------------------------------------

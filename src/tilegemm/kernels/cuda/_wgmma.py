@@ -61,9 +61,13 @@ shared-memory window (per block); the stand-in of ``mma_async`` gathers the 128 
 accumulators, decodes both descriptors, reads the core matrices from those arrays, computes
 D in float64 from TF32-truncated (or 16-bit) inputs, rounds to float32 and gives each thread
 its fragment. A wrong stride or fragment therefore gives a wrong product, as on the GPU.
-The stand-in computes at issue; it does not model the asynchrony (a kernel that reads the
-accumulators before ``wait`` is not caught), but it does refuse an ``mma_async`` that no
-``fence`` preceded since the last ``wait``.
+The asynchrony is modelled: ``mma_async`` computes nothing at issue; ``commit`` closes a
+group, and ``wait(n)`` computes the products of the groups it
+retires, in order, reading shared memory *then*, and returns the accumulators they give.
+So a kernel that rewrites a tile before the product reading it has retired, or that reads
+the accumulators without waiting, gets a wrong result under the simulator too. The
+stand-in also refuses an ``mma_async`` that no ``fence`` preceded since the last ``wait``,
+and a ``wait`` with products not committed.
 """
 
 from __future__ import annotations
@@ -339,8 +343,13 @@ def _py_load_at(arr: Any, idx: Any, off: Any) -> Any:
 
 
 class _Issue(threading.local):
+    """One thread's wgmma state: fenced since the last wait, the products issued since the
+    last commit, and the committed groups not yet retired (oldest first)."""
+
     def __init__(self) -> None:
         self.fenced = False
+        self.open: list[Any] = []
+        self.groups: list[list[Any]] = []
 
 
 _issue = _Issue()
@@ -355,12 +364,21 @@ def _py_fence_proxy_async() -> None:
 
 
 def _py_commit() -> None:
-    pass  # the stand-in computes at issue (see the module docstring)
+    _issue.groups.append(_issue.open)
+    _issue.open = []
 
 
 @cache
 def _py_wait(n: int) -> Any:
     def wait(acc: Any) -> Any:
+        if _issue.open:
+            raise AssertionError("wgmma.wait_group with mma_async not committed "
+                                 "(wgmma.commit_group) before it")
+        retire = max(len(_issue.groups) - n, 0)
+        for group in _issue.groups[:retire]:
+            for product in group:  # in issue order, each on the previous one's result
+                acc = product(acc)
+        _issue.groups = _issue.groups[retire:]
         _issue.fenced = False  # accumulators may be touched now: the next issue needs a fence
         return acc
 
@@ -380,27 +398,37 @@ def _py_mma(kind: str, n: int) -> Any:
             return words.astype(np.uint16).view(np.float16).astype(np.float64)
         return bf16_value(words.astype(np.uint16)).astype(np.float64)
 
-    def mma(acc: Any, desc_a: Any, desc_b: Any, scale_d: Any) -> tuple[np.float32, ...]:
+    def mma(acc: Any, desc_a: Any, desc_b: Any, scale_d: Any) -> tuple[Any, ...]:
         if len(acc) != n // 2:
             raise TypeError(f"wgmma m64n{n}: needs {n // 2} accumulators, got {len(acc)}")
         if not _issue.fenced:
             raise AssertionError("wgmma.mma_async without a wgmma.fence since the last wait")
-        def product(frags: list[Any]) -> np.ndarray:
-            if len({f[1:] for f in frags}) != 1:
-                raise AssertionError("wgmma: descriptors and scale-d differ across the "
-                                     "warpgroup")
-            A = values(_operand(int(desc_a), 64, k, itemsize))
-            B = values(_operand(int(desc_b), n, k, itemsize)).T  # stored N×K: B transposed
-            C = np.zeros((64, n))
-            if int(scale_d):
-                for thread, f in enumerate(frags):
-                    for i in range(n // 2):
-                        C[d_layout(thread, i)] = f[0][i]
-            return (A @ B + C).astype(np.float32)
+        key = (int(desc_a), int(desc_b), int(scale_d))
 
-        D = group_compute((tuple(acc), int(desc_a), int(desc_b), int(scale_d)), product)
-        me = threading.current_thread().thread_id % WARPGROUP  # type: ignore[attr-defined]
-        return tuple(D[d_layout(me, i)] for i in range(n // 2))
+        def product(acc_now: Any) -> tuple[np.float32, ...]:
+            """Run when a wait retires this product: shared memory is read then, so a tile
+            rewritten between issue and retirement gives a wrong result, as it may on the
+            GPU (the tensor core reads it at any time in between)."""
+
+            def compute(frags: list[Any]) -> np.ndarray:
+                if len({f[1] for f in frags}) != 1:
+                    raise AssertionError("wgmma: descriptors and scale-d differ across the "
+                                         "warpgroup")
+                A = values(_operand(key[0], 64, k, itemsize))
+                B = values(_operand(key[1], n, k, itemsize)).T  # stored N×K: B transposed
+                C = np.zeros((64, n))
+                if key[2]:
+                    for thread, f in enumerate(frags):
+                        for i in range(n // 2):
+                            C[d_layout(thread, i)] = f[0][i]
+                return (A @ B + C).astype(np.float32)
+
+            D = group_compute((tuple(acc_now), key), compute)
+            me = threading.current_thread().thread_id % WARPGROUP  # type: ignore[attr-defined]
+            return tuple(D[d_layout(me, i)] for i in range(n // 2))
+
+        _issue.open.append(product)
+        return tuple(acc)  # the registers change when a wait retires the product
 
     mma.__name__ = f"wgmma_m64n{n}_{kind}"
     return mma

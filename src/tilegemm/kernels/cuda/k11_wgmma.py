@@ -89,15 +89,18 @@ def _smem(p: Mapping[str, int], itemsize: int = 4) -> int:
     return p["STAGES"] * (p["BM"] + p["BN"]) * ROW
 
 
-def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
+def build(p: Mapping[str, int], dtype: np.dtype, ahead: int | None = None) -> CudaProgram:
+    """The program; ``ahead`` (tiles copied ahead of the one multiplied, STAGES - 2 unless
+    given) exists for the test that shows the simulator catching a stage rewritten while a
+    product still reads it (ahead = STAGES - 1)."""
     name = np.dtype(dtype).name
-    kernel = _generate(p, name)
+    kernel = _generate(p, name, ahead)
     arg_types = ("int16", "float32") if name == "bfloat16" else None
     return CudaProgram(kernel, (_threads(p), 1, 1), flat_tile_grid(p["BM"], p["BN"]),
                        arg_types, dynamic_smem=_smem(p))
 
 
-def _generate(p: Mapping[str, int], dtype: str) -> Any:
+def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any:
     global cuda
     from numba import cuda
 
@@ -107,7 +110,7 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
     VW = 16 // ISZ  # elements per 16-byte chunk
     BK = ROW // ISZ
     NT = _threads(p)
-    P = STAGES - 2  # tiles copied ahead of the one multiplied
+    P = STAGES - 2 if ahead is None else ahead  # tiles copied ahead of the one multiplied
     A_CHUNKS, B_CHUNKS = BM * (ROW // 16), BN * (ROW // 16)
     load, store, _, _, _, _, address, _ = access_ops()
     tc, wg = tensorcore_ops(), wgmma_ops()
