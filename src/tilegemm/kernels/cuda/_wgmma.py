@@ -210,22 +210,6 @@ class _GroupSlot:
         self.barrier = SimBarrier(WARPGROUP)
 
 
-def group_exchange(value: Any) -> list[Any]:
-    """Simulator only: every thread of the calling warpgroup gives ``value``; each gets all
-    128 (a per-warpgroup scratch, a barrier before reading and one before reuse)."""
-    t, state = _block_state()
-    if int(np.prod(t._manager._block_dim)) % WARPGROUP:  # type: ignore[attr-defined]
-        raise RuntimeError("wgmma needs blocks of whole warpgroups (multiples of 128 threads)")
-    tid = t.thread_id  # type: ignore[attr-defined]
-    with _LOCK:
-        slot = state["groups"].setdefault(tid // WARPGROUP, _GroupSlot())
-    slot.values[tid % WARPGROUP] = value
-    slot.barrier.wait()
-    out = list(slot.values)
-    slot.barrier.wait()
-    return out
-
-
 def group_compute(value: Any, fn: Any) -> Any:
     """Simulator only: every thread of the calling warpgroup gives ``value``; one of them
     computes ``fn(all 128 values)`` and every thread gets that result (the product a
