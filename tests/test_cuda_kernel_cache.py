@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -199,6 +200,7 @@ def test_second_process_reuses_the_file_untouched(tmp_path):
 COMPILE = """
 import hashlib, json
 from types import SimpleNamespace
+from typing import Any
 from numba.cuda import codegen, dispatcher
 from numba.cuda.cudadrv import runtime
 CC = (9, 0, "a")
@@ -216,16 +218,23 @@ print(json.dumps({"stats": compile_cache.STATS,
 """
 
 
+def _two_fresh_processes(code: str, cache: Path, timeout: int) -> list[Any]:
+    """Run ``code`` in two new Python processes sharing the kernel cache ``cache`` (on a
+    real compile path, numba's own cache directory not moved); the JSON each printed last."""
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(cache), NUMBA_ENABLE_CUDASIM="0")
+    env.pop("NUMBA_CACHE_DIR", None)
+    out = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True, timeout=timeout)
+        out.append(json.loads(run.stdout.strip().splitlines()[-1]))
+    return out
+
+
 @offline
 @pytest.mark.slow
 def test_second_process_loads_the_compiled_kernel_instead_of_compiling(tmp_path):
-    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path), NUMBA_ENABLE_CUDASIM="0")
-    env.pop("NUMBA_CACHE_DIR", None)
-    runs = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True,
-                             text=True, check=True, timeout=300)
-        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    runs = _two_fresh_processes(COMPILE, tmp_path, timeout=300)
     assert runs[0]["stats"] == {"compiled": 1, "loaded": 0}
     assert runs[1]["stats"] == {"compiled": 0, "loaded": 1}
     assert runs[1]["cubin"] == runs[0]["cubin"]  # the saved cubin itself
@@ -407,12 +416,6 @@ print(json.dumps(compile_cache.STATS))
 
 @pytest.mark.gpu
 def test_second_process_loads_the_cubin_instead_of_compiling(tmp_path):
-    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path), NUMBA_ENABLE_CUDASIM="0")
-    env.pop("NUMBA_CACHE_DIR", None)
-    stats = []
-    for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", RUN], env=env, capture_output=True,
-                             text=True, check=True, timeout=600)
-        stats.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    stats = _two_fresh_processes(RUN, tmp_path, timeout=600)
     assert stats[0]["compiled"] >= 1
     assert stats[1] == {"compiled": 0, "loaded": stats[0]["compiled"]}

@@ -157,9 +157,9 @@ def compile_ptx_all(spec: KernelSpec, params: dict[str, int], dtype: str) -> dic
     program = spec.program(params, np.dtype(dtype))
     # Compile as the dispatcher would: a rung's launch bounds change ptxas' register budget.
     bounds = getattr(program.kernel, "targetoptions", {}).get("launch_bounds")
-    ccs: dict[str, tuple] = {arch: ARCHS[arch] for arch in ARCHS}
-    if spec.only_cc:  # architecture-specific instructions: that target only (sm_90a)
-        ccs = {arch: (*cc, "a") for arch, cc in ccs.items() if cc == tuple(spec.only_cc)}
+    # architecture-specific instructions (KernelSpec.only_cc): that target only, as sm_90a
+    suffix = ("a",) if spec.only_cc else ()
+    ccs: dict[str, tuple] = {arch: (*ARCHS[arch], *suffix) for arch in archs_for(spec)}
     with global_compiler_lock:
         lib, _ = _compile_pyfunc_with_fixup(
             program.kernel.py_func, program.signature(dtype), device=False,
