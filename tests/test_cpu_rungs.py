@@ -226,6 +226,65 @@ def test_blocked_micro_kernel_is_vectorised():
     assert "gather" not in asm
 
 
+_HASWELL = ("+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+cx16,+movbe,+lzcnt,"
+            "-avx512f,-avx512vl,-avx512bw,-avx512dq,-avx512cd")
+
+
+def _k_loop_for_avx2(mr, nr, dtype):
+    """The explicit vector K loop for an MR×NR tile in 256-bit vectors, compiled to AVX2
+    machine code (whatever the host): (FMAs, stack accesses) in its busiest block."""
+    import re
+
+    import numba
+    from llvmlite import binding as llvm
+
+    from tilegemm.kernels.cpu._vector_tile import tile_loop
+
+    dtype = np.dtype(dtype)
+    kloop = tile_loop(mr, nr, dtype, 32 // dtype.itemsize, 4)
+    nbt = numba.from_dtype(dtype)
+    sig = numba.void(numba.int64, nbt[:, :, ::1], numba.int64, nbt[:, :, ::1], numba.int64,
+                     nbt[:, ::1])
+
+    @numba.njit(sig)
+    def call(kc, ap, a0, bp, b0, t):
+        kloop(kc, ap, a0, bp, b0, t)
+
+    module = llvm.parse_assembly(call.inspect_llvm(call.signatures[0]))
+    machine = llvm.Target.from_triple(module.triple).create_target_machine(
+        cpu="haswell", features=_HASWELL, opt=3)
+    blocks = re.split(r"\n(?=\.?[\w$.]+:)", machine.emit_assembly(module))
+    loop = max(blocks, key=lambda b: b.count("vfmadd"))
+    return loop.count("vfmadd"), loop.count("rsp")
+
+
+def test_vector_k_loop_keeps_blis_avx2_tiles_in_registers():
+    """BLIS's AVX2 tiles, 6×16 float32 and 6×8 float64, need 15 of the 16 vector registers
+    (12 accumulators, 2 vectors of B, 1 broadcast). The explicit vector K loop must keep
+    them there: 4 unrolled steps of 12 FMAs and no stack access (the SLP-vectorised scalars
+    spilled here and ran at half speed). Negative control: 8×16 float32 needs 16
+    accumulators + 3, so the same count must see its spills."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("reads x86 machine code")
+    assert _k_loop_for_avx2(6, 16, "float32") == (4 * 12, 0)
+    assert _k_loop_for_avx2(6, 8, "float64") == (4 * 12, 0)
+    fmas, stack = _k_loop_for_avx2(8, 16, "float32")
+    assert fmas == 4 * 16 and stack > 0
+
+
+def test_vector_lanes_divide_the_tile():
+    from tilegemm.kernels.cpu._vector_tile import lanes, tile_loop
+
+    assert lanes(32, np.dtype("float32"), 512) == 16
+    assert lanes(8, np.dtype("float32"), 512) == 8  # never wider than the row
+    assert lanes(16, np.dtype("float64"), None) == 4  # 256-bit when LLVM chooses
+    assert lanes(24, np.dtype("float32"), 512) == 8  # a divisor of NR
+    with pytest.raises(ValueError, match="int32"):
+        tile_loop(4, 8, np.dtype("int32"), 8, 4)
+
+
 def test_vector_width_attributes_reach_every_function_definition():
     from tilegemm.kernels.cpu._slp import with_vector_width
 

@@ -258,13 +258,27 @@ def current_describe() -> dict[str, Any] | None:
     return _DESCRIBE.get()
 
 
+@functools.cache
+def cpu_sources_digest() -> str:
+    """A hash of tilegemm's CPU kernel sources: a written-out module imports their
+    intrinsics (the explicit vector K loop, the prefetch) and compiles them into its code,
+    so a cached entry built from other versions of them must not be loaded."""
+    return source_digest((Path(__file__).parent / "kernels" / "cpu").glob("*.py"))
+
+
 def _cpu_key() -> str:
-    """CPU model and the LLVM feature string Numba compiles for."""
+    """CPU model, the CPU and LLVM features Numba compiles for (``NUMBA_CPU_NAME`` and
+    ``NUMBA_CPU_FEATURES`` when set: code built for another CPU is another entry) and the
+    digest of the CPU kernel sources."""
     from llvmlite import binding as llvm
+    from numba.core import config
 
     from tilegemm.bench.environment import cpu_name
 
-    return f"{cpu_name()}|{llvm.get_host_cpu_name()}|{llvm.get_host_cpu_features().flatten()}"
+    name = config.CPU_NAME or llvm.get_host_cpu_name()
+    features = (config.CPU_FEATURES if config.CPU_FEATURES is not None
+                else llvm.get_host_cpu_features().flatten())
+    return f"{cpu_name()}|{name}|{features}|{cpu_sources_digest()}"
 
 
 def fill_template(template: str, header: dict[str, Any], blocks: dict[str, str]) -> str:

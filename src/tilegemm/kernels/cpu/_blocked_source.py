@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
+from tilegemm.kernels.cpu._vector_tile import lanes, tile_loop
 from tilegemm.kernels.cpu._workspace import workspace
 
 # @header (replaced for each parameter set; these values only make the template importable)
@@ -24,6 +25,7 @@ CACHE = False
 SMALL_PRODUCT = 96 * 96 * 96
 DIRECT_PRODUCT = 64 * 64 * 64
 VECTOR_BITS = None  # widest vectors the code may use (None: LLVM's choice for the CPU)
+K_UNROLL = 4  # K steps per trip of the micro-kernel's loop
 # @end-header
 
 mr, nr, mc, kc_max, nc_max = MR, NR, MC, KC, NC
@@ -42,6 +44,9 @@ a1, a2, a3, a4 = nbt[::1], nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
 # Scratch arrays start on 64-byte boundaries of the workspace (in elements).
 ALIGN = max(1, 64 // _dt.itemsize)
 prefetch_w = prefetch_write()
+# The float micro-kernels' K loop, as explicit vector code (see _vector_tile).
+kloop = (tile_loop(MR, NR, _dt, lanes(NR, _dt, VECTOR_BITS), K_UNROLL)
+         if _dt.kind == "f" else None)
 
 
 # @ukernel (replaced by the generated MR×NR micro-kernel)

@@ -44,7 +44,8 @@ DIRECT_PRODUCT = 64 * 64 * 64
 K_UNROLL = 4
 
 
-def micro_kernel_source(mr: int, nr: int, unroll: int = K_UNROLL) -> str:
+def micro_kernel_source(mr: int, nr: int, unroll: int = K_UNROLL,
+                        vector_loop: bool = False) -> str:
     """Python source of the MR×NR micro-kernel, fully unrolled into named scalars.
 
     ``ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode)`` computes the tile
@@ -65,7 +66,43 @@ def micro_kernel_source(mr: int, nr: int, unroll: int = K_UNROLL) -> str:
     iteration the loop counter, the two pointer increments and the branch take issue slots
     from 16 FMAs; four steps ran the micro-kernel alone 10-20 % faster (see docs/cpu.md).
     Each element is still the same K-ordered sum of products.
+
+    With ``vector_loop`` (float dtypes) the K loop is instead the explicit vector loop
+    ``kloop`` of ``_vector_tile``, which leaves the tile in the scratch tile T (MR×NR, in
+    L1); modes 1 and 2 read it back into the named scalars, all loads before the first
+    store to C (T and C might alias as far as LLVM knows, which would keep the vectoriser
+    from packing loads that follow a store), and update C from them as before. That is
+    MR·NR stores and loads more per tile, against MR·NR·KC multiply-adds: well under 1 %.
     """
+    lines = ["def ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode):"]
+    if vector_loop:
+        lines.append("    kloop(kc, Ap, r * Ap.shape[1] * Ap.shape[2], Bp,"
+                     " s * Bp.shape[1] * Bp.shape[2], T)")
+        lines.append("    if mode == 0:")
+        lines.append("        return")
+        lines.extend(f"    c{i}_{j} = T[{i}, {j}]" for i in range(mr) for j in range(nr))
+    else:
+        lines.extend(_scalar_k_loop(mr, nr, unroll))
+        # mode 0: the tile to T (an edge tile: the caller stores the part that exists)
+        lines.append("    if mode == 0:")
+        lines.extend(f"        T[{i}, {j}] = c{i}_{j}" for i in range(mr) for j in range(nr))
+        lines.append("        return")
+    # mode 1: C = alpha*tile; mode 2: C = alpha*tile + bb*C (bb = 1 after the first panel)
+    lines.append("    ju = uint64(j)")
+    lines.extend(f"    r{i} = uint64(i + {i})" for i in range(mr))
+    lines.append("    if mode == 1:")
+    lines.extend(f"        C[r{i}, ju + uint64({j})] = alpha * c{i}_{j}"
+                 for i in range(mr) for j in range(nr))
+    lines.append("    else:")
+    for i in range(mr):
+        for j in range(nr):
+            at = f"C[r{i}, ju + uint64({j})]"
+            lines.append(f"        {at} = alpha * c{i}_{j} + bb * {at}")
+    return "\n".join(lines) + "\n"
+
+
+def _scalar_k_loop(mr: int, nr: int, unroll: int) -> list[str]:
+    """The K loop over MR·NR named scalar accumulators, ``unroll`` steps a trip."""
 
     def step(indent: str, p: str) -> list[str]:
         body = [f"{indent}b{j} = Bp[s, {p}, {j}]" for j in range(nr)]
@@ -74,7 +111,7 @@ def micro_kernel_source(mr: int, nr: int, unroll: int = K_UNROLL) -> str:
             body.extend(f"{indent}c{i}_{j} += a * b{j}" for j in range(nr))
         return body
 
-    lines = ["def ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode):"]
+    lines = []
     for i in range(mr):
         lines.append("    " + " = ".join(f"c{i}_{j}" for j in range(nr)) + " = zero")
     lines.append("    kcu = uint64(kc)")
@@ -88,22 +125,13 @@ def micro_kernel_source(mr: int, nr: int, unroll: int = K_UNROLL) -> str:
     else:
         lines.append("    for p in range(kcu):")
     lines.extend(step("        ", "p"))
-    # mode 0: the tile to T (an edge tile: the caller stores the part that exists);
-    # mode 1: C = alpha*tile; mode 2: C = alpha*tile + bb*C (bb = 1 after the first panel)
-    lines.append("    if mode == 0:")
-    lines.extend(f"        T[{i}, {j}] = c{i}_{j}" for i in range(mr) for j in range(nr))
-    lines.append("        return")
-    lines.append("    ju = uint64(j)")
-    lines.extend(f"    r{i} = uint64(i + {i})" for i in range(mr))
-    lines.append("    if mode == 1:")
-    lines.extend(f"        C[r{i}, ju + uint64({j})] = alpha * c{i}_{j}"
-                 for i in range(mr) for j in range(nr))
-    lines.append("    else:")
-    for i in range(mr):
-        for j in range(nr):
-            at = f"C[r{i}, ju + uint64({j})]"
-            lines.append(f"        {at} = alpha * c{i}_{j} + bb * {at}")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def uses_vector_loop(dtype: np.dtype) -> bool:
+    """Float tiles take the explicit vector K loop (``_vector_tile``); integer tiles keep
+    the SLP-vectorised scalars (no fused multiply-add to write, and no such spills)."""
+    return np.dtype(dtype).kind == "f"
 
 
 def jit_flags(dtype: np.dtype) -> dict[str, Any]:
@@ -128,10 +156,15 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
 
     dtype = np.dtype(dtype)
     nbt = numba.from_dtype(dtype)
-    ns: dict[str, Any] = {"zero": dtype.type(0), "uint64": numba.uint64}
-    exec(micro_kernel_source(mr, nr), ns)  # noqa: S102 - our own generated source
-    i8, a2, a3 = numba.int64, nbt[:, ::1], nbt[:, :, ::1]
     from tilegemm.kernels.cpu._slp import vector_width
+    from tilegemm.kernels.cpu._vector_tile import lanes, tile_loop
+
+    ns: dict[str, Any] = {"zero": dtype.type(0), "uint64": numba.uint64}
+    vector = uses_vector_loop(dtype)
+    if vector:
+        ns["kloop"] = tile_loop(mr, nr, dtype, lanes(nr, dtype, vector_bits()), K_UNROLL)
+    exec(micro_kernel_source(mr, nr, vector_loop=vector), ns)  # noqa: S102 - our own source
+    i8, a2, a3 = numba.int64, nbt[:, ::1], nbt[:, :, ::1]
 
     sig = numba.void(i8, a3, i8, a3, i8, a2, a2, i8, i8, nbt, nbt, i8)
     with slp_enabled(), vector_width(vector_bits()):
@@ -154,8 +187,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
         template,
         {"MR, NR, MC, KC, NC": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
-         "VECTOR_BITS": bits},
-        {"ukernel": micro_kernel_source(p["MR"], p["NR"])},
+         "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL},
+        {"ukernel": micro_kernel_source(p["MR"], p["NR"],
+                                        vector_loop=uses_vector_loop(dtype))},
     )
     with vector_width(bits):  # compiled (or loaded from the cache) with full-width vectors
         module = load_module(f"blocked-{dtype.name}", source,
@@ -189,8 +223,8 @@ SPEC = KernelSpec(
     constraints=(
         Constraint("MC is a multiple of MR", lambda q: q["MC"] % q["MR"] == 0),
         Constraint("NC is a multiple of NR", lambda q: q["NC"] % q["NR"] == 0),
-        Constraint("MR*NR <= 256 (the tile must fit the vector registers)",
-                   lambda q: q["MR"] * q["NR"] <= 256),
+        Constraint("MR*NR <= 384 (the tile must fit the vector registers: 24 of AVX-512's "
+                   "32 in float32)", lambda q: q["MR"] * q["NR"] <= 384),
     ),
     dtypes=FLOATS + INTS,
     doc=__doc__,
