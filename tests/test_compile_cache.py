@@ -135,6 +135,32 @@ def test_cache_command_lists_and_clears(tmp_path, monkeypatch, capsys):
     assert compile_cache.entries() == []
 
 
+def test_cache_command_clears_only_stale_entries(tmp_path, monkeypatch, capsys):
+    """An entry written by another tilegemm version is listed as not usable and is the only
+    one ``--clear --stale`` removes; the current entry stays and still loads."""
+    from tilegemm.cli import main
+
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    real = compile_cache._versions
+    with monkeypatch.context() as m:
+        m.setattr(compile_cache, "_versions", lambda: {**real(), "tilegemm": "0.0.1"})
+        load_module("probe", _source(23), {"kernel": "probe", "params": {"SCALE": 23}})
+    load_module("probe", _source(29), {"kernel": "probe", "params": {"SCALE": 29}})
+    assert sorted(e.current for e in compile_cache.entries()) == [False, True]
+    (old,) = [e for e in compile_cache.entries() if not e.current]
+    assert old.files and all(p.exists() for p in old.files)
+    assert main(["cache"]) == 0
+    assert "1 not usable here" in capsys.readouterr().out
+    assert main(["cache", "--stale"]) == 2  # --stale alone removes nothing
+    assert len(compile_cache.entries()) == 2
+    assert main(["cache", "--clear", "--stale"]) == 0
+    assert "removed 1 stale entry" in capsys.readouterr().out
+    (left,) = compile_cache.entries()
+    assert left.current and left.describe["params"] == {"SCALE": 29}
+    assert not any(p.exists() for p in old.files)
+
+
 @pytest.mark.slow
 def test_blocked_rung_is_loaded_by_a_second_process(tmp_path, monkeypatch):
     """The real CPU rung (small tiles to compile faster) through the cache end to end."""

@@ -432,6 +432,7 @@ class CacheEntry:
     versions: dict[str, str]
     current: bool  # written by this tilegemm/Numba/Python on this CPU
     bytes: int  # source plus compiled code
+    files: tuple[Path, ...] = ()  # what removing the entry deletes
 
 
 def entries() -> list[CacheEntry]:
@@ -455,10 +456,10 @@ def _module_entries(folder: Path, now: dict[str, Any]) -> list[CacheEntry]:
             key = json.loads(first.split(":", 1)[1])
         except (OSError, ValueError, IndexError):
             key = {}
-        size = path.stat().st_size + sum(
-            p.stat().st_size for p in (folder / "__pycache__").glob(f"{path.stem}*"))
+        files = (path, *(folder / "__pycache__").glob(f"{path.stem}*"))
+        size = sum(p.stat().st_size for p in files)
         out.append(CacheEntry(path.stem, key.get("describe", {}), key.get("versions", {}),
-                              all(key.get(k) == v for k, v in now.items()), size))
+                              all(key.get(k) == v for k, v in now.items()), size, files))
     return out
 
 
@@ -488,13 +489,25 @@ def _text_entries(root: Path) -> list[CacheEntry]:
             versions = key.get("versions", {})
             current = all(versions.get(k) == v for k, v in now.items())
             out.append(CacheEntry(path.stem, key.get("describe", {}), versions, current,
-                                  path.stat().st_size))
+                                  path.stat().st_size, (path,)))
     return out
 
 
-def clear() -> int:
-    """Delete every kernel cache entry; returns how many there were."""
+def clear(stale_only: bool = False) -> int:
+    """Delete every kernel cache entry, or with ``stale_only`` those this process can no
+    longer use (written by another tilegemm, Numba or Python version, for another CPU,
+    driver or kernel source); returns how many were removed.
+
+    Stale entries are never loaded, but nothing deletes them on its own: a directory shared
+    by several machines (a home directory on a cluster's login and GPU nodes, say) holds
+    entries that are stale on one machine and in use on another."""
     root = cache_root()
+    if stale_only:
+        stale = [e for e in entries() if not e.current]
+        for e in stale:
+            for path in e.files:
+                path.unlink(missing_ok=True)
+        return len(stale)
     n = len(entries())
     if root is not None:
         for sub in (*MODULE_SUBDIRS, *TEXT_SUBDIRS, POCL_SUBDIR):

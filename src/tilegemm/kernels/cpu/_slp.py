@@ -1,8 +1,9 @@
 """Code-generation switches for one Numba compilation: the SLP vectoriser, vector width.
 
 Numba disables the superword-level-parallelism vectoriser by default
-(``NUMBA_SLP_VECTORIZE=0``), but the blocked rung's micro-kernel is written as MR×NR named
-scalars and depends on exactly that pass to pack them into vector registers. Numba reads
+(``NUMBA_SLP_VECTORIZE=0``), but the blocked rung's integer micro-kernels are written as
+MR×NR named scalars, and every micro-kernel's update of C from them, depend on exactly that
+pass to pack them into vector registers. Numba reads
 ``config.SLP_VECTORIZE`` when it builds the pass pipeline for a library, so setting it while
 one function compiles (eagerly, with an explicit signature) affects that function only; the
 compiled code keeps its vector instructions when later linked into callers.

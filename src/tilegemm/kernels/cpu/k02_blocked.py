@@ -11,9 +11,11 @@ GotoBLAS/BLIS do, so that almost every operand comes from a register or L1:
   the micro-kernel reads both with unit stride and never tests a bound (padding rows and
   columns produce results nobody stores);
 - **micro-kernel**: an MR×NR tile of C held in registers for the whole KC loop; per step it
-  loads one NR-vector of B, broadcasts MR values of A and issues MR×NR/width FMAs. The tile is
-  generated as MR·NR named scalars and LLVM's SLP vectoriser packs them into vector registers
-  (16×8: ``vfmadd231ps ymm, ymm, [mem]{1to8}`` for float32, zmm for float64): Numba allocates
+  loads one NR-vector of B, broadcasts MR values of A and issues MR×NR/width FMAs. For float
+  dtypes the K loop is explicit vector code (``_vector_tile``: LLVM IR built by a Numba
+  intrinsic, row by row, so each broadcast is used as soon as it is loaded and BLIS's
+  15-of-16-register AVX2 tiles do not spill); for integers the tile is MR·NR named scalars
+  that LLVM's SLP vectoriser packs into vector registers. Not an array: Numba allocates
   arrays on the heap, and LLVM will not keep heap memory in registers, so a local
   ``np.zeros((MR, NR))`` accumulator runs from L1 at 1/20 of the speed;
 - **threads**: ``prange`` over balanced row-block tasks of each packed panel (plus column
