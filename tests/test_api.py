@@ -307,6 +307,18 @@ def test_cuda_request_without_gpu_is_a_clear_error():
         tilegemm.matmul(np.ones((2, 2)), np.ones((2, 2)), backend="cuda")
 
 
+def test_a_rung_of_another_backend_is_named_as_such():
+    """kernel='wgmma' on the CPU (kernel names are per backend): the error says which
+    backend has it and lists the CPU's own, before any launch."""
+    a = np.ones((3, 3), np.float32)
+    with pytest.raises(ValueError, match=r"unknown kernel 'wgmma' for backend 'cpu' "
+                       r"\(kernel 'wgmma' is a rung of backend 'cuda': pass backend='cuda'\); "
+                       r"choices: triple_loop, blocked"):
+        tilegemm.matmul(a, a, kernel="wgmma", backend="cpu")
+    with pytest.raises(ValueError, match=r"unknown kernel 'nope' for backend 'cpu'; choices"):
+        tilegemm.matmul(a, a, kernel="nope", backend="cpu")
+
+
 def test_import_touches_no_gpu_library():
     code = (
         "import sys, tilegemm; tilegemm.kernels(); "

@@ -273,7 +273,13 @@ def get(name: str, backend: str) -> KernelSpec:
         if s.name == name:
             return s
     choices = ", ".join(s.name for s in specs_for(backend)) or "none"
-    raise InvalidValueError(f"unknown kernel {name!r} for backend {backend!r}; choices: {choices}")
+    elsewhere = [b for b in BACKENDS if b != backend and any(s.name == name
+                                                             for s in specs_for(b))]
+    hint = (f" (kernel {name!r} is a rung of backend "
+            f"{' and '.join(map(repr, elsewhere))}: pass backend={elsewhere[0]!r})"
+            if elsewhere else "")
+    raise InvalidValueError(
+        f"unknown kernel {name!r} for backend {backend!r}{hint}; choices: {choices}")
 
 
 def default_for(backend: str, dtype: np.dtype | str) -> KernelSpec:
