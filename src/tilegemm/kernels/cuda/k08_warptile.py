@@ -99,9 +99,8 @@ class WarpTiles:
         return asdict(self)
 
     # A thread's i-th row is tr0 + row_off(i): TM rows in each of its WMITER sub-tiles,
-    # WSUBM apart (columns likewise); ROW_EXPR and COL_EXPR say the same in the source.
+    # WSUBM apart (columns likewise); ROW_EXPR says the same in the source.
     ROW_EXPR = "(i // TM) * WSUBM + i % TM"
-    COL_EXPR = "(j // TN) * WSUBN + j % TN"
 
     def row_off(self, i: int) -> int:
         return (i // self.TM) * self.WSUBM + i % self.TM
@@ -135,12 +134,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
 
     t = WarpTiles.of(p)
     kernel = generate("warptile", p, dtype, dict(cuda=cuda, **t.names()), WARP_MAPPING,
-                      t.RT, t.CT, t.ROW_EXPR, t.COL_EXPR, t.row_off, t.col_off, access_ops())
+                      t.RT, t.CT, t.ROW_EXPR, t.row_off, t.col_off, access_ops())
     return CudaProgram(kernel, (t.NT, 1, 1), tile_grid(t.BM, t.BN))
 
 
 def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[str, Any],
-             mapping: list[str], rt: int, ct: int, row_expr: str, col_expr: str,
+             mapping: list[str], rt: int, ct: int, row_expr: str,
              row_off: Callable[[int], int], col_off: Callable[[int], int], ops: Any,
              a_rows: bool = False) -> Any:
     """The kernel of a register-tiled rung with A transposed and swizzled in shared memory
@@ -164,7 +163,8 @@ def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[s
         vload=vload, vstore=vstore, gather=gather, scatter=scatter, address=address,
         vload_at=vload_at(), ALIGN=ALIGN, zero=dtype.type(0), nptype=dtype.type)
     source = KERNEL.replace("KERNEL_NAME", name)
-    source = source.replace("#@STORE_C", indent(store_c(row_expr, col_expr), 16))
+    source = source.replace("#@STORE_C", indent(store_c(rt, ct, W, row_expr, col_off), 16))
+    source = source.replace("#@ZERO_ACC", indent(zero_acc(rt, ct), 16))
     source = source.replace("#@MAPPING", indent(mapping, 4))
     source = source.replace("#@BASES", indent(
         _bases(p, W, RPW, NT, rt, ct, row_off, col_off, a_rows), 4))
@@ -256,9 +256,10 @@ def _compute(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int,
     """The BK k steps of one tile, written out: shared loads at base + constant, FMAs.
 
     Every k step's operands get names of their own (``a3_k5``; ``_b1`` for buffer 1 of
-    pipelined), so each is assigned once: numba's SSA reconstruction looks up the reaching
-    definition of a reassigned variable with a linear scan of its block, which made it
-    quadratic in the length of the written-out code."""
+    pipelined), and so do its sums (``c3_5_k5``, see :func:`k_step`), so each is assigned
+    once: numba's SSA reconstruction looks up the reaching definition of a reassigned
+    variable with a linear scan of its block, which made it quadratic in the length of the
+    written-out code. The last step sums into the accumulators themselves (``c3_5``)."""
     lines = []
     tag = f"_b{buf[0]}" if buf else ""
     for kk in range(p["BK"]):
@@ -266,18 +267,46 @@ def _compute(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int,
         lines += [f"# k step {kk}", *k_step(
             RT, CT, w, f"_k{kk}{tag}",
             [f"({buf}{kk}, xa_{sk}_{i})" for i in range(0, RT, w)],
-            [f"({buf}{kk}, xb_{j})" for j in range(0, CT, w)])]
+            [f"({buf}{kk}, xb_{j})" for j in range(0, CT, w)],
+            c_in=_sum_suffix(kk - 1, p["BK"], tag), c_out=_sum_suffix(kk, p["BK"], tag))]
     return lines
 
 
+def _sum_suffix(kk: int, bk: int, tag: str) -> str:
+    """The suffix of the partial sums after written-out k step ``kk`` of ``bk``: none
+    before the first step and after the last (the accumulators ``c3_5`` themselves)."""
+    return "" if kk < 0 or kk == bk - 1 else f"_k{kk}{tag}"
+
+
+def acc_name(i: int, j: int, sfx: str = "") -> str:
+    """The accumulator of a thread's output row ``i``, column ``j`` (``sfx``: a partial
+    sum of a written-out k-tile)."""
+    return f"c{i}_{j}{sfx}"
+
+
+def zero_acc(RT: int, CT: int) -> list[str]:
+    """The accumulators set to zero before a tile of C."""
+    return [f"{acc_name(i, j)} = zero" for i in range(RT) for j in range(CT)]
+
+
 def k_step(RT: int, CT: int, w: int, sfx: str, a_at: list[str], b_at: list[str],
-           a_vectors: bool = True) -> list[str]:
+           a_vectors: bool = True, c_in: str = "", c_out: str = "") -> list[str]:
     """One k step of a thread tile, as source: its RT values of A and CT of B from shared
-    memory into ``a{i}{sfx}`` and ``b{j}{sfx}``, then the RT × CT FMAs into ``acc``.
+    memory into ``a{i}{sfx}`` and ``b{j}{sfx}``, then the RT × CT FMAs
+    ``c{i}_{j}{c_out} = c{i}_{j}{c_in} + a{i}{sfx} * b{j}{sfx}``.
 
     B comes in 128-bit loads at the indices ``b_at`` (one per vector); A likewise at
     ``a_at``, or with ``a_vectors=False`` one element per row (``a_at``: one per row).
-    Shared by the generated compute loops of rungs 6-9."""
+    Shared by the generated compute loops of rungs 6-9.
+
+    The accumulators are plain local names, not a ``cuda.local.array``: ``acc[i, j] +=``
+    is an array read, a multiply-add and an array write, each typed and lowered by numba
+    (and the array left to LLVM to split into registers again), three times the work of
+    one assignment; typing and lowering are most of a first call's compile time. A loop
+    (``c_in == c_out``) updates the accumulators in place; written-out steps chain new
+    names (``c3_5_k6`` from ``c3_5_k5``) so that no name is assigned twice in one block
+    (see :func:`_compute`). The sum is the same expression as before, so NVVM contracts
+    it into the same fused multiply-add, in the same k order."""
     def names(x: str, first: int) -> str:
         return ", ".join(f"{x}{first + q}{sfx}" for q in range(w))
 
@@ -287,7 +316,8 @@ def k_step(RT: int, CT: int, w: int, sfx: str, a_at: list[str], b_at: list[str],
         lines = [f"a{i}{sfx} = ld(As, {at})" for i, at in zip(range(RT), a_at)]
     lines += [f"{names('b', j)} = vload(Bs, {at})" for j, at in zip(range(0, CT, w), b_at)]
     for i in range(RT):
-        lines += [f"acc[{i}, {j}] += a{i}{sfx} * b{j}{sfx}" for j in range(CT)]
+        lines += [f"{acc_name(i, j, c_out)} = {acc_name(i, j, c_in)} + a{i}{sfx} * b{j}{sfx}"
+                  for j in range(CT)]
     return lines
 
 
@@ -305,16 +335,19 @@ def _compute_rows(p: Mapping[str, int], w: int, RT: int, CT: int,
 
     ``written_out=False`` (float64) keeps the k steps a loop: written out, they need more
     than 255 registers on sm_90 next to the 128 registers of float64 accumulators."""
-    def step(k: object, base: str, sfx: str) -> list[str]:
+    def step(k: object, base: str, sfx: str, c_in: str = "", c_out: str = "") -> list[str]:
         return k_step(RT, CT, w, sfx, [f"({base} + {i}, {k})" for i in range(RT)],
-                      [f"({k}, xb_{j})" for j in range(0, CT, w)], a_vectors=False)
+                      [f"({k}, xb_{j})" for j in range(0, CT, w)], a_vectors=False,
+                      c_in=c_in, c_out=c_out)
 
     if not written_out:
         return ["kk = 0", "while kk < BK:", *("    " + ln for ln in step("kk", "xa", "")),
                 "    kk += 1"]
     lines = []
     for kk in range(p["BK"]):
-        lines += [f"# k step {kk}", *step(kk, "ya" if kk % 2 else "xa", f"_k{kk}")]
+        lines += [f"# k step {kk}", *step(kk, "ya" if kk % 2 else "xa", f"_k{kk}",
+                                          _sum_suffix(kk - 1, p["BK"], ""),
+                                          _sum_suffix(kk, p["BK"], ""))]
     return lines
 
 
@@ -328,44 +361,41 @@ STORE_A_TRANSPOSED = ["swz = r ^ (((c // W) * RPW) & (BM - 1))",
                       "    st(As, (c + q, swz), av[q])"]
 STORE_A_ROWS = ["vstore(As, (r, c), gather(av, (0,)))"]
 
-# The epilogue of the warp-tiled kernels (rungs 8 and 9): C, one thread row at a time. Row 0
-# of acc is always the one written and the rows shift up after it, so every index into acc
-# is a compile-time constant and acc stays in registers (a loop over i that LLVM does not
-# unroll would put acc in local memory). ROW_EXPR and COL_EXPR: a thread's i-th row and
-# j-th column from its first (WarpTiles).
-STORE_C = """\
-for i in range(RT):
-    gr = row0 + tr0 + ROW_EXPR
-    if gr < m:
-        for j in range(0, CT, W):
-            gc = col0 + tc0 + COL_EXPR
-            if c_vec and gc < n:
-                if beta == 0:
-                    for q in range(W):
-                        cv[q] = alpha * acc[0, j + q]
-                else:
-                    scatter(cv, (0,), vload(C, (z, gr, gc)))
-                    for q in range(W):
-                        cv[q] = alpha * acc[0, j + q] + beta * cv[q]
-                vstore(C, (z, gr, gc), gather(cv, (0,)))
-            else:
-                for q in range(W):
-                    if gc + q < n:
-                        if beta == 0:
-                            st(C, (z, gr, gc + q), alpha * acc[0, j + q])
-                        else:
-                            st(C, (z, gr, gc + q), alpha * acc[0, j + q]
-                               + beta * ld(C, (z, gr, gc + q)))
-    for r in range(RT - 1):
-        for j in range(CT):
-            acc[r, j] = acc[r + 1, j]
-"""
+def store_c(RT: int, CT: int, w: int, row_expr: str,
+            col_off: Callable[[int], int]) -> list[str]:
+    """The epilogue of rungs 6-9: the accumulators into C, one thread row at a time.
 
-
-def store_c(row_expr: str, col_expr: str) -> list[str]:
-    """The lines of STORE_C for a thread layout whose rows and columns are ``row_expr``
-    and ``col_expr`` (in i and j) away from its first."""
-    return STORE_C.replace("ROW_EXPR", row_expr).replace("COL_EXPR", col_expr).splitlines()
+    A thread's i-th row is ``row_expr`` (in ``i``) away from its first row ``tr0``, its
+    j-th column ``col_off(j)`` from ``tc0``. The loop over rows stays a loop (written out,
+    the epilogue would be RT times as long to compile); it always writes row 0 of the
+    accumulators (``c0_0 ... c0_{CT-1}``), then moves every row up one (``c0_j = c1_j``,
+    ...), so the code names accumulators, never indexes them. Each row is CT/W vectors
+    of C, written out: a 128-bit store when C allows it (beta == 0 does not read C), else
+    element by element inside the bounds."""
+    lines = ["for i in range(RT):", f"    gr = row0 + tr0 + {row_expr}", "    if gr < m:"]
+    for j in range(0, CT, w):
+        gc, c = f"gc{j}", [acc_name(0, j + q) for q in range(w)]
+        old = [f"e{j + q}" for q in range(w)]
+        lines += [
+            f"        {gc} = col0 + tc0 + {col_off(j)}",
+            f"        if c_vec and {gc} < n:",
+            "            if beta == 0:",
+            f"                vstore(C, (z, gr, {gc}), ({', '.join(f'alpha * {x}' for x in c)},))",
+            "            else:",
+            f"                {', '.join(old)} = vload(C, (z, gr, {gc}))",
+            f"                vstore(C, (z, gr, {gc}), ("
+            + ", ".join(f"alpha * {x} + beta * {e}" for x, e in zip(c, old)) + ",))",
+            "        else:"]
+        for q in range(w):
+            at = f"(z, gr, {gc} + {q})"
+            lines += [f"            if {gc} + {q} < n:",
+                      "                if beta == 0:",
+                      f"                    st(C, {at}, alpha * {c[q]})",
+                      "                else:",
+                      f"                    st(C, {at}, alpha * {c[q]} + beta * ld(C, {at}))"]
+    lines += [f"    {acc_name(r, j)} = {acc_name(r + 1, j)}"
+              for r in range(RT - 1) for j in range(CT)]
+    return lines
 
 
 # Whether each operand moves in 128-bit vectors: unit stride along its rows, its base,
@@ -391,9 +421,7 @@ def KERNEL_NAME(A, B, C, alpha, beta):
 
 #@DECLARE_A
     Bs = cuda.shared.array((BK, BN), nptype, alignment=ALIGN)
-    acc = cuda.local.array((RT, CT), nptype)
     av = cuda.local.array(W, nptype)
-    cv = cuda.local.array(W, nptype)
     sa0, sa1 = A.strides[0] // ISZ, A.strides[1] // ISZ  # strides in elements
     sb0, sb1 = B.strides[0] // ISZ, B.strides[1] // ISZ
 #@BASES
@@ -409,9 +437,7 @@ def KERNEL_NAME(A, B, C, alpha, beta):
                 row0 = bm * BM
                 col0 = bn * BN
 #@BLOCK_OFFSETS
-                for i in range(RT):
-                    for j in range(CT):
-                        acc[i, j] = zero
+#@ZERO_ACC
                 # Block-uniform: the whole tile is inside A, B and C, and vectors are safe.
                 inner = a_vec and b_vec and row0 + BM <= m and col0 + BN <= n
                 k0 = 0
@@ -455,7 +481,7 @@ def KERNEL_NAME(A, B, C, alpha, beta):
                     cuda.syncthreads()
                     k0 += BK
 #@BUMP
-                # C, one thread row at a time (see STORE_C).
+                # C, one thread row at a time (see store_c).
 #@STORE_C
                 bn += cuda.gridDim.x
             bm += cuda.gridDim.y

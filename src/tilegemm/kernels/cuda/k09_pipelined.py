@@ -68,6 +68,7 @@ from tilegemm.kernels.cuda.k08_warptile import (
     _offsets,
     k_step,
     store_c,
+    zero_acc,
 )
 from tilegemm.launch import GROUP_M, ceil_div, flat_tile_grid
 from tilegemm.registry import Constraint, Param, changed
@@ -121,7 +122,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         "STORE1": _store(p, W, NT, 1),
         "SLICES": ["k_beg = 0", "k_end = k_len"] if SPLIT == 1 else [],
         "PRODUCT": SINGLE_PRODUCT if SPLIT == 1 else SPLIT_PRODUCT,
-        "STORE_C": store_c(WarpTiles.ROW_EXPR, WarpTiles.COL_EXPR),
+        "ZERO_ACC": zero_acc(RT, CT),
+        "STORE_C": store_c(RT, CT, W, WarpTiles.ROW_EXPR, t.col_off),
     }
     source = fill(KERNEL, parts)
     # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread. Not with
@@ -237,10 +239,8 @@ def pipelined(A, B, C, alpha, beta):
 
     As = cuda.shared.array((2, BK, BM), nptype, alignment=ALIGN)  # transposed, swizzled
     Bs = cuda.shared.array((2, BK, BN), nptype, alignment=ALIGN)
-    acc = cuda.local.array((RT, CT), nptype)
     sa = cuda.local.array(SA, nptype)  # the next tile, staged in registers
     sb = cuda.local.array(SB, nptype)
-    cv = cuda.local.array(W, nptype)
     sa0, sa1 = A.strides[0] // ISZ, A.strides[1] // ISZ  # strides in elements
     sb0, sb1 = B.strides[0] // ISZ, B.strides[1] // ISZ
     #@BASES
@@ -260,9 +260,7 @@ def pipelined(A, B, C, alpha, beta):
             row0 = (first + (t % group) % gsize) * BM
             col0 = ((t % group) // gsize) * BN
             #@BLOCK_OFFSETS
-            for i in range(RT):
-                for j in range(CT):
-                    acc[i, j] = zero
+            #@ZERO_ACC
             # Block-uniform: the whole tile is inside A, B and C, and vectors are safe.
             inner = a_vec and b_vec and row0 + BM <= m and col0 + BN <= n
             # Prologue: tile 0 into buffer 0.
@@ -296,7 +294,7 @@ def pipelined(A, B, C, alpha, beta):
                 #@STORE0
                 cuda.syncthreads()
                 k0 = kn
-            # C: row 0 of acc written, rows shift up (constant indices, see rung 8's STORE_C).
+            # C, one thread row at a time (see rung 8's store_c).
             #@STORE_C
             t += cuda.gridDim.x
         z += cuda.gridDim.z
