@@ -480,6 +480,10 @@ def KERNEL_NAME(A, B, C, alpha, beta):
 #@COMPUTE
                     cuda.syncthreads()
                     k0 += BK
+                    # Leave here, not at the loop's own test after the bumps: the back
+                    # edge then starts in a block of its own (see _compute).
+                    if k0 >= k_len:
+                        break
 #@BUMP
                 # C, one thread row at a time (see store_c).
 #@STORE_C
