@@ -74,7 +74,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
 
     namespace = dict(cuda=cuda, TM=TM, TN=TN, TCOLS=TCOLS, NT=NT)
     mapping = ["tx = tid % TCOLS", "ty = tid // TCOLS", "tr0 = ty * TM", "tc0 = tx * TN"]
-    kernel = generate("vectorized", p, dtype, namespace, mapping, TM, TN, "i",
+    kernel = generate("vectorized", p, dtype, namespace, mapping, TM, TN, "i", "j",
                       lambda i: i, lambda j: j, access_ops(), a_rows=True)
 
     return CudaProgram(kernel, (NT, 1, 1), tile_grid(BM, BN))

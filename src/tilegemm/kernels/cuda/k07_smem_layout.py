@@ -68,7 +68,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     namespace = dict(cuda=cuda, TM=TM, TN=TN, TCOLS=TCOLS, PM=PM, PN=PN, NT=NT)
     mapping = ["tx = tid % TCOLS", "ty = tid // TCOLS", "tr0 = ty * W", "tc0 = tx * W"]
     kernel = generate("smem_layout", p, dtype, namespace, mapping, TM, TN,
-                      "(i // W) * PM + i % W",
+                      "(i // W) * PM + i % W", "(j // W) * PN + j % W",
                       lambda i: (i // W) * PM + i % W, lambda j: (j // W) * PN + j % W,
                       access_ops())
 

@@ -123,7 +123,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         "SLICES": ["k_beg = 0", "k_end = k_len"] if SPLIT == 1 else [],
         "PRODUCT": SINGLE_PRODUCT if SPLIT == 1 else SPLIT_PRODUCT,
         "ZERO_ACC": zero_acc(RT, CT),
-        "STORE_C": store_c(RT, CT, W, WarpTiles.ROW_EXPR, t.col_off),
+        "STORE_C": store_c(RT, CT, WarpTiles.ROW_EXPR, WarpTiles.COL_EXPR),
     }
     source = fill(KERNEL, parts)
     # float32: two 256-thread blocks per SM, i.e. at most 128 registers a thread. Not with
@@ -239,8 +239,10 @@ def pipelined(A, B, C, alpha, beta):
 
     As = cuda.shared.array((2, BK, BM), nptype, alignment=ALIGN)  # transposed, swizzled
     Bs = cuda.shared.array((2, BK, BN), nptype, alignment=ALIGN)
+    acc = cuda.local.array((RT, CT), nptype)  # the accumulators, for the epilogue only
     sa = cuda.local.array(SA, nptype)  # the next tile, staged in registers
     sb = cuda.local.array(SB, nptype)
+    cv = cuda.local.array(W, nptype)
     sa0, sa1 = A.strides[0] // ISZ, A.strides[1] // ISZ  # strides in elements
     sb0, sb1 = B.strides[0] // ISZ, B.strides[1] // ISZ
     #@BASES
@@ -294,7 +296,7 @@ def pipelined(A, B, C, alpha, beta):
                 #@STORE0
                 cuda.syncthreads()
                 k0 = kn
-            # C, one thread row at a time (see rung 8's store_c).
+            # C: row 0 of acc written, rows shift up (constant indices, see rung 8's STORE_C).
             #@STORE_C
             t += cuda.gridDim.x
         z += cuda.gridDim.z
