@@ -260,7 +260,15 @@ def _compute(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int,
     pipelined), and so do its sums (``c3_5_k5``, see :func:`k_step`), so each is assigned
     once: numba's SSA reconstruction looks up the reaching definition of a reassigned
     variable with a linear scan of its block, which made it quadratic in the length of the
-    written-out code. The last step sums into the accumulators themselves (``c3_5``)."""
+    written-out code. The last step sums into the accumulators themselves (``c3_5``).
+
+    Those are the loop's carried values, and numba's phi removal places each one's copy
+    for the back edge by scanning the block that ends the loop body, comparing statements
+    field by field: ~1 s for rungs 6-8, whose k-tile and its bumps were one block. Their
+    kernel therefore issues the barrier after the k steps under ``if tid >= 0``, which
+    is always true (``tid`` is ``threadIdx.x & 1023``) and removed by LLVM, so the machine
+    code is the same, but it ends numba's block there. Rung 9's k-tiles already end in a
+    branch."""
     lines = []
     tag = f"_b{buf[0]}" if buf else ""
     for kk in range(p["BK"]):
@@ -494,7 +502,8 @@ def KERNEL_NAME(A, B, C, alpha, beta):
                                             Bs[r, c + q] = zero
                     cuda.syncthreads()
 #@COMPUTE
-                    cuda.syncthreads()
+                    if tid >= 0:  # always true; ends the k-tile's block for numba (_compute)
+                        cuda.syncthreads()
                     k0 += BK
 #@BUMP
                 # C, one thread row at a time (see STORE_C).
