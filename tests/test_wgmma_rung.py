@@ -178,20 +178,22 @@ def test_copies_one_tile_further_ahead_are_caught(rng: np.random.Generator) -> N
 
 @pytest.mark.cudasim
 @pytest.mark.simulator
-def test_two_slots_of_small_parts_are_caught(rng: np.random.Generator,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """3×TF32's slots, checked: a thread splits tile kt's parts before the barrier of
-    iteration kt, when only tile kt-3's products are known to have retired in every
-    warpgroup; with two slots it overwrites tile kt-2's small parts while the other
-    warpgroup's product of that tile may still read them (the simulator computes it at
-    that warpgroup's wait). Two warpgroups, as on a GPU at the defaults."""
+def test_a_slot_reused_too_soon_is_caught(rng: np.random.Generator,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """3×TF32's slots of small parts, checked: with one slot, a thread splits tile kt+1's
+    parts over tile kt's while that tile's product may still run (only tile kt-1 is known
+    to have retired); the simulator computes a product when a wait retires it, reading
+    shared memory then, so the result is wrong. Three slots (the rung's) are right with two
+    warpgroups, whose products retire independently. (Two slots race only across
+    warpgroups: a thread may split tile kt before the other warpgroup has retired tile
+    kt-2; the simulator catches that only in some thread interleavings.)"""
     from tilegemm.kernels.cuda import k11_wgmma
 
     a = rng.standard_normal((1, 128, 256)).astype(np.float32)
     b = rng.standard_normal((1, 256, 16)).astype(np.float32)
     want = np.matmul(a.astype(np.float64), b)
     p = SPEC.resolve({"BM": 128, "BN": 16, "STAGES": 3, "GROUP_M": 2, "PASSES": 3})
-    for slots, ok in ((3, True), (2, False)):
+    for slots, ok in ((3, True), (1, False)):
         monkeypatch.setattr(k11_wgmma, "SMALL_SLOTS", slots)
         c = np.full((1, 128, 16), np.nan, np.float32)
         k11_wgmma.build(p, np.dtype(np.float32)).launch(a, b, c, 1.0, 0.0)
