@@ -100,8 +100,8 @@ tensor)
       --params BK=32,STAGES=3 >> "$OUT/tensor.log" 2>&1
   echo "tensor cores, BK=32 STAGES=3: exit $?"
   # the Hopper rung (compute capability 9.0 only; exits 2 elsewhere)
-  timeout 240 $PY benchmarks/tensor_cores.py --kernel wgmma --sizes 4096 \
-      --modes tf32 float16 bfloat16 >> "$OUT/tensor.log" 2>&1
+  timeout 300 $PY benchmarks/tensor_cores.py --kernel wgmma --sizes 4096 \
+      --modes tf32 3xtf32 float16 bfloat16 >> "$OUT/tensor.log" 2>&1
   echo "tensor cores, wgmma: exit $?"
   timeout 150 $PY benchmarks/tensor_core_errors.py --k 256 4096 --mn 1024 \
       --json "$OUT/tensor-core-errors-gpu.json" > "$OUT/tensor-errors.log" 2>&1

@@ -415,8 +415,8 @@ def test_tensor_core_plans_pin_the_precision_and_ieee_plans_leave_them_out() -> 
                              (Settings.quick(reports=("ladder",), dtype="bfloat16"), 1)):
         cases = plan(["cuda"], settings)
         rungs = [c for c in cases if c.spec is not None]
-        # only the tensor-core rungs that compute it (wgmma: not 3xTF32), at that precision
-        assert [c.spec.name for c in rungs] == ["mma", "wgmma"][:2 if passes == 1 else 1]
+        # only the tensor-core rungs that compute it, at that precision
+        assert [c.spec.name for c in rungs] == ["mma", "wgmma"]
         assert all(dict(c.params)["PASSES"] == passes for c in rungs)
         assert any(c.spec is None for c in cases)  # and the reference at that precision
 

@@ -503,15 +503,17 @@ class _FakeDispatcher:
 MAX_DYNAMIC = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES in CUDA's driver API
 
 
-def test_opt_in_sets_the_attribute_once_per_kernel_device_and_size(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_opt_in_only_ever_raises_the_attribute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set once per kernel and device and larger size: the attribute is a maximum, so a
+    smaller launch after a larger one sets nothing, and lowering it would make a later
+    larger launch fail (CUDA_ERROR_INVALID_VALUE)."""
     from tilegemm.backends import cuda_program
 
-    monkeypatch.setattr(cuda_program, "_OPTED_IN", set())
+    monkeypatch.setattr(cuda_program, "_OPTED_IN", {})
     calls: list[tuple] = []
     disp = _FakeDispatcher()
     args = (np.zeros(1), np.zeros(1), np.zeros(1), 1.0, 0.0)
-    for nbytes in (98304, 98304, 131072):
+    for nbytes in (98304, 98304, 65536, 98304, 131072):
         cuda_program.opt_in_dynamic_shared(disp, args, nbytes,
                                            set_attribute=lambda *a: calls.append(a))
     assert [(int(a), v, h, d) for a, v, h, d in calls] == [
@@ -528,7 +530,7 @@ def test_opt_in_goes_through_numbas_driver_binding(monkeypatch: pytest.MonkeyPat
         pytest.skip("numba's driver module is the simulator's here")
     from numba.cuda.cudadrv import driver as numba_driver
 
-    monkeypatch.setattr(cuda_program, "_OPTED_IN", set())
+    monkeypatch.setattr(cuda_program, "_OPTED_IN", {})
     calls: list[tuple] = []
     # an instance attribute, so numba's lazy lookup (which needs a driver) is not reached
     monkeypatch.setitem(vars(numba_driver.driver), "cuKernelSetAttribute",

@@ -401,7 +401,7 @@ def test_tuning_specs_choose_rungs_by_precision_and_refuse_mismatches() -> None:
 
     f32 = np.dtype(np.float32)
     assert [s.name for s in tuning_specs("cuda", f32, "tf32")] == ["mma", "wgmma"]
-    assert [s.name for s in tuning_specs("cuda", f32, "3xtf32")] == ["mma"]
+    assert [s.name for s in tuning_specs("cuda", f32, "3xtf32")] == ["mma", "wgmma"]
     assert [s.name for s in tuning_specs("cuda", np.dtype("bfloat16"), "ieee")] == [
         "mma", "wgmma"]
     assert "mma" not in [s.name for s in tuning_specs("cuda", f32, "ieee")]

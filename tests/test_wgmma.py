@@ -137,6 +137,34 @@ def _tile_kernel(kind: str, a_lbo: int = LBO, a_sbo: int = SBO, swap: bool = Fal
     return cuda.jit(compile_source(source, "wgmma_tile", namespace))
 
 
+_RING_KERNEL = """
+def ring_address(out):
+    ring = cuda.shared.array(0, np.float32, alignment=ALIGN)
+    if cuda.threadIdx.x == 0:
+        out[0] = smem_desc_128b(ring, 0, 1024)
+"""
+
+
+@pytest.mark.gpu
+def test_dynamic_ring_starts_1024_byte_aligned() -> None:
+    """Rung wgmma's ring is dynamic shared memory declared like this (``alignment=1024``,
+    no static shared memory) and its 128-byte swizzle is applied to address bits, so its
+    descriptors assume the ring starts on a 1024-byte boundary. Alignment on an extern
+    shared declaration is not honoured everywhere; this reads the address the hardware
+    gives (the descriptor's start-address field) so a misaligned ring shows here, by name,
+    rather than only as wrong products."""
+    from numba import cuda
+
+    _needs_wgmma()
+    ops = W.wgmma_ops()
+    kernel = cuda.jit(compile_source(_RING_KERNEL, "ring_address", {
+        "cuda": cuda, "np": np, "ALIGN": W.shared_alignment(1024),
+        "smem_desc_128b": ops.smem_desc_128b}))
+    out = np.zeros(1, np.uint64)
+    kernel[1, 32, 0, 4096](out)
+    assert W.decode_desc(int(out[0])).addr % 1024 == 0, hex(int(out[0]))
+
+
 def _operands(kind: str, rng: np.random.Generator) -> tuple[Any, Any, np.ndarray]:
     """A (64×K) and B (K×64) as the kernel takes them, and their float64 product."""
     k = 8 if kind == "tf32" else 16

@@ -84,6 +84,32 @@ def test_tf32_matches_float64_of_rounded_operands(a_shape: tuple, b_shape: tuple
     _check(r, np.matmul(tf32_round(a).astype(np.float64), tf32_round(b)), a.shape[-1])
 
 
+# 3×TF32: an interior block (unchecked copies, B split by the thread that stored it) and
+# edge blocks with K not a multiple of BK, a transposed A (two warpgroups and a longer K:
+# test_a_slot_reused_too_soon_is_caught).
+THREE_CASES = [((67, 96), (96, 37), ""), ((70, 33), (33, 24), "a.T")]
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("a_shape", "b_shape", "how"), THREE_CASES)
+def test_3xtf32_is_near_float32_and_better_than_tf32(a_shape: tuple, b_shape: tuple, how: str,
+                                                     rng: np.random.Generator) -> None:
+    """Three passes (small x big, big x small, big x big, each operand split into a TF32
+    big part and a TF32 small part) give float32-like error; one pass does not."""
+    _needs_sm90()
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    a, b = _shape(a, b, how)
+    want = np.matmul(a.astype(np.float64), b)
+    r3 = tilegemm.matmul(a, b, backend="cuda", precision="3xtf32", kernel="wgmma", **_sim())
+    r1 = tilegemm.matmul(a, b, backend="cuda", precision="tf32", kernel="wgmma", **_sim())
+    assert r3.dtype == np.float32 and not np.isnan(r3).any()
+    k = a.shape[-1]
+    scale = np.matmul(np.abs(a).astype(np.float64), np.abs(b))
+    assert np.all(np.abs(r3 - want) <= 4 * k * 2.0**-22 * scale), np.max(np.abs(r3 - want))
+    assert np.max(np.abs(r1 - want)) > 8 * np.max(np.abs(r3 - want))  # the passes matter
+
+
 HALF_CASES = [("float16", (67, 136), (136, 41), ""), ("bfloat16", (2, 9, 70), (70, 33), ""),
               ("bfloat16", (64, 192), (192, 32), "strided b"), ("float16", (36, 20), (20, 17),
                                                                 "a.T")]
@@ -150,6 +176,30 @@ def test_copies_one_tile_further_ahead_are_caught(rng: np.random.Generator) -> N
         assert (np.max(np.abs(c - want)) < 1e-3) == ok, (ahead, np.max(np.abs(c - want)))
 
 
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_a_slot_reused_too_soon_is_caught(rng: np.random.Generator,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """3×TF32's slots of small parts, checked: with one slot, a thread splits tile kt+1's
+    parts over tile kt's while that tile's product may still run (only tile kt-1 is known
+    to have retired); the simulator computes a product when a wait retires it, reading
+    shared memory then, so the result is wrong. Three slots (the rung's) are right with two
+    warpgroups, whose products retire independently. (Two slots race only across
+    warpgroups: a thread may split tile kt before the other warpgroup has retired tile
+    kt-2; the simulator catches that only in some thread interleavings.)"""
+    from tilegemm.kernels.cuda import k11_wgmma
+
+    a = rng.standard_normal((1, 128, 160)).astype(np.float32)
+    b = rng.standard_normal((1, 160, 16)).astype(np.float32)
+    want = np.matmul(a.astype(np.float64), b)
+    p = SPEC.resolve({"BM": 128, "BN": 16, "STAGES": 3, "GROUP_M": 2, "PASSES": 3})
+    for slots, ok in ((3, True), (1, False)):
+        monkeypatch.setattr(k11_wgmma, "SMALL_SLOTS", slots)
+        c = np.full((1, 128, 16), np.nan, np.float32)
+        k11_wgmma.build(p, np.dtype(np.float32)).launch(a, b, c, 1.0, 0.0)
+        assert (np.max(np.abs(c - want)) < 1e-3) == ok, (slots, np.max(np.abs(c - want)))
+
+
 # --- how it is chosen -----------------------------------------------------------------------
 
 
@@ -163,13 +213,14 @@ def test_auto_never_picks_wgmma() -> None:
         assert name == "mma"
 
 
-def test_wgmma_needs_tf32_and_has_no_3xtf32() -> None:
+def test_wgmma_needs_a_tensor_core_precision() -> None:
     from tilegemm.precision import apply_precision
 
-    with pytest.raises(InvalidValueError, match="cannot compute precision='3xtf32'"):
-        apply_precision("3xtf32", "wgmma", "cuda", np.dtype(np.float32), {})
-    with pytest.raises(InvalidValueError, match="pass precision= one of 'tf32'"):
+    with pytest.raises(InvalidValueError, match="pass precision= one of 'tf32', '3xtf32'"):
         apply_precision(None, "wgmma", "cuda", np.dtype(np.float32), {})
+    for precision, passes in (("tf32", 1), ("3xtf32", 3)):
+        name, params = apply_precision(precision, "wgmma", "cuda", np.dtype(np.float32), {})
+        assert name == "wgmma" and params["PASSES"] == passes
 
 
 def _gpu(capability: tuple[int, int]) -> Any:
@@ -203,7 +254,8 @@ def test_tuner_space_and_baseline() -> None:
 
     cands = space.candidates(SPEC, "float32", CUDA_LIMITS, "tf32")
     assert cands and all(p["PASSES"] == 1 for p in cands)
-    assert space.candidates(SPEC, "float32", CUDA_LIMITS, "3xtf32") == []
+    three = space.candidates(SPEC, "float32", CUDA_LIMITS, "3xtf32")
+    assert three and all(p["PASSES"] == 3 for p in three)
     assert space.candidates(SPEC, "bfloat16", CUDA_LIMITS)
     mma = registry.get("mma", "cuda")
     choice = baseline_choice(BACKEND, _gpu((9, 0)), np.dtype(np.float32), "tf32", [mma, SPEC],
@@ -233,6 +285,27 @@ def test_sass_at_the_defaults(dtype: str, opcode: str) -> None:
     # 4 per k-tile in each of the two k loops (interior and checked)
     assert len(re.findall(opcode, text)) == 8, text
     assert len(re.findall(r"WARPGROUP\.DEPBAR", text)) == 3  # wait_group 1 (twice), 0
+    assert not re.search(r"\b(LDL|STL)\b", text)
+    figures = parse_ptxas_log(log)
+    assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
+    assert 0 < figures["registers"] <= 255
+
+
+@pytest.mark.ptx
+def test_sass_of_3xtf32_at_the_defaults() -> None:
+    """3×TF32 at the defaults: three chained HGMMA per k step (12 a k-tile in each of the
+    two k loops), not serialized, no local memory or spills, and its ring with the three
+    slots of small parts within an H100 block's 227 KB."""
+    from tilegemm.analysis.resources import link, parse_ptxas_log, ptx_for
+    from tilegemm.analysis.sass import disassemble
+    from tilegemm.kernels.cuda.k11_wgmma import SMEM_SM90
+
+    p = SPEC.resolve({"PASSES": 3})
+    assert SPEC.smem(p, 4) == 224 * 1024 <= SMEM_SM90
+    log, cubin = link(ptx_for(SPEC, p, "float32", "sm_90"), "sm_90")
+    assert "serialized" not in log, log
+    text = disassemble(cubin)
+    assert len(re.findall(r"HGMMA\.64x128x8\.F32\.TF32", text)) == 24
     assert not re.search(r"\b(LDL|STL)\b", text)
     figures = parse_ptxas_log(log)
     assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0

@@ -54,9 +54,10 @@ class CudaProgram:
         return f"void({arr}, {arr}, {arr}, {scalar}, {scalar})"
 
 
-# (device id, kernel handle, bytes) already opted in: the attribute belongs to the loaded
-# kernel, so once per kernel and device is enough, and a launch then costs one set lookup.
-_OPTED_IN: set[tuple[int, int, int]] = set()
+# (device id, kernel handle) -> the largest size opted in: the attribute belongs to the
+# loaded kernel and is a maximum (smaller launches stay allowed), so it is only ever raised,
+# once per kernel, device and larger size; a launch then costs one dict lookup.
+_OPTED_IN: dict[tuple[int, int], int] = {}
 _OPT_IN_LOCK = threading.Lock()
 
 
@@ -79,8 +80,8 @@ def opt_in_dynamic_shared(dispatcher: Any, args: tuple[Any, ...], nbytes: int,
     kernel = dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in args))
     cufunc = kernel._codelibrary.get_cufunc()  # the loaded kernel, cached by numba
     device = int(cufunc.device.id)
-    key = (device, int(cufunc.handle), int(nbytes))
-    if key in _OPTED_IN:
+    key = (device, int(cufunc.handle))
+    if _OPTED_IN.get(key, 0) >= nbytes:
         return
     from cuda.bindings.driver import CUfunction_attribute  # numba-cuda's own binding
 
@@ -90,5 +91,6 @@ def opt_in_dynamic_shared(dispatcher: Any, args: tuple[Any, ...], nbytes: int,
         set_attribute = driver.cuKernelSetAttribute
     attribute = CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     with _OPT_IN_LOCK:
-        set_attribute(attribute, int(nbytes), cufunc.handle, device)
-        _OPTED_IN.add(key)
+        if _OPTED_IN.get(key, 0) < nbytes:  # never lowered: a larger launch may follow
+            set_attribute(attribute, int(nbytes), cufunc.handle, device)
+            _OPTED_IN[key] = int(nbytes)

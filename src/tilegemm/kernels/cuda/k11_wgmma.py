@@ -38,6 +38,12 @@ next tiles. Only H100-class GPUs (compute capability 9.0, the architecture-speci
    warpgroup retired (wait_group 1 in iteration kt-1) before it passed this iteration's
    barrier, so no in-flight wgmma can read a stage while it is rewritten.
 
+``precision="3xtf32"`` (PASSES=3) splits each float32 operand into a TF32 big part and a
+TF32 small part and issues small × big, big × small and big × big per k step: float32-like
+accuracy at three times the tensor work. The split is done once per value, in shared
+memory, by the thread that copied or stored it (the big part in place, the small part in
+one of SMALL_SLOTS slots after the ring, which rotate per k-tile; see ``_rounding``).
+
 float16 and bfloat16 operands use the 16-bit instructions with float32 accumulation; the
 result is 16-bit like the operands or, with ``dtype=np.float32``, the float32 sums. Any M,
 N, K, batch and strides, alpha/beta, as rung mma.
@@ -76,7 +82,11 @@ ROW = 128  # bytes of K per tile row: the 128-byte swizzle's width
 ATOM = 8 * ROW  # bytes of one 8-row swizzle atom (the descriptors' stride, SBO)
 KSTEP = 32  # bytes of K one wgmma reads: k8 TF32, k16 16-bit
 SMEM_SM90 = 227 * 1024  # dynamic shared memory an sm_90 block may opt in to
-PRECISIONS: dict[str, int] = {"tf32": 1}
+PRECISIONS: dict[str, int] = {"tf32": 1, "3xtf32": 3}
+# 3×TF32: the small parts of a tile live in one of SMALL_SLOTS slots after the ring, in turn
+# (see _rounding): a slot written in iteration kt last held tile kt - 3's, whose products
+# every warpgroup retired before the barrier of iteration kt - 1.
+SMALL_SLOTS = 3
 
 
 def _threads(p: Mapping[str, int]) -> int:
@@ -85,8 +95,10 @@ def _threads(p: Mapping[str, int]) -> int:
 
 def _smem(p: Mapping[str, int], itemsize: int = 4) -> int:
     """Bytes of dynamic shared memory: STAGES A tiles (BM rows) and B tiles (BN rows), each
-    row 128 bytes of K whatever the dtype."""
-    return p["STAGES"] * (p["BM"] + p["BN"]) * ROW
+    row 128 bytes of K whatever the dtype; for 3×TF32 also SMALL_SLOTS slots of one A and
+    one B tile for the small parts."""
+    slots = SMALL_SLOTS if itemsize == 4 and p.get("PASSES", 1) == 3 else 0
+    return (p["STAGES"] + slots) * (p["BM"] + p["BN"]) * ROW
 
 
 def build(p: Mapping[str, int], dtype: np.dtype, ahead: int | None = None) -> CudaProgram:
@@ -97,7 +109,7 @@ def build(p: Mapping[str, int], dtype: np.dtype, ahead: int | None = None) -> Cu
     kernel = _generate(p, name, ahead)
     arg_types = ("int16", "float32") if name == "bfloat16" else None
     return CudaProgram(kernel, (_threads(p), 1, 1), flat_tile_grid(p["BM"], p["BN"]),
-                       arg_types, dynamic_smem=_smem(p))
+                       arg_types, dynamic_smem=_smem(p, np.dtype(dtype).itemsize))
 
 
 def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any:
@@ -106,6 +118,7 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
 
     BM, BN, STAGES = p["BM"], p["BN"], p["STAGES"]
     tf32 = dtype == "float32"
+    split = tf32 and p.get("PASSES", 1) == 3  # 3×TF32
     ISZ = 4 if tf32 else 2
     VW = 16 // ISZ  # elements per 16-byte chunk
     BK = ROW // ISZ
@@ -130,27 +143,33 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
         smem_desc=wg.smem_desc_128b, sts4=wg.sts4_at, pack=wg.pack_halves,
         load_at=wg.load_at, cp16_ptr=tc.cp_async16_ptr,
         mma={"float32": wg.mma_tf32, "float16": wg.mma_f16, "bfloat16": wg.mma_bf16}[dtype](BN),
+        SMALL=STAGES * (BM + BN) * ROW, SLOT=(BM + BN) * ROW, SMALL_SLOTS=SMALL_SLOTS,
+        split_tf32_at=tc.split_tf32_at,
     )
     # A's tile: mma's row-major [BM][BK] tile with 8 chunks a row, swizzled by r % 8: the
     # 128-byte swizzle layout (see the module docstring)
     ns["a_swz_of"] = _swz_fn("r % 8", ns)
     ns["put"] = _put()
-    ns["load_stage"] = compile_source(_loader(tf32, VW), "load_stage", dict(ns))
+    ns["load_stage"] = compile_source(_loader(tf32, VW, split), "load_stage", dict(ns))
 
     # Per-thread copy bases: A's chunks (mma's interior copies: the byte offset ``da`` in
     # a stage, the global address ``oa`` bumped per k-tile) and B's (``db``, ``ob``)
     (bases, a_copies), offsets, bumps = _fast_copies({"BM": BM, "BK": BK}, NT, ROW // 16, 0,
                                                      VW)
-    b = _fast_b(B_CHUNKS, NT, VW, tf32)
+    b = _fast_b(B_CHUNKS, NT, VW, tf32, split)
     bases, offsets, bumps = bases + b["BASES"], offsets + b["OFFSETS"], bumps + b["BUMP"]
-    rounding = []
-    if tf32:  # each thread rounds the A chunks it copied, in the stage about to be read
-        for rnd in range(ceil_div(A_CHUNKS, NT)):
-            line = f"round_tf32(As, rsa + da{rnd})"
-            rounding += [line] if (rnd + 1) * NT <= A_CHUNKS else [
-                f"if tid < {A_CHUNKS - rnd * NT}:", "    " + line]
-    steps = [f"acc = mma(acc, dsa + u64({s * KSTEP // 16}), dsb + u64({s * KSTEP // 16}), 1)"
-             for s in range(ROW // KSTEP)]
+    round_bases, rounding = _rounding(A_CHUNKS, B_CHUNKS, NT, tf32, split)
+    bases += round_bases
+    steps = []
+    for s in range(ROW // KSTEP):
+        d = f" + u64({s * KSTEP // 16})"
+        if split:  # the small products first, then big x big (CUTLASS's order)
+            steps += [f"acc = mma(acc, dsas{d}, dsb{d}, 1)", f"acc = mma(acc, dsa{d}, dsbs{d}, 1)"]
+        steps.append(f"acc = mma(acc, dsa{d}, dsb{d}, 1)")
+    slot_init = ["ss = 0  # byte offset of this k-tile's slot of small parts"] if split else []
+    slot_next = ["ss = ss + SLOT if ss < (SMALL_SLOTS - 1) * SLOT else 0"] if split else []
+    small_desc = (["dsas = dsas0 + u64(ss >> 4)", "dsbs = dsbs0 + u64(ss >> 4)"]
+                  if split else [])
     epilogue = ["er = row0 + wg * 64 + 16 * w + g", "ec = col0 + 2 * q"]
     for i in range(BN // 2):
         epilogue.append(f"put(C, z, er + {8 * ((i // 2) % 2)}, ec + {8 * (i // 4) + i % 2}, "
@@ -158,17 +177,21 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
     # eight-value tuples joined: a long tuple display becomes a list-to-tuple in CPython
     # 3.11's bytecode, which numba-cuda's bytecode reader refuses (BN/2 is a multiple of 8)
     zeros = " + ".join(["(" + ", ".join(["zf"] * 8) + ")"] * (BN // 16))
-    head = fill(ITERATION_HEAD, {"ROUND": rounding or ["pass"], "STEPS": steps})
-    source = fill(KERNEL, {"BASES": bases, "OFFSETS": offsets, "BUMP": bumps,
+    head = fill(ITERATION_HEAD, {"ROUND": rounding or ["pass"], "STEPS": steps,
+                                 "SMALL_DESC": small_desc})
+    small_bases = (["dsas0 = smem_desc(As, SMALL + wg * WG_A, ATOM)",
+                    "dsbs0 = smem_desc(As, SMALL + SA, ATOM)"] if split else [])
+    source = fill(KERNEL, {"BASES": bases + small_bases, "OFFSETS": offsets, "BUMP": bumps,
                            "FAST_COPIES": a_copies + b["STORES"], "EPILOGUE": epilogue,
                            "HEAD": head.splitlines(), "B_INIT": b["INIT"],
-                           "B_LOADS": b["LOADS"], "B_PRELOAD": b["PRELOAD"] + b["BUMP"]})
+                           "B_LOADS": b["LOADS"], "B_PRELOAD": b["PRELOAD"] + b["BUMP"],
+                           "SLOT_INIT": slot_init, "SLOT_NEXT": slot_next})
     source = source.replace("#@ZEROS", zeros)
-    name = f"wgmma_{dtype}_kernel"
+    name = f"wgmma_{dtype}{'_3x' if split else ''}_kernel"
     return kernel_jit(NT, 1)(compile_source(source.replace("KERNEL_NAME", name), name, ns))
 
 
-def _fast_b(chunks: int, nt: int, vw: int, tf32: bool) -> dict[str, list[str]]:
+def _fast_b(chunks: int, nt: int, vw: int, tf32: bool, split: bool) -> dict[str, list[str]]:
     """B's interior copies, one k-tile ahead through registers. Chunk ``v = tid + rnd * NT``
     is column ``bn = v % BN`` and k ``bc * VW`` … of the tile: VW loads without bounds tests
     down the column from one offset (``ob``, bumped BK rows per k-tile), rounded or packed
@@ -206,8 +229,11 @@ def _fast_b(chunks: int, nt: int, vw: int, tf32: bool) -> dict[str, list[str]]:
 
         parts["LOADS"] += guard(loads("kf + BK"))
         parts["PRELOAD"] += guard(loads("kf"))
-        # rounded or packed only here, so the loads are first used one k-tile later
-        if tf32:
+        # rounded or packed only here, so the loads are first used one k-tile later; for
+        # 3×TF32 stored as loaded (split by _rounding in the iteration that reads the tile)
+        if split:
+            vals = ", ".join(regs)
+        elif tf32:
             vals = ", ".join(f"to_tf32({r})" for r in regs)
         else:
             vals = ", ".join(f"pack({regs[2 * j]}, {regs[2 * j + 1]})" for j in range(vw // 2))
@@ -215,7 +241,38 @@ def _fast_b(chunks: int, nt: int, vw: int, tf32: bool) -> dict[str, list[str]]:
     return parts
 
 
-def _loader(tf32: bool, vw: int) -> str:
+def _rounding(a_chunks: int, b_chunks: int, nt: int, tf32: bool,
+              split: bool) -> tuple[list[str], list[str]]:
+    """(per-thread bases, lines) converting the tile about to be read, run by each thread
+    between its own copies' wait and the barrier that publishes the stage, on the chunks it
+    copied or stored itself (the same chunks on every path, so no other thread's writes are
+    involved). TF32: A's chunks are rounded in place (B's were rounded as they were stored).
+    3×TF32: A's and B's chunks (B's stored unrounded) are split, the big part in place and
+    the small part at the same place in slot ``ss`` (A's tile, then B's, laid out like a
+    stage): the four small-part descriptors of a k step then read it like the big ones."""
+    bases: list[str] = []
+    lines: list[str] = []
+    if not tf32:
+        return bases, lines
+
+    def guard(line: str, rnd: int, chunks: int) -> list[str]:
+        return [line] if (rnd + 1) * nt <= chunks else [f"if tid < {chunks - rnd * nt}:",
+                                                       "    " + line]
+
+    for rnd in range(ceil_div(a_chunks, nt)):
+        if split:
+            bases.append(f"sma{rnd} = SMALL + da{rnd}")
+            lines += guard(f"split_tf32_at(As, rsa + da{rnd}, ss + sma{rnd})", rnd, a_chunks)
+        else:
+            lines += guard(f"round_tf32(As, rsa + da{rnd})", rnd, a_chunks)
+    if split:  # B's chunk offsets ``db`` include the ring's start B_BYTES
+        for rnd in range(ceil_div(b_chunks, nt)):
+            bases.append(f"smb{rnd} = SMALL + SA + db{rnd} - B_BYTES")
+            lines += guard(f"split_tf32_at(As, rsb + db{rnd}, ss + smb{rnd})", rnd, b_chunks)
+    return bases, lines
+
+
+def _loader(tf32: bool, vw: int, split: bool = False) -> str:
     """``load_stage``: one k-tile into stage ``s``, with bounds checks. A by mma's checked
     ``cp.async`` copies (:func:`operand_round`); B transposed through registers: chunk ``v``
     of the tile is column ``nn = v % BN`` of B and k ``c * VW`` … ``c * VW + VW - 1``,
@@ -224,7 +281,9 @@ def _loader(tf32: bool, vw: int) -> str:
     for q in range(vw):
         values += [f"x{q} = zero_b", f"if gc < n and kb + {q} < k_len:",
                    f"    x{q} = load(B, (zb, kb + {q}, gc))"]
-    if tf32:
+    if split:  # unrounded: split by the storing thread when the tile is read (_rounding)
+        store_line = "sts4(As, sx, " + ", ".join(f"x{q}" for q in range(vw)) + ")"
+    elif tf32:
         store_line = ("sts4(As, sx, " + ", ".join(f"to_tf32(x{q})" for q in range(vw)) + ")")
     else:
         store_line = ("sts4(As, sx, " + ", ".join(f"pack(x{2 * h}, x{2 * h + 1})"
@@ -261,6 +320,7 @@ cuda.syncthreads()  # ... and everyone's; tile kt-2's products have all retired
 fence()
 dsa = dsa0 + u64(rsa >> 4)
 dsb = dsb0 + u64(rsb >> 4)
+#@SMALL_DESC
 #@STEPS
 commit()
 """
@@ -321,6 +381,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
             rsa = 0  # byte offsets of the stage of tile kt in A's and B's rings
             rsb = 0
             ws = P  # the stage tile kt + P is copied into
+            #@SLOT_INIT
             #@B_INIT
             if a_vec and row0 + BM <= m and col0 + BN <= n:
                 # Interior: while the tile being copied is wholly inside K, every copy is
@@ -344,6 +405,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
                     rsa = rsa + SA if rsa < (STAGES - 1) * SA else 0
                     rsb = rsb + SB if rsb < (STAGES - 1) * SB else 0
                     ws = ws + 1 if ws < STAGES - 1 else 0
+                    #@SLOT_NEXT
             while kt < k_tiles:  # edge blocks, and the last P k-tiles of any block
                 #@HEAD
                 if kt + P < k_tiles:  # into the stage of tile kt-2 (see the docstring)
@@ -355,6 +417,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
                 rsa = rsa + SA if rsa < (STAGES - 1) * SA else 0
                 rsb = rsb + SB if rsb < (STAGES - 1) * SB else 0
                 ws = ws + 1 if ws < STAGES - 1 else 0
+                #@SLOT_NEXT
             acc = wait0(acc)
             wait_all()
             cuda.syncthreads()  # the next tile's prologue overwrites the ring
@@ -377,7 +440,8 @@ SPEC = KernelSpec(
         Param("STAGES", 4, (3, 4, 5, 6), "shared tiles in the ring (dynamic shared memory); "
               "STAGES - 2 are copied ahead of the one multiplied"),
         GROUP_M,
-        Param("PASSES", 1, (1,), "precision='tf32' for float32 operands; set by precision="),
+        Param("PASSES", 1, (1, 3), "wgmma per k step for float32 operands: 1 = "
+              "precision='tf32', 3 = '3xtf32'; set by precision="),
     ),
     constraints=(
         Constraint("the ring fits the 227 KB of shared memory an sm_90 block may opt in to",
