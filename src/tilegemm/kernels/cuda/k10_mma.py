@@ -175,7 +175,13 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
     ns["b_swz_of"] = _swz_fn(b_swz, ns)
     ns["load_stage"] = _general_loader(ns, tf32)
 
-    bases, compute = (_tf32_parts(p, PASSES) if tf32 else _16bit_parts(p))
+    # The k steps are written out twice, in the interior loop and the edge loop, with
+    # names of their own in each ("e" for the edge loop): numba's SSA reconstruction
+    # rewrites the whole function once per variable assigned in more than one place.
+    parts = (lambda sfx: _tf32_parts(p, PASSES, sfx)) if tf32 else (
+        lambda sfx: _16bit_parts(p, sfx))
+    bases, compute = parts("")
+    compute_edge = parts("e")[1]
     copies, offsets, bumps = _fast_copies(p, NT, ACH, BCH, VW)
     bases += copies[0]
     epilogue = ["er = row0 + wm0 + g", "ec = col0 + wn0 + 2 * t"]
@@ -208,7 +214,8 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
         wrap = ["if rsa == STAGES * SA:", "    rsa = 0", *(["    rsb = 0"] if not same else [])]
     ws = ["wsa = rsa", *(["wsb = rsb"] if not same else [])]
     source = fill(KERNEL, {"BASES": bases, "OFFSETS": offsets, "FAST_COPIES": copies[1],
-                           "BUMP": bumps, "COMPUTE": compute, "EPILOGUE": epilogue,
+                           "BUMP": bumps, "COMPUTE": compute, "COMPUTE_EDGE": compute_edge,
+                           "EPILOGUE": epilogue,
                            "ROUND": rounding or ["pass"], "STAGE_INIT": init,
                            "STAGE_NEXT_WS": ws + step + wrap, "STAGE_NEXT": step + wrap})
     if same:
@@ -230,10 +237,14 @@ def _swz_fn(expr: str, ns: dict[str, Any]) -> Any:
 
 def _put() -> Any:
     """``put(C, z, row, col, v, alpha, beta, m, n)``: the epilogue's store of one result,
-    alpha/beta applied, C read only when beta != 0, nothing outside M×N (rung wgmma's too)."""
-    from numba import cuda
+    alpha/beta applied, C read only when beta != 0, nothing outside M×N (rung wgmma's too).
 
-    @cuda.jit(device=True, inline=True)
+    Inlined by NVVM, not by numba (see :func:`_nvvm_inlined`): the epilogue calls it once
+    per accumulator (64 times at the defaults), and numba's own inlining copied its IR,
+    with its two branches, into the kernel at every call: 320 of mma's 566 blocks, which
+    every later numba pass walks again. The machine code is the same."""
+    store_f32, load_f32 = tensorcore_ops().store_f32, tensorcore_ops().load_f32
+
     def put(C, z, gr, gc, v, alpha, beta, m, n):  # noqa: ANN001, ANN202
         if gr < m and gc < n:
             if beta == 0:
@@ -241,8 +252,43 @@ def _put() -> Any:
             else:
                 store_f32(C, (z, gr, gc), alpha * v + beta * load_f32(C, (z, gr, gc)))
 
-    store_f32, load_f32 = tensorcore_ops().store_f32, tensorcore_ops().load_f32
-    return put
+    from tilegemm import simulator
+
+    if simulator.enabled():  # the simulator runs it as Python
+        from numba import cuda
+
+        return cuda.jit(device=True, inline=True)(put)
+    return _nvvm_inlined(put)
+
+
+def _nvvm_inlined(pyfunc: Any) -> Any:
+    """An intrinsic that calls ``pyfunc`` (``put``'s arguments, returning nothing) compiled
+    as a numba subroutine marked ``alwaysinline``, so that NVVM inlines it at every call.
+
+    A ``cuda.jit(device=True, forceinline=True)`` function would do the same on a GPU, but
+    numba-cuda compiles one for the current device's architecture, so it needs a GPU, and
+    PTX and SASS are also made without one (resource reports, tests); a subroutine is only
+    lowered to LLVM IR, which NVVM compiles with the kernel for the kernel's architecture.
+    numba compiles it once per argument types (its subroutine cache)."""
+    from numba import types
+    from numba.cuda.extending import intrinsic
+    from numba.cuda.flags import CUDAFlags
+
+    @intrinsic
+    def call(typingctx, C, z, gr, gc, v, alpha, beta, m, n):  # noqa: ANN001, ANN202
+        sig = types.void(C, z, gr, gc, v, alpha, beta, m, n)
+
+        def codegen(context, builder, sig, llargs):  # noqa: ANN001, ANN202
+            flags = CUDAFlags()
+            flags.forceinline = True  # LLVM's alwaysinline on the subroutine
+            flags.error_model = "numpy"  # as numba-cuda compiles kernels
+            cres = context.compile_subroutine(builder, pyfunc, sig, flags=flags)
+            context.call_internal(builder, cres.fndesc, sig, llargs)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return call
 
 
 def _general_loader(ns: dict[str, Any], tf32: bool) -> Any:
@@ -377,7 +423,8 @@ def _round_own(p: Mapping[str, int], nt: int, ach: int, bch: int,
     return bases, lines
 
 
-def _tf32_parts(p: Mapping[str, int], passes: int) -> tuple[list[str], list[str]]:
+def _tf32_parts(p: Mapping[str, int], passes: int,
+                sfx: str = "") -> tuple[list[str], list[str]]:
     """Per-thread shared bases and the written-out k steps (8 k each) of the TF32 kernel.
 
     A fragments: ldmatrix from the swizzled A tile; the swizzle of a lane's row depends on
@@ -401,10 +448,10 @@ def _tf32_parts(p: Mapping[str, int], passes: int) -> tuple[list[str], list[str]
     # big and small parts (3xTF32), once per block (see _round_own).
     lines = []
     for q in range(BK // 8):
-        kk = 8 * q
+        kk, v = 8 * q, f"{q}{sfx}"  # v: the k step's tag in value names
         lines.append(f"# k step {q} (k {kk}..{kk + 7} of the tile)")
         for i in range(MI):
-            a_regs = ", ".join(f"a{i}_{r}_{q}" for r in range(4))
+            a_regs = ", ".join(f"a{i}_{r}_{v}" for r in range(4))
             lines.append(f"{a_regs} = ldsm(As, rsa + xa{q} + {i * 16 * BK * 4})")
             if passes == 3:
                 lines.append(f"{a_regs.replace('a', 'as')} = "
@@ -412,27 +459,27 @@ def _tf32_parts(p: Mapping[str, int], passes: int) -> tuple[list[str], list[str]
         for j in range(NI):
             for h in range(2):
                 row = (kk + 4 * h) * BN * 4
-                lines.append(f"b{j}_{h}_{q}, = lds1(Bs, rsb + xb{j} + {row})")
+                lines.append(f"b{j}_{h}_{v}, = lds1(Bs, rsb + xb{j} + {row})")
                 if passes == 3:
-                    lines.append(f"bs{j}_{h}_{q}, = lds1(Bs, ss + sxb{j} + {row})")
+                    lines.append(f"bs{j}_{h}_{v}, = lds1(Bs, ss + sxb{j} + {row})")
         for i in range(MI):
-            a = f"(a{i}_0_{q}, a{i}_1_{q}, a{i}_2_{q}, a{i}_3_{q})"
-            asm = f"(as{i}_0_{q}, as{i}_1_{q}, as{i}_2_{q}, as{i}_3_{q})"
+            a = f"(a{i}_0_{v}, a{i}_1_{v}, a{i}_2_{v}, a{i}_3_{v})"
+            asm = f"(as{i}_0_{v}, as{i}_1_{v}, as{i}_2_{v}, as{i}_3_{v})"
             for j in range(NI):
-                b, bs = f"(b{j}_0_{q}, b{j}_1_{q})", f"(bs{j}_0_{q}, bs{j}_1_{q})"
+                b, bs = f"(b{j}_0_{v}, b{j}_1_{v})", f"(bs{j}_0_{v}, bs{j}_1_{v})"
                 c = f"(acc[{i}, {j}, 0], acc[{i}, {j}, 1], acc[{i}, {j}, 2], acc[{i}, {j}, 3])"
-                d = [f"d{i}_{j}_{r}_{q}" for r in range(4)]
+                d = [f"d{i}_{j}_{r}_{v}" for r in range(4)]
                 if passes == 3:
-                    lines += [f"e{i}_{j}_{q} = mma({asm}, {b}, {c})",
-                              f"f{i}_{j}_{q} = mma({a}, {bs}, e{i}_{j}_{q})",
-                              f"{', '.join(d)} = mma({a}, {b}, f{i}_{j}_{q})"]
+                    lines += [f"e{i}_{j}_{v} = mma({asm}, {b}, {c})",
+                              f"f{i}_{j}_{v} = mma({a}, {bs}, e{i}_{j}_{v})",
+                              f"{', '.join(d)} = mma({a}, {b}, f{i}_{j}_{v})"]
                 else:
                     lines.append(f"{', '.join(d)} = mma({a}, {b}, {c})")
                 lines += [f"acc[{i}, {j}, {r}] = {d[r]}" for r in range(4)]
     return bases, lines
 
 
-def _16bit_parts(p: Mapping[str, int]) -> tuple[list[str], list[str]]:
+def _16bit_parts(p: Mapping[str, int], sfx: str = "") -> tuple[list[str], list[str]]:
     """Per-thread shared bases and the written-out k steps (16 k each), float16/bfloat16.
 
     A as for TF32 (chunks of 8 halves). B by ldmatrix.trans from the row-major k×n tile:
@@ -453,20 +500,20 @@ def _16bit_parts(p: Mapping[str, int]) -> tuple[list[str], list[str]]:
                      f" * 8) * 2")
     lines = []
     for q in range(BK // 16):
-        kk = 16 * q
+        kk, v = 16 * q, f"{q}{sfx}"
         lines.append(f"# k step {q} (k {kk}..{kk + 15} of the tile)")
         for i in range(MI):
-            lines.append(f"{', '.join(f'a{i}_{r}_{q}' for r in range(4))} = "
+            lines.append(f"{', '.join(f'a{i}_{r}_{v}' for r in range(4))} = "
                          f"ldsm(As, rsa + xa{q} + {i * 16 * BK * 2})")
         for jj in range(NB):
-            lines.append(f"b{2 * jj}_0_{q}, b{2 * jj}_1_{q}, b{2 * jj + 1}_0_{q}, "
-                         f"b{2 * jj + 1}_1_{q} = ldsm_t(Bs, rsb + xb{jj} + {kk * BN * 2})")
+            lines.append(f"b{2 * jj}_0_{v}, b{2 * jj}_1_{v}, b{2 * jj + 1}_0_{v}, "
+                         f"b{2 * jj + 1}_1_{v} = ldsm_t(Bs, rsb + xb{jj} + {kk * BN * 2})")
         for i in range(MI):
-            a = f"(a{i}_0_{q}, a{i}_1_{q}, a{i}_2_{q}, a{i}_3_{q})"
+            a = f"(a{i}_0_{v}, a{i}_1_{v}, a{i}_2_{v}, a{i}_3_{v})"
             for j in range(NI):
                 c = f"(acc[{i}, {j}, 0], acc[{i}, {j}, 1], acc[{i}, {j}, 2], acc[{i}, {j}, 3])"
-                d = [f"d{i}_{j}_{r}_{q}" for r in range(4)]
-                lines.append(f"{', '.join(d)} = mma({a}, (b{j}_0_{q}, b{j}_1_{q}), {c})")
+                d = [f"d{i}_{j}_{r}_{v}" for r in range(4)]
+                lines.append(f"{', '.join(d)} = mma({a}, (b{j}_0_{v}, b{j}_1_{v}), {c})")
                 lines += [f"acc[{i}, {j}, {r}] = {d[r]}" for r in range(4)]
     return bases, lines
 
@@ -557,7 +604,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
                     load_stage(As, Bs, A, B, nt % STAGES, nt * BK, za, zb, row0, col0, m,
                                n, k_len, a_vec, b_vec, tid)
                 commit()  # always, so group counts stay aligned with tiles
-                #@COMPUTE
+                #@COMPUTE_EDGE
                 #@STAGE_NEXT
                 kt += 1
             wait_all()
