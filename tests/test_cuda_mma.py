@@ -576,3 +576,30 @@ def test_a_ring_beyond_the_devices_opt_in_maximum_is_refused() -> None:
     with pytest.raises(InvalidValueError, match=r"131072 bytes .* 101376-byte limit "
                                                 r"\(dynamic shared memory, opted in\)"):
         CudaBackend().check_limits(SPEC, deep, np.dtype(np.float32), target)
+
+
+@pytest.mark.ptx  # the compiled-path kernel (nothing is compiled)
+@pytest.mark.parametrize("dtype, passes", [("float32", 1), ("float32", 3), ("float16", 1)])
+def test_generated_kernel_keeps_numbas_compile_passes_short(dtype: str, passes: int) -> None:
+    """numba's SSA reconstruction rewrites the whole kernel once per name assigned in more
+    than one place, and every later pass walks every block: the k steps of the interior
+    and the edge loop have names of their own, so only the loop state is reassigned, and
+    the epilogue's stores are inlined by NVVM, not copied into the kernel by numba (same
+    machine code; docs/performance.md)."""
+    import ast
+    import inspect
+    from collections import Counter
+
+    program = SPEC.program(SPEC.resolve({"PASSES": passes}), np.dtype(dtype))
+    source = inspect.getsource(program.kernel.py_func)
+    counts: Counter[str] = Counter()
+    for node in ast.walk(ast.parse(source)):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, ast.AugAssign) else [])
+        for t in targets:  # names, alone or unpacked (not acc[i, j, r])
+            counts.update(n.id for n in (t.elts if isinstance(t, ast.Tuple) else [t])
+                          if isinstance(n, ast.Name))
+    twice = sorted(n for n, c in counts.items() if c > 1)
+    assert all(re.fullmatch(r"(rs|ws)[ab]|ss|kt|kf|tile|z|o[ab]\d+", n) for n in twice), twice
+    put = program.kernel.py_func.__globals__["put"]
+    assert not getattr(put, "targetoptions", {}).get("inline")  # an intrinsic, not jitted

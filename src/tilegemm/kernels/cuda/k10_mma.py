@@ -241,7 +241,7 @@ def _put() -> Any:
 
     Inlined by NVVM, not by numba (see :func:`_nvvm_inlined`): the epilogue calls it once
     per accumulator (64 times at the defaults), and numba's own inlining copied its IR,
-    with its two branches, into the kernel at every call: 320 of mma's 566 blocks, which
+    with its two branches, into the kernel at every call: 448 of mma's 566 blocks, which
     every later numba pass walks again. The machine code is the same."""
     store_f32, load_f32 = tensorcore_ops().store_f32, tensorcore_ops().load_f32
 
