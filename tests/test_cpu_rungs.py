@@ -241,7 +241,7 @@ def _k_loop_for_avx2(mr, nr, dtype):
     from tilegemm.kernels.cpu._vector_tile import tile_loop
 
     dtype = np.dtype(dtype)
-    kloop = tile_loop(mr, nr, dtype, 32 // dtype.itemsize, 4)
+    kloop = tile_loop(mr, nr, dtype, 256, 4)
     nbt = numba.from_dtype(dtype)
     sig = numba.void(numba.int64, nbt[:, :, ::1], numba.int64, nbt[:, :, ::1], numba.int64,
                      nbt[:, ::1])
@@ -282,7 +282,7 @@ def test_vector_lanes_divide_the_tile():
     assert lanes(16, np.dtype("float64"), None) == 4  # 256-bit when LLVM chooses
     assert lanes(24, np.dtype("float32"), 512) == 8  # a divisor of NR
     with pytest.raises(ValueError, match="int32"):
-        tile_loop(4, 8, np.dtype("int32"), 8, 4)
+        tile_loop(4, 8, np.dtype("int32"), 256, 4)
 
 
 def test_vector_width_attributes_reach_every_function_definition():

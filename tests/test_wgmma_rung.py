@@ -266,50 +266,50 @@ def test_tuner_space_and_baseline() -> None:
 # --- machine code (sm_90a, no GPU needed) ---------------------------------------------------
 
 
+def _clean_sass(params: dict[str, int], dtype: str) -> str:
+    """The rung's sm_90a SASS for ``params``, after checking what every configuration must
+    have: wgmma not serialized (ptxas does so, with a warning, when the function makes a
+    call, e.g. for a 64-bit division), no local memory, no spills, registers within the
+    256-thread block."""
+    from tilegemm.analysis.resources import link, parse_ptxas_log, ptx_for
+    from tilegemm.analysis.sass import disassemble
+
+    ptx = ptx_for(SPEC, params, dtype, "sm_90")
+    assert "\n.target sm_90a" in ptx and ".extern .shared .align 1024" in ptx
+    log, cubin = link(ptx, "sm_90")
+    assert "serialized" not in log, log
+    text = disassemble(cubin)
+    assert not re.search(r"\b(LDL|STL)\b", text)
+    figures = parse_ptxas_log(log)
+    assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
+    assert 0 < figures["registers"] <= 255
+    return text
+
+
 @pytest.mark.ptx
 @pytest.mark.parametrize(("dtype", "opcode"), [
     ("float32", r"HGMMA\.64x128x8\.F32\.TF32"), ("float16", r"HGMMA\.64x128x16\.F32 "),
     ("bfloat16", r"HGMMA\.64x128x16\.F32\.BF16")])
 def test_sass_at_the_defaults(dtype: str, opcode: str) -> None:
-    """sm_90a SASS at the defaults: the four k steps of a tile are four chained HGMMA (not
-    serialized: ptxas does so, with a warning, when the function makes a call, e.g. for a
-    64-bit division), no local memory, no spills, registers within the 256-thread block."""
-    from tilegemm.analysis.resources import link, parse_ptxas_log, ptx_for
-    from tilegemm.analysis.sass import disassemble
-
-    ptx = ptx_for(SPEC, SPEC.defaults(), dtype, "sm_90")
-    assert "\n.target sm_90a" in ptx and ".extern .shared .align 1024" in ptx
-    log, cubin = link(ptx, "sm_90")
-    assert "serialized" not in log, log
-    text = disassemble(cubin)
+    """sm_90a SASS at the defaults: the four k steps of a tile are four chained HGMMA, and
+    what every configuration must have (:func:`_clean_sass`)."""
+    text = _clean_sass(SPEC.defaults(), dtype)
     # 4 per k-tile in each of the two k loops (interior and checked)
     assert len(re.findall(opcode, text)) == 8, text
     assert len(re.findall(r"WARPGROUP\.DEPBAR", text)) == 3  # wait_group 1 (twice), 0
-    assert not re.search(r"\b(LDL|STL)\b", text)
-    figures = parse_ptxas_log(log)
-    assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
-    assert 0 < figures["registers"] <= 255
 
 
 @pytest.mark.ptx
 def test_sass_of_3xtf32_at_the_defaults() -> None:
     """3×TF32 at the defaults: three chained HGMMA per k step (12 a k-tile in each of the
-    two k loops), not serialized, no local memory or spills, and its ring with the three
-    slots of small parts within an H100 block's 227 KB."""
-    from tilegemm.analysis.resources import link, parse_ptxas_log, ptx_for
-    from tilegemm.analysis.sass import disassemble
+    two k loops), what every configuration must have (:func:`_clean_sass`), and its ring
+    with the three slots of small parts within an H100 block's 227 KB."""
     from tilegemm.kernels.cuda.k11_wgmma import SMEM_SM90
 
     p = SPEC.resolve({"PASSES": 3})
     assert SPEC.smem(p, 4) == 224 * 1024 <= SMEM_SM90
-    log, cubin = link(ptx_for(SPEC, p, "float32", "sm_90"), "sm_90")
-    assert "serialized" not in log, log
-    text = disassemble(cubin)
+    text = _clean_sass(p, "float32")
     assert len(re.findall(r"HGMMA\.64x128x8\.F32\.TF32", text)) == 24
-    assert not re.search(r"\b(LDL|STL)\b", text)
-    figures = parse_ptxas_log(log)
-    assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
-    assert 0 < figures["registers"] <= 255
 
 
 @pytest.mark.ptx

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
-from tilegemm.kernels.cpu._vector_tile import lanes, tile_loop
+from tilegemm.kernels.cpu._vector_tile import applies, tile_loop
 from tilegemm.kernels.cpu._workspace import workspace
 
 # @header (replaced for each parameter set; these values only make the template importable)
@@ -45,8 +45,7 @@ a1, a2, a3, a4 = nbt[::1], nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
 ALIGN = max(1, 64 // _dt.itemsize)
 prefetch_w = prefetch_write()
 # The float micro-kernels' K loop, as explicit vector code (see _vector_tile).
-kloop = (tile_loop(MR, NR, _dt, lanes(NR, _dt, VECTOR_BITS), K_UNROLL)
-         if _dt.kind == "f" else None)
+kloop = tile_loop(MR, NR, _dt, VECTOR_BITS, K_UNROLL) if applies(_dt) else None
 
 
 # @ukernel (replaced by the generated MR×NR micro-kernel)

@@ -27,6 +27,12 @@ from typing import Any
 import numpy as np
 
 
+def applies(dtype: np.dtype) -> bool:
+    """Float tiles take this loop; integer tiles keep the SLP-vectorised scalars (no fused
+    multiply-add to write, and no such spills)."""
+    return np.dtype(dtype).kind == "f"
+
+
 def lanes(nr: int, dtype: np.dtype, vector_bits: int | None) -> int:
     """Elements per vector for an NR-wide row of ``dtype``: the widest vector the code may
     use (``vector_bits``, 256 when LLVM chooses), at most NR and dividing it."""
@@ -37,15 +43,18 @@ def lanes(nr: int, dtype: np.dtype, vector_bits: int | None) -> int:
     return w
 
 
-def tile_loop(mr: int, nr: int, dtype: np.dtype, width: int, unroll: int) -> Any:
-    """The intrinsic ``kloop(kc, Ap, a0, Bp, b0, T)`` for one tile shape (see the module)."""
+def tile_loop(mr: int, nr: int, dtype: np.dtype, vector_bits: int | None,
+              unroll: int) -> Any:
+    """The intrinsic ``kloop(kc, Ap, a0, Bp, b0, T)`` for one tile shape (see the module),
+    in vectors of :func:`lanes` elements for code that may use ``vector_bits``."""
     from llvmlite import ir
     from numba.core import types
     from numba.extending import intrinsic
 
     dtype = np.dtype(dtype)
-    if dtype.kind != "f" or nr % width:
-        raise ValueError(f"no vector tile loop for {dtype} with NR={nr}, W={width}")
+    if not applies(dtype):
+        raise ValueError(f"no vector tile loop for {dtype}")
+    width = lanes(nr, dtype, vector_bits)
     scalar = ir.FloatType() if dtype.itemsize == 4 else ir.DoubleType()
     vec = ir.VectorType(scalar, width)
     nv = nr // width

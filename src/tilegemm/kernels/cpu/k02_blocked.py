@@ -130,12 +130,6 @@ def _scalar_k_loop(mr: int, nr: int, unroll: int) -> list[str]:
     return lines
 
 
-def uses_vector_loop(dtype: np.dtype) -> bool:
-    """Float tiles take the explicit vector K loop (``_vector_tile``); integer tiles keep
-    the SLP-vectorised scalars (no fused multiply-add to write, and no such spills)."""
-    return np.dtype(dtype).kind == "f"
-
-
 def jit_flags(dtype: np.dtype) -> dict[str, Any]:
     """No bounds checks, NumPy error model; for floats, FMA contraction and nothing else
     (no reassociation, so NaN/Inf and rounding behave like the plain loop)."""
@@ -159,12 +153,12 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
     dtype = np.dtype(dtype)
     nbt = numba.from_dtype(dtype)
     from tilegemm.kernels.cpu._slp import vector_width
-    from tilegemm.kernels.cpu._vector_tile import lanes, tile_loop
+    from tilegemm.kernels.cpu._vector_tile import applies, tile_loop
 
     ns: dict[str, Any] = {"zero": dtype.type(0), "uint64": numba.uint64}
-    vector = uses_vector_loop(dtype)
+    vector = applies(dtype)
     if vector:
-        ns["kloop"] = tile_loop(mr, nr, dtype, lanes(nr, dtype, vector_bits()), K_UNROLL)
+        ns["kloop"] = tile_loop(mr, nr, dtype, vector_bits(), K_UNROLL)
     exec(micro_kernel_source(mr, nr, vector_loop=vector), ns)  # noqa: S102 - our own source
     i8, a2, a3 = numba.int64, nbt[:, ::1], nbt[:, :, ::1]
 
@@ -180,6 +174,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
 
     from tilegemm.compile_cache import fill_template, load_module
     from tilegemm.kernels.cpu._slp import vector_width
+    from tilegemm.kernels.cpu._vector_tile import applies
 
     dtype = np.dtype(dtype)
     header = {"MR": p["MR"], "NR": p["NR"], "MC": p["MC"], "KC": p["KC"], "NC": p["NC"]}
@@ -190,8 +185,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
         {"MR, NR, MC, KC, NC": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
          "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL},
-        {"ukernel": micro_kernel_source(p["MR"], p["NR"],
-                                        vector_loop=uses_vector_loop(dtype))},
+        {"ukernel": micro_kernel_source(p["MR"], p["NR"], vector_loop=applies(dtype))},
     )
     with vector_width(bits):  # compiled (or loaded from the cache) with full-width vectors
         module = load_module(f"blocked-{dtype.name}", source,

@@ -167,7 +167,12 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
             steps += [f"acc = mma(acc, dsas{d}, dsb{d}, 1)", f"acc = mma(acc, dsa{d}, dsbs{d}, 1)"]
         steps.append(f"acc = mma(acc, dsa{d}, dsb{d}, 1)")
     slot_init = ["ss = 0  # byte offset of this k-tile's slot of small parts"] if split else []
-    slot_next = ["ss = ss + SLOT if ss < (SMALL_SLOTS - 1) * SLOT else 0"] if split else []
+    # the next k-tile's stages (A's and B's ring, the copies' stage, 3×TF32's slot)
+    next_stage = ["rsa = rsa + SA if rsa < (STAGES - 1) * SA else 0",
+                  "rsb = rsb + SB if rsb < (STAGES - 1) * SB else 0",
+                  "ws = ws + 1 if ws < STAGES - 1 else 0"]
+    if split:
+        next_stage.append("ss = ss + SLOT if ss < (SMALL_SLOTS - 1) * SLOT else 0")
     small_desc = (["dsas = dsas0 + u64(ss >> 4)", "dsbs = dsbs0 + u64(ss >> 4)"]
                   if split else [])
     epilogue = ["er = row0 + wg * 64 + 16 * w + g", "ec = col0 + 2 * q"]
@@ -185,7 +190,7 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
                            "FAST_COPIES": a_copies + b["STORES"], "EPILOGUE": epilogue,
                            "HEAD": head.splitlines(), "B_INIT": b["INIT"],
                            "B_LOADS": b["LOADS"], "B_PRELOAD": b["PRELOAD"] + b["BUMP"],
-                           "SLOT_INIT": slot_init, "SLOT_NEXT": slot_next})
+                           "SLOT_INIT": slot_init, "NEXT_STAGE": next_stage})
     source = source.replace("#@ZEROS", zeros)
     name = f"wgmma_{dtype}{'_3x' if split else ''}_kernel"
     return kernel_jit(NT, 1)(compile_source(source.replace("KERNEL_NAME", name), name, ns))
@@ -224,8 +229,7 @@ def _fast_b(chunks: int, nt: int, vw: int, tf32: bool, split: bool) -> dict[str,
             return lines
 
         def guard(lines: list[str], rnd: int = rnd) -> list[str]:
-            return lines if (rnd + 1) * nt <= chunks else [
-                f"if tid < {chunks - rnd * nt}:", *("    " + x for x in lines)]
+            return _guarded(lines, rnd, nt, chunks)
 
         parts["LOADS"] += guard(loads("kf + BK"))
         parts["PRELOAD"] += guard(loads("kf"))
@@ -239,6 +243,13 @@ def _fast_b(chunks: int, nt: int, vw: int, tf32: bool, split: bool) -> dict[str,
             vals = ", ".join(f"pack({regs[2 * j]}, {regs[2 * j + 1]})" for j in range(vw // 2))
         parts["STORES"] += guard([f"sts4(As, wsb + db{rnd}, {vals})"])
     return parts
+
+
+def _guarded(lines: list[str], rnd: int, nt: int, chunks: int) -> list[str]:
+    """``lines`` for chunk ``tid + rnd * nt`` of ``chunks``: as they are when every thread
+    has one in this round, else under the test that this thread does."""
+    return lines if (rnd + 1) * nt <= chunks else [
+        f"if tid < {chunks - rnd * nt}:", *("    " + x for x in lines)]
 
 
 def _rounding(a_chunks: int, b_chunks: int, nt: int, tf32: bool,
@@ -256,8 +267,7 @@ def _rounding(a_chunks: int, b_chunks: int, nt: int, tf32: bool,
         return bases, lines
 
     def guard(line: str, rnd: int, chunks: int) -> list[str]:
-        return [line] if (rnd + 1) * nt <= chunks else [f"if tid < {chunks - rnd * nt}:",
-                                                       "    " + line]
+        return _guarded([line], rnd, nt, chunks)
 
     for rnd in range(ceil_div(a_chunks, nt)):
         if split:
@@ -402,10 +412,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
                     #@BUMP
                     kf += BK
                     kt += 1
-                    rsa = rsa + SA if rsa < (STAGES - 1) * SA else 0
-                    rsb = rsb + SB if rsb < (STAGES - 1) * SB else 0
-                    ws = ws + 1 if ws < STAGES - 1 else 0
-                    #@SLOT_NEXT
+                    #@NEXT_STAGE
             while kt < k_tiles:  # edge blocks, and the last P k-tiles of any block
                 #@HEAD
                 if kt + P < k_tiles:  # into the stage of tile kt-2 (see the docstring)
@@ -414,10 +421,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
                 commit_cp()  # always, so cp.async group counts stay aligned with tiles
                 acc = wait1(acc)  # tile kt-1's product has retired; kt's may run on
                 kt += 1
-                rsa = rsa + SA if rsa < (STAGES - 1) * SA else 0
-                rsb = rsb + SB if rsb < (STAGES - 1) * SB else 0
-                ws = ws + 1 if ws < STAGES - 1 else 0
-                #@SLOT_NEXT
+                #@NEXT_STAGE
             acc = wait0(acc)
             wait_all()
             cuda.syncthreads()  # the next tile's prologue overwrites the ring
