@@ -79,7 +79,7 @@ def test_shipped_database_entries_are_valid_parameters():
         spec = registry.get(e["kernel"], e["backend"])
         assert spec.supports(e["dtype"]) and spec.is_valid(spec.resolve(e["params"])), e
         # CPU entries name the vector ISA; an OpenCL device has no architecture string
-        assert e["isa"] in (("avx2", "avx512") if e["backend"] == "cpu" else ("",)), e
+        assert e["isa"] in (("avx2", "avx512", "neon") if e["backend"] == "cpu" else ("",)), e
         assert e.get("measured"), e
         # "cpu" names a family ("25") or a family and model ("26-2") of /proc/cpuinfo
         assert set(e.get("cpu", "0")) <= set("0123456789-"), e

@@ -2,16 +2,17 @@
 
 Defaults tuned on one machine can run at a fraction of the speed on another: the CPU
 micro-kernel's register tile must fit the vector registers of the ISA (16 on AVX2, 32 on
-AVX-512) for the dtype. ``kernel="auto"`` consults, in order: the user's tuning cache
-(``tilegemm tune``), then this database (this device by name and ISA, and by CPU family
-and model where an entry names them; then the ISA's defaults, entries with device
-``"*"``), then the rung's own defaults. Entries record where
-they were measured; add one from a ``tilegemm tune`` or ``benchmarks/cpu_blocked.py`` run.
+AVX-512 and on 64-bit ARM's NEON) for the dtype. ``kernel="auto"`` consults, in order:
+the user's tuning cache (``tilegemm tune``), then this database (this device by name and
+ISA, and by CPU family and model where an entry names them; then the ISA's defaults,
+entries with device ``"*"``), then the rung's own defaults. Entries record where they were
+measured; add one from a ``tilegemm tune`` or ``benchmarks/cpu_blocked.py`` run.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,10 @@ from typing import Any
 from tilegemm.backends.base import Target
 
 PATH = Path(__file__).with_name("database.json")
+
+# Architectures (first part of LLVM's target triple) that are 64-bit ARM: Linux says
+# "aarch64", Apple's systems "arm64".
+AARCH64 = ("aarch64", "arm64")
 
 
 @cache
@@ -29,16 +34,30 @@ def entries(path: Path = PATH) -> tuple[dict[str, Any], ...]:
 
 @cache
 def host_isa() -> str:
-    """The CPU's vector ISA as the micro-kernel sees it: "avx512", "avx2" (with FMA) or
-    "generic", from the features Numba compiles for, so it agrees with the code: the host's
+    """The CPU's vector ISA as the micro-kernel sees it (see :func:`isa_of`), from the
+    features and the architecture Numba compiles for, so it agrees with the code: the host's
     features, unless ``NUMBA_CPU_FEATURES`` names others (e.g. with ``NUMBA_CPU_NAME``, to
     build code for another machine) or ``NUMBA_ENABLE_AVX=0`` turned AVX off. A 32-register
     AVX-512 tile compiled as AVX2 code would spill, so the tile must follow the code."""
-    flags = compiled_cpu_features()
-    if flags.get("avx512f"):
+    return isa_of(compiled_cpu_features(), compiled_arch())
+
+
+def isa_of(features: Mapping[str, bool], arch: str) -> str:
+    """The ISA tier for code with these CPU features ({feature: enabled}, LLVM's names)
+    on this architecture (the first part of the target triple): "avx512", "avx2" (with
+    FMA), "neon" (64-bit ARM) or "generic".
+
+    Every 64-bit ARM application processor has NEON (Advanced SIMD), so an aarch64 target
+    is "neon" unless the features turn it off; its feature list may also be empty (LLVM
+    cannot read the host's features on every system). Machines with SVE are "neon" too:
+    the kernels' fixed-width vectors compile to NEON's 128-bit registers there, and its 32
+    registers are what the register tile must fit."""
+    if features.get("avx512f"):
         return "avx512"
-    if flags.get("avx2") and flags.get("fma"):
+    if features.get("avx2") and features.get("fma"):
         return "avx2"
+    if arch in AARCH64 and features.get("neon", True):
+        return "neon"
     return "generic"
 
 
@@ -51,7 +70,20 @@ def compiled_cpu_features() -> dict[str, bool]:
     from numba.core.codegen import get_host_cpu_features
 
     text = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return parse_features(text)
+
+
+def parse_features(text: str) -> dict[str, bool]:
+    """LLVM's feature string (``"+avx2,-avx512f"``) as {feature: enabled}."""
     return {f[1:]: f[0] == "+" for f in text.split(",") if f[:1] in "+-" and len(f) > 1}
+
+
+def compiled_arch() -> str:
+    """The architecture Numba compiles for: the first part of the process's target triple
+    (``x86_64``, ``aarch64``; ``arm64`` on Apple's systems)."""
+    from llvmlite import binding as ll
+
+    return ll.get_process_triple().split("-")[0]
 
 
 def isa(target: Target) -> str:

@@ -47,14 +47,43 @@ def tile_loop(mr: int, nr: int, dtype: np.dtype, vector_bits: int | None,
               unroll: int) -> Any:
     """The intrinsic ``kloop(kc, Ap, a0, Bp, b0, T)`` for one tile shape (see the module),
     in vectors of :func:`lanes` elements for code that may use ``vector_bits``."""
-    from llvmlite import ir
     from numba.core import types
     from numba.extending import intrinsic
 
     dtype = np.dtype(dtype)
     if not applies(dtype):
         raise ValueError(f"no vector tile loop for {dtype}")
-    width = lanes(nr, dtype, vector_bits)
+
+    @intrinsic
+    def kloop(typingctx, kc, ap, a0, bp, b0, t):  # noqa: ANN001, ANN202 - Numba's protocol
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            kc_v, ap_v, a0_v, bp_v, b0_v, t_v = args
+            kc_v = context.cast(builder, kc_v, signature.args[0], types.int64)
+            a0_v = context.cast(builder, a0_v, signature.args[2], types.int64)
+            b0_v = context.cast(builder, b0_v, signature.args[4], types.int64)
+            a_ptr = builder.gep(context.make_array(signature.args[1])(
+                context, builder, ap_v).data, [a0_v], inbounds=True)
+            b_ptr = builder.gep(context.make_array(signature.args[3])(
+                context, builder, bp_v).data, [b0_v], inbounds=True)
+            t_ptr = context.make_array(signature.args[5])(context, builder, t_v).data
+            emit_loop(builder, kc_v, a_ptr, b_ptr, t_ptr, mr, nr, dtype,
+                      lanes(nr, dtype, vector_bits), unroll)
+            return context.get_dummy_value()
+
+        return types.void(kc, ap, a0, bp, b0, t), codegen
+
+    return kloop
+
+
+def emit_loop(builder: Any, kc: Any, a_ptr: Any, b_ptr: Any, t_ptr: Any, mr: int, nr: int,
+              dtype: np.dtype, width: int, unroll: int) -> None:
+    """Append the K loop (see the module) at ``builder``'s position, in vectors of ``width``
+    elements: ``kc`` an i64, the pointers to the first element of the A strip, of the B
+    strip and of the tile T. The one definition of the loop, used by the Numba intrinsic
+    and by :func:`module_ir`, which compiles it alone for another CPU."""
+    from llvmlite import ir
+
+    dtype = np.dtype(dtype)
     scalar = ir.FloatType() if dtype.itemsize == 4 else ir.DoubleType()
     vec = ir.VectorType(scalar, width)
     nv = nr // width
@@ -63,8 +92,7 @@ def tile_loop(mr: int, nr: int, dtype: np.dtype, vector_bits: int | None,
     zeros = ir.Constant(vec, [0.0] * width)
     splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
 
-    def step(builder: ir.IRBuilder, fma: Any, a_ptr: Any, b_ptr: Any, p: Any,
-             acc: list[Any]) -> list[Any]:
+    def step(fma: Any, p: Any, acc: list[Any]) -> list[Any]:
         """One K step: NR/W vectors of B, then row by row a broadcast and its FMAs."""
         b_row = builder.gep(b_ptr, [builder.mul(p, i64(nr))], inbounds=True)
         bvals = []
@@ -83,85 +111,95 @@ def tile_loop(mr: int, nr: int, dtype: np.dtype, vector_bits: int | None,
                 out[i * nv + v] = builder.call(fma, [a, bvals[v], acc[i * nv + v]])
         return out
 
-    @intrinsic
-    def kloop(typingctx, kc, ap, a0, bp, b0, t):  # noqa: ANN001, ANN202 - Numba's protocol
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            kc_v, ap_v, a0_v, bp_v, b0_v, t_v = args
-            kc_v = context.cast(builder, kc_v, signature.args[0], types.int64)
-            a0_v = context.cast(builder, a0_v, signature.args[2], types.int64)
-            b0_v = context.cast(builder, b0_v, signature.args[4], types.int64)
-            a_ptr = builder.gep(context.make_array(signature.args[1])(
-                context, builder, ap_v).data, [a0_v], inbounds=True)
-            b_ptr = builder.gep(context.make_array(signature.args[3])(
-                context, builder, bp_v).data, [b0_v], inbounds=True)
-            t_ptr = context.make_array(signature.args[5])(context, builder, t_v).data
-            fma = _declare(builder.module, name, vec)
-            fn = builder.function
-            n_acc = mr * nv
-            entry = builder.basic_block
-            main = fn.append_basic_block("tile.main")
-            mid = fn.append_basic_block("tile.mid")
-            rem = fn.append_basic_block("tile.rem")
-            done = fn.append_basic_block("tile.done")
-            nmain = builder.udiv(kc_v, i64(unroll))
-            builder.cbranch(builder.icmp_unsigned(">", nmain, i64(0)), main, mid)
+    fma = _declare(builder.module, name, vec)
+    fn = builder.function
+    n_acc = mr * nv
+    entry = builder.basic_block
+    main = fn.append_basic_block("tile.main")
+    mid = fn.append_basic_block("tile.mid")
+    rem = fn.append_basic_block("tile.rem")
+    done = fn.append_basic_block("tile.done")
+    nmain = builder.udiv(kc, i64(unroll))
+    builder.cbranch(builder.icmp_unsigned(">", nmain, i64(0)), main, mid)
 
-            builder.position_at_end(main)
-            q = builder.phi(i64)
-            acc_in = [builder.phi(vec) for _ in range(n_acc)]
-            acc = list(acc_in)
-            base = builder.mul(q, i64(unroll))
-            for u in range(unroll):
-                acc = step(builder, fma, a_ptr, b_ptr, builder.add(base, i64(u)), acc)
-            q_next = builder.add(q, i64(1))
-            main_end = builder.basic_block
-            builder.cbranch(builder.icmp_unsigned("<", q_next, nmain), main, mid)
-            q.add_incoming(i64(0), entry)
-            q.add_incoming(q_next, main_end)
-            for phi, value in zip(acc_in, acc, strict=True):
-                phi.add_incoming(zeros, entry)
-                phi.add_incoming(value, main_end)
+    builder.position_at_end(main)
+    q = builder.phi(i64)
+    acc_in = [builder.phi(vec) for _ in range(n_acc)]
+    acc = list(acc_in)
+    base = builder.mul(q, i64(unroll))
+    for u in range(unroll):
+        acc = step(fma, builder.add(base, i64(u)), acc)
+    q_next = builder.add(q, i64(1))
+    main_end = builder.basic_block
+    builder.cbranch(builder.icmp_unsigned("<", q_next, nmain), main, mid)
+    q.add_incoming(i64(0), entry)
+    q.add_incoming(q_next, main_end)
+    for phi, value in zip(acc_in, acc, strict=True):
+        phi.add_incoming(zeros, entry)
+        phi.add_incoming(value, main_end)
 
-            builder.position_at_end(mid)
-            acc_mid = []
-            for value in acc:
-                phi = builder.phi(vec)
-                phi.add_incoming(zeros, entry)
-                phi.add_incoming(value, main_end)
-                acc_mid.append(phi)
-            start = builder.mul(nmain, i64(unroll))
-            builder.cbranch(builder.icmp_unsigned("<", start, kc_v), rem, done)
+    builder.position_at_end(mid)
+    acc_mid = []
+    for value in acc:
+        phi = builder.phi(vec)
+        phi.add_incoming(zeros, entry)
+        phi.add_incoming(value, main_end)
+        acc_mid.append(phi)
+    start = builder.mul(nmain, i64(unroll))
+    builder.cbranch(builder.icmp_unsigned("<", start, kc), rem, done)
 
-            builder.position_at_end(rem)
-            p = builder.phi(i64)
-            racc_in = [builder.phi(vec) for _ in range(n_acc)]
-            racc = step(builder, fma, a_ptr, b_ptr, p, racc_in)
-            p_next = builder.add(p, i64(1))
-            rem_end = builder.basic_block
-            builder.cbranch(builder.icmp_unsigned("<", p_next, kc_v), rem, done)
-            p.add_incoming(start, mid)
-            p.add_incoming(p_next, rem_end)
-            for phi, before, value in zip(racc_in, acc_mid, racc, strict=True):
-                phi.add_incoming(before, mid)
-                phi.add_incoming(value, rem_end)
+    builder.position_at_end(rem)
+    p = builder.phi(i64)
+    racc_in = [builder.phi(vec) for _ in range(n_acc)]
+    racc = step(fma, p, racc_in)
+    p_next = builder.add(p, i64(1))
+    rem_end = builder.basic_block
+    builder.cbranch(builder.icmp_unsigned("<", p_next, kc), rem, done)
+    p.add_incoming(start, mid)
+    p.add_incoming(p_next, rem_end)
+    for phi, before, value in zip(racc_in, acc_mid, racc, strict=True):
+        phi.add_incoming(before, mid)
+        phi.add_incoming(value, rem_end)
 
-            builder.position_at_end(done)
-            final = []
-            for k in range(n_acc):
-                phi = builder.phi(vec)
-                phi.add_incoming(acc_mid[k], mid)
-                phi.add_incoming(racc[k], rem_end)
-                final.append(phi)
-            for k, phi in enumerate(final):
-                i, v = divmod(k, nv)
-                ptr = builder.gep(t_ptr, [i64(i * nr + v * width)], inbounds=True)
-                builder.store(phi, builder.bitcast(ptr, vec.as_pointer()),
-                              align=dtype.itemsize)
-            return context.get_dummy_value()
+    builder.position_at_end(done)
+    final = []
+    for k in range(n_acc):
+        phi = builder.phi(vec)
+        phi.add_incoming(acc_mid[k], mid)
+        phi.add_incoming(racc[k], rem_end)
+        final.append(phi)
+    for k, phi in enumerate(final):
+        i, v = divmod(k, nv)
+        ptr = builder.gep(t_ptr, [i64(i * nr + v * width)], inbounds=True)
+        builder.store(phi, builder.bitcast(ptr, vec.as_pointer()), align=dtype.itemsize)
 
-        return types.void(kc, ap, a0, bp, b0, t), codegen
 
-    return kloop
+def module_ir(mr: int, nr: int, dtype: np.dtype, vector_bits: int | None, unroll: int,
+              triple: str = "") -> str:
+    """LLVM IR of a module holding the K loop alone, as ``void @kloop(i64 kc, T* a, T* b,
+    T* t)`` (``noalias`` pointers to the A strip, the B strip and the tile), built by
+    :func:`emit_loop` exactly as the rung builds it. Compiling this text for another
+    triple shows the machine code that CPU would run (the tests compile it for AArch64 on
+    any host), without Numba's host-only code around it."""
+    from llvmlite import ir
+
+    dtype = np.dtype(dtype)
+    if not applies(dtype):
+        raise ValueError(f"no vector tile loop for {dtype}")
+    scalar = ir.FloatType() if dtype.itemsize == 4 else ir.DoubleType()
+    ptr = scalar.as_pointer()
+    module = ir.Module(name=f"kloop_{mr}x{nr}_{dtype.name}")
+    module.triple = triple
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.IntType(64), ptr, ptr, ptr]),
+                     "kloop")
+    for arg in fn.args[1:]:
+        arg.add_attribute("noalias")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    kc, a_ptr, b_ptr, t_ptr = fn.args
+    emit_loop(builder, kc, a_ptr, b_ptr, t_ptr, mr, nr, dtype, lanes(nr, dtype, vector_bits),
+              unroll)
+    builder.ret_void()
+    return str(module)
 
 
 def _declare(module: Any, name: str, vec: Any) -> Any:

@@ -193,13 +193,20 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     return module.blocked
 
 
+# The vector width the rung's code is built for, per ISA (see ``vector_bits``).
+ISA_VECTOR_BITS = {"avx512": 512, "neon": 128}
+
+
 def vector_bits() -> int | None:
-    """512 on AVX-512 CPUs, whatever LLVM's tuning prefers (see ``_slp.vector_width``:
-    it would use half-width vectors on Intel's server cores); None (LLVM's choice)
+    """The vector width the code is built for (``ISA_VECTOR_BITS``): 512 on AVX-512 CPUs,
+    whatever LLVM's tuning prefers (see ``_slp.vector_width``: it would use half-width
+    vectors on Intel's server cores); 128 on 64-bit ARM, NEON's width (also on CPUs with
+    SVE, whose wider registers LLVM does not use for fixed-width vectors), so each vector
+    of the K loop is one register; None (LLVM's choice, 256-bit vectors in the K loop)
     elsewhere."""
     from tilegemm.tune.database import host_isa
 
-    return 512 if host_isa() == "avx512" else None
+    return ISA_VECTOR_BITS.get(host_isa())
 
 
 SPEC = KernelSpec(

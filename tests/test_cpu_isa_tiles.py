@@ -1,0 +1,149 @@
+"""The CPU ``blocked`` rung on 64-bit ARM (NEON), checked on any host.
+
+On an aarch64 CPU the rung's register tile must fit NEON's 32 registers of 128 bits. The
+tests here check the three things that make that so without an ARM machine: the ISA is
+detected from the features and architecture Numba compiles for; the database gives NEON
+hosts their own tiles; and those tiles' K loop, compiled to AArch64 machine code through
+LLVM's AArch64 back end (part of llvmlite), keeps every accumulator in a register.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from tilegemm.backends import get_backend
+from tilegemm.backends.base import Limits, Target
+from tilegemm.tune import database, select
+
+TRIPLE = "aarch64-unknown-linux-gnu"
+# Cores a user is likely to run: AWS Graviton2 and Ampere Altra (Neoverse N1), Graviton3
+# (Neoverse V1, with SVE), Apple's M1.
+ARM_CPUS = ("neoverse-n1", "neoverse-v1", "apple-m1")
+
+
+def _arm_target(name: str = "Neoverse-N1") -> Target:
+    return Target("cpu", name, "cpu", "aarch64", Limits(threads_per_block=0), "perf_counter")
+
+
+@pytest.mark.parametrize(("features", "arch", "expected"), [
+    ("+neon,+fp-armv8,+crc,+lse,+rdm,+dotprod,+rcpc", "aarch64", "neon"),  # Graviton2
+    ("+neon,+fp-armv8,+sve,+sve2,+bf16,+i8mm", "aarch64", "neon"),  # SVE: still 128-bit NEON
+    ("", "arm64", "neon"),  # Apple's systems: triple "arm64-apple-darwin", features may be empty
+    ("-neon,+fp-armv8", "aarch64", "generic"),  # NEON turned off (NUMBA_CPU_FEATURES)
+    ("+neon", "armv7l", "generic"),  # 32-bit ARM: not the aarch64 register file
+    ("+neon", "x86_64", "generic"),  # code for x86 follows x86's features alone
+    ("+avx,+avx2,+fma,-avx512f", "x86_64", "avx2"),
+    ("+avx,+avx2,+fma,+avx512f", "x86_64", "avx512"),
+    ("", "x86_64", "generic"),
+])
+def test_isa_follows_features_and_architecture(features, arch, expected):
+    assert database.isa_of(database.parse_features(features), arch) == expected
+
+
+def test_host_isa_reads_the_architecture_numba_compiles_for():
+    from llvmlite import binding as llvm
+
+    assert database.compiled_arch() == llvm.get_process_triple().split("-")[0]
+    assert database.host_isa() == database.isa_of(database.compiled_cpu_features(),
+                                                  database.compiled_arch())
+
+
+def test_neon_code_uses_128_bit_vectors(monkeypatch):
+    """On NEON the K loop's vectors are 128 bits (4 float32, 2 float64): one register each,
+    so the register arithmetic of the tile is exact."""
+    from tilegemm.kernels.cpu._vector_tile import lanes
+    from tilegemm.kernels.cpu.k02_blocked import vector_bits
+
+    monkeypatch.setattr(database, "host_isa", lambda: "neon")
+    assert vector_bits() == 128
+    assert lanes(8, np.dtype("float32"), vector_bits()) == 4
+    assert lanes(8, np.dtype("float64"), vector_bits()) == 2
+    monkeypatch.setattr(database, "host_isa", lambda: "avx2")
+    assert vector_bits() is None  # x86 without AVX-512: LLVM's choice, as before
+
+
+@pytest.mark.parametrize(("dtype", "tile"), [("float32", (12, 8)), ("float64", (6, 8))])
+def test_neon_host_gets_the_neon_entries(dtype, tile, monkeypatch):
+    """A NEON host with no entry of its own gets the NEON ISA defaults, as full parameters
+    that the rung accepts (its other blocks at the rung's defaults)."""
+    monkeypatch.setattr(database, "host_isa", lambda: "neon")
+    monkeypatch.setattr(database, "host_family_model", lambda: "")  # ARM's cpuinfo has none
+    entry, tier = database.lookup(_arm_target(), dtype)
+    assert (entry["isa"], entry["device"], tier) == ("neon", "*", "isa")
+    assert (entry["params"]["MR"], entry["params"]["NR"]) == tile
+    assert "not timed on ARM" in entry["measured"]
+    spec, params = select.untuned_choice(get_backend("cpu"), dtype, _arm_target())
+    defaults = spec.defaults()
+    assert (spec.name, params["MR"], params["NR"]) == ("blocked", *tile)
+    assert {k: params[k] for k in ("MC", "KC", "NC")} == {
+        k: defaults[k] for k in ("MC", "KC", "NC")}
+
+
+def _aarch64_k_loop(mr: int, nr: int, dtype: str, cpu: str) -> tuple[int, int]:
+    """The rung's vector K loop for an MR×NR tile, built as on a NEON host and compiled to
+    AArch64 machine code for ``cpu``: (vector FMAs, stack accesses) in its busiest block."""
+    from llvmlite import binding as llvm
+
+    from tilegemm.kernels.cpu._slp import with_vector_width
+    from tilegemm.kernels.cpu._vector_tile import module_ir
+    from tilegemm.kernels.cpu.k02_blocked import ISA_VECTOR_BITS, K_UNROLL
+
+    bits = ISA_VECTOR_BITS["neon"]
+    text = with_vector_width(module_ir(mr, nr, np.dtype(dtype), bits, K_UNROLL, TRIPLE), bits)
+    module = llvm.parse_assembly(text)
+    module.verify()
+    machine = llvm.Target.from_triple(TRIPLE).create_target_machine(
+        cpu=cpu, features="+neon", opt=3)
+    asm = machine.emit_assembly(module)
+    blocks = re.split(r"\n(?=\.?[\w$.]+:)", asm)
+    loop = max(blocks, key=lambda b: b.count("fmla"))
+    # 128-bit FMAs only: v.4s (float32) or v.2d (float64), by vector or by element
+    arrangement = ".4s" if dtype == "float32" else ".2d"
+    fmas = [ln for ln in loop.splitlines() if ln.strip().startswith("fmla")]
+    assert all(arrangement in ln for ln in fmas), fmas[:4]
+    # ldr/str/ldp/stp against the stack pointer (or the frame pointer, x29)
+    stack = re.findall(r"\[(?:sp|x29)\b", loop)
+    return len(fmas), len(stack)
+
+
+@pytest.fixture(scope="module")
+def aarch64() -> None:
+    """Skip where this llvmlite was built without LLVM's AArch64 back end."""
+    from llvmlite import binding as llvm
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    try:
+        llvm.Target.from_triple(TRIPLE)
+    except RuntimeError as exc:
+        pytest.skip(f"llvmlite has no AArch64 target: {exc}")
+
+
+@pytest.mark.parametrize("cpu", ARM_CPUS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_neon_defaults_keep_the_tile_in_registers(aarch64, dtype, cpu, monkeypatch):
+    """The NEON ISA defaults hold 24 accumulators (12×8 float32: 12 rows × 2 vectors; 6×8
+    float64: 6 × 4) with B's vectors and A's values beside them in 32 registers: the
+    compiled K loop has its K_UNROLL steps of MR·NR/lanes FMAs and no stack access."""
+    from tilegemm.kernels.cpu.k02_blocked import K_UNROLL
+
+    monkeypatch.setattr(database, "host_isa", lambda: "neon")
+    monkeypatch.setattr(database, "host_family_model", lambda: "")
+    entry, _ = database.lookup(_arm_target(), dtype)
+    mr, nr = entry["params"]["MR"], entry["params"]["NR"]
+    per_vector = 16 // np.dtype(dtype).itemsize
+    assert mr * nr // per_vector == 24  # the register budget the entries were chosen for
+    assert _aarch64_k_loop(mr, nr, dtype, cpu) == (K_UNROLL * mr * nr // per_vector, 0)
+
+
+@pytest.mark.parametrize("cpu", ARM_CPUS)
+def test_too_large_neon_tile_spills(aarch64, cpu):
+    """Negative control: the rung's default 16×8 float32 tile needs 32 accumulators, all of
+    NEON's registers before any of B, so the same count must see its spills."""
+    from tilegemm.kernels.cpu.k02_blocked import K_UNROLL
+
+    fmas, stack = _aarch64_k_loop(16, 8, "float32", cpu)
+    assert fmas == K_UNROLL * 32 and stack > 0
