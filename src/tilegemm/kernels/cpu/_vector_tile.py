@@ -10,7 +10,10 @@ went through the stack (32 stack accesses per 48 FMAs) and the tile ran at half 
 same loop written here row by row, each broadcast used at once by the row's NR/W FMAs,
 keeps all 12 accumulators in registers with no stack access at all, so the tile that
 fits the register file is usable at last; with AVX-512 the broadcast is folded into the
-FMA (``{1to16}``) either way.
+FMA (``{1to16}``) either way. On 64-bit ARM (NEON: 32 registers of 128 bits) LLVM
+multiplies by each value of A in place (``fmla`` by element), and the NEON tiles' 24
+accumulators stay in registers; :func:`module_ir` builds the loop alone so that it can be
+compiled for such a CPU on any host.
 
 The loop is built by a Numba intrinsic (`tile_loop`), so it is compiled and cached with
 the rest of the rung. For the strip pair (A strip at element ``a0`` of ``Ap``, B strip at
