@@ -147,3 +147,28 @@ def test_too_large_neon_tile_spills(aarch64, cpu):
 
     fmas, stack = _aarch64_k_loop(16, 8, "float32", cpu)
     assert fmas == K_UNROLL * 32 and stack > 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_neon_tiles_in_128_bit_vectors_compute_the_product(dtype, monkeypatch):
+    """The whole rung, built as on a NEON host (its ISA defaults, 128-bit vectors in the
+    K loop), run here on x86: the 4- and 2-lane loop with 2 or 4 vectors a row must give
+    the product on shapes with partial tiles on every edge, a K remainder and alpha/beta.
+    The rung is built directly, not through the per-process program cache, whose key does
+    not hold the vector width."""
+    from tilegemm.kernels.cpu import k02_blocked
+    from tilegemm.reference import assert_close, random_operands
+    from tilegemm.registry import get
+
+    monkeypatch.setattr(database, "host_isa", lambda: "neon")
+    monkeypatch.setattr(database, "host_family_model", lambda: "")
+    entry, _ = database.lookup(_arm_target(), dtype)
+    params = get("blocked", "cpu").resolve(entry["params"])
+    program = k02_blocked.build(params, np.dtype(dtype))
+    assert program.__globals__["VECTOR_BITS"] == 128  # the constant the K loop is built from
+    rng = np.random.default_rng(5)
+    a, b = random_operands((2, 101, 67), (67, 75), dtype, seed=5)
+    c = rng.uniform(-1, 1, size=(2, 101, 75)).astype(dtype)
+    out = c.copy()
+    program(a, b[None], out, np.dtype(dtype).type(0.75), np.dtype(dtype).type(-0.5))
+    assert_close(out, a, b, alpha=0.75, beta=-0.5, c=c, what=f"NEON tile {params}")
