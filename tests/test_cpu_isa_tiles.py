@@ -43,12 +43,21 @@ def test_isa_follows_features_and_architecture(features, arch, expected):
     assert database.isa_of(database.parse_features(features), arch) == expected
 
 
-def test_host_isa_reads_the_architecture_numba_compiles_for():
+def test_host_isa_reads_the_architecture_numba_compiles_for(monkeypatch):
+    """``host_isa`` combines the features Numba compiles for with the architecture of the
+    process's target triple, which is x86_64 here and stands in for an ARM one."""
     from llvmlite import binding as llvm
+    from numba.core import config
 
     assert database.compiled_arch() == llvm.get_process_triple().split("-")[0]
-    assert database.host_isa() == database.isa_of(database.compiled_cpu_features(),
-                                                  database.compiled_arch())
+    monkeypatch.setattr(config, "CPU_FEATURES", "+neon,+fp-armv8")
+    for arch, expected in (("aarch64", "neon"), ("x86_64", "generic")):
+        monkeypatch.setattr(database, "compiled_arch", lambda arch=arch: arch)
+        database.host_isa.cache_clear()
+        try:
+            assert database.host_isa() == expected
+        finally:
+            database.host_isa.cache_clear()
 
 
 def test_neon_code_uses_128_bit_vectors(monkeypatch):
