@@ -1,10 +1,11 @@
 """The CPU ``blocked`` rung on 64-bit ARM (NEON), checked on any host.
 
 On an aarch64 CPU the rung's register tile must fit NEON's 32 registers of 128 bits. The
-tests here check the three things that make that so without an ARM machine: the ISA is
-detected from the features and architecture Numba compiles for; the database gives NEON
-hosts their own tiles; and those tiles' K loop, compiled to AArch64 machine code through
-LLVM's AArch64 back end (part of llvmlite), keeps every accumulator in a register.
+tests here check what makes that so without an ARM machine: the ISA is detected from the
+features and architecture Numba compiles for; the code is built in 128-bit vectors there;
+the database gives NEON hosts their own tiles; those tiles' K loop, compiled to AArch64
+machine code through LLVM's AArch64 back end (part of llvmlite), keeps every accumulator
+in a register; and the rung built that way computes the product (run on this host).
 """
 
 from __future__ import annotations
