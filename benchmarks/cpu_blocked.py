@@ -53,11 +53,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def simd_flags() -> list[str]:
-    """The vector/FMA features that decide the micro-kernel's code (from /proc/cpuinfo)."""
-    wanted = ("avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq")
+    """The vector/FMA features that decide the micro-kernel's code (from /proc/cpuinfo:
+    x86's ``flags`` line, 64-bit ARM's ``Features``)."""
+    wanted = ("avx", "avx2", "fma", "avx512f", "avx512vl", "avx512bw", "avx512dq",
+              "asimd", "fphp", "asimdhp", "sve", "sve2", "sme")
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
+            if line.startswith(("flags", "Features")):
                 have = set(line.split(":", 1)[1].split())
                 return [f for f in wanted if f in have]
     except OSError:

@@ -182,3 +182,31 @@ def test_neon_tiles_in_128_bit_vectors_compute_the_product(dtype, monkeypatch):
     out = c.copy()
     program(a, b[None], out, np.dtype(dtype).type(0.75), np.dtype(dtype).type(-0.5))
     assert_close(out, a, b, alpha=0.75, beta=-0.5, c=c, what=f"NEON tile {params}")
+
+
+# /proc/cpuinfo's first block on a Graviton2 (64-bit ARM Linux has no "model name").
+GRAVITON2 = {"processor": "0", "bogomips": "243.75", "features": "fp asimd evtstrm aes crc32",
+             "cpu implementer": "0x41", "cpu architecture": "8", "cpu variant": "0x3",
+             "cpu part": "0xd0c", "cpu revision": "1"}
+
+
+@pytest.mark.parametrize(("fields", "name", "family_model"), [
+    (GRAVITON2, "ARM Neoverse-N1", "0x41-0xd0c"),
+    ({**GRAVITON2, "cpu part": "0xd4f"}, "ARM Neoverse-V2", "0x41-0xd4f"),
+    # A core not in the table is still told apart from the others, by its numbers.
+    ({**GRAVITON2, "cpu implementer": "0x61", "cpu part": "0x023"},
+     "ARM CPU (implementer 0x61, part 0x023)", "0x61-0x023"),
+    ({"cpu family": "26", "model": "2", "model name": "AMD EPYC"}, "AMD EPYC", "26-2"),
+])
+def test_cpu_name_tells_arm_cores_apart(monkeypatch, fields, name, family_model):
+    """The device name in the tuning cache and the database must differ between ARM cores:
+    without the implementer/part numbers every ARM Linux machine would be "aarch64"."""
+    from tilegemm.backends import cpu
+
+    monkeypatch.setattr(cpu, "_cpuinfo", lambda: fields)
+    assert cpu.cpu_name() == name
+    assert cpu.cpu_family_model() == family_model
+    # A database entry naming the vendor ("0x41") or the core matches the ARM host.
+    rank = database._cpu_rank({"cpu": family_model.split("-")[0]}, family_model)
+    assert rank == 1
+    assert database._cpu_rank({"cpu": family_model}, family_model) == 2

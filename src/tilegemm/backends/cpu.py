@@ -46,10 +46,55 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
+# Names of common 64-bit ARM cores by (implementer, part), the numbers 64-bit ARM Linux
+# puts in /proc/cpuinfo instead of a model name (as lscpu's table does). A core missing
+# here is still told apart from others, by its numbers (see :func:`_arm_name`).
+ARM_CORES: dict[tuple[int, int], str] = {
+    (0x41, 0xD08): "ARM Cortex-A72",      # AWS Graviton (1st generation), Raspberry Pi 4
+    (0x41, 0xD0B): "ARM Cortex-A76",      # Raspberry Pi 5
+    (0x41, 0xD0C): "ARM Neoverse-N1",     # AWS Graviton2, Ampere Altra
+    (0x41, 0xD40): "ARM Neoverse-V1",     # AWS Graviton3
+    (0x41, 0xD49): "ARM Neoverse-N2",
+    (0x41, 0xD4F): "ARM Neoverse-V2",     # AWS Graviton4, NVIDIA Grace
+    (0xC0, 0xAC3): "Ampere AmpereOne",
+}
+
+
+def _arm_name(fields: Mapping[str, str]) -> str:
+    """The core's name from /proc/cpuinfo's ``CPU implementer`` and ``CPU part`` on 64-bit
+    ARM Linux (:data:`ARM_CORES`), else those numbers spelled out; "" without them."""
+    implementer, part = fields.get("cpu implementer", ""), fields.get("cpu part", "")
+    try:
+        key = (int(implementer, 0), int(part, 0))
+    except ValueError:
+        return ""
+    return ARM_CORES.get(key, f"ARM CPU (implementer {key[0]:#04x}, part {key[1]:#05x})")
+
+
+@cache
+def _macos_brand() -> str:
+    """``machdep.cpu.brand_string`` ("Apple M2 Pro") on macOS, else ""."""
+    if platform.system() != "Darwin":
+        return ""
+    import subprocess
+
+    try:
+        done = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
+                              capture_output=True, text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout.strip()
+
+
 def cpu_name() -> str:
-    """The CPU model (from /proc/cpuinfo on Linux), else what ``platform`` knows; the one
-    reader used by results files, benchmark scripts and the tuning cache's device key."""
-    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "CPU"
+    """The CPU model, the one reader used by results files, benchmark scripts and the
+    tuning cache's device key: /proc/cpuinfo's model name on Linux (on 64-bit ARM, which
+    has none, the core named by its implementer and part numbers), the brand string on
+    macOS, else what ``platform`` knows. Without this, every ARM Linux machine would be
+    called "aarch64" and share one tuning-cache entry."""
+    fields = _cpuinfo()
+    return (fields.get("model name") or _arm_name(fields) or _macos_brand()
+            or platform.processor() or platform.machine() or "CPU")
 
 
 def cpu_family_model() -> str:
@@ -57,11 +102,15 @@ def cpu_family_model() -> str:
 
     Virtual machines often report only the vendor's generic name ("Intel(R) Xeon(R)
     Processor"), which is the same for several generations; the family and model numbers
-    tell them apart.
+    tell them apart. On 64-bit ARM Linux it is ``<implementer>-<part>`` (``0x41-0xd0c``),
+    so a database entry's ``"cpu"`` can name one vendor (``"0x41"``) or one core.
     """
     fields = _cpuinfo()
     family, model = fields.get("cpu family", ""), fields.get("model", "")
-    return f"{family}-{model}" if family and model else ""
+    if family and model:
+        return f"{family}-{model}"
+    implementer, part = fields.get("cpu implementer", ""), fields.get("cpu part", "")
+    return f"{implementer}-{part}" if implementer and part else ""
 
 
 def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np.ndarray:
