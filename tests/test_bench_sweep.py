@@ -420,8 +420,9 @@ def test_tensor_core_plans_pin_the_precision_and_ieee_plans_leave_them_out() -> 
                              (Settings.quick(reports=("ladder",), dtype="bfloat16"), 1)):
         cases = plan(["cuda"], settings)
         rungs = [c for c in cases if c.spec is not None]
-        # only the tensor-core rungs that compute it, at that precision
-        assert [c.spec.name for c in rungs] == ["mma", "wgmma"]
+        # only the tensor-core rungs that compute it, at that precision (kernel="auto"'s
+        # choice too, where CUDA runs here: the simulator)
+        assert [c.spec.name for c in rungs if c.source == "defaults"] == ["mma", "wgmma"]
         assert all(dict(c.params)["PASSES"] == passes for c in rungs)
         assert any(c.spec is None for c in cases)  # and the reference at that precision
 
