@@ -236,3 +236,64 @@ def test_tune_refuses_show_with_clear_and_bad_repeat_up_front(tmp_path, monkeypa
     assert main(["tune", "--backend", "cpu", "--repeat", "0", "--m", "8"]) == 2
     captured = capsys.readouterr()
     assert "--repeat must be >= 1" in captured.err and captured.out == ""
+
+
+@pytest.fixture
+def _fresh_opencl_status():  # noqa: ANN202
+    """The OpenCL backend's probes are cached per process: start and end with fresh ones."""
+    from tilegemm.backends import get_backend, opencl
+
+    caches = (type(get_backend("opencl")).status, opencl.default_device_index)
+
+    def clear() -> None:
+        for cached in caches:  # the originals: a test may have replaced the names
+            cached.cache_clear()
+
+    clear()
+    yield
+    clear()
+
+
+@pytest.mark.opencl
+def test_info_marks_opencl_devices_that_cannot_compile(monkeypatch, capsys,
+                                                       _fresh_opencl_status):
+    """info listed a device that cannot compile like a usable one; with PYOPENCL_CTX naming
+    it, the backend row said 'yes' and every OpenCL call then failed."""
+    from tilegemm.backends import get_backend, opencl
+
+    devices = opencl.all_devices()
+    broken = devices[-1]
+    why = "PoCL 3.0-rc2 (LLVM 14.0.6) cannot compile for it: a stand-in reason"
+    real = opencl.build_problem
+    monkeypatch.setattr(opencl, "build_problem",
+                        lambda d: why if d.int_ptr == broken.int_ptr else real(d))
+    monkeypatch.setenv("COLUMNS", "400")  # no cell wraps
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "cannot compile here" in out and "no: PoCL 3.0-rc2 (LLVM 14.0.6) cannot" in out
+    # The default device chosen (as PYOPENCL_CTX can) is the one that cannot compile.
+    monkeypatch.setattr(opencl, "default_device_index", lambda: len(devices) - 1)
+    type(get_backend("opencl")).status.cache_clear()
+    status = get_backend("opencl").status()
+    assert not status.usable and "a stand-in reason" in status.reason
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("│ opencl"))
+    assert "yes" not in row
+
+
+def test_info_fits_80_columns(monkeypatch, capsys):
+    """The OpenCL devices table cut every column to 3-4 characters at 80 columns."""
+    from tilegemm.backends import opencl
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out
+    try:
+        names = [d.name.strip() for d in opencl.all_devices()]
+    except Exception:  # no OpenCL here: nothing more to check
+        names = []
+    for name in names:
+        assert name in out
