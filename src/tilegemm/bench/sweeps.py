@@ -32,7 +32,14 @@ from tilegemm.bench.timing import (
     Policy,
     measure_kernel,
 )
-from tilegemm.bench.vendors import Vendor, find_vendor, measure_vendor, vendor_math
+from tilegemm.bench.vendors import (
+    Vendor,
+    find_rival,
+    find_vendor,
+    measure_vendor,
+    rivals_for,
+    vendor_math,
+)
 from tilegemm.errors import UnavailableError
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import random_operands
@@ -79,7 +86,8 @@ class Settings:
 
 @dataclass(frozen=True)
 class Case:
-    """One thing to measure: a rung with parameters (or the vendor, ``spec=None``)."""
+    """One thing to measure: a rung with parameters, or (``spec=None``) the vendor library,
+    or the rival named by ``rival`` (:data:`tilegemm.bench.vendors.RIVALS`)."""
 
     report: str
     backend: str
@@ -88,10 +96,11 @@ class Case:
     k: int
     spec: KernelSpec | None = None
     params: tuple[tuple[str, int], ...] = ()
+    rival: str = ""
 
     @property
     def key(self) -> tuple[Any, ...]:
-        who = self.spec.key if self.spec else "vendor"
+        who = self.spec.key if self.spec else self.rival or "vendor"
         return (self.backend, who, self.params, self.m, self.n, self.k)
 
     @property
@@ -100,17 +109,17 @@ class Case:
 
     @property
     def label(self) -> str:
-        who = self.spec.name if self.spec else "vendor"
+        who = self.spec.name if self.spec else self.rival or "vendor"
         shown = " ".join(f"{k}={v}" for k, v in self.params)
         return f"{self.backend}:{who} {shown} {self.m}×{self.n}×{self.k}".replace("  ", " ")
 
 
 def _case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
-          overrides: dict[str, int] | None = None) -> Case:
+          overrides: dict[str, int] | None = None, rival: str = "") -> Case:
     """A case with the rung's full parameter set (defaults filled in, declaration order),
     so the same kernel at the same size is one key in every report."""
     if spec is None:
-        return Case(report, backend, n, n, n)
+        return Case(report, backend, n, n, n, rival=rival)
     try:  # through the backend, as matmul does: per-device defaults apply (OpenCL)
         from tilegemm.backends import get_backend
 
@@ -139,16 +148,16 @@ def plan(
                  for s in specs_for(be) if s.supports(dtype)} for be in backends}
 
     def case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
-             overrides: dict[str, int] | None = None) -> Case:
+             overrides: dict[str, int] | None = None, rival: str = "") -> Case:
         if spec is None:
-            return _case(report, backend, n)
+            return _case(report, backend, n, rival=rival)
         pin = pins[backend][spec]
         fixed = {pin[0]: pin[1]} if pin else {}
         return _case(report, backend, n, spec, {**(overrides or {}), **fixed})
 
     ctx = PlanContext(tuple(backends), settings,
                       {be: [s for s, pin in pins[be].items() if pin is not False]
-                       for be in backends}, case)
+                       for be in backends}, case, {be: _rivals(be) for be in backends})
     first: list[Case] = []
     rest: list[Case] = []
     for name, report in all_reports().items():
@@ -156,6 +165,14 @@ def plan(
             (first if report.cold else rest).extend(report.cases(ctx))
     rest.sort(key=lambda c: c.flops)  # stable: report order kept within a size
     return first + rest
+
+
+def _rivals(backend: str) -> tuple[str, ...]:
+    """The rivals timed beside the vendor library on the backend's default device."""
+    try:
+        return rivals_for(get_backend(backend).target())
+    except Exception:  # no device to ask: nothing to time it on
+        return ()
 
 
 @dataclass
@@ -166,6 +183,8 @@ class RunState:
     by_key: dict[tuple[Any, ...], Measurement] = field(default_factory=dict)
     vendors: dict[str, Vendor | None] = field(default_factory=dict)
     vendor_notes: dict[str, str] = field(default_factory=dict)
+    rivals: dict[tuple[str, str], Vendor | None] = field(default_factory=dict)
+    rival_notes: dict[str, dict[str, str]] = field(default_factory=dict)  # backend -> name -> line
     # (backend, kernel key, params) -> (flops, seconds per call) of the largest case so far
     history: dict[tuple[Any, ...], tuple[int, float]] = field(default_factory=dict)
     operands: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -187,6 +206,15 @@ def _vendor(state: RunState, backend: Backend, math: str = "native") -> Vendor |
         state.vendors[backend.name] = vendor
         state.vendor_notes[backend.name] = vendor.note if vendor else note
     return state.vendors[backend.name]
+
+
+def _rival(state: RunState, backend: Backend, name: str, dtype: np.dtype,
+           math: str) -> Vendor | None:
+    if (backend.name, name) not in state.rivals:
+        vendor, note = find_rival(name, backend.target(), dtype, math)
+        state.rivals[backend.name, name] = vendor
+        state.rival_notes.setdefault(backend.name, {})[name] = note
+    return state.rivals[backend.name, name]
 
 
 def _too_slow(state: RunState, case: Case, settings: Settings) -> str | None:
@@ -219,7 +247,9 @@ def run_case(
                        a_batch_shape=(1,), b_batch_shape=(1,))
     vendor = None
     if case.spec is None:
-        vendor = _vendor(state, backend, vendor_math(dtype, settings.precision))
+        math = vendor_math(dtype, settings.precision)
+        vendor = (_rival(state, backend, case.rival, dtype, math) if case.rival
+                  else _vendor(state, backend, math))
         if vendor is None:
             return None
     slow = _too_slow(state, case, settings)
@@ -299,5 +329,6 @@ def run_bench(
         "backends": {b: backend_info(get_backend(b)) for b in involved},
         "vendors": dict(state.vendor_notes),
         "vendor_names": {b: v.name for b, v in state.vendors.items() if v is not None},
+        "rivals": {b: dict(notes) for b, notes in state.rival_notes.items()},
     }
     return Results(meta, state.measurements)

@@ -1,5 +1,6 @@
 """``ladder``: every rung at its defaults at one or more sizes, as a share of the vendor
-library in the same run (the summary table, shown last)."""
+library in the same run (the summary table, shown last), with the rivals timed beside it
+(Triton's matmul on a CUDA device) as a share of the same library."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def ladder_tables(results: Results) -> list[rp.Table]:
         ms = results.for_report("ladder", be)
         for n in rp.sizes_of(ms):
             at = rp.in_order(m for m in ms if m.m == n)
-            ref = next((m for m in at if m.vendor and m.status == rp.OK), None)
+            ref = rp.reference(results, be, at)
             ref_name = rp.short_name(ref.kernel) if ref else "vendor"
             t = rp.Table(f"Ladder — {be} on {rp.device_of(results, be)}, {dtype}, {n}³",
                       ["rung", "kernel", "parameters", "verified", "median ms", "IQR ms",
@@ -38,13 +39,15 @@ def ladder_tables(results: Results) -> list[rp.Table]:
             t.notes += rp.noise_notes(at)
             if line := rp.vendor_line(results, be):
                 t.notes.append(line)
+            t.notes += results.meta.get("rivals", {}).get(be, {}).values()
             tables.append(t)
     return tables
 
 
 def cases(ctx: PlanContext) -> list[Case]:
     return [c for n in ctx.settings.ladder_sizes for be in ctx.backends
-            for c in ctx.ladder_cases("ladder", be, n)]
+            for c in [*ctx.ladder_cases("ladder", be, n),
+                      *(ctx.case("ladder", be, n, rival=r) for r in ctx.rivals.get(be, ()))]]
 
 
 REPORT = Report("ladder", 40, cases, ladder_tables)
