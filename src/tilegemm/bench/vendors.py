@@ -391,11 +391,13 @@ def rivals_for(target: Target) -> tuple[str, ...]:
 def find_rival(name: str, target: Target, dtype: np.dtype | str,
                math: str = "native") -> tuple[Vendor | None, str]:
     """The rival ``name`` on ``target`` for ``dtype`` at ``math``, and one line saying what
-    it is, or why it is not timed (``Triton not timed: No module named 'triton'``)."""
+    it is, or why it is not timed
+    (``Triton not timed: ModuleNotFoundError: No module named 'triton'``)."""
     try:
         v = RIVALS[name](target, np.dtype(dtype), math)
     except Exception as exc:  # ImportError mostly: the rival is simply absent
-        return None, f"{RIVAL_LABEL.get(name, name)} not timed: {type(exc).__name__}: {exc}"
+        why = " ".join(str(exc).split())  # one line, whatever the library's message
+        return None, f"{RIVAL_LABEL.get(name, name)} not timed: {type(exc).__name__}: {why}"
     return v, f"{v.name}: {v.note}"
 
 
