@@ -103,8 +103,8 @@ def noise_notes(ms: Iterable[Measurement]) -> list[str]:
     bad = [m for m in ms if noisy(m)]
     if not bad:
         return []
-    shown = ", ".join(f"{m.kernel if m.vendor else m.variant} ({100 * spread(m):.0f}%)"
-                      for m in bad)
+    shown = ", ".join(f"{m.kernel if m.vendor else m.variant} at {m.size} "
+                      f"({100 * spread(m):.0f}%)" for m in bad)
     return [f"{NOISY_MARK.strip()} noisy timing (IQR/median over {100 * NOISY_SPREAD:.0f}%): "
             f"{shown}; the machine was busy or the clock unsteady, so these ratios are not "
             "reliable: re-run on a quiet machine"]
@@ -218,7 +218,7 @@ def to_markdown(results: Results, reports: Iterable[str] | None = None) -> str:
 
 CSV_FIELDS = ("reports", "backend", "kernel", "vendor", "rung", "params", "m", "n", "k", "batch",
               "dtype", "status", "gflops", "median_s", "min_s", "q1_s", "q3_s", "max_s",
-              "n_samples", "first_s", "method", "flushed", "reason")
+              "n_samples", "first_s", "method", "flushed", "reason", "sources")
 
 
 def to_csv(results: Results) -> str:
@@ -238,6 +238,7 @@ def to_csv(results: Results) -> str:
             "q1_s": s.q1 if s else "", "q3_s": s.q3 if s else "", "max_s": s.max if s else "",
             "n_samples": len(m.samples), "first_s": m.first_s if m.first_s is not None else "",
             "method": m.method, "flushed": m.flushed, "reason": m.reason,
+            "sources": ";".join(m.sources),
         }
         w.writerow([row[f] for f in CSV_FIELDS])
     return buf.getvalue()

@@ -25,7 +25,9 @@ from tilegemm.bench.reports import PlanContext, all_reports
 from tilegemm.bench.reports import names as report_names
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import (
+    AUTO_SOURCE,
     OK,
+    PARAMS_DEFAULTS,
     SKIPPED,
     Clock,
     Measurement,
@@ -97,6 +99,10 @@ class Case:
     spec: KernelSpec | None = None
     params: tuple[tuple[str, int], ...] = ()
     rival: str = ""
+    # Where params came from (Measurement.sources): PARAMS_DEFAULTS, "auto: <why>", or ""
+    # for a report's own choice (a block size swept). Not part of the key: the same kernel
+    # reached two ways is measured once and records both.
+    source: str = ""
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -130,6 +136,40 @@ def _case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
     return Case(report, backend, n, n, n, spec, params)
 
 
+def rungs_for(backend: str, dtype: np.dtype | str, precision: str = "ieee",
+              specs_for: Callable[[str], Iterable[KernelSpec]] | None = None,
+              ) -> dict[KernelSpec, tuple[str, int] | None]:
+    """The rungs of ``backend`` a benchmark of ``dtype`` at ``precision`` runs, each with
+    the parameter it must hold fixed: the IEEE rungs for "ieee"; the tensor-core rungs,
+    precision parameter pinned, for "tf32", "3xtf32" and 16-bit dtypes (compared with the
+    vendor at that precision, never with SGEMM for TF32). Empty when the backend has none."""
+    from tilegemm.tune.space import precision_pin
+
+    specs_for = specs_for or registry.specs_for
+    dtype = np.dtype(dtype)
+    pins = {s: precision_pin(s, dtype, precision) for s in specs_for(backend)
+            if s.supports(dtype)}
+    return {s: pin for s, pin in pins.items() if pin is not False}
+
+
+def auto_pick(backend: str, n: int, dtype: np.dtype | str, precision: str = "ieee",
+              ) -> tuple[KernelSpec, dict[str, int], str] | None:
+    """(rung, parameters, why) that ``matmul(a, b, backend=backend, precision=...)`` runs
+    for n×n×n operands of ``dtype`` on the backend's default device: the same decision
+    (:func:`tilegemm.plan`: tuning cache, shipped database, defaults, shape adaptation),
+    made on zero-stride stand-ins so nothing is allocated. None when auto cannot run it."""
+    from tilegemm.errors import UsageError
+    from tilegemm.plan import plan as plan_call
+
+    stand_in = np.broadcast_to(np.zeros((), dtype=np.dtype(dtype)), (n, n))
+    try:
+        chosen = plan_call(stand_in, stand_in, backend=backend,
+                           precision=None if precision == "ieee" else precision)
+        return registry.get(chosen.kernel, backend), dict(chosen.params), chosen.source
+    except (UsageError, ValueError, TypeError):
+        return None
+
+
 def plan(
     backends: Sequence[str], settings: Settings,
     specs_for: Callable[[str], Iterable[KernelSpec]] | None = None,
@@ -137,27 +177,27 @@ def plan(
     """Every case of the selected reports: the cold reports' cases first (compile: so their
     first call is the cold one), then the rest in ascending size (so slow rungs are skipped at sizes
     their smaller runs predict to be too slow). ``specs_for`` defaults to the registry."""
-    from tilegemm.tune.space import precision_pin
-
-    specs_for = specs_for or registry.specs_for
-    dtype = np.dtype(settings.dtype)
-    # The rungs that compute this dtype at this precision: the IEEE rungs for "ieee"; the
-    # tensor-core rungs, precision parameter pinned, for "tf32", "3xtf32" and 16-bit dtypes
-    # (compared with cuBLAS at that precision, never with SGEMM for TF32).
-    pins = {be: {s: precision_pin(s, dtype, settings.precision)
-                 for s in specs_for(be) if s.supports(dtype)} for be in backends}
+    pins = {be: rungs_for(be, settings.dtype, settings.precision, specs_for) for be in backends}
 
     def case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
              overrides: dict[str, int] | None = None, rival: str = "") -> Case:
         if spec is None:
             return _case(report, backend, n, rival=rival)
-        pin = pins[backend][spec]
+        pin = pins[backend].get(spec)
         fixed = {pin[0]: pin[1]} if pin else {}
-        return _case(report, backend, n, spec, {**(overrides or {}), **fixed})
+        source = "" if overrides else PARAMS_DEFAULTS
+        return replace(_case(report, backend, n, spec, {**(overrides or {}), **fixed}),
+                       source=source)
 
-    ctx = PlanContext(tuple(backends), settings,
-                      {be: [s for s, pin in pins[be].items() if pin is not False]
-                       for be in backends}, case, {be: _rivals(be) for be in backends})
+    def auto_case(report: str, backend: str, n: int) -> Case | None:
+        found = auto_pick(backend, n, settings.dtype, settings.precision)
+        if found is None or found[0] not in pins[backend]:
+            return None  # nothing auto runs here, or a rung this benchmark leaves out
+        spec, params, why = found
+        return replace(_case(report, backend, n, spec, params), source=AUTO_SOURCE + why)
+
+    ctx = PlanContext(tuple(backends), settings, {be: list(pins[be]) for be in backends},
+                      case, auto_case, rivals={be: _rivals(be) for be in backends})
     first: list[Case] = []
     rest: list[Case] = []
     for name, report in all_reports().items():
@@ -240,6 +280,8 @@ def run_case(
     if existing is not None:
         if case.report not in existing.reports:
             existing.reports.append(case.report)
+        if case.source and case.source not in existing.sources:
+            existing.sources.append(case.source)
         return existing
     dtype = np.dtype(settings.dtype)
     backend = backend_of(case.backend)
@@ -270,6 +312,8 @@ def run_case(
         if seconds is not None:
             state.history[case.key[:3]] = (case.flops, seconds)
     meas.reports.append(case.report)
+    if case.source:
+        meas.sources.append(case.source)
     state.by_key[case.key] = meas
     state.measurements.append(meas)
     return meas
