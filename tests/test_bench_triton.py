@@ -14,6 +14,7 @@ import subprocess
 import sys
 import types
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -408,3 +409,18 @@ def test_only_the_ladder_plans_the_rival(monkeypatch: pytest.MonkeyPatch) -> Non
     settings = Settings.quick(sizes=(8,), ladder_sizes=(8, 16), compile_size=8, r_size=8)
     rival = [c for c in sweeps.plan(["cpu"], settings) if c.rival]
     assert sorted((c.report, c.m) for c in rival) == [("ladder", 8), ("ladder", 16)]
+
+
+def test_no_rivals_plans_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``bench --no-rivals`` (a run under a hard time limit) plans no rival case at all."""
+    from tilegemm.bench import sweeps
+    from tilegemm.cli import build_parser
+    from tilegemm.commands.bench import settings_from
+
+    monkeypatch.setattr(sweeps, "_rivals", lambda backend: ("triton",))
+    args = build_parser().parse_args(["bench", "--backend", "cpu", "--reports", "ladder",
+                                      "--ladder-sizes", "8", "--no-rivals"])
+    settings = settings_from(args)
+    assert not settings.rivals
+    assert [c for c in sweeps.plan(["cpu"], settings) if c.rival] == []
+    assert [c for c in sweeps.plan(["cpu"], replace(settings, rivals=True)) if c.rival]

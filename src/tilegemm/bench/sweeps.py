@@ -69,6 +69,9 @@ class Settings:
     policy: Policy = field(default_factory=lambda: Policy(budget_s=0.2, max_reps=50))
     max_call_s: float = 5.0  # skip a case whose expected time per call exceeds this
     profile: str = "quick"
+    # time other Python-authored GEMMs (Triton's) beside the vendor library, where present;
+    # off when a run has a hard time limit and must not pay their compiles and autotuning
+    rivals: bool = True
 
     @classmethod
     def quick(cls, **overrides: Any) -> Settings:
@@ -197,7 +200,8 @@ def plan(
         return replace(_case(report, backend, n, spec, params), source=AUTO_SOURCE + why)
 
     ctx = PlanContext(tuple(backends), settings, {be: list(pins[be]) for be in backends},
-                      case, auto_case, rivals={be: _rivals(be) for be in backends})
+                      case, auto_case,
+                      rivals={be: _rivals(be) if settings.rivals else () for be in backends})
     first: list[Case] = []
     rest: list[Case] = []
     for name, report in all_reports().items():
