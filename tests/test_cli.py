@@ -297,3 +297,44 @@ def test_info_fits_80_columns(monkeypatch, capsys):
         names = []
     for name in names:
         assert name in out
+
+
+def _cache_entries(tmp_path):  # noqa: ANN001, ANN202
+    """Twelve entries: eleven CPU ones that look alike but for their key, one stale."""
+    from tilegemm.compile_cache import CacheEntry
+
+    found = []
+    for i in range(11):
+        path = tmp_path / f"blocked-float32-{i:02d}aa{i:016d}.py"
+        path.write_text("x")
+        found.append(CacheEntry(path.stem, {"kernel": "blocked", "dtype": "float32",
+                                            "params": {"MR": 8}}, {"numba": "0.68"},
+                                i != 3, 2_000_000, (path,)))
+    found.append(CacheEntry("warptile-float32-ffee", {
+        "kernel": "warptile", "backend": "cuda", "dtype": "float32", "params": {"BM": 128},
+        "output": "PTX sm_80 sm_90"}, {}, True, 500_000, ()))
+    return found
+
+
+def test_cache_summarises_a_large_cache_and_lists_rows_on_request(tmp_path, monkeypatch, capsys):
+    """cache printed ~1000 lines for a real cache, with rows that could not be told apart."""
+    from tilegemm import compile_cache
+
+    found = _cache_entries(tmp_path)
+    monkeypatch.setattr(compile_cache, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(compile_cache, "entries", lambda: found)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert "12 entries" in out and "1 not usable here" in out and "--verbose" in out
+    row = next(line for line in out.splitlines() if "blocked" in line)
+    assert [c.strip() for c in row.split("│")[1:7]] == ["cpu", "blocked", "float32", "11",
+                                                        "10", "22.0 MB"], row
+    assert "cuda" in out and "warptile (PTX sm_80 sm_90)" in out
+    assert "MR=8" not in out  # no rows
+    assert main(["cache", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "cpu blocked" in line]
+    assert len(rows) == 11 and len({r.split("│")[1] for r in rows}) == 11  # ids tell apart
+    assert all("MR=8" in r for r in rows)
+    assert main(["cache", "--list"]) == 0 and "MR=8" in capsys.readouterr().out
