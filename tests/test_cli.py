@@ -338,3 +338,56 @@ def test_cache_summarises_a_large_cache_and_lists_rows_on_request(tmp_path, monk
     assert len(rows) == 11 and len({r.split("│")[1] for r in rows}) == 11  # ids tell apart
     assert all("MR=8" in r for r in rows)
     assert main(["cache", "--list"]) == 0 and "MR=8" in capsys.readouterr().out
+
+
+def test_device_chooses_among_devices_and_is_refused_where_there_is_one(capsys):
+    """run and tune had no --device: only PYOPENCL_CTX / CUDA_VISIBLE_DEVICES could choose."""
+    assert main(["run", "--backend", "cpu", "--device", "0", "--m", "4"]) == 2
+    assert "--device" in capsys.readouterr().err
+    assert main(["run", "--device", "0", "--m", "4"]) in (0, 2)  # auto: a device backend or not
+    capsys.readouterr()
+    assert main(["tune", "--backend", "cpu", "--device", "0", "--m", "8"]) == 2
+    captured = capsys.readouterr()
+    assert "--backend auto chose" not in captured.err and "no device choice" in captured.err
+
+
+@pytest.mark.opencl
+def test_run_on_an_opencl_device_by_index(capsys):
+    from tilegemm.backends import opencl
+
+    index = opencl.default_device_index()
+    assert main(["run", "--backend", "opencl", "--device", str(index), "--kernel", "naive",
+                 "--m", "5", "--n", "3", "--k", "2", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"  device: [{index}] {opencl.all_devices()[index].name.strip()}" in out
+    assert main(["run", "--backend", "opencl", "--device", "99", "--m", "4"]) == 2
+    assert "unknown OpenCL device 99" in capsys.readouterr().err
+
+
+def test_kernels_dtype_lists_the_rungs_that_compute_it(capsys):
+    """kernels --dtype did nothing without --resources and offered float32/float64 only."""
+    import tilegemm
+
+    assert main(["kernels", "--dtype", "int64", "--json"]) == 0
+    listed = {(k["backend"], k["name"]) for k in json.loads(capsys.readouterr().out)}
+    assert listed == {(s.backend, s.name) for s in tilegemm.kernels() if s.supports("int64")}
+    assert ("cpu", "blocked") in listed and ("cuda", "vectorized") not in listed
+    assert main(["kernels", "--dtype", "bfloat16", "--json"]) == 0
+    assert {k["name"] for k in json.loads(capsys.readouterr().out)} >= {"mma"}
+
+
+def test_batch_zero_means_one_plain_product_for_explain_as_for_run(monkeypatch):
+    """explain refused --batch 0, which run and tune use (their default) for a 2-D product."""
+    from tilegemm.analysis import report
+    from tilegemm.errors import InvalidValueError
+
+    seen = {}
+
+    def explain(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.update(kwargs)
+        raise InvalidValueError("stop here")
+
+    monkeypatch.setattr(report, "explain", explain)
+    assert main(["explain", "naive", "--batch", "0", "--no-resources"]) == 2
+    assert seen["batch"] == 1
+    assert main(["explain", "naive", "--no-resources"]) == 2 and seen["batch"] == 1
