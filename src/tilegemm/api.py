@@ -62,8 +62,9 @@ def choose_backend(name: str, operands: list[Operand], device: int | None = None
     ``backend="auto"`` on host operands prefers a GPU, else the CPU. A ``device`` index or a
     named ``kernel`` steers that choice: when the backend ``auto`` would pick has no device
     choice, or no rung of that name, the first usable backend in ``auto``'s order that has
-    both runs the call instead. So ``matmul(a, b, kernel="shared")`` on a machine without a
-    GPU runs OpenCL's ``shared`` rung, and ``device=0`` there means OpenCL's device 0.
+    both runs the call instead (a GPU first, a simulator last). So ``matmul(a, b,
+    kernel="shared")`` on a machine without a GPU runs OpenCL's ``shared`` rung, and
+    ``device=0`` there means OpenCL's device 0.
     """
     kinds = {op.kind for op in operands if op.kind != "host"}
     if len(kinds) > 1:
@@ -112,12 +113,15 @@ def _fits(name: str, device: int | None, kernel: str) -> bool:
 
 def _steered(name: str, device: int | None, kernel: str) -> str:
     """``auto``'s pick ``name`` if it has the device choice and the rung a call names, else
-    the first usable backend that has both; ``name`` again when none has (the checks that
-    follow then say what is missing)."""
+    the first usable backend that has both, real hardware before a simulator (numba's
+    CUDA simulator is correct but thousands of times slower); ``name`` again when none has
+    (the checks that follow then say what is missing)."""
     if _fits(name, device, kernel):
         return name
-    return next((other for other in BACKENDS
-                 if _fits(other, device, kernel) and get_backend(other).status().usable), name)
+    fitting = [get_backend(n).status() for n in BACKENDS if _fits(n, device, kernel)]
+    usable = [s for s in fitting if s.usable]
+    usable.sort(key=lambda s: (not s.accelerated, bool(getattr(s, "simulated", False))))
+    return usable[0].name if usable else name
 
 
 def _no_device_choice(chosen: str, auto: bool) -> InvalidValueError:
