@@ -177,8 +177,9 @@ def test_markdown_tables_show_failed_never_a_speed(cpu_results: Results) -> None
     ladder_row = next(line for line in md.splitlines()
                       if line.startswith("| 90 | broken_fake"))
     cells = [c.strip() for c in ladder_row.split("|")[1:-1]]
-    assert cells[3] == FAILED and cells[6] == FAILED  # verified, GFLOP/s
-    assert cells[4] == cells[5] == cells[7] == "—"  # no time, no spread, no share
+    assert cells[3] == "defaults"  # parameters from
+    assert cells[4] == FAILED and cells[7] == FAILED  # verified, GFLOP/s
+    assert cells[5] == cells[6] == cells[8] == "—"  # no time, no spread, no share
     assert "FAILED broken_fake at 16³: wrong result" in md
     for col in ("median ms", "IQR ms", "GFLOP/s", "% of NumPy"):
         assert col in md
@@ -218,6 +219,10 @@ def test_cli_runs_writes_files_and_exits_0(tmp_path: Path) -> None:
     assert rc == 0
     res = Results.load(out)
     assert res.for_report("ladder", "cpu") and not res.failed
+    # The ladder also ran what kernel="auto" runs here, verified like every rung.
+    auto = [m for m in res.for_report("ladder", "cpu")
+            if any(s.startswith("auto: ") for s in m.sources)]
+    assert len(auto) == 1 and auto[0].status == OK
     assert (tmp_path / "cpu.png").read_bytes()[:8] == PNG_MAGIC
     saved = sorted(p.suffix for p in (tmp_path / "saved").iterdir())
     assert saved == [".json", ".md", ".png"]
@@ -415,8 +420,9 @@ def test_tensor_core_plans_pin_the_precision_and_ieee_plans_leave_them_out() -> 
                              (Settings.quick(reports=("ladder",), dtype="bfloat16"), 1)):
         cases = plan(["cuda"], settings)
         rungs = [c for c in cases if c.spec is not None]
-        # only the tensor-core rungs that compute it, at that precision
-        assert [c.spec.name for c in rungs] == ["mma", "wgmma"]
+        # only the tensor-core rungs that compute it, at that precision (kernel="auto"'s
+        # choice too, where CUDA runs here: the simulator)
+        assert [c.spec.name for c in rungs if c.source == "defaults"] == ["mma", "wgmma"]
         assert all(dict(c.params)["PASSES"] == passes for c in rungs)
         assert any(c.spec is None for c in cases)  # and the reference at that precision
 

@@ -16,8 +16,32 @@ from tilegemm.errors import InvalidValueError
 STYLES = ("-", "--", ":", "-.")
 
 
+def check_plot_path(path: str | Path) -> None:
+    """Refuse a plot file name whose extension matplotlib cannot write, before a benchmark
+    runs (saving is the last step; a refusal then would waste the run and lose the plot).
+
+    The formats are matplotlib's own list, read without loading a plotting backend. Without
+    matplotlib nothing is checked here: drawing then fails with the missing package's
+    error, as it always did.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in formats:
+        what = f"'.{suffix}' is not an image format matplotlib writes" if suffix else \
+            "the name has no extension to tell the image format"
+        raise InvalidValueError(f"--plot {path}: {what}; use one of "
+                                f"{', '.join('.' + f for f in sorted(formats))} (e.g. .png)")
+
+
 def plot_sizes(results: Results, path: str | Path) -> Path:
-    """Write the size sweep of ``results`` as a PNG at ``path``; return the path."""
+    """Write the size sweep of ``results`` at ``path`` (the format from its extension:
+    PNG, SVG, PDF...); return the path."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -103,8 +103,8 @@ def noise_notes(ms: Iterable[Measurement]) -> list[str]:
     bad = [m for m in ms if noisy(m)]
     if not bad:
         return []
-    shown = ", ".join(f"{m.kernel if m.vendor else m.variant} ({100 * spread(m):.0f}%)"
-                      for m in bad)
+    shown = ", ".join(f"{m.kernel if m.vendor else m.variant} at {m.size} "
+                      f"({100 * spread(m):.0f}%)" for m in bad)
     return [f"{NOISY_MARK.strip()} noisy timing (IQR/median over {100 * NOISY_SPREAD:.0f}%): "
             f"{shown}; the machine was busy or the clock unsteady, so these ratios are not "
             "reliable: re-run on a quiet machine"]
@@ -131,6 +131,17 @@ def device_of(results: Results, backend: str) -> str:
 def vendor_line(results: Results, backend: str) -> str | None:
     note = results.meta.get("vendors", {}).get(backend)
     return f"vendor reference: {note}" if note else None
+
+
+def reference(results: Results, backend: str, ms: Iterable[Measurement]) -> Measurement | None:
+    """The vendor library's row among ``ms``, the 100 % of every share: the one the results
+    name for the backend, so a rival timed beside it (Triton) is never taken for it; in a
+    file that names none, the first vendor row."""
+    name = results.meta.get("vendor_names", {}).get(backend)
+    rows = [m for m in ms if m.vendor and m.status == OK]
+    if name is None:
+        return rows[0] if rows else None
+    return next((m for m in rows if m.kernel == name), None)
 
 
 def sizes_of(ms: Iterable[Measurement]) -> list[int]:
@@ -207,7 +218,7 @@ def to_markdown(results: Results, reports: Iterable[str] | None = None) -> str:
 
 CSV_FIELDS = ("reports", "backend", "kernel", "vendor", "rung", "params", "m", "n", "k", "batch",
               "dtype", "status", "gflops", "median_s", "min_s", "q1_s", "q3_s", "max_s",
-              "n_samples", "first_s", "method", "flushed", "reason")
+              "n_samples", "first_s", "method", "flushed", "reason", "sources")
 
 
 def to_csv(results: Results) -> str:
@@ -227,6 +238,7 @@ def to_csv(results: Results) -> str:
             "q1_s": s.q1 if s else "", "q3_s": s.q3 if s else "", "max_s": s.max if s else "",
             "n_samples": len(m.samples), "first_s": m.first_s if m.first_s is not None else "",
             "method": m.method, "flushed": m.flushed, "reason": m.reason,
+            "sources": ";".join(m.sources),
         }
         w.writerow([row[f] for f in CSV_FIELDS])
     return buf.getvalue()

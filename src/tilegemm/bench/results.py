@@ -17,6 +17,9 @@ from tilegemm.bench.timing import FAILED, Measurement
 from tilegemm.errors import InvalidValueError
 
 SCHEMA = "tilegemm-bench/1"
+# The parts of ``meta`` the tables read as objects (key -> value).
+_META_OBJECTS: tuple[str, ...] = ("settings", "host", "versions", "backends", "vendors",
+                                  "vendor_names")
 
 
 @dataclass
@@ -45,23 +48,49 @@ class Results:
                           indent=1, default=str)
 
     @classmethod
-    def from_json(cls, text: str) -> Results:
-        data = json.loads(text)
+    def from_json(cls, text: str, name: str = "") -> Results:
+        """Results from the text of a results file; ``name`` (the file) prefixes messages.
+
+        Anything that is not a results file this tilegemm can render (not JSON, another
+        schema, a measurement with a missing or mistyped field) raises InvalidValueError:
+        the file is the caller's input, so a damaged one is refused, not a crash.
+        """
+        where = f"{name}: " if name else ""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InvalidValueError(f"{where}not valid JSON ({exc})") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            raise InvalidValueError(f"not a tilegemm benchmark file (expected schema {SCHEMA!r})")
-        return cls(dict(data.get("meta", {})),
-                   [Measurement.from_dict(d) for d in data.get("measurements", [])])
+            raise InvalidValueError(f"{where}not a tilegemm benchmark file (expected schema "
+                                    f"{SCHEMA!r})")
+        meta, rows = data.get("meta", {}), data.get("measurements", [])
+        if not isinstance(meta, dict) or not isinstance(rows, list):
+            raise InvalidValueError(f"{where}damaged tilegemm benchmark file: 'meta' must be "
+                                    "an object and 'measurements' a list")
+        bad = [k for k in _META_OBJECTS if not isinstance(meta.get(k, {}), dict)]
+        if bad:
+            raise InvalidValueError(f"{where}damaged tilegemm benchmark file: meta "
+                                    f"{' and '.join(map(repr, bad))} must be "
+                                    + ("objects" if len(bad) > 1 else "an object"))
+        measurements = []
+        for i, row in enumerate(rows):
+            try:
+                measurements.append(Measurement.from_dict(row))
+            except ValueError as exc:
+                raise InvalidValueError(f"{where}damaged tilegemm benchmark file: measurement "
+                                        f"{i}: {exc}") from None
+        return cls(dict(meta), measurements)
 
     @classmethod
     def load(cls, path: str | Path) -> Results:
         try:
-            text = Path(path).read_text()
+            text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise InvalidValueError(f"results file {str(path)!r} does not exist") from None
-        try:
-            return cls.from_json(text)
-        except json.JSONDecodeError as exc:
-            raise InvalidValueError(f"{path}: not valid JSON ({exc})") from None
+        except UnicodeDecodeError:
+            raise InvalidValueError(f"{path}: not a tilegemm benchmark file (not UTF-8 text; "
+                                    "results files are JSON)") from None
+        return cls.from_json(text, str(path))
 
     def device_slug(self) -> str:
         """``<device>`` part of a results file name, short and readable: the first

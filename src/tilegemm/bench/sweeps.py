@@ -25,14 +25,23 @@ from tilegemm.bench.reports import PlanContext, all_reports
 from tilegemm.bench.reports import names as report_names
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import (
+    AUTO_SOURCE,
     OK,
+    PARAMS_DEFAULTS,
     SKIPPED,
     Clock,
     Measurement,
     Policy,
     measure_kernel,
 )
-from tilegemm.bench.vendors import Vendor, find_vendor, measure_vendor, vendor_math
+from tilegemm.bench.vendors import (
+    Vendor,
+    find_rival,
+    find_vendor,
+    measure_vendor,
+    rivals_for,
+    vendor_math,
+)
 from tilegemm.errors import UnavailableError
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import random_operands
@@ -60,6 +69,9 @@ class Settings:
     policy: Policy = field(default_factory=lambda: Policy(budget_s=0.2, max_reps=50))
     max_call_s: float = 5.0  # skip a case whose expected time per call exceeds this
     profile: str = "quick"
+    # time other Python-authored GEMMs (Triton's) beside the vendor library, where present;
+    # off when a run has a hard time limit and must not pay their compiles and autotuning
+    rivals: bool = True
 
     @classmethod
     def quick(cls, **overrides: Any) -> Settings:
@@ -79,7 +91,8 @@ class Settings:
 
 @dataclass(frozen=True)
 class Case:
-    """One thing to measure: a rung with parameters (or the vendor, ``spec=None``)."""
+    """One thing to measure: a rung with parameters, or (``spec=None``) the vendor library,
+    or the rival named by ``rival`` (:data:`tilegemm.bench.vendors.RIVALS`)."""
 
     report: str
     backend: str
@@ -88,10 +101,15 @@ class Case:
     k: int
     spec: KernelSpec | None = None
     params: tuple[tuple[str, int], ...] = ()
+    rival: str = ""
+    # Where params came from (Measurement.sources): PARAMS_DEFAULTS, "auto: <why>", or ""
+    # for a report's own choice (a block size swept). Not part of the key: the same kernel
+    # reached two ways is measured once and records both.
+    source: str = ""
 
     @property
     def key(self) -> tuple[Any, ...]:
-        who = self.spec.key if self.spec else "vendor"
+        who = self.spec.key if self.spec else self.rival or "vendor"
         return (self.backend, who, self.params, self.m, self.n, self.k)
 
     @property
@@ -100,17 +118,17 @@ class Case:
 
     @property
     def label(self) -> str:
-        who = self.spec.name if self.spec else "vendor"
+        who = self.spec.name if self.spec else self.rival or "vendor"
         shown = " ".join(f"{k}={v}" for k, v in self.params)
         return f"{self.backend}:{who} {shown} {self.m}×{self.n}×{self.k}".replace("  ", " ")
 
 
 def _case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
-          overrides: dict[str, int] | None = None) -> Case:
+          overrides: dict[str, int] | None = None, rival: str = "") -> Case:
     """A case with the rung's full parameter set (defaults filled in, declaration order),
     so the same kernel at the same size is one key in every report."""
     if spec is None:
-        return Case(report, backend, n, n, n)
+        return Case(report, backend, n, n, n, rival=rival)
     try:  # through the backend, as matmul does: per-device defaults apply (OpenCL)
         from tilegemm.backends import get_backend
 
@@ -121,6 +139,40 @@ def _case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
     return Case(report, backend, n, n, n, spec, params)
 
 
+def rungs_for(backend: str, dtype: np.dtype | str, precision: str = "ieee",
+              specs_for: Callable[[str], Iterable[KernelSpec]] | None = None,
+              ) -> dict[KernelSpec, tuple[str, int] | None]:
+    """The rungs of ``backend`` a benchmark of ``dtype`` at ``precision`` runs, each with
+    the parameter it must hold fixed: the IEEE rungs for "ieee"; the tensor-core rungs,
+    precision parameter pinned, for "tf32", "3xtf32" and 16-bit dtypes (compared with the
+    vendor at that precision, never with SGEMM for TF32). Empty when the backend has none."""
+    from tilegemm.tune.space import precision_pin
+
+    specs_for = specs_for or registry.specs_for
+    dtype = np.dtype(dtype)
+    pins = {s: precision_pin(s, dtype, precision) for s in specs_for(backend)
+            if s.supports(dtype)}
+    return {s: pin for s, pin in pins.items() if pin is not False}
+
+
+def auto_pick(backend: str, n: int, dtype: np.dtype | str, precision: str = "ieee",
+              ) -> tuple[KernelSpec, dict[str, int], str] | None:
+    """(rung, parameters, why) that ``matmul(a, b, backend=backend, precision=...)`` runs
+    for n×n×n operands of ``dtype`` on the backend's default device: the same decision
+    (:func:`tilegemm.plan`: tuning cache, shipped database, defaults, shape adaptation),
+    made on zero-stride stand-ins so nothing is allocated. None when auto cannot run it."""
+    from tilegemm.errors import UsageError
+    from tilegemm.plan import plan as plan_call
+
+    stand_in = np.broadcast_to(np.zeros((), dtype=np.dtype(dtype)), (n, n))
+    try:
+        chosen = plan_call(stand_in, stand_in, backend=backend,
+                           precision=None if precision == "ieee" else precision)
+        return registry.get(chosen.kernel, backend), dict(chosen.params), chosen.source
+    except (UsageError, ValueError, TypeError):
+        return None
+
+
 def plan(
     backends: Sequence[str], settings: Settings,
     specs_for: Callable[[str], Iterable[KernelSpec]] | None = None,
@@ -128,27 +180,28 @@ def plan(
     """Every case of the selected reports: the cold reports' cases first (compile: so their
     first call is the cold one), then the rest in ascending size (so slow rungs are skipped at sizes
     their smaller runs predict to be too slow). ``specs_for`` defaults to the registry."""
-    from tilegemm.tune.space import precision_pin
-
-    specs_for = specs_for or registry.specs_for
-    dtype = np.dtype(settings.dtype)
-    # The rungs that compute this dtype at this precision: the IEEE rungs for "ieee"; the
-    # tensor-core rungs, precision parameter pinned, for "tf32", "3xtf32" and 16-bit dtypes
-    # (compared with cuBLAS at that precision, never with SGEMM for TF32).
-    pins = {be: {s: precision_pin(s, dtype, settings.precision)
-                 for s in specs_for(be) if s.supports(dtype)} for be in backends}
+    pins = {be: rungs_for(be, settings.dtype, settings.precision, specs_for) for be in backends}
 
     def case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
-             overrides: dict[str, int] | None = None) -> Case:
+             overrides: dict[str, int] | None = None, rival: str = "") -> Case:
         if spec is None:
-            return _case(report, backend, n)
-        pin = pins[backend][spec]
+            return _case(report, backend, n, rival=rival)
+        pin = pins[backend].get(spec)
         fixed = {pin[0]: pin[1]} if pin else {}
-        return _case(report, backend, n, spec, {**(overrides or {}), **fixed})
+        source = "" if overrides else PARAMS_DEFAULTS
+        return replace(_case(report, backend, n, spec, {**(overrides or {}), **fixed}),
+                       source=source)
 
-    ctx = PlanContext(tuple(backends), settings,
-                      {be: [s for s, pin in pins[be].items() if pin is not False]
-                       for be in backends}, case)
+    def auto_case(report: str, backend: str, n: int) -> Case | None:
+        found = auto_pick(backend, n, settings.dtype, settings.precision)
+        if found is None or found[0] not in pins[backend]:
+            return None  # nothing auto runs here, or a rung this benchmark leaves out
+        spec, params, why = found
+        return replace(_case(report, backend, n, spec, params), source=AUTO_SOURCE + why)
+
+    ctx = PlanContext(tuple(backends), settings, {be: list(pins[be]) for be in backends},
+                      case, auto_case,
+                      rivals={be: _rivals(be) if settings.rivals else () for be in backends})
     first: list[Case] = []
     rest: list[Case] = []
     for name, report in all_reports().items():
@@ -156,6 +209,14 @@ def plan(
             (first if report.cold else rest).extend(report.cases(ctx))
     rest.sort(key=lambda c: c.flops)  # stable: report order kept within a size
     return first + rest
+
+
+def _rivals(backend: str) -> tuple[str, ...]:
+    """The rivals timed beside the vendor library on the backend's default device."""
+    try:
+        return rivals_for(get_backend(backend).target())
+    except Exception:  # no device to ask: nothing to time it on
+        return ()
 
 
 @dataclass
@@ -166,6 +227,8 @@ class RunState:
     by_key: dict[tuple[Any, ...], Measurement] = field(default_factory=dict)
     vendors: dict[str, Vendor | None] = field(default_factory=dict)
     vendor_notes: dict[str, str] = field(default_factory=dict)
+    rivals: dict[tuple[str, str], Vendor | None] = field(default_factory=dict)
+    rival_notes: dict[str, dict[str, str]] = field(default_factory=dict)  # backend -> name -> line
     # (backend, kernel key, params) -> (flops, seconds per call) of the largest case so far
     history: dict[tuple[Any, ...], tuple[int, float]] = field(default_factory=dict)
     operands: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -187,6 +250,15 @@ def _vendor(state: RunState, backend: Backend, math: str = "native") -> Vendor |
         state.vendors[backend.name] = vendor
         state.vendor_notes[backend.name] = vendor.note if vendor else note
     return state.vendors[backend.name]
+
+
+def _rival(state: RunState, backend: Backend, name: str, dtype: np.dtype,
+           math: str) -> Vendor | None:
+    if (backend.name, name) not in state.rivals:
+        vendor, note = find_rival(name, backend.target(), dtype, math)
+        state.rivals[backend.name, name] = vendor
+        state.rival_notes.setdefault(backend.name, {})[name] = note
+    return state.rivals[backend.name, name]
 
 
 def _too_slow(state: RunState, case: Case, settings: Settings) -> str | None:
@@ -212,6 +284,8 @@ def run_case(
     if existing is not None:
         if case.report not in existing.reports:
             existing.reports.append(case.report)
+        if case.source and case.source not in existing.sources:
+            existing.sources.append(case.source)
         return existing
     dtype = np.dtype(settings.dtype)
     backend = backend_of(case.backend)
@@ -219,7 +293,9 @@ def run_case(
                        a_batch_shape=(1,), b_batch_shape=(1,))
     vendor = None
     if case.spec is None:
-        vendor = _vendor(state, backend, vendor_math(dtype, settings.precision))
+        math = vendor_math(dtype, settings.precision)
+        vendor = (_rival(state, backend, case.rival, dtype, math) if case.rival
+                  else _vendor(state, backend, math))
         if vendor is None:
             return None
     slow = _too_slow(state, case, settings)
@@ -240,6 +316,8 @@ def run_case(
         if seconds is not None:
             state.history[case.key[:3]] = (case.flops, seconds)
     meas.reports.append(case.report)
+    if case.source:
+        meas.sources.append(case.source)
     state.by_key[case.key] = meas
     state.measurements.append(meas)
     return meas
@@ -299,5 +377,6 @@ def run_bench(
         "backends": {b: backend_info(get_backend(b)) for b in involved},
         "vendors": dict(state.vendor_notes),
         "vendor_names": {b: v.name for b, v in state.vendors.items() if v is not None},
+        "rivals": {b: dict(notes) for b, notes in state.rival_notes.items()},
     }
     return Results(meta, state.measurements)

@@ -44,7 +44,10 @@ OK = "ok"
 FAILED = "FAILED"
 SKIPPED = "skipped"
 WRONG = "wrong result: "  # how a FAILED reason starts when the kernel ran but was wrong
-
+# Measurement.sources: the rung's own defaults for the device (what matmul(kernel=<rung>)
+# runs when given no parameters); kernel="auto"'s choice is recorded as AUTO_SOURCE + why.
+PARAMS_DEFAULTS = "defaults"
+AUTO_SOURCE = "auto: "
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,10 @@ class Measurement:
     samples: list[float] = field(default_factory=list)
     flushed: bool = False
     reports: list[str] = field(default_factory=list)
+    # Where the parameters came from, once per way the run reached them: PARAMS_DEFAULTS
+    # (the rung's defaults for the device: what matmul(kernel=<rung>) runs without
+    # parameters) and/or "auto: <why>" (what matmul(kernel="auto") runs for this product).
+    sources: list[str] = field(default_factory=list)
 
     @property
     def flops(self) -> int:
@@ -157,8 +164,39 @@ class Measurement:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Measurement:
-        names = {f for f in cls.__dataclass_fields__}
+        """A measurement from its :meth:`to_dict` form (keys it does not know are ignored,
+        so files written by a newer tilegemm still load).
+
+        Raises ValueError naming the field when one is missing or of the wrong type: a
+        results file is read from disk and may have been edited or cut short.
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a measurement must be an object, not {type(d).__name__}")
+        missing = [name for name in _REQUIRED if name not in d]
+        if missing:
+            raise ValueError(f"missing field(s) {', '.join(map(repr, missing))}")
+        for name, kinds in _FIELD_TYPES.items():
+            value = d.get(name)
+            if name in d and value is not None and (
+                    not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds):
+                raise ValueError(f"field {name!r} is {value!r}, not of type {kinds[0].__name__}")
+        for name in ("samples", "reports", "sources"):
+            item_kind = (int, float) if name == "samples" else (str,)
+            if any(not isinstance(x, item_kind) or isinstance(x, bool) for x in d.get(name, ())):
+                raise ValueError(f"field {name!r} holds a value that is not a "
+                                 f"{'number' if name == 'samples' else 'string'}")
+        names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in names})
+
+
+_REQUIRED: tuple[str, ...] = ("backend", "kernel", "m", "n", "k")
+# The type a results file must hold for each field that rendering computes with.
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "backend": (str,), "kernel": (str,), "m": (int,), "n": (int,), "k": (int,),
+    "batch": (int,), "dtype": (str,), "params": (dict,), "rung": (int,), "vendor": (bool,),
+    "status": (str,), "reason": (str,), "method": (str,), "first_s": (float, int),
+    "samples": (list,), "flushed": (bool,), "reports": (list,), "sources": (list,),
+}
 
 
 class KernelFailure(Exception):

@@ -3,8 +3,9 @@ the vendor BLAS.
 
 Reports (``--reports``, all by default): ``compile`` (first call vs steady, as the Numba ROC
 example prints them), ``sizes`` (GFLOP/s over sizes × block sizes, from the optimisation
-note), ``rsweep`` (outputs per thread, also the note's) and ``ladder`` (every rung as a share
-of cuBLAS / CLBlast / NumPy). Every kernel is verified before it is timed; a wrong one shows
+note), ``rsweep`` (outputs per thread, also the note's) and ``ladder`` (every rung at its
+defaults, and the rung and parameters ``kernel="auto"`` runs, as a share of cuBLAS / CLBlast /
+NumPy). Every kernel is verified before it is timed; a wrong one shows
 FAILED. The default is a quick run at small sizes; ``--full`` runs the note's sizes (8…4096,
 ladder at 1024³ and 4096³).
 
@@ -16,9 +17,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import BACKENDS
+
+if TYPE_CHECKING:
+    from tilegemm.bench.sweeps import Settings
 
 HELP = "the optimisation note's tables on this device vs the vendor library (tables, files, plots)"
 FORMATS = ("md", "csv", "json")
@@ -99,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--warmup", type=int, metavar="N", help="untimed launches after the first")
     how.add_argument("--max-call-seconds", type=float, metavar="S",
                      help="skip a case predicted (from a smaller size) to take longer per call")
+    how.add_argument("--no-rivals", action="store_true",
+                     help="do not time Triton's matmul beside the vendor library (it compiles "
+                          "and autotunes 16 configurations per shape class on first use)")
     how.add_argument("--flush-l2", action="store_true",
                      help="evict the cache between repeats (CUDA: write twice the L2 size)")
 
@@ -106,8 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--format", choices=FORMATS,
                      help="file format for --output; without --output, print it instead of "
                           "the terminal tables")
-    out.add_argument("--output", "-o", metavar="PATH", help="write the results to PATH")
-    out.add_argument("--plot", metavar="FILE.png", help="plot GFLOP/s vs size to a PNG")
+    out.add_argument("--output", "-o", metavar="PATH",
+                     help="write the results to PATH, in --format or else the format its "
+                          "extension names (.json, .md, .csv)")
+    out.add_argument("--plot", metavar="FILE.png",
+                     help="plot GFLOP/s vs size (the format from the extension: .png, .svg, "
+                          ".pdf...)")
     out.add_argument("--save", metavar="DIR",
                      help="write DIR/<device>-<date>.json, .md and .png (the committed form)")
     out.add_argument("--from-json", metavar="FILE",
@@ -115,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--quiet", "-q", action="store_true", help="no terminal tables or progress")
 
 
-def settings_from(args: argparse.Namespace):  # -> Settings
+def settings_from(args: argparse.Namespace) -> Settings:
     from dataclasses import replace
 
     from tilegemm.bench.sweeps import Settings
@@ -134,9 +146,13 @@ def settings_from(args: argparse.Namespace):  # -> Settings
     over["dtype"] = args.dtype
     precision = getattr(args, "precision", "ieee")
     if precision != "ieee" and args.dtype != "float32":
-        raise InvalidValueError(f"--precision {precision} applies to --dtype float32; "
-                                f"{args.dtype} runs the tensor-core rungs in their one mode")
+        raise InvalidValueError(
+            f"--precision {precision} applies to --dtype float32 only, not {args.dtype}"
+            + (f" ({args.dtype} runs on tensor cores in its one mode: leave --precision at "
+               "ieee)" if args.dtype in ("float16", "bfloat16") else ""))
     over["precision"] = precision
+    if getattr(args, "no_rivals", False):
+        over["rivals"] = False
     pol = {}
     for name, attr in (("budget", "budget_s"), ("min_reps", "min_reps"),
                        ("max_reps", "max_reps"), ("warmup", "warmup")):
@@ -151,9 +167,17 @@ def settings_from(args: argparse.Namespace):  # -> Settings
     return replace(settings, **over)
 
 
-def choose_backends(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """(backends to run, lines explaining the ones left out)."""
+def choose_backends(args: argparse.Namespace, settings: Settings | None = None,
+                    ) -> tuple[list[str], list[str]]:
+    """(backends to run, lines explaining the ones left out).
+
+    A backend with no rung for the dtype and precision of ``settings`` (float16 on the CPU,
+    TF32 without tensor cores) is refused when named, left out with a line otherwise; when
+    none is left, the request is refused naming the backends that could run it, rather than
+    running nothing.
+    """
     from tilegemm.backends import get_backend
+    from tilegemm.bench.sweeps import rungs_for
 
     asked = list(dict.fromkeys(args.backends or BACKENDS))
     run, left = [], []
@@ -170,12 +194,44 @@ def choose_backends(args: argparse.Namespace) -> tuple[list[str], list[str]]:
             run.append(name)
     if not run:
         raise UnavailableError("no backend to benchmark: " + "; ".join(left))
-    return run, left
+    if settings is None:
+        return run, left
+    what = settings.dtype + ("" if settings.precision == "ieee"
+                             else f" at precision {settings.precision}")
+    cannot = [name for name in run if not rungs_for(name, settings.dtype, settings.precision)]
+    if cannot and (args.backends or len(cannot) == len(run)):
+        have = [b for b in BACKENDS if rungs_for(b, settings.dtype, settings.precision)]
+        raise InvalidValueError(f"no {' or '.join(cannot)} rung computes {what}; backends "
+                                f"with one: {', '.join(have) or 'none'}")
+    left += [f"{name}: no rung computes {what}" for name in cannot]
+    return [name for name in run if name not in cannot], left
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse file names the run could not write in the asked format, before it runs (the
+    files are written last): a plot whose extension is no image format, and an --output
+    whose format neither --format nor its extension tells."""
+    if args.plot:
+        from tilegemm.bench.plot import check_plot_path
+
+        check_plot_path(args.plot)
+    if args.output and not args.format and output_format(args.output) is None:
+        suffix = Path(args.output).suffix
+        raise InvalidValueError(
+            f"--output {args.output}: " + (f"'{suffix}' names no results format"
+                                           if suffix else "the name has no extension")
+            + "; name it .json, .md or .csv, or pass --format")
+
+
+def output_format(path: str) -> str | None:
+    """The --output format its extension names (.json, .md, .csv), else None."""
+    return {f".{f}": f for f in FORMATS}.get(Path(path).suffix.lower())
 
 
 def run(args: argparse.Namespace) -> int:
     from tilegemm.bench.results import Results
 
+    check_outputs(args)
     if args.from_json:
         results = Results.load(args.from_json)
         if args.plot and not results.backends("sizes"):
@@ -191,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
         # Checked before anything runs: the plot is of the size sweep.
         raise InvalidValueError("--plot draws the 'sizes' report, which --reports leaves out; "
                                 "add sizes to --reports or drop --plot")
-    backends, left = choose_backends(args)
+    backends, left = choose_backends(args, settings)
     err = console(stderr=True)
     if not args.quiet:
         shown = settings.dtype + ("" if settings.precision == "ieee"
@@ -237,7 +293,7 @@ def _emit(results, args: argparse.Namespace) -> None:
         report.print_rich(results, reports)
     if args.output:
         path = Path(args.output)
-        fmt = fmt or {".md": "md", ".csv": "csv"}.get(path.suffix.lower(), "json")
+        fmt = fmt or output_format(args.output) or "json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(report.render(results, fmt, reports))
         print(f"wrote {path}", file=sys.stderr)

@@ -3,7 +3,9 @@
 Same as ``tilegemm bench`` (quick by default): every rung of every usable, non-simulated
 backend is verified against float64 NumPy, then timed, and shown beside the vendor library
 (NumPy/OpenBLAS on the CPU, CLBlast for OpenCL, cuBLAS on NVIDIA GPUs). The ladder table
-comes last. All of ``tilegemm bench``'s options work here too (``--full``, ``--save``...).
+comes last: every rung at its defaults, and what ``matmul(kernel="auto")`` runs on this
+machine (tuned, or the shipped database's parameters). All of ``tilegemm bench``'s options
+work here too (``--full``, ``--save``...).
 """
 
 from __future__ import annotations

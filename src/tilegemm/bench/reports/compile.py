@@ -42,7 +42,8 @@ def compile_tables(results: Results) -> list[rp.Table]:
                            rp.fmt_ms(s.median) if s else rp.DASH, ratio, rp.cell(m)])
         t.notes += rp.problem_notes(rows)
         t.notes.append("first call = build/compile + operand upload + one launch, host clock; "
-                       "steady = median of backend-timed launches after warm-up")
+                       "steady = median of backend-timed launches after warm-up; every rung "
+                       "at its defaults for this device (what matmul(kernel=<rung>) runs)")
         tables.append(t)
     return tables
 
