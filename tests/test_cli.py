@@ -391,3 +391,19 @@ def test_batch_zero_means_one_plain_product_for_explain_as_for_run(monkeypatch):
     assert main(["explain", "naive", "--batch", "0", "--no-resources"]) == 2
     assert seen["batch"] == 1
     assert main(["explain", "naive", "--no-resources"]) == 2 and seen["batch"] == 1
+
+
+@pytest.mark.opencl
+def test_run_device_steers_auto_as_matmul_does(capsys):
+    """--device with --backend auto chose the CPU and refused; matmul(device=) runs on the
+    backend auto would pick among those with devices."""
+    import numpy as np
+
+    from tilegemm.api import choose_backend
+    from tilegemm.problem import describe
+
+    a = np.ones((4, 4), np.float32)
+    expected = choose_backend("auto", [describe(a, "a"), describe(a, "b")], 0).name
+    assert main(["run", "--device", "0", "--m", "4", "--n", "4", "--k", "4",
+                 "--repeat", "1"]) == 0
+    assert capsys.readouterr().out.startswith(f"{expected}:")

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     a, b = random_operands(lead + (args.m, args.k), lead + (args.k, args.n), args.dtype)
     ops = [describe(a, "a"), describe(b, "b")]
     # Resolve what 'auto' means up front so the report names the real choice.
-    backend = choose_backend(args.backend, ops)
+    backend = choose_backend(args.backend, ops, args.device, args.kernel)  # as matmul does
     target = device_target(backend, args.device, args.backend)
     prob = make_problem(*ops)
     spec, resolved = choose_kernel(args.kernel, backend, prob, params, target)

@@ -108,7 +108,11 @@ def _tune(args: argparse.Namespace) -> int:
                                 f"{dtype.name} (float16/bfloat16 have one tensor-core mode; "
                                 "leave --precision ieee)")
     probe = np.zeros((1, 1), dtype=dtype)
-    backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")])
+    # Steered as matmul is: by --device, and by one named rung (--kernel shared: OpenCL's
+    # where there is no GPU).
+    one = args.kernel[0] if args.kernel and len(set(args.kernel)) == 1 else "auto"
+    backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")],
+                             args.device, one)
     target = device_target(backend, args.device, args.backend)
     dev = device_id(target)
     specs = tuning_specs(backend.name, dtype, precision, args.kernel)
