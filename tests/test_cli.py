@@ -297,3 +297,113 @@ def test_info_fits_80_columns(monkeypatch, capsys):
         names = []
     for name in names:
         assert name in out
+
+
+def _cache_entries(tmp_path):  # noqa: ANN001, ANN202
+    """Twelve entries: eleven CPU ones that look alike but for their key, one stale."""
+    from tilegemm.compile_cache import CacheEntry
+
+    found = []
+    for i in range(11):
+        path = tmp_path / f"blocked-float32-{i:02d}aa{i:016d}.py"
+        path.write_text("x")
+        found.append(CacheEntry(path.stem, {"kernel": "blocked", "dtype": "float32",
+                                            "params": {"MR": 8}}, {"numba": "0.68"},
+                                i != 3, 2_000_000, (path,)))
+    found.append(CacheEntry("warptile-float32-ffee", {
+        "kernel": "warptile", "backend": "cuda", "dtype": "float32", "params": {"BM": 128},
+        "output": "PTX sm_80 sm_90"}, {}, True, 500_000, ()))
+    return found
+
+
+def test_cache_summarises_a_large_cache_and_lists_rows_on_request(tmp_path, monkeypatch, capsys):
+    """cache printed ~1000 lines for a real cache, with rows that could not be told apart."""
+    from tilegemm import compile_cache
+
+    found = _cache_entries(tmp_path)
+    monkeypatch.setattr(compile_cache, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(compile_cache, "entries", lambda: found)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert "12 entries" in out and "1 not usable here" in out and "--verbose" in out
+    row = next(line for line in out.splitlines() if "blocked" in line)
+    assert [c.strip() for c in row.split("│")[1:7]] == ["cpu", "blocked", "float32", "11",
+                                                        "10", "22.0 MB"], row
+    assert "cuda" in out and "warptile (PTX sm_80 sm_90)" in out
+    assert "MR=8" not in out  # no rows
+    assert main(["cache", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "cpu blocked" in line]
+    assert len(rows) == 11 and len({r.split("│")[1] for r in rows}) == 11  # ids tell apart
+    assert all("MR=8" in r for r in rows)
+    assert main(["cache", "--list"]) == 0 and "MR=8" in capsys.readouterr().out
+
+
+def test_device_chooses_among_devices_and_is_refused_where_there_is_one(capsys):
+    """run and tune had no --device: only PYOPENCL_CTX / CUDA_VISIBLE_DEVICES could choose."""
+    assert main(["run", "--backend", "cpu", "--device", "0", "--m", "4"]) == 2
+    assert "--device" in capsys.readouterr().err
+    assert main(["run", "--device", "0", "--m", "4"]) in (0, 2)  # auto: a device backend or not
+    capsys.readouterr()
+    assert main(["tune", "--backend", "cpu", "--device", "0", "--m", "8"]) == 2
+    captured = capsys.readouterr()
+    assert "--backend auto chose" not in captured.err and "no device choice" in captured.err
+
+
+@pytest.mark.opencl
+def test_run_on_an_opencl_device_by_index(capsys):
+    from tilegemm.backends import opencl
+
+    index = opencl.default_device_index()
+    assert main(["run", "--backend", "opencl", "--device", str(index), "--kernel", "naive",
+                 "--m", "5", "--n", "3", "--k", "2", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"  device: [{index}] {opencl.all_devices()[index].name.strip()}" in out
+    assert main(["run", "--backend", "opencl", "--device", "99", "--m", "4"]) == 2
+    assert "unknown OpenCL device 99" in capsys.readouterr().err
+
+
+def test_kernels_dtype_lists_the_rungs_that_compute_it(capsys):
+    """kernels --dtype did nothing without --resources and offered float32/float64 only."""
+    import tilegemm
+
+    assert main(["kernels", "--dtype", "int64", "--json"]) == 0
+    listed = {(k["backend"], k["name"]) for k in json.loads(capsys.readouterr().out)}
+    assert listed == {(s.backend, s.name) for s in tilegemm.kernels() if s.supports("int64")}
+    assert ("cpu", "blocked") in listed and ("cuda", "vectorized") not in listed
+    assert main(["kernels", "--dtype", "bfloat16", "--json"]) == 0
+    assert {k["name"] for k in json.loads(capsys.readouterr().out)} >= {"mma"}
+
+
+def test_batch_zero_means_one_plain_product_for_explain_as_for_run(monkeypatch):
+    """explain refused --batch 0, which run and tune use (their default) for a 2-D product."""
+    from tilegemm.analysis import report
+    from tilegemm.errors import InvalidValueError
+
+    seen = {}
+
+    def explain(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.update(kwargs)
+        raise InvalidValueError("stop here")
+
+    monkeypatch.setattr(report, "explain", explain)
+    assert main(["explain", "naive", "--batch", "0", "--no-resources"]) == 2
+    assert seen["batch"] == 1
+    assert main(["explain", "naive", "--no-resources"]) == 2 and seen["batch"] == 1
+
+
+@pytest.mark.opencl
+def test_run_device_steers_auto_as_matmul_does(capsys):
+    """--device with --backend auto chose the CPU and refused; matmul(device=) runs on the
+    backend auto would pick among those with devices."""
+    import numpy as np
+
+    from tilegemm.api import choose_backend
+    from tilegemm.problem import describe
+
+    a = np.ones((4, 4), np.float32)
+    expected = choose_backend("auto", [describe(a, "a"), describe(a, "b")], 0).name
+    assert main(["run", "--device", "0", "--m", "4", "--n", "4", "--k", "4",
+                 "--repeat", "1"]) == 0
+    assert capsys.readouterr().out.startswith(f"{expected}:")

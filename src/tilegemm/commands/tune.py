@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from tilegemm.commands._console import console as _console
-from tilegemm.commands._params import add_shape_arguments
+from tilegemm.commands._params import add_device_argument, add_shape_arguments, device_target
 from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
                         help="whose rungs to tune, on its default device "
                              "('auto': the best usable backend here)")
+    add_device_argument(parser)
     parser.add_argument("--kernel", action="append", default=None,
                         help="rung to tune (repeatable; default: every rung with parameters)")
     add_shape_arguments(parser, 4096, 0,
@@ -107,8 +108,12 @@ def _tune(args: argparse.Namespace) -> int:
                                 f"{dtype.name} (float16/bfloat16 have one tensor-core mode; "
                                 "leave --precision ieee)")
     probe = np.zeros((1, 1), dtype=dtype)
-    backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")])
-    target = backend.target()
+    # Steered as matmul is: by --device, and by one named rung (--kernel shared: OpenCL's
+    # where there is no GPU).
+    one = args.kernel[0] if args.kernel and len(set(args.kernel)) == 1 else "auto"
+    backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")],
+                             args.device, one)
+    target = device_target(backend, args.device, args.backend)
     dev = device_id(target)
     specs = tuning_specs(backend.name, dtype, precision, args.kernel)
     if not specs:
