@@ -38,11 +38,13 @@ AUTO = "auto"
 
 # First calls compile (5-40 s for a Numba rung, less once the on-disk kernel cache has it).
 # Nothing is printed: records go to the "tilegemm" logger, which Python shows only when the
-# program turns logging on (see README, "Slow first calls"). _USED holds the kernels this
-# process has run; _SLOW_PENDING the first call in progress, timed to explain a slow one.
+# program turns logging on (README, "The first call compiles"). _USED holds the kernels
+# this process has run; _SLOW_PENDING the first calls in progress, timed to explain a slow
+# one. A later call pays one set lookup; the small-product fast path not even that.
 log = logging.getLogger(__name__)
 _USED: set[tuple[Any, ...]] = set()
 _SLOW_PENDING: dict[tuple[Any, ...], str] = {}
+_LOCK = threading.Lock()  # calls from several threads: each kernel's first use once
 SLOW_FIRST_CALL_S = 2.0  # a first call longer than this gets an INFO record saying why
 
 
@@ -327,6 +329,9 @@ def _first_use(spec: KernelSpec, params: dict[str, int], dtype: np.dtype,
 
 
 def _log_if_slow(used: tuple[Any, ...], seconds: float) -> None:
+    """After a kernel's first call: an INFO record when it took longer than
+    ``SLOW_FIRST_CALL_S``, saying that compiling is part of it and whether the on-disk
+    kernel cache spares later processes that (the call itself may be big, too)."""
     with _LOCK:
         what = _SLOW_PENDING.pop(used, None)
     if what is None or seconds <= SLOW_FIRST_CALL_S:
@@ -338,11 +343,8 @@ def _log_if_slow(used: tuple[Any, ...], seconds: float) -> None:
               "it again" if root is None else
               f"what the on-disk kernel cache keeps ({root}; `tilegemm cache` lists it) loads "
               "in well under a second in later processes")
-    log.info("%s: the first call took %.1f s, almost all of it compiling the kernel (once "
+    log.info("%s: the first call took %.1f s, which includes compiling the kernel (once "
              "per process); %s", what, seconds, cached)
-
-
-_LOCK = threading.Lock()
 
 
 def _float32_out_on_request(dtype: Any, out: Any, ops: list[Operand]) -> bool:

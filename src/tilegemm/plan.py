@@ -21,9 +21,9 @@ class Plan:
     shape: tuple[int, int, int, int]  # batch, M, N, K
 
     def __str__(self) -> str:
-        params = " ".join(f"{k}={v}" for k, v in self.params.items())
+        params = "".join(f" {k}={v}" for k, v in self.params.items())
         b, m, n, k = self.shape
-        text = (f"{self.backend}:{self.kernel} (rung {self.rung}) {params} [{self.source}] "
+        text = (f"{self.backend}:{self.kernel} (rung {self.rung}){params} [{self.source}] "
                 f"on {self.device}, {self.dtype} {b}x{m}x{n}x{k}")
         return text + (f"; {self.path}" if self.path else "")
 
