@@ -3,7 +3,10 @@ bank conflicts, registers/spills/shared memory, occupancy and the roofline bound
 
 The memory counts are traced from the kernel's own code on numba's CUDA simulator (in a
 child process); large problems trace a sample of blocks per class (interior, edges) and
-scale, and the report says exactly what was traced. Resources come from compiling the
+scale, and the report says exactly what was traced. Rung mma's ``cp.async`` copies and
+``ldmatrix`` reads are counted per thread at the instruction's width; rung wgmma, whose
+operands the tensor core reads from shared memory itself, is refused with a pointer to
+``--sass``. Resources come from compiling the
 kernel for sm_80 and sm_90 with nvJitLink. No GPU is needed for any of it.
 """
 
@@ -39,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --sass: add the CUDA C rungs (NVRTC) to the table")
     add_shape_arguments(parser, 32, 1,
                         ("float32", "float64", "int32", "int64", "float16", "bfloat16"),
-                        "float16/bfloat16: tensor-core rungs (with --sass)")
+                        "float16/bfloat16: rung mma (wgmma with --sass only)")
     parser.add_argument("--beta", type=float, default=0.0,
                         help="non-zero: the kernel also reads C (beta·C)")
     parser.add_argument("--gpu", default="h100", choices=tuple(GPUS),
