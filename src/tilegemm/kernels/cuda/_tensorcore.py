@@ -343,22 +343,29 @@ def _py_to_tf32(x: Any) -> np.float32:
     return np.float32(tf32_round(np.float32(x)))
 
 
+def _traced(arr: Any) -> bool:
+    """Whether ``arr`` is one of the memory tracer's arrays. Asked of the type: the
+    simulator's in-kernel arrays answer any unknown attribute with an IndexError."""
+    return hasattr(type(arr), "trace_access")
+
+
 def _untraced(arr: Any) -> Any:
     """The plain array behind a traced one (the tracer's), else ``arr`` itself."""
-    return getattr(arr, "untraced", arr)
+    return arr.untraced if _traced(arr) else arr
 
 
 def _note(arr: Any, offset: int, size: int, store: bool) -> None:
     """Report one ``size``-byte access at byte ``offset`` of ``arr`` to the memory tracer,
     when ``arr`` is one of its arrays (a no-op for any other array)."""
-    trace = getattr(arr, "trace_access", None)
-    if trace is not None:
-        trace(int(offset), int(size), store)
+    if _traced(arr):
+        arr.trace_access(int(offset), int(size), store)
 
 
-def _byte_offset(arr: Any, idx: Any) -> int:
-    """Byte offset of element ``idx`` from the start of ``arr`` (row-major strides)."""
-    return sum(int(i) * int(st) for i, st in zip(idx, arr.strides))
+def _note_at(arr: Any, idx: Any, size: int, store: bool) -> None:
+    """:func:`_note` of the access at element ``idx`` of ``arr``."""
+    if _traced(arr):
+        offset = sum(int(i) * int(st) for i, st in zip(idx, arr.strides))
+        arr.trace_access(offset, int(size), store)
 
 
 def _row(arr: Any, idx: tuple[int, ...], count: int) -> np.ndarray:
@@ -415,13 +422,13 @@ LDMATRIX_ROW_BYTES = 16
 
 
 def _py_ldmatrix_x4(arr: Any, idx: Any) -> tuple[Any, ...]:
-    _note(arr, _byte_offset(arr, idx), LDMATRIX_ROW_BYTES, False)
+    _note_at(arr, idx, LDMATRIX_ROW_BYTES, False)
     arr = _untraced(arr)
     return _ldmatrix_rows(arr, _row(arr, idx, 16 // arr.dtype.itemsize))
 
 
 def _py_ldmatrix_x4_trans(arr: Any, idx: Any) -> tuple[Any, ...]:
-    _note(arr, _byte_offset(arr, idx), LDMATRIX_ROW_BYTES, False)
+    _note_at(arr, idx, LDMATRIX_ROW_BYTES, False)
     arr = _untraced(arr)
     return _ldmatrix_trans_rows(arr, _row(arr, idx, 8))
 
@@ -465,8 +472,8 @@ def _queue_copy(dst: Any, didx: Any, src: Any, sidx: Any, size: int, nbytes: Any
     ``dst`` from ``didx``, reported to the tracer as its global read and its shared write."""
     if dst.dtype.itemsize != src.dtype.itemsize:
         raise TypeError("cp_async: source and destination element sizes differ")
-    _note(src, _byte_offset(src, sidx), int(nbytes), False)  # nbytes 0: reads nothing
-    _note(dst, _byte_offset(dst, didx), size, True)
+    _note_at(src, sidx, int(nbytes), False)  # nbytes 0: reads nothing
+    _note_at(dst, didx, size, True)
     dst, src = _untraced(dst), _untraced(src)
     count = size // dst.itemsize
     valid = int(nbytes) // dst.itemsize
@@ -496,7 +503,7 @@ def _py_cp_async16_at(dst: Any, doff: Any, src: Any, sidx: Any, soff: Any,
     _flat(dst, doff, 16 // dst.dtype.itemsize, "cp_async16_at")  # range check
     # the traced array is shared memory as the kernel declared it; the copy is by offset
     _note(dst, doff, 16, True)
-    _note(src, _byte_offset(src, sidx), int(nbytes), False)
+    _note_at(src, sidx, int(nbytes), False)
     flat = _untraced(dst).reshape(-1)
     _queue_copy(flat, (int(doff) // flat.itemsize,), _untraced(src), sidx, 16, nbytes)
 
