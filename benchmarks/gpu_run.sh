@@ -13,6 +13,12 @@
 #                                      # and BF16 against cuBLAS at the same precision, and
 #                                      # each mode's error against float64; then rung wgmma
 #                                      # (an H100 only) in TF32, FP16, BF16 (~9 min)
+#   bash benchmarks/gpu_run.sh rivals  # Triton's tutorial matmul (Python-authored) against
+#                                      # the fastest rungs and cuBLAS: FP32 over the eight
+#                                      # target shapes, TF32/FP16/BF16 at 4096^3 (~6 min)
+#
+# The other steps leave Triton out (--no-rivals, --no-triton): its first use compiles and
+# autotunes 16 configurations per shape class, which their time limits were not set for.
 #
 # Logs and results go to $OUT (default ./gpu-out). Nothing here times two things at once:
 # the check step runs its three correctness jobs together, the timing steps run alone.
@@ -58,17 +64,18 @@ bench)
   # BENCH_ARGS: the full run by default; "--reports ladder,compile --ladder-sizes 1024,4096"
   # is the ladder against cuBLAS alone, in about two minutes.
   info > "$OUT/bench.log" 2>&1
-  timeout 330 $PY -m tilegemm.cli bench ${BENCH_ARGS:---full} --backend cuda --save "$OUT" \
+  timeout 330 $PY -m tilegemm.cli bench ${BENCH_ARGS:---full} --backend cuda --no-rivals \
+      --save "$OUT" \
       >> "$OUT/bench.log" 2>&1
   echo "bench: exit $?"
   for k in pipelined warptile; do
-    timeout 150 $PY benchmarks/perf_targets.py --kernel $k --json "$OUT/targets-$k.json" \
+    timeout 150 $PY benchmarks/perf_targets.py --kernel $k --no-triton --json "$OUT/targets-$k.json" \
         >> "$OUT/targets.log" 2>&1
     echo "targets $k: exit $?"
   done
   # kernel="auto": the defaults adapted to the SM count (128x64 tiles, split-K); three
   # builds of pipelined (about 35 s each on the first call)
-  timeout 240 $PY benchmarks/perf_targets.py --auto --json "$OUT/targets-auto.json" \
+  timeout 240 $PY benchmarks/perf_targets.py --auto --no-triton --json "$OUT/targets-auto.json" \
       >> "$OUT/targets.log" 2>&1
   echo "targets auto: exit $?"
   tail -40 "$OUT/bench.log"; cat "$OUT/targets.log"
@@ -87,20 +94,20 @@ tune)
     echo "tune $k: exit $?"
   done
   cp "$TILEGEMM_CACHE_DIR"/*.json "$OUT/" 2>/dev/null
-  timeout 200 $PY benchmarks/perf_targets.py --tuned > "$OUT/targets-tuned.log" 2>&1
+  timeout 200 $PY benchmarks/perf_targets.py --tuned --no-triton > "$OUT/targets-tuned.log" 2>&1
   echo "targets tuned: exit $?"
   tail -30 "$OUT/tune.log"; cat "$OUT/targets-tuned.log"
   ;;
 tensor)
   info > "$OUT/tensor.log" 2>&1
-  timeout 420 $PY benchmarks/tensor_cores.py --sizes 2048 4096 >> "$OUT/tensor.log" 2>&1
+  timeout 420 $PY benchmarks/tensor_cores.py --sizes 2048 4096 --no-triton >> "$OUT/tensor.log" 2>&1
   echo "tensor cores: exit $?"
   # a deeper tile: 96 KB of dynamic shared memory in float32 (the opt-in, well past 48 KB)
-  timeout 240 $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 \
+  timeout 240 $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 --no-triton \
       --params BK=32,STAGES=3 >> "$OUT/tensor.log" 2>&1
   echo "tensor cores, BK=32 STAGES=3: exit $?"
   # the Hopper rung (compute capability 9.0 only; exits 2 elsewhere)
-  timeout 300 $PY benchmarks/tensor_cores.py --kernel wgmma --sizes 4096 \
+  timeout 300 $PY benchmarks/tensor_cores.py --kernel wgmma --sizes 4096 --no-triton \
       --modes tf32 3xtf32 float16 bfloat16 >> "$OUT/tensor.log" 2>&1
   echo "tensor cores, wgmma: exit $?"
   timeout 150 $PY benchmarks/tensor_core_errors.py --k 256 4096 --mn 1024 \
@@ -108,5 +115,18 @@ tensor)
   echo "tensor-core errors: exit $?"
   tail -30 "$OUT/tensor.log"; tail -15 "$OUT/tensor-errors.log"
   ;;
-*) echo "usage: $0 check|bench|tests|tune|tensor" >&2; exit 2 ;;
+rivals)
+  # Triton's tutorial matmul on the same operands as the rungs (skipped, with the reason,
+  # where triton does not import): FP32 without TF32 against rung pipelined over the eight
+  # target shapes, then TF32, FP16 and BF16 against rung mma at 4096^3
+  info > "$OUT/rivals.log" 2>&1
+  timeout 300 $PY benchmarks/perf_targets.py --kernel pipelined \
+      --json "$OUT/targets-pipelined-triton.json" >> "$OUT/rivals.log" 2>&1
+  echo "targets pipelined + Triton: exit $?"
+  timeout 270 $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 bfloat16 \
+      >> "$OUT/rivals.log" 2>&1
+  echo "tensor cores + Triton: exit $?"
+  tail -40 "$OUT/rivals.log"
+  ;;
+*) echo "usage: $0 check|bench|tests|tune|tensor|rivals" >&2; exit 2 ;;
 esac

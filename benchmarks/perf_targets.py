@@ -10,6 +10,14 @@ timed, through the benchmarks' own path (``bench.timing.measure_kernel`` and
 ``--tuned`` uses the tuning cache's entry instead of the defaults; ``--auto`` uses exactly
 what ``kernel="auto"`` runs for each shape (tuned entry, else the defaults adapted to the
 GPU's SM count: a smaller tile or split-K for shapes whose tiles cannot fill it).
+
+Then, where ``triton`` and ``torch`` import (``--no-triton``: not at all), Triton's tutorial
+matmul in FP32 without TF32 (``bench.vendors``' rival) on the same operands, timed and
+verified the same way: its GFLOP/s, its share of cuBLAS and the rung's speed relative to
+it. It comes after the targets are printed and saved, because its first call of each shape
+compiles and autotunes every configuration of the tutorial (expected: about a minute per
+shape class, not yet measured; cached on disk by Triton afterwards); the results file is
+then written again.
 """
 
 from __future__ import annotations
@@ -33,12 +41,14 @@ def main() -> int:
                         help='what kernel="auto" runs for each shape (overrides --kernel)')
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", help="also write the rows, device, versions and commit here")
+    parser.add_argument("--no-triton", action="store_true",
+                        help="do not time Triton's tutorial matmul after the targets")
     args = parser.parse_args()
 
     from tilegemm import registry
     from tilegemm.backends import get_backend
     from tilegemm.bench.timing import OK, fixed, measure_kernel
-    from tilegemm.bench.vendors import VENDORS, measure_vendor
+    from tilegemm.bench.vendors import VENDORS, find_rival, measure_vendor
     from tilegemm.problem import problem_for
     from tilegemm.reference import random_operands
     from tilegemm.tune.select import auto_plan, tuned_choice
@@ -54,7 +64,9 @@ def main() -> int:
     policy = fixed(args.repeat, warmup=2)
     ratios = {}
     rows = []
-    for m, n, k in SHAPES:
+    # one seed per shape, fresh each run: Triton later gets the very same operands
+    seeds = [int(s) for s in np.random.default_rng().integers(2**31, size=len(SHAPES))]
+    for (m, n, k), seed in zip(SHAPES, seeds):
         prob = problem_for(m, n, k, "float32")
         why = ""
         if args.auto:
@@ -64,7 +76,7 @@ def main() -> int:
         else:
             spec, params = registry.get(args.kernel, "cuda"), {}
         params = spec.resolve(params)
-        a, b = random_operands((1, m, k), (1, k, n), np.float32)
+        a, b = random_operands((1, m, k), (1, k, n), np.float32, seed=seed)
         mine = measure_kernel(backend, spec, params, prob, a, b, policy, target=target)
         ref = measure_vendor(cublas, backend.name, prob, a, b, policy)
         if mine.status != OK or ref.status != OK or not mine.stats or not ref.stats:
@@ -83,6 +95,7 @@ def main() -> int:
     at4096 = ratios[(4096, 4096, 4096)]
     print(f"4096^3 ratio {at4096:.3f} (target >= 0.80): {'MET' if at4096 >= 0.8 else 'NOT MET'}")
     print(f"geomean ratio {geo:.3f} (target >= 0.70): {'MET' if geo >= 0.7 else 'NOT MET'}")
+    doc: dict = {}
     if args.json:
         from tilegemm.bench.environment import backend_info, git_commit, host_info, versions
 
@@ -93,6 +106,40 @@ def main() -> int:
                "versions": versions(), "commit": git_commit(),
                "cublas": cublas.name if hasattr(cublas, "name") else "cupy",
                "rows": rows, "ratio_4096": at4096, "geomean_ratio": geo}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+    if args.no_triton:
+        return 0
+
+    # Triton's tutorial matmul, FP32 without TF32, on each shape's same operands
+    triton, note = find_rival("triton", target, "float32")
+    print(note)
+    if triton is None:
+        return 0
+    versus = []
+    for row, seed in zip(rows, seeds):
+        m, n, k = row["m"], row["n"], row["k"]
+        prob = problem_for(m, n, k, "float32")
+        a, b = random_operands((1, m, k), (1, k, n), np.float32, seed=seed)
+        theirs = measure_vendor(triton, backend.name, prob, a, b, policy)
+        if theirs.status != OK or not theirs.stats:
+            print(f"{m}x{n}x{k}: Triton {theirs.status} {theirs.reason}")
+            row["triton"] = {"status": theirs.status, "reason": theirs.reason}
+            continue
+        t = theirs.stats.median
+        flops = 2.0 * m * n * k
+        row["triton"] = {"seconds": t, "gflops": flops / t / 1e9, "config": theirs.params,
+                         "share_of_cublas": row["cublas_seconds"] / t,
+                         "rung_over_triton": t / row["seconds"]}
+        versus.append(t / row["seconds"])
+        print(f"{m:>5}x{n:>5}x{k:>5}  Triton {flops / t / 1e9:9.1f} GFLOP/s"
+              f"  {100 * row['cublas_seconds'] / t:5.1f}% of cuBLAS  {row['kernel']}/Triton "
+              f"{t / row['seconds']:.3f}  {theirs.params}")
+    if versus:
+        print(f"geomean {rows[0]['kernel'] if not args.auto else 'auto'}/Triton speed "
+              f"{math.exp(sum(map(math.log, versus)) / len(versus)):.3f}")
+    if args.json:
+        doc["triton"] = note
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1, default=str)
     return 0

@@ -28,6 +28,15 @@ than 4× cuBLAS's (same precision) fails the run. Times: CUDA events, median of 
 after two warm-up launches, through the benchmarks' timing loop (``bench.timing.steady``);
 the checked launch writes a NaN-poisoned output (a NaN error fails the run). Needs a real
 GPU of compute capability 8.0 or newer, and torch.
+
+Then, where ``triton`` imports (``--no-triton``: not at all), Triton's tutorial matmul
+(``bench.vendors``' rival) at each case's precision (TF32: ``input_precision="tf32"``;
+3xTF32: FP32 with ``"ieee"``; FP16/BF16 inputs with float32 accumulation) on the same
+operands, timed the same way: one line per case with its TFLOP/s, its share of the same
+cuBLAS, the rung's speed relative to it and its error. It runs after every rung line,
+because its first call per precision compiles and autotunes every configuration of the
+tutorial (expected: about a minute each, not yet measured); a Triton result with more
+than 4× cuBLAS's error is shown as wrong, without a speed.
 """
 
 from __future__ import annotations
@@ -78,6 +87,22 @@ def _torch_run(torch: Any, a: np.ndarray, b: np.ndarray, repeat: int) -> tuple[f
     return statistics.median(times), fetch()
 
 
+def _triton_run(torch: Any, vendor: Any, a: np.ndarray, b: np.ndarray,
+                repeat: int) -> tuple[float, np.ndarray, dict[str, int]]:
+    """Triton's matmul as ``_torch_run`` times cuBLAS: the first launch autotunes (apart,
+    untimed), then the same steady loop; the median, the result and the chosen tile."""
+    from tilegemm.bench.timing import fixed, steady
+    from tilegemm.problem import problem_for
+
+    n_m, n_k = a.shape
+    prepared = vendor.prepare(problem_for(n_m, b.shape[1], n_k, a.dtype), a[None], b[None])
+    prepared.launch()
+    torch.cuda.synchronize()
+    result = prepared.fetch()
+    times = steady(prepared, fixed(repeat, warmup=2))
+    return statistics.median(times), result, vendor.config()
+
+
 def _error(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     scale = float(np.max(np.abs(a64) @ np.abs(b64)))
@@ -93,6 +118,8 @@ def main() -> int:
                         help="rung parameters over the defaults, e.g. BK=32,STAGES=3")
     parser.add_argument("--kernel", choices=("mma", "wgmma"), default="mma",
                         help="the tensor-core rung to time (wgmma: compute capability 9.0)")
+    parser.add_argument("--no-triton", action="store_true",
+                        help="do not time Triton's tutorial matmul after the rung")
     args = parser.parse_args()
     over = {k: int(v) for k, v in (kv.split("=") for kv in args.params.split(",") if kv)}
 
@@ -120,8 +147,10 @@ def main() -> int:
         print(f"rung {spec.name} runs only on compute capability "
               f"{spec.only_cc[0]}.{spec.only_cc[1]}; this GPU is {major}.{minor}")
         return 2
-    rng = np.random.default_rng(0)
     failed = False
+    ref = {"tf32": "cuBLAS TF32", "3xtf32": "cuBLAS SGEMM", "float16": "cuBLAS FP16",
+           "bfloat16": "cuBLAS BF16"}
+    done = []  # (n, mode, dtype, rung seconds, cuBLAS seconds, cuBLAS error) for Triton
     for n in args.sizes:
         for mode in args.modes:
             if mode not in HALF and mode not in spec.precisions:
@@ -129,6 +158,7 @@ def main() -> int:
                       f"{', '.join(spec.precisions)}), skipped")
                 continue
             dtype = np.dtype(mode) if mode in HALF else np.dtype(np.float32)
+            rng = np.random.default_rng([n, MODES.index(mode)])  # Triton: the same operands
             a = rng.standard_normal((1, n, n)).astype(dtype)
             b = rng.standard_normal((1, n, n)).astype(dtype)
             params = spec.resolve(over if mode in HALF
@@ -144,8 +174,7 @@ def main() -> int:
             theirs_err = _error(c, a[0], b[0])
             ratio = theirs / ours
             flops = 2.0 * n**3
-            ref = {"tf32": "cuBLAS TF32", "3xtf32": "cuBLAS SGEMM", "float16": "cuBLAS FP16",
-                   "bfloat16": "cuBLAS BF16"}
+            done.append((n, mode, dtype, ours, theirs, theirs_err))
             shape = " ".join(f"{k}={params[k]}" for k in ("BM", "BN", "BK", "STAGES")
                              if k in params)
             print(f"{n:>5}^3 {mode:<8} {spec.name} {flops / ours / 1e12:7.1f} TFLOP/s  {ref[mode]} "
@@ -161,7 +190,41 @@ def main() -> int:
                 print(f"  target ratio >= {goal}"
                       + (" and error <= SGEMM's" if mode == "3xtf32" else "")
                       + f": {'MET' if met else 'NOT MET'}")
+    if not args.no_triton and done:
+        _triton_lines(torch, backend.target(), spec.name, done, args.repeat, ref)
     return 1 if failed else 0
+
+
+def _triton_lines(torch: Any, target: Any, rung: str, done: list[tuple[Any, ...]],
+                  repeat: int, ref: dict[str, str]) -> None:
+    """One line per case measured above: Triton's matmul at that case's precision."""
+    from tilegemm.bench.vendors import find_rival, vendor_math
+
+    made: dict[str, Any] = {}
+    for n, mode, dtype, ours, theirs, theirs_err in done:
+        math = vendor_math(dtype, "tf32" if mode == "tf32" else "ieee")
+        if math not in made:
+            made[math], note = find_rival("triton", target, dtype, math)
+            print(note)
+        vendor = made[math]
+        if vendor is None:
+            continue
+        rng = np.random.default_rng([n, MODES.index(mode)])
+        a = rng.standard_normal((n, n)).astype(dtype)
+        b = rng.standard_normal((n, n)).astype(dtype)
+        try:
+            t, c, config = _triton_run(torch, vendor, a, b, repeat)
+        except Exception as exc:  # a compile or launch failure: Triton's, not the rung's
+            print(f"{n:>5}^3 {mode:<8} Triton raised {type(exc).__name__}: {exc}")
+            continue
+        err = _error(c.reshape(n, n), a, b)
+        if not err <= 4 * theirs_err + 1e-7:
+            print(f"{n:>5}^3 {mode:<8} Triton WRONG: max error {err:.1e} vs {ref[mode]} "
+                  f"{theirs_err:.1e}")
+            continue
+        print(f"{n:>5}^3 {mode:<8} {vendor.name:<11} {2.0 * n**3 / t / 1e12:7.1f} TFLOP/s  "
+              f"{100 * theirs / t:5.1f}% of {ref[mode]}  {rung}/Triton {t / ours:.2f}  "
+              f"max error {err:.1e}  ({' '.join(f'{k}={v}' for k, v in config.items())})")
 
 
 if __name__ == "__main__":

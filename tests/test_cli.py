@@ -137,3 +137,273 @@ def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, ca
     out = capsys.readouterr().out
     lines = out.splitlines()
     assert lines and all(line.strip() for line in lines), out
+
+
+# --- refusals up front, in the command line's words --------------------------------------
+
+@pytest.mark.parametrize("argv, message", [
+    # a dtype the rung does not compute: refused before the tracer starts (was exit 3)
+    (["explain", "naive", "--dtype", "float16", "--no-resources"], "does not compute float16"),
+    (["explain", "vectorized", "--dtype", "int32", "--no-resources"], "does not compute int32"),
+    # a result this machine cannot hold (was a child's traceback in one line, exit 3)
+    (["explain", "naive", "--m", "10000000", "--n", "10000000", "--k", "1", "--no-resources"],
+     "cannot allocate"),
+    # options of --sass alone were accepted and ignored
+    (["explain", "naive", "--hot-loop"], "--hot-loop applies only with --sass"),
+    (["explain", "naive", "--arch", "sm_80", "--yardstick"],
+     "--arch and --yardstick apply only with --sass"),
+    (["explain", "naive", "--batch", "-1"], "--batch must be >= 0"),
+])
+def test_explain_refuses_before_tracing(argv, message, capsys, monkeypatch):
+    from tilegemm.analysis import trace
+
+    def no_tracer(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the tracer must not start")
+
+    monkeypatch.setattr(trace, "trace_in_subprocess", no_tracer)
+    monkeypatch.setattr(trace, "trace_rung", no_tracer)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+
+
+def test_explain_names_no_backend_it_cannot_take(capsys):
+    """The hint said "pass backend='cpu'", which explain refuses."""
+    assert main(["explain", "blocked"]) == 2
+    err = capsys.readouterr().err
+    assert "rung of backend 'cpu'" in err and "explain analyses the cuda rungs" in err
+    assert "backend=" not in err and "--backend cpu" not in err
+    assert main(["explain", "blocked", "--sass"]) == 2
+    assert "backend=" not in capsys.readouterr().err
+
+
+def test_errors_name_flags_not_python_keywords(capsys):
+    assert main(["run", "TILE=16", "--m", "10", "--n", "10", "--k", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "--kernel" in err and "kernel=" not in err
+    assert main(["run", "--backend", "cpu", "--kernel", "shared", "--m", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "pass --backend " in err and "backend='" not in err, err
+
+
+def test_as_flags_translates_only_options_the_command_has():
+    from tilegemm.cli import as_flags
+
+    options = frozenset({"--kernel", "--backend"})
+    assert (as_flags("pass backend='opencl' or kernel= (kernel='auto' chooses)", options)
+            == "pass --backend opencl or --kernel (--kernel auto chooses)")
+    assert as_flags("device= works with backend='cuda'", frozenset({"--backend"})) == \
+        "device= works with --backend cuda"
+    assert as_flags("TILE=16 needs BM=4", options) == "TILE=16 needs BM=4"
+
+
+def test_a_parameter_given_twice_is_refused(capsys):
+    """run TILE=16 TILE=8 ran TILE=8 silently."""
+    assert main(["run", "--backend", "cpu", "--kernel", "blocked", "MR=8", "MR=4",
+                 "--m", "4"]) == 2
+    assert "MR is given twice" in capsys.readouterr().err
+
+
+def test_no_subcommand_is_a_usage_error(capsys):
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert "COMMAND" in captured.err and captured.out == ""
+
+
+def test_python_dash_m_tilegemm_runs():
+    r = subprocess.run([sys.executable, "-m", "tilegemm", "--version"],
+                       capture_output=True, text=True, check=True)
+    assert r.stdout.startswith("tilegemm ")
+
+
+def test_run_names_the_device_once(capsys):
+    """It printed 'chosen: database (device) (device cpu/x86_64/...)'."""
+    assert main(["run", "--backend", "cpu", "--kernel", "triple_loop", "--m", "3", "--n", "3",
+                 "--k", "3", "--repeat", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "  chosen: requested\n" in out and "  device: " in out and "(device " not in out
+
+
+def test_tune_refuses_show_with_clear_and_bad_repeat_up_front(tmp_path, monkeypatch, capsys):
+    from tilegemm.tune import cache
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    cache.record(cache.Entry(backend="cpu", device="d", arch="x86_64", dtype="float32",
+                             bucket=[8, 8, 8], kernel="blocked", params={}, seconds=1.0,
+                             gflops=1.0))
+    assert main(["tune", "--show", "--clear"]) == 2  # it showed, and did not clear
+    assert "give one of them" in capsys.readouterr().err and cache.cache_path().exists()
+    assert main(["tune", "--backend", "cpu", "--repeat", "0", "--m", "8"]) == 2
+    captured = capsys.readouterr()
+    assert "--repeat must be >= 1" in captured.err and captured.out == ""
+
+
+@pytest.fixture
+def _fresh_opencl_status():  # noqa: ANN202
+    """The OpenCL backend's probes are cached per process: start and end with fresh ones."""
+    from tilegemm.backends import get_backend, opencl
+
+    caches = (type(get_backend("opencl")).status, opencl.default_device_index)
+
+    def clear() -> None:
+        for cached in caches:  # the originals: a test may have replaced the names
+            cached.cache_clear()
+
+    clear()
+    yield
+    clear()
+
+
+@pytest.mark.opencl
+def test_info_marks_opencl_devices_that_cannot_compile(monkeypatch, capsys,
+                                                       _fresh_opencl_status):
+    """info listed a device that cannot compile like a usable one; with PYOPENCL_CTX naming
+    it, the backend row said 'yes' and every OpenCL call then failed."""
+    from tilegemm.backends import get_backend, opencl
+
+    devices = opencl.all_devices()
+    broken = devices[-1]
+    why = "PoCL 3.0-rc2 (LLVM 14.0.6) cannot compile for it: a stand-in reason"
+    real = opencl.build_problem
+    monkeypatch.setattr(opencl, "build_problem",
+                        lambda d: why if d.int_ptr == broken.int_ptr else real(d))
+    monkeypatch.setenv("COLUMNS", "400")  # no cell wraps
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "cannot compile here" in out and "no: PoCL 3.0-rc2 (LLVM 14.0.6) cannot" in out
+    # The default device chosen (as PYOPENCL_CTX can) is the one that cannot compile.
+    monkeypatch.setattr(opencl, "default_device_index", lambda: len(devices) - 1)
+    type(get_backend("opencl")).status.cache_clear()
+    status = get_backend("opencl").status()
+    assert not status.usable and "a stand-in reason" in status.reason
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("│ opencl"))
+    assert "yes" not in row
+
+
+def test_info_fits_80_columns(monkeypatch, capsys):
+    """The OpenCL devices table cut every column to 3-4 characters at 80 columns."""
+    from tilegemm.backends import opencl
+
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "…" not in out
+    try:
+        names = [d.name.strip() for d in opencl.all_devices()]
+    except Exception:  # no OpenCL here: nothing more to check
+        names = []
+    for name in names:
+        assert name in out
+
+
+def _cache_entries(tmp_path):  # noqa: ANN001, ANN202
+    """Twelve entries: eleven CPU ones that look alike but for their key, one stale."""
+    from tilegemm.compile_cache import CacheEntry
+
+    found = []
+    for i in range(11):
+        path = tmp_path / f"blocked-float32-{i:02d}aa{i:016d}.py"
+        path.write_text("x")
+        found.append(CacheEntry(path.stem, {"kernel": "blocked", "dtype": "float32",
+                                            "params": {"MR": 8}}, {"numba": "0.68"},
+                                i != 3, 2_000_000, (path,)))
+    found.append(CacheEntry("warptile-float32-ffee", {
+        "kernel": "warptile", "backend": "cuda", "dtype": "float32", "params": {"BM": 128},
+        "output": "PTX sm_80 sm_90"}, {}, True, 500_000, ()))
+    return found
+
+
+def test_cache_summarises_a_large_cache_and_lists_rows_on_request(tmp_path, monkeypatch, capsys):
+    """cache printed ~1000 lines for a real cache, with rows that could not be told apart."""
+    from tilegemm import compile_cache
+
+    found = _cache_entries(tmp_path)
+    monkeypatch.setattr(compile_cache, "cache_root", lambda: tmp_path)
+    monkeypatch.setattr(compile_cache, "entries", lambda: found)
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert "12 entries" in out and "1 not usable here" in out and "--verbose" in out
+    row = next(line for line in out.splitlines() if "blocked" in line)
+    assert [c.strip() for c in row.split("│")[1:7]] == ["cpu", "blocked", "float32", "11",
+                                                        "10", "22.0 MB"], row
+    assert "cuda" in out and "warptile (PTX sm_80 sm_90)" in out
+    assert "MR=8" not in out  # no rows
+    assert main(["cache", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "cpu blocked" in line]
+    assert len(rows) == 11 and len({r.split("│")[1] for r in rows}) == 11  # ids tell apart
+    assert all("MR=8" in r for r in rows)
+    assert main(["cache", "--list"]) == 0 and "MR=8" in capsys.readouterr().out
+
+
+def test_device_chooses_among_devices_and_is_refused_where_there_is_one(capsys):
+    """run and tune had no --device: only PYOPENCL_CTX / CUDA_VISIBLE_DEVICES could choose."""
+    assert main(["run", "--backend", "cpu", "--device", "0", "--m", "4"]) == 2
+    assert "--device" in capsys.readouterr().err
+    assert main(["run", "--device", "0", "--m", "4"]) in (0, 2)  # auto: a device backend or not
+    capsys.readouterr()
+    assert main(["tune", "--backend", "cpu", "--device", "0", "--m", "8"]) == 2
+    captured = capsys.readouterr()
+    assert "--backend auto chose" not in captured.err and "no device choice" in captured.err
+
+
+@pytest.mark.opencl
+def test_run_on_an_opencl_device_by_index(capsys):
+    from tilegemm.backends import opencl
+
+    index = opencl.default_device_index()
+    assert main(["run", "--backend", "opencl", "--device", str(index), "--kernel", "naive",
+                 "--m", "5", "--n", "3", "--k", "2", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"  device: [{index}] {opencl.all_devices()[index].name.strip()}" in out
+    assert main(["run", "--backend", "opencl", "--device", "99", "--m", "4"]) == 2
+    assert "unknown OpenCL device 99" in capsys.readouterr().err
+
+
+def test_kernels_dtype_lists_the_rungs_that_compute_it(capsys):
+    """kernels --dtype did nothing without --resources and offered float32/float64 only."""
+    import tilegemm
+
+    assert main(["kernels", "--dtype", "int64", "--json"]) == 0
+    listed = {(k["backend"], k["name"]) for k in json.loads(capsys.readouterr().out)}
+    assert listed == {(s.backend, s.name) for s in tilegemm.kernels() if s.supports("int64")}
+    assert ("cpu", "blocked") in listed and ("cuda", "vectorized") not in listed
+    assert main(["kernels", "--dtype", "bfloat16", "--json"]) == 0
+    assert {k["name"] for k in json.loads(capsys.readouterr().out)} >= {"mma"}
+
+
+def test_batch_zero_means_one_plain_product_for_explain_as_for_run(monkeypatch):
+    """explain refused --batch 0, which run and tune use (their default) for a 2-D product."""
+    from tilegemm.analysis import report
+    from tilegemm.errors import InvalidValueError
+
+    seen = {}
+
+    def explain(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        seen.update(kwargs)
+        raise InvalidValueError("stop here")
+
+    monkeypatch.setattr(report, "explain", explain)
+    assert main(["explain", "naive", "--batch", "0", "--no-resources"]) == 2
+    assert seen["batch"] == 1
+    assert main(["explain", "naive", "--no-resources"]) == 2 and seen["batch"] == 1
+
+
+@pytest.mark.opencl
+def test_run_device_steers_auto_as_matmul_does(capsys):
+    """--device with --backend auto chose the CPU and refused; matmul(device=) runs on the
+    backend auto would pick among those with devices."""
+    import numpy as np
+
+    from tilegemm.api import choose_backend
+    from tilegemm.problem import describe
+
+    a = np.ones((4, 4), np.float32)
+    expected = choose_backend("auto", [describe(a, "a"), describe(a, "b")], 0).name
+    assert main(["run", "--device", "0", "--m", "4", "--n", "4", "--k", "4",
+                 "--repeat", "1"]) == 0
+    assert capsys.readouterr().out.startswith(f"{expected}:")

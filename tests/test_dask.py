@@ -29,6 +29,7 @@ distributed = pytest.importorskip("distributed")
 
 import tilegemm  # noqa: E402
 import tilegemm.dask as tgd  # noqa: E402
+import tilegemm.errors  # noqa: E402
 from tilegemm.reference import assert_close  # noqa: E402
 
 KW = {"kernel": "triple_loop", "backend": "cpu"}
@@ -114,6 +115,47 @@ def test_tree_reduction_and_forwarding(monkeypatch):
     assert len(seen) == 3 * 8 * 3 and all(kw == KW for kw in seen)
 
 
+def _routed(x) -> bool:
+    return any(k.startswith("tilegemm-matmul") for k in x.dask.layers)
+
+
+def _block_kernels(monkeypatch):
+    """The ``kernel=`` each block product of a computed graph asked for."""
+    return _spy_blocks(monkeypatch, lambda kw: kw["kernel"])
+
+
+def test_registered_blocks_nest_and_restore_what_was_before(monkeypatch):
+    """Leaving an inner block gives ``a @ b`` back to the outer block, with the outer
+    block's keywords; leaving the outer one gives it back to Dask."""
+    a, b, da_a, da_b = _operands("single-chunk")
+    kernels = _block_kernels(monkeypatch)
+    with tgd.registered(**KW):
+        with tgd.registered(kernel="blocked", backend="cpu", MR=8, NR=8):
+            inner = da_a @ da_b
+        outer = da_a @ da_b
+        assert _routed(inner) and _routed(outer)
+        outer.compute(scheduler="sync")
+        assert kernels == ["triple_loop"]  # the outer block's keywords, not the inner's
+    assert not _routed(da_a @ da_b)
+
+
+def test_registered_inside_register_keeps_the_programs_routing(monkeypatch):
+    """A library's ``with registered():`` inside a program that called ``register()``."""
+    a, b, da_a, da_b = _operands("single-chunk")
+    kernels = _block_kernels(monkeypatch)
+    tgd.register(**KW)
+    try:
+        with tgd.registered(kernel="blocked", backend="cpu"):
+            pass
+        routed = da_a @ da_b
+        assert _routed(routed)
+        assert_close(routed.compute(scheduler="sync"), a, b)
+        assert kernels == ["triple_loop"]
+    finally:
+        tgd.unregister()
+    assert not _routed(da_a @ da_b)
+
+
 def test_registered_routes_the_operator():
     a, b, da_a, da_b = _operands("ragged")
     plain = da_a @ da_b
@@ -156,16 +198,32 @@ def _explodes(shape, chunks, dtype=np.float32):
 ])
 def test_bad_input_raises_before_any_task(a, b, kw, error, match):
     x, y = _explodes(*a), _explodes(*b)
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as err:
         tgd.matmul(x, y, **kw)
+    # a refused call, as tilegemm.matmul reports one (not a failure inside a library)
+    assert isinstance(err.value, tilegemm.errors.UsageError)
+
+
+@pytest.mark.parametrize("kw", [{"backend": "gpu"}, {"TILE": 8},
+                                {"backend": "cpu", "kernel": "shared"}])
+def test_refusals_say_what_tilegemm_matmul_says(kw):
+    """The backend and rung checks are the API's own: same type, same message."""
+    a = np.ones((5, 7), np.float32)
+    b = np.ones((7, 4), np.float32)
+    with pytest.raises(tilegemm.errors.UsageError) as direct:
+        tilegemm.matmul(a, b, **kw)
+    with pytest.raises(tilegemm.errors.UsageError) as dask:
+        tgd.matmul(_explodes((5, 7), 3), _explodes((7, 4), 3), **kw)
+    assert type(dask.value) is type(direct.value)
+    assert str(dask.value) == str(direct.value)
 
 
 def test_unknown_chunk_sizes_and_non_arrays_raise():
     x = da.from_array(np.arange(12.0).reshape(3, 4), chunks=2)
     x = x[x[:, 0] > 0]  # rows unknown until computed
-    with pytest.raises(ValueError, match="compute_chunk_sizes"):
+    with pytest.raises(tilegemm.errors.InvalidValueError, match="compute_chunk_sizes"):
         tgd.matmul(x, da.ones((4, 2), chunks=2))
-    with pytest.raises(TypeError, match="Dask array"):
+    with pytest.raises(tilegemm.errors.InvalidTypeError, match="Dask array"):
         tgd.matmul([[1.0]], da.ones((1, 1)))
     with pytest.raises(ValueError, match="0-d"):
         tgd.matmul(da.ones(()), da.ones((1, 1)))
@@ -253,7 +311,7 @@ def test_block_kernel_thread_count(monkeypatch, threads):
 @pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2"])
 def test_bad_thread_count_raises_before_any_task(threads):
     _, _, da_a, da_b = _operands("uneven-k")
-    with pytest.raises(ValueError, match="threads"):
+    with pytest.raises(tilegemm.errors.InvalidValueError, match="threads"):
         tgd.matmul(da_a, da_b, threads=threads)
 
 

@@ -150,6 +150,15 @@ def test_plan_requested_kernel_and_bad_input():
         tilegemm.plan(a, a)  # 5x7 @ 5x7: shapes do not match
 
 
+def test_plan_text_is_single_spaced_with_and_without_parameters():
+    a = np.ones((5, 7), np.float64)
+    plain = str(tilegemm.plan(a, a.T, kernel="triple_loop", backend="cpu"))
+    assert plain.startswith("cpu:triple_loop (rung 1) [requested] on cpu/")
+    tiled = str(tilegemm.plan(a, a.T, kernel="blocked", MR=4))
+    assert tiled.startswith("cpu:blocked (rung 2) MR=4 NR=")
+    assert "  " not in plain and "  " not in tiled
+
+
 @pytest.mark.cudasim
 @pytest.mark.simulator
 @pytest.mark.parametrize(("dtype", "kw"), [("bfloat16", {}), ("float16", {"dtype": "float32"}),

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+import tilegemm.errors
 from tilegemm import registry
 from tilegemm.registry import Constraint, KernelSpec, Param
 
@@ -128,3 +129,77 @@ def test_derived_rungs_keep_their_source_rungs_limits() -> None:
     pipelined, warptile = registry.get("pipelined", "cuda"), registry.get("warptile", "cuda")
     assert pipelined.threads is warptile.threads
     assert pipelined.constraints[:3] == warptile.constraints[:3]
+
+
+def test_repr_is_one_short_line_with_the_parameter_defaults():
+    """``tilegemm.kernels()`` at the prompt: one line per rung, not the dataclass's fields
+    (docstring, build function...)."""
+    blocked = registry.get("blocked", "cpu")
+    shown = ", ".join(f"{p.name}={p.default}" for p in blocked.params).replace(",", "")
+    assert repr(blocked) == f"<KernelSpec cpu:blocked (rung 2) {shown}>"
+    assert repr(registry.get("triple_loop", "cpu")) == "<KernelSpec cpu:triple_loop (rung 1)>"
+    for spec in tilegemm.kernels():
+        assert "\n" not in repr(spec) and len(repr(spec)) < 120
+        assert "function" not in repr(spec) and spec.doc[:20] not in repr(spec)
+    # equality and hashing stay by identity (one object per rung)
+    assert blocked == registry.get("blocked", "cpu") and blocked != _spec()
+    assert len({blocked, registry.get("blocked", "cpu")}) == 1
+
+
+def test_unknown_kernel_hint_names_a_usable_backend_first(monkeypatch):
+    """A rung of several backends: the hint names the usable ones first and recommends one
+    of them, never a backend this machine cannot run."""
+    import importlib
+    from types import SimpleNamespace
+
+    backends = importlib.import_module("tilegemm.backends")  # the package, not the function
+    usable = {"cuda": False, "opencl": True, "cpu": True, "cudac": False}
+    monkeypatch.setattr(backends, "get_backend", lambda n: SimpleNamespace(
+        status=lambda: SimpleNamespace(usable=usable[n])))
+    with pytest.raises(ValueError) as err:
+        registry.get("shared", "cpu")
+    assert ("(kernel 'shared' is a rung of backend 'opencl', and of 'cuda' and 'cudac', not "
+            "usable here: pass backend='opencl'); choices: triple_loop, blocked") in str(err.value)
+    usable["opencl"] = False
+    with pytest.raises(ValueError) as err:
+        registry.get("shared", "cpu")
+    assert ("(kernel 'shared' is a rung of backend 'cuda' and 'opencl' and 'cudac', not "
+            "usable here); choices") in str(err.value)
+    assert "pass backend" not in str(err.value)
+
+
+def test_parameters_without_a_kernel_are_worded_for_the_caller():
+    err = registry.ParametersNeedKernel(["TILE", "R"])
+    assert isinstance(err, ValueError) and isinstance(err, tilegemm.errors.UsageError)
+    assert str(err) == ("parameters TILE, R need an explicit kernel= (kernel='auto' chooses "
+                        "its own)")
+    assert err.params == ("TILE", "R")
+    assert err.wording("--kernel", "--kernel auto") == (
+        "parameters TILE, R need an explicit --kernel (--kernel auto chooses its own)")
+
+
+def _smem_target(limit: int):
+    from tilegemm.backends.base import Limits, Target
+
+    return Target("cuda", "toy GPU", "gpu", "sm_90", Limits(threads_per_block=1024,
+                  shared_per_block=limit, shared_optin_per_block=limit), timer="events")
+
+
+@pytest.mark.parametrize(("kernel", "named", "absent"), [
+    ("wgmma", "BM, BN or STAGES", "BK"),
+    ("mma", "BM, BN, BK or STAGES", "TILE"),
+    ("shared", "TILE", "STAGES"),
+    ("register1d", "TILE", "STAGES"),
+])
+def test_shared_memory_message_names_only_the_rungs_own_parameters(kernel, named, absent):
+    from tilegemm.backends.base import check_block_limits
+
+    spec = registry.get(kernel, "cuda")
+    params = spec.defaults()
+    need = spec.smem(params, 4)
+    with pytest.raises(ValueError) as err:
+        check_block_limits(spec, params, np.dtype(np.float32), _smem_target(need - 1))
+    text = str(err.value)
+    assert f"needs {need} bytes of shared memory" in text
+    assert text.endswith(f"; choose a smaller {named}")
+    assert absent not in text.split(";")[-1]

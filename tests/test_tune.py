@@ -162,6 +162,91 @@ def test_failing_candidates_are_recorded_not_fatal() -> None:
     assert result.best.params == {"X": 2, "Y": 1}
 
 
+def test_a_per_call_limit_skips_candidates_predicted_too_slow() -> None:
+    """tune had no time guard: every candidate ran at full size, however slow. With a limit,
+    each is timed on a small problem first (here 256³: 1/8 of the arithmetic, so a
+    candidate's predicted time per call is 8x its small one) and run in full only if the
+    prediction fits."""
+    be = FakeBackend()
+    cands = [{"X": x, "Y": y} for x in (1, 2, 4, 8) for y in (1, 2)]
+    prob = strategies.problem_for(512, 512, 512, "float32")
+    result = strategies.tune(be, FAKE, prob, cands, max_call_s=2.5)
+    status = {(t.params["X"], t.params["Y"]): t.status for t in result.trials}
+    # base time 1/(X*Y) + 0.01*Y: over 2.5/8 s for (1,1), (2,1), (1,2)
+    assert {p for p, s in status.items() if s == "slow"} == {(1, 1), (2, 1), (1, 2)}
+    assert status[(8, 2)] == "wrong"  # caught on the small problem, never run in full
+    slow = [t for t in result.trials if t.status == "slow"]
+    assert all(t.seconds is None and t.predicted > 2.5 for t in slow)
+    runs = {(p["X"], p["Y"]): be.prepared.count(p) for p in cands}
+    assert all(runs[p] == (2 if s == "ok" else 1) for p, s in status.items())
+    assert result.best.params == {"X": 8, "Y": 1}
+    # A problem no larger than the small one is run as it is, whatever the limit.
+    small = strategies.tune(FakeBackend(), FAKE, _prob(), cands[:2], max_call_s=1e-9)
+    assert [t.status for t in small.trials] == ["ok", "ok"]
+
+
+def _fake_tune(gflops: dict[str, float], params: dict[str, dict[str, int]] | None = None):  # noqa: ANN202
+    """A stand-in for strategies.tune: each rung's one candidate at a given speed."""
+
+    def tune(backend, spec, prob, cands, **kw):  # noqa: ANN001, ANN003, ANN202
+        chosen = (params or {}).get(spec.name, dict(cands[0]))
+        seconds = prob.flops / gflops[spec.name] / 1e9
+        return strategies.TuneResult(spec, prob, [strategies.Trial(chosen, "ok", seconds)])
+
+    return tune
+
+
+@pytest.mark.parametrize("named, untuned, stored", [
+    (60.0, 100.0, set()),  # slower than what auto runs untuned: auto must not switch to it
+    (150.0, 100.0, {"triple_loop"}),
+])
+def test_tuning_one_rung_stores_only_that_rung_and_only_if_faster(
+        monkeypatch, capsys, named, untuned, stored) -> None:  # noqa: ANN001
+    """'tune --kernel X' stored the untuned auto choice as an entry too, which 'tune --show'
+    then listed as measured, for a rung the user had not asked to tune."""
+    from tilegemm.cli import main
+
+    baseline = select.untuned_choice(registry_backend("cpu"), "float32")[0].name
+    assert baseline != "triple_loop"
+    monkeypatch.setattr(strategies, "tune", _fake_tune({"triple_loop": named,
+                                                        baseline: untuned}))
+    assert main(["tune", "--backend", "cpu", "--kernel", "triple_loop", "--m", "64",
+                 "--n", "64", "--k", "64"]) == 0
+    assert {e.kernel for e in cache.load()} == stored
+    out = capsys.readouterr().out
+    assert ("triple_loop not stored" in out) == (not stored)
+
+
+def test_a_rungs_entry_is_never_slower_than_its_untuned_choice(monkeypatch) -> None:  # noqa: ANN001
+    """The untuned choice and the rung's search share one cache key; the search's best
+    (a random sample) replaced the faster untuned entry."""
+    from tilegemm.cli import main
+
+    spec, params = select.untuned_choice(registry_backend("cpu"), "float32")
+    other = {k: v for k, v in params.items()}
+    calls = []
+
+    def tune(backend, spec_, prob, cands, **kw):  # noqa: ANN001, ANN003, ANN202
+        calls.append(spec_.name)
+        first = len(calls) == 1  # the untuned choice is timed first
+        seconds = prob.flops / (100.0 if first else 80.0) / 1e9
+        chosen = dict(cands[0]) if first else {**other, "KC": 1}
+        return strategies.TuneResult(spec_, prob, [strategies.Trial(chosen, "ok", seconds)])
+
+    monkeypatch.setattr(strategies, "tune", tune)
+    assert main(["tune", "--backend", "cpu", "--kernel", spec.name, "--m", "64", "--n", "64",
+                 "--k", "64"]) == 0
+    (entry,) = cache.load()
+    assert entry.kernel == spec.name and entry.params == dict(params)
+    assert round(entry.gflops) == 100
+
+
+def registry_backend(name: str) -> Backend:
+    from tilegemm.backends import get_backend
+
+    return get_backend(name)
+
+
 # --- cache ------------------------------------------------------------------------------
 
 def _entry(**kw) -> Entry:  # noqa: ANN003
@@ -319,9 +404,9 @@ def test_auto_uses_cached_choice_for_a_gpu() -> None:
 
 
 @pytest.mark.opencl
-def test_tuning_one_rung_records_the_untuned_auto_choice_as_a_baseline(tmp_path, monkeypatch):
+def test_tuning_one_rung_never_makes_auto_slower(tmp_path, monkeypatch):
     """Tuning a slower rung must not make kernel="auto" slower: the untuned choice is timed
-    and recorded too, and auto takes the fastest entry."""
+    too, and the tuned rung is stored only if it is faster."""
     from tilegemm.api import choose_backend, choose_kernel
     from tilegemm.cli import main
     from tilegemm.problem import describe, make_problem
@@ -336,10 +421,12 @@ def test_tuning_one_rung_records_the_untuned_auto_choice_as_a_baseline(tmp_path,
     backend = choose_backend("opencl", ops)
     baseline = untuned_choice(backend, "float32")
     entries = cache.load()
-    assert {e.kernel for e in entries} == {"coalesced", baseline[0].name}
+    assert {e.kernel for e in entries} <= {"coalesced"}  # never the untuned choice itself
     spec, params = choose_kernel("auto", backend, make_problem(*ops), {})
-    best = max(entries, key=lambda e: e.gflops)
-    assert (spec.name, params) == (best.kernel, best.params)
+    if entries:
+        assert (spec.name, params) == (entries[0].kernel, entries[0].params)
+    else:
+        assert (spec.name, params) == (baseline[0].name, baseline[1])
 
 
 @pytest.mark.opencl

@@ -7,6 +7,10 @@ the caller's arrays untouched.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
 from numbers import Number
 from typing import Any
 
@@ -27,23 +31,50 @@ from tilegemm.problem import (
     make_problem,
     to_result,
 )
-from tilegemm.registry import BACKENDS, KernelSpec
-from tilegemm.tune.select import auto_choice, tuned_precision_params, tuning_cache_path
+from tilegemm.registry import BACKENDS, KernelSpec, ParametersNeedKernel
+from tilegemm.tune.select import auto_choice, auto_plan, tuned_precision_params, tuning_cache_path
 
 AUTO = "auto"
 
+# First calls compile (5-40 s for a Numba rung, less once the on-disk kernel cache has it).
+# Nothing is printed: records go to the "tilegemm" logger, which Python shows only when the
+# program turns logging on (README, "The first call compiles"). _USED holds the kernels
+# this process has run; _SLOW_PENDING the first calls in progress, timed to explain a slow
+# one. A later call pays one set lookup; the small-product fast path not even that.
+log = logging.getLogger(__name__)
+_USED: set[tuple[Any, ...]] = set()
+_SLOW_PENDING: dict[tuple[Any, ...], str] = {}
+_LOCK = threading.Lock()  # calls from several threads: each kernel's first use once
+SLOW_FIRST_CALL_S = 2.0  # a first call longer than this gets an INFO record saying why
 
-def choose_backend(name: str, operands: list[Operand]) -> Backend:
+
+def check_backend_name(name: str) -> None:
+    """Refuse a backend name that is neither "auto" nor registered (the one wording of it)."""
+    if name != AUTO and name not in BACKENDS:
+        raise InvalidValueError(f"unknown backend {name!r}; choices: auto, {', '.join(BACKENDS)}")
+
+
+def choose_backend(name: str, operands: list[Operand], device: int | None = None,
+                   kernel: str = AUTO) -> Backend:
     """The backend to run on: the operands' device if they live on one, else the request.
 
     Operands are matched to backends by array kind (``Backend.array_kind``), so a backend
     that owns a kind of device array is found without naming it here.
+
+    ``backend="auto"`` on host operands prefers a GPU, else the CPU. A ``device`` index or a
+    named ``kernel`` steers that choice: when the backend ``auto`` would pick has no device
+    choice, or no rung of that name, the first usable backend in ``auto``'s order that has
+    both runs the call instead (a GPU first, a simulator last). So ``matmul(a, b,
+    kernel="shared")`` on a machine without a GPU runs OpenCL's ``shared`` rung, and
+    ``device=0`` there means OpenCL's device 0.
     """
     kinds = {op.kind for op in operands if op.kind != "host"}
     if len(kinds) > 1:
         raise InvalidValueError(f"operands live on different devices ({', '.join(sorted(kinds))})")
     data_kind = kinds.pop() if kinds else "host"
     owners = [n for n in BACKENDS if ARRAY_KINDS[n] == data_kind]  # host: the CPU
+    check_backend_name(name)
+    requested = name
     if name == AUTO:
         if data_kind != "host":
             name = owners[0]
@@ -55,8 +86,8 @@ def choose_backend(name: str, operands: list[Operand]) -> Backend:
                  and get_backend(n).status().accelerated),
                 owners[0],
             )
-    elif name not in BACKENDS:
-        raise InvalidValueError(f"unknown backend {name!r}; choices: auto, {', '.join(BACKENDS)}")
+            if device is not None or kernel != AUTO:
+                name = _steered(name, device, kernel)
     elif data_kind != "host" and get_backend(name).array_kind != data_kind:
         raise InvalidValueError(
             f"operands are {data_kind} arrays but backend={name!r} was requested; use "
@@ -70,7 +101,43 @@ def choose_backend(name: str, operands: list[Operand]) -> Backend:
             f"backend {name!r} is not usable here: {status.reason}. Usable backends: "
             + ", ".join(f"{s.name} ({s.reason})" for s in usable)
         )
+    if device is not None and not backend.accepts_device:
+        raise _no_device_choice(backend.name, requested == AUTO)
     return backend
+
+
+def _fits(name: str, device: int | None, kernel: str) -> bool:
+    """Whether backend ``name`` has what a call names: a device choice, a rung."""
+    if device is not None and not get_backend(name).accepts_device:
+        return False
+    return kernel == AUTO or any(s.name == kernel for s in registry.specs_for(name))
+
+
+def _steered(name: str, device: int | None, kernel: str) -> str:
+    """``auto``'s pick ``name`` if it has the device choice and the rung a call names, else
+    the first usable backend that has both, real hardware before a simulator (numba's
+    CUDA simulator is correct but thousands of times slower); ``name`` again when none has
+    (the checks that follow then say what is missing)."""
+    if _fits(name, device, kernel):
+        return name
+    fitting = [get_backend(n).status() for n in BACKENDS if _fits(n, device, kernel)]
+    usable = [s for s in fitting if s.usable]
+    usable.sort(key=lambda s: (not s.accelerated, bool(getattr(s, "simulated", False))))
+    return usable[0].name if usable else name
+
+
+def _no_device_choice(chosen: str, auto: bool) -> InvalidValueError:
+    """``device=`` given for a backend that has one device: say which backends have a
+    choice, and, when ``backend="auto"`` chose, that none of those is usable here."""
+    choosers = [n for n in BACKENDS if get_backend(n).accepts_device]
+    if not auto:
+        return InvalidValueError(f"backend {chosen!r} has no device choice; device= works "
+                                 f"with backend={' or '.join(map(repr, choosers))}")
+    why = "; ".join(f"{n}: {get_backend(n).status().reason}" for n in choosers)
+    return InvalidValueError(
+        f"device= chooses a device of backend {' or '.join(map(repr, choosers))}, and none of "
+        f"them is usable here ({why}); backend='auto' chose {chosen!r}, which has no device "
+        "choice: leave device= out")
 
 
 def choose_kernel(
@@ -82,20 +149,74 @@ def choose_kernel(
     target = target or backend.target()
     if kernel == AUTO:
         if params:
-            raise InvalidValueError(
-                f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
-                "chooses its own)"
-            )
+            raise ParametersNeedKernel(params)
         return auto_choice(backend, target, prob)
     spec = registry.get(kernel, backend.name)
-    if not spec.supports(prob.dtype):
-        raise InvalidTypeError(
-            f"kernel {spec.name!r} ({backend.name}) does not support dtype {prob.dtype.name}; "
-            f"it supports {', '.join(spec.dtypes)}"
-        )
+    check_dtype_supported(spec, prob.dtype)
     resolved = backend.resolve(spec, params, target)
     backend.check_limits(spec, resolved, prob.dtype, target)
     return spec, resolved
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a call runs, decided before any data moves (:func:`decide`)."""
+
+    backend: Backend
+    target: Target  # the device that runs it
+    prob: GemmProblem  # the problem as that backend computes it (16-bit on tensor cores)
+    spec: KernelSpec
+    params: dict[str, int]
+    source: str  # why these parameters: "requested", "tuned", "database (device)"...
+
+
+def decide(
+    ops: list[Operand], prob: GemmProblem, *, kernel: str = AUTO, backend: str = AUTO,
+    device: int | None = None, precision: str | None = None,
+    params: dict[str, Any] | None = None, stream: Any = None, float32_out: bool = False,
+) -> Decision:
+    """The backend, device, rung and parameters for ``prob``, with every check a call makes
+    on them. :func:`gemm` runs what this returns and :func:`tilegemm.plan` reports it, so
+    the two cannot disagree about a choice or about what they refuse.
+
+    ``float32_out``: the caller passed a float32 ``out`` for float16/bfloat16 operands; a
+    backend with tensor-core rungs for them then writes the float32 sums directly.
+    """
+    params = dict(params or {})
+    be = choose_backend(backend, ops, device, kernel)
+    if stream is not None:
+        if not getattr(be, "accepts_stream", False):
+            raise InvalidValueError(f"stream= chooses a CUDA stream; backend {be.name!r} has "
+                                    "no streams (pass backend='cuda')")
+        from tilegemm.backends.cuda_stream import describe_stream
+
+        describe_stream(stream)  # a wrong type fails here, before anything runs
+    # The device first: defaults, parameters and limits are those of the device that runs.
+    target = be.target_for(ops, device)
+    if float32_out and _tensor_core_dtype(prob, be) is not None:
+        # as make_problem(..., dtype=np.float32) describes it: float32 out, 16-bit operands
+        prob = replace(prob, result_dtype=None, operand_dtype=prob.result_dtype)
+    prob = _tensor_core_half(prob, be)
+    asked_auto = kernel == AUTO and not params
+    kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
+    source = "requested"
+    if asked_auto and kernel != AUTO:  # a tensor-core rung: its tuned parameters, if any
+        tuned = tuned_precision_params(be, target, prob, kernel, precision or "ieee")
+        source = "default" if tuned is None else "tuned"
+        params = params if tuned is None else tuned
+    if kernel == AUTO and not params:
+        spec, resolved, source = auto_plan(be, target, prob)
+    else:
+        spec, resolved = choose_kernel(kernel, be, prob, params, target)
+    return Decision(be, target, prob, spec, resolved, source)
+
+
+def check_dtype_supported(spec: KernelSpec, dtype: np.dtype) -> None:
+    """Refuse a rung that does not compute ``dtype`` (the one wording of it)."""
+    if not spec.supports(dtype):
+        raise InvalidTypeError(
+            f"kernel {spec.name!r} ({spec.backend}) does not support dtype "
+            f"{np.dtype(dtype).name}; it supports {', '.join(spec.dtypes)}")
 
 
 def _check_params_are_upper_case(params: dict[str, Any]) -> None:
@@ -133,7 +254,7 @@ def gemm(
     _check_scalar(alpha, "alpha")
     _check_scalar(beta, "beta")
     ops = [describe(a, "a"), describe(b, "b")]
-    dtype = _float32_out_on_request(dtype, out, ops)
+    float32_out = _float32_out_on_request(dtype, out, ops)
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
     if beta != 0 and c is None:
         raise InvalidValueError("gemm: beta != 0 needs c")
@@ -155,27 +276,11 @@ def gemm(
             ops.append(c_op)
         else:
             c_op = None  # never read when beta == 0
-    be = choose_backend(backend, ops)
-    if device is not None and not be.accepts_device:
-        choosers = [n for n in BACKENDS if get_backend(n).accepts_device]
-        raise InvalidValueError(f"backend {be.name!r} has no device choice; device= works "
-                                f"with backend={' or '.join(map(repr, choosers))}")
-    if stream is not None:
-        if not getattr(be, "accepts_stream", False):
-            raise InvalidValueError(f"stream= chooses a CUDA stream; backend {be.name!r} has "
-                                    "no streams (pass backend='cuda')")
-        from tilegemm.backends.cuda_stream import describe_stream
-
-        describe_stream(stream)  # a wrong type fails here, before anything runs
-    # The device first: defaults, parameters and limits are those of the device that runs.
-    target = be.target_for(ops, device)
-    prob = _tensor_core_half(prob, be)
-    asked_auto = kernel == AUTO and not params
-    kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
-    if asked_auto and kernel != AUTO:  # a tensor-core rung: its tuned parameters, if any
-        tuned = tuned_precision_params(be, target, prob, kernel, precision or "ieee")
-        params = params if tuned is None else tuned
-    spec, resolved = choose_kernel(kernel, be, prob, params, target)
+    chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
+                    precision=precision, params=params, stream=stream,
+                    float32_out=float32_out)
+    be, target, prob, spec, resolved = (chosen.backend, chosen.target, chosen.prob,
+                                        chosen.spec, chosen.params)
     data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
     if data_kind != "host" and prob.result_dtype is not None:
         raise InvalidTypeError(
@@ -184,8 +289,16 @@ def gemm(
             f"operands to {prob.dtype.name} first")
     direct = True if out is None else check_out(out, prob, data_kind)
     extra: dict[str, Any] = {} if stream is None else {"stream": stream}
-    result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out if direct else None,
-                    alpha, beta, target=target, **extra)
+    used = (spec, target.key, prob.dtype.char, *resolved.values())
+    if used not in _USED:  # the first call of this kernel in this process: it compiles
+        _first_use(spec, resolved, prob.dtype, used)
+    started = time.perf_counter() if _SLOW_PENDING else 0.0
+    try:
+        result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out if direct else None,
+                        alpha, beta, target=target, **extra)
+    finally:
+        if _SLOW_PENDING:
+            _log_if_slow(used, time.perf_counter() - started)
     if data_kind == "host":
         result = to_result(result, prob.out_dtype)
         if (plain and prob.result_dtype is None and be.array_kind == "host"
@@ -200,32 +313,73 @@ def gemm(
     return _wrap_like_numpy(result, (a, b))
 
 
-def _float32_out_on_request(dtype: Any, out: Any, ops: list[Operand]) -> Any:
-    """A float32 ``out`` for float16/bfloat16 operands asks for float32 output (as
-    ``dtype=np.float32`` does): tensor cores then write their float32 sums directly instead
-    of rounding them to 16 bits and widening them again."""
+def _first_use(spec: KernelSpec, params: dict[str, int], dtype: np.dtype,
+               used: tuple[Any, ...]) -> None:
+    """Record the first call of a kernel in this process: a DEBUG record now (it is about
+    to be compiled, or loaded from the kernel cache), and an INFO one after the call if
+    that took long (:func:`_log_if_slow`). Later calls skip this with one set lookup."""
+    with _LOCK:
+        if used in _USED:
+            return
+        _USED.add(used)
+        what = f"{spec.key}" + "".join(f" {k}={v}" for k, v in params.items())
+        _SLOW_PENDING[used] = f"{what} for {dtype.name}"
+    log.debug("first use of %s for %s in this process: compiling it (or loading it from "
+              "the on-disk kernel cache)", what, dtype.name)
+
+
+def _log_if_slow(used: tuple[Any, ...], seconds: float) -> None:
+    """After a kernel's first call: an INFO record when it took longer than
+    ``SLOW_FIRST_CALL_S``, saying that compiling is part of it and whether the on-disk
+    kernel cache spares later processes that (the call itself may be big, too)."""
+    with _LOCK:
+        what = _SLOW_PENDING.pop(used, None)
+    if what is None or seconds <= SLOW_FIRST_CALL_S:
+        return
+    from tilegemm.compile_cache import cache_root
+
+    root = cache_root()
+    cached = ("the kernel cache is off (TILEGEMM_KERNEL_CACHE), so each new process compiles "
+              "it again" if root is None else
+              f"what the on-disk kernel cache keeps ({root}; `tilegemm cache` lists it) loads "
+              "in well under a second in later processes")
+    log.info("%s: the first call took %.1f s, which includes compiling the kernel (once "
+             "per process); %s", what, seconds, cached)
+
+
+def _float32_out_on_request(dtype: Any, out: Any, ops: list[Operand]) -> bool:
+    """Whether a float32 ``out`` for float16/bfloat16 operands asks for float32 output (as
+    ``dtype=np.float32`` does). Only tensor cores take that request (:func:`decide`): they
+    then write their float32 sums directly instead of rounding them to 16 bits and widening
+    them again. Everywhere else the call follows NumPy: the 16-bit result, cast into out."""
     if dtype is not None or out is None:
-        return dtype
+        return False
     if all(op.dtype.name in HALF_DTYPES for op in ops):
         try:
-            if describe(out, "out").dtype == np.float32:
-                return np.float32
+            return bool(describe(out, "out").dtype == np.float32)
         except Exception:  # a bad out is reported by check_out, with its own message
-            return None
-    return None
+            return False
+    return False
+
+
+def _tensor_core_dtype(prob: GemmProblem, be: Backend) -> np.dtype | None:
+    """The 16-bit operand dtype that ``be`` computes on tensor cores for ``prob``, or None
+    (not 16-bit operands, or no rung of ``be`` takes them)."""
+    half = prob.operand_dtype if prob.operand_dtype is not None else prob.out_dtype
+    if half.name not in HALF_DTYPES:
+        return None
+    if not any(s.supports(half) for s in registry.specs_for(be.name)):
+        return None
+    return half
 
 
 def _tensor_core_half(prob: GemmProblem, be: Backend) -> GemmProblem:
     """float16/bfloat16 operands: computed in float32 and rounded back, as NumPy does,
     except on a backend with a tensor-core rung for that dtype, which takes the 16-bit
     operands directly and writes a 16-bit result, or a float32 one on request (dtype=)."""
-    half = prob.operand_dtype if prob.operand_dtype is not None else prob.out_dtype
-    if half.name not in HALF_DTYPES or prob.out_dtype.name not in (half.name, "float32"):
+    half = _tensor_core_dtype(prob, be)
+    if half is None or prob.out_dtype.name not in (half.name, "float32"):
         return prob
-    if not any(s.supports(half) for s in registry.specs_for(be.name)):
-        return prob
-    from dataclasses import replace
-
     c_dtype = np.dtype(np.float32) if prob.out_dtype == np.float32 else None
     return replace(prob, dtype=half, result_dtype=None, c_dtype=c_dtype)
 
@@ -256,19 +410,30 @@ def matmul(
     - The result dtype is ``numpy.result_type(a, b)``. float32, float64, int32 and int64 are
       computed as they are; float16 (in float32), bool, and narrow or unsigned integers (in
       int32/int64, wrapping as NumPy's do) are computed in a kernel dtype and cast back, on
-      host arrays (float16 runs on tensor cores where a backend has them). Complex, long
-      double and object results are refused (``TypeError``).
+      host arrays (float16 runs on tensor cores where a backend has them). Integer and bool
+      results are NumPy's exactly; a float16 result is rounded once from a float32 sum, as
+      NumPy's is, but the sum's order differs, so it may differ from NumPy's by one float16
+      unit in the last place. Complex, long double and object results are refused
+      (``TypeError``).
     - ``out`` (also positional, as for ``np.matmul``): any strides, overlap with the inputs,
-      a dtype the result casts to under NumPy's ``same_kind`` rule.
+      a dtype the result casts to under NumPy's ``same_kind`` rule. float16/bfloat16
+      operands with a float32 ``out`` get the 16-bit result cast into it, as from NumPy,
+      except on CUDA tensor cores (below).
     - NumPy in, NumPy out (an ndarray subclass wraps the result through its
       ``__array_wrap__``, as with NumPy; ``np.matrix`` and masked arrays are refused); CUDA
       device arrays (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array
       out, with no copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
       "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
+      ``backend="auto"`` prefers a GPU, else the CPU; with a named ``kernel`` that backend
+      lacks, it takes the first usable backend that has the rung (``kernel="shared"`` on a
+      machine without a GPU runs OpenCL's).
     - ``device`` (OpenCL and CUDA) is a device index as listed by ``tilegemm info``; by
       default, OpenCL's is the one PYOPENCL_CTX names, else the first GPU, else the first
-      device, and CUDA's is GPU 0. CUDA device arrays run on the device they live on.
+      device, and CUDA's is GPU 0. CUDA device arrays run on the device they live on. With
+      ``backend="auto"``, ``device`` steers the choice to a usable backend that has
+      devices to choose from (the GPU ``auto`` prefers, else OpenCL, whose device 0 may be
+      the CPU); where none is usable, the error says so.
     - ``stream`` (CUDA only): the stream to run on. By default, the caller's current stream
       for their arrays' library (CuPy's current stream, PyTorch's current stream, a numba
       array's own stream, the ``stream`` of a ``__cuda_array_interface__``), so the result is
@@ -280,11 +445,14 @@ def matmul(
       and bfloat16 (``ml_dtypes.bfloat16``; PyTorch ``torch.bfloat16`` on the device)
       operands run on CUDA tensor cores with float32 accumulation; on the CPU and OpenCL
       they are computed in float32 and rounded back, as NumPy computes float16.
+    - The first call of each rung, parameters and dtype in a process compiles it (seconds;
+      less when the on-disk kernel cache has it). Nothing is printed: the ``tilegemm``
+      logger records the first use (DEBUG) and a first call over 2 s (INFO).
     - ``dtype``: NumPy's ``matmul(..., dtype=)``, the result dtype (operands cast to it
-      under ``same_kind``). ``dtype=np.float32`` (or a float32 ``out``) with float16 or
-      bfloat16 operands gives the tensor cores' float32 sums unrounded. bfloat16 operands
-      give a bfloat16 result (``numpy.result_type``; ``np.matmul`` itself returns float32
-      for ``ml_dtypes`` arrays, having no bfloat16 loop).
+      under ``same_kind``). ``dtype=np.float32`` with float16 or bfloat16 operands gives
+      the float32 sums unrounded (on tensor cores a float32 ``out`` asks for the same).
+      bfloat16 operands give a bfloat16 result (``numpy.result_type``; ``np.matmul``
+      itself returns float32 for ``ml_dtypes`` arrays, having no bfloat16 loop).
     """
     if (out is None and kernel == AUTO and backend == AUTO and device is None
             and stream is None and precision is None and dtype is None and not params):

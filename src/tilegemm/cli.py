@@ -44,6 +44,25 @@ def plain(doc: str | None) -> str | None:
     return None if doc is None else re.sub(r"``([^`]+)``", r"\1", doc)
 
 
+# A keyword of the Python API as an error message writes it: backend='cpu', kernel=
+_KEYWORD = re.compile(r"\b([a-z_]+)=(?:'([^']*)'|(?=[\s),;:]|$))")
+
+
+def as_flags(text: str, options: frozenset[str]) -> str:
+    """An error message of the Python API in the command line's words: ``backend='cpu'``
+    becomes ``--backend cpu`` and ``kernel=`` becomes ``--kernel`` where the subcommand has
+    that option (others are left as written: no flag is named that does not exist)."""
+
+    def flag(match: re.Match[str]) -> str:
+        name = "--" + match.group(1).replace("_", "-")
+        if name not in options:
+            return match.group(0)
+        value = match.group(2)
+        return name if value is None else f"{name} {value}"
+
+    return _KEYWORD.sub(flag, text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tilegemm", description="Matrix multiplication as a ladder of kernels."
@@ -62,7 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
                            description=plain(module.__doc__),
                            formatter_class=_HelpFormatter)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _options=frozenset(
+            o for action in p._actions for o in action.option_strings))
     return parser
 
 
@@ -81,8 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_run", None):
-        parser.print_help()
-        return 0
+        # No subcommand is a usage error (argparse's convention): a script that forgot it
+        # must not read success.
+        parser.print_help(sys.stderr)
+        return EXIT_REFUSED
     try:
         code = int(args._run(args) or 0)
         sys.stdout.flush()
@@ -98,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         # Refused input, or a size/file the machine cannot provide: the user can fix it.
         if debug:
             traceback.print_exc()
-        print(f"tilegemm: error: {exc}", file=sys.stderr)
+        text = as_flags(str(exc), getattr(args, "_options", frozenset()))
+        print(f"tilegemm: error: {text}", file=sys.stderr)
         return EXIT_REFUSED
     except Exception as exc:
         if debug:

@@ -14,8 +14,12 @@ the backend, the rung and its parameters. A mismatched chunking of the contracti
 rechunked (the coarser side's chunks win, so partial products stay few), unless
 ``align=False`` asks for an error instead.
 
-This module needs ``dask[array]`` (and ``distributed`` for clusters): ``pip install
-tilegemm[dask]``. ``import tilegemm`` does not import it.
+This module needs ``dask[array]`` (and ``distributed`` for clusters): ``pip install -e
+".[dask]"`` from a clone of tilegemm. ``import tilegemm`` does not import it.
+
+Every refused call raises a :class:`tilegemm.errors.UsageError` (also the ``ValueError`` or
+``TypeError`` NumPy would raise), as :func:`tilegemm.matmul` does, with the same messages:
+the backend and rung checks are the API's own.
 """
 
 from __future__ import annotations
@@ -36,13 +40,16 @@ from tilegemm.api import (
     AUTO,
     _check_params_are_upper_case,
     _tensor_core_half,
+    check_backend_name,
+    check_dtype_supported,
     choose_backend,
     choose_kernel,
 )
 from tilegemm.backends import get_backend
+from tilegemm.errors import InvalidTypeError, InvalidValueError
 from tilegemm.precision import apply_precision
 from tilegemm.problem import Operand, array_kind, make_problem
-from tilegemm.registry import BACKENDS
+from tilegemm.registry import ParametersNeedKernel
 
 __all__ = ["matmul", "register", "unregister", "registered"]
 
@@ -68,7 +75,7 @@ def matmul(
       float16 operands keeps the tensor cores' float32 sums).
     - ``align``: when the chunks of ``a``'s last axis and ``b``'s contraction axis differ,
       rechunk the side with more chunks to the other's (True, the default) or raise
-      ``ValueError`` (False).
+      :class:`~tilegemm.errors.InvalidValueError` (False).
     - ``split_every``: how many partial products each reduction task adds (Dask's default
       when None).
     - ``threads``: how many threads a CPU block kernel may use (1 by default; None: Numba's
@@ -85,8 +92,8 @@ def matmul(
     _check_params_are_upper_case(params)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
-        raise ValueError(f"tilegemm.dask.matmul: threads must be a positive int or None, "
-                         f"got {threads!r}")
+        raise InvalidValueError(f"tilegemm.dask.matmul: threads must be a positive int or None, "
+                                f"got {threads!r}")
     a = _as_dask(a, "a")
     b = _as_dask(b, "b")
     _check_known_chunks(a, "a")
@@ -148,14 +155,14 @@ def _as_dask(x: Any, name: str) -> da.Array:
         return x
     if isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__"):
         return da.from_array(x, chunks=x.shape or ())
-    raise TypeError(f"tilegemm.dask.matmul: {name} must be a Dask array (or a NumPy/CuPy "
-                    f"array, taken as one chunk), got {type(x).__name__}")
+    raise InvalidTypeError(f"tilegemm.dask.matmul: {name} must be a Dask array (or a "
+                           f"NumPy/CuPy array, taken as one chunk), got {type(x).__name__}")
 
 
 def _check_known_chunks(x: da.Array, name: str) -> None:
     if any(np.isnan(c) for cs in x.chunks for c in cs):
-        raise ValueError(f"tilegemm.dask.matmul: {name} has unknown chunk sizes (shape "
-                         f"{x.shape}); call {name}.compute_chunk_sizes() first")
+        raise InvalidValueError(f"tilegemm.dask.matmul: {name} has unknown chunk sizes "
+                                f"(shape {x.shape}); call {name}.compute_chunk_sizes() first")
 
 
 def _align(a: da.Array, b: da.Array, align: bool) -> tuple[da.Array, da.Array]:
@@ -170,8 +177,9 @@ def _align(a: da.Array, b: da.Array, align: bool) -> tuple[da.Array, da.Array]:
         if a.shape[i] == 1 or b.shape[i] == 1 or a_chunks[i] == b_chunks[i]:
             continue
         if not align:
-            raise ValueError(f"tilegemm.dask.matmul: batch axis {i} is chunked {a_chunks[i]} "
-                             f"in a but {b_chunks[i]} in b (pass align=True to rechunk)")
+            raise InvalidValueError(
+                f"tilegemm.dask.matmul: batch axis {i} is chunked {a_chunks[i]} in a but "
+                f"{b_chunks[i]} in b (pass align=True to rechunk)")
         if len(a_chunks[i]) <= len(b_chunks[i]):
             b_new[i] = a_chunks[i]
         else:
@@ -179,8 +187,9 @@ def _align(a: da.Array, b: da.Array, align: bool) -> tuple[da.Array, da.Array]:
     ka, kb = a.chunks[-1], b.chunks[-2]
     if ka != kb:
         if not align:
-            raise ValueError(f"tilegemm.dask.matmul: the contraction axis is chunked {ka} in a "
-                             f"but {kb} in b; rechunk one to match, or pass align=True")
+            raise InvalidValueError(
+                f"tilegemm.dask.matmul: the contraction axis is chunked {ka} in a but {kb} "
+                "in b; rechunk one to match, or pass align=True")
         if len(ka) <= len(kb):
             b_new[nd - 2] = ka
         else:
@@ -202,11 +211,9 @@ def _check_blocks(a: da.Array, b: da.Array, block_dtype: np.dtype | None, kernel
     process (a client without the workers' GPU still checks the names, the precision and the
     parameters' spelling and values).
     """
-    if backend != AUTO and backend not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choices: auto, {', '.join(BACKENDS)}")
+    check_backend_name(backend)
     if kernel == AUTO and params:
-        raise ValueError(f"parameters {', '.join(params)} need an explicit kernel= "
-                         "(kernel='auto' chooses its own)")
+        raise ParametersNeedKernel(params)
     kind = array_kind(a._meta)
     nd = a.ndim
     sizes = [sorted(set(a.chunks[i]) | set(b.chunks[i])) for i in range(nd - 2)]
@@ -219,7 +226,8 @@ def _check_blocks(a: da.Array, b: da.Array, block_dtype: np.dtype | None, kernel
         b_shape = tuple(1 if b.shape[i] == 1 else s for i, s in enumerate(batch)) + (k, n)
         ops = [Operand(None, kind, a_shape, a.dtype), Operand(None, kind, b_shape, b.dtype)]
         prob = make_problem(ops[0], ops[1], dtype=block_dtype)
-        be: Any = choose_backend(backend, ops) if local else SimpleNamespace(name=backend)
+        be: Any = (choose_backend(backend, ops, kernel=kernel) if local
+                   else SimpleNamespace(name=backend))
         prob = _tensor_core_half(prob, be)  # as matmul decides: 16-bit on tensor cores
         rung, rung_params = apply_precision(precision, kernel, be.name, prob.dtype, params)
         if local:
@@ -229,9 +237,7 @@ def _check_blocks(a: da.Array, b: da.Array, block_dtype: np.dtype | None, kernel
 
             if rung != AUTO:
                 spec = registry.get(rung, backend)
-                if not spec.supports(prob.dtype):
-                    raise TypeError(f"kernel {rung!r} ({backend}) does not support dtype "
-                                    f"{prob.dtype.name}")
+                check_dtype_supported(spec, prob.dtype)
                 spec.resolve(rung_params)
             break
 
@@ -312,12 +318,22 @@ def unregister() -> None:
 
 @contextlib.contextmanager
 def registered(**kw: Any) -> Iterator[None]:
-    """``with registered(kernel="blocked"):`` — ``a @ b`` uses tilegemm inside the block."""
+    """``with registered(kernel="blocked"):`` — ``a @ b`` uses tilegemm inside the block.
+
+    On leaving the block, ``a @ b`` goes back to what it was before it: Dask's own matmul,
+    or tilegemm with the keywords of an enclosing ``registered(...)`` block or of an
+    earlier :func:`register` call. So blocks nest, and a library may use one inside a
+    program that registered tilegemm for itself.
+    """
+    global _registered
+    import dask.array.routines as routines
+
+    before = routines.matmul, _registered
     register(**kw)
     try:
         yield
     finally:
-        unregister()
+        routines.matmul, _registered = before
 
 
 def _routed(a: Any, b: Any) -> da.Array:

@@ -21,9 +21,9 @@ class Plan:
     shape: tuple[int, int, int, int]  # batch, M, N, K
 
     def __str__(self) -> str:
-        params = " ".join(f"{k}={v}" for k, v in self.params.items())
+        params = "".join(f" {k}={v}" for k, v in self.params.items())
         b, m, n, k = self.shape
-        text = (f"{self.backend}:{self.kernel} (rung {self.rung}) {params} [{self.source}] "
+        text = (f"{self.backend}:{self.kernel} (rung {self.rung}){params} [{self.source}] "
                 f"on {self.device}, {self.dtype} {b}x{m}x{n}x{k}")
         return text + (f"; {self.path}" if self.path else "")
 
@@ -34,40 +34,21 @@ def plan(a: Any, b: Any, *, kernel: str = "auto", backend: str = "auto",
     """The backend, rung and parameters ``matmul``/``gemm`` would use for these operands, and
     why they were chosen (requested, tuned cache, shipped database, or defaults).
 
-    Runs the same checks and the same ``kernel="auto"`` decision as a call, and nothing else:
-    no compilation, no launch, no copy.
+    Runs the same checks and the same decision as a call (:func:`tilegemm.api.decide`, the
+    code ``matmul`` runs), and nothing else: no compilation, no launch, no copy.
     """
-    from tilegemm.api import (
-        AUTO,
-        _check_params_are_upper_case,
-        _tensor_core_half,
-        choose_backend,
-        choose_kernel,
-    )
-    from tilegemm.precision import apply_precision
+    from tilegemm.api import _check_params_are_upper_case, decide
     from tilegemm.problem import describe, make_problem
-    from tilegemm.tune.select import auto_plan, tuned_precision_params
 
     _check_params_are_upper_case(params)
     ops = [describe(a, "a"), describe(b, "b")]
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
-    be = choose_backend(backend, ops)
-    target = be.target_for(ops, device)
-    # as gemm decides: 16-bit operands on tensor cores, precision= to its rung
-    prob = _tensor_core_half(prob, be)
-    asked_auto = kernel == AUTO and not params
-    kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
-    source = "requested"
-    if asked_auto and kernel != AUTO:
-        tuned = tuned_precision_params(be, target, prob, kernel, precision or "ieee")
-        source = "default" if tuned is None else "tuned"
-        params = params if tuned is None else tuned
-    if kernel == AUTO and not params:
-        spec, resolved, source = auto_plan(be, target, prob)
-    else:
-        spec, resolved = choose_kernel(kernel, be, prob, params, target)
-    return Plan(be.name, target.key, spec.name, spec.rung, dict(resolved), source,
-                _path(spec.key, prob), prob.dtype.name, (prob.batch, prob.m, prob.n, prob.k))
+    chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
+                    precision=precision, params=params)
+    spec, prob = chosen.spec, chosen.prob
+    return Plan(chosen.backend.name, chosen.target.key, spec.name, spec.rung,
+                dict(chosen.params), chosen.source, _path(spec.key, prob), prob.dtype.name,
+                (prob.batch, prob.m, prob.n, prob.k))
 
 
 def _path(key: str, prob: GemmProblem) -> str:

@@ -122,9 +122,7 @@ def _auto_tensor_rung(specs: list[registry.KernelSpec], backend: str, params: di
     """kernel="auto" among the tensor-core rungs ``specs``: the highest, at its defaults
     (the smallest tiles under the simulator, which runs a Python thread per GPU thread)."""
     if params:
-        raise InvalidValueError(
-            f"parameters {', '.join(params)} need an explicit kernel= (kernel='auto' "
-            "chooses its own)")
+        raise registry.ParametersNeedKernel(params)
     # (a rung that runs only when named, see KernelSpec.named_only, is passed over)
     spec = max([s for s in specs if not s.named_only] or specs, key=lambda s: s.rung)
     if _simulated(backend):

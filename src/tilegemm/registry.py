@@ -136,6 +136,12 @@ class KernelSpec:
     # pass it over. For a rung not yet verified on hardware.
     named_only: bool = False
 
+    def __repr__(self) -> str:
+        """One short line (``tilegemm.kernels()`` at the prompt lists dozens of rungs):
+        which rung, and its parameters at their defaults."""
+        params = "".join(f" {p.name}={p.default}" for p in self.params)
+        return f"<KernelSpec {self.key} (rung {self.rung}){params}>"
+
     @property
     def key(self) -> str:
         return f"{self.backend}:{self.name}"
@@ -275,11 +281,46 @@ def get(name: str, backend: str) -> KernelSpec:
     choices = ", ".join(s.name for s in specs_for(backend)) or "none"
     elsewhere = [b for b in BACKENDS if b != backend and any(s.name == name
                                                              for s in specs_for(b))]
-    hint = (f" (kernel {name!r} is a rung of backend "
-            f"{' and '.join(map(repr, elsewhere))}: pass backend={elsewhere[0]!r})"
-            if elsewhere else "")
     raise InvalidValueError(
-        f"unknown kernel {name!r} for backend {backend!r}{hint}; choices: {choices}")
+        f"unknown kernel {name!r} for backend {backend!r}{_elsewhere_hint(name, elsewhere)}; "
+        f"choices: {choices}")
+
+
+def _elsewhere_hint(name: str, elsewhere: list[str]) -> str:
+    """Which other backends have a rung called ``name``, the usable ones first, and the one
+    to pass: a hint that names a backend this machine cannot run would only lead to the
+    next error."""
+    if not elsewhere:
+        return ""
+    from tilegemm.backends import get_backend  # only on this error path: probes backends
+
+    usable = [b for b in elsewhere if get_backend(b).status().usable]
+    others = [b for b in elsewhere if b not in usable]
+    if not usable:
+        return (f" (kernel {name!r} is a rung of backend {' and '.join(map(repr, others))}, "
+                "not usable here)")
+    text = f" (kernel {name!r} is a rung of backend {' and '.join(map(repr, usable))}"
+    if others:
+        text += f", and of {' and '.join(map(repr, others))}, not usable here"
+    return text + f": pass backend={usable[0]!r})"
+
+
+class ParametersNeedKernel(InvalidValueError):
+    """Rung parameters (``TILE=16``) given with ``kernel="auto"``, which chooses its own.
+
+    Raised by the Python API in its own words; ``params`` and :meth:`wording` let the
+    command line say the same in terms of its options (``--kernel``).
+    """
+
+    def __init__(self, params: Iterable[str]) -> None:
+        self.params = tuple(params)
+        super().__init__(self.wording())
+
+    def wording(self, option: str = "kernel=", auto: str = "kernel='auto'") -> str:
+        """The message with ``option`` for how a kernel is named and ``auto`` for the
+        automatic choice (the command line: ``"--kernel"``, ``"--kernel auto"``)."""
+        return (f"parameters {', '.join(self.params)} need an explicit {option} ({auto} "
+                "chooses its own)")
 
 
 def default_for(backend: str, dtype: np.dtype | str) -> KernelSpec:

@@ -314,5 +314,28 @@ def check_block_limits(spec: KernelSpec, params: Mapping[str, int], dtype: np.dt
         if need > limit:
             raise InvalidValueError(
                 f"{spec.name}: needs {need} bytes of shared memory per block, more than the "
-                f"{limit}-byte limit{kind} on {target.name}; choose fewer STAGES or a "
-                f"smaller BK, BM or BN")
+                f"{limit}-byte limit{kind} on {target.name}"
+                + _smaller_shared(spec, params, np.dtype(dtype).itemsize, need))
+
+
+def _smaller_shared(spec: KernelSpec, params: Mapping[str, int], itemsize: int,
+                    need: int) -> str:
+    """"; choose a smaller X or Y" naming the rung's own parameters whose next smaller
+    choice needs less shared memory (the rung's ``smem`` says which), so the advice fits
+    the rung: STAGES, BM and BN for wgmma, TILE for shared."""
+    if spec.smem is None:
+        return ""
+    names = []
+    for p in spec.params:
+        smaller = [c for c in p.choices if c < params.get(p.name, p.default)]
+        if not smaller:
+            continue
+        try:
+            if spec.smem({**params, p.name: max(smaller)}, itemsize) < need:
+                names.append(p.name)
+        except (KeyError, ValueError, ZeroDivisionError):  # a combination smem cannot size
+            continue
+    if not names:
+        return ""
+    shown = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    return f"; choose a smaller {shown}"

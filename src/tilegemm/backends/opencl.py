@@ -238,32 +238,51 @@ class OpenCLBackend(Backend):
         names = tuple(
             f"[{i}] {d.name.strip()} ({device_kind(d)}, {d.platform.name.strip()})"
             + (" default" if i == index else "")
+            + ("; cannot compile here" if build_problem(d) else "")
             for i, d in enumerate(devices)
         )
         default = devices[index]
+        problem = build_problem(default)
+        if problem:  # chosen by PYOPENCL_CTX: every call without device= would fail
+            ctx = os.environ.get("PYOPENCL_CTX", "")
+            return BackendStatus(
+                "opencl", False, f"the default device [{index}] {default.name.strip()}"
+                + (f" (PYOPENCL_CTX={ctx!r})" if ctx else "") + f": {problem}", names)
         return BackendStatus(
             "opencl", True, f"PyOpenCL {cl.VERSION_TEXT}; default device [{index}] "
             f"{default.name.strip()}", names, accelerated=device_kind(default) == "gpu",
         )
 
     def describe_devices(self) -> Any:
-        """A rich table of every platform and device with the limits the checks use."""
+        """A rich table of every platform and device: whether tilegemm can use it (and why
+        not), and the limits the checks use. Four columns of wrapped lines, so a device's
+        name stays whole in an 80-column terminal."""
+        from rich.markup import escape
         from rich.table import Table
 
-        table = Table(title="OpenCL devices (device= index)")
-        for col in ("#", "platform", "device", "type", "compute units", "max work-group",
-                    "max work-item sizes", "local mem", "global mem", "fp64", "OpenCL"):
-            table.add_column(col)
-        if not self.status().usable:
+        try:
+            devices = all_devices()
+            default = default_device_index()
+        except Exception:  # no device at all: the backends table says why
             return None
-        default = default_device_index()
-        for i, d in enumerate(all_devices()):
+        if not devices:
+            return None
+        table = Table(title="OpenCL devices (device= index, * the default)", expand=True)
+        table.add_column("#", no_wrap=True)
+        table.add_column("device", overflow="fold", ratio=3)
+        table.add_column("usable here", overflow="fold", ratio=2)
+        for i, d in enumerate(devices):
+            problem = build_problem(d)
             table.add_row(
-                f"{i}{' *' if i == default else ''}", d.platform.name.strip(), d.name.strip(),
-                device_kind(d), str(d.max_compute_units), str(d.max_work_group_size),
-                "×".join(map(str, d.max_work_item_sizes)),
-                f"{d.local_mem_size // 1024} KiB", f"{d.global_mem_size / 2**30:.1f} GiB",
-                "yes" if has_fp64(d) else "no", " ".join(d.version.split()[:2]),
+                f"{i}{' *' if i == default else ''}",
+                f"[bold]{escape(d.name.strip())}[/]\n{device_kind(d)}, "
+                f"{escape(d.platform.name.strip())}, {' '.join(d.version.split()[:2])}; "
+                f"{d.max_compute_units} compute units, work-group {d.max_work_group_size} "
+                f"({'×'.join(map(str, d.max_work_item_sizes))}), "
+                f"local mem {d.local_mem_size // 1024} KiB, "
+                f"global mem {d.global_mem_size / 2**30:.1f} GiB, "
+                f"fp64 {'yes' if has_fp64(d) else 'no'}",
+                f"[red]no[/]: {escape(problem)}" if problem else "[green]yes[/]",
             )
         return table
 

@@ -133,6 +133,17 @@ def vendor_line(results: Results, backend: str) -> str | None:
     return f"vendor reference: {note}" if note else None
 
 
+def reference(results: Results, backend: str, ms: Iterable[Measurement]) -> Measurement | None:
+    """The vendor library's row among ``ms``, the 100 % of every share: the one the results
+    name for the backend, so a rival timed beside it (Triton) is never taken for it; in a
+    file that names none, the first vendor row."""
+    name = results.meta.get("vendor_names", {}).get(backend)
+    rows = [m for m in ms if m.vendor and m.status == OK]
+    if name is None:
+        return rows[0] if rows else None
+    return next((m for m in rows if m.kernel == name), None)
+
+
 def sizes_of(ms: Iterable[Measurement]) -> list[int]:
     return sorted({m.m for m in ms})
 

@@ -34,7 +34,14 @@ from tilegemm.bench.timing import (
     Policy,
     measure_kernel,
 )
-from tilegemm.bench.vendors import Vendor, find_vendor, measure_vendor, vendor_math
+from tilegemm.bench.vendors import (
+    Vendor,
+    find_rival,
+    find_vendor,
+    measure_vendor,
+    rivals_for,
+    vendor_math,
+)
 from tilegemm.errors import UnavailableError
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import random_operands
@@ -62,6 +69,9 @@ class Settings:
     policy: Policy = field(default_factory=lambda: Policy(budget_s=0.2, max_reps=50))
     max_call_s: float = 5.0  # skip a case whose expected time per call exceeds this
     profile: str = "quick"
+    # time other Python-authored GEMMs (Triton's) beside the vendor library, where present;
+    # off when a run has a hard time limit and must not pay their compiles and autotuning
+    rivals: bool = True
 
     @classmethod
     def quick(cls, **overrides: Any) -> Settings:
@@ -81,7 +91,8 @@ class Settings:
 
 @dataclass(frozen=True)
 class Case:
-    """One thing to measure: a rung with parameters (or the vendor, ``spec=None``)."""
+    """One thing to measure: a rung with parameters, or (``spec=None``) the vendor library,
+    or the rival named by ``rival`` (:data:`tilegemm.bench.vendors.RIVALS`)."""
 
     report: str
     backend: str
@@ -90,6 +101,7 @@ class Case:
     k: int
     spec: KernelSpec | None = None
     params: tuple[tuple[str, int], ...] = ()
+    rival: str = ""
     # Where params came from (Measurement.sources): PARAMS_DEFAULTS, "auto: <why>", or ""
     # for a report's own choice (a block size swept). Not part of the key: the same kernel
     # reached two ways is measured once and records both.
@@ -97,7 +109,7 @@ class Case:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        who = self.spec.key if self.spec else "vendor"
+        who = self.spec.key if self.spec else self.rival or "vendor"
         return (self.backend, who, self.params, self.m, self.n, self.k)
 
     @property
@@ -106,17 +118,17 @@ class Case:
 
     @property
     def label(self) -> str:
-        who = self.spec.name if self.spec else "vendor"
+        who = self.spec.name if self.spec else self.rival or "vendor"
         shown = " ".join(f"{k}={v}" for k, v in self.params)
         return f"{self.backend}:{who} {shown} {self.m}×{self.n}×{self.k}".replace("  ", " ")
 
 
 def _case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
-          overrides: dict[str, int] | None = None) -> Case:
+          overrides: dict[str, int] | None = None, rival: str = "") -> Case:
     """A case with the rung's full parameter set (defaults filled in, declaration order),
     so the same kernel at the same size is one key in every report."""
     if spec is None:
-        return Case(report, backend, n, n, n)
+        return Case(report, backend, n, n, n, rival=rival)
     try:  # through the backend, as matmul does: per-device defaults apply (OpenCL)
         from tilegemm.backends import get_backend
 
@@ -171,9 +183,9 @@ def plan(
     pins = {be: rungs_for(be, settings.dtype, settings.precision, specs_for) for be in backends}
 
     def case(report: str, backend: str, n: int, spec: KernelSpec | None = None,
-             overrides: dict[str, int] | None = None) -> Case:
+             overrides: dict[str, int] | None = None, rival: str = "") -> Case:
         if spec is None:
-            return _case(report, backend, n)
+            return _case(report, backend, n, rival=rival)
         pin = pins[backend].get(spec)
         fixed = {pin[0]: pin[1]} if pin else {}
         source = "" if overrides else PARAMS_DEFAULTS
@@ -188,7 +200,8 @@ def plan(
         return replace(_case(report, backend, n, spec, params), source=AUTO_SOURCE + why)
 
     ctx = PlanContext(tuple(backends), settings, {be: list(pins[be]) for be in backends},
-                      case, auto_case)
+                      case, auto_case,
+                      rivals={be: _rivals(be) if settings.rivals else () for be in backends})
     first: list[Case] = []
     rest: list[Case] = []
     for name, report in all_reports().items():
@@ -196,6 +209,14 @@ def plan(
             (first if report.cold else rest).extend(report.cases(ctx))
     rest.sort(key=lambda c: c.flops)  # stable: report order kept within a size
     return first + rest
+
+
+def _rivals(backend: str) -> tuple[str, ...]:
+    """The rivals timed beside the vendor library on the backend's default device."""
+    try:
+        return rivals_for(get_backend(backend).target())
+    except Exception:  # no device to ask: nothing to time it on
+        return ()
 
 
 @dataclass
@@ -206,6 +227,8 @@ class RunState:
     by_key: dict[tuple[Any, ...], Measurement] = field(default_factory=dict)
     vendors: dict[str, Vendor | None] = field(default_factory=dict)
     vendor_notes: dict[str, str] = field(default_factory=dict)
+    rivals: dict[tuple[str, str], Vendor | None] = field(default_factory=dict)
+    rival_notes: dict[str, dict[str, str]] = field(default_factory=dict)  # backend -> name -> line
     # (backend, kernel key, params) -> (flops, seconds per call) of the largest case so far
     history: dict[tuple[Any, ...], tuple[int, float]] = field(default_factory=dict)
     operands: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -227,6 +250,15 @@ def _vendor(state: RunState, backend: Backend, math: str = "native") -> Vendor |
         state.vendors[backend.name] = vendor
         state.vendor_notes[backend.name] = vendor.note if vendor else note
     return state.vendors[backend.name]
+
+
+def _rival(state: RunState, backend: Backend, name: str, dtype: np.dtype,
+           math: str) -> Vendor | None:
+    if (backend.name, name) not in state.rivals:
+        vendor, note = find_rival(name, backend.target(), dtype, math)
+        state.rivals[backend.name, name] = vendor
+        state.rival_notes.setdefault(backend.name, {})[name] = note
+    return state.rivals[backend.name, name]
 
 
 def _too_slow(state: RunState, case: Case, settings: Settings) -> str | None:
@@ -261,7 +293,9 @@ def run_case(
                        a_batch_shape=(1,), b_batch_shape=(1,))
     vendor = None
     if case.spec is None:
-        vendor = _vendor(state, backend, vendor_math(dtype, settings.precision))
+        math = vendor_math(dtype, settings.precision)
+        vendor = (_rival(state, backend, case.rival, dtype, math) if case.rival
+                  else _vendor(state, backend, math))
         if vendor is None:
             return None
     slow = _too_slow(state, case, settings)
@@ -343,5 +377,6 @@ def run_bench(
         "backends": {b: backend_info(get_backend(b)) for b in involved},
         "vendors": dict(state.vendor_notes),
         "vendor_names": {b: v.name for b, v in state.vendors.items() if v is not None},
+        "rivals": {b: dict(notes) for b, notes in state.rival_notes.items()},
     }
     return Results(meta, state.measurements)

@@ -13,6 +13,11 @@ table reports a rung's GFLOP/s and its share of:
 - ``opencl``: CLBlast through ``pyclblast`` when it is installed.
 - ``cpu``: NumPy's ``matmul`` (OpenBLAS or whichever BLAS NumPy was built with).
 
+Beside the reference, a *rival* may be timed on the same operands at the same precision
+(:data:`RIVALS`): Triton's tutorial matmul (:mod:`tilegemm.bench.triton_matmul`) on a CUDA
+device where ``triton`` and ``torch`` import, the Python-authored GEMM to beat. Its share
+is of the reference too; where it cannot run, one line says why.
+
 A vendor routine goes through :func:`tilegemm.bench.timing.time_prepared` like a rung:
 first call apart, verified, then timed with the library's own events.
 """
@@ -31,6 +36,7 @@ import numpy as np
 from tilegemm.backends.base import Backend, Prepared, Target, wall_clock_elapsed
 from tilegemm.bench.timing import (
     FAILED,
+    OK,
     Clock,
     KernelFailure,
     Measurement,
@@ -52,6 +58,9 @@ class Vendor:
     synchronize: Callable[[], None] = lambda: None
     timer: str = "perf_counter"
     math: str = "native"  # see vendor_math: what it computes, and so how it is verified
+    # What the library chose for the problem it last ran (Triton: its autotuned tile), kept
+    # with the measurement as its parameters; {} where it chooses nothing we can see.
+    config: Callable[[], dict[str, int]] = dict
 
 
 def _numpy_blas() -> str:
@@ -200,6 +209,22 @@ def _from_torch(torch: Any, t: Any) -> np.ndarray:
     return t.cpu().numpy()
 
 
+def _torch_events(torch: Any, launch: Callable[[], None]) -> Callable[[int], list[float]]:
+    """``elapsed(n)``: n launches, each between two CUDA events on PyTorch's stream."""
+
+    def elapsed(n: int) -> list[float]:
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(n)]
+        for start, end in events:
+            start.record()
+            launch()
+            end.record()
+        events[-1][1].synchronize()
+        return [s.elapsed_time(e) / 1e3 for s, e in events]
+
+    return elapsed
+
+
 def _torch_vendor(math: str = "native") -> Vendor:
     import torch
 
@@ -216,17 +241,7 @@ def _torch_vendor(math: str = "native") -> Vendor:
         def launch() -> None:
             torch.matmul(da, db, out=out)
 
-        def elapsed(n: int) -> list[float]:
-            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                      for _ in range(n)]
-            for start, end in events:
-                start.record()
-                launch()
-                end.record()
-            events[-1][1].synchronize()
-            return [s.elapsed_time(e) / 1e3 for s, e in events]
-
-        return Prepared(launch, lambda: _from_torch(torch, out), elapsed)
+        return Prepared(launch, lambda: _from_torch(torch, out), _torch_events(torch, launch))
 
     return Vendor("cublas-torch" + ("" if math == "native" else f"-{math}"),
                   f"cuBLAS{MATH_LABEL[math]} (PyTorch)", f"torch {torch.__version__}, {note}",
@@ -307,6 +322,85 @@ VENDORS: dict[str, Callable[[Target, str], Vendor]] = {
 }
 
 
+# How Triton's dot is asked for each math (:func:`vendor_math`): "ieee" is float32 FMA
+# arithmetic (no TF32), "tf32" TF32 tensor cores; 16-bit inputs take Triton's default (the
+# setting applies to float32 inputs only).
+TRITON_PRECISION = {"native": "ieee", "tf32": "tf32", "fp16": "tf32", "bf16": "tf32"}
+TRITON_MATH_NOTE = {
+    "native": 'input_precision="ieee": FP32 FMA arithmetic, no TF32',
+    "tf32": 'input_precision="tf32": TF32 tensor cores',
+    "fp16": "FP16 inputs, float32 accumulation",
+    "bf16": "BF16 inputs, float32 accumulation",
+}
+
+
+def _triton_vendor(target: Target, dtype: np.dtype, math: str = "native") -> Vendor:
+    """Triton's tutorial matmul on PyTorch tensors, autotuned on the first call of each
+    shape (the first call, apart from the timed ones), timed with CUDA events like cuBLAS
+    through PyTorch."""
+    if np.dtype(dtype).name not in ("float32", "float16", "bfloat16"):
+        raise ValueError(f"the tutorial matmul is timed in float32, float16 and bfloat16, "
+                         f"not {np.dtype(dtype).name}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ImportError("PyTorch has no CUDA device")
+    import triton
+
+    # Triton builds its CUDA helpers with the host's C compiler when its driver starts:
+    # start it here, so a machine without one is a note, not a FAILED row.
+    driver = triton.runtime.driver
+    getattr(driver, "active", driver).utils  # noqa: B018 - touched to start the driver
+    from tilegemm.bench import triton_matmul as tm
+
+    precision = TRITON_PRECISION[math]
+
+    def prepare(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray) -> Prepared:
+        if prob.batch != 1:
+            raise ValueError("the Triton matmul is measured on single products only")
+        da, db = _to_torch(torch, a3[0]), _to_torch(torch, b3[0])
+        # NaN first, as the rungs' outputs are: an element the kernel never writes fails
+        # the check instead of showing what an earlier product left in that memory.
+        out = torch.full((prob.m, prob.n), float("nan"), dtype=da.dtype, device=da.device)
+
+        def launch() -> None:
+            tm.matmul_into(da, db, out, precision)
+
+        return Prepared(launch, lambda: _from_torch(torch, out), _torch_events(torch, launch))
+
+    note = (f"triton {triton.__version__}, the tutorial matmul (03-matrix-multiplication) "
+            f"autotuned over its {len(tm.CUDA_CONFIGS)} CUDA configurations on the first call "
+            f"of each shape, {TRITON_MATH_NOTE[math]}")
+    return Vendor("triton" + ("" if math == "native" else f"-{math}"),
+                  f"Triton{MATH_LABEL[math]}", note, prepare, torch.cuda.synchronize,
+                  "CUDA events", math, tm.chosen_config)
+
+
+# Rivals: GEMMs timed beside the reference on the same operands at the same math, not
+# instead of it; each is made for (target, dtype, math) and raises where it cannot run.
+RIVALS: dict[str, Callable[[Target, np.dtype, str], Vendor]] = {"triton": _triton_vendor}
+RIVAL_LABEL = {"triton": "Triton"}
+
+
+def rivals_for(target: Target) -> tuple[str, ...]:
+    """The rivals to time on ``target``: Triton on a real CUDA device (one whose references
+    include PyTorch, whose tensors and stream Triton's kernel runs on)."""
+    return ("triton",) if "torch" in target.vendors and not target.simulated else ()
+
+
+def find_rival(name: str, target: Target, dtype: np.dtype | str,
+               math: str = "native") -> tuple[Vendor | None, str]:
+    """The rival ``name`` on ``target`` for ``dtype`` at ``math``, and one line saying what
+    it is, or why it is not timed
+    (``Triton not timed: ModuleNotFoundError: No module named 'triton'``)."""
+    try:
+        v = RIVALS[name](target, np.dtype(dtype), math)
+    except Exception as exc:  # ImportError mostly: the rival is simply absent
+        why = " ".join(str(exc).split())  # one line, whatever the library's message
+        return None, f"{RIVAL_LABEL.get(name, name)} not timed: {type(exc).__name__}: {why}"
+    return v, f"{v.name}: {v.note}"
+
+
 def find_vendor(backend: Backend, target: Target | None = None,
                 math: str = "native") -> tuple[Vendor | None, str]:
     """The reference library for the target device (default: the backend's) computing
@@ -346,4 +440,6 @@ def measure_vendor(
             synchronize=vendor.synchronize, clock=clock)
     except KernelFailure as exc:
         meas.status, meas.reason = FAILED, str(exc)
+    if meas.status == OK:  # what it chose for this problem (a failed run chose nothing)
+        meas.params = dict(vendor.config())
     return meas

@@ -25,14 +25,57 @@ def add_shape_arguments(parser: argparse.ArgumentParser, size: int, batch: int,
     parser.add_argument("--dtype", default="float32", choices=dtypes, help=dtype_help)
 
 
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device``: what ``device=`` is to ``tilegemm.matmul``."""
+    parser.add_argument(
+        "--device", type=int, metavar="INDEX",
+        help="the device to use, by its index in 'tilegemm info' (OpenCL and CUDA; default: "
+             "the backend's default device, which PYOPENCL_CTX or CUDA_VISIBLE_DEVICES "
+             "also choose)")
+
+
+def device_target(backend, device: int | None, requested: str):  # noqa: ANN001, ANN201
+    """The Target of ``--device`` on ``backend`` (its default device when None), refused in
+    the command line's words where the backend has one device only."""
+    if device is not None and not backend.accepts_device:
+        chose = (f"--backend auto chose {backend.name!r}, which" if requested == "auto"
+                 else f"backend {backend.name!r}")
+        raise InvalidValueError(f"--device: {chose} has no device choice; --device picks a "
+                                "device of --backend cuda or opencl")
+    return backend.target(device)
+
+
+def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str) -> None:
+    """Refuse, in one line, a product whose A, B or result this machine cannot allocate
+    (``batch`` 0: a plain 2-D product), before any work starts."""
+    import numpy as np
+
+    lead = (batch,) if batch else ()
+    dt = np.dtype(dtype)
+    for what, shape in (("A", lead + (m, k)), ("B", lead + (k, n)),
+                        ("the result", lead + (m, n))):
+        try:
+            np.empty(shape, dt)  # not touched: only asks whether the memory exists
+        except MemoryError:
+            gib = np.prod(shape, dtype=np.float64) * dt.itemsize / 2**30
+            raise InvalidValueError(
+                f"cannot allocate {what} of shape {shape} as {dt.name} ({gib:.1f} GiB) "
+                "on this machine; choose smaller --m/--n/--k") from None
+
+
 def parse_params(items: list[str]) -> dict[str, int]:
     params: dict[str, int] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise InvalidValueError(f"parameter {item!r} is not KEY=VALUE")
+        key = key.strip()
         try:
-            params[key.strip()] = int(value)
+            number = int(value)
         except ValueError:
             raise InvalidValueError(f"parameter {key}: {value!r} is not an integer") from None
+        if key in params and params[key] != number:  # which one was meant? ask, not guess
+            raise InvalidValueError(f"parameter {key} is given twice ({key}={params[key]} and "
+                                    f"{key}={number}); give it once")
+        params[key] = number
     return params

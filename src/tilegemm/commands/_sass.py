@@ -23,7 +23,9 @@ def _specs(args: argparse.Namespace) -> list:
     if args.kernel == "all":
         specs = tiled(registry.specs_for(args.backend))
     else:
-        specs = [registry.get(name.strip(), args.backend) for name in args.kernel.split(",")]
+        from tilegemm.commands.explain import rung
+
+        specs = [rung(name.strip(), args.backend) for name in args.kernel.split(",")]
     for s in specs:
         if not get_backend(s.backend).compile_archs:
             raise InvalidValueError(f"{s.name} is a {s.backend} kernel; --sass needs a CUDA rung")

@@ -104,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--warmup", type=int, metavar="N", help="untimed launches after the first")
     how.add_argument("--max-call-seconds", type=float, metavar="S",
                      help="skip a case predicted (from a smaller size) to take longer per call")
+    how.add_argument("--no-rivals", action="store_true",
+                     help="do not time Triton's matmul beside the vendor library (it compiles "
+                          "and autotunes 16 configurations per shape class on first use)")
     how.add_argument("--flush-l2", action="store_true",
                      help="evict the cache between repeats (CUDA: write twice the L2 size)")
 
@@ -148,6 +151,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
             + (f" ({args.dtype} runs on tensor cores in its one mode: leave --precision at "
                "ieee)" if args.dtype in ("float16", "bfloat16") else ""))
     over["precision"] = precision
+    if getattr(args, "no_rivals", False):
+        over["rivals"] = False
     pol = {}
     for name, attr in (("budget", "budget_s"), ("min_reps", "min_reps"),
                        ("max_reps", "max_reps"), ("warmup", "warmup")):

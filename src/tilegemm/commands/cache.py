@@ -18,16 +18,20 @@ import argparse
 HELP = "show or clear the compiled-kernel cache"
 
 
+SUMMARY_ABOVE = 10  # entries: more than this are summarised unless --verbose asks for rows
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clear", action="store_true", help="delete every cached kernel")
     parser.add_argument("--stale", action="store_true",
                         help="with --clear: delete only the entries this machine cannot use "
                              "(another version, CPU, driver or kernel source)")
+    parser.add_argument("--verbose", "--list", action="store_true",
+                        help=f"one row per entry (shown anyway for up to {SUMMARY_ABOVE} "
+                             "entries); otherwise counts and sizes per backend and kernel")
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.table import Table
-
     from tilegemm import compile_cache
     from tilegemm.commands._console import console as make_console
 
@@ -48,23 +52,81 @@ def run(args: argparse.Namespace) -> int:
     found = compile_cache.entries()
     total = sum(e.bytes for e in found)
     stale = [e for e in found if not e.current]
-    note = (f" ({len(stale)} not usable here, {sum(e.bytes for e in stale) / 1e6:.1f} MB: "
+    note = (f" ({len(stale)} not usable here, {_mb(sum(e.bytes for e in stale))}: "
             "'tilegemm cache --clear --stale' removes them)" if stale else "")
     console.print(f"kernel cache {root}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, "
-                  f"{total / 1e6:.1f} MB{note}")
-    if found:
-        table = Table()
-        for col in ("kernel", "dtype", "parameters", "usable here", "versions", "size"):
-            table.add_column(col)
-        for e in found:
-            params = " ".join(f"{k}={v}" for k, v in e.describe.get("params", {}).items())
-            versions = " ".join(f"{k} {v}" for k, v in e.versions.items())
-            kernel = " ".join(filter(None, (e.describe.get("backend"),
-                                            e.describe.get("kernel", e.name))))
-            if e.describe.get("output"):
-                kernel += f" ({e.describe['output']})"
-            table.add_row(kernel, e.describe.get("dtype", ""), params,
-                          "yes" if e.current else "no (other version, CPU or driver)", versions,
-                          f"{e.bytes / 1e3:.0f} kB")
-        console.print(table)
+                  f"{_mb(total)}{note}")
+    if not found:
+        return 0
+    if args.verbose or len(found) <= SUMMARY_ABOVE:
+        console.print(_rows(found))
+    else:
+        console.print(_summary(found))
+        console.print("'tilegemm cache --verbose' lists every entry")
     return 0
+
+
+def _backend(e) -> str:  # noqa: ANN001 - a compile_cache.CacheEntry
+    """The backend an entry serves: its own record, else where it lies (CPU modules carry
+    no backend name; PoCL's programs have no files of ours)."""
+    if e.describe.get("backend"):
+        return e.describe["backend"]
+    return "cpu" if e.files else "opencl"
+
+
+def _kernel(e) -> str:  # noqa: ANN001
+    kernel = e.describe.get("kernel", e.name)
+    return f"{kernel} ({e.describe['output']})" if e.describe.get("output") else kernel
+
+
+def _summary(found: list):  # noqa: ANN202 - a rich Table
+    """Counts and sizes per backend and kernel: readable whatever the cache holds."""
+    from rich.table import Table
+
+    groups: dict[tuple[str, str], list] = {}
+    for e in found:
+        groups.setdefault((_backend(e), _kernel(e)), []).append(e)
+    table = Table()
+    for col, justify in (("backend", "left"), ("kernel", "left"), ("dtypes", "left"),
+                         ("entries", "right"), ("usable here", "right"), ("size", "right")):
+        table.add_column(col, justify=justify)
+    for (backend, kernel), group in sorted(groups.items()):
+        dtypes = sorted({e.describe["dtype"] for e in group if e.describe.get("dtype")})
+        table.add_row(backend, kernel, " ".join(dtypes), str(len(group)),
+                      str(sum(e.current for e in group)), _mb(sum(e.bytes for e in group)))
+    return table
+
+
+def _rows(found: list):  # noqa: ANN202 - a rich Table
+    """One row per entry. Its id (the start of its key's digest, as in its file name) and
+    when it was written tell apart entries that differ only in what the row does not show
+    (the CPU or the kernel source it was compiled for)."""
+    from rich.table import Table
+
+    table = Table(caption="usable here: no = written by another tilegemm, Numba or Python "
+                          "version, or for another CPU, driver or kernel source")
+    table.add_column("id", no_wrap=True)
+    for col in ("kernel", "dtype", "parameters", "usable here", "written", "versions"):
+        table.add_column(col)
+    table.add_column("size", justify="right")
+    for e in found:
+        params = " ".join(f"{k}={v}" for k, v in e.describe.get("params", {}).items())
+        versions = " ".join(f"{k} {v}" for k, v in e.versions.items())
+        table.add_row(e.name.rsplit("-", 1)[-1][:12], f"{_backend(e)} {_kernel(e)}",
+                      e.describe.get("dtype", ""), params, "yes" if e.current else "no",
+                      _written(e), versions, f"{e.bytes / 1e3:.0f} kB")
+    return table
+
+
+def _written(e) -> str:  # noqa: ANN001
+    import time
+
+    try:
+        stamp = max(p.stat().st_mtime for p in e.files)
+    except (OSError, ValueError):  # no files of ours (PoCL), or removed meanwhile
+        return ""
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(stamp))
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:.1f} MB"

@@ -14,10 +14,16 @@ from __future__ import annotations
 
 import argparse
 
-from tilegemm.commands._params import add_param_arguments, add_shape_arguments, parse_params
-from tilegemm.errors import InvalidValueError
+from tilegemm.commands._params import (
+    add_param_arguments,
+    add_shape_arguments,
+    check_fits_in_memory,
+    parse_params,
+)
+from tilegemm.errors import InvalidTypeError, InvalidValueError
 
 HELP = "count a kernel's memory transactions, bank conflicts, resources, occupancy, roofline"
+SASS_ARCH = "sm_90"  # --sass compiles for this architecture unless --arch names another
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,15 +40,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="count the compiled machine code instead: instructions per k step "
                              "by class in the hot loop and one interior k-tile, FFMA share "
                              "(needs nvdisasm: pip install nvidia-cuda-nvdisasm)")
-    parser.add_argument("--arch", default="sm_90",
-                        help="with --sass: the architecture to compile for (sm_80, sm_90)")
+    parser.add_argument("--arch",
+                        help=f"with --sass: the architecture to compile for (sm_80, sm_90; "
+                             f"default: {SASS_ARCH})")
     parser.add_argument("--hot-loop", action="store_true",
                         help="with --sass: also print the hot loop's SASS, annotated")
     parser.add_argument("--yardstick", action="store_true",
                         help="with --sass: add the CUDA C rungs (NVRTC) to the table")
-    add_shape_arguments(parser, 32, 1,
+    add_shape_arguments(parser, 32, 0,
                         ("float32", "float64", "int32", "int64", "float16", "bfloat16"),
-                        "float16/bfloat16: rung mma (wgmma with --sass only)")
+                        "element type; each rung computes some of these ('tilegemm kernels' "
+                        "lists them); float16/bfloat16: rung mma (wgmma with --sass only)")
     parser.add_argument("--beta", type=float, default=0.0,
                         help="non-zero: the kernel also reads C (beta·C)")
     parser.add_argument("--gpu", default="h100", choices=tuple(GPUS),
@@ -65,19 +73,33 @@ def run(args: argparse.Namespace) -> int:
     if args.sass:
         from tilegemm.commands._sass import run_sass
 
+        args.arch = args.arch or SASS_ARCH
         return run_sass(args)
 
     from tilegemm.analysis.report import explain, render, to_json
 
-    for name in ("m", "n", "k"):
+    ignored = [flag for flag, given in (("--arch", args.arch is not None),
+                                        ("--hot-loop", args.hot_loop),
+                                        ("--yardstick", args.yardstick)) if given]
+    if ignored:
+        raise InvalidValueError(f"{' and '.join(ignored)} appl{'ies' if len(ignored) == 1 else 'y'}"
+                                " only with --sass (the machine-code counts): add --sass or "
+                                "leave "+ ("it" if len(ignored) == 1 else "them") + " out")
+    for name in ("m", "n", "k", "batch"):
         if getattr(args, name) < 0:
             raise InvalidValueError(f"--{name} must be >= 0")
-    if args.batch < 1:
-        raise InvalidValueError("--batch must be >= 1")
     if args.samples < 1:
         raise InvalidValueError("--samples must be >= 1")
+    # Checked here, before the tracer's child process starts, so a request the rung or the
+    # machine cannot meet is a one-line refusal rather than a failure inside the child.
+    spec = rung(args.kernel, args.backend)
+    if not spec.supports(args.dtype):
+        raise InvalidTypeError(f"kernel {spec.name!r} does not compute {args.dtype}; it "
+                               f"computes {', '.join(spec.dtypes)} (choose one with --dtype)")
+    batch = max(args.batch, 1)  # 0 and 1 are both one plain product
+    check_fits_in_memory(args.m, args.n, args.k, batch if args.batch else 0, args.dtype)
     ex = explain(args.kernel, args.m, args.n, args.k, params=parse_params(args.params),
-                 dtype=args.dtype, batch=args.batch, beta=args.beta, gpu=args.gpu,
+                 dtype=args.dtype, batch=batch, beta=args.beta, gpu=args.gpu,
                  samples=args.samples, full=args.full, full_limit=args.full_limit,
                  backend=args.backend, resources=not args.no_resources)
     if args.json:
@@ -89,3 +111,21 @@ def run(args: argparse.Namespace) -> int:
     for item in render(ex):
         out.print(item)
     return 0
+
+
+def rung(name: str, backend: str):  # noqa: ANN201 - a KernelSpec
+    """The rung ``name`` of the traced ``backend``. A rung of another backend is refused
+    with a message that does not send the user to a --backend explain cannot take."""
+    from tilegemm import registry
+
+    try:
+        return registry.get(name, backend)
+    except InvalidValueError:
+        owners = [b for b in registry.BACKENDS if any(s.name == name
+                                                       for s in registry.specs_for(b))]
+        if not owners:
+            raise
+        choices = ", ".join(s.name for s in registry.specs_for(backend))
+        raise InvalidValueError(
+            f"kernel {name!r} is a rung of backend {' and '.join(map(repr, owners))}; explain "
+            f"analyses the {backend} rungs only: {choices}") from None

@@ -8,6 +8,7 @@ from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
 HELP = "the kernel ladder, with parameters and constraints"
+DTYPES = ("float32", "float64", "int32", "int64", "float16", "bfloat16")  # any rung's
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="compile each CUDA rung (Numba with nvJitLink, CUDA C with NVRTC) at "
                              "its defaults for sm_80 and sm_90 (no GPU needed) and show "
                              "registers, spills, shared memory")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="only the rungs that compute this element type; with "
+                             "--resources, the type compiled (default: float32)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--markdown", action="store_true",
                         help="print a Markdown table (the README's ladder table is made so)")
@@ -31,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from tilegemm.commands._console import console
 
     specs = tilegemm.kernels(args.backend)
+    if args.dtype is not None:
+        specs = [s for s in specs if s.supports(args.dtype)]
     if args.resources:
+        args.dtype = args.dtype or "float32"
         return _resources(specs, args)
     if args.json:
         print(json.dumps([{

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import argparse
 
-from tilegemm.commands._params import add_param_arguments, add_shape_arguments, parse_params
+from tilegemm.commands._params import (
+    add_device_argument,
+    add_param_arguments,
+    add_shape_arguments,
+    check_fits_in_memory,
+    device_target,
+    parse_params,
+)
 from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
@@ -19,13 +26,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel", default="auto", help="rung name (see 'tilegemm kernels')")
     parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
                         help="where to run ('auto': the best usable backend here)")
+    add_device_argument(parser)
     add_shape_arguments(parser, 512, 0, ("float32", "float64", "int32", "int64"), "element type")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls after the first")
     add_param_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
 
     from tilegemm.api import choose_backend, choose_kernel
     from tilegemm.bench.timing import OK, SKIPPED, Policy, measure_kernel
@@ -38,24 +45,15 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidValueError(f"--{name} must be >= 0")
     params = parse_params(args.params)
     lead = (args.batch,) if args.batch else ()
-    dtype = np.dtype(args.dtype)
-    for what, shape in (("A", lead + (args.m, args.k)), ("B", lead + (args.k, args.n)),
-                        ("the result", lead + (args.m, args.n))):
-        try:
-            np.empty(shape, dtype)  # not touched: only asks whether the memory exists
-        except MemoryError:
-            gib = np.prod(shape, dtype=np.float64) * dtype.itemsize / 2**30
-            raise InvalidValueError(
-                f"cannot allocate {what} of shape {shape} as {dtype.name} ({gib:.1f} GiB) "
-                "on this machine; choose smaller --m/--n/--k") from None
+    check_fits_in_memory(args.m, args.n, args.k, args.batch, args.dtype)
     a, b = random_operands(lead + (args.m, args.k), lead + (args.k, args.n), args.dtype)
     ops = [describe(a, "a"), describe(b, "b")]
     # Resolve what 'auto' means up front so the report names the real choice.
-    backend = choose_backend(args.backend, ops)
-    target = backend.target()
+    backend = choose_backend(args.backend, ops, args.device, args.kernel)  # as matmul does
+    target = device_target(backend, args.device, args.backend)
     prob = make_problem(*ops)
     spec, resolved = choose_kernel(args.kernel, backend, prob, params, target)
-    chosen = plan(a, b, kernel=args.kernel, backend=args.backend, **params)
+    chosen = plan(a, b, kernel=args.kernel, backend=backend.name, device=args.device, **params)
     simulated = target.simulated
     if simulated and not params and spec.sim_params is not None:
         # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults
@@ -74,8 +72,9 @@ def run(args: argparse.Namespace) -> int:
                           host_operand_3d(b, prob, "b"), policy, target=target)
     print(f"{backend.name}:{spec.name} {_shown(meas.params)} {args.dtype} "
           f"M={args.m} N={args.n} K={args.k}{f' batch={args.batch}' if args.batch else ''}")
-    print(f"  chosen: {chosen.source}{f'; {chosen.path}' if chosen.path else ''} "
-          f"(device {chosen.device})")
+    print(f"  chosen: {chosen.source}{f'; {chosen.path}' if chosen.path else ''}")
+    index = f"[{target.index}] " if backend.accepts_device and target.index is not None else ""
+    print(f"  device: {index}{target.name}" + (f" ({target.arch})" if target.arch else ""))
     if meas.status == SKIPPED:  # refused before it ran (device limits): the caller can fix it
         raise InvalidValueError(meas.reason)
     if meas.status != OK:

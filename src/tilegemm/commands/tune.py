@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from tilegemm.commands._console import console as _console
-from tilegemm.commands._params import add_shape_arguments
+from tilegemm.commands._params import add_device_argument, add_shape_arguments, device_target
 from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
@@ -19,20 +19,30 @@ HELP = "search a kernel's parameters for this device and cache the best"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS))
+    parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
+                        help="whose rungs to tune, on its default device "
+                             "('auto': the best usable backend here)")
+    add_device_argument(parser)
     parser.add_argument("--kernel", action="append", default=None,
                         help="rung to tune (repeatable; default: every rung with parameters)")
-    add_shape_arguments(parser, 4096, 0, ("float32", "float64", "float16", "bfloat16"),
-                        "float16/bfloat16: the tensor-core rungs (CUDA)")
+    add_shape_arguments(parser, 4096, 0,
+                        ("float32", "float64", "int32", "int64", "float16", "bfloat16"),
+                        "element type (int32/int64: the CPU and OpenCL rungs that compute "
+                        "them; float16/bfloat16: the tensor-core rungs, CUDA)")
     parser.add_argument("--precision", default="ieee", choices=("ieee", "tf32", "3xtf32"),
                         help="float32 only: tf32/3xtf32 tune the tensor-core rungs at that "
                              "precision (their precision parameter held fixed); the result "
                              "serves matmul(..., precision=) on this device")
-    parser.add_argument("--strategy", default="random", choices=("exhaustive", "random"))
+    parser.add_argument("--strategy", default="random", choices=("exhaustive", "random"),
+                        help="the order candidates are tried in, up to --budget: a seeded "
+                             "shuffle (random) or the search space's own order (exhaustive)")
     parser.add_argument("--budget", type=int, default=40,
                         help="candidates to run per rung (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="random strategy and operand seed")
     parser.add_argument("--repeat", type=int, default=5, help="timed launches per candidate")
+    parser.add_argument("--max-call-seconds", type=float, default=5.0, metavar="S",
+                        help="skip a candidate predicted (from timing it on a small problem "
+                             "first) to take longer per call; 0: no limit")
     parser.add_argument("--no-register-check", action="store_true",
                         help="CUDA: do not reject candidates that spill or overflow registers")
     parser.add_argument("--dry-run", action="store_true", help="do not write the cache")
@@ -43,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tilegemm.tune import cache
 
+    if args.show and args.clear:
+        raise InvalidValueError("--show lists the tuning cache and --clear deletes it: "
+                                "give one of them")
     if args.show:
         return _show(cache)
     if args.clear:
@@ -80,9 +93,12 @@ def _tune(args: argparse.Namespace) -> int:
     from tilegemm.tune import cache, space, strategies
     from tilegemm.tune.select import device_id, untuned_choice
 
-    for name in ("m", "n", "k", "batch", "budget"):
+    for name in ("m", "n", "k", "batch", "budget", "max_call_seconds"):
         if getattr(args, name) < 0:
-            raise InvalidValueError(f"--{name} must be >= 0")
+            raise InvalidValueError(f"--{name.replace('_', '-')} must be >= 0")
+    if args.repeat < 1:
+        raise InvalidValueError("--repeat must be >= 1 (the launches each candidate is "
+                                "timed on)")
     if min(args.m, args.n, args.k) == 0:
         raise InvalidValueError("--m, --n and --k must be >= 1 to time anything")
     dtype = np.dtype(args.dtype)
@@ -92,8 +108,12 @@ def _tune(args: argparse.Namespace) -> int:
                                 f"{dtype.name} (float16/bfloat16 have one tensor-core mode; "
                                 "leave --precision ieee)")
     probe = np.zeros((1, 1), dtype=dtype)
-    backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")])
-    target = backend.target()
+    # Steered as matmul is: by --device, and by one named rung (--kernel shared: OpenCL's
+    # where there is no GPU).
+    one = args.kernel[0] if args.kernel and len(set(args.kernel)) == 1 else "auto"
+    backend = choose_backend(args.backend, [describe(probe, "a"), describe(probe, "b")],
+                             args.device, one)
+    target = device_target(backend, args.device, args.backend)
     dev = device_id(target)
     specs = tuning_specs(backend.name, dtype, precision, args.kernel)
     if not specs:
@@ -105,13 +125,15 @@ def _tune(args: argparse.Namespace) -> int:
     limits = target.limits  # the device's own, never a guess per backend
     check = None if args.no_register_check else space.register_check(backend, target)
     console = _console()
-    console.print(f"tuning on {target.name} {target.arch}: {args.m}x{args.n}x{args.k} {dtype.name}"
+    on = f"{target.name} ({target.arch})" if target.arch else target.name
+    console.print(f"tuning on {on}: {args.m}x{args.n}x{args.k} {dtype.name}"
                   + (f" precision {precision}" if precision != "ieee" else "")
                   + f"{f' batch {args.batch}' if args.batch else ''}, strategy {args.strategy}")
-    summary = Table("kernel", "tried", "ok", "wrong", "rejected", "error", "best params",
-                    "ms", "GFLOP/s")
-    # The baseline: what kernel="auto" runs untuned. Recorded like any result, so the cache
-    # lookup (fastest entry wins) switches away from it only for something faster.
+    summary = Table("kernel", "tried", "ok", "wrong", "rejected", "error", "slow",
+                    "best params", "ms", "GFLOP/s")
+    # The baseline: what kernel="auto" runs untuned, timed first. A tuned entry is what
+    # kernel="auto" then runs (the fastest entry wins), so one is kept only where it beats
+    # the baseline; the baseline itself is an entry only when its rung is being tuned.
     baseline = baseline_choice(backend, target, dtype, precision, specs,
                                lambda b, d, t: untuned_choice(b, d, t, prob))
     # Launch strategies (searched=False, e.g. split-K) stay at the baseline's value.
@@ -120,6 +142,10 @@ def _tune(args: argparse.Namespace) -> int:
              False) for spec in specs]
     if baseline is not None:
         jobs.insert(0, (baseline[0], [baseline[1]], True))
+    max_call = args.max_call_seconds or None
+    untuned: tuple[object, float] | None = None  # (the baseline's rung, its GFLOP/s)
+    best_of: dict[str, tuple[object, object, float]] = {}  # rung -> (spec, trial, GFLOP/s)
+    notes: list[str] = []
     for spec, cands, is_baseline in jobs:
         budget = args.budget or None
         total = min(len(cands), budget) if budget else len(cands)
@@ -131,11 +157,16 @@ def _tune(args: argparse.Namespace) -> int:
                 backend, spec, prob, cands, strategy=args.strategy, budget=budget,
                 seed=args.seed, repeats=args.repeat, resource_check=check, target=target,
                 progress=lambda t, task=task: bar.advance(task) if t.status != "rejected"
-                else None,
+                else None, max_call_s=max_call,
             )
         label = f"{spec.name} (auto, untuned)" if is_baseline else spec.name
         counts = {s: sum(t.status == s for t in result.trials)
-                  for s in ("ok", "wrong", "rejected", "error")}
+                  for s in ("ok", "wrong", "rejected", "error", "slow")}
+        slow = [t.predicted for t in result.trials if t.status == "slow"]
+        if slow:
+            notes.append(f"{label}: {len(slow)} candidate{'s' if len(slow) > 1 else ''} not "
+                         f"run, predicted to take {min(slow):.3g} s or more per call, over "
+                         f"the {max_call:g} s limit (--max-call-seconds)")
         best = result.best
         if best is None:
             summary.add_row(label, str(len(result.trials)), *map(str, counts.values()),
@@ -145,15 +176,36 @@ def _tune(args: argparse.Namespace) -> int:
         summary.add_row(label, str(len(result.trials)), *map(str, counts.values()),
                         " ".join(f"{k}={v}" for k, v in best.params.items()),
                         f"{best.seconds * 1e3:.3f}", f"{gflops:.1f}")
+        if is_baseline:
+            untuned = (spec, gflops)
+            if spec not in specs:
+                continue  # timed to compare with, not tuned here: no entry of its own
+        kept = best_of.get(spec.name)
+        if kept is None or gflops > kept[2]:  # a rung's search may miss its untuned choice
+            best_of[spec.name] = (spec, best, gflops)
+    stored = 0
+    for spec, best, gflops in best_of.values():
+        if (untuned is not None and untuned[0] not in specs and not spec.precisions
+                and gflops <= untuned[1]):
+            # Entries of rungs with a precision parameter serve only calls naming them; an
+            # IEEE entry would replace kernel="auto"'s faster untuned choice.
+            notes.append(f"{spec.name} not stored: at {gflops:.1f} GFLOP/s it is slower than "
+                         f"what kernel='auto' runs untuned ({untuned[0].name}, "
+                         f"{untuned[1]:.1f} GFLOP/s)")
+            continue
         if not args.dry_run and not target.simulated:
+            stored += 1
             cache.record(cache.Entry(
                 backend=backend.name, device=dev.name, arch=dev.arch, dtype=dtype.name,
                 bucket=cache.shape_bucket(args.m, args.n, args.k), kernel=spec.name,
                 params=best.params, seconds=best.seconds, gflops=gflops,
                 shape=[args.m, args.n, args.k, args.batch], precision=precision))
     console.print(summary)
+    for note in notes:
+        console.print(f"note: {note}", highlight=False)
     if not args.dry_run:
-        console.print(f"cache: {cache.cache_path()}")
+        console.print(f"cache: {cache.cache_path()} ({stored} entr{'y' if stored == 1 else 'ies'} "
+                      "written)", highlight=False)
     return 0
 
 

@@ -6,6 +6,13 @@ own path (a fast wrong kernel must never win), with a fixed number of launches (
 after one warm-up): device-side times, operands resident on the device, scored by the median.
 A candidate that fails to build, to launch or to verify is recorded with the reason and
 excluded; tuning goes on.
+
+With a per-call limit (``max_call_s``), each candidate is first verified and timed on a
+small problem of the same shape (about 256³), and its time per call at the full size is
+predicted from the ratio of arithmetic; a candidate predicted to exceed the limit is
+recorded as "slow" and not run at full size. The prediction errs on the slow side (small
+products use a device less well), so the limit skips only the hopeless: a naive rung on a
+CPU's OpenCL at 4096³ (minutes per call), not a contender.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tilegemm.backends.base import Backend, Target
-from tilegemm.bench.timing import OK, SKIPPED, WRONG, fixed, measure_kernel
+from tilegemm.bench.timing import OK, SKIPPED, WRONG, Measurement, fixed, measure_kernel
 from tilegemm.errors import InvalidValueError, UsageError
 from tilegemm.problem import GemmProblem, problem_for
 from tilegemm.reference import random_operands
@@ -27,15 +34,17 @@ from tilegemm.tune.space import Params, ResourceCheck
 __all__ = ["STRATEGIES", "Trial", "TuneResult", "order", "problem_for", "tune"]
 
 STRATEGIES = ("exhaustive", "random")
+PROBE_FLOPS = 2 * 256**3  # the size a candidate is timed at to predict a larger product
 
 
 @dataclass
 class Trial:
     params: Params
-    status: str  # "ok" | "wrong" | "rejected" | "error"
+    status: str  # "ok" | "wrong" | "rejected" | "error" | "slow" (over the per-call limit)
     seconds: float | None = None  # median of the timed launches
     times: list[float] = field(default_factory=list)
     detail: str = ""
+    predicted: float | None = None  # seconds per call at full size, from the small problem
 
 
 @dataclass
@@ -69,12 +78,17 @@ def tune(
     strategy: str = "exhaustive", budget: int | None = None, seed: int = 0, repeats: int = 5,
     resource_check: ResourceCheck | None = None,
     progress: Callable[[Trial], None] | None = None, target: Target | None = None,
+    max_call_s: float | None = None,
 ) -> TuneResult:
     """Verify and time up to ``budget`` candidates (all if None) in ``strategy`` order.
 
     The budget counts candidates handed to the backend; those rejected beforehand (device
     limits, registers) cost nothing but are reported. ``progress`` is called after each.
+    ``max_call_s``: skip a candidate predicted to take longer per call (see the module's
+    docstring); None runs every candidate at full size whatever it costs.
     """
+    if max_call_s is not None and max_call_s <= 0:
+        raise InvalidValueError("max_call_s must be > 0")
     if repeats < 1:
         raise InvalidValueError("repeats must be >= 1")
     if budget is not None and budget < 1:
@@ -83,12 +97,14 @@ def tune(
     a3, b3 = random_operands((batch, prob.m, prob.k), (batch, prob.k, prob.n), prob.dtype,
                              seed=seed)
     target = target or backend.target()
+    probe = _probe(prob, a3, b3) if max_call_s is not None else None
     trials: list[Trial] = []
     spent = 0
     for params in order(candidates, strategy, seed):
         if budget is not None and spent >= budget:
             break
-        trial = _try(backend, target, spec, prob, params, a3, b3, repeats, resource_check)
+        trial = _try(backend, target, spec, prob, params, a3, b3, repeats, resource_check,
+                     probe, max_call_s)
         if trial.status != "rejected":
             spent += 1
         trials.append(trial)
@@ -99,7 +115,9 @@ def tune(
 
 def _try(backend: Backend, target: Target, spec: KernelSpec, prob: GemmProblem,
          params: Params, a3: np.ndarray, b3: np.ndarray, repeats: int,
-         resource_check: ResourceCheck | None) -> Trial:
+         resource_check: ResourceCheck | None,
+         probe: tuple[GemmProblem, np.ndarray, np.ndarray] | None = None,
+         max_call_s: float | None = None) -> Trial:
     try:
         backend.check_limits(spec, params, prob.dtype, target)
     except (ValueError, UsageError) as exc:  # (wgmma off sm_90: UnavailableError)
@@ -108,13 +126,44 @@ def _try(backend: Backend, target: Target, spec: KernelSpec, prob: GemmProblem,
         why = resource_check(spec, params, prob.dtype)
         if why:
             return Trial(dict(params), "rejected", detail=why)
+    predicted = None
+    if probe is not None and max_call_s is not None:
+        small, pa, pb = probe
+        meas = measure_kernel(backend, spec, params, small, pa, pb, fixed(3, warmup=0),
+                              target=target)
+        if meas.status != OK or meas.stats is None:
+            return _failed(params, meas)  # wrong or broken already on the small problem
+        predicted = meas.stats.median * prob.flops / small.flops
+        if predicted > max_call_s:
+            return Trial(dict(params), "slow", predicted=predicted,
+                         detail=f"predicted ~{predicted:.3g} s per call (timed at "
+                                f"{small.m}x{small.n}x{small.k}), over the {max_call_s:g} s "
+                                "limit")
     # The benchmarks' own path: a poisoned output, one launch, the float64 check, then
     # exactly ``repeats`` launches on the backend's timer after one warm-up.
     meas = measure_kernel(backend, spec, params, prob, a3, b3, fixed(repeats), target=target)
     if meas.status == OK and meas.stats is not None:
-        return Trial(dict(params), "ok", meas.stats.median, meas.samples)
+        return Trial(dict(params), "ok", meas.stats.median, meas.samples, predicted=predicted)
+    return _failed(params, meas)
+
+
+def _failed(params: Params, meas: Measurement) -> Trial:
+    """The trial of a measurement that did not end in a time."""
     if meas.status == SKIPPED:
         return Trial(dict(params), "rejected", detail=meas.reason)
     if meas.reason.startswith(WRONG):  # a fast wrong kernel must never win
         return Trial(dict(params), "wrong", detail=meas.reason.removeprefix(WRONG))
     return Trial(dict(params), "error", detail=meas.reason)  # cannot build or launch: it loses
+
+
+def _probe(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray
+           ) -> tuple[GemmProblem, np.ndarray, np.ndarray] | None:
+    """The small problem a candidate is timed on first, with the leading blocks of the
+    operands: every dimension divided by one factor, so the shape stays alike (None when
+    the problem is no larger than that already)."""
+    if prob.flops <= PROBE_FLOPS:
+        return None
+    scale = (prob.flops / PROBE_FLOPS) ** (1 / 3)
+    m, n, k = (max(1, round(d / scale)) for d in (prob.m, prob.n, prob.k))
+    small = problem_for(m, n, k, prob.dtype, prob.batch if prob.batch_shape else 0)
+    return (small, np.ascontiguousarray(a3[:, :m, :k]), np.ascontiguousarray(b3[:, :k, :n]))

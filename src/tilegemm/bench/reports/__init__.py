@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -31,7 +31,8 @@ class PlanContext:
     """What a report's ``cases`` may use. ``specs[backend]``: the rungs that compute the
     dtype at the precision asked for. ``case(report, backend, n, spec=None, overrides=None)``:
     an n×n×n case of ``spec`` with ``overrides`` over its device defaults (a tensor-core
-    rung's precision pinned), or of the backend's vendor library when ``spec`` is None.
+    rung's precision pinned), or of the backend's vendor library when ``spec`` is None
+    (``rival=name``: of that rival instead). ``rivals[backend]``: the rivals timed there.
     ``auto_case(report, backend, n)``: the case ``kernel="auto"`` runs for that product
     (its rung and parameters), or None when it runs none of ``specs[backend]``."""
 
@@ -40,6 +41,7 @@ class PlanContext:
     specs: Mapping[str, list[KernelSpec]]
     case: Callable[..., Case]
     auto_case: Callable[[str, str, int], Case | None] = lambda report, backend, n: None
+    rivals: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def ladder_cases(self, report: str, backend: str, n: int,
                      variants: Callable[[KernelSpec], Iterable[Mapping[str, int]]] = lambda s: [{}],

@@ -1,6 +1,7 @@
 """``ladder``: every rung at its defaults at one or more sizes, plus the rung and parameters
 ``kernel="auto"`` runs there (tuned, from the shipped database, or the defaults), as a share
-of the vendor library in the same run (the summary table, shown last)."""
+of the vendor library in the same run (the summary table, shown last), with the rivals
+timed beside it (Triton's matmul on a CUDA device) as a share of the same library."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def ladder_tables(results: Results) -> list[rp.Table]:
         ms = results.for_report("ladder", be)
         for n in rp.sizes_of(ms):
             at = rp.in_order(m for m in ms if m.m == n)
-            ref = next((m for m in at if m.vendor and m.status == rp.OK), None)
+            ref = rp.reference(results, be, at)
             ref_name = rp.short_name(ref.kernel) if ref else "vendor"
             t = rp.Table(f"Ladder — {be} on {rp.device_of(results, be)}, {dtype}, {n}³",
                       ["rung", "kernel", "parameters", "parameters from", "verified",
@@ -58,6 +59,7 @@ def ladder_tables(results: Results) -> list[rp.Table]:
                 t.notes.append(SOURCES_NOTE)
             if line := rp.vendor_line(results, be):
                 t.notes.append(line)
+            t.notes += results.meta.get("rivals", {}).get(be, {}).values()
             tables.append(t)
     return tables
 
@@ -71,6 +73,7 @@ def cases(ctx: PlanContext) -> list[Case]:
             # defaults is measured once and its row names both.
             if (auto := ctx.auto_case("ladder", be, n)) is not None:
                 out.append(auto)
+            out += [ctx.case("ladder", be, n, rival=r) for r in ctx.rivals.get(be, ())]
     return out
 
 

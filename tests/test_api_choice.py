@@ -1,0 +1,188 @@
+"""How a call chooses its backend and what it tells the caller: ``device=`` and a named
+``kernel=`` with ``backend="auto"``, ``plan`` refusing what ``matmul`` refuses, float16
+operands with a float32 ``out`` as NumPy computes them, and the log of first calls."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm import api
+from tilegemm.backends import get_backend
+from tilegemm.errors import InvalidValueError, UsageError
+
+
+def _operands() -> tuple[np.ndarray, np.ndarray]:
+    return np.ones((4, 6), np.float32), np.ones((6, 5), np.float32)
+
+
+def _device_backends_unusable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every backend with a device choice (CUDA, OpenCL) unusable, as on a machine
+    with neither a GPU nor an OpenCL driver; the CPU backend stays the real one."""
+    real = api.get_backend
+
+    def fake(name: str):  # noqa: ANN202
+        backend = real(name)
+        if not backend.accepts_device:
+            return backend
+        status = SimpleNamespace(name=name, usable=False, accelerated=False,
+                                 reason=f"no {name} driver")
+        return SimpleNamespace(name=name, accepts_device=True, array_kind=backend.array_kind,
+                               status=lambda: status)
+
+    monkeypatch.setattr(api, "get_backend", fake)
+    monkeypatch.setattr(api, "may_be_accelerated", lambda name: False)
+
+
+@pytest.mark.parametrize("call", [tilegemm.matmul, tilegemm.plan])
+def test_plan_refuses_device_where_matmul_does(call) -> None:
+    """plan runs the checks of a call: a device index for the CPU backend is refused by
+    both, with the same message."""
+    a, b = _operands()
+    with pytest.raises(InvalidValueError) as err:
+        call(a, b, backend="cpu", device=0)
+    assert str(err.value) == ("backend 'cpu' has no device choice; device= works with "
+                              "backend='cuda' or 'opencl'")
+
+
+@pytest.mark.parametrize("call", [tilegemm.matmul, tilegemm.plan])
+def test_device_with_auto_and_no_device_backend_says_auto_chose_the_cpu(
+        call, monkeypatch: pytest.MonkeyPatch) -> None:
+    _device_backends_unusable(monkeypatch)
+    a, b = _operands()
+    with pytest.raises(InvalidValueError) as err:
+        call(a, b, device=0)
+    text = str(err.value)
+    assert "device= chooses a device of backend 'cuda' or 'opencl'" in text
+    assert "none of them is usable here (cuda: no cuda driver; opencl: no opencl driver)" in text
+    assert text.endswith("backend='auto' chose 'cpu', which has no device choice: leave "
+                         "device= out")
+
+
+@pytest.mark.opencl
+def test_device_with_auto_steers_to_a_backend_with_devices() -> None:
+    """``device=0`` with ``backend="auto"`` on host arrays: the backend auto prefers when
+    it has a device choice (a GPU), else OpenCL, whose device 0 ``tilegemm info`` lists."""
+    a, b = _operands()
+    preferred = tilegemm.plan(a, b).backend
+    expected = preferred if get_backend(preferred).accepts_device else "opencl"
+    chosen = tilegemm.plan(a, b, device=0)
+    assert chosen.backend == expected
+    assert chosen.device == get_backend(expected).target(0).key
+    np.testing.assert_array_equal(tilegemm.matmul(a, b, device=0), a @ b)
+
+
+@pytest.mark.opencl
+def test_a_named_kernel_with_auto_runs_on_a_usable_backend_that_has_it() -> None:
+    """The CPU backend has no rung 'shared': ``backend="auto"`` takes the first usable
+    backend that has one rather than refusing the call."""
+    a, b = _operands()
+    preferred = tilegemm.plan(a, b).backend
+    expected = "opencl" if preferred == "cpu" else preferred
+    chosen = tilegemm.plan(a, b, kernel="shared", TILE=8)
+    assert (chosen.backend, chosen.kernel, chosen.params) == (expected, "shared", {"TILE": 8})
+    if expected == "opencl":
+        np.testing.assert_array_equal(tilegemm.matmul(a, b, kernel="shared", TILE=8), a @ b)
+
+
+def test_a_named_kernel_nothing_usable_has_keeps_a_clear_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No usable backend has 'shared': the call stays on auto's choice and the hint names
+    the backends that have the rung without recommending one that cannot run."""
+    _device_backends_unusable(monkeypatch)
+    import importlib
+
+    backends = importlib.import_module("tilegemm.backends")
+    monkeypatch.setattr(backends, "get_backend", api.get_backend)  # the registry's hint
+    a, b = _operands()
+    with pytest.raises(UsageError) as err:
+        tilegemm.matmul(a, b, kernel="shared")
+    text = str(err.value)
+    assert text.startswith("unknown kernel 'shared' for backend 'cpu' (kernel 'shared' is a "
+                           "rung of backend 'cuda' and 'opencl' and 'cudac', not usable here)")
+    assert "pass backend=" not in text
+
+
+def _half_operands() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float16 operands whose products and float32 sums are exact in any order (multiples
+    of 1/8 and 1/64, small), but whose sums need more bits than float16 has: every correct
+    kernel gives the same float32 sums, and rounding them to float16 changes them."""
+    rng = np.random.default_rng(7)
+    a = (rng.integers(-64, 65, (3, 4, 6)) / 8).astype(np.float16)
+    b = (rng.integers(-64, 65, (6, 5)) / 8).astype(np.float16)
+    exact = np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+    return a, b, exact
+
+
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("opencl", marks=pytest.mark.opencl)])
+def test_float16_operands_with_a_float32_out_follow_numpy(backend: str) -> None:
+    """NumPy computes the float16 result and casts it into the float32 out; the CPU and
+    OpenCL do the same (only CUDA's tensor cores take a float32 out as a request for their
+    unrounded sums)."""
+    a, b, exact = _half_operands()
+    want = np.empty(exact.shape, np.float32)
+    np.matmul(a, b, out=want)
+    assert not np.array_equal(want, exact)  # the data does tell the two apart
+    out = np.full(exact.shape, np.nan, np.float32)
+    assert tilegemm.matmul(a, b, out, backend=backend) is out
+    np.testing.assert_array_equal(out, want)
+    # dtype=np.float32 asks NumPy (and tilegemm) for the float32 sums themselves
+    np.testing.assert_array_equal(tilegemm.matmul(a, b, backend=backend, dtype=np.float32),
+                                  exact)
+
+
+def _first_use_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == "tilegemm.api"]
+
+
+def test_first_call_of_a_kernel_is_logged_once_and_quietly(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first call of a (rung, parameters, dtype) leaves a DEBUG record; later calls
+    none. Nothing at INFO or above for a quick first call, so nothing shows by default."""
+    monkeypatch.setattr(api, "_USED", set())  # as in a fresh process
+    monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=lambda: 0.0))  # quick
+    a, b = _operands()
+    with caplog.at_level(logging.DEBUG, logger="tilegemm"):
+        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
+        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
+    records = _first_use_records(caplog)
+    assert [r.levelno for r in records] == [logging.DEBUG]
+    assert records[0].getMessage().startswith(
+        "first use of cpu:blocked MR=8 NR=8 MC=")
+    assert "for float32 in this process" in records[0].getMessage()
+
+
+def test_a_slow_first_call_is_explained_at_info(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first call that takes longer than the threshold gets one INFO record that says
+    it was compiling and what the kernel cache does about it (a fake clock: no timing)."""
+    monkeypatch.setattr(api, "_USED", set())
+    ticks = iter(range(0, 1000, 3))  # every reading 3 s after the last
+    monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", "off")
+    a, b = _operands()
+    with caplog.at_level(logging.INFO, logger="tilegemm"):
+        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
+        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
+    records = _first_use_records(caplog)
+    assert [r.levelno for r in records] == [logging.INFO]
+    text = records[0].getMessage()
+    assert text.startswith("cpu:blocked MR=8 NR=8 MC=")
+    assert "for float32: the first call took 3.0 s, which includes compiling the kernel" in text
+    assert "the kernel cache is off (TILEGEMM_KERNEL_CACHE)" in text
+
+
+def test_a_call_logs_nothing_by_default(capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without logging configured, even a slow first call writes nothing to stdout or
+    stderr (its record is INFO, below what Python shows by default)."""
+    monkeypatch.setattr(api, "_USED", set())
+    ticks = iter(range(0, 1000, 30))
+    monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    a, b = _operands()
+    tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
+    assert capsys.readouterr() == ("", "")
