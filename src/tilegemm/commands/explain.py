@@ -6,8 +6,8 @@ child process); large problems trace a sample of blocks per class (interior, edg
 scale, and the report says exactly what was traced. Rung mma's ``cp.async`` copies and
 ``ldmatrix`` reads are counted per thread at the instruction's width; rung wgmma, whose
 operands the tensor core reads from shared memory itself, is refused with a pointer to
-``--sass``. Resources come from compiling the
-kernel for sm_80 and sm_90 with nvJitLink. No GPU is needed for any of it.
+``--sass``. Resources come from compiling the kernel for sm_80 and sm_90 with nvJitLink.
+No GPU is needed for any of it.
 """
 
 from __future__ import annotations
