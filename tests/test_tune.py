@@ -185,6 +185,37 @@ def test_a_per_call_limit_skips_candidates_predicted_too_slow() -> None:
     assert [t.status for t in small.trials] == ["ok", "ok"]
 
 
+def test_a_prediction_over_the_limit_is_checked_on_a_larger_problem() -> None:
+    """A fixed cost per call (threads waking, buffers) dominates a 256³ product: scaled by
+    the arithmetic alone it predicted 1.5 s per call for the CPU rung at 1024³, which takes
+    0.05 s. A prediction over the limit is checked at 512³ before the candidate is
+    skipped, while that costs little next to the limit, from the growth between the two
+    sizes."""
+
+    class Overhead(FakeBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: list[int] = []
+
+        def prepare(self, spec, params, prob, a3, b3, target=None) -> Prepared:  # noqa: ANN001
+            self.sizes.append(prob.m)
+            p = super().prepare(spec, params, prob, a3, b3)
+            per_call = 0.02 + prob.flops * 1e-11  # 20 ms per call, plus the arithmetic
+            return Prepared(p.launch, p.fetch, lambda n: [per_call] * n)
+
+    be = Overhead()
+    prob = strategies.problem_for(1024, 1024, 1024, "float32")
+    result = strategies.tune(be, FAKE, prob, [{"X": 4, "Y": 1}], max_call_s=1.0)
+    (trial,) = result.trials
+    assert be.sizes == [256, 512, 1024]  # 256³ predicts 1.3 s, then 256³ and 512³ ...
+    assert trial.status == "ok"
+    assert trial.predicted == pytest.approx(0.02 + prob.flops * 1e-11)  # ... what it takes
+    # Where the larger check would cost more than the limit, the first prediction stands.
+    be = Overhead()
+    (trial,) = strategies.tune(be, FAKE, prob, [{"X": 4, "Y": 1}], max_call_s=0.5).trials
+    assert be.sizes == [256] and trial.status == "slow"
+
+
 def _fake_tune(gflops: dict[str, float], params: dict[str, dict[str, int]] | None = None):  # noqa: ANN202
     """A stand-in for strategies.tune: each rung's one candidate at a given speed."""
 

@@ -25,21 +25,15 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
             backend: str = "cuda", resources: bool = True) -> dict[str, Any]:
     """Everything ``tilegemm explain`` shows, as a JSON-ready dict."""
     from tilegemm import registry, simulator
+    from tilegemm.analysis.trace import untraced_reason
     from tilegemm.backends import get_backend
 
     if not get_backend(backend).traceable:
         raise InvalidValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
     spec = registry.get(kernel, backend)
-    if spec.dynamic_smem:
-        # The tracer serves cuda.shared.array from traced arrays; the tensor-core rungs
-        # take one dynamic buffer sized by the launch and fill it through cp.async and
-        # read it through ldmatrix or wgmma descriptors, whose simulator stand-ins work on
-        # the raw memory and would leave those accesses out of the counts.
-        raise InvalidValueError(
-            f"explain traces memory accesses on the simulator, which does not cover rung "
-            f"{spec.name} (dynamic shared memory, filled and read by tensor-core "
-            f"instructions); its machine code is analysed by 'tilegemm explain --sass "
-            f"{spec.name}' and its registers by 'tilegemm kernels --resources'")
+    why = untraced_reason(spec)
+    if why:
+        raise InvalidValueError(why)
     resolved = spec.resolve(params)
     g = get_gpu(gpu)
     kw = dict(params=resolved, dtype=dtype, batch=batch, beta=beta, samples=samples,

@@ -20,7 +20,16 @@ How it hooks into the simulator (numba-cuda 0.30, ``numba.cuda.simulator``):
   the grid-stride loops seeing the real grid.
 - ``cuda.shared.array`` is served by :class:`TracedShared`, which hands out traced arrays
   in a shared address space (each allocation 128-byte aligned; a common offset does not
-  change which accesses of one array share a bank).
+  change which accesses of one array share a bank). Dynamic shared memory
+  (``cuda.shared.array(0, ...)``, sized by the launch) is one traced buffer too, every
+  such call a view of the same bytes, as on the GPU.
+- The tensor-core and asynchronous-copy instructions (``cp.async``, ``ldmatrix``, the
+  offset-addressed shared loads; ``tilegemm.kernels.cuda._tensorcore``) have Python
+  stand-ins under the simulator that move whole rows of memory. Given a traced array, a
+  stand-in reports each access as the instruction makes it (:meth:`TracedArray.trace_access`:
+  one access of the instruction's width per thread, e.g. 16 bytes for a ``cp.async`` or an
+  ``ldmatrix`` row) and then works on the untraced data, so the counts are those of the
+  compiled instruction, not of the stand-in's element copies.
 - ``cuda.local.array`` (per-thread accumulators) is left alone: such arrays live in
   registers once unrolled; spills are what the resource report counts.
 
@@ -67,12 +76,37 @@ SHARED_ALIGN = 128
 VECTOR_BYTES = 16
 
 # The fast rungs index arrays through small helpers (scalar and 128-bit vector load/store,
-# tilegemm.kernels.cuda._access); under the simulator those are Python functions that
-# subscript the array, so the tracer looks through them to the kernel's own line.
-_ACCESS_FILE = str(Path(__file__).resolve().parents[1] / "kernels" / "cuda" / "_access.py")
+# tilegemm.kernels.cuda._access) and the tensor-core rungs through instruction stand-ins
+# (_tensorcore); under the simulator those are Python functions, so the tracer looks
+# through them to the kernel's own line.
+_KERNELS_DIR = Path(__file__).resolve().parents[1] / "kernels" / "cuda"
+_ACCESS_FILE = str(_KERNELS_DIR / "_access.py")
+_LOOK_THROUGH = frozenset({_ACCESS_FILE, str(_KERNELS_DIR / "_tensorcore.py")})
 _VECTOR_HELPERS = frozenset({"_py_vload", "_py_vstore"})
+# Dynamic shared memory's place in the traced shared address space: apart from the static
+# allocations, and a multiple of 128 bytes, so its banks are those of its own offsets.
+DYNAMIC_SHARED_BASE = 1 << 24
 
 Block = tuple[int, int, int]
+
+# Rungs whose memory accesses the trace cannot count, and why. wgmma's tensor core reads
+# its operands from shared memory itself, through matrix descriptors, asynchronously: its
+# simulator stand-in reads them as raw bytes when the product is waited for, so there is
+# no per-thread access to record, and the counts would leave out the kernel's main reads.
+UNTRACED: dict[str, str] = {
+    "wgmma": "its operands are read from shared memory by the tensor core itself, through "
+             "matrix descriptors, not by per-thread instructions the simulator can trace",
+}
+
+
+def untraced_reason(spec: Any) -> str | None:
+    """Why ``spec``'s memory accesses cannot be traced (a message for the user), or None."""
+    why = UNTRACED.get(spec.name) if spec.backend == "cuda" else None
+    if why is None:
+        return None
+    return (f"explain's memory trace does not cover rung {spec.name}: {why}; its machine "
+            f"code is analysed by 'tilegemm explain --sass {spec.name}' and its registers by "
+            f"'tilegemm kernels --resources'")
 
 
 class _ThreadState(threading.local):
@@ -97,18 +131,28 @@ class Tracer:
         self._block_threads: list[tuple[list[tuple[int, int, int, int, int]], list[int]]] = []
 
     # -- called from simulated threads -------------------------------------------------
-    def record(self, frame: Any, array: TracedArray, addr: int, store: bool) -> None:
+    def record(self, frame: Any, array: TracedArray, addr: int, store: bool,
+               size: int | None = None) -> None:
+        """One access by the calling simulated thread at byte ``addr`` of ``array``'s space.
+
+        ``size`` defaults to the element size; an instruction stand-in gives its own width.
+        A ``size`` of 0 is an instruction this thread executed without touching memory (a
+        ``cp.async`` of no source bytes): it counts as an instance of the site, so the
+        thread's later instances still line up with its warp's, but records nothing.
+        """
         st = self._state
         if st.records is None:
             self._start_thread(st)
-        size = array.itemsize
-        if frame.f_code.co_filename == _ACCESS_FILE:
-            # Through a rung's access helper (tilegemm.kernels.cuda._access): attribute the
-            # access to the kernel line that called it; a vector helper's W element accesses
-            # are one 128-bit access, as the compiled kernel issues it.
+        if size is None:
+            size = array.itemsize
+        if frame.f_code.co_filename in _LOOK_THROUGH:
+            # Through a rung's access helper or instruction stand-in: attribute the access
+            # to the kernel line that called it; a vector helper's W element accesses are
+            # one 128-bit access, as the compiled kernel issues it.
             vector = None
-            while frame.f_code.co_filename == _ACCESS_FILE:
-                if frame.f_code.co_name in _VECTOR_HELPERS:
+            while frame.f_code.co_filename in _LOOK_THROUGH:
+                if (frame.f_code.co_filename == _ACCESS_FILE
+                        and frame.f_code.co_name in _VECTOR_HELPERS):
                     vector = frame
                 frame = frame.f_back
             if vector is not None:
@@ -128,7 +172,8 @@ class Tracer:
             site = self._new_site(key, code, span, frame.f_lineno, array, store)
         inst = st.instances.get(site, 0)
         st.instances[site] = inst + 1
-        st.records.append((st.tid, site, inst, addr, size))
+        if size:
+            st.records.append((st.tid, site, inst, addr, size))
 
     def _start_thread(self, st: _ThreadState) -> None:
         thread = threading.current_thread()
@@ -258,6 +303,20 @@ class TracedArray:
         self._tracer.record(sys._getframe(1), self, addr, True)
         self._data[idx] = value
 
+    # -- for the simulator stand-ins of instructions that move whole rows ------------------
+    @property
+    def untraced(self) -> np.ndarray:
+        """The data itself: a stand-in moves it after reporting the access it makes."""
+        return self._data
+
+    def trace_access(self, offset: int, size: int, store: bool) -> None:
+        """Record one access of ``size`` bytes at byte ``offset`` from this array's start,
+        as one instruction of the calling thread (``size`` 0: executed, nothing moved)."""
+        if size and not 0 <= offset <= self._data.nbytes - size:
+            raise IndexError(f"{size}-byte access at byte {offset} outside {self.label} "
+                             f"({self._data.nbytes} bytes)")
+        self._tracer.record(sys._getframe(1), self, self.base + int(offset), store, int(size))
+
 
 class TracedShared:
     """Replaces the simulator's ``cuda.shared`` so shared arrays are traced too.
@@ -266,11 +325,14 @@ class TracedShared:
     allocation per source line) and live for the whole launch; blocks run one at a time.
     """
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Tracer, dynamic_bytes: int = 0) -> None:
         self._tracer = tracer
         self._allocations: dict[tuple[str, int], TracedArray] = {}
         self._next = 0
         self._lock = threading.Lock()
+        # the launch's dynamic shared memory: one buffer, viewed as each call's dtype
+        self._dynamic = np.zeros(dynamic_bytes, np.uint8)
+        self._dynamic_views: dict[tuple[str, np.dtype], TracedArray] = {}
 
     def array(self, shape: Any, dtype: Any, alignment: Any = None) -> TracedArray:
         from numba.cuda import types
@@ -278,9 +340,9 @@ class TracedShared:
 
         if isinstance(dtype, types.Type):
             dtype = numpy_support.as_dtype(dtype)
-        if shape == 0:
-            raise NotImplementedError("dynamic shared memory is not traced")
         caller = sys._getframe(1)
+        if shape == 0:
+            return self._dynamic_array(np.dtype(dtype), caller)
         key = (caller.f_code.co_filename, caller.f_lineno)
         arr = self._allocations.get(key)
         if arr is None:
@@ -296,9 +358,29 @@ class TracedShared:
                     self._allocations[key] = arr
         return arr
 
+    def _dynamic_array(self, dtype: np.dtype, caller: Any) -> TracedArray:
+        """The dynamic shared buffer as ``dtype`` elements (as many as fit), at
+        :data:`DYNAMIC_SHARED_BASE`; labelled by the name the kernel gives it."""
+        if not self._dynamic.size:
+            raise ValueError("the kernel asks for dynamic shared memory but the launch "
+                             "gives none (trace_launch's dynamic_shared=)")
+        label = _assigned_name(caller.f_code.co_filename, caller.f_lineno)
+        key = (label, dtype)
+        arr = self._dynamic_views.get(key)
+        if arr is None:
+            with self._lock:
+                arr = self._dynamic_views.get(key)
+                if arr is None:
+                    count = self._dynamic.size // dtype.itemsize
+                    data = np.frombuffer(self._dynamic.data, dtype=dtype, count=count)
+                    arr = TracedArray(data, self._tracer, DYNAMIC_SHARED_BASE, label, SHARED)
+                    self._dynamic_views[key] = arr
+        return arr
+
     @property
     def nbytes(self) -> int:
-        return sum(a._data.nbytes for a in self._allocations.values())
+        return (sum(a._data.nbytes for a in self._allocations.values())
+                + (self._dynamic.size if self._dynamic_views else 0))
 
 
 def _assigned_name(filename: str, line: int) -> str:
@@ -330,13 +412,14 @@ def _simulator_kernel_fn(kernel: Any) -> Callable[..., Any]:
 
 def trace_launch(kernel: Any, grid: Sequence[int], block: Sequence[int], args: Sequence[Any],
                  *, blocks: Iterable[Block] | None = None,
-                 labels: Sequence[str] | None = None) -> Trace:
+                 labels: Sequence[str] | None = None, dynamic_shared: int = 0) -> Trace:
     """Run ``kernel[grid, block](*args)`` on the simulator, tracing the chosen blocks.
 
     ``kernel`` is a simulator kernel (what ``cuda.jit`` returns under
     ``NUMBA_ENABLE_CUDASIM=1``); any NumPy array among ``args`` becomes a traced global
     array named after the kernel's parameter (or ``labels``). ``blocks`` defaults to the
-    whole grid; arrays are updated in place, as a launch would.
+    whole grid; arrays are updated in place, as a launch would. ``dynamic_shared`` is the
+    launch's dynamic shared memory in bytes (``kernel[grid, block, stream, bytes]``).
     """
     from numba.cuda.simulator import kernel as simkernel
     from numba.cuda.simulator.kernelapi import FakeCUDAModule, swapped_cuda_module
@@ -356,8 +439,8 @@ def trace_launch(kernel: Any, grid: Sequence[int], block: Sequence[int], args: S
         else:
             traced_args.append(arg)
 
-    fake = FakeCUDAModule(grid3, block3, 0)
-    shared = TracedShared(tracer)
+    fake = FakeCUDAModule(grid3, block3, int(dynamic_shared))
+    shared = TracedShared(tracer, int(dynamic_shared))
     fake._shared = shared
     simulated_sync = fake.syncthreads
 
@@ -423,6 +506,9 @@ def trace_rung(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int]
         if v < 0 or (name == "batch" and v < 1):
             raise InvalidValueError(f"{name} must be >= {1 if name == 'batch' else 0}, got {v}")
     spec = registry.get(kernel, backend)
+    why = untraced_reason(spec)
+    if why:
+        raise InvalidValueError(why)
     np_dtype = np.dtype(dtype)
     if not spec.supports(np_dtype):
         raise InvalidTypeError(
@@ -435,18 +521,25 @@ def trace_rung(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int]
         c[...] = c0 = np.ones_like(c)
     grid = program.grid(batch, m, n)
     plan = plan_blocks(grid, samples=samples, full=full, full_limit=full_limit)
-    alpha = np_dtype.type(1)
-    beta_v = np_dtype.type(beta)
-    trace = trace_launch(program.kernel, grid, program.block, [a, b, c, alpha, beta_v],
-                         blocks=plan.blocks, labels=["A", "B", "C", "alpha", "beta"])
+    # bfloat16 operands reach the kernel as their 16-bit patterns, with float32 scalars
+    # (the program's arg_types, as the backend launches it); views, so C is still filled.
+    elem, scalar = program.arg_types or (np_dtype.name, np_dtype.name)
+    alpha = np.dtype(scalar).type(1)
+    beta_v = np.dtype(scalar).type(beta)
+    args = [x.view(elem) for x in (a, b, c)]
+    trace = trace_launch(program.kernel, grid, program.block, [*args, alpha, beta_v],
+                         blocks=plan.blocks, labels=["A", "B", "C", "alpha", "beta"],
+                         dynamic_shared=program.dynamic_smem)
     counts = combine(trace.per_block, plan)
     verified = None
     if plan.full:
+        from tilegemm.precision import tolerance_eps
         from tilegemm.reference import assert_close
 
-        try:
+        try:  # a tensor-core rung's reduced precision (TF32) widens the tolerance
             assert_close(c, a, b, beta=float(beta), c=c0 if beta else None,
-                         what=f"traced {spec.name}")
+                         what=f"traced {spec.name}",
+                         eps=tolerance_eps(spec, resolved, np_dtype))
             verified = True
         except AssertionError:
             verified = False

@@ -9,10 +9,13 @@ excluded; tuning goes on.
 
 With a per-call limit (``max_call_s``), each candidate is first verified and timed on a
 small problem of the same shape (about 256³), and its time per call at the full size is
-predicted from the ratio of arithmetic; a candidate predicted to exceed the limit is
-recorded as "slow" and not run at full size. The prediction errs on the slow side (small
-products use a device less well), so the limit skips only the hopeless: a naive rung on a
-CPU's OpenCL at 4096³ (minutes per call), not a contender.
+predicted from the ratio of arithmetic. Small products use a device less well, and a fixed
+cost per call (threads waking, buffers) weighs more in them, so a prediction over the
+limit is checked again on a problem eight times larger (each dimension doubled), while
+that costs little next to the limit, now from the growth between the two sizes (the fixed
+cost then drops out); a candidate still predicted to exceed it is recorded as "slow" and
+not run at full size. The limit thus skips the hopeless (a naive rung on a
+CPU's OpenCL at 4096³, minutes per call) without guessing against a contender.
 """
 
 from __future__ import annotations
@@ -97,14 +100,13 @@ def tune(
     a3, b3 = random_operands((batch, prob.m, prob.k), (batch, prob.k, prob.n), prob.dtype,
                              seed=seed)
     target = target or backend.target()
-    probe = _probe(prob, a3, b3) if max_call_s is not None else None
     trials: list[Trial] = []
     spent = 0
     for params in order(candidates, strategy, seed):
         if budget is not None and spent >= budget:
             break
         trial = _try(backend, target, spec, prob, params, a3, b3, repeats, resource_check,
-                     probe, max_call_s)
+                     max_call_s)
         if trial.status != "rejected":
             spent += 1
         trials.append(trial)
@@ -116,7 +118,6 @@ def tune(
 def _try(backend: Backend, target: Target, spec: KernelSpec, prob: GemmProblem,
          params: Params, a3: np.ndarray, b3: np.ndarray, repeats: int,
          resource_check: ResourceCheck | None,
-         probe: tuple[GemmProblem, np.ndarray, np.ndarray] | None = None,
          max_call_s: float | None = None) -> Trial:
     try:
         backend.check_limits(spec, params, prob.dtype, target)
@@ -127,18 +128,11 @@ def _try(backend: Backend, target: Target, spec: KernelSpec, prob: GemmProblem,
         if why:
             return Trial(dict(params), "rejected", detail=why)
     predicted = None
-    if probe is not None and max_call_s is not None:
-        small, pa, pb = probe
-        meas = measure_kernel(backend, spec, params, small, pa, pb, fixed(3, warmup=0),
-                              target=target)
-        if meas.status != OK or meas.stats is None:
-            return _failed(params, meas)  # wrong or broken already on the small problem
-        predicted = meas.stats.median * prob.flops / small.flops
-        if predicted > max_call_s:
-            return Trial(dict(params), "slow", predicted=predicted,
-                         detail=f"predicted ~{predicted:.3g} s per call (timed at "
-                                f"{small.m}x{small.n}x{small.k}), over the {max_call_s:g} s "
-                                "limit")
+    if max_call_s is not None:
+        found = _predict(backend, target, spec, params, prob, a3, b3, max_call_s)
+        if isinstance(found, Trial):
+            return found  # wrong, broken or too slow already on a small problem
+        predicted = found
     # The benchmarks' own path: a poisoned output, one launch, the float64 check, then
     # exactly ``repeats`` launches on the backend's timer after one warm-up.
     meas = measure_kernel(backend, spec, params, prob, a3, b3, fixed(repeats), target=target)
@@ -156,14 +150,43 @@ def _failed(params: Params, meas: Measurement) -> Trial:
     return Trial(dict(params), "error", detail=meas.reason)  # cannot build or launch: it loses
 
 
-def _probe(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray
-           ) -> tuple[GemmProblem, np.ndarray, np.ndarray] | None:
-    """The small problem a candidate is timed on first, with the leading blocks of the
-    operands: every dimension divided by one factor, so the shape stays alike (None when
-    the problem is no larger than that already)."""
-    if prob.flops <= PROBE_FLOPS:
-        return None
-    scale = (prob.flops / PROBE_FLOPS) ** (1 / 3)
+def _predict(backend: Backend, target: Target, spec: KernelSpec, params: Params,
+             prob: GemmProblem, a3: np.ndarray, b3: np.ndarray,
+             max_call_s: float) -> float | None | Trial:
+    """Seconds per call predicted for ``prob`` from small problems (None: ``prob`` is too
+    small to need it), or the Trial that ends the candidate: wrong or broken on a small
+    problem, or still predicted over ``max_call_s`` on the largest small one worth its cost
+    (see the module's docstring)."""
+    flops, trial, before = PROBE_FLOPS, None, None
+    while flops * 8 <= prob.flops:
+        small, pa, pb = _probe(prob, a3, b3, flops)
+        meas = measure_kernel(backend, spec, params, small, pa, pb, fixed(3, warmup=0),
+                              target=target)
+        if meas.status != OK or meas.stats is None:
+            return _failed(params, meas)
+        seconds = meas.stats.median
+        if before is None:  # one size: in proportion to the arithmetic
+            predicted = seconds * prob.flops / small.flops
+        else:  # two sizes: what a flop more costs (a fixed cost per call drops out)
+            rate = max(0.0, (seconds - before[1]) / (small.flops - before[0]))
+            predicted = seconds + rate * (prob.flops - small.flops)
+        before = (small.flops, seconds)
+        if predicted <= max_call_s:
+            return predicted
+        trial = Trial(dict(params), "slow", predicted=predicted,
+                      detail=f"predicted ~{predicted:.3g} s per call (timed at "
+                             f"{small.m}x{small.n}x{small.k}), over the {max_call_s:g} s limit")
+        if 4 * 8 * seconds > max_call_s:  # four calls of the next size: more than a call
+            break
+        flops *= 8
+    return trial
+
+
+def _probe(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray, flops: float
+           ) -> tuple[GemmProblem, np.ndarray, np.ndarray]:
+    """A problem of about ``flops`` with the leading blocks of the operands: every
+    dimension divided by one factor, so the shape stays alike."""
+    scale = (prob.flops / flops) ** (1 / 3)
     m, n, k = (max(1, round(d / scale)) for d in (prob.m, prob.n, prob.k))
     small = problem_for(m, n, k, prob.dtype, prob.batch if prob.batch_shape else 0)
     return (small, np.ascontiguousarray(a3[:, :m, :k]), np.ascontiguousarray(b3[:, :k, :n]))
