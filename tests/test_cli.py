@@ -408,3 +408,14 @@ def test_run_device_steers_auto_as_matmul_does(capsys):
     assert main(["run", "--device", "0", "--m", "4", "--n", "4", "--k", "4",
                  "--repeat", "1"]) == 0
     assert capsys.readouterr().out.startswith(f"{expected}:")
+
+
+def test_tune_summary_fits_80_columns(tmp_path, monkeypatch, capsys):
+    """The summary's ten columns were cut to 'vecto…', 'rejec…', 'TILE…' at 80 columns."""
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["tune", "--backend", "cpu", "--kernel", "blocked", "--m", "8", "--n", "8",
+                 "--k", "8", "--budget", "1", "--repeat", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out, out
+    assert "1: 1 ok" in out
