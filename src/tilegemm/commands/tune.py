@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 def _show(cache) -> int:  # noqa: ANN001 - the module
     """The cache grouped by device and dtype, one entry a line: readable at 80 columns."""
     entries = cache.load()
-    print(f"tuning cache: {cache.cache_path()} ({len(entries)} entries)")
+    print(f"tuning cache: {cache.cache_path()} "
+          f"({len(entries)} entr{'y' if len(entries) == 1 else 'ies'})")
     group = None
     for e in sorted(entries, key=lambda e: (e.backend, e.device, e.dtype, e.bucket, -e.gflops)):
         if (e.backend, e.device, e.arch, e.dtype) != group:
