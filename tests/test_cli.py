@@ -216,12 +216,13 @@ def test_python_dash_m_tilegemm_runs():
     assert r.stdout.startswith("tilegemm ")
 
 
-def test_run_names_the_device_once(capsys):
+def test_run_names_the_device_once(capsys, tmp_path, monkeypatch):
     """It printed 'chosen: database (device) (device cpu/x86_64/...)'."""
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))  # no tuned entry for the rung
     assert main(["run", "--backend", "cpu", "--kernel", "triple_loop", "--m", "3", "--n", "3",
                  "--k", "3", "--repeat", "0"]) == 0
     out = capsys.readouterr().out
-    assert "  chosen: requested\n" in out and "  device: " in out and "(device " not in out
+    assert "  chosen: default\n" in out and "  device: " in out and "(device " not in out
 
 
 def test_tune_refuses_show_with_clear_and_bad_repeat_up_front(tmp_path, monkeypatch, capsys):
@@ -407,3 +408,14 @@ def test_run_device_steers_auto_as_matmul_does(capsys):
     assert main(["run", "--device", "0", "--m", "4", "--n", "4", "--k", "4",
                  "--repeat", "1"]) == 0
     assert capsys.readouterr().out.startswith(f"{expected}:")
+
+
+def test_tune_summary_fits_80_columns(tmp_path, monkeypatch, capsys):
+    """The summary's ten columns were cut to 'vecto…', 'rejec…', 'TILE…' at 80 columns."""
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["tune", "--backend", "cpu", "--kernel", "blocked", "--m", "8", "--n", "8",
+                 "--k", "8", "--budget", "1", "--repeat", "1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out, out
+    assert "1: 1 ok" in out

@@ -139,6 +139,40 @@ def test_tuned_cache_overrides_the_database(tmp_path, monkeypatch):
     assert planned.params["KC"] == 256
 
 
+def test_named_rung_without_parameters_runs_this_devices_measured_ones(tmp_path, monkeypatch):
+    """``kernel="blocked"`` alone gets what this machine measured for that rung (database,
+    then the tuning cache), as ``kernel="auto"`` does: the rung's generic defaults can be
+    half as fast (16x8 spills on AVX2). Parameters given by hand always win."""
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    a = np.ones((256, 256), np.float32)
+    auto, named = tilegemm.plan(a, a), tilegemm.plan(a, a, kernel="blocked")
+    assert auto.kernel == "blocked"
+    assert (named.source, named.params) == (auto.source, auto.params)
+    dev = select.device_id(get_backend("cpu"))
+
+    def tuned(kernel: str, params: dict[str, int], gflops: float) -> None:
+        tcache.record(tcache.Entry(dev.backend, dev.name, dev.arch, "float32", [256, 256, 256],
+                                   kernel, params, 1e-3, gflops))
+
+    tuned("triple_loop", {}, 99.0)  # the fastest entry, but for another rung
+    tuned("blocked", {"MR": 12, "NR": 8, "MC": 96, "KC": 256, "NC": 1024}, 33.0)
+    named = tilegemm.plan(a, a, kernel="blocked")
+    assert named.source == "tuned" and (named.params["MR"], named.params["KC"]) == (12, 256)
+    seen = {}
+
+    def spy(spec, params, prob, *args, **kwargs):
+        seen.update(kernel=spec.name, params=dict(params))
+        raise _Spy
+
+    monkeypatch.setattr(get_backend("cpu"), "run", spy)
+    with pytest.raises(_Spy):
+        tilegemm.matmul(a, a, kernel="blocked")
+    assert seen == {"kernel": "blocked", "params": named.params}
+    by_hand = tilegemm.plan(a, a, kernel="blocked", MR=4)
+    assert by_hand.source == "requested" and by_hand.params["MR"] == 4
+    assert tilegemm.plan(a, a, kernel="triple_loop").source == "tuned"
+
+
 def test_plan_requested_kernel_and_bad_input():
     a = np.ones((5, 7), np.float64)
     planned = tilegemm.plan(a, a.T, kernel="blocked", MR=4)
@@ -153,7 +187,7 @@ def test_plan_requested_kernel_and_bad_input():
 def test_plan_text_is_single_spaced_with_and_without_parameters():
     a = np.ones((5, 7), np.float64)
     plain = str(tilegemm.plan(a, a.T, kernel="triple_loop", backend="cpu"))
-    assert plain.startswith("cpu:triple_loop (rung 1) [requested] on cpu/")
+    assert plain.startswith("cpu:triple_loop (rung 1) [default] on cpu/")
     tiled = str(tilegemm.plan(a, a.T, kernel="blocked", MR=4))
     assert tiled.startswith("cpu:blocked (rung 2) MR=4 NR=")
     assert "  " not in plain and "  " not in tiled

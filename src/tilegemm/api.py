@@ -32,7 +32,13 @@ from tilegemm.problem import (
     to_result,
 )
 from tilegemm.registry import BACKENDS, KernelSpec, ParametersNeedKernel
-from tilegemm.tune.select import auto_choice, auto_plan, tuned_precision_params, tuning_cache_path
+from tilegemm.tune.select import (
+    auto_choice,
+    auto_plan,
+    named_plan,
+    tuned_precision_params,
+    tuning_cache_path,
+)
 
 AUTO = "auto"
 
@@ -205,9 +211,12 @@ def decide(
         source = "default" if tuned is None else "tuned"
         params = params if tuned is None else tuned
     if kernel == AUTO and not params:
-        spec, resolved, source = auto_plan(be, target, prob)
-    else:
-        spec, resolved = choose_kernel(kernel, be, prob, params, target)
+        return Decision(be, target, prob, *auto_plan(be, target, prob))
+    spec, resolved = choose_kernel(kernel, be, prob, params, target)
+    if not params and source == "requested":
+        # a rung named without parameters: this device's measured ones for it, if any
+        spec, resolved, source = (named_plan(be, target, prob, kernel)
+                                  or (spec, resolved, "default"))
     return Decision(be, target, prob, spec, resolved, source)
 
 

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     table = Table(title="backends")
     for col in ("backend", "usable", "devices", "why"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # long names wrap whole, never cut with …
     for s in tilegemm.backends():
         usable = "[green]yes[/]" if s.usable else "[red]no[/]"
         if s.simulated:

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 def _show(cache) -> int:  # noqa: ANN001 - the module
     """The cache grouped by device and dtype, one entry a line: readable at 80 columns."""
     entries = cache.load()
-    print(f"tuning cache: {cache.cache_path()} ({len(entries)} entries)")
+    print(f"tuning cache: {cache.cache_path()} "
+          f"({len(entries)} entr{'y' if len(entries) == 1 else 'ies'})")
     group = None
     for e in sorted(entries, key=lambda e: (e.backend, e.device, e.dtype, e.bucket, -e.gflops)):
         if (e.backend, e.device, e.arch, e.dtype) != group:
@@ -129,8 +130,10 @@ def _tune(args: argparse.Namespace) -> int:
     console.print(f"tuning on {on}: {args.m}x{args.n}x{args.k} {dtype.name}"
                   + (f" precision {precision}" if precision != "ieee" else "")
                   + f"{f' batch {args.batch}' if args.batch else ''}, strategy {args.strategy}")
-    summary = Table("kernel", "tried", "ok", "wrong", "rejected", "error", "slow",
-                    "best params", "ms", "GFLOP/s")
+    # Five columns, the outcomes in words: readable in an 80-column terminal.
+    summary = Table("kernel", "candidates", "best params", "ms", "GFLOP/s")
+    for column in summary.columns[:3]:
+        column.overflow = "fold"
     # The baseline: what kernel="auto" runs untuned, timed first. A tuned entry is what
     # kernel="auto" then runs (the fastest entry wins), so one is kept only where it beats
     # the baseline; the baseline itself is an entry only when its rung is being tuned.
@@ -162,6 +165,8 @@ def _tune(args: argparse.Namespace) -> int:
         label = f"{spec.name} (auto, untuned)" if is_baseline else spec.name
         counts = {s: sum(t.status == s for t in result.trials)
                   for s in ("ok", "wrong", "rejected", "error", "slow")}
+        tried = f"{len(result.trials)}: " + ", ".join(
+            f"{n} {status}" for status, n in counts.items() if n) if result.trials else "0"
         slow = [t.predicted for t in result.trials if t.status == "slow"]
         if slow:
             notes.append(f"{label}: {len(slow)} candidate{'s' if len(slow) > 1 else ''} not "
@@ -169,12 +174,10 @@ def _tune(args: argparse.Namespace) -> int:
                          f"the {max_call:g} s limit (--max-call-seconds)")
         best = result.best
         if best is None:
-            summary.add_row(label, str(len(result.trials)), *map(str, counts.values()),
-                            "-", "-", "-")
+            summary.add_row(label, tried, "-", "-", "-")
             continue
         gflops = result.gflops(best)
-        summary.add_row(label, str(len(result.trials)), *map(str, counts.values()),
-                        " ".join(f"{k}={v}" for k, v in best.params.items()),
+        summary.add_row(label, tried, " ".join(f"{k}={v}" for k, v in best.params.items()),
                         f"{best.seconds * 1e3:.3f}", f"{gflops:.1f}")
         if is_baseline:
             untuned = (spec, gflops)

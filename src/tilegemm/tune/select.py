@@ -64,6 +64,7 @@ def _entries() -> list[tcache.Entry]:
     if _loaded["path"] != path or _loaded["mtime"] != mtime:
         _loaded.update(path=path, mtime=mtime, entries=tcache.load(path) if mtime else [])
         _memo.clear()
+        _memo_named.clear()
     return _loaded["entries"]
 
 
@@ -97,6 +98,44 @@ def auto_plan(backend: Backend, target: Target, prob: GemmProblem
     resolved = backend.resolve(spec, {}, target)
     backend.check_limits(spec, resolved, prob.dtype, target)
     return _for_shape(backend, target, prob, spec, resolved, "default")
+
+
+def named_plan(backend: Backend, target: Target, prob: GemmProblem, kernel: str
+               ) -> tuple[KernelSpec, dict[str, int], str] | None:
+    """What a rung named without parameters (``matmul(kernel="blocked")``) runs when this
+    device has measured parameters for that rung: the tuning cache's entry for the rung and
+    the shape's bucket ("tuned"), else the shipped database's entry for the device or its
+    ISA when it is for the same rung; None: the rung's defaults.
+
+    Why: the defaults are generic. The CPU rung's 16×8 tile spills on AVX2 machines, where
+    the database's 6×16 runs about twice as fast, and a user naming the rung should not get
+    half of what ``kernel="auto"`` gives. No shape adaptation: a named rung keeps its tiles.
+    """
+    if target.simulated:
+        return None
+    dtype = prob.dtype.name
+    dev = device_id(target)
+    entries = _entries()
+    key = ("named", dev, dtype, kernel, tuple(tcache.shape_bucket(prob.m, prob.n, prob.k)))
+    if key not in _memo_named:
+        found: tuple[KernelSpec, dict[str, int], str] | None = None
+        entry = tcache.lookup(entries, dev, dtype, prob.m, prob.n, prob.k, kernel=kernel)
+        if entry is not None:
+            choice = _usable(backend, target, entry.kernel, entry.params, dtype)
+            if choice is not None:
+                found = (*choice, "tuned")
+        if found is None:
+            db_key = ("database", target.key, dtype)
+            if db_key not in _db_memo:
+                _db_memo[db_key] = _database_choice(backend, target, dtype)
+            db = _db_memo[db_key]
+            if db is not None and db[0].name == kernel:
+                found = db
+        _memo_named[key] = found
+    return _memo_named[key]
+
+
+_memo_named: dict[tuple[Any, ...], tuple[KernelSpec, dict[str, int], str] | None] = {}
 
 
 def _for_shape(backend: Backend, target: Target, prob: GemmProblem, spec: KernelSpec,
