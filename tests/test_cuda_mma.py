@@ -584,8 +584,8 @@ def test_generated_kernel_keeps_numbas_compile_passes_short(dtype: str, passes: 
     """numba's SSA reconstruction rewrites the whole kernel once per name assigned in more
     than one place, and every later pass walks every block: the k steps of the interior
     and the edge loop have names of their own, so only the loop state is reassigned, and
-    the epilogue's stores are inlined by NVVM, not copied into the kernel by numba (same
-    machine code; docs/performance.md)."""
+    the epilogue's stores and (with a power-of-two ring) the checked loader are inlined by
+    NVVM, not copied into the kernel by numba (same machine code; docs/performance.md)."""
     import ast
     import inspect
     from collections import Counter
@@ -601,5 +601,22 @@ def test_generated_kernel_keeps_numbas_compile_passes_short(dtype: str, passes: 
                           if isinstance(n, ast.Name))
     twice = sorted(n for n, c in counts.items() if c > 1)
     assert all(re.fullmatch(r"(rs|ws)[ab]|ss|kt|kf|tile|z|o[ab]\d+", n) for n in twice), twice
-    put = program.kernel.py_func.__globals__["put"]
-    assert not getattr(put, "targetoptions", {}).get("inline")  # an intrinsic, not jitted
+    names = program.kernel.py_func.__globals__
+    for fn in ("put", "load_stage"):  # intrinsics, not jitted device functions
+        assert not getattr(names[fn], "targetoptions", {}).get("inline"), fn
+
+
+@pytest.mark.ptx  # the compiled-path kernels (nothing is compiled)
+@pytest.mark.parametrize("name, stages, by_nvvm", [
+    ("mma", 2, True), ("mma", 3, False), ("mma", 4, True),
+    ("wgmma", 3, False), ("wgmma", 4, True), ("wgmma", 5, False)])
+def test_checked_loader_is_inlined_by_nvvm_for_power_of_two_rings(
+        name: str, stages: int, by_nvvm: bool) -> None:
+    """The checked loader is inlined by NVVM where that gives the same machine code (a ring
+    of a power-of-two depth) and by numba otherwise (docs/performance.md)."""
+    from tilegemm.registry import get as get_kernel
+
+    spec = get_kernel(name, "cuda")
+    program = spec.program(spec.resolve({"STAGES": stages}), np.dtype("float32"))
+    loader = program.kernel.py_func.__globals__["load_stage"]
+    assert bool(getattr(loader, "targetoptions", {}).get("inline")) is not by_nvvm

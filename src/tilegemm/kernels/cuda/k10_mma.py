@@ -252,43 +252,54 @@ def _put() -> Any:
             else:
                 store_f32(C, (z, gr, gc), alpha * v + beta * load_f32(C, (z, gr, gc)))
 
+    from numba import cuda
+
+    return nvvm_inlined(cuda.jit(device=True, inline=True)(put))
+
+
+def nvvm_inlined(fn: Any) -> Any:
+    """``fn`` (a ``cuda.jit(device=True, inline=True)`` function that returns nothing) as
+    the kernel calls it: inlined by NVVM (:func:`_nvvm_inlined`), or as it is in the
+    simulator, which runs it as Python. For the device functions with many blocks that the
+    kernel calls: numba's own inlining copies their IR into the kernel at every call, and
+    every later numba pass walks it again."""
     from tilegemm import simulator
 
-    if simulator.enabled():  # the simulator runs it as Python
-        from numba import cuda
-
-        return cuda.jit(device=True, inline=True)(put)
-    return _nvvm_inlined(put)
+    return fn if simulator.enabled() else _nvvm_inlined(fn.py_func)
 
 
 def _nvvm_inlined(pyfunc: Any) -> Any:
-    """An intrinsic that calls ``pyfunc`` (``put``'s arguments, returning nothing) compiled
-    as a numba subroutine marked ``alwaysinline``, so that NVVM inlines it at every call.
+    """An intrinsic that calls ``pyfunc`` (returning nothing) compiled as a numba
+    subroutine marked ``alwaysinline``, so that NVVM inlines it at every call.
 
     A ``cuda.jit(device=True, forceinline=True)`` function would do the same on a GPU, but
     numba-cuda compiles one for the current device's architecture, so it needs a GPU, and
     PTX and SASS are also made without one (resource reports, tests); a subroutine is only
     lowered to LLVM IR, which NVVM compiles with the kernel for the kernel's architecture.
     numba compiles it once per argument types (its subroutine cache)."""
+    import inspect
+
     from numba import types
     from numba.cuda.extending import intrinsic
     from numba.cuda.flags import CUDAFlags
 
-    @intrinsic
-    def call(typingctx, C, z, gr, gc, v, alpha, beta, m, n):  # noqa: ANN001, ANN202
-        sig = types.void(C, z, gr, gc, v, alpha, beta, m, n)
+    def codegen(context, builder, sig, llargs):  # noqa: ANN001, ANN202
+        flags = CUDAFlags()
+        flags.forceinline = True  # LLVM's alwaysinline on the subroutine
+        flags.error_model = "numpy"  # as numba-cuda compiles kernels
+        cres = context.compile_subroutine(builder, pyfunc, sig, flags=flags)
+        context.call_internal(builder, cres.fndesc, sig, llargs)
+        return context.get_dummy_value()
 
-        def codegen(context, builder, sig, llargs):  # noqa: ANN001, ANN202
-            flags = CUDAFlags()
-            flags.forceinline = True  # LLVM's alwaysinline on the subroutine
-            flags.error_model = "numpy"  # as numba-cuda compiles kernels
-            cres = context.compile_subroutine(builder, pyfunc, sig, flags=flags)
-            context.call_internal(builder, cres.fndesc, sig, llargs)
-            return context.get_dummy_value()
+    def typer(*args):  # noqa: ANN002, ANN202
+        return types.void(*args), codegen
 
-        return sig, codegen
-
-    return call
+    # The intrinsic takes pyfunc's parameters by name (an intrinsic's *args would reach
+    # the lowering as one tuple).
+    names = ", ".join(inspect.signature(pyfunc).parameters)
+    scope: dict[str, Any] = {"typer": typer}
+    exec(f"def call(typingctx, {names}):\n    return typer({names})\n", scope)  # noqa: S102
+    return intrinsic(scope["call"])
 
 
 def _general_loader(ns: dict[str, Any], tf32: bool) -> Any:
@@ -300,7 +311,18 @@ def _general_loader(ns: dict[str, Any], tf32: bool) -> Any:
     rounds = [operand_round(op, r0, c0, rows, cols, zz, tf32)
               for op, r0, c0, rows, cols, zz in (("A", "row0", "k0", "m", "k_len", "za"),
                                                  ("B", "k0", "col0", "k_len", "n", "zb"))]
-    return compile_source(GENERAL_LOADER + "".join(rounds), "load_stage", dict(ns))
+    return loader_call(compile_source(GENERAL_LOADER + "".join(rounds), "load_stage",
+                                      dict(ns)), ns["STAGES"])
+
+
+def loader_call(load_stage: Any, stages: int) -> Any:
+    """The checked loader ``load_stage`` as the kernel calls it (rungs mma and wgmma): it
+    has dozens of blocks, so numba's inlining of it (prologue and edge loop) took 15-20 %
+    of the first compile; NVVM inlines it instead (:func:`nvvm_inlined`) when ``stages``
+    is a power of two, which gives the same machine code. With another ring depth the
+    edge loop's stage is a true remainder (``nt % STAGES``) and NVVM's code differs
+    (registers and instructions, both ways), so those keep numba's inlining."""
+    return nvvm_inlined(load_stage) if _pow2(stages) else load_stage
 
 
 def operand_round(op: str, row0: str, col0: str, rows: str, cols: str, zz: str,

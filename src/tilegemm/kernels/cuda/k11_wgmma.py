@@ -72,7 +72,13 @@ from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
 from tilegemm.kernels.cuda._wgmma import shared_alignment, wgmma_ops
-from tilegemm.kernels.cuda.k10_mma import _fast_copies, _put, _swz_fn, operand_round
+from tilegemm.kernels.cuda.k10_mma import (
+    _fast_copies,
+    _put,
+    _swz_fn,
+    loader_call,
+    operand_round,
+)
 from tilegemm.launch import GROUP_M, ceil_div, flat_tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
 
@@ -150,7 +156,8 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
     # 128-byte swizzle layout (see the module docstring)
     ns["a_swz_of"] = _swz_fn("r % 8", ns)
     ns["put"] = _put()
-    ns["load_stage"] = compile_source(_loader(tf32, VW, split), "load_stage", dict(ns))
+    ns["load_stage"] = loader_call(compile_source(_loader(tf32, VW, split), "load_stage",
+                                                  dict(ns)), STAGES)
 
     # Per-thread copy bases: A's chunks (mma's interior copies: the byte offset ``da`` in
     # a stage, the global address ``oa`` bumped per k-tile) and B's (``db``, ``ob``)
