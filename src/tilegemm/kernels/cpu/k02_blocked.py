@@ -192,48 +192,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     with vector_width(bits):  # compiled (or loaded from the cache) with full-width vectors
         module = load_module(f"blocked-{dtype.name}", source,
                              {"kernel": "blocked", "params": header, "dtype": dtype.name})
-    return _fork_safe(module)
-
-
-def _fork_safe(module: Any) -> Any:
-    """``module.blocked``, except in a process where a parallel region would be killed
-    (a child forked from one running Numba's GNU OpenMP layer, see ``_threads``): there each
-    product runs on the calling thread through the module's serial entry points, the same
-    arithmetic without the thread pool."""
-    from tilegemm.kernels.cpu._threads import parallel_unsafe
-
-    threaded = module.blocked
-
-    def blocked(A: np.ndarray, B: np.ndarray, C: np.ndarray, alpha: Any, beta: Any) -> None:
-        if parallel_unsafe():
-            _serial(module, A, B, C, alpha, beta)
-        else:
-            threaded(A, B, C, alpha, beta)
-
-    blocked.__doc__ = threaded.__doc__
-    return blocked
-
-
-def _serial(module: Any, A: np.ndarray, B: np.ndarray, C: np.ndarray, alpha: Any,
-            beta: Any) -> None:
-    """``module.blocked`` on the calling thread only: no call reaches a parallel region.
-
-    Products with no K or at most ``DIRECT_PRODUCT`` multiply-adds take the rung's own
-    unpacked path (which has none); larger ones run the packed loop nest one product at a
-    time (``gemm_serial``, the batch path's per-product code), with scratch sized as there.
-    """
-    batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
-    if k == 0 or batch * m * n * k <= module.DIRECT_PRODUCT:
-        module.blocked_threads(A, B, C, alpha, beta, 1, module.DIRECT_PRODUCT,
-                               np.empty(0, dtype=C.dtype))
-        return
-    mr, nr, kcap = module.MR, module.NR, min(module.KC, k)
-    Ap = np.empty((min(module.MC // mr, -(-m // mr)), kcap, mr), dtype=C.dtype)
-    Bp = module.aligned3(-(-min(module.NC, n) // nr), kcap, nr, C)
-    T = np.empty((mr, nr), dtype=C.dtype)
-    for z in range(batch):
-        module.gemm_serial(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0],
-                           C[z], alpha, beta, Ap, Bp, T)
+    return module.blocked
 
 
 # The vector width the rung's code is built for, per ISA (see ``vector_bits``).
