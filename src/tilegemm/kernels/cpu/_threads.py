@@ -85,6 +85,11 @@ def make_tbb_loadable() -> bool:
     if _tbb_tried or not sys.platform.startswith("linux") or _numba_layer_started():
         return False
     _tbb_tried = True
+    try:  # already in the process (loaded by something else): Numba will find that copy
+        _tbb_handle = ctypes.CDLL(TBB_LIBRARY, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
+        return True
+    except OSError:
+        pass
     path = tbb_library_path()
     if path is None:
         return False
