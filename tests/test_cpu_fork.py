@@ -100,8 +100,10 @@ print(json.dumps({"layer": numba.threading_layer(), "ok": bool((c == SIZE).all()
 
 
 def test_four_threads_at_once_get_right_results():
-    """Four threads entering the rung's parallel regions together (Dask's threaded
-    scheduler, a user's thread pool) each get their own product, exactly as alone."""
+    """Four threads calling the threaded rung together (Dask's threaded scheduler, a
+    user's thread pool) each get their own product. The compiled rung holds the GIL, so
+    today their parallel regions take turns; this keeps the results checked should they
+    ever overlap."""
     pairs = [random_operands((SIZE + 7 * s, SIZE), (SIZE, SIZE + 3 * s), "float32", seed=s)
              for s in range(4)]
     results: list[object] = [None] * 4
