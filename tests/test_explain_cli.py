@@ -59,9 +59,6 @@ def test_explain_table_names_what_was_traced(capsys):
     (["explain", "shared", "TILE=7"], "TILE=7"),
     (["explain", "naive", "--m", "-1"], "--m"),
     (["explain", "naive", "BLOCK", "--gpu", "h100"], "KEY=VALUE"),
-    # wgmma's operands are read by the tensor core itself: not traced, pointed to --sass
-    # (rung mma is traced: tests/test_explain_tc_trace.py)
-    (["explain", "wgmma", "--no-resources"], "explain --sass wgmma"),
 ])
 def test_explain_bad_input_is_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2

@@ -7,7 +7,9 @@ instruction's width, per thread: a 16-byte global read and shared write per ``cp
 one 16-byte row per lane per ``ldmatrix``. These tests check what the counts show (the
 copies coalesced, the swizzled ``ldmatrix`` reads conflict-free) and that the counter can
 see the opposite: rows 128 bytes apart and the rung with its swizzle removed both read
-8-way conflicted, and scattered copies need a sector per lane.
+8-way conflicted, and scattered copies need a sector per lane. Rung wgmma's threads'
+accesses are counted the same way; the operands its tensor core reads through descriptors
+are not thread accesses and the report says so.
 """
 
 from __future__ import annotations
@@ -221,6 +223,30 @@ def test_mma_without_its_swizzle_reads_8_way_conflicted(monkeypatch):
     assert np.max(np.abs(c - exact)) <= 32 * 2.0**-10 * np.max(np.abs(exact))
 
 
-def test_wgmma_is_refused_with_a_pointer_to_sass():
-    with pytest.raises(ValueError, match="explain --sass wgmma"):
-        trace_rung("wgmma", 64, 64, 32)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_wgmma_threads_accesses_are_counted_and_its_operand_reads_named(dtype):
+    """Rung wgmma (simulator tile 64×32, 128 threads): A by cp.async, B loaded by the
+    threads and stored transposed (sts4: 16 bytes a lane) into the 128-byte swizzle layout,
+    conflict-free; the operands the tensor core reads through descriptors are not thread
+    accesses, so the report says they are not counted and no shared load is theirs."""
+    from tilegemm.analysis.report import explain, render
+
+    r = trace_rung("wgmma", 64, 32, 64, dtype=dtype)
+    assert r["verified"] is True
+    assert "descriptors" in r["not_counted"]
+    stores = _sites(r, "sts4", "shared store")
+    assert stores
+    for s in stores:
+        assert s["bytes"] == 16 * s["accesses"]
+        assert s["wavefronts"] == s["ideal_wavefronts"] == 4 * s["requests"]
+    copies = _sites(r, "cp16", "global load")
+    assert copies and all(s["sectors"] == s["bytes"] / 32 for s in copies)
+    # the threads' own shared loads: TF32's in-place rounding, nothing else
+    loads = {s["text"].split("(")[0] for s in r["sites"] if s["kind"] == "shared load"}
+    assert loads == ({"round_tf32"} if dtype == "float32" else set())
+    text = " ".join(str(item) for item in render(explain("wgmma", 64, 32, 64, dtype=dtype)))
+    assert "not counted: the operands wgmma itself reads" in text
+
+
+def test_mma_report_says_nothing_is_left_out():
+    assert trace_rung("mma", 32, 16, 16)["not_counted"] is None

@@ -25,15 +25,11 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
             backend: str = "cuda", resources: bool = True) -> dict[str, Any]:
     """Everything ``tilegemm explain`` shows, as a JSON-ready dict."""
     from tilegemm import registry, simulator
-    from tilegemm.analysis.trace import untraced_reason
     from tilegemm.backends import get_backend
 
     if not get_backend(backend).traceable:
         raise InvalidValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
     spec = registry.get(kernel, backend)
-    why = untraced_reason(spec)
-    if why:
-        raise InvalidValueError(why)
     resolved = spec.resolve(params)
     g = get_gpu(gpu)
     kw = dict(params=resolved, dtype=dtype, batch=batch, beta=beta, samples=samples,
@@ -89,9 +85,9 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
     res_rows: list[dict[str, Any]] = []
     note = ""
     if resources and not simulator.enabled():
-        from tilegemm.analysis.resources import cuda_resources
+        from tilegemm.analysis.resources import archs_for, cuda_resources
 
-        for arch in ARCH_LIMITS:
+        for arch in (a for a in ARCH_LIMITS if a in archs_for(spec)):  # wgmma: sm_90 only
             r = cuda_resources(spec, resolved, dtype, arch).as_dict()
             occ = occupancy(threads, r["registers"], declared_smem, arch)
             res_rows.append({**r, "occupancy": occ.as_dict()})
@@ -143,6 +139,8 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
                 f"{'  beta=' + str(tr['beta']) if tr['beta'] else ''}\n", style="bold")
     head.append(f"grid {'×'.join(map(str, tr['grid']))} blocks of "
                 f"{'×'.join(map(str, tr['block']))} threads; {tr['sampling']['text']}\n")
+    if tr.get("not_counted"):
+        head.append(f"not counted: {tr['not_counted']}\n", style="bold")
     if tr["verified"] is not None:
         head.append(f"traced launch verified against float64 NumPy: "
                     f"{'yes' if tr['verified'] else 'NO'}\n")

@@ -84,8 +84,9 @@ class Target:
 
     @property
     def key(self) -> str:
-        """A stable device key: backend, architecture and device name (no index)."""
-        return f"{self.backend}/{self.arch}/{self.name}"
+        """A stable device key: backend, architecture and device name (no index); a device
+        without an architecture string (OpenCL) is ``backend/name``."""
+        return "/".join(part for part in (self.backend, self.arch, self.name) if part)
 
 
 @dataclass(frozen=True)

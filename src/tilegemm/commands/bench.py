@@ -99,8 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how = parser.add_argument_group("how to time")
     how.add_argument("--budget", type=float, metavar="S",
                      help="wall-clock seconds of steady repeats per case")
-    how.add_argument("--min-reps", type=int, metavar="N")
-    how.add_argument("--max-reps", type=int, metavar="N")
+    how.add_argument("--min-reps", type=int, metavar="N",
+                     help="timed repeats per case at least, unless 4x the budget has passed")
+    how.add_argument("--max-reps", type=int, metavar="N",
+                     help="timed repeats per case at most, even with budget left")
     how.add_argument("--warmup", type=int, metavar="N", help="untimed launches after the first")
     how.add_argument("--max-call-seconds", type=float, metavar="S",
                      help="skip a case predicted (from a smaller size) to take longer per call")

@@ -3,11 +3,11 @@ bank conflicts, registers/spills/shared memory, occupancy and the roofline bound
 
 The memory counts are traced from the kernel's own code on numba's CUDA simulator (in a
 child process); large problems trace a sample of blocks per class (interior, edges) and
-scale, and the report says exactly what was traced. Rung mma's ``cp.async`` copies and
-``ldmatrix`` reads are counted per thread at the instruction's width; rung wgmma, whose
-operands the tensor core reads from shared memory itself, is refused with a pointer to
-``--sass``. Resources come from compiling the kernel for sm_80 and sm_90 with nvJitLink.
-No GPU is needed for any of it.
+scale, and the report says exactly what was traced. The tensor-core rungs' ``cp.async``
+copies and ``ldmatrix`` reads are counted per thread at the instruction's width; the
+operands wgmma's tensor core reads itself, through descriptors, are not thread accesses,
+and the report says they are not counted. Resources come from compiling the kernel with
+nvJitLink for sm_80 and sm_90 (those it compiles for). No GPU is needed for any of it.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape_arguments(parser, 32, 0,
                         ("float32", "float64", "int32", "int64", "float16", "bfloat16"),
                         "element type; each rung computes some of these ('tilegemm kernels' "
-                        "lists them); float16/bfloat16: rung mma (wgmma with --sass only)")
+                        "lists them); float16/bfloat16: the tensor-core rungs")
     parser.add_argument("--beta", type=float, default=0.0,
                         help="non-zero: the kernel also reads C (beta·C)")
     parser.add_argument("--gpu", default="h100", choices=tuple(GPUS),

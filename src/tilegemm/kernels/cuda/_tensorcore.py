@@ -90,7 +90,7 @@ record their accesses. The stand-ins report to such an array each access the com
 instruction makes, per thread and at its width (a ``cp.async``: its source bytes read and
 its 16 or 4 bytes written to shared memory, at issue; an ``ldmatrix``: the 16-byte row
 this lane addresses; ``lds_at(w)``: ``w`` elements; ``round_tf32_at``/``split_tf32_at``:
-their 16-byte shared loads and stores), then work on the untraced data (:func:`_untraced`),
+their 16-byte shared loads and stores), then work on the untraced data (:func:`untraced`),
 so the stand-in's own element copies are not counted. Nothing here changes the compiled
 instructions.
 """
@@ -349,20 +349,20 @@ def _traced(arr: Any) -> bool:
     return hasattr(type(arr), "trace_access")
 
 
-def _untraced(arr: Any) -> Any:
+def untraced(arr: Any) -> Any:
     """The plain array behind a traced one (the tracer's), else ``arr`` itself."""
     return arr.untraced if _traced(arr) else arr
 
 
-def _note(arr: Any, offset: int, size: int, store: bool) -> None:
+def note_access(arr: Any, offset: int, size: int, store: bool) -> None:
     """Report one ``size``-byte access at byte ``offset`` of ``arr`` to the memory tracer,
     when ``arr`` is one of its arrays (a no-op for any other array)."""
     if _traced(arr):
         arr.trace_access(int(offset), int(size), store)
 
 
-def _note_at(arr: Any, idx: Any, size: int, store: bool) -> None:
-    """:func:`_note` of the access at element ``idx`` of ``arr``."""
+def note_access_at(arr: Any, idx: Any, size: int, store: bool) -> None:
+    """:func:`note_access` of the access at element ``idx`` of ``arr``."""
     if _traced(arr):
         offset = sum(int(i) * int(st) for i, st in zip(idx, arr.strides))
         arr.trace_access(offset, int(size), store)
@@ -375,7 +375,7 @@ def _row(arr: Any, idx: tuple[int, ...], count: int) -> np.ndarray:
 
 def _flat(arr: Any, off: Any, count: int, what: str) -> np.ndarray:
     """Simulator: ``count`` elements of shared ``arr`` from byte offset ``off`` (row-major)."""
-    arr = _untraced(arr)
+    arr = untraced(arr)
     if int(off) % arr.dtype.itemsize:
         raise AssertionError(f"{what}: byte offset {off} is not a whole element")
     flat, off = arr.reshape(-1), int(off) // arr.dtype.itemsize
@@ -422,28 +422,28 @@ LDMATRIX_ROW_BYTES = 16
 
 
 def _py_ldmatrix_x4(arr: Any, idx: Any) -> tuple[Any, ...]:
-    _note_at(arr, idx, LDMATRIX_ROW_BYTES, False)
-    arr = _untraced(arr)
+    note_access_at(arr, idx, LDMATRIX_ROW_BYTES, False)
+    arr = untraced(arr)
     return _ldmatrix_rows(arr, _row(arr, idx, 16 // arr.dtype.itemsize))
 
 
 def _py_ldmatrix_x4_trans(arr: Any, idx: Any) -> tuple[Any, ...]:
-    _note_at(arr, idx, LDMATRIX_ROW_BYTES, False)
-    arr = _untraced(arr)
+    note_access_at(arr, idx, LDMATRIX_ROW_BYTES, False)
+    arr = untraced(arr)
     return _ldmatrix_trans_rows(arr, _row(arr, idx, 8))
 
 
 def _py_ldmatrix_x4_at(arr: Any, off: Any) -> tuple[Any, ...]:
     count = 16 // arr.dtype.itemsize
     row = _flat(arr, off, count, "ldmatrix_x4_at").copy()
-    _note(arr, off, LDMATRIX_ROW_BYTES, False)
-    return _ldmatrix_rows(_untraced(arr), row)
+    note_access(arr, off, LDMATRIX_ROW_BYTES, False)
+    return _ldmatrix_rows(untraced(arr), row)
 
 
 def _py_ldmatrix_x4_trans_at(arr: Any, off: Any) -> tuple[Any, ...]:
     row = _flat(arr, off, 8, "ldmatrix_x4_trans_at").copy()
-    _note(arr, off, LDMATRIX_ROW_BYTES, False)
-    return _ldmatrix_trans_rows(_untraced(arr), row)
+    note_access(arr, off, LDMATRIX_ROW_BYTES, False)
+    return _ldmatrix_trans_rows(untraced(arr), row)
 
 
 @cache
@@ -452,7 +452,7 @@ def _py_lds_at(w: int) -> Any:
         if int(off) % (w * arr.dtype.itemsize):
             raise AssertionError(f"lds_at({w}): byte offset {off} is not {w}-element aligned")
         values = tuple(_flat(arr, off, w, f"lds_at({w})").copy())
-        _note(arr, off, w * arr.dtype.itemsize, False)
+        note_access(arr, off, w * arr.dtype.itemsize, False)
         return values
 
     return lds_at
@@ -472,9 +472,9 @@ def _queue_copy(dst: Any, didx: Any, src: Any, sidx: Any, size: int, nbytes: Any
     ``dst`` from ``didx``, reported to the tracer as its global read and its shared write."""
     if dst.dtype.itemsize != src.dtype.itemsize:
         raise TypeError("cp_async: source and destination element sizes differ")
-    _note_at(src, sidx, int(nbytes), False)  # nbytes 0: reads nothing
-    _note_at(dst, didx, size, True)
-    dst, src = _untraced(dst), _untraced(src)
+    note_access_at(src, sidx, int(nbytes), False)  # nbytes 0: reads nothing
+    note_access_at(dst, didx, size, True)
+    dst, src = untraced(dst), untraced(src)
     count = size // dst.itemsize
     valid = int(nbytes) // dst.itemsize
     values = np.zeros(count, dst.dtype)
@@ -502,10 +502,10 @@ def _py_cp_async16_at(dst: Any, doff: Any, src: Any, sidx: Any, soff: Any,
         raise AssertionError(f"cp_async16_at: shared offset {doff} is not 16-byte aligned")
     _flat(dst, doff, 16 // dst.dtype.itemsize, "cp_async16_at")  # range check
     # the traced array is shared memory as the kernel declared it; the copy is by offset
-    _note(dst, doff, 16, True)
-    _note_at(src, sidx, int(nbytes), False)
-    flat = _untraced(dst).reshape(-1)
-    _queue_copy(flat, (int(doff) // flat.itemsize,), _untraced(src), sidx, 16, nbytes)
+    note_access(dst, doff, 16, True)
+    note_access_at(src, sidx, int(nbytes), False)
+    flat = untraced(dst).reshape(-1)
+    _queue_copy(flat, (int(doff) // flat.itemsize,), untraced(src), sidx, 16, nbytes)
 
 
 def _py_cp_async16_ptr(dst: Any, doff: Any, src: Any, sidx: Any, ptr: Any,
@@ -526,8 +526,8 @@ def _py_round_tf32_at(arr: Any, off: Any) -> None:
     if arr.dtype != np.float32 or int(off) % 16:
         raise AssertionError("round_tf32_at: needs float32 and a 16-byte aligned offset")
     v = _flat(arr, off, 4, "round_tf32_at")
-    _note(arr, off, 16, False)  # ld.shared.v4, then st.shared.v4 to the same place
-    _note(arr, off, 16, True)
+    note_access(arr, off, 16, False)  # ld.shared.v4, then st.shared.v4 to the same place
+    note_access(arr, off, 16, True)
     v[:] = tf32_round(v)
 
 
@@ -536,9 +536,9 @@ def _py_split_tf32_at(arr: Any, off: Any, small_off: Any) -> None:
         raise AssertionError("split_tf32_at: needs float32 and 16-byte aligned offsets")
     v = _flat(arr, off, 4, "split_tf32_at")
     small = _flat(arr, small_off, 4, "split_tf32_at (small part)")
-    _note(arr, off, 16, False)  # ld.shared.v4, then two st.shared.v4
-    _note(arr, off, 16, True)
-    _note(arr, small_off, 16, True)
+    note_access(arr, off, 16, False)  # ld.shared.v4, then two st.shared.v4
+    note_access(arr, off, 16, True)
+    note_access(arr, small_off, 16, True)
     parts = [_py_split_tf32(x) for x in v]
     v[:] = [b for b, _ in parts]
     small[:] = [s for _, s in parts]

@@ -78,7 +78,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tilegemm.kernels.cuda._tensorcore import SimBarrier, bf16_value, tf32_truncate
+from tilegemm.kernels.cuda._tensorcore import (
+    SimBarrier,
+    bf16_value,
+    note_access,
+    tf32_truncate,
+    untraced,
+)
 
 WARPGROUP = 128  # threads that issue one wgmma together
 SWIZZLE_MODES = {"none": 0, "128B": 1, "64B": 2, "32B": 3}  # descriptor bits 62-63
@@ -239,6 +245,7 @@ def group_compute(value: Any, fn: Any) -> Any:
 def _shared_base(arr: np.ndarray) -> int:
     """The simulated shared address of ``arr``'s first byte: arrays get addresses, 1 KiB
     aligned, in the order a block first takes a descriptor of them."""
+    arr = untraced(arr)  # the memory tracer's array: its data (descriptors read no memory)
     if not arr.flags.c_contiguous:
         raise TypeError("smem_desc: needs a contiguous shared array")
     _, state = _block_state()
@@ -301,9 +308,10 @@ def _py_sts4_at(arr: Any, off: Any, *values: Any) -> None:
         raise AssertionError(f"sts4_at: shared offset {off} is not 16-byte aligned")
     words = np.array([np.asarray(v).view(np.uint32) if np.asarray(v).dtype.itemsize == 4
                       else np.uint32(int(v) & 0xFFFFFFFF) for v in values], np.uint32)
-    flat = arr.reshape(-1).view(np.uint8)
+    flat = untraced(arr).reshape(-1).view(np.uint8)
     if int(off) < 0 or int(off) + 16 > flat.size:
         raise IndexError(f"sts4_at: offset {off} outside a shared array of {flat.size} bytes")
+    note_access(arr, off, 16, True)  # one st.shared.v4 (the memory tracer's array only)
     flat[int(off):int(off) + 16] = words.view(np.uint8)
 
 
