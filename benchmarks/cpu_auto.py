@@ -94,6 +94,8 @@ def main() -> None:
         "device": "cpu", "cpu_model": cpu_name(), "cpu_family_model": cpu_family_model(),
         "isa": host_isa(), "simd": flags,
         "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
+        # tbb since tilegemm depends on it on Linux x86-64; omp (GNU OpenMP) before
+        "numba_threading_layer": numba.threading_layer(),
         "numpy_version": np.__version__, "numba_version": numba.__version__,
         "numpy_blas": numpy_blas(), "env": host_info()["env"],
         "git_commit": git_commit(),

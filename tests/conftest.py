@@ -25,6 +25,9 @@ import pytest
 os.environ.setdefault("TILEGEMM_POISON", "1")
 # Compiled kernels are cached in a directory of this test session, never the user's cache.
 os.environ.setdefault("TILEGEMM_KERNEL_CACHE", tempfile.mkdtemp(prefix="tilegemm-kernels-"))
+# Tuned parameters too: a developer's tuning cache must not change what kernel="auto" or a
+# named rung picks in a test (tests that tune set their own directory).
+os.environ.setdefault("TILEGEMM_CACHE_DIR", tempfile.mkdtemp(prefix="tilegemm-cache-"))
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("", "0")
 REAL_GPU = os.environ.get("TILEGEMM_GPU_TESTS", "") not in ("", "0")

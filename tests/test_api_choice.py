@@ -46,7 +46,7 @@ def test_plan_refuses_device_where_matmul_does(call) -> None:
     with pytest.raises(InvalidValueError) as err:
         call(a, b, backend="cpu", device=0)
     assert str(err.value) == ("backend 'cpu' has no device choice; device= works with "
-                              "backend='cuda' or 'opencl'")
+                              "backend='cuda' or backend='opencl'")
 
 
 @pytest.mark.parametrize("call", [tilegemm.matmul, tilegemm.plan])

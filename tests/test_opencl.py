@@ -369,6 +369,39 @@ def test_a_device_that_cannot_compile_is_skipped_and_refused(
         choose()
 
 
+def test_a_working_device_runs_when_the_default_cannot_compile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With PYOPENCL_CTX naming a device that cannot compile, every OpenCL call was refused,
+    device=0 (one that works) included. Now a call naming a working device runs; one on the
+    default device is refused with its reason; ``auto`` steered by device=0 runs OpenCL.
+    Device 1 is a stand-in for the broken device, device 0 the real default one."""
+    from tilegemm.backends import opencl
+    from tilegemm.errors import UnavailableError
+
+    real = opencl.all_devices()[opencl.default_device_index()]
+    broken = _FakeDevice(104, "pthread-AMD EPYC")
+    monkeypatch.setattr(opencl, "all_devices", lambda: (real, broken))
+    monkeypatch.setattr(opencl, "default_device_index", lambda: 1)  # as PYOPENCL_CTX=1 does
+    monkeypatch.setitem(opencl._BUILD_PROBLEMS, 104, "PoCL 3.0-rc2 (LLVM 14.0.6) cannot "
+                        "compile for it: its LLVM does not know this CPU model")
+    be = opencl.OpenCLBackend()  # fresh probes, in place of the process's backend
+    monkeypatch.setattr(opencl, "BACKEND", be)
+    status = be.status()
+    assert status.usable and not status.accelerated
+    assert status.default_problem.startswith("the default device [1] pthread-AMD EPYC: PoCL")
+    assert status.reason.endswith("calls must name a device that can: device=0")
+
+    a, b = random_operands((7, 5), (5, 3), "float32")
+    assert_close(tilegemm.matmul(a, b, backend="opencl", device=0), a, b)
+    assert tilegemm.plan(a, b, device=0).backend == "opencl"  # auto, steered by device=
+    for call in (lambda: tilegemm.matmul(a, b, backend="opencl"),
+                 lambda: tilegemm.matmul(a, b, backend="opencl", device=1)):
+        with pytest.raises(UnavailableError, match=r"\[1\] pthread-AMD EPYC: PoCL 3.0-rc2 "
+                           r"\(LLVM 14.0.6\) cannot compile"):
+            call()
+    assert tilegemm.plan(a, b).backend == "cpu"  # auto without device= does not pick it
+
+
 def test_build_problem_reads_the_compiler_log(monkeypatch: pytest.MonkeyPatch) -> None:
     """The reason names PoCL and its LLVM, and says what helps; a device that builds has
     none (the real default device included)."""

@@ -104,13 +104,9 @@ class _Spy(Exception):
     """Raised by the patched run: the test needs the choice, not the product."""
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
-@pytest.mark.parametrize("shape", [(8, 8, 8), (300, 200, 100)])
-def test_plan_agrees_with_what_runs(dtype, shape, monkeypatch):
-    m, n, k = shape
-    a, b = np.ones((m, k), dtype), np.ones((k, n), dtype)
-    planned = tilegemm.plan(a, b)
-    seen = {}
+def _ran(monkeypatch, call) -> dict:
+    """The rung and parameters the CPU backend was asked to run by ``call()``."""
+    seen: dict = {}
 
     def spy(spec, params, prob, *args, **kwargs):
         seen.update(kernel=spec.name, params=dict(params))
@@ -118,7 +114,17 @@ def test_plan_agrees_with_what_runs(dtype, shape, monkeypatch):
 
     monkeypatch.setattr(get_backend("cpu"), "run", spy)
     with pytest.raises(_Spy):
-        tilegemm.matmul(a, b)
+        call()
+    return seen
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("shape", [(8, 8, 8), (300, 200, 100)])
+def test_plan_agrees_with_what_runs(dtype, shape, monkeypatch):
+    m, n, k = shape
+    a, b = np.ones((m, k), dtype), np.ones((k, n), dtype)
+    planned = tilegemm.plan(a, b)
+    seen = _ran(monkeypatch, lambda: tilegemm.matmul(a, b))
     assert (planned.backend, planned.kernel, planned.params) == ("cpu", seen["kernel"],
                                                                   seen["params"])
     assert planned.source in ("database (device)", "database (isa)", "default")
@@ -158,15 +164,7 @@ def test_named_rung_without_parameters_runs_this_devices_measured_ones(tmp_path,
     tuned("blocked", {"MR": 12, "NR": 8, "MC": 96, "KC": 256, "NC": 1024}, 33.0)
     named = tilegemm.plan(a, a, kernel="blocked")
     assert named.source == "tuned" and (named.params["MR"], named.params["KC"]) == (12, 256)
-    seen = {}
-
-    def spy(spec, params, prob, *args, **kwargs):
-        seen.update(kernel=spec.name, params=dict(params))
-        raise _Spy
-
-    monkeypatch.setattr(get_backend("cpu"), "run", spy)
-    with pytest.raises(_Spy):
-        tilegemm.matmul(a, a, kernel="blocked")
+    seen = _ran(monkeypatch, lambda: tilegemm.matmul(a, a, kernel="blocked"))
     assert seen == {"kernel": "blocked", "params": named.params}
     by_hand = tilegemm.plan(a, a, kernel="blocked", MR=4)
     assert by_hand.source == "requested" and by_hand.params["MR"] == 4

@@ -227,14 +227,18 @@ def _fake_tune(gflops: dict[str, float], params: dict[str, dict[str, int]] | Non
     return tune
 
 
-@pytest.mark.parametrize("named, untuned, stored", [
-    (60.0, 100.0, set()),  # slower than what auto runs untuned: auto must not switch to it
-    (150.0, 100.0, {"triple_loop"}),
+@pytest.mark.parametrize("named, untuned", [
+    (60.0, 100.0),  # slower than what auto runs untuned: auto must not switch to it
+    (150.0, 100.0),
 ])
-def test_tuning_one_rung_stores_only_that_rung_and_only_if_faster(
-        monkeypatch, capsys, named, untuned, stored) -> None:  # noqa: ANN001
+def test_tuning_one_rung_stores_only_that_rung_and_auto_takes_it_only_if_faster(
+        monkeypatch, capsys, named, untuned) -> None:  # noqa: ANN001
     """'tune --kernel X' stored the untuned auto choice as an entry too, which 'tune --show'
-    then listed as measured, for a rung the user had not asked to tune."""
+    then listed as measured, for a rung the user had not asked to tune. Then it stored
+    nothing for X when X was slower than auto's untuned choice, so matmul(kernel="X"),
+    which reads X's entry, never got tuned parameters: X's entry is now stored either way,
+    marked for calls naming X only when it is the slower, and kernel="auto" skips it."""
+    import tilegemm
     from tilegemm.cli import main
 
     baseline = select.untuned_choice(registry_backend("cpu"), "float32")[0].name
@@ -243,9 +247,38 @@ def test_tuning_one_rung_stores_only_that_rung_and_only_if_faster(
                                                         baseline: untuned}))
     assert main(["tune", "--backend", "cpu", "--kernel", "triple_loop", "--m", "64",
                  "--n", "64", "--k", "64"]) == 0
-    assert {e.kernel for e in cache.load()} == stored
+    (entry,) = cache.load()
+    slower = named < untuned
+    assert entry.kernel == "triple_loop" and entry.named_only == slower
     out = capsys.readouterr().out
-    assert ("triple_loop not stored" in out) == (not stored)
+    assert ("triple_loop is for kernel='triple_loop' only" in out) == slower
+    assert "(1 entry written)" in out
+    a = np.ones((64, 64), np.float32)
+    named_plan = tilegemm.plan(a, a, backend="cpu", kernel="triple_loop")
+    assert named_plan.kernel == "triple_loop" and named_plan.source == "tuned"
+    auto = tilegemm.plan(a, a, backend="cpu")
+    assert (auto.kernel, auto.source == "tuned") == (
+        (baseline, False) if slower else ("triple_loop", True))
+    assert main(["tune", "--show"]) == 0
+    shown = capsys.readouterr().out
+    assert ("; for kernel='triple_loop' only" in shown) == slower
+
+
+def test_an_older_cache_file_loads_entries_for_kernel_auto_too() -> None:
+    """Files written before entries could be kept for calls naming their rung only have no
+    such field: their entries serve kernel="auto" as before."""
+    path = cache.cache_path()
+    path.parent.mkdir(parents=True)
+    old = {k: v for k, v in vars(_entry(version=cache.current_version())).items()
+           if k != "named_only"}
+    path.write_text(json.dumps({"format": cache.FORMAT, "entries": [old]}))
+    (entry,) = cache.load()
+    assert entry.named_only is False
+    dev = DeviceId("cuda", "NVIDIA H100", "sm_90")
+    assert cache.lookup([entry], dev, "float32", 4096, 4096, 4096) is not None
+    entry.named_only = True
+    assert cache.lookup([entry], dev, "float32", 4096, 4096, 4096) is None
+    assert cache.lookup([entry], dev, "float32", 4096, 4096, 4096, kernel="pipelined") is entry
 
 
 def test_a_rungs_entry_is_never_slower_than_its_untuned_choice(monkeypatch) -> None:  # noqa: ANN001
@@ -437,7 +470,8 @@ def test_auto_uses_cached_choice_for_a_gpu() -> None:
 @pytest.mark.opencl
 def test_tuning_one_rung_never_makes_auto_slower(tmp_path, monkeypatch):
     """Tuning a slower rung must not make kernel="auto" slower: the untuned choice is timed
-    too, and the tuned rung is stored only if it is faster."""
+    too, and the tuned rung serves kernel="auto" only if it is faster (else it is kept for
+    calls naming it)."""
     from tilegemm.api import choose_backend, choose_kernel
     from tilegemm.cli import main
     from tilegemm.problem import describe, make_problem
@@ -454,7 +488,7 @@ def test_tuning_one_rung_never_makes_auto_slower(tmp_path, monkeypatch):
     entries = cache.load()
     assert {e.kernel for e in entries} <= {"coalesced"}  # never the untuned choice itself
     spec, params = choose_kernel("auto", backend, make_problem(*ops), {})
-    if entries:
+    if entries and not entries[0].named_only:
         assert (spec.name, params) == (entries[0].kernel, entries[0].params)
     else:
         assert (spec.name, params) == (baseline[0].name, baseline[1])

@@ -138,7 +138,7 @@ def _no_device_choice(chosen: str, auto: bool) -> InvalidValueError:
     choosers = [n for n in BACKENDS if get_backend(n).accepts_device]
     if not auto:
         return InvalidValueError(f"backend {chosen!r} has no device choice; device= works "
-                                 f"with backend={' or '.join(map(repr, choosers))}")
+                                 f"with {' or '.join(f'backend={n!r}' for n in choosers)}")
     why = "; ".join(f"{n}: {get_backend(n).status().reason}" for n in choosers)
     return InvalidValueError(
         f"device= chooses a device of backend {' or '.join(map(repr, choosers))}, and none of "

@@ -274,6 +274,9 @@ def _cpu_threads(threads: int | None) -> Iterator[None]:
         return
     import numba
 
+    from tilegemm.kernels.cpu._threads import make_tbb_loadable
+
+    make_tbb_loadable()  # before numba's first threading call fixes the layer for the process
     before = numba.get_num_threads()
     numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
     try:

@@ -35,6 +35,9 @@ class BackendStatus:
     devices: tuple[str, ...] = ()
     simulated: bool = False  # e.g. numba's CUDA simulator: correct but very slow
     accelerated: bool = False  # a real GPU (or other accelerator): kernel="auto" prefers it
+    # Why the default device cannot run although another device can ("" when it can): the
+    # backend stays usable with device=, and a call without device= is refused with this.
+    default_problem: str = ""
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,13 @@ from tilegemm.backends.base import (
     resolve_scalars,
     wall_clock_elapsed,
 )
+from tilegemm.kernels.cpu._threads import make_tbb_loadable
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d
 from tilegemm.registry import KernelSpec
+
+# Before anything starts Numba's threads: its thread- and fork-safe layer needs this (see
+# tilegemm.kernels.cpu._threads).
+make_tbb_loadable()
 
 # A write of a buffer larger than the CPU's last-level cache evicts it between timed runs.
 HOST_FLUSH_BYTES = 64 * 1024 * 1024

@@ -243,13 +243,21 @@ class OpenCLBackend(Backend):
         )
         default = devices[index]
         problem = build_problem(default)
-        if problem:  # chosen by PYOPENCL_CTX: every call without device= would fail
+        version = f"PyOpenCL {cl.VERSION_TEXT}"
+        if problem:  # chosen by PYOPENCL_CTX: calls without device= cannot run
             ctx = os.environ.get("PYOPENCL_CTX", "")
+            why = (f"the default device [{index}] {default.name.strip()}"
+                   + (f" (PYOPENCL_CTX={ctx!r})" if ctx else "") + f": {problem}")
+            working = [i for i, d in enumerate(devices) if not build_problem(d)]
+            if not working:
+                return BackendStatus("opencl", False, why, names)
+            # Another device can compile: a call naming it with device= runs there, so the
+            # backend stays usable; one without device= is refused (see _device_target).
             return BackendStatus(
-                "opencl", False, f"the default device [{index}] {default.name.strip()}"
-                + (f" (PYOPENCL_CTX={ctx!r})" if ctx else "") + f": {problem}", names)
+                "opencl", True, f"{version}; {why}; calls must name a device that can: "
+                + " or ".join(f"device={i}" for i in working), names, default_problem=why)
         return BackendStatus(
-            "opencl", True, f"PyOpenCL {cl.VERSION_TEXT}; default device [{index}] "
+            "opencl", True, f"{version}; default device [{index}] "
             f"{default.name.strip()}", names, accelerated=device_kind(default) == "gpu",
         )
 

@@ -44,8 +44,8 @@ OK = "ok"
 FAILED = "FAILED"
 SKIPPED = "skipped"
 WRONG = "wrong result: "  # how a FAILED reason starts when the kernel ran but was wrong
-# Measurement.sources: the rung's own defaults for the device (what matmul(kernel=<rung>)
-# runs when given no parameters); kernel="auto"'s choice is recorded as AUTO_SOURCE + why.
+# Measurement.sources: the rung's own registry defaults for the device; kernel="auto"'s
+# choice is recorded as AUTO_SOURCE + why.
 PARAMS_DEFAULTS = "defaults"
 AUTO_SOURCE = "auto: "
 
@@ -119,8 +119,8 @@ class Measurement:
     flushed: bool = False
     reports: list[str] = field(default_factory=list)
     # Where the parameters came from, once per way the run reached them: PARAMS_DEFAULTS
-    # (the rung's defaults for the device: what matmul(kernel=<rung>) runs without
-    # parameters) and/or "auto: <why>" (what matmul(kernel="auto") runs for this product).
+    # (the rung's registry defaults for the device) and/or "auto: <why>" (what
+    # matmul(kernel="auto") runs for this product).
     sources: list[str] = field(default_factory=list)
 
     @property

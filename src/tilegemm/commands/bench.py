@@ -185,10 +185,11 @@ def choose_backends(args: argparse.Namespace, settings: Settings | None = None,
     run, left = [], []
     for name in asked:
         status = get_backend(name).status()
-        if not status.usable:
+        if not status.usable or status.default_problem:  # bench runs the default device
+            why = status.default_problem or status.reason
             if args.backends:
-                raise UnavailableError(f"backend {name!r} is not usable here: {status.reason}")
-            left.append(f"{name}: not usable ({status.reason})")
+                raise UnavailableError(f"backend {name!r} is not usable here: {why}")
+            left.append(f"{name}: not usable ({why})")
         elif status.simulated and not args.include_simulated:
             left.append(f"{name}: {status.reason} — skipped (simulated; --include-simulated "
                         "runs it, at tiny sizes only)")

@@ -13,6 +13,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     import tilegemm
@@ -24,9 +25,11 @@ def run(args: argparse.Namespace) -> int:
         table.add_column(col, overflow="fold")  # long names wrap whole, never cut with …
     for s in tilegemm.backends():
         usable = "[green]yes[/]" if s.usable else "[red]no[/]"
+        if s.usable and s.default_problem:  # only a call that names a working device runs
+            usable = "[yellow]with device=[/]"
         if s.simulated:
             usable += " (simulated)"
-        table.add_row(s.name, usable, "\n".join(s.devices), s.reason)
+        table.add_row(s.name, usable, escape("\n".join(s.devices)), escape(s.reason))
     console.print(table)
     for details in _device_tables():
         console.print(details)

@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
-    from tilegemm.api import choose_backend, choose_kernel
+    from tilegemm import registry
+    from tilegemm.api import choose_backend
     from tilegemm.bench.timing import OK, SKIPPED, Policy, measure_kernel
     from tilegemm.plan import plan
     from tilegemm.problem import describe, host_operand_3d, make_problem
@@ -52,8 +53,9 @@ def run(args: argparse.Namespace) -> int:
     backend = choose_backend(args.backend, ops, args.device, args.kernel)  # as matmul does
     target = device_target(backend, args.device, args.backend)
     prob = make_problem(*ops)
-    spec, resolved = choose_kernel(args.kernel, backend, prob, params, target)
+    # What matmul would run (the one decision, api.decide), and why: so the run times it.
     chosen = plan(a, b, kernel=args.kernel, backend=backend.name, device=args.device, **params)
+    spec, resolved = registry.get(chosen.kernel, backend.name), dict(chosen.params)
     simulated = target.simulated
     if simulated and not params and spec.sim_params is not None:
         # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults

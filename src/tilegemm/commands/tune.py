@@ -80,7 +80,8 @@ def _show(cache) -> int:  # noqa: ANN001 - the module
                                                      if len(e.shape) > 3 and e.shape[3] else "")
         params = " ".join(f"{k}={v}" for k, v in e.params.items())
         print(f"  sizes near {','.join(map(str, e.bucket))}: {e.kernel} {params}".rstrip())
-        print(f"      {e.gflops:.1f} GFLOP/s, measured at {shape}")
+        print(f"      {e.gflops:.1f} GFLOP/s, measured at {shape}"
+              + (f"; for kernel={e.kernel!r} only" if e.named_only else ""))
     return 0
 
 
@@ -135,8 +136,9 @@ def _tune(args: argparse.Namespace) -> int:
     for column in summary.columns[:3]:
         column.overflow = "fold"
     # The baseline: what kernel="auto" runs untuned, timed first. A tuned entry is what
-    # kernel="auto" then runs (the fastest entry wins), so one is kept only where it beats
-    # the baseline; the baseline itself is an entry only when its rung is being tuned.
+    # kernel="auto" then runs (the fastest entry wins), so one that does not beat the
+    # baseline is kept for calls naming its rung only; the baseline itself is an entry only
+    # when its rung is being tuned.
     baseline = baseline_choice(backend, target, dtype, precision, specs,
                                lambda b, d, t: untuned_choice(b, d, t, prob))
     # Launch strategies (searched=False, e.g. split-K) stay at the baseline's value.
@@ -188,21 +190,24 @@ def _tune(args: argparse.Namespace) -> int:
             best_of[spec.name] = (spec, best, gflops)
     stored = 0
     for spec, best, gflops in best_of.values():
-        if (untuned is not None and untuned[0] not in specs and not spec.precisions
-                and gflops <= untuned[1]):
-            # Entries of rungs with a precision parameter serve only calls naming them; an
-            # IEEE entry would replace kernel="auto"'s faster untuned choice.
-            notes.append(f"{spec.name} not stored: at {gflops:.1f} GFLOP/s it is slower than "
-                         f"what kernel='auto' runs untuned ({untuned[0].name}, "
-                         f"{untuned[1]:.1f} GFLOP/s)")
-            continue
+        named_only = (untuned is not None and untuned[0] not in specs and not spec.precisions
+                      and gflops <= untuned[1])
+        if named_only:
+            # Kept for calls naming the rung (matmul(kernel="shared") runs its tuned
+            # parameters), but never for kernel="auto", whose untuned choice is faster.
+            # Entries of rungs with a precision parameter serve only calls naming them.
+            notes.append(f"{spec.name} is for kernel={spec.name!r} only: at {gflops:.1f} "
+                         "GFLOP/s it is slower than what kernel='auto' runs untuned "
+                         f"({untuned[0].name}, {untuned[1]:.1f} GFLOP/s), which it does not "
+                         "replace")
         if not args.dry_run and not target.simulated:
             stored += 1
             cache.record(cache.Entry(
                 backend=backend.name, device=dev.name, arch=dev.arch, dtype=dtype.name,
                 bucket=cache.shape_bucket(args.m, args.n, args.k), kernel=spec.name,
                 params=best.params, seconds=best.seconds, gflops=gflops,
-                shape=[args.m, args.n, args.k, args.batch], precision=precision))
+                shape=[args.m, args.n, args.k, args.batch], precision=precision,
+                named_only=named_only))
     console.print(summary)
     for note in notes:
         console.print(f"note: {note}", highlight=False)

@@ -57,6 +57,9 @@ class Entry:
     # precision= the entry computes ("ieee", "tf32", "3xtf32"): a tensor-core entry is used
     # only for calls asking for that precision, never for kernel="auto" at "ieee".
     precision: str = "ieee"
+    # Measured slower than what kernel="auto" runs untuned: the entry serves calls naming
+    # its rung (matmul(kernel="shared")), and kernel="auto" never switches to it.
+    named_only: bool = False
 
     @property
     def key(self) -> tuple[Any, ...]:
@@ -168,11 +171,12 @@ def clear(path: Path | None = None) -> bool:
 def lookup(entries: list[Entry], device: DeviceId, dtype: str, m: int, n: int, k: int,
            kernel: str | None = None, precision: str = "ieee") -> Entry | None:
     """Best entry for the shape's bucket and precision: this exact device, else its
-    architecture."""
+    architecture. ``kernel=None`` (what ``kernel="auto"`` runs) skips the entries kept only
+    for calls naming their rung; ``kernel=X`` takes X's entry either way."""
     want = shape_bucket(m, n, k)
     same = [e for e in entries if e.backend == device.backend and e.dtype == dtype
-            and e.bucket == want and (kernel is None or e.kernel == kernel)
-            and e.precision == precision]
+            and e.bucket == want and e.precision == precision
+            and (e.kernel == kernel if kernel is not None else not e.named_only)]
     tiers = (
         [e for e in same if e.device == device.name and e.arch == device.arch],
         [e for e in same if device.arch and e.arch == device.arch],

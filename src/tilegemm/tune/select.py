@@ -34,7 +34,8 @@ def device_id(target: Target | Backend) -> DeviceId | None:
     """The tuning cache's device key: the Target's backend, device name and architecture
     (a Backend means its default device; None if it cannot run here)."""
     if isinstance(target, Backend):
-        if not target.status().usable:
+        status = target.status()
+        if not status.usable or status.default_problem:  # no default device to key on
             return None
         target = target.target()
     return DeviceId(target.backend, target.name, target.arch)
@@ -178,7 +179,8 @@ def tuned_choice(backend: Backend, prob: GemmProblem,
     """(rung, full parameters) from the simulator rule or the cache, or None for the
     registry default."""
     if target is None:
-        if not backend.status().usable:
+        status = backend.status()
+        if not status.usable or status.default_problem:
             return None
         target = backend.target()
     dtype = prob.dtype.name

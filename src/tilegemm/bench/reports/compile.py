@@ -43,7 +43,7 @@ def compile_tables(results: Results) -> list[rp.Table]:
         t.notes += rp.problem_notes(rows)
         t.notes.append("first call = build/compile + operand upload + one launch, host clock; "
                        "steady = median of backend-timed launches after warm-up; every rung "
-                       "at its defaults for this device (what matmul(kernel=<rung>) runs)")
+                       "at its registry defaults for this device")
         tables.append(t)
     return tables
 

@@ -12,8 +12,9 @@ from tilegemm.bench.reports import Report
 from tilegemm.bench.results import Results
 from tilegemm.bench.timing import AUTO_SOURCE, PARAMS_DEFAULTS, Measurement
 
-SOURCES_NOTE = ("parameters from: 'defaults' = the rung's defaults for this device, what "
-                "matmul(kernel=<rung>) runs when given no parameters; 'auto: ...' = what "
+SOURCES_NOTE = ("parameters from: 'defaults' = the rung's registry defaults for this device "
+                "(what matmul(kernel=<rung>) runs where nothing was tuned or shipped for the "
+                "rung here); 'auto: ...' = what "
                 "matmul(kernel='auto') runs for this product here, and where it found them "
                 "(tuned: the tuning cache; database: the measurements shipped with "
                 "tilegemm; default: the rung's defaults)")

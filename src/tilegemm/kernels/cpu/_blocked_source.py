@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
+from tilegemm.kernels.cpu._threads import parallel_unsafe
 from tilegemm.kernels.cpu._vector_tile import applies, tile_loop
 from tilegemm.kernels.cpu._workspace import workspace
 
@@ -333,10 +334,33 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W):
 
 def blocked(A, B, C, alpha, beta):
     """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N)."""
+    if parallel_unsafe():  # a forked child where a parallel region would be killed
+        blocked_serial(A, B, C, alpha, beta)
+        return
     nthreads = numba.get_num_threads()
     size = layout(C.shape[0], C.shape[1], C.shape[2], A.shape[2], nthreads, DIRECT_PRODUCT)[7]
     blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
                     workspace(size * _dt.itemsize).view(_dt))
+
+
+def blocked_serial(A, B, C, alpha, beta):
+    """``blocked`` on the calling thread only, with no call that reaches a parallel region
+    (see ``_threads.parallel_unsafe``): products with no K or at most ``DIRECT_PRODUCT``
+    multiply-adds take the unpacked path, which has none; larger ones run the packed loop
+    nest one product at a time (``gemm_serial``, the batch path's per-product code), with
+    scratch sized as there. The same arithmetic as the threaded path, element by element.
+    """
+    batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
+    if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
+        blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt))
+        return
+    kcap = min(kc_max, k)
+    Ap = np.empty((min(mc // mr, (m + mr - 1) // mr), kcap, mr), dtype=_dt)
+    Bp = aligned3((min(nc_max, n) + nr - 1) // nr, kcap, nr, C)
+    T = np.empty((mr, nr), dtype=_dt)
+    for z in range(batch):
+        gemm_serial(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
+                    alpha, beta, Ap, Bp, T)
 
 
 COMPILED = (ukernel, aligned3, pack_b, pack_a, macro, gemm_serial, direct, run_parallel,

@@ -174,8 +174,10 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
 
     from tilegemm.compile_cache import fill_template, load_module
     from tilegemm.kernels.cpu._slp import vector_width
+    from tilegemm.kernels.cpu._threads import make_tbb_loadable
     from tilegemm.kernels.cpu._vector_tile import applies
 
+    make_tbb_loadable()  # before Numba picks its threading layer (see _threads)
     dtype = np.dtype(dtype)
     header = {"MR": p["MR"], "NR": p["NR"], "MC": p["MC"], "KC": p["KC"], "NC": p["NC"]}
     bits = vector_bits()

@@ -1,0 +1,127 @@
+"""Numba's threading layer for the blocked rung: thread-safe and safe in forked workers.
+
+The blocked rung runs ``prange`` loops, so Numba starts a threading layer on its first
+product. Numba tries TBB, then OpenMP, then its own work queue, and tilegemm needs one that
+is safe on both counts users rely on:
+
+- **several threads at once**: ``tilegemm.dask`` on the threaded scheduler, or a user's own
+  thread pool, runs products concurrently. The work queue aborts the process when two
+  threads enter a parallel region together, so it is never an answer here.
+- **forked workers**: ``multiprocessing`` forks by default on Linux (before Python 3.14).
+  GNU OpenMP, Numba's choice on Linux when TBB is missing, cannot run in a child forked
+  from a process that already used it: Numba kills such a child with "Terminating: fork()
+  called from a process already using GNU OpenMP", and a ``multiprocessing.Pool`` then
+  waits forever for its workers.
+
+TBB is safe on both counts, so tilegemm depends on the ``tbb`` package where PyPI has
+wheels for it (Linux on x86-64). pip puts ``libtbb.so.12`` in the environment's ``lib``
+folder, which the dynamic loader does not search in a virtual environment, so Numba would
+not find it and would fall back to OpenMP: :func:`make_tbb_loadable` loads it by its full
+path first, and Numba's own search then finds the library already loaded.
+
+Where TBB cannot be loaded (no wheel for the platform, or Numba had already chosen OpenMP
+before tilegemm was used), a child forked from a process whose OpenMP threads are running
+has :func:`parallel_unsafe` true, and the blocked rung runs its products there on the
+calling thread, without a parallel region: slower, but the worker lives. A choice the user
+made (``NUMBA_THREADING_LAYER`` or ``numba.config.THREADING_LAYER``) is left alone: making
+TBB loadable only adds a candidate, and Numba still takes the layer it was told to take.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from pathlib import Path
+
+# The name Numba asks the dynamic loader for (TBB's binary interface since oneTBB 2021).
+TBB_LIBRARY = "libtbb.so.12"
+
+_tbb_handle: ctypes.CDLL | None = None
+_tbb_tried = False
+# True in a forked child whose parent had Numba's OpenMP layer running (see parallel_unsafe).
+_forked_after_openmp = False
+
+
+def tbb_library_path() -> Path | None:
+    """Where the ``tbb`` package put ``libtbb.so.12`` (None where it is not installed):
+    the environment's ``lib`` folder, or wherever the package's file list says (a user
+    install, a Conda environment)."""
+    candidate = Path(sys.prefix) / "lib" / TBB_LIBRARY
+    if candidate.is_file():
+        return candidate
+    from importlib import metadata
+
+    try:
+        files = metadata.files("tbb") or []
+        dist = metadata.distribution("tbb")
+    except metadata.PackageNotFoundError:
+        return None
+    for entry in files:
+        if entry.name == TBB_LIBRARY:
+            path = Path(dist.locate_file(entry)).resolve()
+            if path.is_file():
+                return path
+    return None
+
+
+def _numba_layer_started() -> bool:
+    """Whether Numba has already chosen and started its threading layer in this process."""
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    return bool(parallel is not None and getattr(parallel, "_is_initialized", False))
+
+
+def make_tbb_loadable() -> bool:
+    """Load the ``tbb`` package's library so that Numba's threading layer can use it.
+
+    Only on Linux (where the fork problem is, and where the dependency is installed), once
+    per process, and only before Numba has started a threading layer (afterwards the choice
+    is made). Returns whether the library is loaded. Never raises: without TBB, Numba picks
+    another layer as it always did.
+    """
+    global _tbb_handle, _tbb_tried
+    if _tbb_handle is not None:
+        return True
+    if _tbb_tried or not sys.platform.startswith("linux") or _numba_layer_started():
+        return False
+    _tbb_tried = True
+    try:  # already in the process (loaded by something else): Numba will find that copy
+        _tbb_handle = ctypes.CDLL(TBB_LIBRARY, mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
+        return True
+    except OSError:
+        pass
+    path = tbb_library_path()
+    if path is None:
+        return False
+    try:
+        # RTLD_GLOBAL: Numba's own dlopen("libtbb.so.12") and its TBB extension module then
+        # resolve to this copy by its soname.
+        _tbb_handle = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    return True
+
+
+def _openmp_running() -> bool:
+    """Whether this process runs Numba's OpenMP layer with a non-fork-safe runtime (GNU
+    OpenMP: Numba's OpenMP layer everywhere but Windows and macOS)."""
+    if not _numba_layer_started() or sys.platform in ("win32", "darwin"):
+        return False
+    parallel = sys.modules["numba.np.ufunc.parallel"]
+    return getattr(parallel, "_threading_layer", None) == "omp"
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_openmp
+    _forked_after_openmp = _forked_after_openmp or _openmp_running()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def parallel_unsafe() -> bool:
+    """True in a process forked (at any depth) from one that was running Numba's GNU
+    OpenMP layer: a parallel region here would be killed, so products must stay on the
+    calling thread."""
+    return _forked_after_openmp
