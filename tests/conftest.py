@@ -81,3 +81,34 @@ def _opencl_problem() -> str:
 def rng() -> np.random.Generator:
     """Fresh random data every run (the seed is printed on failure by pytest's repr)."""
     return np.random.default_rng()
+
+
+class FakeCudaEvent:
+    """A CUDA event (CuPy/PyTorch style) on a fake clock: each ``record`` advances it by 1 ms,
+    so a launch timed between two events takes exactly 1 ms."""
+
+    clock = 0.0
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        self.t = 0.0
+
+    def record(self) -> None:
+        FakeCudaEvent.clock += 0.001
+        self.t = FakeCudaEvent.clock
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: FakeCudaEvent) -> float:  # milliseconds, as torch and CuPy
+        return (end.t - self.t) * 1e3
+
+
+def run_in_threads(work, count: int) -> None:  # type: ignore[no-untyped-def]
+    """Call ``work(i)`` for i in range(count), each in its own thread, and wait for all."""
+    import threading
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

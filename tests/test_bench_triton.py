@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import tilegemm.bench
+from conftest import FakeCudaEvent
 from tilegemm.backends.base import Limits, Target
 from tilegemm.bench import report as rp
 from tilegemm.bench import vendors
@@ -121,21 +122,6 @@ class _Tensor(np.ndarray):
         return "cuda:0"
 
 
-class _Event:
-    clock = 0.0
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        self.t = 0.0
-
-    def record(self) -> None:
-        _Event.clock += 0.002
-        self.t = _Event.clock
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, end: _Event) -> float:
-        return (end.t - self.t) * 1e3
 
 
 def _fake_torch() -> types.ModuleType:
@@ -143,7 +129,7 @@ def _fake_torch() -> types.ModuleType:
     torch.__version__ = "0.fake"
     torch.from_numpy = lambda a: np.array(a).view(_Tensor)
     torch.full = lambda shape, fill, dtype, device: np.full(shape, fill, dtype).view(_Tensor)
-    torch.cuda = types.SimpleNamespace(is_available=lambda: True, Event=_Event,
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True, Event=FakeCudaEvent,
                                        synchronize=lambda: None)
     return torch
 

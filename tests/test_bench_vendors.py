@@ -13,6 +13,7 @@ import types
 import numpy as np
 import pytest
 
+from conftest import FakeCudaEvent
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import Backend, BackendStatus, Limits, Target
 from tilegemm.bench import vendors
@@ -44,21 +45,6 @@ class _GpuBackend(Backend):
                       accelerated=True, vendors=("cupy", "torch"))
 
 
-class _Event:
-    clock = 0.0
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        self.t = 0.0
-
-    def record(self) -> None:
-        _Event.clock += 0.001
-        self.t = _Event.clock
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, end: _Event) -> float:  # torch style, milliseconds
-        return (end.t - self.t) * 1e3
 
 
 def _fake_cupy(wrong: bool = False) -> types.ModuleType:
@@ -75,7 +61,7 @@ def _fake_cupy(wrong: bool = False) -> types.ModuleType:
 
     cp.matmul = matmul
     cp.cuda = types.SimpleNamespace(
-        Event=_Event, get_elapsed_time=lambda s, e: s.elapsed_time(e),
+        Event=FakeCudaEvent, get_elapsed_time=lambda s, e: s.elapsed_time(e),
         Device=lambda: types.SimpleNamespace(synchronize=lambda: None))
     return cp
 
@@ -154,7 +140,7 @@ def test_cublas_through_torch_disables_tf32(monkeypatch: pytest.MonkeyPatch) -> 
     flags = types.SimpleNamespace(allow_tf32=True)
     torch.backends = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=flags),
                                            cudnn=types.SimpleNamespace(allow_tf32=True))
-    torch.cuda = types.SimpleNamespace(is_available=lambda: True, Event=_Event,
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True, Event=FakeCudaEvent,
                                        synchronize=lambda: None)
     monkeypatch.setitem(sys.modules, "torch", torch)
     v = vendors._torch_vendor()

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import run_in_threads
 from tilegemm.kernels.cpu import _threads, k02_blocked
 from tilegemm.reference import assert_close, random_operands
 
@@ -114,11 +115,7 @@ def test_four_threads_at_once_get_right_results():
         for _ in range(3):
             results[i] = tilegemm.matmul(*pairs[i], kernel="blocked", backend="cpu")
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(work, 4)
     for i, (a, b) in enumerate(pairs):
         assert_close(results[i], a, b, what=f"thread {i}")
 

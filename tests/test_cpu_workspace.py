@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import run_in_threads
 from tilegemm.kernels.cpu import _workspace
 from tilegemm.reference import assert_close, random_operands
 
@@ -88,11 +89,7 @@ def test_concurrent_threads_each_get_right_results():
             poison_kept()
             results[i] = blocked(*pairs[i])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(work, 2)
     for i, (a, b) in enumerate(pairs):
         assert_close(results[i], a, b, what=f"thread {i}")
 

@@ -65,11 +65,10 @@ def _entries() -> list[tcache.Entry]:
     if _loaded["path"] != path or _loaded["mtime"] != mtime:
         _loaded.update(path=path, mtime=mtime, entries=tcache.load(path) if mtime else [])
         _memo.clear()
-        _memo_named.clear()
     return _loaded["entries"]
 
 
-_memo: dict[tuple[Any, ...], Choice | None] = {}
+_memo: dict[tuple[Any, ...], Any] = {}  # answers per device, dtype and shape bucket
 
 
 def auto_choice(backend: Backend, target: Target, prob: GemmProblem) -> Choice:
@@ -89,12 +88,9 @@ def auto_plan(backend: Backend, target: Target, prob: GemmProblem
     choice = tuned_choice(backend, prob, target)
     if choice is not None:
         return (*choice, "simulator" if target.simulated else "tuned")
-    dtype = prob.dtype.name
-    key = ("database", target.key, dtype)
-    if key not in _db_memo:
-        _db_memo[key] = _database_choice(backend, target, dtype)
-    if _db_memo[key] is not None:
-        return _for_shape(backend, target, prob, *_db_memo[key])
+    db = _database(backend, target, prob.dtype.name)
+    if db is not None:
+        return _for_shape(backend, target, prob, *db)
     spec = registry.default_for(backend.name, prob.dtype)
     resolved = backend.resolve(spec, {}, target)
     backend.check_limits(spec, resolved, prob.dtype, target)
@@ -118,25 +114,12 @@ def named_plan(backend: Backend, target: Target, prob: GemmProblem, kernel: str
     dev = device_id(target)
     entries = _entries()
     key = ("named", dev, dtype, kernel, tuple(tcache.shape_bucket(prob.m, prob.n, prob.k)))
-    if key not in _memo_named:
-        found: tuple[KernelSpec, dict[str, int], str] | None = None
-        entry = tcache.lookup(entries, dev, dtype, prob.m, prob.n, prob.k, kernel=kernel)
-        if entry is not None:
-            choice = _usable(backend, target, entry.kernel, entry.params, dtype)
-            if choice is not None:
-                found = (*choice, "tuned")
-        if found is None:
-            db_key = ("database", target.key, dtype)
-            if db_key not in _db_memo:
-                _db_memo[db_key] = _database_choice(backend, target, dtype)
-            db = _db_memo[db_key]
-            if db is not None and db[0].name == kernel:
-                found = db
-        _memo_named[key] = found
-    return _memo_named[key]
-
-
-_memo_named: dict[tuple[Any, ...], tuple[KernelSpec, dict[str, int], str] | None] = {}
+    if key not in _memo:
+        choice = _choose(backend, target, dev, dtype, prob, entries, kernel)
+        db = _database(backend, target, dtype)
+        _memo[key] = ((*choice, "tuned") if choice is not None
+                      else db if db is not None and db[0].name == kernel else None)
+    return _memo[key]
 
 
 def _for_shape(backend: Backend, target: Target, prob: GemmProblem, spec: KernelSpec,
@@ -160,6 +143,15 @@ def _for_shape(backend: Backend, target: Target, prob: GemmProblem, spec: Kernel
 
 
 _db_memo: dict[tuple[Any, ...], tuple[KernelSpec, dict[str, int], str] | None] = {}
+
+
+def _database(backend: Backend, target: Target, dtype: str
+              ) -> tuple[KernelSpec, dict[str, int], str] | None:
+    """:func:`_database_choice`, once per (device, dtype): the database does not change."""
+    key = ("database", target.key, dtype)
+    if key not in _db_memo:
+        _db_memo[key] = _database_choice(backend, target, dtype)
+    return _db_memo[key]
 
 
 def _database_choice(backend: Backend, target: Target, dtype: str
@@ -195,8 +187,9 @@ def tuned_choice(backend: Backend, prob: GemmProblem,
 
 
 def _choose(backend: Backend, target: Target, dev: DeviceId, dtype: str, prob: GemmProblem,
-            entries: list[tcache.Entry]) -> Choice | None:
-    entry = tcache.lookup(entries, dev, dtype, prob.m, prob.n, prob.k)
+            entries: list[tcache.Entry], kernel: str | None = None) -> Choice | None:
+    """The cache's entry for the shape (``kernel``: that rung's), if it still fits."""
+    entry = tcache.lookup(entries, dev, dtype, prob.m, prob.n, prob.k, kernel=kernel)
     if entry is not None:
         choice = _usable(backend, target, entry.kernel, entry.params, dtype)
         if choice is not None:
