@@ -69,7 +69,21 @@ leaves a real call, and the fragments go through local memory). The instructions
   bfloat16 array read as, or written from, a float32, converted by the array's type at
   compile time (so one epilogue serves every output dtype). bfloat16 arrays are 16-bit
   integer arrays holding the bit patterns (numba has no bfloat16 array type); writing one
-  rounds to nearest even (``cvt.rn.bf16.f32``), NaN staying NaN.
+  rounds to nearest even (``cvt.rn.bf16.f32``), NaN staying NaN;
+- ``load2_f32(arr, idx)`` / ``store2_f32(arr, idx, x0, x1)``: the same for the two adjacent
+  elements ``idx`` and ``idx`` + 1 along the last axis, as one access of twice the element
+  size (a float32 pair: ``ld/st.global.v2.f32``, ``STG.E.64``; a 16-bit pair: one 32-bit
+  access). The caller guarantees that both elements exist, that the last axis is
+  contiguous and that the pair's address is a multiple of its size (a misaligned vector
+  access is a hardware fault); the stand-ins check all three;
+- ``pair_aligned(arr, idx)``: whether the pair at ``idx`` may be accessed that way: the
+  last axis contiguous and the pair's address a multiple of the pair's size. Asked per
+  pair, from the address the access itself computes (so it costs a mask and a compare, and
+  nothing that LLVM could hoist out of the tile loop to hold across the k loop): C may be
+  any strided view, and with a row stride of an odd number of elements (a contiguous C of
+  odd N) every other row is misaligned. The stand-in asks the real data pointer (a traced
+  array's address in the tracer's space), not ``_access.address``'s 0, so simulator runs of
+  a view with a misaligned start take the one-value path as the GPU would.
 
 The fragment layouts are those of the PTX ISA ("Matrix Fragments for mma.m16n8k8" and
 "for mma.m16n8k16 with floating point type"), written out as the ``*_layout`` functions
@@ -128,6 +142,9 @@ class TensorCoreOps(NamedTuple):
     round_tf32_at: Any
     split_tf32: Any
     split_tf32_at: Any
+    load2_f32: Any
+    store2_f32: Any
+    pair_aligned: Any
 
 
 # --- fragment layouts (PTX ISA), shared by the emulations and the tests --------------------
@@ -577,6 +594,65 @@ def _py_store_f32(arr: Any, idx: Any, x: Any) -> None:
         arr[idx] = np.float32(x)  # NumPy rounds to nearest even into float16
 
 
+def _pair_offset(arr: Any, idx: Any, what: str) -> int:
+    """Simulator: the byte offset of the pair at ``idx`` from ``arr``'s start, after the
+    checks the compiled access cannot make: both elements inside the array, the last axis
+    contiguous, and the pair's address (the data pointer + offset) a multiple of its size.
+    A kernel that takes the pair path where it must not fails here, as the GPU would fault
+    (or, with a non-contiguous last axis, write the wrong element)."""
+    isz, last = arr.dtype.itemsize, len(idx) - 1  # (the simulator's shape tuples take
+    # no negative index)
+    cols, step = int(arr.shape[last]), int(arr.strides[last])
+    if not 0 <= int(idx[last]) < cols - 1:
+        raise IndexError(f"{what}: the pair at column {int(idx[last])} is not inside the "
+                         f"{cols} columns")
+    if step != isz:
+        raise AssertionError(f"{what}: the last axis has stride {step}, not {isz} (the "
+                             f"pair is not contiguous)")
+    offset = sum(int(i) * int(st) for i, st in zip(idx, arr.strides))
+    if (_py_data_address(arr) + offset) % (2 * isz):
+        raise AssertionError(f"{what}: the pair at {tuple(int(i) for i in idx)} is not "
+                             f"{2 * isz}-byte aligned")
+    return offset
+
+
+def _pair_index(idx: Any, q: int) -> tuple[int, ...]:
+    return tuple(int(i) for i in idx[:-1]) + (int(idx[-1]) + q,)
+
+
+def _py_load2_f32(arr: Any, idx: Any) -> tuple[np.float32, np.float32]:
+    offset = _pair_offset(arr, idx, "load2_f32")
+    note_access(arr, offset, 2 * arr.dtype.itemsize, False)
+    plain = untraced(arr)
+    return _py_load_f32(plain, _pair_index(idx, 0)), _py_load_f32(plain, _pair_index(idx, 1))
+
+
+def _py_store2_f32(arr: Any, idx: Any, x0: Any, x1: Any) -> None:
+    offset = _pair_offset(arr, idx, "store2_f32")
+    note_access(arr, offset, 2 * arr.dtype.itemsize, True)
+    plain = untraced(arr)
+    _py_store_f32(plain, _pair_index(idx, 0), x0)
+    _py_store_f32(plain, _pair_index(idx, 1), x1)
+
+
+def _py_pair_aligned(arr: Any, idx: Any) -> bool:
+    last = len(idx) - 1
+    isz = arr.dtype.itemsize
+    offset = sum(int(i) * int(st) for i, st in zip(idx, arr.strides))
+    return (int(arr.strides[last]) == isz
+            and (_py_data_address(arr) + offset) % (2 * isz) == 0)
+
+
+def _py_data_address(arr: Any) -> int:
+    """The data pointer the simulator's array stands for: a traced array's address in the
+    tracer's space (256-byte aligned allocations, views offset from them), else the host
+    array's own (NumPy aligns allocations to 16 bytes at least)."""
+    if _traced(arr):
+        return int(arr.base)
+    host = getattr(arr, "_ary", arr)  # the simulator's device array wraps a NumPy array
+    return int(np.asarray(host).__array_interface__["data"][0])
+
+
 @cache
 def tensorcore_ops() -> TensorCoreOps:
     """The instructions for the current mode (real compilation or the simulator)."""
@@ -589,7 +665,8 @@ def tensorcore_ops() -> TensorCoreOps:
                              _py_cp_commit, _py_cp_wait, _py_load_f32, _py_store_f32,
                              _py_ldmatrix_x4_at, _py_ldmatrix_x4_trans_at, _py_lds_at,
                              _py_cp_async16_at, _py_cp_async16_ptr, _py_round_tf32_at,
-                             _py_split_tf32, _py_split_tf32_at)
+                             _py_split_tf32, _py_split_tf32_at, _py_load2_f32,
+                             _py_store2_f32, _py_pair_aligned)
     return _compiled_ops()
 
 
@@ -817,6 +894,93 @@ def _compiled_ops() -> TensorCoreOps:
 
         return sig, codegen
 
+    def pair_pointer(context: Any, builder: Any, arrty: Any, arr: Any, idxty: Any,
+                     idx: Any) -> tuple[Any, int]:
+        """The pair at ``arr[idx]`` as one pointer: to ``<2 x float>`` (float32) or to an
+        i32 (two 16-bit values, the lower-indexed in the low half); and its alignment."""
+        ptr = item_pointer(context, builder, arrty, arr, idxty, idx)
+        if arrty.dtype == types.float32:
+            return builder.bitcast(ptr, ir.VectorType(f32, 2).as_pointer()), 8
+        return builder.bitcast(ptr, i32.as_pointer()), 4
+
+    def to_bits16(builder: Any, arrty: Any, v: Any) -> Any:
+        """A float32 as the 16 bits ``arr`` holds (store_f32's conversions)."""
+        if arrty.dtype == types.float16:
+            return builder.bitcast(builder.fptrunc(v, ir.HalfType()), ir.IntType(16))
+        return builder.asm(ir.FunctionType(ir.IntType(16), [f32]), "cvt.rn.bf16.f32 $0, $1;",
+                           "=h,f", [v], side_effect=False)
+
+    def from_bits16(builder: Any, arrty: Any, h: Any) -> Any:
+        """16 bits of ``arr`` as a float32 (load_f32's conversions)."""
+        if arrty.dtype == types.float16:
+            return builder.fpext(builder.bitcast(h, ir.HalfType()), f32)
+        return builder.bitcast(builder.shl(builder.zext(h, i32), ir.Constant(i32, 16)), f32)
+
+    @intrinsic
+    def load2_f32(typingctx: Any, arr: Any, idx: Any) -> Any:
+        check_element(arr, idx, "load2_f32")
+        sig = types.UniTuple(types.float32, 2)(arr, idx)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            arrty = sig.args[0]
+            ptr, align = pair_pointer(context, builder, arrty, args[0], sig.args[1], args[1])
+            v = builder.load(ptr, align=align)
+            if arrty.dtype == types.float32:
+                items = [builder.extract_element(v, ir.Constant(i32, q)) for q in range(2)]
+            else:
+                halves = [builder.trunc(v, ir.IntType(16)),
+                          builder.trunc(builder.lshr(v, ir.Constant(i32, 16)), ir.IntType(16))]
+                items = [from_bits16(builder, arrty, h) for h in halves]
+            return context.make_tuple(builder, sig.return_type, items)
+
+        return sig, codegen
+
+    @intrinsic
+    def store2_f32(typingctx: Any, arr: Any, idx: Any, x0: Any, x1: Any) -> Any:
+        check_element(arr, idx, "store2_f32")
+        if not (isinstance(x0, types.Float) and isinstance(x1, types.Float)):
+            raise TypingError(f"store2_f32: needs two float values, got {x0}, {x1}")
+        sig = types.void(arr, idx, x0, x1)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+            arrty = sig.args[0]
+            ptr, align = pair_pointer(context, builder, arrty, args[0], sig.args[1], args[1])
+            vals = [context.cast(builder, args[2 + q], sig.args[2 + q], types.float32)
+                    for q in range(2)]
+            if arrty.dtype == types.float32:
+                v = ir.Constant(ir.VectorType(f32, 2), ir.Undefined)
+                for q, x in enumerate(vals):
+                    v = builder.insert_element(v, x, ir.Constant(i32, q))
+            else:
+                lo, hi = (builder.zext(to_bits16(builder, arrty, x), i32) for x in vals)
+                v = builder.or_(lo, builder.shl(hi, ir.Constant(i32, 16)))
+            builder.store(v, ptr, align=align)
+
+        return sig, codegen
+
+    @intrinsic
+    def pair_aligned(typingctx: Any, arr: Any, idx: Any) -> Any:
+        check_element(arr, idx, "pair_aligned")
+        sig = types.boolean(arr, idx)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            arrty, idxty = sig.args
+            # the addresses of the pair's two elements, as the stores would compute them
+            # (so LLVM shares the arithmetic); a contiguous array's stride is known
+            p0 = builder.ptrtoint(item_pointer(context, builder, arrty, args[0], idxty,
+                                               args[1]), i64)
+            ary = context.make_array(arrty)(context, builder, value=args[0])
+            step = (context.get_constant(types.intp, arrty.dtype.bitwidth // 8)
+                    if arrty.layout == "C" else
+                    builder.extract_value(ary.strides, arrty.ndim - 1))
+            size = arrty.dtype.bitwidth // 8
+            contiguous = builder.icmp_signed("==", step, ir.Constant(i64, size))
+            low = builder.and_(p0, ir.Constant(i64, 2 * size - 1))
+            aligned = builder.icmp_unsigned("==", low, ir.Constant(i64, 0))
+            return builder.and_(contiguous, aligned)
+
+        return sig, codegen
+
     def check_offset(arr: Any, off: Any, what: str) -> None:
         if not isinstance(arr, types.Array) or not isinstance(off, types.Integer):
             raise TypingError(f"{what}: needs an array and an integer offset")
@@ -995,4 +1159,5 @@ def _compiled_ops() -> TensorCoreOps:
                          ldmatrix_intrinsic(True), cp_async_intrinsic(16), cp_async_intrinsic(4),
                          cp_commit, cp_wait, load_f32, store_f32, ldmatrix_at_intrinsic(False),
                          ldmatrix_at_intrinsic(True), lds_at, cp_async16_at, cp_async16_ptr,
-                         round_tf32_at, split_tf32, split_tf32_at)
+                         round_tf32_at, split_tf32, split_tf32_at, load2_f32, store2_f32,
+                         pair_aligned)

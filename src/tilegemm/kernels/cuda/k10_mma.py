@@ -184,12 +184,15 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
     compute_edge = parts("e")[1]
     copies, offsets, bumps = _fast_copies(p, NT, ACH, BCH, VW)
     bases += copies[0]
+    # each thread holds two adjacent columns of a row per register pair (c_layout): one
+    # put stores both (see _put)
     epilogue = ["er = row0 + wm0 + g", "ec = col0 + wn0 + 2 * t"]
     for i in range(MI):
         for j in range(NI):
-            for r in range(4):
-                epilogue.append(f"put(C, z, er + {16 * i + 8 * (r // 2)}, ec + {8 * j + r % 2},"
-                                f" acc[{i}, {j}, {r}], alpha, beta, m, n)")
+            for h in range(2):
+                epilogue.append(f"put(C, z, er + {16 * i + 8 * h}, ec + {8 * j}, "
+                                f"acc[{i}, {j}, {2 * h}], acc[{i}, {j}, {2 * h + 1}], "
+                                f"alpha, beta, m, n)")
     ns["put"] = _put()
     round_bases, rounding = _round_own(p, NT, ACH, BCH, PASSES) if tf32 else ([], [])
     bases += round_bases
@@ -236,21 +239,50 @@ def _swz_fn(expr: str, ns: dict[str, Any]) -> Any:
 
 
 def _put() -> Any:
-    """``put(C, z, row, col, v, alpha, beta, m, n)``: the epilogue's store of one result,
-    alpha/beta applied, C read only when beta != 0, nothing outside M×N (rung wgmma's too).
+    """``put(C, z, row, col, v0, v1, alpha, beta, m, n)``: the epilogue's store of the two
+    results of columns ``col`` and ``col + 1`` of a row, alpha/beta applied, C read only
+    when beta != 0, nothing outside M×N (rung wgmma's too).
+
+    In the mma accumulator layout a thread holds two adjacent columns (``c_layout``), so a
+    warp storing one value per thread writes 8 rows × 16 bytes: 8 sectors, each half used
+    (a quarter for 16-bit C). Storing the pair as one access (float32: 8 bytes,
+    ``STG.E.64``; 16-bit: 4 bytes, ``STG.E``) writes 8 rows × 32 bytes: the same 8
+    sectors, wholly used, in half the store instructions (and, with beta != 0, half the
+    loads of C). That needs the pair inside N (``col`` is even, so an odd N leaves the last
+    column alone) and an address that is a multiple of the pair's size, asked per pair
+    (``pair_aligned``): C may be any strided view, and a row stride of an odd number of
+    elements (a contiguous C with odd N) misaligns every other row. Otherwise each value
+    is stored alone, as before. The test is on the address the store computes anyway, so
+    the k loop's machine code is the same as without it (docs/performance.md).
 
     Inlined by NVVM, not by numba (see :func:`_nvvm_inlined`): the epilogue calls it once
-    per accumulator (64 times at the defaults), and numba's own inlining copied its IR,
-    with its two branches, into the kernel at every call: 448 of mma's 566 blocks, which
-    every later numba pass walks again. The machine code is the same."""
-    store_f32, load_f32 = tensorcore_ops().store_f32, tensorcore_ops().load_f32
+    per accumulator pair (32 times at the defaults), and numba's own inlining copied its
+    IR, with its branches, into the kernel at every call, which every later numba pass
+    walks again. The machine code is the same."""
+    ops = tensorcore_ops()
+    store_f32, load_f32 = ops.store_f32, ops.load_f32
+    store2_f32, load2_f32, pair_aligned = ops.store2_f32, ops.load2_f32, ops.pair_aligned
 
-    def put(C, z, gr, gc, v, alpha, beta, m, n):  # noqa: ANN001, ANN202
-        if gr < m and gc < n:
-            if beta == 0:
-                store_f32(C, (z, gr, gc), alpha * v)
+    def put(C, z, gr, gc, v0, v1, alpha, beta, m, n):  # noqa: ANN001, ANN202
+        if gr < m:
+            if gc + 1 < n and pair_aligned(C, (z, gr, gc)):
+                if beta == 0:
+                    store2_f32(C, (z, gr, gc), alpha * v0, alpha * v1)
+                else:
+                    c0, c1 = load2_f32(C, (z, gr, gc))
+                    store2_f32(C, (z, gr, gc), alpha * v0 + beta * c0, alpha * v1 + beta * c1)
             else:
-                store_f32(C, (z, gr, gc), alpha * v + beta * load_f32(C, (z, gr, gc)))
+                if gc < n:
+                    if beta == 0:
+                        store_f32(C, (z, gr, gc), alpha * v0)
+                    else:
+                        store_f32(C, (z, gr, gc), alpha * v0 + beta * load_f32(C, (z, gr, gc)))
+                if gc + 1 < n:
+                    if beta == 0:
+                        store_f32(C, (z, gr, gc + 1), alpha * v1)
+                    else:
+                        store_f32(C, (z, gr, gc + 1),
+                                  alpha * v1 + beta * load_f32(C, (z, gr, gc + 1)))
 
     from numba import cuda
 

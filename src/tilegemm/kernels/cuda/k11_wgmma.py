@@ -182,10 +182,11 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
         next_stage.append("ss = ss + SLOT if ss < (SMALL_SLOTS - 1) * SLOT else 0")
     small_desc = (["dsas = dsas0 + u64(ss >> 4)", "dsbs = dsbs0 + u64(ss >> 4)"]
                   if split else [])
+    # accumulators 2i and 2i+1 are adjacent columns of one row: one put stores both
     epilogue = ["er = row0 + wg * 64 + 16 * w + g", "ec = col0 + 2 * q"]
-    for i in range(BN // 2):
-        epilogue.append(f"put(C, z, er + {8 * ((i // 2) % 2)}, ec + {8 * (i // 4) + i % 2}, "
-                        f"acc[{i}], alpha, beta, m, n)")
+    for i in range(0, BN // 2, 2):
+        epilogue.append(f"put(C, z, er + {8 * ((i // 2) % 2)}, ec + {8 * (i // 4)}, "
+                        f"acc[{i}], acc[{i + 1}], alpha, beta, m, n)")
     # eight-value tuples joined: a long tuple display becomes a list-to-tuple in CPython
     # 3.11's bytecode, which numba-cuda's bytecode reader refuses (BN/2 is a multiple of 8)
     zeros = " + ".join(["(" + ", ".join(["zf"] * 8) + ")"] * (BN // 16))
