@@ -235,4 +235,5 @@ SPEC = KernelSpec(
     ),
     dtypes=FLOATS + INTS,
     doc=__doc__,
+    auto=True,  # kernel="auto" on the CPU (a rung added above it is run only by name)
 )
