@@ -68,9 +68,7 @@ def _has(root: Any, dotted: str) -> bool:
 def _names_known() -> set[str]:
     import tilegemm
     from tilegemm.bench.reports import all_reports
-    from tilegemm.registry import BACKENDS
-
-    from tilegemm.registry import all_specs
+    from tilegemm.registry import BACKENDS, all_specs
 
     commands = {p.stem for p in (ROOT / "src/tilegemm/commands").glob("[a-z]*.py")}
     keywords = set(inspect.signature(tilegemm.gemm).parameters)  # kernel="auto", device=...
