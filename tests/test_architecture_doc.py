@@ -33,6 +33,7 @@ def _roots() -> list[Any]:
     from tilegemm.registry import BackendLine, KernelSpec
 
     modules = ("tilegemm", "tilegemm.bench", "tilegemm.backends", "tilegemm.backends.base",
+               "tilegemm.kernels.cuda._jit",
                "tilegemm.registry", "tilegemm.bench.report", "tilegemm.bench.reports",
                "tilegemm.bench.sweeps", "tilegemm.kernels.cudac")
     return [*map(importlib.import_module, modules), Backend, Target, KernelSpec, Report,
@@ -67,11 +68,15 @@ def _has(root: Any, dotted: str) -> bool:
 def _names_known() -> set[str]:
     import tilegemm
     from tilegemm.bench.reports import all_reports
-    from tilegemm.registry import BACKENDS
+    from tilegemm.registry import BACKENDS, all_specs
 
     commands = {p.stem for p in (ROOT / "src/tilegemm/commands").glob("[a-z]*.py")}
     keywords = set(inspect.signature(tilegemm.gemm).parameters)  # kernel="auto", device=...
-    return set(BACKENDS) | set(all_reports()) | commands | keywords
+    rungs = {s.name for s in all_specs()}
+    # the OpenCL prelude's macros, which a rung's kernel file uses
+    prelude = ROOT / "src/tilegemm/kernels/opencl/_prelude.cl"
+    macros = set(re.findall(r"#define\s+(\w+)", prelude.read_text()))
+    return set(BACKENDS) | set(all_reports()) | commands | keywords | rungs | macros
 
 
 def _path_exists(token: str) -> bool:

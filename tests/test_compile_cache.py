@@ -273,3 +273,22 @@ def test_a_failed_pocl_builds_log_is_not_damage(tmp_path: Path) -> None:
     with pytest.warns(compile_cache.CompileCacheWarning, match="PoCL rebuilds it"):
         compile_cache._check_pocl_entries(tmp_path)
     assert not built.exists() and failed.exists()
+
+
+def test_cpu_digest_follows_the_private_modules_not_the_rungs(tmp_path: Path) -> None:
+    """The compiled blocked rung depends on kernels/cpu/_*.py (it imports them); a rung file
+    added or edited beside it must not invalidate it, an edited private module must."""
+    import shutil
+
+    from tilegemm.compile_cache import CPU_KERNELS, cpu_sources_digest
+
+    folder = tmp_path / "cpu"
+    shutil.copytree(CPU_KERNELS, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    before = cpu_sources_digest(folder)
+    assert before == cpu_sources_digest()
+    (folder / "k03_mine.py").write_text("SPEC = None\n")
+    (folder / "k01_triple_loop.py").write_text("# edited\n")
+    assert cpu_sources_digest(folder) == before
+    with (folder / "_slp.py").open("a") as f:
+        f.write("# edited\n")
+    assert cpu_sources_digest(folder) != before

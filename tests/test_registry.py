@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -66,12 +68,32 @@ def test_rung_numbers_are_unique_per_backend():
         assert len(rungs) == len(set(rungs)), backend
 
 
-def test_default_for_is_the_highest_rung_supporting_the_dtype():
+def test_default_for_is_the_flagged_rung_else_the_highest(monkeypatch) -> None:
     cpu = registry.specs_for("cpu")
     best = registry.default_for("cpu", "float32")
-    assert best.rung == max(s.rung for s in cpu if s.supports("float32"))
+    assert best.auto and best.rung == max(s.rung for s in cpu if s.supports("float32"))
     with pytest.raises(ValueError, match="choices"):
         registry.get("nope", "cpu")
+    # without a flag, the highest rung that computes the dtype
+    unflagged = [replace(s, auto=False) for s in cpu]
+    monkeypatch.setattr(registry, "specs_for", lambda backend: unflagged)
+    assert registry.default_for("cpu", "int32").rung == max(s.rung for s in unflagged)
+
+
+@pytest.mark.parametrize("backend", registry.BACKENDS)
+def test_a_rung_added_above_the_flagged_one_is_not_auto(backend, monkeypatch) -> None:
+    """Adding a rung (a new file in kernels/<backend>/) must not change what kernel="auto"
+    runs: each backend flags its rung for auto, so the new one runs only when named."""
+    specs = registry.specs_for(backend)
+    before = {d: registry.default_for(backend, d).name for d in ("float32", "float64")
+              if any(s.supports(d) and not s.precisions for s in specs)}
+    assert before, backend
+    top = max(specs, key=lambda s: s.rung)
+    added = replace(top, name="added_rung", rung=top.rung + 1, auto=False, precisions={},
+                    precision_param="", dtypes=("float32", "float64", "int32", "int64"))
+    monkeypatch.setattr(registry, "specs_for", lambda b: [*specs, added])
+    for dtype, name in before.items():
+        assert registry.default_for(backend, dtype).name == name
 
 
 def test_program_is_built_once():

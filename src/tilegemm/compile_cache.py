@@ -258,12 +258,25 @@ def current_describe() -> dict[str, Any] | None:
     return _DESCRIBE.get()
 
 
+CPU_KERNELS = Path(__file__).parent / "kernels" / "cpu"
+
+
+def cpu_sources_digest(folder: Path | None = None) -> str:
+    """A hash of the private CPU kernel modules (``kernels/cpu/_*.py``; ``folder``: another
+    copy of that folder): a written-out module imports their intrinsics (the explicit
+    vector K loop, the prefetch, the thread placement) and compiles them into its code, so
+    a cached entry built from other versions of them must not be loaded. The rung modules
+    (``kNN_*.py``) are not hashed: what they contribute is in the written-out source
+    itself, and adding or editing a rung of your own must not throw away the compiled
+    ``blocked`` rung."""
+    if folder is None:
+        return _installed_cpu_digest()
+    return source_digest(folder.glob("_*.py"))
+
+
 @functools.cache
-def cpu_sources_digest() -> str:
-    """A hash of tilegemm's CPU kernel sources: a written-out module imports their
-    intrinsics (the explicit vector K loop, the prefetch) and compiles them into its code,
-    so a cached entry built from other versions of them must not be loaded."""
-    return source_digest((Path(__file__).parent / "kernels" / "cpu").glob("*.py"))
+def _installed_cpu_digest() -> str:
+    return cpu_sources_digest(CPU_KERNELS)
 
 
 def _cpu_key() -> str:

@@ -1,4 +1,4 @@
-"""The main job: the quick benchmark of every rung on this machine's backends.
+"""`make demo`: the quick benchmark of every rung on this machine's backends.
 
 Same as ``tilegemm bench`` (quick by default): every rung of every usable, non-simulated
 backend is verified against float64 NumPy, then timed, and shown beside the vendor library

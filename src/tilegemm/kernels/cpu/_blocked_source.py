@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
-from tilegemm.kernels.cpu._threads import parallel_unsafe
+from tilegemm.kernels.cpu._threads import PoolWatch, parallel_unsafe, place_workers
 from tilegemm.kernels.cpu._vector_tile import applies, tile_loop
 from tilegemm.kernels.cpu._workspace import workspace
 
@@ -339,8 +339,11 @@ def blocked(A, B, C, alpha, beta):
         return
     nthreads = numba.get_num_threads()
     size = layout(C.shape[0], C.shape[1], C.shape[2], A.shape[2], nthreads, DIRECT_PRODUCT)[7]
-    blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
-                    workspace(size * _dt.itemsize).view(_dt))
+    if nthreads > 1 and C.size * A.shape[2] > DIRECT_PRODUCT:  # a parallel region runs
+        place_workers()  # Numba's workers on CPUs of their own (see _threads)
+    with PoolWatch():
+        blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
+                        workspace(size * _dt.itemsize).view(_dt))
 
 
 def blocked_serial(A, B, C, alpha, beta):

@@ -125,3 +125,113 @@ def parallel_unsafe() -> bool:
     OpenMP layer: a parallel region here would be killed, so products must stay on the
     calling thread."""
     return _forked_after_openmp
+
+
+# --- Where Numba's worker threads run -------------------------------------------------------
+#
+# After the process has been idle for a tenth of a second or more, the first parallel
+# region of a product often ran without its second thread for about 4 ms, one scheduler
+# tick (measured on a 2-vCPU KVM guest, AMD EPYC Zen 5, TBB and OpenMP layers alike; 1024³
+# float32 then took 10 ms instead of 5). The woken worker was queued behind the calling
+# thread on the caller's CPU, and moved to the idle CPU only by the next load balancing.
+# A worker allowed on one CPU, not the caller's, is woken there at once (5-7 ms after any
+# pause). So before a threaded product the workers are spread over the CPUs the caller may
+# use, one each, none on the CPU the caller is running on.
+
+PIN_ENV = "TILEGEMM_PIN_THREADS"
+
+_pool_tids: dict[int, list[int]] = {}  # pid -> the threads that Numba's first region started
+_placement: dict[int, tuple[int, frozenset[int]]] = {}  # pid -> (caller's CPU, allowed)
+
+
+def pinning_enabled() -> bool:
+    """Whether tilegemm places Numba's worker threads (``TILEGEMM_PIN_THREADS=0`` turns it
+    off; only on Linux, where threads can be placed by id)."""
+    return sys.platform.startswith("linux") and os.environ.get(PIN_ENV, "1") != "0"
+
+
+def _thread_ids() -> set[int]:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+_getcpu: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
+
+
+def current_cpu() -> int:
+    """The CPU the calling thread runs on (-1 where the C library cannot tell)."""
+    global _getcpu
+    if _getcpu is None:
+        try:
+            _getcpu = ctypes.CDLL(None).sched_getcpu
+            _getcpu.restype, _getcpu.argtypes = ctypes.c_int, []
+        except (OSError, AttributeError):
+            return -1
+    return int(_getcpu())
+
+
+def worker_cpus(workers: int, allowed: set[int] | frozenset[int], caller: int) -> list[int]:
+    """The CPU for each of ``workers`` threads: the allowed CPUs other than the caller's, in
+    order, one per thread (round again only when there are more threads than CPUs)."""
+    others = sorted(c for c in allowed if c != caller) or sorted(allowed)
+    return [others[i % len(others)] for i in range(workers)]
+
+
+class PoolWatch:
+    """Around what may start Numba's thread pool (loading the rung's compiled module, the
+    first threaded products): the threads that appear meanwhile are Numba's workers (and
+    the threading library's helpers), remembered for placing. Watches at most
+    ``WATCHES`` times per process; if the pool was already running (the process ran
+    parallel Numba code before tilegemm), nothing appears and nothing is ever placed."""
+
+    WATCHES = 4
+
+    def __init__(self) -> None:
+        pid = os.getpid()
+        self.before: set[int] | None = None
+        if not _pool_tids.get(pid) and _watches.get(pid, 0) < self.WATCHES:
+            _watches[pid] = _watches.get(pid, 0) + 1
+            self.before = _thread_ids()
+
+    def __enter__(self) -> PoolWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.before is not None:
+            new = _thread_ids() - self.before
+            if new:
+                _pool_tids[os.getpid()] = sorted(new)
+
+
+_watches: dict[int, int] = {}  # pid -> how many times PoolWatch looked
+
+
+def place_workers() -> None:
+    """Pin each of Numba's worker threads to one CPU the caller may use, other than the one
+    it runs on now (see above). Cheap when nothing changed since the last call: two system
+    calls. Never raises: a thread that has gone, or a CPU refused, leaves that thread
+    where it is."""
+    pid = os.getpid()
+    tids = _pool_tids.get(pid)
+    if not tids or not pinning_enabled():
+        return
+    try:
+        allowed = frozenset(os.sched_getaffinity(0))
+    except OSError:
+        return
+    if len(allowed) < 2:
+        return
+    cpu = current_cpu()
+    if _placement.get(pid) == (cpu, allowed):
+        return
+    alive = []
+    for tid, target in zip(tids, worker_cpus(len(tids), allowed, cpu), strict=True):
+        try:
+            os.sched_setaffinity(tid, {target})
+            alive.append(tid)
+        except OSError:  # gone, or not ours to move
+            pass
+    _pool_tids[pid] = alive
+    _placement[pid] = (cpu, allowed)

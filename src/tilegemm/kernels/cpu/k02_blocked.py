@@ -174,7 +174,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
 
     from tilegemm.compile_cache import fill_template, load_module
     from tilegemm.kernels.cpu._slp import vector_width
-    from tilegemm.kernels.cpu._threads import make_tbb_loadable
+    from tilegemm.kernels.cpu._threads import PoolWatch, make_tbb_loadable
     from tilegemm.kernels.cpu._vector_tile import applies
 
     make_tbb_loadable()  # before Numba picks its threading layer (see _threads)
@@ -189,7 +189,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
          "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL},
         {"ukernel": micro_kernel_source(p["MR"], p["NR"], vector_loop=applies(dtype))},
     )
-    with vector_width(bits):  # compiled (or loaded from the cache) with full-width vectors
+    # compiled (or loaded from the cache) with full-width vectors; loading may start
+    # Numba's thread pool, whose threads are then placed before each product (_threads)
+    with vector_width(bits), PoolWatch():
         module = load_module(f"blocked-{dtype.name}", source,
                              {"kernel": "blocked", "params": header, "dtype": dtype.name})
     return module.blocked
@@ -233,4 +235,5 @@ SPEC = KernelSpec(
     ),
     dtypes=FLOATS + INTS,
     doc=__doc__,
+    auto=True,  # kernel="auto" on the CPU (a rung added above it is run only by name)
 )

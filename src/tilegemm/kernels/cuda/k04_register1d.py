@@ -11,7 +11,7 @@ R elements of each tile, in rows ``ty + r·TILE/R`` (coalesced along x).
 
 This is the optimisation note's ``matrixMulSharedILPkernel`` generalised: the original hard-codes R
 = 2 and a ``+16`` row offset (valid only for TILE = 32) and assumes square sizes that are multiples
-of TILE. the optimisation note's sweep at 1024³ with 32×32 tiles (R = 1, 2, 4, 8, 16, 32 → 3.67,
+of TILE. The optimisation note's sweep at 1024³ with 32×32 tiles (R = 1, 2, 4, 8, 16, 32 → 3.67,
 4.80, 6.02, 6.77, 6.67, 5.32 TFLOP/s) shows the trade-off: more outputs per thread mean more
 reuse but fewer threads per block and more registers, until occupancy falls.
 

@@ -21,4 +21,5 @@ SPEC = cudac_spec(
     grid=lambda p: flat_tile_grid(p["BM"], p["BN"]),  # grouped tile order, batches in z
     # the same tiles; split-K is a launch strategy of the Numba rung only
     params=tuple(x for x in NUMBA_RUNG.params if x.name != "SPLIT_K"),
+    auto=True,  # kernel="auto" on this backend, as the Numba rung is on "cuda"
 )

@@ -84,4 +84,5 @@ SPEC = KernelSpec(
     doc=__doc__,
     # Measured on PoCL (AVX2 code, 2 cores): see docs/opencl.md.
     device_defaults={"cpu": {"BM": 8, "BN": 16, "BK": 8, "TM": 8, "TN": 16, "VW": 8}},
+    auto=True,  # kernel="auto" on OpenCL (a rung added above it is run only by name)
 )

@@ -1,0 +1,160 @@
+"""``tilegemm.matmul`` against ``np.matmul`` on the shapes and layouts users pass, not only
+large squares: mid sizes, sizes that are no power of two, skinny products, vector-matrix
+products, transposed and Fortran-ordered operands, batches of small products.
+
+Usage (from the repository root; take the machine for yourself while it runs)::
+
+    PYTHONPATH=src python benchmarks/cpu_shapes.py                 # writes benchmarks/results/
+    PYTHONPATH=src python benchmarks/cpu_shapes.py --no-save --only gemv
+
+Whole calls are timed (validation, dispatch and any copy included), ours and NumPy's in
+alternating blocks of back-to-back calls, with a pause before each block: OpenBLAS's threads
+spin for 0.1-0.3 s after a NumPy call and would share the cores with ours. The first call
+of each block is not timed: after an idle pause, the first parallel region of either
+library waits for its sleeping threads (see docs/cpu.md); what is reported is the steady
+rate of repeated calls. The ratio is NumPy's median block time over ours (> 1: tilegemm is
+faster). Every result is checked against NumPy's first. Writes
+``benchmarks/results/cpu-shapes-<cpu>-<isa>-m<family>-<model>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numba
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_blocked  # noqa: E402
+
+import tilegemm  # noqa: E402
+from tilegemm.bench.environment import (  # noqa: E402
+    cpu_family_model,
+    cpu_name,
+    git_commit,
+    host_info,
+    numpy_blas,
+    write_cpu_results,
+)
+from tilegemm.bench.timing import alternating  # noqa: E402
+from tilegemm.tune.database import host_isa  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (group, label, a's shape, b's shape, layout); layout "c": C-ordered operands, "at"/"bt":
+# that operand is the transpose of a C-ordered array, "f": both Fortran-ordered.
+CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str]] = [
+    ("square", "256³", (256, 256), (256, 256), "c"),
+    ("square", "512³", (512, 512), (512, 512), "c"),
+    ("square", "1000³", (1000, 1000), (1000, 1000), "c"),
+    ("square", "1024³", (1024, 1024), (1024, 1024), "c"),
+    ("square", "997×1009×1013", (997, 1013), (1013, 1009), "c"),
+    ("skinny", "2048×2048×32", (2048, 32), (32, 2048), "c"),
+    ("skinny", "2048×32×2048", (2048, 2048), (2048, 32), "c"),
+    ("skinny", "32×2048×2048", (32, 2048), (2048, 2048), "c"),
+    ("skinny", "8192×256×256", (8192, 256), (256, 256), "c"),
+    ("gemv", "1×4096×4096", (1, 4096), (4096, 4096), "c"),
+    ("gemv", "4096×1×4096", (4096, 4096), (4096, 1), "c"),
+    ("gemv", "vector @ matrix (4096)", (4096,), (4096, 4096), "c"),
+    ("gemv", "matrix @ vector (4096)", (4096, 4096), (4096,), "c"),
+    ("layout", "a.T @ b 1024³", (1024, 1024), (1024, 1024), "at"),
+    ("layout", "a @ b.T 1024³", (1024, 1024), (1024, 1024), "bt"),
+    ("layout", "Fortran order 1024³", (1024, 1024), (1024, 1024), "f"),
+    ("batch", "32 × 128³", (32, 128, 128), (32, 128, 128), "c"),
+    ("batch", "256 × 32³", (256, 32, 32), (256, 32, 32), "c"),
+]
+
+
+def operands(a_shape: tuple[int, ...], b_shape: tuple[int, ...], layout: str, dtype: str,
+             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Fresh random operands of the given shapes, in the given memory layout."""
+    def make(shape: tuple[int, ...], transposed: bool) -> np.ndarray:
+        if transposed:  # the transpose of a C-ordered array of the swapped shape
+            return rng.standard_normal(shape[::-1]).astype(dtype).T
+        return rng.standard_normal(shape).astype(dtype)
+
+    a = make(a_shape, layout == "at")
+    b = make(b_shape, layout == "bt")
+    if layout == "f":
+        a, b = np.asfortranarray(a), np.asfortranarray(b)
+    return a, b
+
+
+def measure(a: np.ndarray, b: np.ndarray, rounds: int, pause: float) -> dict:
+    """Median block time of ``tilegemm.matmul(a, b)`` and ``np.matmul(a, b)``, blocks of
+    calls sized to about 20 ms, alternating."""
+    ref = np.matmul(a, b)
+    got = tilegemm.matmul(a, b)  # compiles (or loads from the cache), then checked
+    scale = np.abs(a).max() * np.abs(b).max() * a.shape[-1]
+    err = float(np.max(np.abs(got.astype(np.float64) - ref))) / max(scale, 1e-30)
+    t = time.perf_counter()
+    tilegemm.matmul(a, b)
+    calls = max(1, min(200, int(0.02 / max(time.perf_counter() - t, 1e-6))))
+
+    def block(f: Callable[[], object]) -> Callable[[], list[float]]:
+        def run() -> list[float]:
+            f()  # wakes the threads after the pause (not timed)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                f()
+            return [(time.perf_counter() - t0) / calls]
+        return run
+
+    times = alternating({"ours": block(lambda: tilegemm.matmul(a, b)),
+                         "numpy": block(lambda: np.matmul(a, b))}, rounds, pause=pause)
+    ours, npy = float(np.median(times["ours"])), float(np.median(times["numpy"]))
+    return {"ms_tilegemm": round(ours * 1e3, 4), "ms_numpy": round(npy * 1e3, 4),
+            "ratio": round(npy / ours, 3), "calls_per_block": calls,
+            "max_error_over_scale": err}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    ap.add_argument("--only", nargs="+", help="groups to run (square, skinny, gemv, layout, "
+                    "batch)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pause", type=float, default=0.5)
+    ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--suffix", default="", help="appended to the results file name")
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    rows = []
+    for dtype in args.dtypes:
+        for group, label, sa, sb, layout in CASES:
+            if args.only and group not in args.only:
+                continue
+            a, b = operands(sa, sb, layout, dtype, rng)
+            row = {"group": group, "case": label, "dtype": dtype, "a_shape": list(sa),
+                   "b_shape": list(sb), "layout": layout}
+            row.update(measure(a, b, args.rounds, args.pause))
+            plan = tilegemm.plan(a, b)
+            row.update(kernel=plan.kernel, params=plan.params, source=plan.source)
+            rows.append(row)
+            print(f"{dtype:8s} {group:7s} {label:24s} tilegemm {row['ms_tilegemm']:9.3f} ms  "
+                  f"NumPy {row['ms_numpy']:9.3f} ms  ratio {row['ratio']:5.2f}", flush=True)
+    result = {
+        "device": "cpu", "cpu_model": cpu_name(), "cpu_family_model": cpu_family_model(),
+        "isa": host_isa(), "simd": cpu_blocked.simd_flags(),
+        "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
+        "numba_threading_layer": numba.threading_layer(),
+        "numpy_version": np.__version__, "numba_version": numba.__version__,
+        "numpy_blas": numpy_blas(), "env": host_info()["env"], "git_commit": git_commit(),
+        "method": f"whole matmul calls vs np.matmul on the same operands, blocks of calls "
+                  f"(about 20 ms each, after one untimed call) alternating, {args.pause} s idle "
+                  f"before each block, {args.rounds} rounds, median block; ratio = NumPy "
+                  "time / tilegemm time",
+        "load_average_at_end": list(os.getloadavg()),
+        "cases": rows,
+    }
+    if not args.no_save:
+        write_cpu_results(ROOT, "cpu-shapes", host_isa(), result, suffix=args.suffix)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Numba's worker threads are placed on CPUs of their own before a threaded CPU product.
+
+Without it, a worker woken after an idle pause was often queued on the caller's busy CPU
+for a scheduler tick (about 4 ms), so short products ran on one thread (see
+``tilegemm.kernels.cpu._threads``). Checked here by what can be read back: each worker's
+CPU affinity. No timing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tilegemm
+from tilegemm.kernels.cpu import _threads
+
+SRC = Path(tilegemm.__file__).resolve().parent.parent
+
+SCRIPT = """
+import json, os
+import numba, numpy as np
+import tilegemm
+from tilegemm.kernels.cpu import _threads
+
+a = np.random.default_rng(0).standard_normal((160, 160))
+c = tilegemm.matmul(a, a, kernel="blocked", backend="cpu")
+tilegemm.matmul(a, a, kernel="blocked", backend="cpu")
+workers = _threads._pool_tids.get(os.getpid(), [])
+print(json.dumps({
+    "error": float(np.abs(c - a @ a).max()),
+    "threads": numba.get_num_threads(),
+    # the caller's CPU when the workers were last placed (it may have moved since)
+    "caller_cpu": _threads._placement.get(os.getpid(), (-1,))[0],
+    "allowed": sorted(os.sched_getaffinity(0)),
+    "workers": {str(t): sorted(os.sched_getaffinity(t)) for t in workers},
+}))
+"""
+
+
+def _run(**env: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(SRC), "NUMBA_NUM_THREADS": "2", **env},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+needs_two_cpus = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="thread placement needs Linux and two CPUs this process may use")
+
+
+def test_worker_cpus_spread_over_the_other_cpus() -> None:
+    assert _threads.worker_cpus(1, {0, 1}, 0) == [1]
+    assert _threads.worker_cpus(1, {0, 1}, 1) == [0]
+    assert _threads.worker_cpus(3, {0, 1, 2, 3}, 2) == [0, 1, 3]
+    # more threads than other CPUs: round again; caller outside the set: every CPU is "other"
+    assert _threads.worker_cpus(3, {4, 5}, 4) == [5, 5, 5]
+    assert _threads.worker_cpus(2, {4, 5}, 0) == [4, 5]
+
+
+@pytest.mark.slow
+@needs_two_cpus
+def test_workers_pinned_one_cpu_each_not_the_callers() -> None:
+    got = _run()
+    assert got["error"] < 1e-9
+    assert got["threads"] == 2
+    assert got["workers"], "the threads Numba's pool started were not found"
+    for cpus in got["workers"].values():
+        assert len(cpus) == 1 and cpus[0] in got["allowed"]
+        if got["caller_cpu"] >= 0:
+            assert cpus != [got["caller_cpu"]]
+
+
+@pytest.mark.slow
+@needs_two_cpus
+def test_pinning_can_be_turned_off() -> None:
+    got = _run(TILEGEMM_PIN_THREADS="0")
+    assert got["error"] < 1e-9
+    assert got["workers"], "the threads Numba's pool started were not found"
+    for cpus in got["workers"].values():
+        assert cpus == got["allowed"]
