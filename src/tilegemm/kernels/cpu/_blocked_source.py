@@ -338,6 +338,12 @@ def blocked(A, B, C, alpha, beta):
         blocked_serial(A, B, C, alpha, beta)
         return
     nthreads = numba.get_num_threads()
+    if takes_gemv(C.shape[0], C.shape[1], C.shape[2], A.shape[2], DIRECT_PRODUCT):
+        if nthreads > 1:
+            place_workers()
+        with PoolWatch():
+            gemv_threads(A, B, C, alpha, beta, nthreads)
+        return
     size = layout(C.shape[0], C.shape[1], C.shape[2], A.shape[2], nthreads, DIRECT_PRODUCT)[7]
     if nthreads > 1 and C.size * A.shape[2] > DIRECT_PRODUCT:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
@@ -357,6 +363,11 @@ def blocked_serial(A, B, C, alpha, beta):
     if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
         blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt))
         return
+    if takes_gemv(batch, m, n, k, DIRECT_PRODUCT):
+        for z in range(batch):
+            gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
+                      alpha, beta, 0, 1)
+        return
     kcap = min(kc_max, k)
     Ap = np.empty((min(mc // mr, (m + mr - 1) // mr), kcap, mr), dtype=_dt)
     Bp = aligned3((min(nc_max, n) + nr - 1) // nr, kcap, nr, C)
@@ -366,5 +377,103 @@ def blocked_serial(A, B, C, alpha, beta):
                     alpha, beta, Ap, Bp, T)
 
 
+# --- Products with one row or one column (vector-matrix, matrix-vector) -----------------
+# Packing would copy the whole matrix for one pass over it, and an MR×NR tile would be
+# mostly padding, so these run unpacked: the matrix is streamed once, front to back.
+GEMV_ROWS = 8  # rows of B combined per pass over y in the vector-matrix form
+# partial sums of a dot product: four vectors' worth at the width the code is built for
+DOT_LANES = 4 * max(1, (VECTOR_BITS or 256) // (8 * _dt.itemsize))
+
+
+@njit(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8), **FLAGS)
+def gemv_part(A, B, C, alpha, beta, c, nchunks):
+    """Chunk ``c`` of ``nchunks`` of a product with M == 1 or N == 1 (2-D operands).
+
+    M == 1, ``y = x @ B``: chunk c is a range of columns of y; each column is the same
+    K-ordered sum as in the packed path (``GEMV_ROWS`` rows of B are folded into a column's
+    running sum per pass, in order, so y is read and written once per ``GEMV_ROWS`` rows
+    rather than once per row). N == 1, ``y = A @ x``: chunk c is a range of rows of A; each
+    row's dot product is summed in ``4·lanes`` interleaved partial sums (lane q takes the
+    products q, q + 4·lanes, ...), added up at the end in lane order: a vectorisable
+    reduction under FMA contraction alone, in a fixed order (so the same on every call),
+    but not the order of the packed path. Integer products are exact either way.
+    """
+    m, n, k = C.shape[0], C.shape[1], A.shape[1]
+    if m == 1:
+        j0, j1 = c * n // nchunks, (c + 1) * n // nchunks
+        if j1 <= j0:
+            return
+        acc = np.zeros(j1 - j0, dtype=C.dtype)
+        x = A[0]
+        kk = k // GEMV_ROWS * GEMV_ROWS
+        for p in range(0, kk, GEMV_ROWS):
+            a0, a1, a2_, a3_ = x[p], x[p + 1], x[p + 2], x[p + 3]
+            a4_, a5, a6, a7 = x[p + 4], x[p + 5], x[p + 6], x[p + 7]
+            r0, r1, r2, r3 = B[p, j0:j1], B[p + 1, j0:j1], B[p + 2, j0:j1], B[p + 3, j0:j1]
+            r4, r5, r6, r7 = B[p + 4, j0:j1], B[p + 5, j0:j1], B[p + 6, j0:j1], B[p + 7, j0:j1]
+            for j in range(j1 - j0):
+                t = acc[j]
+                t += a0 * r0[j]
+                t += a1 * r1[j]
+                t += a2_ * r2[j]
+                t += a3_ * r3[j]
+                t += a4_ * r4[j]
+                t += a5 * r5[j]
+                t += a6 * r6[j]
+                t += a7 * r7[j]
+                acc[j] = t
+        for p in range(kk, k):
+            a = x[p]
+            row = B[p, j0:j1]
+            for j in range(j1 - j0):
+                acc[j] += a * row[j]
+        y = C[0]
+        for j in range(j1 - j0):
+            v = alpha * acc[j]
+            y[j0 + j] = v if beta == zero else v + beta * y[j0 + j]
+    else:
+        i0, i1 = c * m // nchunks, (c + 1) * m // nchunks
+        x = B.reshape(k)  # (K, 1), C-contiguous: a vector
+        lanes = DOT_LANES
+        part = np.empty(lanes, dtype=C.dtype)
+        kk = k // lanes * lanes
+        for i in range(i0, i1):
+            row = A[i]
+            part[:] = zero
+            for p0 in range(0, kk, lanes):
+                for q in range(lanes):
+                    part[q] += row[p0 + q] * x[p0 + q]
+            t = zero
+            for q in range(lanes):
+                t += part[q]
+            for p in range(kk, k):
+                t += row[p] * x[p]
+            v = alpha * t
+            C[i, 0] = v if beta == zero else v + beta * C[i, 0]
+
+
+@njit(numba.void(ro3, ro3, a3, nbt, nbt, i8), parallel=True, **FLAGS)
+def gemv_threads(A, B, C, alpha, beta, nthreads):
+    """Products with M == 1 or N == 1, one after another, each split into ``nthreads``
+    chunks of columns (M == 1) or rows (N == 1) that run in parallel."""
+    for z in range(C.shape[0]):
+        Az = A[z if A.shape[0] > 1 else 0]
+        Bz = B[z if B.shape[0] > 1 else 0]
+        Cz = C[z]
+        for c in prange(nthreads):
+            gemv_part(Az, Bz, Cz, alpha, beta, np.int64(c), nthreads)
+
+
+@njit(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)
+def takes_gemv(batch, m, n, k, direct_max):
+    """Whether a call takes the vector-matrix path: one row or one column per product,
+    above the unpacked small-product path, and not a batch of small products (those run
+    one product per thread, as the packed path does)."""
+    if k == 0 or batch * m * n * k <= direct_max or (m != 1 and n != 1):
+        return False
+    return batch == 1 or m * n * k > SMALL_PRODUCT
+
+
 COMPILED = (ukernel, aligned3, pack_b, pack_a, macro, gemm_serial, direct, run_parallel,
+            gemv_part, gemv_threads, takes_gemv,
             layout, blocked_threads)
