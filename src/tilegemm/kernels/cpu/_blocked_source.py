@@ -40,7 +40,7 @@ FLAGS: dict = {"error_model": "numpy", "boundscheck": False, "cache": CACHE}
 if _dt.kind == "f":
     FLAGS["fastmath"] = {"contract"}
 i8, flag = numba.int64, numba.boolean
-ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (2, 3))
+ro1, ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (1, 2, 3))
 a1, a2, a3, a4 = nbt[::1], nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
 # Scratch arrays start on 64-byte boundaries of the workspace (in elements).
 ALIGN = max(1, 64 // _dt.itemsize)
@@ -381,8 +381,20 @@ def blocked_serial(A, B, C, alpha, beta):
 # Packing would copy the whole matrix for one pass over it, and an MR×NR tile would be
 # mostly padding, so these run unpacked: the matrix is streamed once, front to back.
 GEMV_ROWS = 8  # rows of B combined per pass over y in the vector-matrix form
-# partial sums of a dot product: four vectors' worth at the width the code is built for
-DOT_LANES = 4 * max(1, (VECTOR_BITS or 256) // (8 * _dt.itemsize))
+
+
+# @dot (replaced by the generated dot products, ``k02_blocked.dot_rows_source``)
+def dot_rows(A, x, C, i0, i1, alpha, beta):
+    for i in range(i0, i1):
+        t = zero
+        for p in range(A.shape[1]):
+            t += A[i, p] * x[p]
+        C[i, 0] = alpha * t if beta == zero else alpha * t + beta * C[i, 0]
+# @end-dot
+
+
+with slp_enabled():  # its named partial sums become vectors under the SLP vectoriser
+    dot_rows = njit(numba.void(ro2, ro1, a2, i8, i8, nbt, nbt), **FLAGS)(dot_rows)
 
 
 @njit(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8), **FLAGS)
@@ -392,11 +404,8 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks):
     M == 1, ``y = x @ B``: chunk c is a range of columns of y; each column is the same
     K-ordered sum as in the packed path (``GEMV_ROWS`` rows of B are folded into a column's
     running sum per pass, in order, so y is read and written once per ``GEMV_ROWS`` rows
-    rather than once per row). N == 1, ``y = A @ x``: chunk c is a range of rows of A; each
-    row's dot product is summed in ``4·lanes`` interleaved partial sums (lane q takes the
-    products q, q + 4·lanes, ...), added up at the end in lane order: a vectorisable
-    reduction under FMA contraction alone, in a fixed order (so the same on every call),
-    but not the order of the packed path. Integer products are exact either way.
+    rather than once per row). N == 1, ``y = A @ x``: chunk c is a range of rows of A,
+    ``dot_rows`` (generated, see ``k02_blocked.dot_rows_source``).
     """
     m, n, k = C.shape[0], C.shape[1], A.shape[1]
     if m == 1:
@@ -432,24 +441,8 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks):
             v = alpha * acc[j]
             y[j0 + j] = v if beta == zero else v + beta * y[j0 + j]
     else:
-        i0, i1 = c * m // nchunks, (c + 1) * m // nchunks
         x = B.reshape(k)  # (K, 1), C-contiguous: a vector
-        lanes = DOT_LANES
-        part = np.empty(lanes, dtype=C.dtype)
-        kk = k // lanes * lanes
-        for i in range(i0, i1):
-            row = A[i]
-            part[:] = zero
-            for p0 in range(0, kk, lanes):
-                for q in range(lanes):
-                    part[q] += row[p0 + q] * x[p0 + q]
-            t = zero
-            for q in range(lanes):
-                t += part[q]
-            for p in range(kk, k):
-                t += row[p] * x[p]
-            v = alpha * t
-            C[i, 0] = v if beta == zero else v + beta * C[i, 0]
+        dot_rows(A, x, C, c * m // nchunks, (c + 1) * m // nchunks, alpha, beta)
 
 
 @njit(numba.void(ro3, ro3, a3, nbt, nbt, i8), parallel=True, **FLAGS)
@@ -475,5 +468,5 @@ def takes_gemv(batch, m, n, k, direct_max):
 
 
 COMPILED = (ukernel, aligned3, pack_b, pack_a, macro, gemm_serial, direct, run_parallel,
-            gemv_part, gemv_threads, takes_gemv,
+            dot_rows, gemv_part, gemv_threads, takes_gemv,
             layout, blocked_threads)

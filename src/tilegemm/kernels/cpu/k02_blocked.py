@@ -130,6 +130,46 @@ def _scalar_k_loop(mr: int, nr: int, unroll: int) -> list[str]:
     return lines
 
 
+def dot_rows_source(lanes: int) -> str:
+    """Python source of ``dot_rows(A, x, C, i0, i1, alpha, beta)``: ``C[i, 0] = alpha *
+    dot(A[i], x) (+ beta * C[i, 0])`` for rows i0..i1, the matrix-vector products.
+
+    A dot product is a reduction, which LLVM vectorises only if it may reorder the
+    additions (the rung allows FMA contraction and nothing else). So the order is chosen
+    here: ``lanes`` named partial sums, sum q taking the products q, q + lanes, q +
+    2·lanes..., then added up in order q = 0, 1, ... and the remainder after them. The
+    SLP vectoriser packs the named sums into vector registers (four at the widths the
+    database uses: ``lanes`` = 4 × elements per vector). Not the packed path's order, so
+    a float result may differ from ``kernel="blocked"`` on a wider product in the last
+    bits; the same on every call. Integer sums are exact in any order. The loop runs over
+    an unsigned index, as the micro-kernel's, so no negative-index wraparound is emitted.
+    """
+    acc = [f"s{q}" for q in range(lanes)]
+    lines = ["def dot_rows(A, x, C, i0, i1, alpha, beta):",
+             "    k = A.shape[1]",
+             f"    nmain = uint64(k // {lanes})",
+             "    for i in range(i0, i1):",
+             "        row = A[i]",
+             "        " + " = ".join(acc) + " = zero",
+             "        for q0 in range(nmain):",
+             f"            p = q0 * uint64({lanes})"]
+    lines += [f"            s{q} += row[p + uint64({q})] * x[p + uint64({q})]"
+              for q in range(lanes)]
+    lines.append("        t = zero")
+    lines += [f"        t += s{q}" for q in range(lanes)]
+    lines += [f"        for p in range(nmain * uint64({lanes}), uint64(k)):",
+              "            t += row[p] * x[p]",
+              "        v = alpha * t",
+              "        C[i, 0] = v if beta == zero else v + beta * C[i, 0]"]
+    return "\n".join(lines) + "\n"
+
+
+def dot_lanes(dtype: np.dtype, bits: int | None) -> int:
+    """Partial sums of ``dot_rows``: four vectors' worth at the width the code is built
+    for (256 bits where LLVM chooses)."""
+    return 4 * max(1, (bits or 256) // (8 * np.dtype(dtype).itemsize))
+
+
 def jit_flags(dtype: np.dtype) -> dict[str, Any]:
     """No bounds checks, NumPy error model; for floats, FMA contraction and nothing else
     (no reassociation, so NaN/Inf and rounding behave like the plain loop)."""
@@ -187,7 +227,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
         {"MR, NR, MC, KC, NC": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
          "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL},
-        {"ukernel": micro_kernel_source(p["MR"], p["NR"], vector_loop=applies(dtype))},
+        {"ukernel": micro_kernel_source(p["MR"], p["NR"], vector_loop=applies(dtype)),
+         "dot": dot_rows_source(dot_lanes(dtype, bits))},
     )
     # compiled (or loaded from the cache) with full-width vectors; loading may start
     # Numba's thread pool, whose threads are then placed before each product (_threads)
