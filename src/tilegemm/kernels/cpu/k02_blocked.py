@@ -19,7 +19,9 @@ GotoBLAS/BLIS do, so that almost every operand comes from a register or L1:
   arrays on the heap, and LLVM will not keep heap memory in registers, so a local
   ``np.zeros((MR, NR))`` accumulator runs from L1 at 1/20 of the speed;
 - **threads**: ``prange`` over balanced row-block tasks of each packed panel (plus column
-  groups when there are few rows), or over the batch when each product is small.
+  groups when there are few rows), or over the batch when each product is small;
+- **one row or one column** (vector-matrix and matrix-vector products): no packing, the
+  matrix streamed once and split over the threads (``gemv_threads``; see docs/cpu.md).
 
 Expected: compute-bound — one thread reaches about 93% of single-threaded OpenBLAS on
 float32 and float64 at 1024³–2048³; two threads scale when both cores are free (see

@@ -1,0 +1,132 @@
+"""Products with one row or one column on the CPU rung: vector-matrix and matrix-vector.
+
+They take an unpacked path (``gemv_threads`` in the rung's module: the matrix streamed
+once, split over the threads) instead of packing the whole matrix for one pass. Checked
+against float64 NumPy (integers exactly), with NaN-poisoned outputs (conftest sets
+TILEGEMM_POISON=1), and that this path is the one that runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm import registry
+from tilegemm.kernels.cpu import k02_blocked
+from tilegemm.reference import assert_close, random_operands
+
+DTYPES = ("float32", "float64", "int32", "int64")
+# above DIRECT_PRODUCT multiply-adds, so not the small unpacked path
+K_BIG = 2 * k02_blocked.DIRECT_PRODUCT // 64 + 13
+
+
+def module(dtype: str):
+    """The compiled rung module kernel='blocked' runs for ``dtype`` on this machine."""
+    a = np.ones((4, 4), dtype)
+    params = tilegemm.plan(a, a, kernel="blocked", backend="cpu").params
+    program = registry.get("blocked", "cpu").program(params, np.dtype(dtype))
+    return sys.modules[program.__module__]
+
+
+def matmul(a, b, **kw):
+    return tilegemm.matmul(a, b, kernel="blocked", backend="cpu", **kw)
+
+
+SHAPES = [
+    ((1, K_BIG), (K_BIG, 64)),        # row vector @ matrix
+    ((64, K_BIG), (K_BIG, 1)),        # matrix @ column vector
+    ((1, K_BIG), (K_BIG, 1)),         # one dot product
+    ((K_BIG,), (K_BIG, 61)),          # 1-D @ 2-D
+    ((67, K_BIG), (K_BIG,)),          # 2-D @ 1-D
+    ((3, 1, 1009), (3, 1009, 211)),   # a batch of vector-matrix products
+    ((2, 97, 1013), (1013, 1)),       # a batch, the vector shared
+    ((1, 3), (3, 100_003)),           # short K, long row
+    ((100_003, 3), (3, 1)),           # short K, long column
+    ((1, 1), (1, 300_000)),           # K = 1
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("sa", "sb"), SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_vector_products_match_numpy(dtype, sa, sb):
+    a, b = random_operands(sa, sb, dtype)
+    got = matmul(a, b)
+    assert got.shape == np.matmul(a, b).shape
+    if np.dtype(dtype).kind == "i":
+        np.testing.assert_array_equal(got, np.matmul(a, b))
+    else:
+        assert_close(got, a, b, what=f"{dtype} {sa} @ {sb}")
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float64"))
+@pytest.mark.parametrize(("m", "n"), [(1, 300), (300, 1)])
+def test_alpha_beta_and_c(dtype, m, n, rng):
+    k = K_BIG
+    a, b = random_operands((m, k), (k, n), dtype)
+    c = rng.standard_normal((m, n)).astype(dtype)
+    got = tilegemm.gemm(a, b, c=c.copy(), alpha=1.5, beta=-0.5, kernel="blocked",
+                        backend="cpu")
+    assert_close(got, a, b, alpha=1.5, beta=-0.5, c=c)
+    got0 = tilegemm.gemm(a, b, c=np.full((m, n), np.nan, dtype), alpha=2.0, beta=0.0,
+                         kernel="blocked", backend="cpu")  # C not read when beta == 0
+    assert_close(got0, a, b, alpha=2.0)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float64"))
+def test_nan_and_inf_propagate(dtype):
+    a, b = random_operands((1, K_BIG), (K_BIG, 40), dtype)
+    b[7, 3] = np.nan
+    got = matmul(a, b)
+    assert np.isnan(got[0, 3]) and np.isfinite(np.delete(got, 3, axis=1)).all()
+    a2, x = random_operands((40, K_BIG), (K_BIG, 1), dtype)
+    a2[11, 9] = np.inf
+    got2 = matmul(a2, x)
+    assert np.isinf(got2[11, 0]) and np.isfinite(np.delete(got2, 11, axis=0)).all()
+
+
+@pytest.mark.parametrize("dtype", ("float32", "int64"))
+@pytest.mark.parametrize(("sa", "sb", "takes"), [
+    ((1, K_BIG), (K_BIG, 64), True),
+    ((64, K_BIG), (K_BIG, 1), True),
+    ((2, K_BIG), (K_BIG, 64), False),       # two rows: the packed path
+    ((1, 8), (8, 8), False),                # tiny: the small unpacked path
+    ((64, 1, 64), (64, 64, 64), False),     # a batch of small products: one per thread
+])
+def test_the_vector_path_is_what_runs(dtype, sa, sb, takes, monkeypatch):
+    mod = module(dtype)
+    calls = []
+    original = mod.gemv_threads
+    monkeypatch.setattr(mod, "gemv_threads", lambda *a: (calls.append(1), original(*a)))
+    a, b = random_operands(sa, sb, dtype)
+    got = matmul(a, b)
+    assert bool(calls) is takes
+    if dtype == "int64":
+        np.testing.assert_array_equal(got, np.matmul(a, b))
+
+
+@pytest.mark.parametrize("dtype", ("float64", "int32"))
+def test_forked_child_path_computes_the_same(dtype, monkeypatch):
+    """In a process where a parallel region would be killed (a child forked under GNU
+    OpenMP) the vector path runs on the calling thread: the same results."""
+    mod = module(dtype)
+    monkeypatch.setattr(mod, "parallel_unsafe", lambda: True)
+    monkeypatch.setattr(mod, "gemv_threads", None)  # would fail if called
+    for sa, sb in (((1, K_BIG), (K_BIG, 33)), ((2, 31, K_BIG), (K_BIG, 1))):
+        a, b = random_operands(sa, sb, dtype)
+        got = matmul(a, b)
+        if dtype == "int32":
+            np.testing.assert_array_equal(got, np.matmul(a, b))
+        else:
+            assert_close(got, a, b)
+
+
+def test_dot_rows_source_sums_in_a_fixed_lane_order():
+    src = k02_blocked.dot_rows_source(4)
+    assert src.count("+= row[p + uint64(") == 4
+    assert [ln.strip() for ln in src.splitlines() if ln.strip().startswith("t += s")] == [
+        "t += s0", "t += s1", "t += s2", "t += s3"]
+    assert k02_blocked.dot_lanes(np.float32, 512) == 64
+    assert k02_blocked.dot_lanes(np.float64, None) == 16
