@@ -29,6 +29,8 @@ VECTOR_BITS = None  # widest vectors the code may use (None: LLVM's choice for t
 K_UNROLL = 4  # K steps per trip of the micro-kernel's loop
 # @end-header
 
+BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
+
 mr, nr, mc, kc_max, nc_max = MR, NR, MC, KC, NC
 _dt = np.dtype(DTYPE)
 nbt = numba.from_dtype(_dt)
@@ -222,7 +224,8 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
     phase 0: task t packs the t-th of ``ntasks`` slices of the B panel of product z;
     phase 1: task t = (row block of ``nblk``, strip group of ``ngroups``) packs its A
     block and computes its tiles (blocks differ by at most one MR strip, so threads stay
-    balanced); phase 2: task t is the whole product t of the batch (small products).
+    balanced); phase 2: task t is the t-th of ``ntasks`` runs of whole products of the
+    batch (small products), with one set of scratch arrays for its run.
     """
     nstrips = (nc + nr - 1) // nr
     msr = (C.shape[1] + mr - 1) // mr
@@ -241,14 +244,17 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, g * nstrips // ngroups,
                   (g + 1) * nstrips // ngroups, alpha, beta, pc == 0, T_all[t])
         else:
-            # scratch sized to the product, not the blocks: tiny products stay cheap
+            # scratch sized to the product, not the blocks, and made once per task for its
+            # run of products: tiny products stay cheap
             kcap = min(kc_max, A.shape[2])
             Ap = np.empty((min(mc // mr, (C.shape[1] + mr - 1) // mr), kcap, mr),
                           dtype=C.dtype)
             Bpz = aligned3((min(nc_max, C.shape[2]) + nr - 1) // nr, kcap, nr, C)
             T = np.empty((mr, nr), dtype=C.dtype)
-            gemm_serial(A[t if A.shape[0] > 1 else 0], B[t if B.shape[0] > 1 else 0],
-                        C[t], alpha, beta, Ap, Bpz, T)
+            batch = C.shape[0]
+            for zz in range(t * batch // ntasks, (t + 1) * batch // ntasks):
+                gemm_serial(A[zz if A.shape[0] > 1 else 0], B[zz if B.shape[0] > 1 else 0],
+                            C[zz], alpha, beta, Ap, Bpz, T)
 
 
 @njit(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8), **FLAGS)
@@ -306,8 +312,9 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W):
         return
     empty = np.empty((1, 1, 1, mr), dtype=C.dtype)
     if batch > 1 and m * n * k <= SMALL_PRODUCT:
-        run_parallel(2, batch, A, B, C, 0, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],
-                     empty, empty[0])
+        # runs of products, a few per thread (the scheduler balances them)
+        run_parallel(2, min(batch, BATCH_TASKS * nthreads), A, B, C, 0, alpha, beta, 0, 0,
+                     0, 0, 0, 1, empty[0], empty, empty[0])
         return
     # One product at a time, threads over (row block × strip group) tasks (see layout).
     nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(
