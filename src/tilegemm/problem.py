@@ -215,6 +215,20 @@ def _shape_error(a: tuple[int, ...], b: tuple[int, ...], detail: str) -> Invalid
     return InvalidValueError(f"matmul: shapes {a} and {b} are not aligned: {detail}")
 
 
+def numpy_matmul_dtype(a: np.dtype, b: np.dtype) -> np.dtype | None:
+    """The dtype ``np.matmul`` returns for host operands of dtypes ``a`` and ``b``, for the
+    dtypes where that is not ``np.result_type``'s answer: those that NumPy does not define
+    itself (kind "V"), such as ml_dtypes' bfloat16, whose matmul computes in float32 and
+    returns float32 (``result_type`` says bfloat16). None for NumPy's own dtypes (the two
+    agree) and where NumPy's matmul has no loop for the pair."""
+    if a.kind != "V" and b.kind != "V":
+        return None
+    try:
+        return np.matmul(np.zeros((1, 1), a), np.zeros((1, 1), b)).dtype
+    except TypeError:
+        return None
+
+
 def make_problem(
     a: Operand, b: Operand, *, trans_a: bool = False, trans_b: bool = False,
     dtype: Any = None,
@@ -259,11 +273,18 @@ def make_problem(
         ) from None
     # Dtypes after shapes, as NumPy checks them: a shape error is a ValueError whatever the
     # dtypes. Any pair whose result dtype is computed is converted once on the way in.
+    numpy_rule = (numpy_matmul_dtype(a.dtype, b.dtype)
+                  if dtype is None and a.kind == "host" and b.kind == "host" else None)
     try:
         natural = result = np.result_type(a.dtype, b.dtype)
     except TypeError as e:  # e.g. bfloat16 with float16 or int32: no common dtype
-        raise InvalidTypeError(f"matmul: operands of dtypes {a.dtype.name} and {b.dtype.name} "
-                               f"have no common dtype ({e}); cast one of them") from None
+        if numpy_rule is None:
+            raise InvalidTypeError(
+                f"matmul: operands of dtypes {a.dtype.name} and {b.dtype.name} have no common "
+                f"dtype ({e}); cast one of them") from None
+        natural = result = numpy_rule
+    if numpy_rule is not None and numpy_rule != result:
+        dtype = numpy_rule  # as if asked for: bfloat16 operands, a float32 result
     if dtype is not None:
         try:
             result = np.dtype(dtype)
