@@ -474,3 +474,15 @@ def test_precision_checked_without_the_workers_gpu(monkeypatch):
     assert tgd.matmul(x, y, backend="cuda", kernel="mma", precision="3xtf32").shape == (8, 8)
     with pytest.raises(ValueError, match="cannot compute precision"):
         tgd.matmul(x, y, backend="cuda", kernel="shared", precision="tf32")
+
+
+def test_a_dask_array_given_to_matmul_is_refused_not_computed():
+    """tilegemm.matmul on a Dask array would compute it whole, in memory: refused, naming
+    tilegemm.dask.matmul, before anything is computed."""
+    computed = []
+    x = da.ones((4, 4), chunks=2).map_blocks(lambda b: computed.append(1) or b)
+    computed.clear()  # Dask calls the function once on an empty block to learn its type
+    for a, b in ((x, np.ones((4, 4))), (np.ones((4, 4)), x)):
+        with pytest.raises(TypeError, match="tilegemm.dask.matmul"):
+            tilegemm.matmul(a, b)
+    assert computed == []

@@ -199,8 +199,10 @@ def decide(
         describe_stream(stream)  # a wrong type fails here, before anything runs
     # The device first: defaults, parameters and limits are those of the device that runs.
     target = be.target_for(ops, device)
-    if float32_out and _tensor_core_dtype(prob, be) is not None:
+    if (float32_out and prob.operand_dtype is None
+            and _tensor_core_dtype(prob, be) is not None):
         # as make_problem(..., dtype=np.float32) describes it: float32 out, 16-bit operands
+        # (NumPy bfloat16 arrays are described so already: np.matmul's float32 result)
         prob = replace(prob, result_dtype=None, operand_dtype=prob.result_dtype)
     prob = _tensor_core_half(prob, be)
     asked_auto = kernel == AUTO and not params

@@ -102,6 +102,11 @@ def describe(x: Any, name: str) -> Operand:
         raise InvalidTypeError(
             f"{name}: masked arrays are not supported (the mask would be ignored); "
             "pass x.filled(0) or the unmasked data")
+    if hasattr(x, "__dask_graph__") and hasattr(x, "chunks"):
+        # np.asarray would compute the whole lazy array in memory, here, at once
+        raise InvalidTypeError(
+            f"{name}: a Dask array; use tilegemm.dask.matmul(a, b), which multiplies it "
+            "block by block with tilegemm and stays lazy (or pass x.compute())")
     if not isinstance(x, np.ndarray):
         # The object's own errors (from __array__, say) reach the caller unchanged, as
         # they do from np.matmul.
