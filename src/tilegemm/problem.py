@@ -313,8 +313,14 @@ def make_problem(
     )
 
 
-def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
+def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str,
+                    transposed_ok: bool = False) -> Any:
     """A host operand as a C-contiguous (batch or 1, rows, cols) array of the problem dtype.
+
+    With ``transposed_ok`` (a rung that packs transposed operands itself), returns
+    ``(array, transposed)``: an operand that is the transpose of a C-ordered array of the
+    problem dtype in its last two axes (a Fortran-ordered matrix, ``x.T``) comes back as
+    that C-ordered (batch or 1, cols, rows) storage, uncopied, with ``transposed`` True.
 
     Copies only when needed (a dtype change, a transpose, a partial broadcast or a
     non-contiguous layout); the caller's array is never written. The result is always a
@@ -339,9 +345,15 @@ def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
         x3 = x2.reshape(prob.batch, rows, cols)
     else:
         x3 = np.broadcast_to(x2, prob.batch_shape + (rows, cols)).reshape(prob.batch, rows, cols)
+    if transposed_ok and x3.dtype == prob.dtype and not x3.flags.c_contiguous:
+        stored = np.swapaxes(x3, 1, 2)
+        if stored.flags.c_contiguous:  # the transpose of a C-ordered array: no copy
+            view = stored.view()
+            view.flags.writeable = False
+            return view, True
     view = np.ascontiguousarray(x3, dtype=prob.dtype).view()
     view.flags.writeable = False
-    return view
+    return (view, False) if transposed_ok else view
 
 
 def check_out(out: Any, prob: GemmProblem, kind: str) -> bool:

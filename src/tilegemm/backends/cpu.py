@@ -168,17 +168,25 @@ class CpuBackend(Backend):
         target: Target | None = None,
     ) -> np.ndarray:
         alpha, beta = resolve_scalars(prob, alpha, beta)
-        a3 = host_operand_3d(a.obj, prob, "a")
-        b3 = host_operand_3d(b.obj, prob, "b")
+        program = None if prob.empty else spec.program(params, prob.dtype)
+        # A rung that packs transposed operands itself (blocked) reads a Fortran-ordered
+        # matrix or an x.T in place; the others get C-ordered copies.
+        in_place = getattr(program, "takes_transposed", False)
+        a3, ta = host_operand_3d(a.obj, prob, "a", True) if in_place else (
+            host_operand_3d(a.obj, prob, "a"), False)
+        b3, tb = host_operand_3d(b.obj, prob, "b", True) if in_place else (
+            host_operand_3d(b.obj, prob, "b"), False)
         # out=a (as NumPy allows): kernels read A while writing C, so an out that overlaps
         # an operand the kernel reads gets a fresh buffer, copied into out at the end.
         alias = out is not None and (np.may_share_memory(out, a3)
                                      or np.may_share_memory(out, b3))
         dest = host_output(prob, c, None if alias else out, beta)
-        if not prob.empty:
+        if program is not None:
             c3 = dest.reshape(prob.batch, prob.m, prob.n)
-            program = spec.program(params, prob.dtype)
-            program(a3, b3, c3, alpha, beta)
+            if ta or tb:
+                program(a3, b3, c3, alpha, beta, int(ta) | int(tb) << 1)
+            else:
+                program(a3, b3, c3, alpha, beta)
         if alias:
             np.copyto(out, dest)
             return out

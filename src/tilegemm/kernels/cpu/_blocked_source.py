@@ -77,15 +77,66 @@ def aligned3(d0, d1, d2, like):
     return buf[off:off + n].reshape((d0, d1, d2))
 
 
+# Operands given transposed (an F-ordered array, ``x.T``): packed from that layout, with no
+# transposing copy first. A row of the stored array is contiguous in K here.
+PACK_KB = 32  # K steps per pass of pack_bt: its rows' pieces and the strip lines in L1
+
+
 @njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8), **FLAGS)
-def pack_b(B, pc, kc, jc, nc, Bp, s0, s1):
-    """Bp[s, p, j] = B[pc + p, jc + s*NR + j], zero beyond column nc.
+def pack_bt(Bt, pc, kc, jc, nc, Bp, s0, s1):
+    """Bp[s, p, j] = Bt[jc + s*NR + j, pc + p], zero beyond column nc: B stored as its
+    transpose (N, K). Each stored row (one column of B) is read front to back in passes of
+    ``PACK_KB`` K steps, each value written NR elements from the last: the NR rows of a
+    strip and the ``PACK_KB`` lines of the strip they fill stay in L1 during a pass."""
+    for s in range(s0, s1):
+        j0 = s * nr
+        width = max(0, min(nr, nc - j0))
+        for q0 in range(0, kc, PACK_KB):
+            q1 = min(kc, q0 + PACK_KB)
+            for j in range(width):
+                row = Bt[jc + j0 + j]
+                for q in range(q0, q1):
+                    Bp[s, q, j] = row[pc + q]
+            for j in range(width, nr):
+                for q in range(q0, q1):
+                    Bp[s, q, j] = zero
+
+
+@njit(numba.void(ro2, i8, i8, i8, i8, a3), **FLAGS)
+def pack_at(At, ic, mc, pc, kc, Ap):
+    """Ap[r, p, i] = At[pc + p, ic + r*MR + i], zero beyond row mc: A stored as its
+    transpose (K, M). For each p, one stored row holds the MR values of every strip side
+    by side: read front to back, copied MR at a time."""
+    full = mc // mr
+    nstrips = (mc + mr - 1) // mr
+    for q in range(kc):
+        row = At[pc + q]
+        for r in range(full):
+            i0 = ic + r * mr
+            for i in range(mr):
+                Ap[r, q, i] = row[i0 + i]
+        for r in range(full, nstrips):
+            i0 = r * mr
+            height = min(mr, mc - i0)
+            for i in range(height):
+                Ap[r, q, i] = row[ic + i0 + i]
+            for i in range(height, mr):
+                Ap[r, q, i] = zero
+
+
+@njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8, flag), **FLAGS)
+def pack_b(B, pc, kc, jc, nc, Bp, s0, s1, tb):
+    """Bp[s, p, j] = B[pc + p, jc + s*NR + j], zero beyond column nc (``tb``: B is given as
+    its transpose, an (N, K) array, see ``pack_bt``).
 
     Rows of B outermost: each row's part of strips s0..s1 is read once, front to back, and
     scattered into the strips. Strip by strip instead, every NR-wide piece of a row lies
     in another page (B's rows are N elements apart), so the hardware prefetcher never
     engaged: packing B took 25-30 % longer (measured at 1024³, see docs/cpu.md).
     """
+    if tb:
+        pack_bt(B, pc, kc, jc, nc, Bp, s0, s1)
+        return
     full = max(s0, min(s1, nc // nr))  # strips s0..full lie wholly inside the panel
     for q in range(kc):
         row = B[pc + q]
@@ -102,15 +153,19 @@ def pack_b(B, pc, kc, jc, nc, Bp, s0, s1):
                 Bp[s, q, j] = zero
 
 
-@njit(numba.void(ro2, i8, i8, i8, i8, a3), **FLAGS)
-def pack_a(A, ic, mc, pc, kc, Ap):
-    """Ap[r, p, i] = A[ic + r*MR + i, pc + p], zero beyond row mc.
+@njit(numba.void(ro2, i8, i8, i8, i8, a3, flag), **FLAGS)
+def pack_a(A, ic, mc, pc, kc, Ap, ta):
+    """Ap[r, p, i] = A[ic + r*MR + i, pc + p], zero beyond row mc (``ta``: A is given as
+    its transpose, a (K, M) array, see ``pack_at``).
 
     Whole strips are written in the order they are stored (for each p, the MR values of
     one column), reading MR rows of A side by side; row by row, each value was a store
     MR elements from the last, and packing A took about 35 % longer (measured at 1024³,
     see docs/cpu.md). A partial last strip goes row by row, zero-filled.
     """
+    if ta:
+        pack_at(A, ic, mc, pc, kc, Ap)
+        return
     full = mc // mr
     for r in range(full):
         i0 = ic + r * mr
@@ -167,18 +222,20 @@ def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
                             C[i + ii, j + jj] = v + beta * C[i + ii, j + jj]
 
 
-@njit(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2), **FLAGS)
-def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T):
-    """One product on the calling thread (the batch-parallel path)."""
-    m, n, k = C.shape[0], C.shape[1], A.shape[1]
+@njit(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2, i8), **FLAGS)
+def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T, tr):
+    """One product on the calling thread (the batch-parallel path). ``tr``: bit 0, A is
+    given as its transpose (K, M); bit 1, B as its transpose (N, K)."""
+    ta, tb = (tr & 1) != 0, (tr & 2) != 0
+    m, n, k = C.shape[0], C.shape[1], A.shape[0] if ta else A.shape[1]
     for jc in range(0, n, nc_max):
         nc = min(nc_max, n - jc)
         for pc in range(0, k, kc_max):
             kc = min(kc_max, k - pc)
-            pack_b(B, pc, kc, jc, nc, Bp, 0, (nc + nr - 1) // nr)
+            pack_b(B, pc, kc, jc, nc, Bp, 0, (nc + nr - 1) // nr, tb)
             for ic in range(0, m, mc):
                 mcc = min(mc, m - ic)
-                pack_a(A, ic, mcc, pc, kc, Ap)
+                pack_a(A, ic, mcc, pc, kc, Ap, ta)
                 macro(Ap, Bp, C, ic, mcc, jc, nc, kc, 0, (nc + nr - 1) // nr,
                       alpha, beta, pc == 0, T)
 
@@ -215,10 +272,10 @@ def direct(A, B, C, alpha, beta):
                     crow[j] = alpha * acc[j] + beta * crow[j]
 
 
-@njit(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3),
+@njit(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3, i8),
       parallel=True, **FLAGS)
 def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, ngroups, Bp,
-                 Ap_all, T_all):
+                 Ap_all, T_all, tr):
     """The one parallel region, so Numba compiles one parfor, not one per phase.
 
     phase 0: task t packs the t-th of ``ntasks`` slices of the B panel of product z;
@@ -235,18 +292,18 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
         t = np.int64(tu)  # prange indices are unsigned; keep index arithmetic signed
         if phase == 0:
             pack_b(B[zb], pc, kc, jc, nc, Bp, t * nstrips // ntasks,
-                   (t + 1) * nstrips // ntasks)
+                   (t + 1) * nstrips // ntasks, (tr & 2) != 0)
         elif phase == 1:
             blk, g = t // ngroups, t % ngroups
             ic = blk * msr // nblk * mr
             mcc = min((blk + 1) * msr // nblk * mr, C.shape[1]) - ic
-            pack_a(A[za], ic, mcc, pc, kc, Ap_all[t])
+            pack_a(A[za], ic, mcc, pc, kc, Ap_all[t], (tr & 1) != 0)
             macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, g * nstrips // ngroups,
                   (g + 1) * nstrips // ngroups, alpha, beta, pc == 0, T_all[t])
         else:
             # scratch sized to the product, not the blocks, and made once per task for its
             # run of products: tiny products stay cheap
-            kcap = min(kc_max, A.shape[2])
+            kcap = min(kc_max, A.shape[1] if tr & 1 else A.shape[2])
             Ap = np.empty((min(mc // mr, (C.shape[1] + mr - 1) // mr), kcap, mr),
                           dtype=C.dtype)
             Bpz = aligned3((min(nc_max, C.shape[2]) + nr - 1) // nr, kcap, nr, C)
@@ -254,7 +311,7 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             batch = C.shape[0]
             for zz in range(t * batch // ntasks, (t + 1) * batch // ntasks):
                 gemm_serial(A[zz if A.shape[0] > 1 else 0], B[zz if B.shape[0] > 1 else 0],
-                            C[zz], alpha, beta, Ap, Bpz, T)
+                            C[zz], alpha, beta, Ap, Bpz, T, tr)
 
 
 @njit(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8), **FLAGS)
@@ -286,8 +343,8 @@ def layout(batch, m, n, k, nthreads, direct_max):
     return nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size
 
 
-@njit(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1), **FLAGS)
-def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W):
+@njit(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8), **FLAGS)
+def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr):
     """The rung on ``nthreads`` threads (an argument: reading Numba's thread count inside
     compiled code goes through a pointer, and code holding one cannot be cached); products
     of at most ``direct_max`` multiply-adds in all take the unpacked single-thread path.
@@ -297,9 +354,13 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W):
     between calls: allocated here, every call would take fresh pages from the operating
     system where the allocator returns freed memory at once, as in dask.distributed's
     workers (about 2000 page faults per float32 2048³ product; see ``_workspace``).
+
+    ``tr``: bit 0, A is given as its transpose (batch|1, K, M); bit 1, B as its transpose
+    (batch|1, N, K); only for products that take the packed path (the caller copies them
+    for the others, see ``blocked``).
     """
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
-    k = A.shape[2]
+    k = A.shape[1] if tr & 1 else A.shape[2]
     if k == 0:  # no products: C = beta*C, or zeros (C unread when beta == 0)
         for z in range(batch):
             for i in range(m):
@@ -314,7 +375,7 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W):
     if batch > 1 and m * n * k <= SMALL_PRODUCT:
         # runs of products, a few per thread (the scheduler balances them)
         run_parallel(2, min(batch, BATCH_TASKS * nthreads), A, B, C, 0, alpha, beta, 0, 0,
-                     0, 0, 0, 1, empty[0], empty, empty[0])
+                     0, 0, 0, 1, empty[0], empty, empty[0], tr)
         return
     # One product at a time, threads over (row block × strip group) tasks (see layout).
     nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(
@@ -334,41 +395,78 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W):
             for pc in range(0, k, kc_max):
                 kc = min(kc_max, k - pc)
                 run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc, nc,
-                             pc, kc, nblk, ngroups, Bp, Ap_all, T_all)
+                             pc, kc, nblk, ngroups, Bp, Ap_all, T_all, tr)
                 run_parallel(1, nblk * ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc,
-                             nblk, ngroups, Bp, Ap_all, T_all)
+                             nblk, ngroups, Bp, Ap_all, T_all, tr)
 
 
-def blocked(A, B, C, alpha, beta):
-    """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N)."""
+def _stored(X, transposed):
+    """An operand given as its transpose, as the plain C-contiguous (read-only) array the
+    paths without transposed packing read (a copy)."""
+    if not transposed:
+        return X
+    plain = np.ascontiguousarray(np.swapaxes(X, 1, 2))
+    plain.flags.writeable = False
+    return plain
+
+
+def _plain_unless_packed(A, B, C, tr):
+    """(A, B, tr) for the path the product takes: operands given transposed (``tr``, see
+    ``blocked_threads``) are read in place by the packed path only; for the others (no K,
+    small products, one row or one column) they are copied to the plain layout here."""
+    if tr == 0:
+        return A, B, 0
+    batch, m, n = C.shape[0], C.shape[1], C.shape[2]
+    k = A.shape[1] if tr & 1 else A.shape[2]
+    if (k == 0 or batch * m * n * k <= DIRECT_PRODUCT
+            or takes_gemv(batch, m, n, k, DIRECT_PRODUCT)):
+        return _stored(A, tr & 1), _stored(B, tr & 2), 0
+    return A, B, tr
+
+
+def blocked(A, B, C, alpha, beta, tr=0):
+    """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N).
+
+    ``tr`` (bits 0 and 1): A, B given as their transposes, (batch|1, K, M) and
+    (batch|1, N, K) C-contiguous arrays, e.g. the storage of a Fortran-ordered operand;
+    packed from that layout, with no transposing copy.
+    """
+    A, B, tr = _plain_unless_packed(A, B, C, tr)
     if parallel_unsafe():  # a forked child where a parallel region would be killed
-        blocked_serial(A, B, C, alpha, beta)
+        blocked_serial(A, B, C, alpha, beta, tr)
         return
     nthreads = numba.get_num_threads()
-    if takes_gemv(C.shape[0], C.shape[1], C.shape[2], A.shape[2], DIRECT_PRODUCT):
+    k = A.shape[1] if tr & 1 else A.shape[2]
+    if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, DIRECT_PRODUCT):
         if nthreads > 1:
             place_workers()
         with PoolWatch():
             gemv_threads(A, B, C, alpha, beta, nthreads)
         return
-    size = layout(C.shape[0], C.shape[1], C.shape[2], A.shape[2], nthreads, DIRECT_PRODUCT)[7]
-    if nthreads > 1 and C.size * A.shape[2] > DIRECT_PRODUCT:  # a parallel region runs
+    size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT)[7]
+    if nthreads > 1 and C.size * k > DIRECT_PRODUCT:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with PoolWatch():
         blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
-                        workspace(size * _dt.itemsize).view(_dt))
+                        workspace(size * _dt.itemsize).view(_dt), tr)
 
 
-def blocked_serial(A, B, C, alpha, beta):
+# The CPU backend hands this rung transposed operands in place (see ``blocked``).
+blocked.takes_transposed = True
+
+
+def blocked_serial(A, B, C, alpha, beta, tr=0):
     """``blocked`` on the calling thread only, with no call that reaches a parallel region
     (see ``_threads.parallel_unsafe``): products with no K or at most ``DIRECT_PRODUCT``
     multiply-adds take the unpacked path, which has none; larger ones run the packed loop
     nest one product at a time (``gemm_serial``, the batch path's per-product code), with
     scratch sized as there. The same arithmetic as the threaded path, element by element.
     """
-    batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
+    A, B, tr = _plain_unless_packed(A, B, C, tr)
+    batch, m, n = C.shape[0], C.shape[1], C.shape[2]
+    k = A.shape[1] if tr & 1 else A.shape[2]
     if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
-        blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt))
+        blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), 0)
         return
     if takes_gemv(batch, m, n, k, DIRECT_PRODUCT):
         for z in range(batch):
@@ -381,7 +479,7 @@ def blocked_serial(A, B, C, alpha, beta):
     T = np.empty((mr, nr), dtype=_dt)
     for z in range(batch):
         gemm_serial(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
-                    alpha, beta, Ap, Bp, T)
+                    alpha, beta, Ap, Bp, T, tr)
 
 
 # --- Products with one row or one column (vector-matrix, matrix-vector) -----------------
@@ -474,6 +572,6 @@ def takes_gemv(batch, m, n, k, direct_max):
     return batch == 1 or m * n * k > SMALL_PRODUCT
 
 
-COMPILED = (ukernel, aligned3, pack_b, pack_a, macro, gemm_serial, direct, run_parallel,
-            dot_rows, gemv_part, gemv_threads, takes_gemv,
+COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, direct,
+            run_parallel, dot_rows, gemv_part, gemv_threads, takes_gemv,
             layout, blocked_threads)
