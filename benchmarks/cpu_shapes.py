@@ -91,7 +91,7 @@ def measure(a: np.ndarray, b: np.ndarray, rounds: int, pause: float) -> dict:
     ref = np.matmul(a, b)
     got = tilegemm.matmul(a, b)  # compiles (or loads from the cache), then checked
     scale = np.abs(a).max() * np.abs(b).max() * a.shape[-1]
-    err = float(np.max(np.abs(got.astype(np.float64) - ref))) / max(scale, 1e-30)
+    err = float(np.max(np.abs(got.astype(np.float64) - ref))) / max(float(scale), 1e-30)
     t = time.perf_counter()
     tilegemm.matmul(a, b)
     calls = max(1, min(200, int(0.02 / max(time.perf_counter() - t, 1e-6))))
