@@ -293,3 +293,10 @@ def test_unknown_keywords_are_not_taken_for_kernel_parameters(kwarg):
         tilegemm.matmul(a, b, **kwarg)
     with pytest.raises(TypeError, match=f"unexpected keyword argument '{name}'"):
         tilegemm.gemm(a, b, **kwarg)
+
+
+def test_out_as_a_one_element_tuple_as_numpy_accepts_it():
+    a = np.arange(6, dtype=np.float64).reshape(2, 3)
+    o = np.empty((2, 2))
+    assert tilegemm.matmul(a, a.T, out=(o,)) is o
+    np.testing.assert_array_equal(o, np.matmul(a, a.T))

@@ -455,16 +455,19 @@ def matmul(
       precision no kernel here can compute is an error, never a silent fallback. float16
       and bfloat16 (``ml_dtypes.bfloat16``; PyTorch ``torch.bfloat16`` on the device)
       operands run on CUDA tensor cores with float32 accumulation; on the CPU and OpenCL
-      they are computed in float32 and rounded back, as NumPy computes float16.
+      they are computed in float32 (float16 then rounded back, as NumPy computes it).
     - The first call of each rung, parameters and dtype in a process compiles it (seconds;
       less when the on-disk kernel cache has it). Nothing is printed: the ``tilegemm``
       logger records the first use (DEBUG) and a first call over 2 s (INFO).
     - ``dtype``: NumPy's ``matmul(..., dtype=)``, the result dtype (operands cast to it
       under ``same_kind``). ``dtype=np.float32`` with float16 or bfloat16 operands gives
       the float32 sums unrounded (on tensor cores a float32 ``out`` asks for the same).
-      bfloat16 operands give a bfloat16 result (``numpy.result_type``; ``np.matmul``
-      itself returns float32 for ``ml_dtypes`` arrays, having no bfloat16 loop).
+      NumPy bfloat16 arrays give what ``np.matmul`` gives for them: float32 (ml_dtypes
+      computes them in float32); PyTorch bfloat16 tensors give bfloat16, as
+      ``torch.matmul``.
     """
+    if isinstance(out, tuple) and len(out) == 1:  # NumPy's ufunc form, out=(array,)
+        out = out[0]
     if (out is None and kernel == AUTO and backend == AUTO and device is None
             and stream is None and precision is None and dtype is None and not params):
         result = fastpath.try_small(a, b)  # a small product an earlier call decided

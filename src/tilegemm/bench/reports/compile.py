@@ -43,7 +43,8 @@ def compile_tables(results: Results) -> list[rp.Table]:
         t.notes += rp.problem_notes(rows)
         t.notes.append("first call = build/compile + operand upload + one launch, host clock; "
                        "steady = median of backend-timed launches after warm-up; every rung "
-                       "at its registry defaults for this device")
+                       "at its generic defaults (registry, per device kind), not the tuned or "
+                       "shipped parameters matmul uses")
         tables.append(t)
     return tables
 

@@ -41,7 +41,8 @@ def rsweep_tables(results: Results) -> list[rp.Table]:
                                rp.percent(m, ref), f"{seed:.2f}" if seed is not None else rp.DASH])
             if ref is not None:
                 t.rows.append([ref.kernel, rp.DASH, "", rp.cell(ref), "100.0%", rp.DASH])
-            t.notes.append("parameters other than R: the rung's defaults for this device")
+            t.notes.append("parameters other than R: the rung's generic defaults (registry, "
+                           "per device kind)")
             t.notes += rp.problem_notes(at)
             t.notes += rp.noise_notes(at + ([ref] if ref is not None else []))
             tables.append(t)

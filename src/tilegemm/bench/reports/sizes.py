@@ -33,7 +33,8 @@ def sizes_tables(results: Results) -> list[rp.Table]:
         for name, by_size in variants.items():
             t.rows.append([name] + [rp.marked_cell(by_size.get(n)) for n in sizes])
         t.notes.append("parameters: BLOCK or TILE as swept, every other one the rung's "
-                       "default for this device")
+                       "generic default (registry, per device kind), not the tuned or "
+                       "shipped parameters matmul uses (the ladder's auto row shows those)")
         t.notes += rp.problem_notes(rp.in_order(ms))
         t.notes += rp.noise_notes(rp.in_order(ms))
         if line := rp.vendor_line(results, be):
