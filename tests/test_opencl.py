@@ -575,3 +575,40 @@ def test_prepare_poisons_its_output_so_the_verified_launch_proves_every_write() 
     assert np.isnan(prepared.fetch()).all()
     prepared = prepare_verified(be, spec, be.resolve(spec, {}), prob, a, b)
     assert_close(prepared.fetch(), a, b)
+
+
+def _broken(monkeypatch, filename: str, line: int) -> None:
+    """The rung file ``filename`` as shipped, with the ``;`` ending line ``line`` removed."""
+    from tilegemm.backends import opencl_program
+
+    real = opencl_program.read_source
+
+    def read(name: str) -> str:
+        text = real(name)
+        if name != filename:
+            return text
+        lines = text.split("\n")
+        lines[line - 1] = lines[line - 1].rstrip().rstrip(";") + " oops"
+        return "\n".join(lines)
+
+    monkeypatch.setattr(opencl_program, "read_source", read)
+
+
+def test_a_build_error_names_the_rung_file_and_its_line(monkeypatch):
+    from tilegemm.backends import opencl_program
+
+    text = opencl_program.read_source("k03_shared.cl").split("\n")
+    line = next(i for i, t in enumerate(text, 1) if t.rstrip().endswith(";") and "=" in t)
+    _broken(monkeypatch, "k03_shared.cl", line)
+    a, b = random_operands((20, 20), (20, 20), "float32")
+    with pytest.raises(RuntimeError, match=rf"k03_shared\.cl:{line}\b"):
+        tilegemm.matmul(a, b, backend="opencl", kernel="shared", TILE=8)
+
+
+def test_run_reports_a_failed_build_as_an_internal_error(monkeypatch, capsys):
+    from tilegemm.cli import main
+
+    _broken(monkeypatch, "k02_coalesced.cl", 20)
+    code = main(["run", "--backend", "opencl", "--kernel", "coalesced", "--m", "20", "--n",
+                 "20", "--k", "20", "--repeat", "0"])
+    assert code == 3, capsys.readouterr()

@@ -76,7 +76,10 @@ class OpenCLProgram:
 
     @property
     def source(self) -> str:
-        return read_source(PRELUDE) + "\n" + read_source(self.filename)
+        # the #line directive makes the compiler's messages name the rung's own file and
+        # line, not a position in the prelude and the file joined together
+        return (read_source(PRELUDE) + f'\n#line 1 "{self.filename}"\n'
+                + read_source(self.filename))
 
     @property
     def options(self) -> tuple[str, ...]:

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tilegemm import registry
     from tilegemm.api import choose_backend
-    from tilegemm.bench.timing import OK, SKIPPED, Policy, measure_kernel
+    from tilegemm.bench.timing import OK, SKIPPED, WRONG, Policy, measure_kernel
     from tilegemm.plan import plan
     from tilegemm.problem import describe, host_operand_3d, make_problem
     from tilegemm.reference import random_operands
@@ -81,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidValueError(meas.reason)
     if meas.status != OK:
         print(f"  {meas.status}: {meas.reason}")
-        return 1
+        # a wrong result is the answer this command exists to give (1); a rung that did
+        # not build or run is a fault of tilegemm's (3, as any internal error)
+        return 1 if meas.reason.startswith(WRONG) else 3
     print("  verified: yes (against float64 NumPy, output poisoned with NaN first)")
     if meas.first_s is not None:
         print(f"  first call (build/compile + upload + one launch): {meas.first_s * 1e3:.2f} ms")
