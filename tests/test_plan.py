@@ -229,3 +229,42 @@ def test_host_isa_follows_the_features_numba_compiles_for(monkeypatch, features,
         assert database.host_isa() == expected
     finally:
         database.host_isa.cache_clear()
+
+
+def _measured_blocked(monkeypatch, base: dict[str, int]) -> None:
+    """This machine 'has' measured parameters ``base`` for the CPU rung named alone."""
+    from tilegemm import api, registry
+
+    spec = registry.get("blocked", "cpu")
+    monkeypatch.setattr(api, "named_plan",
+                        lambda be, target, prob, kernel: (spec, dict(base), "database (device)")
+                        if kernel == "blocked" else None)
+
+
+def test_one_parameter_by_hand_keeps_the_measured_others(monkeypatch):
+    base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024}
+    _measured_blocked(monkeypatch, base)
+    a = np.ones((300, 300), np.float32)
+    p = tilegemm.plan(a, a, kernel="blocked", KC=256)
+    assert p.params == {**base, "KC": 256}
+    assert p.source == "requested; the others from database (device)"
+
+
+def test_a_hand_parameter_that_does_not_fit_the_measured_set_falls_back_to_defaults(
+        monkeypatch):
+    from tilegemm import registry
+
+    _measured_blocked(monkeypatch, {"MR": 12, "NR": 32, "MC": 96, "KC": 384, "NC": 1024})
+    a = np.ones((300, 300), np.float32)
+    p = tilegemm.plan(a, a, kernel="blocked", MR=16)  # 16 x 32 breaks MR*NR <= 384
+    assert p.params == {**registry.get("blocked", "cpu").defaults(), "MR": 16}
+    assert p.source == "requested; the others are the defaults (database (device) ones do not fit)"
+
+
+def test_every_parameter_by_hand_is_taken_as_given(monkeypatch):
+    base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024}
+    _measured_blocked(monkeypatch, base)
+    a = np.ones((300, 300), np.float32)
+    given = {"MR": 8, "NR": 8, "MC": 96, "KC": 128, "NC": 512}
+    p = tilegemm.plan(a, a, kernel="blocked", **given)
+    assert p.params == given and p.source == "requested"
