@@ -21,7 +21,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,11 +29,6 @@ import cpu_blocked  # noqa: E402
 import tilegemm  # noqa: E402
 from tilegemm import registry  # noqa: E402
 from tilegemm.bench.environment import (  # noqa: E402
-    cpu_family_model,
-    cpu_name,
-    git_commit,
-    host_info,
-    numpy_blas,
     write_cpu_results,
 )
 from tilegemm.bench.timing import mean_call_seconds  # noqa: E402
@@ -89,16 +83,8 @@ def main() -> None:
         first[dtype] = {"seconds_median": round(sorted(runs)[1], 3), "runs": runs}
         print(f"{dtype} import + first calls (64^3 and 256^3), warm cache: "
               f"{sorted(runs)[1]:.2f} s", flush=True)
-    flags = cpu_blocked.simd_flags()
     result = {
-        "device": "cpu", "cpu_model": cpu_name(), "cpu_family_model": cpu_family_model(),
-        "isa": host_isa(), "simd": flags,
-        "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
-        # tbb since tilegemm depends on it on Linux x86-64; omp (GNU OpenMP) before
-        "numba_threading_layer": numba.threading_layer(),
-        "numpy_version": np.__version__, "numba_version": numba.__version__,
-        "numpy_blas": numpy_blas(), "env": host_info()["env"],
-        "git_commit": git_commit(),
+        **cpu_blocked.machine_record(),
         "method": "large: median of 3 rounds x 2 launches, ours and NumPy alternating by block, "
                   "0.3 s idle before each block; tiny: whole matmul calls for 0.3 s; first call: "
                   "new process, import + two matmul calls, median of 3, cache filled first",

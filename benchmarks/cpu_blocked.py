@@ -71,6 +71,23 @@ def simd_flags() -> list[str]:
 
 
 
+def machine_record() -> dict:
+    """What every CPU results file records about the machine and the software: the CPU
+    (model, family/model, ISA, vector flags, cores), Numba's threads and threading layer,
+    NumPy and its BLAS, the environment that changes them, and the commit."""
+    from tilegemm.bench.environment import host_info
+
+    return {
+        "device": "cpu", "cpu_model": cpu_name(), "cpu_family_model": cpu_family_model(),
+        "isa": host_isa(), "simd": simd_flags(), "cores": os.cpu_count(),
+        "numba_threads": numba.get_num_threads(),
+        # tbb since tilegemm depends on it on Linux x86-64; omp (GNU OpenMP) before
+        "numba_threading_layer": numba.threading_layer(),
+        "numpy_version": np.__version__, "numba_version": numba.__version__,
+        "numpy_blas": numpy_blas(), "env": host_info()["env"], "git_commit": git_commit(),
+    }
+
+
 def measure(spec, params, n: int, dtype: str, rounds: int, block: int, pause: float) -> dict:
     a, b = random_operands((n, n), (n, n), dtype)
     prob = make_problem(describe(a, "a"), describe(b, "b"))
@@ -136,13 +153,8 @@ def main() -> None:
                   f"| per CPU-s {row['gflops_per_cpu_s_blocked']:6.1f} vs "
                   f"{row['gflops_per_cpu_s_numpy']:6.1f} | first call {row['first_call_s']:.2f} s",
                   flush=True)
-    model = cpu_name()
     result = {
-        "device": "cpu", "cpu_model": model, "cpu_family_model": cpu_family_model(),
-        "isa": host_isa(), "cores": os.cpu_count(), "simd": simd_flags(),
-        "numba_threads": numba.get_num_threads(), "numpy_version": np.__version__,
-        "numpy_blas": numpy_blas(),
-        "numba_version": numba.__version__, "git_commit": git_commit(),
+        **machine_record(),
         "kernel": "cpu:blocked", "params": params, "sizes": args.sizes,
         "method": (f"median of {args.rounds} rounds x {args.block} launches, ours and NumPy "
                    f"alternating by block, {args.pause} s idle before each block; operands "

@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -34,11 +33,6 @@ import cpu_blocked  # noqa: E402
 
 import tilegemm  # noqa: E402
 from tilegemm.bench.environment import (  # noqa: E402
-    cpu_family_model,
-    cpu_name,
-    git_commit,
-    host_info,
-    numpy_blas,
     write_cpu_results,
 )
 from tilegemm.bench.timing import alternating  # noqa: E402
@@ -139,12 +133,7 @@ def main() -> None:
             print(f"{dtype:8s} {group:7s} {label:24s} tilegemm {row['ms_tilegemm']:9.3f} ms  "
                   f"NumPy {row['ms_numpy']:9.3f} ms  ratio {row['ratio']:5.2f}", flush=True)
     result = {
-        "device": "cpu", "cpu_model": cpu_name(), "cpu_family_model": cpu_family_model(),
-        "isa": host_isa(), "simd": cpu_blocked.simd_flags(),
-        "cores": os.cpu_count(), "numba_threads": numba.get_num_threads(),
-        "numba_threading_layer": numba.threading_layer(),
-        "numpy_version": np.__version__, "numba_version": numba.__version__,
-        "numpy_blas": numpy_blas(), "env": host_info()["env"], "git_commit": git_commit(),
+        **cpu_blocked.machine_record(),
         "method": f"whole matmul calls vs np.matmul on the same operands, blocks of calls "
                   f"(about 20 ms each, after one untimed call) alternating, {args.pause} s idle "
                   f"before each block, {args.rounds} rounds, median block; ratio = NumPy "

@@ -214,42 +214,39 @@ def decide(
         params = params if tuned is None else tuned
     if kernel == AUTO and not params:
         return Decision(be, target, prob, *auto_plan(be, target, prob))
-    partial = (source == "requested" and params and kernel != AUTO
-               and set(params) < {p.name for p in registry.get(kernel, be.name).params})
-    if partial:
+    if source == "requested" and params and kernel != AUTO:
         # some parameters given: the others from what the rung named alone runs here
-        overlaid = _overlaid(be, target, prob, kernel, params)
-        if overlaid is not None and overlaid[1] is not None:
-            return Decision(be, target, prob, *overlaid)
+        spec, resolved, source = _with_measured_others(be, target, prob, kernel, params)
+        return Decision(be, target, prob, spec, resolved, source)
     spec, resolved = choose_kernel(kernel, be, prob, params, target)
-    if partial and overlaid is not None:
-        source = f"requested; the others are the defaults ({overlaid[2]} ones do not fit)"
-    elif not params and source == "requested":
+    if not params and source == "requested":
         # a rung named without parameters: this device's measured ones for it, if any
         spec, resolved, source = (named_plan(be, target, prob, kernel)
                                   or (spec, resolved, "default"))
     return Decision(be, target, prob, spec, resolved, source)
 
 
-def _overlaid(be: Backend, target: Target, prob: GemmProblem, kernel: str,
-              given: dict[str, Any]) -> tuple[KernelSpec, dict[str, int] | None, str] | None:
-    """A named rung with some parameters given by hand: the given ones on top of what the
-    rung named alone would run here (tuned or shipped), so that changing one knob changes
-    only that knob. None when the rung has no measured parameters here (its defaults
-    fill in); parameters None when the combination breaks the rung's constraints or the
-    device's limits (the defaults fill in, and the source says so)."""
+def _with_measured_others(be: Backend, target: Target, prob: GemmProblem, kernel: str,
+                          given: dict[str, Any]) -> tuple[KernelSpec, dict[str, int], str]:
+    """A named rung with parameters given by hand: the given ones on top of what the rung
+    named alone would run here (tuned or shipped), so that changing one knob changes only
+    that knob, when that combination satisfies the rung's constraints and the device's
+    limits; else on top of the rung's defaults (the source says which)."""
     spec = registry.get(kernel, be.name)
-    check_dtype_supported(spec, prob.dtype)
-    measured = named_plan(be, target, prob, kernel)
-    if measured is None:
-        return None
-    _, base, where = measured
-    try:
-        merged = be.resolve(spec, {**base, **given}, target)
-        be.check_limits(spec, merged, prob.dtype, target)
-    except (ValueError, TypeError):
-        return spec, None, where
-    return spec, merged, f"requested; the others from {where}"
+    measured = (named_plan(be, target, prob, kernel)
+                if spec.supports(prob.dtype) and set(given) < {p.name for p in spec.params}
+                else None)
+    if measured is not None:
+        _, base, where = measured
+        try:
+            merged = be.resolve(spec, {**base, **given}, target)
+            be.check_limits(spec, merged, prob.dtype, target)
+            return spec, merged, f"requested; the others from {where}"
+        except (ValueError, TypeError):
+            pass
+    spec, resolved = choose_kernel(kernel, be, prob, given, target)
+    return spec, resolved, ("requested" if measured is None else
+                            f"requested; the others are the defaults ({where} ones do not fit)")
 
 
 def check_dtype_supported(spec: KernelSpec, dtype: np.dtype) -> None:

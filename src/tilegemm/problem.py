@@ -313,21 +313,10 @@ def make_problem(
     )
 
 
-def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str,
-                    transposed_ok: bool = False) -> Any:
-    """A host operand as a C-contiguous (batch or 1, rows, cols) array of the problem dtype.
-
-    With ``transposed_ok`` (a rung that packs transposed operands itself), returns
-    ``(array, transposed)``: an operand that is the transpose of a C-ordered array of the
-    problem dtype in its last two axes (a Fortran-ordered matrix, ``x.T``) comes back as
-    that C-ordered (batch or 1, cols, rows) storage, uncopied, with ``transposed`` True.
-
-    Copies only when needed (a dtype change, a transpose, a partial broadcast or a
-    non-contiguous layout); the caller's array is never written. The result is always a
-    read-only view: kernels never write operands, and one array type (read-only, where a
-    caller's read-only array would otherwise differ from a writeable copy) means a Numba
-    rung compiles once per dtype, not once per mix of read-only and writeable inputs.
-    """
+def _operand_view(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
+    """The operand as a (batch or 1, rows, cols) view of the caller's array, no copy:
+    1-D promotion, gemm's transpose flags and the batch mode applied (a partial broadcast
+    is a broadcast view)."""
     if which == "a":
         x2 = x[None, :] if prob.squeeze_m else x
         if prob.trans_a:
@@ -340,20 +329,43 @@ def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str,
         rows, cols = prob.k, prob.n
     mode = prob.batch_mode(which)
     if mode == "single":
-        x3 = x2.reshape(1, rows, cols)
-    elif mode == "full":
-        x3 = x2.reshape(prob.batch, rows, cols)
-    else:
-        x3 = np.broadcast_to(x2, prob.batch_shape + (rows, cols)).reshape(prob.batch, rows, cols)
-    if transposed_ok and x3.dtype == prob.dtype and not x3.flags.c_contiguous:
+        return x2.reshape(1, rows, cols)
+    if mode == "full":
+        return x2.reshape(prob.batch, rows, cols)
+    return np.broadcast_to(x2, prob.batch_shape + (rows, cols)).reshape(prob.batch, rows, cols)
+
+
+def _read_only(x: np.ndarray) -> np.ndarray:
+    view = x.view()
+    view.flags.writeable = False
+    return view
+
+
+def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
+    """A host operand as a C-contiguous (batch or 1, rows, cols) array of the problem dtype.
+
+    Copies only when needed (a dtype change, a transpose, a partial broadcast or a
+    non-contiguous layout); the caller's array is never written. The result is always a
+    read-only view: kernels never write operands, and one array type (read-only, where a
+    caller's read-only array would otherwise differ from a writeable copy) means a Numba
+    rung compiles once per dtype, not once per mix of read-only and writeable inputs.
+    """
+    return _read_only(np.ascontiguousarray(_operand_view(x, prob, which), dtype=prob.dtype))
+
+
+def host_operand_stored(x: np.ndarray, prob: GemmProblem, which: str
+                        ) -> tuple[np.ndarray, bool]:
+    """``(array, transposed)`` for a rung that packs transposed operands itself: an operand
+    that is the transpose of a C-ordered array of the problem dtype in its last two axes
+    (a Fortran-ordered matrix, ``x.T``) comes back as that C-ordered (batch or 1, cols,
+    rows) storage, uncopied and read-only, with ``transposed`` True; any other operand as
+    :func:`host_operand_3d` gives it, with False."""
+    x3 = _operand_view(x, prob, which)
+    if x3.dtype == prob.dtype and not x3.flags.c_contiguous:
         stored = np.swapaxes(x3, 1, 2)
         if stored.flags.c_contiguous:  # the transpose of a C-ordered array: no copy
-            view = stored.view()
-            view.flags.writeable = False
-            return view, True
-    view = np.ascontiguousarray(x3, dtype=prob.dtype).view()
-    view.flags.writeable = False
-    return (view, False) if transposed_ok else view
+            return _read_only(stored), True
+    return _read_only(np.ascontiguousarray(x3, dtype=prob.dtype)), False
 
 
 def check_out(out: Any, prob: GemmProblem, kind: str) -> bool:

@@ -23,7 +23,7 @@ from tilegemm.backends.base import (
     wall_clock_elapsed,
 )
 from tilegemm.kernels.cpu._threads import make_tbb_loadable
-from tilegemm.problem import GemmProblem, Operand, host_operand_3d
+from tilegemm.problem import GemmProblem, Operand, host_operand_3d, host_operand_stored
 from tilegemm.registry import KernelSpec
 
 # Before anything starts Numba's threads: its thread- and fork-safe layer needs this (see
@@ -171,11 +171,12 @@ class CpuBackend(Backend):
         program = None if prob.empty else spec.program(params, prob.dtype)
         # A rung that packs transposed operands itself (blocked) reads a Fortran-ordered
         # matrix or an x.T in place; the others get C-ordered copies.
-        in_place = getattr(program, "takes_transposed", False)
-        a3, ta = host_operand_3d(a.obj, prob, "a", True) if in_place else (
-            host_operand_3d(a.obj, prob, "a"), False)
-        b3, tb = host_operand_3d(b.obj, prob, "b", True) if in_place else (
-            host_operand_3d(b.obj, prob, "b"), False)
+        if getattr(program, "takes_transposed", False):
+            (a3, ta), (b3, tb) = (host_operand_stored(a.obj, prob, "a"),
+                                  host_operand_stored(b.obj, prob, "b"))
+        else:
+            (a3, ta), (b3, tb) = (host_operand_3d(a.obj, prob, "a"), False), (
+                host_operand_3d(b.obj, prob, "b"), False)
         # out=a (as NumPy allows): kernels read A while writing C, so an out that overlaps
         # an operand the kernel reads gets a fresh buffer, copied into out at the end.
         alias = out is not None and (np.may_share_memory(out, a3)

@@ -437,18 +437,15 @@ def blocked(A, B, C, alpha, beta, tr=0):
         return
     nthreads = numba.get_num_threads()
     k = A.shape[1] if tr & 1 else A.shape[2]
-    if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, DIRECT_PRODUCT):
-        if nthreads > 1:
-            place_workers()
-        with PoolWatch():
-            gemv_threads(A, B, C, alpha, beta, nthreads)
-        return
-    size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT)[7]
     if nthreads > 1 and C.size * k > DIRECT_PRODUCT:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with PoolWatch():
-        blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
-                        workspace(size * _dt.itemsize).view(_dt), tr)
+        if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, DIRECT_PRODUCT):
+            gemv_threads(A, B, C, alpha, beta, nthreads)
+        else:
+            size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT)[7]
+            blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
+                            workspace(size * _dt.itemsize).view(_dt), tr)
 
 
 # The CPU backend hands this rung transposed operands in place (see ``blocked``).
