@@ -81,3 +81,14 @@ def test_empty_product_prints_no_roofline():
     # Only the tail of render() depends on the roofline; check it directly.
     out = report._roofline_items(ex)
     assert len(out) == 1 and "no roofline" in str(out[0])
+
+
+@pytest.mark.ptx
+def test_explain_without_barriers_prints_each_of_the_three_barrier_values(capsys):
+    """A rung with no syncthreads printed one "0" for the row's three values."""
+    rc = main(["explain", "coalesced", "--m", "8", "--n", "8", "--k", "4", "BLOCK=8",
+               "--no-resources"])
+    assert rc == 0
+    row = next(line for line in capsys.readouterr().out.splitlines()
+               if "FLOPs per warp-barrier" in line)
+    assert "0; 0; none (no barrier)" in row

@@ -28,6 +28,7 @@ from tilegemm.problem import (
     Operand,
     check_out,
     describe,
+    fp_warnings_at_caller,
     make_problem,
     to_result,
 )
@@ -331,21 +332,25 @@ def gemm(
     if used not in _USED:  # the first call of this kernel in this process: it compiles
         _first_use(spec, resolved, prob.dtype, used)
     started = time.perf_counter() if _SLOW_PENDING else 0.0
-    try:
-        result = be.run(spec, resolved, prob, ops[0], ops[1], c_op, out if direct else None,
-                        alpha, beta, target=target, **extra)
-    finally:
-        if _SLOW_PENDING:
-            _log_if_slow(used, time.perf_counter() - started)
-    if data_kind == "host":
-        result = to_result(result, prob.out_dtype)
-        if (plain and prob.result_dtype is None and be.array_kind == "host"
-                and prob.dtype == getattr(a, "dtype", None)):
-            fastpath.remember(a, b, spec.program(resolved, prob.dtype), tuning_cache_path())
-    if out is not None and not direct:
-        # Strided, cast, broadcast or overlapping out: the product went to a temporary.
-        np.copyto(out, result, casting="same_kind")
-        return out
+    # The conversions below (operands and c to the rung's type, the result to NumPy's
+    # result type or into out) may overflow: NumPy's warning then names the caller's line.
+    with fp_warnings_at_caller():
+        try:
+            result = be.run(spec, resolved, prob, ops[0], ops[1], c_op,
+                            out if direct else None, alpha, beta, target=target, **extra)
+        finally:
+            if _SLOW_PENDING:
+                _log_if_slow(used, time.perf_counter() - started)
+        if data_kind == "host":
+            result = to_result(result, prob.out_dtype)
+            if (plain and prob.result_dtype is None and be.array_kind == "host"
+                    and prob.dtype == getattr(a, "dtype", None)):
+                fastpath.remember(a, b, spec.program(resolved, prob.dtype),
+                                  tuning_cache_path())
+        if out is not None and not direct:
+            # Strided, cast, broadcast or overlapping out: the product went to a temporary.
+            np.copyto(out, result, casting="same_kind")
+            return out
     if out is not None:
         return out
     return _wrap_like_numpy(result, (a, b))

@@ -9,7 +9,11 @@ before a launch and the caller's arrays are never modified by a failed call.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,6 +151,39 @@ def to_result(x: np.ndarray, result: np.dtype) -> np.ndarray:
     if result.kind == "b":
         return x != 0
     return x.astype(result)
+
+
+# Where tilegemm's own source files are: frames from these files are skipped when a warning
+# names the line that called tilegemm.
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+
+
+def _warn_at_caller(err_type: str, flag: int) -> None:
+    """``np.errstate``'s callback (see :func:`fp_warnings_at_caller`): NumPy's warning for
+    a floating-point error in a conversion, issued at the first line outside tilegemm."""
+    frame, level = sys._getframe(), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"{err_type} encountered in cast", RuntimeWarning, stacklevel=level)
+
+
+def fp_warnings_at_caller() -> contextlib.AbstractContextManager[Any]:
+    """A context in which NumPy's floating-point warnings name the caller's line.
+
+    The conversions a call makes on the host (a float32 sum rounded to a float16 result,
+    a result copied into a narrower ``out``, operands or ``c`` converted to the type a rung
+    computes in) can overflow. NumPy's own warnings name the line that called NumPy;
+    inside this context the warning, with NumPy's text for a conversion ("overflow
+    encountered in cast"), names the line that called tilegemm rather than a line inside
+    tilegemm. Only the error kinds that ``np.errstate`` sets to "warn" are redirected:
+    "ignore", "raise", "print" and the caller's own "call" or "log" handlers behave as
+    NumPy makes them.
+    """
+    modes = np.geterr()
+    redirected = {kind: "call" for kind, mode in modes.items() if mode == "warn"}
+    if not redirected or any(mode in ("call", "log") for mode in modes.values()):
+        return contextlib.nullcontext()
+    return np.errstate(call=_warn_at_caller, **redirected)
 
 
 @dataclass(frozen=True)

@@ -101,15 +101,20 @@ def random_operands(
     shape_a: tuple[int, ...], shape_b: tuple[int, ...], dtype: Any = np.float32,
     *, seed: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Fresh, non-zero random inputs: uniform in [0.5, 1.5) with random signs (ints: 1..9)."""
+    """Fresh random inputs: uniform in [0.5, 1.5) with random signs (integers: 1..9 with
+    random signs, unsigned ones without; bool: True or False at random)."""
     rng = np.random.default_rng(seed)
     dtype = np.dtype(dtype)
 
     def draw(shape: tuple[int, ...]) -> np.ndarray:
         # Drawn directly in the requested dtype, so a size that does not fit fails naming
         # that dtype, and no float64 copy twice the size is ever made.
+        if dtype.kind == "b":
+            return rng.integers(0, 2, size=shape, dtype=np.int8).view(np.bool_)
         if dtype.kind in "iu":
             x = rng.integers(1, 10, size=shape, dtype=dtype)
+            if dtype.kind == "u":
+                return x
         elif dtype not in (np.float32, np.float64):  # float16, bfloat16: no direct draw
             x = (rng.random(size=shape, dtype=np.float32) + np.float32(0.5)).astype(dtype)
         else:

@@ -192,7 +192,7 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
          f"{mem['shared_max_degree']}-way" if mem["shared_requests"] else "-"),
         ("barriers (syncthreads) per block; warp-barriers per launch; FLOPs per warp-barrier",
          f"{_n(mem['barriers_per_block'])}; {_n(mem['warp_barriers'])}; "
-         f"{_n(mem['flop_per_warp_barrier'])}" if mem["warp_barriers"] else "0"),
+         + (_n(mem["flop_per_warp_barrier"]) if mem["warp_barriers"] else "none (no barrier)")),
     ]
     for r in rows:
         tot.add_row(*r)

@@ -15,14 +15,16 @@ def add_param_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_shape_arguments(parser: argparse.ArgumentParser, size: int, batch: int,
-                        dtypes: tuple[str, ...], dtype_help: str) -> None:
+                        dtypes: tuple[str, ...], dtype_help: str,
+                        metavar: str | None = None) -> None:
     """``--m --n --k --batch --dtype``: the product a subcommand runs, explains or tunes."""
     parser.add_argument("--m", type=int, default=size, help="rows of A and of the result")
     parser.add_argument("--n", type=int, default=size, help="columns of B and of the result")
     parser.add_argument("--k", type=int, default=size, help="the shared (contracted) dimension")
     parser.add_argument("--batch", type=int, default=batch,
                         help="batch count" + (" (0: a plain 2-D product)" if batch == 0 else ""))
-    parser.add_argument("--dtype", default="float32", choices=dtypes, help=dtype_help)
+    parser.add_argument("--dtype", default="float32", choices=dtypes, help=dtype_help,
+                        metavar=metavar)
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ from tilegemm.commands._params import (
     parse_params,
 )
 from tilegemm.errors import InvalidValueError
+from tilegemm.problem import RESULT_DTYPES
 from tilegemm.registry import BACKENDS
 
 HELP = "run one product, verified, timed"
@@ -27,17 +28,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="auto", choices=("auto", *BACKENDS),
                         help="where to run ('auto': the best usable backend here)")
     add_device_argument(parser)
-    add_shape_arguments(parser, 512, 0, ("float32", "float64", "int32", "int64"), "element type")
+    add_shape_arguments(
+        parser, 512, 0, RESULT_DTYPES,
+        f"element type of A and B, any that matmul computes: {', '.join(RESULT_DTYPES)}. "
+        "Where the rung computes in another type, as matmul does (float16 and bfloat16 in "
+        "float32 except on tensor cores; bool and narrow or unsigned integers in int32 or "
+        "int64), the report says so",
+        metavar="DTYPE")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls after the first")
     add_param_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
 
-    from tilegemm import registry
-    from tilegemm.api import choose_backend
+    from tilegemm.api import _check_params_are_upper_case, choose_backend, decide
     from tilegemm.bench.timing import OK, SKIPPED, WRONG, Policy, measure_kernel
-    from tilegemm.plan import plan
+    from tilegemm.plan import _path
     from tilegemm.problem import describe, host_operand_3d, make_problem
     from tilegemm.reference import random_operands
 
@@ -52,10 +58,14 @@ def run(args: argparse.Namespace) -> int:
     # Resolve what 'auto' means up front so the report names the real choice.
     backend = choose_backend(args.backend, ops, args.device, args.kernel)  # as matmul does
     target = device_target(backend, args.device, args.backend)
-    prob = make_problem(*ops)
-    # What matmul would run (the one decision, api.decide), and why: so the run times it.
-    chosen = plan(a, b, kernel=args.kernel, backend=backend.name, device=args.device, **params)
-    spec, resolved = registry.get(chosen.kernel, backend.name), dict(chosen.params)
+    # What matmul would run (the one decision, api.decide), and why: so the run times it,
+    # in the type the chosen backend computes the product in (float16 on tensor cores,
+    # float32 elsewhere, say), on operands converted to it as matmul converts them.
+    _check_params_are_upper_case(params)
+    chosen = decide(ops, make_problem(*ops), kernel=args.kernel, backend=backend.name,
+                    device=args.device, params=params)
+    prob, spec, resolved = chosen.prob, chosen.spec, dict(chosen.params)
+    path = _path(spec.key, prob)
     simulated = target.simulated
     if simulated and not params and spec.sim_params is not None:
         # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults
@@ -74,7 +84,10 @@ def run(args: argparse.Namespace) -> int:
                           host_operand_3d(b, prob, "b"), policy, target=target)
     print(f"{backend.name}:{spec.name} {_shown(meas.params)} {args.dtype} "
           f"M={args.m} N={args.n} K={args.k}{f' batch={args.batch}' if args.batch else ''}")
-    print(f"  chosen: {chosen.source}{f'; {chosen.path}' if chosen.path else ''}")
+    if (prob.dtype.name, prob.out_dtype.name) != (args.dtype, args.dtype):
+        print(f"  types: {args.dtype} operands, computed in {prob.dtype.name}, "
+              f"{prob.out_dtype.name} result (as np.matmul's); the conversions are not timed")
+    print(f"  chosen: {chosen.source}{f'; {path}' if path else ''}")
     index = f"[{target.index}] " if backend.accepts_device and target.index is not None else ""
     print(f"  device: {index}{target.name}" + (f" ({target.arch})" if target.arch else ""))
     if meas.status == SKIPPED:  # refused before it ran (device limits): the caller can fix it
