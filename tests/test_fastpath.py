@@ -1,6 +1,6 @@
-"""Small host products reuse the full path's decision (tilegemm.fastpath): the second call
-of a shape skips straight to the compiled rung, gives the same result, and anything that
-differs from the remembered case takes the full path with all its checks. Calls are
+"""Repeated host products reuse the full path's decision (tilegemm.fastpath): the second
+call of a case skips straight to the compiled rung, gives the same result, and anything
+that differs from the remembered case takes the full path with all its checks. Calls are
 counted (the full path is replaced by a spy), never timed."""
 
 from __future__ import annotations
@@ -59,16 +59,101 @@ def test_poisoned_output_is_fully_written(spy, rng, monkeypatch):
     assert len(spy) == 1 and not np.isnan(out).any()
 
 
-@pytest.mark.parametrize("case", ["transposed view", "other shape", "other dtype",
-                                  "mixed dtypes", "subclass", "keyword", "out", "float16",
-                                  "big", "byte order", "dtype"])
+@pytest.mark.parametrize("layout", ["C", "F a", "F b", "F both"])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (65, 64, 64), (131, 97, 67), (1, 300, 70)])
+def test_any_size_and_transposed_storage_are_remembered(spy, rng, shape, layout):
+    """Above the old 64³ limit too, and Fortran-ordered operands (read in place by the
+    CPU rung): one full-path call per case, then the rung directly, same results."""
+    m, k, n = shape
+
+    def operands():
+        a, b = _operands(rng, m, k, n, np.float32)
+        if "a" in layout or "both" in layout:
+            a = np.asfortranarray(a)
+        if "b" in layout or "both" in layout:
+            b = np.asfortranarray(b)
+        return a, b
+
+    results = []
+    for _ in range(3):
+        a, b = operands()
+        results.append((tilegemm.matmul(a, b), a, b))
+    assert len(spy) == 1, "a repeated call took the full path"
+    for got, a, b in results:
+        assert got.flags.c_contiguous and got.shape == (m, n)
+        assert_close(got, a, b)
+
+
+@pytest.mark.parametrize("shapes", [((3, 20, 30), (3, 30, 10)), ((3, 20, 30), (30, 10)),
+                                    ((20, 30), (2, 3, 30, 10)), ((2, 3, 1, 30), (2, 3, 30, 7))])
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+def test_batches_and_integers_are_remembered(spy, rng, shapes, dtype):
+    sa, sb = shapes
+    for _ in range(3):
+        a = rng.integers(-9, 9, sa).astype(dtype) if dtype == np.int32 else rng.standard_normal(sa)
+        b = rng.integers(-9, 9, sb).astype(dtype) if dtype == np.int32 else rng.standard_normal(sb)
+        got = tilegemm.matmul(a, b)
+        if dtype == np.int32:
+            np.testing.assert_array_equal(got, np.matmul(a, b))
+            assert got.dtype == np.int32
+        else:
+            assert_close(got, a, b)
+    assert len(spy) == 1
+
+
+def test_out_is_written_in_place_on_a_remembered_call(spy, rng):
+    a, b = _operands(rng, 70, 90, 110, np.float64)
+    tilegemm.matmul(a, b)
+    out = np.full((70, 110), np.nan)
+    a2, b2 = _operands(rng, 70, 90, 110, np.float64)
+    got = tilegemm.matmul(a2, b2, out=out)
+    assert len(spy) == 1 and got is out
+    assert_close(out, a2, b2)
+    got = tilegemm.matmul(a, b, out=(out,))  # NumPy's 1-tuple form
+    assert len(spy) == 1 and got is out
+    assert_close(out, a, b)
+
+
+@pytest.mark.parametrize("case", ["strided", "other dtype", "overlaps a", "subclass",
+                                  "read-only", "wrong shape"])
+def test_an_out_the_rung_cannot_write_directly_takes_the_full_path(spy, rng, case):
+    a, b = _operands(rng, 16, 16, 16, np.float32)
+    tilegemm.matmul(a, b)
+    a, b = _operands(rng, 16, 16, 16, np.float32)
+    expected = np.matmul(a.astype(np.float64), b)
+    if case == "strided":
+        out = np.full((16, 32), np.nan, np.float32)[:, ::2]
+    elif case == "other dtype":
+        out = np.full((16, 16), np.nan)
+    elif case == "overlaps a":
+        out = a  # NumPy allows out=a: the product of the old values
+    elif case == "subclass":
+        out = np.full((16, 16), np.nan, np.float32).view(type("Sub", (np.ndarray,), {}))
+    elif case == "read-only":
+        out = np.full((16, 16), np.nan, np.float32)
+        out.flags.writeable = False
+    else:
+        out = np.full((16, 17), np.nan, np.float32)
+    if case in ("read-only", "wrong shape"):
+        with pytest.raises(ValueError):
+            tilegemm.matmul(a, b, out=out)
+        assert len(spy) == 2
+        return
+    got = tilegemm.matmul(a, b, out=out)
+    assert len(spy) == 2 and got is out
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["strided view", "other shape", "other dtype",
+                                  "mixed dtypes", "subclass", "keyword", "float16",
+                                  "byte order", "dtype", "broadcast batch"])
 def test_anything_else_takes_the_full_path(spy, rng, case):
     a, b = _operands(rng, 8, 8, 8, np.float32)
     tilegemm.matmul(a, b)
     assert len(spy) == 1
     kwargs = {}
-    if case == "transposed view":
-        a = np.asfortranarray(a).T.copy().T  # same values, not C-contiguous
+    if case == "strided view":
+        a = np.repeat(a, 2, axis=1)[:, ::2]  # same values, neither C- nor F-ordered
     elif case == "other shape":
         a, b = _operands(rng, 8, 9, 8, np.float32)
     elif case == "other dtype":
@@ -79,12 +164,10 @@ def test_anything_else_takes_the_full_path(spy, rng, case):
         a = a.view(type("Sub", (np.ndarray,), {}))
     elif case == "keyword":
         kwargs = {"backend": "cpu"}
-    elif case == "out":
-        kwargs = {"out": np.empty((8, 8), np.float32)}
     elif case == "float16":
         a, b = a.astype(np.float16), b.astype(np.float16)
-    elif case == "big":
-        a, b = _operands(rng, 65, 64, 64, np.float32)
+    elif case == "broadcast batch":
+        a, b = a[None].repeat(3, axis=0), b[None]  # (3, 8, 8) @ (1, 8, 8)
     elif case == "byte order":
         a, b = a.astype(">f4"), b.astype(">f4")
     elif case == "dtype":
@@ -126,4 +209,5 @@ def test_remembered_program_is_what_plan_reports(spy, rng):
     tilegemm.matmul(a, b)
     plan = tilegemm.plan(a, b)
     spec = registry.get(plan.kernel, plan.backend)
-    assert fastpath._table[(a.dtype, 16, 16, 16)] is spec.program(plan.params, a.dtype)
+    key = (a.dtype, (16, 16), (16, 16), 0, 0)
+    assert fastpath._table[key] is spec.program(plan.params, a.dtype)

@@ -287,7 +287,7 @@ def gemm(
     only when ``beta != 0``. Other arguments are as for :func:`matmul`.
     """
     _check_params_are_upper_case(params)
-    plain = (c is None and out is None and alpha == 1 and beta == 0 and not trans_a
+    plain = (c is None and alpha == 1 and beta == 0 and not trans_a
              and not trans_b and kernel == AUTO and backend == AUTO and device is None
              and stream is None and precision is None and not params)
     _check_scalar(alpha, "alpha")
@@ -345,6 +345,7 @@ def gemm(
             result = to_result(result, prob.out_dtype)
             if (plain and prob.result_dtype is None and be.array_kind == "host"
                     and prob.dtype == getattr(a, "dtype", None)):
+                # any ``out`` qualifies: the decision does not depend on it (see fastpath)
                 fastpath.remember(a, b, spec.program(resolved, prob.dtype),
                                   tuning_cache_path())
         if out is not None and not direct:
@@ -500,9 +501,9 @@ def matmul(
     """
     if isinstance(out, tuple) and len(out) == 1:  # NumPy's ufunc form, out=(array,)
         out = out[0]
-    if (out is None and kernel == AUTO and backend == AUTO and device is None
-            and stream is None and precision is None and dtype is None and not params):
-        result = fastpath.try_small(a, b)  # a small product an earlier call decided
+    if (kernel == AUTO and backend == AUTO and device is None and stream is None
+            and precision is None and dtype is None and not params):
+        result = fastpath.try_remembered(a, b, out)  # a case an earlier call decided
         if result is not None:
             return result
     return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,
