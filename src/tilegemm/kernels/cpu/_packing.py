@@ -1,0 +1,131 @@
+"""Vector copies for packing the blocked rung's panels (Numba intrinsics, LLVM IR).
+
+Packing copies each panel of A and B into the strips the micro-kernel reads. Written as
+Numba loops, element by element, neither copy was vectorised: Numba's array indexing
+keeps a negative-index fix-up that LLVM cannot prove away, so the strip copies of B came
+out as scalar moves and scatters, and the transposing copy of A as one scalar load and
+store per element. Both ran at 12–17 GB/s with their data in L2 (AMD Zen 5, one core),
+a fifth of a float32 256³ product on one thread (see docs/cpu.md).
+
+- :func:`copy_run` copies a run of contiguous elements with ``llvm.memcpy``; with a
+  constant length (an NR-wide piece of a row of B) LLVM expands it into a few vector
+  moves: 67 against 14 GB/s packing a 256×256 float32 panel.
+- :func:`transposer` builds ``pack_cols(Ap, (r, q, 0), A, (i, p))``: MR rows of A, W
+  columns each, loaded as MR vectors, transposed by one vector shuffle (which the x86
+  backend lowers to ``vpermt2ps``/``vpermt2pd``) and stored as the W·MR contiguous
+  elements of the A strip: 41 against 17 GB/s (float32, MR = 8).
+
+Both only move values: the packed panels are bit for bit what the loops wrote.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+def _item_pointer(context: Any, builder: Any, aryty: Any, ary: Any, index: Any) -> Any:
+    from numba.core import cgutils
+
+    arr = context.make_array(aryty)(context, builder, ary)
+    return cgutils.get_item_pointer(context, builder, aryty, arr,
+                                    cgutils.unpack_tuple(builder, index), wraparound=False)
+
+
+def _copy_run_intrinsic() -> Any:
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def copy_run(typingctx, dst, di, src, si, n):  # noqa: ANN001, ANN202 - Numba's protocol
+        """``dst[di + (0..n)] = src[si + (0..n)]`` along the last axis (both C-ordered,
+        the runs inside the arrays: no bounds are checked), as one ``llvm.memcpy``."""
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            dty, _, sty, _, _ = signature.args
+            dp = _item_pointer(context, builder, dty, args[0], args[1])
+            sp = _item_pointer(context, builder, sty, args[2], args[3])
+            itemsize = context.get_abi_sizeof(context.get_data_type(dty.dtype))
+            i8p, i64 = ir.IntType(8).as_pointer(), ir.IntType(64)
+            nbytes = builder.mul(args[4], ir.Constant(i64, itemsize))
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i8p, i64, ir.IntType(1)])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.memcpy.p0.p0.i64")
+            builder.call(fn, [builder.bitcast(dp, i8p), builder.bitcast(sp, i8p), nbytes,
+                              ir.Constant(ir.IntType(1), 0)])
+            return context.get_dummy_value()
+
+        return types.void(dst, di, src, si, n), codegen
+
+    return copy_run
+
+
+_COPY: list[Any] = []
+
+
+def copy_run() -> Any:
+    """The ``copy_run(dst, dst_index, src, src_index, n)`` intrinsic, built once."""
+    if not _COPY:
+        _COPY.append(_copy_run_intrinsic())
+    return _COPY[0]
+
+
+def columns_per_pack(dtype: np.dtype, vector_bits: int | None) -> int:
+    """Columns of A that :func:`transposer` moves per call: one vector of the widest width
+    the code may use (256 bits when LLVM chooses), at least 4."""
+    return max(4, (vector_bits or 256) // (8 * np.dtype(dtype).itemsize))
+
+
+def transposer(mr: int, w: int) -> Any:
+    """The intrinsic ``pack_cols(Ap, (r, q, 0), A, (i, p))``: ``Ap[r, q + c, k] =
+    A[i + k, p + c]`` for k < ``mr``, c < ``w`` (both C-ordered; no bounds checked).
+
+    The MR loaded rows are concatenated into one vector of MR·W elements (a tree of
+    shuffles, padded to a power of two) and reordered by a single shuffle into the strip's
+    order, column by column; LLVM picks the target's permutes for it.
+    """
+    from llvmlite import ir
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def pack_cols(typingctx, dst, di, src, si):  # noqa: ANN001, ANN202 - Numba's protocol
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            dty, _, sty, _ = signature.args
+            elt = context.get_data_type(dty.dtype)
+            align = context.get_abi_sizeof(elt)
+            row_t = ir.VectorType(elt, w)
+            src_arr = context.make_array(sty)(context, builder, args[2])
+            from numba.core import cgutils
+
+            i0, p0 = cgutils.unpack_tuple(builder, args[3])
+            rows = []
+            for k in range(mr):
+                ptr = cgutils.get_item_pointer(
+                    context, builder, sty, src_arr,
+                    [builder.add(i0, ir.Constant(i0.type, k)), p0], wraparound=False)
+                rows.append(builder.load(builder.bitcast(ptr, row_t.as_pointer()),
+                                         align=align))
+            span = 1
+            while span < mr:
+                span *= 2
+            vecs = rows + [ir.Constant(row_t, ir.Undefined)] * (span - mr)
+            width = w
+            while len(vecs) > 1:  # concatenate pairwise
+                mask = ir.Constant(ir.VectorType(ir.IntType(32), 2 * width),
+                                   list(range(2 * width)))
+                vecs = [builder.shuffle_vector(x, y, mask)
+                        for x, y in zip(vecs[0::2], vecs[1::2], strict=True)]
+                width *= 2
+            order = [(e % mr) * w + e // mr for e in range(mr * w)]
+            strip = builder.shuffle_vector(
+                vecs[0], ir.Constant(vecs[0].type, ir.Undefined),
+                ir.Constant(ir.VectorType(ir.IntType(32), mr * w), order))
+            dp = _item_pointer(context, builder, dty, args[0], args[1])
+            builder.store(strip, builder.bitcast(dp, ir.VectorType(elt, mr * w).as_pointer()),
+                          align=align)
+            return context.get_dummy_value()
+
+        return types.void(dst, di, src, si), codegen
+
+    return pack_cols
