@@ -27,7 +27,7 @@ from tilegemm.reference import assert_close, random_operands
 
 SRC = Path(tilegemm.__file__).resolve().parent.parent
 # Above DIRECT_PRODUCT multiply-adds, so the product takes the packed, threaded path.
-SIZE = 96
+SIZE = 128
 assert SIZE**3 > k02_blocked.DIRECT_PRODUCT
 
 FORK_SCRIPT = """

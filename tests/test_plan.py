@@ -9,6 +9,7 @@ import pytest
 import tilegemm
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import Limits, Target
+from tilegemm.kernels.cpu import k02_blocked
 from tilegemm.tune import cache as tcache
 from tilegemm.tune import database, select
 
@@ -128,7 +129,7 @@ def test_plan_agrees_with_what_runs(dtype, shape, monkeypatch):
     assert (planned.backend, planned.kernel, planned.params) == ("cpu", seen["kernel"],
                                                                   seen["params"])
     assert planned.source in ("database (device)", "database (isa)", "default")
-    assert ("small product" in planned.path) == (m * n * k <= 64**3)
+    assert ("small product" in planned.path) == (m * n * k <= k02_blocked.DIRECT_PRODUCT)
     assert planned.kernel in str(planned) and planned.source in str(planned)
 
 

@@ -56,5 +56,5 @@ def _path(key: str, prob: GemmProblem) -> str:
         from tilegemm.kernels.cpu.k02_blocked import DIRECT_PRODUCT
 
         if prob.k and prob.batch * prob.m * prob.n * prob.k <= DIRECT_PRODUCT:
-            return "small product: one thread, no packing"
+            return "small product: on the calling thread, no thread pool"
     return ""
