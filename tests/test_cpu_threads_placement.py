@@ -56,6 +56,30 @@ needs_two_cpus = pytest.mark.skipif(
     reason="thread placement needs Linux and two CPUs this process may use")
 
 
+def test_a_python_thread_started_meanwhile_is_not_taken_for_a_worker(monkeypatch) -> None:
+    """A thread the application starts while the rung's code loads (or its first products
+    run) must never be pinned: only threads that run no Python code can be Numba's."""
+    import threading
+
+    monkeypatch.setattr(_threads, "_pool_tids", {})
+    monkeypatch.setattr(_threads, "_watches", {})
+    started, stop = threading.Event(), threading.Event()
+
+    def user_work() -> None:
+        started.set()
+        stop.wait(30)
+
+    with _threads.PoolWatch():
+        user = threading.Thread(target=user_work, daemon=True)
+        user.start()
+        started.wait(30)
+    try:
+        assert user.native_id not in _threads._pool_tids.get(os.getpid(), [])
+    finally:
+        stop.set()
+        user.join(30)
+
+
 def test_worker_cpus_spread_over_the_other_cpus() -> None:
     assert _threads.worker_cpus(1, {0, 1}, 0) == [1]
     assert _threads.worker_cpus(1, {0, 1}, 1) == [0]

@@ -200,12 +200,22 @@ class PoolWatch:
 
     def __exit__(self, *exc: object) -> None:
         if self.before is not None:
-            new = _thread_ids() - self.before
+            # Threads Python started meanwhile (the application's own, another library's
+            # ``threading`` pool) are never Numba's workers: those run no Python code.
+            new = _thread_ids() - self.before - _python_thread_ids()
             if new:
                 _pool_tids[os.getpid()] = sorted(new)
 
 
 _watches: dict[int, int] = {}  # pid -> how many times PoolWatch looked
+
+
+def _python_thread_ids() -> set[int]:
+    """The kernel thread ids of the threads Python's ``threading`` knows (every thread that
+    runs Python code, the main thread included)."""
+    import threading
+
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
 
 
 def place_workers() -> None:
