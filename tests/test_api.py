@@ -87,6 +87,17 @@ def test_gemm_alpha_beta_and_transposes():
     np.testing.assert_allclose(r, -1.5 * a.T @ b.T + 0.25 * c, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("flag", ["no", 0, 1, None, "True"])
+def test_gemm_transpose_flags_must_be_booleans(flag):
+    """A truthy string such as "no" was taken as True, and the shape error that followed
+    hid the cause."""
+    a, b = random_operands((4, 3), (3, 2), "float32")
+    with pytest.raises(TypeError, match="trans_a must be True or False"):
+        tilegemm.gemm(a, b, trans_a=flag, **CPU)
+    r = tilegemm.gemm(a, b, trans_a=np.bool_(False), **CPU)  # NumPy's bool is a bool
+    assert_close(r, a, b)
+
+
 def test_gemm_beta_zero_ignores_nan_c():
     a, b = random_operands((4, 3), (3, 2), "float32")
     c = np.full((4, 2), np.nan, np.float32)

@@ -176,6 +176,39 @@ def test_a_slow_first_call_is_explained_at_info(
     assert "the kernel cache is off (TILEGEMM_KERNEL_CACHE)" in text
 
 
+def test_a_slow_first_call_does_not_promise_an_unusable_cache(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """With a kernel-cache directory that could not be written, the INFO record says that
+    nothing was kept (it used to say later processes would load the kernel)."""
+    from tilegemm import compile_cache
+
+    monkeypatch.setattr(api, "_USED", set())
+    ticks = iter(range(0, 1000, 3))
+    monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(not_a_dir))
+    monkeypatch.setattr(compile_cache, "_UNUSABLE", {str(not_a_dir / "cpu")})
+    a, b = _operands()
+    with caplog.at_level(logging.INFO, logger="tilegemm"):
+        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
+    text = _first_use_records(caplog)[0].getMessage()
+    assert "could not be used here" in text and "loads in well under" not in text
+
+
+def test_a_cache_warning_names_the_callers_line(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path) -> None:
+    from tilegemm import compile_cache
+
+    monkeypatch.setattr(compile_cache, "_UNUSABLE", set())
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    with pytest.warns(compile_cache.CompileCacheWarning, match="cannot be used") as seen:
+        assert not compile_cache._write_entry(not_a_dir / "cpu" / "entry.py", "text")
+    assert seen[0].filename == __file__
+    assert compile_cache.unusable_folders() == [str(not_a_dir / "cpu")]
+
+
 def test_a_call_logs_nothing_by_default(capsys: pytest.CaptureFixture[str],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Without logging configured, even a slow first call writes nothing to stdout or

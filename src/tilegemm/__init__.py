@@ -10,6 +10,7 @@ happens on the first call that needs a backend.
 # GPU-free) subpackage here first and binding the function afterwards keeps
 # ``tilegemm.kernels()`` callable while ``tilegemm.kernels.cuda`` still imports normally.
 import tilegemm.kernels  # noqa: F401  (see above; must precede the API import)
+from tilegemm import errors
 from tilegemm._compat import restore_numpy_aliases
 from tilegemm.api import backends, gemm, kernels, matmul
 from tilegemm.plan import Plan, plan
@@ -18,4 +19,4 @@ from tilegemm.reference import assert_close, reference
 restore_numpy_aliases()  # before numba.cuda is ever imported (see tilegemm._compat)
 __version__ = "0.1.0"
 __all__ = ["matmul", "gemm", "plan", "Plan", "kernels", "backends", "reference", "assert_close",
-           "__version__"]
+           "errors", "__version__"]

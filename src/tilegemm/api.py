@@ -283,10 +283,18 @@ def gemm(
     """``alpha * op(a) @ op(b) + beta * c`` with ``op(x)`` = x or its (last-two-axes) transpose.
 
     Returns a new array (of the operands' array type), or writes ``out`` and returns it;
-    ``out=c`` updates ``c`` in place. ``c`` must broadcast to the result shape and is read
-    only when ``beta != 0``. Other arguments are as for :func:`matmul`.
+    ``out=c`` updates ``c`` in place. The result dtype is :func:`matmul`'s for ``a`` and
+    ``b``; ``c`` must broadcast to the result shape, is cast to the result dtype under
+    NumPy's ``same_kind`` rule (a float64 ``c`` with float32 operands is rounded to
+    float32), and is read only when ``beta != 0``. ``alpha`` and ``beta`` are real numbers,
+    integers for an integer result. ``alpha = 0`` still computes ``a @ b`` (a NaN or Inf in
+    ``a`` or ``b`` gives NaN, as in NumPy, not BLAS's shortcut). ``trans_a``/``trans_b`` are
+    booleans. Other arguments, and what is raised, are as for :func:`matmul`.
     """
     _check_params_are_upper_case(params)
+    for flag, name in ((trans_a, "trans_a"), (trans_b, "trans_b")):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise InvalidTypeError(f"gemm: {name} must be True or False, got {flag!r}")
     plain = (c is None and alpha == 1 and beta == 0 and not trans_a
              and not trans_b and kernel == AUTO and backend == AUTO and device is None
              and stream is None and precision is None and not params)
@@ -380,11 +388,13 @@ def _log_if_slow(used: tuple[Any, ...], seconds: float) -> None:
         what = _SLOW_PENDING.pop(used, None)
     if what is None or seconds <= SLOW_FIRST_CALL_S:
         return
-    from tilegemm.compile_cache import cache_root
+    from tilegemm.compile_cache import cache_root, unusable_folders
 
     root = cache_root()
     cached = ("the kernel cache is off (TILEGEMM_KERNEL_CACHE), so each new process compiles "
               "it again" if root is None else
+              f"the kernel cache ({root}) could not be used here (see the warning), so each "
+              "new process compiles it again" if unusable_folders() else
               f"what the on-disk kernel cache keeps ({root}; `tilegemm cache` lists it) loads "
               "in well under a second in later processes")
     log.info("%s: the first call took %.1f s, which includes compiling the kernel (once "
@@ -451,7 +461,9 @@ def matmul(
 
     - 1-D operands are promoted (a row for ``a``, a column for ``b``) and the added axis is
       removed; leading dimensions broadcast and the batch runs on the device in one launch.
-    - The result dtype is ``numpy.result_type(a, b)``. float32, float64, int32 and int64 are
+    - The result dtype is ``np.matmul``'s: ``numpy.result_type(a, b)`` for NumPy's own
+      dtypes, float32 for ml_dtypes' bfloat16 (see ``dtype`` below). float32, float64, int32
+      and int64 are
       computed as they are; float16 (in float32), bool, and narrow or unsigned integers (in
       int32/int64, wrapping as NumPy's do) are computed in a kernel dtype and cast back, on
       host arrays (float16 runs on tensor cores where a backend has them). Integer and bool
@@ -468,7 +480,8 @@ def matmul(
       device arrays (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array
       out, with no copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
-      "auto", "cuda", "opencl" or "cpu"; ``params`` are the rung's parameters (``TILE=16``).
+      "auto", "cuda", "cudac" (CUDA C rungs), "opencl" or "cpu"; ``params`` are the rung's
+      parameters (``TILE=16``).
       ``backend="auto"`` prefers a GPU, else the CPU; with a named ``kernel`` that backend
       lacks, it takes the first usable backend that has the rung (``kernel="shared"`` on a
       machine without a GPU runs OpenCL's).
@@ -498,6 +511,16 @@ def matmul(
       NumPy bfloat16 arrays give what ``np.matmul`` gives for them: float32 (ml_dtypes
       computes them in float32); PyTorch bfloat16 tensors give bfloat16, as
       ``torch.matmul``.
+    - Floating-point exceptions inside a kernel (an overflow, Inf × 0) are neither warned
+      about nor raised, whatever ``np.errstate`` says; it applies to tilegemm's own dtype
+      conversions only.
+
+    Returns the product (an array of the operands' kind, or ``out``; a NumPy scalar for two
+    1-D operands). Raises, before any work and leaving the operands and ``out`` untouched,
+    the subclasses of ``tilegemm.errors.UsageError``: ``ValueError`` for shapes, parameters,
+    kernels and backends (``InvalidValueError``), ``TypeError`` for dtypes and array kinds
+    (``InvalidTypeError``, NumPy's ``UFuncTypeError`` for an ``out`` cast), and
+    ``UnavailableError`` (a ``RuntimeError``) for a backend or device this machine lacks.
     """
     if isinstance(out, tuple) and len(out) == 1:  # NumPy's ufunc form, out=(array,)
         out = out[0]

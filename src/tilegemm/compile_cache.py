@@ -76,6 +76,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from tilegemm.errors import user_stacklevel
+
 ENV = "TILEGEMM_KERNEL_CACHE"
 SUBDIR = "cpu"
 CUDA_SUBDIR = "cuda-jit"  # generated CUDA kernels as modules; numba-cuda's cache beside them
@@ -87,6 +89,17 @@ _TEXT_HEADER = "tilegemm compiled-kernel cache entry"
 # Compilations and cache loads of every function this process built through the cache
 # (Numba's own per-dispatcher counters, summed); tests and benchmarks read them.
 STATS = {"compiled": 0, "loaded": 0}
+
+
+# Cache folders this process could not use (warned once each time): a kernel compiled
+# then is not kept, whatever the directory's name promises.
+_UNUSABLE: set[str] = set()
+
+
+def unusable_folders() -> list[str]:
+    """The kernel-cache folders this process could not write (sorted; empty when every
+    entry it tried was kept)."""
+    return sorted(_UNUSABLE)
 
 
 class CompileCacheWarning(UserWarning):
@@ -123,7 +136,8 @@ def use_pocl_cache() -> None:
             raise PermissionError(f"{folder} is not writable")
     except OSError as exc:
         warnings.warn(f"kernel cache {folder} cannot be used for PoCL ({exc}); PoCL keeps "
-                      "its default cache", CompileCacheWarning, stacklevel=3)
+                      "its default cache", CompileCacheWarning,
+                      stacklevel=user_stacklevel())
         return
     _check_pocl_entries(folder)
     os.environ["POCL_CACHE_DIR"] = str(folder)
@@ -162,7 +176,8 @@ def _check_pocl_entries(folder: Path) -> None:
     for parts in sorted(bad):
         entry = folder.joinpath(*parts)
         warnings.warn(f"PoCL kernel cache entry {entry} was changed after it was written; "
-                      "deleting it (PoCL rebuilds it)", CompileCacheWarning, stacklevel=4)
+                      "deleting it (PoCL rebuilds it)", CompileCacheWarning,
+                      stacklevel=user_stacklevel())
         shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -335,7 +350,8 @@ def load_module(name: str, source: str, describe: dict[str, Any]) -> ModuleType:
     except Exception as exc:  # noqa: BLE001 - any failure to load the entry: rebuild once
         warnings.warn(f"kernel cache entry {path.name} could not be loaded "
                       f"({type(exc).__name__}: {exc}); deleting and rebuilding it",
-                      CompileCacheWarning, stacklevel=3)
+                      CompileCacheWarning,
+                      stacklevel=user_stacklevel())
         _remove_entry(folder, stem)
         _write_atomic(path, text)
         return _import(stem, path)  # a second failure is a real error, not the cache's
@@ -353,9 +369,11 @@ def _write_entry(path: Path, text: str) -> bool:
         if not path.is_file() or path.read_text() != text:
             _write_atomic(path, text)
     except OSError as exc:
+        _UNUSABLE.add(str(folder))
         warnings.warn(f"kernel cache {folder} cannot be used ({exc}); compiling without it "
                       f"(set {ENV} to a writable directory, or to 'off')",
-                      CompileCacheWarning, stacklevel=4)
+                      CompileCacheWarning,
+                      stacklevel=user_stacklevel())
         return False
     return True
 
@@ -389,7 +407,8 @@ def load_kernel_module(name: str, source: str, key: dict[str, Any],
     except Exception as exc:  # noqa: BLE001 - the in-memory path still works
         warnings.warn(f"kernel cache entry {path.name} could not be imported "
                       f"({type(exc).__name__}: {exc}); compiling without the cache",
-                      CompileCacheWarning, stacklevel=2)
+                      CompileCacheWarning,
+                      stacklevel=user_stacklevel())
         return None
 
 
@@ -558,9 +577,11 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
         folder.mkdir(parents=True, exist_ok=True)
         lock = open(folder / f".{path.stem}.lock", "a")  # noqa: SIM115 - held until built
     except OSError as exc:
+        _UNUSABLE.add(str(folder))
         warnings.warn(f"kernel cache {folder} cannot be used ({exc}); compiling without it "
                       f"(set {ENV} to a writable directory, or to 'off')",
-                      CompileCacheWarning, stacklevel=2)
+                      CompileCacheWarning,
+                      stacklevel=user_stacklevel())
         return build()
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
@@ -572,7 +593,8 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
                                                 "texts": texts}))
             except OSError as exc:
                 warnings.warn(f"kernel cache entry {path.name} could not be written ({exc})",
-                              CompileCacheWarning, stacklevel=2)
+                              CompileCacheWarning,
+                      stacklevel=user_stacklevel())
     return texts
 
 
@@ -587,6 +609,7 @@ def _read_texts(path: Path, key: dict[str, Any]) -> dict[str, str] | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         warnings.warn(f"kernel cache entry {path.name} could not be loaded "
                       f"({type(exc).__name__}: {exc}); rebuilding it",
-                      CompileCacheWarning, stacklevel=3)
+                      CompileCacheWarning,
+                      stacklevel=user_stacklevel())
         path.unlink(missing_ok=True)
         return None

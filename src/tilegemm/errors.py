@@ -57,3 +57,18 @@ def output_casting_error(from_: Any, to: Any) -> OutputCastingError:
         f"Cannot cast ufunc 'matmul' output from {np.dtype(from_)!r} to {np.dtype(to)!r} "
         "with casting rule 'same_kind'")
 
+
+_PACKAGE_DIR = __file__.rsplit("errors.py", 1)[0]
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` called by the caller of this function that
+    makes the warning name the first line outside tilegemm (the user's call), however deep
+    inside tilegemm it is issued."""
+    import sys
+
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+

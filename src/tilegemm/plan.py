@@ -10,6 +10,24 @@ from tilegemm.problem import GemmProblem
 
 @dataclass(frozen=True)
 class Plan:
+    """What ``matmul``/``gemm`` would run for given operands, and why.
+
+    - ``backend``, ``kernel``, ``rung``: the backend ("cpu", "opencl", "cuda", "cudac"), the
+      rung's name and its number on the ladder (``tilegemm kernels`` lists them).
+    - ``device``: where it runs, as ``backend/architecture/device name``.
+    - ``params``: the rung's parameters (``MR=8 NR=32 ...``, see each rung's docstring).
+    - ``source``: why these parameters. "requested" (given in the call), "tuned" (your own
+      ``tilegemm tune`` results), "database (device)" / "database (isa)" (measurements
+      shipped with tilegemm for this CPU or GPU model, or for its instruction set),
+      "default" (the rung's defaults), "simulator" (CUDA simulator defaults), or
+      "requested; the others from ..." when some parameters were given.
+    - ``path``: how the rung runs this shape when it has more than one way, e.g. "small
+      product: on the calling thread, no thread pool" on the CPU; else "".
+    - ``dtype``: the type the kernel computes in (int32 for int8 operands, float32 for
+      float16 on the CPU), not necessarily the result's type, which is ``np.matmul``'s.
+    - ``shape``: (batch, M, N, K) after NumPy's promotion and broadcasting.
+    """
+
     backend: str
     device: str  # the Target's stable key, e.g. "cpu/x86_64/AMD EPYC"
     kernel: str
@@ -24,7 +42,7 @@ class Plan:
         params = "".join(f" {k}={v}" for k, v in self.params.items())
         b, m, n, k = self.shape
         text = (f"{self.backend}:{self.kernel} (rung {self.rung}){params} [{self.source}] "
-                f"on {self.device}, {self.dtype} {b}x{m}x{n}x{k}")
+                f"on {self.device}, batch={b} M={m} N={n} K={k} computed in {self.dtype}")
         return text + (f"; {self.path}" if self.path else "")
 
 
@@ -34,8 +52,11 @@ def plan(a: Any, b: Any, *, kernel: str = "auto", backend: str = "auto",
     """The backend, rung and parameters ``matmul``/``gemm`` would use for these operands, and
     why they were chosen (requested, tuned cache, shipped database, or defaults).
 
-    Runs the same checks and the same decision as a call (:func:`tilegemm.api.decide`, the
-    code ``matmul`` runs), and nothing else: no compilation, no launch, no copy.
+    Runs the same checks on ``a``, ``b`` and the options, and makes the same decision, as a
+    call (the very code ``matmul`` runs), and nothing else: no compilation, no launch, no
+    copy. ``out``, ``c``, ``alpha`` and ``beta`` do not change the decision and are not
+    taken here, so their checks happen only in the call. Returns a :class:`Plan`; raises
+    what ``matmul`` raises for the same operands and options.
     """
     from tilegemm.api import _check_params_are_upper_case, decide
     from tilegemm.problem import describe, make_problem

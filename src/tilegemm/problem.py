@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +18,7 @@ from typing import Any
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy: np.dtype("bfloat16"))
 import numpy as np
 
-from tilegemm.errors import InvalidTypeError, InvalidValueError
+from tilegemm.errors import InvalidTypeError, InvalidValueError, user_stacklevel
 
 # What the kernels compute in. float16 and bfloat16 run only on tensor cores
 # (tilegemm.precision says where), with float32 accumulation; elsewhere such a product is
@@ -155,16 +153,13 @@ def to_result(x: np.ndarray, result: np.dtype) -> np.ndarray:
 
 # Where tilegemm's own source files are: frames from these files are skipped when a warning
 # names the line that called tilegemm.
-_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 
 
 def _warn_at_caller(err_type: str, flag: int) -> None:
     """``np.errstate``'s callback (see :func:`fp_warnings_at_caller`): NumPy's warning for
     a floating-point error in a conversion, issued at the first line outside tilegemm."""
-    frame, level = sys._getframe(), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(f"{err_type} encountered in cast", RuntimeWarning, stacklevel=level)
+    warnings.warn(f"{err_type} encountered in cast", RuntimeWarning,
+                  stacklevel=user_stacklevel())
 
 
 def fp_warnings_at_caller() -> contextlib.AbstractContextManager[Any]:

@@ -488,7 +488,13 @@ def fma_per_kstep(spec: KernelSpec, params: dict[str, int]) -> int:
     """FFMAs one thread issues per k step: its share of the BM×BN block tile."""
     threads = spec.threads(params) if spec.threads else None
     if not threads or "BM" not in params or "BN" not in params:
-        raise InvalidValueError(f"{spec.name} has no BM×BN register tile to count per k step")
+        from tilegemm import registry
+
+        counted = [s.name for s in registry.specs_for(spec.backend)
+                   if "BM" in s.defaults() and "BN" in s.defaults() and s.threads]
+        raise InvalidValueError(
+            f"--sass counts the machine code per k step of rungs with a BM×BN block tile; "
+            f"{spec.name} has none. On {spec.backend}: {', '.join(counted) or 'none'}")
     return params["BM"] * params["BN"] // threads
 
 

@@ -1,7 +1,8 @@
 """Show or clear the compiled-kernel cache (kernels kept on disk between processes).
 
-The first call of a CPU rung compiles it for several seconds, that of a written-out CUDA
-rung (vectorized and up) for tens of seconds on a GPU; the cache keeps the machine code so
+The first call of a CPU rung compiles it for several seconds, that of a CUDA rung whose k
+loop is generated as straight-line code (vectorized and up) for seconds to tens of seconds
+(rungs 7-9 took about 35 s on the first H100 run); the cache keeps the machine code so
 later processes load it in a fraction of a second. It also holds the PTX that
 'kernels --resources' and 'explain --sass' compile, and PoCL's OpenCL programs. Entries
 written by another tilegemm, Numba, numba-cuda or Python version, or on another CPU or
