@@ -84,8 +84,9 @@ def test_empty_product_prints_no_roofline():
 
 
 @pytest.mark.ptx
-def test_explain_without_barriers_prints_each_of_the_three_barrier_values(capsys):
+def test_explain_without_barriers_prints_each_of_the_three_barrier_values(capsys, monkeypatch):
     """A rung with no syncthreads printed one "0" for the row's three values."""
+    monkeypatch.setenv("COLUMNS", "200")  # the table's cells wrap on a narrow terminal
     rc = main(["explain", "coalesced", "--m", "8", "--n", "8", "--k", "4", "BLOCK=8",
                "--no-resources"])
     assert rc == 0
