@@ -300,3 +300,13 @@ def test_out_as_a_one_element_tuple_as_numpy_accepts_it():
     o = np.empty((2, 2))
     assert tilegemm.matmul(a, a.T, out=(o,)) is o
     np.testing.assert_array_equal(o, np.matmul(a, a.T))
+
+
+@pytest.mark.parametrize("device", ["0", 0.0, True])
+def test_a_device_that_is_not_an_int_is_refused_first(device):
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(TypeError, match="device must be an int"):
+        tilegemm.matmul(a, a, device=device)
+    with pytest.raises(TypeError, match="device must be an int"):
+        tilegemm.plan(a, a, backend="opencl", device=device)
+

@@ -100,6 +100,10 @@ def test_tensor_core_rung_needs_precision_and_a_consistent_passes() -> None:
                         **_sim(PASSES=1))
     with pytest.raises(InvalidValueError, match="cannot compute precision='tf32'"):
         tilegemm.matmul(a, a, backend="cuda", kernel="pipelined", precision="tf32")
+    # float64 operands: the message names what the rung computes, not a precision= that
+    # would then be refused for float64
+    with pytest.raises(InvalidTypeError, match="float16 and bfloat16 operands.*not float64"):
+        tilegemm.matmul(a.astype(np.float64), a, backend="cuda", kernel="mma", **_sim())
 
 
 def test_auto_at_ieee_never_picks_a_tensor_core_rung() -> None:

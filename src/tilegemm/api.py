@@ -190,6 +190,10 @@ def decide(
     backend with tensor-core rungs for them then writes the float32 sums directly.
     """
     params = dict(params or {})
+    if device is not None and (isinstance(device, bool)
+                               or not isinstance(device, (int, np.integer))):
+        raise InvalidTypeError(f"device must be an int (an index `tilegemm info` lists), got "
+                               f"{device!r}")
     be = choose_backend(backend, ops, device, kernel)
     if stream is not None:
         if not getattr(be, "accepts_stream", False):

@@ -63,6 +63,11 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
     if p == IEEE:
         if kernel != "auto":
             spec = registry.get(kernel, backend)
+            if reduced(spec) and np.dtype(dtype) != np.float32:
+                raise InvalidTypeError(
+                    f"kernel {kernel!r} computes float32 (precision= "
+                    f"{', '.join(map(repr, spec.precisions))}), float16 and bfloat16 "
+                    f"operands on tensor cores; not {np.dtype(dtype).name}")
             if reduced(spec):
                 raise InvalidValueError(
                     f"kernel {kernel!r} computes with tensor cores, not IEEE float32: pass "

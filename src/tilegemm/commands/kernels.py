@@ -93,7 +93,10 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = Table(title=f"CUDA rungs compiled for each arch ({args.dtype}, default parameters)")
+    table = Table(title=f"CUDA rungs compiled for each arch ({args.dtype}, default parameters)",
+                  caption="smem: static shared memory per block as the compiler reports it; on "
+                          "sm_90 it includes the 1 KiB the driver reserves per block. Dynamic "
+                          "shared memory (mma, wgmma) is sized at launch and not included.")
     for col in ("backend", "kernel", "arch", "params", "registers", "spill st/ld (B)", "stack (B)",
                 "smem (B)"):
         table.add_column(col)
