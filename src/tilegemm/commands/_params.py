@@ -6,6 +6,11 @@ import argparse
 
 from tilegemm.errors import InvalidValueError
 
+# Why most subcommands take fewer element types than ``run``: they work on the types rungs
+# compute in; ``matmul`` computes the others (bool, int8, uint8, ...) in one of these.
+KERNEL_TYPES_NOTE = ("the types rungs compute in; matmul computes bool and narrow or unsigned "
+                     "integers in int32/int64 ('tilegemm run --dtype' runs any of them)")
+
 
 def add_param_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(

@@ -91,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--dtype", default="float32",
                       choices=("float32", "float64", "float16", "bfloat16"),
                       help="float16/bfloat16: the tensor-core rungs against cuBLAS FP16/BF16 "
-                           "(PyTorch)")
+                           "(PyTorch). The floating-point types with a vendor baseline; "
+                           "'tilegemm run --dtype' runs any type matmul takes")
     what.add_argument("--precision", default="ieee", choices=("ieee", "tf32", "3xtf32"),
                       help="float32: tf32/3xtf32 run the tensor-core rungs, against cuBLAS "
                            "TF32 (CuPy/PyTorch, TF32 enabled) and FP32 SGEMM respectively")

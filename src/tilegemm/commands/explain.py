@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 from tilegemm.commands._params import (
+    KERNEL_TYPES_NOTE,
     add_param_arguments,
     add_shape_arguments,
     check_fits_in_memory,
@@ -50,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape_arguments(parser, 32, 0,
                         ("float32", "float64", "int32", "int64", "float16", "bfloat16"),
                         "element type; each rung computes some of these ('tilegemm kernels' "
-                        "lists them); float16/bfloat16: the tensor-core rungs")
+                        "lists them); float16/bfloat16: the tensor-core rungs. These are "
+                        + KERNEL_TYPES_NOTE)
     parser.add_argument("--beta", type=float, default=0.0,
                         help="non-zero: the kernel also reads C (beta·C)")
     parser.add_argument("--gpu", default="h100", choices=tuple(GPUS),

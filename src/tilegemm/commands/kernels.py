@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tilegemm.commands._params import KERNEL_TYPES_NOTE
 from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
@@ -19,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "registers, spills, shared memory")
     parser.add_argument("--dtype", choices=DTYPES,
                         help="only the rungs that compute this element type; with "
-                             "--resources, the type compiled (default: float32)")
+                             "--resources, the type compiled (default: float32). Choices are "
+                             + KERNEL_TYPES_NOTE)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--markdown", action="store_true",
                         help="print a Markdown table (the README's ladder table is made so)")
