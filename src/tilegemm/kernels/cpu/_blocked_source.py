@@ -293,6 +293,74 @@ def direct(A, B, C, alpha, beta):
                     crow[j] = alpha * acc[j] + beta * crow[j]
 
 
+# --- Products with one row or one column (vector-matrix, matrix-vector) -----------------
+# Packing would copy the whole matrix for one pass over it, and an MR×NR tile would be
+# mostly padding, so these run unpacked: the matrix is streamed once, front to back.
+GEMV_ROWS = 8  # rows of B combined per pass over y in the vector-matrix form
+
+
+# @dot (replaced by the generated dot products, ``k02_blocked.dot_rows_source``)
+def dot_rows(A, x, C, i0, i1, alpha, beta):
+    for i in range(i0, i1):
+        t = zero
+        for p in range(A.shape[1]):
+            t += A[i, p] * x[p]
+        C[i, 0] = alpha * t if beta == zero else alpha * t + beta * C[i, 0]
+# @end-dot
+
+
+with slp_enabled():  # its named partial sums become vectors under the SLP vectoriser
+    dot_rows = njit(numba.void(ro2, ro1, a2, i8, i8, nbt, nbt), **FLAGS)(dot_rows)
+
+
+@njit(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8), **FLAGS)
+def gemv_part(A, B, C, alpha, beta, c, nchunks):
+    """Chunk ``c`` of ``nchunks`` of a product with M == 1 or N == 1 (2-D operands).
+
+    M == 1, ``y = x @ B``: chunk c is a range of columns of y; each column is the same
+    K-ordered sum as in the packed path (``GEMV_ROWS`` rows of B are folded into a column's
+    running sum per pass, in order, so y is read and written once per ``GEMV_ROWS`` rows
+    rather than once per row). N == 1, ``y = A @ x``: chunk c is a range of rows of A,
+    ``dot_rows`` (generated, see ``k02_blocked.dot_rows_source``).
+    """
+    m, n, k = C.shape[0], C.shape[1], A.shape[1]
+    if m == 1:
+        j0, j1 = c * n // nchunks, (c + 1) * n // nchunks
+        if j1 <= j0:
+            return
+        acc = np.zeros(j1 - j0, dtype=C.dtype)
+        x = A[0]
+        kk = k // GEMV_ROWS * GEMV_ROWS
+        for p in range(0, kk, GEMV_ROWS):
+            a0, a1, a2_, a3_ = x[p], x[p + 1], x[p + 2], x[p + 3]
+            a4_, a5, a6, a7 = x[p + 4], x[p + 5], x[p + 6], x[p + 7]
+            r0, r1, r2, r3 = B[p, j0:j1], B[p + 1, j0:j1], B[p + 2, j0:j1], B[p + 3, j0:j1]
+            r4, r5, r6, r7 = B[p + 4, j0:j1], B[p + 5, j0:j1], B[p + 6, j0:j1], B[p + 7, j0:j1]
+            for j in range(j1 - j0):
+                t = acc[j]
+                t += a0 * r0[j]
+                t += a1 * r1[j]
+                t += a2_ * r2[j]
+                t += a3_ * r3[j]
+                t += a4_ * r4[j]
+                t += a5 * r5[j]
+                t += a6 * r6[j]
+                t += a7 * r7[j]
+                acc[j] = t
+        for p in range(kk, k):
+            a = x[p]
+            row = B[p, j0:j1]
+            for j in range(j1 - j0):
+                acc[j] += a * row[j]
+        y = C[0]
+        for j in range(j1 - j0):
+            v = alpha * acc[j]
+            y[j0 + j] = v if beta == zero else v + beta * y[j0 + j]
+    else:
+        x = B.reshape(k)  # (K, 1), C-contiguous: a vector
+        dot_rows(A, x, C, c * m // nchunks, (c + 1) * m // nchunks, alpha, beta)
+
+
 # Below this many multiply-adds per product, or with fewer than PACKED_MIN_SIDE rows or
 # columns, ``small`` runs ``direct``; above, packing pays for itself even on one thread
 # (float32 on AMD Zen 5: 32³ 3.1 → 1.4 µs, 64³ 15.4 → 3.9 µs; equal near 24³).
@@ -303,10 +371,16 @@ PACKED_MIN_SIDE = 8
 @njit(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
 def small(A, B, C, alpha, beta):
     """Products of at most ``DIRECT_PRODUCT`` multiply-adds in all, on the calling thread
-    (no parallel region: waking the pool costs more than such a product): the packed loop
-    nest (``gemm_serial``, scratch sized to the product) where packing pays, else
-    ``direct``. Both give each element the same K-ordered sum as the threaded path."""
+    (no parallel region: waking the pool costs more than such a product): one row or one
+    column per product through the vector path (``gemv_part``, as the threaded vector path
+    computes it), the packed loop nest (``gemm_serial``, scratch sized to the product)
+    where packing pays, else ``direct``, which gives the packed path's sums."""
     batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
+    if k > 0 and (m == 1 or n == 1) and m * n * k > PACKED_MIN_PRODUCT:
+        for z in range(batch):  # one row or one column: the vector path, one chunk
+            gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
+                      alpha, beta, 0, 1)
+        return
     if k == 0 or m * n * k <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE:
         direct(A, B, C, alpha, beta)
         return
@@ -529,74 +603,6 @@ def blocked_serial(A, B, C, alpha, beta, tr=0):
     for z in range(batch):
         gemm_serial(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
                     alpha, beta, Ap, Bp, T, tr)
-
-
-# --- Products with one row or one column (vector-matrix, matrix-vector) -----------------
-# Packing would copy the whole matrix for one pass over it, and an MR×NR tile would be
-# mostly padding, so these run unpacked: the matrix is streamed once, front to back.
-GEMV_ROWS = 8  # rows of B combined per pass over y in the vector-matrix form
-
-
-# @dot (replaced by the generated dot products, ``k02_blocked.dot_rows_source``)
-def dot_rows(A, x, C, i0, i1, alpha, beta):
-    for i in range(i0, i1):
-        t = zero
-        for p in range(A.shape[1]):
-            t += A[i, p] * x[p]
-        C[i, 0] = alpha * t if beta == zero else alpha * t + beta * C[i, 0]
-# @end-dot
-
-
-with slp_enabled():  # its named partial sums become vectors under the SLP vectoriser
-    dot_rows = njit(numba.void(ro2, ro1, a2, i8, i8, nbt, nbt), **FLAGS)(dot_rows)
-
-
-@njit(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8), **FLAGS)
-def gemv_part(A, B, C, alpha, beta, c, nchunks):
-    """Chunk ``c`` of ``nchunks`` of a product with M == 1 or N == 1 (2-D operands).
-
-    M == 1, ``y = x @ B``: chunk c is a range of columns of y; each column is the same
-    K-ordered sum as in the packed path (``GEMV_ROWS`` rows of B are folded into a column's
-    running sum per pass, in order, so y is read and written once per ``GEMV_ROWS`` rows
-    rather than once per row). N == 1, ``y = A @ x``: chunk c is a range of rows of A,
-    ``dot_rows`` (generated, see ``k02_blocked.dot_rows_source``).
-    """
-    m, n, k = C.shape[0], C.shape[1], A.shape[1]
-    if m == 1:
-        j0, j1 = c * n // nchunks, (c + 1) * n // nchunks
-        if j1 <= j0:
-            return
-        acc = np.zeros(j1 - j0, dtype=C.dtype)
-        x = A[0]
-        kk = k // GEMV_ROWS * GEMV_ROWS
-        for p in range(0, kk, GEMV_ROWS):
-            a0, a1, a2_, a3_ = x[p], x[p + 1], x[p + 2], x[p + 3]
-            a4_, a5, a6, a7 = x[p + 4], x[p + 5], x[p + 6], x[p + 7]
-            r0, r1, r2, r3 = B[p, j0:j1], B[p + 1, j0:j1], B[p + 2, j0:j1], B[p + 3, j0:j1]
-            r4, r5, r6, r7 = B[p + 4, j0:j1], B[p + 5, j0:j1], B[p + 6, j0:j1], B[p + 7, j0:j1]
-            for j in range(j1 - j0):
-                t = acc[j]
-                t += a0 * r0[j]
-                t += a1 * r1[j]
-                t += a2_ * r2[j]
-                t += a3_ * r3[j]
-                t += a4_ * r4[j]
-                t += a5 * r5[j]
-                t += a6 * r6[j]
-                t += a7 * r7[j]
-                acc[j] = t
-        for p in range(kk, k):
-            a = x[p]
-            row = B[p, j0:j1]
-            for j in range(j1 - j0):
-                acc[j] += a * row[j]
-        y = C[0]
-        for j in range(j1 - j0):
-            v = alpha * acc[j]
-            y[j0 + j] = v if beta == zero else v + beta * y[j0 + j]
-    else:
-        x = B.reshape(k)  # (K, 1), C-contiguous: a vector
-        dot_rows(A, x, C, c * m // nchunks, (c + 1) * m // nchunks, alpha, beta)
 
 
 @njit(numba.void(ro3, ro3, a3, nbt, nbt, i8), parallel=True, **FLAGS)
