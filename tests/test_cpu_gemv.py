@@ -46,6 +46,9 @@ SHAPES = [
     ((1, 3), (3, 100_003)),           # short K, long row
     ((100_003, 3), (3, 1)),           # short K, long column
     ((1, 1), (1, 300_000)),           # K = 1
+    ((1, 300), (300, 70)),            # small: the vector path on the calling thread
+    ((70, 300), (300, 1)),
+    ((3, 1, 200), (3, 200, 50)),
 ]
 
 
