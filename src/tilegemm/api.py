@@ -466,11 +466,11 @@ def matmul(
     - 1-D operands are promoted (a row for ``a``, a column for ``b``) and the added axis is
       removed; leading dimensions broadcast and the batch runs on the device in one launch.
     - The result dtype is ``np.matmul``'s: ``numpy.result_type(a, b)`` for NumPy's own
-      dtypes, float32 for ml_dtypes' bfloat16 (see ``dtype`` below). float32, float64, int32
-      and int64 are
-      computed as they are; float16 (in float32), bool, and narrow or unsigned integers (in
-      int32/int64, wrapping as NumPy's do) are computed in a kernel dtype and cast back, on
-      host arrays (float16 runs on tensor cores where a backend has them). Integer and bool
+      dtypes, float32 for ml_dtypes' bfloat16 (see ``dtype`` below). float32, float64,
+      int32 and int64 are computed as they are; float16 (in float32), bool, and narrow or
+      unsigned integers (in int32/int64, wrapping as NumPy's do) are computed in a kernel
+      dtype and cast back, on host arrays (float16 runs on tensor cores where a backend has
+      them). Integer and bool
       results are NumPy's exactly; a float16 result is rounded once from a float32 sum, as
       NumPy's is, but the sum's order differs, so it may differ from NumPy's by one float16
       unit in the last place. Complex, long double and object results are refused
