@@ -190,10 +190,6 @@ def decide(
     backend with tensor-core rungs for them then writes the float32 sums directly.
     """
     params = dict(params or {})
-    if device is not None and (isinstance(device, bool)
-                               or not isinstance(device, (int, np.integer))):
-        raise InvalidTypeError(f"device must be an int (an index `tilegemm info` lists), got "
-                               f"{device!r}")
     be = choose_backend(backend, ops, device, kernel)
     if stream is not None:
         if not getattr(be, "accepts_stream", False):
@@ -484,8 +480,8 @@ def matmul(
       device arrays (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array
       out, with no copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
-      "auto", "cuda", "cudac" (CUDA C rungs), "opencl" or "cpu"; ``params`` are the rung's
-      parameters (``TILE=16``).
+      "auto" or one that :func:`tilegemm.backends` lists ("cuda", "opencl", "cpu", and the
+      CUDA C rungs' backend); ``params`` are the rung's parameters (``TILE=16``).
       ``backend="auto"`` prefers a GPU, else the CPU; with a named ``kernel`` that backend
       lacks, it takes the first usable backend that has the rung (``kernel="shared"`` on a
       machine without a GPU runs OpenCL's).

@@ -12,8 +12,8 @@ from tilegemm.problem import GemmProblem
 class Plan:
     """What ``matmul``/``gemm`` would run for given operands, and why.
 
-    - ``backend``, ``kernel``, ``rung``: the backend ("cpu", "opencl", "cuda", "cudac"), the
-      rung's name and its number on the ladder (``tilegemm kernels`` lists them).
+    - ``backend``, ``kernel``, ``rung``: the backend (one that :func:`tilegemm.backends`
+      lists), the rung's name and its number on the ladder (``tilegemm kernels`` lists them).
     - ``device``: where it runs, as ``backend/architecture/device name``.
     - ``params``: the rung's parameters (``MR=8 NR=32 ...``, see each rung's docstring).
     - ``source``: why these parameters. "requested" (given in the call), "tuned" (your own

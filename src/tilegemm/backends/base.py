@@ -149,8 +149,10 @@ def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]
 def unknown_device(backend: str, index: Any, names: tuple[str, ...]) -> InvalidValueError:
     """The error for a ``device=`` that names no device here, listing the devices."""
     listing = "; ".join(f"{i}: {n}" for i, n in enumerate(names)) or "none"
+    hint = ("" if isinstance(index, int) and not isinstance(index, bool)
+            else f"; device= takes an int index, not {type(index).__name__}")
     return InvalidValueError(f"unknown {backend} device {index!r}; devices here: {listing} "
-                      "(see 'tilegemm info')")
+                             f"(see 'tilegemm info'){hint}")
 
 
 class Backend(ABC):
