@@ -385,3 +385,20 @@ def test_blocked_k_remainders_in_later_panels(dtype, monkeypatch):
         out = np.full((m, n), np.nan, dtype=dtype)
         result = tilegemm.matmul(a, b, out, kernel="blocked", backend="cpu", **params)
         assert_close(result, a, b, what=f"blocked KC=64 {dtype} {(m, n, k)}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("batch", [3, 8])
+def test_a_batch_of_mid_size_products_matches_each_product_alone(dtype, batch):
+    """Mid-size products (between 96³ and 256³) run one per thread when the batch is large
+    enough, else each threaded: either way every product is the same sums, bit for bit, as
+    the product computed alone, and close to float64."""
+    from tilegemm.kernels.cpu import k02_blocked
+
+    a, b = random_operands((batch, 130, 140), (batch, 140, 120), dtype)
+    assert k02_blocked.SMALL_PRODUCT < 130 * 140 * 120 <= 256**3
+    got = tilegemm.matmul(a, b, kernel="blocked", backend="cpu")
+    assert_close(got, a, b)
+    for z in range(batch):
+        alone = tilegemm.matmul(a[z], b[z], kernel="blocked", backend="cpu")
+        np.testing.assert_array_equal(got[z], alone)
