@@ -299,6 +299,22 @@ def direct(A, B, C, alpha, beta):
                     crow[j] = alpha * acc[j] + beta * crow[j]
 
 
+@njit(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8), **FLAGS)
+def products_serial(A, B, C, alpha, beta, z0, z1, tr):
+    """Products z0..z1 of the batch, one after another on the calling thread, through the
+    packed loop nest (``gemm_serial``), with one set of scratch sized to the product (not
+    to the cache blocks, so small products stay cheap). ``tr`` as in ``blocked_threads``."""
+    k = A.shape[1] if tr & 1 else A.shape[2]
+    m, n = C.shape[1], C.shape[2]
+    kcap = min(kc_max, k)
+    Ap = np.empty((min(mc // mr, (m + mr - 1) // mr), kcap, mr), dtype=C.dtype)
+    Bp = aligned3((min(nc_max, n) + nr - 1) // nr, kcap, nr, C)
+    T = np.empty((mr, nr), dtype=C.dtype)
+    for z in range(z0, z1):
+        gemm_serial(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
+                    alpha, beta, Ap, Bp, T, tr)
+
+
 # --- Products with one row or one column (vector-matrix, matrix-vector) -----------------
 # Packing would copy the whole matrix for one pass over it, and an MR×NR tile would be
 # mostly padding, so these run unpacked: the matrix is streamed once, front to back.
@@ -367,6 +383,14 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks):
         dot_rows(A, x, C, c * m // nchunks, (c + 1) * m // nchunks, alpha, beta)
 
 
+@njit(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
+def gemv_serial(A, B, C, alpha, beta):
+    """Products with M == 1 or N == 1 on the calling thread, each as one chunk."""
+    for z in range(C.shape[0]):
+        gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
+                  alpha, beta, 0, 1)
+
+
 # Below this many multiply-adds per product, or with fewer than PACKED_MIN_SIDE rows or
 # columns, ``small`` runs ``direct``; above, packing pays for itself even on one thread
 # (float32 on AMD Zen 5: 32³ 3.1 → 1.4 µs, 64³ 15.4 → 3.9 µs; equal near 24³).
@@ -383,20 +407,11 @@ def small(A, B, C, alpha, beta):
     where packing pays, else ``direct``, which gives the packed path's sums."""
     batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
     if k > 0 and (m == 1 or n == 1) and m * n * k > PACKED_MIN_PRODUCT:
-        for z in range(batch):  # one row or one column: the vector path, one chunk
-            gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
-                      alpha, beta, 0, 1)
-        return
-    if k == 0 or m * n * k <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE:
+        gemv_serial(A, B, C, alpha, beta)
+    elif k == 0 or m * n * k <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE:
         direct(A, B, C, alpha, beta)
-        return
-    kcap = min(kc_max, k)
-    Ap = np.empty((min(mc // mr, (m + mr - 1) // mr), kcap, mr), dtype=C.dtype)
-    Bp = aligned3((min(nc_max, n) + nr - 1) // nr, kcap, nr, C)
-    T = np.empty((mr, nr), dtype=C.dtype)
-    for z in range(batch):
-        gemm_serial(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
-                    alpha, beta, Ap, Bp, T, 0)
+    else:
+        products_serial(A, B, C, alpha, beta, 0, batch, 0)
 
 
 @njit(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3, i8),
@@ -428,17 +443,10 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, g * nstrips // ngroups,
                   (g + 1) * nstrips // ngroups, alpha, beta, pc == 0, T_all[t])
         else:
-            # scratch sized to the product, not the blocks, and made once per task for its
-            # run of products: tiny products stay cheap
-            kcap = min(kc_max, A.shape[1] if tr & 1 else A.shape[2])
-            Ap = np.empty((min(mc // mr, (C.shape[1] + mr - 1) // mr), kcap, mr),
-                          dtype=C.dtype)
-            Bpz = aligned3((min(nc_max, C.shape[2]) + nr - 1) // nr, kcap, nr, C)
-            T = np.empty((mr, nr), dtype=C.dtype)
+            # runs of whole products, one set of scratch per run
             batch = C.shape[0]
-            for zz in range(t * batch // ntasks, (t + 1) * batch // ntasks):
-                gemm_serial(A[zz if A.shape[0] > 1 else 0], B[zz if B.shape[0] > 1 else 0],
-                            C[zz], alpha, beta, Ap, Bpz, T, tr)
+            products_serial(A, B, C, alpha, beta, t * batch // ntasks,
+                            (t + 1) * batch // ntasks, tr)
 
 
 @njit(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)
@@ -609,17 +617,9 @@ def blocked_serial(A, B, C, alpha, beta, tr=0):
         blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), 0)
         return
     if takes_gemv(batch, m, n, k, DIRECT_PRODUCT):
-        for z in range(batch):
-            gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
-                      alpha, beta, 0, 1)
-        return
-    kcap = min(kc_max, k)
-    Ap = np.empty((min(mc // mr, (m + mr - 1) // mr), kcap, mr), dtype=_dt)
-    Bp = aligned3((min(nc_max, n) + nr - 1) // nr, kcap, nr, C)
-    T = np.empty((mr, nr), dtype=_dt)
-    for z in range(batch):
-        gemm_serial(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
-                    alpha, beta, Ap, Bp, T, tr)
+        gemv_serial(A, B, C, alpha, beta)
+    else:
+        products_serial(A, B, C, alpha, beta, 0, batch, tr)
 
 
 @njit(numba.void(ro3, ro3, a3, nbt, nbt, i8), parallel=True, **FLAGS)
@@ -645,5 +645,5 @@ def takes_gemv(batch, m, n, k, direct_max):
 
 
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, direct,
-            small, run_parallel, splits_batch, dot_rows, gemv_part, gemv_threads, takes_gemv,
-            layout, blocked_threads)
+            products_serial, gemv_serial, small, run_parallel, splits_batch, dot_rows,
+            gemv_part, gemv_threads, takes_gemv, layout, blocked_threads)

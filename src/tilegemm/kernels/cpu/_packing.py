@@ -20,6 +20,7 @@ Both only move values: the packed panels are bit for bit what the loops wrote.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -60,14 +61,10 @@ def _copy_run_intrinsic() -> Any:
     return copy_run
 
 
-_COPY: list[Any] = []
-
-
+@functools.cache
 def copy_run() -> Any:
     """The ``copy_run(dst, dst_index, src, src_index, n)`` intrinsic, built once."""
-    if not _COPY:
-        _COPY.append(_copy_run_intrinsic())
-    return _COPY[0]
+    return _copy_run_intrinsic()
 
 
 def columns_per_pack(dtype: np.dtype, vector_bits: int | None) -> int:

@@ -19,6 +19,7 @@ code.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 from collections.abc import Iterator
@@ -112,11 +113,7 @@ def _prefetch_intrinsic() -> object:
     return prefetch_write
 
 
-_PREFETCH: list[object] = []
-
-
+@functools.cache
 def prefetch_write() -> object:
     """The ``prefetch_write`` intrinsic (see ``_prefetch_intrinsic``), built once."""
-    if not _PREFETCH:
-        _PREFETCH.append(_prefetch_intrinsic())
-    return _PREFETCH[0]
+    return _prefetch_intrinsic()
