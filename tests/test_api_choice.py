@@ -103,7 +103,8 @@ def test_a_named_kernel_nothing_usable_has_keeps_a_clear_error(
         tilegemm.matmul(a, b, kernel="shared")
     text = str(err.value)
     assert text.startswith("unknown kernel 'shared' for backend 'cpu' (kernel 'shared' is a "
-                           "rung of backend 'cuda' and 'opencl' and 'cudac', not usable here)")
+                           "rung of backends 'cuda', 'opencl' and 'cudac', none of them usable "
+                           "here)")
     assert "pass backend=" not in text
 
 

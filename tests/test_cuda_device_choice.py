@@ -68,6 +68,15 @@ def test_device_out_of_range_lists_the_gpus_before_any_launch(two_gpus, bad) -> 
         tilegemm.matmul(a, a, backend="cuda", device=bad)
 
 
+@pytest.mark.parametrize("bad", ["0", True, 0.0])
+def test_a_device_that_is_not_an_int_is_named_as_such(two_gpus, bad) -> None:  # noqa: ANN001
+    """device="0" was refused as an unknown device while the listing showed device 0."""
+    a = np.ones((8, 8), np.float32)
+    with pytest.raises(ValueError, match=rf"devices here: 0: .*; device= takes an int index, "
+                       rf"not {type(bad).__name__}"):
+        tilegemm.plan(a, a, backend="cuda", device=bad)
+
+
 def test_plan_runs_on_the_chosen_gpu(two_gpus) -> None:  # noqa: ANN001
     a = np.ones((64, 64), np.float32)
     assert "sm_80" in tilegemm.plan(a, a, backend="cuda", device=1).device

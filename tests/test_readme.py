@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -29,16 +31,20 @@ def test_readme_states_the_two_commands_ci_runs():
     assert "make test" in ci
 
 
-def test_readme_usage_snippet_runs_as_pasted_without_a_gpu():
-    """Its backend="cuda" line raised on every machine without a GPU. The first Python block
-    under "## Use" must run as written on a CPU-only machine (the CuPy block after it is
-    for GPU machines and says so)."""
-
+def _use_blocks() -> list[str]:
+    """The Python blocks under "## Use", in order."""
     text = (ROOT / "README.md").read_text()
-    use = text[text.index("## Use"):]
-    block = use[use.index("```python") + len("```python"):]
-    block = block[:block.index("```")]
-    assert 'backend="cuda"' not in block
+    use = text[text.index("## Use"):text.index("\n## ", text.index("## Use") + 1)]
+    return [part.split("```", 1)[0] for part in use.split("```python")[1:]]
+
+
+def test_readme_usage_snippet_runs_as_pasted_without_a_gpu():
+    """Its backend="cuda" line raised on every machine without a GPU, and its
+    backend="opencl" line on every machine whose OpenCL cannot compile (PoCL's wheel on a
+    Zen 5 CPU). The first Python block under "## Use" must run as written on any CPU-only
+    machine; the OpenCL and CuPy blocks after it say what they need."""
+    block = _use_blocks()[0]
+    assert 'backend="cuda"' not in block and 'backend="opencl"' not in block
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)  # noqa: S102 - our own README
     from tilegemm.reference import assert_close
@@ -47,3 +53,16 @@ def test_readme_usage_snippet_runs_as_pasted_without_a_gpu():
     assert_close(namespace["c"], a, b)
     assert_close(namespace["c3"], a[None], b)
     assert_close(namespace["e"], a, b)  # gemm(a.T, trans_a=True) is a @ b again
+
+
+@pytest.mark.opencl
+def test_readme_opencl_snippet_runs_where_opencl_compiles():
+    first, opencl = _use_blocks()[:2]
+    assert 'backend="opencl"' in opencl
+    namespace: dict = {}
+    exec(compile(first, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    namespace["c"] = None
+    exec(compile(opencl, "README.md", "exec"), namespace)  # noqa: S102
+    from tilegemm.reference import assert_close
+
+    assert_close(namespace["c"], namespace["a"], namespace["b"])

@@ -180,13 +180,14 @@ def test_unknown_kernel_hint_names_a_usable_backend_first(monkeypatch):
         status=lambda: SimpleNamespace(usable=usable[n])))
     with pytest.raises(ValueError) as err:
         registry.get("shared", "cpu")
-    assert ("(kernel 'shared' is a rung of backend 'opencl', and of 'cuda' and 'cudac', not "
-            "usable here: pass backend='opencl'); choices: triple_loop, blocked") in str(err.value)
+    assert ("(kernel 'shared' is a rung of backend 'opencl', and of backends 'cuda' and "
+            "'cudac', none of them usable here: pass backend='opencl'); choices: triple_loop, "
+            "blocked") in str(err.value)
     usable["opencl"] = False
     with pytest.raises(ValueError) as err:
         registry.get("shared", "cpu")
-    assert ("(kernel 'shared' is a rung of backend 'cuda' and 'opencl' and 'cudac', not "
-            "usable here); choices") in str(err.value)
+    assert ("(kernel 'shared' is a rung of backends 'cuda', 'opencl' and 'cudac', none of "
+            "them usable here); choices") in str(err.value)
     assert "pass backend" not in str(err.value)
 
 

@@ -286,6 +286,14 @@ def get(name: str, backend: str) -> KernelSpec:
         f"choices: {choices}")
 
 
+def backends_phrase(names: list[str]) -> str:
+    """"backend 'cuda'" or "backends 'cuda', 'opencl' and 'cudac'", for messages."""
+    quoted = [repr(n) for n in names]
+    if len(quoted) == 1:
+        return f"backend {quoted[0]}"
+    return f"backends {', '.join(quoted[:-1])} and {quoted[-1]}"
+
+
 def _elsewhere_hint(name: str, elsewhere: list[str]) -> str:
     """Which other backends have a rung called ``name``, the usable ones first, and the one
     to pass: a hint that names a backend this machine cannot run would only lead to the
@@ -296,12 +304,12 @@ def _elsewhere_hint(name: str, elsewhere: list[str]) -> str:
 
     usable = [b for b in elsewhere if get_backend(b).status().usable]
     others = [b for b in elsewhere if b not in usable]
+    not_here = "not usable here" if len(others) == 1 else "none of them usable here"
     if not usable:
-        return (f" (kernel {name!r} is a rung of backend {' and '.join(map(repr, others))}, "
-                "not usable here)")
-    text = f" (kernel {name!r} is a rung of backend {' and '.join(map(repr, usable))}"
+        return f" (kernel {name!r} is a rung of {backends_phrase(others)}, {not_here})"
+    text = f" (kernel {name!r} is a rung of {backends_phrase(usable)}"
     if others:
-        text += f", and of {' and '.join(map(repr, others))}, not usable here"
+        text += f", and of {backends_phrase(others)}, {not_here}"
     return text + f": pass backend={usable[0]!r})"
 
 

@@ -129,5 +129,5 @@ def rung(name: str, backend: str):  # noqa: ANN201 - a KernelSpec
             raise
         choices = ", ".join(s.name for s in registry.specs_for(backend))
         raise InvalidValueError(
-            f"kernel {name!r} is a rung of backend {' and '.join(map(repr, owners))}; explain "
+            f"kernel {name!r} is a rung of {registry.backends_phrase(owners)}; explain "
             f"analyses the {backend} rungs only: {choices}") from None
