@@ -79,26 +79,75 @@ def test_shipped_database_entries_are_valid_parameters():
     for e in database.entries():
         spec = registry.get(e["kernel"], e["backend"])
         assert spec.supports(e["dtype"]) and spec.is_valid(spec.resolve(e["params"])), e
-        # CPU entries name the vector ISA; an OpenCL device has no architecture string
-        assert e["isa"] in (("avx2", "avx512", "neon") if e["backend"] == "cpu" else ("",)), e
+        # CPU entries and OpenCL CPU devices' name the vector ISA; an OpenCL GPU has none
+        assert e["isa"] in ("avx2", "avx512", "neon", ""), e
+        assert e["isa"] or e["backend"] == "opencl", e
         assert e.get("measured"), e
         # "cpu" names a family ("25") or a family and model ("26-2") of /proc/cpuinfo
         assert set(e.get("cpu", "0")) <= set("0123456789-"), e
 
 
-def test_opencl_entry_matches_its_device_only():
-    """The PoCL entry is per device: another OpenCL device (or the same name on the CPU
-    backend) falls through to the rung's own defaults."""
+def test_opencl_cpu_device_entries_match_name_and_the_hosts_isa(monkeypatch):
+    """An OpenCL CPU device (PoCL) compiles for the host CPU, so its entries are bound to
+    the host's ISA: KVM names Xeons of every generation "Intel(R) Xeon(R) Processor", and the
+    AVX-512 entry's 32 vector accumulators would spill on an AVX2 one. Another device (or the
+    same name on the CPU backend) falls through to the rung's own defaults, and so does an
+    OpenCL GPU, which has no ISA to share entries with."""
 
-    def opencl(name: str) -> Target:
-        return Target("opencl", name, "cpu", "", Limits(threads_per_block=4096), "events")
+    def opencl(name: str, kind: str = "cpu") -> Target:
+        return Target("opencl", name, kind, "", Limits(threads_per_block=4096), "events")
 
     name = "pthread-Intel(R) Xeon(R) Processor"
+    monkeypatch.setattr(database, "host_hardware_isa", lambda: "avx512")
     entry, tier = database.lookup(opencl(name), "float32")
     assert (entry["kernel"], entry["params"]["TM"], entry["params"]["TN"], tier) == (
         "vectorized", 16, 16, "device")
     assert database.lookup(opencl(name), "float64") is None
     assert database.lookup(opencl("pthread-AMD EPYC 9R14"), "float32") is None
+    assert database.lookup(opencl(name, kind="gpu"), "float32") is None
+    monkeypatch.setattr(database, "host_hardware_isa", lambda: "avx2")
+    assert database.lookup(opencl(name), "float32") is None
+
+
+def test_opencl_cpu_devices_share_an_isa_tier_entry(monkeypatch):
+    """A "*" entry of an ISA serves every OpenCL CPU device on a host of that ISA without
+    an entry of its own, and never an OpenCL GPU."""
+    table = (
+        {"backend": "opencl", "device": "*", "isa": "avx512", "dtype": "float32",
+         "kernel": "vectorized", "params": {"TM": 8}},
+        {"backend": "opencl", "device": "pthread-Chip X", "isa": "avx512", "dtype": "float32",
+         "kernel": "vectorized", "params": {"TM": 16}},
+    )
+
+    def opencl(name: str, kind: str = "cpu") -> Target:
+        return Target("opencl", name, kind, "", Limits(threads_per_block=4096), "events")
+
+    monkeypatch.setattr(database, "host_hardware_isa", lambda: "avx512")
+    assert database.lookup(opencl("pthread-Chip X"), "float32", table)[0]["params"]["TM"] == 16
+    entry, tier = database.lookup(opencl("pthread-Chip Y"), "float32", table)
+    assert (entry["params"]["TM"], tier) == (8, "isa")
+    assert database.lookup(opencl("GPU Z", kind="gpu"), "float32", table) is None
+    monkeypatch.setattr(database, "host_hardware_isa", lambda: "avx2")
+    assert database.lookup(opencl("pthread-Chip Y"), "float32", table) is None
+
+
+def test_the_host_hardware_isa_ignores_what_numba_is_told(monkeypatch):
+    """PoCL compiles for the CPU it runs on: NUMBA_CPU_FEATURES (code for another machine)
+    changes the CPU rung's tier, not an OpenCL CPU device's."""
+    from numba.core import config
+
+    database.host_hardware_isa.cache_clear()
+    database.host_isa.cache_clear()
+    try:
+        real = database.host_hardware_isa()
+        monkeypatch.setattr(config, "CPU_FEATURES", "-avx512f,-avx2,-fma")
+        assert database.host_isa.__wrapped__() == "generic" or database.compiled_arch() != \
+            "x86_64"
+        database.host_hardware_isa.cache_clear()
+        assert database.host_hardware_isa() == real
+    finally:
+        database.host_hardware_isa.cache_clear()
+        database.host_isa.cache_clear()
 
 
 class _Spy(Exception):

@@ -86,12 +86,31 @@ def compiled_arch() -> str:
     return ll.get_process_triple().split("-")[0]
 
 
+@cache
+def host_hardware_isa() -> str:
+    """The host CPU's own vector ISA tier (:func:`isa_of`), whatever Numba is told to
+    compile for: what an OpenCL CPU driver such as PoCL builds its kernels for."""
+    from llvmlite import binding as ll
+
+    try:
+        text = ll.get_host_cpu_features().flatten()
+    except RuntimeError:  # LLVM cannot read the features on every system (some ARM ones)
+        text = ""
+    return isa_of(parse_features(text), compiled_arch())
+
+
 def isa(target: Target) -> str:
-    """The database's architecture tier for ``target``: the ISA for host code, else the
-    Target's architecture (CUDA "sm_90")."""
+    """The database's architecture tier for ``target``: the ISA for host code; for an
+    OpenCL device that is the host's CPU (PoCL's, for one), the CPU's ISA, since that is
+    what its kernels are compiled for and what a register tile must fit; else the Target's
+    architecture (CUDA "sm_90"; "" for an OpenCL GPU, whose entries are per device)."""
     from tilegemm.backends import host_backend
 
-    return host_isa() if target.backend == host_backend() else target.arch
+    if target.backend == host_backend():
+        return host_isa()
+    if target.backend == "opencl" and target.kind == "cpu":
+        return host_hardware_isa()
+    return target.arch
 
 
 def host_family_model() -> str:
@@ -121,10 +140,10 @@ def lookup(target: Target, dtype: str,
            table: tuple[dict[str, Any], ...] | None = None) -> tuple[dict[str, Any], str] | None:
     """(entry, tier) for ``target`` and ``dtype``: tier "device" (name and ISA match, and
     for host code the CPU family/model when the entry names one, the closest match first),
-    else "isa" (an entry for any device of this ISA, the ``"*"`` one first; none for a
-    device without an architecture string, such as an OpenCL device, whose entries would
-    otherwise serve every other device); None when the database has nothing (the rung's
-    defaults apply)."""
+    else "isa" (an entry for any device of this ISA, the ``"*"`` one first; for an OpenCL
+    CPU device, the ISA's ``"*"`` entry only; none for a device without an
+    architecture string, such as an OpenCL GPU, whose entries would otherwise serve every
+    other device); None when the database has nothing (the rung's defaults apply)."""
     from tilegemm.backends import host_backend
 
     table = entries() if table is None else table
@@ -136,8 +155,12 @@ def lookup(target: Target, dtype: str,
               and (rank := _cpu_rank(e, family_model)) is not None]
     if ranked:
         return max(ranked, key=lambda r: r[0])[1], "device"
-    if not arch:  # no architecture to share (OpenCL devices): entries are per device only
+    if not arch:  # no architecture to share (OpenCL GPUs): entries are per device only
         return None
+    if target.backend == "opencl":
+        # Another OpenCL CPU driver's entry (another PoCL build, LLVM, tile code) is no
+        # evidence for this one: only an entry made for the whole ISA serves it.
+        same = [e for e in same if e["device"] == "*"]
     for e in sorted(same, key=lambda e: e["device"] != "*"):
         return e, "isa"
     return None
