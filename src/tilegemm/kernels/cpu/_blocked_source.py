@@ -17,7 +17,7 @@ from numba import njit, prange
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
 from tilegemm.kernels.cpu._threads import PoolWatch, parallel_unsafe, place_workers
-from tilegemm.kernels.cpu._vector_tile import applies, tile_loop
+from tilegemm.kernels.cpu._vector_tile import applies, tile_loop, tile_store
 from tilegemm.kernels.cpu._workspace import workspace
 
 # @header (replaced for each parameter set; these values only make the template importable)
@@ -56,6 +56,9 @@ ALIGN = max(1, 64 // _dt.itemsize)
 prefetch_w = prefetch_write()
 # The float micro-kernels' K loop, as explicit vector code (see _vector_tile).
 kloop = tile_loop(MR, NR, _dt, VECTOR_BITS, K_UNROLL) if applies(_dt) else None
+# ... and the tile's write-back into C (C = alpha*tile, or alpha*tile + bb*C)
+tstore = tile_store(MR, NR, _dt, VECTOR_BITS, False) if applies(_dt) else None
+tstore_c = tile_store(MR, NR, _dt, VECTOR_BITS, True) if applies(_dt) else None
 # Packing's vector copies (see _packing): runs of a row, and MR rows × PACK_W columns of A
 # transposed into a strip.
 copy_n = copy_run()
