@@ -133,15 +133,9 @@ def emit_store(builder: Any, t_ptr: Any, c_ptr: Any, row_stride: Any, i: Any, j:
     scalar = ir.FloatType() if dtype.itemsize == 4 else ir.DoubleType()
     vec = ir.VectorType(scalar, width)
     i64, i8p = ir.IntType(64), ir.IntType(8).as_pointer()
-    splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
-
-    def splat(x: Any) -> Any:
-        one = builder.insert_element(ir.Constant(vec, None), x, ir.IntType(32)(0))
-        return builder.shuffle_vector(one, ir.Constant(vec, None), splat_mask)
-
     fma = _declare(builder.module, f"llvm.fmuladd.v{width}f{dtype.itemsize * 8}", vec)
-    va = splat(alpha)
-    vb = None if bb is None else splat(bb)
+    va = _splat(builder, vec, alpha)
+    vb = None if bb is None else _splat(builder, vec, bb)
     c_bytes = builder.bitcast(c_ptr, i8p)
     col = builder.mul(j, i64(dtype.itemsize))
     # every load of T (and of C) before the first store to C: as far as LLVM knows, they
@@ -179,7 +173,6 @@ def emit_loop(builder: Any, kc: Any, a_ptr: Any, b_ptr: Any, t_ptr: Any, mr: int
     name = f"llvm.fmuladd.v{width}f{dtype.itemsize * 8}"
     i64 = ir.IntType(64)
     zeros = ir.Constant(vec, [0.0] * width)
-    splat_mask = ir.Constant(ir.VectorType(ir.IntType(32), width), [0] * width)
 
     def step(fma: Any, p: Any, acc: list[Any]) -> list[Any]:
         """One K step: NR/W vectors of B, then row by row a broadcast and its FMAs."""
@@ -192,10 +185,8 @@ def emit_loop(builder: Any, kc: Any, a_ptr: Any, b_ptr: Any, t_ptr: Any, mr: int
         a_row = builder.gep(a_ptr, [builder.mul(p, i64(mr))], inbounds=True)
         out = list(acc)
         for i in range(mr):
-            a = builder.load(builder.gep(a_row, [i64(i)], inbounds=True), align=dtype.itemsize)
-            a = builder.shuffle_vector(builder.insert_element(ir.Constant(vec, None), a,
-                                                              ir.IntType(32)(0)),
-                                       ir.Constant(vec, None), splat_mask)
+            a = _splat(builder, vec, builder.load(builder.gep(a_row, [i64(i)], inbounds=True),
+                                                  align=dtype.itemsize))
             for v in range(nv):
                 out[i * nv + v] = builder.call(fma, [a, bvals[v], acc[i * nv + v]])
         return out
@@ -289,6 +280,16 @@ def module_ir(mr: int, nr: int, dtype: np.dtype, vector_bits: int | None, unroll
               unroll)
     builder.ret_void()
     return str(module)
+
+
+def _splat(builder: Any, vec: Any, x: Any) -> Any:
+    """The scalar ``x`` in every lane of a ``vec`` (insert into lane 0, then a shuffle with
+    an all-zero mask: the broadcast LLVM turns into ``vbroadcastss``/``{1to16}``)."""
+    from llvmlite import ir
+
+    lane0 = builder.insert_element(ir.Constant(vec, None), x, ir.IntType(32)(0))
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), vec.count), [0] * vec.count)
+    return builder.shuffle_vector(lane0, ir.Constant(vec, None), mask)
 
 
 def _declare(module: Any, name: str, vec: Any) -> Any:
