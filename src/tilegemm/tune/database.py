@@ -108,9 +108,17 @@ def isa(target: Target) -> str:
 
     if target.backend == host_backend():
         return host_isa()
-    if target.backend == "opencl" and target.kind == "cpu":
+    if _host_cpu_of_another_backend(target):
         return host_hardware_isa()
     return target.arch
+
+
+def _host_cpu_of_another_backend(target: Target) -> bool:
+    """Whether ``target`` is the host's CPU driven by a backend other than the CPU one (an
+    OpenCL CPU device such as PoCL's), which compiles with a toolchain of its own."""
+    from tilegemm.backends import host_backend
+
+    return target.kind == "cpu" and target.backend != host_backend()
 
 
 def host_family_model() -> str:
@@ -157,7 +165,7 @@ def lookup(target: Target, dtype: str,
         return max(ranked, key=lambda r: r[0])[1], "device"
     if not arch:  # no architecture to share (OpenCL GPUs): entries are per device only
         return None
-    if target.backend == "opencl":
+    if _host_cpu_of_another_backend(target):
         # Another OpenCL CPU driver's entry (another PoCL build, LLVM, tile code) is no
         # evidence for this one: only an entry made for the whole ISA serves it.
         same = [e for e in same if e["device"] == "*"]
