@@ -183,7 +183,9 @@ print(json.dumps(compile_cache.STATS))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, check=True, timeout=300)
     stats = json.loads(out.stdout.strip().splitlines()[-1])
-    assert stats["compiled"] == 0 and stats["loaded"] >= 7, stats
+    # loaded: the seven functions Python calls (CALLED_FROM_PYTHON), not the helpers whose
+    # code their cached code already holds (see kernels/cpu/_lazy)
+    assert stats == {"compiled": 0, "loaded": 7}, stats
 
 
 # --- keyed text entries (the PTX of CUDA rungs compiled without a GPU) ----------------------

@@ -4,7 +4,9 @@
 markers replaced by one parameter set's constants and the ``@ukernel`` block replaced by
 the generated MR×NR micro-kernel, then imports the copy. Every function is compiled with
 an explicit signature and ``cache=CACHE``, so Numba stores the machine code beside the
-copy and a new process loads it instead of compiling for several seconds. Module
+copy and a new process loads it instead of compiling for several seconds; and only the
+functions Python calls are loaded (``CALLED_FROM_PYTHON``): the others' code is already
+inside theirs (see ``_lazy``). Module
 constants (not closures) carry the parameters: Numba freezes them into the code, and a
 closure over other compiled functions cannot be cached. See ``k02_blocked`` for what the
 loop nest does and why.
@@ -12,8 +14,10 @@ loop nest does and why.
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
+from tilegemm.kernels.cpu._lazy import load_compiled
+from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
 from tilegemm.kernels.cpu._threads import PoolWatch, parallel_unsafe, place_workers
@@ -76,12 +80,12 @@ def ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode):
 # @end-ukernel
 
 
-with slp_enabled():  # the micro-kernel alone is compiled with the SLP vectoriser on
-    ukernel = njit(numba.void(i8, a3, i8, a3, i8, a2, a2, i8, i8, nbt, nbt, i8),
-                   **FLAGS)(ukernel)
+# the micro-kernel alone is compiled with the SLP vectoriser on
+ukernel = when_called(numba.void(i8, a3, i8, a3, i8, a2, a2, i8, i8, nbt, nbt, i8),
+                      settings=(slp_enabled,), **FLAGS)(ukernel)
 
 
-@njit(a3(i8, i8, i8, a3), **FLAGS)
+@when_called(a3(i8, i8, i8, a3), **FLAGS)
 def aligned3(d0, d1, d2, like):
     """An uninitialised C-contiguous (d0, d1, d2) array of ``like``'s dtype that starts on a
     64-byte boundary. Numba aligns arrays to 32 bytes, so with AVX-512 every other 64-byte
@@ -98,7 +102,7 @@ def aligned3(d0, d1, d2, like):
 PACK_KB = 32  # K steps per pass of pack_bt: its rows' pieces and the strip lines in L1
 
 
-@njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8), **FLAGS)
+@when_called(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8), **FLAGS)
 def pack_bt(Bt, pc, kc, jc, nc, Bp, s0, s1):
     """Bp[s, p, j] = Bt[jc + s*NR + j, pc + p], zero beyond column nc: B stored as its
     transpose (N, K). Each stored row (one column of B) is read front to back in passes of
@@ -129,7 +133,7 @@ def pack_bt(Bt, pc, kc, jc, nc, Bp, s0, s1):
                     Bp[s, q, j] = zero
 
 
-@njit(numba.void(ro2, i8, i8, i8, i8, a3), **FLAGS)
+@when_called(numba.void(ro2, i8, i8, i8, i8, a3), **FLAGS)
 def pack_at(At, ic, mc, pc, kc, Ap):
     """Ap[r, p, i] = At[pc + p, ic + r*MR + i], zero beyond row mc: A stored as its
     transpose (K, M). For each p, one stored row holds the MR values of every strip side
@@ -149,7 +153,7 @@ def pack_at(At, ic, mc, pc, kc, Ap):
                 Ap[r, q, i] = zero
 
 
-@njit(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8, flag), **FLAGS)
+@when_called(numba.void(ro2, i8, i8, i8, i8, a3, i8, i8, flag), **FLAGS)
 def pack_b(B, pc, kc, jc, nc, Bp, s0, s1, tb):
     """Bp[s, p, j] = B[pc + p, jc + s*NR + j], zero beyond column nc (``tb``: B is given as
     its transpose, an (N, K) array, see ``pack_bt``).
@@ -178,7 +182,7 @@ def pack_b(B, pc, kc, jc, nc, Bp, s0, s1, tb):
                 Bp[s, q, j] = zero
 
 
-@njit(numba.void(ro2, i8, i8, i8, i8, a3, flag), **FLAGS)
+@when_called(numba.void(ro2, i8, i8, i8, i8, a3, flag), **FLAGS)
 def pack_a(A, ic, mc, pc, kc, Ap, ta):
     """Ap[r, p, i] = A[ic + r*MR + i, pc + p], zero beyond row mc (``ta``: A is given as
     its transpose, a (K, M) array, see ``pack_at``).
@@ -214,7 +218,8 @@ def pack_a(A, ic, mc, pc, kc, Ap, ta):
                 Ap[r, q, i] = zero
 
 
-@njit(numba.void(a3, a3, a2, i8, i8, i8, i8, i8, i8, i8, nbt, nbt, flag, a2), **FLAGS)
+@when_called(numba.void(a3, a3, a2, i8, i8, i8, i8, i8, i8, i8, nbt, nbt, flag, a2),
+             **FLAGS)
 def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
     """Every MR×NR tile of C[ic:ic+mc, jc:jc+nc] in strips s0..s1 from packed panels.
 
@@ -252,7 +257,7 @@ def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
                             C[i + ii, j + jj] = v + beta * C[i + ii, j + jj]
 
 
-@njit(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2, i8), **FLAGS)
+@when_called(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2, i8), **FLAGS)
 def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T, tr):
     """One product on the calling thread (the batch-parallel path). ``tr``: bit 0, A is
     given as its transpose (K, M); bit 1, B as its transpose (N, K)."""
@@ -270,7 +275,7 @@ def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T, tr):
                       alpha, beta, pc == 0, T)
 
 
-@njit(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
 def direct(A, B, C, alpha, beta):
     """Small products on the calling thread, unpacked: for each row of C, a row of A times
     B, accumulated row by row (unit stride in B and C, so LLVM vectorises the j loop).
@@ -302,7 +307,7 @@ def direct(A, B, C, alpha, beta):
                     crow[j] = alpha * acc[j] + beta * crow[j]
 
 
-@njit(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8), **FLAGS)
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8), **FLAGS)
 def products_serial(A, B, C, alpha, beta, z0, z1, tr):
     """Products z0..z1 of the batch, one after another on the calling thread, through the
     packed loop nest (``gemm_serial``), with one set of scratch sized to the product (not
@@ -334,11 +339,12 @@ def dot_rows(A, x, C, i0, i1, alpha, beta):
 # @end-dot
 
 
-with slp_enabled():  # its named partial sums become vectors under the SLP vectoriser
-    dot_rows = njit(numba.void(ro2, ro1, a2, i8, i8, nbt, nbt), **FLAGS)(dot_rows)
+# its named partial sums become vectors under the SLP vectoriser
+dot_rows = when_called(numba.void(ro2, ro1, a2, i8, i8, nbt, nbt), settings=(slp_enabled,),
+                       **FLAGS)(dot_rows)
 
 
-@njit(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8), **FLAGS)
+@when_called(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8), **FLAGS)
 def gemv_part(A, B, C, alpha, beta, c, nchunks):
     """Chunk ``c`` of ``nchunks`` of a product with M == 1 or N == 1 (2-D operands).
 
@@ -386,7 +392,7 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks):
         dot_rows(A, x, C, c * m // nchunks, (c + 1) * m // nchunks, alpha, beta)
 
 
-@njit(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
 def gemv_serial(A, B, C, alpha, beta):
     """Products with M == 1 or N == 1 on the calling thread, each as one chunk."""
     for z in range(C.shape[0]):
@@ -401,7 +407,7 @@ PACKED_MIN_PRODUCT = 20 * 20 * 20
 PACKED_MIN_SIDE = 8
 
 
-@njit(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
 def small(A, B, C, alpha, beta):
     """Products of at most ``DIRECT_PRODUCT`` multiply-adds in all, on the calling thread
     (no parallel region: waking the pool costs more than such a product): one row or one
@@ -417,8 +423,8 @@ def small(A, B, C, alpha, beta):
         products_serial(A, B, C, alpha, beta, 0, batch, 0)
 
 
-@njit(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3, i8),
-      parallel=True, **FLAGS)
+@when_called(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3,
+                        i8), parallel=True, **FLAGS)
 def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, ngroups, Bp,
                  Ap_all, T_all, tr):
     """The one parallel region, so Numba compiles one parfor, not one per phase.
@@ -452,7 +458,7 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
                             (t + 1) * batch // ntasks, tr)
 
 
-@njit(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)
+@when_called(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)
 def splits_batch(batch, m, n, k, nthreads):
     """Whether the threads split the batch (each product whole on one thread) rather
     than each product: small products, or mid-size ones with enough of them per thread."""
@@ -463,7 +469,7 @@ def splits_batch(batch, m, n, k, nthreads):
                                      and batch >= BATCH_SPLIT_MIN * nthreads)
 
 
-@njit(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8), **FLAGS)
+@when_called(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8), **FLAGS)
 def layout(batch, m, n, k, nthreads, direct_max):
     """How the packed path splits the work and its scratch, for one call.
 
@@ -492,7 +498,7 @@ def layout(batch, m, n, k, nthreads, direct_max):
     return nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size
 
 
-@njit(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8), **FLAGS)
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8), **FLAGS)
 def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr):
     """The rung on ``nthreads`` threads (an argument: reading Numba's thread count inside
     compiled code goes through a pointer, and code holding one cannot be cached); products
@@ -625,7 +631,7 @@ def blocked_serial(A, B, C, alpha, beta, tr=0):
         products_serial(A, B, C, alpha, beta, 0, batch, tr)
 
 
-@njit(numba.void(ro3, ro3, a3, nbt, nbt, i8), parallel=True, **FLAGS)
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8), parallel=True, **FLAGS)
 def gemv_threads(A, B, C, alpha, beta, nthreads):
     """Products with M == 1 or N == 1, one after another, each split into ``nthreads``
     chunks of columns (M == 1) or rows (N == 1) that run in parallel."""
@@ -637,7 +643,7 @@ def gemv_threads(A, B, C, alpha, beta, nthreads):
             gemv_part(Az, Bz, Cz, alpha, beta, np.int64(c), nthreads)
 
 
-@njit(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)
+@when_called(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)
 def takes_gemv(batch, m, n, k, direct_max):
     """Whether a call takes the vector-matrix path: one row or one column per product,
     above the unpacked small-product path, and not a batch of small products (those run
@@ -647,6 +653,11 @@ def takes_gemv(batch, m, n, k, direct_max):
     return batch == 1 or m * n * k > SMALL_PRODUCT
 
 
+# Every compiled function, callees before callers (the order they compile in on a cold
+# cache), and those that Python calls: a warm cache loads only these (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, direct,
-            products_serial, gemv_serial, small, run_parallel, splits_batch, dot_rows,
-            gemv_part, gemv_threads, takes_gemv, layout, blocked_threads)
+            products_serial, dot_rows, gemv_part, gemv_serial, small, run_parallel,
+            splits_batch, layout, blocked_threads, gemv_threads, takes_gemv)
+CALLED_FROM_PYTHON = (takes_gemv, layout, small, products_serial, gemv_serial,
+                      blocked_threads, gemv_threads)
+load_compiled(COMPILED, CALLED_FROM_PYTHON)

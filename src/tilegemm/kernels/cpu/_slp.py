@@ -22,11 +22,14 @@ from __future__ import annotations
 import functools
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-_LOCK = threading.Lock()
-_WIDTH_LOCK = threading.Lock()
+# Re-entrant: a helper compiled on first use (see _lazy) re-enters the settings it was
+# declared under, possibly while its caller's compilation holds them.
+_LOCK = threading.RLock()
+_WIDTH_LOCK = threading.RLock()
+_WIDTHS: list[int | None] = []  # the vector widths in force, innermost last
 
 
 @contextmanager
@@ -56,32 +59,55 @@ def with_vector_width(ir: str, bits: int) -> str:
 def vector_width(bits: int | None) -> Iterator[None]:
     """Functions Numba compiles inside this block use vectors up to ``bits`` wide (None:
     LLVM's choice for this CPU). Works by rewriting each function's IR text as Numba adds
-    it to its code library, so it applies to eager compilations (explicit signatures)."""
-    if not bits:
-        yield
-        return
-    from numba.core import codegen
-
-    library = codegen.CPUCodeLibrary
+    it to its code library, so it applies to compilations made inside the block (eager
+    ones, with explicit signatures). Blocks nest: the innermost width applies."""
     with _WIDTH_LOCK:
-        original = library.add_ir_module
+        if not bits and not any(_WIDTHS):  # nothing to undo: LLVM's choice already
+            _WIDTHS.append(None)
+            try:
+                yield
+            finally:
+                _WIDTHS.pop()
+            return
+        from numba.core import codegen
 
-        def add_ir_module(self, ir_module) -> None:  # noqa: ANN001 - a llvmlite ir.Module
-            from llvmlite import binding as ll
-            from numba.core import cgutils
-
-            self._raise_if_finalized()
-            text = with_vector_width(cgutils.normalize_ir_text(str(ir_module)), bits)
-            ll_module = ll.parse_assembly(text)
-            ll_module.name = ir_module.name
-            ll_module.verify()
-            self.add_llvm_module(ll_module)
-
-        library.add_ir_module = add_ir_module
+        library = codegen.CPUCodeLibrary
+        outer = library.add_ir_module
+        if not _PRISTINE:
+            _PRISTINE.append(outer)
+        library.add_ir_module = _width_adder(bits) if bits else _PRISTINE[0]
+        _WIDTHS.append(bits)
         try:
             yield
         finally:
-            library.add_ir_module = original
+            _WIDTHS.pop()
+            library.add_ir_module = outer
+
+
+_PRISTINE: list = []  # Numba's own CPUCodeLibrary.add_ir_module, before any block
+
+
+def _width_adder(bits: int) -> Callable:
+    """A replacement for CPUCodeLibrary.add_ir_module that asks for ``bits``-wide vectors."""
+
+    def add_ir_module(self, ir_module) -> None:  # noqa: ANN001 - a llvmlite ir.Module
+        from llvmlite import binding as ll
+        from numba.core import cgutils
+
+        self._raise_if_finalized()
+        text = with_vector_width(cgutils.normalize_ir_text(str(ir_module)), bits)
+        ll_module = ll.parse_assembly(text)
+        ll_module.name = ir_module.name
+        ll_module.verify()
+        self.add_llvm_module(ll_module)
+
+    return add_ir_module
+
+
+def current_vector_width() -> int | None:
+    """The width :func:`vector_width` sets where this is called (None: LLVM's choice)."""
+    with _WIDTH_LOCK:
+        return _WIDTHS[-1] if _WIDTHS else None
 
 
 def _prefetch_intrinsic() -> object:

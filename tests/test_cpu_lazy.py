@@ -1,0 +1,184 @@
+"""Helpers compiled on first use (``kernels/cpu/_lazy``): nothing compiled at declaration,
+exactly the declared signature once something needs it, under the settings it was declared
+with; with a warm disk cache, a new process loads only the functions Python calls.
+Compilations are counted (Numba's own counters), never timed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+
+import numba
+import numpy as np
+import pytest
+
+from tilegemm.compile_cache import fill_template, load_module
+from tilegemm.kernels.cpu import _slp
+from tilegemm.kernels.cpu._lazy import load_compiled, njit_when_called
+
+f8 = numba.float64
+
+
+def test_compiled_on_first_call_from_python_with_the_declared_signature_only():
+    @njit_when_called(f8(f8))
+    def half(x):
+        return x / 2
+
+    assert half.signatures == []  # nothing compiled at declaration
+    assert half(3) == 1.5  # an int converts to the declared float64, as with njit(sig)
+    assert half.signatures == [(f8,)]
+    with pytest.raises(TypeError):  # no other signature is compiled afterwards
+        half(np.arange(3.0))
+    assert half.signatures == [(f8,)]
+
+
+def test_compiled_when_a_caller_compiles_under_the_declared_settings():
+    entered: list[str] = []
+
+    @contextmanager
+    def setting():
+        entered.append("in")
+        yield
+        entered.append("out")
+
+    @njit_when_called(f8(f8), settings=(setting,))
+    def inner(x):
+        return x + 1
+
+    @numba.njit(f8(f8))
+    def outer(x):
+        return inner(x) * 2
+
+    assert inner.signatures == [(f8,)] and entered == ["in", "out"]
+    assert outer(1.0) == 4.0
+
+
+def test_vector_width_is_the_one_in_force_at_declaration():
+    with _slp.vector_width(512):
+        assert _slp.current_vector_width() == 512
+
+        @njit_when_called(f8(f8))
+        def plus(x):
+            return x + 1
+
+        with _slp.vector_width(None):  # nested blocks: the innermost width applies
+            assert _slp.current_vector_width() is None
+        assert _slp.current_vector_width() == 512
+    assert _slp.current_vector_width() is None
+
+    seen = []
+    real = _slp._width_adder
+
+    def spy(bits):
+        seen.append(bits)
+        return real(bits)
+
+    _slp._width_adder = spy
+    try:
+        assert plus(1.0) == 2.0  # compiled outside any block: re-enters 512 for itself
+    finally:
+        _slp._width_adder = real
+    assert seen == [512]
+
+
+def test_vector_width_none_inside_a_width_restores_numbas_own_code():
+    from numba.core import codegen
+
+    lib = codegen.CPUCodeLibrary
+    before = lib.add_ir_module
+    with _slp.vector_width(256):
+        patched = lib.add_ir_module
+        assert patched is not before
+        with _slp.vector_width(None):
+            assert lib.add_ir_module is before
+        assert lib.add_ir_module is patched
+    assert lib.add_ir_module is before
+
+
+# A module in the shape of the blocked rung's: helpers on first use, a probe that calls
+# nothing compiled, and an entry point that calls the helpers.
+TEMPLATE = '''
+import numba
+from tilegemm.kernels.cpu._lazy import load_compiled, njit_when_called
+
+# @header
+SCALE = 1
+CACHE = False
+# @end-header
+
+f8 = numba.float64
+
+
+@njit_when_called(f8(f8), cache=CACHE)
+def helper(x):
+    return SCALE * x
+
+
+@njit_when_called(f8(f8), cache=CACHE)
+def entry(x):
+    return helper(x) + 1
+
+
+@njit_when_called(numba.boolean(f8), cache=CACHE)
+def probe(x):
+    return x > 0
+
+
+COMPILED = (helper, entry, probe)
+CALLED_FROM_PYTHON = (probe, entry)
+load_compiled(COMPILED, CALLED_FROM_PYTHON)
+'''
+
+LOAD = """
+import json, sys
+from tilegemm import compile_cache
+m = compile_cache.load_module("lazyprobe", sys.argv[1], {"kernel": "lazyprobe"})
+print(json.dumps({"stats": compile_cache.STATS, "value": m.entry(2.0),
+                  "helper_signatures": len(m.helper.signatures)}))
+"""
+
+
+def _source(scale: int) -> str:
+    return fill_template(TEMPLATE, {"SCALE": scale, "CACHE": False}, {})
+
+
+def test_a_warm_cache_loads_only_what_python_calls(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    m = load_module("lazyprobe", _source(3), {"kernel": "lazyprobe"})
+    # a cold cache compiles everything, callees first (the helper included)
+    assert [len(f.signatures) for f in m.COMPILED] == [1, 1, 1]
+    assert m.entry(2.0) == 7.0
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", LOAD, _source(3)], env=env,
+                         capture_output=True, text=True, check=True, timeout=120)
+    again = json.loads(out.stdout.strip().splitlines()[-1])
+    # the entry point's cached code holds the helper's: the helper is never loaded
+    assert again == {"stats": {"compiled": 0, "loaded": 2}, "value": 7.0,
+                     "helper_signatures": 0}
+
+
+def test_load_compiled_without_a_cache_compiles_everything_in_order():
+    order: list[str] = []
+
+    def declared(name):
+        @njit_when_called(f8(f8))
+        def f(x):
+            return x
+
+        real = f._ensure
+
+        def ensure():
+            if f._declared is not None:
+                order.append(name)
+            real()
+
+        f._ensure = ensure
+        return f
+
+    a, b, c = declared("a"), declared("b"), declared("c")
+    load_compiled((a, b, c), (c, b))
+    assert order == ["c", "a", "b"]  # the probe, then everything in the order given
+    assert all(len(f.signatures) == 1 for f in (a, b, c))
