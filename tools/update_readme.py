@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # Committed results whose ladder tables the README shows (Markdown written by `tilegemm bench`).
 RESULTS = ["benchmarks/results/nvidia-h100-80gb-hbm3-2026-11-23.md",
-           "benchmarks/results/cpu-opencl-amd-epyc-2026-11-21.md"]
+           "benchmarks/results/cpu-opencl-amd-epyc-m26-2-2026-11-25.md"]
 
 
 def ladder_block() -> str:
