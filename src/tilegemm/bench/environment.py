@@ -66,9 +66,10 @@ def numpy_blas() -> dict[str, str]:
     to NumPy means little without this; ``OPENBLAS_CORETYPE`` overrides the choice.
     """
     import ctypes
-    import glob
 
     import numpy as np
+
+    from tilegemm.bench.host_blas import openblas_library
 
     found: dict[str, str] = {}
     try:
@@ -76,19 +77,16 @@ def numpy_blas() -> dict[str, str]:
         found.update(name=str(blas.get("name", "")), version=str(blas.get("version", "")))
     except Exception:  # the config layout differs across NumPy versions; nice to have only
         pass
-    libs = Path(np.__file__).resolve().parent.parent / "numpy.libs"
-    for path in sorted(glob.glob(str(libs / "*openblas*"))):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for symbol in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename",
-                       "openblas_get_corename64_", "openblas_get_corename"):
-            fn = getattr(lib, symbol, None)
-            if fn is not None:
-                fn.restype = ctypes.c_char_p
-                found["openblas_kernels"] = fn().decode()
-                return found
+    lib = openblas_library()
+    if lib is None:
+        return found
+    for symbol in ("scipy_openblas_get_corename64_", "scipy_openblas_get_corename",
+                   "openblas_get_corename64_", "openblas_get_corename"):
+        fn = getattr(lib, symbol, None)
+        if fn is not None:
+            fn.restype = ctypes.c_char_p
+            found["openblas_kernels"] = fn().decode()
+            return found
     return found
 
 

@@ -308,7 +308,7 @@ def run_case(
         a3, b3 = _operands(state, case, dtype)
         if case.spec is None:
             meas = measure_vendor(vendor, case.backend, prob, a3, b3, settings.policy,
-                                  clock=clock)
+                                  clock=clock, on_host_cpu=backend.target().kind == "cpu")
         else:
             meas = measure_kernel(backend, case.spec, dict(case.params), prob, a3, b3,
                                   settings.policy, clock=clock)

@@ -26,13 +26,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from tilegemm.backends.base import Backend, Prepared, Target, poison_value
+from tilegemm.bench.host_blas import one_blas_thread
 from tilegemm.errors import InvalidValueError, UsageError
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import assert_close
@@ -230,8 +231,13 @@ def time_prepared(
     synchronize: Callable[[], None] = lambda: None,
     clock: Clock = time.perf_counter,
     flush: Callable[[], None] | None = None,
+    on_host_cpu: bool = False,
 ) -> tuple[float, list[float]]:
     """Run the protocol above; return (first-call seconds, steady samples in seconds).
+
+    ``on_host_cpu``: the kernel runs on the host's own cores (the CPU backend, an OpenCL
+    CPU device), so ``verify``'s NumPy products run on one BLAS thread, leaving no BLAS
+    thread spinning on those cores while the kernel is timed (see :mod:`.host_blas`).
 
     Raises :class:`KernelFailure` if preparing, launching or fetching raises, or if
     ``verify`` raises AssertionError — in both cases before anything is timed.
@@ -249,7 +255,8 @@ def time_prepared(
     except Exception as exc:
         raise KernelFailure(_reason(exc)) from exc
     try:
-        verify(np.asarray(result))
+        with one_blas_thread() if on_host_cpu else nullcontext():
+            verify(np.asarray(result))
     except AssertionError as exc:
         raise KernelFailure(WRONG + " ".join(str(exc).split())) from exc
 
@@ -355,8 +362,10 @@ def prepare_verified(
     shown = " ".join(f"{k}={v}" for k, v in params.items())
     from tilegemm.precision import tolerance_eps  # TF32: checked at its own precision
 
-    assert_close(got, a3, b3, what=f"{backend.name}:{spec.name} {shown}".strip(),
-                 eps=tolerance_eps(spec, params, prob.dtype))
+    on_host_cpu = (target or backend.target()).kind == "cpu"  # see time_prepared
+    with one_blas_thread() if on_host_cpu else nullcontext():
+        assert_close(got, a3, b3, what=f"{backend.name}:{spec.name} {shown}".strip(),
+                     eps=tolerance_eps(spec, params, prob.dtype))
     return prepared
 
 
@@ -428,7 +437,8 @@ def measure_kernel(
     meas.flushed = flush is not None
     try:
         meas.first_s, meas.samples = time_prepared(
-            prepare, verify, policy, synchronize=backend.synchronize, clock=clock, flush=flush)
+            prepare, verify, policy, synchronize=backend.synchronize, clock=clock, flush=flush,
+            on_host_cpu=target.kind == "cpu")
     except KernelFailure as exc:
         meas.status, meas.reason = FAILED, str(exc)
     except UsageError as exc:

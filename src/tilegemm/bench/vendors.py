@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.base import Backend, Prepared, Target, wall_clock_elapsed
+from tilegemm.bench.host_blas import settle
 from tilegemm.bench.timing import (
     FAILED,
     OK,
@@ -61,6 +62,8 @@ class Vendor:
     # What the library chose for the problem it last ran (Triton: its autotuned tile), kept
     # with the measurement as its parameters; {} where it chooses nothing we can see.
     config: Callable[[], dict[str, int]] = dict
+    # NumPy's own BLAS: its threads spin on the host's cores after each call (host_blas)
+    host_blas: bool = False
 
 
 def _numpy_blas() -> str:
@@ -89,7 +92,7 @@ def numpy_vendor() -> Vendor:
     threads = os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
     note = f"numpy {np.__version__} matmul on the host ({_numpy_blas()}"
     note += f", {threads} BLAS thread(s))" if threads else ", BLAS default threads)"
-    return Vendor("numpy", f"NumPy ({_numpy_blas()})", note, prepare)
+    return Vendor("numpy", f"NumPy ({_numpy_blas()})", note, prepare, host_blas=True)
 
 
 # What the vendor reference computes, per (dtype, precision=) of the tilegemm run.
@@ -421,9 +424,12 @@ def find_vendor(backend: Backend, target: Target | None = None,
 
 def measure_vendor(
     vendor: Vendor, backend_name: str, prob: GemmProblem, a3: np.ndarray, b3: np.ndarray,
-    policy: Policy, *, clock: Clock = time.perf_counter,
+    policy: Policy, *, clock: Clock = time.perf_counter, on_host_cpu: bool = False,
 ) -> Measurement:
-    """Verify and time the vendor routine exactly as :func:`measure_kernel` does a rung."""
+    """Verify and time the vendor routine exactly as :func:`measure_kernel` does a rung
+    (``on_host_cpu``: see :func:`~tilegemm.bench.timing.time_prepared`). A vendor that is
+    NumPy's own BLAS leaves its threads spinning: the call returns after they settle, so
+    the next measurement on these cores starts on idle ones."""
     meas = Measurement(backend=backend_name, kernel=vendor.name, m=prob.m, n=prob.n, k=prob.k,
                        batch=prob.batch, dtype=prob.dtype.name, vendor=True, method=vendor.timer)
 
@@ -437,9 +443,12 @@ def measure_vendor(
     try:
         meas.first_s, meas.samples = time_prepared(
             lambda: vendor.prepare(prob, a3, b3), verify, policy,
-            synchronize=vendor.synchronize, clock=clock)
+            synchronize=vendor.synchronize, clock=clock, on_host_cpu=on_host_cpu)
     except KernelFailure as exc:
         meas.status, meas.reason = FAILED, str(exc)
+    finally:
+        if vendor.host_blas:
+            settle()
     if meas.status == OK:  # what it chose for this problem (a failed run chose nothing)
         meas.params = dict(vendor.config())
     return meas
