@@ -168,17 +168,94 @@ def test_load_compiled_without_a_cache_compiles_everything_in_order():
         def f(x):
             return x
 
-        real = f._ensure
+        real = f.ensure
 
         def ensure():
-            if f._declared is not None:
+            if f.declared is not None:
                 order.append(name)
             real()
 
-        f._ensure = ensure
+        f.ensure = ensure
         return f
 
     a, b, c = declared("a"), declared("b"), declared("c")
     load_compiled((a, b, c), (c, b))
     assert order == ["c", "a", "b"]  # the probe, then everything in the order given
     assert all(len(f.signatures) == 1 for f in (a, b, c))
+
+
+def test_a_pickled_helper_comes_back_as_a_dispatcher_with_its_signature():
+    import pickle
+
+    @njit_when_called(f8(f8))
+    def triple(x):
+        return 3 * x
+
+    assert triple(2.0) == 6.0
+    again = pickle.loads(pickle.dumps(triple))
+    assert again(2.0) == 6.0 and again.signatures == [(f8,)]
+
+
+PARALLEL_TEMPLATE = '''
+import numba
+import numpy as np
+from numba import prange
+from tilegemm.kernels.cpu._lazy import load_compiled, njit_when_called
+
+# @header
+CACHE = False
+# @end-header
+
+
+@njit_when_called(numba.void(numba.float64[::1]), parallel=True, cache=CACHE)
+def fill(x):
+    for i in prange(x.shape[0]):
+        x[i] = 2.0 * i
+
+
+@njit_when_called(numba.float64(numba.int64), cache=CACHE)
+def total(n):
+    x = np.empty(n)
+    fill(x)
+    return x.sum()
+
+
+@njit_when_called(numba.boolean(numba.int64), cache=CACHE)
+def probe(n):
+    return n > 0
+
+
+COMPILED = (fill, total, probe)
+CALLED_FROM_PYTHON = (probe, total)
+load_compiled(COMPILED, CALLED_FROM_PYTHON)
+'''
+
+LOAD_PARALLEL = """
+import json, sys
+from tilegemm import compile_cache
+m = compile_cache.load_module("lazypar", sys.argv[1], {"kernel": "lazypar"})
+print(json.dumps({"stats": compile_cache.STATS, "value": m.total(10)}))
+"""
+
+
+def test_a_caller_compiled_against_a_cached_parallel_helper_loads_alone(tmp_path):
+    """A partial cache (here the caller's entry removed; also two processes filling one
+    entry at once): the caller is compiled against the parallel helper loaded from the
+    cache, and cached. A later process loads only the caller; it must start the threading
+    layer the helper needs (it aborted in LLVM, "Symbol not found: allocate_sched")."""
+    source = fill_template(PARALLEL_TEMPLATE, {"CACHE": False}, {})
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
+
+    def run() -> dict:
+        out = subprocess.run([sys.executable, "-c", LOAD_PARALLEL, source], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert run() == {"stats": {"compiled": 3, "loaded": 0}, "value": 90.0}
+    removed = list((tmp_path / "cpu" / "__pycache__").glob("*.total-*"))
+    assert removed
+    for f in removed:
+        f.unlink()
+    assert run() == {"stats": {"compiled": 1, "loaded": 2}, "value": 90.0}  # fill loaded
+    assert run() == {"stats": {"compiled": 0, "loaded": 2}, "value": 90.0}

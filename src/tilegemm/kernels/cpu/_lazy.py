@@ -6,7 +6,8 @@ compiles each one eagerly: with a warm disk cache, every one of them is still lo
 that only other compiled functions call (the micro-kernel, packing, the loop nest) are never
 needed in a process whose callers come from the cache: a caller's cached machine code
 already holds the code of everything it calls. Loading them anyway cost about a fifth of
-the first call in a fresh process (about 55 of 250 ms on a 2-vCPU Zen 5).
+the first call in a fresh process (about 55 of 250 ms on a 2-vCPU Zen 5). Importing this
+module imports Numba: only the generated rung module does.
 
 :func:`njit_when_called` declares such a helper with the same explicit signature: nothing
 is compiled until a caller that is itself being compiled asks for it (a cold or stale
@@ -21,29 +22,42 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
+from numba.core import typeinfer
+from numba.core.compiler_lock import global_compiler_lock
+from numba.core.registry import CPUDispatcher
+
+from tilegemm.kernels.cpu._slp import current_vector_width, vector_width
+
 
 def njit_when_called(signature: Any, *, settings: tuple[Callable[[], AbstractContextManager],
                                                         ...] = (),
-                     **flags: Any) -> Callable[[Callable], Any]:
+                     **flags: Any) -> Callable[[Callable], WhenCalledDispatcher]:
     """Like ``numba.njit(signature, **flags)``, but compiled on first use.
 
     ``settings``: context-manager factories entered around the compilation (e.g.
     ``slp_enabled``); the vector width in force at declaration is kept as well.
     A call from Python compiles it too (a helper can be called directly in tests).
     """
-    from tilegemm.kernels.cpu._slp import current_vector_width, vector_width
-
     width = current_vector_width()
 
     def entered() -> ExitStack:
+        # the settings first, then the width: the order the micro-kernel builder takes
+        # their locks in (k02_blocked.micro_kernel), so no two threads wait on each other
         stack = ExitStack()
-        stack.enter_context(vector_width(width))
         for factory in settings:
             stack.enter_context(factory())
+        stack.enter_context(vector_width(width))
         return stack
 
-    def wrap(func: Callable) -> Any:
-        return _lazy_dispatcher_class()(signature, entered, func, flags)
+    def wrap(func: Callable) -> WhenCalledDispatcher:
+        options = dict(flags)
+        cache = options.pop("cache", False)
+        options.setdefault("nopython", True)
+        disp = WhenCalledDispatcher(func, targetoptions=options)
+        if cache:
+            disp.enable_caching()
+        disp.declared = (signature, entered)
+        return disp
 
     return wrap
 
@@ -60,61 +74,51 @@ def load_compiled(functions: tuple[Any, ...], called_from_python: tuple[Any, ...
     cache entry) surface here, at import, where :mod:`tilegemm.compile_cache` handles them.
     """
     probe = called_from_python[0]
-    probe._ensure()
+    probe.ensure()
     cold = sum(probe.stats.cache_hits.values()) == 0
     for f in functions if cold else called_from_python:
-        f._ensure()
+        f.ensure()
 
 
-_CLASS: list[type] = []
+class WhenCalledDispatcher(CPUDispatcher):
+    """A CPU dispatcher holding one declared signature until something needs it.
 
+    Constructed as Numba's own (so a pickled one rebuilds as a plain dispatcher with its
+    compiled signatures); :func:`njit_when_called` sets :attr:`declared`.
+    """
 
-def _lazy_dispatcher_class() -> type:
-    """The dispatcher subclass, defined on first use (importing this module imports no
-    Numba)."""
-    if _CLASS:
-        return _CLASS[0]
-    from numba.core import typeinfer
-    from numba.core.compiler_lock import global_compiler_lock
-    from numba.core.registry import CPUDispatcher
+    declared: tuple[Any, Callable[[], ExitStack]] | None = None
 
-    class WhenCalledDispatcher(CPUDispatcher):
-        """A CPU dispatcher holding one declared signature until something needs it."""
-
-        def __init__(self, signature: Any, entered: Callable[[], ExitStack], func: Callable,
-                     flags: dict[str, Any]) -> None:
-            flags = dict(flags)
-            cache = flags.pop("cache", False)
-            flags.setdefault("nopython", True)
-            super().__init__(py_func=func, locals={}, targetoptions=flags)
-            if cache:
-                self.enable_caching()
-            self._declared = (signature, entered)
-
-        def _ensure(self) -> None:
-            """Compile (or load) the declared signature, then allow no other, as
-            ``njit(signature)`` does."""
-            if self._declared is None:
+    def ensure(self) -> None:
+        """Compile (or load) the declared signature, then allow no other, as
+        ``njit(signature)`` does."""
+        declared = self.declared
+        if declared is None:
+            return
+        signature, entered = declared
+        with entered(), global_compiler_lock:
+            if self.declared is None:  # another thread did it meanwhile
                 return
-            with global_compiler_lock:
-                if self._declared is None:  # another thread did it meanwhile
-                    return
-                signature, entered = self._declared
-                with entered(), typeinfer.register_dispatcher(self):
-                    self.compile(signature)
-                self.disable_compile()
-                self._declared = None
+            with typeinfer.register_dispatcher(self):
+                self.compile(signature)
+            self.disable_compile()
+            self.declared = None
+            for cres in self.overloads.values():
+                # Code loaded from Numba's cache comes back in a library that has forgotten
+                # what must run before it is used (for a parallel function, starting the
+                # threading layer that provides symbols such as ``allocate_sched``); a
+                # caller compiled against it then inherits nothing and is cached so, and a
+                # later process that loads only that caller aborts in LLVM ("Symbol not
+                # found"). Give the library back its list, which the cache did keep.
+                cres.library._reload_init.update(cres.reload_init or ())
 
-        def get_call_template(self, args: Any, kws: Any) -> Any:
-            # a caller being compiled: from here on this is an eager dispatcher
-            self._ensure()
-            return super().get_call_template(args, kws)
+    def get_call_template(self, args: Any, kws: Any) -> Any:
+        # a caller being compiled: from here on this is an eager dispatcher
+        self.ensure()
+        return super().get_call_template(args, kws)
 
-        def _compile_for_args(self, *args: Any, **kws: Any) -> Any:
-            # a call from Python before anything compiled it: compile, then let the
-            # dispatcher match the arguments against the declared signature
-            self._ensure()
-            return self
-
-    _CLASS.append(WhenCalledDispatcher)
-    return WhenCalledDispatcher
+    def _compile_for_args(self, *args: Any, **kws: Any) -> Any:
+        # a call from Python before anything compiled it: compile, then let the
+        # dispatcher match the arguments against the declared signature
+        self.ensure()
+        return self
