@@ -8,6 +8,9 @@ launch several kernels per call, so one profiling event would not cover it), ope
 already on the device; NumPy multiplies host arrays. Calls are interleaved round-robin
 (ours, CLBlast, NumPy, ours, ...) so a burst of load from elsewhere on the machine hits
 all three alike, and the ratios use each contender's best time; medians are recorded too.
+Each NumPy call is followed by an untimed pause while OpenBLAS's threads stop spinning
+(``tilegemm.bench.host_blas.settle``): on the host's cores they would slow the OpenCL
+call after it.
 When ``auto`` runs parameters other than the rung's defaults (a database entry), the
 defaults are timed in the same rounds as a fourth contender, so the entry's gain is
 measured under the same conditions.
@@ -48,6 +51,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from tilegemm import registry  # noqa: E402
 from tilegemm.backends import get_backend  # noqa: E402
 from tilegemm.backends.base import wall_clock_elapsed  # noqa: E402
+from tilegemm.bench.host_blas import SETTLE_S, settle  # noqa: E402
 from tilegemm.bench.timing import alternating, prepare_verified  # noqa: E402
 from tilegemm.problem import describe, make_problem  # noqa: E402
 from tilegemm.reference import assert_close  # noqa: E402
@@ -73,6 +77,13 @@ def host_timed(call: Callable[[], Any]) -> Callable[[], list[float]]:
     """One wall-clock-timed call (``call`` ends with ``queue.finish()``): the same clock
     for ours, CLBlast and NumPy."""
     return lambda: wall_clock_elapsed(call, 1)
+
+
+def _then_settle(block: Callable[[], list[float]]) -> list[float]:
+    """``block``'s samples, returned once NumPy's BLAS threads have stopped spinning."""
+    samples = block()
+    settle()
+    return samples
 
 
 def ladder_table(backend: Any, queue: Any, n: int, reps: int) -> list[dict[str, Any]]:
@@ -171,8 +182,10 @@ def main() -> int:
         calls["numpy"] = lambda a=a, b=b: np.matmul(a, b)
         calls["numpy"]()
 
-        times = alternating({name: host_timed(call) for name, call in calls.items()},
-                            args.reps, pause=args.pause)
+        blocks = {name: host_timed(call) for name, call in calls.items()}
+        numpy_block = blocks["numpy"]
+        blocks["numpy"] = lambda block=numpy_block: _then_settle(block)
+        times = alternating(blocks, args.reps, pause=args.pause)
         result: dict[str, Any] = {"n": n, "ours_kernel": spec.name, "ours_params": params}
         for name, ts in times.items():
             result[name] = {
@@ -223,7 +236,8 @@ def main() -> int:
         "dtype": "float32",
         "cpu_family_model": cpu_family_model(),
         "timing": "best (and median) of --reps wall-clock calls incl. queue.finish(), "
-                  "interleaved call by call, --pause s idle before each call; operands "
+                  "interleaved call by call, --pause s idle before each call, "
+                  f"{SETTLE_S} s after each NumPy call (its BLAS threads spin); operands "
                   "already on the device",
         "pause": args.pause,
         "reps": args.reps,
