@@ -14,7 +14,8 @@ every row flagged as noisy). Two remedies:
   NumPy contender, or a check where the BLAS cannot be told to use one thread).
 
 Measurements on a GPU keep the threaded check: the host's threads do not slow a GPU, and
-a one-thread float64 reference at 4096³ would cost seconds per rung.
+a one-thread float64 reference at 4096³ would cost seconds per rung. The thread count is
+the process's: NumPy calls that other threads make during a check run on one thread too.
 """
 
 from __future__ import annotations
