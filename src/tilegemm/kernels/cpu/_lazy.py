@@ -6,14 +6,16 @@ compiles each one eagerly: with a warm disk cache, every one of them is still lo
 that only other compiled functions call (the micro-kernel, packing, the loop nest) are never
 needed in a process whose callers come from the cache: a caller's cached machine code
 already holds the code of everything it calls. Loading them anyway cost about a fifth of
-the first call in a fresh process (about 55 of 250 ms on a 2-vCPU Zen 5). Importing this
-module imports Numba: only the generated rung module does.
+the first call in a fresh process (about 55 of 250 ms on a 2-vCPU Zen 5). This module
+imports Numba, so only the generated rung module imports it.
 
 :func:`njit_when_called` declares such a helper with the same explicit signature: nothing
 is compiled until a caller that is itself being compiled asks for it (a cold or stale
 cache), and then exactly the declared signature is compiled, under the code-generation
 settings that were in force where the helper was declared (the SLP vectoriser for the
 micro-kernel, the vector width for all), as the eager decorator would have.
+:func:`load_compiled`, at the end of the module, loads what Python calls, or on a cold
+cache compiles everything in order.
 """
 
 from __future__ import annotations
