@@ -22,10 +22,37 @@
 #
 # Logs and results go to $OUT (default ./gpu-out). Nothing here times two things at once:
 # the check step runs its three correctness jobs together, the timing steps run alone.
+#
+# Each step ends within STEP_SECONDS (default 560): a lent machine runs one command for at
+# most 600 s, and a command cut off there loses the parts it had not reached. Every part
+# has its own time limit, shortened to what is left of the step; a part with less than
+# 20 s left is skipped, saying so. The parts come in order of what is most needed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
+STEP_END=$(( $(date +%s) + ${STEP_SECONDS:-560} ))
+
+# limit SECONDS: SECONDS, or what is left of the step if less; 0 when under 20 s are left
+limit() {
+  local left=$(( STEP_END - $(date +%s) ))
+  if [ "$left" -lt 20 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+
+# part LABEL SECONDS LOG CMD...: run CMD under `timeout` (see limit), its output appended
+# to LOG, and print "LABEL: exit N" (124: its time ran out), or "LABEL: skipped" when the
+# step's time is spent
+part() {
+  local label=$1 t log=$3
+  t=$(limit "$2"); shift 3
+  if [ "$t" -eq 0 ]; then echo "$label: skipped (the step's ${STEP_SECONDS:-560} s are spent)"; return 0; fi
+  timeout "$t" "$@" >> "$log" 2>&1
+  echo "$label: exit $?"
+}
+
+# fresh LOG...: empty these logs under $OUT (parts append to theirs)
+fresh() { for f; do : > "$OUT/$f"; done; }
+
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 # The cache directory is named: platformdirs may be missing from a system Python.
 export TILEGEMM_CACHE_DIR=${TILEGEMM_CACHE_DIR:-/tmp/tilegemm-cache}
@@ -47,15 +74,18 @@ info() {
 
 case "${1:-check}" in
 check)
+  fresh smoke.log memcheck.log racecheck.log gpu-tests.log
   info 2>&1 | tee "$OUT/info.log"
-  timeout 200 $PY benchmarks/gpu_smoke.py > "$OUT/smoke.log" 2>&1
-  echo "smoke: exit $?"; grep -E '^(FAIL|[0-9]+ failed)' "$OUT/smoke.log"
-  (timeout 420 compute-sanitizer --tool memcheck --error-exitcode 3 \
-      $PY benchmarks/gpu_sanitize.py > "$OUT/memcheck.log" 2>&1; echo "memcheck: exit $?") &
-  (timeout 420 compute-sanitizer --tool racecheck --error-exitcode 3 \
-      $PY benchmarks/gpu_sanitize.py > "$OUT/racecheck.log" 2>&1; echo "racecheck: exit $?") &
-  (TILEGEMM_GPU_TESTS=1 timeout 420 $PY -m pytest -q -n 8 -p no:cacheprovider \
-      -m "cudasim or gpu" tests > "$OUT/gpu-tests.log" 2>&1; echo "gpu tests: exit $?") &
+  part smoke 200 "$OUT/smoke.log" $PY benchmarks/gpu_smoke.py
+  grep -E '^(FAIL|[0-9]+ failed)' "$OUT/smoke.log"
+  # the three jobs together, each until the step's end (at most 420 s)
+  t=$(limit 420)
+  part memcheck "$t" "$OUT/memcheck.log" compute-sanitizer --tool memcheck --error-exitcode 3 \
+      $PY benchmarks/gpu_sanitize.py &
+  part racecheck "$t" "$OUT/racecheck.log" compute-sanitizer --tool racecheck --error-exitcode 3 \
+      $PY benchmarks/gpu_sanitize.py &
+  TILEGEMM_GPU_TESTS=1 part "gpu tests" "$t" "$OUT/gpu-tests.log" \
+      $PY -m pytest -q -n 8 -p no:cacheprovider -m "cudasim or gpu" tests &
   wait
   for f in memcheck racecheck; do echo "== $f"; grep -E 'ERROR SUMMARY|^FAIL|failed' "$OUT/$f.log"; done
   echo "== gpu tests"; tail -25 "$OUT/gpu-tests.log"
@@ -64,68 +94,72 @@ bench)
   # BENCH_ARGS: the full run by default; "--reports ladder,compile --ladder-sizes 1024,4096"
   # is the ladder against cuBLAS alone, in about two minutes.
   info > "$OUT/bench.log" 2>&1
-  timeout 330 $PY -m tilegemm.cli bench ${BENCH_ARGS:---full} --backend cuda --no-rivals \
-      --save "$OUT" \
-      >> "$OUT/bench.log" 2>&1
-  echo "bench: exit $?"
-  for k in pipelined warptile; do
-    timeout 150 $PY benchmarks/perf_targets.py --kernel $k --no-triton --json "$OUT/targets-$k.json" \
-        >> "$OUT/targets.log" 2>&1
-    echo "targets $k: exit $?"
-  done
+  fresh targets.log
+  part bench 330 "$OUT/bench.log" $PY -m tilegemm.cli bench ${BENCH_ARGS:---full} \
+      --backend cuda --no-rivals --save "$OUT"
   # kernel="auto": the defaults adapted to the SM count (128x64 tiles, split-K); three
-  # builds of pipelined (about 35 s each on the first call)
-  timeout 240 $PY benchmarks/perf_targets.py --auto --no-triton --json "$OUT/targets-auto.json" \
-      >> "$OUT/targets.log" 2>&1
-  echo "targets auto: exit $?"
+  # builds of pipelined (about 35 s each on the first call on the H100, before the compile
+  # was cut)
+  part "targets auto" 240 "$OUT/targets.log" \
+      $PY benchmarks/perf_targets.py --auto --no-triton --json "$OUT/targets-auto.json"
+  for k in pipelined warptile; do
+    part "targets $k" 150 "$OUT/targets.log" \
+        $PY benchmarks/perf_targets.py --kernel $k --no-triton --json "$OUT/targets-$k.json"
+  done
   tail -40 "$OUT/bench.log"; cat "$OUT/targets.log"
   ;;
 tests)
   # the GPU test run alone, every core compiling (TEST_TIMEOUT seconds at most)
-  TILEGEMM_GPU_TESTS=1 timeout ${TEST_TIMEOUT:-400} $PY -m pytest -q -n 16 -p no:cacheprovider \
-      -rf -W ignore -m "cudasim or gpu" ${TEST_ARGS:-tests} > "$OUT/gpu-tests.log" 2>&1
-  echo "gpu tests: exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.log" | tail -30
+  fresh gpu-tests.log
+  TILEGEMM_GPU_TESTS=1 part "gpu tests" "${TEST_TIMEOUT:-400}" "$OUT/gpu-tests.log" \
+      $PY -m pytest -q -n 16 -p no:cacheprovider -rf -W ignore -m "cudasim or gpu" \
+      ${TEST_ARGS:-tests}
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.log" | tail -30
   ;;
 tune)
   info > "$OUT/info.log" 2>&1
+  fresh tune.log targets-tuned.log
   for k in pipelined warptile; do
-    timeout 170 $PY -m tilegemm.cli tune --backend cuda --kernel $k \
-        --m 4096 --n 4096 --k 4096 --strategy random --budget 30 >> "$OUT/tune.log" 2>&1
-    echo "tune $k: exit $?"
+    part "tune $k" 170 "$OUT/tune.log" $PY -m tilegemm.cli tune --backend cuda --kernel $k \
+        --m 4096 --n 4096 --k 4096 --strategy random --budget 30
   done
   cp "$TILEGEMM_CACHE_DIR"/*.json "$OUT/" 2>/dev/null
-  timeout 200 $PY benchmarks/perf_targets.py --tuned --no-triton > "$OUT/targets-tuned.log" 2>&1
-  echo "targets tuned: exit $?"
+  part "targets tuned" 200 "$OUT/targets-tuned.log" \
+      $PY benchmarks/perf_targets.py --tuned --no-triton
   tail -30 "$OUT/tune.log"; cat "$OUT/targets-tuned.log"
   ;;
 tensor)
+  # The tensor-core targets first (4096^3: TF32 and BF16 against cuBLAS at the same
+  # precision, 3xTF32 against FP32 SGEMM), then the Hopper rung, then the errors, then
+  # extras, so that a short step still answers the targets.
   info > "$OUT/tensor.log" 2>&1
-  timeout 420 $PY benchmarks/tensor_cores.py --sizes 2048 4096 --no-triton >> "$OUT/tensor.log" 2>&1
-  echo "tensor cores: exit $?"
-  # a deeper tile: 96 KB of dynamic shared memory in float32 (the opt-in, well past 48 KB)
-  timeout 240 $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 --no-triton \
-      --params BK=32,STAGES=3 >> "$OUT/tensor.log" 2>&1
-  echo "tensor cores, BK=32 STAGES=3: exit $?"
+  fresh tensor-errors.log
+  part "tensor cores, mma 4096" 200 "$OUT/tensor.log" \
+      $PY benchmarks/tensor_cores.py --sizes 4096 --no-triton
   # the Hopper rung (compute capability 9.0 only; exits 2 elsewhere)
-  timeout 300 $PY benchmarks/tensor_cores.py --kernel wgmma --sizes 4096 --no-triton \
-      --modes tf32 3xtf32 float16 bfloat16 >> "$OUT/tensor.log" 2>&1
-  echo "tensor cores, wgmma: exit $?"
-  timeout 150 $PY benchmarks/tensor_core_errors.py --k 256 4096 --mn 1024 \
-      --json "$OUT/tensor-core-errors-gpu.json" > "$OUT/tensor-errors.log" 2>&1
-  echo "tensor-core errors: exit $?"
-  tail -30 "$OUT/tensor.log"; tail -15 "$OUT/tensor-errors.log"
+  part "tensor cores, wgmma 4096" 200 "$OUT/tensor.log" \
+      $PY benchmarks/tensor_cores.py --kernel wgmma --sizes 4096 --no-triton \
+      --modes tf32 3xtf32 float16 bfloat16
+  part "tensor-core errors" 100 "$OUT/tensor-errors.log" \
+      $PY benchmarks/tensor_core_errors.py --k 256 4096 --mn 1024 \
+      --json "$OUT/tensor-core-errors-gpu.json"
+  # a deeper tile: 96 KB of dynamic shared memory in float32 (the opt-in, well past 48 KB)
+  part "tensor cores, mma BK=32 STAGES=3" 150 "$OUT/tensor.log" \
+      $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 --no-triton \
+      --params BK=32,STAGES=3
+  part "tensor cores, mma 2048" 120 "$OUT/tensor.log" \
+      $PY benchmarks/tensor_cores.py --sizes 2048 --no-triton
+  tail -40 "$OUT/tensor.log"; tail -15 "$OUT/tensor-errors.log"
   ;;
 rivals)
   # Triton's tutorial matmul on the same operands as the rungs (skipped, with the reason,
   # where triton does not import): FP32 without TF32 against rung pipelined over the eight
   # target shapes, then TF32, FP16 and BF16 against rung mma at 4096^3
   info > "$OUT/rivals.log" 2>&1
-  timeout 300 $PY benchmarks/perf_targets.py --kernel pipelined \
-      --json "$OUT/targets-pipelined-triton.json" >> "$OUT/rivals.log" 2>&1
-  echo "targets pipelined + Triton: exit $?"
-  timeout 270 $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 bfloat16 \
-      >> "$OUT/rivals.log" 2>&1
-  echo "tensor cores + Triton: exit $?"
+  part "targets pipelined + Triton" 300 "$OUT/rivals.log" \
+      $PY benchmarks/perf_targets.py --kernel pipelined --json "$OUT/targets-pipelined-triton.json"
+  part "tensor cores + Triton" 270 "$OUT/rivals.log" \
+      $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 bfloat16
   tail -40 "$OUT/rivals.log"
   ;;
 *) echo "usage: $0 check|bench|tests|tune|tensor|rivals" >&2; exit 2 ;;
