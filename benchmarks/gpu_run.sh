@@ -4,15 +4,18 @@
 #
 #   bash benchmarks/gpu_run.sh check   # steps 0-2: what is there, smoke test, the GPU test
 #                                      # run and compute-sanitizer (memcheck, racecheck) on
-#                                      # every rung, the last three side by side (~8 min)
+#                                      # every rung, the last three side by side (~9.5 min
+#                                      # on the first H100 run; if it prints "gpu tests:
+#                                      # exit 124", run the `tests` step for the rest)
 #   bash benchmarks/gpu_run.sh bench   # step 3-4: the ladder against cuBLAS (bench --full)
 #                                      # and the fast rungs over the eight target shapes
 #   bash benchmarks/gpu_run.sh tests   # the GPU test run alone, on every core
 #   bash benchmarks/gpu_run.sh tune    # step 4: tuning at 4096^3, then the targets tuned
-#   bash benchmarks/gpu_run.sh tensor  # step 4, tensor cores: rung mma in TF32, 3xTF32, FP16
-#                                      # and BF16 against cuBLAS at the same precision, and
-#                                      # each mode's error against float64; then rung wgmma
-#                                      # (an H100 only) in TF32, FP16, BF16 (~9 min)
+#   bash benchmarks/gpu_run.sh tensor  # step 4, tensor cores at 4096^3: rung mma in TF32,
+#                                      # 3xTF32, FP16 and BF16 against cuBLAS at the same
+#                                      # precision; then rung wgmma (an H100 only) in the
+#                                      # same four; then each mode's error against float64;
+#                                      # then extras (a 96 KB ring, 2048^3) (~9 min)
 #   bash benchmarks/gpu_run.sh rivals  # Triton's tutorial matmul (Python-authored) against
 #                                      # the fastest rungs and cuBLAS: FP32 over the eight
 #                                      # target shapes, TF32/FP16/BF16 at 4096^3 (~6 min)
@@ -23,20 +26,23 @@
 # Logs and results go to $OUT (default ./gpu-out). Nothing here times two things at once:
 # the check step runs its three correctness jobs together, the timing steps run alone.
 #
-# Each step ends within STEP_SECONDS (default 560): a lent machine runs one command for at
-# most 600 s, and a command cut off there loses the parts it had not reached. Every part
-# has its own time limit, shortened to what is left of the step; a part with less than
-# 20 s left is skipped, saying so. The parts come in order of what is most needed.
+# Each step ends within STEP_SECONDS (default 580, plus 5 s for a part to exit after its
+# time is up): a lent machine runs one command for at most 600 s, and a command cut off
+# there loses the parts it had not reached. Every part has its own time limit (seconds),
+# shortened to what is left of the step; a part with less than 20 s left is skipped,
+# saying so. The parts come in order of what is most needed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
-STEP_END=$(( $(date +%s) + ${STEP_SECONDS:-560} ))
+STEP_END=$(( $(date +%s) + ${STEP_SECONDS:-580} ))
 
-# limit SECONDS: SECONDS, or what is left of the step if less; 0 when under 20 s are left
+# limit SECONDS: SECONDS (a whole number; anything else counts as no limit of its own), or
+# what is left of the step if less; 0 when under 20 s are left
 limit() {
-  local left=$(( STEP_END - $(date +%s) ))
-  if [ "$left" -lt 20 ]; then echo 0; elif [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+  local left=$(( STEP_END - $(date +%s) )) want=$1
+  case "$want" in ''|*[!0-9]*) want=$left ;; esac
+  if [ "$left" -lt 20 ]; then echo 0; elif [ "$left" -lt "$want" ]; then echo "$left"; else echo "$want"; fi
 }
 
 # part LABEL SECONDS LOG CMD...: run CMD under `timeout` (see limit), its output appended
@@ -45,8 +51,8 @@ limit() {
 part() {
   local label=$1 t log=$3
   t=$(limit "$2"); shift 3
-  if [ "$t" -eq 0 ]; then echo "$label: skipped (the step's ${STEP_SECONDS:-560} s are spent)"; return 0; fi
-  timeout "$t" "$@" >> "$log" 2>&1
+  if [ "$t" -eq 0 ]; then echo "$label: skipped (the step's ${STEP_SECONDS:-580} s are spent)"; return 0; fi
+  timeout -k 5 "$t" "$@" >> "$log" 2>&1
   echo "$label: exit $?"
 }
 

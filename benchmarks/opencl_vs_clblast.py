@@ -181,6 +181,7 @@ def main() -> int:
             calls["clblast"] = clblast
         calls["numpy"] = lambda a=a, b=b: np.matmul(a, b)
         calls["numpy"]()
+        settle()  # the checks and NumPy's first call leave BLAS threads spinning
 
         blocks = {name: host_timed(call) for name, call in calls.items()}
         numpy_block = blocks["numpy"]

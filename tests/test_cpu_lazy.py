@@ -36,23 +36,39 @@ def test_compiled_on_first_call_from_python_with_the_declared_signature_only():
 
 
 def test_compiled_when_a_caller_compiles_under_the_declared_settings():
+    from numba.core import event
+
     entered: list[str] = []
+    active: list[bool] = []
 
     @contextmanager
     def setting():
         entered.append("in")
+        active.append(True)
         yield
+        active.pop()
         entered.append("out")
 
     @njit_when_called(f8(f8), settings=(setting,))
     def inner(x):
         return x + 1
 
-    @numba.njit(f8(f8))
-    def outer(x):
-        return inner(x) * 2
+    in_force: dict[str, bool] = {}
+
+    class Listener(event.Listener):
+        def on_start(self, ev):  # noqa: ANN001 - Numba's protocol
+            in_force[ev.data["dispatcher"].py_func.__name__] = bool(active)
+
+        def on_end(self, ev):  # noqa: ANN001
+            pass
+
+    with event.install_listener("numba:compile", Listener()):
+        @numba.njit(f8(f8))
+        def outer(x):
+            return inner(x) * 2
 
     assert inner.signatures == [(f8,)] and entered == ["in", "out"]
+    assert in_force == {"outer": False, "inner": True}  # in force for the helper alone
     assert outer(1.0) == 4.0
 
 
@@ -171,7 +187,7 @@ def test_load_compiled_without_a_cache_compiles_everything_in_order():
         real = f.ensure
 
         def ensure():
-            if f.declared is not None:
+            if f.pending:
                 order.append(name)
             real()
 
@@ -184,16 +200,46 @@ def test_load_compiled_without_a_cache_compiles_everything_in_order():
     assert all(len(f.signatures) == 1 for f in (a, b, c))
 
 
-def test_a_pickled_helper_comes_back_as_a_dispatcher_with_its_signature():
+UNPICKLE = """
+import json, pickle, sys
+f = pickle.loads(open(sys.argv[1], "rb").read())
+pending = f.pending
+print(json.dumps({"pending": pending, "width": f.declaration[2], "value": f(2.0),
+                  "signatures": len(f.signatures)}))
+"""
+
+
+@pytest.mark.parametrize("used_first", [False, True])
+def test_a_pickled_helper_comes_back_pending_with_its_declaration(tmp_path, used_first):
+    """In another process (in this one, Numba hands back the same object): still the
+    declared signature only, compiled there under the declared settings."""
     import pickle
 
-    @njit_when_called(f8(f8))
-    def triple(x):
-        return 3 * x
+    with _slp.vector_width(256):
+        @njit_when_called(f8(f8))
+        def triple(x):
+            return 3 * x
 
-    assert triple(2.0) == 6.0
-    again = pickle.loads(pickle.dumps(triple))
-    assert again(2.0) == 6.0 and again.signatures == [(f8,)]
+    if used_first:
+        assert triple(2.0) == 6.0
+    path = tmp_path / "f.pickle"
+    path.write_bytes(pickle.dumps(triple))
+    out = subprocess.run([sys.executable, "-c", UNPICKLE, str(path)], capture_output=True,
+                         text=True, check=True, timeout=120)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"pending": True, "width": 256, "value": 6.0, "signatures": 1}
+
+
+def test_a_helper_without_its_declaration_compiles_like_numbas_own():
+    """Built as Numba builds one (e.g. by a tool that copies dispatchers): no declaration,
+    so a call compiles for the arguments given, instead of asking itself again forever."""
+    from tilegemm.kernels.cpu._lazy import WhenCalledDispatcher
+
+    def double(x):
+        return 2 * x
+
+    plain = WhenCalledDispatcher(double, targetoptions={"nopython": True})
+    assert plain(2.5) == 5.0 and plain.signatures == [(f8,)]
 
 
 PARALLEL_TEMPLATE = '''
@@ -259,3 +305,38 @@ def test_a_caller_compiled_against_a_cached_parallel_helper_loads_alone(tmp_path
         f.unlink()
     assert run() == {"stats": {"compiled": 1, "loaded": 2}, "value": 90.0}  # fill loaded
     assert run() == {"stats": {"compiled": 0, "loaded": 2}, "value": 90.0}
+
+
+def _instructions(asm: str) -> list[str]:
+    """The instructions of an assembly listing, with Numba's mangled names (which carry the
+    module's name and a counter) and local labels blanked."""
+    import re
+
+    out = []
+    for line in asm.splitlines():
+        line = line.split("#")[0].rstrip()
+        if not line.startswith("\t") or line.lstrip().startswith("."):
+            continue
+        line = re.sub(r"_ZN\w+", "SYM", line.strip())
+        out.append(re.sub(r"\.L\w+", "LABEL", line))
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+def test_the_rungs_micro_kernel_compiles_as_the_eager_one(dtype):
+    """The rung's micro-kernel, compiled on first use under its declared settings (the SLP
+    vectoriser, the vector width), is the same machine code as the one compiled eagerly
+    inside those settings (``k02_blocked.micro_kernel``), which the vectorisation tests
+    read. int32's tile is named scalars that only the SLP vectoriser packs."""
+    from tilegemm import registry
+    from tilegemm.kernels.cpu import k02_blocked
+
+    spec = registry.get("blocked", "cpu")
+    params = spec.resolve({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256})
+    program = spec.program(params, np.dtype(dtype))
+    ukernel = program.__globals__["ukernel"]
+    ukernel.ensure()  # loaded with its callers' code, it may not have compiled on its own
+    lazy = _instructions(ukernel.inspect_asm(ukernel.signatures[0]))
+    eager_fn = k02_blocked.micro_kernel(4, 8, np.dtype(dtype))
+    eager = _instructions(eager_fn.inspect_asm(eager_fn.signatures[0]))
+    assert lazy and lazy == eager

@@ -27,6 +27,11 @@ def _run(tmp_path: Path, step: str, seconds: int) -> tuple[str, list[str]]:
         stub = stubs / name
         stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
         stub.chmod(0o755)
+    # `timeout` records the limits it is given, then runs the command as the real one would
+    stub = stubs / "timeout"
+    stub.write_text(f'#!/usr/bin/env bash\necho "timeout $1 $2 $3" >> {calls}\nshift 3\n'
+                    '"$@"\n')
+    stub.chmod(0o755)
     env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}",
            "PY": str(stubs / "py"), "OUT": str(tmp_path / "out"), "STEP_SECONDS": str(seconds)}
     done = subprocess.run(["bash", str(SCRIPT), step], env=env, capture_output=True, text=True,
@@ -47,6 +52,18 @@ def test_tensor_step_answers_the_targets_first(tmp_path):
     runs = [c for c in calls if c.startswith("benchmarks/")]
     assert runs[0].startswith("benchmarks/tensor_cores.py --sizes 4096 ")
     assert "--kernel wgmma" in runs[1]
+    limits = [int(c.split()[3]) for c in calls if c.startswith("timeout ")]
+    assert limits[:2] == [200, 200]  # each part's own limit while the step has time
+    assert all(c.startswith("timeout -k 5 ") for c in calls if c.startswith("timeout "))
+
+
+def test_a_part_gets_no_more_than_what_is_left_of_the_step(tmp_path):
+    out, calls = _run(tmp_path, "check", 100)
+    limits = [int(c.split()[3]) for c in calls if c.startswith("timeout ")]
+    # smoke asks for 200 s and the three side-by-side jobs for 420: all cut to <= 100 s
+    assert len(limits) == 4 and all(20 <= t <= 100 for t in limits)
+    assert {"smoke: exit 0", "memcheck: exit 0", "racecheck: exit 0",
+            "gpu tests: exit 0"} <= set(out.splitlines())
 
 
 def test_a_spent_step_skips_its_parts(tmp_path):

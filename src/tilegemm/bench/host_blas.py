@@ -11,7 +11,12 @@ every row flagged as noisy). Two remedies:
 - :func:`one_blas_thread` runs the check's BLAS calls on the calling thread only (OpenBLAS
   reached through ``ctypes``, as ``threadpoolctl`` does), so no worker wakes up;
 - :func:`settle` waits out the spinning after a BLAS call that used its threads (the
-  NumPy contender, or a check where the BLAS cannot be told to use one thread).
+  NumPy contender, a check too large to run on one thread, or one where the BLAS cannot
+  be told to use one thread).
+
+:func:`quiet_check` picks between them by the size of the product: one thread costs a
+check of 512³ about 20 ms, but one of 4096³ seconds on a many-core host, where a 0.3 s
+pause after a threaded check is cheaper.
 
 Measurements on a GPU keep the threaded check: the host's threads do not slow a GPU, and
 a one-thread float64 reference at 4096³ would cost seconds per rung. The thread count is
@@ -23,14 +28,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import glob
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-# How long OpenBLAS's threads spin after a call (its THREAD_TIMEOUT, 2^28 cycles: 0.07-0.1 s
-# at 2.5-4 GHz; measured 0.1 s on a 2-vCPU AMD EPYC), with a margin.
-SETTLE_S = 0.2
+# How long OpenBLAS's threads spin after a call (its THREAD_TIMEOUT, 2^28 cycles of the
+# time-stamp counter: 0.07-0.13 s at 2-4 GHz; measured 0.1 s on a 2-vCPU AMD EPYC, 0.1-0.3 s
+# seen on other machines), with a margin.
+SETTLE_S = 0.3
+# Largest check (multiply-adds) run on one BLAS thread; larger ones run threaded, then settle
+ONE_THREAD_MAX = 512**3
 
 # (get, set) pairs of OpenBLAS's thread-count functions, as each kind of build names them
 _THREAD_SYMBOLS = (
@@ -75,11 +84,15 @@ def blas_threads() -> int | None:
     return None if control is None else control[0]()
 
 
+_LOCK = threading.Lock()
+_DEPTH = [0, 0]  # blocks open now (any thread), and the thread count before the first
+
+
 @contextmanager
 def one_blas_thread(sleep: Callable[[float], None] = time.sleep) -> Iterator[None]:
     """NumPy's BLAS calls inside the block run on the calling thread alone; the thread
-    count is restored after. Where the BLAS cannot be told so, the block ends with
-    :func:`settle` instead."""
+    count is restored when the last open block ends (blocks may overlap across threads).
+    Where the BLAS cannot be told so, the block ends with :func:`settle` instead."""
     control = _thread_control()
     if control is None:
         try:
@@ -88,12 +101,34 @@ def one_blas_thread(sleep: Callable[[float], None] = time.sleep) -> Iterator[Non
             settle(sleep)
         return
     get, set_ = control
-    before = get()
-    set_(1)
+    with _LOCK:
+        if _DEPTH[0] == 0:
+            _DEPTH[1] = get()
+            set_(1)
+        _DEPTH[0] += 1
     try:
         yield
     finally:
-        set_(before)
+        with _LOCK:
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                set_(_DEPTH[1])
+
+
+@contextmanager
+def quiet_check(multiply_adds: int, sleep: Callable[[float], None] = time.sleep
+                ) -> Iterator[None]:
+    """Around the float64 check of a product of ``multiply_adds`` computed on the host's
+    cores: on one BLAS thread up to :data:`ONE_THREAD_MAX`, else threaded and then
+    :func:`settle`. Either way no BLAS thread spins when the kernel is timed next."""
+    if multiply_adds <= ONE_THREAD_MAX:
+        with one_blas_thread(sleep):
+            yield
+        return
+    try:
+        yield
+    finally:
+        settle(sleep)
 
 
 def settle(sleep: Callable[[float], None] = time.sleep) -> None:

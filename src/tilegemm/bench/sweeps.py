@@ -32,6 +32,7 @@ from tilegemm.bench.timing import (
     Clock,
     Measurement,
     Policy,
+    host_work,
     measure_kernel,
 )
 from tilegemm.bench.vendors import (
@@ -308,7 +309,9 @@ def run_case(
         a3, b3 = _operands(state, case, dtype)
         if case.spec is None:
             meas = measure_vendor(vendor, case.backend, prob, a3, b3, settings.policy,
-                                  clock=clock, on_host_cpu=backend.target().kind == "cpu")
+                                  clock=clock,
+                                  host_work=host_work(prob) if backend.target().kind == "cpu"
+                                  else 0)
         else:
             meas = measure_kernel(backend, case.spec, dict(case.params), prob, a3, b3,
                                   settings.policy, clock=clock)

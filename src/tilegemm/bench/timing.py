@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.base import Backend, Prepared, Target, poison_value
-from tilegemm.bench.host_blas import one_blas_thread
+from tilegemm.bench.host_blas import quiet_check
 from tilegemm.errors import InvalidValueError, UsageError
 from tilegemm.problem import GemmProblem
 from tilegemm.reference import assert_close
@@ -231,13 +231,14 @@ def time_prepared(
     synchronize: Callable[[], None] = lambda: None,
     clock: Clock = time.perf_counter,
     flush: Callable[[], None] | None = None,
-    on_host_cpu: bool = False,
+    host_work: int = 0,
 ) -> tuple[float, list[float]]:
     """Run the protocol above; return (first-call seconds, steady samples in seconds).
 
-    ``on_host_cpu``: the kernel runs on the host's own cores (the CPU backend, an OpenCL
-    CPU device), so ``verify``'s NumPy products run on one BLAS thread, leaving no BLAS
-    thread spinning on those cores while the kernel is timed (see :mod:`.host_blas`).
+    ``host_work``: the product's multiply-adds when the kernel runs on the host's own cores
+    (the CPU backend, an OpenCL CPU device; 0 otherwise): ``verify``'s NumPy products then
+    leave no BLAS thread spinning on those cores while the kernel is timed
+    (:func:`.host_blas.quiet_check`).
 
     Raises :class:`KernelFailure` if preparing, launching or fetching raises, or if
     ``verify`` raises AssertionError — in both cases before anything is timed.
@@ -255,7 +256,7 @@ def time_prepared(
     except Exception as exc:
         raise KernelFailure(_reason(exc)) from exc
     try:
-        with one_blas_thread() if on_host_cpu else nullcontext():
+        with quiet_check(host_work) if host_work else nullcontext():
             verify(np.asarray(result))
     except AssertionError as exc:
         raise KernelFailure(WRONG + " ".join(str(exc).split())) from exc
@@ -343,6 +344,11 @@ def mean_call_seconds(call: Callable[[], Any], seconds: float = 0.3, *,
     return (clock() - t0) / n
 
 
+def host_work(prob: GemmProblem) -> int:
+    """The multiply-adds of ``prob`` (what a check of it costs the host's BLAS)."""
+    return max(1, prob.batch * prob.m * prob.n * prob.k)
+
+
 def prepare_verified(
     backend: Backend, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
     a3: np.ndarray, b3: np.ndarray, *, target: Target | None = None,
@@ -363,7 +369,7 @@ def prepare_verified(
     from tilegemm.precision import tolerance_eps  # TF32: checked at its own precision
 
     on_host_cpu = (target or backend.target()).kind == "cpu"  # see time_prepared
-    with one_blas_thread() if on_host_cpu else nullcontext():
+    with quiet_check(host_work(prob)) if on_host_cpu else nullcontext():
         assert_close(got, a3, b3, what=f"{backend.name}:{spec.name} {shown}".strip(),
                      eps=tolerance_eps(spec, params, prob.dtype))
     return prepared
@@ -438,7 +444,7 @@ def measure_kernel(
     try:
         meas.first_s, meas.samples = time_prepared(
             prepare, verify, policy, synchronize=backend.synchronize, clock=clock, flush=flush,
-            on_host_cpu=target.kind == "cpu")
+            host_work=host_work(prob) if target.kind == "cpu" else 0)
     except KernelFailure as exc:
         meas.status, meas.reason = FAILED, str(exc)
     except UsageError as exc:

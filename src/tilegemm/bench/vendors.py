@@ -424,10 +424,10 @@ def find_vendor(backend: Backend, target: Target | None = None,
 
 def measure_vendor(
     vendor: Vendor, backend_name: str, prob: GemmProblem, a3: np.ndarray, b3: np.ndarray,
-    policy: Policy, *, clock: Clock = time.perf_counter, on_host_cpu: bool = False,
+    policy: Policy, *, clock: Clock = time.perf_counter, host_work: int = 0,
 ) -> Measurement:
     """Verify and time the vendor routine exactly as :func:`measure_kernel` does a rung
-    (``on_host_cpu``: see :func:`~tilegemm.bench.timing.time_prepared`). A vendor that is
+    (``host_work``: see :func:`~tilegemm.bench.timing.time_prepared`). A vendor that is
     NumPy's own BLAS leaves its threads spinning: the call returns after they settle, so
     the next measurement on these cores starts on idle ones."""
     meas = Measurement(backend=backend_name, kernel=vendor.name, m=prob.m, n=prob.n, k=prob.k,
@@ -443,7 +443,7 @@ def measure_vendor(
     try:
         meas.first_s, meas.samples = time_prepared(
             lambda: vendor.prepare(prob, a3, b3), verify, policy,
-            synchronize=vendor.synchronize, clock=clock, on_host_cpu=on_host_cpu)
+            synchronize=vendor.synchronize, clock=clock, host_work=host_work)
     except KernelFailure as exc:
         meas.status, meas.reason = FAILED, str(exc)
     finally:

@@ -6,7 +6,8 @@ compiles each one eagerly: with a warm disk cache, every one of them is still lo
 that only other compiled functions call (the micro-kernel, packing, the loop nest) are never
 needed in a process whose callers come from the cache: a caller's cached machine code
 already holds the code of everything it calls. Loading them anyway cost about a fifth of
-the first call in a fresh process (about 55 of 250 ms on a 2-vCPU Zen 5). This module
+the first call itself in a fresh process (about 55 of 250 ms on a 2-vCPU Zen 5), a tenth
+or so of the process's import and first calls. This module
 imports Numba, so only the generated rung module imports it.
 
 :func:`njit_when_called` declares such a helper with the same explicit signature: nothing
@@ -36,20 +37,11 @@ def njit_when_called(signature: Any, *, settings: tuple[Callable[[], AbstractCon
                      **flags: Any) -> Callable[[Callable], WhenCalledDispatcher]:
     """Like ``numba.njit(signature, **flags)``, but compiled on first use.
 
-    ``settings``: context-manager factories entered around the compilation (e.g.
-    ``slp_enabled``); the vector width in force at declaration is kept as well.
-    A call from Python compiles it too (a helper can be called directly in tests).
+    ``settings``: context-manager factories (module-level functions, e.g. ``slp_enabled``)
+    entered around the compilation; the vector width in force at declaration is kept as
+    well. A call from Python compiles it too (a helper can be called directly in tests).
     """
     width = current_vector_width()
-
-    def entered() -> ExitStack:
-        # the settings first, then the width: the order the micro-kernel builder takes
-        # their locks in (k02_blocked.micro_kernel), so no two threads wait on each other
-        stack = ExitStack()
-        for factory in settings:
-            stack.enter_context(factory())
-        stack.enter_context(vector_width(width))
-        return stack
 
     def wrap(func: Callable) -> WhenCalledDispatcher:
         options = dict(flags)
@@ -58,7 +50,8 @@ def njit_when_called(signature: Any, *, settings: tuple[Callable[[], AbstractCon
         disp = WhenCalledDispatcher(func, targetoptions=options)
         if cache:
             disp.enable_caching()
-        disp.declared = (signature, entered)
+        disp.declaration = (signature, tuple(settings), width)
+        disp.pending = True
         return disp
 
     return wrap
@@ -85,26 +78,37 @@ def load_compiled(functions: tuple[Any, ...], called_from_python: tuple[Any, ...
 class WhenCalledDispatcher(CPUDispatcher):
     """A CPU dispatcher holding one declared signature until something needs it.
 
-    Constructed as Numba's own (so a pickled one rebuilds as a plain dispatcher with its
-    compiled signatures); :func:`njit_when_called` sets :attr:`declared`.
+    Constructed as Numba's own; :func:`njit_when_called` sets :attr:`declaration`
+    (signature, settings, vector width) and :attr:`pending`. A pickled one comes back
+    pending, with its declaration, and compiles (or loads) under the same settings.
     """
 
-    declared: tuple[Any, Callable[[], ExitStack]] | None = None
+    declaration: tuple[Any, tuple[Callable[[], AbstractContextManager], ...], int | None] | None
+    declaration = None
+    pending = False
+
+    def _settings(self) -> ExitStack:
+        """The declared settings, entered (the caller closes the returned stack)."""
+        _, settings, width = self.declaration
+        with ExitStack() as stack:  # a setting that fails leaves none of the others entered
+            for factory in settings:
+                stack.enter_context(factory())
+            stack.enter_context(vector_width(width))
+            return stack.pop_all()
 
     def ensure(self) -> None:
         """Compile (or load) the declared signature, then allow no other, as
         ``njit(signature)`` does."""
-        declared = self.declared
-        if declared is None:
+        if not self.pending:
             return
-        signature, entered = declared
-        with entered(), global_compiler_lock:
-            if self.declared is None:  # another thread did it meanwhile
+        # the settings' lock first, then Numba's: the order every compilation takes them in
+        with self._settings(), global_compiler_lock:
+            if not self.pending:  # another thread did it meanwhile
                 return
             with typeinfer.register_dispatcher(self):
-                self.compile(signature)
+                self.compile(self.declaration[0])
             self.disable_compile()
-            self.declared = None
+            self.pending = False
             for cres in self.overloads.values():
                 # Code loaded from Numba's cache comes back in a library that has forgotten
                 # what must run before it is used (for a parallel function, starting the
@@ -122,5 +126,21 @@ class WhenCalledDispatcher(CPUDispatcher):
     def _compile_for_args(self, *args: Any, **kws: Any) -> Any:
         # a call from Python before anything compiled it: compile, then let the
         # dispatcher match the arguments against the declared signature
+        if not self.pending:
+            return super()._compile_for_args(*args, **kws)
         self.ensure()
+        return self
+
+    def _reduce_states(self) -> dict[str, Any]:
+        states = super()._reduce_states()
+        if self.declaration is not None:  # comes back pending: compiled under its settings
+            states.update(can_compile=True, sigs=[], declaration=self.declaration)
+        return states
+
+    @classmethod
+    def _rebuild(cls, uuid: str, py_func: Callable, locals: dict, targetoptions: dict,
+                 can_compile: bool, sigs: list, declaration: Any = None) -> Any:
+        self = super()._rebuild(uuid, py_func, locals, targetoptions, can_compile, sigs)
+        if declaration is not None and self.declaration is None:  # not this process's own
+            self.declaration, self.pending = declaration, True
         return self

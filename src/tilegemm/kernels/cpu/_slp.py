@@ -13,8 +13,10 @@ Rapids) *prefers 256-bit vectors*: its vectorisers then fill ymm registers only,
 what the FMA units take, and the blocked rung ran at half of NumPy's speed on a Xeon. Clang's
 ``-mprefer-vector-width=512`` sets two function attributes that lift this per function;
 :func:`vector_width` adds the same attributes to every function Numba compiles inside it
-(Numba has no option for it), so only tilegemm's kernels change, never a user's own Numba
-code.
+(Numba has no option for it). It patches Numba's code library class while the block runs,
+so a user's own Numba code compiled by another thread at that moment gets the attributes
+too (harmless: they only allow wider vectors); tilegemm enters such blocks only while it
+compiles its rung.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-# Re-entrant: a helper compiled on first use (see _lazy) re-enters the settings it was
-# declared under, possibly while its caller's compilation holds them.
-_LOCK = threading.RLock()
-_WIDTH_LOCK = threading.RLock()
+# One re-entrant lock for both settings: a helper compiled on first use (see _lazy)
+# re-enters the settings it was declared under, possibly while its caller's compilation
+# holds them, and with one lock no two threads can take the two in opposite orders.
+_LOCK = _WIDTH_LOCK = threading.RLock()
 _WIDTHS: list[int | None] = []  # the vector widths in force, innermost last
 
 
