@@ -322,21 +322,23 @@ def _instructions(asm: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("dtype", ["float32", "int32"])
-def test_the_rungs_micro_kernel_compiles_as_the_eager_one(dtype):
+@pytest.mark.slow
+def test_the_rungs_micro_kernel_compiles_as_the_eager_one():
     """The rung's micro-kernel, compiled on first use under its declared settings (the SLP
     vectoriser, the vector width), is the same machine code as the one compiled eagerly
     inside those settings (``k02_blocked.micro_kernel``), which the vectorisation tests
-    read. int32's tile is named scalars that only the SLP vectoriser packs."""
+    read. int32's tile is named scalars that only the SLP vectoriser packs (float32's is
+    explicit vector code); a small tile, as the rung compiles in about 15 s."""
     from tilegemm import registry
     from tilegemm.kernels.cpu import k02_blocked
 
+    dtype = np.dtype("int32")
     spec = registry.get("blocked", "cpu")
     params = spec.resolve({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256})
-    program = spec.program(params, np.dtype(dtype))
+    program = spec.program(params, dtype)
     ukernel = program.__globals__["ukernel"]
     ukernel.ensure()  # loaded with its callers' code, it may not have compiled on its own
     lazy = _instructions(ukernel.inspect_asm(ukernel.signatures[0]))
-    eager_fn = k02_blocked.micro_kernel(4, 8, np.dtype(dtype))
+    eager_fn = k02_blocked.micro_kernel(4, 8, dtype)
     eager = _instructions(eager_fn.inspect_asm(eager_fn.signatures[0]))
     assert lazy and lazy == eager
