@@ -112,3 +112,17 @@ def run_in_threads(work, count: int) -> None:  # type: ignore[no-untyped-def]
         t.start()
     for t in threads:
         t.join()
+
+
+def script_json(script: str, *args: str, env: dict[str, str] | None = None,
+                timeout: float = 300) -> dict:
+    """Run ``script`` (Python source) in a fresh interpreter with ``args``; the JSON object
+    its last line of output prints. A failing script fails the test with its output."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])

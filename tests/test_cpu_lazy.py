@@ -5,16 +5,14 @@ Compilations are counted (Numba's own counters), never timed."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from contextlib import contextmanager
 
 import numba
 import numpy as np
 import pytest
 
+from conftest import script_json
 from tilegemm.compile_cache import fill_template, load_module
 from tilegemm.kernels.cpu import _slp
 from tilegemm.kernels.cpu._lazy import load_compiled, njit_when_called
@@ -167,10 +165,8 @@ def test_a_warm_cache_loads_only_what_python_calls(tmp_path, monkeypatch):
     # a cold cache compiles everything, callees first (the helper included)
     assert [len(f.signatures) for f in m.COMPILED] == [1, 1, 1]
     assert m.entry(2.0) == 7.0
-    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", LOAD, _source(3)], env=env,
-                         capture_output=True, text=True, check=True, timeout=120)
-    again = json.loads(out.stdout.strip().splitlines()[-1])
+    again = script_json(LOAD, _source(3),
+                        env=dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path)))
     # the entry point's cached code holds the helper's: the helper is never loaded
     assert again == {"stats": {"compiled": 0, "loaded": 2}, "value": 7.0,
                      "helper_signatures": 0}
@@ -224,10 +220,8 @@ def test_a_pickled_helper_comes_back_pending_with_its_declaration(tmp_path, used
         assert triple(2.0) == 6.0
     path = tmp_path / "f.pickle"
     path.write_bytes(pickle.dumps(triple))
-    out = subprocess.run([sys.executable, "-c", UNPICKLE, str(path)], capture_output=True,
-                         text=True, check=True, timeout=120)
-    got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got == {"pending": True, "width": 256, "value": 6.0, "signatures": 1}
+    assert script_json(UNPICKLE, str(path)) == {"pending": True, "width": 256, "value": 6.0,
+                                                "signatures": 1}
 
 
 def test_a_helper_without_its_declaration_compiles_like_numbas_own():
@@ -293,10 +287,7 @@ def test_a_caller_compiled_against_a_cached_parallel_helper_loads_alone(tmp_path
     env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
 
     def run() -> dict:
-        out = subprocess.run([sys.executable, "-c", LOAD_PARALLEL, source], env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stdout + out.stderr
-        return json.loads(out.stdout.strip().splitlines()[-1])
+        return script_json(LOAD_PARALLEL, source, env=env)
 
     assert run() == {"stats": {"compiled": 3, "loaded": 0}, "value": 90.0}
     removed = list((tmp_path / "cpu" / "__pycache__").glob("*.total-*"))

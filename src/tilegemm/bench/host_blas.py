@@ -120,7 +120,11 @@ def quiet_check(multiply_adds: int, sleep: Callable[[float], None] = time.sleep
                 ) -> Iterator[None]:
     """Around the float64 check of a product of ``multiply_adds`` computed on the host's
     cores: on one BLAS thread up to :data:`ONE_THREAD_MAX`, else threaded and then
-    :func:`settle`. Either way no BLAS thread spins when the kernel is timed next."""
+    :func:`settle`. Either way no BLAS thread spins when the kernel is timed next.
+    0: the product did not run on the host's cores, and nothing is done."""
+    if multiply_adds <= 0:
+        yield
+        return
     if multiply_adds <= ONE_THREAD_MAX:
         with one_blas_thread(sleep):
             yield

@@ -309,9 +309,7 @@ def run_case(
         a3, b3 = _operands(state, case, dtype)
         if case.spec is None:
             meas = measure_vendor(vendor, case.backend, prob, a3, b3, settings.policy,
-                                  clock=clock,
-                                  host_work=host_work(prob) if backend.target().kind == "cpu"
-                                  else 0)
+                                  clock=clock, host_work=host_work(prob, backend.target()))
         else:
             meas = measure_kernel(backend, case.spec, dict(case.params), prob, a3, b3,
                                   settings.policy, clock=clock)

@@ -83,9 +83,10 @@ class WhenCalledDispatcher(CPUDispatcher):
     pending, with its declaration, and compiles (or loads) under the same settings.
     """
 
-    declaration: tuple[Any, tuple[Callable[[], AbstractContextManager], ...], int | None] | None
-    declaration = None
-    pending = False
+    # (signature, settings, vector width), kept after compiling (pickling carries it)
+    declaration: tuple[Any, tuple[Callable[[], AbstractContextManager], ...],
+                       int | None] | None = None
+    pending = False  # declared and not compiled yet
 
     def _settings(self) -> ExitStack:
         """The declared settings, entered (the caller closes the returned stack)."""

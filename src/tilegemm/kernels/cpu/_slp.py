@@ -30,7 +30,7 @@ from contextlib import contextmanager
 # One re-entrant lock for both settings: a helper compiled on first use (see _lazy)
 # re-enters the settings it was declared under, possibly while its caller's compilation
 # holds them, and with one lock no two threads can take the two in opposite orders.
-_LOCK = _WIDTH_LOCK = threading.RLock()
+_LOCK = threading.RLock()
 _WIDTHS: list[int | None] = []  # the vector widths in force, innermost last
 
 
@@ -63,27 +63,24 @@ def vector_width(bits: int | None) -> Iterator[None]:
     LLVM's choice for this CPU). Works by rewriting each function's IR text as Numba adds
     it to its code library, so it applies to compilations made inside the block (eager
     ones, with explicit signatures). Blocks nest: the innermost width applies."""
-    with _WIDTH_LOCK:
-        if not bits and not any(_WIDTHS):  # nothing to undo: LLVM's choice already
-            _WIDTHS.append(None)
-            try:
-                yield
-            finally:
-                _WIDTHS.pop()
-            return
-        from numba.core import codegen
+    with _LOCK:
+        # None inside a block of another width must undo it; None outside any needs nothing
+        patch = bool(bits) or any(_WIDTHS)
+        if patch:
+            from numba.core import codegen
 
-        library = codegen.CPUCodeLibrary
-        outer = library.add_ir_module
-        if not _PRISTINE:
-            _PRISTINE.append(outer)
-        library.add_ir_module = _width_adder(bits) if bits else _PRISTINE[0]
+            library = codegen.CPUCodeLibrary
+            outer = library.add_ir_module
+            if not _PRISTINE:
+                _PRISTINE.append(outer)
+            library.add_ir_module = _width_adder(bits) if bits else _PRISTINE[0]
         _WIDTHS.append(bits)
         try:
             yield
         finally:
             _WIDTHS.pop()
-            library.add_ir_module = outer
+            if patch:
+                library.add_ir_module = outer
 
 
 _PRISTINE: list = []  # Numba's own CPUCodeLibrary.add_ir_module, before any block
@@ -108,7 +105,7 @@ def _width_adder(bits: int) -> Callable:
 
 def current_vector_width() -> int | None:
     """The width :func:`vector_width` sets where this is called (None: LLVM's choice)."""
-    with _WIDTH_LOCK:
+    with _LOCK:
         return _WIDTHS[-1] if _WIDTHS else None
 
 
