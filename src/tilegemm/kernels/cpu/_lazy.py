@@ -7,8 +7,8 @@ that only other compiled functions call (the micro-kernel, packing, the loop nes
 needed in a process whose callers come from the cache: a caller's cached machine code
 already holds the code of everything it calls. Loading them anyway cost about a fifth of
 the first call itself in a fresh process (about 55 of 250 ms on a 2-vCPU Zen 5), a tenth
-or so of the process's import and first calls. This module
-imports Numba, so only the generated rung module imports it.
+or so of the process's import and first calls. This module imports Numba, so only the
+generated rung module imports it.
 
 :func:`njit_when_called` declares such a helper with the same explicit signature: nothing
 is compiled until a caller that is itself being compiled asks for it (a cold or stale
