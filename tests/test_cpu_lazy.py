@@ -147,11 +147,28 @@ load_compiled(COMPILED, CALLED_FROM_PYTHON)
 '''
 
 LOAD = """
-import json, sys
+import json, sys, warnings
+from numba.core import base
+
+refreshes = []
+real = base.BaseContext.refresh
+
+
+def counted(self):
+    refreshes.append(1)
+    real(self)
+
+
+base.BaseContext.refresh = counted
 from tilegemm import compile_cache
 m = compile_cache.load_module("lazyprobe", sys.argv[1], {"kernel": "lazyprobe"})
-print(json.dumps({"stats": compile_cache.STATS, "value": m.entry(2.0),
-                  "helper_signatures": len(m.helper.signatures)}))
+at_import = dict(compile_cache.STATS)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    value = m.entry(2.0)
+print(json.dumps({"at_import": at_import, "stats": compile_cache.STATS, "value": value,
+                  "helper_signatures": len(m.helper.signatures), "refreshes": len(refreshes),
+                  "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
 """
 
 
@@ -159,17 +176,78 @@ def _source(scale: int) -> str:
     return fill_template(TEMPLATE, {"SCALE": scale, "CACHE": False}, {})
 
 
-def test_a_warm_cache_loads_only_what_python_calls(tmp_path, monkeypatch):
+def _filled_cache(tmp_path, monkeypatch, scale: int):
+    """The template's module compiled into a cache at ``tmp_path``; the environment that
+    points a new process at it."""
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
-    m = load_module("lazyprobe", _source(3), {"kernel": "lazyprobe"})
+    m = load_module("lazyprobe", _source(scale), {"kernel": "lazyprobe"})
     # a cold cache compiles everything, callees first (the helper included)
     assert [len(f.signatures) for f in m.COMPILED] == [1, 1, 1]
-    assert m.entry(2.0) == 7.0
-    again = script_json(LOAD, _source(3),
-                        env=dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path)))
-    # the entry point's cached code holds the helper's: the helper is never loaded
-    assert again == {"stats": {"compiled": 0, "loaded": 2}, "value": 7.0,
-                     "helper_signatures": 0}
+    assert m.entry(2.0) == 2.0 * scale + 1
+    return dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
+
+
+def test_a_warm_cache_loads_only_what_python_calls_when_it_calls_it(tmp_path, monkeypatch):
+    env = _filled_cache(tmp_path, monkeypatch, 3)
+    again = script_json(LOAD, _source(3), env=env)
+    # the probe at import, the entry point on its first call; its cached code holds the
+    # helper's, so the helper is never loaded; and loading set up none of Numba's
+    # registries (QuickLoadCache), which only compiling needs
+    assert again == {"at_import": {"compiled": 0, "loaded": 1},
+                     "stats": {"compiled": 0, "loaded": 2}, "value": 7.0,
+                     "helper_signatures": 0, "refreshes": 0, "warnings": []}
+
+
+def test_a_damaged_entry_loaded_on_first_call_warns_and_is_compiled_again(tmp_path,
+                                                                         monkeypatch):
+    env = _filled_cache(tmp_path, monkeypatch, 5)
+    damaged = list((tmp_path / "cpu" / "__pycache__").glob("*.entry-*.nbc"))
+    assert damaged
+    for f in damaged:
+        f.write_bytes(f.read_bytes()[:40])  # truncated
+    again = script_json(LOAD, _source(5), env=env)
+    assert again["value"] == 11.0
+    [warning] = again["warnings"]
+    assert warning.startswith("CompileCacheWarning: kernel cache entry of ")
+    assert ".entry (in " in warning and "could not be loaded" in warning, warning
+    # the entry point compiled (Numba's registries set up for it), against the helper
+    # loaded from the cache; its entry rewritten, so the next process loads it
+    assert again["stats"] == {"compiled": 1, "loaded": 2} and again["refreshes"] > 0
+    third = script_json(LOAD, _source(5), env=env)
+    assert third["stats"] == {"compiled": 0, "loaded": 2} and third["warnings"] == []
+
+
+def test_a_call_that_lost_the_race_to_compile_runs_the_compiled_signature():
+    """Two threads call a helper that nothing compiled yet: both find no compiled
+    signature, one compiles it; the other must then run it (Numba refuses to compile
+    once compiling is disabled, which njit(signature) semantics require)."""
+    @njit_when_called(f8(f8))
+    def inc(x):
+        return x + 1
+
+    assert inc(1.0) == 2.0
+    # the late thread's view: the dispatcher asks for a compilation it no longer needs
+    assert inc._compile_for_args(1.0) is inc  # handed back to the dispatcher, which runs it
+    assert inc.signatures == [(f8,)]
+
+
+def test_threads_calling_a_helper_first_at_once_all_get_the_result():
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    @njit_when_called(f8(f8))
+    def square(x):
+        return x * x
+
+    barrier = threading.Barrier(8)
+
+    def call(i: int) -> float:
+        barrier.wait()
+        return square(float(i))
+
+    with ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(call, range(8))) == [float(i * i) for i in range(8)]
+    assert square.signatures == [(f8,)]
 
 
 def test_load_compiled_without_a_cache_compiles_everything_in_order():

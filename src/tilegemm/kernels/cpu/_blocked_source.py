@@ -595,7 +595,8 @@ def blocked(A, B, C, alpha, beta, tr=0):
     if parallel_unsafe():  # a forked child where a parallel region would be killed
         blocked_serial(A, B, C, alpha, beta, tr)
         return
-    nthreads = numba.get_num_threads()
+    with PoolWatch():  # Numba starts its thread pool on first use: here, or in a call below
+        nthreads = numba.get_num_threads()
     k = A.shape[1] if tr & 1 else A.shape[2]
     if nthreads > 1 and C.size * k > DIRECT_PRODUCT:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)

@@ -15,20 +15,32 @@ is compiled until a caller that is itself being compiled asks for it (a cold or 
 cache), and then exactly the declared signature is compiled, under the code-generation
 settings that were in force where the helper was declared (the SLP vectoriser for the
 micro-kernel, the vector width for all), as the eager decorator would have.
-:func:`load_compiled`, at the end of the module, loads what Python calls, or on a cold
-cache compiles everything in order.
+:func:`load_compiled`, at the end of the module, loads one function to learn whether the
+cache is warm; with a warm cache each function Python calls is then loaded on its first
+call (a process that multiplies only small matrices never loads the threaded loop nest),
+and with a cold one everything compiles in order.
+
+Loading from the cache skips Numba's registry set-up (:class:`QuickLoadCache`): that
+imports and registers every implementation Numba could compile with (about 60 ms in a fresh
+process on a 2-vCPU Zen 5, a fifth of the first call), and loading machine code compiles
+nothing. A compilation still does it first, as Numba always does.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 from numba.core import typeinfer
+from numba.core.caching import FunctionCache
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
+from numba.core.runtime import rtsys
 
+from tilegemm.compile_cache import CompileCacheWarning
+from tilegemm.errors import user_stacklevel
 from tilegemm.kernels.cpu._slp import current_vector_width, vector_width
 
 
@@ -62,17 +74,50 @@ def load_compiled(functions: tuple[Any, ...], called_from_python: tuple[Any, ...
 
     ``functions``: every function declared with :func:`njit_when_called`, callees before
     callers; ``called_from_python``: those that Python code calls, the first of them one
-    that calls no compiled function (the probe). With a warm cache only those are loaded.
-    With a cold one (the probe was compiled, not loaded) everything compiles in the order
-    given, as eager declarations would: a helper compiled inside its caller's compilation
-    instead took about 7 % longer in all (float32 blocked rung, Zen 5). Failures (a damaged
-    cache entry) surface here, at import, where :mod:`tilegemm.compile_cache` handles them.
+    that calls no compiled function (the probe). The probe is loaded (or compiled) now. If
+    it came from the cache, the cache is warm and the others are left to load on their
+    first call. If not, everything compiles now in the order given, as eager declarations
+    would: a helper compiled inside its caller's compilation instead took about 7 % longer
+    in all (float32 blocked rung, Zen 5), and a cold cache's compile belongs in the import
+    that :mod:`tilegemm.compile_cache` reports, not in some later call. A damaged cache
+    entry found later gives a warning and is compiled again (:class:`QuickLoadCache`).
     """
     probe = called_from_python[0]
     probe.ensure()
-    cold = sum(probe.stats.cache_hits.values()) == 0
-    for f in functions if cold else called_from_python:
-        f.ensure()
+    if sum(probe.stats.cache_hits.values()) == 0:  # cold
+        for f in functions:
+            f.ensure()
+
+
+class QuickLoadCache(FunctionCache):
+    """Numba's on-disk cache of one function, loading without the registry set-up.
+
+    Numba's own ``load_overload`` first refreshes the target context: it imports every
+    module of implementations Numba can compile (lists, dicts, random numbers, ...) and
+    registers them, about 60 ms the first time in a process, the largest part of a
+    first call with a warm cache after importing Numba itself. Loading machine code needs
+    none of that, only Numba's runtime (reference counting, which the cached code calls),
+    which is initialised here; a compilation refreshes the context itself first.
+
+    An entry that cannot be loaded (a truncated or damaged file, an index written by
+    another process mid-way) gives a :class:`~tilegemm.compile_cache.CompileCacheWarning`
+    and counts as absent: the function is compiled again and its entry rewritten. At import
+    :mod:`tilegemm.compile_cache` handles damage the same way for the whole module; this
+    covers functions loaded later, on their first call.
+    """
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        rtsys.initialize(target_context)
+        try:
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+        except Exception as exc:  # noqa: BLE001 - any damage: compile instead
+            func = self._py_func
+            warnings.warn(f"kernel cache entry of {func.__module__}.{func.__qualname__} "
+                          f"(in {self._cache_path}) could not be loaded "
+                          f"({type(exc).__name__}: {exc}); compiling it again",
+                          CompileCacheWarning, stacklevel=user_stacklevel())
+            return None
 
 
 class WhenCalledDispatcher(CPUDispatcher):
@@ -87,6 +132,12 @@ class WhenCalledDispatcher(CPUDispatcher):
     declaration: tuple[Any, tuple[Callable[[], AbstractContextManager], ...],
                        int | None] | None = None
     pending = False  # declared and not compiled yet
+    # called with the dispatcher once it has compiled or loaded its signature
+    # (tilegemm.compile_cache counts loads and compilations with it)
+    on_ready: Callable[[WhenCalledDispatcher], None] | None = None
+
+    def enable_caching(self) -> None:
+        self._cache = QuickLoadCache(self.py_func)
 
     def _settings(self) -> ExitStack:
         """The declared settings, entered (the caller closes the returned stack)."""
@@ -118,6 +169,8 @@ class WhenCalledDispatcher(CPUDispatcher):
                 # later process that loads only that caller aborts in LLVM ("Symbol not
                 # found"). Give the library back its list, which the cache did keep.
                 cres.library._reload_init.update(cres.reload_init or ())
+            if self.on_ready is not None:
+                self.on_ready(self)
 
     def get_call_template(self, args: Any, kws: Any) -> Any:
         # a caller being compiled: from here on this is an eager dispatcher
@@ -125,9 +178,11 @@ class WhenCalledDispatcher(CPUDispatcher):
         return super().get_call_template(args, kws)
 
     def _compile_for_args(self, *args: Any, **kws: Any) -> Any:
-        # a call from Python before anything compiled it: compile, then let the
-        # dispatcher match the arguments against the declared signature
-        if not self.pending:
+        # A call from Python that matched no compiled signature: compile (or load) the
+        # declared one, then hand the call back to the dispatcher, which runs it, or, if
+        # the arguments do not match it, raises Numba's TypeError, as njit(signature) does.
+        # (Also when another thread got here first: compiling is disabled by then.)
+        if self.declaration is None:
             return super()._compile_for_args(*args, **kws)
         self.ensure()
         return self

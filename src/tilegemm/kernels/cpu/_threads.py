@@ -180,13 +180,15 @@ def worker_cpus(workers: int, allowed: set[int] | frozenset[int], caller: int) -
 
 
 class PoolWatch:
-    """Around what may start Numba's thread pool (loading the rung's compiled module, the
-    first threaded products): the threads that appear meanwhile are Numba's workers (and
-    the threading library's helpers), remembered for placing. Watches at most
-    ``WATCHES`` times per process; if the pool was already running (the process ran
-    parallel Numba code before tilegemm), nothing appears and nothing is ever placed."""
+    """Around what may start Numba's thread pool (loading or compiling the rung's code, and
+    in the first threaded products both asking Numba for its thread count and the calls
+    themselves): the threads that appear meanwhile are Numba's workers (and the threading
+    library's helpers), remembered for placing. Watches at most ``WATCHES`` times per
+    process (the import and two per product, until the pool is found); if the pool was
+    already running (the process ran parallel Numba code before tilegemm), nothing
+    appears and nothing is ever placed."""
 
-    WATCHES = 4
+    WATCHES = 7
 
     def __init__(self) -> None:
         pid = os.getpid()
