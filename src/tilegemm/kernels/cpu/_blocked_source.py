@@ -5,9 +5,8 @@ markers replaced by one parameter set's constants and the ``@ukernel`` block rep
 the generated MR×NR micro-kernel, then imports the copy. Every function is compiled with
 an explicit signature and ``cache=CACHE``, so Numba stores the machine code beside the
 copy and a new process loads it instead of compiling for several seconds; and only the
-functions Python calls are loaded (``CALLED_FROM_PYTHON``): the others' code is already
-inside theirs (see ``_lazy``). Module
-constants (not closures) carry the parameters: Numba freezes them into the code, and a
+functions Python calls are loaded (``CALLED_FROM_PYTHON``), each on its first call: the
+others' code is already inside theirs (see ``_lazy``). Module constants (not closures) carry the parameters: Numba freezes them into the code, and a
 closure over other compiled functions cannot be cached. See ``k02_blocked`` for what the
 loop nest does and why.
 """
@@ -655,7 +654,8 @@ def takes_gemv(batch, m, n, k, direct_max):
 
 
 # Every compiled function, callees before callers (the order they compile in on a cold
-# cache), and those that Python calls: a warm cache loads only these (see _lazy).
+# cache), and those that Python calls: a warm cache loads only these, the first at import
+# and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, direct,
             products_serial, dot_rows, gemv_part, gemv_serial, small, run_parallel,
             splits_batch, layout, blocked_threads, gemv_threads, takes_gemv)
