@@ -6,9 +6,9 @@ the generated MR×NR micro-kernel, then imports the copy. Every function is comp
 an explicit signature and ``cache=CACHE``, so Numba stores the machine code beside the
 copy and a new process loads it instead of compiling for several seconds; and only the
 functions Python calls are loaded (``CALLED_FROM_PYTHON``), each on its first call: the
-others' code is already inside theirs (see ``_lazy``). Module constants (not closures) carry the parameters: Numba freezes them into the code, and a
-closure over other compiled functions cannot be cached. See ``k02_blocked`` for what the
-loop nest does and why.
+others' code is already inside theirs (see ``_lazy``). Module constants (not closures)
+carry the parameters: Numba freezes them into the code, and a closure over other compiled
+functions cannot be cached. See ``k02_blocked`` for what the loop nest does and why.
 """
 
 import numba
