@@ -19,7 +19,7 @@ import numpy as np
 from tilegemm import fastpath, registry
 from tilegemm.backends import ARRAY_KINDS, get_backend
 from tilegemm.backends._probe import may_be_accelerated
-from tilegemm.backends.base import Backend, Target
+from tilegemm.backends.base import Backend, Target, resolve_scalars
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.precision import apply_precision
 from tilegemm.problem import (
@@ -109,7 +109,7 @@ def choose_backend(name: str, operands: list[Operand], device: int | None = None
             + ", ".join(f"{s.name} ({s.reason})" for s in usable)
         )
     if device is not None and not backend.accepts_device:
-        raise _no_device_choice(backend.name, requested == AUTO)
+        raise _no_device_choice(backend.name, requested == AUTO, kernel)
     return backend
 
 
@@ -133,13 +133,21 @@ def _steered(name: str, device: int | None, kernel: str) -> str:
     return usable[0].name if usable else name
 
 
-def _no_device_choice(chosen: str, auto: bool) -> InvalidValueError:
+def _no_device_choice(chosen: str, auto: bool, kernel: str = AUTO) -> InvalidValueError:
     """``device=`` given for a backend that has one device: say which backends have a
-    choice, and, when ``backend="auto"`` chose, that none of those is usable here."""
+    choice, and, when ``backend="auto"`` chose, why none of those could take the call (not
+    usable here, or no rung of the name the call gives)."""
     choosers = [n for n in BACKENDS if get_backend(n).accepts_device]
     if not auto:
         return InvalidValueError(f"backend {chosen!r} has no device choice; device= works "
                                  f"with {' or '.join(f'backend={n!r}' for n in choosers)}")
+    usable = [n for n in choosers if get_backend(n).status().usable]
+    if kernel != AUTO and usable:
+        registry.get(kernel, chosen)  # a rung of no backend: that error first
+        return InvalidValueError(
+            f"device= chooses a device of backend {' or '.join(map(repr, usable))}, which "
+            f"has no rung {kernel!r}; {kernel!r} runs on backend {chosen!r}, which has no "
+            "device choice: leave device= out")
     why = "; ".join(f"{n}: {get_backend(n).status().reason}" for n in choosers)
     return InvalidValueError(
         f"device= chooses a device of backend {' or '.join(map(repr, choosers))}, and none of "
@@ -159,7 +167,7 @@ def choose_kernel(
             raise ParametersNeedKernel(params)
         return auto_choice(backend, target, prob)
     spec = registry.get(kernel, backend.name)
-    check_dtype_supported(spec, prob.dtype)
+    check_dtype_supported(spec, prob.dtype, prob.out_dtype)
     resolved = backend.resolve(spec, params, target)
     backend.check_limits(spec, resolved, prob.dtype, target)
     return spec, resolved
@@ -189,6 +197,19 @@ def decide(
     ``float32_out``: the caller passed a float32 ``out`` for float16/bfloat16 operands; a
     backend with tensor-core rungs for them then writes the float32 sums directly.
     """
+    chosen = _decide(ops, prob, kernel=kernel, backend=backend, device=device,
+                     precision=precision, params=params, stream=stream,
+                     float32_out=float32_out)
+    chosen.backend.check_problem(ops, chosen.prob, chosen.target)  # memory, sizes
+    return chosen
+
+
+def _decide(
+    ops: list[Operand], prob: GemmProblem, *, kernel: str = AUTO, backend: str = AUTO,
+    device: int | None = None, precision: str | None = None,
+    params: dict[str, Any] | None = None, stream: Any = None, float32_out: bool = False,
+) -> Decision:
+    """:func:`decide` without the backend's last check on the problem's size."""
     params = dict(params or {})
     be = choose_backend(backend, ops, device, kernel)
     if stream is not None:
@@ -250,12 +271,18 @@ def _with_measured_others(be: Backend, target: Target, prob: GemmProblem, kernel
                             f"requested; the others are the defaults ({where} ones do not fit)")
 
 
-def check_dtype_supported(spec: KernelSpec, dtype: np.dtype) -> None:
-    """Refuse a rung that does not compute ``dtype`` (the one wording of it)."""
+def check_dtype_supported(spec: KernelSpec, dtype: np.dtype,
+                          result: np.dtype | None = None) -> None:
+    """Refuse a rung that does not compute ``dtype`` (the one wording of it); ``result``:
+    the caller's result dtype when it is computed as ``dtype`` (int8 as int32), named
+    first, since that is the dtype the caller knows."""
     if not spec.supports(dtype):
+        dtype = np.dtype(dtype)
+        what = dtype.name if result is None or np.dtype(result) == dtype else (
+            f"{np.dtype(result).name} (computed as {dtype.name})")
         raise InvalidTypeError(
             f"kernel {spec.name!r} ({spec.backend}) does not support dtype "
-            f"{np.dtype(dtype).name}; it supports {', '.join(spec.dtypes)}")
+            f"{what}; it supports {', '.join(spec.dtypes)}")
 
 
 def _check_params_are_upper_case(params: dict[str, Any]) -> None:
@@ -286,15 +313,13 @@ def gemm(
     ``out=c`` updates ``c`` in place. The result dtype is :func:`matmul`'s for ``a`` and
     ``b``; ``c`` must broadcast to the result shape, is cast to the result dtype under
     NumPy's ``same_kind`` rule (a float64 ``c`` with float32 operands is rounded to
-    float32), and is read only when ``beta != 0``. ``alpha`` and ``beta`` are real numbers,
+    float32), and is read only when ``beta != 0``; a device ``c`` decides where the call
+    runs, as device operands do, whatever ``beta`` is. ``alpha`` and ``beta`` are real numbers,
     integers for an integer result. ``alpha = 0`` still computes ``a @ b`` (a NaN or Inf in
     ``a`` or ``b`` gives NaN, as in NumPy, not BLAS's shortcut). ``trans_a``/``trans_b`` are
     booleans. Other arguments, and what is raised, are as for :func:`matmul`.
     """
     _check_params_are_upper_case(params)
-    for flag, name in ((trans_a, "trans_a"), (trans_b, "trans_b")):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise InvalidTypeError(f"gemm: {name} must be True or False, got {flag!r}")
     plain = (c is None and alpha == 1 and beta == 0 and not trans_a
              and not trans_b and kernel == AUTO and backend == AUTO and device is None
              and stream is None and precision is None and not params)
@@ -319,15 +344,17 @@ def gemm(
             raise InvalidValueError(
                 f"gemm: c of shape {c_op.shape} does not broadcast to the result "
                 f"shape {prob.out_shape}")
-        if beta != 0:
-            ops.append(c_op)
-        else:
-            c_op = None  # never read when beta == 0
+        ops.append(c_op)  # a device c chooses where the call runs, whatever beta is
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params, stream=stream,
                     float32_out=float32_out)
     be, target, prob, spec, resolved = (chosen.backend, chosen.target, chosen.prob,
                                         chosen.spec, chosen.params)
+    if c_op is not None and c_op.kind != "host" and c_op.dtype != prob.dtype:
+        raise InvalidTypeError(
+            f"gemm: device c has dtype {c_op.dtype.name}, the result is "
+            f"{prob.dtype.name}; cast it on the device first")
+    resolve_scalars(prob, alpha, beta)  # an alpha or beta the result cannot hold: refused now
     data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
     if data_kind != "host" and prob.result_dtype is not None:
         raise InvalidTypeError(

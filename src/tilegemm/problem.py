@@ -130,7 +130,12 @@ def compute_dtype(result: np.dtype, what: str = "matmul") -> np.dtype:
     """The kernel dtype that computes NumPy's result dtype ``result`` exactly (see
     :data:`COMPUTED_AS`), or a TypeError listing the result dtypes tilegemm computes."""
     result = np.dtype(result)
-    name = COMPUTED_AS.get(result.name) if result.isnative else None
+    if not result.isnative:
+        raise InvalidTypeError(
+            f"{what}: dtype {result.str!r} has a non-native byte order; as for np.matmul, "
+            f"give the type alone ({result.name}) and convert the result afterwards if "
+            "another byte order is needed")
+    name = COMPUTED_AS.get(result.name)
     if name is None:
         raise InvalidTypeError(
             f"{what}: the result dtype would be {result.name}, which tilegemm does not "
@@ -252,13 +257,18 @@ def _shape_error(a: tuple[int, ...], b: tuple[int, ...], detail: str) -> Invalid
     return InvalidValueError(f"matmul: shapes {a} and {b} are not aligned: {detail}")
 
 
+# NumPy numbers the dtypes it defines below this; dtypes other packages register (ml_dtypes'
+# bfloat16 and float8 types) come at or after it, whatever kind letter they report.
+_USER_DTYPES = 256
+
+
 def numpy_matmul_dtype(a: np.dtype, b: np.dtype) -> np.dtype | None:
     """The dtype ``np.matmul`` returns for host operands of dtypes ``a`` and ``b``, for the
     dtypes where that is not ``np.result_type``'s answer: those that NumPy does not define
-    itself (kind "V"), such as ml_dtypes' bfloat16, whose matmul computes in float32 and
-    returns float32 (``result_type`` says bfloat16). None for NumPy's own dtypes (the two
-    agree) and where NumPy's matmul has no loop for the pair."""
-    if a.kind != "V" and b.kind != "V":
+    itself (most report kind "V", float8_e5m2 kind "f"), such as ml_dtypes' bfloat16, whose
+    matmul computes in float32 and returns float32 (``result_type`` says bfloat16). None for
+    NumPy's own dtypes (the two agree) and where NumPy's matmul has no loop for the pair."""
+    if a.num < _USER_DTYPES and b.num < _USER_DTYPES:
         return None
     try:
         return np.matmul(np.zeros((1, 1), a), np.zeros((1, 1), b)).dtype
@@ -276,6 +286,9 @@ def make_problem(
     to it under the ``same_kind`` rule (float16/bfloat16 operands with ``dtype=np.float32``
     keep running on tensor cores where a backend has them, writing float32 directly).
     """
+    for flag, name in ((trans_a, "trans_a"), (trans_b, "trans_b")):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise InvalidTypeError(f"gemm: {name} must be True or False, got {flag!r}")
     for op, name in ((a, "a"), (b, "b")):
         if len(op.shape) == 0:
             raise InvalidValueError(
@@ -367,6 +380,23 @@ def _operand_view(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
     return np.broadcast_to(x2, prob.batch_shape + (rows, cols)).reshape(prob.batch, rows, cols)
 
 
+def rounded_to_result(x: Any, prob: GemmProblem) -> Any:
+    """Host data as NumPy multiplies it for ``prob``: cast to the result dtype first.
+
+    NumPy casts matmul's operands (and tilegemm's ``c``) to the result dtype before
+    multiplying. Where that dtype is a float narrower than the one a kernel computes in
+    (float16 or bfloat16, computed in float32), converting straight to float32 would keep
+    digits NumPy rounds away (``matmul(float32, float32, dtype=float16)``), so the values
+    are rounded through the result dtype here. Integer results need nothing: their
+    wrapping casts commute with the products (modular arithmetic).
+    """
+    result = prob.result_dtype
+    if (result is None or prob.dtype.kind != "f" or result.itemsize >= prob.dtype.itemsize
+            or np.asarray(x).dtype == result):
+        return x
+    return np.asarray(x).astype(result)
+
+
 def _read_only(x: np.ndarray) -> np.ndarray:
     view = x.view()
     view.flags.writeable = False
@@ -382,7 +412,8 @@ def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
     caller's read-only array would otherwise differ from a writeable copy) means a Numba
     rung compiles once per dtype, not once per mix of read-only and writeable inputs.
     """
-    return _read_only(np.ascontiguousarray(_operand_view(x, prob, which), dtype=prob.dtype))
+    return _read_only(np.ascontiguousarray(
+        _operand_view(rounded_to_result(x, prob), prob, which), dtype=prob.dtype))
 
 
 def host_operand_stored(x: np.ndarray, prob: GemmProblem, which: str
@@ -392,7 +423,7 @@ def host_operand_stored(x: np.ndarray, prob: GemmProblem, which: str
     (a Fortran-ordered matrix, ``x.T``) comes back as that C-ordered (batch or 1, cols,
     rows) storage, uncopied and read-only, with ``transposed`` True; any other operand as
     :func:`host_operand_3d` gives it, with False."""
-    x3 = _operand_view(x, prob, which)
+    x3 = _operand_view(rounded_to_result(x, prob), prob, which)
     if x3.dtype == prob.dtype and not x3.flags.c_contiguous:
         stored = np.swapaxes(x3, 1, 2)
         if stored.flags.c_contiguous:  # the transpose of a C-ordered array: no copy

@@ -132,18 +132,46 @@ def poison_value(dtype: np.dtype) -> Any:
 
 
 def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]:
-    """alpha and beta as scalars of the problem dtype (kernels do no wider math)."""
+    """alpha and beta as scalars of the problem dtype (kernels do no wider math).
+
+    For an integer or bool result they must be integers that fit the caller's result
+    dtype (``np.uint8(-1)`` is an error in NumPy too), checked against that dtype, not the
+    wider one it is computed in, and converted with NumPy's wrapping cast (uint64's
+    ``2**64 - 1`` is int64's -1, which gives the same products modulo 2**64). For a float
+    result, a number too large for a float (an int such as ``10**400``) is refused.
+    """
     t = prob.dtype.type
+    shown = prob.out_dtype
     if prob.dtype.kind in "iu":
-        info = np.iinfo(prob.dtype)
+        checked = shown if shown.kind in "iu" else prob.dtype  # bool: the computed range
+        info = np.iinfo(checked)
+        values = []
         for name, x in (("alpha", alpha), ("beta", beta)):
-            f = float(x)
-            if not math.isfinite(f) or f != math.floor(f):
-                raise InvalidTypeError(f"{name}={x!r} must be an integer for an {prob.dtype.name} "
-                                "product")
-            if not info.min <= int(x) <= info.max:
-                raise InvalidValueError(f"{name}={x!r} does not fit in {prob.dtype.name}")
+            if isinstance(x, (int, np.integer)):
+                v = int(x)
+            else:
+                f = float(x)
+                if not math.isfinite(f) or f != math.floor(f):
+                    raise InvalidTypeError(f"{name}={_brief(x)} must be an integer for a "
+                                           f"{shown.name} product")
+                v = int(f)
+            if not info.min <= v <= info.max:
+                raise InvalidValueError(f"{name}={_brief(x)} does not fit in {shown.name}")
+            values.append(np.array(v, dtype=checked).astype(prob.dtype)[()])
+        return t(values[0]), t(values[1])
+    for name, x in (("alpha", alpha), ("beta", beta)):
+        try:
+            float(x)
+        except OverflowError:
+            raise InvalidValueError(f"{name}={_brief(x)} is too large for a {shown.name} product "
+                                    "(beyond any float)") from None
     return t(alpha), t(beta)
+
+
+def _brief(x: Any) -> str:
+    """``repr(x)``, shortened when it is long (an int of hundreds of digits)."""
+    text = repr(x)
+    return text if len(text) <= 40 else f"{text[:12]}...{text[-6:]} ({len(text)} characters)"
 
 
 def unknown_device(backend: str, index: Any, names: tuple[str, ...]) -> InvalidValueError:
@@ -235,6 +263,11 @@ class Backend(ABC):
                      target: Target | None = None) -> None:
         """Raise ValueError if the rung's threads or shared memory exceed ``target``."""
         check_block_limits(spec, params, dtype, target or self.target())
+
+    def check_problem(self, operands: Sequence[Operand], prob: GemmProblem,
+                      target: Target) -> None:
+        """Refuse a product this device cannot hold (its memory), before anything is
+        allocated; :func:`tilegemm.api.decide` calls it, so ``plan`` refuses it too."""
 
     @abstractmethod
     def run(

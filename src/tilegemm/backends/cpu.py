@@ -22,8 +22,15 @@ from tilegemm.backends.base import (
     resolve_scalars,
     wall_clock_elapsed,
 )
+from tilegemm.errors import InvalidValueError
 from tilegemm.kernels.cpu._threads import make_tbb_loadable
-from tilegemm.problem import GemmProblem, Operand, host_operand_3d, host_operand_stored
+from tilegemm.problem import (
+    GemmProblem,
+    Operand,
+    host_operand_3d,
+    host_operand_stored,
+    rounded_to_result,
+)
 from tilegemm.registry import KernelSpec
 
 # Before anything starts Numba's threads: its thread- and fork-safe layer needs this (see
@@ -126,11 +133,24 @@ def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np
     """
     dest = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
     if beta != 0:
-        c0 = np.broadcast_to(np.asarray(c.obj, dtype=prob.dtype), prob.out_shape)
+        c0 = np.broadcast_to(np.asarray(rounded_to_result(c.obj, prob), dtype=prob.dtype),
+                             prob.out_shape)
         np.copyto(dest, c0)  # copy first: c may alias out
     elif poison_enabled() and dest.size:
         dest.fill(poison_value(prob.dtype))
     return dest
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GiB"
 
 
 @cache
@@ -151,12 +171,43 @@ class CpuBackend(Backend):
     @cache  # noqa: B019 - one backend object per process
     def _target(self, index: int | None) -> Target:
         # No block limits: a CPU "block" is a loop nest; the largest allocation is the
-        # host's memory, which NumPy reports itself when it runs out.
+        # host's memory (check_problem).
         return Target(self.name, cpu_name(), "cpu", platform.machine(),
                       Limits(threads_per_block=0), timer="perf_counter", vendors=("numpy",))
 
     def device_details(self, target: Target) -> dict[str, Any]:
         return {"device": target.name}
+
+    def check_problem(self, operands: Any, prob: GemmProblem, target: Target) -> None:
+        """Refuse a product whose result and operand copies exceed this machine's memory.
+
+        The rung reads C-ordered (or, 2-D, Fortran-ordered) arrays of the computed dtype
+        in place; any other operand (another dtype, strided, broadcast with zero strides)
+        is copied first. Without this check a huge copy (a broadcast row standing for
+        2**36 columns, say) would fail in NumPy with a MemoryError naming an internal array,
+        or be allocated and swap the machine to a halt.
+        """
+        memory = physical_memory()
+        if memory is None:
+            return
+        item = prob.dtype.itemsize
+        result = prob.batch * prob.m * prob.n * item
+        copies = 0
+        for op, which in zip(operands[:2], "ab", strict=False):
+            x = op.obj
+            mode = prob.batch_mode(which)
+            if (op.kind == "host" and isinstance(x, np.ndarray) and x.dtype == prob.dtype
+                    and mode != "broadcast" and (x.flags.c_contiguous
+                                                 or (x.ndim == 2 and x.flags.f_contiguous))):
+                continue
+            rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
+            copies += (1 if mode == "single" else prob.batch) * rows * cols * item
+        if result + copies > memory:
+            raise InvalidValueError(
+                f"this product needs {_gib(result + copies)} of memory (the result "
+                f"{_gib(result)}, copies of operands that are not C-ordered "
+                f"{prob.dtype.name} arrays {_gib(copies)}), more than this machine has "
+                f"({_gib(memory)}); split it into smaller products")
 
     def cache_flusher(self, target: Target | None = None) -> Any:
         buf = np.empty(HOST_FLUSH_BYTES // 8, dtype=np.float64)

@@ -35,7 +35,7 @@ from tilegemm.backends.base import (
 from tilegemm.backends.cuda_program import MIN_OPTIN_SMEM_SM80, STATIC_SMEM_LIMIT
 from tilegemm.backends.cuda_stream import choose_stream, numba_stream
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
-from tilegemm.problem import GemmProblem, Operand, host_operand_3d
+from tilegemm.problem import GemmProblem, Operand, host_operand_3d, rounded_to_result
 from tilegemm.registry import KernelSpec, specs_for
 
 # The architectures rungs are compiled for without a GPU (nvJitLink), by compute capability.
@@ -414,7 +414,8 @@ class CudaBackend(Backend):
             c3.copy_to_device(dc, stream=s)
         elif beta != 0:
             host_c = np.ascontiguousarray(
-                np.broadcast_to(np.asarray(c.obj, dtype=cdt), prob.out_shape)
+                np.broadcast_to(np.asarray(rounded_to_result(c.obj, prob), dtype=cdt),
+                                prob.out_shape)
             ).reshape(shape3)
             c3.copy_to_device(_bits(host_c), stream=s)
         elif poison_enabled() and c3.size:

@@ -56,7 +56,7 @@ from tilegemm.backends.opencl_program import (
     type_defines,
 )
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
-from tilegemm.problem import GemmProblem, Operand, host_operand_3d
+from tilegemm.problem import GemmProblem, Operand, host_operand_3d, rounded_to_result
 from tilegemm.registry import KernelSpec
 
 LAYOUT = "_layout.cl"
@@ -155,13 +155,23 @@ def default_device_index() -> int:
     devices = all_devices()
     if not devices:
         raise UnavailableError("no OpenCL device found")
-    if os.environ.get("PYOPENCL_CTX"):
-        chosen = cl.create_some_context(interactive=False).devices[0]
+    ctx = os.environ.get("PYOPENCL_CTX")
+    if ctx:
+        try:
+            chosen = cl.create_some_context(interactive=False).devices[0]
+        except Exception as exc:  # PyOpenCL's own wording of a value that names no device
+            raise UnavailableError(
+                f"PYOPENCL_CTX={ctx!r} names no OpenCL device here ({exc}); unset it, set it "
+                "to platform:device of one of "
+                + ", ".join(f"{p}:{i} {d.name.strip()}"
+                            for p, platform in enumerate(cl.get_platforms())
+                            for i, d in enumerate(platform.get_devices()))
+                + ", or pass device= (see 'tilegemm info')") from None
         for i, d in enumerate(devices):
             if _same(d, chosen):
                 return i
-        raise UnavailableError(f"PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r} chose a device "
-                           "that is not in the platform list")
+        raise UnavailableError(f"PYOPENCL_CTX={ctx!r} chose a device "
+                               "that is not in the platform list")
     order = sorted(range(len(devices)), key=lambda i: device_kind(devices[i]) != "gpu")
     for i in order:
         if not build_problem(devices[i]):
@@ -234,16 +244,29 @@ class OpenCLBackend(Backend):
         try:
             index = default_device_index()
         except Exception as exc:
-            return BackendStatus("opencl", False, f"cannot choose an OpenCL device: {exc}")
+            index, no_default = -1, str(exc)
+        else:
+            no_default = ""
         names = tuple(
             f"[{i}] {d.name.strip()} ({device_kind(d)}, {d.platform.name.strip()})"
             + (" default" if i == index else "")
             + ("; cannot compile here" if build_problem(d) else "")
             for i, d in enumerate(devices)
         )
+        version = f"PyOpenCL {cl.VERSION_TEXT}"
+        if no_default:
+            working = [i for i, d in enumerate(devices) if not build_problem(d)]
+            if not working or not os.environ.get("PYOPENCL_CTX"):
+                return BackendStatus("opencl", False,
+                                     f"cannot choose an OpenCL device: {no_default}", names)
+            # A PYOPENCL_CTX that names no device: calls naming one with device= still run
+            # (one without is refused with this reason, see _target).
+            return BackendStatus(
+                "opencl", True, f"{version}; {no_default}; calls must name a device: "
+                + " or ".join(f"device={i}" for i in working), names,
+                default_problem=no_default)
         default = devices[index]
         problem = build_problem(default)
-        version = f"PyOpenCL {cl.VERSION_TEXT}"
         if problem:  # chosen by PYOPENCL_CTX: calls without device= cannot run
             ctx = os.environ.get("PYOPENCL_CTX", "")
             why = (f"the default device [{index}] {default.name.strip()}"
@@ -300,7 +323,18 @@ class OpenCLBackend(Backend):
         return tuple(d.name.strip() for d in all_devices())
 
     def _target(self, index: int | None) -> Target:
-        return self._device_target(default_device_index() if index is None else index)
+        if index is not None:
+            return self._device_target(index)
+        default = default_device_index()
+        try:
+            return self._device_target(default)
+        except UnavailableError as exc:  # the default cannot compile: say how it was chosen
+            ctx = os.environ.get("PYOPENCL_CTX")
+            working = [i for i, d in enumerate(all_devices()) if not build_problem(d)]
+            raise UnavailableError(
+                f"{exc} (the default device{f', chosen by PYOPENCL_CTX={ctx!r}' if ctx else ''})"
+                + ("; pass " + " or ".join(f"device={i}" for i in working) if working else "")
+            ) from None
 
     def _device_target(self, index: int) -> Target:
         d = all_devices()[index]
@@ -376,6 +410,9 @@ class OpenCLBackend(Backend):
             raise InvalidValueError(
                 f"{spec.name}: needs {program.local_mem} bytes of local memory per work-group, "
                 f"more than the device limit local_mem_size={device.local_mem_size} on {name}")
+
+    def check_problem(self, operands: Any, prob: GemmProblem, target: Target) -> None:
+        self._check_sizes(target.handle, prob)
 
     @staticmethod
     def _check_sizes(device: Any, prob: GemmProblem) -> None:
@@ -551,7 +588,8 @@ class OpenCLBackend(Backend):
         shape3 = (prob.batch, prob.m, prob.n)
         if c.kind != "opencl":
             host = np.ascontiguousarray(
-                np.broadcast_to(np.asarray(c.obj, dtype=prob.dtype), prob.out_shape))
+                np.broadcast_to(np.asarray(rounded_to_result(c.obj, prob), dtype=prob.dtype),
+                                prob.out_shape))
             cl.enqueue_copy(target.queue, dest.base_data, host,
                             dst_offset=dest.offset, is_blocking=True)
             return

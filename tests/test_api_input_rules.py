@@ -1,0 +1,214 @@
+"""NumPy's rules at the edges of the API: operands cast to a narrow result dtype before the
+product, alpha and beta checked against the caller's result dtype, a device ``c`` choosing
+where the call runs, sizes this machine cannot hold refused before anything is allocated,
+and errors that name what the caller wrote (``device=`` with a CPU-only rung, a byte-swapped
+``dtype=``, an unusable ``PYOPENCL_CTX``). ``plan`` refuses what the call refuses."""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import tilegemm
+from conftest import script_json
+from tilegemm.backends import get_backend
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
+
+HOST = ["cpu"] + (["opencl"] if get_backend("opencl").status().usable else [])
+needs_opencl = pytest.mark.skipif("opencl" not in HOST, reason="no usable OpenCL device")
+
+
+# --- operands rounded through a narrow result dtype ------------------------------------------
+
+@pytest.mark.parametrize("backend", HOST)
+@pytest.mark.parametrize("result", [np.float16, ml_dtypes.bfloat16])
+def test_operands_are_rounded_to_a_narrow_result_dtype_first(backend: str, result) -> None:
+    """np.matmul(float32, float32, dtype=float16) casts the operands to float16, then
+    multiplies: 1.00048 becomes 1.0 and the sum is exactly 0. Computing on the float32
+    values (the kernel's dtype) and rounding only the sum gave 0.00048."""
+    a = np.array([[1.00048, -1.0]], np.float32)
+    b = np.ones((2, 1), np.float32)
+    got = tilegemm.matmul(a, b, dtype=result, backend=backend)
+    assert got.dtype == np.dtype(result)
+    assert float(got[0, 0]) == 0.0
+
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((5, 37, 29), np.float32) * 3
+    b = rng.standard_normal((29, 13), np.float32) * 3
+    got = tilegemm.matmul(a, b, dtype=result, backend=backend).astype(np.float64)
+    rounded = [x.astype(result).astype(np.float64) for x in (a, b)]
+    want = np.matmul(*rounded)  # float64 sums of the rounded operands
+    # one rounding of the sum to the result dtype, plus float32 accumulation
+    eps = float(ml_dtypes.finfo(result).eps)
+    np.testing.assert_allclose(got, want, rtol=eps, atol=eps * np.abs(want).max())
+    # and the unrounded operands would be measurably off on the first case (negative control)
+    assert np.abs(np.matmul(a.astype(np.float64), b.astype(np.float64)) - want).max() > eps
+
+
+@pytest.mark.parametrize("backend", HOST)
+def test_gemm_rounds_c_to_a_float16_result(backend: str) -> None:
+    """c is cast to the result dtype (same_kind): a float32 c with float16 operands is
+    rounded to float16 before beta*c is added, as the docstring promises."""
+    got = tilegemm.gemm(np.float16([[1]]), np.float16([[-1]]), np.float32([[1.00048]]),
+                        beta=1.0, backend=backend)
+    assert got.dtype == np.float16 and float(got[0, 0]) == 0.0
+
+
+def test_float8_e5m2_gives_what_numpy_gives() -> None:
+    """ml_dtypes' float8_e5m2 reports kind "f" (the others "V"); np.matmul returns float32
+    for it, and so must tilegemm (it was refused as an uncomputed float8 result)."""
+    e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+    x = (np.arange(12, dtype=np.float32).reshape(3, 4) / 4).astype(e5m2)
+    got = tilegemm.matmul(x, x.T)
+    want = np.matmul(x, x.T)
+    assert got.dtype == want.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_a_byte_swapped_dtype_is_refused_saying_why() -> None:
+    a = np.ones((2, 2))
+    with pytest.raises(InvalidTypeError, match="non-native byte order.*give the type alone "
+                                               r"\(float64\)"):
+        tilegemm.matmul(a, a, dtype=">f8")
+
+
+# --- alpha and beta ----------------------------------------------------------------------------
+
+def test_unsigned_alpha_is_checked_against_the_callers_dtype() -> None:
+    u = np.arange(1, 10, dtype=np.uint64).reshape(3, 3)
+    big = np.uint64(2**64 - 1)  # int64's -1 once wrapped: the same products modulo 2**64
+    np.testing.assert_array_equal(tilegemm.gemm(u, u, alpha=big, backend="cpu"), big * (u @ u))
+    u32 = u.astype(np.uint32)
+    np.testing.assert_array_equal(tilegemm.gemm(u32, u32, alpha=2**31, backend="cpu"),
+                                  np.uint32(2**31) * (u32 @ u32))
+    u8 = u.astype(np.uint8)
+    with pytest.raises(InvalidValueError, match="alpha=-1 does not fit in uint8"):
+        tilegemm.gemm(u8, u8, alpha=-1, backend="cpu")  # as np.uint8(-1) refuses it
+
+
+def test_an_alpha_beyond_any_float_is_a_usage_error() -> None:
+    for dtype in (np.float32, np.int32):
+        a = np.ones((2, 2), dtype)
+        with pytest.raises(InvalidValueError, match=r"alpha=10+\.\.\.0+ \(401 characters\)"):
+            tilegemm.gemm(a, a, alpha=10**400, backend="cpu")
+
+
+def test_messages_name_the_callers_dtype_not_the_computed_one() -> None:
+    b = np.ones((2, 2), bool)
+    with pytest.raises(InvalidTypeError, match="alpha=0.5 must be an integer for a bool"):
+        tilegemm.gemm(b, b, alpha=0.5, backend="cpu")
+    spec = next(s for s in tilegemm.kernels() if "int32" not in s.dtypes
+                and get_backend(s.backend).status().usable)
+    i8 = np.ones((2, 2), np.int8)
+    with pytest.raises(InvalidTypeError,
+                       match=r"does not support dtype int8 \(computed as int32\)"):
+        tilegemm.matmul(i8, i8, kernel=spec.name, backend=spec.backend)
+
+
+# --- a device c, device= ------------------------------------------------------------------------
+
+@needs_opencl
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_a_device_c_chooses_opencl_whatever_beta_is(beta: float) -> None:
+    import pyopencl.array as cla
+
+    from tilegemm.backends.opencl import OpenCLBackend
+
+    queue = OpenCLBackend().own_device().queue
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal((7, 5), np.float32), rng.standard_normal((5, 3), np.float32))
+    c_host = rng.standard_normal((7, 3), np.float32)
+    c = cla.to_device(queue, c_host)
+    got = tilegemm.gemm(a, b, c, beta=beta)
+    assert isinstance(got, cla.Array)
+    want = a.astype(np.float64) @ b + beta * c_host
+    np.testing.assert_allclose(got.get(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidValueError, match="operands are opencl arrays but backend='cpu'"):
+        tilegemm.gemm(a, b, c, beta=beta, backend="cpu")
+    c64 = cla.to_device(queue, c_host.astype(np.float64))
+    with pytest.raises(InvalidTypeError, match="device c has dtype float64"):
+        tilegemm.gemm(a, b, c64, beta=beta)
+    np.testing.assert_array_equal(c.get(), c_host)  # untouched
+
+
+@needs_opencl
+def test_device_with_a_cpu_only_rung_says_so() -> None:
+    a = np.ones((3, 3), np.float32)
+    for call in (tilegemm.matmul, tilegemm.plan):
+        with pytest.raises(InvalidValueError) as err:
+            call(a, a, kernel="blocked", device=0)
+        text = str(err.value)
+        assert "which has no rung 'blocked'" in text and "leave device= out" in text
+        assert "usable" not in text  # OpenCL is usable here: the rung is what is missing
+
+
+# --- plan refuses what the call refuses -------------------------------------------------------
+
+@pytest.mark.parametrize("flag", [1, "no"])
+def test_plan_refuses_transpose_flags_that_are_not_booleans(flag) -> None:
+    a = np.ones((3, 3), np.float32)
+    for call in (tilegemm.plan, tilegemm.gemm):
+        with pytest.raises(InvalidTypeError, match="trans_a must be True or False"):
+            call(a, a, trans_a=flag)
+
+
+@pytest.mark.parametrize("backend", HOST)
+def test_a_product_larger_than_memory_is_refused_before_any_allocation(backend: str) -> None:
+    """A broadcast row standing for 2**36 columns would be copied (512 GiB each operand):
+    refused with the sizes, by plan and by the call alike, before anything is allocated."""
+    one = np.ones((1, 1), np.float32)
+    a, b = np.broadcast_to(one, (2, 2**36)), np.broadcast_to(one, (2**36, 2))
+    for call in (tilegemm.plan, tilegemm.matmul):
+        with pytest.raises(InvalidValueError, match="GiB"):
+            call(a, b, backend=backend)
+
+
+def test_cpu_memory_check_counts_only_the_copies_it_makes() -> None:
+    """C-ordered (or Fortran-ordered) operands of the computed dtype are read in place: only
+    the result counts for them; anything else is counted as the copy it needs."""
+    from tilegemm.backends import cpu
+    from tilegemm.problem import describe, make_problem
+
+    be = get_backend("cpu")
+    memory = cpu.physical_memory()
+    if memory is None:
+        pytest.skip("this system does not report its memory")
+    side = int((memory // 8) ** 0.5) + 1  # a float64 result just above the memory
+    row = np.broadcast_to(np.ones((1, 1)), (side, 1))
+    col = np.broadcast_to(np.ones((1, 1)), (1, side))
+    ops = [describe(row, "a"), describe(col, "b")]
+    with pytest.raises(InvalidValueError, match="more than this machine has"):
+        be.check_problem(ops, make_problem(*ops), be.target())
+    small = np.ones((64, 64))
+    ops = [describe(small, "a"), describe(small.T, "b")]
+    be.check_problem(ops, make_problem(*ops), be.target())  # nothing to refuse
+
+
+# --- PYOPENCL_CTX ------------------------------------------------------------------------------
+
+PYOPENCL_CTX_SCRIPT = """
+import json, numpy as np, tilegemm
+from tilegemm.backends import get_backend
+status = get_backend("opencl").status()
+a = np.ones((3, 3), np.float32)
+try:
+    tilegemm.matmul(a, a, backend="opencl")
+    error = ""
+except Exception as exc:
+    error = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"usable": status.usable, "reason": status.reason, "error": error,
+                  "with_device": float(tilegemm.matmul(a, a, backend="opencl",
+                                                       device=0)[0, 0])}))
+"""
+
+
+@needs_opencl
+def test_a_pyopencl_ctx_that_names_no_device_is_named_and_device_still_works() -> None:
+    got = script_json(PYOPENCL_CTX_SCRIPT, env=dict(os.environ, PYOPENCL_CTX="97"))
+    assert got["usable"] and got["with_device"] == 3.0
+    assert got["error"].startswith(f"{UnavailableError.__name__}: PYOPENCL_CTX='97' names "
+                                   "no OpenCL device here")
+    assert "pass device=" in got["error"] and "PYOPENCL_CTX='97'" in got["reason"]
