@@ -121,3 +121,18 @@ def test_output_cut_by_the_reader_is_quiet():
     r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert "Broken pipe" not in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "error" not in r.stderr and "status=141" in r.stderr, r.stderr
+
+
+def test_a_lower_case_parameter_is_refused_in_the_command_lines_words(capsys):
+    """Not the API's "unexpected keyword argument ... see tilegemm.kernels()": a shell user
+    gets the spelling to use and the command that lists parameters."""
+    assert main(["run", "--kernel", "blocked", "--backend", "cpu", "mr=8"]) == 2
+    err = capsys.readouterr().err
+    assert "rung parameters are UPPER-CASE (e.g. MR=8)" in err and "tilegemm kernels" in err
+    assert "keyword argument" not in err
+
+
+def test_two_output_formats_at_once_are_refused():
+    with pytest.raises(SystemExit) as done:
+        main(["kernels", "--json", "--markdown"])
+    assert done.value.code == 2

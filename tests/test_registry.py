@@ -180,8 +180,10 @@ def test_unknown_kernel_hint_names_a_usable_backend_first(monkeypatch):
         status=lambda: SimpleNamespace(usable=usable[n])))
     with pytest.raises(ValueError) as err:
         registry.get("shared", "cpu")
-    assert ("(kernel 'shared' is a rung of backend 'opencl', and of backends 'cuda' and "
-            "'cudac', none of them usable here: pass backend='opencl'); choices: triple_loop, "
+    # the advice right after the usable backend, the unusable ones after it, so "not usable"
+    # cannot be read as said of OpenCL
+    assert ("(kernel 'shared' is a rung of backend 'opencl': pass backend='opencl'; also of "
+            "backends 'cuda' and 'cudac', none of them usable here); choices: triple_loop, "
             "blocked") in str(err.value)
     usable["opencl"] = False
     with pytest.raises(ValueError) as err:

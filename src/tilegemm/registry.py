@@ -307,10 +307,11 @@ def _elsewhere_hint(name: str, elsewhere: list[str]) -> str:
     not_here = "not usable here" if len(others) == 1 else "none of them usable here"
     if not usable:
         return f" (kernel {name!r} is a rung of {backends_phrase(others)}, {not_here})"
-    text = f" (kernel {name!r} is a rung of {backends_phrase(usable)}"
-    if others:
-        text += f", and of {backends_phrase(others)}, {not_here}"
-    return text + f": pass backend={usable[0]!r})"
+    text = f" (kernel {name!r} is a rung of {backends_phrase(usable)}: pass " \
+        f"backend={usable[0]!r}"
+    if others:  # after the advice, so "not usable" cannot be read as said of the usable one
+        text += f"; also of {backends_phrase(others)}, {not_here}"
+    return text + ")"
 
 
 class ParametersNeedKernel(InvalidValueError):

@@ -77,6 +77,10 @@ def parse_params(items: list[str]) -> dict[str, int]:
         if not sep or not key:
             raise InvalidValueError(f"parameter {item!r} is not KEY=VALUE")
         key = key.strip()
+        if not key.isupper():  # said here in the command line's words, not the API's
+            raise InvalidValueError(f"parameter {key!r}: rung parameters are UPPER-CASE "
+                                    f"(e.g. {key.upper()}={value}); 'tilegemm kernels' lists "
+                                    "each rung's")
         try:
             number = int(value)
         except ValueError:

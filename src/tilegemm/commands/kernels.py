@@ -22,9 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only the rungs that compute this element type; with "
                              "--resources, the type compiled (default: float32). Choices are "
                              + KERNEL_TYPES_NOTE)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--markdown", action="store_true",
-                        help="print a Markdown table (the README's ladder table is made so)")
+    form = parser.add_mutually_exclusive_group()  # one output format per call
+    form.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    form.add_argument("--markdown", action="store_true",
+                      help="print a Markdown table (the README's ladder table is made so)")
 
 
 def run(args: argparse.Namespace) -> int:
