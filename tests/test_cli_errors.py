@@ -136,3 +136,11 @@ def test_two_output_formats_at_once_are_refused():
     with pytest.raises(SystemExit) as done:
         main(["kernels", "--json", "--markdown"])
     assert done.value.code == 2
+
+
+def test_an_unknown_word_after_a_subcommand_shows_that_subcommands_usage(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["info", "--nope"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: tilegemm info" in err and "unrecognized arguments: --nope" in err

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description=plain(module.__doc__),
                            formatter_class=_HelpFormatter)
         module.add_arguments(p)
-        p.set_defaults(_run=module.run, _options=frozenset(
+        p.set_defaults(_run=module.run, _parser=p, _options=frozenset(
             o for action in p._actions for o in action.option_strings))
     return parser
 
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra and hasattr(args, "params") and all(
             "=" in e and not e.startswith("-") for e in extra):
         args.params = list(args.params or []) + extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    elif extra:  # with the subcommand's own usage line, which lists what it takes
+        getattr(args, "_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_run", None):
         # No subcommand is a usage error (argparse's convention): a script that forgot it
         # must not read success.
