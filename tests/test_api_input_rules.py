@@ -106,6 +106,8 @@ def test_messages_name_the_callers_dtype_not_the_computed_one() -> None:
     with pytest.raises(InvalidTypeError,
                        match=r"does not support dtype int8 \(computed as int32\)"):
         tilegemm.matmul(i8, i8, kernel=spec.name, backend=spec.backend)
+    with pytest.raises(InvalidTypeError, match="float32 operands; int8 products support"):
+        tilegemm.matmul(i8, i8, precision="tf32")
 
 
 # --- a device c, device= ------------------------------------------------------------------------

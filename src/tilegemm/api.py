@@ -228,7 +228,8 @@ def _decide(
         prob = replace(prob, result_dtype=None, operand_dtype=prob.result_dtype)
     prob = _tensor_core_half(prob, be)
     asked_auto = kernel == AUTO and not params
-    kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params)
+    kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params,
+                                     prob.out_dtype)
     source = "requested"
     if asked_auto and kernel != AUTO:  # a tensor-core rung: its tuned parameters, if any
         tuned = tuned_precision_params(be, target, prob, kernel, precision or "ieee")

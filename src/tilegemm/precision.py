@@ -52,8 +52,12 @@ def reduced(spec: registry.KernelSpec) -> bool:
 
 
 def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.dtype,
-                    params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """The (kernel, params) that compute ``precision``; a clear error when nothing can."""
+                    params: dict[str, Any], shown: np.dtype | None = None,
+                    ) -> tuple[str, dict[str, Any]]:
+    """The (kernel, params) that compute ``precision``; a clear error when nothing can.
+
+    ``shown``: the caller's result dtype, named in errors when ``dtype`` (what the kernel
+    computes) differs from it (an int8 product is computed in int32)."""
     p = IEEE if precision is None else precision
     if p not in PRECISIONS:
         raise InvalidValueError(f"unknown precision {precision!r}; choices: "
@@ -74,7 +78,8 @@ def apply_precision(precision: str | None, kernel: str, backend: str, dtype: np.
                     f"precision= one of {', '.join(map(repr, spec.precisions))}")
         return kernel, params
     if dtype != np.float32:
-        raise InvalidTypeError(f"precision={p!r} applies to float32 operands; {dtype.name} "
+        name = np.dtype(shown if shown is not None else dtype).name
+        raise InvalidTypeError(f"precision={p!r} applies to float32 operands; {name} "
                                f"products support only precision='ieee'")
     specs = [s for s in registry.specs_for(backend) if p in s.precisions]
     if not specs:
