@@ -168,7 +168,8 @@ with warnings.catch_warnings(record=True) as caught:
     value = m.entry(2.0)
 print(json.dumps({"at_import": at_import, "stats": compile_cache.STATS, "value": value,
                   "helper_signatures": len(m.helper.signatures), "refreshes": len(refreshes),
-                  "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
+                  "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
+                  "warned_at": [w.filename for w in caught]}))
 """
 
 
@@ -195,18 +196,22 @@ def test_a_warm_cache_loads_only_what_python_calls_when_it_calls_it(tmp_path, mo
     # registries (QuickLoadCache), which only compiling needs
     assert again == {"at_import": {"compiled": 0, "loaded": 1},
                      "stats": {"compiled": 0, "loaded": 2}, "value": 7.0,
-                     "helper_signatures": 0, "refreshes": 0, "warnings": []}
+                     "helper_signatures": 0, "refreshes": 0, "warnings": [],
+                     "warned_at": []}
 
 
+@pytest.mark.parametrize("damaged_file", ["nbc", "nbi"])  # the code, or the index
 def test_a_damaged_entry_loaded_on_first_call_warns_and_is_compiled_again(tmp_path,
-                                                                         monkeypatch):
+                                                                         monkeypatch,
+                                                                         damaged_file):
     env = _filled_cache(tmp_path, monkeypatch, 5)
-    damaged = list((tmp_path / "cpu" / "__pycache__").glob("*.entry-*.nbc"))
+    damaged = list((tmp_path / "cpu" / "__pycache__").glob(f"*.entry-*.{damaged_file}"))
     assert damaged
     for f in damaged:
         f.write_bytes(f.read_bytes()[:40])  # truncated
     again = script_json(LOAD, _source(5), env=env)
     assert again["value"] == 11.0
+    assert again["warned_at"] == ["<string>"]  # the caller's line, not Numba's
     [warning] = again["warnings"]
     assert warning.startswith("CompileCacheWarning: kernel cache entry of ")
     assert ".entry (in " in warning and "could not be loaded" in warning, warning
@@ -411,3 +416,45 @@ def test_the_rungs_micro_kernel_compiles_as_the_eager_one():
     eager_fn = k02_blocked.micro_kernel(4, 8, dtype)
     eager = _instructions(eager_fn.inspect_asm(eager_fn.signatures[0]))
     assert lazy and lazy == eager
+
+
+FORK_WHILE_HELD = """
+import json, os, signal, sys, threading
+import numba
+from numba.core.compiler_lock import global_compiler_lock
+from tilegemm.kernels.cpu import _slp
+from tilegemm.kernels.cpu._lazy import njit_when_called
+
+with _slp.vector_width(256):
+    @njit_when_called(numba.float64(numba.float64))
+    def plus(x):
+        return x + 1
+
+# Another thread inside a settings block and Numba's compiler lock (as a rung function
+# loading on its first call is) when the main thread forks.
+held, done = threading.Event(), threading.Event()
+
+def holder():
+    with _slp.slp_enabled(), _slp.vector_width(512), global_compiler_lock:
+        held.set()
+        done.wait(60)
+
+threading.Thread(target=holder, daemon=True).start()
+held.wait(60)
+pid = os.fork()
+if pid == 0:
+    signal.alarm(60)  # a hang ends the child with SIGALRM instead of the test run
+    from numba.core import config
+    ok = plus(1.0) == 2.0 and not _slp._WIDTHS and config.SLP_VECTORIZE == 0
+    os._exit(0 if ok else 1)
+_, status = os.waitpid(pid, 0)
+done.set()
+print(json.dumps({"child": os.waitstatus_to_exitcode(status)}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_while_another_thread_compiles_does_not_hang():
+    """The other thread does not exist in the child: the locks it held, and the settings
+    it had in force, are released there (they used to hang the child's first compile)."""
+    assert script_json(FORK_WHILE_HELD, timeout=120) == {"child": 0}

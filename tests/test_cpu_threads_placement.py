@@ -110,3 +110,51 @@ def test_pinning_can_be_turned_off() -> None:
     assert got["workers"], "the threads Numba's pool started were not found"
     for cpus in got["workers"].values():
         assert cpus == got["allowed"]
+
+
+CONCURRENT = """
+import json, os, threading
+import numpy as np
+import tilegemm
+from tilegemm.kernels.cpu import _threads
+
+a = np.random.default_rng(1).standard_normal((200, 200))
+tilegemm.matmul(a[:4, :4], a[:4, :4], kernel="blocked", backend="cpu")  # loads, no pool
+barrier = threading.Barrier(8)
+errors = []
+
+def first_threaded_product():
+    barrier.wait()
+    c = tilegemm.matmul(a, a, kernel="blocked", backend="cpu")
+    errors.append(float(np.abs(c - a @ a).max()))
+
+threads = [threading.Thread(target=first_threaded_product) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps({"error": max(errors), "workers": _threads._pool_tids.get(os.getpid(), [])}))
+"""
+
+
+@pytest.mark.slow
+@needs_two_cpus
+def test_workers_found_when_many_threads_make_their_first_product_at_once() -> None:
+    """Eight threads' first threaded products at once: their watches used up the budget
+    before one of them started Numba's pool, which was then never found (nor placed)."""
+    out = subprocess.run(
+        [sys.executable, "-c", CONCURRENT], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(SRC), "NUMBA_NUM_THREADS": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["error"] < 1e-9
+    assert got["workers"], "the threads Numba's pool started were not found"
+
+
+def test_the_call_that_starts_the_pool_is_watched_even_past_the_budget(monkeypatch) -> None:
+    """Concurrent first products (a thread pool's) can use up ``WATCHES`` before any of
+    them starts Numba's pool; the one that starts it (pool_threads) still watches."""
+    monkeypatch.setattr(_threads, "_pool_tids", {})
+    monkeypatch.setattr(_threads, "_watches", {os.getpid(): _threads.PoolWatch.WATCHES})
+    assert _threads.PoolWatch().before is None
+    assert _threads.PoolWatch(always=True).before is not None

@@ -228,3 +228,31 @@ def test_shared_memory_message_names_only_the_rungs_own_parameters(kernel, named
     assert f"needs {need} bytes of shared memory" in text
     assert text.endswith(f"; choose a smaller {named}")
     assert absent not in text.split(";")[-1]
+
+
+def test_a_program_is_built_once_when_threads_ask_for_it_at_once():
+    """A thread pool's first products all ask for the same program: one builds it, the
+    others wait and get the same object (each used to run its own build)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    calls = []
+
+    @registry._BuiltOnce
+    def build(name):
+        calls.append(name)
+        time.sleep(0.2)  # long enough for every thread to arrive meanwhile
+        return object()
+
+    barrier = threading.Barrier(6)
+
+    def ask(_):
+        barrier.wait()
+        return build("k")
+
+    with ThreadPoolExecutor(6) as pool:
+        got = list(pool.map(ask, range(6)))
+    assert calls == ["k"] and all(g is got[0] for g in got)
+    build.cache_clear()
+    assert build("k") is not got[0] and calls == ["k", "k"]

@@ -68,7 +68,13 @@ def user_stacklevel() -> int:
     import sys
 
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+    while frame is not None and (frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+                                 or frame.f_globals.get("__name__", "").startswith(_NOT_USERS)):
         frame, level = frame.f_back, level + 1
     return level
+
+
+# Code between tilegemm's frames that is never the user's: Numba (a compiled rung loading
+# its code on its first call) and tilegemm's generated kernel modules, kept in the cache.
+_NOT_USERS = ("numba.", "llvmlite.", "tilegemm_kernel_")
 

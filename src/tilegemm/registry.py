@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cache
@@ -229,7 +230,37 @@ class KernelSpec:
         return _build(self, tuple(sorted(params.items())), np.dtype(dtype).name)
 
 
-@cache
+class _BuiltOnce:
+    """``functools.cache`` for compiled programs, built once per key even when several
+    threads ask for one at the same time (a thread pool's first products): the others
+    wait for that build instead of each building (compiling, or loading from the disk
+    cache) its own copy. ``__wrapped__`` builds afresh; ``cache_clear`` forgets."""
+
+    def __init__(self, func: Callable[..., Any]) -> None:
+        self.__wrapped__ = func
+        self._done: dict[tuple[Any, ...], Any] = {}
+        self._locks: dict[tuple[Any, ...], threading.RLock] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, *key: Any) -> Any:
+        try:
+            return self._done[key]
+        except KeyError:
+            pass
+        with self._lock:
+            lock = self._locks.setdefault(key, threading.RLock())
+        with lock:
+            if key not in self._done:  # a failed build is not kept: the next call retries
+                self._done[key] = self.__wrapped__(*key)
+            return self._done[key]
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            self._done.clear()
+            self._locks.clear()
+
+
+@_BuiltOnce
 def _build(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str) -> Any:
     from tilegemm.compile_cache import describing  # how `tilegemm cache` lists what it keeps
 

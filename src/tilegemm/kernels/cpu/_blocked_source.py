@@ -19,7 +19,12 @@ from tilegemm.kernels.cpu._lazy import load_compiled
 from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
-from tilegemm.kernels.cpu._threads import PoolWatch, parallel_unsafe, place_workers
+from tilegemm.kernels.cpu._threads import (
+    PoolWatch,
+    parallel_unsafe,
+    place_workers,
+    pool_threads,
+)
 from tilegemm.kernels.cpu._vector_tile import applies, tile_loop, tile_store
 from tilegemm.kernels.cpu._workspace import workspace
 
@@ -594,8 +599,7 @@ def blocked(A, B, C, alpha, beta, tr=0):
     if parallel_unsafe():  # a forked child where a parallel region would be killed
         blocked_serial(A, B, C, alpha, beta, tr)
         return
-    with PoolWatch():  # Numba starts its thread pool on first use: here, or in a call below
-        nthreads = numba.get_num_threads()
+    nthreads = pool_threads()  # the first starts Numba's pool, where tilegemm sees it
     k = A.shape[1] if tr & 1 else A.shape[2]
     if nthreads > 1 and C.size * k > DIRECT_PRODUCT:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)

@@ -28,6 +28,9 @@ nothing. A compilation still does it first, as Numba always does.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
@@ -89,6 +92,22 @@ def load_compiled(functions: tuple[Any, ...], called_from_python: tuple[Any, ...
             f.ensure()
 
 
+def _after_fork_in_child() -> None:
+    """A child forked while another thread of the parent held Numba's compiler lock (a
+    rung function loading or compiling on its first call, say): that thread does not exist
+    here and would never release it, so the child's first compile would wait for ever.
+    The child gets a free lock instead (one held by the forking thread itself is kept)."""
+    lock = global_compiler_lock._lock
+    if lock.acquire(blocking=False):
+        lock.release()
+    else:
+        global_compiler_lock._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class QuickLoadCache(FunctionCache):
     """Numba's on-disk cache of one function, loading without the registry set-up.
 
@@ -101,7 +120,8 @@ class QuickLoadCache(FunctionCache):
 
     An entry that cannot be loaded (a truncated or damaged file, an index written by
     another process mid-way) gives a :class:`~tilegemm.compile_cache.CompileCacheWarning`
-    and counts as absent: the function is compiled again and its entry rewritten. At import
+    and counts as absent: its index is emptied (Numba would fail to read it again when
+    saving), the function is compiled again and its entry rewritten. At import
     :mod:`tilegemm.compile_cache` handles damage the same way for the whole module; this
     covers functions loaded later, on their first call.
     """
@@ -112,6 +132,8 @@ class QuickLoadCache(FunctionCache):
             with self._guard_against_spurious_io_errors():
                 return self._load_overload(sig, target_context)
         except Exception as exc:  # noqa: BLE001 - any damage: compile instead
+            with contextlib.suppress(OSError):  # unwritable: the compile is just not kept
+                self.flush()  # an empty index, written whole (Numba's own)
             func = self._py_func
             warnings.warn(f"kernel cache entry of {func.__module__}.{func.__qualname__} "
                           f"(in {self._cache_path}) could not be loaded "

@@ -22,6 +22,7 @@ compiles its rung.
 from __future__ import annotations
 
 import functools
+import os
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from contextlib import contextmanager
 # holds them, and with one lock no two threads can take the two in opposite orders.
 _LOCK = threading.RLock()
 _WIDTHS: list[int | None] = []  # the vector widths in force, innermost last
+_SLP_BEFORE: list[int] = []  # Numba's SLP setting outside each slp_enabled block in force
 
 
 @contextmanager
@@ -41,11 +43,13 @@ def slp_enabled() -> Iterator[None]:
 
     with _LOCK:
         old = config.SLP_VECTORIZE
+        _SLP_BEFORE.append(old)
         config.SLP_VECTORIZE = 1
         try:
             yield
         finally:
             config.SLP_VECTORIZE = old
+            _SLP_BEFORE.pop()
 
 
 _DEFINE = re.compile(r"^(define [^\n]*?)\s*(\{?)[ \t]*$", re.M)
@@ -101,6 +105,32 @@ def _width_adder(bits: int) -> Callable:
         self.add_llvm_module(ll_module)
 
     return add_ir_module
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread of the parent was inside a settings block (a
+    rung function compiling or loading on its first call): that thread does not exist
+    here, so its block never ends and the lock it holds would hang the child's first
+    compile for ever. Start the child with no block in force and a free lock."""
+    global _LOCK
+    if _LOCK.acquire(blocking=False):  # free, or held by this (the forking) thread
+        _LOCK.release()
+        return
+    _LOCK = threading.RLock()
+    _WIDTHS.clear()
+    if _PRISTINE:
+        from numba.core import codegen
+
+        codegen.CPUCodeLibrary.add_ir_module = _PRISTINE[0]
+    if _SLP_BEFORE:
+        from numba.core import config
+
+        config.SLP_VECTORIZE = _SLP_BEFORE[0]
+        _SLP_BEFORE.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def current_vector_width() -> int | None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+import threading
 from pathlib import Path
 
 # The name Numba asks the dynamic loader for (TBB's binary interface since oneTBB 2021).
@@ -190,10 +191,12 @@ class PoolWatch:
 
     WATCHES = 7
 
-    def __init__(self) -> None:
+    def __init__(self, always: bool = False) -> None:
+        """``always``: watch even when ``WATCHES`` are used up (the one call that starts
+        the pool, :func:`pool_threads`)."""
         pid = os.getpid()
         self.before: set[int] | None = None
-        if not _pool_tids.get(pid) and _watches.get(pid, 0) < self.WATCHES:
+        if not _pool_tids.get(pid) and (always or _watches.get(pid, 0) < self.WATCHES):
             _watches[pid] = _watches.get(pid, 0) + 1
             self.before = _thread_ids()
 
@@ -210,13 +213,26 @@ class PoolWatch:
 
 
 _watches: dict[int, int] = {}  # pid -> how many times PoolWatch looked
+_starting = threading.Lock()
+
+
+def pool_threads() -> int:
+    """``numba.get_num_threads()``, whose first call starts Numba's thread pool: that first
+    call is made by one thread at a time, inside a :class:`PoolWatch`, so the pool's
+    threads are seen even when many threads make their first product at once (there,
+    concurrent watches used up ``WATCHES`` before the pool started, and it was never
+    placed)."""
+    import numba
+
+    if _numba_layer_started():
+        return numba.get_num_threads()
+    with _starting, PoolWatch(always=True):
+        return numba.get_num_threads()
 
 
 def _python_thread_ids() -> set[int]:
     """The kernel thread ids of the threads Python's ``threading`` knows (every thread that
     runs Python code, the main thread included)."""
-    import threading
-
     return {t.native_id for t in threading.enumerate() if t.native_id is not None}
 
 
