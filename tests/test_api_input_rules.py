@@ -168,25 +168,44 @@ def test_a_product_larger_than_memory_is_refused_before_any_allocation(backend: 
             call(a, b, backend=backend)
 
 
-def test_cpu_memory_check_counts_only_the_copies_it_makes() -> None:
-    """C-ordered (or Fortran-ordered) operands of the computed dtype are read in place: only
-    the result counts for them; anything else is counted as the copy it needs."""
+def test_cpu_memory_check_counts_only_the_copies_it_makes(monkeypatch) -> None:
+    """C-ordered (or Fortran-ordered) operands of the computed dtype are read in place and a
+    result written into a C-ordered ``out`` needs nothing; any other operand is counted as
+    the copy it needs. Checked with the machine's memory set between the two totals."""
     from tilegemm.backends import cpu
     from tilegemm.problem import describe, make_problem
 
     be = get_backend("cpu")
-    memory = cpu.physical_memory()
-    if memory is None:
-        pytest.skip("this system does not report its memory")
-    side = int((memory // 8) ** 0.5) + 1  # a float64 result just above the memory
-    row = np.broadcast_to(np.ones((1, 1)), (side, 1))
-    col = np.broadcast_to(np.ones((1, 1)), (1, side))
-    ops = [describe(row, "a"), describe(col, "b")]
-    with pytest.raises(InvalidValueError, match="more than this machine has"):
-        be.check_problem(ops, make_problem(*ops), be.target())
-    small = np.ones((64, 64))
-    ops = [describe(small, "a"), describe(small.T, "b")]
-    be.check_problem(ops, make_problem(*ops), be.target())  # nothing to refuse
+    a = np.ones((64, 64))
+    result = a.nbytes
+    monkeypatch.setattr(cpu, "physical_memory", lambda: result + a.nbytes // 2)
+
+    def check(x, y, out=None):
+        ops = [describe(x, "a"), describe(y, "b")]
+        be.check_problem(ops, make_problem(*ops), be.target(), out)
+
+    check(a, a)  # read in place: the result alone fits
+    check(a, np.asfortranarray(a))
+    for copied in (a[:, ::-1], a.astype(np.float32), np.broadcast_to(a[:1], a.shape)):
+        with pytest.raises(InvalidValueError, match="more than this machine has"):
+            check(a, copied)  # + a copy of 32 KiB: over
+    monkeypatch.setattr(cpu, "physical_memory", lambda: a.nbytes // 2)
+    with pytest.raises(InvalidValueError, match="or pass out="):
+        check(a, a)  # the result alone is over
+    check(a, a, out=np.empty((64, 64)))  # written into out: nothing allocated
+    check(a, np.asfortranarray(a), out=np.empty((1, 64, 64)))
+
+
+@needs_opencl
+def test_plan_takes_a_device_c_which_chooses_the_backend() -> None:
+    import pyopencl.array as cla
+
+    from tilegemm.backends.opencl import OpenCLBackend
+
+    a = np.ones((4, 4), np.float32)
+    c = cla.to_device(OpenCLBackend().own_device().queue, a)
+    assert tilegemm.plan(a, a).backend == "cpu"
+    assert tilegemm.plan(a, a, c).backend == "opencl"
 
 
 # --- PYOPENCL_CTX ------------------------------------------------------------------------------
@@ -214,3 +233,23 @@ def test_a_pyopencl_ctx_that_names_no_device_is_named_and_device_still_works() -
     assert got["error"].startswith(f"{UnavailableError.__name__}: PYOPENCL_CTX='97' names "
                                    "no OpenCL device here")
     assert "pass device=" in got["error"] and "PYOPENCL_CTX='97'" in got["reason"]
+
+
+@pytest.mark.cudasim
+def test_a_float32_device_c_with_16_bit_operands_on_tensor_cores() -> None:
+    """float16 operands with dtype=float32 write float32 sums on tensor cores, so a float32
+    device c is the result's dtype (it was refused, compared with the operands' float16)."""
+    from numba import cuda
+
+    rng = np.random.default_rng(2)
+    a = rng.uniform(-1, 1, (4, 16)).astype(np.float16)
+    b = rng.uniform(-1, 1, (16, 8)).astype(np.float16)
+    c = rng.uniform(-1, 1, (4, 8)).astype(np.float32)
+    got = tilegemm.gemm(cuda.to_device(a), cuda.to_device(b), cuda.to_device(c), beta=1.0,
+                        dtype=np.float32, backend="cuda")
+    want = a.astype(np.float64) @ b.astype(np.float64) + c
+    np.testing.assert_allclose(got.copy_to_host(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InvalidTypeError, match="device c has dtype float64, the result is "
+                                               "float32"):
+        tilegemm.gemm(cuda.to_device(a), cuda.to_device(b), cuda.to_device(c.astype(np.float64)),
+                      beta=1.0, dtype=np.float32, backend="cuda")

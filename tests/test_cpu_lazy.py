@@ -455,6 +455,9 @@ print(json.dumps({"child": os.waitstatus_to_exitcode(status)}))
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_child_forked_while_another_thread_compiles_does_not_hang():
-    """The other thread does not exist in the child: the locks it held, and the settings
-    it had in force, are released there (they used to hang the child's first compile)."""
+    """The other thread does not exist in the child: the Python-level locks it held (the
+    settings lock, Numba's compiler lock), and the settings it had in force, are released
+    there (they used to hang the child's first compile). A thread caught inside LLVM itself
+    holds LLVM's own mutexes, which no fork handler can free: forking a process whose
+    other threads compile remains unsafe, as POSIX says of any multi-threaded fork."""
     assert script_json(FORK_WHILE_HELD, timeout=120) == {"child": 0}

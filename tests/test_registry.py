@@ -256,3 +256,34 @@ def test_a_program_is_built_once_when_threads_ask_for_it_at_once():
     assert calls == ["k"] and all(g is got[0] for g in got)
     build.cache_clear()
     assert build("k") is not got[0] and calls == ["k", "k"]
+
+
+def test_a_child_forked_during_a_build_builds_on_its_own():
+    """A build another thread was running when the process forked never ends in the child:
+    the child's own call builds instead of waiting for ever."""
+    import os
+    import signal
+    import threading
+
+    if not hasattr(os, "fork"):
+        pytest.skip("needs os.fork")
+    started, release = threading.Event(), threading.Event()
+
+    @registry._BuiltOnce
+    def build(name):
+        if threading.current_thread() is not threading.main_thread():
+            started.set()
+            release.wait(30)
+        return name
+
+    other = threading.Thread(target=build, args=("k",))
+    other.start()
+    started.wait(30)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(30)
+        os._exit(0 if build("k") == "k" else 1)
+    _, status = os.waitpid(pid, 0)
+    release.set()
+    other.join(30)
+    assert os.waitstatus_to_exitcode(status) == 0

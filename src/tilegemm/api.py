@@ -189,6 +189,7 @@ def decide(
     ops: list[Operand], prob: GemmProblem, *, kernel: str = AUTO, backend: str = AUTO,
     device: int | None = None, precision: str | None = None,
     params: dict[str, Any] | None = None, stream: Any = None, float32_out: bool = False,
+    out: Any = None,
 ) -> Decision:
     """The backend, device, rung and parameters for ``prob``, with every check a call makes
     on them. :func:`gemm` runs what this returns and :func:`tilegemm.plan` reports it, so
@@ -196,11 +197,12 @@ def decide(
 
     ``float32_out``: the caller passed a float32 ``out`` for float16/bfloat16 operands; a
     backend with tensor-core rungs for them then writes the float32 sums directly.
+    ``out``: the caller's output array, if any (a result written into it needs no memory).
     """
     chosen = _decide(ops, prob, kernel=kernel, backend=backend, device=device,
                      precision=precision, params=params, stream=stream,
                      float32_out=float32_out)
-    chosen.backend.check_problem(ops, chosen.prob, chosen.target)  # memory, sizes
+    chosen.backend.check_problem(ops, chosen.prob, chosen.target, out)  # memory, sizes
     return chosen
 
 
@@ -348,14 +350,13 @@ def gemm(
         ops.append(c_op)  # a device c chooses where the call runs, whatever beta is
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params, stream=stream,
-                    float32_out=float32_out)
+                    float32_out=float32_out, out=out)
     be, target, prob, spec, resolved = (chosen.backend, chosen.target, chosen.prob,
                                         chosen.spec, chosen.params)
-    if c_op is not None and c_op.kind != "host" and c_op.dtype != prob.dtype:
+    if c_op is not None and c_op.kind != "host" and c_op.dtype != prob.store_dtype:
         raise InvalidTypeError(
             f"gemm: device c has dtype {c_op.dtype.name}, the result is "
-            f"{prob.dtype.name}; cast it on the device first")
-    resolve_scalars(prob, alpha, beta)  # an alpha or beta the result cannot hold: refused now
+            f"{prob.store_dtype.name}; cast it on the device first")
     data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
     if data_kind != "host" and prob.result_dtype is not None:
         raise InvalidTypeError(
@@ -371,6 +372,8 @@ def gemm(
     # The conversions below (operands and c to the rung's type, the result to NumPy's
     # result type or into out) may overflow: NumPy's warning then names the caller's line.
     with fp_warnings_at_caller():
+        # as the kernel's dtype: an alpha the result cannot hold is refused before the run
+        alpha, beta = resolve_scalars(prob, alpha, beta)
         try:
             result = be.run(spec, resolved, prob, ops[0], ops[1], c_op,
                             out if direct else None, alpha, beta, target=target, **extra)

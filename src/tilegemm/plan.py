@@ -46,7 +46,7 @@ class Plan:
         return text + (f"; {self.path}" if self.path else "")
 
 
-def plan(a: Any, b: Any, *, kernel: str = "auto", backend: str = "auto",
+def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = "auto",
          device: int | None = None, trans_a: bool = False, trans_b: bool = False,
          precision: str | None = None, dtype: Any = None, **params: Any) -> Plan:
     """The backend, rung and parameters ``matmul``/``gemm`` would use for these operands, and
@@ -54,9 +54,12 @@ def plan(a: Any, b: Any, *, kernel: str = "auto", backend: str = "auto",
 
     Runs the same checks on ``a``, ``b`` and the options, and makes the same decision, as a
     call (the very code ``matmul`` runs), and nothing else: no compilation, no launch, no
-    copy. ``out``, ``c``, ``alpha`` and ``beta`` do not change the decision and are not
-    taken here, so their checks happen only in the call. Returns a :class:`Plan`; raises
-    what ``matmul`` raises for the same operands and options.
+    copy. ``c`` is ``gemm``'s: only where it lives matters (a device ``c`` chooses the
+    backend, as device operands do). ``out``, ``alpha`` and ``beta`` do not change the
+    decision and are not taken here, so their checks happen only in the call (an ``out``
+    the result is written into can also make a product fit in memory that would not fit
+    otherwise). Returns a :class:`Plan`; raises what ``matmul`` raises for the same
+    operands and options.
     """
     from tilegemm.api import _check_params_are_upper_case, decide
     from tilegemm.problem import describe, make_problem
@@ -64,6 +67,8 @@ def plan(a: Any, b: Any, *, kernel: str = "auto", backend: str = "auto",
     _check_params_are_upper_case(params)
     ops = [describe(a, "a"), describe(b, "b")]
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
+    if c is not None:
+        ops.append(describe(c, "c"))
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params)
     spec, prob = chosen.spec, chosen.prob

@@ -13,6 +13,7 @@ with the same predicates, and error messages quote the constraint text.
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -241,6 +242,15 @@ class _BuiltOnce:
         self._done: dict[tuple[Any, ...], Any] = {}
         self._locks: dict[tuple[Any, ...], threading.RLock] = {}
         self._lock = threading.Lock()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    def _after_fork_in_child(self) -> None:
+        # A build another thread of the parent was running never ends here; its lock would
+        # hang the child's first call for the same program. Fresh locks; what was built
+        # stays built.
+        self._lock = threading.Lock()
+        self._locks = {}
 
     def __call__(self, *key: Any) -> Any:
         try:

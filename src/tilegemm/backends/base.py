@@ -141,6 +141,8 @@ def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]
     result, a number too large for a float (an int such as ``10**400``) is refused.
     """
     t = prob.dtype.type
+    if type(alpha) is t and type(beta) is t:  # resolved already (gemm does it first)
+        return alpha, beta
     shown = prob.out_dtype
     if prob.dtype.kind in "iu":
         checked = shown if shown.kind in "iu" else prob.dtype  # bool: the computed range
@@ -265,9 +267,10 @@ class Backend(ABC):
         check_block_limits(spec, params, dtype, target or self.target())
 
     def check_problem(self, operands: Sequence[Operand], prob: GemmProblem,
-                      target: Target) -> None:
+                      target: Target, out: Any = None) -> None:
         """Refuse a product this device cannot hold (its memory), before anything is
-        allocated; :func:`tilegemm.api.decide` calls it, so ``plan`` refuses it too."""
+        allocated; :func:`tilegemm.api.decide` calls it, so ``plan`` refuses it too.
+        ``out``: the caller's output array, if any."""
 
     @abstractmethod
     def run(

@@ -178,7 +178,8 @@ class CpuBackend(Backend):
     def device_details(self, target: Target) -> dict[str, Any]:
         return {"device": target.name}
 
-    def check_problem(self, operands: Any, prob: GemmProblem, target: Target) -> None:
+    def check_problem(self, operands: Any, prob: GemmProblem, target: Target,
+                      out: Any = None) -> None:
         """Refuse a product whose result and operand copies exceed this machine's memory.
 
         The rung reads C-ordered (or, 2-D, Fortran-ordered) arrays of the computed dtype
@@ -191,7 +192,11 @@ class CpuBackend(Backend):
         if memory is None:
             return
         item = prob.dtype.itemsize
-        result = prob.batch * prob.m * prob.n * item
+        # written straight into out (a C-ordered array of the computed dtype, say an
+        # np.memmap larger than memory): nothing to allocate for the result
+        direct = (isinstance(out, np.ndarray) and out.dtype == prob.dtype
+                  and out.flags.c_contiguous and out.size == prob.batch * prob.m * prob.n)
+        result = 0 if direct else prob.batch * prob.m * prob.n * item
         copies = 0
         for op, which in zip(operands[:2], "ab", strict=False):
             x = op.obj
@@ -207,7 +212,8 @@ class CpuBackend(Backend):
                 f"this product needs {_gib(result + copies)} of memory (the result "
                 f"{_gib(result)}, copies of operands that are not C-ordered "
                 f"{prob.dtype.name} arrays {_gib(copies)}), more than this machine has "
-                f"({_gib(memory)}); split it into smaller products")
+                f"({_gib(memory)}); split it into smaller products (or pass out=, a "
+                "C-ordered array of the result, to write into)")
 
     def cache_flusher(self, target: Target | None = None) -> Any:
         buf = np.empty(HOST_FLUSH_BYTES // 8, dtype=np.float64)

@@ -411,7 +411,8 @@ class OpenCLBackend(Backend):
                 f"{spec.name}: needs {program.local_mem} bytes of local memory per work-group, "
                 f"more than the device limit local_mem_size={device.local_mem_size} on {name}")
 
-    def check_problem(self, operands: Any, prob: GemmProblem, target: Target) -> None:
+    def check_problem(self, operands: Any, prob: GemmProblem, target: Target,
+                      out: Any = None) -> None:
         self._check_sizes(target.handle, prob)
 
     @staticmethod

@@ -596,6 +596,9 @@ def blocked(A, B, C, alpha, beta, tr=0):
         small(A, B, C, alpha, beta)
         return
     A, B, tr = _plain_unless_packed(A, B, C, tr)
+    if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:  # small, given transposed
+        small(A, B, C, alpha, beta)
+        return
     if parallel_unsafe():  # a forked child where a parallel region would be killed
         blocked_serial(A, B, C, alpha, beta, tr)
         return

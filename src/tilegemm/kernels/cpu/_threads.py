@@ -113,8 +113,9 @@ def _openmp_running() -> bool:
 
 
 def _after_fork_in_child() -> None:
-    global _forked_after_openmp
+    global _forked_after_openmp, _starting
     _forked_after_openmp = _forked_after_openmp or _openmp_running()
+    _starting = threading.Lock()  # another thread of the parent may have held it
 
 
 if hasattr(os, "register_at_fork"):
