@@ -89,6 +89,30 @@ def test_unsigned_alpha_is_checked_against_the_callers_dtype() -> None:
         tilegemm.gemm(u8, u8, alpha=-1, backend="cpu")  # as np.uint8(-1) refuses it
 
 
+def test_numpy_typed_scalars_are_checked_like_python_ones() -> None:
+    """An np.int32 alpha is the type an int8/uint8 product is computed in: it must still fit
+    the caller's dtype (300 wrapped silently to 44 when the check was skipped for it)."""
+    u8 = np.ones((2, 2), np.uint8)
+    with pytest.raises(InvalidValueError, match=r"alpha=np.int32\(300\) does not fit in uint8"):
+        tilegemm.gemm(u8, u8, np.zeros((2, 2), np.uint8), alpha=np.int32(300),
+                      beta=np.int32(0), backend="cpu")
+    u64 = np.ones((2, 2), np.uint64)
+    with pytest.raises(InvalidValueError, match="does not fit in uint64"):
+        tilegemm.gemm(u64, u64, alpha=np.int64(-1), beta=np.int64(0), backend="cpu")
+
+
+def test_an_overflowing_alpha_warns_once_at_the_callers_line() -> None:
+    import warnings
+
+    a = np.ones((2, 2), np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = tilegemm.gemm(a, a, alpha=1e300, backend="cpu")
+    assert np.isinf(got).all()  # as NumPy: float32(1e300) is inf
+    overflow = [w for w in caught if "overflow" in str(w.message)]
+    assert len(overflow) == 1 and overflow[0].filename == __file__
+
+
 def test_an_alpha_beyond_any_float_is_a_usage_error() -> None:
     for dtype in (np.float32, np.int32):
         a = np.ones((2, 2), dtype)
@@ -193,7 +217,10 @@ def test_cpu_memory_check_counts_only_the_copies_it_makes(monkeypatch) -> None:
     with pytest.raises(InvalidValueError, match="or pass out="):
         check(a, a)  # the result alone is over
     check(a, a, out=np.empty((64, 64)))  # written into out: nothing allocated
-    check(a, np.asfortranarray(a), out=np.empty((1, 64, 64)))
+    check(a, np.asfortranarray(a), out=np.empty((64, 64)))
+    for through_a_temporary in (np.empty((1, 64, 64)), np.empty((64, 64), np.float32)):
+        with pytest.raises(InvalidValueError, match="more than this machine has"):
+            check(a, a, out=through_a_temporary)  # the result is computed apart, then copied
 
 
 @needs_opencl

@@ -19,7 +19,7 @@ import numpy as np
 from tilegemm import fastpath, registry
 from tilegemm.backends import ARRAY_KINDS, get_backend
 from tilegemm.backends._probe import may_be_accelerated
-from tilegemm.backends.base import Backend, Target, resolve_scalars
+from tilegemm.backends.base import Backend, Target, check_scalars
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.precision import apply_precision
 from tilegemm.problem import (
@@ -372,8 +372,7 @@ def gemm(
     # The conversions below (operands and c to the rung's type, the result to NumPy's
     # result type or into out) may overflow: NumPy's warning then names the caller's line.
     with fp_warnings_at_caller():
-        # as the kernel's dtype: an alpha the result cannot hold is refused before the run
-        alpha, beta = resolve_scalars(prob, alpha, beta)
+        check_scalars(prob, alpha, beta)  # one the result cannot hold: refused before the run
         try:
             result = be.run(spec, resolved, prob, ops[0], ops[1], c_op,
                             out if direct else None, alpha, beta, target=target, **extra)

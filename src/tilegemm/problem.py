@@ -475,8 +475,16 @@ def check_out(out: Any, prob: GemmProblem, kind: str) -> bool:
         raise output_casting_error(prob.out_dtype, op.dtype)
     if not out.flags.writeable:
         raise InvalidValueError("output array is read-only")
-    return (op.shape == prob.out_shape and op.dtype == prob.store_dtype
-            and prob.result_dtype is None and out.flags.c_contiguous)
+    return written_directly(out, prob)
+
+
+def written_directly(out: Any, prob: GemmProblem) -> bool:
+    """Whether a host ``out`` (checked by :func:`check_out`) receives the result as it is
+    computed: C-contiguous, the dtype the kernel writes, the result's shape. Any other
+    ``out`` gets the result through a temporary."""
+    return (isinstance(out, np.ndarray) and out.shape == prob.out_shape
+            and out.dtype == prob.store_dtype and prob.result_dtype is None
+            and out.flags.c_contiguous)
 
 
 def problem_for(m: int, n: int, k: int, dtype: np.dtype | str, batch: int = 0) -> GemmProblem:

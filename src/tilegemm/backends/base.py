@@ -131,6 +131,12 @@ def poison_value(dtype: np.dtype) -> Any:
     return np.nan if floating else np.iinfo(dtype).min + 7
 
 
+def check_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> None:
+    """Refuse an alpha or beta the product cannot take (see :func:`resolve_scalars`),
+    converting nothing (so no conversion warning is issued twice)."""
+    _checked(prob, alpha, beta)
+
+
 def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]:
     """alpha and beta as scalars of the problem dtype (kernels do no wider math).
 
@@ -141,33 +147,42 @@ def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]
     result, a number too large for a float (an int such as ``10**400``) is refused.
     """
     t = prob.dtype.type
-    if type(alpha) is t and type(beta) is t:  # resolved already (gemm does it first)
-        return alpha, beta
+    checked = _checked(prob, alpha, beta)
+    if checked is None:
+        return t(alpha), t(beta)
+    values, dtype = checked
+    return tuple(t(np.array(v, dtype=dtype).astype(prob.dtype)[()]) for v in values)
+
+
+def _checked(prob: GemmProblem, alpha: Any, beta: Any
+             ) -> tuple[list[int], np.dtype] | None:
+    """The validation of :func:`resolve_scalars`: for an integer product, the two values
+    as Python ints and the dtype they were checked against; None for a float product."""
     shown = prob.out_dtype
-    if prob.dtype.kind in "iu":
-        checked = shown if shown.kind in "iu" else prob.dtype  # bool: the computed range
-        info = np.iinfo(checked)
-        values = []
+    if prob.dtype.kind not in "iu":
         for name, x in (("alpha", alpha), ("beta", beta)):
-            if isinstance(x, (int, np.integer)):
-                v = int(x)
-            else:
-                f = float(x)
-                if not math.isfinite(f) or f != math.floor(f):
-                    raise InvalidTypeError(f"{name}={_brief(x)} must be an integer for a "
-                                           f"{shown.name} product")
-                v = int(f)
-            if not info.min <= v <= info.max:
-                raise InvalidValueError(f"{name}={_brief(x)} does not fit in {shown.name}")
-            values.append(np.array(v, dtype=checked).astype(prob.dtype)[()])
-        return t(values[0]), t(values[1])
+            try:
+                float(x)
+            except OverflowError:
+                raise InvalidValueError(f"{name}={_brief(x)} is too large for a {shown.name} "
+                                        "product (beyond any float)") from None
+        return None
+    checked = shown if shown.kind in "iu" else prob.dtype  # bool: the computed range
+    info = np.iinfo(checked)
+    values = []
     for name, x in (("alpha", alpha), ("beta", beta)):
-        try:
-            float(x)
-        except OverflowError:
-            raise InvalidValueError(f"{name}={_brief(x)} is too large for a {shown.name} product "
-                                    "(beyond any float)") from None
-    return t(alpha), t(beta)
+        if isinstance(x, (int, np.integer)):
+            v = int(x)
+        else:
+            f = float(x)
+            if not math.isfinite(f) or f != math.floor(f):
+                raise InvalidTypeError(f"{name}={_brief(x)} must be an integer for a "
+                                       f"{shown.name} product")
+            v = int(f)
+        if not info.min <= v <= info.max:
+            raise InvalidValueError(f"{name}={_brief(x)} does not fit in {shown.name}")
+        values.append(v)
+    return values, checked
 
 
 def _brief(x: Any) -> str:

@@ -30,6 +30,7 @@ from tilegemm.problem import (
     host_operand_3d,
     host_operand_stored,
     rounded_to_result,
+    written_directly,
 )
 from tilegemm.registry import KernelSpec
 
@@ -192,10 +193,9 @@ class CpuBackend(Backend):
         if memory is None:
             return
         item = prob.dtype.itemsize
-        # written straight into out (a C-ordered array of the computed dtype, say an
-        # np.memmap larger than memory): nothing to allocate for the result
-        direct = (isinstance(out, np.ndarray) and out.dtype == prob.dtype
-                  and out.flags.c_contiguous and out.size == prob.batch * prob.m * prob.n)
+        # written straight into out (say an np.memmap larger than memory): nothing to
+        # allocate for the result
+        direct = out is not None and written_directly(out, prob)
         result = 0 if direct else prob.batch * prob.m * prob.n * item
         copies = 0
         for op, which in zip(operands[:2], "ab", strict=False):
