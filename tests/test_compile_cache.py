@@ -314,3 +314,46 @@ def test_cpu_digest_follows_the_private_modules_not_the_rungs(tmp_path: Path) ->
     with (folder / "_slp.py").open("a") as f:
         f.write("# edited\n")
     assert cpu_sources_digest(folder) != before
+
+
+@pytest.mark.parametrize("key", ['[1, 2]', '{"describe": "x", "versions": [1]}',
+                                 '{"describe": {"params": [1]}, "versions": "v"}', 'garbage'])
+def test_a_damaged_entry_is_listed_as_not_usable_and_cleared(tmp_path, monkeypatch, key,
+                                                             capsys) -> None:
+    """An entry whose key line is not what tilegemm writes (hand-edited, another tool's
+    file): listed as not usable, removed by --clear --stale; a dangling link beside it
+    counts 0 bytes. It used to stop the command with an internal error (exit 3)."""
+    from tilegemm.cli import main
+
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")
+    folder = tmp_path / "cpu"
+    (folder / "__pycache__").mkdir(parents=True)
+    (folder / "blocked-float32-aaaa.py").write_text(f"# key: {key}\n")
+    (folder / "__pycache__" / "blocked-float32-aaaa.x.nbc").symlink_to(tmp_path / "gone")
+    assert main(["cache"]) == 0
+    assert "1 not usable here" in capsys.readouterr().out
+    assert main(["cache", "--clear", "--stale"]) == 0
+    assert "removed 1 stale entry" in capsys.readouterr().out
+    assert compile_cache.entries() == []
+
+
+def test_clear_reports_what_it_could_not_remove(tmp_path, monkeypatch) -> None:
+    """--clear counted the entries before deleting and ignored failures, so it reported
+    removals that had not happened."""
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    load_module("probe", _source(31), {"kernel": "probe"})
+    real_unlink = Path.unlink
+
+    def refuse(self, missing_ok=False):  # noqa: ANN001, ANN202 - Path.unlink's signature
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    monkeypatch.setattr(compile_cache.shutil, "rmtree",
+                        lambda path, onerror: onerror(None, str(path),
+                                                      (None, PermissionError(1, "no"), None)))
+    with pytest.raises(compile_cache.CacheClearError, match="removed 0 of 1 entry; could not "
+                                                            "remove: .*not permitted"):
+        compile_cache.clear()
+    monkeypatch.setattr(Path, "unlink", real_unlink)
+    assert len(compile_cache.entries()) == 1  # still there, as the error says

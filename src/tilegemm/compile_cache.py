@@ -496,14 +496,33 @@ def _module_entries(folder: Path, now: dict[str, Any]) -> list[CacheEntry]:
     for path in sorted(folder.glob("*.py")) if folder.is_dir() else ():
         try:
             first = path.read_text().split("\n", 1)[0]
-            key = json.loads(first.split(":", 1)[1])
+            key = _mapping(json.loads(first.split(":", 1)[1]))
         except (OSError, ValueError, IndexError):
             key = {}
         files = (path, *(folder / "__pycache__").glob(f"{path.stem}*"))
-        size = sum(p.stat().st_size for p in files)
-        out.append(CacheEntry(path.stem, key.get("describe", {}), key.get("versions", {}),
-                              all(key.get(k) == v for k, v in now.items()), size, files))
+        out.append(CacheEntry(path.stem, _mapping(key.get("describe")),
+                              _mapping(key.get("versions")),
+                              bool(key) and all(key.get(k) == v for k, v in now.items()),
+                              _size(files), files))
     return out
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A key's part as written, or {} where an entry is damaged (a list, a string...): such
+    an entry is listed as not usable here, and ``--clear`` removes it."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items()
+            if k != "params" or isinstance(v, dict)}  # params are listed as KEY=VALUE
+
+
+def _size(paths: Iterable[Path]) -> int:
+    """Bytes of the files that can be read (a dangling link or a vanished file: 0)."""
+    total = 0
+    for p in paths:
+        with contextlib.suppress(OSError):
+            total += p.stat().st_size
+    return total
 
 
 def _pocl_entries(root: Path) -> list[CacheEntry]:
@@ -512,7 +531,7 @@ def _pocl_entries(root: Path) -> list[CacheEntry]:
     folder = root / POCL_SUBDIR
     for program in sorted(folder.glob("*/*/program.bc")) if folder.is_dir() else ():
         entry = program.parent
-        size = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
+        size = _size(p for p in entry.rglob("*") if p.is_file())
         kernels = sorted(p.name for p in entry.iterdir() if p.is_dir())
         out.append(CacheEntry(f"pocl-{entry.parent.name}{entry.name}"[:25],
                               {"kernel": "OpenCL program (PoCL cache)", "kernels": kernels},
@@ -526,13 +545,13 @@ def _text_entries(root: Path) -> list[CacheEntry]:
     for sub in TEXT_SUBDIRS:
         for path in sorted((root / sub).glob("*.json")) if (root / sub).is_dir() else ():
             try:
-                key = json.loads(path.read_text()).get("key", {})
-            except (OSError, ValueError, AttributeError):
+                key = _mapping(_mapping(json.loads(path.read_text())).get("key"))
+            except (OSError, ValueError):
                 key = {}
-            versions = key.get("versions", {})
-            current = all(versions.get(k) == v for k, v in now.items())
-            out.append(CacheEntry(path.stem, key.get("describe", {}), versions, current,
-                                  path.stat().st_size, (path,)))
+            versions = _mapping(key.get("versions"))
+            current = bool(versions) and all(versions.get(k) == v for k, v in now.items())
+            out.append(CacheEntry(path.stem, _mapping(key.get("describe")), versions, current,
+                                  _size((path,)), (path,)))
     return out
 
 
@@ -545,18 +564,36 @@ def clear(stale_only: bool = False) -> int:
     by several machines (a home directory on a cluster's login and GPU nodes, say) holds
     entries that are stale on one machine and in use on another."""
     root = cache_root()
-    if stale_only:
-        stale = [e for e in entries() if not e.current]
-        for e in stale:
-            for path in e.files:
+    before = entries()
+    targets = [e for e in before if not (stale_only and e.current)]
+    failed: list[str] = []
+
+    def note(path: Any, exc: BaseException) -> None:
+        failed.append(f"{path}: {getattr(exc, 'strerror', None) or exc}")
+
+    for e in targets:
+        for path in e.files:
+            try:
                 path.unlink(missing_ok=True)
-        return len(stale)
-    n = len(entries())
-    if root is not None:
+            except OSError as exc:
+                note(path, exc)
+    if not stale_only and root is not None:
         for sub in (*MODULE_SUBDIRS, *TEXT_SUBDIRS, POCL_SUBDIR):
             if (root / sub).is_dir():
-                shutil.rmtree(root / sub, ignore_errors=True)
-    return n
+                # (onerror: the spelling every supported Python takes)
+                shutil.rmtree(root / sub, onerror=lambda _f, p, info: note(p, info[1]))
+    left = {e.name for e in entries()}
+    removed = sum(e.name not in left for e in targets)
+    if failed or removed < len(targets):
+        shown = "; ".join(dict.fromkeys(failed)) or "entries reappeared (another process?)"
+        raise CacheClearError(
+            f"removed {removed} of {len(targets)} entr{'y' if len(targets) == 1 else 'ies'}; "
+            f"could not remove: {shown[:400]}")
+    return removed
+
+
+class CacheClearError(OSError):
+    """``clear`` could not remove everything it should (permissions, a busy file)."""
 
 
 def source_digest(paths: Iterable[Path]) -> str:
