@@ -220,9 +220,11 @@ def test_refusals_say_what_tilegemm_matmul_says(kw):
 
 def test_unknown_chunk_sizes_and_non_arrays_raise():
     x = da.from_array(np.arange(12.0).reshape(3, 4), chunks=2)
-    x = x[x[:, 0] > 0]  # rows unknown until computed
+    y = x[:, x[0, :] > 0]  # columns, a's contraction axis, unknown until computed
     with pytest.raises(tilegemm.errors.InvalidValueError, match="compute_chunk_sizes"):
-        tgd.matmul(x, da.ones((4, 2), chunks=2))
+        tgd.matmul(y, da.ones((4, 2), chunks=2))
+    with pytest.raises(tilegemm.errors.InvalidValueError, match="compute_chunk_sizes"):
+        tgd.matmul(da.ones((2, 4), chunks=2), y.T)  # b's contraction axis
     with pytest.raises(tilegemm.errors.InvalidTypeError, match="Dask array"):
         tgd.matmul([[1.0]], da.ones((1, 1)))
     with pytest.raises(ValueError, match="0-d"):
@@ -308,11 +310,64 @@ def test_block_kernel_thread_count(monkeypatch, threads):
     assert numba.get_num_threads() == numba.config.NUMBA_NUM_THREADS  # restored
 
 
-@pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2"])
-def test_bad_thread_count_raises_before_any_task(threads):
+@pytest.mark.parametrize(("threads", "error"), [
+    (0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError), ("2", TypeError)])
+def test_bad_thread_count_raises_before_any_task(threads, error):
     _, _, da_a, da_b = _operands("uneven-k")
-    with pytest.raises(tilegemm.errors.InvalidValueError, match="threads"):
+    with pytest.raises(error, match="threads"):
         tgd.matmul(da_a, da_b, threads=threads)
+    with pytest.raises(error, match="split_every"):  # its own name, the same rules
+        tgd.matmul(da_a, da_b, split_every=threads if threads != -1 else 1)
+
+
+def test_a_numpy_integer_thread_count_is_an_int():
+    a, b, da_a, da_b = _operands("uneven-k")
+    assert_close(tgd.matmul(da_a, da_b, threads=np.int64(2), split_every=np.int32(2),
+                            **KW).compute(scheduler="sync"), a, b)
+
+
+def test_unknown_rows_and_columns_are_multiplied_as_they_come():
+    """Rows of a and columns of b are not paired with anything: unknown chunk sizes there
+    (a boolean selection) need no compute_chunk_sizes(), as with Dask's own @."""
+    rng = np.random.default_rng(9)
+    a, b = rng.standard_normal((30, 12)), rng.standard_normal((12, 20))
+    da_a, da_b = da.from_array(a, chunks=(7, 5)), da.from_array(b, chunks=(5, 6))
+    rows, cols = a[:, 0] > 0, b[0, :] > 0
+    got = tgd.matmul(da_a[da_a[:, 0] > 0], da_b[:, da_b[0, :] > 0], **KW)
+    assert_close(got.compute(scheduler="sync"), a[rows], b[:, cols])
+
+
+def test_masked_chunks_are_refused_when_the_graph_is_built():
+    x = da.ma.masked_greater(da.ones((4, 4), chunks=2), 0.5)
+    with pytest.raises(tilegemm.errors.InvalidTypeError, match="masked chunks"):
+        tgd.matmul(x, da.ones((4, 4), chunks=2))
+
+
+def test_registered_leaves_what_tilegemm_does_not_multiply_to_dask():
+    """Registering routes a @ b process-wide: complex, object and masked operands must
+    keep Dask's own matmul, not start raising."""
+    x = da.from_array(np.arange(16.0).reshape(4, 4), chunks=2)
+    others = [(x.astype(np.complex64), x), (x.astype(object), x),
+              (da.ma.masked_greater(x, 100), x)]
+    with tgd.registered(**KW):
+        for p, q in others:
+            product = p @ q
+            assert not any(k.startswith("tilegemm") for k in product.dask.layers)
+        routed = x @ x
+    assert any(k.startswith("tilegemm") for k in routed.dask.layers)
+    np.testing.assert_allclose(others[0][0].__matmul__(x).compute(), (x @ x).compute())
+
+
+@pytest.mark.parametrize(("kw", "error"), [({"kernel": "nope"}, ValueError),
+                                           ({"threads": 0}, ValueError),
+                                           ({"kernel": "blocked", "mr": 8}, TypeError)])
+def test_register_refuses_its_keywords_at_once(kw, error):
+    import dask.array.routines as routines
+
+    before = routines.matmul
+    with pytest.raises(error):
+        tgd.register(**kw)
+    assert routines.matmul is before  # nothing registered
 
 
 def test_narrow_dtypes_match_numpy_and_add_partials_in_the_kernel_dtype(monkeypatch):

@@ -90,14 +90,14 @@ def matmul(
     wrong.
     """
     _check_params_are_upper_case(params)
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 1):
-        raise InvalidValueError(f"tilegemm.dask.matmul: threads must be a positive int or None, "
-                                f"got {threads!r}")
+    _check_count(threads, "threads", 1)
+    _check_count(split_every, "split_every", 2)
     a = _as_dask(a, "a")
     b = _as_dask(b, "b")
-    _check_known_chunks(a, "a")
-    _check_known_chunks(b, "b")
+    # The contraction axis must be known to pair blocks; rows of a and columns of b need
+    # not be (a boolean-mask selection, say): their blocks are multiplied as they come.
+    _check_known_chunks(a, "a", _paired_axes(a, "a"))
+    _check_known_chunks(b, "b", _paired_axes(b, "b"))
     # NumPy's rules on the whole shapes: 0-d, K mismatch, batch broadcast, dtypes.
     prob = make_problem(Operand(None, array_kind(a._meta), a.shape, a.dtype),
                         Operand(None, array_kind(b._meta), b.shape, b.dtype), dtype=dtype)
@@ -150,8 +150,24 @@ def matmul(
     return out
 
 
+def _check_count(value: Any, name: str, least: int) -> None:
+    """``value`` is None or an int (NumPy's too) of at least ``least``."""
+    if value is None:
+        return
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise InvalidTypeError(f"tilegemm.dask.matmul: {name} must be an int or None, got "
+                               f"{value!r}")
+    if value < least:
+        raise InvalidValueError(f"tilegemm.dask.matmul: {name} must be at least {least} or "
+                                f"None, got {value!r}")
+
+
 def _as_dask(x: Any, name: str) -> da.Array:
     if isinstance(x, da.Array):
+        if isinstance(x._meta, np.ma.MaskedArray):  # refused now, not when computed
+            raise InvalidTypeError(
+                f"tilegemm.dask.matmul: {name} has masked chunks (the mask would be "
+                "ignored); use Dask's own a @ b, or x.map_blocks(np.ma.filled, 0)")
         return x
     if isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__"):
         return da.from_array(x, chunks=x.shape or ())
@@ -159,10 +175,22 @@ def _as_dask(x: Any, name: str) -> da.Array:
                            f"NumPy/CuPy array, taken as one chunk), got {type(x).__name__}")
 
 
-def _check_known_chunks(x: da.Array, name: str) -> None:
-    if any(np.isnan(c) for cs in x.chunks for c in cs):
+def _paired_axes(x: da.Array, side: str) -> list[int]:
+    """The axes of operand ``side`` ("a" or "b") whose blocks are paired with the other
+    operand's: the batch axes and the contraction axis (not a's rows or b's columns)."""
+    if x.ndim <= 1:
+        return list(range(x.ndim))  # 0-d: none (refused as 0-d later)
+    batch = list(range(x.ndim - 2))
+    return batch + [x.ndim - 1 if side == "a" else x.ndim - 2]
+
+
+def _check_known_chunks(x: da.Array, name: str, axes: Any) -> None:
+    """Refuse unknown chunk sizes (NaN) on ``axes`` of ``x``: the contraction and batch
+    axes, whose blocks must be paired."""
+    if any(np.isnan(c) for i in axes for c in x.chunks[i]):
         raise InvalidValueError(f"tilegemm.dask.matmul: {name} has unknown chunk sizes "
-                                f"(shape {x.shape}); call {name}.compute_chunk_sizes() first")
+                                f"on its contraction or batch axes (shape {x.shape}); call "
+                                f"{name}.compute_chunk_sizes() first")
 
 
 def _align(a: da.Array, b: da.Array, align: bool) -> tuple[da.Array, da.Array]:
@@ -217,8 +245,12 @@ def _check_blocks(a: da.Array, b: da.Array, block_dtype: np.dtype | None, kernel
     kind = array_kind(a._meta)
     nd = a.ndim
     sizes = [sorted(set(a.chunks[i]) | set(b.chunks[i])) for i in range(nd - 2)]
-    shapes = itertools.product(*sizes, sorted(set(a.chunks[-2])), sorted(set(a.chunks[-1])),
-                               sorted(set(b.chunks[-1])))
+
+    def known(chunks: tuple[float, ...]) -> list[int]:  # unknown rows/columns: checked as 1
+        return sorted({1 if np.isnan(c) else int(c) for c in chunks})
+
+    shapes = itertools.product(*sizes, known(a.chunks[-2]), sorted(set(a.chunks[-1])),
+                               known(b.chunks[-1]))
     local = backend == AUTO or get_backend(backend).status().usable
     for shape in itertools.islice(shapes, _MAX_SHAPES_CHECKED):
         *batch, m, k, n = shape
@@ -306,6 +338,7 @@ def register(**kw: Any) -> None:
     global _registered
     import dask.array.routines as routines
 
+    _check_keywords(kw)
     _registered = dict(kw)
     routines.matmul = _routed
 
@@ -339,5 +372,36 @@ def registered(**kw: Any) -> Iterator[None]:
         routines.matmul, _registered = before
 
 
+def _check_keywords(kw: dict[str, Any]) -> None:
+    """Refuse :func:`register`'s keywords now (a misspelt rung, a bad ``threads``), not at
+    every later ``a @ b``: a product of two 1×1 arrays of ``dtype`` (float32 if none) is
+    built with them, and nothing is computed."""
+    probe = da.ones((1, 1), dtype=np.dtype(kw.get("dtype") or np.float32), chunks=1)
+    matmul(probe, probe, **kw)
+
+
 def _routed(a: Any, b: Any) -> da.Array:
+    """``a @ b`` through :func:`matmul`, or Dask's own matmul for operands tilegemm does
+    not multiply (complex or object dtypes, masked chunks, unknown chunk sizes on the
+    contraction axis): registering must not change what ``@`` does for them, process-wide
+    (Dask then computes them, or raises its own error)."""
+    if not _takes(a, b):
+        return _dask_matmul(a, b)
     return matmul(a, b, **(_registered or {}))
+
+
+def _takes(a: Any, b: Any) -> bool:
+    """Whether :func:`matmul` can multiply these operands (their dtypes, chunk types and
+    chunk sizes; the registered keywords were checked by :func:`register`)."""
+    from tilegemm.errors import UsageError
+
+    try:
+        a, b = _as_dask(a, "a"), _as_dask(b, "b")
+        _check_known_chunks(a, "a", _paired_axes(a, "a"))
+        _check_known_chunks(b, "b", _paired_axes(b, "b"))
+        make_problem(Operand(None, array_kind(a._meta), a.shape, a.dtype),
+                     Operand(None, array_kind(b._meta), b.shape, b.dtype),
+                     dtype=(_registered or {}).get("dtype"))
+    except UsageError:
+        return False
+    return True
