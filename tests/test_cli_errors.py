@@ -144,3 +144,11 @@ def test_an_unknown_word_after_a_subcommand_shows_that_subcommands_usage(capsys)
     assert done.value.code == 2
     err = capsys.readouterr().err
     assert "usage: tilegemm info" in err and "unrecognized arguments: --nope" in err
+
+
+@pytest.mark.parametrize("flag", ["--m", "--k", "--batch"])
+def test_sizes_beyond_any_array_are_refused_not_reported_as_bugs(flag, capsys):
+    """NumPy raises ValueError (not MemoryError) for a shape beyond any array it can
+    describe; that was reported as an internal error (exit 3)."""
+    assert main(["explain", "naive", flag, "99999999999999999999"]) == 2
+    assert "cannot allocate" in capsys.readouterr().err

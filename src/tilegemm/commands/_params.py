@@ -63,7 +63,7 @@ def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str) -> None
                         ("the result", lead + (m, n))):
         try:
             np.empty(shape, dt)  # not touched: only asks whether the memory exists
-        except MemoryError:
+        except (MemoryError, ValueError):  # ValueError: beyond any array NumPy can describe
             gib = np.prod(shape, dtype=np.float64) * dt.itemsize / 2**30
             raise InvalidValueError(
                 f"cannot allocate {what} of shape {shape} as {dt.name} ({gib:.1f} GiB) "
