@@ -357,3 +357,20 @@ def test_clear_reports_what_it_could_not_remove(tmp_path, monkeypatch) -> None:
         compile_cache.clear()
     monkeypatch.setattr(Path, "unlink", real_unlink)
     assert len(compile_cache.entries()) == 1  # still there, as the error says
+
+
+def test_cache_command_says_when_the_directory_cannot_be_used(tmp_path, monkeypatch,
+                                                              capsys) -> None:
+    """A file where the directory should be: said, instead of "0 entries" as if all were
+    well while nothing is ever kept."""
+    from tilegemm.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(blocker / "kernels"))
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert f"cannot be used ({blocker} is not a directory)" in out
+    assert main(["cache", "--stale"]) == 2
+    assert "tilegemm: error: --stale only selects" in capsys.readouterr().err

@@ -111,7 +111,8 @@ def cache_root() -> Path | None:
     """The kernel cache directory, or None when ``TILEGEMM_KERNEL_CACHE=off``."""
     env = os.environ.get(ENV)
     if env is not None:
-        return None if env.strip().lower() in ("", "0", "off", "no", "false") else Path(env)
+        return (None if env.strip().lower() in ("", "0", "off", "no", "false")
+                else Path(env).expanduser())
     from tilegemm.tune.cache import cache_dir
 
     return cache_dir() / "kernels"

@@ -15,6 +15,10 @@ TILEGEMM_KERNEL_CACHE sets the directory ('off' disables the cache). The tuning 
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
+
+from tilegemm.errors import InvalidValueError
 
 HELP = "show or clear the compiled-kernel cache"
 
@@ -38,13 +42,21 @@ def run(args: argparse.Namespace) -> int:
 
     console = make_console()
     root = compile_cache.cache_root()
-    if root is None:
-        console.print(f"kernel cache: off ({compile_cache.ENV} is set to turn it off)")
-        return 0
     if args.stale and not args.clear:
-        console.print("--stale only selects what --clear removes: "
-                      "'tilegemm cache --clear --stale'")
-        return 2
+        raise InvalidValueError("--stale only selects what --clear removes: "
+                                "'tilegemm cache --clear --stale'")
+    if root is None:
+        console.print(f"kernel cache: off ({compile_cache.ENV}="
+                      f"{os.environ.get(compile_cache.ENV, '')!r} turns it off; nothing is "
+                      "kept or cleared)")
+        return 0
+    root = root.expanduser().absolute()
+    unusable = _unusable(root)
+    if unusable:  # said once, here: nothing will be kept there
+        console.print(f"kernel cache {root}: cannot be used ({unusable}); kernels are "
+                      f"compiled without it. Set {compile_cache.ENV} to a directory, or "
+                      "'off'")
+        return 0
     if args.clear:
         n = compile_cache.clear(stale_only=args.stale)
         what = "stale entr" if args.stale else "entr"
@@ -65,6 +77,20 @@ def run(args: argparse.Namespace) -> int:
         console.print(_summary(found))
         console.print("'tilegemm cache --verbose' lists every entry")
     return 0
+
+
+def _unusable(root: Path) -> str:
+    """Why the cache directory cannot hold entries ("" when it can or will be created)."""
+    probe = root
+    while not probe.exists():  # the nearest existing parent decides whether it can be made
+        if probe.parent == probe:
+            return "no parent directory exists"
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return ""
 
 
 def _backend(e) -> str:  # noqa: ANN001 - a compile_cache.CacheEntry
