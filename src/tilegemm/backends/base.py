@@ -185,6 +185,11 @@ def _checked(prob: GemmProblem, alpha: Any, beta: Any
     return values, checked
 
 
+def size_text(nbytes: int) -> str:
+    """A byte count as messages about memory give it: GiB, or MiB below one GiB."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
 def _brief(x: Any) -> str:
     """``repr(x)``, shortened when it is long (an int of hundreds of digits)."""
     text = repr(x)

@@ -20,6 +20,7 @@ from tilegemm.backends.base import (
     poison_enabled,
     poison_value,
     resolve_scalars,
+    size_text,
     wall_clock_elapsed,
 )
 from tilegemm.errors import InvalidValueError
@@ -142,16 +143,14 @@ def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np
     return dest
 
 
+@cache
 def physical_memory() -> int | None:
-    """This machine's memory in bytes (None where the system does not say)."""
+    """This machine's memory in bytes (None where the system does not say); asked once,
+    since every call that decides anew checks its product against it."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         return None
-
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB"
 
 
 @cache
@@ -209,10 +208,10 @@ class CpuBackend(Backend):
             copies += (1 if mode == "single" else prob.batch) * rows * cols * item
         if result + copies > memory:
             raise InvalidValueError(
-                f"this product needs {_gib(result + copies)} of memory (the result "
-                f"{_gib(result)}, copies of operands that are not C-ordered "
-                f"{prob.dtype.name} arrays {_gib(copies)}), more than this machine has "
-                f"({_gib(memory)}); split it into smaller products (or pass out=, a "
+                f"this product needs {size_text(result + copies)} of memory (the result "
+                f"{size_text(result)}, copies of operands that are not C-ordered "
+                f"{prob.dtype.name} arrays {size_text(copies)}), more than this machine has "
+                f"({size_text(memory)}); split it into smaller products (or pass out=, a "
                 "C-ordered array of the result, to write into)")
 
     def cache_flusher(self, target: Target | None = None) -> Any:

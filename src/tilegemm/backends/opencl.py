@@ -48,6 +48,7 @@ from tilegemm.backends.base import (
     poison_enabled,
     poison_value,
     resolve_scalars,
+    size_text,
     unknown_device,
 )
 from tilegemm.backends.opencl_program import (
@@ -437,14 +438,14 @@ class OpenCLBackend(Backend):
             if nbytes > device.max_mem_alloc_size:
                 shown = "×".join(map(str, shape[1:] if shape[0] == 1 else shape))
                 raise InvalidValueError(
-                    f"{what} ({shown} {prob.dtype.name}, {_gib(nbytes)}) is larger than the "
+                    f"{what} ({shown} {prob.dtype.name}, {size_text(nbytes)}) is larger than the "
                     f"largest buffer OpenCL device {name} can allocate (max_mem_alloc_size = "
-                    f"{_gib(device.max_mem_alloc_size)}); split the product or use another "
+                    f"{size_text(device.max_mem_alloc_size)}); split the product or use another "
                     "device")
         if total > device.global_mem_size:
             raise InvalidValueError(
-                f"A, B and the result need {_gib(total)}, more than OpenCL device {name} has "
-                f"(global_mem_size = {_gib(device.global_mem_size)})")
+                f"A, B and the result need {size_text(total)}, more than OpenCL device {name} has "
+                f"(global_mem_size = {size_text(device.global_mem_size)})")
 
     # -- devices, queues, programs ----------------------------------------------------------
 
@@ -751,9 +752,6 @@ class OpenCLBackend(Backend):
         for queue in used.values():
             queue.finish()
 
-
-def _gib(nbytes: int) -> str:
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _cla() -> Any:

@@ -44,7 +44,11 @@ from numba.core.runtime import rtsys
 
 from tilegemm.compile_cache import CompileCacheWarning
 from tilegemm.errors import user_stacklevel
-from tilegemm.kernels.cpu._slp import current_vector_width, vector_width
+from tilegemm.kernels.cpu._slp import (
+    current_vector_width,
+    held_by_a_lost_thread,
+    vector_width,
+)
 
 
 def njit_when_called(signature: Any, *, settings: tuple[Callable[[], AbstractContextManager],
@@ -97,10 +101,7 @@ def _after_fork_in_child() -> None:
     rung function loading or compiling on its first call, say): that thread does not exist
     here and would never release it, so the child's first compile would wait for ever.
     The child gets a free lock instead (one held by the forking thread itself is kept)."""
-    lock = global_compiler_lock._lock
-    if lock.acquire(blocking=False):
-        lock.release()
-    else:
+    if held_by_a_lost_thread(global_compiler_lock._lock):
         global_compiler_lock._lock = threading.RLock()
 
 

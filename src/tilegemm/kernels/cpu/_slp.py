@@ -107,14 +107,23 @@ def _width_adder(bits: int) -> Callable:
     return add_ir_module
 
 
+def held_by_a_lost_thread(lock: threading.RLock) -> bool:
+    """In a forked child: whether ``lock`` is held by a thread of the parent, which does
+    not exist here and will never release it (one held by the forking thread, which
+    continues here, is not)."""
+    if lock.acquire(blocking=False):
+        lock.release()
+        return False
+    return True
+
+
 def _after_fork_in_child() -> None:
     """A child forked while another thread of the parent was inside a settings block (a
     rung function compiling or loading on its first call): that thread does not exist
     here, so its block never ends and the lock it holds would hang the child's first
     compile for ever. Start the child with no block in force and a free lock."""
     global _LOCK
-    if _LOCK.acquire(blocking=False):  # free, or held by this (the forking) thread
-        _LOCK.release()
+    if not held_by_a_lost_thread(_LOCK):
         return
     _LOCK = threading.RLock()
     _WIDTHS.clear()
