@@ -153,6 +153,10 @@ def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, ca
     (["explain", "naive", "--arch", "sm_80", "--yardstick"],
      "--arch and --yardstick apply only with --sass"),
     (["explain", "naive", "--batch", "-1"], "--batch must be >= 0"),
+    # ... and the trace's options with --sass, which counts code, not a problem's traffic
+    (["explain", "naive", "--sass", "--m", "4096"], "--m applies only to the trace"),
+    (["explain", "naive", "--sass", "--samples", "4", "--no-resources"],
+     "--samples and --no-resources apply only to the trace"),
 ])
 def test_explain_refuses_before_tracing(argv, message, capsys, monkeypatch):
     from tilegemm.analysis import trace

@@ -111,6 +111,16 @@ def test_unwritable_cache_dir_warns_and_runs_uncached(tmp_path, monkeypatch):
     with pytest.warns(CompileCacheWarning, match="cannot be used"):
         m = load_module("probe", _source(13), {"kernel": "probe"})
     assert m.twice(1.0) == 13.0
+    # once per folder and process: each later kernel would repeat it ('explain' compiles
+    # for two architectures, the tuner many candidates)
+    import warnings
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert load_module("probe", _source(14), {"kernel": "probe"}).twice(1.0) == 14.0
+        assert compile_cache.cached_texts("cpu", "probe", {"describe": {}},
+                                          lambda: {"a": "b"}) == {"a": "b"}
+    assert not [w for w in seen if issubclass(w.category, CompileCacheWarning)]
+    assert str(blocker / "cache" / "cpu") in compile_cache.unusable_folders()
 
 
 def test_cache_off_and_template_errors(monkeypatch):

@@ -92,9 +92,21 @@ _TEXT_HEADER = "tilegemm compiled-kernel cache entry"
 STATS = {"compiled": 0, "loaded": 0}
 
 
-# Cache folders this process could not use (warned once each time): a kernel compiled
-# then is not kept, whatever the directory's name promises.
+# Cache folders this process could not use (warned once each): a kernel compiled then is
+# not kept, whatever the directory's name promises.
 _UNUSABLE: set[str] = set()
+
+
+def _unusable(folder: Path, exc: OSError) -> None:
+    """Note that ``folder`` cannot be used, with a warning the first time in this process
+    (every kernel compiled after it would repeat the same words: 'explain' compiles a rung
+    for two architectures, a tuner hundreds of candidates)."""
+    if str(folder) in _UNUSABLE:
+        return
+    _UNUSABLE.add(str(folder))
+    warnings.warn(f"kernel cache {folder} cannot be used ({exc}); compiling without it "
+                  f"(set {ENV} to a writable directory, or to 'off')", CompileCacheWarning,
+                  stacklevel=user_stacklevel())
 
 
 def unusable_folders() -> list[str]:
@@ -371,11 +383,7 @@ def _write_entry(path: Path, text: str) -> bool:
         if not path.is_file() or path.read_text() != text:
             _write_atomic(path, text)
     except OSError as exc:
-        _UNUSABLE.add(str(folder))
-        warnings.warn(f"kernel cache {folder} cannot be used ({exc}); compiling without it "
-                      f"(set {ENV} to a writable directory, or to 'off')",
-                      CompileCacheWarning,
-                      stacklevel=user_stacklevel())
+        _unusable(folder, exc)
         return False
     return True
 
@@ -626,11 +634,7 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
         folder.mkdir(parents=True, exist_ok=True)
         lock = open(folder / f".{path.stem}.lock", "a")  # noqa: SIM115 - held until built
     except OSError as exc:
-        _UNUSABLE.add(str(folder))
-        warnings.warn(f"kernel cache {folder} cannot be used ({exc}); compiling without it "
-                      f"(set {ENV} to a writable directory, or to 'off')",
-                      CompileCacheWarning,
-                      stacklevel=user_stacklevel())
+        _unusable(folder, exc)
         return build()
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes

@@ -67,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip compiling with nvJitLink (registers, occupancy)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     add_param_arguments(parser)
+    # what only the trace reads, with its defaults: --sass counts the machine code per k
+    # step, which no problem size, sampling or roofline GPU changes
+    parser.set_defaults(trace_only={dest: parser.get_default(dest) for dest in TRACE_ONLY})
+
+
+# the options of the trace alone (by destination; the flag is "--" + dest with "-" for "_")
+TRACE_ONLY = ("m", "n", "k", "batch", "beta", "gpu", "samples", "full", "full_limit",
+              "no_resources")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -75,6 +83,14 @@ def run(args: argparse.Namespace) -> int:
     if args.sass:
         from tilegemm.commands._sass import run_sass
 
+        defaults = getattr(args, "trace_only", {})
+        given = ["--" + dest.replace("_", "-") for dest, default in defaults.items()
+                 if getattr(args, dest) != default]
+        if given:
+            raise InvalidValueError(
+                f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} only to the "
+                "trace, not with --sass (the machine code per k step is the same for every "
+                "problem size): leave " + ("it" if len(given) == 1 else "them") + " out")
         args.arch = args.arch or SASS_ARCH
         return run_sass(args)
 
