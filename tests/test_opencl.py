@@ -612,3 +612,134 @@ def test_run_reports_a_failed_build_as_an_internal_error(monkeypatch, capsys):
     code = main(["run", "--backend", "opencl", "--kernel", "coalesced", "--m", "20", "--n",
                  "20", "--k", "20", "--repeat", "0"])
     assert code == 3, capsys.readouterr()
+
+
+def test_mixed_dtype_device_views_are_gathered_before_conversion(queue) -> None:
+    """A transposed float32 view with a float64 operand came back transposed (PyOpenCL's
+    astype of a view keeps memory order under row-major strides); a strided int32 view
+    raised PyOpenCL's own RuntimeError after out had been written. Both are gathered in
+    their own type, then converted."""
+    _, cla = _cl()
+    b = random_operands((2, 3), (1,), "float32")[0]
+    a64 = random_operands((2, 3), (1,), "float64")[0]
+    got = tilegemm.matmul(cla.to_device(queue, b).T, cla.to_device(queue, a64),
+                          backend="opencl")
+    assert_close(got.get(), b.T.astype(np.float64), a64, what="float32 .T @ float64")
+    ints = np.arange(1, 13, dtype=np.int32).reshape(3, 4)
+    w, c0 = random_operands((3, 3), (3, 3), "float64")
+    out = cla.to_device(queue, np.full((3, 3), 7.0))
+    got = tilegemm.gemm(cla.to_device(queue, ints)[:, 1:], cla.to_device(queue, w),
+                        cla.to_device(queue, c0), trans_a=True, beta=1.0, out=out,
+                        backend="opencl")
+    assert got is out
+    assert_close(out.get(), ints[:, 1:].astype(np.float64), w, trans_a=True, beta=1.0, c=c0,
+                 what="int32 strided view, trans_a")
+    # a broadcast batch of a converted operand is converted once and shared
+    x = random_operands((1, 4, 5), (1,), "float32")[0]
+    y = random_operands((3, 5, 2), (1,), "float64")[0]
+    got = tilegemm.matmul(cla.to_device(queue, x), cla.to_device(queue, y), backend="opencl")
+    assert_close(got.get(), x.astype(np.float64), y, what="broadcast float32 @ float64")
+
+
+def test_device_c_overlapping_out_is_read_before_it_is_overwritten(queue) -> None:
+    """c sharing out's buffer without being out itself (out.T, shifted rows) was copied
+    into out element by element, reading what it had already written."""
+    _, cla = _cl()
+    x = random_operands((16, 16), (1,), "float32")[0]
+    dx = cla.to_device(queue, x)
+    base = random_operands((40, 16), (1,), "float32")[0]
+    big = cla.to_device(queue, base)
+    tilegemm.gemm(dx, dx, big[0:16], beta=1.0, out=big[8:24], backend="opencl")
+    assert_close(big[8:24].get(), x, x, beta=1.0, c=base[0:16], what="c rows 0:16 -> 8:24")
+    o = cla.to_device(queue, base[:16].copy())
+    tilegemm.gemm(dx, dx, o.T, beta=1.0, out=o, backend="opencl")
+    assert_close(o.get(), x, x, beta=1.0, c=base[:16].T, what="c = out.T")
+
+
+def test_work_on_other_queues_comes_first_and_the_result_carries_its_event(queue) -> None:
+    """An operand filled on another queue of the context was read before the fill ran
+    (tilegemm launched on A's queue and ignored the arrays' events); out on another queue
+    could be read before the product was written."""
+    cl, cla = _cl()
+    other = cl.CommandQueue(queue.context)
+    a = random_operands((6, 5), (1,), "float32")[0]
+    da = cla.to_device(queue, a)
+    seen = []
+    real = cl.enqueue_barrier
+
+    def barrier(q, wait_for=None):  # noqa: ANN001, ANN202
+        seen.append(list(wait_for or ()))
+        return real(q, wait_for=wait_for)
+
+    import pytest as _pytest
+
+    with _pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cl, "enqueue_barrier", barrier)
+        db = cla.zeros(other, (5, 4), np.float32)
+        db.fill(2.0)  # an event on db, enqueued on the other queue
+        got = tilegemm.matmul(da, db, backend="opencl")
+    assert seen and len(seen[0]) >= 2  # db's events and a marker of the other queue
+    assert got.events, "the result carries the call's event for PyOpenCL to wait on"
+    assert_close(got.get(), a, np.full((5, 4), 2.0, np.float32), what="B filled on another queue")
+    out = cla.empty(other, (6, 4), np.float32)
+    tilegemm.matmul(da, db, out=out, backend="opencl")
+    assert out.events
+    assert_close(out.get(), a, np.full((5, 4), 2.0, np.float32), what="out on another queue")
+
+
+def test_an_out_of_order_queue_is_not_used_for_the_calls_own_steps(queue) -> None:
+    cl, cla = _cl()
+    try:
+        ooo = cl.CommandQueue(
+            queue.context, properties=cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
+    except cl.Error:
+        pytest.skip("no out-of-order queues on this device")
+    be = get_backend("opencl")
+    x = cla.to_device(ooo, np.ones((3, 3), np.float32))
+    place = be._place([x], None)
+    assert place.queue is not ooo and not (
+        place.queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
+
+
+def test_shared_virtual_memory_out(queue) -> None:
+    """An SVM-allocated out failed in the overlap check (AttributeError: no int_ptr)."""
+    cl, cla = _cl()
+    import pyopencl.tools as clt
+
+    try:
+        alloc = clt.SVMAllocator(queue.context, queue=queue)
+        a, b = random_operands((7, 5), (5, 3), "float32")
+        da = cla.to_device(queue, a, allocator=alloc)
+        out = cla.empty(queue, (7, 3), np.float32, allocator=alloc)
+    except (cl.Error, AttributeError, NotImplementedError) as exc:
+        pytest.skip(f"no shared virtual memory here ({exc})")
+    got = tilegemm.matmul(da, cla.to_device(queue, b, allocator=alloc), out=out,
+                          backend="opencl")
+    assert got is out
+    assert_close(out.get(), a, b, what="SVM out")
+
+
+def test_plan_refuses_what_a_device_call_refuses(queue) -> None:
+    """plan() accepted arrays of two contexts, float16 device arrays and a device c of
+    another dtype, which matmul/gemm refuse."""
+    cl, cla = _cl()
+    other = cl.CommandQueue(cl.Context([queue.device]))
+    a = cla.to_device(queue, np.ones((4, 3), np.float32))
+    with pytest.raises(ValueError, match="different OpenCL contexts"):
+        tilegemm.plan(a, cla.to_device(other, np.ones((3, 2), np.float32)))
+    h = np.ones((4, 3), np.float16)
+    with pytest.raises(TypeError, match="cast back on the host only"):
+        tilegemm.plan(cla.to_device(queue, h), cla.to_device(queue, h.T.copy()))
+    with pytest.raises(TypeError, match="device c has dtype float64"):
+        tilegemm.plan(a, cla.to_device(queue, np.ones((3, 2), np.float32)),
+                      cla.to_device(queue, np.ones((4, 2), np.float64)))
+
+
+def test_a_constraint_error_names_the_given_values_first() -> None:
+    """BK=4 VW=8 was reported as "'TN % VW == 0' fails", TN=4 being a default the caller
+    never set."""
+    a = np.ones((8, 8), np.float32)
+    with pytest.raises(ValueError) as err:
+        tilegemm.matmul(a, a, backend="opencl", kernel="vectorized", BK=4, VW=8)
+    text = str(err.value)
+    assert text.index("'BK % VW == 0' fails for BK=4, VW=8") < text.index("TN=4 (default)")

@@ -30,11 +30,11 @@ print("ok")
 """
 
 
-def _run(cache: Path) -> subprocess.CompletedProcess[str]:
+def _run(cache: Path, before: str = "", after: str = "") -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "POCL_CACHE_DIR"}
     env["TILEGEMM_KERNEL_CACHE"] = str(cache)
-    return subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-c", before + SCRIPT + after], env=env,
+                          capture_output=True, text=True, timeout=300)
 
 
 def _programs(cache: Path) -> dict[Path, int]:
@@ -90,3 +90,41 @@ def test_a_users_pocl_cache_dir_is_left_alone(tmp_path: Path, monkeypatch) -> No
     compile_cache.use_pocl_cache()
     assert os.environ["POCL_CACHE_DIR"] == str(tmp_path / "mine")
     assert not (tmp_path / "pocl").exists()
+
+
+def test_a_process_that_never_exits_normally_records_what_it_wrote(tmp_path: Path) -> None:
+    """Entries were recorded only by exit handlers, which a multiprocessing worker or a
+    killed process never runs: a later truncation of such an entry's code then aborted
+    every process that loaded it, with no warning. Now the first launch records them."""
+    from tilegemm.backends import get_backend
+
+    if not get_backend("opencl").status().usable:
+        pytest.skip("no OpenCL device")
+    cache = tmp_path / "kernels"
+    first = _run(cache, after="import sys, os; sys.stdout.flush(); os._exit(0)\n")
+    assert first.returncode == 0 and first.stdout.strip() == "ok", first.stderr
+    code = [p for p in (cache / "pocl").glob("*/*/**/*.so")]
+    if not code:
+        pytest.skip("the default OpenCL device is not PoCL (it keeps no cache here)")
+    assert (cache / "pocl" / "tilegemm-manifest.json").is_file()
+    for path in code:
+        path.write_bytes(path.read_bytes()[:100])
+    out = _run(cache)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    assert "PoCL rebuilds it" in out.stderr
+
+
+def test_pyopencl_imported_first_still_uses_the_cache(tmp_path: Path) -> None:
+    """tilegemm pointed PoCL into its cache only when it imported PyOpenCL itself; the
+    documented device-array example imports it first, and PoCL kept its default folder."""
+    from tilegemm.backends import get_backend
+
+    if not get_backend("opencl").status().usable:
+        pytest.skip("no OpenCL device")
+    out = _run(tmp_path, before="import pyopencl\n")
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+    if not _programs(tmp_path):
+        default = _run(tmp_path / "plain")
+        if not _programs(tmp_path / "plain"):
+            pytest.skip("the default OpenCL device is not PoCL (it keeps no cache here)")
+        pytest.fail(f"no PoCL programs in the cache after importing pyopencl first: {default}")

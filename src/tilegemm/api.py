@@ -202,8 +202,42 @@ def decide(
     chosen = _decide(ops, prob, kernel=kernel, backend=backend, device=device,
                      precision=precision, params=params, stream=stream,
                      float32_out=float32_out)
+    _check_device_data(ops, chosen.prob)
     chosen.backend.check_problem(ops, chosen.prob, chosen.target, out)  # memory, sizes
     return chosen
+
+
+def describe_c(c: Any, prob: GemmProblem) -> Operand:
+    """gemm's ``c``, described and checked against the result: a dtype NumPy would cast
+    to it (same_kind) and a shape that broadcasts to it."""
+    c_op = describe(c, "c")
+    if not np.can_cast(c_op.dtype, prob.dtype, "same_kind"):
+        raise InvalidTypeError(f"gemm: c: dtype {c_op.dtype.name} cannot be cast to the result "
+                               f"dtype {prob.dtype.name} (NumPy's same_kind rule)")
+    try:
+        shape = np.broadcast_shapes(c_op.shape, prob.out_shape)
+    except ValueError:
+        shape = None
+    if shape != prob.out_shape:
+        raise InvalidValueError(f"gemm: c of shape {c_op.shape} does not broadcast to the "
+                                f"result shape {prob.out_shape}")
+    return c_op
+
+
+def _check_device_data(ops: list[Operand], prob: GemmProblem) -> None:
+    """What device arrays cannot do, whichever backend runs them: be converted (a device c
+    of another dtype than the result's), or give a result computed in another dtype and
+    cast back, which only the host path does. ``ops``: a, b and gemm's c, if any."""
+    c_op = ops[2] if len(ops) > 2 else None
+    if c_op is not None and c_op.kind != "host" and c_op.dtype != prob.store_dtype:
+        raise InvalidTypeError(
+            f"gemm: device c has dtype {c_op.dtype.name}, the result is "
+            f"{prob.store_dtype.name}; cast it on the device first")
+    if prob.result_dtype is not None and any(op.kind != "host" for op in ops):
+        raise InvalidTypeError(
+            f"matmul: the result dtype {prob.result_dtype.name} is computed as "
+            f"{prob.dtype.name} and cast back on the host only; for device arrays, cast the "
+            f"operands to {prob.dtype.name} first")
 
 
 def _decide(
@@ -335,34 +369,14 @@ def gemm(
         raise InvalidValueError("gemm: beta != 0 needs c")
     c_op = None
     if c is not None:  # checked whatever beta is, so a wrong c fails the same way always
-        c_op = describe(c, "c")
-        if not np.can_cast(c_op.dtype, prob.dtype, "same_kind"):
-            raise InvalidTypeError(f"gemm: c: dtype {c_op.dtype.name} cannot be cast to the result "
-                            f"dtype {prob.dtype.name} (NumPy's same_kind rule)")
-        try:
-            shape = np.broadcast_shapes(c_op.shape, prob.out_shape)
-        except ValueError:
-            shape = None
-        if shape != prob.out_shape:
-            raise InvalidValueError(
-                f"gemm: c of shape {c_op.shape} does not broadcast to the result "
-                f"shape {prob.out_shape}")
+        c_op = describe_c(c, prob)
         ops.append(c_op)  # a device c chooses where the call runs, whatever beta is
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params, stream=stream,
                     float32_out=float32_out, out=out)
     be, target, prob, spec, resolved = (chosen.backend, chosen.target, chosen.prob,
                                         chosen.spec, chosen.params)
-    if c_op is not None and c_op.kind != "host" and c_op.dtype != prob.store_dtype:
-        raise InvalidTypeError(
-            f"gemm: device c has dtype {c_op.dtype.name}, the result is "
-            f"{prob.store_dtype.name}; cast it on the device first")
     data_kind = next((op.kind for op in ops if op.kind != "host"), "host")
-    if data_kind != "host" and prob.result_dtype is not None:
-        raise InvalidTypeError(
-            f"matmul: the result dtype {prob.result_dtype.name} is computed as "
-            f"{prob.dtype.name} and cast back on the host only; for device arrays, cast the "
-            f"operands to {prob.dtype.name} first")
     direct = True if out is None else check_out(out, prob, data_kind)
     extra: dict[str, Any] = {} if stream is None else {"stream": stream}
     used = (spec, target.key, prob.dtype.char, *resolved.values())

@@ -175,11 +175,11 @@ def _pocl_files(folder: Path) -> dict[str, list[int]]:
 
 
 def _check_pocl_entries(folder: Path) -> None:
-    """PoCL trusts its cache: a truncated or altered compiled program fails the build and,
-    in PoCL 3, aborts the process at exit. PoCL writes an entry once and never changes it,
-    so a file whose size or time differs from what a process recorded after using it
-    (:func:`record_pocl_cache_at_exit`) was damaged: its entry is deleted (with a warning)
-    before PoCL starts, and PoCL rebuilds it."""
+    """PoCL trusts its cache: a truncated or altered compiled program fails the build or, in
+    PoCL 3, aborts the process when the kernel is launched. PoCL writes an entry once and
+    never changes it, so a file whose size or time differs from what a process recorded
+    after its first launch or at exit (:func:`record_pocl_cache_now`) was damaged: its
+    entry is deleted (with a warning) before PoCL starts, and PoCL rebuilds it."""
     try:
         recorded = json.loads((folder / POCL_MANIFEST).read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -209,6 +209,14 @@ def record_pocl_cache_at_exit() -> None:
     import atexit
 
     atexit.register(_record_pocl_files, folder)
+
+
+def record_pocl_cache_now() -> None:
+    """Record the files of tilegemm's PoCL cache now (after a kernel's first launch, so a
+    process that never reaches its exit handlers has recorded what it wrote)."""
+    folder = pocl_cache_dir()
+    if folder is not None and os.environ.get("POCL_CACHE_DIR") == str(folder):
+        _record_pocl_files(folder)
 
 
 def _record_pocl_files(folder: Path) -> None:

@@ -61,14 +61,14 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
     otherwise). Returns a :class:`Plan`; raises what ``matmul`` raises for the same
     operands and options.
     """
-    from tilegemm.api import _check_params_are_upper_case, decide
+    from tilegemm.api import _check_params_are_upper_case, decide, describe_c
     from tilegemm.problem import describe, make_problem
 
     _check_params_are_upper_case(params)
     ops = [describe(a, "a"), describe(b, "b")]
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
     if c is not None:
-        ops.append(describe(c, "c"))
+        ops.append(describe_c(c, prob))
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params)
     spec, prob = chosen.spec, chosen.prob

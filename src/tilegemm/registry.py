@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -180,11 +181,27 @@ class KernelSpec:
                     f"{', '.join(map(str, p.choices))}"
                 )
             params[name] = int(value)
-        for c in self.constraints:
-            if not c.check(params):
-                shown = ", ".join(f"{k}={v}" for k, v in params.items())
-                raise InvalidValueError(f"{self.name}: constraint '{c.text}' fails for {shown}")
+        failed = [c for c in self.constraints if not c.check(params)]
+        if failed:
+            raise InvalidValueError(self._constraint_message(failed, params, set(overrides)))
         return params
+
+    def _constraint_message(self, failed: list[Constraint], params: Mapping[str, int],
+                            given: set[str]) -> str:
+        """Every failed constraint with the values it read, those the caller gave first and
+        defaults marked as such: a default the caller never set (TN=4) is otherwise easily
+        taken for the cause when two given values (BK=4, VW=8) conflict."""
+        def names(c: Constraint) -> list[str]:
+            words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", c.text)
+            return list(dict.fromkeys(w for w in words if w in params))
+
+        failed = sorted(failed, key=lambda c: not set(names(c)) <= given)
+        parts = [f"'{c.text}' fails for " + ", ".join(
+            f"{n}={params[n]}" + ("" if n in given else " (default)") for n in names(c))
+            for c in failed]
+        shown = ", ".join(f"{k}={v}" for k, v in params.items())
+        return (f"{self.name}: constraint {'; '.join(parts)} (all parameters: {shown}); "
+                "values marked (default) can be set too")
 
     def is_valid(self, params: Mapping[str, int]) -> bool:
         """Same predicates as :meth:`resolve`, without raising (for pruning a search)."""

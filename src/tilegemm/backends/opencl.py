@@ -19,7 +19,8 @@ Arrays. NumPy operands are copied in and the result copied out. ``pyopencl.array
 operands stay on their device and the result is a ``pyopencl.array.Array`` in the same
 context: no host trip. Transposed, strided or partially broadcast device operands are
 made dense on the device by a small gather kernel. All arrays of one call must share one
-context.
+context; the call starts after the work pending on them (their events, their other
+queues) and the result carries its event, as PyOpenCL's own operations do.
 
 Checks before anything runs: float64 needs ``cl_khr_fp64``; work-items per work-group,
 each work-group dimension and local memory are compared with the device's limits (and,
@@ -31,7 +32,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -54,7 +54,6 @@ from tilegemm.backends.base import (
 from tilegemm.backends.opencl_program import (
     KERNEL_NAME,
     OpenCLProgram,
-    type_defines,
 )
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import GemmProblem, Operand, host_operand_3d, rounded_to_result
@@ -63,11 +62,20 @@ from tilegemm.registry import KernelSpec
 LAYOUT = "_layout.cl"
 
 
+_POCL_CACHE_SET = False
+
+
 def _cl() -> Any:
-    if "pyopencl" not in sys.modules:
+    global _POCL_CACHE_SET
+    if not _POCL_CACHE_SET:
+        # Before PoCL starts (it reads POCL_CACHE_DIR once, when the first OpenCL call
+        # loads the platforms). Importing pyopencl starts nothing, so a caller that imported
+        # it first still gets the cache; one that already listed the platforms keeps PoCL's
+        # default folder, and the variable only names where tilegemm looks.
+        _POCL_CACHE_SET = True
         from tilegemm.compile_cache import use_pocl_cache
 
-        use_pocl_cache()  # before PoCL starts: it reads POCL_CACHE_DIR once
+        use_pocl_cache()
     import pyopencl
 
     return pyopencl
@@ -101,8 +109,15 @@ def has_fp64(device: Any) -> bool:
         getattr(device, "double_fp_config", 0))
 
 
+def _handle(x: Any) -> Any:
+    """What identifies an OpenCL object: its handle, or for shared virtual memory (an
+    ``SVMAllocation``, which has none) its address."""
+    ptr = getattr(x, "int_ptr", None)
+    return ptr if ptr is not None else ("svm", getattr(x, "svm_ptr", id(x)))
+
+
 def _same(x: Any, y: Any) -> bool:
-    return x.int_ptr == y.int_ptr
+    return _handle(x) == _handle(y)
 
 
 # The smallest program a device must build before it is chosen by default.
@@ -214,6 +229,7 @@ class _OwnDevice:
 class _Cache:
     kernels: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     queues: dict[tuple[int, int], Any] = field(default_factory=dict)
+    unrecorded: set[int] = field(default_factory=set)  # kernels not launched yet (PoCL cache)
 
 
 class OpenCLBackend(Backend):
@@ -414,6 +430,10 @@ class OpenCLBackend(Backend):
 
     def check_problem(self, operands: Any, prob: GemmProblem, target: Target,
                       out: Any = None) -> None:
+        arrays = [op.obj for op in operands if op.kind == "opencl"]
+        if arrays and out is not None and type(out).__module__.startswith("pyopencl"):
+            arrays.append(out)
+        _one_context(arrays)  # here too, so plan() refuses what a call would
         self._check_sizes(target.handle, prob)
 
     @staticmethod
@@ -472,26 +492,45 @@ class OpenCLBackend(Backend):
         return queue
 
     def _place(self, arrays: Sequence[Any], target: Target | None) -> _Place:
-        """The context of the caller's pyopencl arrays, else our own on the target device."""
+        """The context of the caller's pyopencl arrays, else our own on the target device.
+
+        The call runs on the first array's queue when it is in order (the caller's work
+        there comes first by itself), else on an in-order queue of ours; see
+        :meth:`_after_callers_work` for the arrays' other queues."""
         device = None if target is None else target.index
         if not arrays:
             own = self.own_device(device)
             return _Place(own.context, own.device, own.queue)
         first = arrays[0]
-        for x in arrays[1:]:
-            if not _same(x.context, first.context):
-                raise InvalidValueError(
-                    "pyopencl arrays from different OpenCL contexts were passed together; "
-                    "all device arrays of one call must live in the same context (copy them "
-                    "into one with pyopencl.array.to_device)")
+        _one_context(arrays)
         context = first.context
         dev = first.queue.device if first.queue is not None else context.devices[0]
         if target is not None and not _same(target.handle, dev):
             raise InvalidValueError(
                 f"device={target.index} is {target.name}, but the pyopencl arrays live on "
                 f"{dev.name.strip()}; omit device= to run where the data is")
-        queue = first.queue if first.queue is not None else self._queue(context, dev)
+        queue = first.queue
+        if queue is None or _out_of_order(queue):
+            queue = self._queue(context, dev)
         return _Place(context, dev, queue)
+
+    @staticmethod
+    def _after_callers_work(queue: Any, arrays: Sequence[Any]) -> None:
+        """Make ``queue`` start this call's commands only after the caller's work on its
+        arrays: the events PyOpenCL keeps on each array (a fill, a copy, an operation not
+        yet finished) and everything enqueued before now on any other queue an array
+        belongs to (its marker). PyOpenCL's own operations wait the same way; without it, an
+        operand filled on another queue was read before it was written."""
+        cl = _cl()
+        waits = [event for x in arrays for event in (getattr(x, "events", None) or ())]
+        others: dict[Any, Any] = {}
+        for x in arrays:
+            q = getattr(x, "queue", None)
+            if q is not None and not _same(q, queue):
+                others[_handle(q)] = q
+        waits.extend(cl.enqueue_marker(q) for q in others.values())
+        if waits:
+            cl.enqueue_barrier(queue, wait_for=waits)
 
     def kernel(self, target: _Place | _OwnDevice, program: OpenCLProgram,
                name: str = KERNEL_NAME, source: str | None = None) -> Any:
@@ -505,7 +544,22 @@ class OpenCLBackend(Backend):
 
             record_pocl_cache_at_exit()
             self._cache.kernels[key] = kernel
+            self._cache.unrecorded.add(kernel.int_ptr)
         return kernel
+
+    def _first_launch(self, kernel: Any, event: Any) -> None:
+        """After a kernel's first launch in this process, record the PoCL cache's files
+        (PoCL writes a kernel's code at its first launch): a process that never exits
+        normally (a multiprocessing worker, one killed) would otherwise leave its entries
+        unrecorded, and a later truncation of one would abort every process that loads it
+        instead of being found and rebuilt (see ``compile_cache._check_pocl_entries``)."""
+        if event is None or kernel.int_ptr not in self._cache.unrecorded:
+            return
+        self._cache.unrecorded.discard(kernel.int_ptr)
+        from tilegemm.compile_cache import record_pocl_cache_now
+
+        event.wait()  # the code is written once the launch has run
+        record_pocl_cache_now()
 
     @staticmethod
     def _build(target: _Place | _OwnDevice, program: OpenCLProgram, name: str,
@@ -525,8 +579,13 @@ class OpenCLBackend(Backend):
         return cl.Kernel(built, name)
 
     def _layout_kernel(self, target: _Place, dtype: np.dtype) -> Any:
-        program = OpenCLProgram("layout", LAYOUT, tuple(sorted(type_defines(dtype).items())),
-                                (1, 1), (1, 1))
+        """The gather kernel for elements of ``dtype``'s size: it moves bits, so one kernel
+        serves every type of a size (an int16 or bool operand is gathered before its
+        conversion, in its own type)."""
+        bits = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[dtype.itemsize]
+        defines = {"TG_T": bits, "TG_VW": "1", "TG_VT": bits}
+        program = OpenCLProgram("layout", LAYOUT, tuple(sorted(defines.items())), (1, 1),
+                                (1, 1))
         return self.kernel(target, program, "gather", program.source)
 
     def _checked_kernel(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
@@ -567,14 +626,21 @@ class OpenCLBackend(Backend):
                         which: str) -> tuple[Any, int, int]:
         """A pyopencl operand as (buffer, element offset, batch stride) with dense rows."""
         x = op.obj
-        if op.dtype != prob.dtype:
-            # Mixed dtypes: converted once, on the device (a dense copy in the kernel dtype).
-            x = x.astype(prob.dtype, queue=target.queue)
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         own_lead = prob.a_batch_shape if which == "a" else prob.b_batch_shape
         view = _strided_view(x, prob, which)
         zoff, rs, cs = _batch_offsets(view, own_lead, prob.batch_shape,
                                      x.offset // x.dtype.itemsize)
+        if op.dtype != prob.dtype:
+            # Mixed dtypes: gathered dense in its own type, then converted once, on the
+            # device. (PyOpenCL's astype of a transposed or strided view returns the
+            # elements in memory order under row-major strides, or refuses the view.)
+            shared = len(zoff) > 1 and bool(np.all(zoff == zoff[0]))  # a broadcast batch
+            dense = self._gather(target, x, x.dtype, zoff[:1] if shared else zoff, rs, cs,
+                                 rows, cols)
+            dense = dense.astype(prob.dtype, queue=target.queue)
+            step = 0 if dense.shape[0] == 1 else rows * cols
+            return dense.base_data, dense.offset // dense.dtype.itemsize, step
         dense_rows = (cols <= 1 or cs == 1) and (rows <= 1 or rs == cols)
         if dense_rows:
             steps = np.diff(zoff)
@@ -599,8 +665,7 @@ class OpenCLBackend(Backend):
         if c.dtype != prob.dtype:
             raise InvalidTypeError(f"gemm: device c has dtype {c.dtype.name}, the result is "
                             f"{prob.dtype.name}; cast it on the device first")
-        if (_same(x.base_data, dest.base_data) and x.offset == dest.offset
-                and x.flags.c_contiguous and x.shape == prob.out_shape):
+        if _is_out(x, dest, prob):
             return  # out is c: already in place
         # c broadcast to the result shape, then viewed as (batch, M, N) with strides.
         shape = prob.out_shape
@@ -636,46 +701,50 @@ class OpenCLBackend(Backend):
         shape3 = (prob.batch, prob.m, prob.n)
         itemsize = prob.dtype.itemsize
 
-        # The destination: out itself when it is a dense device array that does not
-        # overlap an input, else a fresh (batch, M, N) array.
+        if on_device:
+            self._after_callers_work(queue, arrays)
+
+        # The destination: out itself when it is a dense device array that overlaps no
+        # input (c included, unless c is out itself: then C0 is already in place), else a
+        # fresh (batch, M, N) array, copied into out at the end.
         dest = None
         if out is not None and on_device:
             if not out.flags.c_contiguous:
                 raise InvalidValueError("out: a device out array must be C-contiguous")
-            # An out that shares a buffer with A or B would be overwritten while read.
+            # An out sharing a buffer with A, B or c would be overwritten while read.
             overlaps = out.base_data is not None and any(
-                op.kind == "opencl" and op.obj.base_data is not None
-                and _same(op.obj.base_data, out.base_data) for op in (a, b))
+                op is not None and op.kind == "opencl" and op.obj.base_data is not None
+                and _same(op.obj.base_data, out.base_data)
+                and not (op is c and _is_out(c.obj, out, prob)) for op in (a, b, c))
             if not overlaps:
                 dest = out.reshape(shape3)
+        # The operands first: a conversion that fails leaves out as it was.
+        a_args = b_args = (None, 0, 0)  # no K: the kernels never touch A or B
+        if not prob.empty and prob.k != 0:
+            a_args = self._operand(target, a, prob, "a")
+            b_args = self._operand(target, b, prob, "b")
         if dest is None:
             dest = cla.empty(queue, shape3, prob.dtype)
         if dest.size:
             if beta != 0:
                 self._fill_c0(target, c, prob, dest)
             elif poison_enabled():
-                pattern = np.array([poison_value(prob.dtype)], dtype=prob.dtype)
-                cl.enqueue_fill_buffer(queue, dest.base_data, pattern, dest.offset,
-                                       dest.size * itemsize)
-
+                dest.with_queue(queue).fill(poison_value(prob.dtype))  # a buffer or SVM alike
         if not prob.empty:
-            if prob.k == 0:  # nothing to read: the kernels never touch A or B
-                a_args = b_args = (None, 0, 0)
-            else:
-                a_args = self._operand(target, a, prob, "a")
-                b_args = self._operand(target, b, prob, "b")
-            self._launch(kernel, program, queue, prob, a_args, b_args,
-                         (dest.base_data, dest.offset // itemsize), alpha, beta)
+            event = self._launch(kernel, program, queue, prob, a_args, b_args,
+                                 (dest.base_data, dest.offset // itemsize), alpha, beta)
+            self._first_launch(kernel, event)
         self._used[queue.int_ptr] = queue
 
         if on_device:
+            result = dest.reshape(prob.out_shape)
             if out is not None:
                 if dest.base_data is not out.base_data or dest.offset != out.offset:
-                    cl.enqueue_copy(queue, out.base_data, dest.base_data,
-                                    dst_offset=out.offset, src_offset=dest.offset,
-                                    byte_count=dest.size * itemsize)
-                return out
-            return dest.reshape(prob.out_shape)
+                    out.reshape(shape3).with_queue(queue).setitem(slice(None), dest)  # SVM too
+                result = out
+            # PyOpenCL's operations on the result (get(), on any queue) wait for this
+            result.add_event(cl.enqueue_marker(queue))
+            return result
         host = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
         if host.size:
             cl.enqueue_copy(queue, host.reshape(shape3), dest.base_data,
@@ -758,6 +827,30 @@ def _cla() -> Any:
     import pyopencl.array
 
     return pyopencl.array
+
+
+def _is_out(c: Any, out: Any, prob: GemmProblem) -> bool:
+    """Whether device array ``c`` is ``out`` itself (the same elements in the same order),
+    so C0 is in place already."""
+    return (_same(c.base_data, out.base_data) and c.offset == out.offset
+            and c.flags.c_contiguous and c.shape == prob.out_shape)
+
+
+def _one_context(arrays: Sequence[Any]) -> None:
+    """Refuse device arrays of one call that live in different contexts."""
+    for x in arrays[1:]:
+        if not _same(x.context, arrays[0].context):
+            raise InvalidValueError(
+                "pyopencl arrays from different OpenCL contexts were passed together; "
+                "all device arrays of one call must live in the same context (copy them "
+                "into one with pyopencl.array.to_device)")
+
+
+def _out_of_order(queue: Any) -> bool:
+    """Whether ``queue`` may run its commands out of order (the call's own steps, a
+    conversion then the product, must not)."""
+    cl = _cl()
+    return bool(queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
 
 
 def _elem_strides(x: Any) -> tuple[int, ...]:
