@@ -280,3 +280,15 @@ def test_a_float32_device_c_with_16_bit_operands_on_tensor_cores() -> None:
                                                "float32"):
         tilegemm.gemm(cuda.to_device(a), cuda.to_device(b), cuda.to_device(c.astype(np.float64)),
                       beta=1.0, dtype=np.float32, backend="cuda")
+
+
+def test_a_zero_dimensional_array_is_a_scalar_alpha_or_beta():
+    """alpha=np.array(2.0) (what NumPy's reductions give) was refused as 'not a real
+    number'; a 1-element 1-D array and NumPy booleans still are."""
+    a = np.arange(1.0, 10.0, dtype=np.float32).reshape(3, 3)
+    c = np.ones((3, 3), np.float32)
+    got = tilegemm.gemm(a, a, c, alpha=np.array(2.0), beta=np.float32(0.5))
+    np.testing.assert_allclose(got, 2 * (a.astype(np.float64) @ a) + 0.5, rtol=1e-6)
+    for bad in (np.array([2.0]), np.True_):
+        with pytest.raises(TypeError, match="alpha must be a real number"):
+            tilegemm.gemm(a, a, alpha=bad)

@@ -158,3 +158,19 @@ def _program_used(a: np.ndarray, b: np.ndarray):
     chosen = tilegemm.plan(a, b, kernel="blocked", backend="cpu")
     spec = next(s for s in tilegemm.kernels("cpu") if s.name == "blocked")
     return spec.program(chosen.params, chosen.dtype)
+
+
+def test_numba_set_num_threads_before_the_first_product_keeps_tbb(warm_cache) -> None:
+    """numba.set_num_threads() (Numba's documented way to size the pool) starts Numba's
+    threading layer; called before tilegemm's first CPU product it chose OpenMP, which is
+    not fork-safe, because TBB was made loadable only by that first product."""
+    from tilegemm.kernels.cpu import _threads
+
+    if not sys.platform.startswith("linux") or _threads.tbb_library_path() is None:
+        pytest.skip("no TBB package here")
+    script = (
+        "import json, numba, numpy as np, tilegemm\n"
+        "numba.set_num_threads(2)\n"
+        "tilegemm.matmul(np.ones((300, 300)), np.ones((300, 300)), backend='cpu')\n"
+        "print(json.dumps({'layer': numba.threading_layer()}))\n")
+    assert _run(script, 300)["layer"] == "tbb"

@@ -133,3 +133,20 @@ def test_dot_rows_source_sums_in_a_fixed_lane_order():
         "t += s0", "t += s1", "t += s2", "t += s3"]
     assert k02_blocked.dot_lanes(np.float32, 512) == 64
     assert k02_blocked.dot_lanes(np.float64, None) == 16
+
+
+def test_long_vector_products_sum_k_in_panels_as_the_packed_path_does():
+    """The vector path (x @ B, x @ y) and the unpacked small path kept one running sum over
+    all of K: float32 x @ y at K = 10^6 was 1.6e-4 off (NumPy 4e-7), and a row came out with
+    other bits than the same row of a larger product. They now sum K in panels, as the
+    packed path does: the same bits as the packed path's row, and the packed path's error."""
+    rng = np.random.default_rng(7)
+    k = 300_000  # a single running sum: ~1e-5 relative error in float32
+    x, y = rng.random(k, dtype=np.float32), rng.random(k, dtype=np.float32)
+    want = float(x.astype(np.float64) @ y)
+    assert abs(float(matmul(x, y)) - want) / want < 2e-6
+    a = rng.random((16, 5000), dtype=np.float32)  # above the small path: threads, packed
+    b = rng.random((5000, 3), dtype=np.float32)
+    np.testing.assert_array_equal(matmul(a[:1], b), matmul(a, b)[:1])  # the vector path
+    # a 2 × 2 result below DIRECT_PRODUCT (the unpacked small path), against the packed rows
+    np.testing.assert_array_equal(matmul(a[:2], b[:, :2]), matmul(a, b[:, :2])[:2])

@@ -176,6 +176,37 @@ def test_plan_agrees_with_what_runs(dtype, shape, monkeypatch):
     assert planned.kernel in str(planned) and planned.source in str(planned)
 
 
+def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
+    """plan().path named only the small-product path; the vector path and the batch split
+    were "". Checked against the compiled module's own tests (takes_gemv, splits_batch)."""
+    import sys
+
+    from tilegemm import registry
+    from tilegemm.kernels.cpu._threads import planned_threads
+
+    a = np.ones((4, 4), np.float32)
+    params = tilegemm.plan(a, a, kernel="blocked").params
+    program = registry.get("blocked", "cpu").program(params, np.dtype("float32"))
+    mod = sys.modules[program.__module__]
+    threads, direct = planned_threads(), k02_blocked.DIRECT_PRODUCT
+    shapes = [(1, 1, 4096, 4096), (1, 4096, 1, 4096), (1, 1, 1, 10**7), (64, 1, 300, 300),
+              (64, 64, 64, 64), (4, 200, 200, 200), (64, 200, 200, 200), (1, 500, 500, 500),
+              (2, 300, 300, 300), (3, 8, 8, 8), (1, 40, 40, 0)]
+    for batch, m, n, k in shapes:
+        path = k02_blocked.path(batch, m, n, k, threads)
+        small = k == 0 or batch * m * n * k <= direct
+        assert ("small product" in path or "no K" in path) == small, (batch, m, n, k, path)
+        if small:
+            continue
+        vector = bool(mod.takes_gemv(batch, m, n, k, direct))
+        assert ("one row or column" in path) == vector, (batch, m, n, k, path)
+        split = not vector and bool(mod.splits_batch(batch, m, n, k, threads))
+        assert ("batch split" in path) == split, (batch, m, n, k, path)
+        assert ("packed panels" in path) == (not vector and not split)
+    planned = tilegemm.plan(np.ones((1, 3000), np.float32), np.ones((3000, 500), np.float32))
+    assert "one row or column" in planned.path and "one row or column" in str(planned)
+
+
 def test_tuned_cache_overrides_the_database(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
     a = np.ones((256, 256), np.float32)

@@ -17,6 +17,19 @@ from tilegemm.plan import Plan, plan
 from tilegemm.reference import assert_close, reference
 
 restore_numpy_aliases()  # before numba.cuda is ever imported (see tilegemm._compat)
+
+
+def _tbb_first() -> None:
+    """TBB made loadable now (a millisecond, no Numba import): a caller who sizes Numba's
+    pool with ``numba.set_num_threads`` before the first CPU product starts Numba's
+    threading layer, which would otherwise be OpenMP (not fork-safe; see
+    ``tilegemm.kernels.cpu._threads``)."""
+    from tilegemm.kernels.cpu._threads import make_tbb_loadable
+
+    make_tbb_loadable()
+
+
+_tbb_first()
 __version__ = "0.1.0"
 __all__ = ["matmul", "gemm", "plan", "Plan", "kernels", "backends", "reference", "assert_close",
            "errors", "__version__"]

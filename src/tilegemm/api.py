@@ -331,11 +331,16 @@ def _check_params_are_upper_case(params: dict[str, Any]) -> None:
                             "UPPER-CASE, e.g. TILE=16; see tilegemm.kernels())")
 
 
-def _check_scalar(x: Any, name: str) -> None:
-    if isinstance(x, bool) or not isinstance(x, (Number, np.number)):
+def _scalar(x: Any, name: str) -> Any:
+    """``alpha``/``beta`` checked: a real number (a 0-d NumPy array counts, as its element:
+    what NumPy's reductions and ``np.asarray(2.0)`` give)."""
+    if isinstance(x, np.ndarray) and x.ndim == 0:
+        x = x[()]
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (Number, np.number)):
         raise InvalidTypeError(f"{name} must be a real number, got {x!r}")
     if isinstance(x, (complex, np.complexfloating)):
         raise InvalidTypeError(f"{name} must be real, got {x!r}")
+    return x
 
 
 def gemm(
@@ -360,8 +365,7 @@ def gemm(
     plain = (c is None and alpha == 1 and beta == 0 and not trans_a
              and not trans_b and kernel == AUTO and backend == AUTO and device is None
              and stream is None and precision is None and not params)
-    _check_scalar(alpha, "alpha")
-    _check_scalar(beta, "beta")
+    alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
     ops = [describe(a, "a"), describe(b, "b")]
     float32_out = _float32_out_on_request(dtype, out, ops)
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)

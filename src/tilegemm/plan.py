@@ -21,8 +21,9 @@ class Plan:
       shipped with tilegemm for this CPU or GPU model, or for its instruction set),
       "default" (the rung's defaults), "simulator" (CUDA simulator defaults), or
       "requested; the others from ..." when some parameters were given.
-    - ``path``: how the rung runs this shape when it has more than one way, e.g. "small
-      product: on the calling thread, no thread pool" on the CPU; else "".
+    - ``path``: how the rung runs this shape when it has more than one way: on the CPU the
+      small-product path (on the calling thread), the one-row-or-column path, a batch
+      split between the threads, or packed panels; else "".
     - ``dtype``: the type the kernel computes in (int32 for int8 operands, float32 for
       float16 on the CPU), not necessarily the result's type, which is ``np.matmul``'s.
     - ``shape``: (batch, M, N, K) after NumPy's promotion and broadcasting.
@@ -34,7 +35,7 @@ class Plan:
     rung: int
     params: dict[str, int]
     source: str  # "requested", "tuned", "database (device)", "database (isa)", "default"...
-    path: str  # how the rung runs this shape (the CPU's small-product path), or ""
+    path: str  # how the rung runs this shape (the CPU's paths), or ""
     dtype: str
     shape: tuple[int, int, int, int]  # batch, M, N, K
 
@@ -79,8 +80,8 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
 
 def _path(key: str, prob: GemmProblem) -> str:
     if key == "cpu:blocked":
-        from tilegemm.kernels.cpu.k02_blocked import DIRECT_PRODUCT
+        from tilegemm.kernels.cpu._threads import planned_threads
+        from tilegemm.kernels.cpu.k02_blocked import path
 
-        if prob.k and prob.batch * prob.m * prob.n * prob.k <= DIRECT_PRODUCT:
-            return "small product: on the calling thread, no thread pool"
+        return path(prob.batch, prob.m, prob.n, prob.k, planned_threads())
     return ""

@@ -34,17 +34,13 @@ DTYPE = "float32"
 CACHE = False
 SMALL_PRODUCT = 96 * 96 * 96
 DIRECT_PRODUCT = 64 * 64 * 64
+BATCH_PRODUCT = 256 * 256 * 256
+BATCH_SPLIT_MIN = 2
 VECTOR_BITS = None  # widest vectors the code may use (None: LLVM's choice for the CPU)
 K_UNROLL = 4  # K steps per trip of the micro-kernel's loop
 # @end-header
 
 BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
-# Products up to this size also run one per thread when the batch has at least
-# BATCH_SPLIT_MIN products per thread: no synchronisation per product (float32 on a 2-vCPU
-# AMD Zen 5: 32 × 128³ 0.83 → 3.0× NumPy's time, 16 × 192³ 0.81 → 2.0×, 4 × 256³ 0.95 →
-# 1.04×; with 3 products on 2 threads the uneven split lost: 1.04 → 0.81×).
-BATCH_PRODUCT = 256 * 256 * 256
-BATCH_SPLIT_MIN = 2
 
 mr, nr, mc, kc_max, nc_max = MR, NR, MC, KC, NC
 _dt = np.dtype(DTYPE)
@@ -279,14 +275,31 @@ def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T, tr):
                       alpha, beta, pc == 0, T)
 
 
+@when_called(numba.void(a1, a1, i8, i8, nbt, nbt, flag), **FLAGS)
+def fold(y, acc, j0, j1, alpha, beta, first):
+    """y[j0:j1] gets one K panel's sums ``acc``: ``alpha*acc (+ beta*y)`` for the first
+    panel (y unread when beta == 0), ``+= alpha*acc`` after, as the packed path updates C."""
+    if not first:
+        for j in range(j1 - j0):
+            y[j0 + j] += alpha * acc[j]
+    elif beta == zero:
+        for j in range(j1 - j0):
+            y[j0 + j] = alpha * acc[j]
+    else:
+        for j in range(j1 - j0):
+            y[j0 + j] = alpha * acc[j] + beta * y[j0 + j]
+
+
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
 def direct(A, B, C, alpha, beta):
     """Small products on the calling thread, unpacked: for each row of C, a row of A times
     B, accumulated row by row (unit stride in B and C, so LLVM vectorises the j loop).
 
     No packing and no parallel region, whose wake-up costs more than the whole
-    product below ``DIRECT_PRODUCT`` multiply-adds. Each element is the same K-ordered sum
-    as in the packed path.
+    product below ``DIRECT_PRODUCT`` multiply-adds. Each element is summed as in the packed
+    path: K in panels of ``KC`` steps, each panel's sum started from zero in K order and
+    added into C (a single running sum over all of K lost accuracy for long products with
+    few outputs: 2×2×350000 in float32, 100× NumPy's error).
     """
     batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
     acc = np.empty(n, dtype=C.dtype)
@@ -297,18 +310,17 @@ def direct(A, B, C, alpha, beta):
         for i in range(m):
             crow = Cz[i]
             arow = Az[i]
-            acc[:] = zero
-            for p in range(k):
-                a = arow[p]
-                brow = Bz[p]
-                for j in range(n):
-                    acc[j] += a * brow[j]
-            if beta == zero:
-                for j in range(n):
-                    crow[j] = alpha * acc[j]
-            else:
-                for j in range(n):
-                    crow[j] = alpha * acc[j] + beta * crow[j]
+            if k == 0:
+                acc[:] = zero
+                fold(crow, acc, 0, n, alpha, beta, True)
+            for pc in range(0, k, kc_max):
+                acc[:] = zero
+                for p in range(pc, min(k, pc + kc_max)):
+                    a = arow[p]
+                    brow = Bz[p]
+                    for j in range(n):
+                        acc[j] += a * brow[j]
+                fold(crow, acc, 0, n, alpha, beta, pc == 0)
 
 
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8), **FLAGS)
@@ -363,34 +375,36 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks):
         j0, j1 = c * n // nchunks, (c + 1) * n // nchunks
         if j1 <= j0:
             return
-        acc = np.zeros(j1 - j0, dtype=C.dtype)
+        acc = np.empty(j1 - j0, dtype=C.dtype)
         x = A[0]
-        kk = k // GEMV_ROWS * GEMV_ROWS
-        for p in range(0, kk, GEMV_ROWS):
-            a0, a1, a2_, a3_ = x[p], x[p + 1], x[p + 2], x[p + 3]
-            a4_, a5, a6, a7 = x[p + 4], x[p + 5], x[p + 6], x[p + 7]
-            r0, r1, r2, r3 = B[p, j0:j1], B[p + 1, j0:j1], B[p + 2, j0:j1], B[p + 3, j0:j1]
-            r4, r5, r6, r7 = B[p + 4, j0:j1], B[p + 5, j0:j1], B[p + 6, j0:j1], B[p + 7, j0:j1]
-            for j in range(j1 - j0):
-                t = acc[j]
-                t += a0 * r0[j]
-                t += a1 * r1[j]
-                t += a2_ * r2[j]
-                t += a3_ * r3[j]
-                t += a4_ * r4[j]
-                t += a5 * r5[j]
-                t += a6 * r6[j]
-                t += a7 * r7[j]
-                acc[j] = t
-        for p in range(kk, k):
-            a = x[p]
-            row = B[p, j0:j1]
-            for j in range(j1 - j0):
-                acc[j] += a * row[j]
         y = C[0]
-        for j in range(j1 - j0):
-            v = alpha * acc[j]
-            y[j0 + j] = v if beta == zero else v + beta * y[j0 + j]
+        for pc in range(0, k, kc_max):  # K in panels, as the packed path sums (see direct)
+            acc[:] = zero
+            kend = min(k, pc + kc_max)
+            kk = pc + (kend - pc) // GEMV_ROWS * GEMV_ROWS
+            for p in range(pc, kk, GEMV_ROWS):
+                a0, a1_, a2_, a3_ = x[p], x[p + 1], x[p + 2], x[p + 3]
+                a4_, a5, a6, a7 = x[p + 4], x[p + 5], x[p + 6], x[p + 7]
+                r0, r1, r2, r3 = B[p, j0:j1], B[p + 1, j0:j1], B[p + 2, j0:j1], B[p + 3, j0:j1]
+                r4, r5, r6 = B[p + 4, j0:j1], B[p + 5, j0:j1], B[p + 6, j0:j1]
+                r7 = B[p + 7, j0:j1]
+                for j in range(j1 - j0):
+                    t = acc[j]
+                    t += a0 * r0[j]
+                    t += a1_ * r1[j]
+                    t += a2_ * r2[j]
+                    t += a3_ * r3[j]
+                    t += a4_ * r4[j]
+                    t += a5 * r5[j]
+                    t += a6 * r6[j]
+                    t += a7 * r7[j]
+                    acc[j] = t
+            for p in range(kk, kend):
+                a = x[p]
+                row = B[p, j0:j1]
+                for j in range(j1 - j0):
+                    acc[j] += a * row[j]
+            fold(y, acc, j0, j1, alpha, beta, pc == 0)
     else:
         x = B.reshape(k)  # (K, 1), C-contiguous: a vector
         dot_rows(A, x, C, c * m // nchunks, (c + 1) * m // nchunks, alpha, beta)
@@ -663,8 +677,8 @@ def takes_gemv(batch, m, n, k, direct_max):
 # Every compiled function, callees before callers (the order they compile in on a cold
 # cache), and those that Python calls: a warm cache loads only these, the first at import
 # and each of the others on its first call (see _lazy).
-COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, direct,
-            products_serial, dot_rows, gemv_part, gemv_serial, small, run_parallel,
+COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
+            direct, products_serial, dot_rows, gemv_part, gemv_serial, small, run_parallel,
             splits_batch, layout, blocked_threads, gemv_threads, takes_gemv)
 CALLED_FROM_PYTHON = (takes_gemv, layout, small, products_serial, gemv_serial,
                       blocked_threads, gemv_threads)

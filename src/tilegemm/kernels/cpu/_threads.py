@@ -231,6 +231,15 @@ def pool_threads() -> int:
         return numba.get_num_threads()
 
 
+def planned_threads() -> int:
+    """The threads a product would use, without starting Numba's pool (``plan`` asks)."""
+    import numba
+
+    if _numba_layer_started():
+        return numba.get_num_threads()
+    return int(numba.config.NUMBA_NUM_THREADS)
+
+
 def _python_thread_ids() -> set[int]:
     """The kernel thread ids of the threads Python's ``threading`` knows (every thread that
     runs Python code, the main thread included)."""

@@ -45,6 +45,12 @@ SMALL_PRODUCT = 96 * 96 * 96
 # the second core buys (measured crossover on a 2-vCPU AMD Zen 5: 128³-160³ float32,
 # 112³-128³ float64; see docs/cpu.md).
 DIRECT_PRODUCT = 112 * 112 * 112
+# Products up to this size also run one per thread when the batch has at least
+# BATCH_SPLIT_MIN products per thread: no synchronisation per product (float32 on a 2-vCPU
+# AMD Zen 5: 32 × 128³ 0.83 → 3.0× NumPy's time, 16 × 192³ 0.81 → 2.0×, 4 × 256³ 0.95 →
+# 1.04×; with 3 products on 2 threads the uneven split lost: 1.04 → 0.81×).
+BATCH_PRODUCT = 256 * 256 * 256
+BATCH_SPLIT_MIN = 2
 # Steps of the micro-kernel's K loop per iteration (see ``micro_kernel_source``).
 K_UNROLL = 4
 
@@ -234,6 +240,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
         template,
         {"MR, NR, MC, KC, NC": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
+         "BATCH_PRODUCT": BATCH_PRODUCT, "BATCH_SPLIT_MIN": BATCH_SPLIT_MIN,
          "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL},
         {"ukernel": micro_kernel_source(p["MR"], p["NR"], vector_loop=applies(dtype)),
          "dot": dot_rows_source(dot_lanes(dtype, bits))},
@@ -244,6 +251,23 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
         module = load_module(f"blocked-{dtype.name}", source,
                              {"kernel": "blocked", "params": header, "dtype": dtype.name})
     return module.blocked
+
+
+def path(batch: int, m: int, n: int, k: int, threads: int) -> str:
+    """Which of the rung's paths a product of ``batch`` (m, k) @ (k, n) products takes on
+    ``threads`` threads, in words (``tilegemm.plan`` names it): the same tests, in the same
+    order, as the generated module's ``blocked``, ``takes_gemv`` and ``splits_batch``."""
+    size = m * n * k
+    if k == 0:
+        return "no K: beta·C (or zeros), on the calling thread"
+    if batch * size <= DIRECT_PRODUCT:
+        return "small product: on the calling thread, no thread pool"
+    if (m == 1 or n == 1) and (batch == 1 or size > SMALL_PRODUCT):
+        return f"one row or column: the matrix streamed once, split over {threads} thread(s)"
+    if batch >= 2 and (size <= SMALL_PRODUCT
+                       or (size <= BATCH_PRODUCT and batch >= BATCH_SPLIT_MIN * threads)):
+        return f"batch split: whole products on each of {threads} thread(s)"
+    return f"packed panels, each product split over {threads} thread(s)"
 
 
 # The vector width the rung's code is built for, per ISA (see ``vector_bits``).
