@@ -461,3 +461,38 @@ def test_a_child_forked_while_another_thread_compiles_does_not_hang():
     holds LLVM's own mutexes, which no fork handler can free: forking a process whose
     other threads compile remains unsafe, as POSIX says of any multi-threaded fork."""
     assert script_json(FORK_WHILE_HELD, timeout=120) == {"child": 0}
+
+
+def test_ctrl_c_during_a_compile_stops_it_between_compiler_passes():
+    """Python's handler raised KeyboardInterrupt wherever Python was: inside llvmlite's
+    callbacks it was printed and dropped (Ctrl-C ignored for the rest of the compile), and
+    between two llvmlite calls it could leave a module owned twice (a crash at exit). While
+    a rung compiles, Ctrl-C is noted and raised at the next compiler pass; a second one
+    raises at once; outside a compile nothing changes."""
+    import signal
+
+    import numba
+
+    from tilegemm.kernels.cpu import _lazy
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own
+    try:
+        _interrupting_a_compile(signal, numba, _lazy)
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _interrupting_a_compile(signal, numba, _lazy):  # noqa: ANN001, ANN202
+    fresh = numba.njit(lambda x: x + 1)
+    with pytest.raises(KeyboardInterrupt), _lazy.interruptible():
+        assert signal.getsignal(signal.SIGINT) is _lazy._note_interrupt
+        signal.getsignal(signal.SIGINT)(signal.SIGINT, None)  # noted, not raised here
+        fresh(1)  # the first compiler pass raises it
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert not _lazy._stop_requested
+    with pytest.raises(KeyboardInterrupt), _lazy.interruptible():
+        _lazy._note_interrupt(signal.SIGINT, None)
+        _lazy._note_interrupt(signal.SIGINT, None)  # the second: at once
+    with pytest.raises(KeyboardInterrupt), _lazy.interruptible():
+        _lazy._note_interrupt(signal.SIGINT, None)  # after the last pass: still raised
+    assert fresh(2) == 3  # nothing left pending: compiles and runs

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
-from numba.core import typeinfer
+from numba.core import event, typeinfer
 from numba.core.caching import FunctionCache
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
@@ -109,6 +110,66 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+# Ctrl-C during a compile. Python's own handler raises KeyboardInterrupt wherever Python
+# is: inside one of llvmlite's callbacks from LLVM's code generator it is printed ("Exception
+# ignored on calling ctypes callback function") and dropped, so Ctrl-C seemed ignored for the
+# rest of a compile of up to 15 s (a tuner ran on for minutes); and between two of
+# llvmlite's calls that hand an LLVM module over, it leaves the module owned twice, and the
+# process crashes when both are freed (seen: a segmentation fault in Module._dispose). So
+# while tilegemm compiles, Ctrl-C only notes the request, and the compile stops at the next
+# boundary between Numba's compiler passes (at most a second or two), where every LLVM
+# object has one owner. A second Ctrl-C stops at once, as before.
+_stop_requested = False
+
+
+def _note_interrupt(signum: int, frame: Any) -> None:
+    global _stop_requested
+    if _stop_requested:
+        signal.default_int_handler(signum, frame)
+    _stop_requested = True
+
+
+def _stop_if_requested() -> None:
+    global _stop_requested
+    if _stop_requested:
+        _stop_requested = False
+        raise KeyboardInterrupt
+
+
+class _StopBetweenPasses(event.Listener):
+    """Raises the noted KeyboardInterrupt as a compiler pass starts or ends."""
+
+    def on_start(self, ev: Any) -> None:
+        _stop_if_requested()
+
+    def on_end(self, ev: Any) -> None:
+        _stop_if_requested()
+
+
+event.register("numba:run_pass", _StopBetweenPasses())
+
+
+@contextlib.contextmanager
+def interruptible() -> Iterator[None]:
+    """Around a compile or load: Ctrl-C stops it at a safe point (see above). Only in the
+    main thread (where Python runs signal handlers), and only where SIGINT has Python's own
+    handler: a handler the program installed is left alone."""
+    global _stop_requested
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    _stop_requested = False
+    signal.signal(signal.SIGINT, _note_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        stopped, _stop_requested = _stop_requested, False
+    if stopped:  # after the last pass: the compile is whole, the interrupt still counts
+        raise KeyboardInterrupt
+
+
 class QuickLoadCache(FunctionCache):
     """Numba's on-disk cache of one function, loading without the registry set-up.
 
@@ -177,7 +238,7 @@ class WhenCalledDispatcher(CPUDispatcher):
         if not self.pending:
             return
         # the settings' lock first, then Numba's: the order every compilation takes them in
-        with self._settings(), global_compiler_lock:
+        with interruptible(), self._settings(), global_compiler_lock:
             if not self.pending:  # another thread did it meanwhile
                 return
             with typeinfer.register_dispatcher(self):
