@@ -157,6 +157,21 @@ def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, ca
     (["explain", "naive", "--sass", "--m", "4096"], "--m applies only to the trace"),
     (["explain", "naive", "--sass", "--samples", "4", "--no-resources"],
      "--samples and --no-resources apply only to the trace"),
+    # given at their default values they were accepted and ignored
+    (["explain", "naive", "--sass", "--m", "32", "--gpu", "h100"],
+     "--m and --gpu apply only to the trace"),
+    # parameters with several rungs were ignored (and not even checked)
+    (["explain", "register2d", "--sass", "--yardstick", "BM=64"],
+     "KEY=VALUE parameters apply to one rung at a time"),
+    (["explain", "register2d,vectorized", "--sass", "FOO=1"],
+     "KEY=VALUE parameters apply to one rung at a time"),
+    (["explain", "register2d", "--sass", "FOO=1"], "has no parameter(s) FOO"),
+    (["explain", "register2d", "--sass", "BM=7"], "BM=7 is not allowed"),
+    # a tensor-core rung beside FFMA rungs dropped them without a word
+    (["explain", "register2d,mma", "--sass"], "cannot share a table with the FFMA rungs"),
+    (["explain", "mma", "--sass", "--hot-loop"], "--hot-loop prints the FFMA rungs"),
+    (["explain", "register2d", "--sass", "--dtype", "float16"], "tensor-core rungs (mma)"),
+    (["explain", "all"], "several rungs at once only with --sass"),
 ])
 def test_explain_refuses_before_tracing(argv, message, capsys, monkeypatch):
     from tilegemm.analysis import trace

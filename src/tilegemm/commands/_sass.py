@@ -45,11 +45,29 @@ def run_sass(args: argparse.Namespace) -> int:
         raise InvalidValueError(f"unknown arch {args.arch!r}; choices: {', '.join(ARCHS)}")
     specs = _specs(args)
     params = parse_params(args.params)
+    if params and len(specs) > 1:
+        raise InvalidValueError(
+            "KEY=VALUE parameters apply to one rung at a time, and this counts "
+            f"{len(specs)} ({', '.join(s.name for s in specs)}"
+            + ("; --yardstick adds the CUDA C rungs at their defaults" if args.yardstick
+               else "") + "): name one rung, without --yardstick")
+    if len(specs) == 1:
+        params = specs[0].resolve(params)  # unknown names and broken constraints refused
     tensor = [s for s in specs if s.precisions]  # HMMA, not FFMA: counted on their own
     if tensor:
+        if len(tensor) < len(specs):
+            raise InvalidValueError(
+                f"{', '.join(s.name for s in tensor)} (tensor cores, counted per HMMA) cannot "
+                "share a table with the FFMA rungs "
+                f"({', '.join(s.name for s in specs if not s.precisions)}): explain them "
+                "separately" + (" (--yardstick adds FFMA rungs)" if args.yardstick else ""))
+        if args.hot_loop:
+            raise InvalidValueError("--hot-loop prints the FFMA rungs' hot loop; the tensor-core "
+                                    "rungs' machine code is summarised only (leave it out)")
         return _run_mma(args, tensor, params if len(specs) == 1 else None)
     if args.dtype not in ("float32", "float64"):
-        raise InvalidValueError("--sass counts floating-point kernels: --dtype float32 or float64")
+        raise InvalidValueError("--sass counts the FFMA rungs in float32 or float64 (--dtype); "
+                                "float16 and bfloat16 run on the tensor-core rungs (mma)")
     nvdisasm_path()
     reports = [sass_report(s, params if len(specs) == 1 else None, args.dtype, args.arch)
                for s in specs]
@@ -84,10 +102,15 @@ def run_sass(args: argparse.Namespace) -> int:
                           f"{rest:.3g}", f"{x['fma_share']:.1%}",
                           "–" if fpb is None else f"{fpb:.2f}")
     out.print(table)
+    if len(reports) == 1:  # the parameters counted (a rung's defaults, or those given)
+        given = reports[0].as_dict().get("params") or {}
+        out.print("Parameters: " + (" ".join(f"{k}={v}" for k, v in given.items()) or "none"))
     out.print("Per thread per k step. fma: FFMA/DFMA; int: integer/address arithmetic; move: "
               "moves and constants; rest: other FP, STG, local memory, other.")
-    out.print("FFMA share = the issue-bound ceiling on the FP32 peak (one instruction issues "
-              "per clock per scheduler). Registers and spills: tilegemm kernels --resources.")
+    out.print(("FFMA" if args.dtype == "float32" else "DFMA") + " share = the issue-bound "
+              f"ceiling on the {'FP32' if args.dtype == 'float32' else 'FP64'} peak (one "
+              "instruction issues per clock per scheduler). Registers and spills: "
+              "tilegemm kernels --resources.")
     if args.hot_loop:
         for r in reports:
             out.print(f"\n[bold]{r.kernel} ({r.source}): hot loop, "

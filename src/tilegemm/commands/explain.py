@@ -67,9 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="skip compiling with nvJitLink (registers, occupancy)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     add_param_arguments(parser)
-    # what only the trace reads, with its defaults: --sass counts the machine code per k
-    # step, which no problem size, sampling or roofline GPU changes
-    parser.set_defaults(trace_only={dest: parser.get_default(dest) for dest in TRACE_ONLY})
+    # What only the trace reads: --sass counts the machine code per k step, which no problem
+    # size, sampling or roofline GPU changes. Their defaults are applied on the trace's path
+    # (None here), so --sass refuses every one given, even at its default value.
+    parser.set_defaults(trace_only={dest: parser.get_default(dest) for dest in TRACE_ONLY},
+                        **{dest: None for dest in TRACE_ONLY})
 
 
 # the options of the trace alone (by destination; the flag is "--" + dest with "-" for "_")
@@ -83,9 +85,8 @@ def run(args: argparse.Namespace) -> int:
     if args.sass:
         from tilegemm.commands._sass import run_sass
 
-        defaults = getattr(args, "trace_only", {})
-        given = ["--" + dest.replace("_", "-") for dest, default in defaults.items()
-                 if getattr(args, dest) != default]
+        given = ["--" + dest.replace("_", "-") for dest in getattr(args, "trace_only", {})
+                 if getattr(args, dest) is not None]
         if given:
             raise InvalidValueError(
                 f"{' and '.join(given)} appl{'ies' if len(given) == 1 else 'y'} only to the "
@@ -96,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
 
     from tilegemm.analysis.report import explain, render, to_json
 
+    for dest, default in getattr(args, "trace_only", {}).items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
     ignored = [flag for flag, given in (("--arch", args.arch is not None),
                                         ("--hot-loop", args.hot_loop),
                                         ("--yardstick", args.yardstick)) if given]
@@ -103,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidValueError(f"{' and '.join(ignored)} appl{'ies' if len(ignored) == 1 else 'y'}"
                                 " only with --sass (the machine-code counts): add --sass or "
                                 "leave "+ ("it" if len(ignored) == 1 else "them") + " out")
+    if args.kernel == "all" or "," in args.kernel:
+        raise InvalidValueError(f"{args.kernel!r}: several rungs at once only with --sass (the "
+                                "machine-code table); the trace explains one rung")
     for name in ("m", "n", "k", "batch"):
         if getattr(args, name) < 0:
             raise InvalidValueError(f"--{name} must be >= 0")
