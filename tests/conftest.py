@@ -14,7 +14,9 @@ Markers (declared in pyproject.toml):
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -23,11 +25,24 @@ import pytest
 # Every fresh output buffer a backend allocates is filled with NaN (ints: a sentinel)
 # before the launch, so an element a kernel never writes fails the check.
 os.environ.setdefault("TILEGEMM_POISON", "1")
+
+
+def _session_dir(variable: str, prefix: str) -> None:
+    """``variable`` names a fresh directory of this test session unless it is set, removed
+    when the process that made it exits (pytest-xdist's workers inherit it from the
+    controller, which outlives them; every session had left ~5 MB behind)."""
+    if variable in os.environ:
+        return
+    path = tempfile.mkdtemp(prefix=prefix)
+    os.environ[variable] = path
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
 # Compiled kernels are cached in a directory of this test session, never the user's cache.
-os.environ.setdefault("TILEGEMM_KERNEL_CACHE", tempfile.mkdtemp(prefix="tilegemm-kernels-"))
+_session_dir("TILEGEMM_KERNEL_CACHE", "tilegemm-kernels-")
 # Tuned parameters too: a developer's tuning cache must not change what kernel="auto" or a
 # named rung picks in a test (tests that tune set their own directory).
-os.environ.setdefault("TILEGEMM_CACHE_DIR", tempfile.mkdtemp(prefix="tilegemm-cache-"))
+_session_dir("TILEGEMM_CACHE_DIR", "tilegemm-cache-")
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("", "0")
 REAL_GPU = os.environ.get("TILEGEMM_GPU_TESTS", "") not in ("", "0")
