@@ -305,6 +305,65 @@ def test_a_rungs_entry_is_never_slower_than_its_untuned_choice(monkeypatch) -> N
     assert round(entry.gflops) == 100
 
 
+def test_a_second_tune_times_the_cached_entry_again_and_keeps_the_faster(
+        monkeypatch, capsys) -> None:  # noqa: ANN001
+    """A second, shorter tune replaced a faster cached entry with whatever it found, never
+    timing the two against each other; and the summary's row for the rung was not what was
+    stored when another row (the untuned choice) won. The cached entry is now a candidate
+    of its own, timed in the same run, and a note names the row whose parameters were kept."""
+    from tilegemm.cli import main
+
+    spec, params = select.untuned_choice(registry_backend("cpu"), "float32")
+    rates = {"untuned": 50.0}
+
+    def tune(backend, spec_, prob, cands, **kw):  # noqa: ANN001, ANN003, ANN202
+        chosen = dict(cands[0])
+        if chosen == dict(params):
+            rate = rates["untuned"]
+        elif len(cands) == 1:  # the entry cached before
+            rate = rates["held"]
+        else:
+            chosen = {**chosen, "KC": rates["search_kc"]}
+            rate = rates["search"]
+        return strategies.TuneResult(spec_, prob,
+                                     [strategies.Trial(chosen, "ok", prob.flops / rate / 1e9)])
+
+    monkeypatch.setattr(strategies, "tune", tune)
+    argv = ["tune", "--backend", "cpu", "--kernel", spec.name, "--m", "64", "--n", "64",
+            "--k", "64"]
+    rates.update(search=120.0, search_kc=256)
+    assert main(argv) == 0
+    (first,) = cache.load()
+    assert first.params["KC"] == 256 and round(first.gflops) == 120
+    assert list(first.params) == [p.name for p in spec.params]  # stored in the rung's order
+    capsys.readouterr()
+    rates.update(held=110.0, search=105.0, search_kc=128)  # a shorter search finds less
+    assert main(argv) == 0
+    (second,) = cache.load()
+    assert second.params == first.params and round(second.gflops) == 110
+    out = capsys.readouterr().out
+    assert "(cached before)" in out and "kept the parameters of row" in out
+
+
+def test_an_unwritable_tuning_cache_is_refused_before_any_timing(tmp_path, monkeypatch,
+                                                                 capsys) -> None:  # noqa: ANN001
+    """The whole search ran, then '[Errno 17] File exists' and nothing of the results."""
+    from tilegemm.cli import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(blocker))
+
+    def tune(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("nothing may be timed")
+
+    monkeypatch.setattr(strategies, "tune", tune)
+    assert main(["tune", "--backend", "cpu", "--kernel", "blocked", "--m", "64", "--n", "64",
+                 "--k", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be written" in err and "TILEGEMM_CACHE_DIR" in err and "--dry-run" in err
+
+
 def registry_backend(name: str) -> Backend:
     from tilegemm.backends import get_backend
 

@@ -9,6 +9,9 @@ then uses for this device, dtype and shape bucket (M, N, K rounded up to powers 
 from __future__ import annotations
 
 import argparse
+import os
+import warnings
+from pathlib import Path
 
 from tilegemm.commands._console import console as _console
 from tilegemm.commands._params import add_device_argument, add_shape_arguments, device_target
@@ -67,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _show(cache) -> int:  # noqa: ANN001 - the module
     """The cache grouped by device and dtype, one entry a line: readable at 80 columns."""
-    entries = cache.load()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", cache.TuneCacheWarning)
+        entries = cache.load()
+    for w in seen:  # one line each, not Python's warning with its source line
+        print(f"warning: {w.message}")
     print(f"tuning cache: {cache.cache_path()} "
           f"({len(entries)} entr{'y' if len(entries) == 1 else 'ies'})")
     group = None
@@ -125,6 +132,9 @@ def _tune(args: argparse.Namespace) -> int:
                                 + f"; backends with one: {', '.join(have) or 'none'}")
     prob = strategies.problem_for(args.m, args.n, args.k, dtype, args.batch)
     limits = target.limits  # the device's own, never a guess per backend
+    writes = not args.dry_run and not target.simulated
+    if writes:
+        _check_writable(cache.cache_path())  # before a search whose results it would lose
     check = None if args.no_register_check else space.register_check(backend, target)
     console = _console()
     on = f"{target.name} ({target.arch})" if target.arch else target.name
@@ -147,9 +157,25 @@ def _tune(args: argparse.Namespace) -> int:
              False) for spec in specs]
     if baseline is not None:
         jobs.insert(0, (baseline[0], [baseline[1]], True))
+    # What this device's cache holds now for each rung at this size is timed again here, in
+    # the same conditions: a new search replaces it only if it beats it in this run (it was
+    # overwritten by whatever a shorter search found, unmeasured against it).
+    held = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cache.TuneCacheWarning)  # reported by --show
+        entries = cache.load()
+    for spec in specs:
+        entry = cache.lookup(entries, dev, dtype.name, args.m, args.n, args.k, spec.name,
+                             precision)
+        if (entry is not None and entry.device == dev.name and spec.is_valid(entry.params)
+                and (baseline is None or entry.params != baseline[1])):
+            held[spec.name] = entry
+            ordered = {p.name: entry.params[p.name] for p in spec.params}  # the rung's order
+            jobs.insert(1 if baseline is not None else 0, (spec, [ordered], "held"))
     max_call = args.max_call_seconds or None
     untuned: tuple[object, float] | None = None  # (the baseline's rung, its GFLOP/s)
-    best_of: dict[str, tuple[object, object, float]] = {}  # rung -> (spec, trial, GFLOP/s)
+    # rung -> (spec, trial, GFLOP/s, the row it came from)
+    best_of: dict[str, tuple[object, object, float, str]] = {}
     notes: list[str] = []
     for spec, cands, is_baseline in jobs:
         budget = args.budget or None
@@ -164,7 +190,8 @@ def _tune(args: argparse.Namespace) -> int:
                 progress=lambda t, task=task: bar.advance(task) if t.status != "rejected"
                 else None, max_call_s=max_call,
             )
-        label = f"{spec.name} (auto, untuned)" if is_baseline else spec.name
+        label = {True: f"{spec.name} (auto, untuned)",
+                 "held": f"{spec.name} (cached before)"}.get(is_baseline, spec.name)
         counts = {s: sum(t.status == s for t in result.trials)
                   for s in ("ok", "wrong", "rejected", "error", "slow")}
         tried = f"{len(result.trials)}: " + ", ".join(
@@ -181,15 +208,20 @@ def _tune(args: argparse.Namespace) -> int:
         gflops = result.gflops(best)
         summary.add_row(label, tried, " ".join(f"{k}={v}" for k, v in best.params.items()),
                         f"{best.seconds * 1e3:.3f}", f"{gflops:.1f}")
-        if is_baseline:
+        if is_baseline is True:
             untuned = (spec, gflops)
             if spec not in specs:
                 continue  # timed to compare with, not tuned here: no entry of its own
         kept = best_of.get(spec.name)
         if kept is None or gflops > kept[2]:  # a rung's search may miss its untuned choice
-            best_of[spec.name] = (spec, best, gflops)
+            best_of[spec.name] = (spec, best, gflops, label)
     stored = 0
-    for spec, best, gflops in best_of.values():
+    for spec, best, gflops, row in best_of.values():
+        if row != spec.name:  # the search's own best was slower than that row's
+            kept_before = row.endswith("(cached before)")
+            notes.append(f"{spec.name}: {'kept' if kept_before else 'cached'} the parameters "
+                         f"of row '{row}' ({gflops:.1f} GFLOP/s), faster in this run than the "
+                         "search's best" + ("" if writes else " (not written)"))
         named_only = (untuned is not None and untuned[0] not in specs and not spec.precisions
                       and gflops <= untuned[1])
         if named_only:
@@ -200,7 +232,7 @@ def _tune(args: argparse.Namespace) -> int:
                          "GFLOP/s it is slower than what kernel='auto' runs untuned "
                          f"({untuned[0].name}, {untuned[1]:.1f} GFLOP/s), which it does not "
                          "replace")
-        if not args.dry_run and not target.simulated:
+        if writes:
             stored += 1
             cache.record(cache.Entry(
                 backend=backend.name, device=dev.name, arch=dev.arch, dtype=dtype.name,
@@ -215,6 +247,25 @@ def _tune(args: argparse.Namespace) -> int:
         console.print(f"cache: {cache.cache_path()} ({stored} entr{'y' if stored == 1 else 'ies'} "
                       "written)", highlight=False)
     return 0
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse, before any timing, a tuning cache that cannot be written."""
+    from tilegemm.tune.cache import cache_dir
+
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists()
+                                                        and not os.access(path, os.W_OK)):
+            raise PermissionError("not writable")
+    except OSError as exc:
+        where = ("TILEGEMM_CACHE_DIR" if os.environ.get("TILEGEMM_CACHE_DIR")
+                 else "the user cache directory")
+        raise InvalidValueError(
+            f"the tuning cache {path} cannot be written ({exc.strerror or exc}; {where} is "
+            f"{cache_dir()}): point TILEGEMM_CACHE_DIR at a writable directory, or pass "
+            "--dry-run to tune without keeping the results") from None
 
 
 def tuning_specs(backend: str, dtype, precision: str,  # noqa: ANN001 - a NumPy dtype

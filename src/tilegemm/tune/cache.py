@@ -143,7 +143,7 @@ def save(entries: list[Entry], path: Path | None = None) -> Path:
     payload = {"format": FORMAT, "entries": [asdict(e) for e in entries]}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tune-", suffix=".json")
     with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1, sort_keys=True)
+        json.dump(payload, f, indent=1)  # parameters in the rung's order, as shown everywhere
     os.replace(tmp, path)
     return path
 
