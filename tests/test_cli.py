@@ -473,3 +473,22 @@ def test_tune_summary_fits_80_columns(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out, out
     assert "1: 1 ok" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    # rows of rungs whose block sizes were not among --blocks vanished without a word
+    (["bench", "--blocks", "7", "--reports", "sizes", "--backend", "cpu"],
+     "--blocks 7: no cpu rung takes that block size"),
+    # a header and no table, exit 0
+    (["bench", "--reports", "rsweep", "--backend", "cpu"],
+     "no cpu rung has an outputs-per-thread parameter (R)"),
+])
+def test_bench_refuses_reports_that_would_be_empty(argv, message, capsys, monkeypatch):
+    from tilegemm.bench import sweeps
+
+    def no_run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("nothing may run")
+
+    monkeypatch.setattr(sweeps, "run_bench", no_run)
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

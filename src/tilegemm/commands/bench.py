@@ -166,6 +166,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
     if pol:
         if "min_reps" in pol and "max_reps" not in pol:
             pol["max_reps"] = max(pol["min_reps"], settings.policy.max_reps)
+        if "max_reps" in pol and "min_reps" not in pol:  # --max-reps 3 alone: at most 3
+            pol["min_reps"] = min(pol["max_reps"], settings.policy.min_reps)
+        if not 0 <= pol.get("min_reps", settings.policy.min_reps) <= pol.get(
+                "max_reps", settings.policy.max_reps):
+            raise InvalidValueError("--min-reps and --max-reps: need 0 <= --min-reps <= "
+                                    "--max-reps (0: verify and first call only)")
         over["policy"] = replace(settings.policy, **pol)
     return replace(settings, **over)
 
@@ -211,6 +217,32 @@ def choose_backends(args: argparse.Namespace, settings: Settings | None = None,
     return [name for name in run if name not in cannot], left
 
 
+def check_reports(args: argparse.Namespace, settings: Settings, backends: list[str]) -> None:
+    """Refuse, before anything runs, what would print a report with nothing in it: --blocks
+    values no rung of these backends takes (their rows were dropped without a word), and
+    the R sweep named alone where no rung has an outputs-per-thread parameter."""
+    from tilegemm.bench.reports.rsweep import OUTPUTS_PARAM
+    from tilegemm.bench.reports.sizes import block_param
+    from tilegemm.bench.sweeps import rungs_for
+
+    specs = [s for be in backends for s in rungs_for(be, settings.dtype, settings.precision)]
+    if args.blocks is not None and "sizes" in settings.reports:
+        taken = {c for s in specs if (name := block_param(s))
+                 for p in s.params if p.name == name for c in p.choices}
+        unused = [b for b in args.blocks if b not in taken]
+        if unused:
+            raise InvalidValueError(
+                f"--blocks {','.join(map(str, unused))}: no {'/'.join(backends)} rung takes "
+                f"that block size; they take {', '.join(map(str, sorted(taken))) or 'none'}")
+    if (args.reports is not None and "rsweep" in settings.reports
+            and not any(p.name == OUTPUTS_PARAM for s in specs for p in s.params)):
+        have = [b for b in BACKENDS if any(p.name == OUTPUTS_PARAM for s in rungs_for(
+            b, settings.dtype, settings.precision) for p in s.params)]
+        raise InvalidValueError(
+            f"--reports rsweep: no {'/'.join(backends)} rung has an outputs-per-thread "
+            f"parameter ({OUTPUTS_PARAM}); backends with one: {', '.join(have) or 'none'}")
+
+
 def check_outputs(args: argparse.Namespace) -> None:
     """Refuse file names the run could not write in the asked format, before it runs (the
     files are written last): a plot whose extension is no image format, and an --output
@@ -252,6 +284,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidValueError("--plot draws the 'sizes' report, which --reports leaves out; "
                                 "add sizes to --reports or drop --plot")
     backends, left = choose_backends(args, settings)
+    check_reports(args, settings, backends)
     err = console(stderr=True)
     if not args.quiet:
         shown = settings.dtype + ("" if settings.precision == "ieee"
