@@ -123,6 +123,20 @@ def test_output_cut_by_the_reader_is_quiet():
     assert "error" not in r.stderr and "status=141" in r.stderr, r.stderr
 
 
+def test_output_cut_by_the_reader_is_141_through_rich_too():
+    """Tables go through rich, which exits with status 1 on a closed pipe ('info | head',
+    'explain | head'): 1 means 'verification failed' for run and bench."""
+    script = ("import tilegemm.commands.info as info, tilegemm.cli as cli\n"
+              "from tilegemm.console import console\n"
+              "info.run = lambda args: [console().print('x' * 99) for _ in range(20000)] "
+              "and 0\n"
+              "raise SystemExit(cli.main(['info']))\n")
+    cmd = (f"{sys.executable} -c \"{script}\" | head -n 1 >/dev/null; "
+           "echo \"status=${PIPESTATUS[0]}\" >&2")
+    r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in r.stderr and "status=141" in r.stderr, r.stderr
+
+
 def test_a_lower_case_parameter_is_refused_in_the_command_lines_words(capsys):
     """Not the API's "unexpected keyword argument ... see tilegemm.kernels()": a shell user
     gets the spelling to use and the command that lists parameters."""
@@ -152,3 +166,15 @@ def test_sizes_beyond_any_array_are_refused_not_reported_as_bugs(flag, capsys):
     describe; that was reported as an internal error (exit 3)."""
     assert main(["explain", "naive", flag, "99999999999999999999"]) == 2
     assert "cannot allocate" in capsys.readouterr().err
+
+
+def test_the_tracers_refusals_are_the_librarys_errors():
+    """explain(dtype="float16") on an FFMA rung came back from the tracer's child process as
+    a plain ValueError, not the library's UsageError that a refusal is."""
+    import pytest
+
+    from tilegemm.analysis.report import explain
+    from tilegemm.errors import InvalidTypeError
+
+    with pytest.raises(InvalidTypeError, match="not float16"):
+        explain("shared", 16, 16, 16, dtype="float16", resources=False)

@@ -15,7 +15,14 @@ from typing import Any
 def console(stderr: bool = False) -> Any:
     from rich.console import Console
 
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # rich exits with status 1 when the reader closes the pipe (``| head``), which
+            # the command line uses for "verification failed"; the command line's own
+            # handling (quiet, status 141 as other Unix tools) applies instead.
+            raise BrokenPipeError
+
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty():
-        return Console(stderr=stderr)
-    return Console(stderr=stderr, width=int(os.environ.get("COLUMNS", "160")))
+        return _Console(stderr=stderr)
+    return _Console(stderr=stderr, width=int(os.environ.get("COLUMNS", "160")))

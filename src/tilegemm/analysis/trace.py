@@ -69,7 +69,12 @@ from tilegemm.analysis.memory import (
     count_block,
     tidy,
 )
-from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
+from tilegemm.errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    UnavailableError,
+    UsageError,
+)
 
 GLOBAL_ALIGN = 256  # cudaMalloc returns 256-byte aligned allocations
 SHARED_ALIGN = 128
@@ -587,7 +592,9 @@ def main(argv: list[str] | None = None) -> int:
                          samples=args.samples, full=args.full or None,
                          full_limit=args.full_limit, backend=args.backend)
     except (ValueError, TypeError) as exc:
-        print(json.dumps({"error": str(exc), "type": type(exc).__name__}))
+        kind = (("InvalidTypeError" if isinstance(exc, TypeError) else "InvalidValueError")
+                if isinstance(exc, UsageError) else type(exc).__name__)
+        print(json.dumps({"error": str(exc), "type": kind}))
         return 2
     print(json.dumps(out))
     return 0
@@ -622,8 +629,12 @@ def trace_in_subprocess(kernel: str, m: int, n: int, k: int, *,
         raise RuntimeError(f"the tracer failed (exit {proc.returncode}): "
                            f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
     if "error" in out:
-        exc_type = TypeError if out.get("type") == "TypeError" else ValueError
-        raise exc_type(out["error"])
+        # the caller's mistake as the library's own errors; anything else is the tracer's
+        usage = {"InvalidTypeError": InvalidTypeError, "InvalidValueError": InvalidValueError}
+        kind = out.get("type")
+        if kind in usage:
+            raise usage[kind](out["error"])
+        raise RuntimeError(f"the tracer failed ({kind}: {out['error']})")
     return out
 
 
