@@ -492,3 +492,17 @@ def test_bench_refuses_reports_that_would_be_empty(argv, message, capsys, monkey
     monkeypatch.setattr(sweeps, "run_bench", no_run)
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_from_json_refuses_options_of_a_new_run_and_filters_reports(tmp_path, capsys):
+    """--from-json ignored --reports, --budget, --backend... silently."""
+    saved = "benchmarks/results/nvidia-h100-80gb-hbm3-2026-11-23.json"
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / saved
+    assert main(["bench", "--from-json", str(path), "--budget", "3"]) == 2
+    assert "--budget would change nothing" in capsys.readouterr().err
+    assert main(["bench", "--from-json", str(path), "--reports", "ladder", "--format",
+                 "md"]) == 0
+    out = capsys.readouterr().out
+    assert "### Ladder" in out and "First call vs steady" not in out

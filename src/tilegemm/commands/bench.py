@@ -112,6 +112,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "and autotunes 16 configurations per shape class on first use)")
     how.add_argument("--flush-l2", action="store_true",
                      help="evict the cache between repeats (CUDA: write twice the L2 size)")
+    parser.set_defaults(run_options=[a.dest for a in (*what._group_actions,
+                                                      *how._group_actions)])
 
     out = parser.add_argument_group("output")
     out.add_argument("--format", choices=FORMATS,
@@ -124,7 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="plot GFLOP/s vs size (the format from the extension: .png, .svg, "
                           ".pdf...)")
     out.add_argument("--save", metavar="DIR",
-                     help="write DIR/<device>-<date>.json, .md and .png (the committed form)")
+                     help="write DIR/<device>-<date>.json and .md (the committed form), and "
+                          ".png when the sizes report ran")
     out.add_argument("--from-json", metavar="FILE",
                      help="render a saved results file instead of running anything")
     out.add_argument("--quiet", "-q", action="store_true", help="no terminal tables or progress")
@@ -269,6 +272,17 @@ def run(args: argparse.Namespace) -> int:
 
     check_outputs(args)
     if args.from_json:
+        # a saved run is rendered as it was: options of a new run would be ignored
+        parser = getattr(args, "_parser", None)
+        given = [a for a in getattr(args, "run_options", []) if a != "reports"
+                 and getattr(args, a) not in (None, False)
+                 and (parser is None or getattr(args, a) != parser.get_default(a))]
+        if given:
+            flags = ", ".join("--" + ("backend" if a == "backends" else a.replace("_", "-"))
+                              for a in given)
+            raise InvalidValueError(f"--from-json renders a saved run as it was; {flags} "
+                                    "would change nothing: leave them out, or run anew "
+                                    "(--reports chooses which of its reports to show)")
         results = Results.load(args.from_json)
         if args.plot and not results.backends("sizes"):
             raise InvalidValueError(f"--plot: {args.from_json} has no 'sizes' report to plot")
@@ -323,6 +337,12 @@ def _emit(results, args: argparse.Namespace) -> None:
     from tilegemm.bench.sweeps import REPORTS
 
     asked = results.meta.get("settings", {}).get("reports", REPORTS)
+    if getattr(args, "from_json", None) and args.reports:  # a saved run: those of its reports
+        missing = [r for r in args.reports if r not in asked]
+        if missing:
+            raise InvalidValueError(f"--reports {','.join(missing)}: {args.from_json} holds "
+                                    f"only {', '.join(asked)}")
+        asked = args.reports
     reports = [r for r in REPORTS if r in asked]
     if fmt and not args.output:
         sys.stdout.write(report.render(results, fmt, reports))
