@@ -19,7 +19,11 @@ def test_kernels_lists_every_rung(capsys):
     assert {(k["backend"], k["name"]) for k in listed} == {
         (s.backend, s.name) for s in tilegemm.kernels()
     }
+    # the defaults measured per kind of device, which the generic column did not show
+    vectorized = next(k for k in listed if (k["backend"], k["name"]) == ("opencl", "vectorized"))
+    assert vectorized["device_defaults"]["cpu"]["VW"] == 8
     assert main(["kernels"]) == 0
+    assert "opencl vectorized on cpu devices: defaults BM=8" in capsys.readouterr().out
 
 
 def test_info_runs(capsys):

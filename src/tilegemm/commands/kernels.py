@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
             "params": {p.name: {"default": p.default, "choices": list(p.choices), "help": p.help}
                        for p in s.params},
             "constraints": [c.text for c in s.constraints],
+            "device_defaults": {kind: dict(d) for kind, d in s.device_defaults.items()},
         } for s in specs], indent=2))
         return 0
     if args.markdown:
@@ -63,7 +64,16 @@ def run(args: argparse.Namespace) -> int:
                            for p in s.params)
         table.add_row(s.backend, str(s.rung), s.name, s.title, params,
                       "\n".join(c.text for c in s.constraints), ", ".join(s.dtypes))
-    console().print(table)
+    out = console()
+    out.print(table)
+    for s in specs:  # defaults measured for a kind of device replace the rung's there
+        for kind, values in s.device_defaults.items():
+            shown = " ".join(f"{k}={v}" for k, v in values.items())
+            out.print(f"{s.backend} {s.name} on {kind} devices: defaults {shown}",
+                      highlight=False)
+    out.print("What a call runs by default on your device, tuned and shipped measurements "
+              "included: tilegemm.plan(a, b) or 'tilegemm run' (its 'chosen:' line).",
+              highlight=False)
     return 0
 
 
