@@ -143,10 +143,14 @@ def _run_mma(args: argparse.Namespace, specs: list, params: dict | None) -> int:
     for col in ("kernel", "instr", *KINDS, "HMMA share", "HMMA in kernel", "LDL/STL"):
         table.add_column(col, justify="left" if col == "kernel" else "right")
     for r in reports:
-        table.add_row(r.kernel, str(r.hot["total"]), *(str(r.hot[k]) for k in KINDS),
+        passes = (r.params or {}).get("PASSES")  # float32 operands: one TF32 pass, or three
+        mode = {1: " (tf32)", 3: " (3xtf32)"}.get(passes, "") if args.dtype == "float32" else ""
+        table.add_row(r.kernel + mode, str(r.hot["total"]), *(str(r.hot[k]) for k in KINDS),
                       f"{r.hmma_share:.1%}", str(r.hmma), str(r.local_memory))
     console().print(table)
-    console().print("The loop body once, all its branches counted. other: integer/address "
-                    "work, moves, branches, TF32 rounding. Registers: tilegemm kernels "
-                    "--resources.")
+    console().print("The loop body once, all its branches counted. HMMA: mma.sync's HMMA, or "
+                    "wgmma's HGMMA (one warpgroup-wide product for 128 threads, so its share "
+                    "is not comparable with HMMA's). other: integer/address work, moves, "
+                    "branches, TF32 rounding, and plain global loads and shared stores. "
+                    "Registers: tilegemm kernels --resources.", highlight=False)
     return 0
