@@ -325,7 +325,8 @@ def _emulate_mma(a: Any, b: Any, c: Any, k: int,
         operands(lane, fa, fb, A, B)
         for i in range(4):
             C[c_layout(lane, i)] = fc[i]
-    D = (A @ B + C).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf pass through, silently,
+        D = (A @ B + C).astype(np.float32)  # as on the tensor cores
     lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
     return tuple(D[c_layout(lane, i)] for i in range(4))
 
