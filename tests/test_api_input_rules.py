@@ -292,3 +292,15 @@ def test_a_zero_dimensional_array_is_a_scalar_alpha_or_beta():
     for bad in (np.array([2.0]), np.True_):
         with pytest.raises(TypeError, match="alpha must be a real number"):
             tilegemm.gemm(a, a, alpha=bad)
+
+
+@pytest.mark.parametrize("dtype, kind", [([("x", "f8"), ("y", "f8")], "structured"),
+                                         ("U3", "strings"), ("M8[s]", "dates"),
+                                         ("m8[s]", "time spans")])
+def test_types_with_no_product_are_named_as_such(dtype, kind):
+    """A structured array was refused as 'the result dtype would be void128'."""
+    x = np.zeros((3, 3), dtype)
+    with pytest.raises(TypeError, match=f"{kind}.*has no matrix product"):
+        tilegemm.matmul(x, x)
+    with pytest.raises(TypeError):
+        np.matmul(x, x)  # NumPy refuses them too

@@ -136,6 +136,12 @@ def compute_dtype(result: np.dtype, what: str = "matmul") -> np.dtype:
             f"give the type alone ({result.name}) and convert the result afterwards if "
             "another byte order is needed")
     name = COMPUTED_AS.get(result.name)
+    kinds = {"V": "structured or raw bytes", "S": "strings", "U": "strings",
+             "M": "dates", "m": "time spans"}
+    if name is None and result.kind in kinds:
+        raise InvalidTypeError(
+            f"{what}: dtype {result} ({kinds[result.kind]}) has no matrix product (np.matmul "
+            "refuses it too); multiply a numeric field, or a view of the numbers")
     if name is None:
         raise InvalidTypeError(
             f"{what}: the result dtype would be {result.name}, which tilegemm does not "
