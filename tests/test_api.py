@@ -381,3 +381,26 @@ def test_device_and_host_mix_and_mismatched_dtype():
                         kernel="naive", BLOCK=8)
     with pytest.raises(ValueError, match="use backend='cuda'"):
         tilegemm.matmul(cuda.to_device(a), b, backend="cpu")
+
+
+@pytest.mark.cudasim
+def test_plan_refuses_the_numba_device_arrays_a_call_refuses():
+    """plan() approved mixed dtypes, partially broadcast batches and trans_a on a batch of
+    numba device arrays, which the call then refused inside the backend's run."""
+    from numba import cuda
+
+    f32 = np.ones((2, 1, 4, 3), np.float32)
+    cases = [
+        (dict(a=cuda.to_device(f32[0, 0].astype(np.float64)),
+              b=cuda.to_device(np.ones((3, 2), np.float32))), TypeError, "device-side cast"),
+        (dict(a=cuda.to_device(f32), b=cuda.to_device(np.ones((1, 2, 3, 2), np.float32))),
+         ValueError, "partially broadcast batch"),
+        (dict(a=cuda.to_device(np.ones((2, 3, 4), np.float32)),
+              b=cuda.to_device(np.ones((2, 3, 2), np.float32)), trans_a=True),
+         ValueError, "trans_a/trans_b on batched numba"),
+    ]
+    for kw, error, message in cases:
+        with pytest.raises(error, match=message):
+            tilegemm.plan(**kw, backend="cuda")
+        with pytest.raises(error, match=message):
+            tilegemm.gemm(**kw, backend="cuda")

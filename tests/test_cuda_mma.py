@@ -634,3 +634,29 @@ def test_checked_loader_is_inlined_by_nvvm_for_power_of_two_rings(
     program = spec.program(spec.resolve({"STAGES": stages}), np.dtype("float32"))
     loader = program.kernel.py_func.__globals__["load_stage"]
     assert bool(getattr(loader, "targetoptions", {}).get("inline")) is not by_nvvm
+
+
+@pytest.mark.cudasim
+def test_a_gpu_older_than_sm80_computes_16_bit_operands_in_float32(monkeypatch) -> None:
+    """On a T4 (sm_75) every float16 product was refused, kernel='auto' included, with
+    advice (precision='ieee') that is refused for float16 too. There, as on the other
+    backends, 16-bit operands are computed in float32 and rounded back once; naming the
+    tensor-core rung still says why it cannot run."""
+    import dataclasses
+
+    from tilegemm.backends import cuda as cuda_backend
+
+    be = cuda_backend.BACKEND
+    old = dataclasses.replace(be.target(), capability=(7, 5), arch="sm_75")
+    monkeypatch.setattr(type(be), "_target", lambda self, index: old)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((5, 9)).astype(np.float16)
+    b = rng.standard_normal((9, 4)).astype(np.float16)
+    planned = tilegemm.plan(a, b, backend="cuda")
+    assert planned.kernel != "mma" and planned.dtype == "float32"
+    r = tilegemm.matmul(a, b, backend="cuda")
+    want = (a.astype(np.float64) @ b).astype(np.float16)  # one rounding of the exact sum
+    assert r.dtype == np.float16
+    assert np.all(np.abs(r.astype(np.float64) - want) <= np.abs(want) * 2.0**-10 + 1e-3)
+    with pytest.raises(UnavailableError, match="compute capability 8.0.*float16/bfloat16"):
+        tilegemm.matmul(a, b, backend="cuda", kernel="mma")

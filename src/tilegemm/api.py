@@ -20,7 +20,7 @@ from tilegemm import fastpath, registry
 from tilegemm.backends import ARRAY_KINDS, get_backend
 from tilegemm.backends._probe import may_be_accelerated
 from tilegemm.backends.base import Backend, Target, check_scalars
-from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
+from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError, UsageError
 from tilegemm.precision import apply_precision
 from tilegemm.problem import (
     HALF_DTYPES,
@@ -257,12 +257,15 @@ def _decide(
         describe_stream(stream)  # a wrong type fails here, before anything runs
     # The device first: defaults, parameters and limits are those of the device that runs.
     target = be.target_for(ops, device)
+    # 16-bit operands go to tensor cores where a rung for them runs on this device; a
+    # tensor-core rung named on a device without them keeps them, to say why it cannot run
+    tc_target = None if _names_tensor_core_rung(kernel, be) else target
     if (float32_out and prob.operand_dtype is None
-            and _tensor_core_dtype(prob, be) is not None):
+            and _tensor_core_dtype(prob, be, tc_target) is not None):
         # as make_problem(..., dtype=np.float32) describes it: float32 out, 16-bit operands
         # (NumPy bfloat16 arrays are described so already: np.matmul's float32 result)
         prob = replace(prob, result_dtype=None, operand_dtype=prob.result_dtype)
-    prob = _tensor_core_half(prob, be)
+    prob = _tensor_core_half(prob, be, tc_target)
     asked_auto = kernel == AUTO and not params
     kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params,
                                      prob.out_dtype)
@@ -464,22 +467,46 @@ def _float32_out_on_request(dtype: Any, out: Any, ops: list[Operand]) -> bool:
     return False
 
 
-def _tensor_core_dtype(prob: GemmProblem, be: Backend) -> np.dtype | None:
+def _tensor_core_dtype(prob: GemmProblem, be: Backend,
+                       target: Target | None = None) -> np.dtype | None:
     """The 16-bit operand dtype that ``be`` computes on tensor cores for ``prob``, or None
-    (not 16-bit operands, or no rung of ``be`` takes them)."""
+    (not 16-bit operands, or no rung of ``be`` takes them, or none runs on ``target``: a
+    GPU older than sm_80 then computes them in float32 and rounds back, as the other
+    backends do, where it refused every float16 product)."""
     half = prob.operand_dtype if prob.operand_dtype is not None else prob.out_dtype
     if half.name not in HALF_DTYPES:
         return None
-    if not any(s.supports(half) for s in registry.specs_for(be.name)):
+    if not any(s.supports(half) and _runs_on(s, target) for s in registry.specs_for(be.name)):
         return None
     return half
 
 
-def _tensor_core_half(prob: GemmProblem, be: Backend) -> GemmProblem:
+def _names_tensor_core_rung(kernel: str, be: Backend) -> bool:
+    if kernel == AUTO:
+        return False
+    try:
+        return bool(registry.get(kernel, be.name).precisions)
+    except UsageError:  # an unknown rung: refused, with its own message, further on
+        return False
+
+
+def _runs_on(spec: KernelSpec, target: Target | None) -> bool:
+    """Whether ``target``'s compute capability has the instructions ``spec`` needs (True
+    when unknown: no target, or the simulator)."""
+    have = None if target is None else target.capability
+    if not have:
+        return True
+    have = tuple(have[:2])
+    return ((not spec.min_cc or have >= tuple(spec.min_cc))
+            and (not spec.only_cc or have == tuple(spec.only_cc)))
+
+
+def _tensor_core_half(prob: GemmProblem, be: Backend,
+                      target: Target | None = None) -> GemmProblem:
     """float16/bfloat16 operands: computed in float32 and rounded back, as NumPy does,
     except on a backend with a tensor-core rung for that dtype, which takes the 16-bit
     operands directly and writes a 16-bit result, or a float32 one on request (dtype=)."""
-    half = _tensor_core_dtype(prob, be)
+    half = _tensor_core_dtype(prob, be, target)
     if half is None or prob.out_dtype.name not in (half.name, "float32"):
         return prob
     c_dtype = np.dtype(np.float32) if prob.out_dtype == np.float32 else None

@@ -139,6 +139,39 @@ def _source_library(x: Any) -> str:
     return type(x).__module__.split(".")[0]
 
 
+def _check_device_operand(op: Operand, prob: GemmProblem, which: str) -> None:
+    """What a device operand ``which`` ("a", "b") of ``prob`` cannot be, refused before
+    anything runs (``check_problem``, so ``plan`` refuses it too): numba device arrays have
+    no device-side cast, transpose of a batch or partial broadcast; bfloat16 is taken on
+    the device as PyTorch tensors only."""
+    if op.kind != "cuda":
+        return
+    lib = _source_library(op.obj)
+    if prob.dtype.name == "bfloat16" and lib != "torch":
+        # Only PyTorch has bfloat16 device tensors whose bits this backend can view;
+        # numba's simulator accepted ml_dtypes arrays and its kernel read the values as
+        # 16-bit integers, returning zeros.
+        raise InvalidTypeError(
+            f"matmul: device operand {which} holds bfloat16 in a {lib} array; bfloat16 "
+            "on the device is taken as torch.bfloat16 tensors (or pass NumPy arrays of "
+            "ml_dtypes.bfloat16 from the host)")
+    if lib in ("cupy", "torch"):
+        return  # the array's own library converts, transposes and broadcasts on the device
+    if op.dtype != prob.dtype:
+        raise InvalidTypeError(
+            f"matmul: numba device operand {which} has dtype {op.dtype.name} but the "
+            f"product is computed in {prob.dtype.name}, and numba arrays have no "
+            "device-side cast; cast it first (CuPy and PyTorch arrays are converted)")
+    if (prob.trans_a if which == "a" else prob.trans_b) and len(op.shape) > 2:
+        raise InvalidValueError(
+            "gemm: trans_a/trans_b on batched numba device arrays is not "
+            "supported; pass a CuPy or PyTorch array or transpose first")
+    if prob.batch_mode(which) == "broadcast":
+        raise InvalidValueError(
+            "matmul: partially broadcast batch dimensions on numba device arrays are not "
+            "supported; pass CuPy/PyTorch arrays or give both operands full batch shapes")
+
+
 def _wrap_like(result: Any, like: Any, dtype: np.dtype | None = None) -> Any:
     """Return ``result`` (a numba device array) as the array type of ``like``, zero-copy;
     ``dtype`` bfloat16: ``result`` holds bit patterns, returned as torch.bfloat16."""
@@ -255,39 +288,29 @@ class CudaBackend(Backend):
             raise UnavailableError(
                 f"{spec.name}: needs a GPU of compute capability {need[0]}.{need[1]} "
                 f"(sm_{need[0]}{need[1]}) or newer for its tensor-core instructions; this "
-                f"GPU is sm_{have[0]}{have[1]}. Use precision='ieee' (the FFMA rungs)")
+                f"GPU is sm_{have[0]}{have[1]}. Float32 operands: precision='ieee' (the "
+                "FFMA rungs); float16/bfloat16 operands: kernel='auto', which computes them "
+                "in float32 here and rounds back once")
         check_block_limits(spec, params, dtype, target)
 
     def _device_operand(self, op: Operand, prob: GemmProblem, which: str) -> Any:
         """A device operand as a (batch or 1, rows, cols) numba device array, no host trip."""
 
+        _check_device_operand(op, prob, which)
         x = op.obj
         lib = _source_library(x)
         squeeze = prob.squeeze_m if which == "a" else prob.squeeze_n
         trans = prob.trans_a if which == "a" else prob.trans_b
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
         mode = prob.batch_mode(which)
-        if prob.dtype.name == "bfloat16" and lib != "torch":
-            # Only PyTorch has bfloat16 device tensors whose bits this backend can view;
-            # numba's simulator accepted ml_dtypes arrays and its kernel read the values as
-            # 16-bit integers, returning zeros.
-            raise InvalidTypeError(
-                f"matmul: device operand {which} holds bfloat16 in a {lib} array; bfloat16 "
-                "on the device is taken as torch.bfloat16 tensors (or pass NumPy arrays of "
-                "ml_dtypes.bfloat16 from the host)")
         if op.dtype != prob.dtype:
             # Mixed dtypes are converted once, on the device, by the array's own library.
             if lib == "cupy":
                 x = x.astype(prob.dtype)
-            elif lib == "torch":
+            else:
                 import torch
 
                 x = x.to(getattr(torch, prob.dtype.name))
-            else:
-                raise InvalidTypeError(
-                    f"matmul: numba device operand {which} has dtype {op.dtype.name} but the "
-                    f"product is computed in {prob.dtype.name}, and numba arrays have no "
-                    "device-side cast; cast it first (CuPy and PyTorch arrays are converted)")
         if lib in ("cupy", "torch"):
             # The array's own library reshapes/broadcasts on the device.
             if squeeze:
@@ -314,20 +337,16 @@ class CudaBackend(Backend):
         if trans:
             # A strided view: numba's DeviceNDArray.T is a copy made by a transpose kernel
             # that numba defines, and so compiles, afresh on every call.
-            d = _strided_view(d, d.shape[::-1], d.strides[::-1]) if d.ndim == 2 else None
-            if d is None:
-                raise InvalidValueError(
-                    "gemm: trans_a/trans_b on batched numba device arrays is not "
-                    "supported; pass a CuPy or PyTorch array or transpose first")
-        if mode == "broadcast":
-            raise InvalidValueError(
-                "matmul: partially broadcast batch dimensions on numba device arrays are not "
-                "supported; pass CuPy/PyTorch arrays or give both operands full batch shapes"
-            )
+            d = _strided_view(d, d.shape[::-1], d.strides[::-1])
         if d.ndim == 2:
             return _reshape(d, (1, rows, cols)) if d.is_c_contiguous() else _as3d_strided(d)
         n = 1 if mode == "single" else prob.batch
         return _reshape(d, (n, rows, cols))
+
+    def check_problem(self, operands: Sequence[Operand], prob: GemmProblem, target: Target,
+                      out: Any = None) -> None:
+        for op, which in zip(operands[:2], "ab"):
+            _check_device_operand(op, prob, which)
 
     def target_for(self, operands: Sequence[Operand], device: int | None = None) -> Target:
         """Device arrays run where they live (the current CUDA device); ``device=`` picks
