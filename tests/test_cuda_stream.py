@@ -124,3 +124,14 @@ def test_every_launch_gets_the_chosen_stream(monkeypatch, rng):
     assert launched[-1] is theirs
     with pytest.raises(InvalidTypeError):
         tilegemm.matmul(a, b, backend="cuda", kernel="naive", stream="fast")
+
+
+@pytest.mark.cudasim
+def test_a_numba_object_that_is_not_a_stream_is_refused():
+    """Any object from the numba package passed as a stream: a device array was ignored
+    with device operands, and failed after the launch with host ones."""
+    from numba import cuda
+
+    assert describe_stream(cuda.stream())[0] == "numba"
+    with pytest.raises(InvalidTypeError, match="stream"):
+        describe_stream(cuda.to_device(np.ones(3)))

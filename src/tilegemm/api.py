@@ -572,11 +572,12 @@ def matmul(
       ordered with the caller's other work without a device-wide wait; see
       ``tilegemm.backends.cuda_stream``. Host results are complete when the call returns.
     - ``precision`` (float32 only): "ieee" (default: IEEE float32 multiply-adds), "tf32" or
-      "3xtf32" (tensor cores, CUDA on sm_80 or newer; see :mod:`tilegemm.precision`). A
-      precision no kernel here can compute is an error, never a silent fallback. float16
-      and bfloat16 (``ml_dtypes.bfloat16``; PyTorch ``torch.bfloat16`` on the device)
-      operands run on CUDA tensor cores with float32 accumulation; on the CPU and OpenCL
-      they are computed in float32 (float16 then rounded back, as NumPy computes it).
+      "3xtf32" (tensor cores, CUDA on sm_80 or newer; see :mod:`tilegemm.precision`;
+      3xtf32 turns infinities into NaN, see docs/tensor-cores.md). A precision no kernel
+      here can compute is an error, never a silent fallback. float16 and bfloat16
+      (``ml_dtypes.bfloat16``; PyTorch ``torch.bfloat16`` on the device) operands run on
+      CUDA tensor cores with float32 accumulation (sm_80 or newer); on older GPUs, the CPU
+      and OpenCL they are computed in float32 (float16 then rounded back, as NumPy does).
     - The first call of each rung, parameters and dtype in a process compiles it (seconds;
       less when the on-disk kernel cache has it). Nothing is printed: the ``tilegemm``
       logger records the first use (DEBUG) and a first call over 2 s (INFO).

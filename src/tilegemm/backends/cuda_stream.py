@@ -44,7 +44,8 @@ def describe_stream(stream: Any) -> tuple[str, Any]:
         if stream < 0:
             raise InvalidTypeError(f"stream={stream} is not a CUDA stream handle (must be >= 0)")
         return ("handle", stream)
-    if _library(stream) == "numba" or type(stream).__name__ == "stream":
+    if (_library(stream) == "numba" and type(stream).__name__ in ("Stream", "stream")
+            and callable(getattr(stream, "synchronize", None))):
         return ("numba", stream)  # a numba Stream (or the simulator's stand-in)
     if hasattr(stream, "__cuda_stream__"):  # the CUDA stream protocol: (version, handle)
         return ("handle", int(stream.__cuda_stream__()[1]))
