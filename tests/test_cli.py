@@ -510,3 +510,13 @@ def test_bench_from_json_refuses_options_of_a_new_run_and_filters_reports(tmp_pa
                  "md"]) == 0
     out = capsys.readouterr().out
     assert "### Ladder" in out and "First call vs steady" not in out
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("precision", ["tf32", "3xtf32"])
+def test_run_takes_a_precision_and_verifies_at_it(precision, capsys):
+    """'run' had no --precision (its error told the user to pass precision=), and the
+    timing harness verified a TF32 result at float32's tolerance (FAILED)."""
+    assert main(["run", "--backend", "cuda", "--kernel", "mma", "--precision", precision,
+                 "--m", "16", "--n", "16", "--k", "16", "--repeat", "0"]) == 0
+    assert "verified: yes" in capsys.readouterr().out

@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "float32 except on tensor cores; bool and narrow or unsigned integers in int32 or "
         "int64), the report says so",
         metavar="DTYPE")
+    parser.add_argument("--precision", choices=("ieee", "tf32", "3xtf32"),
+                        help="float32 on tensor cores (CUDA, sm_80 or newer), as matmul's "
+                             "precision=: tf32 (one pass) or 3xtf32 (near float32); "
+                             "default: IEEE float32 multiply-adds")
     parser.add_argument("--repeat", type=int, default=3, help="timed calls after the first")
     add_param_arguments(parser)
 
@@ -63,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     # float32 elsewhere, say), on operands converted to it as matmul converts them.
     _check_params_are_upper_case(params)
     chosen = decide(ops, make_problem(*ops), kernel=args.kernel, backend=backend.name,
-                    device=args.device, params=params)
+                    device=args.device, params=params, precision=args.precision)
     prob, spec, resolved = chosen.prob, chosen.spec, dict(chosen.params)
     path = _path(spec.key, prob)
     simulated = target.simulated
