@@ -287,3 +287,25 @@ def test_a_child_forked_during_a_build_builds_on_its_own():
     release.set()
     other.join(30)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_failed_constraint_names_its_values_and_marks_defaults():
+    """The message named only the first failed constraint, with every value, so a default
+    the caller never set read as the cause; a constraint naming no parameter read 'fails
+    for ' with nothing after it."""
+    s = KernelSpec(name="x", backend="cpu", rung=1, title="t", build=None,
+                   params=(Param("BK", 16, (4, 16), "h"), Param("TN", 4, (4, 8), "h"),
+                           Param("VW", 4, (4, 8), "h")),
+                   constraints=(Constraint("TN % VW == 0", lambda p: p["TN"] % p["VW"] == 0),
+                                Constraint("BK % VW == 0", lambda p: p["BK"] % p["VW"] == 0),
+                                Constraint("fits the device", lambda p: p["VW"] < 8)))
+    with pytest.raises(ValueError) as err:
+        s.resolve({"BK": 4, "VW": 8})
+    text = str(err.value)
+    assert text.index("'BK % VW == 0' fails for BK=4, VW=8") < text.index(
+        "'TN % VW == 0' fails for TN=4 (default), VW=8")
+    assert "'fits the device' fails (" in text or "'fits the device' fails;" in text
+    assert "values marked (default) can be set too" in text
+    with pytest.raises(ValueError) as err:
+        s.resolve({"TN": 8, "VW": 8, "BK": 16})
+    assert "(default)" not in str(err.value)

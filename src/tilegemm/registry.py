@@ -196,12 +196,13 @@ class KernelSpec:
             return list(dict.fromkeys(w for w in words if w in params))
 
         failed = sorted(failed, key=lambda c: not set(names(c)) <= given)
-        parts = [f"'{c.text}' fails for " + ", ".join(
+        parts = [f"'{c.text}' fails" + (" for " + ", ".join(
             f"{n}={params[n]}" + ("" if n in given else " (default)") for n in names(c))
-            for c in failed]
+            if names(c) else "") for c in failed]
         shown = ", ".join(f"{k}={v}" for k, v in params.items())
-        return (f"{self.name}: constraint {'; '.join(parts)} (all parameters: {shown}); "
-                "values marked (default) can be set too")
+        hint = ("; values marked (default) can be set too"
+                if any("(default)" in part for part in parts) else "")
+        return f"{self.name}: constraint {'; '.join(parts)} (all parameters: {shown}){hint}"
 
     def is_valid(self, params: Mapping[str, int]) -> bool:
         """Same predicates as :meth:`resolve`, without raising (for pruning a search)."""
