@@ -520,3 +520,12 @@ def test_run_takes_a_precision_and_verifies_at_it(precision, capsys):
     assert main(["run", "--backend", "cuda", "--kernel", "mma", "--precision", precision,
                  "--m", "16", "--n", "16", "--k", "16", "--repeat", "0"]) == 0
     assert "verified: yes" in capsys.readouterr().out
+
+
+def test_bench_output_extension_and_format_must_agree(capsys, monkeypatch):
+    """--format json -o results.csv wrote JSON into a .csv file without a word."""
+    from tilegemm.bench import sweeps
+
+    monkeypatch.setattr(sweeps, "run_bench", lambda *a, **k: pytest.fail("nothing may run"))
+    assert main(["bench", "--format", "json", "-o", "results.csv"]) == 2
+    assert "names csv by its extension, but --format is json" in capsys.readouterr().err

@@ -254,7 +254,12 @@ def check_outputs(args: argparse.Namespace) -> None:
         from tilegemm.bench.plot import check_plot_path
 
         check_plot_path(args.plot)
-    if args.output and not args.format and output_format(args.output) is None:
+    named = output_format(args.output) if args.output else None
+    if args.format and named and named != args.format:
+        raise InvalidValueError(f"--output {args.output} names {named} by its extension, but "
+                                f"--format is {args.format}: give one of them, or make them "
+                                "agree")
+    if args.output and not args.format and named is None:
         suffix = Path(args.output).suffix
         raise InvalidValueError(
             f"--output {args.output}: " + (f"'{suffix}' names no results format"
