@@ -660,3 +660,15 @@ def test_a_gpu_older_than_sm80_computes_16_bit_operands_in_float32(monkeypatch) 
     assert np.all(np.abs(r.astype(np.float64) - want) <= np.abs(want) * 2.0**-10 + 1e-3)
     with pytest.raises(UnavailableError, match="compute capability 8.0.*float16/bfloat16"):
         tilegemm.matmul(a, b, backend="cuda", kernel="mma")
+
+
+@pytest.mark.cudasim
+def test_16_bit_operands_on_an_ffma_rung_name_the_rungs_that_take_them() -> None:
+    """'does not support dtype float32 (computed as bfloat16); it supports float32, ...'
+    contradicted itself for NumPy bfloat16 operands (a float32 result)."""
+    import ml_dtypes
+
+    for x in (np.ones((4, 4), ml_dtypes.bfloat16), np.ones((4, 4), np.float16)):
+        with pytest.raises(InvalidTypeError, match=r"operands.*which run on mma") as err:
+            tilegemm.matmul(x, x, backend="cuda", kernel="pipelined")
+        assert "dtype float32" not in str(err.value)

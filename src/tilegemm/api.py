@@ -320,6 +320,13 @@ def check_dtype_supported(spec: KernelSpec, dtype: np.dtype,
         dtype = np.dtype(dtype)
         what = dtype.name if result is None or np.dtype(result) == dtype else (
             f"{np.dtype(result).name} (computed as {dtype.name})")
+        if dtype.name in HALF_DTYPES:  # 16-bit operands, whatever the result: tensor cores
+            what = f"{dtype.name} operands"
+            if result is not None and np.dtype(result) != dtype:
+                what += f" (a {np.dtype(result).name} result)"
+            takes = [s.name for s in registry.specs_for(spec.backend) if s.supports(dtype)]
+            if takes:
+                what += f", which run on {', '.join(takes)}"
         raise InvalidTypeError(
             f"kernel {spec.name!r} ({spec.backend}) does not support dtype "
             f"{what}; it supports {', '.join(spec.dtypes)}")
