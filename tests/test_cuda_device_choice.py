@@ -13,6 +13,7 @@ import pytest
 import tilegemm
 from tilegemm.backends import cuda as cuda_backend
 from tilegemm.backends import get_backend
+from tilegemm.errors import InvalidValueError
 
 
 class FakeGpu:
@@ -91,3 +92,32 @@ def test_device_with_cuda_device_arrays_is_refused(two_gpus) -> None:  # noqa: A
         two_gpus.target_for([op], 1)
     with pytest.raises(ValueError, match="unknown CUDA device 5"):
         two_gpus.target_for([op], 5)
+
+
+def test_a_product_larger_than_the_gpu_is_refused_before_any_launch(two_gpus,  # noqa: ANN001
+                                                                    monkeypatch) -> None:
+    """Host operands are copied to the GPU whole (a broadcast one materialised) and the
+    result needs a buffer: 2**16-square float32 operands and result, 16 GiB each, fit the
+    80 GB GPU and not the 40 GB one, which is refused by plan and call alike, naming sizes."""
+    memory = {0: 80 * 10**9, 1: 40 * 10**9}
+    monkeypatch.setattr(cuda_backend, "_gpu_memory", lambda t: memory[t.index or 0])
+    one = np.ones((1, 1), np.float32)
+    big = np.broadcast_to(one, (2**16, 2**16))
+    assert tilegemm.plan(big, big, backend="cuda").backend == "cuda"
+    for call in (tilegemm.plan, tilegemm.matmul):
+        with pytest.raises(InvalidValueError,
+                           match=r"needs 48\.0 GiB of GPU memory \(the result 16\.0 GiB, "
+                                 r"operands .* 32\.0 GiB\), more than NVIDIA A100-SXM4-40GB"):
+            call(big, big, backend="cuda", device=1)
+
+
+def test_gpu_memory_counts_what_a_call_allocates() -> None:
+    """Host operands and a host result are allocated on the GPU; a device out is written in
+    place; a shared (unbatched) operand is copied once, a batched one per product."""
+    from tilegemm.problem import describe, make_problem
+
+    a, b = np.ones((3, 5, 7), np.float32), np.ones((7, 2), np.float32)
+    ops = [describe(a, "a"), describe(b, "b")]
+    prob = make_problem(*ops)
+    assert cuda_backend._gpu_bytes(ops, prob, None) == (4 * (3 * 5 * 7 + 7 * 2), 4 * 3 * 5 * 2)
+    assert cuda_backend._gpu_bytes(ops, prob, np.empty((3, 5, 2), np.float32))[1] == 4 * 30

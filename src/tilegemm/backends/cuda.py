@@ -11,6 +11,7 @@ result is returned as the same library's array, with no copy to the host.
 from __future__ import annotations
 
 import contextlib
+import math
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 from functools import cache
@@ -30,12 +31,19 @@ from tilegemm.backends.base import (
     poison_enabled,
     poison_value,
     resolve_scalars,
+    size_text,
     wall_clock_elapsed,
 )
 from tilegemm.backends.cuda_program import MIN_OPTIN_SMEM_SM80, STATIC_SMEM_LIMIT
 from tilegemm.backends.cuda_stream import choose_stream, numba_stream
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
-from tilegemm.problem import GemmProblem, Operand, host_operand_3d, rounded_to_result
+from tilegemm.problem import (
+    GemmProblem,
+    Operand,
+    array_kind,
+    host_operand_3d,
+    rounded_to_result,
+)
 from tilegemm.registry import KernelSpec, specs_for
 
 # The architectures rungs are compiled for without a GPU (nvJitLink), by compute capability.
@@ -347,6 +355,16 @@ class CudaBackend(Backend):
                       out: Any = None) -> None:
         for op, which in zip(operands[:2], "ab"):
             _check_device_operand(op, prob, which)
+        total = _gpu_memory(target)
+        if total is None:
+            return
+        copies, result = _gpu_bytes(operands, prob, out)
+        if copies + result > total:
+            raise InvalidValueError(
+                f"this product needs {size_text(copies + result)} of GPU memory (the result "
+                f"{size_text(result)}, operands copied to the GPU or converted there "
+                f"{size_text(copies)}), more than {target.name} has ({size_text(total)}); "
+                "split it into smaller products")
 
     def target_for(self, operands: Sequence[Operand], device: int | None = None) -> Target:
         """Device arrays run where they live (the current CUDA device); ``device=`` picks
@@ -539,6 +557,55 @@ class CudaBackend(Backend):
         src = cuda.device_array(2 * l2, dtype=np.uint8)
         dst = cuda.device_array(2 * l2, dtype=np.uint8)
         return lambda: dst.copy_to_device(src)
+
+
+def _gpu_memory(target: Target) -> int | None:
+    """The GPU's total memory in bytes; None on the simulator or when it cannot be read.
+
+    Total, not free: numba frees released arrays lazily and retries an allocation that
+    fails after freeing them, so the free figure of the moment would refuse products that
+    run.
+    """
+    if target.simulated or target.handle is None:
+        return None
+    return _total_memory(target.index or 0)
+
+
+@cache
+def _total_memory(index: int) -> int | None:
+    """GPU ``index``'s memory, read once per process (a call should not pay a driver query)."""
+    try:
+        from numba import cuda
+
+        with cuda.gpus[index]:
+            return int(cuda.current_context().get_memory_info()[1])
+    except Exception:
+        return None
+
+
+def _gpu_bytes(operands: Sequence[Operand], prob: GemmProblem, out: Any) -> tuple[int, int]:
+    """Bytes a call allocates on the GPU: (operand copies, result).
+
+    Host operands are copied whole (a broadcast batch materialised); CuPy and PyTorch
+    arrays of another dtype are converted, and partially broadcast ones materialised, by
+    their own library; numba arrays are read in place. The result needs a buffer unless
+    ``out`` is a device array (a temporary is taken only when out overlaps an operand).
+    """
+    copies = 0
+    for op, which in zip(operands[:2], "ab"):
+        rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
+        mode = prob.batch_mode(which)
+        whole = (1 if mode == "single" else prob.batch) * rows * cols * prob.dtype.itemsize
+        if op.kind != "cuda":
+            copies += whole
+        elif _source_library(op.obj) in ("cupy", "torch"):
+            if op.dtype != prob.dtype:
+                copies += math.prod(op.shape) * prob.dtype.itemsize
+            if mode == "broadcast":
+                copies += whole
+    in_place = out is not None and array_kind(out) == "cuda"
+    result = 0 if in_place else prob.batch * prob.m * prob.n * prob.store_dtype.itemsize
+    return copies, result
 
 
 def _sm_count(dev: Any) -> int:
