@@ -529,3 +529,24 @@ def test_bench_output_extension_and_format_must_agree(capsys, monkeypatch):
     monkeypatch.setattr(sweeps, "run_bench", lambda *a, **k: pytest.fail("nothing may run"))
     assert main(["bench", "--format", "json", "-o", "results.csv"]) == 2
     assert "names csv by its extension, but --format is json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("action", "options", "named"), [
+    ("--show", ["--m", "64"], "--m would change nothing: leave it out"),
+    ("--clear", ["--dtype", "float64", "--dry-run"], "--dtype, --dry-run would change nothing"),
+    ("--show", ["--backend", "cpu"], "--backend would"),
+])
+def test_tune_show_and_clear_refuse_search_options(tmp_path, monkeypatch, capsys, action,
+                                                   options, named):
+    """--show and --clear act on the whole cache: 'tune --show --m 64' listed every entry as
+    if --m had not been given, and 'tune --clear --dry-run' deleted the cache."""
+    from tilegemm.tune import cache
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    cache.record(cache.Entry(
+        backend="cpu", device="cpu", arch="x86_64", dtype="float32", bucket=[64, 64, 64],
+        kernel="blocked", params={"MR": 8}, seconds=0.01, gflops=1.0, shape=[64, 64, 64, 0]))
+    assert main(["tune", action, *options]) == 2
+    assert named in capsys.readouterr().err
+    assert cache.cache_path().exists() and len(cache.load()) == 1  # nothing deleted
+    assert main(["tune", action]) == 0  # alone, as before

@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if args.show and args.clear:
         raise InvalidValueError("--show lists the tuning cache and --clear deletes it: "
                                 "give one of them")
+    if args.show or args.clear:
+        _refuse_search_options(args)
     if args.show:
         return _show(cache)
     if args.clear:
@@ -66,6 +68,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'removed' if cache.clear() else 'no cache at'} {path}")
         return 0
     return _tune(args)
+
+
+def _refuse_search_options(args: argparse.Namespace) -> None:
+    """--show and --clear act on the whole cache: options of a search given with them
+    (--m 64 to see one size's entries, say) would be silently ignored, so they are refused."""
+    parser = getattr(args, "_parser", None)
+    if parser is None:
+        return
+    given = [a.option_strings[0] for a in parser._actions
+             if a.option_strings and a.dest not in ("help", "show", "clear")
+             and getattr(args, a.dest, a.default) != a.default]
+    if given:
+        what = "lists" if args.show else "deletes"
+        raise InvalidValueError(
+            f"--{'show' if args.show else 'clear'} {what} the whole tuning cache, for every "
+            f"backend, device and size; {', '.join(given)} would change nothing: leave "
+            f"{'it' if len(given) == 1 else 'them'} out")
 
 
 def _show(cache) -> int:  # noqa: ANN001 - the module
