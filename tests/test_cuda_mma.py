@@ -104,6 +104,10 @@ def test_tensor_core_rung_needs_precision_and_a_consistent_passes() -> None:
     # would then be refused for float64
     with pytest.raises(InvalidTypeError, match="float16 and bfloat16 operands.*not float64"):
         tilegemm.matmul(a.astype(np.float64), a, backend="cuda", kernel="mma", **_sim())
+    # 16-bit operands have one mma mode: PASSES=3 was accepted and ran one pass
+    h = a.astype(np.float16)
+    with pytest.raises(InvalidValueError, match="float16 takes one mma per step"):
+        tilegemm.plan(h, h, backend="cuda", kernel="mma", **_sim(PASSES=3))
 
 
 def test_auto_at_ieee_never_picks_a_tensor_core_rung() -> None:

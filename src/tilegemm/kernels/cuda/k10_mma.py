@@ -92,9 +92,14 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
 
 
 def _dtype_check(p: Mapping[str, int], dtype: np.dtype) -> str | None:
+    name = np.dtype(dtype).name
     if np.dtype(dtype).itemsize == 2 and p["BK"] % 16:
-        return (f"{np.dtype(dtype).name} needs BK a multiple of 16 (one m16n8k16 step), "
-                f"got BK={p['BK']}")
+        return f"{name} needs BK a multiple of 16 (one m16n8k16 step), got BK={p['BK']}"
+    if np.dtype(dtype).itemsize == 2 and p.get("PASSES", 1) != 1:
+        # the big/small split is of float32 operands into TF32 parts; a 16-bit operand is
+        # already what the mma reads, and the kernel would have run one pass regardless
+        return (f"{name} takes one mma per step (PASSES=1); PASSES=3 is the 3xTF32 split "
+                "of float32 operands (precision='3xtf32')")
     return None
 
 
