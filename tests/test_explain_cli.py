@@ -83,6 +83,23 @@ def test_empty_product_prints_no_roofline():
     assert len(out) == 1 and "no roofline" in str(out[0])
 
 
+def test_integer_roofline_counts_operations_not_flops():
+    """An int32 product's roofline read 'TFLOP/s' under an FP32 title."""
+    from rich.console import Console
+
+    from tilegemm.analysis import report
+    from tilegemm.analysis.roofline import bound, get_gpu
+
+    g = get_gpu("h100")
+    ex = {"roofline": {"traced": bound(g, "int32", 2e9, 1e9).__dict__}, "gpu": g.as_dict(),
+          "peak": g.peak_label("int32"), "unit": "OP"}
+    console = Console(width=200, record=True)
+    for item in report._roofline_items(ex):
+        console.print(item)
+    text = console.export_text()
+    assert "no int32 peak listed" in text and "6.7 TOP/s" in text and "FLOP" not in text
+
+
 @pytest.mark.ptx
 def test_explain_without_barriers_prints_each_of_the_three_barrier_values(capsys, monkeypatch):
     """A rung with no syncthreads printed one "0" for the row's three values."""

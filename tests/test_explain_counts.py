@@ -141,6 +141,17 @@ def test_roofline_bounds():
     assert (b.limited_by, b.flops_per_s) == ("compute", 67e12)
     assert bound(h100, "float64", 1e12, 1e9).flops_per_s == 34e12
     assert bound(h100, "int32", 1e12, 1e9).limited_by == "memory"  # no FLOP roof for ints
+    # tensor-core rungs: the tensor cores' roof, a third of TF32's for 3xTF32 (three mma a
+    # term); 16-bit operands at the FP16/BF16 roof. It was FP32's 67 TFLOP/s, which a TF32
+    # kernel can exceed.
+    assert bound(h100, "float32", 1e15, 1e9, tensor_passes=1).flops_per_s == 494.7e12
+    assert bound(h100, "float32", 1e15, 1e9, tensor_passes=3).flops_per_s == pytest.approx(
+        494.7e12 / 3)
+    assert bound(h100, "bfloat16", 1e15, 1e9, tensor_passes=1).flops_per_s == 989.4e12
+    assert "÷3 for 3xTF32" in h100.peak_label("float32", 3)
+    assert "no int32 peak" in h100.peak_label("int32")
+    assert all(g.tf32_tflops > g.fp32_tflops and g.fp16_tflops == pytest.approx(
+        2 * g.tf32_tflops, rel=0.01) for g in GPUS.values())
     assert GPUS["a100-40gb"].bandwidth_tbs < GPUS["a100"].bandwidth_tbs
     with pytest.raises(ValueError, match="known"):
         get_gpu("v100")

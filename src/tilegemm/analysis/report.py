@@ -95,14 +95,20 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
         note = ("compiled resources skipped: this process runs the CUDA simulator, which "
                 "cannot compile PTX")
 
-    # An empty product does no arithmetic: a roofline bound would be meaningless (0/0).
+    # A tensor-core rung is bounded by the tensor cores' peak (a third of TF32's for 3xTF32,
+    # three mma a term), not the FMA units'. An empty product does no arithmetic: a roofline
+    # bound would be meaningless (0/0).
+    passes = int(resolved.get(spec.precision_param, 1)) if spec.precisions else 0
     roof = {} if flops == 0 else {
-        name: bound(g, trace["dtype"], flops, nbytes).__dict__
+        name: bound(g, trace["dtype"], flops, nbytes, passes).__dict__
         for name, nbytes in (("traced", traced_bytes), ("compulsory", ideal_bytes))}
     return {
         "trace": trace, "memory": memory, "static_smem_per_block": declared_smem,
         "resources": res_rows, "resources_note": note,
         "gpu": g.as_dict(), "roofline": roof,
+        "peak": g.peak_label(trace["dtype"], passes),
+        # integer products do integer operations: counted as OP, not FLOP
+        "unit": "OP" if np.dtype(trace["dtype"]).kind in "iu" else "FLOP",
     }
 
 
@@ -173,8 +179,9 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
     tot = Table(title="totals per launch")
     tot.add_column("quantity")
     tot.add_column("value", justify="right")
+    unit = ex.get("unit", "FLOP")
     rows = [
-        ("FLOPs (2·M·N·K)", _n(mem["flops"])),
+        (f"{unit}s (2·M·N·K)", _n(mem["flops"])),
         ("global load requests / 32-byte sectors (the optimisation note's 'transactions')",
          f"{_n(mem['global_load_requests'])} / {_n(mem['global_load_sectors'])}"),
         ("global store requests / sectors",
@@ -182,7 +189,7 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
         ("global bytes in sectors vs compulsory (inputs once, output once)",
          f"{_si(mem['traced_bytes'], 'B')} vs {_si(mem['ideal_bytes'], 'B')} "
          f"(×{_n(mem['traffic_ratio'])})"),
-        ("arithmetic intensity: FLOP/sector byte, FLOP/compulsory byte",
+        (f"arithmetic intensity: {unit}/sector byte, {unit}/compulsory byte",
          f"{_n(mem['flop_per_traced_byte'])}, {_n(mem['flop_per_ideal_byte'])}"),
         ("shared requests / wavefronts (ideal)",
          f"{_n(mem['shared_requests'])} / {_n(mem['shared_wavefronts'])} "
@@ -190,7 +197,8 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
         ("shared bank-conflicted requests, extra wavefronts, worst degree",
          f"{_n(mem['shared_conflicted_requests'])}, {_n(mem['shared_excess_wavefronts'])}, "
          f"{mem['shared_max_degree']}-way" if mem["shared_requests"] else "-"),
-        ("barriers (syncthreads) per block; warp-barriers per launch; FLOPs per warp-barrier",
+        ("barriers (syncthreads) per block; warp-barriers per launch; "
+         f"{unit}s per warp-barrier",
          f"{_n(mem['barriers_per_block'])}; {_n(mem['warp_barriers'])}; "
          + (_n(mem["flop_per_warp_barrier"]) if mem["warp_barriers"] else "none (no barrier)")),
     ]
@@ -234,15 +242,16 @@ def _roofline_items(ex: Mapping[str, Any]) -> list[Any]:
     g = ex["gpu"]
     if not ex["roofline"]:
         return [Text("no roofline: the product is empty (no arithmetic to bound)")]
-    roof = Table(title=f"roofline on {g['name']} ({g['fp32_tflops']} TFLOP/s FP32, "
-                       f"{g['fp64_tflops']} FP64, {g['bandwidth_tbs']} TB/s)")
-    for col in ("bytes counted", "bytes", "FLOP/byte", "bound", "limited by"):
+    unit = ex.get("unit", "FLOP")
+    peak = ex.get("peak") or f"{g['fp32_tflops']} TFLOP/s FP32, {g['fp64_tflops']} FP64"
+    roof = Table(title=f"roofline on {g['name']} ({peak}, {g['bandwidth_tbs']} TB/s)")
+    for col in ("bytes counted", "bytes", f"{unit}/byte", "bound", "limited by"):
         roof.add_column(col)
     for name, b in ex["roofline"].items():
         label = ("every traced sector from DRAM" if name == "traced"
                  else "compulsory (perfect cache)")
         roof.add_row(label, _si(b["bytes"], "B"), _n(b["intensity"]),
-                     _si(b["flops_per_s"], "FLOP/s"), b["limited_by"])
+                     _si(b["flops_per_s"], f"{unit}/s"), b["limited_by"])
     return [roof]
 
 

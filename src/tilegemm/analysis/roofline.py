@@ -19,7 +19,13 @@ Peak figures (dense, non-tensor-core; from NVIDIA's datasheets):
 - A100 SXM4 80GB: 19.5 / 9.7 TFLOP/s, 2.039 TB/s; A100 40GB: 1.555 TB/s — "NVIDIA A100
   Tensor Core GPU" datasheet (nvidia.com/en-us/data-center/a100/).
 
-Integer dtypes have no FLOP peak here; their bound is the memory roof only.
+Tensor-core rungs (``mma``, ``wgmma``) are bounded by the tensor-core peak, dense, from
+the same datasheets: TF32 494.7 TFLOP/s and FP16/BF16 989.4 on the H100 SXM5 and the H200,
+378 and 756.5 on the H100 PCIe, 156 and 312 on the A100. 3xTF32 issues three TF32 mma for
+each product term, so its roof in useful FLOP/s is a third of TF32's.
+
+Integer dtypes have no peak here; their bound is the memory roof only, in operations
+(OP/s) rather than FLOP/s.
 """
 
 from __future__ import annotations
@@ -39,25 +45,48 @@ class GPU:
     fp32_tflops: float
     fp64_tflops: float
     bandwidth_tbs: float
+    tf32_tflops: float = 0.0  # dense tensor-core peaks
+    fp16_tflops: float = 0.0
 
-    def peak_flops(self, dtype: str) -> float | None:
-        """Peak FLOP/s for ``dtype`` (None for integers: no FLOP roof)."""
+    def peak_flops(self, dtype: str, tensor_passes: int = 0) -> float | None:
+        """Peak FLOP/s for ``dtype`` (None for integers: no FLOP roof).
+
+        ``tensor_passes`` > 0: computed on tensor cores with that many mma per product
+        term (float32: 1 for TF32, 3 for 3xTF32; 16-bit dtypes: 1), so the useful peak is
+        the tensor-core peak divided by it.
+        """
+        if tensor_passes:
+            peak = {"float32": self.tf32_tflops, "float16": self.fp16_tflops,
+                    "bfloat16": self.fp16_tflops}.get(dtype)
+            return peak * 1e12 / tensor_passes if peak else None
         if dtype == "float32":
             return self.fp32_tflops * 1e12
         if dtype == "float64":
             return self.fp64_tflops * 1e12
         return None
 
+    def peak_label(self, dtype: str, tensor_passes: int = 0) -> str:
+        """What bounds compute, for a roofline's title: 'TF32 tensor cores 494.7 TFLOP/s'."""
+        if tensor_passes:
+            if dtype == "float32":
+                label = f"TF32 tensor cores {self.tf32_tflops} TFLOP/s"
+                return label + (f", ÷{tensor_passes} for {tensor_passes}xTF32"
+                                if tensor_passes > 1 else "")
+            return f"FP16/BF16 tensor cores {self.fp16_tflops} TFLOP/s"
+        if dtype in ("float32", "float64"):
+            return f"{self.fp32_tflops} TFLOP/s FP32, {self.fp64_tflops} FP64"
+        return f"no {dtype} peak listed: the memory roof only"
+
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 GPUS: dict[str, GPU] = {g.key: g for g in (
-    GPU("h100", "NVIDIA H100 SXM5 80GB", "sm_90", 132, 67.0, 34.0, 3.35),
-    GPU("h100-pcie", "NVIDIA H100 PCIe 80GB", "sm_90", 114, 51.0, 26.0, 2.0),
-    GPU("h200", "NVIDIA H200 SXM 141GB", "sm_90", 132, 67.0, 34.0, 4.8),
-    GPU("a100", "NVIDIA A100 SXM4 80GB", "sm_80", 108, 19.5, 9.7, 2.039),
-    GPU("a100-40gb", "NVIDIA A100 SXM4 40GB", "sm_80", 108, 19.5, 9.7, 1.555),
+    GPU("h100", "NVIDIA H100 SXM5 80GB", "sm_90", 132, 67.0, 34.0, 3.35, 494.7, 989.4),
+    GPU("h100-pcie", "NVIDIA H100 PCIe 80GB", "sm_90", 114, 51.0, 26.0, 2.0, 378.0, 756.5),
+    GPU("h200", "NVIDIA H200 SXM 141GB", "sm_90", 132, 67.0, 34.0, 4.8, 494.7, 989.4),
+    GPU("a100", "NVIDIA A100 SXM4 80GB", "sm_80", 108, 19.5, 9.7, 2.039, 156.0, 312.0),
+    GPU("a100-40gb", "NVIDIA A100 SXM4 40GB", "sm_80", 108, 19.5, 9.7, 1.555, 156.0, 312.0),
 )}
 
 
@@ -76,12 +105,14 @@ class Bound:
     limited_by: str                  # 'memory' or 'compute'
 
 
-def bound(gpu: GPU, dtype: str, flops: float, nbytes: float) -> Bound:
-    """``min(peak, intensity × bandwidth)`` for one byte count."""
+def bound(gpu: GPU, dtype: str, flops: float, nbytes: float,
+          tensor_passes: int = 0) -> Bound:
+    """``min(peak, intensity × bandwidth)`` for one byte count (``tensor_passes``: see
+    :meth:`GPU.peak_flops`)."""
     bw = gpu.bandwidth_tbs * 1e12
     intensity = flops / nbytes if nbytes > 0 else None
     mem = intensity * bw if intensity is not None else None
-    peak = gpu.peak_flops(dtype)
+    peak = gpu.peak_flops(dtype, tensor_passes)
     if mem is None:
         return Bound(nbytes, None, peak, "compute")
     if peak is None or mem < peak:
