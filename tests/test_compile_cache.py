@@ -384,3 +384,30 @@ def test_cache_command_says_when_the_directory_cannot_be_used(tmp_path, monkeypa
     assert "cannot be used (" in out and "a-file is not a directory)" in out
     assert main(["cache", "--stale"]) == 2
     assert "tilegemm: error: --stale only selects" in capsys.readouterr().err
+
+
+def test_pocl_temp_files_are_removed_once_old(tmp_path: Path, monkeypatch) -> None:
+    """PoCL 3 leaves a few ``tempfile_*`` at the top of its cache per process that builds:
+    the folder grew by thousands of files. Old ones go before PoCL starts; one young enough
+    to be a build in progress elsewhere, and everything else, stays."""
+    import os
+    import time
+
+    from tilegemm import compile_cache
+
+    monkeypatch.setenv("POCL_CACHE_DIR", "")  # restored after the test, whatever it was
+    monkeypatch.delenv("POCL_CACHE_DIR")
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    folder = tmp_path / compile_cache.POCL_SUBDIR
+    (folder / "EB" / "KPJB").mkdir(parents=True)
+    old = time.time() - 2 * compile_cache.POCL_TEMP_AGE_S
+    for name in ("tempfile_3HccMc.cl", "tempfile_L5iPcB"):
+        (folder / name).write_text("")
+        os.utime(folder / name, (old, old))
+    (folder / "tempfile_young").write_text("")
+    (folder / "EB" / "KPJB" / "tempfile_inside").write_text("")
+    os.utime(folder / "EB" / "KPJB" / "tempfile_inside", (old, old))
+    compile_cache.use_pocl_cache()
+    assert os.environ["POCL_CACHE_DIR"] == str(folder)
+    assert sorted(p.name for p in folder.rglob("*") if p.is_file()) == [
+        "tempfile_inside", "tempfile_young"]

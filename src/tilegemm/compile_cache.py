@@ -69,6 +69,7 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -154,7 +155,24 @@ def use_pocl_cache() -> None:
                       stacklevel=user_stacklevel())
         return
     _check_pocl_entries(folder)
+    _remove_pocl_temp_files(folder)
     os.environ["POCL_CACHE_DIR"] = str(folder)
+
+
+POCL_TEMP_AGE_S = 3600.0  # a build in progress in another process is younger than this
+
+
+def _remove_pocl_temp_files(folder: Path, older_than: float = POCL_TEMP_AGE_S) -> None:
+    """Delete the ``tempfile_*`` PoCL 3 leaves at the top of its cache, a few per process
+    that builds a program (most of them empty), once they are old enough that no build
+    can still be writing them: without this the folder grows by thousands of files."""
+    limit = time.time() - older_than
+    for path in folder.glob("tempfile_*"):
+        try:
+            if path.is_file() and path.stat().st_mtime < limit:
+                path.unlink()
+        except OSError:
+            pass  # another process removed it, or it is not ours to remove
 
 
 POCL_MANIFEST = "tilegemm-manifest.json"
