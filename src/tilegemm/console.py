@@ -25,4 +25,14 @@ def console(stderr: bool = False) -> Any:
     stream = sys.stderr if stderr else sys.stdout
     if stream.isatty():
         return _Console(stderr=stderr)
-    return _Console(stderr=stderr, width=int(os.environ.get("COLUMNS", "160")))
+    return _Console(stderr=stderr, width=_columns())
+
+
+def _columns() -> int:
+    """``COLUMNS`` when it is a usable width (empty, text or 0 is not: 160, as unset)."""
+    try:
+        width = int(os.environ.get("COLUMNS", "").strip() or 160)
+    except ValueError:
+        return 160
+    return width if width > 0 else 160
+

@@ -177,8 +177,8 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
     out.append(sites)
 
     tot = Table(title="totals per launch")
-    tot.add_column("quantity")
-    tot.add_column("value", justify="right")
+    tot.add_column("quantity", overflow="fold")
+    tot.add_column("value", justify="right", overflow="fold")
     unit = ex.get("unit", "FLOP")
     rows = [
         (f"{unit}s (2·M·N·K)", _n(mem["flops"])),
@@ -213,7 +213,8 @@ def render(ex: Mapping[str, Any]) -> list[Any]:
                             "block; the occupancy adds that reservation on both")
         for col in ("arch", "regs", "spill B", "smem B", "blocks/SM by warps·blocks·regs·smem",
                     "occupancy", "limited by"):
-            res.add_column(col, justify="left" if col in ("arch", "limited by") else "right")
+            res.add_column(col, justify="left" if col in ("arch", "limited by") else "right",
+                           overflow="fold")
         notes = []
         for r in ex["resources"]:
             o = r["occupancy"]
@@ -246,7 +247,7 @@ def _roofline_items(ex: Mapping[str, Any]) -> list[Any]:
     peak = ex.get("peak") or f"{g['fp32_tflops']} TFLOP/s FP32, {g['fp64_tflops']} FP64"
     roof = Table(title=f"roofline on {g['name']} ({peak}, {g['bandwidth_tbs']} TB/s)")
     for col in ("bytes counted", "bytes", f"{unit}/byte", "bound", "limited by"):
-        roof.add_column(col)
+        roof.add_column(col, overflow="fold")
     for name, b in ex["roofline"].items():
         label = ("every traced sector from DRAM" if name == "traced"
                  else "compulsory (perfect cache)")

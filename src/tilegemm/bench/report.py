@@ -245,12 +245,14 @@ def to_csv(results: Results) -> str:
 
 
 def render(results: Results, fmt: str, reports: Iterable[str] | None = None) -> str:
+    """``results`` in format ``fmt``, holding only ``reports`` (default: all)."""
     if fmt == "md":
         return to_markdown(results, reports)
+    chosen = results.select(None if reports is None else list(reports))
     if fmt == "csv":
-        return to_csv(results)
+        return to_csv(chosen)
     if fmt == "json":
-        return results.to_json()
+        return chosen.to_json() + "\n"
     raise InvalidValueError(f"unknown format {fmt!r}; choose md, csv or json")
 
 
@@ -268,7 +270,7 @@ def print_rich(results: Results, reports: Iterable[str] | None = None, console: 
     for t in tables(results, reports):
         rt = RichTable(title=escape(t.title), title_justify="left")
         for i, col in enumerate(t.columns):
-            rt.add_column(col, justify="left" if i < t.text_columns else "right")
+            rt.add_column(col, justify="left" if i < t.text_columns else "right", overflow="fold")
         for row in t.rows:
             rt.add_row(*[f"[bold red]{c}[/]" if c == FAILED else escape(c) for c in row])
         console.print(rt)

@@ -7,6 +7,7 @@ README can always be regenerated from the file it came from.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 from dataclasses import dataclass, field
@@ -37,6 +38,20 @@ class Results:
             if (report is None or report in m.reports) and m.backend not in seen:
                 seen.append(m.backend)
         return seen
+
+    def select(self, reports: list[str] | None) -> Results:
+        """The run as if only ``reports`` had been asked (None: all of it): measurements of
+        no such report dropped, the others keeping only those reports, so a file written
+        from it renders the same tables again."""
+        if reports is None:
+            return self
+        wanted = set(reports)
+        kept = [dataclasses.replace(m, reports=[r for r in m.reports if r in wanted])
+                for m in self.measurements if wanted & set(m.reports)]
+        meta = dict(self.meta)
+        if isinstance(meta.get("settings"), dict):
+            meta["settings"] = {**meta["settings"], "reports": list(reports)}
+        return Results(meta, kept)
 
     @property
     def failed(self) -> list[Measurement]:

@@ -89,7 +89,8 @@ def run_sass(args: argparse.Namespace) -> int:
     shown = ("fma", "lds", "ldg", "sts", "bar", "int", "move", "branch")
     for col in ("kernel", "region", "instr", *(SHORT[c] for c in shown), "rest", "FFMA share",
                 "FFMA/LDS byte"):
-        table.add_column(col, justify="left" if col in ("kernel", "region") else "right")
+        table.add_column(col, justify="left" if col in ("kernel", "region") else "right",
+                         overflow="fold")
     for r in reports:
         d = r.as_dict()
         for region, title in (("hot_loop", "hot loop"), ("k_tile", "k-tile")):
@@ -141,7 +142,7 @@ def _run_mma(args: argparse.Namespace, specs: list, params: dict | None) -> int:
 
     table = Table(title=f"Tensor-core hot loop, per thread ({args.dtype}, {args.arch})")
     for col in ("kernel", "instr", *KINDS, "HMMA share", "HMMA in kernel", "LDL/STL"):
-        table.add_column(col, justify="left" if col == "kernel" else "right")
+        table.add_column(col, justify="left" if col == "kernel" else "right", overflow="fold")
     for r in reports:
         passes = (r.params or {}).get("PASSES")  # float32 operands: one TF32 pass, or three
         mode = {1: " (tf32)", 3: " (3xtf32)"}.get(passes, "") if args.dtype == "float32" else ""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -254,6 +255,10 @@ def check_outputs(args: argparse.Namespace) -> None:
         from tilegemm.bench.plot import check_plot_path
 
         check_plot_path(args.plot)
+    for option, path, folder in (("--output", args.output, False), ("--plot", args.plot, False),
+                                 ("--save", args.save, True)):
+        if path:
+            check_writable(option, Path(path), folder)
     named = output_format(args.output) if args.output else None
     if args.format and named and named != args.format:
         raise InvalidValueError(f"--output {args.output} names {named} by its extension, but "
@@ -267,6 +272,33 @@ def check_outputs(args: argparse.Namespace) -> None:
             + "; name it .json, .md or .csv, or pass --format")
 
 
+def check_writable(option: str, path: Path, folder: bool = False) -> None:
+    """Refuse a destination that cannot be written before anything is timed: the files are
+    written last, and a --full run takes hours. Nothing is created here (the directories
+    are made when the files are written)."""
+    if folder and path.exists() and not path.is_dir():
+        raise InvalidValueError(f"{option} {path}: exists and is not a directory")
+    if not folder and path.is_dir():
+        raise InvalidValueError(f"{option} {path}: is a directory; name a file")
+    probe = path if folder else path.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise InvalidValueError(f"{option} {path}: {probe} is not a directory")
+    try:
+        # a file made and removed at once: permission bits alone miss what refuses root
+        # (a read-only or pseudo file system such as /proc)
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+        if not folder and path.exists():
+            with open(path, "a"):
+                pass
+    except OSError as exc:
+        where = path if not folder and path.exists() else probe
+        raise InvalidValueError(f"{option} {path}: cannot write to {where} "
+                                f"({exc.strerror or exc})") from None
+
+
 def output_format(path: str) -> str | None:
     """The --output format its extension names (.json, .md, .csv), else None."""
     return {f".{f}": f for f in FORMATS}.get(Path(path).suffix.lower())
@@ -276,6 +308,9 @@ def run(args: argparse.Namespace) -> int:
     from tilegemm.bench.results import Results
 
     check_outputs(args)
+    if args.quiet and not (args.format or args.output or args.save or args.plot):
+        raise InvalidValueError("--quiet prints no tables, and no --output, --save, --plot or "
+                                "--format keeps the results: the run would be thrown away")
     if args.from_json:
         # a saved run is rendered as it was: options of a new run would be ignored
         parser = getattr(args, "_parser", None)
@@ -372,7 +407,7 @@ def _save(results, folder: Path, reports: list[str]) -> None:
 
     folder.mkdir(parents=True, exist_ok=True)
     stem = folder / results.default_stem()
-    stem.with_suffix(".json").write_text(results.to_json())
+    stem.with_suffix(".json").write_text(report.render(results, "json", reports))
     stem.with_suffix(".md").write_text(report.to_markdown(results, reports))
     written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
     if results.backends("sizes"):

@@ -116,7 +116,7 @@ def _summary(found: list):  # noqa: ANN202 - a rich Table
     table = Table()
     for col, justify in (("backend", "left"), ("kernel", "left"), ("dtypes", "left"),
                          ("entries", "right"), ("usable here", "right"), ("size", "right")):
-        table.add_column(col, justify=justify)
+        table.add_column(col, justify=justify, overflow="fold")
     for (backend, kernel), group in sorted(groups.items()):
         dtypes = sorted({e.describe["dtype"] for e in group if e.describe.get("dtype")})
         table.add_row(backend, kernel, " ".join(dtypes), str(len(group)),
@@ -134,8 +134,8 @@ def _rows(found: list):  # noqa: ANN202 - a rich Table
                           "version, or for another CPU, driver or kernel source")
     table.add_column("id", no_wrap=True)
     for col in ("kernel", "dtype", "parameters", "usable here", "written", "versions"):
-        table.add_column(col)
-    table.add_column("size", justify="right")
+        table.add_column(col, overflow="fold")
+    table.add_column("size", justify="right", overflow="fold")
     for e in found:
         params = " ".join(f"{k}={v}" for k, v in e.describe.get("params", {}).items())
         versions = " ".join(f"{k} {v}" for k, v in e.versions.items())

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     for details in _device_tables():
         console.print(details)
     vt = Table(title="versions")
-    vt.add_column("package")
-    vt.add_column("version")
+    vt.add_column("package", overflow="fold")
+    vt.add_column("version", overflow="fold")
     for k, v in versions().items():
         vt.add_row(k, v)
     console.print(vt)

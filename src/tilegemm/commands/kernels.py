@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title="tilegemm kernel ladder", show_lines=True)
     for col in ("backend", "rung", "kernel", "what it does", "parameters (default: choices)",
                 "constraints", "dtypes"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for s in specs:
         params = "\n".join(f"{p.name}={p.default}: {','.join(map(str, p.choices))}"
                            for p in s.params)
@@ -112,7 +112,7 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
                           "shared memory (mma, wgmma) is sized at launch and not included.")
     for col in ("backend", "kernel", "arch", "params", "registers", "spill st/ld (B)", "stack (B)",
                 "smem (B)"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in rows:
         params = " ".join(f"{k}={v}" for k, v in r["params"].items())
         table.add_row(r["backend"], r["kernel"], r["arch"], params,

@@ -162,7 +162,7 @@ def _tune(args: argparse.Namespace) -> int:
                   + f"{f' batch {args.batch}' if args.batch else ''}, strategy {args.strategy}")
     # Five columns, the outcomes in words: readable in an 80-column terminal.
     summary = Table("kernel", "candidates", "best params", "ms", "GFLOP/s")
-    for column in summary.columns[:3]:
+    for column in summary.columns:
         column.overflow = "fold"
     # The baseline: what kernel="auto" runs untuned, timed first. A tuned entry is what
     # kernel="auto" then runs (the fastest entry wins), so one that does not beat the
