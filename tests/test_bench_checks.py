@@ -237,6 +237,19 @@ def test_destinations_that_cannot_be_written_are_refused_before_running(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "file"]  # nothing created
 
 
+@pytest.mark.parametrize(("option", "value", "expected"), [
+    ("--budget", "0", "--budget must be > 0"),  # was "budget must be > 0 and warm-up >= 0"
+    ("--warmup", "-1", "--warmup must be >= 0"),
+    ("--max-call-seconds", "-1", "--max-call-seconds must be >= 0"),  # was accepted
+])
+def test_timing_options_are_refused_in_the_command_lines_words(
+        option: str, value: str, expected: str, tmp_path: Path, never_runs: list[int],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    err = _one_line_refusal(["bench", "--backend", "cpu", "-o", str(tmp_path / "r.json"),
+                             option, value], capsys)
+    assert expected in err and not never_runs
+
+
 def test_quiet_without_a_destination_is_refused(never_runs: list[int],
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """-q alone ran the whole benchmark, printed nothing and kept nothing."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -295,6 +296,9 @@ def test_cases_predicted_too_slow_are_skipped_not_run() -> None:
     assert status == {64: OK, 128: OK, 1024: SKIPPED, 2048: SKIPPED}
     reason = next(m.reason for m in state.measurements if m.m == 1024)
     assert "2.15 s per call" in reason and "--max-call-seconds" in reason
+    # 0 is no limit, as in tune (it skipped every case after the first)
+    unlimited = run_plan(cases, replace(settings, max_call_s=0.0), backend_of=lambda name: be)
+    assert {m.status for m in unlimited.measurements} == {OK}
 
 
 def test_case_labels_and_keys() -> None:

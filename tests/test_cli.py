@@ -157,6 +157,11 @@ def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, ca
     (["explain", "naive", "--arch", "sm_80", "--yardstick"],
      "--arch and --yardstick apply only with --sass"),
     (["explain", "naive", "--batch", "-1"], "--batch must be >= 0"),
+    (["explain", "naive", "--full-limit", "-1"], "--full-limit must be >= 0"),
+    (["explain", "naive", "--beta", "nan"], "--beta must be a finite number"),
+    (["tune", "--backend", "cpu", "--m", "8", "--seed", "-1"], "--seed must be >= 0"),
+    (["tune", "--backend", "cpu", "--m", "8", "--max-call-seconds", "nan"],
+     "--max-call-seconds must be >= 0, got nan"),
     # ... and the trace's options with --sass, which counts code, not a problem's traffic
     (["explain", "naive", "--sass", "--m", "4096"], "--m applies only to the trace"),
     (["explain", "naive", "--sass", "--samples", "4", "--no-resources"],

@@ -68,7 +68,7 @@ class Settings:
     r_values: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     compile_size: int = 256
     policy: Policy = field(default_factory=lambda: Policy(budget_s=0.2, max_reps=50))
-    max_call_s: float = 5.0  # skip a case whose expected time per call exceeds this
+    max_call_s: float = 5.0  # skip a case whose expected time per call exceeds this (0: never)
     profile: str = "quick"
     # time other Python-authored GEMMs (Triton's) beside the vendor library, where present;
     # off when a run has a hard time limit and must not pay their compiles and autotuning
@@ -270,7 +270,7 @@ def _too_slow(state: RunState, case: Case, settings: Settings) -> str | None:
     flops, seconds = prev
     expected = seconds * case.flops / flops
     state.history[hist_key] = (case.flops, expected)  # chain the estimate to larger sizes
-    if expected <= settings.max_call_s:
+    if not settings.max_call_s or expected <= settings.max_call_s:  # 0: no limit
         return None
     return (f"expected ~{expected:.3g} s per call (scaled from a smaller size), over the "
             f"{settings.max_call_s:g} s limit (--max-call-seconds)")

@@ -107,7 +107,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="timed repeats per case at most, even with budget left")
     how.add_argument("--warmup", type=int, metavar="N", help="untimed launches after the first")
     how.add_argument("--max-call-seconds", type=float, metavar="S",
-                     help="skip a case predicted (from a smaller size) to take longer per call")
+                     help="skip a case predicted (from a smaller size) to take longer per call; "
+                          "0: no limit, as in tune")
     how.add_argument("--no-rivals", action="store_true",
                      help="do not time Triton's matmul beside the vendor library (it compiles "
                           "and autotunes 16 configurations per shape class on first use)")
@@ -150,6 +151,13 @@ def settings_from(args: argparse.Namespace) -> Settings:
     for name in ("r_size", "compile_size"):
         if getattr(args, name, None) is not None and getattr(args, name) < 1:
             raise InvalidValueError(f"--{name.replace('_', '-')} must be >= 1")
+    # in the command line's words (the timing policy's own check names its fields)
+    for name, least, strict in (("budget", 0, True), ("warmup", 0, False),
+                                ("max_call_seconds", 0, False)):
+        value = getattr(args, name, None)
+        if value is not None and not (value > least if strict else value >= least):
+            raise InvalidValueError(f"--{name.replace('_', '-')} must be "
+                                    f"{'>' if strict else '>='} {least}, got {value}")
     over["dtype"] = args.dtype
     precision = getattr(args, "precision", "ieee")
     if precision != "ieee" and args.dtype != "float32":

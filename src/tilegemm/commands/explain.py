@@ -13,6 +13,7 @@ nvJitLink for sm_80 and sm_90 (those it compiles for). No GPU is needed for any 
 from __future__ import annotations
 
 import argparse
+import math
 
 from tilegemm.commands._params import (
     KERNEL_TYPES_NOTE,
@@ -110,11 +111,15 @@ def run(args: argparse.Namespace) -> int:
     if args.kernel == "all" or "," in args.kernel:
         raise InvalidValueError(f"{args.kernel!r}: several rungs at once only with --sass (the "
                                 "machine-code table); the trace explains one rung")
-    for name in ("m", "n", "k", "batch"):
+    for name in ("m", "n", "k", "batch", "full_limit"):
         if getattr(args, name) < 0:
-            raise InvalidValueError(f"--{name} must be >= 0")
+            raise InvalidValueError(f"--{name.replace('_', '-')} must be >= 0")
     if args.samples < 1:
         raise InvalidValueError("--samples must be >= 1")
+    if not math.isfinite(args.beta):
+        # only whether beta is zero matters to the trace (C is read or not); NaN and inf
+        # are not zero, but are surely a typing slip
+        raise InvalidValueError(f"--beta must be a finite number, got {args.beta}")
     # Checked here, before the tracer's child process starts, so a request the rung or the
     # machine cannot meet is a one-line refusal rather than a failure inside the child.
     spec = rung(args.kernel, args.backend)

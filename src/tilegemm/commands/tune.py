@@ -121,9 +121,10 @@ def _tune(args: argparse.Namespace) -> int:
     from tilegemm.tune import cache, space, strategies
     from tilegemm.tune.select import device_id, untuned_choice
 
-    for name in ("m", "n", "k", "batch", "budget", "max_call_seconds"):
-        if getattr(args, name) < 0:
-            raise InvalidValueError(f"--{name.replace('_', '-')} must be >= 0")
+    for name in ("m", "n", "k", "batch", "budget", "max_call_seconds", "seed"):
+        value = getattr(args, name)
+        if not value >= 0:  # NaN too
+            raise InvalidValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
     if args.repeat < 1:
         raise InvalidValueError("--repeat must be >= 1 (the launches each candidate is "
                                 "timed on)")
@@ -296,7 +297,7 @@ def tuning_specs(backend: str, dtype, precision: str,  # noqa: ANN001 - a NumPy 
     from tilegemm.tune import space
 
     if kernels:
-        specs = [registry.get(k, backend) for k in kernels]
+        specs = [registry.get(k, backend) for k in dict.fromkeys(kernels)]  # each rung once
         for spec in specs:
             if not spec.supports(dtype):
                 raise InvalidValueError(f"kernel {spec.name!r} does not support {dtype.name}; "
