@@ -69,6 +69,15 @@ def test_kernels_markdown_comes_from_the_registry(capsys):
     assert len(rows) == len(tilegemm.kernels())
 
 
+@pytest.mark.parametrize("empty", [["--m", "0"], ["--k", "0"]])
+def test_run_of_an_empty_product_reports_no_rate(empty, capsys):
+    """It printed '0.00 GFLOP/s' for a product with nothing to compute."""
+    assert main(["run", "--backend", "cpu", "--kernel", "triple_loop", "--m", "3", "--n", "3",
+                 "--k", "3", *empty]) == 0
+    out = capsys.readouterr().out
+    assert "no work (an empty product)" in out and "GFLOP/s" not in out
+
+
 def test_run_refuses_negative_repeat_and_reports_no_steady_time_for_zero(capsys):
     """--repeat -1 was accepted, and --repeat 0 printed the first call (compilation
     included) as the 'steady' time with a GFLOP/s figure."""

@@ -150,6 +150,11 @@ def test_cli_kernels_resources_for_cudac(capsys: pytest.CaptureFixture[str]) -> 
     assert {(r["backend"], r["kernel"], r["arch"]) for r in rows} == {
         ("cudac", s.name, a) for s in SPECS for a in ARCHS}
     assert all(r["registers"] > 0 and r["smem"] >= 0 for r in rows)
+    # --markdown was ignored with --resources (a rich table came out)
+    assert cli.main(["kernels", "--backend", "cudac", "--resources", "--markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = [line for line in lines if line.startswith("| cudac |")]
+    assert len(table) == len(rows) and lines[2].startswith("| backend | kernel | arch |")
 
 
 def test_backend_resource_report_is_the_nvrtc_one() -> None:

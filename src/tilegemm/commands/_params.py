@@ -67,7 +67,8 @@ def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str) -> None
             gib = np.prod(shape, dtype=np.float64) * dt.itemsize / 2**30
             raise InvalidValueError(
                 f"cannot allocate {what} of shape {shape} as {dt.name} ({gib:.1f} GiB) "
-                "on this machine; choose smaller --m/--n/--k") from None
+                "on this machine; choose smaller --m/--n/--k"
+                + (" or --batch" if batch else "")) from None
 
 
 def parse_params(items: list[str]) -> dict[str, int]:

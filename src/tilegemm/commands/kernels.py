@@ -106,18 +106,29 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    table = Table(title=f"CUDA rungs compiled for each arch ({args.dtype}, default parameters)",
-                  caption="smem: static shared memory per block as the compiler reports it; on "
-                          "sm_90 it includes the 1 KiB the driver reserves per block. Dynamic "
-                          "shared memory (mma, wgmma) is sized at launch and not included.")
-    for col in ("backend", "kernel", "arch", "params", "registers", "spill st/ld (B)", "stack (B)",
-                "smem (B)"):
+    title = f"CUDA rungs compiled for each arch ({args.dtype}, default parameters)"
+    caption = ("smem: static shared memory per block as the compiler reports it (ptxas's "
+               "figure for the Numba rungs on sm_90 includes the 1 KiB the driver reserves "
+               "per block; NVRTC's for the CUDA C rungs does not). Dynamic shared memory "
+               "(mma, wgmma) is sized at launch and not included.")
+    columns = ("backend", "kernel", "arch", "params", "registers", "spill st/ld (B)",
+               "stack (B)", "smem (B)")
+    cells = [(r["backend"], r["kernel"], r["arch"],
+              " ".join(f"{k}={v}" for k, v in r["params"].items()), str(r["registers"]),
+              f"{r['spill_stores']}/{r['spill_loads']}", str(r["stack"]), str(r["smem"]))
+             for r in rows]
+    if args.markdown:
+        print(f"**{title}**\n\n| " + " | ".join(columns) + " |\n|"
+              + "---|" * len(columns))
+        for row in cells:
+            print("| " + " | ".join(row) + " |")
+        print(f"\n{caption}")
+        return 0
+    table = Table(title=title, caption=caption)
+    for col in columns:
         table.add_column(col, overflow="fold")
-    for r in rows:
-        params = " ".join(f"{k}={v}" for k, v in r["params"].items())
-        table.add_row(r["backend"], r["kernel"], r["arch"], params,
-                      str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}",
-                      str(r["stack"]), str(r["smem"]))
+    for row in cells:
+        table.add_row(*row)
     console().print(table)
     return 0
 

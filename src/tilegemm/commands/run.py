@@ -108,8 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if stats is None:
         print("  steady: not measured (--repeat 0)")
     else:
-        rate = "no work (an empty product)" if meas.gflops is None else \
-            f"{meas.gflops:.2f} GFLOP/s"
+        rate = ("no work (an empty product)" if not meas.flops
+                else "no rate (below the timer's resolution)" if meas.gflops is None
+                else f"{meas.gflops:.2f} GFLOP/s")
         print(f"  steady: median {stats.median * 1e3:.3f} ms of {len(meas.samples)} launches "
               f"({meas.method}), {rate}")
     return 0
