@@ -143,6 +143,28 @@ def test_other_ndarray_subclasses_compute_on_their_data():
     assert_close(np.asarray(out), a, b)
 
 
+def test_a_subclass_may_turn_a_vector_dot_product_into_a_scalar(tmp_path):
+    """np.memmap's __array_wrap__ honours return_scalar, which NumPy passes for a 0-d
+    result; tilegemm passed False and returned a 0-d array where np.matmul a scalar."""
+    m = np.memmap(tmp_path / "x", np.float64, "w+", shape=(3,))
+    m[:] = [1.5, -2.0, 3.0]
+    ours, numpys = tilegemm.matmul(m, m, **CPU), np.matmul(m, m)
+    assert type(ours) is type(numpys) is np.float64 and ours == numpys
+
+
+@pytest.mark.parametrize(("result", "c"), [
+    (np.bool_, np.int32),  # bool is computed in int32: a count 2 plus c=-2 came out False
+    (np.uint8, np.int64),  # -1 wrapped to 255 where NumPy refuses the cast
+    (np.bool_, np.float64),
+])
+def test_c_is_checked_against_the_result_dtype_not_the_computed_one(result, c):
+    a = np.ones((2, 2), result)
+    cc = np.full((2, 2), -2, c)
+    with pytest.raises(TypeError, match=f"result dtype {np.dtype(result).name}, computed in"):
+        tilegemm.gemm(a, a, cc, beta=1, **CPU)
+    assert (cc == -2).all()
+
+
 @pytest.mark.parametrize("alpha", [np.complex64(1), np.complex128(2 + 0j), 1 + 0j])
 def test_complex_scalars_are_refused(alpha):
     """NumPy complex scalars used to pass the check and lose their imaginary part."""

@@ -82,6 +82,23 @@ def test_assert_close_integers_exact():
         assert_close(c, a, b)
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint64, np.bool_])
+def test_assert_close_takes_narrow_integer_and_bool_results_as_numpy_gives_them(dtype):
+    """NumPy's own int8 result (wrapped) was called wrong ('got 32, expected 20000'), and a
+    bool result raised ValueError: the dtypes matmul documents were not checkable."""
+    rng = np.random.default_rng(5)
+    info = np.iinfo(dtype) if dtype is not np.bool_ else None
+    a = (rng.integers(0, 2, (5, 7)).astype(bool) if info is None
+         else rng.integers(info.min, info.max, (5, 7), dtype=dtype, endpoint=True))
+    b = a.T.copy()
+    right = np.matmul(a, b)
+    assert_close(right, a, b)
+    wrong = right.copy()
+    wrong[2, 3] = ~wrong[2, 3] if dtype is np.bool_ else wrong[2, 3] + dtype(1)
+    with pytest.raises(AssertionError, match=r"1 of 25 elements wrong; first at \(2, 3\)"):
+        assert_close(wrong, a, b)
+
+
 def test_random_operands_are_nonzero_and_fresh():
     a1, _ = random_operands((50, 50), (1, 1), "float32")
     a2, _ = random_operands((50, 50), (1, 1), "float32")

@@ -211,9 +211,13 @@ def describe_c(c: Any, prob: GemmProblem) -> Operand:
     """gemm's ``c``, described and checked against the result: a dtype NumPy would cast
     to it (same_kind) and a shape that broadcasts to it."""
     c_op = describe(c, "c")
-    if not np.can_cast(c_op.dtype, prob.dtype, "same_kind"):
+    # the dtype the caller gets, not the one the kernel computes in: a bool or int8 result
+    # is computed in int32, which would take an int32 c that NumPy refuses for it
+    result = prob.out_dtype
+    if not np.can_cast(c_op.dtype, result, "same_kind"):
+        shown = "" if result == prob.dtype else f", computed in {prob.dtype.name}"
         raise InvalidTypeError(f"gemm: c: dtype {c_op.dtype.name} cannot be cast to the result "
-                               f"dtype {prob.dtype.name} (NumPy's same_kind rule)")
+                               f"dtype {result.name}{shown} (NumPy's same_kind rule)")
     try:
         shape = np.broadcast_shapes(c_op.shape, prob.out_shape)
     except ValueError:
@@ -528,7 +532,9 @@ def _wrap_like_numpy(result: Any, inputs: tuple[Any, Any]) -> Any:
     subclasses = [x for x in inputs if isinstance(x, np.ndarray) and type(x) is not np.ndarray]
     if subclasses:
         owner = max(subclasses, key=lambda x: getattr(x, "__array_priority__", 0.0))
-        return owner.__array_wrap__(result, (np.matmul, inputs, 0), False)
+        # return_scalar as NumPy passes it: a 0-d result (vector · vector) may become a
+        # scalar, as np.memmap's does
+        return owner.__array_wrap__(result, (np.matmul, inputs, 0), result.ndim == 0)
     if result.ndim == 0:
         return result[()]  # vector · vector: a NumPy scalar, as np.matmul returns
     return result

@@ -21,7 +21,10 @@ def reference(
     a: np.ndarray, b: np.ndarray, *, alpha: float = 1.0, beta: float = 0.0,
     c: np.ndarray | None = None, trans_a: bool = False, trans_b: bool = False,
 ) -> np.ndarray:
-    """alpha * op(a) @ op(b) + beta * c, computed in float64 (int64 for integer inputs)."""
+    """alpha * op(a) @ op(b) + beta * c, computed in float64 (int64 for integer inputs).
+
+    Wide on purpose: a narrower integer or bool result is this cast to its dtype (wrapped,
+    or nonzero for bool), which :func:`assert_close` does."""
     wide = np.int64 if np.result_type(a, b).kind in "iu" else np.float64
     a64 = np.asarray(a, dtype=wide)
     b64 = np.asarray(b, dtype=wide)
@@ -73,6 +76,19 @@ def assert_close(
     ref = reference(a, b, alpha=alpha, beta=beta, c=c, trans_a=trans_a, trans_b=trans_b)
     if result.shape != ref.shape:
         raise AssertionError(f"{what}: shape {result.shape}, expected {ref.shape}")
+    if result.dtype.kind in "biu":
+        # exact, as NumPy gives it in the result's dtype: bool, whether any term is true;
+        # integers wrapped to their width (the wide sum modulo 2**bits, as NumPy's wraps)
+        with np.errstate(all="ignore"):
+            want = ref != 0 if result.dtype.kind == "b" else ref.astype(result.dtype)
+        bad = result != want
+        if np.any(bad):
+            idx = tuple(int(i) for i in np.argwhere(bad)[0])
+            raise AssertionError(
+                f"{what}: {int(np.count_nonzero(bad))} of {want.size} elements wrong; first at "
+                f"{idx}: got {result[idx]!r}, expected {want[idx]!r} ({result.dtype.name} "
+                "results must match exactly)")
+        return
     k = np.shape(a)[-1] if not trans_a else np.shape(a)[-2]
     if np.ndim(a) == 1:
         k = np.shape(a)[0]
