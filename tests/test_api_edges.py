@@ -5,6 +5,9 @@ Each test here failed before the fix it accompanies (see the git log for the why
 
 from __future__ import annotations
 
+from decimal import Decimal
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -180,7 +183,13 @@ def test_complex_scalars_are_refused(alpha):
     [(float("nan"), TypeError, "alpha=nan must be an integer"),
      (float("inf"), TypeError, "alpha=inf must be an integer"),
      (2.5, TypeError, "alpha=2.5 must be an integer"),
-     (2**40, ValueError, "alpha=1099511627776 does not fit in int32")],
+     (2**40, ValueError, "alpha=1099511627776 does not fit in int32"),
+     # other number types, converted exactly (a Fraction beyond any float raised
+     # OverflowError; a signalling NaN decimal.InvalidOperation)
+     (Fraction(10**400), ValueError, r"does not fit in int32"),
+     (Fraction(3, 2), TypeError, r"alpha=Fraction\(3, 2\) must be an integer"),
+     (Decimal("1e400"), ValueError, "does not fit in int32"),
+     (Decimal("sNaN"), ValueError, "is a signalling NaN")],
 )
 def test_integer_products_name_a_bad_alpha(alpha, error, match):
     a = np.arange(6, dtype=np.int32).reshape(2, 3)
@@ -192,6 +201,19 @@ def test_integer_product_accepts_integral_float_scalars():
     a = np.arange(6, dtype=np.int32).reshape(2, 3)
     np.testing.assert_array_equal(tilegemm.gemm(a, a.T, a[:, :2], alpha=2.0, beta=-1.0, **CPU),
                                   2 * (a @ a.T) - a[:, :2])
+    np.testing.assert_array_equal(
+        tilegemm.gemm(a, a.T, a[:, :2], alpha=Decimal(2), beta=Fraction(-1), **CPU),
+        2 * (a @ a.T) - a[:, :2])
+
+
+@pytest.mark.parametrize("alpha", [Fraction(10**400), Decimal("1e400"), Decimal("sNaN")])
+def test_float_products_refuse_numbers_no_float_holds(alpha):
+    """Decimal("1e400") became inf silently (10**400 was refused); a signalling NaN raised
+    decimal.InvalidOperation from a comparison inside gemm."""
+    a, b = random_operands((3, 4), (4, 2), "float64")
+    with pytest.raises(ValueError, match="too large for a float64 product|signalling NaN"):
+        tilegemm.gemm(a, b, alpha=alpha, **CPU)
+    assert tilegemm.gemm(a, b, alpha=Decimal("Infinity"), **CPU).dtype == np.float64
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ the caller's arrays untouched.
 
 from __future__ import annotations
 
+import decimal
 import logging
 import threading
 import time
@@ -354,6 +355,9 @@ def _scalar(x: Any, name: str) -> Any:
         raise InvalidTypeError(f"{name} must be a real number, got {x!r}")
     if isinstance(x, (complex, np.complexfloating)):
         raise InvalidTypeError(f"{name} must be real, got {x!r}")
+    if isinstance(x, decimal.Decimal) and x.is_snan():  # any comparison of it raises
+        raise InvalidValueError(f"{name}={x!r} is a signalling NaN, which the decimal module "
+                                "refuses to compare or convert; pass float('nan')")
     return x
 
 
@@ -376,10 +380,10 @@ def gemm(
     booleans. Other arguments, and what is raised, are as for :func:`matmul`.
     """
     _check_params_are_upper_case(params)
+    alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
     plain = (c is None and alpha == 1 and beta == 0 and not trans_a
              and not trans_b and kernel == AUTO and backend == AUTO and device is None
              and stream is None and precision is None and not params)
-    alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
     ops = [describe(a, "a"), describe(b, "b")]
     float32_out = _float32_out_on_request(dtype, out, ops)
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)

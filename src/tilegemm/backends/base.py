@@ -162,10 +162,17 @@ def _checked(prob: GemmProblem, alpha: Any, beta: Any
     if prob.dtype.kind not in "iu":
         for name, x in (("alpha", alpha), ("beta", beta)):
             try:
-                float(x)
-            except OverflowError:
+                f = float(x)
+                # a finite number beyond any float (Decimal("1e400")) converts to inf
+                too_large = math.isinf(f) and x != f
+            except OverflowError:  # an int (10**400) or a Fraction beyond any float
+                too_large = True
+            except (ArithmeticError, ValueError) as exc:  # Decimal("sNaN")
+                raise InvalidValueError(f"{name}={_brief(x)} is not a number a float can "
+                                        f"hold ({exc})") from None
+            if too_large:
                 raise InvalidValueError(f"{name}={_brief(x)} is too large for a {shown.name} "
-                                        "product (beyond any float)") from None
+                                        "product (beyond any float)")
         return None
     checked = shown if shown.kind in "iu" else prob.dtype  # bool: the computed range
     info = np.iinfo(checked)
@@ -174,11 +181,14 @@ def _checked(prob: GemmProblem, alpha: Any, beta: Any
         if isinstance(x, (int, np.integer)):
             v = int(x)
         else:
-            f = float(x)
-            if not math.isfinite(f) or f != math.floor(f):
+            try:  # exactly, whatever the type: Fraction(10**400) or Decimal("7") too
+                v = int(x)
+                whole = x == v
+            except (ArithmeticError, ValueError, TypeError):  # inf, NaN, Decimal("sNaN")
+                whole = False
+            if not whole:
                 raise InvalidTypeError(f"{name}={_brief(x)} must be an integer for a "
                                        f"{shown.name} product")
-            v = int(f)
         if not info.min <= v <= info.max:
             raise InvalidValueError(f"{name}={_brief(x)} does not fit in {shown.name}")
         values.append(v)
