@@ -345,3 +345,12 @@ def test_every_parameter_by_hand_is_taken_as_given(monkeypatch):
     given = {"MR": 8, "NR": 8, "MC": 96, "KC": 128, "NC": 512}
     p = tilegemm.plan(a, a, kernel="blocked", **given)
     assert p.params == given and p.source == "requested"
+
+
+def test_plan_names_the_call_arguments_it_does_not_take() -> None:
+    """plan(a, b, out=x) was answered with the hint about UPPER-CASE rung parameters."""
+    a = np.ones((2, 2))
+    with pytest.raises(TypeError, match="plan\\(\\) takes no out: it does not change"):
+        tilegemm.plan(a, a, out=a)
+    with pytest.raises(TypeError, match="takes no alpha, beta: they do not"):
+        tilegemm.plan(a, a, alpha=2.0, beta=1.0)

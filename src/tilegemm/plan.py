@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tilegemm.errors import InvalidTypeError
 from tilegemm.problem import GemmProblem
 
 
@@ -65,6 +66,12 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
     from tilegemm.api import _check_params_are_upper_case, decide, describe_c
     from tilegemm.problem import describe, make_problem
 
+    call_only = sorted(set(params) & {"out", "alpha", "beta"})
+    if call_only:
+        raise InvalidTypeError(
+            f"plan() takes no {', '.join(call_only)}: "
+            f"{'they do' if len(call_only) > 1 else 'it does'} not change which backend, rung "
+            "and parameters run; pass the operands, c and the options that do")
     _check_params_are_upper_case(params)
     ops = [describe(a, "a"), describe(b, "b")]
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
