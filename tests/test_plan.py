@@ -354,3 +354,16 @@ def test_plan_names_the_call_arguments_it_does_not_take() -> None:
         tilegemm.plan(a, a, out=a)
     with pytest.raises(TypeError, match="takes no alpha, beta: they do not"):
         tilegemm.plan(a, a, alpha=2.0, beta=1.0)
+
+
+def test_blocked_register_tile_is_capped_by_bytes_for_eight_byte_types() -> None:
+    """MR=12 NR=32 passed the MR*NR <= 384 check in int64 and float64, where the tile needs
+    twice the registers: LLVM took about 2 minutes to compile the spilling loop."""
+    for dtype in (np.int64, np.float64):
+        a = np.ones((4, 4), dtype)
+        with pytest.raises(ValueError, match=f"MR\\*NR = 384 does not fit the vector "
+                                             f"registers in {np.dtype(dtype).name}"):
+            tilegemm.plan(a, a, backend="cpu", kernel="blocked", MR=12, NR=32)
+        assert tilegemm.plan(a, a, backend="cpu", kernel="blocked", MR=12, NR=16).params["MR"] == 12
+    f = np.ones((4, 4), np.float32)
+    assert tilegemm.plan(f, f, backend="cpu", kernel="blocked", MR=12, NR=32).params["NR"] == 32
