@@ -221,6 +221,13 @@ def test_cpu_memory_check_counts_only_the_copies_it_makes(monkeypatch) -> None:
     for through_a_temporary in (np.empty((1, 64, 64)), np.empty((64, 64), np.float32)):
         with pytest.raises(InvalidValueError, match="more than this machine has"):
             check(a, a, out=through_a_temporary)  # the result is computed apart, then copied
+    # int8 is computed in int32 (two 16 KiB operand copies, a 16 KiB result) and cast into
+    # a new int8 array (4 KiB more), which was not counted; an int8 out= takes the cast
+    i8 = np.ones((64, 64), np.int8)
+    monkeypatch.setattr(cpu, "physical_memory", lambda: 3 * 64 * 64 * 4 + 2048)
+    with pytest.raises(InvalidValueError, match="more than this machine has"):
+        check(i8, i8)
+    check(i8, i8, out=np.empty((64, 64), np.int8))
 
 
 @needs_opencl

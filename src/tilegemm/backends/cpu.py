@@ -196,6 +196,10 @@ class CpuBackend(Backend):
         # allocate for the result
         direct = out is not None and written_directly(out, prob)
         result = 0 if direct else prob.batch * prob.m * prob.n * item
+        if prob.out_dtype != prob.dtype and out is None:
+            # computed in a wider dtype (int8 in int32, float16 in float32), then cast into
+            # a new array of the result's: both exist at once (an out= takes the cast)
+            result += prob.batch * prob.m * prob.n * prob.out_dtype.itemsize
         copies = 0
         for op, which in zip(operands[:2], "ab", strict=False):
             x = op.obj
