@@ -641,6 +641,52 @@ def test_mixed_dtype_device_views_are_gathered_before_conversion(queue) -> None:
     assert_close(got.get(), x.astype(np.float64), y, what="broadcast float32 @ float64")
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=IDS)
+def test_a_gathered_device_operand_shared_by_a_batch(spec: KernelSpec, queue) -> None:
+    """A 2-D device operand that must be gathered (a .T view, trans_b) beside a batched one
+    was given a batch stride: every product after the first read past its end."""
+    _, cla = _cl()
+    a, bt = random_operands((3, 4, 5), (6, 5), "float32")
+    got = _mm(cla.to_device(queue, a), cla.to_device(queue, bt).T, spec)
+    assert_close(got.get(), a, bt.T, what=".T shared by a batch of 3")
+    got = tilegemm.gemm(cla.to_device(queue, bt)[None], cla.to_device(queue, a), trans_a=False,
+                        trans_b=True, backend="opencl", kernel=spec.name)
+    assert_close(got.get(), bt[None], np.swapaxes(a, -1, -2), what="batch 1 against 3")
+
+
+@pytest.mark.parametrize(("small", "big"), [("float16", "float32"), ("float16", "float64"),
+                                            ("bool", "float32")])
+def test_device_float16_and_bool_operands_are_converted(small: str, big: str, queue) -> None:
+    """PyOpenCL's astype maps neither half nor bool: a float16 or bool device operand beside
+    a float32 one raised PyOpenCL's own ValueError ('unable to map dtype')."""
+    _, cla = _cl()
+    rng = np.random.default_rng(7)
+    x = (rng.random((5, 7)) > 0.5) if small == "bool" else rng.random((5, 7)).astype(small)
+    y = random_operands((7, 4), (1,), big)[0]
+    got = tilegemm.matmul(cla.to_device(queue, x).T.T, cla.to_device(queue, y),
+                          backend="opencl")
+    assert got.dtype == np.matmul(x, y).dtype
+    assert_close(got.get(), x.astype(np.float64), y, what=f"{small} @ {big}")
+    got = tilegemm.matmul(cla.to_device(queue, y).T, cla.to_device(queue, x).T,
+                          backend="opencl")
+    assert_close(got.get(), y.T, x.T.astype(np.float64), what=f"{big}.T @ {small}.T")
+
+
+def test_out_in_a_sub_buffer_of_an_operand_is_detected(queue) -> None:
+    """A sub-buffer has a handle of its own: an out carved from A's buffer was taken as
+    separate memory and written while A was read."""
+    cl, cla = _cl()
+    n = 16
+    x = random_operands((2 * n * n,), (1,), "float32")[0]
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                    hostbuf=x)
+    a = cla.Array(queue, (n, n), np.float32, data=buf)
+    out = cla.Array(queue, (n, n), np.float32, data=buf.get_sub_region(0, n * n * 4))
+    tilegemm.matmul(a, a, out=out, backend="opencl", kernel="naive")
+    square = x[: n * n].reshape(n, n)
+    assert_close(out.get(), square, square, what="out in a sub-buffer of a")
+
+
 def test_device_c_overlapping_out_is_read_before_it_is_overwritten(queue) -> None:
     """c sharing out's buffer without being out itself (out.T, shifted rows) was copied
     into out element by element, reading what it had already written."""

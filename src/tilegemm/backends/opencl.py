@@ -120,6 +120,16 @@ def _same(x: Any, y: Any) -> bool:
     return _handle(x) == _handle(y)
 
 
+def _memory_root(buf: Any) -> Any:
+    """The handle of the memory ``buf`` lives in: a sub-buffer's parent buffer (a
+    sub-buffer has a handle of its own), else ``buf``'s own."""
+    try:
+        parent = buf.get_info(_cl().mem_info.ASSOCIATED_MEMOBJECT)
+    except Exception:  # shared virtual memory, or a driver that cannot say
+        parent = None
+    return _handle(parent if parent is not None else buf)
+
+
 # The smallest program a device must build before it is chosen by default.
 _PROBE_SOURCE = "__kernel void probe(__global float *x) { x[get_global_id(0)] += 1.0f; }"
 _BUILD_PROBLEMS: dict[int, str] = {}
@@ -638,7 +648,7 @@ class OpenCLBackend(Backend):
             shared = len(zoff) > 1 and bool(np.all(zoff == zoff[0]))  # a broadcast batch
             dense = self._gather(target, x, x.dtype, zoff[:1] if shared else zoff, rs, cs,
                                  rows, cols)
-            dense = dense.astype(prob.dtype, queue=target.queue)
+            dense = self._converted(target, dense, prob.dtype)
             step = 0 if dense.shape[0] == 1 else rows * cols
             return dense.base_data, dense.offset // dense.dtype.itemsize, step
         dense_rows = (cols <= 1 or cs == 1) and (rows <= 1 or rs == cols)
@@ -648,7 +658,32 @@ class OpenCLBackend(Backend):
                 step = int(steps[0]) if len(zoff) > 1 else 0
                 return x.base_data, int(zoff[0]), step
         dense = self._gather(target, x, prob.dtype, zoff, rs, cs, rows, cols)
-        return dense.base_data, dense.offset // dense.dtype.itemsize, rows * cols
+        # one gathered matrix serves the whole batch (a 2-D operand beside a batched one):
+        # a batch stride would read past its end
+        step = 0 if len(zoff) == 1 else rows * cols
+        return dense.base_data, dense.offset // dense.dtype.itemsize, step
+
+    def _converted(self, target: _Place, dense: Any, dtype: np.dtype) -> Any:
+        """A dense device array converted to ``dtype`` on the device. PyOpenCL's astype
+        maps neither float16 nor bool: bool bytes (0 or 1) are converted as uint8, float16
+        by a kernel of our own (``widen_half``)."""
+        cla = _cla()
+        if dense.dtype == np.bool_:
+            dense = dense.view(np.uint8)
+        if dense.dtype != np.float16:
+            return dense.astype(dtype, queue=target.queue)
+        out = cla.empty(target.queue, dense.shape, dtype)
+        if out.size:
+            defines = {"TG_T": "double" if dtype == np.float64 else "float", "TG_VW": "1",
+                       "TG_VT": "double" if dtype == np.float64 else "float"}
+            if dtype == np.float64:
+                defines["TG_FP64"] = "1"
+            program = OpenCLProgram("layout", LAYOUT, tuple(sorted(defines.items())), (1, 1),
+                                    (1, 1))
+            kernel = self.kernel(target, program, "widen_half", program.source)
+            kernel(target.queue, (out.size,), None, dense.base_data, out.base_data,
+                   np.int64(out.size))
+        return out
 
     def _fill_c0(self, target: _Place, c: Operand, prob: GemmProblem, dest: Any) -> None:
         """Put C0 (broadcast to the result) into ``dest`` before a beta != 0 launch."""
@@ -714,7 +749,7 @@ class OpenCLBackend(Backend):
             # An out sharing a buffer with A, B or c would be overwritten while read.
             overlaps = out.base_data is not None and any(
                 op is not None and op.kind == "opencl" and op.obj.base_data is not None
-                and _same(op.obj.base_data, out.base_data)
+                and _memory_root(op.obj.base_data) == _memory_root(out.base_data)
                 and not (op is c and _is_out(c.obj, out, prob)) for op in (a, b, c))
             if not overlaps:
                 dest = out.reshape(shape3)

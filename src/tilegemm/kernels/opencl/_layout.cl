@@ -13,3 +13,12 @@ kernel void gather(global const T *src, global const long *zoff, const long rs,
     if (r < rows && c < cols)
         dst[dst_off + ((long)z * rows + r) * cols + c] = src[zoff[z] + r * rs + c * cs];
 }
+
+/* float16 elements to T (float or double), which PyOpenCL's astype cannot do for a mixed
+   float16 device operand: vload_half reads a half from memory without cl_khr_fp16. */
+kernel void widen_half(global const half *src, global T *dst, const long n)
+{
+    const long i = get_global_id(0);
+    if (i < n)
+        dst[i] = (T)vload_half(i, src);
+}
