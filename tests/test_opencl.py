@@ -312,6 +312,12 @@ def test_pyopencl_ctx_is_respected(monkeypatch: pytest.MonkeyPatch) -> None:
     d_index = [d.int_ptr for d in platform.get_devices()].index(opencl.all_devices()[last].int_ptr)
     monkeypatch.setenv("PYOPENCL_CTX", f"{p_index}:{d_index}")
     assert opencl.default_device_index.__wrapped__() == last
+    # PyOpenCL itself takes a device index past the platform's last as its first device
+    past = len(platform.get_devices())
+    monkeypatch.setenv("PYOPENCL_CTX", f"{p_index}:{past}")
+    with pytest.raises(tilegemm.errors.UnavailableError,
+                       match=f"names no OpenCL device here \\(platform {p_index} has {past}"):
+        opencl.default_device_index.__wrapped__()
 
 
 def test_explicit_device_index() -> None:

@@ -183,16 +183,26 @@ def default_device_index() -> int:
         raise UnavailableError("no OpenCL device found")
     ctx = os.environ.get("PYOPENCL_CTX")
     if ctx:
-        try:
-            chosen = cl.create_some_context(interactive=False).devices[0]
-        except Exception as exc:  # PyOpenCL's own wording of a value that names no device
-            raise UnavailableError(
-                f"PYOPENCL_CTX={ctx!r} names no OpenCL device here ({exc}); unset it, set it "
+        def names_none(why: str) -> UnavailableError:
+            return UnavailableError(
+                f"PYOPENCL_CTX={ctx!r} names no OpenCL device here ({why}); unset it, set it "
                 "to platform:device of one of "
                 + ", ".join(f"{p}:{i} {d.name.strip()}"
                             for p, platform in enumerate(cl.get_platforms())
                             for i, d in enumerate(platform.get_devices()))
-                + ", or pass device= (see 'tilegemm info')") from None
+                + ", or pass device= (see 'tilegemm info')")
+
+        numbers = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", ctx)
+        if numbers:  # PyOpenCL takes a device index past the platform's last as its first
+            platforms = cl.get_platforms()
+            p, i = int(numbers.group(1)), int(numbers.group(2))
+            if p < len(platforms) and i >= len(platforms[p].get_devices()):
+                raise names_none(f"platform {p} has {len(platforms[p].get_devices())} "
+                                 "device(s)")
+        try:
+            chosen = cl.create_some_context(interactive=False).devices[0]
+        except Exception as exc:  # PyOpenCL's own wording of a value that names no device
+            raise names_none(str(exc)) from None
         for i, d in enumerate(devices):
             if _same(d, chosen):
                 return i
