@@ -358,6 +358,23 @@ def test_registered_leaves_what_tilegemm_does_not_multiply_to_dask():
     np.testing.assert_allclose(others[0][0].__matmul__(x).compute(), (x @ x).compute())
 
 
+def test_registered_rung_that_does_not_compute_a_dtype_leaves_it_to_dask():
+    """Under registered(kernel=X) with X float-only, int32 a @ b raised InvalidTypeError
+    from every @ in the process; Dask's own matmul now computes it. Floats still route."""
+    pytest.importorskip("pyopencl")
+    from tilegemm.backends import get_backend
+
+    if not get_backend("opencl").status().usable:
+        pytest.skip("no OpenCL device")
+    ints = da.from_array(np.arange(16, dtype=np.int32).reshape(4, 4), chunks=2)
+    with tgd.registered(backend="opencl", kernel="vectorized"):
+        product = ints @ ints
+        floats = ints.astype(np.float32) @ ints.astype(np.float32)
+    assert not any(k.startswith("tilegemm") for k in product.dask.layers)
+    assert any(k.startswith("tilegemm") for k in floats.dask.layers)
+    np.testing.assert_array_equal(product.compute(), ints.compute() @ ints.compute())
+
+
 @pytest.mark.parametrize(("kw", "error"), [({"kernel": "nope"}, ValueError),
                                            ({"threads": 0}, ValueError),
                                            ({"kernel": "blocked", "mr": 8}, TypeError)])

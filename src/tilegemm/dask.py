@@ -399,9 +399,24 @@ def _takes(a: Any, b: Any) -> bool:
         a, b = _as_dask(a, "a"), _as_dask(b, "b")
         _check_known_chunks(a, "a", _paired_axes(a, "a"))
         _check_known_chunks(b, "b", _paired_axes(b, "b"))
-        make_problem(Operand(None, array_kind(a._meta), a.shape, a.dtype),
-                     Operand(None, array_kind(b._meta), b.shape, b.dtype),
-                     dtype=(_registered or {}).get("dtype"))
+        prob = make_problem(Operand(None, array_kind(a._meta), a.shape, a.dtype),
+                            Operand(None, array_kind(b._meta), b.shape, b.dtype),
+                            dtype=(_registered or {}).get("dtype"))
     except UsageError:
         return False
-    return True
+    return _registered_rung_computes(prob.dtype)
+
+
+def _registered_rung_computes(dtype: np.dtype) -> bool:
+    """Whether the rung registered by name (if any) computes ``dtype``: int32 operands
+    under ``registered(kernel="vectorized")``, a float-only rung, go to Dask's own matmul
+    rather than raising from every ``a @ b`` in the process."""
+    from tilegemm import registry
+
+    kw = _registered or {}
+    kernel, backend = kw.get("kernel", "auto"), kw.get("backend", "auto")
+    if kernel == "auto":
+        return True
+    specs = [s for name in registry.BACKENDS if backend in ("auto", name)
+             for s in registry.specs_for(name) if s.name == kernel]
+    return not specs or any(s.supports(dtype) for s in specs)
