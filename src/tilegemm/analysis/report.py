@@ -242,7 +242,7 @@ def _roofline_items(ex: Mapping[str, Any]) -> list[Any]:
 
     g = ex["gpu"]
     if not ex["roofline"]:
-        return [Text("no roofline: the product is empty (no arithmetic to bound)")]
+        return [Text("no roofline: the product does no arithmetic (M, N or K is 0) to bound")]
     unit = ex.get("unit", "FLOP")
     peak = ex.get("peak") or f"{g['fp32_tflops']} TFLOP/s FP32, {g['fp64_tflops']} FP64"
     roof = Table(title=f"roofline on {g['name']} ({peak}, {g['bandwidth_tbs']} TB/s)")
