@@ -236,6 +236,24 @@ def test_bfloat16_products_accumulate_in_float32(a_shape: tuple, b_shape: tuple,
 
 @pytest.mark.cudasim
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_scalars_of_a_float32_result_are_not_rounded_to_16_bits(dtype: str) -> None:
+    """alpha=0.1 was rounded to bfloat16 (0.10009765625) before the float32 kernel scaled
+    a float32 result with it: 102.5 for 0.1 · 1024. A Decimal alpha raised bfloat16's own
+    TypeError."""
+    from decimal import Decimal
+
+    a, b = np.full((2, 16), 8, dtype), np.full((16, 2), 8, dtype)
+    c = np.full((2, 2), 1000, np.float32)
+    kw = {"backend": "cuda"} | ({} if dtype == "bfloat16" else {"dtype": np.float32})
+    r = tilegemm.gemm(a, b, c, alpha=0.1, beta=0.3, **kw)
+    assert r.dtype == np.float32
+    np.testing.assert_allclose(r, np.float32(0.1) * np.float32(1024) + np.float32(300),
+                               rtol=2**-22)
+    np.testing.assert_array_equal(tilegemm.gemm(a, b, alpha=Decimal("0.5"), **kw), 512.0)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_float32_output_on_request_keeps_the_float32_sums(dtype: str,
                                                            rng: np.random.Generator) -> None:
     a, b = _half_operands(rng, (2, 9, 24), (24, 11), np.dtype(dtype))

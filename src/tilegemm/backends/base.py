@@ -148,6 +148,12 @@ def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]
     """
     t = prob.dtype.type
     checked = _checked(prob, alpha, beta)
+    if checked is None and prob.dtype.itemsize == 2:
+        # 16-bit operands (tensor cores) are summed in float32 and scaled by float32
+        # scalars: rounded to the result's dtype (a float32 result keeps 0.1 as float32, not
+        # as bfloat16's 0.10009765625), from the value itself (bfloat16 takes no Decimal)
+        store = prob.store_dtype
+        return tuple(np.float32(store.type(float(x))) for x in (alpha, beta))
     if checked is None:
         return t(alpha), t(beta)
     values, dtype = checked
