@@ -354,3 +354,12 @@ def test_a_device_that_is_not_an_int_is_named_as_such(device):
     with pytest.raises(ValueError, match="device= takes an int index, not"):
         tilegemm.plan(a, a, backend="opencl", device=device)
 
+
+
+def test_a_bfloat16_scalar_is_a_real_number():
+    """alpha=ml_dtypes.bfloat16(0.5) was refused as 'must be a real number, got 0.5'."""
+    import ml_dtypes
+
+    a, b = random_operands((3, 4), (4, 2), "float32")
+    r = tilegemm.gemm(a, b, alpha=ml_dtypes.bfloat16(0.5), **CPU)
+    assert_close(r, a, b, alpha=0.5)

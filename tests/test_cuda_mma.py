@@ -108,6 +108,8 @@ def test_tensor_core_rung_needs_precision_and_a_consistent_passes() -> None:
     h = a.astype(np.float16)
     with pytest.raises(InvalidValueError, match="float16 takes one mma per step"):
         tilegemm.plan(h, h, backend="cuda", kernel="mma", **_sim(PASSES=3))
+    with pytest.raises(InvalidValueError, match="float16 takes one wgmma per k step"):
+        tilegemm.plan(h, h, backend="cuda", kernel="wgmma", BM=64, BN=16, STAGES=3, PASSES=3)
 
 
 def test_auto_at_ieee_never_picks_a_tensor_core_rung() -> None:

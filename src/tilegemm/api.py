@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from numbers import Number
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from tilegemm import fastpath, registry
@@ -346,11 +347,18 @@ def _check_params_are_upper_case(params: dict[str, Any]) -> None:
                             "UPPER-CASE, e.g. TILE=16; see tilegemm.kernels())")
 
 
+# ml_dtypes' floating scalar types of at most 16 bits (every value exact in float32)
+_FLOAT_SCALARS = tuple(getattr(ml_dtypes, n) for n in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+                       if hasattr(ml_dtypes, n))
+
+
 def _scalar(x: Any, name: str) -> Any:
     """``alpha``/``beta`` checked: a real number (a 0-d NumPy array counts, as its element:
     what NumPy's reductions and ``np.asarray(2.0)`` give)."""
     if isinstance(x, np.ndarray) and x.ndim == 0:
         x = x[()]
+    if isinstance(x, np.generic) and type(x) in _FLOAT_SCALARS:
+        x = np.float32(x)  # ml_dtypes' scalars (bfloat16...) are no np.number; exact in float32
     if isinstance(x, (bool, np.bool_)) or not isinstance(x, (Number, np.number)):
         raise InvalidTypeError(f"{name} must be a real number, got {x!r}")
     if isinstance(x, (complex, np.complexfloating)):

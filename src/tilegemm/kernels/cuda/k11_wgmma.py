@@ -107,6 +107,15 @@ def _smem(p: Mapping[str, int], itemsize: int = 4) -> int:
     return (p["STAGES"] + slots) * (p["BM"] + p["BN"]) * ROW
 
 
+def _dtype_check(p: Mapping[str, int], dtype: np.dtype) -> str | None:
+    if np.dtype(dtype).itemsize == 2 and p.get("PASSES", 1) != 1:
+        # the big/small split is of float32 operands into TF32 parts; 16-bit operands are
+        # what the wgmma reads already, and the kernel ran one pass regardless
+        return (f"{np.dtype(dtype).name} takes one wgmma per k step (PASSES=1); PASSES=3 is "
+                "the 3xTF32 split of float32 operands (precision='3xtf32')")
+    return None
+
+
 def build(p: Mapping[str, int], dtype: np.dtype, ahead: int | None = None) -> CudaProgram:
     """The program; ``ahead`` (tiles copied ahead of the one multiplied, STAGES - 2 unless
     given) exists for the test that shows the simulator catching a stage rewritten while a
@@ -467,5 +476,5 @@ SPEC = KernelSpec(
     doc=__doc__,
     sim_params={"BM": 64, "BN": 32, "STAGES": 3, "GROUP_M": 2, "PASSES": 1},
     precisions=PRECISIONS, precision_param="PASSES", min_cc=(9, 0), only_cc=(9, 0),
-    named_only=True, dynamic_smem=True,
+    named_only=True, dynamic_smem=True, dtype_check=_dtype_check,
 )
