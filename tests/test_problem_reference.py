@@ -105,3 +105,16 @@ def test_random_operands_are_nonzero_and_fresh():
     assert np.all(a1 != 0) and not np.array_equal(a1, a2)
     i, _ = random_operands((50, 50), (1, 1), "int32")
     assert np.all(i != 0)
+
+
+def test_assert_close_takes_operands_numpy_cannot_promote_together():
+    """bfloat16 @ float16 is a float32 product in np.matmul and tilegemm, but the reference
+    asked np.result_type, which has no promotion between them, and raised."""
+    import ml_dtypes
+
+    a = np.linspace(-1, 1, 12).reshape(3, 4).astype(ml_dtypes.bfloat16)
+    b = np.linspace(1, 2, 8).reshape(4, 2).astype(np.float16)
+    r = np.matmul(a, b)
+    assert_close(r, a, b)
+    with pytest.raises(AssertionError):
+        assert_close(r + np.float32(0.5), a, b)

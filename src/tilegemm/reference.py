@@ -25,7 +25,11 @@ def reference(
 
     Wide on purpose: a narrower integer or bool result is this cast to its dtype (wrapped,
     or nonzero for bool), which :func:`assert_close` does."""
-    wide = np.int64 if np.result_type(a, b).kind in "iu" else np.float64
+    try:
+        kind = np.result_type(a, b).kind
+    except TypeError:  # no promotion between them (bfloat16 and float16): floats
+        kind = "f"
+    wide = np.int64 if kind in "iu" else np.float64
     a64 = np.asarray(a, dtype=wide)
     b64 = np.asarray(b, dtype=wide)
     if trans_a:

@@ -166,9 +166,11 @@ def _check_device_operand(op: Operand, prob: GemmProblem, which: str) -> None:
     if lib in ("cupy", "torch"):
         return  # the array's own library converts, transposes and broadcasts on the device
     if op.dtype != prob.dtype:
+        swapped = op.dtype.newbyteorder("=") == prob.dtype  # same type, other byte order
         raise InvalidTypeError(
-            f"matmul: numba device operand {which} has dtype {op.dtype.name} but the "
-            f"product is computed in {prob.dtype.name}, and numba arrays have no "
+            f"matmul: numba device operand {which} has dtype "
+            + (f"{op.dtype.str} (big-endian {op.dtype.name})" if swapped else op.dtype.name)
+            + f" but the product is computed in {prob.dtype.name}, and numba arrays have no "
             "device-side cast; cast it first (CuPy and PyTorch arrays are converted)")
     if (prob.trans_a if which == "a" else prob.trans_b) and len(op.shape) > 2:
         raise InvalidValueError(
