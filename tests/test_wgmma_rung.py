@@ -223,6 +223,25 @@ def test_wgmma_needs_a_tensor_core_precision() -> None:
         assert name == "wgmma" and params["PASSES"] == passes
 
 
+def test_the_simulator_holds_wgmma_to_sm90s_shared_memory() -> None:
+    """The simulator stands for any GPU and carries sm_80's 99 KB opt-in limit, which
+    refused wgmma at its defaults (a 128 KB ring), a rung that only runs on sm_90."""
+    from tilegemm.backends.base import Target
+    from tilegemm.backends.cuda import CUDA_LIMITS, CudaBackend
+
+    sim = Target("cuda", "simulator", "simulator", "", CUDA_LIMITS, timer="CUDA events",
+                 simulated=True)
+    dtype = np.dtype(np.float32)
+    CudaBackend().check_limits(SPEC, SPEC.resolve({"PASSES": 1}), dtype, sim)  # 128 KB
+    with pytest.raises(InvalidValueError, match="227 KB"):
+        CudaBackend().check_limits(SPEC, SPEC.resolve({"PASSES": 1, "STAGES": 6, "BM": 256}),
+                                   dtype, sim)
+    mma = registry.get("mma", "cuda")  # a rung for any arch keeps the smallest limit
+    with pytest.raises(InvalidValueError, match="101376-byte limit"):
+        CudaBackend().check_limits(mma, mma.resolve({"BK": 32, "STAGES": 4, "PASSES": 1}),
+                                   dtype, sim)
+
+
 def _gpu(capability: tuple[int, int]) -> Any:
     """A GPU's Target (no GPU needed) of ``capability``, with an H100's opt-in shared memory."""
     from dataclasses import replace

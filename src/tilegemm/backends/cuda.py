@@ -293,6 +293,17 @@ class CudaBackend(Backend):
                 f"compute capability {only[0]}.{only[1]} (H100, H200, GH200) have; this GPU "
                 f"is sm_{have[0]}{have[1]}. Tensor-core kernels that run here: "
                 f"{', '.join(others) or 'none'}")
+        if target.simulated and only:
+            # the simulator stands for any GPU, so a rung for one architecture (wgmma:
+            # sm_90a) is held to that architecture's opt-in shared memory, not sm_80's
+            from dataclasses import replace
+
+            from tilegemm.analysis.occupancy import ARCH_LIMITS
+
+            arch = ARCH_LIMITS.get(f"sm_{only[0]}{only[1]}")
+            if arch is not None:
+                target = replace(target, limits=replace(
+                    target.limits, shared_optin_per_block=arch.smem_per_block))
         need = spec.min_cc  # e.g. tensor-core rungs: (8, 0)
         if need and have and have < tuple(need):
             raise UnavailableError(
