@@ -222,6 +222,42 @@ def test_a_damaged_entry_loaded_on_first_call_warns_and_is_compiled_again(tmp_pa
     assert third["stats"] == {"compiled": 0, "loaded": 2} and third["warnings"] == []
 
 
+def test_a_compile_that_cannot_be_kept_warns_and_runs(tmp_path, monkeypatch):
+    """A full disk (or a cache folder replaced mid-compile) failed the call that had just
+    compiled its kernel: Numba's save raised ENOSPC out of the first call."""
+    import errno
+    import warnings
+
+    from numba.core import caching
+
+    from tilegemm.compile_cache import CompileCacheWarning
+
+    def disk_full(self, sig, data):  # noqa: ANN001, ANN202
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(caching.FunctionCache, "_save_overload", disk_full)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = load_module("lazyprobe", _source(9), {"kernel": "lazyprobe"})  # compiles some
+        assert m.entry(2.0) == 2.0 * 9 + 1
+    kept = [w for w in caught if issubclass(w.category, CompileCacheWarning)]
+    assert kept and all("could not be kept" in str(w.message) for w in kept)
+    assert "No space left on device" in str(kept[0].message)
+
+
+def test_a_cache_file_that_is_not_text_is_rewritten(tmp_path, monkeypatch):
+    """A cache .py holding bytes that are not UTF-8 raised UnicodeDecodeError from every
+    later call (and every process): it is damaged, and rewritten like any changed file."""
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    load_module("lazyprobe", _source(11), {"kernel": "lazyprobe"})
+    (entry,) = (tmp_path / "cpu").glob("lazyprobe-*.py")
+    entry.write_bytes(b"\xff\xfe not text")
+    m = load_module("lazyprobe", _source(11), {"kernel": "lazyprobe"})
+    assert m.entry(2.0) == 2.0 * 11 + 1
+    assert entry.read_text().startswith("# ")
+
+
 def test_a_call_that_lost_the_race_to_compile_runs_the_compiled_signature():
     """Two threads call a helper that nothing compiled yet: both find no compiled
     signature, one compiles it; the other must then run it (Numba refuses to compile

@@ -392,8 +392,12 @@ def load_module(name: str, source: str, describe: dict[str, Any]) -> ModuleType:
                       f"({type(exc).__name__}: {exc}); deleting and rebuilding it",
                       CompileCacheWarning,
                       stacklevel=user_stacklevel())
-        _remove_entry(folder, stem)
-        _write_atomic(path, text)
+        try:
+            _remove_entry(folder, stem)
+            _write_atomic(path, text)
+        except OSError as write_exc:  # the disk full, the folder gone: compile in memory
+            _unusable(folder, write_exc)
+            return _exec_uncached(stem, source)
         return _import(stem, path)  # a second failure is a real error, not the cache's
 
 
@@ -406,7 +410,11 @@ def _write_entry(path: Path, text: str) -> bool:
         folder.mkdir(parents=True, exist_ok=True)
         if not os.access(folder, os.W_OK | os.X_OK):
             raise PermissionError(f"{folder} is not writable")
-        if not path.is_file() or path.read_text() != text:
+        try:
+            same = path.is_file() and path.read_text() == text
+        except ValueError:  # not UTF-8 text: damaged, rewritten below
+            same = False
+        if not same:
             _write_atomic(path, text)
     except OSError as exc:
         _unusable(folder, exc)

@@ -204,6 +204,20 @@ class QuickLoadCache(FunctionCache):
             return None
 
 
+    def save_overload(self, sig: Any, data: Any) -> None:
+        """Numba's save, made harmless: a disk that is full, or a cache folder removed or
+        replaced while the function compiled, leaves the compiled code unkept (with a
+        warning) instead of failing the call that compiled it."""
+        try:
+            super().save_overload(sig, data)
+        except Exception as exc:  # noqa: BLE001 - the code is compiled; only keeping failed
+            func = self._py_func
+            warnings.warn(f"kernel cache: the compiled {func.__module__}.{func.__qualname__} "
+                          f"could not be kept in {self._cache_path} "
+                          f"({type(exc).__name__}: {exc}); this process runs it uncached",
+                          CompileCacheWarning, stacklevel=user_stacklevel())
+
+
 class WhenCalledDispatcher(CPUDispatcher):
     """A CPU dispatcher holding one declared signature until something needs it.
 
