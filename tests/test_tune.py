@@ -712,3 +712,60 @@ def test_outputs_per_thread_follows_each_rungs_tile() -> None:
     assert cuda["naive"].outputs_per_thread({"BLOCK": 16}) == 1
     assert cuda["register1d"].outputs_per_thread({"TILE": 32, "R": 4}) == 4
     assert cuda["pipelined"].outputs_per_thread(cuda["pipelined"].resolve({})) == 64
+
+
+@pytest.mark.parametrize("bad", [{"gflops": "fast"}, {"shape": 5}, {"params": {"BM": "128"}},
+                                 {"bucket": [1, 2, "3"]}, {"named_only": "no"}])
+def test_a_wrongly_typed_entry_makes_the_file_ignored_with_a_warning(bad) -> None:  # noqa: ANN001
+    """'"gflops": "fast"' made every kernel="auto" lookup raise TypeError; 'tune --show'
+    exited as an internal error."""
+    from dataclasses import asdict
+
+    path = cache.cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    good = asdict(_entry(version=cache.current_version()))
+    path.write_text(json.dumps({"format": cache.FORMAT, "entries": [good, {**good, **bad}]}))
+    with pytest.warns(cache.TuneCacheWarning, match="is corrupt"):
+        assert cache.load() == []
+
+
+def test_an_entry_that_no_longer_fits_gives_way_to_the_next(monkeypatch) -> None:  # noqa: ANN001
+    """The fastest entry was the only one looked at: when its parameters no longer fitted,
+    a valid tuned entry of the same bucket was never used."""
+    from tilegemm.tune import select
+
+    dev = cache.DeviceId("cuda", "NVIDIA H100", "sm_90")
+    stale = _entry(kernel="shared", params={"TILE": 7}, gflops=100.0)
+    fine = _entry(kernel="warptile", params={}, gflops=10.0)
+    other_arch = _entry(device="other", kernel="naive", params={}, gflops=1000.0)
+    ranked = cache.ranked([fine, other_arch, stale], dev, "float32", 4096, 4096, 4096)
+    assert ranked == [stale, fine, other_arch]  # this device by speed, then the arch's
+    seen: list[str] = []
+
+    def usable(backend, target, kernel, params, dtype):  # noqa: ANN001, ANN202
+        seen.append(kernel)
+        return None if kernel == "shared" else (kernel, params)
+
+    monkeypatch.setattr(select, "_usable", usable)
+    prob = strategies.problem_for(4096, 4096, 4096, "float32")
+    with pytest.warns(cache.TuneCacheWarning, match="shared .* does not fit"):
+        assert select._choose(None, None, dev, "float32", prob, ranked) == ("warptile", {})
+    assert seen == ["shared", "warptile"]
+
+
+def test_processes_recording_at_once_keep_every_entry(tmp_path) -> None:  # noqa: ANN001
+    """record() read the file, added its entry and wrote it back without a lock: of 12
+    processes recording at once, 3-5 entries survived."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=cache.record,
+                         args=(_entry(bucket=[2**i, 64, 64], version=cache.current_version()),))
+             for i in range(12)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0] * 12
+    assert sorted(e.bucket[0] for e in cache.load()) == [2**i for i in range(12)]
+    assert not list(cache.cache_path().parent.glob(".tune-*"))  # no temporary left

@@ -15,12 +15,15 @@ written by another tilegemm version, is ignored with a :class:`TuneCacheWarning`
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,8 +122,7 @@ def load(path: Path | None = None) -> list[Entry]:
         raw = data["entries"]
         entries = [Entry(**e) for e in raw]
         for e in entries:
-            if not (isinstance(e.params, dict) and len(e.bucket) == 3
-                    and isinstance(e.seconds, (int, float))):
+            if not _well_typed(e):
                 raise ValueError(f"malformed entry {e}")
     except (ValueError, KeyError, TypeError) as exc:
         warnings.warn(f"tuning cache {path} is corrupt ({exc}); ignoring it "
@@ -136,27 +138,65 @@ def load(path: Path | None = None) -> list[Entry]:
     return [e for e in entries if e.version == version]
 
 
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _well_typed(e: Entry) -> bool:
+    """Whether every field has the type the lookups compare and sort by (a hand-edited
+    ``"gflops": "fast"`` made the lookup raise TypeError inside every call)."""
+    return (all(isinstance(v, str) for v in (e.backend, e.device, e.arch, e.dtype, e.kernel,
+                                              e.version, e.precision))
+            and isinstance(e.params, dict)
+            and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                    for k, v in e.params.items())
+            and isinstance(e.bucket, list) and len(e.bucket) == 3
+            and all(isinstance(b, int) for b in e.bucket)
+            and isinstance(e.shape, list) and all(isinstance(x, int) for x in e.shape)
+            and _number(e.seconds) and _number(e.gflops) and _number(e.when)
+            and isinstance(e.named_only, bool))
+
+
 def save(entries: list[Entry], path: Path | None = None) -> Path:
-    """Write atomically (a crash mid-write never leaves a half file)."""
+    """Write atomically (a crash mid-write never leaves a half file, nor a temporary)."""
     path = path or cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "entries": [asdict(e) for e in entries]}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tune-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(payload, f, indent=1)  # parameters in the rung's order, as shown everywhere
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=1)  # parameters in the rung's order, as shown
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold ``path``'s lock file: two processes recording at once each read the file,
+    add their entry and write it back, and without the lock one's entry was lost."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def record(entry: Entry, path: Path | None = None) -> Path:
     """Add or replace the entry with the same key (keeps the other entries)."""
     entry.version = entry.version or current_version()
     entry.when = entry.when or time.time()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", TuneCacheWarning)  # a bad file is simply replaced
-        entries = [e for e in load(path) if e.key != entry.key]
-    entries.append(entry)
-    return save(entries, path)
+    path = path or cache_path()
+    with _locked(path):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", TuneCacheWarning)  # a bad file is simply replaced
+            entries = [e for e in load(path) if e.key != entry.key]
+        entries.append(entry)
+        return save(entries, path)
 
 
 def clear(path: Path | None = None) -> bool:
@@ -173,6 +213,14 @@ def lookup(entries: list[Entry], device: DeviceId, dtype: str, m: int, n: int, k
     """Best entry for the shape's bucket and precision: this exact device, else its
     architecture. ``kernel=None`` (what ``kernel="auto"`` runs) skips the entries kept only
     for calls naming their rung; ``kernel=X`` takes X's entry either way."""
+    found = ranked(entries, device, dtype, m, n, k, kernel, precision)
+    return found[0] if found else None
+
+
+def ranked(entries: list[Entry], device: DeviceId, dtype: str, m: int, n: int, k: int,
+           kernel: str | None = None, precision: str = "ieee") -> list[Entry]:
+    """Every entry :func:`lookup` could answer with, best first (this device's by speed,
+    then its architecture's): a caller whose best entry no longer fits takes the next."""
     want = shape_bucket(m, n, k)
     same = [e for e in entries if e.backend == device.backend and e.dtype == dtype
             and e.bucket == want and e.precision == precision
@@ -181,7 +229,7 @@ def lookup(entries: list[Entry], device: DeviceId, dtype: str, m: int, n: int, k
         [e for e in same if e.device == device.name and e.arch == device.arch],
         [e for e in same if device.arch and e.arch == device.arch],
     )
+    order: list[Entry] = []
     for tier in tiers:
-        if tier:
-            return max(tier, key=lambda e: e.gflops)
-    return None
+        order += [e for e in sorted(tier, key=lambda e: -e.gflops) if e not in order]
+    return order

@@ -188,9 +188,9 @@ def tuned_choice(backend: Backend, prob: GemmProblem,
 
 def _choose(backend: Backend, target: Target, dev: DeviceId, dtype: str, prob: GemmProblem,
             entries: list[tcache.Entry], kernel: str | None = None) -> Choice | None:
-    """The cache's entry for the shape (``kernel``: that rung's), if it still fits."""
-    entry = tcache.lookup(entries, dev, dtype, prob.m, prob.n, prob.k, kernel=kernel)
-    if entry is not None:
+    """The cache's best entry for the shape (``kernel``: that rung's) that still fits; an
+    entry that no longer does is skipped with a warning, and the next one is tried."""
+    for entry in tcache.ranked(entries, dev, dtype, prob.m, prob.n, prob.k, kernel=kernel):
         choice = _usable(backend, target, entry.kernel, entry.params, dtype)
         if choice is not None:
             return choice
@@ -257,19 +257,20 @@ def tuned_precision_params(backend: Backend, target: Target, prob: GemmProblem, 
     key = ("precision", dev, prob.dtype.name, precision, kernel,
            tuple(tcache.shape_bucket(prob.m, prob.n, prob.k)))
     if key not in _memo:
-        entry = tcache.lookup(entries, dev, prob.dtype.name, prob.m, prob.n, prob.k,
-                              kernel=kernel, precision=precision)
         choice = None
-        if entry is not None:
+        for entry in tcache.ranked(entries, dev, prob.dtype.name, prob.m, prob.n, prob.k,
+                                   kernel=kernel, precision=precision):
             try:
                 spec = registry.get(kernel, backend.name)
                 resolved = backend.resolve(spec, entry.params, target)
                 backend.check_limits(spec, resolved, prob.dtype, target)
-                choice = (spec, resolved)
             except (ValueError, TypeError):
                 warnings.warn(f"tuning cache entry {entry.kernel} {entry.params} does not fit "
                               "this tilegemm/device any more; ignoring it", TuneCacheWarning,
                               stacklevel=3)
+                continue
+            choice = (spec, resolved)
+            break
         _memo[key] = choice
     found = _memo[key]
     return None if found is None else dict(found[1])
