@@ -411,3 +411,24 @@ def test_pocl_temp_files_are_removed_once_old(tmp_path: Path, monkeypatch) -> No
     assert os.environ["POCL_CACHE_DIR"] == str(folder)
     assert sorted(p.name for p in folder.rglob("*") if p.is_file()) == [
         "tempfile_inside", "tempfile_young"]
+
+
+def test_cache_listing_takes_entries_whose_names_are_not_text(tmp_path: Path, monkeypatch,
+                                                               capsys) -> None:
+    """A first line with "kernel": 5 made 'tilegemm cache' exit as an internal error (the
+    summary sorted numbers with names; a cell could not render a number)."""
+    from tilegemm import compile_cache
+    from tilegemm.cli import main
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    folder = tmp_path / compile_cache.SUBDIR
+    folder.mkdir()
+    for i in range(12):
+        (folder / f"e{i}-abc.py").write_text(
+            f'# {compile_cache._TEXT_HEADER}: {{"describe": {{"kernel": 5, "dtype": 5}}}}\n')
+    (folder / "named-abc.py").write_text(
+        f'# {compile_cache._TEXT_HEADER}: {{"describe": {{"kernel": "blocked"}}}}\n')
+    for args in (["cache"], ["cache", "--verbose"]):
+        assert main(args) == 0
+        out = capsys.readouterr().out
+        assert "13 entries" in out and "blocked" in out

@@ -555,8 +555,11 @@ def _mapping(value: Any) -> dict[str, Any]:
     an entry is listed as not usable here, and ``--clear`` removes it."""
     if not isinstance(value, dict):
         return {}
-    return {k: v for k, v in value.items()
-            if k != "params" or isinstance(v, dict)}  # params are listed as KEY=VALUE
+    # params are listed as KEY=VALUE; the names shown and sorted by must be text (a number
+    # there broke the listing's sort and table)
+    return {str(k): v for k, v in value.items()
+            if (k != "params" or isinstance(v, dict))
+            and (k not in ("kernel", "dtype", "backend", "output") or isinstance(v, str))}
 
 
 def _size(paths: Iterable[Path]) -> int:
