@@ -307,6 +307,43 @@ def test_a_failed_pocl_builds_log_is_not_damage(tmp_path: Path) -> None:
     assert not built.exists() and failed.exists()
 
 
+def test_a_damaged_pocl_record_rebuilds_every_entry(tmp_path: Path) -> None:
+    """A damaged record turned the damage check off without a word: a truncated program
+    beside it then aborted the process inside PoCL."""
+    from tilegemm import compile_cache
+
+    built = tmp_path / "EB" / "KPJB"
+    built.mkdir(parents=True)
+    (built / "program.bc").write_bytes(b"BC" * 100)
+    (tmp_path / compile_cache.POCL_MANIFEST).write_text("{")
+    with pytest.warns(compile_cache.CompileCacheWarning, match="record .* is damaged"):
+        compile_cache._check_pocl_entries(tmp_path)
+    assert not built.exists() and not (tmp_path / compile_cache.POCL_MANIFEST).exists()
+    compile_cache._check_pocl_entries(tmp_path)  # no record at all: a new cache, no warning
+
+
+def test_pocl_files_vanishing_while_listed_are_skipped(tmp_path: Path, monkeypatch) -> None:
+    """Another process deleting a damaged entry while this one listed the files made the
+    listing raise FileNotFoundError, and the OpenCL backend unusable."""
+    from tilegemm import compile_cache
+
+    entry = tmp_path / "EB" / "KPJB"
+    entry.mkdir(parents=True)
+    (entry / "program.bc").write_bytes(b"BC")
+    (entry / "gone.so").write_bytes(b"SO")
+    real_stat = Path.stat
+    seen: list[str] = []
+
+    def stat(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(self.name)
+        if self.name == "gone.so" and seen.count("gone.so") > 1:  # after is_file's look
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        return real_stat(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    assert list(compile_cache._pocl_files(tmp_path)) == ["EB/KPJB/program.bc"]
+
+
 def test_cpu_digest_follows_the_private_modules_not_the_rungs(tmp_path: Path) -> None:
     """The compiled blocked rung depends on kernels/cpu/_*.py (it imports them); a rung file
     added or edited beside it must not invalidate it, an edited private module must."""

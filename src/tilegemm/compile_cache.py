@@ -185,10 +185,20 @@ _POCL_VOLATILE = ("last_accessed", "build.log")
 def _pocl_files(folder: Path) -> dict[str, list[int]]:
     """Size and modification time of every file of every PoCL entry (``XX/HASH/...``)."""
     out = {}
-    for path in folder.glob("*/*/**/*"):
-        if path.is_file() and path.name not in _POCL_VOLATILE:
+    try:
+        found = list(folder.glob("*/*/**/*"))
+    except OSError:  # a folder removed while it was walked (another process's check)
+        found = []
+    for path in found:
+        if path.name in _POCL_VOLATILE:
+            continue
+        try:
+            if not path.is_file():
+                continue
             st = path.stat()
-            out[str(path.relative_to(folder))] = [st.st_size, st.st_mtime_ns]
+        except OSError:  # removed meanwhile by another process: nothing to record
+            continue
+        out[str(path.relative_to(folder))] = [st.st_size, st.st_mtime_ns]
     return out
 
 
@@ -198,9 +208,25 @@ def _check_pocl_entries(folder: Path) -> None:
     never changes it, so a file whose size or time differs from what a process recorded
     after its first launch or at exit (:func:`record_pocl_cache_now`) was damaged: its
     entry is deleted (with a warning) before PoCL starts, and PoCL rebuilds it."""
+    manifest = folder / POCL_MANIFEST
     try:
-        recorded = json.loads((folder / POCL_MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        text = manifest.read_text()
+    except OSError:  # none yet (a new cache), or unreadable: nothing to check against
+        return
+    try:
+        recorded = json.loads(text)["files"]
+        if not isinstance(recorded, dict):
+            raise TypeError("'files' is not an object")
+    except (ValueError, KeyError, TypeError) as exc:
+        # the record is damaged, so no entry can be checked; an entry damaged as well
+        # would abort the process inside PoCL: every entry is rebuilt instead
+        warnings.warn(f"PoCL kernel cache record {manifest} is damaged ({exc}); deleting "
+                      "the PoCL cache's entries, which cannot be checked (PoCL rebuilds "
+                      "them)", CompileCacheWarning, stacklevel=user_stacklevel())
+        for entry in folder.glob("*/*"):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+        manifest.unlink(missing_ok=True)
         return
     now = _pocl_files(folder)
     bad = {Path(name).parts[:2] for name, stat in recorded.items()
