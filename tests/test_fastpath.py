@@ -202,6 +202,41 @@ def test_a_changed_tuning_cache_is_decided_again(spy, rng, tmp_path, monkeypatch
     assert len(spy) == 2
 
 
+def test_a_tuning_run_between_two_shapes_is_seen_by_the_first(spy, rng, tmp_path,
+                                                                monkeypatch):
+    """Shape 1 decided, the tuning cache written, shape 2 decided (reading the new file):
+    shape 1 kept its old program for good, since the table's watch was moved to the new
+    file's time without dropping what had been decided under the old one."""
+    from tilegemm.tune import cache as tcache
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    a, b = _operands(rng, 8, 8, 8, np.float64)
+    x, y = _operands(rng, 5, 6, 7, np.float64)
+    tilegemm.matmul(a, b)
+    tcache.save([], tcache.cache_path())  # another process's `tilegemm tune`
+    tilegemm.matmul(x, y)  # a new shape: the full path, which reads the new file
+    assert len(spy) == 2
+    tilegemm.matmul(a, b)  # decided under the old file: decided again
+    assert len(spy) == 3
+    tilegemm.matmul(a, b)
+    assert len(spy) == 3
+
+
+def test_a_moved_tuning_cache_is_decided_again(spy, rng, tmp_path, monkeypatch):
+    """TILEGEMM_CACHE_DIR changed after a shape was remembered: matmul kept the program
+    decided under the old directory while plan() and gemm() read the new one."""
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path / "one"))
+    a, b = _operands(rng, 8, 8, 8, np.float32)
+    tilegemm.matmul(a, b)
+    tilegemm.matmul(a, b)
+    assert len(spy) == 1
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path / "two"))
+    tilegemm.matmul(a, b)
+    assert len(spy) == 2
+    tilegemm.matmul(a, b)
+    assert len(spy) == 2
+
+
 def test_remembered_program_is_what_plan_reports(spy, rng):
     from tilegemm import registry
 

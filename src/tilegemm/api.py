@@ -40,7 +40,7 @@ from tilegemm.tune.select import (
     auto_plan,
     named_plan,
     tuned_precision_params,
-    tuning_cache_path,
+    tuning_cache_state,
 )
 
 AUTO = "auto"
@@ -429,7 +429,7 @@ def gemm(
                     and prob.dtype == getattr(a, "dtype", None)):
                 # any ``out`` qualifies: the decision does not depend on it (see fastpath)
                 fastpath.remember(a, b, spec.program(resolved, prob.dtype),
-                                  tuning_cache_path())
+                                  *tuning_cache_state())
         if out is not None and not direct:
             # Strided, cast, broadcast or overlapping out: the product went to a temporary.
             np.copyto(out, result, casting="same_kind")

@@ -43,7 +43,9 @@ _LIMIT = 256  # remembered cases at most (the table is cleared when full)
 _KINDS = "fiu"  # dtypes whose product NumPy computes in the operands' own dtype
 
 _table: dict[tuple[Any, ...], Any] = {}
-_watch: list[Any] = [None, None]  # the tuning cache file the decisions saw, and its mtime
+# the tuning cache file the decisions read, its mtime then, and TILEGEMM_CACHE_DIR then
+# (which moves the file: a decision made under another directory is stale too)
+_watch: list[Any] = [None, None, None]
 _NDARRAY = np.ndarray
 
 
@@ -92,7 +94,8 @@ def try_remembered(a: Any, b: Any, out: Any = None) -> Any:
     program = _table.get(key)
     if program is None:
         return None
-    if _mtime(_watch[0]) != _watch[1]:  # tuning results changed: decide again
+    if (_mtime(_watch[0]) != _watch[1]  # tuning results changed, or moved: decide again
+            or os.environ.get("TILEGEMM_CACHE_DIR") != _watch[2]):
         _table.clear()
         return None
     dtype = key[0]
@@ -119,10 +122,14 @@ def try_remembered(a: Any, b: Any, out: Any = None) -> Any:
     return c
 
 
-def remember(a: Any, b: Any, program: Any, tuning_cache: str | None) -> None:
+def remember(a: Any, b: Any, program: Any, tuning_cache: str | None,
+             tuning_mtime: int | None = None) -> None:
     """Record ``program`` (the compiled rung the full path just ran on the host with
     alpha=1, beta=0, in the operands' own dtype, after reading the tuning cache file
-    ``tuning_cache``) for calls like ``matmul(a, b)``, if this case qualifies."""
+    ``tuning_cache`` as it was at ``tuning_mtime``) for calls like ``matmul(a, b)``, if
+    this case qualifies. Decisions remembered under another state of the file are dropped:
+    a shape decided before a tuning run must not keep its old program because another
+    shape was decided after it."""
     key = _key(a, b)
     if key is None:
         return
@@ -133,9 +140,12 @@ def remember(a: Any, b: Any, program: Any, tuning_cache: str | None) -> None:
         return
     if (la or lb) and not getattr(program, "takes_transposed", False):
         return  # the full path hands this rung C-ordered copies: leave that to it
-    if len(_table) >= _LIMIT or _watch[0] != tuning_cache:
+    if tuning_mtime is None:
+        tuning_mtime = _mtime(tuning_cache)
+    where = os.environ.get("TILEGEMM_CACHE_DIR")
+    if len(_table) >= _LIMIT or _watch != [tuning_cache, tuning_mtime, where]:
         _table.clear()
-    _watch[:] = [tuning_cache, _mtime(tuning_cache)]
+    _watch[:] = [tuning_cache, tuning_mtime, where]
     _table[key] = program
 
 

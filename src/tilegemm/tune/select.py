@@ -58,6 +58,13 @@ def tuning_cache_path() -> str | None:
     return None if path is None else str(path)
 
 
+def tuning_cache_state() -> tuple[str | None, int | None]:
+    """The tuning cache file the last decision read and the modification time it had
+    then (None, None before any): a decision remembered under this state is stale once
+    the file's time differs."""
+    return tuning_cache_path(), _loaded["mtime"]
+
+
 def _entries() -> list[tcache.Entry]:
     """The cache's entries, re-read only when the file (or its location) changes."""
     path = tcache.cache_path()
