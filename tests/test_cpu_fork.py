@@ -141,7 +141,7 @@ def test_calling_thread_path_matches_numpy(monkeypatch, shape):
     monkeypatch.setitem(g, "products_serial", counting)
     routed = []
     monkeypatch.setitem(g, "blocked_serial", lambda *xs: (routed.append(1), serial(*xs)))
-    monkeypatch.setattr(_threads, "_forked_after_openmp", True)
+    monkeypatch.setattr(_threads, "_forked_unsafe", True)
     c = tilegemm.matmul(a, b, kernel="blocked", backend="cpu")
     assert_close(c, a, b)
     # Small products never reach a parallel region, so they go straight to the calling
@@ -150,6 +150,31 @@ def test_calling_thread_path_matches_numpy(monkeypatch, shape):
     assert len(routed) == (1 if packed else 0)
     assert len(products) == (batch if packed else 0)
     np.testing.assert_array_equal(c, threaded)  # the same sums in the same order
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_during_a_parallel_region_computes_on_its_own_thread():
+    """A worker forked while another thread of the parent was inside a parallel region
+    inherited TBB's pool mid-region and could hang in its first threaded product; such a
+    child now runs its products on the calling thread. A child forked between regions
+    keeps its threads."""
+    def child_sees() -> bool:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave at once, no cleanup of the parent's
+            os.write(write, b"1" if _threads.parallel_unsafe() else b"0")
+            os._exit(0)
+        os.close(write)
+        seen = os.read(read, 1)
+        os.close(read)
+        os.waitpid(pid, 0)
+        return seen == b"1"
+
+    before = _threads.parallel_unsafe()
+    with _threads.InParallel():  # as blocked() wraps its parallel calls
+        assert child_sees()
+    assert child_sees() is before  # outside any region: as the process already was
+    assert _threads._in_parallel == 0
 
 
 def _program_used(a: np.ndarray, b: np.ndarray):

@@ -20,6 +20,7 @@ from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
 from tilegemm.kernels.cpu._threads import (
+    InParallel,
     PoolWatch,
     parallel_unsafe,
     place_workers,
@@ -620,7 +621,7 @@ def blocked(A, B, C, alpha, beta, tr=0):
     k = A.shape[1] if tr & 1 else A.shape[2]
     if nthreads > 1 and C.size * k > DIRECT_PRODUCT:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
-    with PoolWatch():
+    with PoolWatch(), InParallel():
         if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, DIRECT_PRODUCT):
             gemv_threads(A, B, C, alpha, beta, nthreads)
         else:

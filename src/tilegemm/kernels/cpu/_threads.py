@@ -40,8 +40,9 @@ TBB_LIBRARY = "libtbb.so.12"
 
 _tbb_handle: ctypes.CDLL | None = None
 _tbb_tried = False
-# True in a forked child whose parent had Numba's OpenMP layer running (see parallel_unsafe).
-_forked_after_openmp = False
+# True in a forked child whose parent had Numba's OpenMP layer running, or a parallel region
+# running in another thread (see parallel_unsafe).
+_forked_unsafe = False
 
 
 def tbb_library_path() -> Path | None:
@@ -112,9 +113,36 @@ def _openmp_running() -> bool:
     return getattr(parallel, "_threading_layer", None) == "omp"
 
 
+# Parallel regions running in this process now (any thread): a child forked meanwhile
+# inherits a thread pool caught mid-region, which TBB cannot shut down before the fork
+# ("Unable to join threads to shut down before fork()"); a parallel region in that child
+# could then wait forever.
+_in_parallel = 0
+_in_parallel_lock = threading.Lock()
+
+
+class InParallel:
+    """Around a call that runs a parallel region: counted, so that a child forked while it
+    runs computes on its calling thread only (:func:`parallel_unsafe`)."""
+
+    def __enter__(self) -> InParallel:
+        global _in_parallel
+        with _in_parallel_lock:
+            _in_parallel += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _in_parallel
+        with _in_parallel_lock:
+            _in_parallel -= 1
+
+
 def _after_fork_in_child() -> None:
-    global _forked_after_openmp, _starting
-    _forked_after_openmp = _forked_after_openmp or _openmp_running()
+    global _forked_unsafe, _starting, _in_parallel, _in_parallel_lock
+    # the parent's regions of other threads do not exist here, but its pool is unusable
+    _forked_unsafe = _forked_unsafe or _openmp_running() or _in_parallel > 0
+    _in_parallel = 0
+    _in_parallel_lock = threading.Lock()
     _starting = threading.Lock()  # another thread of the parent may have held it
 
 
@@ -124,9 +152,10 @@ if hasattr(os, "register_at_fork"):
 
 def parallel_unsafe() -> bool:
     """True in a process forked (at any depth) from one that was running Numba's GNU
-    OpenMP layer: a parallel region here would be killed, so products must stay on the
-    calling thread."""
-    return _forked_after_openmp
+    OpenMP layer, or that was inside a parallel region in another thread at the fork (any
+    layer): a parallel region here would be killed or could hang, so products must stay
+    on the calling thread."""
+    return _forked_unsafe
 
 
 # --- Where Numba's worker threads run -------------------------------------------------------
