@@ -123,6 +123,19 @@ def test_unwritable_cache_dir_warns_and_runs_uncached(tmp_path, monkeypatch):
     assert str(blocker / "cache" / "cpu") in compile_cache.unusable_folders()
 
 
+def test_a_pycache_that_cannot_hold_code_warns_and_runs_uncached(tmp_path, monkeypatch):
+    """A __pycache__ Numba cannot write (here a file in its place) made Numba keep the
+    code in a directory of its own, outside this cache and its listing, or fail with 'no
+    locator available'."""
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "__pycache__").write_text("not a directory")
+    with pytest.warns(CompileCacheWarning, match="cannot be used"):
+        m = load_module("probe", _source(19), {"kernel": "probe"})
+    assert m.twice(1.0) == 19.0
+    assert not list((tmp_path / "cpu").glob("probe-*.py"))  # nothing cached half-way
+
+
 def test_cache_off_and_template_errors(monkeypatch):
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", "off")
     assert compile_cache.cache_root() is None and compile_cache.entries() == []

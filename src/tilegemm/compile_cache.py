@@ -436,6 +436,12 @@ def _write_entry(path: Path, text: str) -> bool:
         folder.mkdir(parents=True, exist_ok=True)
         if not os.access(folder, os.W_OK | os.X_OK):
             raise PermissionError(f"{folder} is not writable")
+        # Numba keeps the compiled code in __pycache__ beside the file; where it cannot, it
+        # falls back to a directory of its own outside this cache, or fails the compile
+        pycache = folder / "__pycache__"
+        pycache.mkdir(exist_ok=True)
+        if not os.access(pycache, os.W_OK | os.X_OK):
+            raise PermissionError(f"{pycache} is not writable")
         try:
             same = path.is_file() and path.read_text() == text
         except ValueError:  # not UTF-8 text: damaged, rewritten below
