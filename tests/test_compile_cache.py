@@ -471,6 +471,7 @@ def test_cache_listing_takes_entries_whose_names_are_not_text(tmp_path: Path, mo
     from tilegemm.cli import main
 
     monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "200")  # names in cells unfolded
     folder = tmp_path / compile_cache.SUBDIR
     folder.mkdir()
     for i in range(12):
