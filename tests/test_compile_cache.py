@@ -483,3 +483,21 @@ def test_cache_listing_takes_entries_whose_names_are_not_text(tmp_path: Path, mo
         assert main(args) == 0
         out = " ".join(capsys.readouterr().out.split())  # lines wrap at the console's width
         assert "13 entries" in out and "blocked" in out
+
+
+def test_cache_files_are_readable_by_others_sharing_the_directory(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """Files were written through mkstemp, mode 0600: a cache directory shared by several
+    users (a group's software tree) could not be read by any but the writer."""
+    import stat
+
+    from tilegemm import compile_cache
+    from tilegemm.tune import cache as tcache
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "k"))
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path / "t"))
+    load_module("probe", _source(23), {"kernel": "probe"})
+    (entry,) = (tmp_path / "k" / "cpu").glob("probe-*.py")
+    written = tcache.save([], tcache.cache_path())
+    for path in (entry, written):
+        assert stat.S_IMODE(path.stat().st_mode) & 0o044 == 0o044, path

@@ -493,7 +493,8 @@ def _write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.replace(tmp, path)
+        os.chmod(tmp, 0o644)  # as a file written plainly: mkstemp's 0600 shut out the
+        os.replace(tmp, path)  # other users of a shared cache directory
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -166,6 +166,7 @@ def save(entries: list[Entry], path: Path | None = None) -> Path:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(payload, f, indent=1)  # parameters in the rung's order, as shown
+        os.chmod(tmp, 0o644)  # readable as a plainly written file (mkstemp makes 0600)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
