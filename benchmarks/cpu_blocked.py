@@ -142,7 +142,13 @@ def main() -> None:
     args = ap.parse_args()
 
     spec = registry.get("blocked", "cpu")
-    params = spec.resolve({k: int(v) for k, v in (p.split("=") for p in args.param)})
+    given = {}
+    for item in args.param:
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            ap.error(f"--param {item!r}: give NAME=VALUE with an integer value, e.g. MR=8")
+        given[name.strip()] = int(value)
+    params = spec.resolve(given)
     rows = []
     for dtype in args.dtypes:
         for n in args.sizes:

@@ -84,6 +84,7 @@ def measure(a: np.ndarray, b: np.ndarray, rounds: int, pause: float) -> dict:
     calls sized to about 20 ms, alternating."""
     ref = np.matmul(a, b)
     got = tilegemm.matmul(a, b)  # compiles (or loads from the cache), then checked
+    tilegemm.assert_close(got, a, b, what=f"{a.shape} @ {b.shape} {a.dtype}")  # no timing
     scale = np.abs(a).max() * np.abs(b).max() * a.shape[-1]
     err = float(np.max(np.abs(got.astype(np.float64) - ref))) / max(float(scale), 1e-30)
     t = time.perf_counter()
@@ -110,8 +111,8 @@ def measure(a: np.ndarray, b: np.ndarray, rounds: int, pause: float) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
-    ap.add_argument("--only", nargs="+", help="groups to run (square, skinny, gemv, layout, "
-                    "batch)")
+    ap.add_argument("--only", nargs="+", choices=sorted({c[0] for c in CASES}),
+                    help="groups to run")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pause", type=float, default=0.5)
     ap.add_argument("--no-save", action="store_true")

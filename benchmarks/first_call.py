@@ -77,6 +77,13 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     rows = []
     for backend in args.backends:
+        if backend != "auto":
+            from tilegemm.backends import get_backend
+
+            status = get_backend(backend).status()
+            if not status.usable:
+                print(f"{backend}: not usable here ({status.reason}); skipped", flush=True)
+                continue
         for dtype in args.dtypes:
             code = SCRIPT.format(dtype=dtype,
                                  backend="" if backend == "auto" else f", backend={backend!r}")

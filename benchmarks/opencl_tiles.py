@@ -78,6 +78,10 @@ def main() -> int:
     import pyopencl.array as cla
 
     backend = get_backend("opencl")
+    status = backend.status()
+    if not status.usable:
+        print(f"OpenCL is not usable here: {status.reason}")
+        return 1
     own = backend.own_device()
     queue, device = own.queue, own.device
     spec = registry.get("vectorized", "opencl")

@@ -122,6 +122,9 @@ def main() -> int:
                         help="idle seconds before each contender's call")
     parser.add_argument("--kernel", default="auto", help="OpenCL rung (auto: the highest)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: results/)")
+    parser.add_argument("--no-save", action="store_true",
+                        help="print only: write no results file (the default one may be "
+                             "a committed file of this machine)")
     parser.add_argument("--ladder", type=int, default=512, metavar="N",
                         help="also time every OpenCL rung at its defaults at N³ (0: skip)")
     args = parser.parse_args()
@@ -249,6 +252,8 @@ def main() -> int:
     }
     kind = "pocl" if "portable computing" in device.platform.name.lower() else slug(
         device.platform.name)
+    if args.no_save:
+        return 0
     if args.out:
         write_results(args.out, record, ROOT)
     else:

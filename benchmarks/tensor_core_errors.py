@@ -14,7 +14,8 @@ larger sizes. For each K, standard-normal float32 A (M×K) and B (K×N), and the
 where C64 is the float64 product of the operands *as the kernel received them* (for the
 16-bit modes, the rounded 16-bit values: what remains is the kernel's own error). Modes:
 ``ieee`` (kernel="auto", the FFMA rungs), ``tf32``, ``3xtf32``, ``float16`` and
-``bfloat16`` (16-bit result, NumPy's rule) and their ``dtype=float32`` results; NumPy's
+``bfloat16`` (a 16-bit result, asked for with ``dtype=``: NumPy's rule makes a bfloat16
+product float32) and their ``dtype=float32`` results; NumPy's
 float32 matmul (the host BLAS) for scale.
 """
 
@@ -47,7 +48,7 @@ def measure(k: int, mn: int, seed: int) -> dict[str, float]:
         row[p] = _error(tilegemm.matmul(a, b, backend="cuda", precision=p), a, b)
     for d in ("float16", "bfloat16"):
         ah, bh = a.astype(d), b.astype(d)
-        row[d] = _error(tilegemm.matmul(ah, bh, backend="cuda"), ah, bh)
+        row[d] = _error(tilegemm.matmul(ah, bh, backend="cuda", dtype=d), ah, bh)
         row[f"{d}->float32"] = _error(tilegemm.matmul(ah, bh, backend="cuda",
                                                       dtype=np.float32), ah, bh)
     row["numpy float32"] = _error(a @ b, a, b)
