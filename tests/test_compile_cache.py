@@ -434,6 +434,34 @@ def test_cache_command_says_when_the_directory_cannot_be_used(tmp_path, monkeypa
     assert "cannot be used (" in out and "a-file is not a directory)" in out
     assert main(["cache", "--stale"]) == 2
     assert "tilegemm: error: --stale only selects" in capsys.readouterr().err
+    assert main(["cache", "--clear"]) == 0  # nothing there to remove
+    assert "removed 0 entries" in " ".join(capsys.readouterr().out.split())
+
+
+def test_cache_clear_names_what_a_read_only_folder_keeps(tmp_path, monkeypatch,
+                                                         capsys) -> None:
+    """--clear on a folder that cannot be written said 'cannot be used' and exited 0,
+    leaving every entry in place without a word."""
+    from tilegemm import compile_cache
+    from tilegemm.cli import main
+
+    folder = tmp_path / "kernels" / compile_cache.SUBDIR
+    folder.mkdir(parents=True)
+    (folder / "a-1.py").write_text("# x\n")
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path / "kernels"))
+
+    def refuse(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        raise PermissionError(13, "Permission denied", str(path))
+
+    from tilegemm.commands import cache as cache_command
+
+    # as the folder looks without write permission (root's tests cannot take it away)
+    monkeypatch.setattr(cache_command, "_unusable", lambda root: f"{root} is not writable")
+    monkeypatch.setattr(compile_cache.os, "unlink", refuse)
+    monkeypatch.setattr(compile_cache.os, "remove", refuse)
+    monkeypatch.setattr(Path, "unlink", refuse)
+    assert main(["cache", "--clear"]) == 2
+    assert "could not remove" in capsys.readouterr().err
 
 
 def test_pocl_temp_files_are_removed_once_old(tmp_path: Path, monkeypatch) -> None:

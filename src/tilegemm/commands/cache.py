@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     root = root.expanduser().absolute()
     unusable = _unusable(root)
-    if unusable:  # said once, here: nothing will be kept there
+    if unusable and not args.clear:  # said once, here: nothing will be kept there
+        # (--clear still tries: a read-only folder's entries are named if they stay)
         console.print(f"kernel cache {root}: cannot be used ({unusable}); kernels are "
                       f"compiled without it. Set {compile_cache.ENV} to a directory, or "
                       "'off'")
