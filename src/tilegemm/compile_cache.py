@@ -266,7 +266,7 @@ def record_pocl_cache_now() -> None:
 def _record_pocl_files(folder: Path) -> None:
     # Unrecorded entries are simply trusted, as PoCL itself does.
     with contextlib.suppress(OSError):
-        _write_atomic(folder / POCL_MANIFEST,
+        write_atomic(folder / POCL_MANIFEST,
                       json.dumps({"header": _TEXT_HEADER, "files": _pocl_files(folder)}))
 
 
@@ -420,7 +420,7 @@ def load_module(name: str, source: str, describe: dict[str, Any]) -> ModuleType:
                       stacklevel=user_stacklevel())
         try:
             _remove_entry(folder, stem)
-            _write_atomic(path, text)
+            write_atomic(path, text)
         except OSError as write_exc:  # the disk full, the folder gone: compile in memory
             _unusable(folder, write_exc)
             return _exec_uncached(stem, source)
@@ -447,7 +447,7 @@ def _write_entry(path: Path, text: str) -> bool:
         except ValueError:  # not UTF-8 text: damaged, rewritten below
             same = False
         if not same:
-            _write_atomic(path, text)
+            write_atomic(path, text)
     except OSError as exc:
         _unusable(folder, exc)
         return False
@@ -488,8 +488,10 @@ def load_kernel_module(name: str, source: str, key: dict[str, Any],
         return None
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".py")
+def write_atomic(path: Path, text: str, prefix: str = ".tmp-") -> None:
+    """Write ``text`` to ``path`` whole or not at all (a crash mid-write leaves neither a
+    half file nor the temporary, named ``prefix...``); the kernel and tuning caches."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=path.suffix)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -498,6 +500,14 @@ def _write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def locked(lock_path: Path) -> Iterator[None]:
+    """Hold the lock file ``lock_path`` (made if need be) against other processes."""
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _import(stem: str, path: Path, namespace: dict[str, Any] | None = None) -> ModuleType:
@@ -712,7 +722,7 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
         if texts is None:
             texts = build()
             try:
-                _write_atomic(path, json.dumps({"header": _TEXT_HEADER, "key": full,
+                write_atomic(path, json.dumps({"header": _TEXT_HEADER, "key": full,
                                                 "texts": texts}))
             except OSError as exc:
                 warnings.warn(f"kernel cache entry {path.name} could not be written ({exc})",

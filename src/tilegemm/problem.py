@@ -244,6 +244,12 @@ class GemmProblem:
     def empty(self) -> bool:
         return self.batch == 0 or self.m == 0 or self.n == 0
 
+    def operand_elements(self, which: str) -> int:
+        """Elements of operand ``which`` ("a" or "b") as the kernels read it, (batch or 1,
+        rows, cols): what a copy of it takes, a broadcast batch materialised."""
+        rows, cols = (self.m, self.k) if which == "a" else (self.k, self.n)
+        return (1 if self.batch_mode(which) == "single" else self.batch) * rows * cols
+
     def batch_mode(self, which: str) -> str:
         """How operand ``which`` ("a" or "b") maps onto the batch.
 

@@ -208,8 +208,7 @@ class CpuBackend(Backend):
                     and mode != "broadcast" and (x.flags.c_contiguous
                                                  or (x.ndim == 2 and x.flags.f_contiguous))):
                 continue
-            rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
-            copies += (1 if mode == "single" else prob.batch) * rows * cols * item
+            copies += prob.operand_elements(which) * item
         if result + copies > memory:
             raise InvalidValueError(
                 f"this product needs {size_text(result + copies)} of memory (the result "

@@ -606,15 +606,13 @@ def _gpu_bytes(operands: Sequence[Operand], prob: GemmProblem, out: Any) -> tupl
     """
     copies = 0
     for op, which in zip(operands[:2], "ab"):
-        rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
-        mode = prob.batch_mode(which)
-        whole = (1 if mode == "single" else prob.batch) * rows * cols * prob.dtype.itemsize
+        whole = prob.operand_elements(which) * prob.dtype.itemsize
         if op.kind != "cuda":
             copies += whole
         elif _source_library(op.obj) in ("cupy", "torch"):
             if op.dtype != prob.dtype:
                 copies += math.prod(op.shape) * prob.dtype.itemsize
-            if mode == "broadcast":
+            if prob.batch_mode(which) == "broadcast":
                 copies += whole
     in_place = out is not None and array_kind(out) == "cuda"
     result = 0 if in_place else prob.batch * prob.m * prob.n * prob.store_dtype.itemsize

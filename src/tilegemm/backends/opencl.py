@@ -603,10 +603,17 @@ class OpenCLBackend(Backend):
         serves every type of a size (an int16 or bool operand is gathered before its
         conversion, in its own type)."""
         bits = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[dtype.itemsize]
-        defines = {"TG_T": bits, "TG_VW": "1", "TG_VT": bits}
+        return self._layout_function(target, "gather", bits)
+
+    def _layout_function(self, target: _Place, name: str, element: str) -> Any:
+        """Kernel ``name`` of the layout helpers (``_layout.cl``) for OpenCL type
+        ``element``, built once per device."""
+        defines = {"TG_T": element, "TG_VW": "1", "TG_VT": element}
+        if element == "double":
+            defines["TG_FP64"] = "1"
         program = OpenCLProgram("layout", LAYOUT, tuple(sorted(defines.items())), (1, 1),
                                 (1, 1))
-        return self.kernel(target, program, "gather", program.source)
+        return self.kernel(target, program, name, program.source)
 
     def _checked_kernel(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
                         target: _Place | _OwnDevice) -> tuple[OpenCLProgram, Any]:
@@ -684,13 +691,8 @@ class OpenCLBackend(Backend):
             return dense.astype(dtype, queue=target.queue)
         out = cla.empty(target.queue, dense.shape, dtype)
         if out.size:
-            defines = {"TG_T": "double" if dtype == np.float64 else "float", "TG_VW": "1",
-                       "TG_VT": "double" if dtype == np.float64 else "float"}
-            if dtype == np.float64:
-                defines["TG_FP64"] = "1"
-            program = OpenCLProgram("layout", LAYOUT, tuple(sorted(defines.items())), (1, 1),
-                                    (1, 1))
-            kernel = self.kernel(target, program, "widen_half", program.source)
+            kernel = self._layout_function(target, "widen_half",
+                                           "double" if dtype == np.float64 else "float")
             kernel(target.queue, (out.size,), None, dense.base_data, out.base_data,
                    np.int64(out.size))
         return out

@@ -1,8 +1,11 @@
-"""Parsing ``KEY=VALUE`` kernel parameters from the command line (shared by subcommands)."""
+"""What several subcommands share: ``KEY=VALUE`` kernel parameters, shape and device
+options, and checks of what was given and where results go."""
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
 
 from tilegemm.errors import InvalidValueError
 
@@ -91,3 +94,41 @@ def parse_params(items: list[str]) -> dict[str, int]:
                                     f"{key}={number}); give it once")
         params[key] = number
     return params
+
+
+def given_options(args: argparse.Namespace, dests: set[str] | None = None,
+                  exclude: frozenset[str] = frozenset()) -> list[str]:
+    """The flags of the options (``dests``: of these only) given a value other than their
+    default, in the parser's order: what an action that ignores them must refuse."""
+    parser = getattr(args, "_parser", None)
+    if parser is None:
+        return []
+    return [a.option_strings[0] for a in parser._actions
+            if a.option_strings and (dests is None or a.dest in dests)
+            and a.dest not in exclude and getattr(args, a.dest, a.default) != a.default]
+
+
+def unwritable(path: Path, folder: bool = False) -> str | None:
+    """Why ``path`` (a file, or with ``folder`` a directory) cannot be written, else None;
+    nothing is created. A file is made and removed at once in the nearest existing
+    directory: permission bits alone miss what refuses root (a read-only or pseudo file
+    system such as /proc)."""
+    if folder and path.exists() and not path.is_dir():
+        return "exists and is not a directory"
+    if not folder and path.is_dir():
+        return "is a directory; name a file"
+    probe = path if folder else path.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+        if not folder and path.exists():
+            with open(path, "a"):
+                pass
+    except OSError as exc:
+        where = path if not folder and path.exists() else probe
+        return f"cannot write to {where} ({exc.strerror or exc})"
+    return None

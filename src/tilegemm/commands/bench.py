@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tilegemm.commands._params import given_options, unwritable
 from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import BACKENDS
 
@@ -263,10 +263,12 @@ def check_outputs(args: argparse.Namespace) -> None:
         from tilegemm.bench.plot import check_plot_path
 
         check_plot_path(args.plot)
+    # before anything is timed: the files are written last, and a --full run takes hours
     for option, path, folder in (("--output", args.output, False), ("--plot", args.plot, False),
                                  ("--save", args.save, True)):
-        if path:
-            check_writable(option, Path(path), folder)
+        why = unwritable(Path(path), folder) if path else None
+        if why:
+            raise InvalidValueError(f"{option} {path}: {why}")
     named = output_format(args.output) if args.output else None
     if args.format and named and named != args.format:
         raise InvalidValueError(f"--output {args.output} names {named} by its extension, but "
@@ -278,33 +280,6 @@ def check_outputs(args: argparse.Namespace) -> None:
             f"--output {args.output}: " + (f"'{suffix}' names no results format"
                                            if suffix else "the name has no extension")
             + "; name it .json, .md or .csv, or pass --format")
-
-
-def check_writable(option: str, path: Path, folder: bool = False) -> None:
-    """Refuse a destination that cannot be written before anything is timed: the files are
-    written last, and a --full run takes hours. Nothing is created here (the directories
-    are made when the files are written)."""
-    if folder and path.exists() and not path.is_dir():
-        raise InvalidValueError(f"{option} {path}: exists and is not a directory")
-    if not folder and path.is_dir():
-        raise InvalidValueError(f"{option} {path}: is a directory; name a file")
-    probe = path if folder else path.parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        raise InvalidValueError(f"{option} {path}: {probe} is not a directory")
-    try:
-        # a file made and removed at once: permission bits alone miss what refuses root
-        # (a read-only or pseudo file system such as /proc)
-        with tempfile.TemporaryFile(dir=probe):
-            pass
-        if not folder and path.exists():
-            with open(path, "a"):
-                pass
-    except OSError as exc:
-        where = path if not folder and path.exists() else probe
-        raise InvalidValueError(f"{option} {path}: cannot write to {where} "
-                                f"({exc.strerror or exc})") from None
 
 
 def output_format(path: str) -> str | None:
@@ -321,13 +296,9 @@ def run(args: argparse.Namespace) -> int:
                                 "--format keeps the results: the run would be thrown away")
     if args.from_json:
         # a saved run is rendered as it was: options of a new run would be ignored
-        parser = getattr(args, "_parser", None)
-        given = [a for a in getattr(args, "run_options", []) if a != "reports"
-                 and getattr(args, a) not in (None, False)
-                 and (parser is None or getattr(args, a) != parser.get_default(a))]
+        given = given_options(args, set(getattr(args, "run_options", [])) - {"reports"})
         if given:
-            flags = ", ".join("--" + ("backend" if a == "backends" else a.replace("_", "-"))
-                              for a in given)
+            flags = ", ".join(given)
             raise InvalidValueError(f"--from-json renders a saved run as it was; {flags} "
                                     "would change nothing: leave them out, or run anew "
                                     "(--reports chooses which of its reports to show)")

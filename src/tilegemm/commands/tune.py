@@ -14,7 +14,13 @@ import warnings
 from pathlib import Path
 
 from tilegemm.commands._console import console as _console
-from tilegemm.commands._params import add_device_argument, add_shape_arguments, device_target
+from tilegemm.commands._params import (
+    add_device_argument,
+    add_shape_arguments,
+    device_target,
+    given_options,
+    unwritable,
+)
 from tilegemm.errors import InvalidValueError
 from tilegemm.registry import BACKENDS
 
@@ -73,12 +79,7 @@ def run(args: argparse.Namespace) -> int:
 def _refuse_search_options(args: argparse.Namespace) -> None:
     """--show and --clear act on the whole cache: options of a search given with them
     (--m 64 to see one size's entries, say) would be silently ignored, so they are refused."""
-    parser = getattr(args, "_parser", None)
-    if parser is None:
-        return
-    given = [a.option_strings[0] for a in parser._actions
-             if a.option_strings and a.dest not in ("help", "show", "clear")
-             and getattr(args, a.dest, a.default) != a.default]
+    given = given_options(args, exclude=frozenset({"show", "clear"}))
     if given:
         what = "lists" if args.show else "deletes"
         raise InvalidValueError(
@@ -273,19 +274,14 @@ def _check_writable(path: Path) -> None:
     """Refuse, before any timing, a tuning cache that cannot be written."""
     from tilegemm.tune.cache import cache_dir
 
-    folder = path.parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if not os.access(folder, os.W_OK | os.X_OK) or (path.exists()
-                                                        and not os.access(path, os.W_OK)):
-            raise PermissionError("not writable")
-    except OSError as exc:
+    why = unwritable(path)
+    if why:
         where = ("TILEGEMM_CACHE_DIR" if os.environ.get("TILEGEMM_CACHE_DIR")
                  else "the user cache directory")
         raise InvalidValueError(
-            f"the tuning cache {path} cannot be written ({exc.strerror or exc}; {where} is "
+            f"the tuning cache {path} cannot be written ({why}; {where} is "
             f"{cache_dir()}): point TILEGEMM_CACHE_DIR at a writable directory, or pass "
-            "--dry-run to tune without keeping the results") from None
+            "--dry-run to tune without keeping the results")
 
 
 def tuning_specs(backend: str, dtype, precision: str,  # noqa: ANN001 - a NumPy dtype

@@ -15,15 +15,11 @@ written by another tilegemm version, is ignored with a :class:`TuneCacheWarning`
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import json
 import os
-import tempfile
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,40 +155,28 @@ def _well_typed(e: Entry) -> bool:
 
 def save(entries: list[Entry], path: Path | None = None) -> Path:
     """Write atomically (a crash mid-write never leaves a half file, nor a temporary)."""
+    # imported here: reading the cache (every kernel="auto" process) needs none of it
+    from tilegemm.compile_cache import write_atomic
+
     path = path or cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"format": FORMAT, "entries": [asdict(e) for e in entries]}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tune-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1)  # parameters in the rung's order, as shown
-        os.chmod(tmp, 0o644)  # readable as a plainly written file (mkstemp makes 0600)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # parameters in the rung's order, as shown everywhere
+    write_atomic(path, json.dumps(payload, indent=1), prefix=".tune-")
     return path
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold ``path``'s lock file: two processes recording at once each read the file,
-    add their entry and write it back, and without the lock one's entry was lost."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(f".{path.name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def record(entry: Entry, path: Path | None = None) -> Path:
-    """Add or replace the entry with the same key (keeps the other entries)."""
+    """Add or replace the entry with the same key (keeps the other entries). Locked: two
+    processes recording at once each read the file, add their entry and write it back,
+    and without the lock one's entry was lost."""
+    from tilegemm.compile_cache import locked
+
     entry.version = entry.version or current_version()
     entry.when = entry.when or time.time()
     path = path or cache_path()
-    with _locked(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with locked(path.with_name(f".{path.name}.lock")):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", TuneCacheWarning)  # a bad file is simply replaced
             entries = [e for e in load(path) if e.key != entry.key]

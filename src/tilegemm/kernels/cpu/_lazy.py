@@ -203,7 +203,6 @@ class QuickLoadCache(FunctionCache):
                           CompileCacheWarning, stacklevel=user_stacklevel())
             return None
 
-
     def save_overload(self, sig: Any, data: Any) -> None:
         """Numba's save, made harmless: a disk that is full, or a cache folder removed or
         replaced while the function compiled, leaves the compiled code unkept (with a
