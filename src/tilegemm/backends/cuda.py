@@ -419,10 +419,7 @@ class CudaBackend(Backend):
     ) -> Any:
         from numba import cuda
 
-        alpha, beta = resolve_scalars(prob, alpha, beta)
-        if prob.dtype.name == "bfloat16" or prob.c_dtype is not None:
-            # the 16-bit tensor-core kernels scale their float32 sums by float32 scalars
-            alpha, beta = np.float32(alpha), np.float32(beta)
+        alpha, beta = resolve_scalars(prob, alpha, beta)  # float32 for 16-bit operands
         cdt = prob.store_dtype  # what the kernel writes: the result, or float32 on request
         ndt = _numba_dtype(cdt)
         # A device c (read when beta != 0) also keeps the result on the device: api.check_out
