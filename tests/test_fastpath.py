@@ -59,6 +59,39 @@ def test_poisoned_output_is_fully_written(spy, rng, monkeypatch):
     assert len(spy) == 1 and not np.isnan(out).any()
 
 
+def test_poison_follows_the_environment_on_remembered_calls(spy, rng, monkeypatch):
+    """The remembered call reads TILEGEMM_POISON as base.poison_enabled() does: unset, ""
+    and "0" are off. A rung that writes nothing shows what the call filled."""
+    a, b = _operands(rng, 8, 8, 8, np.float64)
+    monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    tilegemm.matmul(a, b)
+    key = fastpath._key(a, b)
+    fastpath._table[key] = fastpath._table[key]._replace(program=lambda *args: None,
+                                                         fill=42.0)
+    # (the unfilled cases first: a fresh result may reuse a filled one's memory)
+    for value, filled in ((None, False), ("", False), ("0", False), ("1", True),
+                          ("yes", True)):
+        if value is None:
+            monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+        else:
+            monkeypatch.setenv("TILEGEMM_POISON", value)
+        assert (tilegemm.matmul(a, b) == 42.0).all() == filled, value
+    assert len(spy) == 1
+
+
+def test_environment_reads_see_every_change_through_os_environ(monkeypatch):
+    name = "TILEGEMM_TEST_FASTPATH_READER"
+    read, encode = fastpath._environ_reader(name)
+    monkeypatch.delenv(name, raising=False)
+    assert read() is None
+    monkeypatch.setenv(name, "one")
+    assert read() == encode("one")
+    os.environ[name] = "two"
+    assert read() == encode("two") != encode("one")
+    del os.environ[name]
+    assert read() is None
+
+
 @pytest.mark.parametrize("layout", ["C", "F a", "F b", "F both"])
 @pytest.mark.parametrize("shape", [(1, 1, 1), (65, 64, 64), (131, 97, 67), (1, 300, 70)])
 def test_any_size_and_transposed_storage_are_remembered(spy, rng, shape, layout):
@@ -245,4 +278,4 @@ def test_remembered_program_is_what_plan_reports(spy, rng):
     plan = tilegemm.plan(a, b)
     spec = registry.get(plan.kernel, plan.backend)
     key = (a.dtype, (16, 16), (16, 16), 0, 0)
-    assert fastpath._table[key] is spec.program(plan.params, a.dtype)
+    assert fastpath._table[key].program is spec.program(plan.params, a.dtype)

@@ -27,26 +27,75 @@ array, a broadcast batch) takes the full path, which validates everything as bef
 What is remembered is a decision, so it is made again when something it depends on
 changes: the table is emptied when the tuning cache file (``tilegemm tune``'s results, in
 this process or another) changes, checked with one ``stat`` per call as the full path
-does, and :func:`forget` empties it on request.
+does, or when ``TILEGEMM_CACHE_DIR`` changes; :func:`forget` empties it on request.
+
+Everything a remembered call needs that does not depend on the operands' data (the result
+shape, the 3-D shapes the rung reads, alpha and beta in the dtype) is worked out once, when
+the case is remembered: a remembered 8×8×8 call is then a table look-up, one ``stat``, two
+reads of the environment, an allocation and the compiled call.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from tilegemm.backends.base import poison_enabled, poison_value
+from tilegemm.backends.base import poison_value
 
 _LIMIT = 256  # remembered cases at most (the table is cleared when full)
 _KINDS = "fiu"  # dtypes whose product NumPy computes in the operands' own dtype
-
-_table: dict[tuple[Any, ...], Any] = {}
-# the tuning cache file the decisions read, its mtime then, and TILEGEMM_CACHE_DIR then
-# (which moves the file: a decision made under another directory is stale too)
-_watch: list[Any] = [None, None, None]
 _NDARRAY = np.ndarray
+
+
+def _environ_reader(name: str) -> tuple[Callable[[], Any], Callable[[str], Any]]:
+    """(read, encode) for one environment variable read on every call: ``read()`` gives
+    its value as stored, ``encode(text)`` a text as it would be stored, for comparisons.
+
+    ``os.environ.get`` encodes the name and decodes the value each time (about 0.7 µs, a
+    tenth of a remembered 8×8 product). CPython's ``os.environ`` reads from a mapping of
+    encoded names and values that every change made through ``os.environ`` updates at
+    once, so reading it sees the same changes, for the price of a dict look-up. Where that
+    mapping is missing (another Python), ``os.environ.get`` and the plain text."""
+    env = os.environ
+    data = getattr(env, "_data", None)
+    encode_key = getattr(env, "encodekey", None)
+    encode_value = getattr(env, "encodevalue", None)
+    if isinstance(data, dict) and callable(encode_key) and callable(encode_value):
+        key = encode_key(name)
+        return (lambda: data.get(key)), encode_value
+    return (lambda: env.get(name)), (lambda text: text)
+
+
+_cache_dir, _ = _environ_reader("TILEGEMM_CACHE_DIR")
+_poison, _encode = _environ_reader("TILEGEMM_POISON")
+# what base.poison_enabled() reads as "off": unset, empty or "0"
+_POISON_OFF = (None, _encode(""), _encode("0"))
+
+
+class _Case(NamedTuple):
+    """A remembered decision, with everything the call derives from the case alone."""
+
+    program: Any  # the compiled rung the full path ran
+    shape: tuple[int, ...]  # the result's
+    a3: tuple[int, ...]  # (batch or 1, rows, cols) of the storage the rung reads
+    b3: tuple[int, ...]
+    c3: tuple[int, ...]
+    ta: bool  # a given as a Fortran-ordered matrix: the rung reads its transpose
+    tb: bool
+    tr: int  # the rung's transposed-operand flags (0: the plain call)
+    one: Any  # alpha and beta in the dtype
+    zero: Any
+    fill: Any  # what TILEGEMM_POISON fills a fresh result with
+
+
+_table: dict[tuple[Any, ...], _Case] = {}
+# the tuning cache file the decisions read, its mtime then, and TILEGEMM_CACHE_DIR then
+# (which moves the file: a decision made under another directory is stale too; kept as
+# _cache_dir() reads it)
+_watch: list[Any] = [None, None, None]
 
 
 def _mtime(path: str | None) -> int | None:
@@ -77,12 +126,15 @@ def _key(a: Any, b: Any) -> tuple[Any, ...] | None:
     return dtype, a.shape, b.shape, _layout(a), _layout(b)
 
 
-def _stored(x: np.ndarray, layout: int) -> np.ndarray:
-    """The (batch or 1, rows, cols) C-ordered array the rung reads: ``x`` itself, or for
-    a Fortran-ordered matrix its storage, the C-ordered transpose (no copy)."""
+def _stored_shape(shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
+    """The (batch or 1, rows, cols) shape of the C-ordered storage the rung reads for an
+    operand of ``shape``: its own, or for a Fortran-ordered matrix its transpose's."""
     if layout:
-        x = x.T
-    return x.reshape((-1,) + x.shape[-2:])
+        return (1, shape[1], shape[0])
+    batch = 1
+    for n in shape[:-2]:
+        batch *= n
+    return (batch,) + shape[-2:]
 
 
 def try_remembered(a: Any, b: Any, out: Any = None) -> Any:
@@ -91,34 +143,28 @@ def try_remembered(a: Any, b: Any, out: Any = None) -> Any:
     key = _key(a, b)
     if key is None:
         return None
-    program = _table.get(key)
-    if program is None:
+    case = _table.get(key)
+    if case is None:
         return None
-    if (_mtime(_watch[0]) != _watch[1]  # tuning results changed, or moved: decide again
-            or os.environ.get("TILEGEMM_CACHE_DIR") != _watch[2]):
-        _table.clear()
+    if _mtime(_watch[0]) != _watch[1] or _cache_dir() != _watch[2]:
+        _table.clear()  # tuning results changed, or moved: decide again
         return None
-    dtype = key[0]
-    shape = (a.shape[:-2] if a.ndim >= b.ndim else b.shape[:-2]) + (a.shape[-2], b.shape[-1])
     if out is None:
-        c = np.empty(shape, dtype)
-        if poison_enabled():
-            c.fill(poison_value(dtype))
-    elif (type(out) is _NDARRAY and out.dtype is dtype and out.shape == shape
+        c = np.empty(case.shape, key[0])
+        if _poison() not in _POISON_OFF:
+            c.fill(case.fill)
+    elif (type(out) is _NDARRAY and out.dtype is key[0] and out.shape == case.shape
           and out.flags.c_contiguous and out.flags.writeable
           and not np.may_share_memory(out, a) and not np.may_share_memory(out, b)):
         c = out
     else:
         return None
-    m, n = shape[-2], shape[-1]
-    one = dtype.type(1)
-    a3, b3 = _stored(a, key[3]), _stored(b, key[4])
-    c3 = c.reshape(-1, m, n)
-    tr = key[3] | key[4] << 1
-    if tr:
-        program(a3, b3, c3, one, one - one, tr)
+    a3 = (a.T if case.ta else a).reshape(case.a3)
+    b3 = (b.T if case.tb else b).reshape(case.b3)
+    if case.tr:
+        case.program(a3, b3, c.reshape(case.c3), case.one, case.zero, case.tr)
     else:
-        program(a3, b3, c3, one, one - one)
+        case.program(a3, b3, c.reshape(case.c3), case.one, case.zero)
     return c
 
 
@@ -142,11 +188,15 @@ def remember(a: Any, b: Any, program: Any, tuning_cache: str | None,
         return  # the full path hands this rung C-ordered copies: leave that to it
     if tuning_mtime is None:
         tuning_mtime = _mtime(tuning_cache)
-    where = os.environ.get("TILEGEMM_CACHE_DIR")
+    where = _cache_dir()
     if len(_table) >= _LIMIT or _watch != [tuning_cache, tuning_mtime, where]:
         _table.clear()
     _watch[:] = [tuning_cache, tuning_mtime, where]
-    _table[key] = program
+    shape = (sa[:-2] if len(sa) >= len(sb) else sb[:-2]) + (sa[-2], sb[-1])
+    one = dtype.type(1)
+    _table[key] = _Case(program, shape, _stored_shape(sa, la), _stored_shape(sb, lb),
+                        _stored_shape(shape, 0), bool(la), bool(lb), la | lb << 1,
+                        one, one - one, poison_value(dtype))
 
 
 def forget() -> None:
