@@ -60,6 +60,8 @@ from tilegemm.problem import GemmProblem, Operand, host_operand_3d, rounded_to_r
 from tilegemm.registry import KernelSpec
 
 LAYOUT = "_layout.cl"
+# the OpenCL type of each element size, for the layout helpers that only move bits
+BITS = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
 
 _POCL_CACHE_SET = False
@@ -602,10 +604,9 @@ class OpenCLBackend(Backend):
         """The gather kernel for elements of ``dtype``'s size: it moves bits, so one kernel
         serves every type of a size (an int16 or bool operand is gathered before its
         conversion, in its own type)."""
-        bits = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}[dtype.itemsize]
-        return self._layout_function(target, "gather", bits)
+        return self._layout_function(target, "gather", BITS[dtype.itemsize])
 
-    def _layout_function(self, target: _Place, name: str, element: str) -> Any:
+    def _layout_function(self, target: _Place | _OwnDevice, name: str, element: str) -> Any:
         """Kernel ``name`` of the layout helpers (``_layout.cl``) for OpenCL type
         ``element``, built once per device."""
         defines = {"TG_T": element, "TG_VW": "1", "TG_VT": element}
@@ -778,6 +779,9 @@ class OpenCLBackend(Backend):
             elif poison_enabled():
                 dest.with_queue(queue).fill(poison_value(prob.dtype))  # a buffer or SVM alike
         if not prob.empty:
+            if prob.k != 0:
+                program, kernel, a_args, b_args, _ = self._panels(target, program, kernel,
+                                                                  prob, a_args, b_args)
             event = self._launch(kernel, program, queue, prob, a_args, b_args,
                                  (dest.base_data, dest.offset // itemsize), alpha, beta)
             self._first_launch(kernel, event)
@@ -805,6 +809,42 @@ class OpenCLBackend(Backend):
         x3 = host_operand_3d(op.obj, prob, which)
         d = _cla().to_device(target.queue, x3)
         return d.base_data, 0, (x3[0].size if x3.shape[0] > 1 else 0)
+
+    def _panels(self, target: _Place | _OwnDevice, program: OpenCLProgram, kernel: Any,
+                prob: GemmProblem, a_args: tuple[Any, int, int], b_args: tuple[Any, int, int],
+                ) -> tuple[OpenCLProgram, Any, tuple[Any, int, int], tuple[Any, int, int], Any]:
+        """(program, kernel, A's and B's arguments, the first packing's event) for the
+        launch: where the program reads A and B packed for this product
+        (``OpenCLProgram.packs``), its variant that does and both operands packed into
+        panels on the device; else all as given and no event. Packing is skipped, not
+        refused, when the panels would not fit beside A, B and C in the device's memory."""
+        if not program.packs(prob.m, prob.n):
+            return program, kernel, a_args, b_args, None
+        item = prob.dtype.itemsize
+        k = prob.k
+        # (arguments, extent, panel width, k stride, outer stride) of A, then B
+        cases = ((a_args, prob.m, program.panels[0], 1, k),
+                 (b_args, prob.n, program.panels[1], prob.n, 1))
+        shapes = [((prob.batch if args[2] else 1), -(-extent // width), k, width)
+                  for args, extent, width, _, _ in cases]
+        sizes = [math.prod(shape) * item for shape in shapes]
+        lead_a = 1 if prob.batch_mode("a") == "single" else prob.batch
+        lead_b = 1 if prob.batch_mode("b") == "single" else prob.batch
+        used = (lead_a * prob.m * k + lead_b * k * prob.n + prob.batch * prob.m * prob.n) * item
+        device = target.device
+        if max(sizes) > device.max_mem_alloc_size or used + sum(sizes) > device.global_mem_size:
+            return program, kernel, a_args, b_args, None
+        pack = self._layout_function(target, "pack_panels", BITS[item])
+        packed, events = [], []
+        for ((buf, off, bs), _, width, ks, js), shape in zip(cases, shapes, strict=True):
+            dst = _cla().empty(target.queue, shape, prob.dtype)
+            events.append(pack(
+                target.queue, (k, shape[1], shape[0]), None, buf, np.int64(off),
+                np.int64(bs), np.int64(ks), np.int64(js), np.int32(k),
+                np.int32(cases[len(packed)][1]), np.int32(width), dst.base_data))
+            packed.append((dst.base_data, 0, shape[1] * k * width if shape[0] > 1 else 0))
+        variant = program.with_panels
+        return variant, self.kernel(target, variant), packed[0], packed[1], events[0]
 
     @staticmethod
     def _launch(kernel: Any, program: OpenCLProgram, queue: Any, prob: GemmProblem,
@@ -842,11 +882,17 @@ class OpenCLBackend(Backend):
             pattern = np.array([poison_value(prob.dtype)], dtype=prob.dtype)
             _cl().enqueue_fill_buffer(queue, dc.data, pattern, 0, dc.nbytes)
 
-        def enqueue() -> Any:
+        def enqueue() -> tuple[Any, Any] | None:
+            """(first event, last event) of one product, B's packing included."""
             if dc.size == 0:
                 return None
-            return self._launch(kernel, program, queue, prob, a_args, b_args, (dc.data, 0),
+            used, used_kernel, used_a, used_b, first = program, kernel, a_args, b_args, None
+            if prob.k != 0:
+                used, used_kernel, used_a, used_b, first = self._panels(
+                    own, program, kernel, prob, a_args, b_args)
+            last = self._launch(used_kernel, used, queue, prob, used_a, used_b, (dc.data, 0),
                                 t(1), t(0))
+            return (first or last, last)
 
         def launch() -> None:
             enqueue()
@@ -855,10 +901,10 @@ class OpenCLBackend(Backend):
             return dc.get(queue)
 
         def elapsed(n: int) -> list[float]:
-            events = [enqueue() for _ in range(n)]
+            spans = [enqueue() for _ in range(n)]
             queue.finish()
-            return [(e.profile.end - e.profile.start) * 1e-9 if e is not None else 0.0
-                    for e in events]
+            return [(s[1].profile.end - s[0].profile.start) * 1e-9 if s is not None else 0.0
+                    for s in spans]
 
         self._used[queue.int_ptr] = queue
         return Prepared(launch=launch, fetch=fetch, elapsed=elapsed)

@@ -16,12 +16,18 @@ Every OpenCL rung has the same kernel, named ``gemm``, with the same arguments::
 Offsets and batch strides are in elements; a batch stride of 0 shares one matrix across
 the batch (the broadcast convention of :mod:`tilegemm.problem`). ``C`` is read only when
 ``beta != 0``. The batch index is the work-group id in dimension 2.
+
+One exception to "row-major": a program with ``panels`` set is launched, for the products
+its ``packs`` accepts, as its ``with_panels`` variant, which reads A and B in panels that
+the backend packs first (``pack_panels`` in ``_layout.cl``: ``panels[0]`` rows of A,
+``panels[1]`` columns of B, each panel K-major and zero-padded); ``a_off`` and ``b_off``
+are then 0 and the batch strides those of the packed arrays.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 
@@ -32,6 +38,8 @@ from tilegemm.launch import ceil_div
 KERNEL_NAME = "gemm"
 PACKAGE = "tilegemm.kernels.opencl"
 PRELUDE = "_prelude.cl"
+# work-groups that must read each panel of A or B before packing them pays (see packs)
+PANEL_MIN_READS = 4
 
 # OpenCL C spelling of each dtype a rung may be built for.
 C_TYPES = {"float32": "float", "float64": "double", "int32": "int", "int64": "long"}
@@ -73,6 +81,7 @@ class OpenCLProgram:
     tile: tuple[int, int]
     dim0_is_row: bool = False  # only the original example's naive mapping puts rows in dimension 0
     local_mem: int = 0  # bytes of __local memory per work-group
+    panels: tuple[int, int] = (0, 0)  # rows of A, columns of B per panel, when packed
 
     @property
     def source(self) -> str:
@@ -98,11 +107,24 @@ class OpenCLProgram:
     def local_size(self) -> tuple[int, int, int]:
         return (self.local[0], self.local[1], 1)
 
+    def packs(self, m: int, n: int) -> bool:
+        """Whether an M x N product reads A and B packed in panels: only where the kernel
+        can (``panels``), and where at least ``PANEL_MIN_READS`` work-groups read each
+        panel (each row panel of A is read by every column block of C, each column panel
+        of B by every row block), so that the pass over A and B that packing costs is
+        paid back."""
+        rows, cols = self.panels
+        return rows > 0 and m >= PANEL_MIN_READS * rows and n >= PANEL_MIN_READS * cols
+
+    @property
+    def with_panels(self) -> OpenCLProgram:
+        """The variant of this program that reads A and B from panels (``TG_PANELS``)."""
+        return replace(self, defines=tuple(sorted((*self.defines, ("TG_PANELS", "1")))))
 
 def make_program(
     rung: str, filename: str, params: Mapping[str, int], dtype: np.dtype, *,
     local: tuple[int, int], tile: tuple[int, int], dim0_is_row: bool = False,
-    vector_width: int = 1, local_mem: int = 0,
+    vector_width: int = 1, local_mem: int = 0, panels: tuple[int, int] = (0, 0),
     extra: Callable[[Mapping[str, int]], Mapping[str, int]] | None = None,
 ) -> OpenCLProgram:
     """An :class:`OpenCLProgram` whose defines are the rung's parameters plus the types."""
@@ -113,4 +135,5 @@ def make_program(
     return OpenCLProgram(
         rung=rung, filename=filename, defines=tuple(sorted(defines.items())),
         local=local, tile=tile, dim0_is_row=dim0_is_row, local_mem=local_mem,
+        panels=panels,
     )

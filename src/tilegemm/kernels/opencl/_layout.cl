@@ -22,3 +22,30 @@ kernel void widen_half(global const half *src, global T *dst, const long n)
     if (i < n)
         dst[i] = (T)vload_half(i, src);
 }
+
+/* One operand of a product to panels, for a kernel that reads it W rows of A (or W
+   columns of B) at a time (k06_vectorized.cl, TG_PANELS): panel p holds elements
+   p*W ... p*W + W-1 along the operand's outer dimension (A's rows, B's columns) for every
+   k, k after k (K x W contiguous), zero past that dimension's last element (extent - 1).
+   Element (k, j) of matrix z is src[off + z * bs + k * ks + j * js]: ks = N, js = 1 for B
+   (K x N), ks = 1, js = K for A (M x K, j its row). dst holds batch x ceil(extent / W)
+   panels, one matrix after another. One work-item writes one k of one panel (W
+   consecutive elements): work-items next to each other in dimension 0 take the next k. */
+kernel void pack_panels(global const T *src, const long off, const long bs, const long ks,
+                        const long js, const int K, const int extent, const int W,
+                        global T *dst)
+{
+    const int k = get_global_id(0);
+    const int p = get_global_id(1);
+    const int z = get_global_id(2);
+    if (k >= K)
+        return;
+    const int panels = (extent + W - 1) / W;
+    global const T *s = src + off + z * bs + k * ks + (long)p * W * js;
+    global T *d = dst + (((long)z * panels + p) * K + k) * W;
+    const int n = min(W, extent - p * W);
+    for (int e = 0; e < n; ++e)
+        d[e] = s[e * js];
+    for (int e = n; e < W; ++e)
+        d[e] = (T)0;
+}

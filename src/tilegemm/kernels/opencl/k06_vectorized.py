@@ -50,6 +50,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> OpenCLProgram:
         local=(p["BN"] // p["TN"], p["BM"] // p["TM"]),
         tile=(p["BM"], p["BN"]) if direct else (p["BN"], p["BM"]), dim0_is_row=direct,
         vector_width=p["VW"], local_mem=_local_bytes(p, dtype.itemsize),
+        # the direct path can read A and B packed in panels (see the .cl)
+        panels=(p["TM"], p["TN"]) if direct else (0, 0),
     )
 
 
