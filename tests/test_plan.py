@@ -89,10 +89,10 @@ def test_shipped_database_entries_are_valid_parameters():
 
 def test_opencl_cpu_device_entries_match_name_and_the_hosts_isa(monkeypatch):
     """An OpenCL CPU device (PoCL) compiles for the host CPU, so its entries are bound to
-    the host's ISA: KVM names Xeons of every generation "Intel(R) Xeon(R) Processor", and the
-    AVX-512 entry's 32 vector accumulators would spill on an AVX2 one. Another device (or the
-    same name on the CPU backend) falls through to the rung's own defaults, and so does an
-    OpenCL GPU, which has no ISA to share entries with."""
+    the host's ISA: KVM names Xeons of every generation "Intel(R) Xeon(R) Processor", and an
+    AVX2 one has half the vector registers of AVX-512. Another CPU device falls through to
+    the ISA's entry, an AVX2 host's to the rung's own defaults, and so does an OpenCL GPU,
+    which has no ISA to share entries with."""
 
     def opencl(name: str, kind: str = "cpu") -> Target:
         return Target("opencl", name, kind, "", Limits(threads_per_block=4096), "events")
@@ -101,9 +101,11 @@ def test_opencl_cpu_device_entries_match_name_and_the_hosts_isa(monkeypatch):
     monkeypatch.setattr(database, "host_hardware_isa", lambda: "avx512")
     entry, tier = database.lookup(opencl(name), "float32")
     assert (entry["kernel"], entry["params"]["TM"], entry["params"]["TN"], tier) == (
-        "vectorized", 16, 16, "device")
+        "vectorized", 8, 32, "device")
     assert database.lookup(opencl(name), "float64") is None
-    assert database.lookup(opencl("pthread-AMD EPYC 9R14"), "float32") is None
+    # another CPU device on an AVX-512 host: the ISA's own entry, not this device's
+    entry, tier = database.lookup(opencl("pthread-AMD EPYC 9R14"), "float32")
+    assert (entry["device"], tier) == ("*", "isa")
     assert database.lookup(opencl(name, kind="gpu"), "float32") is None
     monkeypatch.setattr(database, "host_hardware_isa", lambda: "avx2")
     assert database.lookup(opencl(name), "float32") is None
