@@ -369,3 +369,40 @@ def test_blocked_register_tile_is_capped_by_bytes_for_eight_byte_types() -> None
         assert tilegemm.plan(a, a, backend="cpu", kernel="blocked", MR=12, NR=16).params["MR"] == 12
     f = np.ones((4, 4), np.float32)
     assert tilegemm.plan(f, f, backend="cpu", kernel="blocked", MR=12, NR=32).params["NR"] == 32
+
+
+def test_cpu_tuning_entries_are_keyed_by_the_cpus_model_and_isa(tmp_path, monkeypatch):
+    """A tuning cache shared by several machines (a cluster's home directory) never hands a
+    CPU entry to another ISA: the host CPU's key carries its family and model and its ISA
+    (virtual machines name several generations alike), and its architecture tier is the
+    ISA's. Entries of an older key (name alone, plain machine type) are not used."""
+    from tilegemm.backends.cpu import cpu_family_model
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(select, "_device_ids", {})
+    target = get_backend("cpu").target()
+    isa = database.host_isa()
+    dev = select.device_id(target)
+    model = cpu_family_model()
+    assert dev.name == f"{target.name} [{model + ', ' if model else ''}{isa}]"
+    assert dev.arch == f"{target.arch}-{isa}"
+    a = np.ones((256, 256), np.float32)
+    params = {"MR": 4, "NR": 8, "MC": 96, "KC": 256, "NC": 1024}
+
+    def record(name: str, arch: str, kc: int) -> None:
+        tcache.record(tcache.Entry("cpu", name, arch, "float32", [256, 256, 256], "blocked",
+                                   dict(params, KC=kc), 1e-3, 50.0))
+
+    other = "generic" if isa != "generic" else "avx2"
+    record(target.name, target.arch, 128)  # the key before the ISA was part of it
+    record(f"{target.name} [{other}]", f"{target.arch}-{other}", 128)  # another ISA
+    assert tilegemm.plan(a, a).source != "tuned"
+    record("Another CPU [1-2, " + isa + "]", dev.arch, 512)  # same ISA, another model
+    planned = tilegemm.plan(a, a)
+    assert (planned.source, planned.params["KC"]) == ("tuned", 512)
+    record(dev.name, dev.arch, 256)  # this very CPU: first, whatever the speeds
+    assert tilegemm.plan(a, a).params["KC"] == 256
+    # a GPU keeps its own name and architecture
+    gpu = Target("cuda", "NVIDIA H100", "gpu", "sm_90", Limits(threads_per_block=1024),
+                 "events")
+    assert select.device_id(gpu) == tcache.DeviceId("cuda", "NVIDIA H100", "sm_90")

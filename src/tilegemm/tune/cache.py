@@ -3,10 +3,12 @@
 Where: ``$TILEGEMM_CACHE_DIR/tune.json`` if that variable is set (tests point it at a
 temporary directory), else ``platformdirs.user_cache_dir("tilegemm")/tune.json``.
 
-Key: backend, device name, architecture (CUDA compute capability, CPU machine type),
-dtype, shape bucket (M, N, K each rounded up to a power of two), rung, and the tilegemm
-version that measured it. A lookup for a device falls back from the exact device to any
-device of the same architecture (an entry tuned on one H100 is a good guess for another);
+Key: backend, device name, architecture (CUDA compute capability, CPU machine type and
+vector ISA), dtype, shape bucket (M, N, K each rounded up to a power of two), rung, and the
+tilegemm version that measured it; :func:`tilegemm.tune.select.device_id` makes the
+device's part (a host CPU's name carries its family, model and ISA). A lookup for a device
+falls back from the exact device to any device of the same architecture (an entry tuned on
+one H100 is a good guess for another, one tuned on an AVX-512 CPU for another AVX-512 CPU);
 after that :mod:`tilegemm.tune.select` uses built-in defaults.
 
 A cache is a convenience, never a reason to fail: an unreadable or corrupt file, or one

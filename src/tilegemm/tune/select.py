@@ -32,13 +32,41 @@ Choice = tuple[KernelSpec, dict[str, int]]
 
 def device_id(target: Target | Backend) -> DeviceId | None:
     """The tuning cache's device key: the Target's backend, device name and architecture
-    (a Backend means its default device; None if it cannot run here)."""
+    (a Backend means its default device; None if it cannot run here).
+
+    For code compiled for the host CPU (the CPU backend, an OpenCL CPU device such as
+    PoCL's) the name also carries the CPU's family and model and its vector ISA, and the
+    architecture the ISA (``x86_64-avx512``). Virtual machines name CPUs of several
+    generations alike ("AMD EPYC", "Intel(R) Xeon(R) Processor"), and a cache directory
+    shared by several machines (a cluster's home directory) would otherwise hand an entry
+    tuned on an AVX-512 machine, whose register tile fills 32 vector registers, to an AVX2
+    one with 16, where it spills. A GPU keeps its own name and architecture."""
     if isinstance(target, Backend):
         status = target.status()
         if not status.usable or status.default_problem:  # no default device to key on
             return None
         target = target.target()
-    return DeviceId(target.backend, target.name, target.arch)
+    key = (target.backend, target.name, target.arch, target.kind)
+    dev = _device_ids.get(key)
+    if dev is None:  # the ISA is read once per process (see database.host_isa), so is this
+        dev = _device_ids[key] = DeviceId(target.backend, *_name_and_arch(target))
+    return dev
+
+
+_device_ids: dict[tuple[str, ...], DeviceId] = {}  # device_id's answers (2-3 µs each)
+
+
+def _name_and_arch(target: Target) -> tuple[str, str]:
+    """(name, architecture) of :func:`device_id`'s key."""
+    from tilegemm.backends.cpu import cpu_family_model
+    from tilegemm.tune import database
+
+    isa = database.isa(target)
+    if isa == target.arch:  # not the host CPU's code: a GPU's own architecture, or none
+        return target.name, target.arch
+    model = cpu_family_model()
+    name = f"{target.name} [{model + ', ' if model else ''}{isa}]"
+    return name, f"{target.arch}-{isa}" if target.arch else ""
 
 
 def _mtime(path: Path) -> float | None:
