@@ -332,11 +332,14 @@ class OpenCLBackend(Backend):
 
         try:
             devices = all_devices()
-            default = default_device_index()
         except Exception:  # no device at all: the backends table says why
             return None
         if not devices:
             return None
+        try:
+            default = default_device_index()
+        except Exception:  # none can run (the backends table says so): each says why
+            default = None
         table = Table(title="OpenCL devices (device= index, * the default)", expand=True)
         table.add_column("#", no_wrap=True)
         table.add_column("device", overflow="fold", ratio=3)
