@@ -1,9 +1,10 @@
 """OpenCL `vectorized` with one work-item per work-group reads A and B packed in panels
 (``OpenCLProgram.packs``, ``pack_panels`` in ``_layout.cl``) once several work-groups read
-each panel. Checked against float64 NumPy on shapes that leave partial panels in every
-dimension, batches of every kind, device operands (offsets, transposed views gathered
-first), alpha/beta, both dtypes; every test also asserts that the packed path is the one
-that ran, so none can pass on the unpacked path alone. Outputs are NaN-poisoned (conftest).
+each panel and B's rows are unaligned for vectors or 4 KiB apart. Checked against float64
+NumPy on shapes that leave partial panels in every dimension, batches of every kind,
+device operands (offsets, transposed views gathered first), alpha/beta, both dtypes; every
+test also asserts which path ran, so none can pass on the unpacked path alone. Outputs are
+NaN-poisoned (conftest).
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ def _mm(a, b, params, **kw):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_partial_panels_in_every_dimension(params, dtype, packed) -> None:  # type: ignore[no-untyped-def]
     tm, tn = params["TM"], params["TN"]
-    shapes = [(4 * tm, 4 * tn, 1),                 # whole panels, K = 1
+    # packed where B's rows are not whole vectors (every shape here but the last) or are
+    # 4 KiB apart (the last: N = 1024 or 512 elements, K = 512)
+    shapes = [(4 * tm, 4 * tn + 1, 1),             # whole panels of A, K = 1
               (4 * tm + 3, 4 * tn + 5, 37),        # a partial last panel of A and of B
               (97, 4 * tn + 1, 131),               # primes
-              (5 * tm - 1, 7 * tn - 3, 2 * tn)]    # N not a multiple of the vector width
+              (5 * tm - 1, 7 * tn - 3, 2 * tn),
+              (4 * tm + 1, 4096 // np.dtype(dtype).itemsize, 512)]
     for m, n, k in shapes:
         a, b = random_operands((m, k), (k, n), dtype)
         assert_close(_mm(a, b, params), a, b, what=f"{params} {dtype} {m}x{n}x{k}")
@@ -105,13 +109,16 @@ def test_device_operands_with_offsets_and_views(packed) -> None:  # type: ignore
 
 
 def test_small_products_read_in_place(packed) -> None:  # type: ignore[no-untyped-def]
-    """Fewer than PANEL_MIN_READS row (column) blocks: packing would not pay, B and A are
-    read where they are, and the result is the same."""
+    """Fewer than PANEL_MIN_READS row (column) blocks, or B's rows aligned and not 4 KiB
+    apart (or too few to matter): packing would not pay, A and B are read where they are,
+    and the result is the same."""
     params = TILES[0]
     reads = opencl_program.PANEL_MIN_READS
     tm, tn = params["TM"], params["TN"]
-    shapes = [(reads * tm - 1, 4 * tn, 9), (4 * tm, reads * tn - 1, 9), (1, 300, 40),
-              (300, 1, 40)]
+    shapes = [(reads * tm - 1, 4 * tn + 1, 9), (4 * tm, reads * tn - 1, 9), (1, 300, 40),
+              (300, 1, 40),
+              (4 * tm, 4 * tn, 9),      # aligned rows, nothing to gain
+              (4 * tm, 1024, 64)]       # rows 4 KiB apart, but a strip the caches hold
     for m, n, k in shapes:
         a, b = random_operands((m, k), (k, n), "float32")
         assert_close(_mm(a, b, params), a, b, what=f"{m}x{n}x{k}")
@@ -121,9 +128,15 @@ def test_small_products_read_in_place(packed) -> None:  # type: ignore[no-untype
 def test_staged_tiles_never_pack() -> None:
     program = SPEC.program({"BM": 16, "BN": 32, "BK": 8, "TM": 2, "TN": 8, "VW": 4},
                            np.dtype(np.float32))
-    assert program.panels == (0, 0) and not program.packs(10_000, 10_000)
+    assert program.panels == (0, 0) and not program.packs(10_000, 10_001, 1024, 4)
     direct = SPEC.program(TILES[0], np.dtype(np.float32))
-    assert direct.panels == (8, 16) and direct.packs(32, 64) and not direct.packs(31, 64)
+    assert direct.panels == (8, 16) and direct.vector_width == 8
+    assert direct.packs(32, 65, 9, 4) and not direct.packs(31, 65, 9, 4)  # reads of A's panel
+    assert not direct.packs(32, 63, 9, 4)  # reads of B's panel (4 x 16 columns needed)
+    assert not direct.packs(32, 64, 9, 4)  # aligned rows, not 4 KiB apart
+    assert direct.packs(32, 64, 9, 4, (0, 12))  # a batch stride that is not whole vectors
+    assert direct.packs(32, 1024, 512, 4) and not direct.packs(32, 1024, 511, 4)
+    assert direct.packs(32, 512, 512, 8) and not direct.packs(32, 512, 512, 4)
     assert ("TG_PANELS", "1") in direct.with_panels.defines
     assert ("TG_PANELS", "1") not in direct.defines
 

@@ -821,9 +821,9 @@ class OpenCLBackend(Backend):
         (``OpenCLProgram.packs``), its variant that does and both operands packed into
         panels on the device; else all as given and no event. Packing is skipped, not
         refused, when the panels would not fit beside A, B and C in the device's memory."""
-        if not program.packs(prob.m, prob.n):
-            return program, kernel, a_args, b_args, None
         item = prob.dtype.itemsize
+        if not program.packs(prob.m, prob.n, prob.k, item, b_args[1:]):
+            return program, kernel, a_args, b_args, None
         k = prob.k
         # (arguments, extent, panel width, k stride, outer stride) of A, then B
         cases = ((a_args, prob.m, program.panels[0], 1, k),

@@ -65,17 +65,17 @@ kernel void gemm(GEMM_ARGS)
 
 #if NT == 1 && defined(TG_PANELS)
     /* One work-item per work-group, A and B packed in panels by the backend (TG_PANELS,
-       for products where several work-groups read each panel): the work-item's TM rows of
+       where OpenCLProgram.packs finds reading in place costly): the work-item's TM rows of
        A are one contiguous K x TM panel, k-major, and its TN columns of B one contiguous
        K x TN panel, both zero-padded past the matrix, so the loop reads two sequential
        streams, B as aligned vectors, with no bounds checks (C's store keeps its own).
-       Why pack: read in place, B's TN columns are K rows N elements apart, and A's TM rows
-       K elements apart. When N or K times the element size is a multiple of 4 KB (1024 or
-       2048 in float32) those rows all fall in the same few sets of the CPU's caches, which
-       then keep only a few of them: A's lines are evicted before their next k, B's strip
-       before the next row block reads it again. 1040-wide and 1040-deep products ran at
-       1.3-1.5x the speed of 1024-wide ones (Xeon, AVX-512). Packed, each panel is one run
-       of addresses, at the price of one pass over A and over B before the product. */
+       Why pack: read in place, B's TN columns are K rows N elements apart. When N times
+       the element size is a multiple of 4 KB (1024 or 2048 in float32) those rows all
+       fall in the same few sets of the CPU's caches, which then keep only a few hundred
+       of them: the strip is evicted before the next row block reads it again. 1040-wide
+       products ran at 1.3x the speed of 1024-wide ones (Xeon, AVX-512). B's rows not
+       being whole vectors (N not a multiple of VW) cost more: element-by-element loads. Packed, each panel is one run of aligned addresses, at
+       the price of one pass over A and over B before the product. */
     {
         global const T *ap = a + (long)(row0 / TM) * K * TM;
         global const T *bp = b + (long)(col0 / TN) * K * TN;

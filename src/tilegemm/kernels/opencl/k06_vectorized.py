@@ -18,13 +18,15 @@ work-groups reuse one panel of B from cache. That is the measured default on CPU
 accumulators): a CPU runs a work-group's work-items one after another, its local memory is
 ordinary cached memory, and staging there only copies data. See docs/opencl.md.
 
-Once at least four work-groups read each row block of A and each column block of B, the
-direct path reads them packed: the backend first copies A into K×TM row panels and B into
-K×TN column panels on the device (``pack_panels``, one pass over each), so each work-item
-reads two sequential streams. Read in place, the rows a work-item needs lie N (for B) or K
-(for A) elements apart, and when that is a multiple of 4 KB (1024 or 2048 in float32)
-they all fall in the same few cache sets and are evicted before they are used again:
-packing made 1024³ and 2048³ products 2–3× faster on an AVX-512 Xeon.
+Where reading B in place is costly and several work-groups share each panel
+(``OpenCLProgram.packs``), the direct path reads A and B packed: the backend first copies
+A into K×TM row panels and B into K×TN column panels on the device (``pack_panels``, one
+pass over each), so each work-item reads two sequential streams. Read in place, the rows
+of a work-item's strip of B lie N elements apart; when that is a multiple of 4 KB (1024 or
+2048 in float32) they all fall in the same few cache sets and are evicted before the next
+row block reads them: packing made 1024³ and 2048³ products 2–3× faster on an AVX-512
+Xeon. Packing also gives rows that are whole aligned vectors when N is not a multiple of
+VW, where in place B would be read element by element (5× at 1000³ in ``float16``).
 
 Every loop over the register tile is unrolled (``#pragma unroll``): the accumulators must
 have constant indices to live in registers, and PoCL's LLVM otherwise keeps a rolled row
