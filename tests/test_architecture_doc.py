@@ -35,7 +35,8 @@ def _roots() -> list[Any]:
     modules = ("tilegemm", "tilegemm.bench", "tilegemm.backends", "tilegemm.backends.base",
                "tilegemm.kernels.cuda._jit",
                "tilegemm.registry", "tilegemm.bench.report", "tilegemm.bench.reports",
-               "tilegemm.bench.sweeps", "tilegemm.kernels.cudac")
+               "tilegemm.bench.sweeps", "tilegemm.kernels.cudac",
+               "tilegemm.backends.opencl_program")
     return [*map(importlib.import_module, modules), Backend, Target, KernelSpec, Report,
             PlanContext, Case, BackendLine]
 
