@@ -28,6 +28,7 @@ def _section(title: str) -> str:
 def _roots() -> list[Any]:
     """Where a name in the recipes may live (modules, classes with their fields)."""
     from tilegemm.backends.base import Backend, Target
+    from tilegemm.backends.opencl_program import OpenCLProgram
     from tilegemm.bench.reports import PlanContext, Report
     from tilegemm.bench.sweeps import Case
     from tilegemm.registry import BackendLine, KernelSpec
@@ -38,7 +39,7 @@ def _roots() -> list[Any]:
                "tilegemm.bench.sweeps", "tilegemm.kernels.cudac",
                "tilegemm.backends.opencl_program")
     return [*map(importlib.import_module, modules), Backend, Target, KernelSpec, Report,
-            PlanContext, Case, BackendLine]
+            PlanContext, Case, BackendLine, OpenCLProgram]
 
 
 def _has(root: Any, dotted: str) -> bool:
