@@ -108,6 +108,31 @@ def test_space_prunes_with_constraints_and_limits() -> None:
     assert {"X": 8, "Y": 2} in cands and {"X": 16, "Y": 1} not in cands
 
 
+def test_a_cpu_device_searches_only_the_tiles_worth_timing_there() -> None:
+    """OpenCL ``vectorized`` on a CPU device: staged tiles only copy data through local
+    memory there, so the tuner times one-work-item tiles, each once (BK, which they do not
+    read, at its smallest valid value); the device default and the database's tiles are
+    among them. Other kinds of device, and rungs without such a rule, search everything."""
+    from tilegemm import registry
+    from tilegemm.tune import database
+
+    spec = registry.get("vectorized", "opencl")
+    limits = space.Limits(threads_per_block=4096)
+    cpu = space.candidates(spec, "float32", limits, kind="cpu")
+    assert cpu and all(p["BM"] == p["TM"] and p["BN"] == p["TN"] for p in cpu)
+    tiles = [(p["TM"], p["TN"], p["VW"]) for p in cpu]
+    assert len(tiles) == len(set(tiles))  # no tile twice
+    shipped = [dict(e["params"]) for e in database.entries() if e["kernel"] == "vectorized"]
+    for params in [spec.device_defaults["cpu"], *shipped]:
+        assert (params["TM"], params["TN"], params["VW"]) in tiles, params
+    gpu = space.candidates(spec, "float32", limits, kind="gpu")
+    assert len(gpu) > 10 * len(cpu) and spec.defaults() in gpu
+    assert space.candidates(spec, "float32", limits) == gpu
+    shared = registry.get("shared", "opencl")
+    assert (space.candidates(shared, "float32", limits, kind="cpu")
+            == space.candidates(shared, "float32", limits))
+
+
 def test_register_rule() -> None:
     from tilegemm.backends.cuda import CUDA_LIMITS as lim
 

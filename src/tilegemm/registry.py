@@ -108,6 +108,11 @@ class KernelSpec:
     # Measured defaults per kind of device ("cpu", "gpu"...) replacing the rung's own,
     # when they fit the caller's overrides (OpenCL rungs tuned for PoCL on a CPU).
     device_defaults: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # The parameter sets worth timing on a kind of device ("cpu", "gpu"...), where most of
+    # the valid ones are known to be slow there: the tuner searches only those (OpenCL
+    # `vectorized` on a CPU device: one work-item per work-group).
+    device_space: Mapping[str, Callable[[Mapping[str, int]], bool]] = field(
+        default_factory=dict)
     # kernel="auto" picks this rung (at its defaults) before anything is tuned; a backend
     # without a flagged rung gets its highest rung. See :func:`default_for`.
     auto: bool = False

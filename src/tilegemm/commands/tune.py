@@ -174,7 +174,8 @@ def _tune(args: argparse.Namespace) -> int:
                                lambda b, d, t: untuned_choice(b, d, t, prob))
     # Launch strategies (searched=False, e.g. split-K) stay at the baseline's value.
     jobs = [(spec, space.candidates(spec, dtype, limits, precision,
-                                    baseline[1] if baseline and baseline[0] is spec else None),
+                                    baseline[1] if baseline and baseline[0] is spec else None,
+                                    target.kind),
              False) for spec in specs]
     if baseline is not None:
         jobs.insert(0, (baseline[0], [baseline[1]], True))

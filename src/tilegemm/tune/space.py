@@ -57,11 +57,13 @@ def accumulator_verdict(spec: KernelSpec, params: Mapping[str, int], dtype: np.d
 
 
 def candidates(spec: KernelSpec, dtype: np.dtype | str, limits: Limits,
-               precision: str = "ieee", held: Mapping[str, int] | None = None) -> list[Params]:
+               precision: str = "ieee", held: Mapping[str, int] | None = None,
+               kind: str = "") -> list[Params]:
     """Every parameter set the rung allows and the device limits admit, in space() order,
-    computing ``precision`` (see :func:`precision_pin`). Parameters declared
-    ``searched=False`` keep their value in ``held`` (what kernel="auto" runs for the shape),
-    else their default."""
+    computing ``precision`` (see :func:`precision_pin`), and on a device of ``kind``
+    (``Target.kind``) only those the rung finds worth timing there
+    (``KernelSpec.device_space``). Parameters declared ``searched=False`` keep their value
+    in ``held`` (what kernel="auto" runs for the shape), else their default."""
     if not spec.supports(dtype):
         return []
     pin = precision_pin(spec, dtype, precision)
@@ -70,8 +72,9 @@ def candidates(spec: KernelSpec, dtype: np.dtype | str, limits: Limits,
     dtype = np.dtype(dtype)
     fixed = {x.name: (held or {}).get(x.name, x.default) for x in spec.params
              if not x.searched}
+    worth = spec.device_space.get(kind, lambda p: True)
     return [p for p in spec.space()
-            if all(p[k] == v for k, v in fixed.items())
+            if all(p[k] == v for k, v in fixed.items()) and worth(p)
             and (pin is None or p[pin[0]] == pin[1]) and fits(spec, p, dtype, limits) is None
             and not (spec.dtype_check and spec.dtype_check(p, dtype))
             and accumulator_verdict(spec, p, dtype, limits) is None]
