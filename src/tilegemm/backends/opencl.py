@@ -18,7 +18,9 @@ PyOpenCL's binary cache. A failed build raises ``RuntimeError`` with the compile
 Arrays. NumPy operands are copied in and the result copied out. ``pyopencl.array.Array``
 operands stay on their device and the result is a ``pyopencl.array.Array`` in the same
 context: no host trip. Transposed, strided or partially broadcast device operands are
-made dense on the device by a small gather kernel. All arrays of one call must share one
+made dense on the device by a small gather kernel; a rung that reads its operands packed
+in panels (``vectorized`` with one work-item per work-group, where that pays) has them
+packed on the device by another (``OpenCLProgram.packs``). All arrays of one call must share one
 context; the call starts after the work pending on them (their events, their other
 queues) and the result carries its event, as PyOpenCL's own operations do.
 
@@ -839,12 +841,12 @@ class OpenCLBackend(Backend):
             return program, kernel, a_args, b_args, None
         pack = self._layout_function(target, "pack_panels", BITS[item])
         packed, events = [], []
-        for ((buf, off, bs), _, width, ks, js), shape in zip(cases, shapes, strict=True):
+        for ((buf, off, bs), extent, width, ks, js), shape in zip(cases, shapes, strict=True):
             dst = _cla().empty(target.queue, shape, prob.dtype)
             events.append(pack(
                 target.queue, (k, shape[1], shape[0]), None, buf, np.int64(off),
-                np.int64(bs), np.int64(ks), np.int64(js), np.int32(k),
-                np.int32(cases[len(packed)][1]), np.int32(width), dst.base_data))
+                np.int64(bs), np.int64(ks), np.int64(js), np.int32(k), np.int32(extent),
+                np.int32(width), dst.base_data))
             packed.append((dst.base_data, 0, shape[1] * k * width if shape[0] > 1 else 0))
         variant = program.with_panels
         return variant, self.kernel(target, variant), packed[0], packed[1], events[0]
@@ -886,7 +888,7 @@ class OpenCLBackend(Backend):
             _cl().enqueue_fill_buffer(queue, dc.data, pattern, 0, dc.nbytes)
 
         def enqueue() -> tuple[Any, Any] | None:
-            """(first event, last event) of one product, B's packing included."""
+            """(first event, last event) of one product, the packing of A and B included."""
             if dc.size == 0:
                 return None
             used, used_kernel, used_a, used_b, first = program, kernel, a_args, b_args, None
@@ -895,7 +897,7 @@ class OpenCLBackend(Backend):
                     own, program, kernel, prob, a_args, b_args)
             last = self._launch(used_kernel, used, queue, prob, used_a, used_b, (dc.data, 0),
                                 t(1), t(0))
-            return (first or last, last)
+            return (last if first is None else first, last)
 
         def launch() -> None:
             enqueue()
