@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python benchmarks/opencl_tiles.py [--sizes 1024 2048]
         [--tiles 8x16/8 16x16/8 ...] [--rounds 5] [--reps 2] [--pause 0.5] [--out FILE]
-        [--no-save]
+        [--no-save] [--in-place]
 
 Why a script of its own: the database entry for an OpenCL device is a choice between a few
 one-work-item-per-group tiles (``TMxTN/VW``: BM = TM, BN = TN), and the rates of PoCL
@@ -20,11 +20,12 @@ the device. Take the machine for yourself while it runs (``flock -x /work/cpu.lo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from first_call import cpu_identity  # noqa: E402
 from opencl_vs_clblast import clblast_library_version, square_problem, version  # noqa: E402
 
 from tilegemm import registry  # noqa: E402
-from tilegemm.backends import get_backend  # noqa: E402
+from tilegemm.backends import get_backend, opencl_program  # noqa: E402
 from tilegemm.backends.base import wall_clock_elapsed  # noqa: E402
 from tilegemm.bench.environment import (  # noqa: E402
     cpu_family_model,
@@ -60,6 +61,24 @@ def tile_params(tile: str) -> dict[str, int]:
     return {"BM": tm, "BN": tn, "BK": max(8, w), "TM": tm, "TN": tn, "VW": w}
 
 
+@contextlib.contextmanager
+def packing_off() -> Iterator[None]:
+    """Products read A and B in place while this is in force: ``OpenCLProgram.packs``
+    requires more work-groups per panel than any product has."""
+    saved = opencl_program.PANEL_MIN_READS
+    opencl_program.PANEL_MIN_READS = 1 << 62
+    try:
+        yield
+    finally:
+        opencl_program.PANEL_MIN_READS = saved
+
+
+def _unpacked(prepared: Any, queue: Any) -> None:
+    with packing_off():  # packing is decided at each launch
+        prepared.launch()
+    queue.finish()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048])
@@ -69,6 +88,8 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=2, help="calls per block")
     parser.add_argument("--pause", type=float, default=0.5, help="idle seconds per block")
     parser.add_argument("--no-clblast", action="store_true")
+    parser.add_argument("--in-place", action="store_true",
+                        help="also time each tile with A and B read in place (no packing)")
     parser.add_argument("--out", type=Path, default=None, help="JSON path (default: "
                         "results/opencl-pocl-tiles-<cpu>-m<family>-<model>.json)")
     parser.add_argument("--no-save", action="store_true")
@@ -102,6 +123,13 @@ def main() -> int:
             params[tile] = tile_params(tile)
             prepared = prepare_verified(backend, spec, params[tile], prob, a[None], b[None])
             calls[tile] = lambda p=prepared: (p.launch(), queue.finish())
+            if args.in_place:  # the same tile with packing turned off, in the same rounds
+                name = f"{tile} in place"
+                params[name] = params[tile]
+                with packing_off():
+                    unpacked = prepare_verified(backend, spec, params[tile], prob, a[None],
+                                                b[None])
+                calls[name] = lambda p=unpacked: _unpacked(p, queue)
         if pyclblast is not None:
             da, db = cla.to_device(queue, a), cla.to_device(queue, b)
             dc = cla.empty(queue, (n, n), np.float32)
