@@ -833,9 +833,8 @@ class OpenCLBackend(Backend):
         shapes = [((prob.batch if args[2] else 1), -(-extent // width), k, width)
                   for args, extent, width, _, _ in cases]
         sizes = [math.prod(shape) * item for shape in shapes]
-        lead_a = 1 if prob.batch_mode("a") == "single" else prob.batch
-        lead_b = 1 if prob.batch_mode("b") == "single" else prob.batch
-        used = (lead_a * prob.m * k + lead_b * k * prob.n + prob.batch * prob.m * prob.n) * item
+        used = (prob.operand_elements("a") + prob.operand_elements("b")
+                + prob.batch * prob.m * prob.n) * item  # A, B and C, as _check_sizes counts
         device = target.device
         if max(sizes) > device.max_mem_alloc_size or used + sum(sizes) > device.global_mem_size:
             return program, kernel, a_args, b_args, None

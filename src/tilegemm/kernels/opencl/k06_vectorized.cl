@@ -74,8 +74,10 @@ kernel void gemm(GEMM_ARGS)
        fall in the same few sets of the CPU's caches, which then keep only a few hundred
        of them: the strip is evicted before the next row block reads it again. 1040-wide
        products ran at 1.3x the speed of 1024-wide ones (Xeon, AVX-512). B's rows not
-       being whole vectors (N not a multiple of VW) cost more: element-by-element loads. Packed, each panel is one run of aligned addresses, at
-       the price of one pass over A and over B before the product. */
+       being whole vectors (N not a multiple of VW) cost more: element-by-element loads.
+       Packed, each panel is one run of aligned addresses, at the price of one pass over A
+       and over B before the product. The loop is the in-place one below with the panels'
+       strides (TM, TN) in place of the matrices' (K, N). */
     {
         global const T *ap = a + (long)(row0 / TM) * K * TM;
         global const T *bp = b + (long)(col0 / TN) * K * TN;
