@@ -452,3 +452,67 @@ def test_a_batch_of_mid_size_products_matches_each_product_alone(dtype, batch):
     for z in range(batch):
         alone = tilegemm.matmul(a[z], b[z], kernel="blocked", backend="cpu")
         np.testing.assert_array_equal(got[z], alone)
+
+
+def _blocked_module(params, dtype):
+    """The generated module of the blocked rung for these parameters and dtype."""
+    import sys
+
+    spec = next(s for s in CPU_RUNGS if s.name == "blocked")
+    params = spec.resolve(params)
+    return params, sys.modules[spec.program(params, np.dtype(dtype)).__module__]
+
+
+@pytest.mark.parametrize("chunk_strips", [1, 3, None], ids=["chunk1", "chunk3", "default"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
+    """Products of at most MC rows run as one row block split by columns, each task packing
+    its own strips of B a chunk at a time, with no shared B panel. Chunks of one strip, of
+    three (the last one partial) and the default size; several NC and K panels (alpha and
+    beta across them), partial strips and tiles, B given transposed, a batch."""
+    from tilegemm.kernels.cpu._threads import planned_threads
+    from tilegemm.kernels.cpu.k02_blocked import one_row_block
+
+    # float64 on small blocks (3 NC panels, 4 K panels), float32 on the defaults
+    small = {"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256}
+    params, mod = _blocked_module(small if dtype == "float64" else {}, dtype)
+    mr, nr, mc, kc, nc = (params[x] for x in ("MR", "NR", "MC", "KC", "NC"))
+    if chunk_strips is not None:
+        monkeypatch.setitem(mod.__dict__, "B_CHUNK_BYTES",
+                            chunk_strips * kc * nr * np.dtype(dtype).itemsize)
+    threads = planned_threads()
+    n, k = nc + 5 * nr + 3, 3 * kc + 5
+    for m, batch, b_transposed in ((mc // mr * mr, 1, False), (mc - mr + 3, 2, False),
+                                   (mr - 1, 1, True), (mc // 2 + 1, 1, True)):
+        assert one_row_block(m, n, threads, params)
+        assert mod.layout(batch, m, n, k, threads, 0)[0] == 1  # nblk: one row block
+        a, _ = random_operands((batch, m, k), (k, n), dtype)
+        b = (rng.uniform(-1, 1, (n, k)).astype(dtype).T if b_transposed
+             else rng.uniform(-1, 1, (k, n)).astype(dtype))
+        c = rng.uniform(-1, 1, (batch, m, n)).astype(dtype)
+        what = f"one row block {dtype} {(batch, m, n, k)} chunk={chunk_strips}"
+        got = tilegemm.gemm(a, b, c, alpha=0.75, beta=-0.5, kernel="blocked", backend="cpu",
+                            **params)
+        assert_close(got, a, b, alpha=0.75, beta=-0.5, c=c, what=what)
+        out = np.full((batch, m, n), np.nan, dtype=dtype)
+        tilegemm.matmul(a, b, out, kernel="blocked", backend="cpu", **params)
+        assert_close(out, a, b, what=what)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 8])
+def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
+    """``k02_blocked.one_row_block`` (what ``plan`` says) and the compiled ``layout`` (what
+    runs) agree on which products are one row block, for any thread count."""
+    from tilegemm.kernels.cpu import k02_blocked
+
+    params, mod = _blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256},
+                                  "float64")
+    seen = set()
+    for m in (2, 4, 5, 44, 47, 48, 49, 96, 97, 300):
+        for n in (9, 16, 17, 24, 25, 64, 1000):
+            fused = k02_blocked.one_row_block(m, n, threads, params)
+            assert fused == (mod.layout(1, m, n, 10**5, threads, 0)[0] == 1), (m, n, threads)
+            path = k02_blocked.path(1, m, n, 10**5, threads, params)
+            assert ("one row block" in path) == fused and "packed panels" in path
+            seen.add(fused)
+    assert seen == {True, False}

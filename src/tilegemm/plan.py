@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,14 +82,15 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
                     precision=precision, params=params)
     spec, prob = chosen.spec, chosen.prob
     return Plan(chosen.backend.name, chosen.target.key, spec.name, spec.rung,
-                dict(chosen.params), chosen.source, _path(spec.key, prob), prob.dtype.name,
+                dict(chosen.params), chosen.source, _path(spec.key, prob, chosen.params),
+                prob.dtype.name,
                 (prob.batch, prob.m, prob.n, prob.k))
 
 
-def _path(key: str, prob: GemmProblem) -> str:
+def _path(key: str, prob: GemmProblem, params: Mapping[str, int]) -> str:
     if key == "cpu:blocked":
         from tilegemm.kernels.cpu._threads import planned_threads
         from tilegemm.kernels.cpu.k02_blocked import path
 
-        return path(prob.batch, prob.m, prob.n, prob.k, planned_threads())
+        return path(prob.batch, prob.m, prob.n, prob.k, planned_threads(), params)
     return ""

@@ -42,6 +42,12 @@ K_UNROLL = 4  # K steps per trip of the micro-kernel's loop
 # @end-header
 
 BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
+# Products of one row block (M <= MC) pack B a chunk of strips at a time, each chunk just
+# before its tiles are computed, into at most this many bytes (see run_parallel). Half of
+# the smallest L2 seen (1 MiB on AMD Zen 4/5), so the chunk stays there beside an MC x KC
+# block of A; and the larger the chunk, the longer the piece of each row of B that packing
+# reads in one go (1 KiB per row at KC = 512). Read by ``blocked`` on every call.
+B_CHUNK_BYTES = 512 * 1024
 
 mr, nr, mc, kc_max, nc_max = MR, NR, MC, KC, NC
 _dt = np.dtype(DTYPE)
@@ -443,16 +449,21 @@ def small(A, B, C, alpha, beta):
 
 
 @when_called(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3,
-                        i8), parallel=True, **FLAGS)
+                        i8, i8), parallel=True, **FLAGS)
 def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, ngroups, Bp,
-                 Ap_all, T_all, tr):
+                 Ap_all, T_all, tr, chunk):
     """The one parallel region, so Numba compiles one parfor, not one per phase.
 
     phase 0: task t packs the t-th of ``ntasks`` slices of the B panel of product z;
     phase 1: task t = (row block of ``nblk``, strip group of ``ngroups``) packs its A
     block and computes its tiles (blocks differ by at most one MR strip, so threads stay
-    balanced); phase 2: task t is the t-th of ``ntasks`` runs of whole products of the
-    batch (small products), with one set of scratch arrays for its run.
+    balanced). With one row block (``nblk == 1``) there is no phase 0: each task packs
+    its own strips of B, ``chunk`` strips at a time, just before computing them. There,
+    each packed strip is read by one task only, so packing the panel whole bought no reuse:
+    it went to memory and came back (8 MB per 512 x 2048 float64 panel), and short, wide
+    products (32 x 2048 x 2048 float64) ran at half NumPy's speed;
+    phase 2: task t is the t-th of ``ntasks`` runs of whole products of the batch (small
+    products), with one set of scratch arrays for its run.
     """
     nstrips = (nc + nr - 1) // nr
     msr = (C.shape[1] + mr - 1) // mr
@@ -468,8 +479,20 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             ic = blk * msr // nblk * mr
             mcc = min((blk + 1) * msr // nblk * mr, C.shape[1]) - ic
             pack_a(A[za], ic, mcc, pc, kc, Ap_all[t], (tr & 1) != 0)
-            macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, g * nstrips // ngroups,
-                  (g + 1) * nstrips // ngroups, alpha, beta, pc == 0, T_all[t])
+            s0, s1 = g * nstrips // ngroups, (g + 1) * nstrips // ngroups
+            if nblk > 1:  # the B panel was packed whole (phase 0), for every row block
+                macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, s0, s1, alpha, beta,
+                      pc == 0, T_all[t])
+                continue
+            # One row block: this task alone reads its strips of B, so it packs them
+            # itself, a chunk at a time, into the first strips of its own part of Bp.
+            cs = max(1, min(s1 - s0, chunk))
+            Bc = Bp[s0:s0 + cs]
+            for sc in range(s0, s1, cs):
+                w = min(s1, sc + cs) - sc
+                pack_b(B[zb], pc, kc, jc + sc * nr, nc - sc * nr, Bc, 0, w, (tr & 2) != 0)
+                macro(Ap_all[t], Bc, C[z], ic, mcc, jc + sc * nr, nc - sc * nr, kc, 0, w,
+                      alpha, beta, pc == 0, T_all[t])
         else:
             # runs of whole products, one set of scratch per run
             batch = C.shape[0]
@@ -503,11 +526,14 @@ def layout(batch, m, n, k, nthreads, direct_max):
     if k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads):
         return 0, 0, 0, 0, 0, 0, 0, 0
     # Row blocks of at most MC rows, as many as a multiple of the thread count when there
-    # are enough MR strips; when there are few, column groups of the B panel supply the tasks.
+    # are enough MR strips; when there are few, column groups of the B panel supply the
+    # tasks. A product of at most MC rows with a strip of B for every thread is one row
+    # block, split by columns only: each task then packs its own part of B (run_parallel).
     strip_cap = (min(nc_max, n) + nr - 1) // nr
     msr = (m + mr - 1) // mr
     nblk = (msr + mc // mr - 1) // (mc // mr)
-    nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
+    if nblk > 1 or strip_cap < nthreads:
+        nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
     kcap = min(kc_max, k)
     ngroups_max = 1 if nblk >= nthreads else min(strip_cap, 2 * nthreads)
     rows_per_blk = (msr + nblk - 1) // nblk
@@ -517,8 +543,8 @@ def layout(batch, m, n, k, nthreads, direct_max):
     return nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8), **FLAGS)
-def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8, i8), **FLAGS)
+def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_bytes):
     """The rung on ``nthreads`` threads (an argument: reading Numba's thread count inside
     compiled code goes through a pointer, and code holding one cannot be cached); products
     of at most ``direct_max`` multiply-adds in all take the unpacked single-thread path.
@@ -532,6 +558,9 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr):
     ``tr``: bit 0, A is given as its transpose (batch|1, K, M); bit 1, B as its transpose
     (batch|1, N, K); only for products that take the packed path (the caller copies them
     for the others, see ``blocked``).
+
+    ``chunk_bytes``: how much of B a task packs at a time in a product of one row block
+    (``B_CHUNK_BYTES``; an argument, so tests can make chunks of one strip).
     """
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2]
@@ -549,7 +578,7 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr):
     if splits_batch(batch, m, n, k, nthreads):
         # runs of products, a few per thread (the scheduler balances them)
         run_parallel(2, min(batch, BATCH_TASKS * nthreads), A, B, C, 0, alpha, beta, 0, 0,
-                     0, 0, 0, 1, empty[0], empty, empty[0], tr)
+                     0, 0, 0, 1, empty[0], empty, empty[0], tr, 1)
         return
     # One product at a time, threads over (row block × strip group) tasks (see layout).
     nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(
@@ -568,10 +597,12 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr):
             ngroups = min(ngroups_max, nstrips)
             for pc in range(0, k, kc_max):
                 kc = min(kc_max, k - pc)
-                run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc, nc,
-                             pc, kc, nblk, ngroups, Bp, Ap_all, T_all, tr)
+                chunk = chunk_bytes // (kc * nr * C.itemsize)
+                if nblk > 1:  # else each task packs its own strips (see run_parallel)
+                    run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc,
+                                 nc, pc, kc, nblk, ngroups, Bp, Ap_all, T_all, tr, chunk)
                 run_parallel(1, nblk * ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc,
-                             nblk, ngroups, Bp, Ap_all, T_all, tr)
+                             nblk, ngroups, Bp, Ap_all, T_all, tr, chunk)
 
 
 def _stored(X, transposed):
@@ -627,7 +658,7 @@ def blocked(A, B, C, alpha, beta, tr=0):
         else:
             size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT)[7]
             blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
-                            workspace(size * _dt.itemsize).view(_dt), tr)
+                            workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES)
 
 
 # The CPU backend hands this rung transposed operands in place (see ``blocked``).
@@ -645,7 +676,8 @@ def blocked_serial(A, B, C, alpha, beta, tr=0):
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2]
     if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
-        blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), 0)
+        blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), 0,
+                        B_CHUNK_BYTES)
         return
     if takes_gemv(batch, m, n, k, DIRECT_PRODUCT):
         gemv_serial(A, B, C, alpha, beta)

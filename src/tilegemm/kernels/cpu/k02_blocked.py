@@ -253,10 +253,26 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     return module.blocked
 
 
-def path(batch: int, m: int, n: int, k: int, threads: int) -> str:
+def one_row_block(m: int, n: int, threads: int, params: Mapping[str, int]) -> bool:
+    """Whether the packed path runs a product as one row block split by columns, each
+    thread packing its own strips of B as it goes (``layout`` and ``run_parallel`` in the
+    generated module): at most MC rows, and a strip of NR columns for every thread (or
+    one MR strip of rows, or one thread). The same arithmetic as ``layout``'s row blocks."""
+    mr, nr = params["MR"], params["NR"]
+    strips = (min(params["NC"], n) + nr - 1) // nr
+    row_strips = (m + mr - 1) // mr
+    blocks = (row_strips + params["MC"] // mr - 1) // (params["MC"] // mr)
+    if blocks > 1 or strips < threads:
+        blocks = min(row_strips, (blocks + threads - 1) // threads * threads)
+    return blocks == 1
+
+
+def path(batch: int, m: int, n: int, k: int, threads: int,
+         params: Mapping[str, int] | None = None) -> str:
     """Which of the rung's paths a product of ``batch`` (m, k) @ (k, n) products takes on
     ``threads`` threads, in words (``tilegemm.plan`` names it): the same tests, in the same
-    order, as the generated module's ``blocked``, ``takes_gemv`` and ``splits_batch``."""
+    order, as the generated module's ``blocked``, ``takes_gemv``, ``splits_batch`` and
+    (given the parameters) ``layout``."""
     size = m * n * k
     if k == 0:
         return "no K: beta·C (or zeros), on the calling thread"
@@ -267,6 +283,9 @@ def path(batch: int, m: int, n: int, k: int, threads: int) -> str:
     if batch >= 2 and (size <= SMALL_PRODUCT
                        or (size <= BATCH_PRODUCT and batch >= BATCH_SPLIT_MIN * threads)):
         return f"batch split: whole products on each of {threads} thread(s)"
+    if params is not None and one_row_block(m, n, threads, params):
+        return (f"packed panels, one row block: columns split over {threads} thread(s), "
+                "each packing its own part of B as it goes")
     return f"packed panels, each product split over {threads} thread(s)"
 
 
