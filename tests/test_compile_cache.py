@@ -123,6 +123,26 @@ def test_unwritable_cache_dir_warns_and_runs_uncached(tmp_path, monkeypatch):
     assert str(blocker / "cache" / "cpu") in compile_cache.unusable_folders()
 
 
+def test_an_entry_that_is_not_a_file_is_replaced_and_the_folder_stays_in_use(tmp_path,
+                                                                              monkeypatch):
+    """A directory where an entry's file belongs (left by hand or by another tool) is a
+    damaged entry: warned about, replaced and cached; it made the whole folder count as
+    unusable, with every later problem there silenced."""
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    load_module("probe", _source(23), {"kernel": "probe"})
+    (entry,) = (tmp_path / "cpu").glob("probe-*.py")
+    entry.unlink()
+    entry.mkdir()
+    (entry / "inside").write_text("x")
+    with pytest.warns(CompileCacheWarning, match="is not a file"):
+        assert load_module("probe", _source(23), {"kernel": "probe"}).twice(1.0) == 23.0
+    assert entry.is_file()
+    assert str(tmp_path / "cpu") not in compile_cache.unusable_folders()
+    before = _counts()
+    assert load_module("probe", _source(23), {"kernel": "probe"}).twice(2.0) == 46.0
+    assert _counts() == (before[0], before[1] + 1)  # loaded from the cache, not compiled
+
+
 def test_a_pycache_that_cannot_hold_code_warns_and_runs_uncached(tmp_path, monkeypatch):
     """A __pycache__ Numba cannot write (here a file in its place) made Numba keep the
     code in a directory of its own, outside this cache and its listing, or fail with 'no

@@ -442,6 +442,13 @@ def _write_entry(path: Path, text: str) -> bool:
         pycache.mkdir(exist_ok=True)
         if not os.access(pycache, os.W_OK | os.X_OK):
             raise PermissionError(f"{pycache} is not writable")
+        if path.exists() and not path.is_file():  # a damaged entry, not a broken folder
+            warnings.warn(f"kernel cache entry {path} is not a file; replacing it",
+                          CompileCacheWarning, stacklevel=user_stacklevel())
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
         try:
             same = path.is_file() and path.read_text() == text
         except ValueError:  # not UTF-8 text: damaged, rewritten below
