@@ -118,20 +118,48 @@ def test_any_size_and_transposed_storage_are_remembered(spy, rng, shape, layout)
 
 
 @pytest.mark.parametrize("shapes", [((3, 20, 30), (3, 30, 10)), ((3, 20, 30), (30, 10)),
-                                    ((20, 30), (2, 3, 30, 10)), ((2, 3, 1, 30), (2, 3, 30, 7))])
+                                    ((20, 30), (2, 3, 30, 10)), ((2, 3, 1, 30), (2, 3, 30, 7)),
+                                    ((30,), (30, 10)), ((20, 30), (30,)), ((1, 30), (30,)),
+                                    ((30,), (2, 3, 30, 10)), ((3, 20, 30), (30,)),
+                                    ((300,), (300, 1000)), ((1000, 300), (300,))])
 @pytest.mark.parametrize("dtype", [np.float64, np.int32])
 def test_batches_and_integers_are_remembered(spy, rng, shapes, dtype):
+    """Batches, one matrix for all products, and vectors (NumPy's 1-D rules: the result
+    drops the vector's unit dimension), small products and the vector path's sizes."""
     sa, sb = shapes
     for _ in range(3):
         a = rng.integers(-9, 9, sa).astype(dtype) if dtype == np.int32 else rng.standard_normal(sa)
         b = rng.integers(-9, 9, sb).astype(dtype) if dtype == np.int32 else rng.standard_normal(sb)
         got = tilegemm.matmul(a, b)
+        assert got.shape == np.matmul(a, b).shape and got.dtype == dtype
         if dtype == np.int32:
             np.testing.assert_array_equal(got, np.matmul(a, b))
             assert got.dtype == np.int32
         else:
             assert_close(got, a, b)
     assert len(spy) == 1
+
+
+def test_vector_dot_vector_stays_a_scalar(spy, rng):
+    """x @ y is a NumPy scalar, which the full path makes: never remembered."""
+    for _ in range(2):
+        x, y = rng.standard_normal(50), rng.standard_normal(50)
+        got = tilegemm.matmul(x, y)
+        assert type(got) is np.float64 and np.isclose(got, x @ y)
+    assert len(spy) == 2
+
+
+def test_a_remembered_vector_product_writes_out_of_the_result_shape(spy, rng):
+    a, x = rng.standard_normal((40, 30)), rng.standard_normal(30)
+    tilegemm.matmul(a, x)
+    out = np.full(40, np.nan)
+    a2, x2 = rng.standard_normal((40, 30)), rng.standard_normal(30)
+    assert tilegemm.matmul(a2, x2, out=out) is out and len(spy) == 1
+    assert_close(out, a2, x2)
+    wrong = np.full((40, 1), np.nan)  # NumPy refuses it: the full path says so
+    with pytest.raises(ValueError):
+        tilegemm.matmul(a2, x2, out=wrong)
+    assert len(spy) == 2 and np.isnan(wrong).all()
 
 
 def test_out_is_written_in_place_on_a_remembered_call(spy, rng):

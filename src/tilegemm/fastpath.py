@@ -17,6 +17,10 @@ is set). What qualifies:
   the rung packs transposed operands itself, as the full path hands them to it;
 - N-D operands, C-ordered, with the same leading (batch) dimensions, or one of them 2-D
   (the same matrix for every product of the batch);
+- one 1-D operand (a vector: ``A @ x``, ``x @ B``), taken as NumPy takes it, a
+  row (1, K) on the left or a column (K, 1) on the right whose unit dimension the result
+  drops. On the full path a 4096 × 4096 float32 ``A @ x`` took 0.2–0.3 ms longer than the
+  same product with x as a (K, 1) matrix, which was remembered (1.6–1.7 ms against 1.4);
 - ``out=`` a C-ordered array of exactly the result's shape and dtype that shares no
   memory with ``a`` or ``b`` (written in place, as the full path does); any other ``out``
   takes the full path, which handles strides, casting and overlap.
@@ -118,7 +122,7 @@ def _layout(x: np.ndarray) -> int:
 
 def _key(a: Any, b: Any) -> tuple[Any, ...] | None:
     """The table key of ``a @ b``, or None when the case can never be remembered."""
-    if type(a) is not _NDARRAY or type(b) is not _NDARRAY or a.ndim < 2 or b.ndim < 2:
+    if type(a) is not _NDARRAY or type(b) is not _NDARRAY or not a.ndim or not b.ndim:
         return None
     dtype = a.dtype
     if b.dtype is not dtype:
@@ -180,6 +184,12 @@ def remember(a: Any, b: Any, program: Any, tuning_cache: str | None,
     if key is None:
         return
     dtype, sa, sb, la, lb = key
+    # a vector is a row (1, K) on the left, a column (K, 1) on the right (NumPy's rule);
+    # the result loses that dimension
+    row, col = len(sa) == 1, len(sb) == 1
+    if row and col:
+        return  # vector · vector: NumPy returns a scalar, which the full path makes
+    sa, sb = (1,) * row + sa, sb + (1,) * col
     if (dtype.kind not in _KINDS or not dtype.isnative or la < 0 or lb < 0
             or sa[-1] != sb[-2] or 0 in sa or 0 in sb
             or (sa[:-2] != sb[:-2] and len(sa) > 2 and len(sb) > 2)):
@@ -194,7 +204,8 @@ def remember(a: Any, b: Any, program: Any, tuning_cache: str | None,
     _watch[:] = [tuning_cache, tuning_mtime, where]
     shape = (sa[:-2] if len(sa) >= len(sb) else sb[:-2]) + (sa[-2], sb[-1])
     one = dtype.type(1)
-    _table[key] = _Case(program, shape, _stored_shape(sa, la), _stored_shape(sb, lb),
+    result = shape[:len(shape) - 2] + shape[len(shape) - 2 + row:len(shape) - col]
+    _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
                         _stored_shape(shape, 0), bool(la), bool(lb), la | lb << 1,
                         one, one - one, poison_value(dtype))
 
