@@ -69,7 +69,6 @@ def run(args: argparse.Namespace) -> int:
     chosen = decide(ops, make_problem(*ops), kernel=args.kernel, backend=backend.name,
                     device=args.device, params=params, precision=args.precision)
     prob, spec, resolved = chosen.prob, chosen.spec, dict(chosen.params)
-    path = _path(spec.key, prob)
     simulated = target.simulated
     if simulated and not params and spec.sim_params is not None:
         # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults
@@ -77,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         resolved = backend.resolve(spec, spec.sim_params, target)
         print(f"note: CUDA simulator, so {spec.name} runs with its small simulator parameters "
               f"({_shown(resolved)}); pass parameters to override")
+    path = _path(spec.key, prob, resolved)
     if simulated and prob.flops > 2 * 64**3:
         print("note: the CUDA simulator runs one Python thread per GPU thread; expect minutes "
               "at this size (try --m 32 --n 32 --k 32)")
