@@ -484,8 +484,8 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
     n, k = nc + 5 * nr + 3, 3 * kc + 5
     for m, batch, b_transposed in ((mc // mr * mr, 1, False), (mc - mr + 3, 2, False),
                                    (mr - 1, 1, True), (mc // 2 + 1, 1, True)):
-        assert one_row_block(m, n, threads, params)
-        assert mod.layout(batch, m, n, k, threads, 0)[0] == 1  # nblk: one row block
+        assert one_row_block(m, n, k, threads, params, np.dtype(dtype).itemsize, 0)
+        assert mod.layout(batch, m, n, k, threads, 0, 0, 0)[0] == 1  # nblk: one row block
         a, _ = random_operands((batch, m, k), (k, n), dtype)
         b = (rng.uniform(-1, 1, (n, k)).astype(dtype).T if b_transposed
              else rng.uniform(-1, 1, (k, n)).astype(dtype))
@@ -502,17 +502,58 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
 @pytest.mark.parametrize("threads", [1, 2, 3, 8])
 def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
     """``k02_blocked.one_row_block`` (what ``plan`` says) and the compiled ``layout`` (what
-    runs) agree on which products are one row block, for any thread count."""
+    runs) agree on which products are one row block, for any thread count, K and L2 budget
+    (none; 47 strips of MR=4 rows of A at KC=64 and a chunk of B; more than any panel)."""
     from tilegemm.kernels.cpu import k02_blocked
 
     params, mod = _blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256},
                                   "float64")
+    chunk = 64 * 8 * 8  # one strip of B at KC = 64
     seen = set()
-    for m in (2, 4, 5, 44, 47, 48, 49, 96, 97, 300):
-        for n in (9, 16, 17, 24, 25, 64, 1000):
-            fused = k02_blocked.one_row_block(m, n, threads, params)
-            assert fused == (mod.layout(1, m, n, 10**5, threads, 0)[0] == 1), (m, n, threads)
-            path = k02_blocked.path(1, m, n, 10**5, threads, params)
-            assert ("one row block" in path) == fused and "packed panels" in path
-            seen.add(fused)
-    assert seen == {True, False}
+    for budget in (0, 47 * 4 * 64 * 8 + chunk, 10**9):
+        for k in (40, 10**5):
+            for m in (2, 4, 5, 44, 47, 48, 49, 96, 97, 188, 189, 300):
+                for n in (9, 16, 17, 24, 25, 64, 1000):
+                    fused = k02_blocked.one_row_block(m, n, k, threads, params, 8, budget,
+                                                      chunk)
+                    got = mod.layout(1, m, n, k, threads, 0, chunk, budget)[0] == 1
+                    assert fused == got, (m, n, k, threads, budget)
+                    seen.add((fused, m > 48))
+    assert {(True, True), (True, False), (False, True)} <= seen  # (fused, more than MC rows)
+    for m, n, k in ((300, 1000, 10**5), (40, 1000, 10**5), (40, 9, 10**5)):  # plan's words
+        fused = k02_blocked.one_row_block(m, n, k, threads, params, 8)
+        path = k02_blocked.path(1, m, n, k, threads, params, itemsize=8)
+        assert ("one row block" in path) == fused and "packed panels" in path
+
+
+def test_rows_whose_block_of_a_fits_the_l2_budget_run_as_one_row_block(monkeypatch, rng):
+    """A product of more than MC rows runs as one row block while its packed block of A and
+    a chunk of B fit ``L2_BUDGET`` bytes and its panel of B does not, and is right either
+    way: rows of 2-4 MC, several K and NC panels, partial strips, B transposed, beta != 0."""
+    from tilegemm.kernels.cpu._threads import planned_threads
+    from tilegemm.kernels.cpu.k02_blocked import one_row_block
+
+    params, mod = _blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256},
+                                  "float64")
+    chunk = 3 * 64 * 8 * 8  # three strips of B at KC = 64
+    monkeypatch.setitem(mod.__dict__, "B_CHUNK_BYTES", chunk)
+    threads = planned_threads()
+    n, k = 256 + 5 * 8 + 3, 3 * 64 + 5
+    panel = 256 * 64 * 8  # the packed panel of B: NC columns at KC
+    for m, b_transposed in ((97, False), (150, True), (190, False)):
+        block = (m + 3) // 4 * 4 * 64 * 8  # the MR-padded block of A at KC, in bytes
+        for budget in (block + chunk - 1, block + chunk, panel):
+            monkeypatch.setitem(mod.__dict__, "L2_BUDGET", budget)
+            fused = one_row_block(m, n, k, threads, params, 8, budget, chunk)
+            assert fused == (budget == block + chunk)
+            assert (mod.layout(1, m, n, k, threads, 0, chunk, budget)[0] == 1) == fused
+            a = rng.uniform(-1, 1, (m, k))
+            b = rng.uniform(-1, 1, (n, k)).T if b_transposed else rng.uniform(-1, 1, (k, n))
+            c = rng.uniform(-1, 1, (m, n))
+            what = f"{m} rows, one row block: {fused}"
+            got = tilegemm.gemm(a, b, c, alpha=0.75, beta=-0.5, kernel="blocked",
+                                backend="cpu", **params)
+            assert_close(got, a, b, alpha=0.75, beta=-0.5, c=c, what=what)
+            out = np.full((m, n), np.nan)
+            tilegemm.matmul(a, b, out, kernel="blocked", backend="cpu", **params)
+            assert_close(out, a, b, what=what)

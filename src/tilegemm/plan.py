@@ -92,5 +92,6 @@ def _path(key: str, prob: GemmProblem, params: Mapping[str, int]) -> str:
         from tilegemm.kernels.cpu._threads import planned_threads
         from tilegemm.kernels.cpu.k02_blocked import path
 
-        return path(prob.batch, prob.m, prob.n, prob.k, planned_threads(), params)
+        return path(prob.batch, prob.m, prob.n, prob.k, planned_threads(), params,
+                    itemsize=prob.dtype.itemsize)
     return ""

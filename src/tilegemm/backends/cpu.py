@@ -100,6 +100,73 @@ def _macos_brand() -> str:
     return done.stdout.strip()
 
 
+# Where Linux describes the first CPU's caches, one folder per cache (index0, index1, ...).
+SYSFS_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")
+
+
+@cache
+def l2_cache_bytes() -> int | None:
+    """The level-2 cache one CPU has to itself, in bytes; None where the system does not say.
+
+    The blocked rung sizes work to it (``k02_blocked.l2_budget``). Linux lists the first
+    CPU's caches in sysfs: the level-2 data or unified cache's size, divided by the number
+    of CPUs that share it (hyperthreads of one core, or a cluster of small cores), since
+    each of those CPUs runs a thread of its own. macOS: ``hw.perflevel0.l2cachesize`` (the
+    performance cores') per ``hw.perflevel0.cpusperl2``, else ``hw.l2cachesize``.
+    """
+    if SYSFS_CACHES.is_dir():
+        return _sysfs_l2(SYSFS_CACHES)
+    if platform.system() == "Darwin":
+        size = _sysctl_int("hw.perflevel0.l2cachesize") or _sysctl_int("hw.l2cachesize")
+        return None if not size else size // max(1, _sysctl_int("hw.perflevel0.cpusperl2") or 1)
+    return None
+
+
+def _sysfs_l2(caches: Path) -> int | None:
+    """:func:`l2_cache_bytes` from a sysfs cache folder (``cpu0/cache``)."""
+    for index in sorted(caches.glob("index[0-9]*")):
+        try:
+            level = (index / "level").read_text().strip()
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip().upper()
+            shared = (index / "shared_cpu_list").read_text().strip()
+        except OSError:
+            continue
+        if level != "2" or kind not in ("Data", "Unified"):
+            continue
+        scale = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(size[-1:], 1)
+        try:
+            total = int(size.rstrip("KMG")) * scale
+        except ValueError:
+            return None
+        return total // max(1, _cpu_count(shared))
+    return None
+
+
+def _cpu_count(cpu_list: str) -> int:
+    """How many CPUs a sysfs CPU list names ("0-3,8-11" is 8)."""
+    count = 0
+    for part in filter(None, cpu_list.split(",")):
+        first, _, last = part.partition("-")
+        try:
+            count += int(last or first) - int(first) + 1
+        except ValueError:
+            return 1
+    return count
+
+
+def _sysctl_int(name: str) -> int | None:
+    """An integer from macOS's ``sysctl -n name``, or None."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True,
+                              timeout=5, check=False)
+        return int(done.stdout.strip())
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
 def cpu_name() -> str:
     """The CPU model, the one reader used by results files, benchmark scripts and the
     tuning cache's device key: /proc/cpuinfo's model name on Linux (on 64-bit ARM, which

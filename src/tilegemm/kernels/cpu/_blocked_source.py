@@ -28,6 +28,7 @@ from tilegemm.kernels.cpu._threads import (
 )
 from tilegemm.kernels.cpu._vector_tile import applies, tile_loop, tile_store
 from tilegemm.kernels.cpu._workspace import workspace
+from tilegemm.kernels.cpu.k02_blocked import B_CHUNK_BYTES, l2_budget
 
 # @header (replaced for each parameter set; these values only make the template importable)
 MR, NR, MC, KC, NC = 16, 8, 96, 512, 2048
@@ -42,12 +43,11 @@ K_UNROLL = 4  # K steps per trip of the micro-kernel's loop
 # @end-header
 
 BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
-# Products of one row block (M <= MC) pack B a chunk of strips at a time, each chunk just
-# before its tiles are computed, into at most this many bytes (see run_parallel). Half of
-# the smallest L2 seen (1 MiB on AMD Zen 4/5), so the chunk stays there beside an MC x KC
-# block of A; and the larger the chunk, the longer the piece of each row of B that packing
-# reads in one go (1 KiB per row at KC = 512). Read by ``blocked`` on every call.
-B_CHUNK_BYTES = 512 * 1024
+# How much of B a task of one row block packs at a time (B_CHUNK_BYTES), and the share of
+# this CPU's L2 that decides which products of more than MC rows are one row block too (see
+# k02_blocked.one_row_block). Module globals, read by ``blocked`` on every call, so tests
+# can set them.
+L2_BUDGET = l2_budget()
 
 mr, nr, mc, kc_max, nc_max = MR, NR, MC, KC, NC
 _dt = np.dtype(DTYPE)
@@ -64,6 +64,7 @@ ro1, ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (1, 2,
 a1, a2, a3, a4 = nbt[::1], nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
 # Scratch arrays start on 64-byte boundaries of the workspace (in elements).
 ALIGN = max(1, 64 // _dt.itemsize)
+ITEMSIZE = _dt.itemsize
 prefetch_w = prefetch_write()
 # The float micro-kernels' K loop, as explicit vector code (see _vector_tile).
 kloop = tile_loop(MR, NR, _dt, VECTOR_BITS, K_UNROLL) if applies(_dt) else None
@@ -511,8 +512,8 @@ def splits_batch(batch, m, n, k, nthreads):
                                      and batch >= BATCH_SPLIT_MIN * nthreads)
 
 
-@when_called(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8), **FLAGS)
-def layout(batch, m, n, k, nthreads, direct_max):
+@when_called(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8, i8, i8), **FLAGS)
+def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget):
     """How the packed path splits the work and its scratch, for one call.
 
     Returns (nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size):
@@ -522,19 +523,29 @@ def layout(batch, m, n, k, nthreads, direct_max):
     ``t_at``, ``size`` elements in all (each part 64-byte aligned when the workspace is).
     All zeros when the call takes a path without scratch: no K, at most ``direct_max``
     multiply-adds in all, or a batch of small products.
+
+    ``chunk_bytes``, ``budget``: a product of more than MC rows is one row block too when its
+    packed block of A and ``chunk_bytes`` of B fit ``budget`` bytes (``L2_BUDGET``) and the
+    panel of B does not (see ``k02_blocked.one_row_block``).
     """
     if k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads):
         return 0, 0, 0, 0, 0, 0, 0, 0
     # Row blocks of at most MC rows, as many as a multiple of the thread count when there
     # are enough MR strips; when there are few, column groups of the B panel supply the
     # tasks. A product of at most MC rows with a strip of B for every thread is one row
-    # block, split by columns only: each task then packs its own part of B (run_parallel).
+    # block, split by columns only: each task then packs its own part of B (run_parallel);
+    # so is a product of more rows whose block of A and a chunk of B fit the L2 budget while
+    # its panel of B does not.
     strip_cap = (min(nc_max, n) + nr - 1) // nr
     msr = (m + mr - 1) // mr
-    nblk = (msr + mc // mr - 1) // (mc // mr)
-    if nblk > 1 or strip_cap < nthreads:
-        nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
     kcap = min(kc_max, k)
+    nblk = (msr + mc // mr - 1) // (mc // mr)
+    depth = kcap * ITEMSIZE
+    if (nblk > 1 and strip_cap >= nthreads
+            and msr * mr * depth + chunk_bytes <= budget < strip_cap * nr * depth):
+        nblk = 1
+    elif nblk > 1 or strip_cap < nthreads:
+        nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
     ngroups_max = 1 if nblk >= nthreads else min(strip_cap, 2 * nthreads)
     rows_per_blk = (msr + nblk - 1) // nblk
     ap_at = (strip_cap * kcap * nr + ALIGN - 1) // ALIGN * ALIGN
@@ -543,8 +554,8 @@ def layout(batch, m, n, k, nthreads, direct_max):
     return nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8, i8), **FLAGS)
-def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_bytes):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8, i8, i8), **FLAGS)
+def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_bytes, budget):
     """The rung on ``nthreads`` threads (an argument: reading Numba's thread count inside
     compiled code goes through a pointer, and code holding one cannot be cached); products
     of at most ``direct_max`` multiply-adds in all take the unpacked single-thread path.
@@ -560,7 +571,8 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
     for the others, see ``blocked``).
 
     ``chunk_bytes``: how much of B a task packs at a time in a product of one row block
-    (``B_CHUNK_BYTES``; an argument, so tests can make chunks of one strip).
+    (``B_CHUNK_BYTES``; an argument, so tests can make chunks of one strip); ``budget``:
+    see ``layout`` (``L2_BUDGET``).
     """
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2]
@@ -582,7 +594,7 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
         return
     # One product at a time, threads over (row block × strip group) tasks (see layout).
     nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(
-        batch, m, n, k, nthreads, direct_max)
+        batch, m, n, k, nthreads, direct_max, chunk_bytes, budget)
     if W.shape[0] < size:
         W = np.empty(size, dtype=C.dtype)
     ntask = nblk * ngroups_max
@@ -656,9 +668,11 @@ def blocked(A, B, C, alpha, beta, tr=0):
         if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, DIRECT_PRODUCT):
             gemv_threads(A, B, C, alpha, beta, nthreads)
         else:
-            size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT)[7]
+            size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT,
+                          B_CHUNK_BYTES, L2_BUDGET)[7]
             blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
-                            workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES)
+                            workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES,
+                            L2_BUDGET)
 
 
 # The CPU backend hands this rung transposed operands in place (see ``blocked``).
@@ -677,7 +691,7 @@ def blocked_serial(A, B, C, alpha, beta, tr=0):
     k = A.shape[1] if tr & 1 else A.shape[2]
     if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
         blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), 0,
-                        B_CHUNK_BYTES)
+                        B_CHUNK_BYTES, L2_BUDGET)
         return
     if takes_gemv(batch, m, n, k, DIRECT_PRODUCT):
         gemv_serial(A, B, C, alpha, beta)

@@ -253,26 +253,70 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     return module.blocked
 
 
-def one_row_block(m: int, n: int, threads: int, params: Mapping[str, int]) -> bool:
+# Products of one row block pack B a chunk of strips at a time, each chunk just before its
+# tiles are computed, into at most this many bytes (see ``run_parallel`` in the generated
+# module). Half of the smallest L2 seen (1 MiB on AMD Zen 4/5), so the chunk stays there
+# beside an MC x KC block of A; and the larger the chunk, the longer the piece of each row
+# of B that packing reads in one go (1 KiB per row at KC = 512).
+B_CHUNK_BYTES = 512 * 1024
+# A product of more than MC rows runs as one row block too while the packed block of all
+# its rows and a chunk of B take at most this share of a CPU's L2 and the panel of B that
+# row blocks would share does not (``l2_budget``, ``one_row_block``). Measured on an Intel
+# Xeon with 2 MiB of L2 per core (family 6 model 167, 2 threads): 128-256 rows x 2048-4096
+# columns at K >= 2048 went from 0.72-1.04x NumPy to 0.87-1.21x as one block; a block
+# filling all of L2 (384 rows, float64) lost, and so did 2048 x 2048 x 32 (1.37x to 1.06x:
+# its whole panel of B fits in L2, so sharing it costs nothing). 5/8 is the largest share
+# that leaves CPUs with 1 MiB of L2 (AMD Zen 4/5), where this was not measured, as they
+# were for K >= KC.
+ONE_BLOCK_L2_SHARE = 5 / 8
+
+
+def l2_budget() -> int:
+    """``ONE_BLOCK_L2_SHARE`` of this CPU's L2 in bytes (``backends.cpu.l2_cache_bytes``;
+    0 where the size is unknown, so only products of at most MC rows are one row block)."""
+    from tilegemm.backends.cpu import l2_cache_bytes
+
+    l2 = l2_cache_bytes()
+    return 0 if l2 is None else int(l2 * ONE_BLOCK_L2_SHARE)
+
+
+def one_row_block(m: int, n: int, k: int, threads: int, params: Mapping[str, int],
+                  itemsize: int, budget: int | None = None,
+                  chunk_bytes: int = B_CHUNK_BYTES) -> bool:
     """Whether the packed path runs a product as one row block split by columns, each
     thread packing its own strips of B as it goes (``layout`` and ``run_parallel`` in the
-    generated module): at most MC rows, and a strip of NR columns for every thread (or
-    one MR strip of rows, or one thread). The same arithmetic as ``layout``'s row blocks."""
+    generated module); the same arithmetic as ``layout``'s row blocks. That needs a strip
+    of NR columns for every thread (or one MR strip of rows, or one thread), and either at
+    most MC rows, or more rows whose packed block of A (MR-padded rows x min(KC, K), of
+    ``itemsize`` bytes) with ``chunk_bytes`` of B fits ``budget`` bytes (``l2_budget()``
+    when None) while the packed panel of B (min(NC, N) NR-padded columns x min(KC, K))
+    does not. In one row block, each thread multiplies the whole block of A by the strips
+    of B it packs, a chunk at a time: both stay in L2. Shared by several row blocks, a
+    panel of B that L2 cannot hold is read back from L3 (or memory) by each of them."""
     mr, nr = params["MR"], params["NR"]
+    budget = l2_budget() if budget is None else budget
     strips = (min(params["NC"], n) + nr - 1) // nr
     row_strips = (m + mr - 1) // mr
+    depth = min(params["KC"], k) * itemsize
     blocks = (row_strips + params["MC"] // mr - 1) // (params["MC"] // mr)
+    if (blocks > 1 and strips >= threads
+            and row_strips * mr * depth + chunk_bytes <= budget < strips * nr * depth):
+        return True
     if blocks > 1 or strips < threads:
         blocks = min(row_strips, (blocks + threads - 1) // threads * threads)
     return blocks == 1
 
 
 def path(batch: int, m: int, n: int, k: int, threads: int,
-         params: Mapping[str, int] | None = None) -> str:
+         params: Mapping[str, int] | None = None, *, itemsize: int | None = None,
+         budget: int | None = None) -> str:
     """Which of the rung's paths a product of ``batch`` (m, k) @ (k, n) products takes on
     ``threads`` threads, in words (``tilegemm.plan`` names it): the same tests, in the same
     order, as the generated module's ``blocked``, ``takes_gemv``, ``splits_batch`` and
-    (given the parameters) ``layout``."""
+    (given the parameters, the dtype's ``itemsize`` and the L2 ``budget``, see
+    :func:`one_row_block`) ``layout``."""
+    if params is not None and itemsize is None:
+        raise TypeError("path: the parameters need the dtype's itemsize beside them")
     size = m * n * k
     if k == 0:
         return "no K: beta·C (or zeros), on the calling thread"
@@ -283,7 +327,7 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     if batch >= 2 and (size <= SMALL_PRODUCT
                        or (size <= BATCH_PRODUCT and batch >= BATCH_SPLIT_MIN * threads)):
         return f"batch split: whole products on each of {threads} thread(s)"
-    if params is not None and one_row_block(m, n, threads, params):
+    if params is not None and one_row_block(m, n, k, threads, params, itemsize, budget):
         return (f"packed panels, one row block: columns split over {threads} thread(s), "
                 "each packing its own part of B as it goes")
     return f"packed panels, each product split over {threads} thread(s)"

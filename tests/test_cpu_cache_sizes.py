@@ -1,0 +1,65 @@
+"""The CPU backend's L2 size (sysfs on Linux), which decides how the blocked rung splits
+products of a few row blocks (``k02_blocked.one_row_block``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tilegemm.backends import cpu
+from tilegemm.kernels.cpu import k02_blocked
+
+
+def _cache(root: Path, index: int, level: str, kind: str, size: str, shared: str) -> None:
+    d = root / f"index{index}"
+    d.mkdir(parents=True)
+    for name, value in (("level", level), ("type", kind), ("size", size),
+                        ("shared_cpu_list", shared)):
+        (d / name).write_text(value + "\n")
+
+
+@pytest.mark.parametrize(("l2", "shared", "expected"), [
+    ("2048K", "0", 2 * 1024**2),            # a Xeon core (no hyperthreads)
+    ("1024K", "0,64", 512 * 1024),          # a Zen 4 core and its hyperthread
+    ("2M", "0-3", 512 * 1024),              # a cluster of 4 small cores sharing 2 MiB
+    ("512K", "0-1,8-9", 128 * 1024),
+])
+def test_l2_size_is_one_cpus_share_of_the_level_2_cache(tmp_path, l2, shared, expected):
+    _cache(tmp_path, 0, "1", "Data", "48K", "0")
+    _cache(tmp_path, 1, "1", "Instruction", "32K", "0")
+    _cache(tmp_path, 2, "2", "Unified", l2, shared)
+    _cache(tmp_path, 3, "3", "Unified", "32768K", "0-15")
+    assert cpu._sysfs_l2(tmp_path) == expected
+
+
+def test_l2_size_unknown_without_a_level_2_cache_or_with_an_unreadable_size(tmp_path):
+    _cache(tmp_path, 0, "1", "Data", "48K", "0")
+    _cache(tmp_path, 1, "3", "Unified", "32768K", "0-15")
+    assert cpu._sysfs_l2(tmp_path) is None
+    _cache(tmp_path, 2, "2", "Unified", "lots", "0")
+    assert cpu._sysfs_l2(tmp_path) is None
+
+
+def test_l2_size_of_this_machine_is_plausible():
+    size = cpu.l2_cache_bytes()
+    assert size is None or 64 * 1024 <= size <= 64 * 1024**2
+
+
+@pytest.mark.parametrize(("l2", "budget"), [(None, 0), (1024**2, 640 * 1024),
+                                            (2 * 1024**2, 1280 * 1024)])
+def test_budget_for_one_row_block_follows_the_l2_size(monkeypatch, l2, budget):
+    """No L2 size: no product of more than MC rows is one row block. With 1 MiB of L2 (AMD
+    Zen 4/5), products of K >= KC are split as before this rule (the block of A of MC + MR
+    rows and a chunk of B do not fit 5/8 of it); with 2 MiB (Intel Xeon), 128-256 rows of
+    float32 at K >= 2048 are one block."""
+    monkeypatch.setattr(cpu, "l2_cache_bytes", lambda: l2)
+    assert k02_blocked.l2_budget() == budget
+    zen = {"MR": 16, "NR": 8, "MC": 96, "KC": 512, "NC": 2048}
+    xeon = {"MR": 8, "NR": 32, "MC": 96, "KC": 512, "NC": 2048}
+    for m in (97, 112, 128, 192, 256):
+        assert not k02_blocked.one_row_block(m, 4096, 4096, 2, zen, 4, 640 * 1024)
+    for m in (97, 128, 192, 256):
+        assert k02_blocked.one_row_block(m, 4096, 4096, 2, xeon, 4) == (l2 == 2 * 1024**2)
+    # a panel of B that fits the budget (K = 32) is shared by several row blocks
+    assert not k02_blocked.one_row_block(2048, 2048, 32, 2, xeon, 4)
