@@ -35,6 +35,7 @@ import numpy as np
 from tilegemm import registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import wall_clock_elapsed
+from tilegemm.backends.cpu import l2_cache_bytes
 from tilegemm.bench.environment import (
     cpu_family_model,
     cpu_name,
@@ -73,13 +74,15 @@ def simd_flags() -> list[str]:
 
 def machine_record() -> dict:
     """What every CPU results file records about the machine and the software: the CPU
-    (model, family/model, ISA, vector flags, cores), Numba's threads and threading layer,
-    NumPy and its BLAS, the environment that changes them, and the commit."""
+    (model, family/model, ISA, vector flags, cores, L2 per CPU), Numba's threads and
+    threading layer, NumPy and its BLAS, the environment that changes them, and the
+    commit."""
     from tilegemm.bench.environment import host_info
 
     return {
         "device": "cpu", "cpu_model": cpu_name(), "cpu_family_model": cpu_family_model(),
         "isa": host_isa(), "simd": simd_flags(), "cores": os.cpu_count(),
+        "l2_bytes_per_cpu": l2_cache_bytes(),
         "numba_threads": numba.get_num_threads(),
         # tbb since tilegemm depends on it on Linux x86-64; omp (GNU OpenMP) before
         "numba_threading_layer": numba.threading_layer(),

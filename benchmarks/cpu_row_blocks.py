@@ -118,7 +118,7 @@ def main() -> None:
             mod.L2_BUDGET = default
     result = {
         **cpu_blocked.machine_record(),
-        "l2_bytes_per_cpu": l2, "share": args.share, "budget_bytes": budget,
+        "share": args.share, "budget_bytes": budget,
         "threads": threads,
         "method": f"whole matmul calls, split / rule / np.matmul in alternating blocks "
                   f"(about 30 ms each, after one untimed call), {args.pause} s idle before "

@@ -328,8 +328,10 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
                        or (size <= BATCH_PRODUCT and batch >= BATCH_SPLIT_MIN * threads)):
         return f"batch split: whole products on each of {threads} thread(s)"
     if params is not None and one_row_block(m, n, k, threads, params, itemsize, budget):
-        return (f"packed panels, one row block: columns split over {threads} thread(s), "
-                "each packing its own part of B as it goes")
+        why = (f" (more than MC={params['MC']} rows, but their block of A fits in L2 beside "
+               "a chunk of B)" if m > params["MC"] else "")
+        return (f"packed panels, one row block{why}: columns split over {threads} "
+                "thread(s), each packing its own part of B as it goes")
     return f"packed panels, each product split over {threads} thread(s)"
 
 
