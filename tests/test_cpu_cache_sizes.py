@@ -63,3 +63,17 @@ def test_budget_for_one_row_block_follows_the_l2_size(monkeypatch, l2, budget):
         assert k02_blocked.one_row_block(m, 4096, 4096, 2, xeon, 4) == (l2 == 2 * 1024**2)
     # a panel of B that fits the budget (K = 32) is shared by several row blocks
     assert not k02_blocked.one_row_block(2048, 2048, 32, 2, xeon, 4)
+
+
+@pytest.mark.parametrize(("l2", "chunk"), [(None, 512 * 1024), (512 * 1024, 256 * 1024),
+                                           (1024**2, 512 * 1024), (2 * 1024**2, 512 * 1024)])
+def test_chunk_of_b_is_at_most_half_of_l2(monkeypatch, l2, chunk):
+    """A task of one row block packs B 512 KiB at a time, or half of L2 where that is less
+    (AMD Zen 3: 512 KiB of L2), so the chunk stays in L2 beside the block of A."""
+    monkeypatch.setattr(cpu, "l2_cache_bytes", lambda: l2)
+    assert k02_blocked.b_chunk_bytes() == chunk
+    # one_row_block budgets the same chunk: 1 MiB of budget holds 1 MiB - chunk of A
+    params = {"MR": 8, "NR": 32, "MC": 96, "KC": 512, "NC": 2048}
+    rows = (1024**2 - chunk) // (512 * 4) // 8 * 8  # float32 rows of A at KC = 512
+    assert k02_blocked.one_row_block(rows, 4096, 4096, 2, params, 4, 1024**2)
+    assert not k02_blocked.one_row_block(rows + 8, 4096, 4096, 2, params, 4, 1024**2)

@@ -28,7 +28,7 @@ from tilegemm.kernels.cpu._threads import (
 )
 from tilegemm.kernels.cpu._vector_tile import applies, tile_loop, tile_store
 from tilegemm.kernels.cpu._workspace import workspace
-from tilegemm.kernels.cpu.k02_blocked import B_CHUNK_BYTES, l2_budget
+from tilegemm.kernels.cpu.k02_blocked import b_chunk_bytes, l2_budget
 
 # @header (replaced for each parameter set; these values only make the template importable)
 MR, NR, MC, KC, NC = 16, 8, 96, 512, 2048
@@ -43,10 +43,11 @@ K_UNROLL = 4  # K steps per trip of the micro-kernel's loop
 # @end-header
 
 BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
-# How much of B a task of one row block packs at a time (B_CHUNK_BYTES), and the share of
-# this CPU's L2 that decides which products of more than MC rows are one row block too (see
-# k02_blocked.one_row_block). Module globals, read by ``blocked`` on every call, so tests
+# How much of B a task of one row block packs at a time, and the share of this CPU's L2
+# that decides which products of more than MC rows are one row block too (see
+# k02_blocked.one_row_block): module globals, read by ``blocked`` on every call, so tests
 # can set them.
+B_CHUNK_BYTES = b_chunk_bytes()
 L2_BUDGET = l2_budget()
 
 mr, nr, mc, kc_max, nc_max = MR, NR, MC, KC, NC

@@ -254,11 +254,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
 
 
 # Products of one row block pack B a chunk of strips at a time, each chunk just before its
-# tiles are computed, into at most this many bytes (see ``run_parallel`` in the generated
-# module). Half of the smallest L2 seen (1 MiB on AMD Zen 4/5), so the chunk stays there
-# beside an MC x KC block of A; and the larger the chunk, the longer the piece of each row
-# of B that packing reads in one go (1 KiB per row at KC = 512).
-B_CHUNK_BYTES = 512 * 1024
+# tiles are computed, into at most this many bytes, and at most half of a CPU's L2
+# (``b_chunk_bytes``; see ``run_parallel`` in the generated module): the chunk stays in L2
+# beside an MC x KC block of A, and the larger it is, the longer the piece of each row of
+# B that packing reads in one go (1 KiB per row at KC = 512). 512 KiB measured best on an
+# Intel Xeon with 2 MiB of L2 (docs/cpu.md); it is half of AMD Zen 4/5's 1 MiB.
+B_CHUNK_MAX = 512 * 1024
 # A product of more than MC rows runs as one row block too while the packed block of all
 # its rows and a chunk of B take at most this share of a CPU's L2 and the panel of B that
 # row blocks would share does not (``l2_budget``, ``one_row_block``). Measured on an Intel
@@ -269,6 +270,15 @@ B_CHUNK_BYTES = 512 * 1024
 # that leaves CPUs with 1 MiB of L2 (AMD Zen 4/5), where this was not measured, as they
 # were for K >= KC.
 ONE_BLOCK_L2_SHARE = 5 / 8
+
+
+def b_chunk_bytes() -> int:
+    """How much of B a task of one row block packs at a time: ``B_CHUNK_MAX``, or half of
+    this CPU's L2 where that is less (256 KiB on AMD Zen 3, with 512 KiB of L2)."""
+    from tilegemm.backends.cpu import l2_cache_bytes
+
+    l2 = l2_cache_bytes()
+    return B_CHUNK_MAX if l2 is None else min(B_CHUNK_MAX, l2 // 2)
 
 
 def l2_budget() -> int:
@@ -282,19 +292,21 @@ def l2_budget() -> int:
 
 def one_row_block(m: int, n: int, k: int, threads: int, params: Mapping[str, int],
                   itemsize: int, budget: int | None = None,
-                  chunk_bytes: int = B_CHUNK_BYTES) -> bool:
+                  chunk_bytes: int | None = None) -> bool:
     """Whether the packed path runs a product as one row block split by columns, each
     thread packing its own strips of B as it goes (``layout`` and ``run_parallel`` in the
     generated module); the same arithmetic as ``layout``'s row blocks. That needs a strip
     of NR columns for every thread (or one MR strip of rows, or one thread), and either at
     most MC rows, or more rows whose packed block of A (MR-padded rows x min(KC, K), of
-    ``itemsize`` bytes) with ``chunk_bytes`` of B fits ``budget`` bytes (``l2_budget()``
-    when None) while the packed panel of B (min(NC, N) NR-padded columns x min(KC, K))
-    does not. In one row block, each thread multiplies the whole block of A by the strips
-    of B it packs, a chunk at a time: both stay in L2. Shared by several row blocks, a
-    panel of B that L2 cannot hold is read back from L3 (or memory) by each of them."""
+    ``itemsize`` bytes) with ``chunk_bytes`` of B (``b_chunk_bytes()`` when None) fits
+    ``budget`` bytes (``l2_budget()`` when None) while the packed panel of B (min(NC, N)
+    NR-padded columns x min(KC, K)) does not. In one row block, each thread multiplies the
+    whole block of A by the strips of B it packs, a chunk at a time: both stay in L2.
+    Shared by several row blocks, a panel of B that L2 cannot hold is read back from L3 (or
+    memory) by each of them."""
     mr, nr = params["MR"], params["NR"]
     budget = l2_budget() if budget is None else budget
+    chunk_bytes = b_chunk_bytes() if chunk_bytes is None else chunk_bytes
     strips = (min(params["NC"], n) + nr - 1) // nr
     row_strips = (m + mr - 1) // mr
     depth = min(params["KC"], k) * itemsize
