@@ -77,3 +77,15 @@ def test_chunk_of_b_is_at_most_half_of_l2(monkeypatch, l2, chunk):
     rows = (1024**2 - chunk) // (512 * 4) // 8 * 8  # float32 rows of A at KC = 512
     assert k02_blocked.one_row_block(rows, 4096, 4096, 2, params, 4, 1024**2)
     assert not k02_blocked.one_row_block(rows + 8, 4096, 4096, 2, params, 4, 1024**2)
+
+
+def test_results_files_record_the_l2_size(monkeypatch):
+    """Benchmarks record the CPU backend's details: the L2 size beside the family/model."""
+    from tilegemm.backends import get_backend
+    from tilegemm.bench.environment import backend_info
+
+    monkeypatch.setattr(cpu, "l2_cache_bytes", lambda: 3 * 1024**2)
+    monkeypatch.setattr(cpu, "cpu_family_model", lambda: "6-207")
+    info = backend_info(get_backend("cpu"))
+    assert info["l2_bytes_per_cpu"] == 3 * 1024**2 and info["cpu_family_model"] == "6-207"
+    assert "device_info_error" not in info

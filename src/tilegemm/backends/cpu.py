@@ -243,7 +243,11 @@ class CpuBackend(Backend):
                       Limits(threads_per_block=0), timer="perf_counter", vendors=("numpy",))
 
     def device_details(self, target: Target) -> dict[str, Any]:
-        return {"device": target.name}
+        """What results files record about the CPU beside its name: the family and model
+        (which tell generations under one vendor string apart) and the L2 cache one CPU has,
+        which sizes the blocked rung's work (``l2_cache_bytes``)."""
+        return {"device": target.name, "cpu_family_model": cpu_family_model(),
+                "l2_bytes_per_cpu": l2_cache_bytes()}
 
     def check_problem(self, operands: Any, prob: GemmProblem, target: Target,
                       out: Any = None) -> None:
