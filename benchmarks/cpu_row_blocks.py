@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +32,7 @@ import cpu_blocked  # noqa: E402
 import tilegemm  # noqa: E402
 from tilegemm.backends.cpu import l2_cache_bytes  # noqa: E402
 from tilegemm.bench.environment import write_cpu_results  # noqa: E402
-from tilegemm.bench.timing import alternating  # noqa: E402
+from tilegemm.bench.timing import alternating, call_block, calls_per_block  # noqa: E402
 from tilegemm.kernels.cpu import k02_blocked  # noqa: E402
 from tilegemm.kernels.cpu._threads import planned_threads  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
@@ -62,20 +61,9 @@ def measure(mod: object, a: np.ndarray, b: np.ndarray, budget: int, rounds: int,
     ways = {"split": ours(0), "rule": ours(budget), "numpy": lambda: np.matmul(a, b)}
     for name in ("split", "rule"):
         tilegemm.assert_close(ways[name](), a, b, what=f"{name} {a.shape} @ {b.shape}")
-    t = time.perf_counter()
-    ways["split"]()
-    calls = max(1, min(200, int(0.03 / max(time.perf_counter() - t, 1e-6))))
-
-    def block(f: Callable[[], object]) -> Callable[[], list[float]]:
-        def run() -> list[float]:
-            f()  # wakes the threads after the pause (not timed)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                f()
-            return [(time.perf_counter() - t0) / calls]
-        return run
-
-    times = alternating({k: block(f) for k, f in ways.items()}, rounds, pause=pause)
+    calls = calls_per_block(ways["split"], 0.03)
+    times = alternating({k: call_block(f, calls) for k, f in ways.items()}, rounds,
+                        pause=pause)
     med = {k: float(np.median(v)) for k, v in times.items()}
     return {"ratio_split": round(med["numpy"] / med["split"], 3),
             "ratio_rule": round(med["numpy"] / med["rule"], 3),

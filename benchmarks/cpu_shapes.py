@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +33,7 @@ import tilegemm  # noqa: E402
 from tilegemm.bench.environment import (  # noqa: E402
     write_cpu_results,
 )
-from tilegemm.bench.timing import alternating  # noqa: E402
+from tilegemm.bench.timing import alternating, call_block, calls_per_block  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,21 +85,10 @@ def measure(a: np.ndarray, b: np.ndarray, rounds: int, pause: float) -> dict:
     tilegemm.assert_close(got, a, b, what=f"{a.shape} @ {b.shape} {a.dtype}")  # no timing
     scale = np.abs(a).max() * np.abs(b).max() * a.shape[-1]
     err = float(np.max(np.abs(got.astype(np.float64) - ref))) / max(float(scale), 1e-30)
-    t = time.perf_counter()
-    tilegemm.matmul(a, b)
-    calls = max(1, min(200, int(0.02 / max(time.perf_counter() - t, 1e-6))))
-
-    def block(f: Callable[[], object]) -> Callable[[], list[float]]:
-        def run() -> list[float]:
-            f()  # wakes the threads after the pause (not timed)
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                f()
-            return [(time.perf_counter() - t0) / calls]
-        return run
-
-    times = alternating({"ours": block(lambda: tilegemm.matmul(a, b)),
-                         "numpy": block(lambda: np.matmul(a, b))}, rounds, pause=pause)
+    calls = calls_per_block(lambda: tilegemm.matmul(a, b))
+    times = alternating({"ours": call_block(lambda: tilegemm.matmul(a, b), calls),
+                         "numpy": call_block(lambda: np.matmul(a, b), calls)}, rounds,
+                        pause=pause)
     ours, npy = float(np.median(times["ours"])), float(np.median(times["numpy"]))
     return {"ms_tilegemm": round(ours * 1e3, 4), "ms_numpy": round(npy * 1e3, 4),
             "ratio": round(npy / ours, 3), "calls_per_block": calls,

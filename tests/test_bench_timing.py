@@ -3,6 +3,8 @@ excluded, verification before timing, failures reported with reasons (no speed a
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -293,3 +295,14 @@ def test_measurement_round_trips_through_a_dict() -> None:
     assert d["gflops"] == pytest.approx(128 / 2e-3 / 1e9) and d["stats"]["median"] == 2e-3
     again = Measurement.from_dict(d)
     assert again == m
+
+
+def test_call_block_runs_one_untimed_call_then_the_block() -> None:
+    from tilegemm.bench.timing import call_block, calls_per_block
+
+    calls: list[int] = []
+    run = call_block(lambda: calls.append(1), 5)
+    samples = run()
+    assert len(calls) == 6 and len(samples) == 1 and samples[0] >= 0
+    assert calls_per_block(lambda: None, 0.02, most=7) == 7  # a fast call: capped
+    assert calls_per_block(lambda: time.sleep(0.03), 0.02) == 1  # a slow one: at least one

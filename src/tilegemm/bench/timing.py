@@ -331,6 +331,27 @@ def alternating(
     return got
 
 
+def calls_per_block(call: Callable[[], Any], seconds: float = 0.02, most: int = 200) -> int:
+    """How many back-to-back ``call()`` fill a block of about ``seconds`` (1 to ``most``),
+    from one timed call."""
+    t = time.perf_counter()
+    call()
+    return max(1, min(most, int(seconds / max(time.perf_counter() - t, 1e-6))))
+
+
+def call_block(call: Callable[[], Any], calls: int) -> Callable[[], list[float]]:
+    """A contender for :func:`alternating`: one untimed ``call()`` (after an idle pause the
+    first parallel region of a library waits for its sleeping threads), then ``calls``
+    back to back; its one sample is their mean wall-clock time."""
+    def run() -> list[float]:
+        call()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            call()
+        return [(time.perf_counter() - t0) / calls]
+    return run
+
+
 def mean_call_seconds(call: Callable[[], Any], seconds: float = 0.3, *,
                       clock: Clock = time.perf_counter) -> float:
     """Mean wall-clock seconds of one ``call()`` over about ``seconds`` of calls, after one
