@@ -89,3 +89,17 @@ def test_results_files_record_the_l2_size(monkeypatch):
     info = backend_info(get_backend("cpu"))
     assert info["l2_bytes_per_cpu"] == 3 * 1024**2 and info["cpu_family_model"] == "6-207"
     assert "device_info_error" not in info
+
+
+def test_more_rows_are_one_row_block_only_with_256_columns_per_task():
+    """Every task of one row block packs the whole block of A: a product of more than MC
+    rows is one block only while each of two tasks per thread gets 256 columns of the
+    panel (2048 columns: up to 4 threads), and the compiled module uses the same bound."""
+    xeon = {"MR": 8, "NR": 32, "MC": 96, "KC": 512, "NC": 2048}
+    budget = 2 * 1024**2
+    for threads, fused in ((1, True), (2, True), (4, True), (5, False), (8, False)):
+        assert k02_blocked.one_row_block(128, 4096, 4096, threads, xeon, 4, budget) == fused
+    assert not k02_blocked.one_row_block(128, 900, 4096, 2, xeon, 4, budget)
+    assert k02_blocked.one_row_block(96, 4096, 4096, 8, xeon, 4, budget)  # MC rows: as before
+    source = (Path(k02_blocked.__file__).parent / "_blocked_source.py").read_text()
+    assert f"ONE_BLOCK_TASK_COLUMNS = {k02_blocked.ONE_BLOCK_TASK_COLUMNS}\n" in source

@@ -506,20 +506,23 @@ def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
     (none; 47 strips of MR=4 rows of A at KC=64 and a chunk of B; more than any panel)."""
     from tilegemm.kernels.cpu import k02_blocked
 
-    params, mod = _blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256},
+    params, mod = _blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 2048},
                                   "float64")
     chunk = 64 * 8 * 8  # one strip of B at KC = 64
     seen = set()
     for budget in (0, 47 * 4 * 64 * 8 + chunk, 10**9):
         for k in (40, 10**5):
             for m in (2, 4, 5, 44, 47, 48, 49, 96, 97, 188, 189, 300):
-                for n in (9, 16, 17, 24, 25, 64, 1000):
+                for n in (9, 16, 17, 24, 25, 64, 1000, 1023, 1024, 3000):
                     fused = k02_blocked.one_row_block(m, n, k, threads, params, 8, budget,
                                                       chunk)
                     got = mod.layout(1, m, n, k, threads, 0, chunk, budget)[0] == 1
                     assert fused == got, (m, n, k, threads, budget)
                     seen.add((fused, m > 48))
-    assert {(True, True), (True, False), (False, True)} <= seen  # (fused, more than MC rows)
+    # (fused, more than MC rows); more rows are fused only with 256 columns per task
+    fused_rows = {(True, True)} if threads <= 4 else set()
+    assert {(True, False), (False, True)} | fused_rows <= seen
+    assert (True, True) not in seen or threads <= 4
     for m, n, k in ((300, 1000, 10**5), (40, 1000, 10**5), (40, 9, 10**5)):  # plan's words
         fused = k02_blocked.one_row_block(m, n, k, threads, params, 8)
         path = k02_blocked.path(1, m, n, k, threads, params, itemsize=8)
@@ -533,13 +536,15 @@ def test_rows_whose_block_of_a_fits_the_l2_budget_run_as_one_row_block(monkeypat
     from tilegemm.kernels.cpu._threads import planned_threads
     from tilegemm.kernels.cpu.k02_blocked import one_row_block
 
-    params, mod = _blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256},
+    params, mod = _blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 4096},
                                   "float64")
     chunk = 3 * 64 * 8 * 8  # three strips of B at KC = 64
     monkeypatch.setitem(mod.__dict__, "B_CHUNK_BYTES", chunk)
     threads = planned_threads()
-    n, k = 256 + 5 * 8 + 3, 3 * 64 + 5
-    panel = 256 * 64 * 8  # the packed panel of B: NC columns at KC
+    if threads > 8:  # two tasks per thread, 256 columns each, of a 4096-column panel
+        pytest.skip(f"{threads} threads: fewer than 256 columns of the panel per task")
+    n, k = 4096 + 5 * 8 + 3, 3 * 64 + 5
+    panel = 4096 * 64 * 8  # the packed panel of B: NC columns at KC
     for m, b_transposed in ((97, False), (150, True), (190, False)):
         block = (m + 3) // 4 * 4 * 64 * 8  # the MR-padded block of A at KC, in bytes
         for budget in (block + chunk - 1, block + chunk, panel):

@@ -43,6 +43,11 @@ K_UNROLL = 4  # K steps per trip of the micro-kernel's loop
 # @end-header
 
 BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
+# A product of more than MC rows is one row block only with at least this many columns of
+# B per task (two tasks per thread): every task packs the whole block of A for its columns,
+# and with fewer, packing A would cost a large share of the multiplications (see
+# k02_blocked.ONE_BLOCK_TASK_COLUMNS, which must equal it).
+ONE_BLOCK_TASK_COLUMNS = 256
 # How much of B a task of one row block packs at a time, and the share of this CPU's L2
 # that decides which products of more than MC rows are one row block too (see
 # k02_blocked.one_row_block): module globals, read by ``blocked`` on every call, so tests
@@ -526,8 +531,9 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget):
     multiply-adds in all, or a batch of small products.
 
     ``chunk_bytes``, ``budget``: a product of more than MC rows is one row block too when its
-    packed block of A and ``chunk_bytes`` of B fit ``budget`` bytes (``L2_BUDGET``) and the
-    panel of B does not (see ``k02_blocked.one_row_block``).
+    packed block of A and ``chunk_bytes`` of B fit ``budget`` bytes (``L2_BUDGET``), the
+    panel of B does not, and each of two tasks per thread gets ``ONE_BLOCK_TASK_COLUMNS``
+    columns (see ``k02_blocked.one_row_block``).
     """
     if k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads):
         return 0, 0, 0, 0, 0, 0, 0, 0
@@ -536,13 +542,13 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget):
     # tasks. A product of at most MC rows with a strip of B for every thread is one row
     # block, split by columns only: each task then packs its own part of B (run_parallel);
     # so is a product of more rows whose block of A and a chunk of B fit the L2 budget while
-    # its panel of B does not.
+    # its panel of B does not, given enough columns per task to pay for packing that block.
     strip_cap = (min(nc_max, n) + nr - 1) // nr
     msr = (m + mr - 1) // mr
     kcap = min(kc_max, k)
     nblk = (msr + mc // mr - 1) // (mc // mr)
     depth = kcap * ITEMSIZE
-    if (nblk > 1 and strip_cap >= nthreads
+    if (nblk > 1 and strip_cap * nr >= ONE_BLOCK_TASK_COLUMNS * 2 * nthreads
             and msr * mr * depth + chunk_bytes <= budget < strip_cap * nr * depth):
         nblk = 1
     elif nblk > 1 or strip_cap < nthreads:

@@ -270,6 +270,13 @@ B_CHUNK_MAX = 512 * 1024
 # that leaves CPUs with 1 MiB of L2 (AMD Zen 4/5), where this was not measured, as they
 # were for K >= KC.
 ONE_BLOCK_L2_SHARE = 5 / 8
+# ... and only with at least this many columns of B for each of two tasks per thread: every
+# task packs the whole block of A, which pays for itself only over enough columns (at 256,
+# each packed element of A serves 256 multiply-adds). The measurements
+# above had 512 (2 threads, 2048 columns per panel); on many cores a panel's columns are
+# spread too thin, and products of more than MC rows are split as before. The generated
+# module has the same constant (``_blocked_source``).
+ONE_BLOCK_TASK_COLUMNS = 256
 
 
 def b_chunk_bytes() -> int:
@@ -295,12 +302,13 @@ def one_row_block(m: int, n: int, k: int, threads: int, params: Mapping[str, int
                   chunk_bytes: int | None = None) -> bool:
     """Whether the packed path runs a product as one row block split by columns, each
     thread packing its own strips of B as it goes (``layout`` and ``run_parallel`` in the
-    generated module); the same arithmetic as ``layout``'s row blocks. That needs a strip
-    of NR columns for every thread (or one MR strip of rows, or one thread), and either at
-    most MC rows, or more rows whose packed block of A (MR-padded rows x min(KC, K), of
+    generated module); the same arithmetic as ``layout``'s row blocks. That needs either
+    at most MC rows and a strip of NR columns for every thread (or one MR strip of rows, or
+    one thread), or more rows whose packed block of A (MR-padded rows x min(KC, K), of
     ``itemsize`` bytes) with ``chunk_bytes`` of B (``b_chunk_bytes()`` when None) fits
     ``budget`` bytes (``l2_budget()`` when None) while the packed panel of B (min(NC, N)
-    NR-padded columns x min(KC, K)) does not. In one row block, each thread multiplies the
+    NR-padded columns x min(KC, K)) does not, with ``ONE_BLOCK_TASK_COLUMNS`` columns of
+    the panel for each of two tasks per thread. In one row block, each thread multiplies the
     whole block of A by the strips of B it packs, a chunk at a time: both stay in L2.
     Shared by several row blocks, a panel of B that L2 cannot hold is read back from L3 (or
     memory) by each of them."""
@@ -311,7 +319,7 @@ def one_row_block(m: int, n: int, k: int, threads: int, params: Mapping[str, int
     row_strips = (m + mr - 1) // mr
     depth = min(params["KC"], k) * itemsize
     blocks = (row_strips + params["MC"] // mr - 1) // (params["MC"] // mr)
-    if (blocks > 1 and strips >= threads
+    if (blocks > 1 and strips * nr >= ONE_BLOCK_TASK_COLUMNS * 2 * threads
             and row_strips * mr * depth + chunk_bytes <= budget < strips * nr * depth):
         return True
     if blocks > 1 or strips < threads:
