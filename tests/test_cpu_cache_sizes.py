@@ -103,3 +103,20 @@ def test_more_rows_are_one_row_block_only_with_256_columns_per_task():
     assert k02_blocked.one_row_block(96, 4096, 4096, 8, xeon, 4, budget)  # MC rows: as before
     source = (Path(k02_blocked.__file__).parent / "_blocked_source.py").read_text()
     assert f"ONE_BLOCK_TASK_COLUMNS = {k02_blocked.ONE_BLOCK_TASK_COLUMNS}\n" in source
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    # Apple M1: 12 MiB of L2 shared by the 4 performance cores
+    ({"hw.perflevel0.l2cachesize": 12 * 1024**2, "hw.perflevel0.cpusperl2": 4}, 3 * 1024**2),
+    ({"hw.l2cachesize": 256 * 1024}, 256 * 1024),  # an Intel Mac: per core, nothing shared
+    ({}, None),
+])
+def test_l2_size_on_macos_from_sysctl(monkeypatch, values, expected):
+    monkeypatch.setattr(cpu, "SYSFS_CACHES", Path("/nonexistent/cpu0/cache"))
+    monkeypatch.setattr(cpu.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(cpu, "_sysctl_int", values.get)
+    cpu.l2_cache_bytes.cache_clear()
+    try:
+        assert cpu.l2_cache_bytes() == expected
+    finally:
+        cpu.l2_cache_bytes.cache_clear()
