@@ -120,3 +120,15 @@ def test_l2_size_on_macos_from_sysctl(monkeypatch, values, expected):
         assert cpu.l2_cache_bytes() == expected
     finally:
         cpu.l2_cache_bytes.cache_clear()
+
+
+@pytest.mark.parametrize(("l2", "shown"), [(2 * 1024**2, ", L2 2 MiB per CPU"),
+                                           (512 * 1024, ", L2 512 KiB per CPU"), (None, "")])
+def test_cpu_status_line_names_the_l2_size(monkeypatch, l2, shown):
+    """``tilegemm info`` shows the L2 size the blocked rung sizes its work to."""
+    monkeypatch.setattr(cpu, "l2_cache_bytes", lambda: l2)
+    cpu._status.cache_clear()
+    try:
+        assert cpu._status().reason.endswith(f"CPU core(s){shown}")
+    finally:
+        cpu._status.cache_clear()

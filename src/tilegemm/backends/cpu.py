@@ -224,7 +224,11 @@ def physical_memory() -> int | None:
 def _status() -> BackendStatus:
     """Probed once: ``kernel="auto"`` asks on every call, and small products are measured in
     microseconds."""
-    return BackendStatus("cpu", True, f"Numba on {os.cpu_count()} CPU core(s)", ("host CPU",))
+    l2 = l2_cache_bytes()  # what the blocked rung sizes its work to: worth seeing
+    size = (f"{l2 // 1024} KiB" if l2 < 2**20 else f"{l2 / 2**20:g} MiB") if l2 else ""
+    cache = f", L2 {size} per CPU" if l2 else ""
+    return BackendStatus("cpu", True, f"Numba on {os.cpu_count()} CPU core(s){cache}",
+                         ("host CPU",))
 
 
 class CpuBackend(Backend):
