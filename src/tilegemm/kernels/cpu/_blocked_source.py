@@ -40,14 +40,12 @@ BATCH_PRODUCT = 256 * 256 * 256
 BATCH_SPLIT_MIN = 2
 VECTOR_BITS = None  # widest vectors the code may use (None: LLVM's choice for the CPU)
 K_UNROLL = 4  # K steps per trip of the micro-kernel's loop
+# more than MC rows are one row block only with this many columns of B per task
+# (k02_blocked.ONE_BLOCK_TASK_COLUMNS)
+ONE_BLOCK_TASK_COLUMNS = 256
 # @end-header
 
 BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
-# A product of more than MC rows is one row block only with at least this many columns of
-# B per task (two tasks per thread): every task packs the whole block of A for its columns,
-# and with fewer, packing A would cost a large share of the multiplications (see
-# k02_blocked.ONE_BLOCK_TASK_COLUMNS, which must equal it).
-ONE_BLOCK_TASK_COLUMNS = 256
 # How much of B a task of one row block packs at a time, and the share of this CPU's L2
 # that decides which products of more than MC rows are one row block too (see
 # k02_blocked.one_row_block): module globals, read by ``blocked`` on every call, so tests

@@ -241,7 +241,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
         {"MR, NR, MC, KC, NC": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
          "BATCH_PRODUCT": BATCH_PRODUCT, "BATCH_SPLIT_MIN": BATCH_SPLIT_MIN,
-         "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL},
+         "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL,
+         "ONE_BLOCK_TASK_COLUMNS": ONE_BLOCK_TASK_COLUMNS},
         {"ukernel": micro_kernel_source(p["MR"], p["NR"], vector_loop=applies(dtype)),
          "dot": dot_rows_source(dot_lanes(dtype, bits))},
     )
@@ -274,8 +275,8 @@ ONE_BLOCK_L2_SHARE = 5 / 8
 # task packs the whole block of A, which pays for itself only over enough columns (at 256,
 # each packed element of A serves 256 multiply-adds). The measurements
 # above had 512 (2 threads, 2048 columns per panel); on many cores a panel's columns are
-# spread too thin, and products of more than MC rows are split as before. The generated
-# module has the same constant (``_blocked_source``).
+# spread too thin, and products of more than MC rows are split as before. Written into the
+# generated module's header, as the product sizes above are.
 ONE_BLOCK_TASK_COLUMNS = 256
 
 
