@@ -206,8 +206,8 @@ def test_prepare_launch_fetch_elapsed(spec):
 
 
 def test_blocked_micro_kernel_is_vectorised():
-    """The register tile must compile to vector FMAs; if Numba's SLP switch stops working,
-    the rung silently drops to a fraction of its speed — this catches that."""
+    """The register tile must compile to vector FMAs; scalar ones (or gathers) would drop
+    the rung silently to a fraction of its speed — this catches that."""
     from llvmlite import binding as llvm
 
     from tilegemm.kernels.cpu.k02_blocked import K_UNROLL, micro_kernel
@@ -230,9 +230,10 @@ _HASWELL = ("+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+cx16,+movbe,+lzcn
             "-avx512f,-avx512vl,-avx512bw,-avx512dq,-avx512cd")
 
 
-def _k_loop_for_avx2(mr, nr, dtype):
+def _k_loop_for_avx2(mr, nr, dtype, op="vfmadd"):
     """The explicit vector K loop for an MR×NR tile in 256-bit vectors, compiled to AVX2
-    machine code (whatever the host): (FMAs, stack accesses) in its busiest block."""
+    machine code (whatever the host): (count of ``op``, stack accesses) in its busiest
+    block (the one with the most ``op``)."""
     import re
 
     import numba
@@ -254,8 +255,8 @@ def _k_loop_for_avx2(mr, nr, dtype):
     machine = llvm.Target.from_triple(module.triple).create_target_machine(
         cpu="haswell", features=_HASWELL, opt=3)
     blocks = re.split(r"\n(?=\.?[\w$.]+:)", machine.emit_assembly(module))
-    loop = max(blocks, key=lambda b: b.count("vfmadd"))
-    return loop.count("vfmadd"), loop.count("rsp")
+    loop = max(blocks, key=lambda b: b.count(op))
+    return loop.count(op), loop.count("rsp")
 
 
 def test_vector_k_loop_keeps_blis_avx2_tiles_in_registers():
@@ -274,6 +275,24 @@ def test_vector_k_loop_keeps_blis_avx2_tiles_in_registers():
     assert fmas == 4 * 16 and stack > 0
 
 
+def test_integer_k_loop_multiplies_in_the_dtypes_own_width():
+    """int32 tiles multiply and add 32-bit lanes (``vpmulld``/``vpaddd``): written as
+    Python scalars, ``a * b`` of two int32 is an int64 in Numba, and the old tile
+    multiplied 64-bit halves at half the rate. AVX2 has no 64-bit vector multiply, so an
+    int64 tile shows LLVM's expansion of it (``vpmuludq``): the negative control that the
+    count sees a 64-bit multiply where there is one. (Integer sums may be reassociated, and
+    LLVM adds pairs of the unrolled steps' products before the accumulator, so a few
+    values go through the stack: measured no slower than one step per trip.)"""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("reads x86 machine code")
+    assert _k_loop_for_avx2(4, 16, "int32", op="vpmulld")[0] == 4 * 8
+    assert _k_loop_for_avx2(4, 16, "int32", op="vpaddd")[0] == 4 * 8
+    assert _k_loop_for_avx2(4, 16, "int32", op="vpmuludq")[0] == 0
+    assert _k_loop_for_avx2(4, 8, "int64", op="vpmuludq")[0] >= 4 * 8
+
+
 def test_vector_lanes_divide_the_tile():
     from tilegemm.kernels.cpu._vector_tile import lanes, tile_loop
 
@@ -281,16 +300,18 @@ def test_vector_lanes_divide_the_tile():
     assert lanes(8, np.dtype("float32"), 512) == 8  # never wider than the row
     assert lanes(16, np.dtype("float64"), None) == 4  # 256-bit when LLVM chooses
     assert lanes(24, np.dtype("float32"), 512) == 8  # a divisor of NR
-    with pytest.raises(ValueError, match="int32"):
-        tile_loop(4, 8, np.dtype("int32"), 256, 4)
+    assert lanes(32, np.dtype("int32"), 512) == 16
+    with pytest.raises(ValueError, match="uint32"):
+        tile_loop(4, 8, np.dtype("uint32"), 256, 4)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32", "int64"])
 @pytest.mark.parametrize("bits", [None, 512])
 def test_vector_tile_store_writes_alpha_tile_plus_bb_c_into_a_strided_c(dtype, bits):
     """The tile's write-back into C (``tile_store``): C[i:i+MR, j:j+NR] = alpha*T, or
     alpha*T + bb*C, and nothing else of C; C's rows (38 wide) longer than the tile's and
-    the offset (i, j) = (3, 5) no multiple of anything, so no access is aligned."""
+    the offset (i, j) = (3, 5) no multiple of anything, so no access is aligned. Integers
+    over their whole range, so the products wrap as NumPy's do."""
     import numba
 
     from tilegemm.kernels.cpu._vector_tile import tile_store
@@ -310,29 +331,37 @@ def test_vector_tile_store_writes_alpha_tile_plus_bb_c_into_a_strided_c(dtype, b
         else:
             store_c(t, c, i, j, alpha, bb)
 
-    tile = rng.standard_normal((mr, nr)).astype(dt)
-    alpha, bb = dt.type(2.0), dt.type(-0.5)  # exact products: one rounding, fused or not
+    def draw(shape):
+        if dt.kind == "i":
+            info = np.iinfo(dt)
+            return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
+        return rng.standard_normal(shape).astype(dt)
+
+    tile = draw((mr, nr))
+    # exact float products: one rounding, fused or not; integer ones wrap
+    alpha, bb = (dt.type(2.0), dt.type(-0.5)) if dt.kind == "f" else (dt.type(3), dt.type(-7))
     for mode in (1, 2):
-        c = rng.standard_normal((20, 38)).astype(dt)
+        c = draw((20, 38))
         want = c.copy()
         block = want[3:3 + mr, 5:5 + nr]
-        block[...] = alpha * tile + (bb * block if mode == 2 else 0)
+        with np.errstate(over="ignore"):
+            block[...] = alpha * tile + (bb * block if mode == 2 else 0)
         call(tile, c, 3, 5, alpha, bb, mode)
         np.testing.assert_array_equal(c, want)
 
 
-def test_float_micro_kernel_writes_c_as_vectors_not_named_scalars():
-    """The float micro-kernel's source updates C through the vector intrinsics, not
-    MR·NR named scalars for the SLP vectoriser to pack (a third of the compile time);
-    integer tiles keep the scalars."""
+def test_micro_kernel_writes_c_as_vectors_not_named_scalars():
+    """The micro-kernel's source is the vector K loop and the vector updates of C, for
+    every dtype: no MR·NR named scalars for the SLP vectoriser to pack (a third of the
+    float compile time, and the integer tiles' 64-bit arithmetic)."""
     from tilegemm.kernels.cpu import k02_blocked
 
-    src = k02_blocked.micro_kernel_source(8, 32, vector_loop=True)
+    src = k02_blocked.micro_kernel_source()
+    assert src.startswith("def ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode):")
+    assert "kloop(kc, Ap," in src
     assert "tstore(T, C, i, j, alpha)" in src and "tstore_c(T, C, i, j, alpha, bb)" in src
     assert "c0_0" not in src and src.count("\n") < 12
     assert src.count("alpha * c") == 0
-    ints = k02_blocked.micro_kernel_source(8, 32, vector_loop=False)
-    assert ints.count("alpha * c") == 2 * 8 * 32
 
 
 def test_vector_width_attributes_reach_every_function_definition():
@@ -386,39 +415,59 @@ def test_blocked_packed_path_on_small_shapes(dtype, monkeypatch):
         assert_close(run(spec, a, b, **params), a, b, what=f"packed {dtype} {shape_a} {shape_b}")
 
 
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + ("int32", "int64"))
 def test_micro_kernel_every_k_remainder(dtype):
     """The micro-kernel's K loop runs ``K_UNROLL`` steps per iteration and then a remainder
     loop, and it writes a whole tile straight into C: every depth from 1 to past two
     unrolled iterations must equal the float64 product of the strips (tolerance scaled by
-    K), into a NaN-poisoned scratch tile (mode 0), a NaN-poisoned C (mode 1, C unread) and
-    onto an existing C (mode 2, ``alpha*tile + bb*C``), leaving C's other elements alone."""
+    K; integers exactly, over their whole range, so sums and products wrap as NumPy's),
+    into a poisoned scratch tile (mode 0), a poisoned C (mode 1, C unread) and onto an
+    existing C (mode 2, ``alpha*tile + bb*C``), leaving C's other elements alone."""
     from tilegemm.kernels.cpu.k02_blocked import K_UNROLL, micro_kernel
 
+    dt = np.dtype(dtype)
     mr, nr = 4, 8
-    uk = micro_kernel(mr, nr, np.dtype(dtype))
+    uk = micro_kernel(mr, nr, dt)
     rng = np.random.default_rng(13)
+    if dt.kind == "i":
+        info = np.iinfo(dt)
+        poison = dt.type(info.min)
+
+        def draw(shape):
+            return rng.integers(info.min, info.max, size=shape, dtype=dt, endpoint=True)
+
+        alphas = (dt.type(1), dt.type(0), dt.type(-3), dt.type(0), dt.type(5), dt.type(7))
+    else:
+        poison = dt.type(np.nan)
+
+        def draw(shape):
+            return rng.standard_normal(shape).astype(dt)
+
+        alphas = (dt.type(1), dt.type(0), dt.type(2), dt.type(0), dt.type(-0.5), dt.type(3))
+
+    def untouched(x):
+        return np.isnan(x).all() if dt.kind == "f" else (x == poison).all()
+
     i, j = 3, 5  # the tile's corner inside a larger C
     for kc in range(1, 2 * K_UNROLL + 2):
         # strip r=1 and s=1 of two-strip panels, so the strip indexing is exercised too
-        ap = rng.standard_normal((2, kc, mr)).astype(dtype)
-        bp = rng.standard_normal((2, kc, nr)).astype(dtype)
-        tile = np.full((mr, nr), np.nan, dtype=dtype)
-        c = np.full((mr + 5, nr + 9), np.nan, dtype=dtype)
-        uk(kc, ap, 1, bp, 1, tile, c, i, j, 1.0, 0.0, 0)
+        ap, bp = draw((2, kc, mr)), draw((2, kc, nr))
+        tile = np.full((mr, nr), poison, dtype=dt)
+        c = np.full((mr + 5, nr + 9), poison, dtype=dt)
+        uk(kc, ap, 1, bp, 1, tile, c, i, j, alphas[0], alphas[1], 0)
         assert_close(tile, ap[1].T, bp[1], what=f"micro-kernel {dtype} kc={kc} to T")
-        assert np.isnan(c).all()  # mode 0 leaves C alone
-        uk(kc, ap, 1, bp, 1, tile, c, i, j, 2.0, 0.0, 1)
-        assert_close(c[i:i + mr, j:j + nr], ap[1].T, bp[1], alpha=2.0,
+        assert untouched(c)  # mode 0 leaves C alone
+        uk(kc, ap, 1, bp, 1, tile, c, i, j, alphas[2], alphas[3], 1)
+        assert_close(c[i:i + mr, j:j + nr], ap[1].T, bp[1], alpha=alphas[2],
                      what=f"micro-kernel {dtype} kc={kc} C = alpha*tile")
         outside = np.ones(c.shape, bool)
         outside[i:i + mr, j:j + nr] = False
-        assert np.isnan(c[outside]).all()
+        assert untouched(c[outside])
         c0 = c[i:i + mr, j:j + nr].copy()
-        uk(kc, ap, 1, bp, 1, tile, c, i, j, -0.5, 3.0, 2)
-        assert_close(c[i:i + mr, j:j + nr], ap[1].T, bp[1], alpha=-0.5, beta=3.0, c=c0,
-                     what=f"micro-kernel {dtype} kc={kc} C = alpha*tile + beta*C")
-        assert np.isnan(c[outside]).all()
+        uk(kc, ap, 1, bp, 1, tile, c, i, j, alphas[4], alphas[5], 2)
+        assert_close(c[i:i + mr, j:j + nr], ap[1].T, bp[1], alpha=alphas[4], beta=alphas[5],
+                     c=c0, what=f"micro-kernel {dtype} kc={kc} C = alpha*tile + beta*C")
+        assert untouched(c[outside])
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)

@@ -26,7 +26,7 @@ from tilegemm.kernels.cpu._threads import (
     place_workers,
     pool_threads,
 )
-from tilegemm.kernels.cpu._vector_tile import applies, tile_loop, tile_store
+from tilegemm.kernels.cpu._vector_tile import tile_loop, tile_store
 from tilegemm.kernels.cpu._workspace import workspace
 from tilegemm.kernels.cpu.k02_blocked import b_chunk_bytes, l2_budget
 
@@ -70,11 +70,11 @@ a1, a2, a3, a4 = nbt[::1], nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
 ALIGN = max(1, 64 // _dt.itemsize)
 ITEMSIZE = _dt.itemsize
 prefetch_w = prefetch_write()
-# The float micro-kernels' K loop, as explicit vector code (see _vector_tile).
-kloop = tile_loop(MR, NR, _dt, VECTOR_BITS, K_UNROLL) if applies(_dt) else None
+# The micro-kernel's K loop, as explicit vector code (see _vector_tile) ...
+kloop = tile_loop(MR, NR, _dt, VECTOR_BITS, K_UNROLL)
 # ... and the tile's write-back into C (C = alpha*tile, or alpha*tile + bb*C)
-tstore = tile_store(MR, NR, _dt, VECTOR_BITS, False) if applies(_dt) else None
-tstore_c = tile_store(MR, NR, _dt, VECTOR_BITS, True) if applies(_dt) else None
+tstore = tile_store(MR, NR, _dt, VECTOR_BITS, False)
+tstore_c = tile_store(MR, NR, _dt, VECTOR_BITS, True)
 # Packing's vector copies (see _packing): runs of a row, and MR rows × PACK_W columns of A
 # transposed into a strip.
 copy_n = copy_run()
@@ -83,12 +83,9 @@ pack_cols = transposer(MR, PACK_W)
 pack_cols_b = transposer(NR, PACK_W)  # B given as its transpose: NR rows of it per strip
 
 
-# @ukernel (replaced by the generated MR×NR micro-kernel)
+# @ukernel (replaced by k02_blocked.micro_kernel_source())
 def ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode):
-    c0_0 = zero
-    for p in range(uint64(kc)):
-        c0_0 += Ap[r, p, 0] * Bp[s, p, 0]
-    T[0, 0] = c0_0
+    kloop(kc, Ap, r * Ap.shape[1] * Ap.shape[2], Bp, s * Bp.shape[1] * Bp.shape[2], T)
 # @end-ukernel
 
 

@@ -11,12 +11,12 @@ GotoBLAS/BLIS do, so that almost every operand comes from a register or L1:
   the micro-kernel reads both with unit stride and never tests a bound (padding rows and
   columns produce results nobody stores);
 - **micro-kernel**: an MR×NR tile of C held in registers for the whole KC loop; per step it
-  loads one NR-vector of B, broadcasts MR values of A and issues MR×NR/width FMAs. For float
-  dtypes the K loop is explicit vector code (``_vector_tile``: LLVM IR built by a Numba
-  intrinsic, row by row, so each broadcast is used as soon as it is loaded and BLIS's
-  15-of-16-register AVX2 tiles do not spill); for integers the tile is MR·NR named scalars
-  that LLVM's SLP vectoriser packs into vector registers. Not an array: Numba allocates
-  arrays on the heap, and LLVM will not keep heap memory in registers, so a local
+  loads one NR-vector of B, broadcasts MR values of A and issues MR×NR/width FMAs (integer
+  multiplies and adds for int32/int64). The K loop is explicit vector code
+  (``_vector_tile``: LLVM IR built by a Numba intrinsic, row by row, so each broadcast is
+  used as soon as it is loaded and BLIS's 15-of-16-register AVX2 tiles do not spill), its
+  accumulators LLVM values that live in registers. Not an array: Numba allocates arrays on
+  the heap, and LLVM will not keep heap memory in registers, so a local
   ``np.zeros((MR, NR))`` accumulator runs from L1 at 1/20 of the speed;
 - **threads**: ``prange`` over balanced row-block tasks of each packed panel (plus column
   groups when there are few rows), or over the batch when each product is small;
@@ -51,95 +51,42 @@ DIRECT_PRODUCT = 112 * 112 * 112
 # 1.04×; with 3 products on 2 threads the uneven split lost: 1.04 → 0.81×).
 BATCH_PRODUCT = 256 * 256 * 256
 BATCH_SPLIT_MIN = 2
-# Steps of the micro-kernel's K loop per iteration (see ``micro_kernel_source``).
+# Steps of the micro-kernel's K loop per trip (see ``_vector_tile``): LLVM does not unroll a
+# loop body this large itself, and with one step per trip the loop counter, the two pointer
+# increments and the branch take issue slots from 16 FMAs (four steps: 10-20 % faster).
 K_UNROLL = 4
 
 
-def micro_kernel_source(mr: int, nr: int, unroll: int = K_UNROLL,
-                        vector_loop: bool = False) -> str:
-    """Python source of the MR×NR micro-kernel, fully unrolled into named scalars.
+def micro_kernel_source() -> str:
+    """Python source of the micro-kernel, the same for every tile shape and dtype.
 
     ``ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode)`` computes the tile
     ``Ap[r, :kc].T @ Bp[s, :kc]`` from A strip r and B strip s of the packed panels (Ap[r]
-    is (KC, MR), Bp[s] is (KC, NR)) and writes it: mode 0 into the scratch tile T (MR, NR)
-    (edge tiles, whose caller stores the part that exists); mode 1 ``C[i:i+MR, j:j+NR] =
-    alpha*tile`` (C not read); mode 2 ``= alpha*tile + bb*C`` (bb = beta on the first K
-    panel, 1 after). Writing whole tiles from the accumulators, under the SLP vectoriser,
-    makes the update vector code: as a loop over a scratch tile in the caller, LLVM
-    unrolled it fully and left 256 scalar FMAs per 8×32 tile (see docs/cpu.md).
-    Strips are indexed here rather than passed as views: a view is a new array
-    object whose reference counting, per tile, costs atomics on a panel both threads share.
-    The K loop runs over an unsigned index so Numba emits no negative-index wraparound (which
-    would turn the B loads into gathers).
+    is (KC, MR), Bp[s] is (KC, NR)) into the scratch tile T (MR×NR, in L1) with ``kloop``,
+    the explicit vector K loop of ``_vector_tile`` (built for the module's MR, NR and
+    dtype), then writes it: mode 0 not at all (edge tiles, whose caller stores the part that
+    exists); mode 1 ``C[i:i+MR, j:j+NR] = alpha*tile`` (C not read) with ``tstore``; mode 2
+    ``= alpha*tile + bb*C`` (bb = beta on the first K panel, 1 after) with ``tstore_c``
+    (``_vector_tile.tile_store``: all loads before the first store to C, which might alias
+    T as far as LLVM knows). Going through T costs MR·NR stores and loads per tile, against
+    MR·NR·KC multiply-adds: well under 1 %.
 
-    The K loop is written ``unroll`` steps per iteration (then a plain loop for the
-    remainder): LLVM does not unroll a loop body this large itself, and with one step per
-    iteration the loop counter, the two pointer increments and the branch take issue slots
-    from 16 FMAs; four steps ran the micro-kernel alone 10-20 % faster (see docs/cpu.md).
-    Each element is still the same K-ordered sum of products.
+    Strips are indexed here rather than passed as views: a view is a new array object
+    whose reference counting, per tile, costs atomics on a panel both threads share.
 
-    With ``vector_loop`` (float dtypes) the K loop is instead the explicit vector loop
-    ``kloop`` of ``_vector_tile``, which leaves the tile in the scratch tile T (MR×NR, in
-    L1); modes 1 and 2 then update C from it with the vector intrinsics ``tstore`` and
-    ``tstore_c`` (``_vector_tile.tile_store``: all loads before the first store to C, which
-    might alias T as far as LLVM knows). That is MR·NR stores and loads more per tile,
-    against MR·NR·KC multiply-adds: well under 1 %. The same update as named scalars,
-    packed back into vectors by the SLP vectoriser, cost a third of the rung's compile time.
+    Before the vector loop, the tile was MR·NR named scalars (``c{i}_{j} += a * b{j}``)
+    left to LLVM's SLP vectoriser: see docs/cpu.md for why that spilled AVX2's tiles, and
+    why integer tiles written so ran at a third of the speed and took 16 s to compile.
     """
-    lines = ["def ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode):"]
-    if vector_loop:
-        lines.append("    kloop(kc, Ap, r * Ap.shape[1] * Ap.shape[2], Bp,"
-                     " s * Bp.shape[1] * Bp.shape[2], T)")
-        lines.append("    if mode == 1:")
-        lines.append("        tstore(T, C, i, j, alpha)")
-        lines.append("    elif mode == 2:")
-        lines.append("        tstore_c(T, C, i, j, alpha, bb)")
-        return "\n".join(lines) + "\n"
-    else:
-        lines.extend(_scalar_k_loop(mr, nr, unroll))
-        # mode 0: the tile to T (an edge tile: the caller stores the part that exists)
-        lines.append("    if mode == 0:")
-        lines.extend(f"        T[{i}, {j}] = c{i}_{j}" for i in range(mr) for j in range(nr))
-        lines.append("        return")
-    # mode 1: C = alpha*tile; mode 2: C = alpha*tile + bb*C (bb = 1 after the first panel)
-    lines.append("    ju = uint64(j)")
-    lines.extend(f"    r{i} = uint64(i + {i})" for i in range(mr))
-    lines.append("    if mode == 1:")
-    lines.extend(f"        C[r{i}, ju + uint64({j})] = alpha * c{i}_{j}"
-                 for i in range(mr) for j in range(nr))
-    lines.append("    else:")
-    for i in range(mr):
-        for j in range(nr):
-            at = f"C[r{i}, ju + uint64({j})]"
-            lines.append(f"        {at} = alpha * c{i}_{j} + bb * {at}")
-    return "\n".join(lines) + "\n"
-
-
-def _scalar_k_loop(mr: int, nr: int, unroll: int) -> list[str]:
-    """The K loop over MR·NR named scalar accumulators, ``unroll`` steps a trip."""
-
-    def step(indent: str, p: str) -> list[str]:
-        body = [f"{indent}b{j} = Bp[s, {p}, {j}]" for j in range(nr)]
-        for i in range(mr):
-            body.append(f"{indent}a = Ap[r, {p}, {i}]")
-            body.extend(f"{indent}c{i}_{j} += a * b{j}" for j in range(nr))
-        return body
-
-    lines = []
-    for i in range(mr):
-        lines.append("    " + " = ".join(f"c{i}_{j}" for j in range(nr)) + " = zero")
-    lines.append("    kcu = uint64(kc)")
-    if unroll > 1:
-        lines.append(f"    nmain = kcu // uint64({unroll})")
-        lines.append("    for q in range(nmain):")
-        for u in range(unroll):
-            lines.append(f"        p = q * uint64({unroll}) + uint64({u})")
-            lines.extend(step("        ", "p"))
-        lines.append(f"    for p in range(nmain * uint64({unroll}), kcu):")
-    else:
-        lines.append("    for p in range(kcu):")
-    lines.extend(step("        ", "p"))
-    return lines
+    return (
+        "def ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode):\n"
+        "    kloop(kc, Ap, r * Ap.shape[1] * Ap.shape[2], Bp,"
+        " s * Bp.shape[1] * Bp.shape[2], T)\n"
+        "    if mode == 1:\n"
+        "        tstore(T, C, i, j, alpha)\n"
+        "    elif mode == 2:\n"
+        "        tstore_c(T, C, i, j, alpha, bb)\n"
+    )
 
 
 def dot_rows_source(lanes: int) -> str:
@@ -194,7 +141,8 @@ def jit_flags(dtype: np.dtype) -> dict[str, Any]:
 def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
     """The compiled MR×NR micro-kernel ``ukernel(kc, Ap, r, Bp, s, T)`` for ``dtype``.
 
-    Compiled eagerly with the SLP vectoriser switched on for it alone (see ``_slp``); the
+    Compiled eagerly under the settings the rung declares for it (the SLP vectoriser on,
+    the vector width; see ``_slp``), so it is the same machine code as the rung's; the
     tests read its assembly to check that the tile really lives in vector registers.
     """
     import numba
@@ -205,15 +153,14 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
     dtype = np.dtype(dtype)
     nbt = numba.from_dtype(dtype)
     from tilegemm.kernels.cpu._slp import vector_width
-    from tilegemm.kernels.cpu._vector_tile import applies, tile_loop, tile_store
+    from tilegemm.kernels.cpu._vector_tile import tile_loop, tile_store
 
-    ns: dict[str, Any] = {"zero": dtype.type(0), "uint64": numba.uint64}
-    vector = applies(dtype)
-    if vector:
-        ns["kloop"] = tile_loop(mr, nr, dtype, vector_bits(), K_UNROLL)
-        ns["tstore"] = tile_store(mr, nr, dtype, vector_bits(), scale_c=False)
-        ns["tstore_c"] = tile_store(mr, nr, dtype, vector_bits(), scale_c=True)
-    exec(micro_kernel_source(mr, nr, vector_loop=vector), ns)  # noqa: S102 - our own source
+    ns: dict[str, Any] = {
+        "kloop": tile_loop(mr, nr, dtype, vector_bits(), K_UNROLL),
+        "tstore": tile_store(mr, nr, dtype, vector_bits(), scale_c=False),
+        "tstore_c": tile_store(mr, nr, dtype, vector_bits(), scale_c=True),
+    }
+    exec(micro_kernel_source(), ns)  # noqa: S102 - our own source
     i8, a2, a3 = numba.int64, nbt[:, ::1], nbt[:, :, ::1]
 
     sig = numba.void(i8, a3, i8, a3, i8, a2, a2, i8, i8, nbt, nbt, i8)
@@ -229,7 +176,6 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     from tilegemm.compile_cache import fill_template, load_module
     from tilegemm.kernels.cpu._slp import vector_width
     from tilegemm.kernels.cpu._threads import PoolWatch, make_tbb_loadable
-    from tilegemm.kernels.cpu._vector_tile import applies
 
     make_tbb_loadable()  # before Numba picks its threading layer (see _threads)
     dtype = np.dtype(dtype)
@@ -243,7 +189,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
          "BATCH_PRODUCT": BATCH_PRODUCT, "BATCH_SPLIT_MIN": BATCH_SPLIT_MIN,
          "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL,
          "ONE_BLOCK_TASK_COLUMNS": ONE_BLOCK_TASK_COLUMNS},
-        {"ukernel": micro_kernel_source(p["MR"], p["NR"], vector_loop=applies(dtype)),
+        {"ukernel": micro_kernel_source(),
          "dot": dot_rows_source(dot_lanes(dtype, bits))},
     )
     # compiled (or loaded from the cache) with full-width vectors; loading may start
