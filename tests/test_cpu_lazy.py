@@ -437,8 +437,7 @@ def test_the_rungs_micro_kernel_compiles_as_the_eager_one():
     """The rung's micro-kernel, compiled on first use under its declared settings (the SLP
     vectoriser, the vector width), is the same machine code as the one compiled eagerly
     inside those settings (``k02_blocked.micro_kernel``), which the vectorisation tests
-    read. int32's tile is named scalars that only the SLP vectoriser packs (float32's is
-    explicit vector code); a small tile, as the rung compiles in about 15 s."""
+    read. A small int32 tile: the rung compiles in about 15 s."""
     from tilegemm import registry
     from tilegemm.kernels.cpu import k02_blocked
 

@@ -320,8 +320,8 @@ def vector_bits() -> int | None:
 
 def _dtype_check(p: Mapping[str, int], dtype: np.dtype) -> str | None:
     """The register tile in bytes: MR*NR <= 384 is 24 AVX-512 registers of float32; of an
-    8-byte type the same count needs twice the registers, spills, and takes LLVM minutes to
-    compile (MR=12 NR=32 in int64: about 2 minutes against 13 s)."""
+    8-byte type the same count needs twice the registers and spills (MR=12 NR=32 in int64,
+    written as scalars then, took LLVM about 2 minutes to compile, against 13 s)."""
     cap = 384 * 4 // np.dtype(dtype).itemsize
     if p["MR"] * p["NR"] > cap:
         return (f"MR*NR = {p['MR'] * p['NR']} does not fit the vector registers in "
