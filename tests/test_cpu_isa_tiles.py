@@ -117,9 +117,10 @@ def test_x86_host_gets_the_integer_isa_entries(isa, dtype, tile, monkeypatch):
     assert spec.is_valid(params) and spec.dtype_check(params, np.dtype(dtype)) is None
 
 
-def _aarch64_k_loop(mr: int, nr: int, dtype: str, cpu: str) -> tuple[int, int]:
+def _aarch64_loop(mr: int, nr: int, dtype: str, cpu: str, op: str) -> tuple[list[str], int]:
     """The rung's vector K loop for an MR×NR tile, built as on a NEON host and compiled to
-    AArch64 machine code for ``cpu``: (vector FMAs, stack accesses) in its busiest block."""
+    AArch64 machine code for ``cpu``: (the ``op`` instructions, stack accesses) in its
+    busiest block (the one with the most ``op``)."""
     from llvmlite import binding as llvm
 
     from tilegemm.kernels.cpu._slp import with_vector_width
@@ -134,14 +135,22 @@ def _aarch64_k_loop(mr: int, nr: int, dtype: str, cpu: str) -> tuple[int, int]:
         cpu=cpu, features="+neon", opt=3)
     asm = machine.emit_assembly(module)
     blocks = re.split(r"\n(?=\.?[\w$.]+:)", asm)
-    loop = max(blocks, key=lambda b: b.count("fmla"))
+
+    def ops(block: str) -> list[str]:
+        return [ln for ln in block.splitlines() if ln.split() and ln.split()[0] == op]
+
+    loop = max(blocks, key=lambda b: len(ops(b)))
+    # ldr/str/ldp/stp against the stack pointer (or the frame pointer, x29)
+    return ops(loop), len(re.findall(r"\[(?:sp|x29)\b", loop))
+
+
+def _aarch64_k_loop(mr: int, nr: int, dtype: str, cpu: str) -> tuple[int, int]:
+    """(vector FMAs, stack accesses) in the busiest block of the float K loop."""
+    fmas, stack = _aarch64_loop(mr, nr, dtype, cpu, "fmla")
     # 128-bit FMAs only: v.4s (float32) or v.2d (float64), by vector or by element
     arrangement = ".4s" if dtype == "float32" else ".2d"
-    fmas = [ln for ln in loop.splitlines() if ln.strip().startswith("fmla")]
     assert all(arrangement in ln for ln in fmas), fmas[:4]
-    # ldr/str/ldp/stp against the stack pointer (or the frame pointer, x29)
-    stack = re.findall(r"\[(?:sp|x29)\b", loop)
-    return len(fmas), len(stack)
+    return len(fmas), stack
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +244,29 @@ def test_cpu_name_tells_arm_cores_apart(monkeypatch, fields, name, family_model)
     rank = database._cpu_rank({"cpu": family_model.split("-")[0]}, family_model)
     assert rank == 1
     assert database._cpu_rank({"cpu": family_model}, family_model) == 2
+
+
+@pytest.mark.parametrize("cpu", ARM_CPUS)
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_neon_integer_entries_keep_the_tile_in_registers(aarch64, dtype, cpu, monkeypatch):
+    """The NEON integer entries, chosen from the machine code like the float ones: 12×8
+    int32 is 24 accumulators of vector multiply-accumulates (``mla``, 4 lanes). NEON has no
+    64-bit vector multiply, so int64 multiplies in general registers (``mul``), or, where
+    the CPU has SVE (Neoverse V1), with SVE's 2-lane ``mla``; 4×8 keeps to the registers
+    either way. Negative control: the rung default 16×8 goes through the stack in both."""
+    from tilegemm.kernels.cpu.k02_blocked import K_UNROLL
+
+    monkeypatch.setattr(database, "host_isa", lambda: "neon")
+    monkeypatch.setattr(database, "host_family_model", lambda: "")
+    entry, tier = database.lookup(_arm_target(), dtype)
+    assert (entry["device"], tier) == ("*", "isa") and "not timed on ARM" in entry["measured"]
+    mr, nr = entry["params"]["MR"], entry["params"]["NR"]
+    lanes = 4 if dtype == "int32" else 2
+    vector, stack = _aarch64_loop(mr, nr, dtype, cpu, "mla")
+    if dtype == "int64" and not vector:  # no SVE: one general-register multiply per element
+        scalar, stack = _aarch64_loop(mr, nr, dtype, cpu, "mul")
+        assert len(scalar) == K_UNROLL * mr * nr
+    else:
+        assert len(vector) == K_UNROLL * mr * nr // lanes
+    assert stack == 0
+    assert _aarch64_loop(16, 8, dtype, cpu, "mla" if vector else "mul")[1] > 0
