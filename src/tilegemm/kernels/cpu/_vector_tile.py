@@ -1,20 +1,20 @@
 """The blocked rung's K loop written as explicit vector code (LLVM IR), for every dtype.
 
 Why not write the tile as MR×NR named scalars and leave it to LLVM's SLP vectoriser, as
-the rung first did? For floats, the vectoriser packs the scalars into vectors well, but it
-emits the vector FMAs *column by column*:
-all MR rows against B's first vector, then all MR rows against the second. Each broadcast
-of A is then live across the whole step, and a tile that needs every register spills. On
-AVX2 (16 vector registers) BLIS's 6×16 float32 tile needs 12 accumulators + 2 vectors of
-B + 1 broadcast = 15: the vectoriser's order made it 12 + 2 + 6 = 20, so the accumulators
-went through the stack (32 stack accesses per 48 FMAs) and the tile ran at half speed. The
-same loop written here row by row, each broadcast used at once by the row's NR/W FMAs,
-keeps all 12 accumulators in registers with no stack access at all, so the tile that
-fits the register file is usable at last; with AVX-512 the broadcast is folded into the
-FMA (``{1to16}``) either way. On 64-bit ARM (NEON: 32 registers of 128 bits) LLVM
-multiplies by each value of A in place (``fmla`` by element), and the NEON tiles' 24
-accumulators stay in registers; :func:`module_ir` builds the loop alone so that it can be
-compiled for such a CPU on any host.
+the rung first did? For floats, the vectoriser packs the scalars into vectors well, but
+it emits the vector FMAs *column by column*: all MR rows against B's first vector, then
+all MR rows against the second. Each broadcast of A is then live across the whole step,
+and a tile that needs every register spills. On AVX2 (16 vector registers) BLIS's 6×16
+float32 tile needs 12 accumulators + 2 vectors of B + 1 broadcast = 15: the vectoriser's
+order made it 12 + 2 + 6 = 20, so the accumulators went through the stack (32 stack
+accesses per 48 FMAs) and the tile ran at half speed. The same loop written here row by
+row, each broadcast used at once by the row's NR/W FMAs, keeps all 12 accumulators in
+registers with no stack access at all, so the tile that fits the register file is usable
+at last; with AVX-512 the broadcast is folded into the FMA (``{1to16}``) either way. On
+64-bit ARM (NEON: 32 registers of 128 bits) LLVM multiplies by each value of A in place
+(``fmla`` by element), and the NEON tiles' 24 accumulators stay in registers;
+:func:`module_ir` builds the loop alone so that it can be compiled for such a CPU on any
+host.
 
 For integers the named scalars did worse still. In Numba ``a * b`` of two int32 values is
 an int64, so the tile multiplied and added 64-bit halves (``vpmuludq``/``vpaddq``), with
@@ -52,8 +52,7 @@ class _Arithmetic:
     Floats multiply-add with ``llvm.fmuladd`` (see :func:`_declare`). Integers multiply and
     add in their own width, wrapping as NumPy's integer matmul does: two's-complement
     products and sums keep the same low bits whatever the order, so the result equals
-    NumPy's exactly. (Written in Python, ``a * b`` of two int32 values is an int64 in
-    Numba, and a tile of such scalars multiplied 64-bit halves, twice the work.)"""
+    NumPy's exactly."""
 
     def __init__(self, dtype: np.dtype, width: int) -> None:
         from llvmlite import ir
