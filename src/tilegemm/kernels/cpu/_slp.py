@@ -1,9 +1,10 @@
 """Code-generation switches for one Numba compilation: the SLP vectoriser, vector width.
 
 Numba disables the superword-level-parallelism vectoriser by default
-(``NUMBA_SLP_VECTORIZE=0``), but the blocked rung's integer micro-kernels are written as
-MR×NR named scalars, and every micro-kernel's update of C from them, depend on exactly that
-pass to pack them into vector registers. Numba reads
+(``NUMBA_SLP_VECTORIZE=0``), but the blocked rung's matrix-vector products are written as
+named partial sums (``dot_rows``) that depend on exactly that pass to pack them into vector
+registers. (The micro-kernel, once MR×NR named scalars for it to pack, is explicit vector
+code now, see ``_vector_tile``, and still compiles with the pass on.) Numba reads
 ``config.SLP_VECTORIZE`` when it builds the pass pipeline for a library, so setting it while
 one function compiles (eagerly, with an explicit signature) affects that function only; the
 compiled code keeps its vector instructions when later linked into callers.
