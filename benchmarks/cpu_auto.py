@@ -28,13 +28,8 @@ import cpu_blocked  # noqa: E402
 
 import tilegemm  # noqa: E402
 from tilegemm import registry  # noqa: E402
-from tilegemm.bench.environment import (  # noqa: E402
-    write_cpu_results,
-)
 from tilegemm.bench.timing import mean_call_seconds  # noqa: E402
-from tilegemm.tune.database import host_isa  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 FIRST = """
 import time; t = time.perf_counter()
 import numpy as np, tilegemm
@@ -87,17 +82,15 @@ def main() -> None:
         first[dtype] = {"seconds_median": round(sorted(runs)[1], 3), "runs": runs}
         print(f"{dtype} import + first calls (64^3 and 256^3), warm cache: "
               f"{sorted(runs)[1]:.2f} s", flush=True)
-    result = {
-        **cpu_blocked.machine_record(),
-        "method": "large: median of 3 rounds x 2 launches, ours and NumPy alternating by block, "
-                  "0.3 s idle before each block; tiny: whole matmul calls for 0.3 s; first call: "
-                  "new process, import + two matmul calls, median of 3, cache filled first, "
-                  "Python's bytecode cache allowed (PYTHONDONTWRITEBYTECODE removed)",
-        "load_average_at_end": list(os.getloadavg()),
-        "large": large, "tiny": tiny, "first_call_warm_cache": first,
-    }
     if not args.no_save:
-        write_cpu_results(ROOT, "cpu-auto", host_isa(), result, suffix=args.suffix)
+        cpu_blocked.save_results("cpu-auto", {
+            "method": "large: median of 3 rounds x 2 launches, ours and NumPy alternating by "
+                      "block, 0.3 s idle before each block; tiny: whole matmul calls for 0.3 s; "
+                      "first call: new process, import + two matmul calls, median of 3, cache "
+                      "filled first, Python's bytecode cache allowed (PYTHONDONTWRITEBYTECODE "
+                      "removed)",
+            "large": large, "tiny": tiny, "first_call_warm_cache": first,
+        }, suffix=args.suffix)
 
 
 if __name__ == "__main__":

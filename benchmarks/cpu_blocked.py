@@ -91,6 +91,14 @@ def machine_record() -> dict:
     }
 
 
+def save_results(kind: str, fields: dict, suffix: str = "") -> Path:
+    """Write a CPU benchmark's results document: :func:`machine_record`, then ``fields``,
+    then the load average at the end of the run, to
+    ``benchmarks/results/<kind>-<cpu>-<isa>-m<family>-<model><suffix>.json``."""
+    doc = {**machine_record(), **fields, "load_average_at_end": list(os.getloadavg())}
+    return write_cpu_results(ROOT, kind, host_isa(), doc, suffix=suffix)
+
+
 def measure(spec, params, n: int, dtype: str, rounds: int, block: int, pause: float) -> dict:
     a, b = random_operands((n, n), (n, n), dtype)
     prob = make_problem(describe(a, "a"), describe(b, "b"))
@@ -162,17 +170,14 @@ def main() -> None:
                   f"| per CPU-s {row['gflops_per_cpu_s_blocked']:6.1f} vs "
                   f"{row['gflops_per_cpu_s_numpy']:6.1f} | first call {row['first_call_s']:.2f} s",
                   flush=True)
-    result = {
-        **machine_record(),
-        "kernel": "cpu:blocked", "params": params, "sizes": args.sizes,
-        "method": (f"median of {args.rounds} rounds x {args.block} launches, ours and NumPy "
-                   f"alternating by block, {args.pause} s idle before each block; operands "
-                   "prepared once"),
-        "load_average_at_end": list(os.getloadavg()),
-        "results": rows,
-    }
     if not args.no_save:
-        write_cpu_results(ROOT, "cpu-blocked", host_isa(), result)
+        save_results("cpu-blocked", {
+            "kernel": "cpu:blocked", "params": params, "sizes": args.sizes,
+            "method": (f"median of {args.rounds} rounds x {args.block} launches, ours and "
+                       f"NumPy alternating by block, {args.pause} s idle before each block; "
+                       "operands prepared once"),
+            "results": rows,
+        })
 
 
 if __name__ == "__main__":

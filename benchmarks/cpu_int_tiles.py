@@ -21,7 +21,6 @@ own integer matmul is timed once at the smallest size, for scale. Writes
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from functools import partial
@@ -33,11 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_blocked  # noqa: E402
 
 import tilegemm  # noqa: E402
-from tilegemm.bench.environment import write_cpu_results  # noqa: E402
 from tilegemm.bench.timing import alternating, call_block, calls_per_block  # noqa: E402
-from tilegemm.tune.database import host_isa  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TILES = ("16x8", "8x8", "8x16", "8x32", "6x16", "4x16", "12x16")
 
 
@@ -103,17 +99,14 @@ def main() -> None:
                 f"{auto.params['MR']}x{auto.params['NR']}"
                 + (f"; NumPy {result['numpy_int_matmul_gops']:.2f}" if numpy_s else ""),
                 flush=True)
-    doc = {
-        **cpu_blocked.machine_record(),
-        "kernel": "cpu:blocked", "sizes": args.sizes,
-        "method": (f"{args.rounds} rounds, the tiles in turn, each a block of calls of about "
-                   f"0.3 s after {args.pause} s idle; best and median block (mean call); "
-                   "every tile's product checked exactly first"),
-        "load_average_at_end": list(os.getloadavg()),
-        "results": rows,
-    }
     if not args.no_save:
-        write_cpu_results(ROOT, "cpu-int-tiles", host_isa(), doc, suffix=args.suffix)
+        cpu_blocked.save_results("cpu-int-tiles", {
+            "kernel": "cpu:blocked", "sizes": args.sizes,
+            "method": (f"{args.rounds} rounds, the tiles in turn, each a block of calls of "
+                       f"about 0.3 s after {args.pause} s idle; best and median block (mean "
+                       "call); every tile's product checked exactly first"),
+            "results": rows,
+        }, suffix=args.suffix)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ docs/cpu.md) before changing the share. Writes
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,13 +30,10 @@ import cpu_blocked  # noqa: E402
 
 import tilegemm  # noqa: E402
 from tilegemm.backends.cpu import l2_cache_bytes  # noqa: E402
-from tilegemm.bench.environment import write_cpu_results  # noqa: E402
 from tilegemm.bench.timing import alternating, call_block, calls_per_block  # noqa: E402
 from tilegemm.kernels.cpu import k02_blocked  # noqa: E402
 from tilegemm.kernels.cpu._threads import planned_threads  # noqa: E402
-from tilegemm.tune.database import host_isa  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 SHAPES = [(m, n, n) for m in (128, 192, 256, 384) for n in (2048, 4096)] + [
     (2048, 2048, 32), (512, 4096, 64)]  # K < KC: a panel of B that L2 holds
 
@@ -104,19 +100,15 @@ def main() -> None:
                       flush=True)
         finally:
             mod.L2_BUDGET = default
-    result = {
-        **cpu_blocked.machine_record(),
-        "share": args.share, "budget_bytes": budget,
-        "threads": threads,
-        "method": f"whole matmul calls, split / rule / np.matmul in alternating blocks "
-                  f"(about 30 ms each, after one untimed call), {args.pause} s idle before "
-                  f"each block, {args.rounds} rounds, median block; ratio = NumPy time / "
-                  "tilegemm time",
-        "load_average_at_end": list(os.getloadavg()),
-        "cases": rows,
-    }
     if not args.no_save:
-        write_cpu_results(ROOT, "cpu-row-blocks", host_isa(), result)
+        cpu_blocked.save_results("cpu-row-blocks", {
+            "share": args.share, "budget_bytes": budget, "threads": threads,
+            "method": f"whole matmul calls, split / rule / np.matmul in alternating blocks "
+                      f"(about 30 ms each, after one untimed call), {args.pause} s idle before "
+                      f"each block, {args.rounds} rounds, median block; ratio = NumPy time / "
+                      "tilegemm time",
+            "cases": rows,
+        })
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ faster). Every result is checked against NumPy's first. Writes
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -30,13 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_blocked  # noqa: E402
 
 import tilegemm  # noqa: E402
-from tilegemm.bench.environment import (  # noqa: E402
-    write_cpu_results,
-)
 from tilegemm.bench.timing import alternating, call_block, calls_per_block  # noqa: E402
-from tilegemm.tune.database import host_isa  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # (group, label, a's shape, b's shape, layout); layout "c": C-ordered operands, "at"/"bt":
 # that operand is the transpose of a C-ordered array, "f": both Fortran-ordered.
@@ -120,17 +113,14 @@ def main() -> None:
             rows.append(row)
             print(f"{dtype:8s} {group:7s} {label:24s} tilegemm {row['ms_tilegemm']:9.3f} ms  "
                   f"NumPy {row['ms_numpy']:9.3f} ms  ratio {row['ratio']:5.2f}", flush=True)
-    result = {
-        **cpu_blocked.machine_record(),
-        "method": f"whole matmul calls vs np.matmul on the same operands, blocks of calls "
-                  f"(about 20 ms each, after one untimed call) alternating, {args.pause} s idle "
-                  f"before each block, {args.rounds} rounds, median block; ratio = NumPy "
-                  "time / tilegemm time",
-        "load_average_at_end": list(os.getloadavg()),
-        "cases": rows,
-    }
     if not args.no_save:
-        write_cpu_results(ROOT, "cpu-shapes", host_isa(), result, suffix=args.suffix)
+        cpu_blocked.save_results("cpu-shapes", {
+            "method": f"whole matmul calls vs np.matmul on the same operands, blocks of calls "
+                      f"(about 20 ms each, after one untimed call) alternating, {args.pause} s "
+                      f"idle before each block, {args.rounds} rounds, median block; ratio = "
+                      "NumPy time / tilegemm time",
+            "cases": rows,
+        }, suffix=args.suffix)
 
 
 if __name__ == "__main__":
