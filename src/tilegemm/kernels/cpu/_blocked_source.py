@@ -83,9 +83,9 @@ pack_cols = transposer(MR, PACK_W)
 pack_cols_b = transposer(NR, PACK_W)  # B given as its transpose: NR rows of it per strip
 
 
-# @ukernel (replaced by k02_blocked.micro_kernel_source())
+# @ukernel (replaced by k02_blocked.micro_kernel_source(), its one definition)
 def ukernel(kc, Ap, r, Bp, s, T, C, i, j, alpha, bb, mode):
-    kloop(kc, Ap, r * Ap.shape[1] * Ap.shape[2], Bp, s * Bp.shape[1] * Bp.shape[2], T)
+    raise NotImplementedError
 # @end-ukernel
 
 
