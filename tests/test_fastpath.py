@@ -65,7 +65,7 @@ def test_poison_follows_the_environment_on_remembered_calls(spy, rng, monkeypatc
     a, b = _operands(rng, 8, 8, 8, np.float64)
     monkeypatch.delenv("TILEGEMM_POISON", raising=False)
     tilegemm.matmul(a, b)
-    key = fastpath._key(a, b)
+    key = fastpath._key(a, b, "auto", "auto")
     fastpath._table[key] = fastpath._table[key]._replace(program=lambda *args: None,
                                                          fill=42.0)
     # (the unfilled cases first: a fresh result may reuse a filled one's memory)
@@ -305,5 +305,40 @@ def test_remembered_program_is_what_plan_reports(spy, rng):
     tilegemm.matmul(a, b)
     plan = tilegemm.plan(a, b)
     spec = registry.get(plan.kernel, plan.backend)
-    key = (a.dtype, (16, 16), (16, 16), 0, 0)
+    key = ("auto", "auto", a.dtype, (16, 16), (16, 16), 0, 0)
     assert fastpath._table[key].program is spec.program(plan.params, a.dtype)
+
+
+@pytest.mark.parametrize("route", [{"backend": "cpu"}, {"kernel": "blocked"},
+                                   {"kernel": "triple_loop", "backend": "cpu"},
+                                   {"kernel": "triple_loop"}])
+def test_a_named_kernel_or_backend_is_remembered_for_that_route(spy, rng, route):
+    """matmul(a, b, backend="cpu") took the full path on every call (about 75 us against
+    4.5 for an 8x8x8 product): it is remembered too, apart from the auto decision and
+    from other routes, and runs the program that its own full-path call chose."""
+    from tilegemm import registry
+
+    a, b = _operands(rng, 9, 13, 11, np.float32)
+    tilegemm.matmul(a, b)  # the auto decision, first
+    assert len(spy) == 1
+    for i in range(3):
+        a2, b2 = _operands(rng, 9, 13, 11, np.float32)
+        assert_close(tilegemm.matmul(a2, b2, **route), a2, b2)
+        assert len(spy) == 2, f"call {i + 1} with {route} took the full path again"
+    plan = tilegemm.plan(a, b, **route)
+    key = fastpath._key(a, b, route.get("kernel", "auto"), route.get("backend", "auto"))
+    assert fastpath._table[key].program is registry.get(plan.kernel, plan.backend).program(
+        plan.params, a.dtype)
+    tilegemm.matmul(a, b, backend="cpu", kernel="auto" if route.get("kernel") else "blocked")
+    assert len(spy) == 3  # another route: decided by the full path
+    for _ in range(2):  # parameters: the full path, always
+        tilegemm.matmul(a, b, kernel="blocked", backend="cpu", MR=4)
+    assert len(spy) == 5
+
+
+def test_a_route_the_full_path_refuses_is_never_remembered(spy, rng):
+    a, b = _operands(rng, 8, 8, 8, np.float32)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="backend"):
+            tilegemm.matmul(a, b, backend="no-such-backend")
+    assert len(spy) == 2 and not fastpath._table

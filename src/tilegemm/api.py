@@ -389,9 +389,8 @@ def gemm(
     """
     _check_params_are_upper_case(params)
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
-    plain = (c is None and alpha == 1 and beta == 0 and not trans_a
-             and not trans_b and kernel == AUTO and backend == AUTO and device is None
-             and stream is None and precision is None and not params)
+    plain = (c is None and alpha == 1 and beta == 0 and not trans_a and not trans_b
+             and device is None and stream is None and precision is None and not params)
     ops = [describe(a, "a"), describe(b, "b")]
     float32_out = _float32_out_on_request(dtype, out, ops)
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
@@ -429,7 +428,7 @@ def gemm(
                     and prob.dtype == getattr(a, "dtype", None)):
                 # any ``out`` qualifies: the decision does not depend on it (see fastpath)
                 fastpath.remember(a, b, spec.program(resolved, prob.dtype),
-                                  *tuning_cache_state())
+                                  *tuning_cache_state(), kernel=kernel, backend=backend)
         if out is not None and not direct:
             # Strided, cast, broadcast or overlapping out: the product went to a temporary.
             np.copyto(out, result, casting="same_kind")
@@ -625,9 +624,10 @@ def matmul(
     """
     if isinstance(out, tuple) and len(out) == 1:  # NumPy's ufunc form, out=(array,)
         out = out[0]
-    if (kernel == AUTO and backend == AUTO and device is None and stream is None
-            and precision is None and dtype is None and not params):
-        result = fastpath.try_remembered(a, b, out)  # a case an earlier call decided
+    if (device is None and stream is None and precision is None and dtype is None
+            and not params):
+        # a case an earlier call with the same kernel= and backend= decided
+        result = fastpath.try_remembered(a, b, out, kernel, backend)
         if result is not None:
             return result
     return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,

@@ -8,9 +8,10 @@ the call, and it is paid again on every call of a loop that multiplies the same 
 
 So the full path (:func:`tilegemm.api.gemm`) remembers what it decided for a plain call —
 NumPy arrays (not subclasses) of one native dtype, computed in that dtype, with default
-arguments, on a host backend — keyed by (dtype, shape of ``a``, shape of ``b``, storage
-order of each). The next call with the same key skips straight to the compiled program the
-full path ran, with the same output allocation (and NaN poisoning when ``TILEGEMM_POISON``
+arguments or only ``kernel=`` and ``backend=`` named, on a host backend — keyed by (the
+``kernel`` and ``backend`` strings, dtype, shape of ``a``, shape of ``b``, storage order of
+each). The next call with the same key skips straight to the compiled program the full
+path ran, with the same output allocation (and NaN poisoning when ``TILEGEMM_POISON``
 is set). What qualifies:
 
 - 2-D operands, each C-ordered, or Fortran-ordered (``x.T`` of a C-ordered array) when
@@ -25,8 +26,12 @@ is set). What qualifies:
   memory with ``a`` or ``b`` (written in place, as the full path does); any other ``out``
   takes the full path, which handles strides, casting and overlap.
 
-Anything else (another shape, dtype or layout, any keyword, an ndarray subclass, a device
-array, a broadcast batch) takes the full path, which validates everything as before.
+Anything else (another shape, dtype or layout, any other keyword, an ndarray subclass, a
+device array, a broadcast batch) takes the full path, which validates everything as before.
+A call naming ``backend="cpu"`` is remembered apart from one that leaves it to ``auto``
+(on a machine with a GPU the two decide differently); before, naming it cost the full path
+on every call (about 75 µs against 4.5 µs for an 8×8×8 float32 product on the Xeon family
+6 model 167).
 
 What is remembered is a decision, so it is made again when something it depends on
 changes: the table is emptied when the tuning cache file (``tilegemm tune``'s results, in
@@ -120,14 +125,17 @@ def _layout(x: np.ndarray) -> int:
     return -1
 
 
-def _key(a: Any, b: Any) -> tuple[Any, ...] | None:
-    """The table key of ``a @ b``, or None when the case can never be remembered."""
+def _key(a: Any, b: Any, kernel: Any, backend: Any) -> tuple[Any, ...] | None:
+    """The table key of ``a @ b`` with these ``kernel=`` and ``backend=`` arguments, or None
+    when the case can never be remembered."""
     if type(a) is not _NDARRAY or type(b) is not _NDARRAY or not a.ndim or not b.ndim:
+        return None
+    if type(kernel) is not str or type(backend) is not str:
         return None
     dtype = a.dtype
     if b.dtype is not dtype:
         return None
-    return dtype, a.shape, b.shape, _layout(a), _layout(b)
+    return kernel, backend, dtype, a.shape, b.shape, _layout(a), _layout(b)
 
 
 def _stored_shape(shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
@@ -141,10 +149,10 @@ def _stored_shape(shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
     return (batch,) + shape[-2:]
 
 
-def try_remembered(a: Any, b: Any, out: Any = None) -> Any:
-    """The product ``a @ b`` (written into ``out`` when given) if an earlier call decided
-    this case, else None (and nothing written)."""
-    key = _key(a, b)
+def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any) -> Any:
+    """The product ``a @ b`` (written into ``out`` unless None) if an earlier call with the
+    same ``kernel=`` and ``backend=`` decided this case, else None (and nothing written)."""
+    key = _key(a, b, kernel, backend)
     if key is None:
         return None
     case = _table.get(key)
@@ -154,10 +162,10 @@ def try_remembered(a: Any, b: Any, out: Any = None) -> Any:
         _table.clear()  # tuning results changed, or moved: decide again
         return None
     if out is None:
-        c = np.empty(case.shape, key[0])
+        c = np.empty(case.shape, a.dtype)
         if _poison() not in _POISON_OFF:
             c.fill(case.fill)
-    elif (type(out) is _NDARRAY and out.dtype is key[0] and out.shape == case.shape
+    elif (type(out) is _NDARRAY and out.dtype is a.dtype and out.shape == case.shape
           and out.flags.c_contiguous and out.flags.writeable
           and not np.may_share_memory(out, a) and not np.may_share_memory(out, b)):
         c = out
@@ -173,17 +181,17 @@ def try_remembered(a: Any, b: Any, out: Any = None) -> Any:
 
 
 def remember(a: Any, b: Any, program: Any, tuning_cache: str | None,
-             tuning_mtime: int | None = None) -> None:
+             tuning_mtime: int | None = None, *, kernel: Any, backend: Any) -> None:
     """Record ``program`` (the compiled rung the full path just ran on the host with
     alpha=1, beta=0, in the operands' own dtype, after reading the tuning cache file
-    ``tuning_cache`` as it was at ``tuning_mtime``) for calls like ``matmul(a, b)``, if
-    this case qualifies. Decisions remembered under another state of the file are dropped:
-    a shape decided before a tuning run must not keep its old program because another
-    shape was decided after it."""
-    key = _key(a, b)
+    ``tuning_cache`` as it was at ``tuning_mtime``) for calls like ``matmul(a, b,
+    kernel=kernel, backend=backend)``, if this case qualifies. Decisions remembered under
+    another state of the file are dropped: a shape decided before a tuning run must not
+    keep its old program because another shape was decided after it."""
+    key = _key(a, b, kernel, backend)
     if key is None:
         return
-    dtype, sa, sb, la, lb = key
+    _, _, dtype, sa, sb, la, lb = key
     # a vector is a row (1, K) on the left, a column (K, 1) on the right (NumPy's rule);
     # the result loses that dimension
     row, col = len(sa) == 1, len(sb) == 1
