@@ -1,0 +1,136 @@
+"""The time of one small ``tilegemm.matmul`` on every usable backend, against NumPy and
+against the backend's own floor: what a call costs when the arithmetic is nothing.
+
+Usage (from the repository root; take the machine for yourself while it runs)::
+
+    PYTHONPATH=src python benchmarks/small_calls.py            # writes benchmarks/results/
+    PYTHONPATH=src python benchmarks/small_calls.py --no-save --backends opencl
+
+Each case times whole ``tilegemm.matmul(a, b, backend=...)`` calls on NumPy arrays, as a
+user's script makes them: validation, the ``auto`` choice, copies to and from the device
+and the launch. NumPy's ``matmul`` of the same arrays is timed in the same run, and every
+result is checked against float64 NumPy first. The floor is the least a call of that
+backend can cost: for OpenCL an empty kernel's launch and ``queue.finish()`` on the same
+queue, for CUDA an empty kernel's launch and ``cuda.synchronize()``; the CPU has none
+(a call into compiled code costs about a microsecond). What is above the floor is
+tilegemm's own work per call. Writes
+``benchmarks/results/small-calls-<cpu>-<isa>-m<family>-<model>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_blocked  # noqa: E402
+
+import tilegemm  # noqa: E402
+from tilegemm.backends import BACKENDS, get_backend  # noqa: E402
+from tilegemm.bench.host_blas import settle  # noqa: E402
+from tilegemm.bench.timing import mean_call_seconds  # noqa: E402
+from tilegemm.reference import assert_close  # noqa: E402
+
+SIZES = (8, 32, 64, 256)
+
+
+def opencl_floor() -> tuple[str, Callable[[], Any]]:
+    """(device name, one empty kernel launched and waited for) on tilegemm's own queue."""
+    import pyopencl as cl
+
+    own = get_backend("opencl").own_device()
+    program = cl.Program(own.queue.context, "__kernel void nothing(void) {}").build()
+    kernel = cl.Kernel(program, "nothing")
+
+    def call() -> None:
+        cl.enqueue_nd_range_kernel(own.queue, kernel, (1,), None)
+        own.queue.finish()
+    return own.device.name.strip(), call
+
+
+def cuda_floor() -> tuple[str, Callable[[], Any]]:
+    """(device name, one empty kernel launched and synchronized) with numba-cuda."""
+    from numba import cuda
+
+    @cuda.jit
+    def nothing() -> None:
+        pass
+
+    def call() -> None:
+        nothing[1, 1]()
+        cuda.synchronize()
+    name = cuda.get_current_device().name
+    return (name.decode() if isinstance(name, bytes) else str(name)), call
+
+
+FLOORS: dict[str, Callable[[], tuple[str, Callable[[], Any]]]] = {
+    "opencl": opencl_floor, "cuda": cuda_floor}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS),
+                    help="backends to time (those not usable here are skipped, with why)")
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    ap.add_argument("--seconds", type=float, default=0.3, help="of calls per measurement")
+    ap.add_argument("--no-save", action="store_true")
+    args = ap.parse_args()
+    rng = np.random.default_rng(1)
+    rows, floors, skipped = [], {}, {}
+    for name in args.backends:
+        status = get_backend(name).status()
+        if not status.usable:
+            skipped[name] = status.reason
+            print(f"{name}: skipped ({status.reason})", flush=True)
+            continue
+        if name in FLOORS:
+            device, floor_call = FLOORS[name]()
+            floor = mean_call_seconds(floor_call, args.seconds)
+            floors[name] = {"device": device, "us_floor": round(floor * 1e6, 1)}
+            print(f"{name} ({device}): empty kernel + wait {floor * 1e6:.1f} us", flush=True)
+        for dtype in args.dtypes:
+            for n in args.sizes:
+                a = rng.uniform(-1, 1, (n, n)).astype(dtype)
+                b = rng.uniform(-1, 1, (n, n)).astype(dtype)
+                try:
+                    plan = tilegemm.plan(a, b, backend=name)
+                except tilegemm.errors.UsageError as exc:  # a dtype this device cannot compute
+                    print(f"{name} {dtype}: skipped ({exc})", flush=True)
+                    break
+                assert_close(tilegemm.matmul(a, b, backend=name), a, b,
+                             what=f"{name} {dtype} {n}^3")
+                ours = mean_call_seconds(
+                    lambda a=a, b=b, name=name: tilegemm.matmul(a, b, backend=name),
+                    args.seconds)
+                settle()
+                ref = mean_call_seconds(lambda a=a, b=b: np.matmul(a, b), args.seconds)
+                settle()
+                row = {"backend": name, "dtype": dtype, "size": n,
+                       "us_tilegemm": round(ours * 1e6, 1), "us_numpy": round(ref * 1e6, 2),
+                       "times_numpy": round(ours / ref, 1), "plan": str(plan)}
+                line = (f"{name} {dtype} {n}^3: {ours * 1e6:.1f} us per call, NumPy "
+                        f"{ref * 1e6:.2f} us ({ours / ref:.1f}x)")
+                if name in floors:
+                    above = ours * 1e6 - floors[name]["us_floor"]
+                    row["us_above_floor"] = round(above, 1)
+                    line += f", {above:.1f} us above the floor"
+                rows.append(row)
+                print(line, flush=True)
+    if not args.no_save:
+        cpu_blocked.save_results("small-calls", {
+            "method": "mean wall-clock time of whole tilegemm.matmul calls on NumPy arrays "
+                      f"for about {args.seconds} s after one untimed call, then np.matmul "
+                      "the same way, a settling pause after each; floor: an empty kernel "
+                      "launched and waited for on the backend's own queue",
+            "floors": floors, "skipped": skipped, "calls": rows,
+        })
+
+
+if __name__ == "__main__":
+    main()
