@@ -42,6 +42,7 @@ from tilegemm.bench.environment import (
     git_commit,
     numpy_blas,
     write_cpu_results,
+    write_results,
 )
 from tilegemm.bench.timing import alternating, prepare_verified
 from tilegemm.problem import describe, host_operand_3d, make_problem
@@ -91,11 +92,13 @@ def machine_record() -> dict:
     }
 
 
-def save_results(kind: str, fields: dict, suffix: str = "") -> Path:
+def save_results(kind: str, fields: dict, suffix: str = "", path: Path | None = None) -> Path:
     """Write a CPU benchmark's results document: :func:`machine_record`, then ``fields``,
-    then the load average at the end of the run, to
+    then the load average at the end of the run, to ``path`` if given, else
     ``benchmarks/results/<kind>-<cpu>-<isa>-m<family>-<model><suffix>.json``."""
     doc = {**machine_record(), **fields, "load_average_at_end": list(os.getloadavg())}
+    if path is not None:
+        return write_results(path, doc, ROOT)
     return write_cpu_results(ROOT, kind, host_isa(), doc, suffix=suffix)
 
 

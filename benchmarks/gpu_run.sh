@@ -19,6 +19,8 @@
 #   bash benchmarks/gpu_run.sh rivals  # Triton's tutorial matmul (Python-authored) against
 #                                      # the fastest rungs and cuBLAS: FP32 over the eight
 #                                      # target shapes, TF32/FP16/BF16 at 4096^3 (~6 min)
+#   bash benchmarks/gpu_run.sh small   # one small matmul per call on cuda, cudac and the
+#                                      # CPU against NumPy and an empty kernel's launch
 #
 # The other steps leave Triton out (--no-rivals, --no-triton): its first use compiles and
 # autotunes 16 configurations per shape class, which their time limits were not set for.
@@ -168,5 +170,13 @@ rivals)
       $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 bfloat16
   tail -40 "$OUT/rivals.log"
   ;;
-*) echo "usage: $0 check|bench|tests|tune|tensor|rivals" >&2; exit 2 ;;
+small)
+  # the time of one small matmul on NumPy arrays per backend (CUDA rungs and the CUDA C
+  # yardstick, the CPU for comparison), against NumPy and an empty kernel's launch
+  info > "$OUT/small-calls.log" 2>&1
+  part "small calls" 300 "$OUT/small-calls.log" $PY benchmarks/small_calls.py \
+      --backends cuda cudac cpu --out "$OUT/small-calls-gpu.json"
+  tail -30 "$OUT/small-calls.log"
+  ;;
+*) echo "usage: $0 check|bench|tests|tune|tensor|rivals|small" >&2; exit 2 ;;
 esac

@@ -64,12 +64,12 @@ def cuda_floor() -> tuple[str, Callable[[], Any]]:
     def call() -> None:
         nothing[1, 1]()
         cuda.synchronize()
-    name = cuda.get_current_device().name
+    name = getattr(cuda.get_current_device(), "name", "the CUDA simulator")
     return (name.decode() if isinstance(name, bytes) else str(name)), call
 
 
 FLOORS: dict[str, Callable[[], tuple[str, Callable[[], Any]]]] = {
-    "opencl": opencl_floor, "cuda": cuda_floor}
+    "opencl": opencl_floor, "cuda": cuda_floor, "cudac": cuda_floor}
 
 
 def main() -> None:
@@ -80,6 +80,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--seconds", type=float, default=0.3, help="of calls per measurement")
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write the results here instead of benchmarks/results/")
     args = ap.parse_args()
     rng = np.random.default_rng(1)
     rows, floors, skipped = [], {}, {}
@@ -129,7 +131,7 @@ def main() -> None:
                       "the same way, a settling pause after each; floor: an empty kernel "
                       "launched and waited for on the backend's own queue",
             "floors": floors, "skipped": skipped, "calls": rows,
-        })
+        }, path=args.out)
 
 
 if __name__ == "__main__":

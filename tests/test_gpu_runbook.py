@@ -70,3 +70,11 @@ def test_a_spent_step_skips_its_parts(tmp_path):
     out, calls = _run(tmp_path, "bench", 10)  # under the 20 s a part needs at least
     assert "bench: skipped" in out and "targets auto: skipped" in out
     assert not [c for c in calls if "perf_targets" in c or "cli bench" in c]
+
+
+def test_small_step_times_the_cuda_backends_into_out(tmp_path):
+    out, calls = _run(tmp_path, "small", 300)
+    assert "small calls: exit 0" in out
+    runs = [c for c in calls if c.startswith("benchmarks/")]
+    assert runs == [f"benchmarks/small_calls.py --backends cuda cudac cpu --out "
+                    f"{tmp_path / 'out' / 'small-calls-gpu.json'}"]
