@@ -836,3 +836,46 @@ def test_a_small_host_product_waits_on_the_queue_once(monkeypatch) -> None:
         a, b = random_operands((7, 13), (13, 5), "float32")
         assert_close(tilegemm.matmul(a, b, backend="opencl"), a, b)
     assert counts == {"blocking copies": 3, "typed": 0, "limit queries": 0}
+
+
+THREADED = """
+import sys, threading
+import numpy as np
+import tilegemm
+sys.setswitchinterval(1e-6)  # switch threads as often as Python can
+wrong = []
+
+def work(seed):
+    rng = np.random.default_rng(seed)
+    for i in range(250):
+        m, k, n = (int(x) for x in rng.integers(1, 40, 3))
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        c = tilegemm.matmul(a, b, backend="opencl")
+        if not np.allclose(c, a.astype(np.float64) @ b, atol=1e-4):
+            wrong.append((seed, i, m, k, n))
+
+tilegemm.matmul(np.ones((8, 8), np.float32), np.ones((8, 8), np.float32), backend="opencl")
+threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print("wrong", len(wrong), wrong[:3])
+"""
+
+
+def test_calls_from_several_threads_at_once(tmp_path) -> None:
+    """Six threads multiply different shapes on one device at once, switching as often as
+    Python can: each gets its own product. A kernel object holds one set of arguments, and
+    without a lock around setting them and enqueueing the kernel the process crashed in
+    PoCL (in a new process here, so a crash fails this test instead of the test run)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TILEGEMM_POISON": "1"}
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", THREADED], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[:2] == ["wrong", "0"], done.stdout

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -699,7 +700,8 @@ class OpenCLBackend(Backend):
         if dense.dtype == np.bool_:
             dense = dense.view(np.uint8)
         if dense.dtype != np.float16:
-            return dense.astype(dtype, queue=target.queue)
+            with _LAUNCH_LOCK:  # PyOpenCL's kernels are shared too
+                return dense.astype(dtype, queue=target.queue)
         out = cla.empty(target.queue, dense.shape, dtype)
         if out.size:
             kernel = self._layout_function(target, "widen_half",
@@ -787,7 +789,8 @@ class OpenCLBackend(Backend):
             if beta != 0:
                 self._fill_c0(target, c, prob, dest)
             elif poison_enabled():
-                dest.with_queue(queue).fill(poison_value(prob.dtype))  # a buffer or SVM alike
+                with _LAUNCH_LOCK:  # PyOpenCL's kernels are shared too (see _enqueue)
+                    dest.with_queue(queue).fill(poison_value(prob.dtype))  # buffer or SVM
         if not prob.empty:
             if prob.k != 0:
                 program, kernel, a_args, b_args, _ = self._panels(target, program, kernel,
@@ -801,7 +804,8 @@ class OpenCLBackend(Backend):
             result = dest.reshape(prob.out_shape)
             if out is not None:
                 if dest.base_data is not out.base_data or dest.offset != out.offset:
-                    out.reshape(shape3).with_queue(queue).setitem(slice(None), dest)  # SVM too
+                    with _LAUNCH_LOCK:  # (a kernel for some layouts; see _enqueue)
+                        out.reshape(shape3).with_queue(queue).setitem(slice(None), dest)  # SVM too
                 result = out
             # PyOpenCL's operations on the result (get(), on any queue) wait for this
             result.add_event(cl.enqueue_marker(queue))
@@ -930,6 +934,9 @@ def _cla() -> Any:
     return pyopencl.array
 
 
+_LAUNCH_LOCK = threading.Lock()  # see _enqueue
+
+
 def _enqueue(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: Any) -> Any:
     """Enqueue ``kernel`` over ``global_size`` with ``args`` (buffers, None and NumPy
     scalars) and return its event.
@@ -938,12 +945,20 @@ def _enqueue(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: 
     the NumPy scalars given; every call site passes the same types each time), which
     makes later launches pack them in one step. Without the types PyOpenCL sets each
     scalar separately, at about 6 µs each: 80 µs of a GEMM launch's 87 on PoCL, where the
-    typed launch takes 3 µs."""
-    if not kernel.__dict__.get("tilegemm_typed"):
-        kernel.set_scalar_arg_dtypes(
-            [x.dtype if isinstance(x, np.generic) else None for x in args])
-        kernel.tilegemm_typed = True
-    return kernel(queue, global_size, local_size, *args)
+    typed launch takes 3 µs.
+
+    Setting a kernel's arguments and enqueueing it is one step under a lock: a kernel
+    object holds one set of arguments, and OpenCL does not make ``clSetKernelArg`` safe
+    for one kernel from several threads. Calls from several Python threads at once set
+    each other's arguments, or crashed the process in PoCL. PyOpenCL's own array
+    operations (``fill``, ``astype``) share their kernels the same way, so tilegemm makes
+    them under this lock too."""
+    with _LAUNCH_LOCK:
+        if not kernel.__dict__.get("tilegemm_typed"):
+            kernel.set_scalar_arg_dtypes(
+                [x.dtype if isinstance(x, np.generic) else None for x in args])
+            kernel.tilegemm_typed = True
+        return kernel(queue, global_size, local_size, *args)
 
 
 def _host_buffer(queue: Any, host: np.ndarray) -> Any:
