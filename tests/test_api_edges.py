@@ -155,6 +155,56 @@ def test_a_subclass_may_turn_a_vector_dot_product_into_a_scalar(tmp_path):
     assert type(ours) is type(numpys) is np.float64 and ours == numpys
 
 
+@pytest.mark.parametrize("shapes", [((4, 5), (5, 3)), ((5,), (5,))])
+def test_an_array_wrap_without_return_scalar_is_called_as_numpy_calls_it(shapes):
+    """An __array_wrap__ written before NumPy 2 (no return_scalar argument): np.matmul
+    calls it again without, with a DeprecationWarning; tilegemm computed the product and
+    then raised TypeError."""
+    import warnings
+
+    class Old(np.ndarray):
+        def __array_wrap__(self, obj, context=None):
+            return obj.view(type(self))
+
+    a, b = random_operands(*shapes, "float64")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        expected = np.matmul(a.view(Old), b)
+    with pytest.warns(DeprecationWarning, match="return_scalar") as caught:
+        got = tilegemm.matmul(a.view(Old), b, **CPU)
+    assert caught[0].filename == __file__  # the caller's line, as NumPy names it
+    assert type(got) is type(expected) is Old and got.shape == expected.shape
+    assert_close(np.asarray(got), a, b)
+
+
+def test_subclasses_with_their_own_array_ufunc_are_refused():
+    """np.matmul hands such an array to its class (units multiplied, or refused with
+    __array_ufunc__ = None); tilegemm computed the bare numbers and kept the operand's
+    metadata, silently wrong. Refused as operands, out and c, leaving out untouched."""
+    class NoUfunc(np.ndarray):
+        __array_ufunc__ = None
+
+    class Units(np.ndarray):
+        def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+            plain = [np.asarray(x) if isinstance(x, Units) else x for x in inputs]
+            return getattr(ufunc, method)(*plain, **kwargs).view(Units)
+
+    a, b = random_operands((4, 5), (5, 3), "float64")
+    for cls in (NoUfunc, Units):
+        for args in ((a.view(cls), b), (a, b.view(cls))):
+            with pytest.raises(TypeError, match=f"{cls.__name__} defines its own "
+                               r"__array_ufunc__.*np\.asarray"):
+                tilegemm.matmul(*args, **CPU)
+        out = np.full((4, 3), np.nan).view(cls)
+        with pytest.raises(TypeError, match="out: "):
+            tilegemm.matmul(a, b, out=out, **CPU)
+        assert np.isnan(np.asarray(out)).all()
+        with pytest.raises(TypeError, match="c: "):
+            tilegemm.gemm(a, b, np.ones((4, 3)).view(cls), beta=1.0, **CPU)
+    # an array_ufunc inherited from ndarray is not an override: memmap, recarray...
+    assert_close(tilegemm.matmul(a.view(np.recarray), b, **CPU), a, b)
+
+
 @pytest.mark.parametrize(("result", "c"), [
     (np.bool_, np.int32),  # bool is computed in int32: a count 2 plus c=-2 came out False
     (np.uint8, np.int64),  # -1 wrapped to 255 where NumPy refuses the cast

@@ -11,6 +11,7 @@ import decimal
 import logging
 import threading
 import time
+import warnings
 from dataclasses import dataclass, replace
 from numbers import Number
 from typing import Any
@@ -22,7 +23,13 @@ from tilegemm import fastpath, registry
 from tilegemm.backends import ARRAY_KINDS, get_backend
 from tilegemm.backends._probe import may_be_accelerated
 from tilegemm.backends.base import Backend, Target, check_scalars
-from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError, UsageError
+from tilegemm.errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    UnavailableError,
+    UsageError,
+    user_stacklevel,
+)
 from tilegemm.precision import apply_precision
 from tilegemm.problem import (
     HALF_DTYPES,
@@ -545,7 +552,16 @@ def _wrap_like_numpy(result: Any, inputs: tuple[Any, Any]) -> Any:
         owner = max(subclasses, key=lambda x: getattr(x, "__array_priority__", 0.0))
         # return_scalar as NumPy passes it: a 0-d result (vector · vector) may become a
         # scalar, as np.memmap's does
-        return owner.__array_wrap__(result, (np.matmul, inputs, 0), result.ndim == 0)
+        context = (np.matmul, inputs, 0)
+        try:
+            return owner.__array_wrap__(result, context, result.ndim == 0)
+        except TypeError:
+            # An __array_wrap__ written before NumPy 2 takes no return_scalar: NumPy
+            # calls it again without, with this warning, and so does tilegemm
+            warnings.warn("__array_wrap__ must accept context and return_scalar arguments "
+                          "(positionally) in the future. (Deprecated NumPy 2.0)",
+                          DeprecationWarning, stacklevel=user_stacklevel())
+            return owner.__array_wrap__(result, context)
     if result.ndim == 0:
         return result[()]  # vector · vector: a NumPy scalar, as np.matmul returns
     return result
@@ -575,7 +591,8 @@ def matmul(
       operands with a float32 ``out`` get the 16-bit result cast into it, as from NumPy,
       except on CUDA tensor cores (below).
     - NumPy in, NumPy out (an ndarray subclass wraps the result through its
-      ``__array_wrap__``, as with NumPy; ``np.matrix`` and masked arrays are refused); CUDA
+      ``__array_wrap__``, as with NumPy; ``np.matrix``, masked arrays and subclasses with an
+      ``__array_ufunc__`` of their own, such as unit-carrying arrays, are refused); CUDA
       device arrays (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array
       out, with no copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is

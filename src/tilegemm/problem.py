@@ -75,6 +75,9 @@ def array_kind(x: Any) -> str:
     return "host"
 
 
+_NDARRAY_UFUNC = np.ndarray.__array_ufunc__
+
+
 def describe(x: Any, name: str) -> Operand:
     """Shape and dtype of ``x`` (NumPy, CUDA-array-interface or pyopencl array, or a list)."""
     kind = array_kind(x)
@@ -104,6 +107,14 @@ def describe(x: Any, name: str) -> Operand:
         raise InvalidTypeError(
             f"{name}: masked arrays are not supported (the mask would be ignored); "
             "pass x.filled(0) or the unmasked data")
+    if isinstance(x, np.ndarray) and type(x).__array_ufunc__ is not _NDARRAY_UFUNC:
+        # np.matmul hands such an array to its class (an astropy Quantity multiplies its
+        # units; __array_ufunc__ = None refuses): computed on the bare data, the result
+        # would silently lose what the class adds
+        raise InvalidTypeError(
+            f"{name}: {type(x).__name__} defines its own __array_ufunc__, so np.matmul "
+            "follows its class's rules for it (units, for example), which tilegemm cannot "
+            "apply; pass np.asarray(x) to multiply the plain numbers")
     if hasattr(x, "__dask_graph__") and hasattr(x, "chunks"):
         # np.asarray would compute the whole lazy array in memory, here, at once
         raise InvalidTypeError(
