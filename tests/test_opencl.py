@@ -879,3 +879,90 @@ def test_calls_from_several_threads_at_once(tmp_path) -> None:
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[:2] == ["wrong", "0"], done.stdout
+
+
+@pytest.mark.parametrize("case", ["first launch of a kernel", "host c"])
+def test_a_device_call_returns_before_the_callers_work_has_run(queue, case,
+                                                               monkeypatch) -> None:
+    """An operand waits on the caller's UserEvent, set only after the call returns: the
+    call must enqueue and return (as PyOpenCL's own operations do), not wait. It hung:
+    the first launch of each kernel waited for its event (to record PoCL's cache), and a
+    host c went in by a blocking write behind the caller's work."""
+    import threading
+
+    cl, cla = _cl()
+    a, b = random_operands((9, 7), (7, 5), "float32")
+    c = random_operands((9, 5), (1, 1), "float32")[0]
+    da, db = cla.to_device(queue, a), cla.to_device(queue, b)
+    gate = cl.UserEvent(queue.context)
+    da.add_event(gate)
+    if case == "first launch of a kernel":
+        class EveryKernel(set):  # every launch is taken for its kernel's first
+            def __contains__(self, item):
+                return True
+
+        monkeypatch.setattr(get_backend("opencl")._cache, "unrecorded", EveryKernel())
+        call = lambda: tilegemm.matmul(da, db)  # noqa: E731
+        expected = a.astype(np.float64) @ b
+    else:
+        tilegemm.matmul(cla.to_device(queue, a), db).get()  # every kernel launched before
+        call = lambda: tilegemm.gemm(da, db, c, beta=0.5)  # noqa: E731
+        expected = a.astype(np.float64) @ b + 0.5 * c
+    results = []
+    worker = threading.Thread(target=lambda: results.append(call()), daemon=True)
+    worker.start()
+    worker.join(timeout=20)
+    returned = not worker.is_alive()
+    gate.set_status(cl.command_execution_status.COMPLETE)  # (frees a hung call too)
+    worker.join(timeout=60)
+    assert returned, "the call waited for the caller's event"
+    np.testing.assert_allclose(results[0].get(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_byte_offsets_inside_an_element_are_refused(queue) -> None:
+    """PyOpenCL allows a float32 array at byte offset 2; the kernels address elements,
+    so the offset was rounded down: a wrong product, and an out written 2 bytes before
+    its start. Refused before anything is enqueued, the buffer left as it was."""
+    cl, cla = _cl()
+    a, b = random_operands((4, 4), (4, 4), "float32")
+    da = cla.to_device(queue, a)
+    raw = np.full(80, 0xAB, np.uint8)
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
+                    hostbuf=raw)
+    odd = cla.Array(queue, (4, 4), np.float32, data=buf, offset=2)
+    with pytest.raises(ValueError, match=r"a: a pyopencl array at byte offset 2, which is "
+                       "not a multiple of its 4-byte elements"):
+        tilegemm.matmul(odd, da)
+    with pytest.raises(ValueError, match="out: .*byte offset 2"):
+        tilegemm.matmul(da, da, out=odd)
+    with pytest.raises(ValueError, match="c: .*byte offset 2"):
+        tilegemm.gemm(da, da, odd, beta=1.0)
+    back = np.empty_like(raw)
+    cl.enqueue_copy(queue, back, buf)
+    assert (back == 0xAB).all()
+    aligned = cla.Array(queue, (4, 4), np.float32, data=buf, offset=4)  # a whole element
+    aligned.set(b)
+    assert_close(tilegemm.matmul(da, aligned).get(), a, b)
+
+
+def test_pyopencl_objects_by_type_not_module(queue) -> None:
+    """A raw pyopencl.Buffer failed with AttributeError ('Buffer' has no 'shape'); a
+    subclass of pyopencl.array.Array defined outside PyOpenCL was taken for a host
+    array (and refused as an object array)."""
+    cl, cla = _cl()
+    a, b = random_operands((7, 5), (5, 3), "float32")
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_ONLY | cl.mem_flags.COPY_HOST_PTR,
+                    hostbuf=a)
+    with pytest.raises(TypeError, match=r"a: a pyopencl\._cl\.Buffer is not an array; "
+                       r"pass a pyopencl\.array\.Array"):
+        tilegemm.matmul(buf, b, backend="opencl")
+
+    class Mine(cla.Array):
+        pass
+
+    mine = Mine(queue, (5, 3), np.float32)
+    mine.set(b)
+    got = tilegemm.matmul(cla.to_device(queue, a), mine)
+    assert isinstance(got, cla.Array)
+    assert_close(got.get(), a, b)
+    assert_close(tilegemm.matmul(a, mine).get(), a, b)  # the device operand decides

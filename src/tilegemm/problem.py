@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -70,9 +71,16 @@ def array_kind(x: Any) -> str:
     # carry the __cuda_ndarray__ marker; CuPy and PyTorch expose the interface.
     if hasattr(x, "__cuda_array_interface__") or getattr(x, "__cuda_ndarray__", False):
         return "cuda"
-    if type(x).__module__.startswith("pyopencl"):
+    if is_pyopencl_array(x):
         return "opencl"
     return "host"
+
+
+def is_pyopencl_array(x: Any) -> bool:
+    """Whether ``x`` is a ``pyopencl.array.Array`` (a subclass included). A module
+    PyOpenCL has not imported cannot have made ``x``, so this imports nothing."""
+    module = sys.modules.get("pyopencl.array")
+    return module is not None and isinstance(x, module.Array)
 
 
 _NDARRAY_UFUNC = np.ndarray.__array_ufunc__
@@ -96,7 +104,19 @@ def describe(x: Any, name: str) -> Operand:
                 "to float16/float32, or pass a torch tensor")
         return Operand(x, kind, tuple(int(s) for s in cai["shape"]), dtype)
     if kind == "opencl":
-        return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype(x.dtype))
+        dtype = np.dtype(x.dtype)
+        if x.offset % dtype.itemsize:
+            # the kernels address whole elements: the offset would be rounded down
+            raise InvalidValueError(
+                f"{name}: a pyopencl array at byte offset {x.offset}, which is not a "
+                f"multiple of its {dtype.itemsize}-byte elements; tilegemm reads and writes "
+                "whole elements from a buffer's start (copy it with x.copy())")
+        return Operand(x, kind, tuple(int(s) for s in x.shape), dtype)
+    if type(x).__module__.startswith("pyopencl"):
+        raise InvalidTypeError(
+            f"{name}: a {type(x).__module__}.{type(x).__name__} is not an array; pass a "
+            "pyopencl.array.Array (for a buffer: pyopencl.array.Array(queue, shape, dtype, "
+            "data=buffer))")
     # Subclasses whose meaning a plain product would change are refused; any other
     # ndarray subclass is computed on its data and the result is a plain ndarray.
     if isinstance(x, np.matrix):

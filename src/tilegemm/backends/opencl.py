@@ -59,7 +59,13 @@ from tilegemm.backends.opencl_program import (
     OpenCLProgram,
 )
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
-from tilegemm.problem import GemmProblem, Operand, host_operand_3d, rounded_to_result
+from tilegemm.problem import (
+    GemmProblem,
+    Operand,
+    host_operand_3d,
+    is_pyopencl_array,
+    rounded_to_result,
+)
 from tilegemm.registry import KernelSpec
 
 LAYOUT = "_layout.cl"
@@ -255,6 +261,8 @@ class _Cache:
     kernels: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     queues: dict[tuple[int, int], Any] = field(default_factory=dict)
     unrecorded: set[int] = field(default_factory=set)  # kernels not launched yet (PoCL cache)
+    # the events of first launches not yet seen to have run (see _first_launch)
+    first_launches: list[Any] = field(default_factory=list)
     # CL_KERNEL_WORK_GROUP_SIZE per (kernel, device), as compiled
     group_limits: dict[tuple[int, int], int] = field(default_factory=dict)
 
@@ -461,7 +469,7 @@ class OpenCLBackend(Backend):
     def check_problem(self, operands: Any, prob: GemmProblem, target: Target,
                       out: Any = None) -> None:
         arrays = [op.obj for op in operands if op.kind == "opencl"]
-        if arrays and out is not None and type(out).__module__.startswith("pyopencl"):
+        if arrays and out is not None and is_pyopencl_array(out):
             arrays.append(out)
         _one_context(arrays)  # here too, so plan() refuses what a call would
         self._check_sizes(target.handle, prob)
@@ -578,18 +586,29 @@ class OpenCLBackend(Backend):
         return kernel
 
     def _first_launch(self, kernel: Any, event: Any) -> None:
-        """After a kernel's first launch in this process, record the PoCL cache's files
-        (PoCL writes a kernel's code at its first launch): a process that never exits
+        """Once a kernel's first launch in this process has run, record the PoCL cache's
+        files (PoCL writes a kernel's code at its first launch): a process that never exits
         normally (a multiprocessing worker, one killed) would otherwise leave its entries
         unrecorded, and a later truncation of one would abort every process that loads it
-        instead of being found and rebuilt (see ``compile_cache._check_pocl_entries``)."""
-        if event is None or kernel.int_ptr not in self._cache.unrecorded:
-            return
-        self._cache.unrecorded.discard(kernel.int_ptr)
-        from tilegemm.compile_cache import record_pocl_cache_now
+        instead of being found and rebuilt (see ``compile_cache._check_pocl_entries``).
 
-        event.wait()  # the code is written once the launch has run
-        record_pocl_cache_now()
+        Nothing waits for the launch: a call on device arrays returns while its kernels may
+        still wait for the caller's own work (waiting here hung a call whose operand waited
+        on a ``UserEvent`` set after it). A first launch that has not run yet is looked at
+        again by later calls, and the exit handler records whatever is left."""
+        cache = self._cache
+        if event is not None and kernel.int_ptr in cache.unrecorded:
+            cache.unrecorded.discard(kernel.int_ptr)
+            cache.first_launches.append(event)
+        if not cache.first_launches:
+            return
+        complete = _cl().command_execution_status.COMPLETE  # 0; an error is negative
+        waiting = [e for e in cache.first_launches if e.command_execution_status > complete]
+        if len(waiting) < len(cache.first_launches):
+            cache.first_launches = waiting
+            from tilegemm.compile_cache import record_pocl_cache_now
+
+            record_pocl_cache_now()
 
     @staticmethod
     def _build(target: _Place | _OwnDevice, program: OpenCLProgram, name: str,
@@ -712,14 +731,18 @@ class OpenCLBackend(Backend):
 
     def _fill_c0(self, target: _Place, c: Operand, prob: GemmProblem, dest: Any) -> None:
         """Put C0 (broadcast to the result) into ``dest`` before a beta != 0 launch."""
-        cl = _cl()
         shape3 = (prob.batch, prob.m, prob.n)
         if c.kind != "opencl":
+            # Into a buffer made from host memory, then copied on the device behind the
+            # work the call waits for: a blocking write would wait for that work (a caller's
+            # UserEvent set after the call hung it).
             host = np.ascontiguousarray(
                 np.broadcast_to(np.asarray(rounded_to_result(c.obj, prob), dtype=prob.dtype),
-                                prob.out_shape))
-            cl.enqueue_copy(target.queue, dest.base_data, host,
-                            dst_offset=dest.offset, is_blocking=True)
+                                prob.out_shape)).reshape(dest.shape)
+            source = _cla().Array(target.queue, dest.shape, prob.dtype,
+                                  data=_host_buffer(target.queue, host))
+            with _LAUNCH_LOCK:  # (see _enqueue)
+                dest.with_queue(target.queue).setitem(slice(None), source)  # SVM too
             return
         x = c.obj
         if c.dtype != prob.dtype:
@@ -797,7 +820,6 @@ class OpenCLBackend(Backend):
                                                                   prob, a_args, b_args)
             event = self._launch(kernel, program, queue, prob, a_args, b_args,
                                  (dest.base_data, dest.offset // itemsize), alpha, beta)
-            self._first_launch(kernel, event)
         self._used[queue.int_ptr] = queue
 
         if on_device:
@@ -809,11 +831,15 @@ class OpenCLBackend(Backend):
                 result = out
             # PyOpenCL's operations on the result (get(), on any queue) wait for this
             result.add_event(cl.enqueue_marker(queue))
+            if not prob.empty:
+                self._first_launch(kernel, event)
             return result
         host = out if out is not None else np.empty(prob.out_shape, dtype=prob.dtype)
         if host.size:
             cl.enqueue_copy(queue, host.reshape(shape3), dest.base_data,
                             src_offset=dest.offset, is_blocking=True)
+        if not prob.empty:
+            self._first_launch(kernel, event)  # (its launch has run: the read waited)
         return host
 
     def _operand(self, target: _Place, op: Operand, prob: GemmProblem,
