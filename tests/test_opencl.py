@@ -966,3 +966,32 @@ def test_pyopencl_objects_by_type_not_module(queue) -> None:
     assert isinstance(got, cla.Array)
     assert_close(got.get(), a, b)
     assert_close(tilegemm.matmul(a, mine).get(), a, b)  # the device operand decides
+
+
+def test_callers_contexts_are_not_kept_for_the_whole_process(queue, monkeypatch) -> None:
+    """Each cached kernel holds its context: a context made per task stayed alive with
+    its programs and queues until the process exited (about 2 MiB each on PoCL). Only
+    the most recently used callers' contexts keep their kernels; the backend's own
+    contexts always do, and a context whose kernels were dropped still works."""
+    import importlib
+
+    cl, cla = _cl()
+    module = importlib.import_module("tilegemm.backends.opencl")
+    backend = get_backend("opencl")
+    monkeypatch.setattr(module, "CONTEXTS_KEPT", 2)
+    a, b = random_operands((6, 5), (5, 4), "float32")
+    assert_close(tilegemm.matmul(a, b, backend="opencl"), a, b)  # the own context
+    own = {o.context.int_ptr for o in backend._own.values()}
+    contexts = []
+    for _ in range(5):
+        ctx = cl.Context([queue.device])
+        q = cl.CommandQueue(ctx)
+        contexts.append(ctx)
+        assert_close(tilegemm.matmul(cla.to_device(q, a), cla.to_device(q, b)).get(), a, b)
+    cached = {key[0] for key in backend._cache.kernels}
+    assert cached - own == {c.int_ptr for c in contexts[-2:]}
+    assert own <= cached
+    assert not backend._used  # (it held every caller's queue, for synchronize())
+    q = cl.CommandQueue(contexts[0])  # dropped: built again
+    assert_close(tilegemm.matmul(cla.to_device(q, a), cla.to_device(q, b)).get(), a, b)
+    assert contexts[0].int_ptr in {key[0] for key in backend._cache.kernels}

@@ -261,6 +261,9 @@ class _Cache:
     kernels: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     queues: dict[tuple[int, int], Any] = field(default_factory=dict)
     unrecorded: set[int] = field(default_factory=set)  # kernels not launched yet (PoCL cache)
+    # contexts the entries above belong to, least recently used first (see _keep)
+    contexts: dict[int, None] = field(default_factory=dict)
+    last_context: int | None = None
     # the events of first launches not yet seen to have run (see _first_launch)
     first_launches: list[Any] = field(default_factory=list)
     # CL_KERNEL_WORK_GROUP_SIZE per (kernel, device), as compiled
@@ -276,7 +279,8 @@ class OpenCLBackend(Backend):
     def __init__(self) -> None:
         self._own: dict[int, _OwnDevice] = {}
         self._cache = _Cache()
-        self._used: dict[int, Any] = {}  # queues that may have work in flight
+        # queues of prepared products (benchmarks) that may have work in flight
+        self._used: dict[int, Any] = {}
         self._targets: dict[int, Target] = {}  # per device index, while the device is the same
 
     # -- probing ------------------------------------------------------------------------
@@ -520,8 +524,36 @@ class OpenCLBackend(Backend):
             own = self._own[index] = _OwnDevice(context, device, queue)
         return own
 
+    def _keep(self, context: Any) -> None:
+        """Note ``context`` as the most recently used, and drop what is cached for the
+        least recently used beyond ``CONTEXTS_KEPT`` callers' contexts (their kernels,
+        programs and queues). Each cached kernel holds its context: a process that made a
+        context per task kept every one of them alive, about 2 MiB each on PoCL, until it
+        exited. A dropped context's kernels are built again if it comes back (from
+        PoCL's or the driver's cache)."""
+        cache, ptr = self._cache, context.int_ptr
+        if cache.last_context == ptr:
+            return  # already the most recent: the usual case
+        with _CACHE_LOCK:  # (other threads look up and add entries meanwhile)
+            cache.last_context = ptr
+            cache.contexts.pop(ptr, None)
+            cache.contexts[ptr] = None
+            own = {o.context.int_ptr for o in list(self._own.values())}
+            callers = [c for c in cache.contexts if c not in own]
+            for old in callers[:max(0, len(callers) - CONTEXTS_KEPT)]:
+                del cache.contexts[old]
+                for key in [k for k in list(cache.kernels) if k[0] == old]:
+                    kernel = cache.kernels.pop(key, None)
+                    if kernel is not None:
+                        cache.unrecorded.discard(kernel.int_ptr)
+                        for g in [g for g in list(cache.group_limits) if g[0] == kernel.int_ptr]:
+                            cache.group_limits.pop(g, None)
+                for key in [k for k in list(cache.queues) if k[0] == old]:
+                    cache.queues.pop(key, None)
+
     def _queue(self, context: Any, device: Any) -> Any:
         key = (context.int_ptr, device.int_ptr)
+        self._keep(context)
         queue = self._cache.queues.get(key)
         if queue is None:
             cl = _cl()
@@ -575,6 +607,7 @@ class OpenCLBackend(Backend):
         """The compiled kernel, built once per (source, options, context, device)."""
         source = program.source if source is None else source
         key = (target.context.int_ptr, target.device.int_ptr, source, program.options, name)
+        self._keep(target.context)
         kernel = self._cache.kernels.get(key)
         if kernel is None:
             kernel = self._build(target, program, name, source)
@@ -820,7 +853,8 @@ class OpenCLBackend(Backend):
                                                                   prob, a_args, b_args)
             event = self._launch(kernel, program, queue, prob, a_args, b_args,
                                  (dest.base_data, dest.offset // itemsize), alpha, beta)
-        self._used[queue.int_ptr] = queue
+        # (nothing is left for synchronize(): a host result has been read back, a device
+        # result carries its event)
 
         if on_device:
             result = dest.reshape(prob.out_shape)
@@ -961,6 +995,9 @@ def _cla() -> Any:
 
 
 _LAUNCH_LOCK = threading.Lock()  # see _enqueue
+# callers' contexts whose kernels and queues stay cached (OpenCLBackend._keep)
+CONTEXTS_KEPT = 8
+_CACHE_LOCK = threading.Lock()
 
 
 def _enqueue(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: Any) -> Any:
