@@ -709,8 +709,8 @@ class OpenCLBackend(Backend):
         offsets = _host_buffer(target.queue, np.ascontiguousarray(zoff, dtype=np.int64))
         kernel = self._layout_kernel(target, dtype)
         _enqueue(kernel, target.queue, (cols, rows, batch), None, x.base_data, offsets,
-               np.int64(rs), np.int64(cs), dst.base_data, np.int64(dst.offset // dtype.itemsize),
-               np.int32(rows), np.int32(cols))
+                 np.int64(rs), np.int64(cs), dst.base_data,
+                 np.int64(dst.offset // dtype.itemsize), np.int32(rows), np.int32(cols))
         return dst
 
     def _device_operand(self, target: _Place, op: Operand, prob: GemmProblem,
