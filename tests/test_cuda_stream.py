@@ -135,3 +135,51 @@ def test_a_numba_object_that_is_not_a_stream_is_refused():
     assert describe_stream(cuda.stream())[0] == "numba"
     with pytest.raises(InvalidTypeError, match="stream"):
         describe_stream(cuda.to_device(np.ones(3)))
+
+
+def _numba_stream(handle):
+    """numba-cuda's own Stream object for a handle, as ``cuda.external_stream(handle)``
+    makes it (no GPU needed to build one)."""
+    binding = pytest.importorskip("cuda.bindings.driver")
+    from numba.cuda.cudadrv.driver import Stream
+
+    return Stream(binding.CUstream(handle), external=True)
+
+
+def test_split_k_workspaces_are_kept_per_stream_handle_not_per_object():
+    """The key was id() of the stream object: numba makes a new object per call for the
+    same stream, and a freed object's id came back for another stream, which then shared
+    a workspace with work still queued on the first."""
+    from tilegemm.kernels.cuda._splitk import _stream_key
+
+    keys = []
+    for handle in (0x1111, 0x2222, 0x3333, 0x1111):
+        stream = _numba_stream(handle)
+        keys.append(_stream_key(stream))
+        del stream  # (as a call's stream object goes when the call returns)
+    assert keys == [0x1111, 0x2222, 0x3333, 0x1111]
+    assert _stream_key(_numba_stream(0)) == 0 == _stream_key(None) == _stream_key(0)
+    assert _stream_key(_numba_stream(1)) == 1  # the legacy default stream
+
+
+@pytest.mark.parametrize(("exported", "ours", "wait", "synced"), [
+    (0x1111, 0x1111, True, False),  # the same stream orders the work: no host wait
+    (0x1111, 0x2222, True, True),  # another stream: numba waits for the array's
+    (None, 0x2222, True, False),  # nothing to wait for
+    (0x1111, None, True, True),  # no stream given: as numba does by default
+    (0x1111, 0x2222, False, False),  # a view for its address only
+])
+def test_a_device_view_waits_on_the_host_only_for_another_stream(monkeypatch, exported, ours,
+                                                                  wait, synced):
+    """CuPy arrays name their stream in the CUDA Array Interface, and numba's
+    as_cuda_array waited on the host for it (sync=True) on every call, although the
+    product then runs on that same stream."""
+    from numba import cuda
+
+    from tilegemm.backends import cuda as backend_module
+
+    calls = []
+    monkeypatch.setattr(cuda, "as_cuda_array", lambda x, sync=True: calls.append(sync))
+    stream = None if ours is None else _numba_stream(ours)
+    backend_module._as_device(_CAIv3(exported), stream, wait=wait)
+    assert calls == [synced]

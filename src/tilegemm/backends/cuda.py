@@ -35,7 +35,7 @@ from tilegemm.backends.base import (
     wall_clock_elapsed,
 )
 from tilegemm.backends.cuda_program import MIN_OPTIN_SMEM_SM80, STATIC_SMEM_LIMIT
-from tilegemm.backends.cuda_stream import choose_stream, numba_stream
+from tilegemm.backends.cuda_stream import choose_stream, numba_stream, stream_handle
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import (
     GemmProblem,
@@ -58,13 +58,23 @@ CUDA_LIMITS = Limits(threads_per_block=MAX_THREADS_PER_BLOCK, block_dims=(1024, 
                      registers_per_thread=255, shared_optin_per_block=MIN_OPTIN_SMEM_SM80)
 
 
-def _as_device(x: Any) -> Any:
-    """A numba device array view of ``x`` (numba arrays and the simulator's pass through)."""
+def _as_device(x: Any, stream: Any = None, wait: bool = True) -> Any:
+    """A numba device array view of ``x`` (numba arrays and the simulator's pass through),
+    for work on numba stream ``stream``.
+
+    An array that names the stream it was written on (the ``stream`` field of the CUDA
+    Array Interface, which CuPy fills) makes numba wait on the host for that stream,
+    unless told not to. The wait is kept where it orders something: not when the work
+    goes on that same stream, where the stream itself orders it, and not with
+    ``wait=False``, for a view whose address alone is read."""
     if getattr(x, "__cuda_ndarray__", False):
         return x
     from numba import cuda
 
-    return cuda.as_cuda_array(x)
+    cai = getattr(x, "__cuda_array_interface__", None)
+    exported = cai.get("stream") if isinstance(cai, dict) else None
+    same = stream is not None and exported == stream_handle(stream)
+    return cuda.as_cuda_array(x, sync=wait and exported is not None and not same)
 
 
 def _bits(x: Any) -> Any:
@@ -314,8 +324,10 @@ class CudaBackend(Backend):
                 "in float32 here and rounds back once")
         check_block_limits(spec, params, dtype, target)
 
-    def _device_operand(self, op: Operand, prob: GemmProblem, which: str) -> Any:
-        """A device operand as a (batch or 1, rows, cols) numba device array, no host trip."""
+    def _device_operand(self, op: Operand, prob: GemmProblem, which: str,
+                        stream: Any = None) -> Any:
+        """A device operand as a (batch or 1, rows, cols) numba device array, no host trip,
+        for work on ``stream``."""
 
         _check_device_operand(op, prob, which)
         x = op.obj
@@ -351,8 +363,8 @@ class CudaBackend(Backend):
 
                     x = cupy.broadcast_to(x, shape)
                 x = x.reshape(prob.batch, rows, cols)  # materialises the partial broadcast
-            return _as_device(_bits(x))
-        d = _as_device(x)
+            return _as_device(_bits(x), stream)
+        d = _as_device(x, stream)
         if squeeze:
             d = _reshape(d, (1, cols) if which == "a" else (rows, 1))
         if trans:
@@ -437,21 +449,22 @@ class CudaBackend(Backend):
         # c) must raise before out is written (poisoned or loaded with c).
         if not prob.empty:
             a3, b3 = (
-                self._device_operand(op, prob, w) if op.kind == "cuda"
+                self._device_operand(op, prob, w, s) if op.kind == "cuda"
                 else cuda.to_device(_bits(host_operand_3d(op.obj, prob, w)), stream=s)
                 for op, w in ((a, "a"), (b, "b"))
             )
-        dc = self._device_c(c, prob) if beta != 0 and c.kind == "cuda" else None
+        dc = self._device_c(c, prob, s) if beta != 0 and c.kind == "cuda" else None
 
         # Destination on the device: out itself when it is a device array.
         if out is not None and on_device:
-            dout = _as_device(_bits(out))
+            dout = _as_device(_bits(out), s)
             if not dout.is_c_contiguous():
                 raise InvalidValueError("out: a device out array must be C-contiguous")
             dest3 = _reshape(dout, shape3)
             # out=a: kernels read A while writing C, so an out overlapping a device operand
             # gets a fresh buffer, copied into out after the launch.
-            alias = any(op.kind == "cuda" and _may_overlap(dout, _as_device(_bits(op.obj)))
+            alias = any(op.kind == "cuda"
+                        and _may_overlap(dout, _as_device(_bits(op.obj), wait=False))
                         for op in (a, b))
             c3 = cuda.device_array(shape3, dtype=ndt, stream=s) if alias else dest3
         else:
@@ -487,7 +500,7 @@ class CudaBackend(Backend):
             s.synchronize()  # a host result is complete when the call returns
         return host
 
-    def _device_c(self, c: Operand, prob: GemmProblem) -> Any:
+    def _device_c(self, c: Operand, prob: GemmProblem, stream: Any = None) -> Any:
         """A device C0 for beta != 0: must already have the result's shape and dtype."""
 
         if c.dtype != prob.store_dtype or c.shape != prob.out_shape:
@@ -495,7 +508,7 @@ class CudaBackend(Backend):
                 f"gemm: a device c must have the result's shape {prob.out_shape} and dtype "
                 f"{prob.store_dtype.name}; got {c.shape} {c.dtype.name}"
             )
-        d = _as_device(_bits(c.obj))
+        d = _as_device(_bits(c.obj), stream)
         if not d.is_c_contiguous():
             raise InvalidValueError("gemm: a device c must be C-contiguous")
         return _reshape(d, (prob.batch, prob.m, prob.n))

@@ -58,6 +58,19 @@ def describe_stream(stream: Any) -> tuple[str, Any]:
         f"__cuda_stream__, or an integer handle; got {type(stream).__name__}")
 
 
+def stream_handle(stream: Any) -> int | None:
+    """The CUDA handle of a numba stream (0 for the default stream, 1 and 2 for the
+    legacy and per-thread default streams), or None for the simulator's stand-in, which
+    has none."""
+    handle = getattr(stream, "handle", None)  # a CUstream, or a ctypes pointer
+    if handle is None:
+        return None
+    try:
+        return int(handle)
+    except TypeError:
+        return int(getattr(handle, "value", None) or 0)  # a ctypes null pointer: None
+
+
 def operand_stream(x: Any) -> tuple[str, Any] | None:
     """The stream the caller's library would use for device array ``x`` now, or None."""
     lib = _library(x)

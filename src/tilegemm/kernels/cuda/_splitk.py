@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
+from tilegemm.backends.cuda_stream import stream_handle
 from tilegemm.launch import MAX_GRID_X, ceil_div
 
 REDUCE_THREADS = 256
@@ -86,13 +87,16 @@ def _device_key() -> int:
         return 0
 
 
-def _stream_key(stream: Any) -> Any:
-    """A stream's identity: its handle (0 for the default stream)."""
+def _stream_key(stream: Any) -> int:
+    """A stream's identity: its handle (0 for the default stream). Not the Python object:
+    numba makes a new one for the same stream on every call (``cuda.default_stream()``,
+    ``cuda.external_stream(h)``), and once one is freed its ``id`` can come back for
+    another stream, which then shared a workspace with work still queued on the first.
+    The simulator's streams have no handle; it runs everything in order, so one key."""
     if stream is None or isinstance(stream, int):
         return stream or 0
-    handle = getattr(stream, "handle", None)
-    value = getattr(handle, "value", handle)
-    return value if isinstance(value, int) else id(stream)
+    handle = stream_handle(stream)
+    return 0 if handle is None else handle
 
 
 @cache
