@@ -61,6 +61,36 @@ def test_device_out_aliasing_an_operand():
 
 
 @pytest.mark.cudasim
+@pytest.mark.parametrize("where", ["out overlaps c in part", "out is c"])
+def test_device_c_and_out_in_one_buffer_are_never_copied_onto_each_other(monkeypatch, where):
+    """C0 went into out by a device-to-device copy even when out overlapped c in part (a
+    copy between overlapping ranges is undefined in CUDA; the simulator's NumPy copy hid
+    it) or was c itself (a copy onto itself). Now a partly overlapping out gets a fresh
+    buffer, and c in place is not copied."""
+    from numba import cuda
+    from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+    overlapping = []
+    real = FakeCUDAArray.copy_to_device
+
+    def copy(self, ary, stream=0):
+        if isinstance(ary, FakeCUDAArray):
+            overlapping.append(np.may_share_memory(np.asarray(self._ary), np.asarray(ary._ary)))
+        return real(self, ary, stream)
+
+    monkeypatch.setattr(FakeCUDAArray, "copy_to_device", copy)
+    a, b = random_operands((6, 5), (5, 4), "float32")
+    x = np.random.default_rng().uniform(0.5, 1.5, (7, 4)).astype(np.float32)
+    dx = cuda.to_device(x)
+    c, dc = (x[0:6], dx[0:6])
+    dout = dx[1:7] if where == "out overlaps c in part" else dc
+    got = tilegemm.gemm(a, b, dc, beta=0.5, out=dout, kernel="naive", BLOCK=8)
+    assert got is dout
+    assert_close(dout.copy_to_host(), a, b, beta=0.5, c=c)
+    assert not any(overlapping), "a device copy between overlapping arrays"
+
+
+@pytest.mark.cudasim
 def test_device_c_with_host_operands_gives_a_device_result():
     """A device c made api.check_out demand a device out, which run() then treated as a
     host array (a TypeError after the launch here; a device-to-host copy into a device

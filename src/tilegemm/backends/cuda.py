@@ -470,8 +470,15 @@ class CudaBackend(Backend):
         else:
             alias = False
             c3 = cuda.device_array(shape3, dtype=ndt, stream=s)
+        if (dc is not None and not alias and _may_overlap(c3, dc)
+                and not _same_memory(c3, dc)):
+            # out overlaps c in part: a copy between overlapping ranges is undefined in
+            # CUDA, so the product goes to a fresh buffer, copied into out after
+            alias = True
+            c3 = cuda.device_array(shape3, dtype=ndt, stream=s)
         if dc is not None:
-            c3.copy_to_device(dc, stream=s)
+            if not _same_memory(c3, dc):  # (out is c: C0 is in place)
+                c3.copy_to_device(dc, stream=s)
         elif beta != 0:
             host_c = np.ascontiguousarray(
                 np.broadcast_to(np.asarray(rounded_to_result(c.obj, prob), dtype=cdt),
@@ -674,6 +681,16 @@ def _may_overlap(x: Any, y: Any) -> bool:
     if simulator.enabled():
         return bool(np.may_share_memory(np.asarray(x._ary), np.asarray(y._ary)))
     return _span(x)[0] < _span(y)[1] and _span(y)[0] < _span(x)[1]
+
+
+def _same_memory(x: Any, y: Any) -> bool:
+    """Whether two C-contiguous numba device arrays of one shape and dtype are the same
+    elements."""
+    if simulator.enabled():
+        ax, ay = np.asarray(x._ary), np.asarray(y._ary)
+        return (ax.__array_interface__["data"][0] == ay.__array_interface__["data"][0]
+                and ax.nbytes == ay.nbytes)
+    return _span(x) == _span(y)
 
 
 def _span(d: Any) -> tuple[int, int]:
