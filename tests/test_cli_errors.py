@@ -178,3 +178,24 @@ def test_the_tracers_refusals_are_the_librarys_errors():
 
     with pytest.raises(InvalidTypeError, match="not float16"):
         explain("shared", 16, 16, 16, dtype="float16", resources=False)
+
+
+@pytest.mark.parametrize("batch", [0, 3])
+def test_a_run_whose_check_cannot_fit_in_memory_is_refused(monkeypatch, capsys, batch):
+    """run checks its result against float64 NumPy, about seven float64 arrays the size of
+    the result: a 32768 x 32768 float32 run (a 4 GiB result) was killed by the system,
+    out of memory, where NumPy's allocation of the arrays alone succeeded. Here the
+    machine is said to have 0.5 GiB available: a 4096^2 float32 result needs about 1 GiB."""
+    from tilegemm.backends import cpu
+
+    monkeypatch.setattr(cpu, "available_memory", lambda: 2**29)
+    argv = ["run", "--backend", "cpu", "--m", "4096", "--n", "4096", "--k", "8"]
+    if batch:
+        argv += ["--batch", str(batch)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "against float64 NumPy needs about" in err and "0.5 GiB available" in err
+    assert ("3 products of 4096x4096x8" in err) == bool(batch)
+    monkeypatch.setattr(cpu, "available_memory", lambda: 64 * 2**30)
+    assert main(["run", "--backend", "cpu", "--m", "64", "--n", "48", "--k", "8",
+                 "--repeat", "0"]) == 0

@@ -794,3 +794,17 @@ def test_processes_recording_at_once_keep_every_entry(tmp_path) -> None:  # noqa
     assert [p.exitcode for p in procs] == [0] * 12
     assert sorted(e.bucket[0] for e in cache.load()) == [2**i for i in range(12)]
     assert not list(cache.cache_path().parent.glob(".tune-*"))  # no temporary left
+
+
+def test_a_tilde_in_the_cache_directory_is_the_home_folder(tmp_path, monkeypatch):
+    """TILEGEMM_CACHE_DIR='~/x' made a folder named '~' in every working directory (the
+    tuning cache and the kernel cache went there), while `tilegemm cache` named ~/x."""
+    from tilegemm import compile_cache
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", "~/x")
+    assert cache.cache_dir() == tmp_path / "home" / "x"
+    assert cache.cache_path().parent == tmp_path / "home" / "x"
+    monkeypatch.delenv("TILEGEMM_KERNEL_CACHE", raising=False)
+    assert compile_cache.cache_root() == tmp_path / "home" / "x" / "kernels"

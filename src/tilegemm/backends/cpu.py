@@ -220,6 +220,23 @@ def physical_memory() -> int | None:
         return None
 
 
+def available_memory() -> int | None:
+    """Memory a new allocation can have now without swapping, in bytes: Linux's
+    MemAvailable (free memory plus caches it can drop), else the system's count of free
+    pages, else None. Asked anew each time: it changes."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 @cache
 def _status() -> BackendStatus:
     """Probed once: ``kernel="auto"`` asks on every call, and small products are measured in

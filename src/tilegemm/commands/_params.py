@@ -55,13 +55,22 @@ def device_target(backend, device: int | None, requested: str):  # noqa: ANN001,
     return backend.target(device)
 
 
-def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str) -> None:
+def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str,
+                         checked: bool = False) -> None:
     """Refuse, in one line, a product whose A, B or result this machine cannot allocate
-    (``batch`` 0: a plain 2-D product), before any work starts."""
+    (``batch`` 0: a plain 2-D product), before any work starts; with ``checked``, also one
+    whose check against float64 NumPy would not fit in the memory available now.
+
+    Asking NumPy for the arrays alone is not enough: Linux promises memory it does not
+    have, and the check holds the float64 reference, the error bound and their
+    temporaries, about seven float64 arrays the size of the result. A 32768 x 32768
+    float32 product (a 4 GiB result) was killed by the system, out of memory, instead of
+    being refused."""
     import numpy as np
 
     lead = (batch,) if batch else ()
     dt = np.dtype(dtype)
+    more = " or --batch" if batch else ""
     for what, shape in (("A", lead + (m, k)), ("B", lead + (k, n)),
                         ("the result", lead + (m, n))):
         try:
@@ -70,8 +79,23 @@ def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str) -> None
             gib = np.prod(shape, dtype=np.float64) * dt.itemsize / 2**30
             raise InvalidValueError(
                 f"cannot allocate {what} of shape {shape} as {dt.name} ({gib:.1f} GiB) "
-                "on this machine; choose smaller --m/--n/--k"
-                + (" or --batch" if batch else "")) from None
+                f"on this machine; choose smaller --m/--n/--k{more}") from None
+    if not checked:
+        return
+    from tilegemm.backends.cpu import available_memory
+
+    count = max(batch, 1)
+    operands, result = count * (m * k + k * n), count * m * n
+    # the arrays, the operands in float64 (and their magnitudes, for the bound), and the
+    # reference, bound, error and comparison arrays in float64
+    need = dt.itemsize * (operands + result) + 2 * (8 + dt.itemsize) * operands + 7 * 8 * result
+    have = available_memory()
+    if have is not None and need > have:
+        raise InvalidValueError(
+            f"running and checking {f'{batch} products of ' if batch else 'a '}"
+            f"{m}x{n}x{k} in {dt.name} against float64 NumPy needs about "
+            f"{need / 2**30:.1f} GiB; this machine has {have / 2**30:.1f} GiB available; "
+            f"choose smaller --m/--n/--k{more}")
 
 
 def parse_params(items: list[str]) -> dict[str, int]:

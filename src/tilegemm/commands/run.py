@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidValueError(f"--{name} must be >= 0")
     params = parse_params(args.params)
     lead = (args.batch,) if args.batch else ()
-    check_fits_in_memory(args.m, args.n, args.k, args.batch, args.dtype)
+    check_fits_in_memory(args.m, args.n, args.k, args.batch, args.dtype, checked=True)
     a, b = random_operands(lead + (args.m, args.k), lead + (args.k, args.n), args.dtype)
     ops = [describe(a, "a"), describe(b, "b")]
     # Resolve what 'auto' means up front so the report names the real choice.

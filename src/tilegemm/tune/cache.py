@@ -77,7 +77,9 @@ def current_version() -> str:
 def cache_dir() -> Path:
     env = os.environ.get("TILEGEMM_CACHE_DIR")
     if env:
-        return Path(env)
+        # "~/x" as a shell would expand it (it was a folder named "~" in each working
+        # directory, while `tilegemm cache` named the expanded one)
+        return Path(env).expanduser()
     return _user_cache_dir()
 
 
