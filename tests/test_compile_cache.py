@@ -269,10 +269,35 @@ def test_cached_texts_builds_once_then_reads(tmp_path: Path, monkeypatch) -> Non
     # another key (changed sources) is another entry, built again
     compile_cache.cached_texts("cuda", "probe-float32", {**key, "sources": "abd"}, build)
     assert len(calls) == 2
+    # the sources are now "abd": the entry keyed "abc" is stale (it was listed as usable,
+    # and --clear --stale never removed it)
+    monkeypatch.setattr(compile_cache, "_text_key_common", lambda sub: {"sources": "abd"})
     listed = [e for e in compile_cache.entries() if e.describe.get("kernel") == "probe"]
-    assert len(listed) == 2 and all(e.current and e.bytes > 0 for e in listed)
-    assert compile_cache.clear() >= 2
+    assert len(listed) == 2 and all(e.bytes > 0 for e in listed)
+    assert sorted(e.current for e in listed) == [False, True]
+    assert compile_cache.clear(stale_only=True) == 1
+    assert [e.current for e in compile_cache.entries()] == [True]
+    assert compile_cache.clear() >= 1
     assert compile_cache.entries() == []
+
+
+def test_cached_ptx_entries_are_stale_after_a_source_or_numba_cuda_change(
+        tmp_path: Path, monkeypatch) -> None:
+    """What the PTX entries depend on besides the versions every entry holds (the sources
+    and numba-cuda's version) is compared too, as the current key would be."""
+    from tilegemm.analysis.resources import ptx_key_common
+
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    common = ptx_key_common()
+    key = {"describe": {"kernel": "probe"}, **common}
+    compile_cache.cached_texts("cuda", "probe", key, lambda: {"sm_90": "now"})
+    compile_cache.cached_texts("cuda", "probe", {**key, "sources": "edited"},
+                               lambda: {"sm_90": "then"})
+    compile_cache.cached_texts("cuda", "probe", {**key, "versions": {"numba-cuda": "0.0"}},
+                               lambda: {"sm_90": "old"})
+    listed = compile_cache.entries()
+    assert sorted(e.current for e in listed) == [False, False, True]
+    assert compile_cache.clear(stale_only=True) == 2
 
 
 def test_cached_texts_corrupt_entry_warns_and_rebuilds(tmp_path: Path, monkeypatch) -> None:
@@ -296,6 +321,7 @@ def test_cached_texts_other_version_is_not_used(tmp_path: Path, monkeypatch) -> 
     assert compile_cache.cached_texts("cuda", "probe", key, lambda: {"sm_90": "new"}) == {
         "sm_90": "new"}
     monkeypatch.setattr(compile_cache, "_versions", lambda: real)
+    monkeypatch.setattr(compile_cache, "_text_key_common", lambda sub: {})  # a probe's key
     assert sorted(e.current for e in compile_cache.entries()) == [False, True]
 
 

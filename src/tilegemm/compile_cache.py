@@ -61,6 +61,7 @@ import contextvars
 import fcntl
 import functools
 import hashlib
+import importlib
 import importlib.util
 import json
 import os
@@ -85,6 +86,9 @@ CUDA_SUBDIR = "cuda-jit"  # generated CUDA kernels as modules; numba-cuda's cach
 MODULE_SUBDIRS = (SUBDIR, CUDA_SUBDIR)  # folders of module entries (load_module and kin)
 POCL_SUBDIR = "pocl"  # PoCL's own kernel cache, when tilegemm chose where it lives
 TEXT_SUBDIRS = ("cuda",)  # keyed stores of compiled text (cached_texts)
+# For each keyed store, (module, function) giving what all its entries' keys hold now
+# besides _versions(): sources digest, tool versions. An entry keyed otherwise is stale.
+TEXT_KEY_COMMON = {"cuda": ("tilegemm.analysis.resources", "ptx_key_common")}
 _TEXT_HEADER = "tilegemm compiled-kernel cache entry"
 
 # Compilations and cache loads of every function this process built through the cache
@@ -635,17 +639,35 @@ def _pocl_entries(root: Path) -> list[CacheEntry]:
     return out
 
 
+def _text_key_common(sub: str) -> dict[str, Any]:
+    """What every entry of keyed store ``sub`` holds in its key now (see
+    ``TEXT_KEY_COMMON``); {} where that cannot be worked out here."""
+    where = TEXT_KEY_COMMON.get(sub)
+    if where is None:
+        return {}
+    try:
+        return dict(getattr(importlib.import_module(where[0]), where[1])())
+    except Exception:  # a tool missing here (numba-cuda): versions alone decide
+        return {}
+
+
 def _text_entries(root: Path) -> list[CacheEntry]:
-    now = _versions()
     out = []
     for sub in TEXT_SUBDIRS:
-        for path in sorted((root / sub).glob("*.json")) if (root / sub).is_dir() else ():
+        folder = root / sub
+        paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        common = _text_key_common(sub) if paths else {}
+        # an entry written by another tilegemm, Numba or Python, or from other sources
+        # or tool versions, is never read again
+        now = {**_versions(), **_mapping(common.get("versions"))}
+        for path in paths:
             try:
                 key = _mapping(_mapping(json.loads(path.read_text())).get("key"))
             except (OSError, ValueError):
                 key = {}
             versions = _mapping(key.get("versions"))
-            current = bool(versions) and all(versions.get(k) == v for k, v in now.items())
+            current = (bool(versions) and all(versions.get(k) == v for k, v in now.items())
+                       and all(key.get(k) == v for k, v in common.items() if k != "versions"))
             out.append(CacheEntry(path.stem, _mapping(key.get("describe")), versions, current,
                                   _size((path,)), (path,)))
     return out

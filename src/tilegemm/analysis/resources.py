@@ -116,21 +116,33 @@ def parse_ptxas_log(log: str) -> dict[str, int]:
 
 
 @cache
-def _ptx(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str, arch: str) -> str:
-    """The PTX for ``arch``, from the on-disk kernel cache when another process (or an
-    earlier run) compiled it; a miss compiles every architecture at once."""
+def ptx_key_common() -> dict[str, Any]:
+    """What every cached PTX entry depends on, as it is now: the sources that make the
+    PTX and numba-cuda's version (``tilegemm cache`` compares entries with it to tell the
+    stale ones)."""
     from importlib.metadata import version
 
     from tilegemm import compile_cache
 
     sources = Path(__file__).parents[1]
-    key = {
-        "describe": {"kernel": spec.name, "backend": spec.backend, "dtype": dtype,
-                     "params": dict(params), "output": "PTX " + " ".join(ARCHS)},
+    return {
         "sources": compile_cache.source_digest(
             [*(sources / "kernels" / "cuda").glob("*.py"), sources / "backends" /
              "cuda_program.py", Path(__file__)]),
         "versions": {"numba-cuda": version("numba-cuda")},
+    }
+
+
+@cache
+def _ptx(spec: KernelSpec, params: tuple[tuple[str, int], ...], dtype: str, arch: str) -> str:
+    """The PTX for ``arch``, from the on-disk kernel cache when another process (or an
+    earlier run) compiled it; a miss compiles every architecture at once."""
+    from tilegemm import compile_cache
+
+    key = {
+        "describe": {"kernel": spec.name, "backend": spec.backend, "dtype": dtype,
+                     "params": dict(params), "output": "PTX " + " ".join(ARCHS)},
+        **ptx_key_common(),
     }
     texts = compile_cache.cached_texts("cuda", f"{spec.name}-{dtype}", key,
                                        lambda: compile_ptx_all(spec, dict(params), dtype))
