@@ -575,3 +575,15 @@ def test_cache_files_are_readable_by_others_sharing_the_directory(tmp_path: Path
     written = tcache.save([], tcache.cache_path())
     for path in (entry, written):
         assert stat.S_IMODE(path.stat().st_mode) & 0o044 == 0o044, path
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_cache_command_finds_a_folder_it_cannot_write_by_writing(monkeypatch, capsys) -> None:
+    """Permission bits let root write anywhere, so the command listed '0 entries' for a
+    directory under /proc, where every call then warned that the cache cannot be used."""
+    from tilegemm.cli import main
+
+    monkeypatch.delenv("TILEGEMM_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", "/proc/tilegemm-test")
+    assert main(["cache"]) == 0
+    assert "cannot be used" in capsys.readouterr().out

@@ -330,6 +330,30 @@ def test_a_rungs_entry_is_never_slower_than_its_untuned_choice(monkeypatch) -> N
     assert round(entry.gflops) == 100
 
 
+@pytest.mark.parametrize(("status", "code"), [("rejected", 2), ("wrong", 1)])
+def test_a_tune_in_which_no_candidate_ran_says_why_and_fails(monkeypatch, capsys, status,
+                                                             code) -> None:  # noqa: ANN001
+    """Every candidate rejected (a result larger than the device allows, say): the table
+    showed '1 rejected' and the command exited 0 with no reason. Now the reason is a note,
+    and the exit status is 2 (refused), or 1 where a kernel computed a wrong result."""
+    from tilegemm.cli import main
+
+    why = "the result is larger than the largest buffer the device can allocate"
+
+    def tune(backend, spec_, prob, cands, **kw):  # noqa: ANN001, ANN003, ANN202
+        return strategies.TuneResult(spec_, prob, [strategies.Trial(dict(c), status,
+                                                                    detail=why)
+                                                   for c in cands[:2]])
+
+    monkeypatch.setattr(strategies, "tune", tune)
+    assert main(["tune", "--backend", "cpu", "--kernel", "triple_loop", "--m", "16"]) == code
+    captured = capsys.readouterr()
+    assert f"no candidate ran: {why}" in captured.out
+    if code == 2:
+        assert f"no candidate could run at this size: {why}" in captured.err
+    assert cache.load() == []
+
+
 def test_a_second_tune_times_the_cached_entry_again_and_keeps_the_faster(
         monkeypatch, capsys) -> None:  # noqa: ANN001
     """A second, shorter tune replaced a faster cached entry with whatever it found, never
@@ -808,3 +832,13 @@ def test_a_tilde_in_the_cache_directory_is_the_home_folder(tmp_path, monkeypatch
     assert cache.cache_path().parent == tmp_path / "home" / "x"
     monkeypatch.delenv("TILEGEMM_KERNEL_CACHE", raising=False)
     assert compile_cache.cache_root() == tmp_path / "home" / "x" / "kernels"
+
+
+def test_a_tune_beyond_memory_is_refused_before_any_timing(capsys) -> None:
+    """Its smaller probes, each checked against float64 NumPy, grew until the system
+    killed the process (out of memory); run refused the same product in one line."""
+    from tilegemm.cli import main
+
+    assert main(["tune", "--backend", "cpu", "--kernel", "triple_loop", "--m", "3000000",
+                 "--n", "3000000", "--k", "2"]) == 2
+    assert "cannot allocate the result" in capsys.readouterr().err

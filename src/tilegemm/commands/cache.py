@@ -81,17 +81,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _unusable(root: Path) -> str:
-    """Why the cache directory cannot hold entries ("" when it can or will be created)."""
-    probe = root
-    while not probe.exists():  # the nearest existing parent decides whether it can be made
-        if probe.parent == probe:
-            return "no parent directory exists"
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"{probe} is not a directory"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{probe} is not writable"
-    return ""
+    """Why the cache directory cannot hold entries ("" when it can or will be created),
+    found by writing a file there, as the kernel cache will: permission bits say yes to
+    root in a read-only or pseudo file system (/proc), where a call then warns."""
+    from tilegemm.commands._params import unwritable
+
+    return unwritable(root, folder=True) or ""
 
 
 def _backend(e) -> str:  # noqa: ANN001 - a compile_cache.CacheEntry

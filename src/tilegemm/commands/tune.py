@@ -17,6 +17,7 @@ from tilegemm.commands._console import console as _console
 from tilegemm.commands._params import (
     add_device_argument,
     add_shape_arguments,
+    check_fits_in_memory,
     device_target,
     given_options,
     unwritable,
@@ -151,6 +152,9 @@ def _tune(args: argparse.Namespace) -> int:
         raise InvalidValueError(f"no {backend.name} rung with parameters computes {dtype.name}"
                                 + (f" at precision {precision}" if precision != "ieee" else "")
                                 + f"; backends with one: {', '.join(have) or 'none'}")
+    # every candidate is checked against float64 NumPy, as run checks its product (a
+    # product beyond memory was killed by the system while timing its smaller probes)
+    check_fits_in_memory(args.m, args.n, args.k, args.batch, dtype.name, checked=True)
     prob = strategies.problem_for(args.m, args.n, args.k, dtype, args.batch)
     limits = target.limits  # the device's own, never a guess per backend
     writes = not args.dry_run and not target.simulated
@@ -199,6 +203,8 @@ def _tune(args: argparse.Namespace) -> int:
     # rung -> (spec, trial, GFLOP/s, the row it came from)
     best_of: dict[str, tuple[object, object, float, str]] = {}
     notes: list[str] = []
+    failed: list[str] = []  # why candidates did not run, for a search that ran none
+    wrong = False
     for spec, cands, is_baseline in jobs:
         budget = args.budget or None
         total = min(len(cands), budget) if budget else len(cands)
@@ -226,6 +232,13 @@ def _tune(args: argparse.Namespace) -> int:
         best = result.best
         if best is None:
             summary.add_row(label, tried, "-", "-", "-")
+            reasons = list(dict.fromkeys(t.detail for t in result.trials
+                                         if t.status != "slow" and t.detail))
+            if reasons:  # why, in the trials' own words (they were dropped)
+                failed.extend(reasons)
+                more = f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
+                notes.append(f"{label}: no candidate ran: {reasons[0]}{more}")
+            wrong = wrong or any(t.status == "wrong" for t in result.trials)
             continue
         gflops = result.gflops(best)
         summary.add_row(label, tried, " ".join(f"{k}={v}" for k, v in best.params.items()),
@@ -268,6 +281,11 @@ def _tune(args: argparse.Namespace) -> int:
     if not args.dry_run:
         console.print(f"cache: {cache.cache_path()} ({stored} entr{'y' if stored == 1 else 'ies'} "
                       "written)", highlight=False)
+    if not best_of and untuned is None:  # not one candidate ran: the run found nothing
+        if wrong:
+            return 1  # a kernel computed a wrong result (the notes say which)
+        raise InvalidValueError("no candidate could run at this size"
+                                + (f": {failed[0]}" if failed else ""))
     return 0
 
 
