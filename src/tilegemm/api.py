@@ -389,7 +389,9 @@ def gemm(
     ``b``; ``c`` must broadcast to the result shape, is cast to the result dtype under
     NumPy's ``same_kind`` rule (a float64 ``c`` with float32 operands is rounded to
     float32), and is read only when ``beta != 0``; a device ``c`` decides where the call
-    runs, as device operands do, whatever ``beta`` is. ``alpha`` and ``beta`` are real numbers,
+    runs, as device operands do, whatever ``beta`` is (a CUDA device ``c`` read with
+    ``beta != 0`` must already have the result's shape and dtype, C-contiguous: it is not
+    broadcast or converted on the GPU). ``alpha`` and ``beta`` are real numbers,
     integers for an integer result. ``alpha = 0`` still computes ``a @ b`` (a NaN or Inf in
     ``a`` or ``b`` gives NaN, as in NumPy, not BLAS's shortcut). ``trans_a``/``trans_b`` are
     booleans. Other arguments, and what is raised, are as for :func:`matmul`.
