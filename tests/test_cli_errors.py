@@ -199,3 +199,25 @@ def test_a_run_whose_check_cannot_fit_in_memory_is_refused(monkeypatch, capsys, 
     monkeypatch.setattr(cpu, "available_memory", lambda: 64 * 2**30)
     assert main(["run", "--backend", "cpu", "--m", "64", "--n", "48", "--k", "8",
                  "--repeat", "0"]) == 0
+
+
+@pytest.mark.opencl
+def test_warnings_are_one_line_on_the_command_line(tmp_path):
+    """A warning printed as Python shows it named the tilegemm script's line and repeated
+    its source ('.../bin/tilegemm:6: CompileCacheWarning: ... sys.exit(main())')."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TILEGEMM_CACHE_DIR": str(tmp_path / "file" / "x")}
+    env.pop("TILEGEMM_KERNEL_CACHE", None)
+    env.pop("POCL_CACHE_DIR", None)
+    (tmp_path / "file").write_text("")  # a file where the cache's folder would be
+    done = subprocess.run([sys.executable, "-m", "tilegemm.cli", "run", "--backend", "opencl",
+                           "--kernel", "naive", "--m", "8", "--n", "8", "--k", "8",
+                           "--repeat", "0"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "Warning" in line]
+    assert lines and all(line.startswith("tilegemm: warning: ") and
+                         line.endswith("(CompileCacheWarning)") for line in lines), lines

@@ -19,6 +19,7 @@ import pkgutil
 import re
 import sys
 import traceback
+import warnings
 
 import tilegemm.commands as commands
 from tilegemm.errors import UsageError
@@ -105,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         # must not read success.
         parser.print_help(sys.stderr)
         return EXIT_REFUSED
+    shown = warnings.formatwarning
+    if not debug:  # a warning in one line, as errors are (not a file, line and source)
+        warnings.formatwarning = _one_line_warning
     try:
         code = int(args._run(args) or 0)
         sys.stdout.flush()
@@ -130,6 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tilegemm: internal error: {type(exc).__name__}: {text} (this is a bug; "
               "run with --debug for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
+    finally:
+        warnings.formatwarning = shown
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, line: str | None = None) -> str:
+    """A warning as the command line shows it: ``tilegemm: warning: <text>`` (Python's
+    own form names the ``tilegemm`` script's line and repeats its source)."""
+    text = " ".join(str(message).split())
+    return f"tilegemm: warning: {text} ({category.__name__})\n"
 
 
 if __name__ == "__main__":  # pragma: no cover
