@@ -55,17 +55,9 @@ def device_target(backend, device: int | None, requested: str):  # noqa: ANN001,
     return backend.target(device)
 
 
-def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str,
-                         checked: bool = False) -> None:
+def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str) -> None:
     """Refuse, in one line, a product whose A, B or result this machine cannot allocate
-    (``batch`` 0: a plain 2-D product), before any work starts; with ``checked``, also one
-    whose check against float64 NumPy would not fit in the memory available now.
-
-    Asking NumPy for the arrays alone is not enough: Linux promises memory it does not
-    have, and the check holds the float64 reference, the error bound and their
-    temporaries, about seven float64 arrays the size of the result. A 32768 x 32768
-    float32 product (a 4 GiB result) was killed by the system, out of memory, instead of
-    being refused."""
+    (``batch`` 0: a plain 2-D product), before any work starts."""
     import numpy as np
 
     lead = (batch,) if batch else ()
@@ -80,10 +72,23 @@ def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str,
             raise InvalidValueError(
                 f"cannot allocate {what} of shape {shape} as {dt.name} ({gib:.1f} GiB) "
                 f"on this machine; choose smaller --m/--n/--k{more}") from None
-    if not checked:
-        return
+
+
+def check_verification_fits(m: int, n: int, k: int, batch: int, dtype: str) -> None:
+    """Refuse, in one line, a product whose check against float64 NumPy would not fit in
+    the memory available now (after the backend's own checks, which say more).
+
+    Asking NumPy for the arrays alone (:func:`check_fits_in_memory`) is not enough: Linux
+    promises memory it does not have, and the check holds the float64 reference, the error
+    bound and their temporaries, about seven float64 arrays the size of the result. A
+    32768 x 32768 float32 product (a 4 GiB result) was killed by the system, out of
+    memory, instead of being refused."""
+    import numpy as np
+
     from tilegemm.backends.cpu import available_memory
 
+    dt = np.dtype(dtype)
+    more = " or --batch" if batch else ""
     count = max(batch, 1)
     operands, result = count * (m * k + k * n), count * m * n
     # the arrays, the operands in float64 (and their magnitudes, for the bound), and the

@@ -13,6 +13,7 @@ from tilegemm.commands._params import (
     add_param_arguments,
     add_shape_arguments,
     check_fits_in_memory,
+    check_verification_fits,
     device_target,
     parse_params,
 )
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidValueError(f"--{name} must be >= 0")
     params = parse_params(args.params)
     lead = (args.batch,) if args.batch else ()
-    check_fits_in_memory(args.m, args.n, args.k, args.batch, args.dtype, checked=True)
+    check_fits_in_memory(args.m, args.n, args.k, args.batch, args.dtype)
     a, b = random_operands(lead + (args.m, args.k), lead + (args.k, args.n), args.dtype)
     ops = [describe(a, "a"), describe(b, "b")]
     # Resolve what 'auto' means up front so the report names the real choice.
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = decide(ops, make_problem(*ops), kernel=args.kernel, backend=backend.name,
                     device=args.device, params=params, precision=args.precision)
     prob, spec, resolved = chosen.prob, chosen.spec, dict(chosen.params)
+    check_verification_fits(args.m, args.n, args.k, args.batch, args.dtype)
     simulated = target.simulated
     if simulated and not params and spec.sim_params is not None:
         # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults

@@ -18,6 +18,7 @@ from tilegemm.commands._params import (
     add_device_argument,
     add_shape_arguments,
     check_fits_in_memory,
+    check_verification_fits,
     device_target,
     given_options,
     unwritable,
@@ -154,7 +155,8 @@ def _tune(args: argparse.Namespace) -> int:
                                 + f"; backends with one: {', '.join(have) or 'none'}")
     # every candidate is checked against float64 NumPy, as run checks its product (a
     # product beyond memory was killed by the system while timing its smaller probes)
-    check_fits_in_memory(args.m, args.n, args.k, args.batch, dtype.name, checked=True)
+    check_fits_in_memory(args.m, args.n, args.k, args.batch, dtype.name)
+    check_verification_fits(args.m, args.n, args.k, args.batch, dtype.name)
     prob = strategies.problem_for(args.m, args.n, args.k, dtype, args.batch)
     limits = target.limits  # the device's own, never a guess per backend
     writes = not args.dry_run and not target.simulated
@@ -281,11 +283,10 @@ def _tune(args: argparse.Namespace) -> int:
     if not args.dry_run:
         console.print(f"cache: {cache.cache_path()} ({stored} entr{'y' if stored == 1 else 'ies'} "
                       "written)", highlight=False)
-    if not best_of and untuned is None:  # not one candidate ran: the run found nothing
+    if not best_of and untuned is None and (wrong or failed):  # candidates, none ran
         if wrong:
             return 1  # a kernel computed a wrong result (the notes say which)
-        raise InvalidValueError("no candidate could run at this size"
-                                + (f": {failed[0]}" if failed else ""))
+        raise InvalidValueError(f"no candidate could run at this size: {failed[0]}")
     return 0
 
 
