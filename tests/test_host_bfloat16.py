@@ -43,3 +43,18 @@ def test_a_bfloat16_out_and_dtype_are_still_honoured(rng):
     assert tilegemm.matmul(a, a.T, out=out) is out
     np.testing.assert_array_equal(out, np.matmul(a, a.T, out=np.empty((4, 4), BF16)))
     assert tilegemm.matmul(a, a.T, dtype=np.float64).dtype == np.float64
+
+
+@pytest.mark.parametrize(("other", "dtype"), [(np.float16, np.float32), (np.int32, np.float64),
+                                              (np.uint16, np.float32)])
+def test_dtype_given_for_a_pair_without_a_common_type(other, dtype, rng):
+    """bfloat16 with float16 or an integer has no np.result_type; without dtype= NumPy's
+    matmul rule was used, but with it the pair was refused ('no common dtype'), where
+    np.matmul(a, b, dtype=...) computes it."""
+    a = (rng.random((3, 6)) + 0.5).astype(BF16)
+    b = (rng.random((6, 2)) * 4 + 1).astype(other)
+    want = np.matmul(a, b, dtype=dtype)
+    got = tilegemm.matmul(a, b, dtype=dtype)
+    assert got.dtype == want.dtype == dtype
+    assert_close(got, a.astype(np.float64), b.astype(np.float64))
+    assert tilegemm.plan(a, b, dtype=dtype).dtype == np.dtype(dtype).name  # computed in

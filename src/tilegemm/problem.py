@@ -367,7 +367,7 @@ def make_problem(
     # Dtypes after shapes, as NumPy checks them: a shape error is a ValueError whatever the
     # dtypes. Any pair whose result dtype is computed is converted once on the way in.
     numpy_rule = (numpy_matmul_dtype(a.dtype, b.dtype)
-                  if dtype is None and a.kind == "host" and b.kind == "host" else None)
+                  if a.kind == "host" and b.kind == "host" else None)
     try:
         natural = result = np.result_type(a.dtype, b.dtype)
     except TypeError as e:  # e.g. bfloat16 with float16 or int32: no common dtype
@@ -376,7 +376,7 @@ def make_problem(
                 f"matmul: operands of dtypes {a.dtype.name} and {b.dtype.name} have no common "
                 f"dtype ({e}); cast one of them") from None
         natural = result = numpy_rule
-    if numpy_rule is not None and numpy_rule != result:
+    if dtype is None and numpy_rule is not None and numpy_rule != result:
         dtype = numpy_rule  # as if asked for: bfloat16 operands, a float32 result
     if dtype is not None:
         try:
