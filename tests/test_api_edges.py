@@ -443,3 +443,23 @@ def test_a_bfloat16_scalar_is_a_real_number():
     a, b = random_operands((3, 4), (4, 2), "float32")
     r = tilegemm.gemm(a, b, alpha=ml_dtypes.bfloat16(0.5), **CPU)
     assert_close(r, a, b, alpha=0.5)
+
+
+@pytest.mark.parametrize("backend", [b.name for b in tilegemm.backends()
+                                     if b.usable and b.name in ("cpu", "opencl")])
+def test_float16_scalars_are_rounded_to_the_result_as_on_tensor_cores(backend):
+    """A float16 result summed in float32: alpha and beta were float32 here and rounded to
+    float16 on CUDA's tensor cores, so one call gave 100.06 here and inf there. Both now
+    round them to the result's dtype, as NumPy rounds a Python number times a float16
+    array."""
+    a = np.array([[1e-3, 0], [0, 1]], np.float16)
+    eye = np.eye(2, dtype=np.float16)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = np.float16(1e5) * (a.astype(np.float32) @ eye).astype(np.float16)
+        got = tilegemm.gemm(a, eye, alpha=1e5, backend=backend)
+    np.testing.assert_array_equal(got, want)  # inf, and inf * 0 = NaN
+    three = np.full((1, 1), 3, np.float16)
+    got = tilegemm.gemm(three, np.ones((1, 1), np.float16), alpha=0.1, backend=backend)
+    assert got.dtype == np.float16 and got[0, 0] == np.float16(0.1 * three)[0, 0]  # 0.2998
+    got = tilegemm.gemm(eye, eye, three.repeat(2, 0).repeat(2, 1), beta=0.1, backend=backend)
+    assert got[0, 1] == np.float16(0.1 * three)[0, 0]

@@ -392,7 +392,9 @@ def gemm(
     runs, as device operands do, whatever ``beta`` is (a CUDA device ``c`` read with
     ``beta != 0`` must already have the result's shape and dtype, C-contiguous: it is not
     broadcast or converted on the GPU). ``alpha`` and ``beta`` are real numbers,
-    integers for an integer result. ``alpha = 0`` still computes ``a @ b`` (a NaN or Inf in
+    integers for an integer result; for a float16 or bfloat16 result they are rounded to
+    it first, on every backend, as NumPy rounds a Python number that multiplies a float16
+    array (``alpha=1e5`` is inf there). ``alpha = 0`` still computes ``a @ b`` (a NaN or Inf in
     ``a`` or ``b`` gives NaN, as in NumPy, not BLAS's shortcut). ``trans_a``/``trans_b`` are
     booleans. Other arguments, and what is raised, are as for :func:`matmul`.
     """

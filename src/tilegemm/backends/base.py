@@ -148,13 +148,19 @@ def resolve_scalars(prob: GemmProblem, alpha: Any, beta: Any) -> tuple[Any, Any]
     """
     t = prob.dtype.type
     checked = _checked(prob, alpha, beta)
-    if checked is None and prob.dtype.itemsize == 2:
-        # 16-bit operands (tensor cores) are summed in float32 and scaled by float32
-        # scalars: rounded to the result's dtype (a float32 result keeps 0.1 as float32, not
-        # as bfloat16's 0.10009765625), from the value itself (bfloat16 takes no Decimal)
-        store = prob.store_dtype
-        return tuple(np.float32(store.type(float(x))) for x in (alpha, beta))
     if checked is None:
+        # Sums in float32 for a narrower result are scaled by float32 scalars rounded to
+        # the result's dtype first, as NumPy rounds a Python number that multiplies a
+        # float16 array, and alike on every backend: 16-bit operands on tensor cores (the
+        # stored dtype; a float32 result keeps 0.1 as float32, not as bfloat16's
+        # 0.10009765625), and a float16 or bfloat16 result computed in float32 elsewhere
+        # (alpha=1e5 was finite there and inf on tensor cores). From the value itself:
+        # bfloat16 takes no Decimal.
+        if prob.dtype.itemsize == 2:
+            return tuple(np.float32(prob.store_dtype.type(float(x))) for x in (alpha, beta))
+        narrow = prob.out_dtype
+        if narrow.itemsize == 2 and prob.dtype.kind == "f":
+            return tuple(t(narrow.type(float(x))) for x in (alpha, beta))
         return t(alpha), t(beta)
     values, dtype = checked
     return tuple(t(np.array(v, dtype=dtype).astype(prob.dtype)[()]) for v in values)
