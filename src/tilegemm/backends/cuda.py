@@ -470,14 +470,14 @@ class CudaBackend(Backend):
         else:
             alias = False
             c3 = cuda.device_array(shape3, dtype=ndt, stream=s)
-        if (dc is not None and not alias and _may_overlap(c3, dc)
-                and not _same_memory(c3, dc)):
+        in_place = dc is not None and _same_memory(c3, dc)  # out is c: C0 is there already
+        if dc is not None and not in_place and not alias and _may_overlap(c3, dc):
             # out overlaps c in part: a copy between overlapping ranges is undefined in
             # CUDA, so the product goes to a fresh buffer, copied into out after
             alias = True
             c3 = cuda.device_array(shape3, dtype=ndt, stream=s)
         if dc is not None:
-            if not _same_memory(c3, dc):  # (out is c: C0 is in place)
+            if not in_place:
                 c3.copy_to_device(dc, stream=s)
         elif beta != 0:
             host_c = np.ascontiguousarray(
