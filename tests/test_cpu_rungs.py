@@ -187,6 +187,21 @@ def test_blocked_small_blocks_cross_every_loop(rng):
     assert spec.is_valid(params)
 
 
+def test_blocked_64_wide_tile_crosses_every_loop(rng):
+    """The widest tile (NR = 64: four AVX-512 vectors of float32 per row, the database's
+    tile for large products on one Xeon) with a row count that is no power of two, across
+    several jc/pc/ic blocks, partial tiles on every edge (523 columns: 11 tiles of 64 and
+    a partial one), beta over K panels, and B given transposed (packed by the other copy)."""
+    params = {"MR": 6, "NR": 64, "MC": 48, "KC": 64, "NC": 256}
+    a, b = random_operands((2, 101, 197), (197, 523), "float32")
+    c = rng.uniform(-1, 1, size=(2, 101, 523)).astype(np.float32)
+    result = tilegemm.gemm(a, b, c, alpha=0.75, beta=-0.5, kernel="blocked", backend="cpu",
+                           **params)
+    assert_close(result, a, b, alpha=0.75, beta=-0.5, c=c)
+    bt = np.ascontiguousarray(b.T).T  # B's transpose stored C-ordered
+    assert_close(tilegemm.matmul(a[0], bt, kernel="blocked", backend="cpu", **params), a[0], b)
+
+
 @pytest.mark.parametrize("spec", [s for s in CPU_RUNGS if s.rung > 1], ids=lambda s: s.name)
 def test_one_large_product(spec):
     a, b = random_operands((512, 512), (512, 512), "float32")

@@ -73,6 +73,70 @@ def test_database_entry_for_another_cpu_generation_does_not_apply(monkeypatch):
     assert (entry["params"]["MR"], tier) == (8, "isa")  # Zen 4's entry is not Zen 5's
 
 
+def test_database_entry_with_a_min_shape_serves_products_that_large_only(monkeypatch):
+    """A tile measured faster on large products (6x64 on a Xeon) loses where most of its
+    columns are padding: an entry naming "min_shape" serves products at least that large
+    in every dimension it names, before the device's entry without a bound; others, and a
+    lookup without a shape, get the unbounded entry. The CPU model still ranks first."""
+    table = (
+        {"backend": "cpu", "device": "Chip X", "isa": "avx512", "dtype": "float32",
+         "kernel": "blocked", "params": {"MR": 8}},
+        {"backend": "cpu", "device": "Chip X", "isa": "avx512", "dtype": "float32",
+         "kernel": "blocked", "params": {"MR": 6}, "min_shape": {"m": 64, "n": 512}},
+        {"backend": "cpu", "device": "*", "isa": "avx512", "dtype": "float32",
+         "kernel": "blocked", "params": {"MR": 4}},
+        {"backend": "cpu", "device": "*", "isa": "avx512", "dtype": "float32",
+         "kernel": "blocked", "params": {"MR": 12}, "min_shape": {"k": 100}},
+    )
+    monkeypatch.setattr(database, "host_isa", lambda: "avx512")
+    monkeypatch.setattr(database, "host_family_model", lambda: "6-167")
+
+    def mr(name: str, shape, tbl=table) -> tuple[int, str]:
+        entry, tier = database.lookup(_target(name), "float32", tbl, shape=shape)
+        return entry["params"]["MR"], tier
+
+    assert mr("Chip X", (64, 512, 1)) == (6, "device")  # the bounds are inclusive
+    assert mr("Chip X", (4096, 4096, 4096)) == (6, "device")
+    assert mr("Chip X", (63, 4096, 4096)) == (8, "device")  # one dimension short
+    assert mr("Chip X", (4096, 511, 4096)) == (8, "device")
+    assert mr("Chip X", None) == (8, "device")  # shape unknown: the unbounded entry
+    # the ISA's "*" entries, bounded before unbounded where the shape allows
+    assert mr("Chip Y", (8, 8, 100)) == (12, "isa")
+    assert mr("Chip Y", (8, 8, 99)) == (4, "isa")
+    # a bounded entry alone serves no other shape: the rung's defaults then
+    assert database.lookup(_target("Chip X"), "float32", table[1:2], shape=(8, 8, 8)) is None
+    # an entry for this CPU model beats a bounded one that names no CPU
+    modelled = ({**table[0], "cpu": "6-167", "params": {"MR": 16}},) + table
+    assert mr("Chip X", (4096, 4096, 4096), modelled) == (16, "device")
+    assert database.bound_text(table[1]) == "M >= 64, N >= 512"
+    assert database.shape_class((64, 512, 8), table) == (True, False)
+    assert database.shape_class((64, 511, 100), table) == (False, True)
+
+
+def test_auto_takes_a_bounded_database_entry_per_product(monkeypatch):
+    """``kernel="auto"`` remembers database answers per class of shapes, not per device
+    alone: a large product, then a narrow one, then the large one again each get their
+    entry, in plan() and in what runs, and plan() says which bound applied."""
+    target = get_backend("cpu").target()
+    base = {"backend": "cpu", "device": target.name, "isa": database.host_isa(),
+            "dtype": "float32", "kernel": "blocked", "measured": "test"}
+    table = ({**base, "params": {"MR": 8, "NR": 32}},
+             {**base, "params": {"MR": 6, "NR": 64}, "min_shape": {"n": 512}})
+    monkeypatch.setattr(database, "entries", lambda path=database.PATH: table)
+    monkeypatch.setattr(select, "_db_memo", {})
+    monkeypatch.setattr(select, "_memo", {})
+    monkeypatch.setattr(database, "host_family_model", lambda: "0-0")
+    for n, tile in [(512, (6, 64)), (511, (8, 32)), (700, (6, 64)), (40, (8, 32))]:
+        a, b = np.ones((200, 300), np.float32), np.ones((300, n), np.float32)
+        planned = tilegemm.plan(a, b)
+        assert (planned.params["MR"], planned.params["NR"]) == tile, n
+        bounded = tile == (6, 64)
+        assert planned.source == ("database (device; N >= 512)" if bounded
+                                  else "database (device)"), planned.source
+        seen = _ran(monkeypatch, lambda a=a, b=b: tilegemm.matmul(a, b))
+        assert (seen["params"]["MR"], seen["params"]["NR"]) == tile, n
+
+
 def test_shipped_database_entries_are_valid_parameters():
     from tilegemm import registry
 
@@ -85,6 +149,10 @@ def test_shipped_database_entries_are_valid_parameters():
         assert e.get("measured"), e
         # "cpu" names a family ("25") or a family and model ("26-2") of /proc/cpuinfo
         assert set(e.get("cpu", "0")) <= set("0123456789-"), e
+        # "min_shape" bounds M, N or K from below (see database.serves)
+        least = e.get("min_shape", {})
+        assert set(least) <= set(database.SHAPE_DIMS), e
+        assert all(isinstance(v, int) and v > 0 for v in least.values()), e
 
 
 def test_opencl_cpu_device_entries_match_name_and_the_hosts_isa(monkeypatch):

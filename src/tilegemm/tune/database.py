@@ -5,8 +5,11 @@ micro-kernel's register tile must fit the vector registers of the ISA (16 on AVX
 AVX-512 and on 64-bit ARM's NEON) for the dtype. ``kernel="auto"`` consults, in order:
 the user's tuning cache (``tilegemm tune``), then this database (this device by name and
 ISA, and by CPU family and model where an entry names them; then the ISA's defaults,
-entries with device ``"*"``), then the rung's own defaults. Entries record where they were
-measured; add one from a ``tilegemm tune`` or ``benchmarks/cpu_blocked.py`` run.
+entries with device ``"*"``), then the rung's own defaults. An entry may also name the
+smallest product it serves (``"min_shape": {"n": 512, "k": 256}``): a tile measured faster
+on large products can lose on narrow ones, where most of its columns are padding, and those
+then take the entry without the condition. Entries record where they were measured; add
+one from a ``tilegemm tune`` or ``benchmarks/cpu_blocked.py`` run.
 """
 
 from __future__ import annotations
@@ -144,22 +147,73 @@ def _cpu_rank(entry: dict[str, Any], family_model: str) -> int | None:
     return None
 
 
-def lookup(target: Target, dtype: str,
-           table: tuple[dict[str, Any], ...] | None = None) -> tuple[dict[str, Any], str] | None:
-    """(entry, tier) for ``target`` and ``dtype``: tier "device" (name and ISA match, and
-    for host code the CPU family/model when the entry names one, the closest match first),
-    else "isa" (an entry for any device of this ISA, the ``"*"`` one first; for an OpenCL
-    CPU device, the ISA's ``"*"`` entry only; none for a device without an
-    architecture string, such as an OpenCL GPU, whose entries would otherwise serve every
-    other device); None when the database has nothing (the rung's defaults apply)."""
+# The dimensions an entry's "min_shape" may bound.
+SHAPE_DIMS = ("m", "n", "k")
+
+Shape = tuple[int, int, int]
+
+
+def serves(entry: Mapping[str, Any], shape: Shape | None) -> bool:
+    """Whether ``entry`` serves a product of this (M, N, K) shape: always, unless it names
+    a ``"min_shape"``; then only products at least that large in every dimension it names
+    (not one of unknown shape)."""
+    least = entry.get("min_shape")
+    if not least:
+        return True
+    if shape is None:
+        return False
+    return all(size >= least.get(dim, 0) for dim, size in zip(SHAPE_DIMS, shape))
+
+
+def bound_text(entry: Mapping[str, Any]) -> str:
+    """The products ``entry`` is limited to, for a reader ("M >= 64, N >= 512"), or ""."""
+    least = entry.get("min_shape") or {}
+    return ", ".join(f"{dim.upper()} >= {least[dim]}" for dim in SHAPE_DIMS if dim in least)
+
+
+def _shape_bounds(table: tuple[dict[str, Any], ...]) -> tuple[dict[str, int], ...]:
+    """The distinct "min_shape" bounds of ``table``'s entries (most tables have none),
+    worked out again only for another table (entries are dicts, which cannot key a cache)."""
+    if _bounds_of[0] is not table:
+        bounds: list[dict[str, int]] = []
+        for e in table:
+            least = e.get("min_shape")
+            if least and least not in bounds:
+                bounds.append(least)
+        _bounds_of[:] = [table, tuple(bounds)]
+    return _bounds_of[1]
+
+
+_bounds_of: list[Any] = [None, ()]  # (the table, its bounds) of the last call
+
+
+def shape_class(shape: Shape, table: tuple[dict[str, Any], ...] | None = None
+                ) -> tuple[bool, ...]:
+    """Which of ``table``'s "min_shape" bounds ``shape`` meets: two shapes of one class get
+    the same answer from :func:`lookup`, so a caller can remember answers per class rather
+    than per shape (a few comparisons, and a bounded memo)."""
+    table = entries() if table is None else table
+    return tuple(serves({"min_shape": b}, shape) for b in _shape_bounds(table))
+
+
+def lookup(target: Target, dtype: str, table: tuple[dict[str, Any], ...] | None = None,
+           shape: Shape | None = None) -> tuple[dict[str, Any], str] | None:
+    """(entry, tier) for ``target``, ``dtype`` and a product of ``shape`` (M, N, K; None:
+    entries with a "min_shape" do not apply): tier "device" (name and ISA match, and for
+    host code the CPU family/model when the entry names one, the closest match first, then
+    an entry bounded by shape before one that is not), else "isa" (an entry for any device
+    of this ISA, the ``"*"`` one first; for an OpenCL CPU device, the ISA's ``"*"`` entry
+    only; none for a device without an architecture string, such as an OpenCL GPU, whose
+    entries would otherwise serve every other device); None when the database has nothing
+    (the rung's defaults apply)."""
     from tilegemm.backends import host_backend
 
     table = entries() if table is None else table
     arch = isa(target)
     family_model = host_family_model() if target.backend == host_backend() else ""
     same = [e for e in table if e["backend"] == target.backend and e["dtype"] == dtype
-            and e["isa"] == arch]
-    ranked = [(rank, e) for e in same if e["device"] == target.name
+            and e["isa"] == arch and serves(e, shape)]
+    ranked = [((rank, bool(e.get("min_shape"))), e) for e in same if e["device"] == target.name
               and (rank := _cpu_rank(e, family_model)) is not None]
     if ranked:
         return max(ranked, key=lambda r: r[0])[1], "device"
@@ -169,6 +223,6 @@ def lookup(target: Target, dtype: str,
         # Another OpenCL CPU driver's entry (another PoCL build, LLVM, tile code) is no
         # evidence for this one: only an entry made for the whole ISA serves it.
         same = [e for e in same if e["device"] == "*"]
-    for e in sorted(same, key=lambda e: e["device"] != "*"):
+    for e in sorted(same, key=lambda e: (e["device"] != "*", not e.get("min_shape"))):
         return e, "isa"
     return None

@@ -123,7 +123,7 @@ def auto_plan(backend: Backend, target: Target, prob: GemmProblem
     choice = tuned_choice(backend, prob, target)
     if choice is not None:
         return (*choice, "simulator" if target.simulated else "tuned")
-    db = _database(backend, target, prob.dtype.name)
+    db = _database(backend, target, prob.dtype.name, _shape(prob))
     if db is not None:
         return _for_shape(backend, target, prob, *db)
     spec = registry.default_for(backend.name, prob.dtype)
@@ -151,7 +151,7 @@ def named_plan(backend: Backend, target: Target, prob: GemmProblem, kernel: str
     key = ("named", dev, dtype, kernel, tuple(tcache.shape_bucket(prob.m, prob.n, prob.k)))
     if key not in _memo:
         choice = _choose(backend, target, dev, dtype, prob, entries, kernel)
-        db = _database(backend, target, dtype)
+        db = _database(backend, target, dtype, _shape(prob))
         _memo[key] = ((*choice, "tuned") if choice is not None
                       else db if db is not None and db[0].name == kernel else None)
     return _memo[key]
@@ -180,25 +180,38 @@ def _for_shape(backend: Backend, target: Target, prob: GemmProblem, spec: Kernel
 _db_memo: dict[tuple[Any, ...], tuple[KernelSpec, dict[str, int], str] | None] = {}
 
 
-def _database(backend: Backend, target: Target, dtype: str
+def _shape(prob: GemmProblem) -> tuple[int, int, int]:
+    return prob.m, prob.n, prob.k
+
+
+def _database(backend: Backend, target: Target, dtype: str, shape: tuple[int, int, int]
               ) -> tuple[KernelSpec, dict[str, int], str] | None:
-    """:func:`_database_choice`, once per (device, dtype): the database does not change."""
-    key = ("database", target.key, dtype)
+    """:func:`_database_choice`, once per (device, dtype, class of shapes): the database
+    does not change, and only the entries' "min_shape" bounds tell shapes apart."""
+    from tilegemm.tune import database
+
+    key = ("database", target.key, dtype, database.shape_class(shape))
     if key not in _db_memo:
-        _db_memo[key] = _database_choice(backend, target, dtype)
+        _db_memo[key] = _database_choice(backend, target, dtype, shape)
     return _db_memo[key]
 
 
-def _database_choice(backend: Backend, target: Target, dtype: str
+def _database_choice(backend: Backend, target: Target, dtype: str,
+                     shape: tuple[int, int, int] | None = None
                      ) -> tuple[KernelSpec, dict[str, int], str] | None:
+    """The database's entry for the device, dtype and product shape (None: only entries
+    for every shape), as (rung, resolved parameters, why), if it fits the device."""
     from tilegemm.tune import database
 
-    found = database.lookup(target, dtype)
+    found = database.lookup(target, dtype, shape=shape)
     if found is None:
         return None
     entry, tier = found
     choice = _usable(backend, target, entry["kernel"], entry["params"], dtype)
-    return None if choice is None else (*choice, f"database ({tier})")
+    if choice is None:
+        return None
+    bound = database.bound_text(entry)
+    return (*choice, f"database ({tier}; {bound})" if bound else f"database ({tier})")
 
 
 def tuned_choice(backend: Backend, prob: GemmProblem,
@@ -241,7 +254,7 @@ def untuned_choice(backend: Backend, dtype: str, target: Target | None = None,
     adapted to its shape as ``kernel="auto"`` does (:func:`_for_shape`). ``tilegemm tune``
     times it as the baseline, so a tuned entry replaces it only by being faster."""
     target = target or backend.target()
-    db = _database_choice(backend, target, dtype)
+    db = _database_choice(backend, target, dtype, None if prob is None else _shape(prob))
     if db is not None:
         choice: Choice | None = (db[0], db[1])
     else:

@@ -338,7 +338,7 @@ SPEC = KernelSpec(
     build=build,
     params=(
         Param("MR", 16, (4, 6, 8, 12, 16), "rows of the register tile (broadcasts of A)"),
-        Param("NR", 8, (8, 16, 32), "columns of the register tile (vector lanes of B)"),
+        Param("NR", 8, (8, 16, 32, 64), "columns of the register tile (vector lanes of B)"),
         Param("MC", 96, (48, 96, 144, 192, 288, 384), "rows of the packed A block (L2)"),
         Param("KC", 512, (64, 128, 256, 384, 512, 768, 1024),
               "inner-dimension depth of a panel (L1/L2)"),
