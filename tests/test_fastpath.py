@@ -305,7 +305,7 @@ def test_remembered_program_is_what_plan_reports(spy, rng):
     tilegemm.matmul(a, b)
     plan = tilegemm.plan(a, b)
     spec = registry.get(plan.kernel, plan.backend)
-    key = ("auto", "auto", a.dtype, (16, 16), (16, 16), 0, 0)
+    key = ("auto", "auto", (), a.dtype, (16, 16), (16, 16), 0, 0)
     assert fastpath._table[key].program is spec.program(plan.params, a.dtype)
 
 
@@ -331,8 +331,35 @@ def test_a_named_kernel_or_backend_is_remembered_for_that_route(spy, rng, route)
         plan.params, a.dtype)
     tilegemm.matmul(a, b, backend="cpu", kernel="auto" if route.get("kernel") else "blocked")
     assert len(spy) == 3  # another route: decided by the full path
-    for _ in range(2):  # parameters: the full path, always
-        tilegemm.matmul(a, b, kernel="blocked", backend="cpu", MR=4)
+
+
+def test_named_parameters_are_remembered_apart(spy, rng):
+    """matmul(a, b, kernel="blocked", MR=4) took the full path on every call (about 0.2 ms
+    for a 64x64x64 product): it is remembered under its parameters, whatever their order,
+    runs the program of exactly those parameters, and other parameters or a value that is
+    not a plain int are decided by the full path."""
+    from tilegemm import registry
+
+    a, b = _operands(rng, 9, 13, 11, np.float32)
+    route = {"kernel": "blocked", "backend": "cpu"}
+    for _ in range(3):
+        a2, b2 = _operands(rng, 9, 13, 11, np.float32)
+        assert_close(tilegemm.matmul(a2, b2, **route, MR=4, NR=16), a2, b2)
+    assert len(spy) == 1
+    assert_close(tilegemm.matmul(a, b, **route, NR=16, MR=4), a, b)  # another order
+    assert len(spy) == 1
+    plan = tilegemm.plan(a, b, **route, MR=4, NR=16)
+    assert (plan.params["MR"], plan.params["NR"]) == (4, 16)
+    key = fastpath._key(a, b, "blocked", "cpu", {"MR": 4, "NR": 16})
+    assert fastpath._table[key].program is registry.get("blocked", "cpu").program(
+        plan.params, a.dtype)
+    assert_close(tilegemm.matmul(a, b, **route, MR=4), a, b)  # other parameters
+    assert len(spy) == 2
+    for _ in range(2):  # a NumPy integer is not remembered: the full path judges it
+        tilegemm.matmul(a, b, **route, MR=np.int64(4), NR=16)
+    assert len(spy) == 4
+    with pytest.raises(ValueError, match="MR=5"):  # refused, then never remembered
+        tilegemm.matmul(a, b, **route, MR=5, NR=16)
     assert len(spy) == 5
 
 

@@ -401,7 +401,7 @@ def gemm(
     _check_params_are_upper_case(params)
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
     plain = (c is None and alpha == 1 and beta == 0 and not trans_a and not trans_b
-             and device is None and stream is None and precision is None and not params)
+             and device is None and stream is None and precision is None)
     ops = [describe(a, "a"), describe(b, "b")]
     float32_out = _float32_out_on_request(dtype, out, ops)
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
@@ -439,7 +439,8 @@ def gemm(
                     and prob.dtype == getattr(a, "dtype", None)):
                 # any ``out`` qualifies: the decision does not depend on it (see fastpath)
                 fastpath.remember(a, b, spec.program(resolved, prob.dtype),
-                                  *tuning_cache_state(), kernel=kernel, backend=backend)
+                                  *tuning_cache_state(), kernel=kernel, backend=backend,
+                                  params=params)
         if out is not None and not direct:
             # Strided, cast, broadcast or overlapping out: the product went to a temporary.
             np.copyto(out, result, casting="same_kind")
@@ -645,10 +646,9 @@ def matmul(
     """
     if isinstance(out, tuple) and len(out) == 1:  # NumPy's ufunc form, out=(array,)
         out = out[0]
-    if (device is None and stream is None and precision is None and dtype is None
-            and not params):
-        # a case an earlier call with the same kernel= and backend= decided
-        result = fastpath.try_remembered(a, b, out, kernel, backend)
+    if device is None and stream is None and precision is None and dtype is None:
+        # a case an earlier call with the same kernel=, backend= and parameters decided
+        result = fastpath.try_remembered(a, b, out, kernel, backend, params)
         if result is not None:
             return result
     return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,

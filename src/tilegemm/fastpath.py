@@ -8,11 +8,11 @@ the call, and it is paid again on every call of a loop that multiplies the same 
 
 So the full path (:func:`tilegemm.api.gemm`) remembers what it decided for a plain call —
 NumPy arrays (not subclasses) of one native dtype, computed in that dtype, with default
-arguments or only ``kernel=`` and ``backend=`` named, on a host backend — keyed by (the
-``kernel`` and ``backend`` strings, dtype, shape of ``a``, shape of ``b``, storage order of
-each). The next call with the same key skips straight to the compiled program the full
-path ran, with the same output allocation (and NaN poisoning when ``TILEGEMM_POISON``
-is set). What qualifies:
+arguments or only ``kernel=``, ``backend=`` and rung parameters (integers, ``MR=6``) named,
+on a host backend — keyed by (the ``kernel`` and ``backend`` strings, the parameters given,
+dtype, shape of ``a``, shape of ``b``, storage order of each). The next call with the
+same key skips straight to the compiled program the full path ran, with the same output
+allocation (and NaN poisoning when ``TILEGEMM_POISON`` is set). What qualifies:
 
 - 2-D operands, each C-ordered, or Fortran-ordered (``x.T`` of a C-ordered array) when
   the rung packs transposed operands itself, as the full path hands them to it;
@@ -31,7 +31,9 @@ device array, a broadcast batch) takes the full path, which validates everything
 A call naming ``backend="cpu"`` is remembered apart from one that leaves it to ``auto``
 (on a machine with a GPU the two decide differently); before, naming it cost the full path
 on every call (about 75 µs against 4.5 µs for an 8×8×8 float32 product on the Xeon family
-6 model 167).
+6 model 167). So is a call naming a rung's parameters (``kernel="blocked", MR=6, NR=64``,
+as a hand-tuned loop or a tile benchmark does), which took the full path, about 0.2 ms per
+call, before.
 
 What is remembered is a decision, so it is made again when something it depends on
 changes: the table is emptied when the tuning cache file (``tilegemm tune``'s results, in
@@ -125,9 +127,10 @@ def _layout(x: np.ndarray) -> int:
     return -1
 
 
-def _key(a: Any, b: Any, kernel: Any, backend: Any) -> tuple[Any, ...] | None:
-    """The table key of ``a @ b`` with these ``kernel=`` and ``backend=`` arguments, or None
-    when the case can never be remembered."""
+def _key(a: Any, b: Any, kernel: Any, backend: Any,
+         params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
+    """The table key of ``a @ b`` with these ``kernel=`` and ``backend=`` arguments and rung
+    parameters, or None when the case can never be remembered."""
     if type(a) is not _NDARRAY or type(b) is not _NDARRAY or not a.ndim or not b.ndim:
         return None
     if type(kernel) is not str or type(backend) is not str:
@@ -135,7 +138,12 @@ def _key(a: Any, b: Any, kernel: Any, backend: Any) -> tuple[Any, ...] | None:
     dtype = a.dtype
     if b.dtype is not dtype:
         return None
-    return kernel, backend, dtype, a.shape, b.shape, _layout(a), _layout(b)
+    given: tuple[tuple[str, int], ...] = ()
+    if params:
+        if any(type(v) is not int for v in params.values()):
+            return None  # what the full path makes of another value is its own business
+        given = tuple(sorted(params.items()))
+    return kernel, backend, given, dtype, a.shape, b.shape, _layout(a), _layout(b)
 
 
 def _stored_shape(shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
@@ -149,10 +157,12 @@ def _stored_shape(shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
     return (batch,) + shape[-2:]
 
 
-def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any) -> Any:
+def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any,
+                   params: dict[str, Any] | None = None) -> Any:
     """The product ``a @ b`` (written into ``out`` unless None) if an earlier call with the
-    same ``kernel=`` and ``backend=`` decided this case, else None (and nothing written)."""
-    key = _key(a, b, kernel, backend)
+    same ``kernel=``, ``backend=`` and parameters decided this case, else None (and nothing
+    written)."""
+    key = _key(a, b, kernel, backend, params)
     if key is None:
         return None
     case = _table.get(key)
@@ -181,17 +191,18 @@ def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any) -> Any:
 
 
 def remember(a: Any, b: Any, program: Any, tuning_cache: str | None,
-             tuning_mtime: int | None = None, *, kernel: Any, backend: Any) -> None:
+             tuning_mtime: int | None = None, *, kernel: Any, backend: Any,
+             params: dict[str, Any] | None = None) -> None:
     """Record ``program`` (the compiled rung the full path just ran on the host with
     alpha=1, beta=0, in the operands' own dtype, after reading the tuning cache file
     ``tuning_cache`` as it was at ``tuning_mtime``) for calls like ``matmul(a, b,
-    kernel=kernel, backend=backend)``, if this case qualifies. Decisions remembered under
+    kernel=kernel, backend=backend, **params)``, if this case qualifies. Decisions remembered under
     another state of the file are dropped: a shape decided before a tuning run must not
     keep its old program because another shape was decided after it."""
-    key = _key(a, b, kernel, backend)
+    key = _key(a, b, kernel, backend, params)
     if key is None:
         return
-    _, _, dtype, sa, sb, la, lb = key
+    _, _, _, dtype, sa, sb, la, lb = key
     # a vector is a row (1, K) on the left, a column (K, 1) on the right (NumPy's rule);
     # the result loses that dimension
     row, col = len(sa) == 1, len(sb) == 1
