@@ -112,6 +112,8 @@ def test_run_on_the_simulator_uses_small_tiles(capsys):
                  "--k", "5", "--repeat", "1"]) == 0
     out = capsys.readouterr().out
     assert "simulator parameters" in out and "verified: yes" in out
+    # why these parameters: the simulator's, not the rung's defaults ("default", before)
+    assert "chosen: simulator" in out and "chosen: default" not in out
 
 
 def test_help_shows_defaults_and_no_markup(capsys):

@@ -72,10 +72,12 @@ def run(args: argparse.Namespace) -> int:
     prob, spec, resolved = chosen.prob, chosen.spec, dict(chosen.params)
     check_verification_fits(args.m, args.n, args.k, args.batch, args.dtype)
     simulated = target.simulated
+    source = chosen.source
     if simulated and not params and spec.sim_params is not None:
         # One Python thread per CUDA thread: the rung's smallest tiles, not its defaults
         # (kernel="auto" already chose them; this is for a rung named explicitly).
         resolved = backend.resolve(spec, spec.sim_params, target)
+        source = "simulator"
         print(f"note: CUDA simulator, so {spec.name} runs with its small simulator parameters "
               f"({_shown(resolved)}); pass parameters to override")
     path = _path(spec.key, prob, resolved)
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if (prob.dtype.name, prob.out_dtype.name) != (args.dtype, args.dtype):
         print(f"  types: {args.dtype} operands, computed in {prob.dtype.name}, "
               f"{prob.out_dtype.name} result (as np.matmul's); the conversions are not timed")
-    print(f"  chosen: {chosen.source}{f'; {path}' if path else ''}")
+    print(f"  chosen: {source}{f'; {path}' if path else ''}")
     index = f"[{target.index}] " if backend.accepts_device and target.index is not None else ""
     print(f"  device: {index}{target.name}" + (f" ({target.arch})" if target.arch else ""))
     if meas.status == SKIPPED:  # refused before it ran (device limits): the caller can fix it
