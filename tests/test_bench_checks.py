@@ -138,6 +138,13 @@ def test_from_json_refuses_a_binary_file(tmp_path: Path,
     (lambda d: d["measurements"].__setitem__(0, 5), "must be an object"),
     (lambda d: d["meta"].update(settings=[1]), "'settings' must be an object"),
     (lambda d: d.update(measurements={}), "'measurements' a list"),
+    # these rendered as "internal error: AttributeError ... (this is a bug)", exit 3
+    (lambda d: d["meta"].update(rivals=["x"]), "'rivals' must be an object"),
+    (lambda d: d["meta"].update(settings={"policy": [1, 2]}),
+     "'settings.policy' must be an object"),
+    (lambda d: d["meta"].update(host={"env": ["A=1"]}), "'host.env' must be an object"),
+    (lambda d: d["meta"].update(backends={"cpu": "Xeon"}), "'backends.cpu' must be an object"),
+    (lambda d: d["meta"].update(rivals={"cpu": "x"}), "'rivals.cpu' must be an object"),
 ])
 def test_from_json_refuses_a_damaged_file(change, expected: str, tmp_path: Path,  # type: ignore[no-untyped-def]
                                           capsys: pytest.CaptureFixture[str]) -> None:
@@ -238,9 +245,13 @@ def test_destinations_that_cannot_be_written_are_refused_before_running(
 
 
 @pytest.mark.parametrize(("option", "value", "expected"), [
-    ("--budget", "0", "--budget must be > 0"),  # was "budget must be > 0 and warm-up >= 0"
-    ("--warmup", "-1", "--warmup must be >= 0"),
-    ("--max-call-seconds", "-1", "--max-call-seconds must be >= 0"),  # was accepted
+    ("--budget", "0", "--budget must be a finite number > 0"),  # was "budget must be > 0 and
+    ("--warmup", "-1", "--warmup must be >= 0"),                 # warm-up >= 0"
+    ("--max-call-seconds", "-1", "--max-call-seconds must be a finite number >= 0"),
+    # infinity was accepted, then every rung and NumPy "FAILED" with an OverflowError
+    ("--budget", "inf", "--budget must be a finite number > 0, got inf"),
+    ("--max-call-seconds", "inf", "--max-call-seconds must be a finite number >= 0"),
+    ("--budget", "nan", "--budget must be a finite number > 0, got nan"),
 ])
 def test_timing_options_are_refused_in_the_command_lines_words(
         option: str, value: str, expected: str, tmp_path: Path, never_runs: list[int],

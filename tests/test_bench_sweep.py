@@ -27,7 +27,7 @@ from tilegemm.bench.sweeps import (
     run_bench,
     run_plan,
 )
-from tilegemm.bench.timing import FAILED, OK, SKIPPED, Policy
+from tilegemm.bench.timing import FAILED, OK, SKIPPED, Measurement, Policy
 from tilegemm.cli import main
 from tilegemm.registry import Constraint, KernelSpec, Param
 
@@ -415,6 +415,33 @@ def test_save_lists_every_file_it_wrote(cpu_results: Results, tmp_path: Path,
                    for line in err.splitlines()), err
 
 
+def test_a_saved_subset_without_sizes_writes_no_plot(cpu_results: Results, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """--from-json F --reports ladder --save DIR wrote a plot of the size sweep beside a
+    JSON without it (which then could not plot again); --plot with such --reports drew
+    the sweep that was not asked for."""
+    path = tmp_path / "r.json"
+    path.write_text(cpu_results.to_json())
+    assert main(["bench", "--from-json", str(path), "--reports", "ladder", "--quiet",
+                 "--save", str(tmp_path / "out")]) == 0
+    assert sorted(p.suffix for p in (tmp_path / "out").iterdir()) == [".json", ".md"]
+    capsys.readouterr()
+    assert main(["bench", "--from-json", str(path), "--reports", "ladder", "--quiet",
+                 "--plot", str(tmp_path / "p.png")]) == 2
+    assert "--plot draws the 'sizes' report" in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists()
+
+
+def test_plot_title_keeps_dirty_on_the_commit() -> None:
+    from tilegemm.bench.plot import title
+
+    commit = "7bb5afa0607f" + "0" * 28
+    meta = {"settings": {"dtype": "float32"}, "created": "2026-11-25"}
+    assert "commit 7bb5afa0607f-dirty," in title(Results({**meta, "git_commit":
+                                                                commit + "-dirty"}))
+    assert "commit 7bb5afa0607f," in title(Results({**meta, "git_commit": commit}))
+
+
 def test_tensor_core_plans_pin_the_precision_and_ieee_plans_leave_them_out() -> None:
     mma = registry.get("mma", "cuda")
     ieee = plan(["cuda"], Settings.quick(reports=("ladder",)))
@@ -487,3 +514,49 @@ def test_write_cpu_results_uses_the_stem(monkeypatch, tmp_path: Path, capsys) ->
                     / "dask-matmul-intel-xeon-processor-avx512-m6-167.json")
     assert json.loads(path.read_text()) == {"x": 1}
     assert capsys.readouterr().out.strip() == f"wrote {path.relative_to(tmp_path)}"
+
+
+def test_flush_l2_flushes_the_reference_too_and_the_header_says_where() -> None:
+    """--flush-l2 flushed the rungs' cache between repeats but never NumPy's, the 100 %
+    reference: cold rungs against a warm vendor. And the header said "flushed" for a
+    backend without a flusher (OpenCL)."""
+    from tilegemm.bench.report import header_lines
+
+    settings = Settings.quick(reports=("ladder",), ladder_sizes=(9,), rivals=False,
+                              policy=Policy(warmup=0, min_reps=2, max_reps=2, budget_s=0.01,
+                                            flush=True))
+    res = run_bench(["cpu"], settings, specs_for=lambda b: [TILED])
+    timed = [m for m in res.measurements if m.samples]
+    assert {m.vendor for m in timed} == {True, False}
+    assert all(m.flushed for m in timed), [(m.kernel, m.flushed) for m in timed]
+    assert "L2 flushed between reps" in header_lines(res)[-1]
+    assert "not on" not in header_lines(res)[-1]
+    # a backend whose measurements ran warm is named
+    warm = Measurement(backend="opencl", kernel="x", m=9, n=9, k=9, samples=[1.0])
+    mixed = Results(meta=res.meta, measurements=[*res.measurements, warm])
+    assert "(not on opencl: no flusher)" in header_lines(mixed)[-1]
+    only = Results(meta=res.meta, measurements=[warm])
+    assert "L2 flush asked for but not available on opencl" in header_lines(only)[-1]
+
+
+def test_first_calls_that_compiled_do_not_predict_later_sizes_too_slow() -> None:
+    """--max-reps 0 (verify and first call only) took the smallest size's first call, which
+    compiles the rung (seconds), as the time of a call and skipped every larger size as
+    "too slow". A first call after an earlier size compiled still predicts the next."""
+    now = [0.0]
+    built: list[int] = []
+
+    class SlowFirstBuild(_OneGflopBackend):
+        def prepare(self, spec, params, prob, a3, b3, target=None):  # type: ignore[no-untyped-def]
+            now[0] += (0.0 if built else 10.0) + prob.flops / 1e9  # compile once, 1 GFLOP/s
+            built.append(1)
+            return super().prepare(spec, params, prob, a3, b3, target)
+
+    be = SlowFirstBuild()
+    settings = Settings.quick(reports=("sizes",), sizes=(16, 32, 1024, 2048), max_call_s=5.0,
+                              policy=Policy(warmup=0, min_reps=0, max_reps=0))
+    cases = [c for c in plan(["cpu"], settings, specs_for=lambda b: [TILED])
+             if c.spec is not None and dict(c.params)["TILE"] == 16]
+    state = run_plan(cases, settings, backend_of=lambda name: be, clock=lambda: now[0])
+    status = {m.m: m.status for m in state.measurements}
+    assert status == {16: OK, 32: OK, 1024: OK, 2048: SKIPPED}, status

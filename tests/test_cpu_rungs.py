@@ -187,6 +187,26 @@ def test_blocked_small_blocks_cross_every_loop(rng):
     assert spec.is_valid(params)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(40, 600, 600), (2, 1000, 3), (1, 1000, 300), (300, 1000, 1)],
+                         ids=["packed", "small", "row-gemv", "column-gemv"])
+def test_an_infinite_alpha_scales_the_whole_product(dtype, shape, rng):
+    """The blocked rung scales each K panel by alpha as it adds it; with alpha = inf,
+    panels of opposite signs gave inf - inf = NaN for about half the elements (K > KC on
+    every path but A @ x), where alpha·(A@B) is ±inf. beta·C is added after."""
+    m, k, n = shape
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    c = rng.standard_normal((m, n)).astype(dtype)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    clear = np.abs(exact) > 1e-2  # products whose sign no rounding can flip
+    assert clear.mean() > 0.9
+    for alpha, beta in ((np.inf, 0.0), (-np.inf, 0.5)):
+        got = tilegemm.gemm(a, b, c, alpha=alpha, beta=beta, kernel="blocked", backend="cpu")
+        assert np.isinf(got).all(), f"{np.isnan(got).sum()} NaN of {got.size}"
+        np.testing.assert_array_equal(got[clear], (alpha * np.sign(exact))[clear])
+
+
 def test_blocked_64_wide_tile_crosses_every_loop(rng):
     """The widest tile (NR = 64: four AVX-512 vectors of float32 per row, the database's
     tile for large products on one Xeon) with a row count that is no power of two, across

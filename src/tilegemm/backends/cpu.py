@@ -335,10 +335,22 @@ class CpuBackend(Backend):
         dest = host_output(prob, c, None if alias else out, beta)
         if program is not None:
             c3 = dest.reshape(prob.batch, prob.m, prob.n)
+            # The rung scales each K panel's partial product by alpha as it adds it (as
+            # BLAS does); with an infinite alpha, panels of opposite signs then give
+            # inf - inf = NaN where alpha·(A@B) is ±inf. Such an alpha is applied once, to
+            # the whole product, as the GPU rungs and NumPy apply it.
+            later = prob.dtype.kind == "f" and bool(np.isinf(alpha))
+            saved = c3.copy() if later and beta != 0 else None
+            one, zero = prob.dtype.type(1), prob.dtype.type(0)
+            args = (one, zero) if later else (alpha, beta)
             if ta or tb:
-                program(a3, b3, c3, alpha, beta, int(ta) | int(tb) << 1)
+                program(a3, b3, c3, *args, int(ta) | int(tb) << 1)
             else:
-                program(a3, b3, c3, alpha, beta)
+                program(a3, b3, c3, *args)
+            if later:
+                c3 *= alpha
+                if saved is not None:
+                    c3 += beta * saved
         if alias:
             np.copyto(out, dest)
             return out

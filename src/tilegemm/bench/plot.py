@@ -88,13 +88,19 @@ def plot_sizes(results: Results, path: str | Path) -> Path:
         # The legend sits beside the panel, never on top of a line.
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                   borderaxespad=0.0, frameon=False)
-    dtype = results.meta.get("settings", {}).get("dtype", "")
-    commit = str(results.meta.get("git_commit", ""))[:12]
-    fig.suptitle(f"tilegemm ladder, {dtype} (commit {commit}, {results.meta.get('created', '')})",
-                 fontsize=10)
+    fig.suptitle(title(results), fontsize=10)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110, bbox_inches="tight")  # keeps the legends beside the panels
     plt.close(fig)
     return out
+
+
+def title(results: Results) -> str:
+    """The figure's title: dtype, the commit (short, with "-dirty" kept: a plot of
+    uncommitted code must say so, as the results file does) and when it ran."""
+    dtype = results.meta.get("settings", {}).get("dtype", "")
+    commit = str(results.meta.get("git_commit", ""))
+    commit = commit[:12] + (commit[40:] if len(commit) > 40 else "")
+    return f"tilegemm ladder, {dtype} (commit {commit}, {results.meta.get('created', '')})"

@@ -193,8 +193,19 @@ def header_lines(results: Results) -> list[str]:
         lines.append(f"profile {settings.get('profile')}, {dtype_label(settings)}; timing: "
                      f"median of ≥{pol.get('min_reps')} reps within {pol.get('budget_s')} s "
                      f"after {pol.get('warmup')} warm-up launches"
-                     + (", L2 flushed between reps" if pol.get("flush") else ""))
+                     + (_flushed_text(results) if pol.get("flush") else ""))
     return lines
+
+
+def _flushed_text(results: Results) -> str:
+    """What ``--flush-l2`` did, from the measurements themselves: a backend without a cache
+    flusher (OpenCL) ran warm, its rungs and its reference alike, and the reader is told."""
+    timed = [m for m in results.measurements if m.samples]
+    warm = sorted({m.backend for m in timed if not m.flushed})
+    if timed and len(warm) == len({m.backend for m in timed}):
+        return ", L2 flush asked for but not available on " + ", ".join(warm)
+    return ", L2 flushed between reps" + (f" (not on {', '.join(warm)}: no flusher)"
+                                          if warm else "")
 
 
 # --- renderers -----------------------------------------------------------------------------

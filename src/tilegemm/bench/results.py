@@ -20,7 +20,10 @@ from tilegemm.errors import InvalidValueError
 SCHEMA = "tilegemm-bench/1"
 # The parts of ``meta`` the tables read as objects (key -> value).
 _META_OBJECTS: tuple[str, ...] = ("settings", "host", "versions", "backends", "vendors",
-                                  "vendor_names")
+                                  "vendor_names", "rivals")
+# Objects inside those: (parent, key), where key "*" means every value of the parent.
+_NESTED_OBJECTS: tuple[tuple[str, str], ...] = (("settings", "policy"), ("host", "env"),
+                                                ("backends", "*"), ("rivals", "*"))
 
 
 @dataclass
@@ -83,6 +86,10 @@ class Results:
             raise InvalidValueError(f"{where}damaged tilegemm benchmark file: 'meta' must be "
                                     "an object and 'measurements' a list")
         bad = [k for k in _META_OBJECTS if not isinstance(meta.get(k, {}), dict)]
+        for parent, key in _NESTED_OBJECTS if not bad else ():
+            inside = meta.get(parent, {})
+            values = inside.items() if key == "*" else [(key, inside.get(key, {}))]
+            bad += [f"{parent}.{k}" for k, v in values if not isinstance(v, dict)]
         if bad:
             raise InvalidValueError(f"{where}damaged tilegemm benchmark file: meta "
                                     f"{' and '.join(map(repr, bad))} must be "

@@ -232,6 +232,8 @@ class RunState:
     rival_notes: dict[str, dict[str, str]] = field(default_factory=dict)  # backend -> name -> line
     # (backend, kernel key, params) -> (flops, seconds per call) of the largest case so far
     history: dict[tuple[Any, ...], tuple[int, float]] = field(default_factory=dict)
+    # (backend, kernel key, params) that have run a case (compiled) in this sweep
+    built: set[tuple[Any, ...]] = field(default_factory=set)
     operands: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
@@ -308,14 +310,23 @@ def run_case(
     else:
         a3, b3 = _operands(state, case, dtype)
         if case.spec is None:
+            target = backend.target()
+            flush = backend.cache_flusher(target) if settings.policy.flush else None
             meas = measure_vendor(vendor, case.backend, prob, a3, b3, settings.policy,
-                                  clock=clock, host_work=host_work(prob, backend.target()))
+                                  clock=clock, host_work=host_work(prob, target), flush=flush)
         else:
             meas = measure_kernel(backend, case.spec, dict(case.params), prob, a3, b3,
                                   settings.policy, clock=clock)
-        seconds = meas.stats.median if meas.status == OK and meas.stats else meas.first_s
+        seconds = meas.stats.median if meas.status == OK and meas.stats else None
+        if seconds is None and case.key[:3] in state.built:
+            # no steady samples (--max-reps 0, or a failure): the first call then stands
+            # for a call, but only once an earlier size compiled the rung in this run: a
+            # first call that compiled (seconds, against microseconds for a small product)
+            # predicted every larger size "too slow"
+            seconds = meas.first_s
         if seconds is not None:
             state.history[case.key[:3]] = (case.flops, seconds)
+        state.built.add(case.key[:3])
     meas.reports.append(case.report)
     if case.source:
         meas.sources.append(case.source)

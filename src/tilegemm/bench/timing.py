@@ -23,6 +23,7 @@ logic are tested with a fake timer and fake kernels (``tests/test_bench_timing.p
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -72,8 +73,8 @@ class Policy:
         if self.min_reps < 0 or self.max_reps < self.min_reps:
             raise InvalidValueError(
                 "need 0 <= min_reps <= max_reps (0: verify and first call only)")
-        if self.budget_s <= 0 or self.warmup < 0:
-            raise InvalidValueError("budget must be > 0 and warm-up >= 0")
+        if not (math.isfinite(self.budget_s) and self.budget_s > 0) or self.warmup < 0:
+            raise InvalidValueError("budget must be a finite number > 0 and warm-up >= 0")
 
 
 @dataclass(frozen=True)

@@ -425,9 +425,12 @@ def find_vendor(backend: Backend, target: Target | None = None,
 def measure_vendor(
     vendor: Vendor, backend_name: str, prob: GemmProblem, a3: np.ndarray, b3: np.ndarray,
     policy: Policy, *, clock: Clock = time.perf_counter, host_work: int = 0,
+    flush: Callable[[], None] | None = None,
 ) -> Measurement:
     """Verify and time the vendor routine exactly as :func:`measure_kernel` does a rung
-    (``host_work``: see :func:`~tilegemm.bench.timing.time_prepared`). A vendor that is
+    (``host_work``: see :func:`~tilegemm.bench.timing.time_prepared`; ``flush``: the
+    backend's cache flusher under ``--flush-l2``, so the reference starts cold as the rungs
+    do, not from a warm cache). A vendor that is
     NumPy's own BLAS leaves its threads spinning: the call returns after they settle, so
     the next measurement on these cores starts on idle ones."""
     meas = Measurement(backend=backend_name, kernel=vendor.name, m=prob.m, n=prob.n, k=prob.k,
@@ -440,10 +443,11 @@ def measure_vendor(
         assert_close(result.reshape(prob.batch, prob.m, prob.n), a3, b3, what=vendor.name,
                      eps=eps)
 
+    meas.flushed = flush is not None
     try:
         meas.first_s, meas.samples = time_prepared(
             lambda: vendor.prepare(prob, a3, b3), verify, policy,
-            synchronize=vendor.synchronize, clock=clock, host_work=host_work)
+            synchronize=vendor.synchronize, clock=clock, host_work=host_work, flush=flush)
     except KernelFailure as exc:
         meas.status, meas.reason = FAILED, str(exc)
     finally:

@@ -15,6 +15,7 @@ Exit status 1 if any kernel FAILED.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -155,8 +156,12 @@ def settings_from(args: argparse.Namespace) -> Settings:
     for name, least, strict in (("budget", 0, True), ("warmup", 0, False),
                                 ("max_call_seconds", 0, False)):
         value = getattr(args, name, None)
-        if value is not None and not (value > least if strict else value >= least):
-            raise InvalidValueError(f"--{name.replace('_', '-')} must be "
+        # NaN fails both comparisons; infinity is refused too: no sample count follows from
+        # an infinite budget, and the results file must stay strict JSON
+        if value is not None and not (math.isfinite(value) and (value > least if strict
+                                                                else value >= least)):
+            kind = "a finite number " if isinstance(value, float) else ""
+            raise InvalidValueError(f"--{name.replace('_', '-')} must be {kind}"
                                     f"{'>' if strict else '>='} {least}, got {value}")
     over["dtype"] = args.dtype
     precision = getattr(args, "precision", "ieee")
@@ -305,6 +310,9 @@ def run(args: argparse.Namespace) -> int:
         results = Results.load(args.from_json)
         if args.plot and not results.backends("sizes"):
             raise InvalidValueError(f"--plot: {args.from_json} has no 'sizes' report to plot")
+        if args.plot and args.reports and "sizes" not in args.reports:
+            raise InvalidValueError("--plot draws the 'sizes' report, which --reports leaves "
+                                    "out; add sizes to --reports or drop --plot")
         _emit(results, args)
         return 0
 
@@ -376,7 +384,7 @@ def _emit(results, args: argparse.Namespace) -> None:
     if args.plot:
         from tilegemm.bench.plot import plot_sizes
 
-        print(f"wrote {plot_sizes(results, args.plot)}", file=sys.stderr)
+        print(f"wrote {plot_sizes(results.select(reports), args.plot)}", file=sys.stderr)
     if args.save:
         _save(results, Path(args.save), reports)
 
@@ -389,9 +397,9 @@ def _save(results, folder: Path, reports: list[str]) -> None:
     stem.with_suffix(".json").write_text(report.render(results, "json", reports))
     stem.with_suffix(".md").write_text(report.to_markdown(results, reports))
     written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
-    if results.backends("sizes"):
+    if "sizes" in reports and results.backends("sizes"):  # the plot of the JSON beside it
         from tilegemm.bench.plot import plot_sizes
 
-        written.append(plot_sizes(results, stem.with_suffix(".png")))
+        written.append(plot_sizes(results.select(reports), stem.with_suffix(".png")))
     for p in written:
         print(f"wrote {p}", file=sys.stderr)
