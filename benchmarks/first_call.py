@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_blocked  # noqa: E402
 
+from tilegemm.backends.cpu import usable_cpus  # noqa: E402
 from tilegemm.bench.environment import cpu_name, git_commit, versions, write_cpu_results  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
 
@@ -104,7 +105,7 @@ def main() -> None:
     result = {
         "cpu_model": cpu_name(), "isa": host_isa(), "simd": cpu_blocked.simd_flags(),
         "cpu": cpu_identity(),
-        "cores": os.cpu_count(), "versions": versions(), "git_commit": git_commit(),
+        "cores": usable_cpus(), "versions": versions(), "git_commit": git_commit(),
         "method": "new process: import numpy and tilegemm, matmul 64^3 then 256^3; caches "
                   "filled by one process first; median of runs, 0.2 s apart; bytecode "
                   "cache allowed (PYTHONDONTWRITEBYTECODE removed)",

@@ -41,6 +41,7 @@ from opencl_vs_clblast import clblast_library_version, square_problem, version  
 from tilegemm import registry  # noqa: E402
 from tilegemm.backends import get_backend, opencl_program  # noqa: E402
 from tilegemm.backends.base import wall_clock_elapsed  # noqa: E402
+from tilegemm.backends.cpu import usable_cpus  # noqa: E402
 from tilegemm.bench.environment import (  # noqa: E402
     cpu_family_model,
     cpu_name,
@@ -181,7 +182,7 @@ def main() -> int:
         "cpu": cpu_name(),
         "cpu_family_model": cpu_family_model(),
         "cpu_identity": cpu_identity(),
-        "cpu_count": os.cpu_count(),
+        "cpu_count": usable_cpus(),
         "device": device.name.strip(),
         "device_type": cl.device_type.to_string(device.type),
         "platform_version": device.platform.version.strip(),

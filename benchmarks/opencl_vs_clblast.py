@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from tilegemm import registry  # noqa: E402
 from tilegemm.backends import get_backend  # noqa: E402
 from tilegemm.backends.base import wall_clock_elapsed  # noqa: E402
+from tilegemm.backends.cpu import usable_cpus  # noqa: E402
 from tilegemm.bench.host_blas import SETTLE_S, settle  # noqa: E402
 from tilegemm.bench.timing import alternating, prepare_verified  # noqa: E402
 from tilegemm.problem import describe, make_problem  # noqa: E402
@@ -228,7 +229,7 @@ def main() -> int:
         "platform_version": device.platform.version.strip(),
         "driver_version": device.driver_version.strip(),
         "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
+        "cpu_count": usable_cpus(),
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "versions": {

@@ -135,3 +135,18 @@ def test_cpu_status_line_names_the_l2_size(monkeypatch, l2, shown):
         assert cpu._status().reason.endswith(f"CPU core(s){shown}")
     finally:
         cpu._status.cache_clear()
+
+
+def test_usable_cpus_follow_the_affinity_set(monkeypatch):
+    """Results files and `tilegemm info` said the machine's CPU count while the process
+    (a container's CPU set, taskset) could use fewer, and Numba started fewer threads."""
+    import os
+
+    from tilegemm.backends import cpu
+    from tilegemm.bench.environment import host_info
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert cpu.usable_cpus() == 1 and host_info()["cores"] == 1
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # macOS, Windows
+    assert cpu.usable_cpus() == 64

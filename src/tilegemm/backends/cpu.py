@@ -167,6 +167,16 @@ def _sysctl_int(name: str) -> int | None:
         return None
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity set where the system has one (a
+    container limited to some CPUs, ``taskset``), which is also how many threads Numba
+    starts, not every CPU the machine has (``os.cpu_count``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity call (macOS, Windows)
+        return os.cpu_count() or 1
+
+
 def cpu_name() -> str:
     """The CPU model, the one reader used by results files, benchmark scripts and the
     tuning cache's device key: /proc/cpuinfo's model name on Linux (on 64-bit ARM, which
@@ -244,7 +254,7 @@ def _status() -> BackendStatus:
     l2 = l2_cache_bytes()  # what the blocked rung sizes its work to: worth seeing
     size = (f"{l2 // 1024} KiB" if l2 < 2**20 else f"{l2 / 2**20:g} MiB") if l2 else ""
     cache = f", L2 {size} per CPU" if l2 else ""
-    return BackendStatus("cpu", True, f"Numba on {os.cpu_count()} CPU core(s){cache}",
+    return BackendStatus("cpu", True, f"Numba on {usable_cpus()} CPU core(s){cache}",
                          ("host CPU",))
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tilegemm.backends.base import Backend, Target
-from tilegemm.backends.cpu import cpu_family_model, cpu_name
+from tilegemm.backends.cpu import cpu_family_model, cpu_name, usable_cpus
 
 __all__ = ["backend_info", "cpu_family_model", "cpu_name", "cpu_results_stem", "git_commit",
            "host_info", "numpy_blas", "slug", "versions", "write_cpu_results", "write_results"]
@@ -92,7 +92,8 @@ def numpy_blas() -> dict[str, str]:
 
 def host_info() -> dict[str, Any]:
     env = {k: os.environ[k] for k in ENV_VARS if k in os.environ}
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "machine": platform.machine(),
+    # the CPUs this process may use (a container's or taskset's set), not the machine's
+    return {"cpu": cpu_name(), "cores": usable_cpus(), "machine": platform.machine(),
             "system": f"{platform.system()} {platform.release()}", "env": env,
             "numpy_blas": numpy_blas()}
 

@@ -375,18 +375,25 @@ def host_work(prob: GemmProblem, target: Target) -> int:
 def prepare_verified(
     backend: Backend, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
     a3: np.ndarray, b3: np.ndarray, *, target: Target | None = None,
+    first_call: list[float] | None = None,
 ) -> Prepared:
     """``backend.prepare`` with its output NaN-poisoned, one launch, and the result checked
     against float64 NumPy: the first step of every measurement (benchmarks, the tuner, the
     scripts in benchmarks/), so nothing is timed that skips an element or is wrong.
+    ``first_call``, if given, receives the seconds of the first call as
+    :func:`time_prepared` counts them: preparing (compiling) and the first launch, not the
+    check (a float64 product, and the pause for NumPy's threads after it).
 
     Raises AssertionError (from :func:`~tilegemm.reference.assert_close`) for a wrong
     result; whatever preparing or launching raises passes through.
     """
+    t0 = time.perf_counter()
     with poisoned():
         prepared = backend.prepare(spec, params, prob, a3, b3, target=target)
         prepared.launch()
         backend.synchronize()
+    if first_call is not None:
+        first_call.append(time.perf_counter() - t0)
     got = np.asarray(prepared.fetch()).reshape(-1, prob.m, prob.n)
     shown = " ".join(f"{k}={v}" for k, v in params.items())
     from tilegemm.precision import tolerance_eps  # TF32: checked at its own precision
