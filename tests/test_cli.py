@@ -170,6 +170,15 @@ def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, ca
     (["explain", "naive", "--batch", "-1"], "--batch must be >= 0"),
     (["explain", "naive", "--full-limit", "-1"], "--full-limit must be >= 0"),
     (["explain", "naive", "--beta", "nan"], "--beta must be a finite number"),
+    # what matmul refuses was traced (or failed inside the compiler, reported as a bug)
+    (["explain", "naive", "--dtype", "int32", "--beta", "0.5"],
+     "beta must be an integer for a int32 product, got 0.5"),
+    (["explain", "mma", "--dtype", "float16", "--m", "16", "--n", "16", "--k", "16",
+      "PASSES=3"], "PASSES=1"),
+    (["explain", "vectorized", "--dtype", "float64", "BM=256", "BN=256", "BK=16", "TM=16",
+      "TN=16"], "bytes of shared memory per block"),
+    # two kernels (slices, then their sum): the trace counted the first slice only
+    (["explain", "pipelined", "SPLIT_K=2"], "SPLIT_K=2 runs two"),
     (["tune", "--backend", "cpu", "--m", "8", "--seed", "-1"], "--seed must be >= 0"),
     (["tune", "--backend", "cpu", "--m", "8", "--max-call-seconds", "nan"],
      "--max-call-seconds must be >= 0, got nan"),

@@ -96,6 +96,32 @@ def test_plan_sampled_classes_cover_the_grid(grid):
     assert len(set(plan.blocks)) == len(plan.blocks)
 
 
+@pytest.mark.parametrize(("tiles_m", "tiles_n", "group_m", "batch"),
+                         [(3, 3, 2, 1), (5, 4, 8, 2), (7, 2, 1, 1), (1, 6, 4, 3), (4, 1, 2, 1)])
+def test_plan_classes_numbered_tiles_by_the_tile_they_own(tiles_m, tiles_n, group_m, batch):
+    """pipelined, mma and wgmma number their tiles along x in a grouped order, so the edge
+    tiles are anywhere in x: classed by the last x index, a sample of 64x48x16 counted 480
+    load sectors where the whole launch has 448. Classed by the tile each block owns
+    (the kernels' own arithmetic, launch.grouped_tile), every class is pure."""
+    from tilegemm.launch import grouped_tile
+
+    grid = (tiles_m * tiles_n, 1, batch)
+    seen = {grouped_tile(t, tiles_m, tiles_n, group_m) for t in range(grid[0])}
+    assert seen == {(r, c) for r in range(tiles_m) for c in range(tiles_n)}  # a permutation
+    names = {(False, False): "interior", (True, False): "last block column (x edge)",
+             (False, True): "last block row (y edge)", (True, True): "corner"}
+    for full in (False, True):
+        plan = plan_blocks(grid, samples=2, full=full, flat=(tiles_m, tiles_n, group_m))
+        assert sum(c.size for c in plan.classes) == grid[0] * batch
+        for c in plan.classes:
+            assert len(c.traced) == (c.size if full else min(2, c.size))
+            for x, y, z in c.traced:
+                row, col = grouped_tile(x, tiles_m, tiles_n, group_m)
+                assert c.name == names[(col == tiles_n - 1, row == tiles_m - 1)]
+                assert y == 0 and 0 <= z < batch
+        assert len(set(plan.blocks)) == len(plan.blocks)
+
+
 def test_plan_rejects_bad_input():
     with pytest.raises(ValueError):
         plan_blocks((0, 1, 1))

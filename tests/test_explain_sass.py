@@ -64,6 +64,36 @@ def test_synthetic_loops_paths_and_classes() -> None:
     assert any("// FFMA" in line for line in r.hot_lines)
 
 
+# An if/else inside a BSSY/BSYNC region (divergent code): BSSY names the reconvergence
+# point, which is no jump; each real path holds one arm (2 IADD3) and the BSYNC.
+DIVERGENT = """
+.L_x_0:
+        /*0000*/                   FFMA R1, R2, R3, R1 ;
+        /*0010*/                   BSSY B0, `(.L_x_2) ;
+        /*0020*/               @P0 BRA `(.L_x_1) ;
+        /*0030*/                   IADD3 R4, R4, 0x1, RZ ;
+        /*0040*/                   IADD3 R5, R5, 0x1, RZ ;
+        /*0050*/                   BRA `(.L_x_3) ;
+.L_x_1:
+        /*0060*/                   IADD3 R4, R4, 0x2, RZ ;
+        /*0070*/                   IADD3 R5, R5, 0x2, RZ ;
+.L_x_3:
+        /*0080*/                   BSYNC B0 ;
+.L_x_2:
+        /*0090*/               @P1 BRA `(.L_x_0) ;
+        /*00a0*/                   EXIT ;
+"""
+
+
+def test_a_reconvergence_label_is_not_a_path() -> None:
+    """The path finder took BSSY's label for a branch and counted a path of 4 instructions
+    that skipped both arms and the BSYNC."""
+    instrs = sass.parse_sass(DIVERGENT)
+    loop = sass.find_loops(instrs)[0]
+    path = sass.best_path(instrs, loop, {})
+    assert path.total in (7, 8) and dict(path.counts).get("int") == 2, path.counts
+
+
 @pytest.mark.parametrize(("op", "mods", "cls"), [
     ("FFMA", "", "fma"), ("DFMA", "", "fma"), ("LDS", ".U.128", "lds"), ("LDG", ".E.128", "ldg"),
     ("STS", ".128", "sts"), ("BAR", ".SYNC", "bar"), ("IMAD", ".MOV.U32", "move"),
@@ -117,6 +147,17 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert any("FFMA" in line for line in k["hot_loop_sass"])
     assert cli.main(["explain", "pipelined", "--sass"]) == 0
     assert "FFMA share" in capsys.readouterr().out
+
+
+def test_a_rung_named_twice_is_counted_once() -> None:
+    """'register2d,register2d' gave two identical entries; 'register2d,' an unknown ''."""
+    import argparse
+
+    from tilegemm.commands._sass import _specs
+
+    for text in ("register2d,register2d", "register2d,", " register2d , ,"):
+        specs = _specs(argparse.Namespace(kernel=text, backend="cuda", yardstick=False))
+        assert [s.name for s in specs] == ["register2d"], text
 
 
 def test_cli_bad_input(capsys: pytest.CaptureFixture[str]) -> None:

@@ -146,6 +146,10 @@ def test_shared_rung_has_no_bank_conflicts_at_any_tile(tile):
 @pytest.mark.parametrize("kernel, params, shape", [
     ("shared", {"TILE": 8}, (20, 28, 16)),     # partial tiles on both edges: 4×3 blocks
     ("coalesced", {"BLOCK": 8}, (20, 40, 16)),  # 5×3 blocks, last block row partial
+    # tiles numbered along x in the grouped order: edge tiles anywhere in x (a sample of
+    # 64x48 counted 480 load sectors for the launch's 448 while classed by position)
+    ("pipelined", {"BM": 32, "BN": 32, "BK": 8, "WM": 32, "WN": 16, "WNITER": 1, "TM": 4,
+                   "TN": 4, "GROUP_M": 2}, (96, 80, 16)),
 ])
 def test_sampled_trace_scales_to_the_full_trace(kernel, params, shape):
     m, n, k = shape

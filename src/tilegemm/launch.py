@@ -55,12 +55,25 @@ def tile_grid(rows: int, cols: int, *, rows_in_x: bool = False) -> Grid:
 
 def flat_tile_grid(rows: int, cols: int) -> Grid:
     """The grid of a kernel that numbers its ``rows`` × ``cols`` tiles of C itself (grouped
-    block orders, see :data:`GROUP_M`): every tile in x, batches in z."""
+    block orders, see :data:`GROUP_M` and :func:`grouped_tile`): every tile in x, batches
+    in z. The function carries ``tile = (rows, cols)``, so a reader of the launch (the
+    tracer's choice of blocks) can tell which tile a block owns."""
 
     def grid(batch: int, m: int, n: int) -> tuple[int, int, int]:
         return capped_grid(ceil_div(m, rows) * ceil_div(n, cols), 1, batch)
 
+    grid.tile = (rows, cols)  # type: ignore[attr-defined]
     return grid
+
+
+def grouped_tile(t: int, tiles_m: int, tiles_n: int, group_m: int) -> tuple[int, int]:
+    """(tile row, tile column) of tile number ``t`` in the grouped block order: column-major
+    inside groups of ``group_m`` tile rows, as the kernels with a :func:`flat_tile_grid`
+    compute it (the host's copy of their arithmetic)."""
+    group = group_m * tiles_n
+    first = (t // group) * group_m
+    size = min(tiles_m - first, group_m)
+    return first + (t % group) % size, (t % group) // size
 
 
 # The parameter of the grouped block order, declared once for the rungs that use it.

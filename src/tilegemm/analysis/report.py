@@ -19,6 +19,18 @@ from tilegemm.analysis.roofline import bound, get_gpu
 from tilegemm.errors import InvalidValueError
 
 
+def check_for_dtype(spec: Any, params: Mapping[str, int], dtype: str, backend: str) -> None:
+    """What a call checks before it runs, for a device in general: the rung's parameters
+    against the dtype (one mma pass for 16-bit data, say) and the threads and static shared
+    memory of a block (a float64 tile that fits in float32 may not), so a request the
+    library would refuse is refused here too, not traced, or failed in the compiler."""
+    from tilegemm.backends.base import Target, check_block_limits
+    from tilegemm.backends.cuda import CUDA_LIMITS
+
+    check_block_limits(spec, params, np.dtype(dtype),
+                       Target(backend, "every CUDA GPU", "gpu", "", CUDA_LIMITS, "events"))
+
+
 def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | None = None,
             dtype: str = "float32", batch: int = 1, beta: float = 0.0, gpu: str = "h100",
             samples: int = 2, full: bool = False, full_limit: int = 16,
@@ -31,6 +43,17 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
         raise InvalidValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
     spec = registry.get(kernel, backend)
     resolved = spec.resolve(params)
+    check_for_dtype(spec, resolved, dtype, backend)
+    if resolved.get("SPLIT_K", 1) > 1:
+        # the launch is then two kernels (K slices into a workspace, then a sum of the
+        # slices): tracing the first alone as if it wrote C counted one slice, unverified
+        raise InvalidValueError(
+            f"explain traces one kernel; SPLIT_K={resolved['SPLIT_K']} runs two (the K slices "
+            "into a workspace, then their sum into C): pass SPLIT_K=1 (--sass counts the "
+            "k-tile of any SPLIT_K)")
+    if np.dtype(dtype).kind in "iu" and not float(beta).is_integer():
+        # the product would take int(beta): 0.5 traced as 0, with C's read counted as needed
+        raise InvalidValueError(f"beta must be an integer for a {dtype} product, got {beta}")
     g = get_gpu(gpu)
     kw = dict(params=resolved, dtype=dtype, batch=batch, beta=beta, samples=samples,
               full_limit=full_limit, backend=backend)

@@ -8,6 +8,10 @@ cannot be traced block by block. Blocks of a GEMM launch differ only in where th
   (``blockIdx.y == gridDim.y - 1``) may own partial tiles (bounds checks switch lanes off);
 - the **corner** block is both.
 
+Rungs that number their tiles themselves along x (a grouped block order: pipelined, mma,
+wgmma) have the edge tiles anywhere in x; for them the classes follow the tile each block
+owns (``flat``: the tile counts and the group size), not the block's position.
+
 So the grid is split into these (up to) four classes, a few blocks of each are traced
 (spread over the class: first, middle and last position, and the first and last batch),
 and each class's counts are scaled by ``blocks in class / blocks traced in class``. The
@@ -91,8 +95,10 @@ def _spread(lo: int, hi: int) -> list[int]:
 
 
 def plan_blocks(grid: tuple[int, int, int], *, samples: int = 2, full: bool | None = None,
-                full_limit: int = 16) -> Plan:
-    """Choose the blocks to trace: all of them for small grids, else ``samples`` per class."""
+                full_limit: int = 16, flat: tuple[int, int, int] | None = None) -> Plan:
+    """Choose the blocks to trace: all of them for small grids, else ``samples`` per class.
+    ``flat`` = (tiles_m, tiles_n, group_m) for a grid whose x numbers the tiles in the
+    grouped order (:func:`tilegemm.launch.grouped_tile`)."""
     gx, gy, gz = (int(v) for v in grid)
     if min(gx, gy, gz) < 1:
         raise ValueError(f"grid {grid} has an empty dimension")
@@ -101,6 +107,8 @@ def plan_blocks(grid: tuple[int, int, int], *, samples: int = 2, full: bool | No
     total = gx * gy * gz
     if full is None:
         full = total <= full_limit
+    if flat is not None and min(flat[:2]) > 0:  # (an empty product: one idle block)
+        return _plan_flat((gx, gy, gz), flat, samples, bool(full))
     classes = []
     for ey, ex in product((False, True), repeat=2):
         xs = [gx - 1] if ex else _spread(0, gx - 2)
@@ -131,6 +139,36 @@ def plan_blocks(grid: tuple[int, int, int], *, samples: int = 2, full: bool | No
                 cls.traced = picks
         classes.append(cls)
     return Plan(grid=(gx, gy, gz), full=bool(full), classes=classes)
+
+
+def _plan_flat(grid: Block, flat: tuple[int, int, int], samples: int, full: bool) -> Plan:
+    """:func:`plan_blocks` for a grid of numbered tiles (one row of blocks in x): each block
+    classed by the tile it owns, the picks spread over the class's blocks and the batch."""
+    from tilegemm.launch import grouped_tile
+
+    gx, gy, gz = grid
+    tiles_m, tiles_n, group_m = flat
+    members: dict[tuple[bool, bool], list[int]] = {key: [] for key in CLASS_NAMES}
+    for x in range(gx):
+        row, col = grouped_tile(x, tiles_m, tiles_n, group_m)
+        members[(col == tiles_n - 1, row == tiles_m - 1)].append(x)
+    classes = []
+    for ey, ex in product((False, True), repeat=2):
+        xs = members[(ex, ey)]
+        cls = BlockClass(CLASS_NAMES[(ex, ey)], len(xs) * gy * gz)
+        if full:
+            cls.traced = [(x, y, z) for z in range(gz) for y in range(gy) for x in xs]
+        elif xs:
+            spread = [xs[i] for i in _spread(0, len(xs) - 1)]
+            zs = _spread(0, gz - 1)
+            picks: list[Block] = []
+            for i in range(len(spread) * len(zs)):  # diagonally: the picks differ in x and z
+                b = (spread[i % len(spread)], 0, zs[i % len(zs)])
+                if b not in picks:
+                    picks.append(b)
+            cls.traced = picks[:min(samples, cls.size)]
+        classes.append(cls)
+    return Plan(grid=grid, full=full, classes=classes)
 
 
 def combine(per_block: Mapping[Block, Counts], plan: Plan) -> Counts:

@@ -302,9 +302,11 @@ def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
         succ: set[int] = set()
         last = body[-1]
         for ins in body:
-            if ins.target is None:
+            # only jumps are edges: BSSY's label is where a divergent region reconverges
+            # and CALL's a function, neither a place this instruction goes to next
+            if ins.target is None or ins.op not in ("BRA", "JMP"):
                 continue
-            if ins.target == loop.start and ins.addr >= s and ins.op in ("BRA", "JMP"):
+            if ins.target == loop.start and ins.addr >= s:
                 if result is None or cur.key(vector) > result.key(vector):
                     result = cur
             elif loop.start < ins.target <= loop.end and ins.target > e:

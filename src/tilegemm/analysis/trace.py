@@ -514,7 +514,10 @@ def trace_rung(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int]
     if beta != 0:
         c[...] = c0 = np.ones_like(c)
     grid = program.grid(batch, m, n)
-    plan = plan_blocks(grid, samples=samples, full=full, full_limit=full_limit)
+    tile = getattr(program.grid, "tile", None)  # tiles numbered in x: class them by tile
+    flat = None if tile is None else (-(-m // tile[0]), -(-n // tile[1]),
+                                      resolved.get("GROUP_M", 1))
+    plan = plan_blocks(grid, samples=samples, full=full, full_limit=full_limit, flat=flat)
     # bfloat16 operands reach the kernel as their 16-bit patterns, with float32 scalars
     # (the program's arg_types, as the backend launches it); views, so C is still filled.
     elem, scalar = program.arg_types or (np_dtype.name, np_dtype.name)

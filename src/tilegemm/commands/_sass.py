@@ -25,7 +25,11 @@ def _specs(args: argparse.Namespace) -> list:
     else:
         from tilegemm.commands.explain import rung
 
-        specs = [rung(name.strip(), args.backend) for name in args.kernel.split(",")]
+        # each rung once, in the order given; "a,,b" and a trailing comma name nothing more
+        names = dict.fromkeys(n.strip() for n in args.kernel.split(",") if n.strip())
+        if not names:
+            raise InvalidValueError(f"no kernel named in {args.kernel!r}")
+        specs = [rung(name, args.backend) for name in names]
     for s in specs:
         if not get_backend(s.backend).compile_archs:
             raise InvalidValueError(f"{s.name} is a {s.backend} kernel; --sass needs a CUDA rung")
