@@ -205,6 +205,12 @@ def test_an_infinite_alpha_scales_the_whole_product(dtype, shape, rng):
         got = tilegemm.gemm(a, b, c, alpha=alpha, beta=beta, kernel="blocked", backend="cpu")
         assert np.isinf(got).all(), f"{np.isnan(got).sum()} NaN of {got.size}"
         np.testing.assert_array_equal(got[clear], (alpha * np.sign(exact))[clear])
+    # inf × 0 is NaN, silently, as inside any kernel (no warning, nor an error under
+    # errstate(all="raise"), which the scaling after the product raised at first)
+    with np.errstate(all="raise"):
+        got = tilegemm.gemm(a, np.zeros_like(b), c, alpha=np.inf, beta=1.0, kernel="blocked",
+                            backend="cpu")
+    assert np.isnan(got).all()
 
 
 def test_blocked_64_wide_tile_crosses_every_loop(rng):

@@ -126,15 +126,20 @@ def test_auto_takes_a_bounded_database_entry_per_product(monkeypatch):
     monkeypatch.setattr(select, "_db_memo", {})
     monkeypatch.setattr(select, "_memo", {})
     monkeypatch.setattr(database, "host_family_model", lambda: "0-0")
-    for n, tile in [(512, (6, 64)), (511, (8, 32)), (700, (6, 64)), (40, (8, 32))]:
-        a, b = np.ones((200, 300), np.float32), np.ones((300, n), np.float32)
-        planned = tilegemm.plan(a, b)
-        assert (planned.params["MR"], planned.params["NR"]) == tile, n
-        bounded = tile == (6, 64)
-        assert planned.source == ("database (device; N >= 512)" if bounded
-                                  else "database (device)"), planned.source
-        seen = _ran(monkeypatch, lambda a=a, b=b: tilegemm.matmul(a, b))
-        assert (seen["params"]["MR"], seen["params"]["NR"]) == tile, n
+    # 512, 511 and 300 share the tuning cache's bucket (512): a named rung's answers were
+    # remembered per bucket, so the first of them decided for the others
+    for kernel in ("auto", "blocked"):
+        for n, tile in [(512, (6, 64)), (511, (8, 32)), (300, (8, 32)), (700, (6, 64)),
+                        (40, (8, 32)), (512, (6, 64))]:
+            a, b = np.ones((200, 300), np.float32), np.ones((300, n), np.float32)
+            planned = tilegemm.plan(a, b, kernel=kernel)
+            assert (planned.params["MR"], planned.params["NR"]) == tile, (kernel, n)
+            bounded = tile == (6, 64)
+            assert planned.source == ("database (device; N >= 512)" if bounded
+                                      else "database (device)"), planned.source
+            seen = _ran(monkeypatch,
+                        lambda a=a, b=b, k=kernel: tilegemm.matmul(a, b, kernel=k))
+            assert (seen["params"]["MR"], seen["params"]["NR"]) == tile, (kernel, n)
 
 
 def test_shipped_database_entries_are_valid_parameters():
@@ -474,3 +479,30 @@ def test_cpu_tuning_entries_are_keyed_by_the_cpus_model_and_isa(tmp_path, monkey
     gpu = Target("cuda", "NVIDIA H100", "gpu", "sm_90", Limits(threads_per_block=1024),
                  "events")
     assert select.device_id(gpu) == tcache.DeviceId("cuda", "NVIDIA H100", "sm_90")
+
+
+def test_a_hand_parameter_that_breaks_a_bounded_entry_keeps_the_unbounded_one(monkeypatch):
+    """MR=8 on a large float32 product, over the bounded 6x64 entry, breaks MR*NR <= 384:
+    the others fell to the rung's defaults (NR=8, a much slower tile) where the device's
+    entry for every shape (8x32) takes MR=8 as it is."""
+    target = get_backend("cpu").target()
+    base = {"backend": "cpu", "device": target.name, "isa": database.host_isa(),
+            "dtype": "float32", "kernel": "blocked", "measured": "test"}
+    table = ({**base, "params": {"MR": 8, "NR": 32, "MC": 96, "KC": 512, "NC": 2048}},
+             {**base, "params": {"MR": 6, "NR": 64, "MC": 96, "KC": 512, "NC": 2048},
+              "min_shape": {"n": 512}})
+    monkeypatch.setattr(database, "entries", lambda path=database.PATH: table)
+    monkeypatch.setattr(select, "_db_memo", {})
+    monkeypatch.setattr(select, "_memo", {})
+    monkeypatch.setattr(database, "host_family_model", lambda: "0-0")
+    a = np.ones((1024, 1024), np.float32)
+    p = tilegemm.plan(a, a, kernel="blocked", MR=8)
+    assert (p.params["MR"], p.params["NR"]) == (8, 32)
+    assert p.source == "requested; the others from database (device)"
+    p = tilegemm.plan(a, a, kernel="blocked", KC=256)  # fits the bounded entry: kept
+    assert (p.params["MR"], p.params["NR"], p.params["KC"]) == (6, 64, 256)
+    assert p.source == "requested; the others from database (device; N >= 512)"
+    p = tilegemm.plan(a, a, kernel="blocked", MR=16, MC=96)  # 16x32 and 16x64 break it
+    assert p.params["NR"] == 8
+    assert p.source == ("requested; the others are the defaults (database (device; "
+                        "N >= 512) ones do not fit)")

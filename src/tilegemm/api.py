@@ -48,6 +48,7 @@ from tilegemm.tune.select import (
     named_plan,
     tuned_precision_params,
     tuning_cache_state,
+    unbounded_database_plan,
 )
 
 AUTO = "auto"
@@ -311,8 +312,14 @@ def _with_measured_others(be: Backend, target: Target, prob: GemmProblem, kernel
     measured = (named_plan(be, target, prob, kernel)
                 if spec.supports(prob.dtype) and set(given) < {p.name for p in spec.params}
                 else None)
+    bases = []
     if measured is not None:
-        _, base, where = measured
+        # then the device's entry for every shape, where the measured one is bounded to
+        # large products: MR=8 on a 1024^3 product over 6x64 breaks MR*NR <= 384, and the
+        # 8x32 measured for other shapes is nearer than the rung's defaults
+        bases = [measured, *unbounded_database_plan(be, target, prob.dtype.name, kernel,
+                                                    measured[1])]
+    for _, base, where in bases:
         try:
             merged = be.resolve(spec, {**base, **given}, target)
             be.check_limits(spec, merged, prob.dtype, target)
@@ -321,7 +328,8 @@ def _with_measured_others(be: Backend, target: Target, prob: GemmProblem, kernel
             pass
     spec, resolved = choose_kernel(kernel, be, prob, given, target)
     return spec, resolved, ("requested" if measured is None else
-                            f"requested; the others are the defaults ({where} ones do not fit)")
+                            f"requested; the others are the defaults ({measured[2]} ones do "
+                            "not fit)")
 
 
 def check_dtype_supported(spec: KernelSpec, dtype: np.dtype,

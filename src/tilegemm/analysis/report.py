@@ -20,15 +20,19 @@ from tilegemm.errors import InvalidValueError
 
 
 def check_for_dtype(spec: Any, params: Mapping[str, int], dtype: str, backend: str) -> None:
-    """What a call checks before it runs, for a device in general: the rung's parameters
-    against the dtype (one mma pass for 16-bit data, say) and the threads and static shared
-    memory of a block (a float64 tile that fits in float32 may not), so a request the
-    library would refuse is refused here too, not traced, or failed in the compiler."""
-    from tilegemm.backends.base import Target, check_block_limits
+    """What a call on the CUDA simulator checks before it runs, the trace's device: the
+    rung's parameters against the dtype (one mma pass for 16-bit data, say), and the
+    threads and shared memory of a block (a float64 tile that fits in float32 may not; a
+    rung for one architecture, wgmma, may use that architecture's opt-in shared memory),
+    so a request the library would refuse is refused here too, not traced, or failed in
+    the compiler."""
+    from tilegemm.backends import get_backend
+    from tilegemm.backends.base import Target
     from tilegemm.backends.cuda import CUDA_LIMITS
 
-    check_block_limits(spec, params, np.dtype(dtype),
-                       Target(backend, "every CUDA GPU", "gpu", "", CUDA_LIMITS, "events"))
+    simulated = Target(backend, "simulator", "simulator", "", CUDA_LIMITS, "CUDA events",
+                       simulated=True)
+    get_backend(backend).check_limits(spec, params, np.dtype(dtype), simulated)
 
 
 def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | None = None,

@@ -357,10 +357,11 @@ class CpuBackend(Backend):
                 program(a3, b3, c3, *args, int(ta) | int(tb) << 1)
             else:
                 program(a3, b3, c3, *args)
-            if later:
-                c3 *= alpha
-                if saved is not None:
-                    c3 += beta * saved
+            if later:  # the kernel's arithmetic, so no warning (inf × 0 is NaN silently)
+                with np.errstate(all="ignore"):
+                    c3 *= alpha
+                    if saved is not None:
+                        c3 += beta * saved
         if alias:
             np.copyto(out, dest)
             return out

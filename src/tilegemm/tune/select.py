@@ -148,13 +148,29 @@ def named_plan(backend: Backend, target: Target, prob: GemmProblem, kernel: str
     dtype = prob.dtype.name
     dev = device_id(target)
     entries = _entries()
-    key = ("named", dev, dtype, kernel, tuple(tcache.shape_bucket(prob.m, prob.n, prob.k)))
+    from tilegemm.tune import database
+
+    # the cache's entries are per bucket, the database's per class of shapes: both decide
+    key = ("named", dev, dtype, kernel, tuple(tcache.shape_bucket(prob.m, prob.n, prob.k)),
+           database.shape_class(_shape(prob)))
     if key not in _memo:
         choice = _choose(backend, target, dev, dtype, prob, entries, kernel)
         db = _database(backend, target, dtype, _shape(prob))
         _memo[key] = ((*choice, "tuned") if choice is not None
                       else db if db is not None and db[0].name == kernel else None)
     return _memo[key]
+
+
+def unbounded_database_plan(backend: Backend, target: Target, dtype: str, kernel: str,
+                            other_than: dict[str, int]
+                            ) -> list[tuple[KernelSpec, dict[str, int], str]]:
+    """The database's entry for this device that serves every shape, as [(rung, params,
+    why)] when it is for rung ``kernel`` and differs from ``other_than``, else []: the
+    fall-back base for parameters given by hand that do not fit a shape-bounded entry."""
+    found = _database(backend, target, dtype, None)
+    if found is None or found[0].name != kernel or found[1] == other_than:
+        return []
+    return [found]
 
 
 def _for_shape(backend: Backend, target: Target, prob: GemmProblem, spec: KernelSpec,
@@ -184,13 +200,16 @@ def _shape(prob: GemmProblem) -> tuple[int, int, int]:
     return prob.m, prob.n, prob.k
 
 
-def _database(backend: Backend, target: Target, dtype: str, shape: tuple[int, int, int]
+def _database(backend: Backend, target: Target, dtype: str,
+              shape: tuple[int, int, int] | None
               ) -> tuple[KernelSpec, dict[str, int], str] | None:
     """:func:`_database_choice`, once per (device, dtype, class of shapes): the database
-    does not change, and only the entries' "min_shape" bounds tell shapes apart."""
+    does not change, and only the entries' "min_shape" bounds tell shapes apart (None: a
+    product of unknown shape, served by the unbounded entries only)."""
     from tilegemm.tune import database
 
-    key = ("database", target.key, dtype, database.shape_class(shape))
+    key = ("database", target.key, dtype,
+           None if shape is None else database.shape_class(shape))
     if key not in _db_memo:
         _db_memo[key] = _database_choice(backend, target, dtype, shape)
     return _db_memo[key]
