@@ -140,11 +140,20 @@ def _first_use_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogReco
     return [r for r in caplog.records if r.name == "tilegemm.api"]
 
 
+def _fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As in a fresh process: no kernel used yet, and no call remembered (a remembered
+    call, parameters included, skips the path that logs a first use)."""
+    from tilegemm import fastpath
+
+    monkeypatch.setattr(api, "_USED", set())
+    monkeypatch.setattr(fastpath, "_table", {})
+
+
 def test_first_call_of_a_kernel_is_logged_once_and_quietly(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first call of a (rung, parameters, dtype) leaves a DEBUG record; later calls
     none. Nothing at INFO or above for a quick first call, so nothing shows by default."""
-    monkeypatch.setattr(api, "_USED", set())  # as in a fresh process
+    _fresh_process(monkeypatch)
     monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=lambda: 0.0))  # quick
     a, b = _operands()
     with caplog.at_level(logging.DEBUG, logger="tilegemm"):
@@ -161,7 +170,7 @@ def test_a_slow_first_call_is_explained_at_info(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     """A first call that takes longer than the threshold gets one INFO record that says
     it was compiling and what the kernel cache does about it (a fake clock: no timing)."""
-    monkeypatch.setattr(api, "_USED", set())
+    _fresh_process(monkeypatch)
     ticks = iter(range(0, 1000, 3))  # every reading 3 s after the last
     monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", "off")
@@ -183,7 +192,7 @@ def test_a_slow_first_call_does_not_promise_an_unusable_cache(
     nothing was kept (it used to say later processes would load the kernel)."""
     from tilegemm import compile_cache
 
-    monkeypatch.setattr(api, "_USED", set())
+    _fresh_process(monkeypatch)
     ticks = iter(range(0, 1000, 3))
     monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     not_a_dir = tmp_path / "file"
@@ -214,7 +223,7 @@ def test_a_call_logs_nothing_by_default(capsys: pytest.CaptureFixture[str],
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Without logging configured, even a slow first call writes nothing to stdout or
     stderr (its record is INFO, below what Python shows by default)."""
-    monkeypatch.setattr(api, "_USED", set())
+    _fresh_process(monkeypatch)
     ticks = iter(range(0, 1000, 30))
     monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     a, b = _operands()
