@@ -435,12 +435,37 @@ def test_a_damaged_entry_is_listed_as_not_usable_and_cleared(tmp_path, monkeypat
     monkeypatch.setenv("COLUMNS", "200")
     folder = tmp_path / "cpu"
     (folder / "__pycache__").mkdir(parents=True)
-    (folder / "blocked-float32-aaaa.py").write_text(f"# key: {key}\n")
-    (folder / "__pycache__" / "blocked-float32-aaaa.x.nbc").symlink_to(tmp_path / "gone")
+    stem = "blocked-float32-" + "a" * 20  # named as entries are: a damaged entry of ours
+    (folder / f"{stem}.py").write_text(f"# key: {key}\n")
+    (folder / "__pycache__" / f"{stem}.x.nbc").symlink_to(tmp_path / "gone")
     assert main(["cache"]) == 0
     assert "1 not usable here" in capsys.readouterr().out
     assert main(["cache", "--clear", "--stale"]) == 0
     assert "removed 1 stale entry" in capsys.readouterr().out
+    assert compile_cache.entries() == []
+
+
+def test_files_that_are_not_entries_are_neither_listed_nor_cleared(tmp_path, monkeypatch,
+                                                                    capsys) -> None:
+    """A cache directory pointed at a folder holding other files: `tilegemm cache` listed
+    any *.py and *.json as entries "not usable here", --clear --stale deleted them, and
+    --clear removed whole cpu/, cuda/ ... folders (with TILEGEMM_KERNEL_CACHE=/usr/local,
+    /usr/local/cuda)."""
+    from tilegemm.cli import main
+
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    foreign = [tmp_path / "cpu" / "myscript.py", tmp_path / "cuda" / "settings.json",
+               tmp_path / "cuda" / "notes.txt", tmp_path / "pocl" / "AB" / "x" / "program.bc"]
+    for path in foreign:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("mine\n")
+    load_module("probe", _source(41), {"kernel": "probe"})  # one entry of ours beside them
+    assert [e.name.split("-")[0] for e in compile_cache.entries()] == ["probe"]
+    for args, removed in ((["cache", "--clear", "--stale"], "removed 0 stale entries"),
+                          (["cache", "--clear"], "removed 1 entry")):
+        assert main(args) == 0
+        assert removed in " ".join(capsys.readouterr().out.split())
+        assert all(path.read_text() == "mine\n" for path in foreign)
     assert compile_cache.entries() == []
 
 
@@ -493,7 +518,7 @@ def test_cache_clear_names_what_a_read_only_folder_keeps(tmp_path, monkeypatch,
 
     folder = tmp_path / "kernels" / compile_cache.SUBDIR
     folder.mkdir(parents=True)
-    (folder / "a-1.py").write_text("# x\n")
+    (folder / f"a-{'1' * 20}.py").write_text("# x\n")
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path / "kernels"))
 
     def refuse(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
@@ -587,3 +612,65 @@ def test_cache_command_finds_a_folder_it_cannot_write_by_writing(monkeypatch, ca
     monkeypatch.setenv("TILEGEMM_CACHE_DIR", "/proc/tilegemm-test")
     assert main(["cache"]) == 0
     assert "cannot be used" in capsys.readouterr().out
+
+
+def test_a_relative_cache_directory_stays_where_it_was_first_read(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """TILEGEMM_KERNEL_CACHE=relk, then os.chdir: PoCL, handed the relative path once,
+    resolved it against the new directory and every later OpenCL build failed; CPU entries
+    went under each new directory. The path is made absolute when first read."""
+    from tilegemm.tune import cache as tcache
+
+    tcache.absolute_once.cache_clear()
+    try:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        monkeypatch.chdir(tmp_path / "a")
+        for env in ("TILEGEMM_KERNEL_CACHE", "TILEGEMM_CACHE_DIR"):
+            monkeypatch.delenv("TILEGEMM_KERNEL_CACHE", raising=False)
+            monkeypatch.setenv(env, "rel")
+            first = compile_cache.cache_root()
+            assert first is not None and first.is_absolute()
+            assert str(first).startswith(str(tmp_path / "a" / "rel")), first
+            monkeypatch.chdir(tmp_path / "b")
+            assert compile_cache.cache_root() == first
+            monkeypatch.chdir(tmp_path / "a")
+    finally:
+        tcache.absolute_once.cache_clear()
+
+
+@pytest.mark.slow
+def test_a_directory_in_place_of_an_entry_file_is_removed_once(tmp_path, monkeypatch):
+    """A directory where a function's index file goes was never repaired: Numba can
+    neither read nor replace it, so every process warned and compiled again, for ever
+    (and the probe counting as cold made every process load every function eagerly)."""
+    from tilegemm import registry
+
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    params = {"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256}
+    code = f"""
+import json, warnings, numpy as np, tilegemm
+from tilegemm import compile_cache
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as seen:
+    a = np.ones((8, 8))
+    assert (tilegemm.matmul(a, a, kernel="blocked", **{params!r}) == 8).all()
+print(json.dumps([compile_cache.STATS, [str(w.message) for w in seen]]))
+"""
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
+
+    def run() -> list:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, check=True, timeout=300)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    run()  # compiles and keeps every function
+    assert registry.get("blocked", "cpu").supports("float64")
+    (index,) = (tmp_path / "cpu" / "__pycache__").glob("*.takes_gemv-*.nbi")
+    index.unlink()
+    index.mkdir()
+    (index / "x").write_text("")
+    stats, warned = run()
+    assert stats["compiled"] == 1 and any("could not be loaded" in w for w in warned), warned
+    assert index.is_file()  # the directory is gone and the index written again
+    assert run() == [{"compiled": 0, "loaded": 2}, []]

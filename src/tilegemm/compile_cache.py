@@ -128,11 +128,22 @@ def cache_root() -> Path | None:
     """The kernel cache directory, or None when ``TILEGEMM_KERNEL_CACHE=off``."""
     env = os.environ.get(ENV)
     if env is not None:
+        # absolute, as the working directory was when first read: PoCL is handed the
+        # path once (POCL_CACHE_DIR) and resolves a relative one against whatever directory
+        # is current when it builds, so a chdir broke every later OpenCL build
         return (None if env.strip().lower() in ("", "0", "off", "no", "false")
-                else Path(env).expanduser())
+                else _absolute(env))
     from tilegemm.tune.cache import cache_dir
 
     return cache_dir() / "kernels"
+
+
+def _absolute(env: str) -> Path:
+    """``env`` as a directory: ``~`` expanded, a relative path made absolute against the
+    working directory of the first call (see :func:`tilegemm.tune.cache.absolute_once`)."""
+    from tilegemm.tune.cache import absolute_once
+
+    return absolute_once(env)
 
 
 def pocl_cache_dir() -> Path | None:
@@ -160,6 +171,10 @@ def use_pocl_cache() -> None:
         return
     _check_pocl_entries(folder)
     _remove_pocl_temp_files(folder)
+    if not (folder / POCL_MANIFEST).exists() and not any(folder.iterdir()):
+        # a new folder: recorded at once, so it is known as tilegemm's (listed, cleared)
+        # even if no process reaches the record after a launch or at exit
+        _record_pocl_files(folder)
     os.environ["POCL_CACHE_DIR"] = str(folder)
 
 
@@ -586,11 +601,32 @@ def entries() -> list[CacheEntry]:
             + _text_entries(root) + _pocl_entries(root))
 
 
+# Every entry's file name ends in 20 hex digits of its key's hash ("blocked-float32-<hex>",
+# "<rung>-<hex>.json"), and its text starts with the header.
+_ENTRY_NAME = re.compile(r"-[0-9a-f]{20}$")
+_HEADED = (f"# {_TEXT_HEADER}".encode(), json.dumps({"header": _TEXT_HEADER})[:-1].encode())
+
+
+def _is_entry(path: Path) -> bool:
+    """Whether ``path`` is an entry of ours, damaged or not: named as entries are, or
+    starting with the header. Anything else (a cache directory pointed at a folder that
+    holds other files) is never listed, nor deleted by ``tilegemm cache --clear``."""
+    if not path.is_file():
+        return False
+    if _ENTRY_NAME.search(path.stem):
+        return True
+    try:
+        with path.open("rb") as f:
+            return f.read(80).startswith(_HEADED)
+    except OSError:
+        return False
+
+
 def _module_entries(folder: Path, now: dict[str, Any]) -> list[CacheEntry]:
     """One entry per module file (its first line holds its key); current when the parts
     of the key in ``now`` match this process's."""
     out = []
-    for path in sorted(folder.glob("*.py")) if folder.is_dir() else ():
+    for path in sorted(p for p in folder.glob("*.py") if _is_entry(p)) if folder.is_dir() else ():
         try:
             first = path.read_text().split("\n", 1)[0]
             key = _mapping(json.loads(first.split(":", 1)[1]))
@@ -629,7 +665,9 @@ def _pocl_entries(root: Path) -> list[CacheEntry]:
     """PoCL's kernel cache as one entry per compiled program (``program.bc``)."""
     out = []
     folder = root / POCL_SUBDIR
-    for program in sorted(folder.glob("*/*/program.bc")) if folder.is_dir() else ():
+    if not (folder / POCL_MANIFEST).is_file():  # not a PoCL cache tilegemm set up
+        return out
+    for program in sorted(folder.glob("*/*/program.bc")):
         entry = program.parent
         size = _size(p for p in entry.rglob("*") if p.is_file())
         kernels = sorted(p.name for p in entry.iterdir() if p.is_dir())
@@ -655,7 +693,7 @@ def _text_entries(root: Path) -> list[CacheEntry]:
     out = []
     for sub in TEXT_SUBDIRS:
         folder = root / sub
-        paths = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        paths = sorted(p for p in folder.glob("*.json") if _is_entry(p)) if folder.is_dir() else []
         common = _text_key_common(sub) if paths else {}
         # an entry written by another tilegemm, Numba or Python, or from other sources
         # or tool versions, is never read again
@@ -696,10 +734,17 @@ def clear(stale_only: bool = False) -> int:
             except OSError as exc:
                 note(path, exc)
     if not stale_only and root is not None:
+        # PoCL's own cache, where tilegemm put it (its record says so): all of it
+        pocl = root / POCL_SUBDIR
+        if (pocl / POCL_MANIFEST).is_file():
+            # (onerror: the spelling every supported Python takes)
+            shutil.rmtree(pocl, onerror=lambda _f, p, info: note(p, info[1]))
+        # the entries' folders only where nothing else is left in them: a cache directory
+        # may have been pointed at a folder holding other files, which are not ours
         for sub in (*MODULE_SUBDIRS, *TEXT_SUBDIRS, POCL_SUBDIR):
-            if (root / sub).is_dir():
-                # (onerror: the spelling every supported Python takes)
-                shutil.rmtree(root / sub, onerror=lambda _f, p, info: note(p, info[1]))
+            for folder in (root / sub / "__pycache__", root / sub):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
     left = {e.name for e in entries()}
     removed = sum(e.name not in left for e in targets)
     if failed or removed < len(targets):

@@ -79,8 +79,17 @@ def cache_dir() -> Path:
     if env:
         # "~/x" as a shell would expand it (it was a folder named "~" in each working
         # directory, while `tilegemm cache` named the expanded one)
-        return Path(env).expanduser()
+        return absolute_once(env)
     return _user_cache_dir()
+
+
+@functools.cache
+def absolute_once(env: str) -> Path:
+    """A directory named by an environment variable: ``~`` expanded, and a relative path
+    made absolute against the working directory when the process first reads it, so one
+    process keeps one cache after an ``os.chdir`` (PoCL, handed the path once, resolved a
+    relative one against each new directory and failed to build)."""
+    return Path(env).expanduser().absolute()
 
 
 @functools.cache

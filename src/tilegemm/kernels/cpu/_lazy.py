@@ -29,12 +29,15 @@ nothing. A compilation still does it first, as Numba always does.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import shutil
 import signal
 import threading
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack
+from pathlib import Path
 from typing import Any
 
 from numba.core import event, typeinfer
@@ -194,6 +197,7 @@ class QuickLoadCache(FunctionCache):
             with self._guard_against_spurious_io_errors():
                 return self._load_overload(sig, target_context)
         except Exception as exc:  # noqa: BLE001 - any damage: compile instead
+            self._remove_folders_in_the_way()
             with contextlib.suppress(OSError):  # unwritable: the compile is just not kept
                 self.flush()  # an empty index, written whole (Numba's own)
             func = self._py_func
@@ -203,12 +207,27 @@ class QuickLoadCache(FunctionCache):
                           CompileCacheWarning, stacklevel=user_stacklevel())
             return None
 
+    def _remove_folders_in_the_way(self) -> None:
+        """Delete a directory standing where this function's index or data files go:
+        Numba can neither read nor replace it, so every process warned and compiled
+        again, for ever."""
+        index = Path(self._cache_file._index_path)
+        for path in (index, *index.parent.glob(f"{glob.escape(index.stem)}.*.nbc")):
+            if path.is_dir() and not path.is_symlink():
+                with contextlib.suppress(OSError):
+                    shutil.rmtree(path)
+
     def save_overload(self, sig: Any, data: Any) -> None:
         """Numba's save, made harmless: a disk that is full, or a cache folder removed or
         replaced while the function compiled, leaves the compiled code unkept (with a
-        warning) instead of failing the call that compiled it."""
+        warning) instead of failing the call that compiled it. A directory where a data
+        file goes is removed and the save tried once more."""
         try:
-            super().save_overload(sig, data)
+            try:
+                super().save_overload(sig, data)
+            except IsADirectoryError:
+                self._remove_folders_in_the_way()
+                super().save_overload(sig, data)
         except Exception as exc:  # noqa: BLE001 - the code is compiled; only keeping failed
             func = self._py_func
             warnings.warn(f"kernel cache: the compiled {func.__module__}.{func.__qualname__} "
