@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from numba.core import event, typeinfer
-from numba.core.caching import FunctionCache
+from numba.core.caching import CompileResultCacheImpl, FunctionCache, InTreeCacheLocator
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
 from numba.core.runtime import rtsys
@@ -173,6 +173,14 @@ def interruptible() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+class _BesideTheSource(CompileResultCacheImpl):
+    """Numba's cache of one function, always in the ``__pycache__`` beside its source:
+    with ``NUMBA_CACHE_DIR`` set Numba would keep it there instead, where `tilegemm
+    cache` neither counts nor clears it (and a cleared entry's code was loaded again)."""
+
+    _locator_classes = [InTreeCacheLocator]
+
+
 class QuickLoadCache(FunctionCache):
     """Numba's on-disk cache of one function, loading without the registry set-up.
 
@@ -190,6 +198,8 @@ class QuickLoadCache(FunctionCache):
     :mod:`tilegemm.compile_cache` handles damage the same way for the whole module; this
     covers functions loaded later, on their first call.
     """
+
+    _impl_class = _BesideTheSource
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
         rtsys.initialize(target_context)

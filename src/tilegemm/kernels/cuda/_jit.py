@@ -142,7 +142,13 @@ def _kernel_module(fn: Callable[..., Any], source: str, options: dict[str, Any])
 def guarded_cache_class() -> type:
     """numba-cuda's ``CUDACache``, made safe to trust (built on first use: it imports
     numba-cuda)."""
-    from numba.cuda.dispatcher import CUDACache
+    from numba.cuda.core.caching import _InTreeCacheLocator
+    from numba.cuda.dispatcher import CUDACache, CUDACacheImpl
+
+    class BesideTheSource(CUDACacheImpl):  # type: ignore[misc, valid-type]
+        # always the __pycache__ beside the kernel's file, which `tilegemm cache` counts
+        # and clears, not NUMBA_CACHE_DIR
+        _locator_classes = [_InTreeCacheLocator]
 
     class GuardedCUDACache(CUDACache):  # type: ignore[misc, valid-type]
         """numba-cuda's kernel cache, made safe to trust.
@@ -155,7 +161,10 @@ def guarded_cache_class() -> type:
           of one kernel at once could otherwise leave the index naming the other's data.
         - A save that fails warns (the kernel is compiled and runs; only reuse is lost).
         - Loads and compilations are counted in ``compile_cache.STATS``.
+        - Entries sit beside the kernel's file whatever ``NUMBA_CACHE_DIR`` says.
         """
+
+        _impl_class = BesideTheSource
 
         def _load_overload(self, sig: Any, target_context: Any) -> Any:
             # Cache._load_overload, guarded; the key needs the device, so its errors are
