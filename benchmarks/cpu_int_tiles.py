@@ -45,6 +45,16 @@ def tile(text: str) -> tuple[int, int]:
     return int(mr), int(nr)
 
 
+def fitting(tiles: list[tuple[int, int]], dtype: str) -> list[tuple[int, int]]:
+    """The tiles the rung takes in ``dtype`` (its own register-tile rule: MR·NR fits 24
+    AVX-512 registers)."""
+    from tilegemm import registry
+
+    spec = registry.get("blocked", "cpu")
+    return [t for t in tiles if spec.dtype_check({"MR": t[0], "NR": t[1]}, np.dtype(dtype))
+            is None]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtypes", nargs="+", default=["int32", "int64"])
@@ -58,8 +68,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
     for dtype in args.dtypes:
-        cap = 384 * 4 // np.dtype(dtype).itemsize  # the rung's register-tile limit
-        tiles = [t for t in args.tiles if t[0] * t[1] <= cap]
+        tiles = fitting(args.tiles, dtype)
         auto = tilegemm.plan(np.ones((1024, 1024), dtype), np.ones((1024, 1024), dtype))
         for n in args.sizes:
             a = rng.integers(-100, 101, (n, n)).astype(dtype)

@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_blocked  # noqa: E402
-from cpu_int_tiles import tile  # noqa: E402
+from cpu_int_tiles import fitting, tile  # noqa: E402
 
 import tilegemm  # noqa: E402
 from tilegemm.bench.timing import alternating, call_block, calls_per_block  # noqa: E402
@@ -68,8 +68,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rows = []
     for dtype in args.dtypes:
-        cap = 384 * 4 // np.dtype(dtype).itemsize  # the rung's register-tile limit
-        tiles = [t for t in args.tiles if t[0] * t[1] <= cap]
+        tiles = fitting(args.tiles, dtype)
         eps = float(np.finfo(dtype).eps)
         for mnk in args.shapes:
             m, n, k = mnk

@@ -676,22 +676,28 @@ print(json.dumps([compile_cache.STATS, [str(w.message) for w in seen]]))
     assert run() == [{"compiled": 0, "loaded": 2}, []]
 
 
+def _function_in_a_file(source: Path):  # noqa: ANN202 - (the path, its module)
+    """A module file holding ``f``, imported: a function a cache can locate by its file."""
+    import importlib.util
+
+    source.parent.mkdir(parents=True)
+    source.write_text("def f(x):\n    return x\n")
+    name = "probe_" + source.parent.name.replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return source, module
+
+
 def test_entries_stay_beside_their_source_whatever_numba_cache_dir_says(tmp_path,
                                                                         monkeypatch) -> None:
     """With NUMBA_CACHE_DIR set, Numba kept the compiled code there: `tilegemm cache`
     counted 0 MB, --clear left it, and the next process loaded the cleared kernel."""
-    import importlib.util
-
     from numba.core import config
 
     from tilegemm.kernels.cpu._lazy import QuickLoadCache
 
-    source = tmp_path / "cpu" / f"probe-{'b' * 20}.py"
-    source.parent.mkdir()
-    source.write_text("def f(x):\n    return x\n")
-    spec = importlib.util.spec_from_file_location("probe_beside", source)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    source, module = _function_in_a_file(tmp_path / "cpu" / f"probe-{'b' * 20}.py")
     monkeypatch.setattr(config, "CACHE_DIR", str(tmp_path / "elsewhere"))
     cache = QuickLoadCache(module.f)
     assert Path(cache._cache_path) == source.parent / "__pycache__"
@@ -700,18 +706,11 @@ def test_entries_stay_beside_their_source_whatever_numba_cache_dir_says(tmp_path
 @pytest.mark.ptx
 def test_cuda_entries_stay_beside_their_source_whatever_numba_cache_dir_says(
         tmp_path, monkeypatch) -> None:
-    import importlib.util
-
     from numba.cuda.core import config as cuda_config
 
     from tilegemm.kernels.cuda._jit import guarded_cache_class
 
-    source = tmp_path / "cuda-jit" / f"probe-{'c' * 20}.py"
-    source.parent.mkdir()
-    source.write_text("def f(x):\n    return x\n")
-    spec = importlib.util.spec_from_file_location("probe_beside_cuda", source)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    source, module = _function_in_a_file(tmp_path / "cuda-jit" / f"probe-{'c' * 20}.py")
     monkeypatch.setattr(cuda_config, "CACHE_DIR", str(tmp_path / "elsewhere"), raising=False)
     cache = guarded_cache_class()(module.f)
     assert Path(cache._cache_path) == source.parent / "__pycache__"
