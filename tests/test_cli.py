@@ -179,6 +179,9 @@ def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, ca
       "TN=16"], "bytes of shared memory per block"),
     # two kernels (slices, then their sum): the trace counted the first slice only
     (["explain", "pipelined", "SPLIT_K=2"], "SPLIT_K=2 runs two"),
+    # the machine-code count of such a tile failed in the compiler ("internal error")
+    (["explain", "warptile", "--sass", "--dtype", "float64", "BK=32"],
+     "65536 bytes of shared memory per block"),
     (["tune", "--backend", "cpu", "--m", "8", "--seed", "-1"], "--seed must be >= 0"),
     (["tune", "--backend", "cpu", "--m", "8", "--max-call-seconds", "nan"],
      "--max-call-seconds must be >= 0, got nan"),

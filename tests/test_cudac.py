@@ -113,6 +113,11 @@ def test_bad_requests_are_refused_before_compiling() -> None:
         compile_cubin("warptile", None, "int32")
     with pytest.raises(ValueError, match="sm_90"):
         compile_cubin("naive", None, "float32", "hopper")
+    with pytest.raises(ValueError, match="sm_90"):  # was an AttributeError
+        compile_cubin("naive", None, "float32", 90)
+    # a float64 tile that fits in float32 only: refused, not NVRTC's whole ptxas log
+    with pytest.raises(ValueError, match="65536 bytes of shared memory per block"):
+        compile_cubin("pipelined", {"BK": 16}, "float64")
 
 
 def test_a_compile_error_is_reported_with_nvrtc_log(tmp_path, monkeypatch) -> None:

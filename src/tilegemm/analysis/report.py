@@ -19,22 +19,6 @@ from tilegemm.analysis.roofline import bound, get_gpu
 from tilegemm.errors import InvalidValueError
 
 
-def check_for_dtype(spec: Any, params: Mapping[str, int], dtype: str, backend: str) -> None:
-    """What a call on the CUDA simulator checks before it runs, the trace's device: the
-    rung's parameters against the dtype (one mma pass for 16-bit data, say), and the
-    threads and shared memory of a block (a float64 tile that fits in float32 may not; a
-    rung for one architecture, wgmma, may use that architecture's opt-in shared memory),
-    so a request the library would refuse is refused here too, not traced, or failed in
-    the compiler."""
-    from tilegemm.backends import get_backend
-    from tilegemm.backends.base import Target
-    from tilegemm.backends.cuda import CUDA_LIMITS
-
-    simulated = Target(backend, "simulator", "simulator", "", CUDA_LIMITS, "CUDA events",
-                       simulated=True)
-    get_backend(backend).check_limits(spec, params, np.dtype(dtype), simulated)
-
-
 def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | None = None,
             dtype: str = "float32", batch: int = 1, beta: float = 0.0, gpu: str = "h100",
             samples: int = 2, full: bool = False, full_limit: int = 16,
@@ -47,7 +31,9 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
         raise InvalidValueError(f"explain analyses CUDA rungs only (got backend {backend!r})")
     spec = registry.get(kernel, backend)
     resolved = spec.resolve(params)
-    check_for_dtype(spec, resolved, dtype, backend)
+    from tilegemm.backends.cuda import check_for_any_gpu
+
+    check_for_any_gpu(spec, resolved, dtype)
     if resolved.get("SPLIT_K", 1) > 1:
         # the launch is then two kernels (K slices into a workspace, then a sum of the
         # slices): tracing the first alone as if it wrote C counted one slice, unverified

@@ -58,6 +58,18 @@ CUDA_LIMITS = Limits(threads_per_block=MAX_THREADS_PER_BLOCK, block_dims=(1024, 
                      registers_per_thread=255, shared_optin_per_block=MIN_OPTIN_SMEM_SM80)
 
 
+def check_for_any_gpu(spec: KernelSpec, params: Mapping[str, int], dtype: Any) -> None:
+    """What a call checks before it runs, for code made without a GPU (``explain``'s trace
+    and machine-code counts, ``compile_cubin``), as the simulator checks it: the rung's
+    parameters against the dtype (one mma pass for 16-bit data, say), and a block's
+    threads and shared memory (a float64 tile that fits in float32 may not; a rung for
+    one architecture, wgmma, may use that architecture's opt-in shared memory). A request
+    a call would refuse is refused here too, not traced, or failed in the compiler."""
+    anywhere = Target(spec.backend, "the GPUs it runs on", "simulator", "", CUDA_LIMITS,
+                      timer="CUDA events", simulated=True)
+    BACKEND.check_limits(spec, params, np.dtype(dtype), anywhere)
+
+
 def _as_device(x: Any, stream: Any = None, wait: bool = True) -> Any:
     """A numba device array view of ``x`` (numba arrays and the simulator's pass through),
     for work on numba stream ``stream``.

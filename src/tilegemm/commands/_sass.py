@@ -39,6 +39,19 @@ def _specs(args: argparse.Namespace) -> list:
     return specs
 
 
+def _check_blocks(specs: list, params: dict | None, dtype: str) -> None:
+    """Each rung's parameters (given, else its defaults) against the dtype and a block's
+    limits, as a call checks them: a float64 tile over 48 KB of shared memory was an
+    'internal error' of the compiler."""
+    from tilegemm.backends.cuda import check_for_any_gpu
+
+    if dtype not in ("float32", "float64", "float16", "bfloat16"):
+        return  # refused below, in the words of the table asked for
+    for s in specs:
+        if s.supports(dtype):
+            check_for_any_gpu(s, params if params is not None else s.resolve({}), dtype)
+
+
 def run_sass(args: argparse.Namespace) -> int:
     import json
 
@@ -57,6 +70,7 @@ def run_sass(args: argparse.Namespace) -> int:
                else "") + "): name one rung, without --yardstick")
     if len(specs) == 1:
         params = specs[0].resolve(params)  # unknown names and broken constraints refused
+    _check_blocks(specs, params if len(specs) == 1 else None, args.dtype)
     tensor = [s for s in specs if s.precisions]  # HMMA, not FFMA: counted on their own
     if tensor:
         if len(tensor) < len(specs):

@@ -75,8 +75,11 @@ def compile_cubin(rung: KernelSpec | str, params: dict[str, int] | None = None,
     dt = np.dtype(dtype).name
     if not spec.supports(dt):
         raise InvalidTypeError(f"{spec.name} (cudac) supports {', '.join(spec.dtypes)}, not {dt}")
-    if not (arch.startswith("sm_") and arch[3:].isdigit()):
+    if not (isinstance(arch, str) and arch.startswith("sm_") and arch[3:].isdigit()):
         raise InvalidValueError(f"arch must look like 'sm_90', got {arch!r}")
+    from tilegemm.backends.cuda import check_for_any_gpu
+
+    check_for_any_gpu(spec, resolved, dt)  # (a float64 tile over 48 KB: not ptxas's log)
     return _compile(spec.rung, spec.name, tuple(sorted(resolved.items())), dt, arch)
 
 
