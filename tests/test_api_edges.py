@@ -235,6 +235,34 @@ def test_subclasses_with_their_own_array_ufunc_are_refused():
     assert_close(tilegemm.matmul(a.view(np.recarray), b, **CPU), a, b)
 
 
+def test_other_objects_with_their_own_array_ufunc_are_refused():
+    """Not only subclasses: a duck array carrying units (pint-like) lost them, and one with
+    __array_ufunc__ = None, which np.matmul refuses, was multiplied. Objects that only
+    offer __array__ (or the buffer protocol) are still taken as NumPy takes them."""
+    a, b = random_operands((4, 5), (5, 3), "float64")
+
+    class Duck:
+        def __init__(self, x):
+            self.x = x
+
+        def __array__(self, dtype=None, copy=None):
+            return self.x
+
+    class NoUfunc(Duck):
+        __array_ufunc__ = None
+
+    class Units(Duck):
+        def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+            return "m^2", getattr(ufunc, method)(*[getattr(x, "x", x) for x in inputs])
+
+    for cls in (NoUfunc, Units):
+        with pytest.raises(TypeError, match=f"{cls.__name__} defines its own __array_ufunc__"):
+            tilegemm.matmul(cls(a), b, **CPU)
+        with pytest.raises(TypeError, match="b: "):
+            tilegemm.matmul(a, cls(b), **CPU)
+    assert_close(tilegemm.matmul(Duck(a), Duck(b), **CPU), a, b)
+
+
 @pytest.mark.parametrize(("result", "c"), [
     (np.bool_, np.int32),  # bool is computed in int32: a count 2 plus c=-2 came out False
     (np.uint8, np.int64),  # -1 wrapped to 255 where NumPy refuses the cast

@@ -489,6 +489,23 @@ def test_arrays_from_another_context(queue) -> None:
         tilegemm.matmul(da, cla.to_device(queue, b), out=out, backend="opencl")
 
 
+def test_a_device_out_of_another_dtype_or_kind_is_a_type_error(queue) -> None:
+    """An int32 device out for a float32 result, or a device out for host operands, raised
+    a ValueError; a host out of the wrong dtype is NumPy's TypeError, and dtypes and array
+    kinds are TypeErrors in the documented rules. Nothing is written."""
+    _, cla = _cl()
+    a, b = random_operands((7, 5), (5, 3), "float32")
+    da, db = cla.to_device(queue, a), cla.to_device(queue, b)
+    wrong = cla.to_device(queue, np.full((7, 3), -1, np.int32))
+    with pytest.raises(TypeError, match="out: has dtype int32"):
+        tilegemm.matmul(da, db, out=wrong, backend="opencl")
+    assert (wrong.get() == -1).all()
+    device = cla.to_device(queue, np.full((7, 3), -1, np.float32))
+    with pytest.raises(TypeError, match="cannot receive a result computed on host data"):
+        tilegemm.matmul(a, b, out=device, backend="opencl")
+    assert (device.get() == -1).all()
+
+
 def test_build_failure_carries_the_compiler_log() -> None:
     be = get_backend("opencl")
     program = SPECS[0].program(SPECS[0].defaults(), np.dtype("float32"))

@@ -135,6 +135,15 @@ def describe(x: Any, name: str) -> Operand:
             f"{name}: {type(x).__name__} defines its own __array_ufunc__, so np.matmul "
             "follows its class's rules for it (units, for example), which tilegemm cannot "
             "apply; pass np.asarray(x) to multiply the plain numbers")
+    if not isinstance(x, np.ndarray) and getattr(type(x), "__array_ufunc__",
+                                                 _NDARRAY_UFUNC) is not _NDARRAY_UFUNC:
+        # the same for any other object taking part in NumPy's ufuncs (a unit-carrying
+        # duck array; __array_ufunc__ = None, which opts out of them): np.asarray would
+        # drop what np.matmul keeps, or accept what it refuses
+        raise InvalidTypeError(
+            f"{name}: {type(x).__name__} defines its own __array_ufunc__, so np.matmul "
+            "follows its class's rules for it, which tilegemm cannot apply; pass "
+            "np.asarray(x) to multiply the plain numbers")
     if hasattr(x, "__dask_graph__") and hasattr(x, "chunks"):
         # np.asarray would compute the whole lazy array in memory, here, at once
         raise InvalidTypeError(
@@ -488,16 +497,16 @@ def check_out(out: Any, prob: GemmProblem, kind: str) -> bool:
     if kind == "host" and array_kind(out) == "host" and not isinstance(out, np.ndarray):
         raise InvalidTypeError(f"out: must be a numpy.ndarray, got {type(out).__name__}")
     op = describe(out, "out")
-    if op.kind != kind:
-        raise InvalidValueError(
+    if op.kind != kind:  # the kind of array is its type: a TypeError, as NumPy's for out
+        raise InvalidTypeError(
             f"out: a {op.kind} array cannot receive a result computed on {kind} data")
     if kind != "host":
         if op.shape != prob.out_shape:
             raise InvalidValueError(
                 f"out: has shape {op.shape}, the result has shape {prob.out_shape}")
-        if op.dtype != prob.out_dtype:
-            raise InvalidValueError(f"out: has dtype {op.dtype.name}, the result has dtype "
-                                    f"{prob.out_dtype.name} (device out arrays are not cast)")
+        if op.dtype != prob.out_dtype:  # a TypeError, as NumPy's refusal of a cast to out
+            raise InvalidTypeError(f"out: has dtype {op.dtype.name}, the result has dtype "
+                                   f"{prob.out_dtype.name} (device out arrays are not cast)")
         return True
     core = prob.out_shape[len(prob.batch_shape):]
     if len(op.shape) < len(core) or tuple(op.shape[len(op.shape) - len(core):]) != core:
