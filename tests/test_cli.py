@@ -90,6 +90,14 @@ def test_run_refuses_negative_repeat_and_reports_no_steady_time_for_zero(capsys)
     assert "verified: yes" in out and "GFLOP/s" not in out and "not measured" in out
 
 
+def test_kernels_resources_without_a_rung_for_the_dtype_names_who_has_one(capsys):
+    """'backend cudac has none: use --backend cuda or cudac' said cudac had no compiled
+    rungs and sent the user back to it, when --dtype had left none."""
+    assert main(["kernels", "--resources", "--backend", "cudac", "--dtype", "float16"]) == 2
+    err = capsys.readouterr().err
+    assert "no cudac rung computes float16; the cuda rungs that do: --backend cuda" in err
+
+
 def test_kernels_resources_for_a_backend_without_cuda_rungs_is_an_error(capsys):
     """It printed an empty table: resources are compiled for CUDA rungs only."""
     assert main(["kernels", "--resources", "--backend", "cpu"]) == 2

@@ -35,8 +35,11 @@ def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
     return sha + ("-dirty" if dirty else "") if sha else "unknown"
 
 
+# (NVRTC compiles the CUDA C rungs and nvdisasm reads every SASS figure: their versions
+# decide register counts and instruction mixes as the numba-cuda packages do)
 PACKAGES = ("tilegemm", "numpy", "numba", "numba-cuda", "pyopencl", "pocl-binary-distribution",
-            "cuda-bindings", "nvidia-nvjitlink", "cupy-cuda12x", "cupy-cuda13x", "torch")
+            "cuda-bindings", "cuda-core", "nvidia-nvjitlink", "nvidia-cuda-nvrtc",
+            "nvidia-cuda-nvdisasm", "cupy-cuda12x", "cupy-cuda13x", "torch")
 
 
 def versions() -> dict[str, str]:

@@ -6,7 +6,7 @@ import argparse
 
 from tilegemm.commands._params import KERNEL_TYPES_NOTE
 from tilegemm.errors import InvalidValueError
-from tilegemm.registry import BACKENDS
+from tilegemm.registry import BACKENDS, specs_for
 
 HELP = "the kernel ladder, with parameters and constraints"
 DTYPES = ("float32", "float64", "int32", "int64", "float16", "bfloat16")  # any rung's
@@ -99,10 +99,18 @@ def _resources(specs: list, args: argparse.Namespace) -> int:
                 break
             rows.append({"backend": s.backend, **report.as_dict()})
     if not rows:
+        compiled = [n for n in BACKENDS if get_backend(n).compile_archs]
+        if args.backend in compiled:  # it has compiled rungs, none for this dtype
+            others = [n for n in compiled if any(s.supports(args.dtype)
+                                                  for s in specs_for(n))]
+            raise InvalidValueError(
+                f"no {args.backend} rung computes {args.dtype}"
+                + (f"; the {' and '.join(others)} rungs that do: --backend {others[0]}"
+                   if others else ""))
         raise InvalidValueError(
             "--resources reports compiled CUDA rungs (registers, spills, shared memory); "
             f"backend {args.backend!r} has none: use --backend "
-            f"{' or '.join(n for n in BACKENDS if get_backend(n).compile_archs)}, or none")
+            f"{' or '.join(compiled)}, or none")
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
