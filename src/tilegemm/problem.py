@@ -135,6 +135,11 @@ def describe(x: Any, name: str) -> Operand:
             f"{name}: {type(x).__name__} defines its own __array_ufunc__, so np.matmul "
             "follows its class's rules for it (units, for example), which tilegemm cannot "
             "apply; pass np.asarray(x) to multiply the plain numbers")
+    if hasattr(x, "__dask_graph__") and hasattr(x, "chunks"):
+        # np.asarray would compute the whole lazy array in memory, here, at once
+        raise InvalidTypeError(
+            f"{name}: a Dask array; use tilegemm.dask.matmul(a, b), which multiplies it "
+            "block by block with tilegemm and stays lazy (or pass x.compute())")
     if not isinstance(x, np.ndarray) and getattr(type(x), "__array_ufunc__",
                                                  _NDARRAY_UFUNC) is not _NDARRAY_UFUNC:
         # the same for any other object taking part in NumPy's ufuncs (a unit-carrying
@@ -144,11 +149,6 @@ def describe(x: Any, name: str) -> Operand:
             f"{name}: {type(x).__name__} defines its own __array_ufunc__, so np.matmul "
             "follows its class's rules for it, which tilegemm cannot apply; pass "
             "np.asarray(x) to multiply the plain numbers")
-    if hasattr(x, "__dask_graph__") and hasattr(x, "chunks"):
-        # np.asarray would compute the whole lazy array in memory, here, at once
-        raise InvalidTypeError(
-            f"{name}: a Dask array; use tilegemm.dask.matmul(a, b), which multiplies it "
-            "block by block with tilegemm and stays lazy (or pass x.compute())")
     if not isinstance(x, np.ndarray):
         # The object's own errors (from __array__, say) reach the caller unchanged, as
         # they do from np.matmul.
