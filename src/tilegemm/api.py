@@ -604,8 +604,9 @@ def matmul(
       operands with a float32 ``out`` get the 16-bit result cast into it, as from NumPy,
       except on CUDA tensor cores (below).
     - NumPy in, NumPy out (an ndarray subclass wraps the result through its
-      ``__array_wrap__``, as with NumPy; ``np.matrix``, masked arrays and subclasses with an
-      ``__array_ufunc__`` of their own, such as unit-carrying arrays, are refused); CUDA
+      ``__array_wrap__``, as with NumPy; ``np.matrix``, masked arrays, and subclasses or
+      other array-likes with an ``__array_ufunc__`` of their own, such as unit-carrying
+      arrays, are refused; a Dask array goes to :func:`tilegemm.dask.matmul`); CUDA
       device arrays (numba, CuPy, PyTorch) or pyopencl arrays in, the same kind of array
       out, with no copy to the host.
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
