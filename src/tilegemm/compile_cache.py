@@ -126,24 +126,16 @@ class CompileCacheWarning(UserWarning):
 
 def cache_root() -> Path | None:
     """The kernel cache directory, or None when ``TILEGEMM_KERNEL_CACHE=off``."""
+    from tilegemm.tune.cache import absolute_once, cache_dir
+
     env = os.environ.get(ENV)
     if env is not None:
         # absolute, as the working directory was when first read: PoCL is handed the
         # path once (POCL_CACHE_DIR) and resolves a relative one against whatever directory
         # is current when it builds, so a chdir broke every later OpenCL build
         return (None if env.strip().lower() in ("", "0", "off", "no", "false")
-                else _absolute(env))
-    from tilegemm.tune.cache import cache_dir
-
+                else absolute_once(env))
     return cache_dir() / "kernels"
-
-
-def _absolute(env: str) -> Path:
-    """``env`` as a directory: ``~`` expanded, a relative path made absolute against the
-    working directory of the first call (see :func:`tilegemm.tune.cache.absolute_once`)."""
-    from tilegemm.tune.cache import absolute_once
-
-    return absolute_once(env)
 
 
 def pocl_cache_dir() -> Path | None:

@@ -127,28 +127,20 @@ def describe(x: Any, name: str) -> Operand:
         raise InvalidTypeError(
             f"{name}: masked arrays are not supported (the mask would be ignored); "
             "pass x.filled(0) or the unmasked data")
-    if isinstance(x, np.ndarray) and type(x).__array_ufunc__ is not _NDARRAY_UFUNC:
-        # np.matmul hands such an array to its class (an astropy Quantity multiplies its
-        # units; __array_ufunc__ = None refuses): computed on the bare data, the result
-        # would silently lose what the class adds
-        raise InvalidTypeError(
-            f"{name}: {type(x).__name__} defines its own __array_ufunc__, so np.matmul "
-            "follows its class's rules for it (units, for example), which tilegemm cannot "
-            "apply; pass np.asarray(x) to multiply the plain numbers")
     if hasattr(x, "__dask_graph__") and hasattr(x, "chunks"):
         # np.asarray would compute the whole lazy array in memory, here, at once
         raise InvalidTypeError(
             f"{name}: a Dask array; use tilegemm.dask.matmul(a, b), which multiplies it "
             "block by block with tilegemm and stays lazy (or pass x.compute())")
-    if not isinstance(x, np.ndarray) and getattr(type(x), "__array_ufunc__",
-                                                 _NDARRAY_UFUNC) is not _NDARRAY_UFUNC:
-        # the same for any other object taking part in NumPy's ufuncs (a unit-carrying
-        # duck array; __array_ufunc__ = None, which opts out of them): np.asarray would
-        # drop what np.matmul keeps, or accept what it refuses
+    if getattr(type(x), "__array_ufunc__", _NDARRAY_UFUNC) is not _NDARRAY_UFUNC:
+        # np.matmul hands such an object to its class (an ndarray subclass or a duck array:
+        # an astropy Quantity multiplies its units; __array_ufunc__ = None refuses):
+        # computed on the bare data, the result would silently lose what the class adds,
+        # or exist where NumPy refuses it
         raise InvalidTypeError(
             f"{name}: {type(x).__name__} defines its own __array_ufunc__, so np.matmul "
-            "follows its class's rules for it, which tilegemm cannot apply; pass "
-            "np.asarray(x) to multiply the plain numbers")
+            "follows its class's rules for it (units, for example), which tilegemm cannot "
+            "apply; pass np.asarray(x) to multiply the plain numbers")
     if not isinstance(x, np.ndarray):
         # The object's own errors (from __array__, say) reach the caller unchanged, as
         # they do from np.matmul.

@@ -494,6 +494,7 @@ def trace_rung(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int]
     from tilegemm import registry
     from tilegemm.analysis.sampling import combine, plan_blocks
     from tilegemm.backends import get_backend
+    from tilegemm.launch import ceil_div
 
     if not get_backend(backend).traceable:
         raise InvalidValueError(
@@ -515,7 +516,7 @@ def trace_rung(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int]
         c[...] = c0 = np.ones_like(c)
     grid = program.grid(batch, m, n)
     tile = getattr(program.grid, "tile", None)  # tiles numbered in x: class them by tile
-    flat = None if tile is None else (-(-m // tile[0]), -(-n // tile[1]),
+    flat = None if tile is None else (ceil_div(m, tile[0]), ceil_div(n, tile[1]),
                                       resolved.get("GROUP_M", 1))
     plan = plan_blocks(grid, samples=samples, full=full, full_limit=full_limit, flat=flat)
     # bfloat16 operands reach the kernel as their 16-bit patterns, with float32 scalars

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -310,9 +311,8 @@ def run(args: argparse.Namespace) -> int:
         results = Results.load(args.from_json)
         if args.plot and not results.backends("sizes"):
             raise InvalidValueError(f"--plot: {args.from_json} has no 'sizes' report to plot")
-        if args.plot and args.reports and "sizes" not in args.reports:
-            raise InvalidValueError("--plot draws the 'sizes' report, which --reports leaves "
-                                    "out; add sizes to --reports or drop --plot")
+        if args.reports:
+            _check_plot(args, args.reports)
         _emit(results, args)
         return 0
 
@@ -320,10 +320,7 @@ def run(args: argparse.Namespace) -> int:
     from tilegemm.commands._console import console
 
     settings = settings_from(args)
-    if args.plot and "sizes" not in settings.reports:
-        # Checked before anything runs: the plot is of the size sweep.
-        raise InvalidValueError("--plot draws the 'sizes' report, which --reports leaves out; "
-                                "add sizes to --reports or drop --plot")
+    _check_plot(args, settings.reports)  # before anything runs
     backends, left = choose_backends(args, settings)
     check_reports(args, settings, backends)
     err = console(stderr=True)
@@ -387,6 +384,13 @@ def _emit(results, args: argparse.Namespace) -> None:
         print(f"wrote {plot_sizes(results.select(reports), args.plot)}", file=sys.stderr)
     if args.save:
         _save(results, Path(args.save), reports)
+
+
+def _check_plot(args: argparse.Namespace, reports: Sequence[str]) -> None:
+    """--plot draws the size sweep: refused where ``reports`` leave it out."""
+    if args.plot and "sizes" not in reports:
+        raise InvalidValueError("--plot draws the 'sizes' report, which --reports leaves out; "
+                                "add sizes to --reports or drop --plot")
 
 
 def _save(results, folder: Path, reports: list[str]) -> None:

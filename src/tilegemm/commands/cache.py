@@ -50,8 +50,7 @@ def run(args: argparse.Namespace) -> int:
                       f"{os.environ.get(compile_cache.ENV, '')!r} turns it off; nothing is "
                       "kept or cleared)")
         return 0
-    root = root.expanduser().absolute()
-    unusable = _unusable(root)
+    unusable = _unusable(root)  # (root is absolute: compile_cache.cache_root)
     if unusable and not args.clear:  # said once, here: nothing will be kept there
         # (--clear still tries: a read-only folder's entries are named if they stay)
         console.print(f"kernel cache {root}: cannot be used ({unusable}); kernels are "
