@@ -443,10 +443,10 @@ def gemm(
                 _log_if_slow(used, time.perf_counter() - started)
         if data_kind == "host":
             result = to_result(result, prob.out_dtype)
-            if (plain and prob.result_dtype is None and be.array_kind == "host"
+            if (plain and prob.result_dtype is None
                     and prob.dtype == getattr(a, "dtype", None)):
                 # any ``out`` qualifies: the decision does not depend on it (see fastpath)
-                fastpath.remember(a, b, spec.program(resolved, prob.dtype),
+                fastpath.remember(a, b, lambda: be.host_program(spec, resolved, prob, target),
                                   *tuning_cache_state(), kernel=kernel, backend=backend,
                                   params=params)
         if out is not None and not direct:

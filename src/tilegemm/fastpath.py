@@ -9,10 +9,13 @@ the call, and it is paid again on every call of a loop that multiplies the same 
 So the full path (:func:`tilegemm.api.gemm`) remembers what it decided for a plain call —
 NumPy arrays (not subclasses) of one native dtype, computed in that dtype, with default
 arguments or only ``kernel=``, ``backend=`` and rung parameters (integers, ``MR=6``) named,
-on a host backend — keyed by (the ``kernel`` and ``backend`` strings, the parameters given,
+on a backend that gives a direct path for host operands (``Backend.host_program``: the CPU,
+and OpenCL) — keyed by (the ``kernel`` and ``backend`` strings, the parameters given,
 dtype, shape of ``a``, shape of ``b``, storage order of each). The next call with the
 same key skips straight to the compiled program the full path ran, with the same output
-allocation (and NaN poisoning when ``TILEGEMM_POISON`` is set). What qualifies:
+allocation (and NaN poisoning when ``TILEGEMM_POISON`` is set). On OpenCL that program
+still copies the operands to the device and the result back on every call, with the
+device, kernel and checks of the first call. What qualifies:
 
 - 2-D operands, each C-ordered, or Fortran-ordered (``x.T`` of a C-ordered array) when
   the rung packs transposed operands itself, as the full path hands them to it;
@@ -190,13 +193,15 @@ def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any,
     return c
 
 
-def remember(a: Any, b: Any, program: Any, tuning_cache: str | None,
+def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str | None,
              tuning_mtime: int | None = None, *, kernel: Any, backend: Any,
              params: dict[str, Any] | None = None) -> None:
-    """Record ``program`` (the compiled rung the full path just ran on the host with
-    alpha=1, beta=0, in the operands' own dtype, after reading the tuning cache file
-    ``tuning_cache`` as it was at ``tuning_mtime``) for calls like ``matmul(a, b,
-    kernel=kernel, backend=backend, **params)``, if this case qualifies. Decisions remembered under
+    """Record the program ``make_program()`` gives (what the full path just ran on host
+    operands with alpha=1, beta=0, in the operands' own dtype, after reading the tuning
+    cache file ``tuning_cache`` as it was at ``tuning_mtime``: the backend's
+    ``host_program``) for calls like ``matmul(a, b, kernel=kernel, backend=backend,
+    **params)``, if this case qualifies and the backend has one. It is made only then:
+    a call that can never be remembered pays nothing for it. Decisions remembered under
     another state of the file are dropped: a shape decided before a tuning run must not
     keep its old program because another shape was decided after it."""
     key = _key(a, b, kernel, backend, params)
@@ -213,6 +218,9 @@ def remember(a: Any, b: Any, program: Any, tuning_cache: str | None,
             or sa[-1] != sb[-2] or 0 in sa or 0 in sb
             or (sa[:-2] != sb[:-2] and len(sa) > 2 and len(sb) > 2)):
         return
+    program = make_program()
+    if program is None:
+        return  # this backend has no direct path: every call takes the full one
     if (la or lb) and not getattr(program, "takes_transposed", False):
         return  # the full path hands this rung C-ordered copies: leave that to it
     if tuning_mtime is None:

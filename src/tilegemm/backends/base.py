@@ -322,6 +322,22 @@ class Backend(ABC):
     ) -> Any:
         """Compute and return the result (``out`` if given), of the operands' array type."""
 
+    def host_program(self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+                     target: Target) -> Callable[..., None] | None:
+        """What later calls like this one may run directly (:mod:`tilegemm.fastpath`), or
+        None, when every call takes the full path.
+
+        The result is called as ``program(a3, b3, c3, alpha, beta)``: C-ordered NumPy arrays
+        of ``prob.dtype``, A as (batch or 1, M, K), B as (batch or 1, K, N), and c3, the
+        (batch, M, N) result it writes (a fresh array, or the caller's ``out``, sharing no
+        memory with A or B); ``alpha`` one and ``beta`` zero in that dtype. (A program whose
+        ``takes_transposed`` attribute is true is also given Fortran-ordered matrices and a
+        flag saying which: the CPU's packing rung.) It is made once per remembered case,
+        after a full call of the same problem on ``target`` ran, so the rung is compiled and
+        every check has passed, and must do for the problem's shapes what :meth:`run` does
+        with host operands."""
+        return None
+
     def prepare(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
         a3: np.ndarray, b3: np.ndarray, target: Target | None = None,

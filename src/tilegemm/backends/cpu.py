@@ -367,6 +367,11 @@ class CpuBackend(Backend):
             return out
         return dest
 
+    def host_program(self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+                     target: Target) -> Any:
+        """The compiled rung itself: with alpha one and beta zero, :meth:`run` is that call."""
+        return spec.program(params, prob.dtype)
+
     def prepare(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
         a3: np.ndarray, b3: np.ndarray, target: Target | None = None,
