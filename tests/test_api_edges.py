@@ -91,6 +91,34 @@ def test_device_c_and_out_in_one_buffer_are_never_copied_onto_each_other(monkeyp
 
 
 @pytest.mark.cudasim
+@pytest.mark.parametrize("case", ["row batch", "column batch", "empty, host c",
+                                  "empty, device c"])
+def test_c_broadcast_over_a_unit_axis_or_an_empty_result_on_cuda(case):
+    """A host c read with beta != 0 was broadcast to the result with a zero stride on its
+    size-1 axes, which NumPy still calls C-contiguous, so no dense copy was made and the
+    simulator's copy to the device refused it (M = 1 in a batch); an empty result with
+    beta != 0 copied nothing onto nothing, which the simulator also refused."""
+    from numba import cuda
+
+    rng = np.random.default_rng()
+    if case.startswith("empty"):
+        a, b = np.ones((0, 2), np.float32), rng.uniform(0.5, 1.5, (2, 3)).astype(np.float32)
+        c = rng.uniform(0.5, 1.5, 3).astype(np.float32)
+        given = cuda.to_device(np.zeros((0, 3), np.float32)) if "device" in case else c
+        got = tilegemm.gemm(a, b, given, beta=0.5, backend="cuda", kernel="naive", BLOCK=8)
+        got = got.copy_to_host() if "device" in case else got
+        assert got.shape == (0, 3)
+        return
+    m, n = (1, 3) if case == "row batch" else (3, 1)
+    a = rng.uniform(0.5, 1.5, (2, m, 4)).astype(np.float32)
+    b = rng.uniform(0.5, 1.5, (2, 4, n)).astype(np.float32)
+    c = rng.uniform(0.5, 1.5, (2, m, n)).astype(np.float32)
+    for given in (c, c[:1], c[0, 0]):  # as it is, broadcast over the batch, one number
+        got = tilegemm.gemm(a, b, given, beta=0.5, backend="cuda", kernel="naive", BLOCK=8)
+        assert_close(got, a, b, beta=0.5, c=np.broadcast_to(given, (2, m, n)))
+
+
+@pytest.mark.cudasim
 def test_device_c_with_host_operands_gives_a_device_result():
     """A device c made api.check_out demand a device out, which run() then treated as a
     host array (a TypeError after the launch here; a device-to-host copy into a device

@@ -489,13 +489,15 @@ class CudaBackend(Backend):
             alias = True
             c3 = cuda.device_array(shape3, dtype=ndt, stream=s)
         if dc is not None:
-            if not in_place:
+            if not in_place and c3.size:
                 c3.copy_to_device(dc, stream=s)
-        elif beta != 0:
-            host_c = np.ascontiguousarray(
-                np.broadcast_to(np.asarray(rounded_to_result(c.obj, prob), dtype=cdt),
-                                prob.out_shape)
-            ).reshape(shape3)
+        elif beta != 0 and c3.size:
+            # a dense copy: broadcasting gives a size-1 axis a zero stride, which NumPy
+            # still calls C-contiguous (so ascontiguousarray keeps it) and the simulator's
+            # copy refused
+            host_c = np.empty(shape3, dtype=cdt)
+            np.copyto(host_c.reshape(prob.out_shape),
+                      np.asarray(rounded_to_result(c.obj, prob), dtype=cdt))
             c3.copy_to_device(_bits(host_c), stream=s)
         elif poison_enabled() and c3.size:
             c3.copy_to_device(_bits(np.full(shape3, poison_value(cdt), dtype=cdt)), stream=s)
