@@ -74,3 +74,55 @@ def test_a_cpu_only_first_call_imports_no_gpu_library() -> None:
     assert not {"pyopencl", "numba.cuda", "tilegemm.backends.opencl",
                 "tilegemm.backends.cuda"} & loaded
     assert not any(m.startswith("tilegemm.kernels.cuda") for m in loaded)
+
+
+NUMBA_FIRST_IMPORT = r"""
+import importlib.abc, json, sys, threading, traceback
+import numpy as np
+
+first = []
+
+
+class Watch(importlib.abc.MetaPathFinder):
+    # records where Numba is first imported from, then steps aside
+    def find_spec(self, name, path, target=None):
+        if name == "numba" and not first:
+            first.append([f.name for f in traceback.extract_stack()])
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+import tilegemm
+
+assert "numba" not in sys.modules
+a, b = np.ones((17, 9), np.float32), np.ones((9, 5), np.float32)
+errors = []
+
+
+def call(kernel):
+    try:
+        assert (tilegemm.matmul(a, b, backend="cpu", kernel=kernel) == 9).all()
+    except Exception as exc:
+        errors.append(repr(exc)[:300])
+
+
+threads = [threading.Thread(target=call, args=(k,)) for k in ("auto", "triple_loop") * 12]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(240)
+print(json.dumps({"stack": first[0] if first else [], "errors": errors}))
+"""
+
+
+def test_numba_is_first_imported_by_one_thread_under_a_lock() -> None:
+    """Numba's modules import each other in cycles: threads making a fresh process's first
+    CPU products at once were handed half-initialised Numba modules (``cannot import name
+    'CodeLibrary' from partially initialized module 'numba.core.codegen'``, in 2 of 5
+    processes with 24 threads). Numba's first import now goes through
+    ``_compat.import_numba``, one thread at a time; 24 threads' first calls all succeed."""
+    from conftest import script_json
+
+    got = script_json(NUMBA_FIRST_IMPORT, timeout=300)
+    assert "import_numba" in got["stack"], got["stack"][-8:]
+    assert got["errors"] == []

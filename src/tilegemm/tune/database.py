@@ -69,6 +69,9 @@ def compiled_cpu_features() -> dict[str, bool]:
     rule as ``numba.core.codegen.CPUCodegen._get_host_cpu_features`` (the
     ``NUMBA_CPU_FEATURES`` string if set, else LLVM's host features less AVX when
     ``NUMBA_ENABLE_AVX=0``)."""
+    from tilegemm._compat import import_numba
+
+    import_numba()  # the first CPU decision's first use of Numba: one thread imports it
     from numba.core import config
     from numba.core.codegen import get_host_cpu_features
 

@@ -252,7 +252,9 @@ def pool_threads() -> int:
     threads are seen even when many threads make their first product at once (there,
     concurrent watches used up ``WATCHES`` before the pool started, and it was never
     placed)."""
-    import numba
+    from tilegemm._compat import import_numba
+
+    numba = import_numba()
 
     if _numba_layer_started():
         return numba.get_num_threads()

@@ -18,7 +18,9 @@ from tilegemm.registry import FLOATS, INTS, KernelSpec
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
-    from numba import njit
+    from tilegemm._compat import import_numba
+
+    njit = import_numba().njit
 
     zero = dtype.type(0)
 

@@ -173,10 +173,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     constants, loaded through the persistent compile cache (compiled once per machine)."""
     from pathlib import Path
 
+    from tilegemm._compat import import_numba
     from tilegemm.compile_cache import fill_template, load_module
     from tilegemm.kernels.cpu._slp import vector_width
     from tilegemm.kernels.cpu._threads import PoolWatch, make_tbb_loadable
 
+    import_numba()  # one thread at a time (see there)
     make_tbb_loadable()  # before Numba picks its threading layer (see _threads)
     dtype = np.dtype(dtype)
     header = {"MR": p["MR"], "NR": p["NR"], "MC": p["MC"], "KC": p["KC"], "NC": p["NC"]}
