@@ -427,13 +427,98 @@ def test_a_backend_without_a_direct_path_is_not_remembered(rng):
     case is not remembered. A case that cannot be remembered never asks for a program."""
     fastpath.forget()
     a, b = _operands(rng, 8, 8, 8, np.float32)
-    fastpath.remember(a, b, lambda: None, None, kernel="auto", backend="cuda")
+    fastpath.remember(a, b, lambda: None, None, None, kernel="auto", backend="cuda")
     assert not fastpath._table
     asked = []
     empty = np.ones((0, 8), np.float32)
-    fastpath.remember(empty, b, lambda: asked.append(1), None, kernel="auto", backend="cpu")
+    fastpath.remember(empty, b, lambda: asked.append(1), None, None, kernel="auto",
+                      backend="cpu")
     assert not asked and not fastpath._table
     from tilegemm.backends import get_backend
     from tilegemm.backends.base import Backend
 
     assert type(get_backend("cuda")).host_program is Backend.host_program  # None
+
+
+def _record_triple_loop(m: int) -> None:
+    """A `tilegemm tune` result for float32 m³ on this CPU: rung triple_loop."""
+    from tilegemm.backends.cpu import CpuBackend
+    from tilegemm.tune import cache as tcache
+    from tilegemm.tune.select import device_id
+
+    dev = device_id(CpuBackend().target())
+    tcache.record(tcache.Entry("cpu", dev.name, dev.arch, "float32", [m, m, m], "triple_loop",
+                               {}, 1e-6, 1e3))
+
+
+def test_a_tuning_run_during_a_call_is_seen_by_that_shape(rng, tmp_path, monkeypatch):
+    """Thread A decides 64³, a tuning result for 64³ is written while A's product runs and
+    another call reads it, then A remembers its decision: stamped with the file's time
+    after the run, it was never decided again (plan said triple_loop, matmul ran blocked
+    for good). Stamped with the time before deciding, it is decided again."""
+    import threading
+
+    from tilegemm import registry
+    from tilegemm.backends.cpu import CpuBackend
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    fastpath.forget()
+    s = np.ones((64, 64), np.float32)
+    inside, go = threading.Event(), threading.Event()
+    real = CpuBackend.run
+
+    def held(self, *args, **kwargs):
+        if threading.current_thread().name == "held":
+            inside.set()
+            go.wait(30)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(CpuBackend, "run", held)
+    a = threading.Thread(target=lambda: tilegemm.matmul(s, s, backend="cpu"), name="held")
+    a.start()
+    assert inside.wait(30)
+    _record_triple_loop(64)
+    x = rng.standard_normal((5, 5)).astype(np.float32)
+    tilegemm.matmul(x, x, backend="cpu")  # another call reads the new file
+    go.set()
+    a.join(30)
+    assert tilegemm.plan(s, s, backend="cpu").kernel == "triple_loop"
+    a2, b2 = _operands(rng, 64, 64, 64, np.float32)
+    assert_close(tilegemm.matmul(a2, b2, backend="cpu"), a2, b2)
+    key = fastpath._key(s, s, "auto", "cpu")
+    spec = registry.get("triple_loop", "cpu")
+    assert fastpath._table[key].program is spec.program(spec.resolve({}), s.dtype)
+    fastpath.forget()
+
+
+def test_an_answer_from_an_older_tuning_file_is_not_kept(tmp_path, monkeypatch):
+    """A lookup read the tuning file's entries, another thread re-read the changed file
+    (clearing the answers kept), then the first stored its answer from the old entries:
+    it outlived the clear, and plan() kept saying blocked [database] with a tuned entry in
+    the file."""
+    import threading
+
+    from tilegemm.tune import select
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    s = np.ones((64, 64), np.float32)
+    x = np.ones((5, 5), np.float32)
+    tilegemm.plan(x, x, backend="cpu")
+    inside, go = threading.Event(), threading.Event()
+    real = select._choose
+
+    def held(*args, **kwargs):
+        if threading.current_thread().name == "held":
+            inside.set()
+            go.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(select, "_choose", held)
+    a = threading.Thread(target=lambda: tilegemm.plan(s, s, backend="cpu"), name="held")
+    a.start()
+    assert inside.wait(30)
+    _record_triple_loop(64)
+    tilegemm.plan(x, x, backend="cpu")  # re-reads the file, clears the answers
+    go.set()
+    a.join(30)
+    assert tilegemm.plan(s, s, backend="cpu").kernel == "triple_loop"

@@ -47,7 +47,7 @@ from tilegemm.tune.select import (
     auto_plan,
     named_plan,
     tuned_precision_params,
-    tuning_cache_state,
+    tuning_cache_now,
     unbounded_database_plan,
 )
 
@@ -419,6 +419,8 @@ def gemm(
     if c is not None:  # checked whatever beta is, so a wrong c fails the same way always
         c_op = describe_c(c, prob)
         ops.append(c_op)  # a device c chooses where the call runs, whatever beta is
+    # the tuning cache as it is before deciding, for a decision the fast path remembers
+    tuning = tuning_cache_now() if plain else None
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params, stream=stream,
                     float32_out=float32_out, out=out)
@@ -443,11 +445,11 @@ def gemm(
                 _log_if_slow(used, time.perf_counter() - started)
         if data_kind == "host":
             result = to_result(result, prob.out_dtype)
-            if (plain and prob.result_dtype is None
+            if (tuning is not None and prob.result_dtype is None
                     and prob.dtype == getattr(a, "dtype", None)):
                 # any ``out`` qualifies: the decision does not depend on it (see fastpath)
                 fastpath.remember(a, b, lambda: be.host_program(spec, resolved, prob, target),
-                                  *tuning_cache_state(), kernel=kernel, backend=backend,
+                                  *tuning, kernel=kernel, backend=backend,
                                   params=params)
         if out is not None and not direct:
             # Strided, cast, broadcast or overlapping out: the product went to a temporary.

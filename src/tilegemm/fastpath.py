@@ -194,16 +194,17 @@ def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any,
 
 
 def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str | None,
-             tuning_mtime: int | None = None, *, kernel: Any, backend: Any,
+             tuning_mtime: int | None, *, kernel: Any, backend: Any,
              params: dict[str, Any] | None = None) -> None:
-    """Record the program ``make_program()`` gives (what the full path just ran on host
-    operands with alpha=1, beta=0, in the operands' own dtype, after reading the tuning
-    cache file ``tuning_cache`` as it was at ``tuning_mtime``: the backend's
-    ``host_program``) for calls like ``matmul(a, b, kernel=kernel, backend=backend,
-    **params)``, if this case qualifies and the backend has one. It is made only then:
-    a call that can never be remembered pays nothing for it. Decisions remembered under
-    another state of the file are dropped: a shape decided before a tuning run must not
-    keep its old program because another shape was decided after it."""
+    """Record the program ``make_program()`` gives (the backend's ``host_program``: what
+    the full path just ran on host operands with alpha=1, beta=0, in the operands' own
+    dtype) for calls like ``matmul(a, b, kernel=kernel, backend=backend, **params)``, if
+    this case qualifies and the backend has one. It is made only then: a call that can
+    never be remembered pays nothing for it. ``tuning_cache`` and ``tuning_mtime``: the
+    tuning cache file and its modification time (None: no file) as they were before the
+    decision. Decisions remembered under another state of the file are dropped: a shape
+    decided before a tuning run must not keep its old program because another shape was
+    decided after it."""
     key = _key(a, b, kernel, backend, params)
     if key is None:
         return
@@ -223,8 +224,6 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
         return  # this backend has no direct path: every call takes the full one
     if (la or lb) and not getattr(program, "takes_transposed", False):
         return  # the full path hands this rung C-ordered copies: leave that to it
-    if tuning_mtime is None:
-        tuning_mtime = _mtime(tuning_cache)
     where = _cache_dir()
     if len(_table) >= _LIMIT or _watch != [tuning_cache, tuning_mtime, where]:
         _table.clear()

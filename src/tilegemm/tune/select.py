@@ -17,6 +17,7 @@ per (device, dtype, shape bucket).
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -79,18 +80,17 @@ def _mtime(path: Path) -> float | None:
 _loaded: dict[str, Any] = {"path": None, "mtime": None, "entries": []}
 
 
-def tuning_cache_path() -> str | None:
-    """The tuning cache file the last decision read (None before any), for callers that
-    remember decisions and must notice when it changes (``tilegemm.fastpath``)."""
-    path = _loaded["path"]
-    return None if path is None else str(path)
+_LOADING = threading.Lock()  # a re-read and the answers kept from what was read
 
 
-def tuning_cache_state() -> tuple[str | None, int | None]:
-    """The tuning cache file the last decision read and the modification time it had
-    then (None, None before any): a decision remembered under this state is stale once
-    the file's time differs."""
-    return tuning_cache_path(), _loaded["mtime"]
+def tuning_cache_now() -> tuple[str, int | None]:
+    """The tuning cache file and its modification time now (None: no file), read before a
+    decision by a caller that remembers it (``tilegemm.fastpath``): a decision remembered
+    under this state is stale once the file's time differs. Read before, not after: a
+    file written while the call ran (by ``tilegemm tune``, or another thread's call that
+    re-read it) would otherwise stamp the older decision with the newer time, for good."""
+    path = tcache.cache_path()
+    return str(path), _mtime(path)
 
 
 def _entries() -> list[tcache.Entry]:
@@ -98,12 +98,24 @@ def _entries() -> list[tcache.Entry]:
     path = tcache.cache_path()
     mtime = _mtime(path)
     if _loaded["path"] != path or _loaded["mtime"] != mtime:
-        _loaded.update(path=path, mtime=mtime, entries=tcache.load(path) if mtime else [])
-        _memo.clear()
+        entries = tcache.load(path) if mtime else []
+        with _LOADING:
+            _loaded.update(path=path, mtime=mtime, entries=entries)
+            _memo.clear()
     return _loaded["entries"]
 
 
 _memo: dict[tuple[Any, ...], Any] = {}  # answers per device, dtype and shape bucket
+
+
+def _kept(key: tuple[Any, ...], entries: list[tcache.Entry], answer: Any) -> Any:
+    """``answer``, computed from ``entries``, kept in ``_memo`` unless the file was re-read
+    since (a new list): another thread then cleared ``_memo`` after ``entries`` were read,
+    and an answer stored after that clear would outlive it."""
+    with _LOADING:
+        if _loaded["entries"] is entries:
+            _memo[key] = answer
+    return answer
 
 
 def auto_choice(backend: Backend, target: Target, prob: GemmProblem) -> Choice:
@@ -156,8 +168,8 @@ def named_plan(backend: Backend, target: Target, prob: GemmProblem, kernel: str
     if key not in _memo:
         choice = _choose(backend, target, dev, dtype, prob, entries, kernel)
         db = _database(backend, target, dtype, _shape(prob))
-        _memo[key] = ((*choice, "tuned") if choice is not None
-                      else db if db is not None and db[0].name == kernel else None)
+        return _kept(key, entries, (*choice, "tuned") if choice is not None
+                     else db if db is not None and db[0].name == kernel else None)
     return _memo[key]
 
 
@@ -249,7 +261,7 @@ def tuned_choice(backend: Backend, prob: GemmProblem,
     entries = _entries()
     key = (dev, dtype, tuple(tcache.shape_bucket(prob.m, prob.n, prob.k)))
     if key not in _memo:
-        _memo[key] = _choose(backend, target, dev, dtype, prob, entries)
+        return _kept(key, entries, _choose(backend, target, dev, dtype, prob, entries))
     return _memo[key]
 
 
@@ -338,6 +350,7 @@ def tuned_precision_params(backend: Backend, target: Target, prob: GemmProblem, 
                 continue
             choice = (spec, resolved)
             break
-        _memo[key] = choice
-    found = _memo[key]
+        found = _kept(key, entries, choice)
+    else:
+        found = _memo[key]
     return None if found is None else dict(found[1])
