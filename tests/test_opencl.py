@@ -1012,3 +1012,50 @@ def test_callers_contexts_are_not_kept_for_the_whole_process(queue, monkeypatch)
     q = cl.CommandQueue(contexts[0])  # dropped: built again
     assert_close(tilegemm.matmul(cla.to_device(q, a), cla.to_device(q, b)).get(), a, b)
     assert contexts[0].int_ptr in {key[0] for key in backend._cache.kernels}
+
+
+FORKED_CHILD = r"""
+import json, multiprocessing as mp, numpy as np, tilegemm
+
+a = np.ones((48, 48), np.float32)
+tilegemm.matmul(a, a, backend="opencl")  # the parent starts OpenCL (and remembers the case)
+tilegemm.matmul(a, a, backend="opencl")
+
+
+def child(queue):
+    got = {}
+    for name, call in (("remembered", lambda: tilegemm.matmul(a, a, backend="opencl")),
+                       ("new", lambda: tilegemm.matmul(a[:5], a, backend="opencl")),
+                       ("auto", lambda: tilegemm.matmul(a[:7], a))):
+        try:
+            got[name] = float(call()[0, 0])
+        except Exception as exc:
+            got[name] = f"{type(exc).__name__}: {exc}"
+    queue.put(got)
+
+
+ctx = mp.get_context("fork")
+queue = ctx.Queue()
+p = ctx.Process(target=child, args=(queue,))
+p.start()
+p.join(60)
+hung = p.exitcode is None
+if hung:
+    p.kill()
+print(json.dumps({"hung": hung, "got": None if hung else queue.get(timeout=10)}))
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "register_at_fork"), reason="no fork")
+def test_a_child_forked_after_opencl_started_is_refused_not_hung() -> None:
+    """PoCL started in the parent does not work in a forked child: the child's first OpenCL
+    call, remembered or not, waited for ever. It is refused with the way out (spawn), and
+    the CPU still serves the child's backend="auto" calls."""
+    from conftest import script_json
+
+    got = script_json(FORKED_CHILD, timeout=180)
+    assert not got["hung"], "the forked child's OpenCL call hung"
+    for name in ("remembered", "new"):
+        message = " ".join(str(got["got"][name]).split())
+        assert message.startswith("UnavailableError") and "'spawn'" in message, message
+    assert got["got"]["auto"] == 48.0

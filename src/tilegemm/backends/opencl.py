@@ -92,10 +92,38 @@ def _cl() -> Any:
     return pyopencl
 
 
+# Why the OpenCL backend cannot run in this process, when it is a child forked after its
+# parent had started OpenCL (see _forked_after_use); "" otherwise.
+_INHERITED = ""
+
+
+def _forked_after_use() -> None:
+    """In a child forked after this process listed the OpenCL platforms: OpenCL is off.
+
+    The driver started there (PoCL's worker threads, a GPU driver's state) does not exist
+    in the child, whose copy of it waits for ever: the child's first OpenCL call hung
+    (PoCL 3.0), even when the parent had only listed the devices. The child's calls are
+    refused with the reason instead, and what it inherited (remembered calls, the
+    backend's answers) is dropped."""
+    global _INHERITED
+    _INHERITED = (
+        "OpenCL was started in the parent process before this process was forked, and an "
+        "OpenCL driver does not work in a forked child (its calls wait for ever); start "
+        "worker processes with multiprocessing's 'spawn' or 'forkserver' method "
+        "(multiprocessing.get_context('spawn')), or use OpenCL only in the workers")
+    OpenCLBackend.status.cache_clear()
+    from tilegemm import fastpath
+
+    fastpath.forget()
+
+
 @cache
 def all_devices() -> tuple[Any, ...]:
-    """Every OpenCL device here, in ``device=`` index order."""
+    """Every OpenCL device here, in ``device=`` index order (listing them starts the
+    drivers: a child forked after that cannot use OpenCL, see :func:`_forked_after_use`)."""
     cl = _cl()
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forked_after_use)
     found: list[Any] = []
     for platform in cl.get_platforms():
         try:
@@ -287,6 +315,8 @@ class OpenCLBackend(Backend):
 
     @cache  # noqa: B019 - one backend object per process
     def status(self) -> BackendStatus:
+        if _INHERITED:
+            return BackendStatus("opencl", False, _INHERITED)
         try:
             cl = _cl()
         except Exception as exc:  # pragma: no cover - pyopencl is a dependency
