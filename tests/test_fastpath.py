@@ -522,3 +522,35 @@ def test_an_answer_from_an_older_tuning_file_is_not_kept(tmp_path, monkeypatch):
     go.set()
     a.join(30)
     assert tilegemm.plan(s, s, backend="cpu").kernel == "triple_loop"
+
+
+def test_a_program_is_made_once_per_case_and_state(rng, tmp_path):
+    """The full path offers every plain host call to remember(): a gemm() of a remembered
+    case, a Fortran-ordered operand on a rung handed C-ordered copies, a backend without a
+    direct path. The backend's program (on OpenCL, a device check and a kernel look-up) was
+    made again for each; now once per case until the tuning file changes."""
+    fastpath.forget()
+    made = []
+
+    def maker(program):
+        def make():
+            made.append(1)
+            return program
+        return make
+
+    a, b = _operands(rng, 8, 8, 8, np.float32)
+    plain = lambda *args: None  # noqa: E731 - takes C-ordered operands only
+    state = (str(tmp_path / "tuning.json"), None)
+    for _ in range(3):
+        fastpath.remember(a, b, maker(plain), *state, kernel="auto", backend="opencl")
+    assert len(made) == 1 and len(fastpath._table) == 1
+    fa = np.asfortranarray(a)
+    for _ in range(3):
+        fastpath.remember(fa, b, maker(plain), *state, kernel="auto", backend="opencl")
+        fastpath.remember(a, b, maker(None), *state, kernel="auto", backend="cuda")
+    assert len(made) == 3 and len(fastpath._table) == 1
+    later = (state[0], 12345)  # the tuning file changed: decided again, made again
+    fastpath.remember(a, b, maker(plain), *later, kernel="auto", backend="opencl")
+    fastpath.remember(fa, b, maker(plain), *later, kernel="auto", backend="opencl")
+    assert len(made) == 5
+    fastpath.forget()

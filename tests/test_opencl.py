@@ -1059,3 +1059,39 @@ def test_a_child_forked_after_opencl_started_is_refused_not_hung() -> None:
         message = " ".join(str(got["got"][name]).split())
         assert message.startswith("UnavailableError") and "'spawn'" in message, message
     assert got["got"]["auto"] == 48.0
+
+
+def test_the_fork_watch_is_registered_once_and_only_where_opencl_started(monkeypatch):
+    """Registered before the platforms were listed, the fork handler was added again on
+    every failed listing (a machine with PyOpenCL and no OpenCL platform), and a child
+    then said OpenCL had been started in its parent when it never was."""
+    from tilegemm.backends import opencl
+
+    class NoPlatform:
+        @staticmethod
+        def get_platforms():
+            raise RuntimeError("clGetPlatformIDs failed: PLATFORM_NOT_FOUND_KHR")
+
+    class Empty:
+        @staticmethod
+        def get_platforms():
+            return []
+
+    registered = []
+    monkeypatch.setattr(opencl.os, "register_at_fork",
+                        lambda **kwargs: registered.append(kwargs), raising=False)
+    monkeypatch.setattr(opencl, "_FORK_WATCHED", False)
+    try:
+        monkeypatch.setattr(opencl, "_cl", lambda: NoPlatform)
+        for _ in range(3):
+            opencl.all_devices.cache_clear()
+            with pytest.raises(RuntimeError, match="PLATFORM_NOT_FOUND"):
+                opencl.all_devices()
+        assert registered == []
+        monkeypatch.setattr(opencl, "_cl", lambda: Empty)
+        for _ in range(3):
+            opencl.all_devices.cache_clear()
+            assert opencl.all_devices() == ()
+        assert registered == [{"after_in_child": opencl._forked_after_use}]
+    finally:
+        opencl.all_devices.cache_clear()

@@ -106,6 +106,7 @@ class _Case(NamedTuple):
 
 
 _table: dict[tuple[Any, ...], _Case] = {}
+_refused: set[tuple[Any, ...]] = set()  # cases whose backend gave no program to remember
 # the tuning cache file the decisions read, its mtime then, and TILEGEMM_CACHE_DIR then
 # (which moves the file: a decision made under another directory is stale too; kept as
 # _cache_dir() reads it)
@@ -173,6 +174,7 @@ def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any,
         return None
     if _mtime(_watch[0]) != _watch[1] or _cache_dir() != _watch[2]:
         _table.clear()  # tuning results changed, or moved: decide again
+        _refused.clear()
         return None
     if out is None:
         c = np.empty(case.shape, a.dtype)
@@ -219,15 +221,20 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
             or sa[-1] != sb[-2] or 0 in sa or 0 in sb
             or (sa[:-2] != sb[:-2] and len(sa) > 2 and len(sb) > 2)):
         return
-    program = make_program()
-    if program is None:
-        return  # this backend has no direct path: every call takes the full one
-    if (la or lb) and not getattr(program, "takes_transposed", False):
-        return  # the full path hands this rung C-ordered copies: leave that to it
     where = _cache_dir()
-    if len(_table) >= _LIMIT or _watch != [tuning_cache, tuning_mtime, where]:
+    state = [tuning_cache, tuning_mtime, where]
+    if _watch == state and (key in _table or key in _refused):
+        return  # decided under this state already (a call the fast path passed over: gemm)
+    if len(_table) >= _LIMIT or len(_refused) >= _LIMIT or _watch != state:
         _table.clear()
-    _watch[:] = [tuning_cache, tuning_mtime, where]
+        _refused.clear()
+    _watch[:] = state
+    program = make_program()
+    if program is None or ((la or lb) and not getattr(program, "takes_transposed", False)):
+        # No direct path on this backend, or a rung that is handed C-ordered copies by
+        # the full path: noted, so that later calls do not make the program again
+        _refused.add(key)
+        return
     shape = (sa[:-2] if len(sa) >= len(sb) else sb[:-2]) + (sa[-2], sb[-1])
     one = dtype.type(1)
     result = shape[:len(shape) - 2] + shape[len(shape) - 2 + row:len(shape) - col]
@@ -239,3 +246,4 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
 def forget() -> None:
     """Drop every remembered decision (the next calls take the full path again)."""
     _table.clear()
+    _refused.clear()

@@ -95,6 +95,7 @@ def _cl() -> Any:
 # Why the OpenCL backend cannot run in this process, when it is a child forked after its
 # parent had started OpenCL (see _forked_after_use); "" otherwise.
 _INHERITED = ""
+_FORK_WATCHED = False  # whether _forked_after_use is registered (once per process)
 
 
 def _forked_after_use() -> None:
@@ -121,11 +122,14 @@ def _forked_after_use() -> None:
 def all_devices() -> tuple[Any, ...]:
     """Every OpenCL device here, in ``device=`` index order (listing them starts the
     drivers: a child forked after that cannot use OpenCL, see :func:`_forked_after_use`)."""
+    global _FORK_WATCHED
     cl = _cl()
-    if hasattr(os, "register_at_fork"):
+    platforms = cl.get_platforms()  # (raises where there is none: nothing was started)
+    if not _FORK_WATCHED and hasattr(os, "register_at_fork"):
+        _FORK_WATCHED = True
         os.register_at_fork(after_in_child=_forked_after_use)
     found: list[Any] = []
-    for platform in cl.get_platforms():
+    for platform in platforms:
         try:
             found.extend(platform.get_devices())
         except cl.Error:  # a platform without devices reports DEVICE_NOT_FOUND
