@@ -11,8 +11,8 @@ user's script makes them: validation, the ``auto`` choice, copies to and from th
 and the launch. NumPy's ``matmul`` of the same arrays is timed in the same run, and every
 result is checked against float64 NumPy first. The floor is the least a call of that
 backend can cost: for OpenCL a one-value kernel's launch and the blocking read of its
-value on the same queue, for CUDA an empty kernel's launch and ``cuda.synchronize()``; the CPU has none
-(a call into compiled code costs about a microsecond). What is above the floor is
+value on the same queue, for CUDA an empty kernel's launch and ``cuda.synchronize()``;
+the CPU has none (a call into compiled code costs about a microsecond). What is above the floor is
 tilegemm's own work per call. Writes
 ``benchmarks/results/small-calls-<cpu>-<isa>-m<family>-<model>.json``.
 """
