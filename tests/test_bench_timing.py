@@ -196,17 +196,26 @@ def test_a_broken_timer_is_a_failure_not_a_number() -> None:
         time_prepared(k.prepared, _accept, Policy(warmup=0), clock=clock)
 
 
-def test_first_launch_is_poisoned() -> None:
+@pytest.mark.parametrize("before", [None, "0"])
+def test_first_launch_is_poisoned(monkeypatch: pytest.MonkeyPatch, before: str | None) -> None:
+    """The verified first launch runs with TILEGEMM_POISON=1 whatever the caller's setting
+    (the test session sets it for every test, so it is unset or "0" here first), and the
+    setting is the caller's again afterwards."""
+    import os
+
+    if before is None:
+        monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    else:
+        monkeypatch.setenv("TILEGEMM_POISON", before)
     seen = []
 
     def prepare() -> Prepared:
-        import os
-
         seen.append(os.environ.get("TILEGEMM_POISON"))
         return FakeKernel(FakeClock(), 0.1, result=np.zeros(1)).prepared()
 
     time_prepared(prepare, _accept, Policy(warmup=0, budget_s=0.01, min_reps=1))
     assert seen == ["1"]
+    assert os.environ.get("TILEGEMM_POISON") == before
 
 
 def test_policy_rejects_nonsense() -> None:

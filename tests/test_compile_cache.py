@@ -104,6 +104,20 @@ def test_other_version_is_not_loaded(tmp_path, monkeypatch):
     assert len(listed) == 2 and sorted(e.current for e in listed) == [False, True]
 
 
+def test_other_cpu_kernel_helpers_are_not_loaded(tmp_path, monkeypatch):
+    """A written-out CPU module compiles the private helpers' intrinsics into its code
+    (kernels/cpu/_*.py): built from other versions of them, an entry is compiled again,
+    as for another tilegemm version, not loaded."""
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    load_module("probe", _source(17), {"kernel": "probe"})
+    real = compile_cache._installed_cpu_digest()
+    monkeypatch.setattr(compile_cache, "_installed_cpu_digest", lambda: "0" * len(real))
+    before = _counts()
+    assert load_module("probe", _source(17), {"kernel": "probe"}).twice(1.0) == 17.0
+    assert _counts() == (before[0] + 1, before[1])
+    assert len(compile_cache.entries()) == 2
+
+
 def test_unwritable_cache_dir_warns_and_runs_uncached(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")

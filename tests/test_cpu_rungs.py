@@ -205,6 +205,12 @@ def test_an_infinite_alpha_scales_the_whole_product(dtype, shape, rng):
         got = tilegemm.gemm(a, b, c, alpha=alpha, beta=beta, kernel="blocked", backend="cpu")
         assert np.isinf(got).all(), f"{np.isnan(got).sum()} NaN of {got.size}"
         np.testing.assert_array_equal(got[clear], (alpha * np.sign(exact))[clear])
+    # beta·C is added to the scaled product: a C of +inf where alpha·(A@B) is -inf gives
+    # NaN there, and +inf where both are +inf
+    c_inf = np.full((m, n), np.inf, dtype)
+    got = tilegemm.gemm(a, b, c_inf, alpha=-np.inf, beta=0.5, kernel="blocked", backend="cpu")
+    positive, negative = clear & (exact > 0), clear & (exact < 0)
+    assert np.isnan(got[positive]).all() and (got[negative] == np.inf).all()
     # inf × 0 is NaN, silently, as inside any kernel (no warning, nor an error under
     # errstate(all="raise"), which the scaling after the product raised at first)
     with np.errstate(all="raise"):

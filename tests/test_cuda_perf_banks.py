@@ -1,9 +1,11 @@
 """Shared-memory bank conflicts of rungs 6 and 7, from their index expressions.
 
 Each function below returns, for the 32 threads of warp 0, the shared-memory element index
-one instruction touches, written exactly as the kernel computes it (kept in sync with
-the generated kernels of rungs 6 and 7 by hand; the kernels' own correctness tests fail if
-the layout is inconsistent, these count only the conflicts). ``wavefronts`` applies the
+one instruction touches, written as the kernel computes it: the tile sizes are the rungs'
+defaults, the swizzle of a k row is the generator's own ``_sk``, and the store's
+expression is checked against the line the generator writes into the kernel
+(``test_the_modelled_expressions_are_the_generators``); the kernels' own correctness tests
+fail if the layout is inconsistent, these count the conflicts. ``wavefronts`` applies the
 hardware rule: a request is split into phases (32 threads for 4-byte words, 8 threads for
 16-byte vectors); within a phase, each bank serves one distinct 4-byte word per wavefront.
 No GPU and no simulator needed: this is arithmetic.
@@ -15,7 +17,13 @@ from collections import defaultdict
 
 import pytest
 
-BM, BN, BK, TM, TN, W = 128, 128, 16, 8, 8, 4  # float32 defaults of both rungs
+from tilegemm import registry
+from tilegemm.kernels.cuda import k08_warptile
+
+# float32 defaults of both rungs (the test below checks that they agree)
+_DEFAULTS = registry.get("smem_layout", "cuda").defaults()
+BM, BN, BK, TM, TN = (_DEFAULTS[k] for k in ("BM", "BN", "BK", "TM", "TN"))
+W = k08_warptile.width(4)  # float32 elements per 128-bit vector
 NT = (BM // TM) * (BN // TN)
 TCOLS = BN // TN
 WARP = range(32)
@@ -66,8 +74,9 @@ def transposed_store_a(q: int) -> list[int]:
 
 # --- rung 7: As[BK][BM] transposed + XOR swizzle, panel-split thread tiles -----------------
 
-RPW = max(W, 32 * W // BK)
+RPW = max(W, 32 * W // BK)  # as the generator computes it (k08_warptile.build's RPW)
 PM, PN = BM // (TM // W), BN // (TN // W)
+STORE_SWIZZLE = "swz = r ^ (((c // W) * RPW) & (BM - 1))"  # what k07_store_a computes
 
 
 def k07_store_a(q: int) -> list[int]:
@@ -81,13 +90,26 @@ def k07_store_a(q: int) -> list[int]:
 
 def k07_read_a(i: int, kk: int) -> list[int]:
     # vload(As, (kk, ((i // W) * PM + ty * W) ^ sk))
-    sk = ((kk // W) * RPW) & (BM - 1)
+    sk = k08_warptile._sk(kk, W, RPW, BM)
     return [kk * BM + (((i // W) * PM + (t // TCOLS) * W) ^ sk) for t in WARP]
 
 
 def k07_read_b(j: int, kk: int) -> list[int]:
     # vload(Bs, (kk, (j // W) * PN + tx * W))
     return [kk * BN + (j // W) * PN + (t % TCOLS) * W for t in WARP]
+
+
+def test_the_modelled_expressions_are_the_generators() -> None:
+    """The hand-written models above follow the kernels: both rungs' defaults are the
+    sizes modelled, the store's swizzle is the line the generator writes, and the
+    generator's RPW is the one modelled (its source computes it as written here)."""
+    import inspect
+
+    for rung in ("vectorized", "smem_layout"):
+        got = registry.get(rung, "cuda").defaults()
+        assert (got["BM"], got["BN"], got["BK"], got["TM"], got["TN"]) == (BM, BN, BK, TM, TN)
+    assert k08_warptile.STORE_A_TRANSPOSED[0] == STORE_SWIZZLE
+    assert "RPW = max(W, 32 * W // BK)" in inspect.getsource(k08_warptile)
 
 
 def test_rung6_conflicts_are_what_rung7_removes() -> None:

@@ -175,8 +175,8 @@ def test_out_is_written_in_place_on_a_remembered_call(spy, rng):
     assert_close(out, a, b)
 
 
-@pytest.mark.parametrize("case", ["strided", "other dtype", "overlaps a", "subclass",
-                                  "read-only", "wrong shape"])
+@pytest.mark.parametrize("case", ["strided", "other dtype", "overlaps a", "overlaps b",
+                                  "subclass", "read-only", "wrong shape"])
 def test_an_out_the_rung_cannot_write_directly_takes_the_full_path(spy, rng, case):
     a, b = _operands(rng, 16, 16, 16, np.float32)
     tilegemm.matmul(a, b)
@@ -188,6 +188,8 @@ def test_an_out_the_rung_cannot_write_directly_takes_the_full_path(spy, rng, cas
         out = np.full((16, 16), np.nan)
     elif case == "overlaps a":
         out = a  # NumPy allows out=a: the product of the old values
+    elif case == "overlaps b":
+        out = b
     elif case == "subclass":
         out = np.full((16, 16), np.nan, np.float32).view(type("Sub", (np.ndarray,), {}))
     elif case == "read-only":

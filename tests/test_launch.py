@@ -32,12 +32,24 @@ def test_capped_grid_within_limits(tiles: int, batch: int) -> None:
         assert ceil_div(need, blocks) == len(covered(blocks, need))
 
 
-def test_stride_visits_each_tile_once() -> None:
-    for blocks, tiles in [(1, 5), (2, 5), (3, 9), (4, 3), (65_535, 2**22 // 16)]:
-        seen = np.zeros(tiles, np.int64)
-        for b in range(min(blocks, tiles)):
-            seen[b::blocks] += 1
-        assert np.all(seen == 1)
+@pytest.mark.parametrize("group_m", [1, 3, 8])
+@pytest.mark.parametrize("m, n", [(1, 1), (5, 3), (130, 70), (1000, 17), (17, 1000)])
+def test_numbered_tiles_cover_c_once_with_a_capped_grid(monkeypatch: pytest.MonkeyPatch,
+                                                        m: int, n: int, group_m: int) -> None:
+    """The rungs that number their tiles (flat_tile_grid, grouped_tile: the host's copy of
+    their arithmetic) with the grid capped below the tile count: block b takes tile numbers
+    b, b + grid, ... and each maps to a (row, column) tile; together every tile of C once."""
+    monkeypatch.setattr(launch, "MAX_GRID_X", 7)
+    rows, cols = 16, 8
+    grid = launch.flat_tile_grid(rows, cols)(1, m, n)
+    tiles_m, tiles_n = ceil_div(m, rows), ceil_div(n, cols)
+    assert grid[0] == min(7, tiles_m * tiles_n)
+    seen = np.zeros((tiles_m, tiles_n), np.int64)
+    for b in range(grid[0]):
+        for t in range(b, tiles_m * tiles_n, grid[0]):
+            i, j = launch.grouped_tile(t, tiles_m, tiles_n, group_m)
+            seen[i, j] += 1
+    assert np.all(seen == 1)
 
 
 def test_capped_grid_rejects_negative() -> None:

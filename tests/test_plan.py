@@ -206,6 +206,29 @@ def test_opencl_cpu_devices_share_an_isa_tier_entry(monkeypatch):
     assert database.lookup(opencl("pthread-Chip Y"), "float32", table) is None
 
 
+def test_an_opencl_gpus_entry_serves_that_gpu_only():
+    """An OpenCL GPU has no ISA (""): its entry is its own, never the entry of an "isa"
+    tier that every other GPU would fall into."""
+    table = ({"backend": "opencl", "device": "GPU A", "isa": "", "dtype": "float32",
+              "kernel": "vectorized", "params": {"TM": 4}},)
+
+    def gpu(name: str) -> Target:
+        return Target("opencl", name, "gpu", "", Limits(threads_per_block=1024), "events")
+
+    entry, tier = database.lookup(gpu("GPU A"), "float32", table)
+    assert (entry["params"]["TM"], tier) == (4, "device")
+    assert database.lookup(gpu("GPU B"), "float32", table) is None
+
+
+def test_an_entry_for_a_cpu_family_serves_that_family_only():
+    """"cpu": "2" is family 2, not every family whose number starts with 2 (25, 26)."""
+    assert database._cpu_rank({"cpu": "2"}, "25-17") is None
+    assert database._cpu_rank({"cpu": "25"}, "25-17") == 1
+    assert database._cpu_rank({"cpu": "25-17"}, "25-17") == 2
+    assert database._cpu_rank({"cpu": "25-1"}, "25-17") is None
+    assert database._cpu_rank({}, "25-17") == 0
+
+
 def test_the_host_hardware_isa_ignores_what_numba_is_told(monkeypatch):
     """PoCL compiles for the CPU it runs on: NUMBA_CPU_FEATURES (code for another machine)
     changes the CPU rung's tier, not an OpenCL CPU device's."""

@@ -429,6 +429,16 @@ def _entry(**kw) -> Entry:  # noqa: ANN003
     return Entry(**base)
 
 
+def test_a_device_without_an_architecture_takes_only_its_own_entries() -> None:
+    """An OpenCL GPU's arch is "": its entries serve that device, never another device
+    whose arch is also "" (the architecture tier would otherwise match every such GPU)."""
+    mine = _entry(backend="opencl", device="GPU A", arch="", kernel="vectorized")
+    assert cache.ranked([mine], DeviceId("opencl", "GPU A", ""), "float32", 4096, 4096,
+                        4096) == [mine]
+    assert cache.ranked([mine], DeviceId("opencl", "GPU B", ""), "float32", 4096, 4096,
+                        4096) == []
+
+
 def test_bucket() -> None:
     assert [cache.bucket(x) for x in (0, 1, 2, 3, 1000, 1024, 1025, 4097)] == [
         0, 1, 2, 4, 1024, 1024, 2048, 8192]
