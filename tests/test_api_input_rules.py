@@ -120,6 +120,32 @@ def test_an_alpha_beyond_any_float_is_a_usage_error() -> None:
             tilegemm.gemm(a, a, alpha=10**400, backend="cpu")
 
 
+@pytest.mark.parametrize("backend", HOST)
+def test_alpha_and_beta_scale_the_bool_product_not_the_counts(backend: str) -> None:
+    """A bool result is computed as int32 counts of true products; alpha and beta scaled
+    the counts: 2**30 × 4 true products wrapped to 0 (False), and 2 true products minus a
+    true c was 1 (True) where True - True is False. Now as NumPy evaluates
+    (alpha * (a @ b) + beta * c).astype(bool), on random data too, into out as well."""
+    def want(a, b, c, alpha, beta):
+        total = alpha * np.matmul(a, b).astype(np.int64)
+        return total + beta * np.asarray(c, np.int64) != 0 if beta else total != 0
+
+    ones = lambda *shape: np.ones(shape, bool)  # noqa: E731
+    for a, b, c, alpha, beta in ((ones(1, 4), ones(4, 1), None, 2**30, 0),
+                                 (ones(1, 2), ones(2, 1), None, -2**31, 0),
+                                 (ones(1, 2), ones(2, 1), ones(1, 1), 1, -1),
+                                 (ones(1, 3), ones(3, 1), ones(1, 1), 1, -3)):
+        got = tilegemm.gemm(a, b, c, alpha=alpha, beta=beta, backend=backend)
+        assert got.dtype == bool and (got == want(a, b, c, alpha, beta)).all(), (alpha, beta)
+    rng = np.random.default_rng()
+    a, b = rng.random((3, 7, 9)) < 0.3, rng.random((9, 5)) < 0.3
+    c = rng.random(5) < 0.5  # broadcast over the result
+    for alpha, beta in ((2, -1), (-1, 1), (0, 1), (3, 0), (1, 1), (1, 0)):
+        out = np.zeros((3, 7, 5), bool)
+        got = tilegemm.gemm(a, b, c, alpha=alpha, beta=beta, out=out, backend=backend)
+        assert got is out and (out == want(a, b, c, alpha, beta)).all(), (alpha, beta)
+
+
 def test_messages_name_the_callers_dtype_not_the_computed_one() -> None:
     b = np.ones((2, 2), bool)
     with pytest.raises(InvalidTypeError, match="alpha=0.5 must be an integer for a bool"):

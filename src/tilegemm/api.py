@@ -400,10 +400,12 @@ def gemm(
     runs, as device operands do, whatever ``beta`` is (a CUDA device ``c`` read with
     ``beta != 0`` must already have the result's shape and dtype, C-contiguous: it is not
     broadcast or converted on the GPU). ``alpha`` and ``beta`` are real numbers,
-    integers for an integer result; for a float16 or bfloat16 result they are rounded to
-    it first, on every backend, as NumPy rounds a Python number that multiplies a float16
-    array (``alpha=1e5`` is inf there). ``alpha = 0`` still computes ``a @ b`` (a NaN or Inf in
-    ``a`` or ``b`` gives NaN, as in NumPy, not BLAS's shortcut). ``trans_a``/``trans_b`` are
+    integers for an integer result (for a bool result they scale the bool product:
+    ``(alpha * (a @ b) + beta * c).astype(bool)``, as NumPy evaluates it); for a float16
+    or bfloat16 result they are rounded to it first, on every backend, as NumPy rounds a
+    Python number that multiplies a float16 array (``alpha=1e5`` is inf there).
+    ``alpha = 0`` still computes ``a @ b`` (a NaN or Inf in ``a`` or ``b`` gives NaN, as in
+    NumPy, not BLAS's shortcut). ``trans_a``/``trans_b`` are
     booleans. Other arguments, and what is raised, are as for :func:`matmul`.
     """
     _check_params_are_upper_case(params)
@@ -437,14 +439,21 @@ def gemm(
     # result type or into out) may overflow: NumPy's warning then names the caller's line.
     with fp_warnings_at_caller():
         check_scalars(prob, alpha, beta)  # one the result cannot hold: refused before the run
+        # A bool result is computed as int32 counts of true products: alpha and beta scale
+        # the bool product (a @ b, then != 0), not the counts, so they are applied after
+        scaled_bool = prob.out_dtype.kind == "b" and not (alpha == 1 and beta == 0)
         try:
-            result = be.run(spec, resolved, prob, ops[0], ops[1], c_op,
-                            out if direct else None, alpha, beta, target=target, **extra)
+            result = be.run(spec, resolved, prob, ops[0], ops[1],
+                            None if scaled_bool else c_op, out if direct else None,
+                            *((1, 0) if scaled_bool else (alpha, beta)), target=target,
+                            **extra)
         finally:
             if _SLOW_PENDING:
                 _log_if_slow(used, time.perf_counter() - started)
         if data_kind == "host":
             result = to_result(result, prob.out_dtype)
+            if scaled_bool:
+                result = _scaled_bool(result, alpha, beta, c)
             if (tuning is not None and prob.result_dtype is None
                     and prob.dtype == getattr(a, "dtype", None)):
                 # any ``out`` qualifies: the decision does not depend on it (see fastpath)
@@ -458,6 +467,18 @@ def gemm(
     if out is not None:
         return out
     return _wrap_like_numpy(result, (a, b))
+
+
+def _scaled_bool(product: np.ndarray, alpha: Any, beta: Any, c: Any) -> np.ndarray:
+    """``alpha * product + beta * c != 0`` for a bool ``product`` (a @ b) and bool ``c``,
+    in int64, as NumPy evaluates ``(alpha * (a @ b) + beta * c).astype(bool)``. Scaling
+    the int32 counts instead wrapped (alpha = 2**30 times 4 true products is 0) and
+    subtracted c from a count (2 - 1 is true where True - True is false). ``c`` is read
+    only when ``beta != 0``."""
+    total = np.int64(int(alpha)) * product
+    if beta != 0:
+        total = total + np.int64(int(beta)) * np.asarray(c, dtype=np.bool_)
+    return total != 0
 
 
 def _first_use(spec: KernelSpec, params: dict[str, int], dtype: np.dtype,
