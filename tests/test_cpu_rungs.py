@@ -219,6 +219,30 @@ def test_an_infinite_alpha_scales_the_whole_product(dtype, shape, rng):
     assert np.isnan(got).all()
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1024, 1), (13, 1024, 11), (2, 1024, 3), (1, 1024, 300),
+                                   (300, 1024, 1)],
+                         ids=["one", "packed", "small", "row-gemv", "column-gemv"])
+def test_a_large_finite_alpha_scales_the_whole_product(dtype, shape, rng):
+    """A finite alpha was applied per K panel: with alpha = 2**127 (float32; 2**1023 in
+    float64), a first panel summing to -4 overflowed to -inf and the second (+5) could not
+    bring it back, so a product of 1.0 gave -inf instead of alpha. The first half of K
+    sums to -4 in every output, the second to +5 (dyadic values: exact in any order)."""
+    m, k, n = shape
+    alpha = float(2.0 ** (np.finfo(dtype).maxexp - 1))
+    a = np.ones((m, k), dtype) * rng.choice([1.0, 2.0], (m, 1)).astype(dtype)
+    b = np.empty((k, n), dtype)
+    b[: k // 2], b[k // 2:] = -4 / (k // 2), 5 / (k - k // 2)
+    got = tilegemm.gemm(a, b, alpha=alpha, kernel="blocked", backend="cpu", KC=512)
+    with np.errstate(over="ignore"):  # rows of 2s: 2·alpha is infinite, truly
+        np.testing.assert_array_equal(got, alpha * (a[:, :1] @ np.ones((1, n), dtype)))
+    c = rng.uniform(1, 2, (m, n)).astype(dtype)
+    got = tilegemm.gemm(a, b, c, alpha=-alpha / 2, beta=0.5, kernel="blocked", backend="cpu",
+                        KC=512)
+    want = (-alpha / 2) * a[:, :1].astype(np.float64) + 0.5 * c.astype(np.float64)
+    np.testing.assert_allclose(got, want.astype(dtype), rtol=1e-6)
+
+
 def test_blocked_64_wide_tile_crosses_every_loop(rng):
     """The widest tile (NR = 64: four AVX-512 vectors of float32 per row, the database's
     tile for large products on one Xeon) with a row count that is no power of two, across

@@ -347,9 +347,14 @@ class CpuBackend(Backend):
             c3 = dest.reshape(prob.batch, prob.m, prob.n)
             # The rung scales each K panel's partial product by alpha as it adds it (as
             # BLAS does); with an infinite alpha, panels of opposite signs then give
-            # inf - inf = NaN where alpha·(A@B) is ±inf. Such an alpha is applied once, to
-            # the whole product, as the GPU rungs and NumPy apply it.
-            later = prob.dtype.kind == "f" and bool(np.isinf(alpha))
+            # inf - inf = NaN where alpha·(A@B) is ±inf, and with a large finite one a
+            # panel could overflow to an infinity the next panel cannot bring back
+            # (alpha = 2**127 and a product of 1.0 gave -inf). Such an alpha (infinite, or
+            # above 1 in size over more than one K panel) is applied once, to the whole
+            # product, as the GPU rungs and NumPy apply it.
+            panels = prob.k > params.get("KC", prob.k)
+            later = prob.dtype.kind == "f" and bool(
+                np.isinf(alpha) or (panels and abs(alpha) > 1))
             saved = c3.copy() if later and beta != 0 else None
             one, zero = prob.dtype.type(1), prob.dtype.type(0)
             args = (one, zero) if later else (alpha, beta)
