@@ -324,6 +324,24 @@ def test_environment_slugs_and_commit(tmp_path: Path) -> None:
     assert git_commit(tmp_path) == "unknown"  # not a repository
 
 
+def test_the_commit_is_tilegemms_own_not_an_enclosing_repositorys(monkeypatch,
+                                                                    tmp_path: Path) -> None:
+    """Installed inside another repository (a project's virtual environment or --target
+    folder), the package recorded that project's commit as tilegemm's in every results
+    file. A repository whose top level is not tilegemm's checkout now gives "unknown"."""
+    import subprocess
+
+    from tilegemm.bench import environment
+
+    own = environment._CHECKOUT
+    if (own / ".git").exists():  # running from a checkout: its own commit
+        assert environment.git_commit() != "unknown"
+    monkeypatch.setattr(environment, "_CHECKOUT", tmp_path / "elsewhere")
+    assert environment.git_commit() == "unknown"
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    assert environment.git_commit(tmp_path) == "unknown"  # asked for: no commit yet
+
+
 def test_results_file_names_follow_the_device(cpu_results: Results) -> None:
     stem = cpu_results.default_stem()
     assert stem.startswith("cpu-") and stem.endswith(cpu_results.meta["created"][:10])

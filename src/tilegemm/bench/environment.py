@@ -22,10 +22,26 @@ __all__ = ["backend_info", "cpu_family_model", "cpu_name", "cpu_results_stem", "
            "host_info", "numpy_blas", "slug", "versions", "write_cpu_results", "write_results"]
 
 
+# The checkout tilegemm runs from, when it runs from one: <checkout>/src/tilegemm/bench/
+_CHECKOUT = Path(__file__).resolve().parents[3]
+
+
 def git_commit(cwd: str | os.PathLike[str] | None = None) -> str:
-    """The commit of the checkout tilegemm runs from (``-dirty`` if modified), or "unknown"."""
+    """The commit of the checkout tilegemm runs from (``-dirty`` if modified), or "unknown"
+    (``cwd``: the repository to ask instead).
+
+    Installed (not from a checkout), the package's folder may lie inside another
+    repository, a project whose virtual environment or ``--target`` folder holds it: that
+    project's commit was recorded as tilegemm's. So the repository's top level must be
+    tilegemm's own checkout, the folder above ``src/tilegemm``."""
     where = Path(cwd) if cwd else Path(__file__).resolve().parent
     try:
+        if cwd is None:
+            top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=where,
+                                 capture_output=True, text=True, timeout=5,
+                                 check=True).stdout.strip()
+            if not top or Path(top).resolve() != _CHECKOUT:
+                return "unknown"
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True,
                              text=True, timeout=5, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
