@@ -422,7 +422,9 @@ def gemm(
         c_op = describe_c(c, prob)
         ops.append(c_op)  # a device c chooses where the call runs, whatever beta is
     # the tuning cache as it is before deciding, for a decision the fast path remembers
-    tuning = tuning_cache_now() if plain else None
+    # (host operands only: a call on device arrays is never remembered)
+    tuning = (tuning_cache_now() if plain and all(op.kind == "host" for op in ops)
+              else None)
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params, stream=stream,
                     float32_out=float32_out, out=out)

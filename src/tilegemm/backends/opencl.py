@@ -931,8 +931,7 @@ class OpenCLBackend(Backend):
 
         def run(a3: np.ndarray, b3: np.ndarray, c3: np.ndarray, alpha: Any,
                 beta: Any) -> None:
-            a_args = (_host_buffer(queue, a3), 0, a3[0].size if a3.shape[0] > 1 else 0)
-            b_args = (_host_buffer(queue, b3), 0, b3[0].size if b3.shape[0] > 1 else 0)
+            a_args, b_args = _host_operand_args(queue, a3), _host_operand_args(queue, b3)
             if poison_enabled():  # as run() fills its result on the device
                 dest = cl.Buffer(context, write | cl.mem_flags.COPY_HOST_PTR,
                                  hostbuf=np.full(shape3, fill, prob.dtype))
@@ -952,7 +951,7 @@ class OpenCLBackend(Backend):
         if op.kind == "opencl":
             return self._device_operand(target, op, prob, which)
         x3 = host_operand_3d(op.obj, prob, which)
-        return _host_buffer(target.queue, x3), 0, (x3[0].size if x3.shape[0] > 1 else 0)
+        return _host_operand_args(target.queue, x3)
 
     def _panels(self, target: _Place | _OwnDevice, program: OpenCLProgram, kernel: Any,
                 prob: GemmProblem, a_args: tuple[Any, int, int], b_args: tuple[Any, int, int],
@@ -1093,6 +1092,13 @@ def _enqueue(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: 
                 [x.dtype if isinstance(x, np.generic) else None for x in args])
             kernel.tilegemm_typed = True
         return kernel(queue, global_size, local_size, *args)
+
+
+def _host_operand_args(queue: Any, x3: np.ndarray) -> tuple[Any, int, int]:
+    """A kernel's (buffer, offset, batch stride) arguments for the C-contiguous host operand
+    ``x3`` of shape (batch or 1, rows, cols): its copy on the device, from its start, and
+    stride 0 for one matrix shared by every product of the batch."""
+    return _host_buffer(queue, x3), 0, (x3[0].size if x3.shape[0] > 1 else 0)
 
 
 def _host_buffer(queue: Any, host: np.ndarray) -> Any:
