@@ -274,10 +274,12 @@ def test_float32_output_on_request_keeps_the_float32_sums(dtype: str,
 
 
 @pytest.mark.cudasim
+@pytest.mark.simulator
 def test_bfloat16_numba_device_arrays_are_refused_before_anything_is_written(
         rng: np.random.Generator) -> None:
     """numba has no bfloat16 type; its simulator held ml_dtypes arrays anyway, and the
-    kernel read their values as 16-bit integers: the product came back as zeros."""
+    kernel read their values as 16-bit integers: the product came back as zeros. (On a GPU
+    numba cannot make such an array: ``cuda.to_device`` refuses the dtype itself.)"""
     from numba import cuda
 
     a, b = _half_operands(rng, (9, 5), (5, 7), BF16)

@@ -49,7 +49,9 @@ mma per step to keep float32-like accuracy and should still beat FFMA by ~1.5–
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
+from types import CodeType, FunctionType
 from typing import Any
 
 import numpy as np
@@ -313,18 +315,21 @@ def _nvvm_inlined(pyfunc: Any) -> Any:
     numba-cuda compiles one for the current device's architecture, so it needs a GPU, and
     PTX and SASS are also made without one (resource reports, tests); a subroutine is only
     lowered to LLVM IR, which NVVM compiles with the kernel for the kernel's architecture.
-    numba compiles it once per argument types (its subroutine cache)."""
+    numba compiles it once per argument types (its subroutine cache), keyed as
+    :func:`_keyed_by_globals` says."""
     import inspect
 
     from numba import types
     from numba.cuda.extending import intrinsic
     from numba.cuda.flags import CUDAFlags
 
+    subroutine = _keyed_by_globals(pyfunc)
+
     def codegen(context, builder, sig, llargs):  # noqa: ANN001, ANN202
         flags = CUDAFlags()
         flags.forceinline = True  # LLVM's alwaysinline on the subroutine
         flags.error_model = "numpy"  # as numba-cuda compiles kernels
-        cres = context.compile_subroutine(builder, pyfunc, sig, flags=flags)
+        cres = context.compile_subroutine(builder, subroutine, sig, flags=flags)
         context.call_internal(builder, cres.fndesc, sig, llargs)
         return context.get_dummy_value()
 
@@ -337,6 +342,41 @@ def _nvvm_inlined(pyfunc: Any) -> Any:
     scope: dict[str, Any] = {"typer": typer}
     exec(f"def call(typingctx, {names}):\n    return typer({names})\n", scope)  # noqa: S102
     return intrinsic(scope["call"])
+
+
+_UNIQUE = itertools.count()
+
+
+def _keyed_by_globals(pyfunc: Any) -> Any:
+    """``pyfunc`` renamed so that numba's subroutine cache tells it apart by its globals.
+
+    numba keeps a compiled subroutine per process, keyed by the function's code object,
+    argument types and closure, but not by its globals. Two loaders generated from the
+    same text for other tile shapes (``load_stage`` reads BN, NT, the chunk counts... as
+    globals) are equal code objects, so the second kernel a process compiled got the
+    first one's loader: wrong products or illegal addresses on a GPU whenever one process
+    built two shapes (a tuner, a test run, a user trying parameters), unseen under the
+    simulator and in a fresh process. The copy's name carries a hash of the globals its
+    code reads (``fingerprint``), so equal shapes still share one compile; globals with no
+    stable description get a name of their own."""
+    from tilegemm.kernels.cuda._codegen import Unfingerprintable, fingerprint
+
+    names: set[str] = set()
+    stack = [pyfunc.__code__]
+    while stack:  # the names its code and any nested code (comprehensions) read
+        code = stack.pop()
+        names.update(code.co_names)
+        stack += [c for c in code.co_consts if isinstance(c, CodeType)]
+    read = {k: pyfunc.__globals__[k] for k in sorted(names) if k in pyfunc.__globals__}
+    try:
+        tag = fingerprint(read)[:16]
+    except Unfingerprintable:
+        tag = f"own{next(_UNIQUE)}"
+    code = pyfunc.__code__.replace(co_name=f"{pyfunc.__code__.co_name}_{tag}")
+    copy = FunctionType(code, pyfunc.__globals__, code.co_name, pyfunc.__defaults__,
+                              pyfunc.__closure__)
+    copy.__qualname__ = f"{pyfunc.__qualname__}_{tag}"
+    return copy
 
 
 def _general_loader(ns: dict[str, Any], tf32: bool) -> Any:

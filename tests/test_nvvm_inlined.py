@@ -1,0 +1,77 @@
+"""Device functions inlined by NVVM (rungs mma and wgmma: the checked loader, the epilogue's
+store) are compiled by numba as subroutines, which numba keeps per process keyed by their
+code, not their globals. A loader generated for one tile shape must not be reused by the
+next kernel of another shape: on an H100 that gave wrong products and illegal addresses
+whenever one process built two shapes (found by the GPU test run on 2026-11-26)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.ptx
+
+FILL = """
+@cuda.jit(device=True, inline=True)
+def fill(out, i):
+    out[i] = VALUE
+"""
+
+
+def _kernel_ptx(value: float) -> str:
+    """PTX of a kernel whose NVVM-inlined device function stores the global VALUE."""
+    from numba import cuda, float32
+
+    from tilegemm.kernels.cuda._codegen import compile_source
+    from tilegemm.kernels.cuda.k10_mma import nvvm_inlined
+
+    fill = nvvm_inlined(compile_source(FILL, "fill", {"cuda": cuda,
+                                                      "VALUE": np.float32(value)}))
+    kernel: Any = compile_source("def k(out):\n    fill(out, 0)\n", "k", {"fill": fill})
+    ptx, _ = cuda.compile_ptx(kernel, (float32[::1],), cc=(8, 0))
+    return ptx
+
+
+def _stored(ptx: str) -> set[float]:
+    """The float32 constants the PTX moves into registers (as bits or as 0f... literals)."""
+    bits = [int(x) for x in re.findall(r"mov\.[bu]32\s+%r\d+, (\d+);", ptx)]
+    bits += [int(x, 16) for x in re.findall(r"0f([0-9A-F]{8})", ptx)]
+    return {float(np.uint32(b).view(np.float32)) for b in bits}
+
+
+def test_same_text_with_other_globals_is_compiled_again() -> None:
+    first, second, again = _kernel_ptx(1.5), _kernel_ptx(2.5), _kernel_ptx(1.5)
+    assert _stored(first) == {1.5}
+    assert _stored(second) == {2.5}  # not the first kernel's 1.5
+    assert _stored(again) == {1.5}
+
+
+def test_a_tile_shape_compiled_after_another_is_the_same_code_as_alone() -> None:
+    """The loader of rung mma as a second kernel of the process reads its own shape's
+    constants: its PTX equals that of the same shape compiled first (checked here by the
+    loader's thread count, which differs between the two shapes)."""
+    from tilegemm import registry
+    from tilegemm.analysis.resources import compile_ptx_all
+
+    spec = registry.get("mma", "cuda")
+    base = {"BM": 32, "BN": 16, "BK": 16, "WM": 16, "WN": 16, "STAGES": 2, "GROUP_M": 2}
+    wide = spec.resolve({**base, "BN": 32, "WN": 32})  # 64 threads, B in 2 rounds of 64
+    four_warps = spec.resolve({**base, "BN": 32, "WN": 16})  # 128 threads, 1 round
+
+    def normalised(ptx: str) -> str:  # symbol names carry per-process serial numbers
+        ptx = re.sub(r"_Z[A-Za-z0-9_]+", "F", ptx)
+        return re.sub(r"_cudapy_smem_\d+", "smem", ptx)
+
+    registry._build.cache_clear()
+    compile_ptx_all(spec, wide, "float32")
+    after = normalised(compile_ptx_all(spec, four_warps, "float32")["sm_80"])
+    # the same shape again, with numba's subroutine cache emptied: as in a fresh process
+    from numba.cuda.descriptor import cuda_target
+
+    cuda_target.target_context.cached_internal_func.clear()
+    registry._build.cache_clear()
+    alone = normalised(compile_ptx_all(spec, four_warps, "float32")["sm_80"])
+    assert after == alone
