@@ -64,6 +64,8 @@ fresh() { for f; do : > "$OUT/$f"; done; }
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 # The cache directory is named: platformdirs may be missing from a system Python.
 export TILEGEMM_CACHE_DIR=${TILEGEMM_CACHE_DIR:-/tmp/tilegemm-cache}
+# FP32 steps: no TF32 anywhere in cuBLAS. The tensor-core steps compare with cuBLAS TF32,
+# which NVIDIA_TF32_OVERRIDE=0 would silently turn into SGEMM: they unset it (below).
 export CUPY_TF32=0 NVIDIA_TF32_OVERRIDE=0
 PY=${PY:-python3}
 [ -d .whl ] && ls .whl/*.whl >/dev/null 2>&1 && {
@@ -137,6 +139,7 @@ tune)
   tail -30 "$OUT/tune.log"; cat "$OUT/targets-tuned.log"
   ;;
 tensor)
+  unset NVIDIA_TF32_OVERRIDE
   # The tensor-core targets first (4096^3: TF32 and BF16 against cuBLAS at the same
   # precision, 3xTF32 against FP32 SGEMM), then the Hopper rung, then the errors, then
   # extras, so that a short step still answers the targets.
@@ -167,7 +170,7 @@ rivals)
   part "targets pipelined + Triton" 300 "$OUT/rivals.log" \
       $PY benchmarks/perf_targets.py --kernel pipelined --json "$OUT/targets-pipelined-triton.json"
   part "tensor cores + Triton" 270 "$OUT/rivals.log" \
-      $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 bfloat16
+      env -u NVIDIA_TF32_OVERRIDE $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 bfloat16
   tail -40 "$OUT/rivals.log"
   ;;
 small)

@@ -139,6 +139,11 @@ def main() -> int:
     if (major, minor) < (8, 0):
         print(f"needs compute capability 8.0 or newer; this GPU is {major}.{minor}")
         return 2
+    from tilegemm.bench.vendors import tf32_overridden
+
+    if "tf32" in args.modes and tf32_overridden():
+        print(tf32_overridden())
+        return 2
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     print(f"device: {status.devices[0]}, torch {torch.__version__}")

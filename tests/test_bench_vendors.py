@@ -289,3 +289,26 @@ def test_a_16bit_run_skips_references_without_that_mode(monkeypatch: pytest.Monk
     assert v is None and "FP32/TF32 only" in note
     v, _ = vendors.find_vendor(_GpuBackend("cuda"), math="native")
     assert v is not None and v.math == "native"
+
+
+def test_no_tf32_reference_where_the_driver_override_turns_tf32_off(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVIDIA_TF32_OVERRIDE=0 makes cuBLAS run SGEMM whatever CuPy or PyTorch ask for: a
+    TF32 comparison would be against FP32 (measured so once on an H100). FP32 runs keep
+    the override."""
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setenv("CUPY_TF32", "1")
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    v, note = vendors.find_vendor(_GpuBackend("cuda"), math="tf32")
+    assert v is None and "NVIDIA_TF32_OVERRIDE=0" in note
+    assert vendors.tf32_overridden() is not None
+    monkeypatch.setenv("CUPY_TF32", "0")
+    v, _ = vendors.find_vendor(_GpuBackend("cuda"), math="native")
+    assert v is not None and v.math == "native"
+    for value in ("1", ""):
+        monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", value)
+        assert vendors.tf32_overridden() is None
+    monkeypatch.setenv("CUPY_TF32", "1")
+    v, _ = vendors.find_vendor(_GpuBackend("cuda"), math="tf32")
+    assert v is not None and v.math == "tf32"

@@ -114,12 +114,31 @@ def vendor_math(dtype: np.dtype | str, precision: str = "ieee") -> str:
 MATH_LABEL = {"native": "", "tf32": " TF32", "fp16": " FP16", "bf16": " BF16"}
 
 
+def tf32_overridden() -> str | None:
+    """Why cuBLAS cannot be the TF32 reference in this process, or None.
+
+    ``NVIDIA_TF32_OVERRIDE=0`` turns TF32 off inside cuBLAS whatever CuPy or PyTorch ask
+    for, so a "TF32" reference silently runs FP32 SGEMM (seen on an H100: 52 TFLOP/s with
+    SGEMM's error, against 388 for TF32). It is right for FP32 runs, wrong for this one."""
+    if os.environ.get("NVIDIA_TF32_OVERRIDE", "").strip() == "0":
+        return ("NVIDIA_TF32_OVERRIDE=0 is set: it turns TF32 off inside cuBLAS, so the "
+                "TF32 reference would be FP32 SGEMM; unset it for TF32 comparisons")
+    return None
+
+
+def _refuse_tf32_overridden(math: str) -> None:
+    why = tf32_overridden() if math == "tf32" else None
+    if why:
+        raise ValueError(why)
+
+
 def _cupy_vendor(math: str = "native") -> Vendor:
     # CuPy reads CUPY_TF32 when it is imported, so it is set before; if CuPy was imported
     # earlier with the other setting, refuse (the next vendor is tried) rather than pretend.
     if math not in ("native", "tf32"):
         raise ValueError(f"the CuPy reference covers FP32/TF32 only, not {math.upper()} "
                          "(PyTorch is the reference for 16-bit inputs)")
+    _refuse_tf32_overridden(math)
     want = "1" if math == "tf32" else "0"
     if math == "tf32" and "cupy" in sys.modules and os.environ.get("CUPY_TF32", "0") != want:
         raise ValueError("CuPy was imported with CUPY_TF32 unset: no TF32 reference")
@@ -233,6 +252,7 @@ def _torch_vendor(math: str = "native") -> Vendor:
 
     if not torch.cuda.is_available():
         raise ImportError("PyTorch has no CUDA device")
+    _refuse_tf32_overridden(math)
     note = _torch_math(torch, math)
 
     def prepare(prob: GemmProblem, a3: np.ndarray, b3: np.ndarray) -> Prepared:
