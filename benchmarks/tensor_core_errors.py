@@ -79,8 +79,9 @@ def main() -> int:
     if args.json:
         from tilegemm.bench.environment import host_info, versions
 
-        doc = {"what": "max |C - C64| / (|A|.|B|), rung mma per mode", "device":
-               status.reason, "simulated": status.simulated, "host": host_info(),
+        device = ", ".join(status.devices) or status.reason  # the GPU's name where there is one
+        doc = {"what": "max |C - C64| / (|A|.|B|), rung mma per mode", "device": device,
+               "backend": status.reason, "simulated": status.simulated, "host": host_info(),
                "machine": platform.processor() or platform.machine(),
                "versions": versions(), "rows": rows}
         with open(args.json, "w") as f:

@@ -110,6 +110,26 @@ def test_3xtf32_is_near_float32_and_better_than_tf32(a_shape: tuple, b_shape: tu
     assert np.max(np.abs(r1 - want)) > 8 * np.max(np.abs(r3 - want))  # the passes matter
 
 
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("promote", "a_shape", "b_shape"),
+                         [(1, (70, 200), (200, 45)), (2, (64, 160), (160, 32))])
+def test_3xtf32_promoted_partial_sums(promote: int, a_shape: tuple, b_shape: tuple,
+                                      rng: np.random.Generator) -> None:
+    """PROMOTE: the tensor core sums 1 or 2 k-tiles into a fresh partial that the threads
+    add to the result. Edge blocks (the checked loop), and an interior block of 5 k-tiles
+    with PROMOTE=2 (promotions in both loops, the last partial added after them): a partial
+    lost or added twice is an error of whole products, far above this bound."""
+    _needs_sm90()
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    r = tilegemm.matmul(a, b, backend="cuda", precision="3xtf32", kernel="wgmma",
+                        **_sim(PROMOTE=promote))
+    assert not np.isnan(r).any()
+    scale = np.matmul(np.abs(a).astype(np.float64), np.abs(b))
+    err = np.abs(r - np.matmul(a.astype(np.float64), b))
+    assert np.all(err <= 4 * a.shape[-1] * 2.0**-24 * scale), np.max(err / scale)
+
+
 HALF_CASES = [("float16", (67, 136), (136, 41), ""), ("bfloat16", (2, 9, 70), (70, 33), ""),
               ("bfloat16", (64, 192), (192, 32), "strided b"), ("float16", (36, 20), (20, 17),
                                                                 "a.T")]
@@ -328,6 +348,14 @@ def test_sass_of_3xtf32_at_the_defaults() -> None:
     p = SPEC.resolve({"PASSES": 3})
     assert SPEC.smem(p, 4) == 224 * 1024 <= SMEM_SM90
     text = _clean_sass(p, "float32")
+    assert len(re.findall(r"HGMMA\.64x128x8\.F32\.TF32", text)) == 24
+
+
+@pytest.mark.ptx
+def test_sass_of_3xtf32_with_promoted_partial_sums() -> None:
+    """PROMOTE=1 at the defaults: the partial's 64 registers on top of the result's fit
+    (255 at most, no spills, wgmma not serialized), and still 12 HGMMA a k-tile."""
+    text = _clean_sass(SPEC.resolve({"PASSES": 3, "PROMOTE": 1}), "float32")
     assert len(re.findall(r"HGMMA\.64x128x8\.F32\.TF32", text)) == 24
 
 

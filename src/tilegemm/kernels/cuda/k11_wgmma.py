@@ -93,6 +93,11 @@ PRECISIONS: dict[str, int] = {"tf32": 1, "3xtf32": 3}
 # (see _rounding): a slot written in iteration kt last held tile kt - 3's, whose products
 # every warpgroup retired before the barrier of iteration kt - 1.
 SMALL_SLOTS = 3
+# 3×TF32's partial sums, added to the result every PROMOTE k-tiles (see _promotion). Measured
+# at 4096³ on an H200 against cuBLAS SGEMM (51.4 TFLOP/s, max error 3.3e-7 scaled by
+# max |A|·|B|): the tensor core accumulating all of K, 86.5 TFLOP/s and 3.9e-6;
+# PROMOTE=1 80.5 and 8.7e-8; 2 82.4 and 8.7e-8; 4 83.6 and 1.3e-7.
+PROMOTE_DEFAULT = 2
 
 
 def _threads(p: Mapping[str, int]) -> int:
@@ -176,12 +181,21 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
     bases, offsets, bumps = bases + b["BASES"], offsets + b["OFFSETS"], bumps + b["BUMP"]
     round_bases, rounding = _rounding(A_CHUNKS, B_CHUNKS, NT, tf32, split)
     bases += round_bases
+    # 3xTF32 with PROMOTE > 0: the tensor core sums into a partial ``t`` that starts afresh
+    # (scale-d 0) every PROMOTE k-tiles and is then added to ``acc`` by the threads
+    # (see ``_promotion``); otherwise the tensor core accumulates into ``acc`` itself.
+    promote = p.get("PROMOTE", PROMOTE_DEFAULT) if split else 0
+    d_acc = "t" if promote else "acc"
     steps = []
     for s in range(ROW // KSTEP):
         d = f" + u64({s * KSTEP // 16})"
         if split:  # the small products first, then big x big (CUTLASS's order)
-            steps += [f"acc = mma(acc, dsas{d}, dsb{d}, 1)", f"acc = mma(acc, dsa{d}, dsbs{d}, 1)"]
-        steps.append(f"acc = mma(acc, dsa{d}, dsb{d}, 1)")
+            steps += [f"{d_acc} = mma({d_acc}, dsas{d}, dsb{d}, 1)",
+                      f"{d_acc} = mma({d_acc}, dsa{d}, dsbs{d}, 1)"]
+        steps.append(f"{d_acc} = mma({d_acc}, dsa{d}, dsb{d}, 1)")
+    if promote:
+        steps[0] = steps[0].replace(", 1)", ", sd)")  # a fresh partial after a promotion
+        steps.append("sd = 1")
     slot_init = ["ss = 0  # byte offset of this k-tile's slot of small parts"] if split else []
     # the next k-tile's stages (A's and B's ring, the copies' stage, 3×TF32's slot)
     next_stage = ["rsa = rsa + SA if rsa < (STAGES - 1) * SA else 0",
@@ -199,6 +213,7 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
     # eight-value tuples joined: a long tuple display becomes a list-to-tuple in CPython
     # 3.11's bytecode, which numba-cuda's bytecode reader refuses (BN/2 is a multiple of 8)
     zeros = " + ".join(["(" + ", ".join(["zf"] * 8) + ")"] * (BN // 16))
+    partial_init, retire, retire_all = _promotion(promote, BN)
     head = fill(ITERATION_HEAD, {"ROUND": rounding or ["pass"], "STEPS": steps,
                                  "SMALL_DESC": small_desc})
     small_bases = (["dsas0 = smem_desc(As, SMALL + wg * WG_A, ATOM)",
@@ -207,10 +222,39 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
                            "FAST_COPIES": a_copies + b["STORES"], "EPILOGUE": epilogue,
                            "HEAD": head.splitlines(), "B_INIT": b["INIT"],
                            "B_LOADS": b["LOADS"], "B_PRELOAD": b["PRELOAD"] + b["BUMP"],
-                           "SLOT_INIT": slot_init, "NEXT_STAGE": next_stage})
+                           "SLOT_INIT": slot_init, "NEXT_STAGE": next_stage,
+                           "PARTIAL_INIT": partial_init, "RETIRE": retire,
+                           "RETIRE_ALL": retire_all})
     source = source.replace("#@ZEROS", zeros)
-    name = f"wgmma_{dtype}{'_3x' if split else ''}_kernel"
+    name = f"wgmma_{dtype}{'_3x' if split else ''}{f'_p{promote}' if promote else ''}_kernel"
     return kernel_jit(NT, 1)(compile_source(source.replace("KERNEL_NAME", name), name, ns))
+
+
+def _promotion(promote: int, bn: int) -> tuple[list[str], list[str], list[str]]:
+    """(per output tile, end of each k-tile, after the last) lines for 3×TF32's promotion
+    of partial sums; ``promote`` = 0 (TF32 and 16-bit operands): the tensor core
+    accumulates into ``acc`` and each k-tile ends by waiting for the previous one's
+    products (``wait1``).
+
+    Why: the tensor core adds its products into the accumulator with truncation, not
+    rounding to nearest. Accumulating a whole K into one register that way, 3×TF32's error
+    on an H100 and an H200 grew with K to 12× SGEMM's at 4096³ (3.9e-6 against 3.3e-7,
+    scaled by max |A|·|B|): the small parts' correction was lost in the big sum's
+    truncation. With ``promote`` > 0 the products of ``promote`` k-tiles go into a fresh
+    partial ``t`` (the first wgmma after a promotion has scale-d 0) and the threads add it
+    to ``acc`` in float32, rounded to nearest: the truncation then applies to small partial sums
+    only. It costs BN/2 float32 registers and, once per ``promote`` k-tiles, a wait for
+    the products in flight (``wait0``) and BN/2 additions a thread."""
+    if not promote:
+        return [], ["acc = wait1(acc)  # tile kt-1's product has retired; kt's may run on"], [
+            "acc = wait0(acc)"]
+    add = " + ".join("(" + ", ".join(f"acc[{i}] + t[{i}]" for i in range(j, j + 8)) + ")"
+                     for j in range(0, bn // 2, 8))
+    retire = [f"if (kt + 1) & {promote - 1} == 0:  # promote: t's sums into acc",
+              "    t = wait0(t)", f"    acc = {add}", "    sd = 0",
+              "else:", "    t = wait1(t)  # tile kt-1's product has retired; kt's may run on"]
+    return ["t = acc", "sd = 0  # the next wgmma starts a fresh partial"], retire, [
+        "t = wait0(t)", "if sd == 1:  # sums not yet promoted", f"    acc = {add}"]
 
 
 def _fast_b(chunks: int, nt: int, vw: int, tf32: bool, split: bool) -> dict[str, list[str]]:
@@ -398,6 +442,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
             row0 = (first + gr - gj * gsize) * BM
             col0 = gj * BN
             acc = #@ZEROS
+            #@PARTIAL_INIT
             # Prologue: tiles 0..P-1 in flight, one cp.async group each.
             for s in range(P):
                 if s < k_tiles:
@@ -425,7 +470,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
                     commit_cp()
                     if kt + 1 < k_fast:  # B of the next tile copied, into registers
                         #@B_LOADS
-                    acc = wait1(acc)  # tile kt-1's product has retired; kt's may run on
+                    #@RETIRE
                     #@BUMP
                     kf += BK
                     kt += 1
@@ -436,10 +481,10 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
                     load_stage(As, A, B, ws, (kt + P) * BK, za, zb, row0, col0, m, n, k_len,
                                a_vec, tid)
                 commit_cp()  # always, so cp.async group counts stay aligned with tiles
-                acc = wait1(acc)  # tile kt-1's product has retired; kt's may run on
+                #@RETIRE
                 kt += 1
                 #@NEXT_STAGE
-            acc = wait0(acc)
+            #@RETIRE_ALL
             wait_all()
             cuda.syncthreads()  # the next tile's prologue overwrites the ring
             #@EPILOGUE
@@ -463,12 +508,18 @@ SPEC = KernelSpec(
         GROUP_M,
         Param("PASSES", 1, (1, 3), "wgmma per k step for float32 operands: 1 = "
               "precision='tf32', 3 = '3xtf32'; set by precision="),
+        Param("PROMOTE", PROMOTE_DEFAULT, (1, 2, 4), "3xTF32 only: k-tiles the tensor core "
+              "sums into a fresh partial before the threads add it to the result in "
+              "float32 (see _promotion)"),
     ),
     constraints=(
         Constraint("the ring fits the 227 KB of shared memory an sm_90 block may opt in to",
                    lambda p: _smem(p) <= SMEM_SM90),
         Constraint("BN/2 accumulators per thread: BN <= 128 with BM > 128 (registers)",
                    lambda p: p["BM"] <= 128 or p["BN"] <= 128),
+        Constraint(f"PROMOTE applies to 3xTF32 only (PASSES = 3); otherwise it stays "
+                   f"{PROMOTE_DEFAULT}",
+                   lambda p: p["PASSES"] == 3 or p["PROMOTE"] == PROMOTE_DEFAULT),
     ),
     dtypes=("float32", "float16", "bfloat16"),
     threads=_threads,
