@@ -20,6 +20,7 @@ from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.kernels.cuda._tensorcore import tf32_round
 
 SPEC = registry.get("wgmma", "cuda")
+BF16 = np.dtype("bfloat16")  # ml_dtypes.bfloat16 (tilegemm imports ml_dtypes)
 
 
 def _needs_sm90() -> None:
@@ -223,14 +224,25 @@ def test_a_slot_reused_too_soon_is_caught(rng: np.random.Generator,
 # --- how it is chosen -----------------------------------------------------------------------
 
 
-def test_auto_never_picks_wgmma() -> None:
-    """Not yet run on hardware: kernel="auto" keeps rung mma for tensor-core requests."""
+@pytest.mark.parametrize("capability", [(9, 0), (8, 0), (8, 9), (10, 0), None])
+def test_auto_picks_wgmma_on_sm90_only(capability: tuple[int, int] | None) -> None:
+    """Checked and timed on an H100 and an H200: kernel="auto" runs wgmma for tensor-core
+    requests on compute capability 9.0, and mma on any other GPU and where the capability
+    is unknown (the simulator stands for any GPU)."""
     from tilegemm.precision import apply_precision
 
-    assert SPEC.named_only and registry.default_for("cuda", "float32").name != "wgmma"
-    for dtype, precision in ((np.float32, "tf32"), (np.float16, None)):
-        name, _ = apply_precision(precision, "auto", "cuda", np.dtype(dtype), {})
-        assert name == "mma"
+    assert not SPEC.named_only and registry.default_for("cuda", "float32").name != "wgmma"
+    want = "wgmma" if capability == (9, 0) else "mma"
+    for dtype, precision in ((np.float32, "tf32"), (np.float32, "3xtf32"),
+                             (np.float16, None), (BF16, None)):
+        name, params = apply_precision(precision, "auto", "cuda", np.dtype(dtype), {},
+                                       capability=capability)
+        assert name == want, (dtype, precision)
+        if precision:
+            assert params["PASSES"] == registry.get(want, "cuda").precisions[precision]
+    name, _ = apply_precision(None, "auto", "cuda", np.dtype(np.float32), {},
+                              capability=(9, 0))
+    assert name == "auto"  # IEEE float32: the FFMA ladder, never a tensor-core rung
 
 
 def test_wgmma_needs_a_tensor_core_precision() -> None:
@@ -286,7 +298,8 @@ def test_any_gpu_but_sm90_is_refused_listing_what_runs(capability: tuple[int, in
 
 
 def test_tuner_space_and_baseline() -> None:
-    """Searchable by the tuner; the untuned baseline stays mma."""
+    """Searchable by the tuner; the untuned baseline is what kernel="auto" runs there:
+    wgmma on compute capability 9.0, mma on other GPUs."""
     from tilegemm.backends.cuda import BACKEND, CUDA_LIMITS
     from tilegemm.commands.tune import baseline_choice
     from tilegemm.tune import select, space
@@ -297,9 +310,10 @@ def test_tuner_space_and_baseline() -> None:
     assert three and all(p["PASSES"] == 3 for p in three)
     assert space.candidates(SPEC, "bfloat16", CUDA_LIMITS)
     mma = registry.get("mma", "cuda")
-    choice = baseline_choice(BACKEND, _gpu((9, 0)), np.dtype(np.float32), "tf32", [mma, SPEC],
-                             select.untuned_choice)
-    assert choice is not None and choice[0] is mma
+    for capability, want in (((9, 0), SPEC), ((8, 0), mma)):
+        choice = baseline_choice(BACKEND, _gpu(capability), np.dtype(np.float32), "tf32",
+                                 [mma, SPEC], select.untuned_choice)
+        assert choice is not None and choice[0] is want
 
 
 # --- machine code (sm_90a, no GPU needed) ---------------------------------------------------
@@ -391,3 +405,23 @@ def test_hot_loop_issue_share_does_not_regress(dtype: str) -> None:
     assert r.hot["HMMA"] == 4 and r.hot["LDGSTS"] == 4 and r.hot["BAR"] == 1, r.hot
     assert r.hot["total"] <= WGMMA_GUARD[dtype], r.hot
     assert r.local_memory == 0
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_plan_on_an_h100_runs_wgmma_for_tensor_core_requests(monkeypatch) -> None:  # noqa: ANN001
+    """matmul's decision passes the device's compute capability to the choice of rung: on
+    a (stand-in) sm_90 GPU the plan for TF32, 3xTF32 and 16-bit operands is wgmma; under
+    the simulator, which stands for any GPU, mma."""
+    import dataclasses
+
+    from tilegemm.backends import cuda as cuda_backend
+
+    be = cuda_backend.BACKEND
+    a = np.ones((64, 32), np.float32)
+    assert tilegemm.plan(a, a.T, backend="cuda", precision="tf32").kernel == "mma"
+    h100 = dataclasses.replace(be.target(), capability=(9, 0), arch="sm_90", simulated=False)
+    monkeypatch.setattr(type(be), "_target", lambda self, index: h100)
+    for x, precision in ((a, "tf32"), (a, "3xtf32"), (a.astype(np.float16), None)):
+        planned = tilegemm.plan(x, x.T, backend="cuda", precision=precision)
+        assert planned.kernel == "wgmma", precision

@@ -281,8 +281,9 @@ def _decide(
         prob = replace(prob, result_dtype=None, operand_dtype=prob.result_dtype)
     prob = _tensor_core_half(prob, be, tc_target)
     asked_auto = kernel == AUTO and not params
+    capability = None if target is None or target.simulated else target.capability
     kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params,
-                                     prob.out_dtype)
+                                     prob.out_dtype, capability)
     source = "requested"
     if asked_auto and kernel != AUTO:  # a tensor-core rung: its tuned parameters, if any
         tuned = tuned_precision_params(be, target, prob, kernel, precision or "ieee")

@@ -140,8 +140,8 @@ class KernelSpec:
     # (rung wgmma: (9, 0), the sm_90a target): compiled for that target only, and refused
     # on any other GPU (a newer one lacks them too).
     only_cc: tuple[int, int] | None = None
-    # Runs only when named (kernel="wgmma"): kernel="auto" and the tuner's untuned baseline
-    # pass it over. For a rung not yet verified on hardware.
+    # Runs only when named: kernel="auto" and the tuner's untuned baseline pass it over.
+    # For a rung not yet verified on hardware (rung wgmma was, until it ran on an H100).
     named_only: bool = False
 
     def __repr__(self) -> str:

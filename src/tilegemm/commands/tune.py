@@ -330,13 +330,15 @@ def tuning_specs(backend: str, dtype, precision: str,  # noqa: ANN001 - a NumPy 
 def baseline_choice(backend, target, dtype, precision: str, specs: list,  # noqa: ANN001
                     untuned):  # noqa: ANN001, ANN201
     """What the call runs untuned, timed first: ``kernel="auto"``'s IEEE choice, or for a
-    tensor-core run the highest such rung at its defaults, precision parameter pinned."""
+    tensor-core run the rung kernel="auto" runs on this device at its defaults, precision
+    parameter pinned."""
+    from tilegemm.precision import auto_tensor_spec
     from tilegemm.tune import space
 
     tensor = [s for s in specs if s.precisions]
     if not tensor or any(not s.precisions for s in specs):
         return untuned(backend, dtype.name, target)
-    top = max([s for s in tensor if not s.named_only] or tensor, key=lambda s: s.rung)
+    top = auto_tensor_spec(tensor, None if target.simulated else target.capability)
     pin = space.precision_pin(top, dtype, precision)
     try:
         resolved = backend.resolve(top, {pin[0]: pin[1]} if pin else {}, target)
