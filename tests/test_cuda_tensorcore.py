@@ -356,3 +356,18 @@ def test_sim_barrier_releases_all_and_gives_up_when_the_block_aborts() -> None:
     assert time.monotonic() - start < 5
     with pytest.raises(threading.BrokenBarrierError, match="1 of 2 threads never arrived"):
         SimBarrier(2, timeout=0.3).wait()
+
+
+def test_the_emulated_tensor_core_truncates_its_sums() -> None:
+    """The emulations round each mma's exact sum toward zero, as the tensor cores do (a
+    long accumulation inside them loses what rounding to nearest would keep)."""
+    from tilegemm.kernels.cuda._tensorcore import sum_to_float32
+
+    up = 1 + 3 * 2.0**-25  # to nearest: 1 + 2**-23; toward zero: 1
+    x = np.array([up, -up, 1.5, np.nan, np.inf, -np.inf, 2.0**200, -(2.0**200), 0.0])
+    r = sum_to_float32(x)
+    big = np.finfo(np.float32).max
+    assert r.dtype == np.float32
+    assert r[0] == 1.0 and r[1] == -1.0 and r[2] == 1.5 and np.float32(up) == 1 + 2.0**-23
+    assert np.isnan(r[3]) and r[4] == np.inf and r[5] == -np.inf
+    assert r[6] == big and r[7] == -big and r[8] == 0.0

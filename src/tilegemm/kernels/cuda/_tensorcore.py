@@ -209,6 +209,23 @@ def tf32_truncate(x: Any) -> np.ndarray:
     return (bits & np.uint32(0xFFFFE000)).view(np.float32)
 
 
+def sum_to_float32(x: np.ndarray) -> np.ndarray:
+    """A tensor core's float32 result of the exact sum ``x`` (float64): rounded toward zero.
+
+    The tensor cores of A100 and later normalize their sums by truncation, not to nearest
+    (Fasi et al., "Numerical behavior of NVIDIA tensor cores", PeerJ CS 2021; and on an
+    H100/H200 here, 2026-11-26: 3×TF32 accumulated over all of K in the tensor core lost
+    to SGEMM by 12× at 4096³). The emulations round so, that the simulator shows what the
+    hardware does to a long accumulation; the hardware also truncates while aligning the
+    products, which this leaves out (its error is at least this one). NaN and infinities
+    pass through; a finite sum beyond float32's range gives its largest finite value."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = np.asarray(x, np.float64).astype(np.float32)
+        away = np.abs(r.astype(np.float64)) > np.abs(x)  # rounded away from zero
+    r[away] = np.nextafter(r[away], np.float32(0))
+    return r
+
+
 def bf16_bits(x: Any) -> np.ndarray:
     """float32 → bfloat16 bit patterns (uint16), rounded to nearest even; NaN stays NaN
     (a quiet NaN of the same sign, as ``cvt.rn.bf16.f32`` gives)."""
@@ -318,7 +335,8 @@ def _emulate_mma(a: Any, b: Any, c: Any, k: int,
                  ) -> tuple[np.float32, ...]:
     """This lane's result of a warp's m16n8k``k`` mma: the 32 lanes' fragments gathered,
     ``operands(lane, fa, fb, A, B)`` places a lane's A and B values in A (16×k) and B
-    (k×8), the accumulators go by ``c_layout``, and D = A·B + C is rounded to float32."""
+    (k×8), the accumulators go by ``c_layout``, and D = A·B + C is rounded to float32 as the
+    tensor core rounds (:func:`sum_to_float32`)."""
     frags = warp_exchange((tuple(a), tuple(b), tuple(c)))
     A, B, C = np.zeros((16, k)), np.zeros((k, 8)), np.zeros((16, 8))
     for lane, (fa, fb, fc) in enumerate(frags):
@@ -326,7 +344,7 @@ def _emulate_mma(a: Any, b: Any, c: Any, k: int,
         for i in range(4):
             C[c_layout(lane, i)] = fc[i]
     with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf pass through, silently,
-        D = (A @ B + C).astype(np.float32)  # as on the tensor cores
+        D = sum_to_float32(A @ B + C)  # as on the tensor cores
     lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
     return tuple(D[c_layout(lane, i)] for i in range(4))
 

@@ -82,6 +82,7 @@ from tilegemm.kernels.cuda._tensorcore import (
     SimBarrier,
     bf16_value,
     note_access,
+    sum_to_float32,
     tf32_truncate,
     untraced,
 )
@@ -413,7 +414,8 @@ def _py_mma(kind: str, n: int) -> Any:
                     for thread, f in enumerate(frags):
                         for i in range(n // 2):
                             C[d_layout(thread, i)] = f[0][i]
-                return (A @ B + C).astype(np.float32)
+                with np.errstate(invalid="ignore", over="ignore"):
+                    return sum_to_float32(A @ B + C)
 
             D = group_compute((tuple(acc_now), key), compute)
             me = threading.current_thread().thread_id % WARPGROUP  # type: ignore[attr-defined]

@@ -538,6 +538,8 @@ def _tf32_parts(p: Mapping[str, int], passes: int,
         bases.append(f"xa{q} = (r_l * BK + (({2 * q} + mat // 2) ^ s_a) * 4) * 4")
         if passes == 3:  # the same place in a slot of small parts (see _round_own)
             bases.append(f"sxa{q} = SMALL + xa{q}")
+    if passes == 3:
+        bases.append("z4 = (zero, zero, zero, zero)  # C of each k step's first mma")
     for j in range(NI):
         bases += [f"xb{j} = B_BYTES + (t * BN + (((wn0 + {8 * j} + g) // 4) ^ ((2 * t) & BSWZ))"
                   f" * 4 + g % 4) * 4"]
@@ -569,12 +571,16 @@ def _tf32_parts(p: Mapping[str, int], passes: int,
                 c = f"(acc[{i}, {j}, 0], acc[{i}, {j}, 1], acc[{i}, {j}, 2], acc[{i}, {j}, 3])"
                 d = [f"d{i}_{j}_{r}_{v}" for r in range(4)]
                 if passes == 3:
-                    lines += [f"e{i}_{j}_{v} = mma({asm}, {b}, {c})",
+                    # a fresh partial per k step (C = 0), added to acc by the thread: the
+                    # tensor core's accumulation truncates, and summing all of K there lost
+                    # the small parts' correction on an H100 (see _promotion in rung wgmma)
+                    lines += [f"e{i}_{j}_{v} = mma({asm}, {b}, z4)",
                               f"f{i}_{j}_{v} = mma({a}, {bs}, e{i}_{j}_{v})",
                               f"{', '.join(d)} = mma({a}, {b}, f{i}_{j}_{v})"]
+                    lines += [f"acc[{i}, {j}, {r}] += {d[r]}" for r in range(4)]
                 else:
                     lines.append(f"{', '.join(d)} = mma({a}, {b}, {c})")
-                lines += [f"acc[{i}, {j}, {r}] = {d[r]}" for r in range(4)]
+                    lines += [f"acc[{i}, {j}, {r}] = {d[r]}" for r in range(4)]
     return bases, lines
 
 
