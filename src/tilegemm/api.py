@@ -281,7 +281,7 @@ def _decide(
         prob = replace(prob, result_dtype=None, operand_dtype=prob.result_dtype)
     prob = _tensor_core_half(prob, be, tc_target)
     asked_auto = kernel == AUTO and not params
-    capability = None if target is None or target.simulated else target.capability
+    capability = None if target is None else target.known_capability  # auto's tensor rung
     kernel, params = apply_precision(precision, kernel, be.name, prob.dtype, params,
                                      prob.out_dtype, capability)
     source = "requested"

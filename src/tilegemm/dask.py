@@ -261,10 +261,9 @@ def _check_blocks(a: da.Array, b: da.Array, block_dtype: np.dtype | None, kernel
         be: Any = (choose_backend(backend, ops, kernel=kernel) if local
                    else SimpleNamespace(name=backend))
         prob = _tensor_core_half(prob, be)  # as matmul decides: 16-bit on tensor cores
-        target = be.target() if local else None
         rung, rung_params = apply_precision(
             precision, kernel, be.name, prob.dtype, params,
-            capability=None if target is None or target.simulated else target.capability)
+            capability=be.target().known_capability if local else None)
         if local:
             choose_kernel(rung, be, prob, rung_params)
         else:

@@ -91,6 +91,12 @@ class Target:
         without an architecture string (OpenCL) is ``backend/name``."""
         return "/".join(part for part in (self.backend, self.arch, self.name) if part)
 
+    @property
+    def known_capability(self) -> tuple[int, ...] | None:
+        """The compute capability of a real GPU; None without one, and under the simulator,
+        which stands for any GPU (kernel="auto" then keeps to rungs that run on every one)."""
+        return None if self.simulated or not self.capability else self.capability
+
 
 @dataclass(frozen=True)
 class Prepared:

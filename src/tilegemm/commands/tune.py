@@ -338,7 +338,7 @@ def baseline_choice(backend, target, dtype, precision: str, specs: list,  # noqa
     tensor = [s for s in specs if s.precisions]
     if not tensor or any(not s.precisions for s in specs):
         return untuned(backend, dtype.name, target)
-    top = auto_tensor_spec(tensor, None if target.simulated else target.capability)
+    top = auto_tensor_spec(tensor, target.known_capability)
     pin = space.precision_pin(top, dtype, precision)
     try:
         resolved = backend.resolve(top, {pin[0]: pin[1]} if pin else {}, target)
