@@ -21,6 +21,11 @@
 #                                      # target shapes, TF32/FP16/BF16 at 4096^3 (~6 min)
 #   bash benchmarks/gpu_run.sh small   # one small matmul per call on cuda, cudac and the
 #                                      # CPU against NumPy and an empty kernel's launch
+#   bash benchmarks/gpu_run.sh visit   # a short visit (STEP_SECONDS=330: ~5.5 minutes, room
+#                                      # for a second call in a 15-minute lease): the tensor-core tests
+#                                      # on the GPU, mma and wgmma at 4096^3 in every
+#                                      # precision against cuBLAS, then Nsight Compute on
+#                                      # one launch of each (wgmma TF32 and BF16, mma TF32)
 #
 # The other steps leave Triton out (--no-rivals, --no-triton): its first use compiles and
 # autotunes 16 configurations per shape class, which their time limits were not set for.
@@ -181,5 +186,35 @@ small)
       --backends cuda cudac cpu --out "$OUT/small-calls-gpu.json"
   tail -30 "$OUT/small-calls.log"
   ;;
-*) echo "usage: $0 check|bench|tests|tune|tensor|rivals|small" >&2; exit 2 ;;
+visit)
+  # What a 15-minute lease can answer in one call of ~5 minutes (2026-11-26: four short
+  # calls found and fixed two bugs only a GPU showed, and met the 3xTF32 target).
+  unset NVIDIA_TF32_OVERRIDE
+  info > "$OUT/visit.log" 2>&1
+  fresh gpu-tests.log tensor.log
+  TILEGEMM_GPU_TESTS=1 part "tensor-core tests" 100 "$OUT/gpu-tests.log" \
+      $PY -m pytest -q -n 16 -p no:cacheprovider -rf -W ignore -m "cudasim or gpu" \
+      tests/test_wgmma.py tests/test_wgmma_rung.py tests/test_cuda_mma.py \
+      tests/test_cuda_mma_store.py tests/test_cuda_tensorcore.py
+  for k in wgmma mma; do
+    part "tensor cores, $k 4096" 60 "$OUT/tensor.log" \
+        $PY benchmarks/tensor_cores.py --kernel $k --sizes 4096 --no-triton
+  done
+  sections="--section SpeedOfLight --section Occupancy --section WarpStateStats \
+--section SchedulerStats --section MemoryWorkloadAnalysis"
+  for run in "wgmma float32 tf32" "wgmma bfloat16 -" "mma float32 tf32"; do
+    set -- $run
+    prec=$([ "$3" = - ] && echo "" || echo "--precision $3")
+    part "ncu $1 $2" 30 "$OUT/ncu-$1-$2.txt" ncu --clock-control none \
+        --kernel-name "regex:$($PY benchmarks/ncu_rung.py --name "$1")" --launch-skip 1 \
+        --launch-count 1 $sections $PY benchmarks/ncu_rung.py --kernel "$1" --dtype "$2" $prec
+  done
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.log" | tail -10
+  grep -E "TFLOP|FAILED|target" "$OUT/tensor.log"
+  for f in "$OUT"/ncu-*.txt; do
+    echo "== $f"; grep -E "Duration|Compute \(SM\) Throughput|No Eligible|Warp Cycles Per \
+Issued|Achieved Occupancy|==WARNING== No kernels" "$f" || true
+  done
+  ;;
+*) echo "usage: $0 check|bench|tests|tune|tensor|rivals|small|visit" >&2; exit 2 ;;
 esac

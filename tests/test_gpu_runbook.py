@@ -19,13 +19,17 @@ pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("ti
                                 reason="needs bash and timeout")
 
 
-def _run(tmp_path: Path, step: str, seconds: int) -> tuple[str, list[str]]:
+def _run(tmp_path: Path, step: str, seconds: int,
+         env_var: str | None = None) -> tuple[str, list[str]]:
+    """Run ``step`` with stubs; ``env_var``: each stub call also records that variable's
+    value as the command saw it (``VAR=value``, or ``VAR unset``)."""
     stubs = tmp_path / "bin"
     stubs.mkdir(exist_ok=True)
     calls = tmp_path / "calls.txt"
-    for name in ("py", "nvidia-smi", "compute-sanitizer"):
+    seen = (f' {env_var}=${{{env_var}-unset}}' if env_var else "")
+    for name in ("py", "nvidia-smi", "compute-sanitizer", "ncu"):
         stub = stubs / name
-        stub.write_text(f'#!/usr/bin/env bash\necho "$*" >> {calls}\n')
+        stub.write_text(f'#!/usr/bin/env bash\necho "$*{seen}" >> {calls}\n')
         stub.chmod(0o755)
     # `timeout` records the limits it is given, then runs the command as the real one would
     stub = stubs / "timeout"
@@ -78,3 +82,45 @@ def test_small_step_times_the_cuda_backends_into_out(tmp_path):
     runs = [c for c in calls if c.startswith("benchmarks/")]
     assert runs == [f"benchmarks/small_calls.py --backends cuda cudac cpu --out "
                     f"{tmp_path / 'out' / 'small-calls-gpu.json'}"]
+
+
+def test_tensor_core_steps_leave_tf32_on_in_cublas(tmp_path):
+    """NVIDIA_TF32_OVERRIDE=0 (set for the FP32 steps) turns TF32 off inside cuBLAS: the
+    first tensor-core timing compared TF32 with SGEMM that way. The steps that compare
+    with cuBLAS TF32 run without it; the FP32 ones keep it."""
+    _, calls = _run(tmp_path, "tensor", 300, env_var="NVIDIA_TF32_OVERRIDE")
+    runs = [c for c in calls if c.startswith("benchmarks/tensor_cores.py")]
+    assert runs and all(c.endswith("NVIDIA_TF32_OVERRIDE=unset") for c in runs)
+    (tmp_path / "calls.txt").unlink()
+    _, calls = _run(tmp_path, "bench", 300, env_var="NVIDIA_TF32_OVERRIDE")
+    runs = [c for c in calls if "perf_targets" in c or "cli bench" in c]
+    assert runs and all(c.endswith("NVIDIA_TF32_OVERRIDE=0") for c in runs)
+
+
+def test_visit_step_tests_times_then_profiles(tmp_path):
+    """The short visit: the tensor-core tests on the GPU, both rungs against cuBLAS, then
+    one profiled launch of each (ncu, its kernel named by ncu_rung.py)."""
+    out, calls = _run(tmp_path, "visit", 330, env_var="NVIDIA_TF32_OVERRIDE")
+    labels = [line.split(":")[0] for line in out.splitlines() if ": exit " in line]
+    assert labels == ["tensor-core tests", "tensor cores, wgmma 4096", "tensor cores, mma 4096",
+                      "ncu wgmma float32", "ncu wgmma bfloat16", "ncu mma float32"]
+    assert all(c.endswith("NVIDIA_TF32_OVERRIDE=unset") for c in calls
+               if not c.startswith("timeout "))
+    profiled = [c for c in calls if c.startswith("--clock-control none")]
+    assert len(profiled) == 3 and all("benchmarks/ncu_rung.py --kernel" in c for c in profiled)
+    assert "--dtype bfloat16" in profiled[1] and "--precision" not in profiled[1]
+
+
+def test_ncu_kernel_patterns_tell_the_rungs_apart():
+    import re
+    import sys
+
+    def pattern(rung: str) -> str:
+        return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "ncu_rung.py"),
+                               "--name", rung], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    mma, wgmma = pattern("mma"), pattern("wgmma")
+    assert re.search(mma, "mma_float32_kernel") and not re.search(mma, "wgmma_float32_kernel")
+    assert re.search(wgmma, "wgmma_bfloat16_kernel") and not re.search(wgmma, "mma_float32_k")
+    assert not re.search(mma, "sm90_xmma_gemm_f32f32_tf32f32")  # cuBLAS's own kernels
