@@ -49,29 +49,49 @@ def test_same_text_with_other_globals_is_compiled_again() -> None:
     assert _stored(again) == {1.5}
 
 
-def test_a_tile_shape_compiled_after_another_is_the_same_code_as_alone() -> None:
-    """The loader of rung mma as a second kernel of the process reads its own shape's
-    constants: its PTX equals that of the same shape compiled first (checked here by the
-    loader's thread count, which differs between the two shapes)."""
+def _normalised(ptx: str) -> str:
+    """PTX without what differs between processes: symbol names carry serial numbers."""
+    ptx = re.sub(r"_Z[A-Za-z0-9_]+", "F", ptx)
+    return re.sub(r"_cudapy_smem_\d+", "smem", ptx)
+
+
+def _after_and_alone(name: str, first: dict[str, int], second: dict[str, int],
+                     dtype: str, arch: str) -> tuple[str, str]:
+    """The PTX of rung ``name`` at ``second`` compiled right after ``first`` in this
+    process, and compiled with numba's subroutine cache emptied (as in a fresh process)."""
+    from numba.cuda.descriptor import cuda_target
+
     from tilegemm import registry
     from tilegemm.analysis.resources import compile_ptx_all
 
-    spec = registry.get("mma", "cuda")
-    base = {"BM": 32, "BN": 16, "BK": 16, "WM": 16, "WN": 16, "STAGES": 2, "GROUP_M": 2}
-    wide = spec.resolve({**base, "BN": 32, "WN": 32})  # 64 threads, B in 2 rounds of 64
-    four_warps = spec.resolve({**base, "BN": 32, "WN": 16})  # 128 threads, 1 round
-
-    def normalised(ptx: str) -> str:  # symbol names carry per-process serial numbers
-        ptx = re.sub(r"_Z[A-Za-z0-9_]+", "F", ptx)
-        return re.sub(r"_cudapy_smem_\d+", "smem", ptx)
-
+    spec = registry.get(name, "cuda")
     registry._build.cache_clear()
-    compile_ptx_all(spec, wide, "float32")
-    after = normalised(compile_ptx_all(spec, four_warps, "float32")["sm_80"])
-    # the same shape again, with numba's subroutine cache emptied: as in a fresh process
-    from numba.cuda.descriptor import cuda_target
-
+    compile_ptx_all(spec, spec.resolve(first), dtype)
+    after = compile_ptx_all(spec, spec.resolve(second), dtype)[arch]
     cuda_target.target_context.cached_internal_func.clear()
     registry._build.cache_clear()
-    alone = normalised(compile_ptx_all(spec, four_warps, "float32")["sm_80"])
+    alone = compile_ptx_all(spec, spec.resolve(second), dtype)[arch]
+    return _normalised(after), _normalised(alone)
+
+
+@pytest.mark.slow  # ~10 s: six compiles
+def test_a_tile_shape_compiled_after_another_is_the_same_code_as_alone() -> None:
+    """Rung mma as the second kernel of the process reads its own shape's constants (the
+    shapes of the H100 failure: the loader's thread count and rounds differ), and so does
+    one whose swizzles differ too (BK and BN: the A and B chunk swizzles)."""
+    base = {"BM": 32, "BN": 16, "BK": 16, "WM": 16, "WN": 16, "STAGES": 2, "GROUP_M": 2}
+    after, alone = _after_and_alone("mma", {**base, "BN": 32, "WN": 32},
+                                    {**base, "BN": 32, "WN": 16}, "float32", "sm_80")
+    assert after == alone
+    after, alone = _after_and_alone("mma", base, {**base, "BN": 64, "WN": 32, "BK": 32},
+                                    "float16", "sm_80")
+    assert after == alone
+
+
+@pytest.mark.slow  # ~10 s: three compiles
+def test_wgmma_shapes_compiled_one_after_another() -> None:
+    """Rung wgmma's loader is an NVVM-inlined subroutine too (with a 4-stage ring)."""
+    first = {"BM": 64, "BN": 32, "STAGES": 4, "GROUP_M": 2}
+    after, alone = _after_and_alone("wgmma", first, {**first, "BM": 128, "BN": 64},
+                                    "float32", "sm_90")
     assert after == alone
