@@ -337,3 +337,19 @@ def test_types_with_no_product_are_named_as_such(dtype, kind):
         tilegemm.matmul(x, x)
     with pytest.raises(TypeError):
         np.matmul(x, x)  # NumPy refuses them too
+
+
+@pytest.mark.parametrize("backend", HOST)
+def test_a_bool_products_alpha_and_beta_take_numpys_int64_range(backend: str) -> None:
+    """They scale the bool product in int64 on the host, as NumPy's
+    (alpha * (a @ b) + beta * c) != 0 does: beta = 2**31 was refused as 'does not fit in
+    bool' (the int32 range of the kernel's counts, which never sees them)."""
+    a, c = np.ones((2, 3), bool), np.array([[True, False]])
+    b = np.array([[True, False], [False, False], [True, False]])  # a @ b: [[T, F], [T, F]]
+    for alpha, beta in ((1, 2**31), (-2**40, 2**62), (0, -2**63)):
+        got = tilegemm.gemm(a, b, c, alpha=alpha, beta=beta, backend=backend)
+        want = np.int64(alpha) * np.matmul(a, b) + np.int64(beta) * c != 0
+        assert got.dtype == bool and (got == want).all(), (alpha, beta)
+    with pytest.raises(InvalidValueError, match=r"beta=9223372036854775808 does not fit in "
+                                                r"int64, in which a bool product is scaled"):
+        tilegemm.gemm(a, b, c, beta=2**63, backend=backend)

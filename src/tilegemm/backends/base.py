@@ -192,7 +192,9 @@ def _checked(prob: GemmProblem, alpha: Any, beta: Any
                 raise InvalidValueError(f"{name}={_brief(x)} is too large for a {shown.name} "
                                         "product (beyond any float)")
         return None
-    checked = shown if shown.kind in "iu" else prob.dtype  # bool: the computed range
+    # bool: alpha and beta scale the bool product on the host, in int64, as NumPy evaluates
+    # (alpha * (a @ b) + beta * c) != 0 (tilegemm.api._scaled_bool); the kernel gets 1, 0
+    checked = shown if shown.kind in "iu" else np.dtype(np.int64)
     info = np.iinfo(checked)
     values = []
     for name, x in (("alpha", alpha), ("beta", beta)):
@@ -208,7 +210,9 @@ def _checked(prob: GemmProblem, alpha: Any, beta: Any
                 raise InvalidTypeError(f"{name}={_brief(x)} must be an integer for a "
                                        f"{shown.name} product")
         if not info.min <= v <= info.max:
-            raise InvalidValueError(f"{name}={_brief(x)} does not fit in {shown.name}")
+            what = (shown.name if shown == checked
+                    else f"{checked.name}, in which a {shown.name} product is scaled")
+            raise InvalidValueError(f"{name}={_brief(x)} does not fit in {what}")
         values.append(v)
     return values, checked
 
