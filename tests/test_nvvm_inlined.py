@@ -95,3 +95,33 @@ def test_wgmma_shapes_compiled_one_after_another() -> None:
     after, alone = _after_and_alone("wgmma", first, {**first, "BM": 128, "BN": 64},
                                     "float32", "sm_90")
     assert after == alone
+
+
+def test_the_rungs_subroutines_are_named_the_same_in_every_process() -> None:
+    """The subroutine's name carries a hash of its globals, and the on-disk kernel cache's
+    key describes it: a name of its own per process (the fallback for globals with no
+    stable description) would make every new process miss the cache of rungs mma and
+    wgmma. Their loaders and stores all have stable names."""
+    from tilegemm.kernels.cuda import k10_mma
+
+    names: list[str] = []
+    keyed = k10_mma._keyed_by_globals
+
+    def spy(fn: Any) -> Any:
+        copy = keyed(fn)
+        names.append(copy.__name__)
+        return copy
+
+    k10_mma._keyed_by_globals = spy
+    try:
+        from tilegemm import registry
+
+        registry._build.cache_clear()  # built afresh, through the spy
+        for rung in ("mma", "wgmma"):
+            spec = registry.get(rung, "cuda")
+            for dtype in ("float32", "float16"):
+                spec.program(spec.resolve({}), np.dtype(dtype))
+    finally:
+        k10_mma._keyed_by_globals = keyed
+    assert len(names) == 8, names  # a loader and a store per program
+    assert all(re.fullmatch(r"(load_stage|put)_[0-9a-f]{16}", n) for n in names), names
