@@ -141,8 +141,9 @@ def main() -> int:
         return 2
     from tilegemm.bench.vendors import tf32_overridden
 
-    if "tf32" in args.modes and tf32_overridden():
-        print(tf32_overridden())
+    why = tf32_overridden() if "tf32" in args.modes else None
+    if why:
+        print(why)
         return 2
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
