@@ -30,6 +30,10 @@ def main() -> int:
                         help="tf32 or 3xtf32 for float32 on a tensor-core rung")
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--launches", type=int, default=3)
+    parser.add_argument("--params", default="",
+                        help="rung parameters over the defaults, e.g. BCOPY=1,STAGES=6")
+    parser.add_argument("--b-kmajor", action="store_true",
+                        help="B as the transpose of a C-ordered tensor (K contiguous)")
     parser.add_argument("--name", metavar="KERNEL",
                         help="print the ncu --kernel-name pattern of this rung and exit")
     args = parser.parse_args()
@@ -48,8 +52,11 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn((args.n, args.n), generator=gen, device="cuda").to(dtype)
     b = torch.randn((args.n, args.n), generator=gen, device="cuda").to(dtype)
+    if args.b_kmajor:
+        b = b.T.contiguous().T
+    over = {k: int(v) for k, v in (kv.split("=") for kv in args.params.split(",") if kv)}
     for _ in range(args.launches):
-        c = tilegemm.matmul(a, b, kernel=args.kernel, precision=args.precision)
+        c = tilegemm.matmul(a, b, kernel=args.kernel, precision=args.precision, **over)
     torch.cuda.synchronize()
     print(f"{args.kernel} {args.dtype} {args.precision or ''} {args.n}^3: "
           f"{args.launches} launches, c[0, 0] = {float(c[0, 0]):.4g}")

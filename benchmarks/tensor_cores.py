@@ -181,7 +181,8 @@ def main() -> int:
             ratio = theirs / ours
             flops = 2.0 * n**3
             done.append((n, mode, dtype, ours, theirs, theirs_err))
-            shown = ("BM", "BN", "BK", "STAGES") + (("PROMOTE",) if mode == "3xtf32" else ())
+            shown = (("BM", "BN", "BK", "STAGES", "BCOPY")
+                     + (("PROMOTE",) if mode == "3xtf32" else ()))
             shape = " ".join(f"{k}={params[k]}" for k in shown if k in params)
             print(f"{n:>5}^3 {mode:<8} {spec.name} {flops / ours / 1e12:7.1f} TFLOP/s  {ref[mode]} "
                   f"{flops / theirs / 1e12:7.1f}  ratio {ratio:.2f}  max error "

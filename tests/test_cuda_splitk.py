@@ -110,7 +110,7 @@ def test_split_k_writes_every_workspace_element(one_block: bool) -> None:
         program = dataclasses.replace(program, grid=lambda batch, m, n: (1, 1, 1))
     for m, n, k in ((9, 12, 5), (37, 18, 44)):
         a, b = random_operands((2, m, k), (1, k, n), np.float32)
-        work = program._workspace((4 * 2, m, n), np.dtype(np.float32), 0)
+        work = program.workspaces.get((4 * 2, m, n), np.dtype(np.float32), 0)
         work.copy_to_device(np.full(work.shape, np.nan, dtype=np.float32))
         c = cuda.to_device(np.full((2, m, n), np.nan, dtype=np.float32))
         program.launch(cuda.to_device(a), cuda.to_device(b), c, np.float32(1), np.float32(0))

@@ -150,7 +150,7 @@ def test_split_k_workspaces_are_kept_per_stream_handle_not_per_object():
     """The key was id() of the stream object: numba makes a new object per call for the
     same stream, and a freed object's id came back for another stream, which then shared
     a workspace with work still queued on the first."""
-    from tilegemm.kernels.cuda._splitk import _stream_key
+    from tilegemm.kernels.cuda._workspace import stream_key as _stream_key
 
     keys = []
     for handle in (0x1111, 0x2222, 0x3333, 0x1111):

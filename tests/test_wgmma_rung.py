@@ -170,6 +170,117 @@ def test_16bit_products_accumulate_in_float32(dtype: str, a_shape: tuple, b_shap
     _check(r, np.matmul(a.astype(np.float64), b.astype(np.float64)), a.shape[-1])
 
 
+# BCOPY=1, B copied K-major before the product and then copied like A: interior blocks
+# (its unchecked copies) and edge blocks with K not a multiple of BK, a batch with B
+# broadcast and K below one tile, a strided B view, a transposed A; 3xTF32 (B's small
+# parts split from the copied tile) and both 16-bit types.
+KMAJOR_CASES = [("tf32", (67, 96), (96, 37), ""), ("tf32", (2, 9, 13), (13, 40), ""),
+                ("tf32", (2, 64, 64), (64, 35), "strided b"), ("tf32", (70, 33), (33, 24), "a.T"),
+                ("3xtf32", (64, 96), (96, 32), ""), ("float16", (67, 256), (256, 37), ""),
+                ("bfloat16", (64, 192), (192, 32), "")]
+
+
+def _kmajor_product(mode: str, a: np.ndarray, b: Any, **over: int) -> tuple[np.ndarray, np.ndarray]:
+    """(result, float64 reference) of rung wgmma with BCOPY=1 in ``mode``; ``b`` may be a
+    device array (``b64`` then comes from its host copy)."""
+    b64 = np.asarray(b.copy_to_host() if hasattr(b, "copy_to_host") else b)
+    if mode in ("tf32", "3xtf32"):
+        r = tilegemm.matmul(a, b, backend="cuda", precision=mode, kernel="wgmma",
+                            **_sim(BCOPY=1, **over))
+        if mode == "tf32":
+            a, b64 = tf32_round(a), tf32_round(b64)
+    else:
+        r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", dtype=np.float32,
+                            **_sim(BCOPY=1, **over))
+    r = np.asarray(r.copy_to_host() if hasattr(r, "copy_to_host") else r)
+    return r, np.matmul(a.astype(np.float64), b64.astype(np.float64))
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("mode", "a_shape", "b_shape", "how"), KMAJOR_CASES)
+def test_b_copied_k_major_before_the_product(mode: str, a_shape: tuple, b_shape: tuple,
+                                             how: str, rng: np.random.Generator) -> None:
+    _needs_sm90()
+    dtype: Any = np.float32
+    if mode == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    elif mode == "float16":
+        dtype = np.float16
+    a, b = _shape(rng.standard_normal(a_shape).astype(dtype),
+                  rng.standard_normal(b_shape).astype(dtype), how)
+    r, want = _kmajor_product(mode, a, b)
+    assert r.dtype == np.float32 and r.shape == want.shape
+    k = a.shape[-1]
+    if mode == "3xtf32":
+        scale = np.matmul(np.abs(a).astype(np.float64), np.abs(b))
+        assert not np.isnan(r).any()
+        assert np.all(np.abs(r - want) <= 4 * k * 2.0**-22 * scale), np.max(np.abs(r - want))
+    else:
+        _check(r, want, k)
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("bcopy", [0, 1])
+def test_tf32_unrounded_operands_are_truncated(bcopy: int, rng: np.random.Generator) -> None:
+    """ROUND=0: no rounding pass; the tensor core reads the float32 operands' top 19 bits
+    (truncation). The result matches float64 of the truncated operands, and not of the
+    rounded ones (so the rounding really is skipped), on interior and edge blocks."""
+    from tilegemm.kernels.cuda._tensorcore import tf32_truncate
+
+    _needs_sm90()
+    a = rng.standard_normal((67, 96)).astype(np.float32)
+    b = rng.standard_normal((96, 37)).astype(np.float32)
+    r = tilegemm.matmul(a, b, backend="cuda", precision="tf32", kernel="wgmma",
+                        **_sim(ROUND=0, BCOPY=bcopy))
+    _check(r, np.matmul(tf32_truncate(a).astype(np.float64), tf32_truncate(b)), 96)
+    with pytest.raises(AssertionError):
+        _check(r, np.matmul(tf32_round(a).astype(np.float64), tf32_round(b)), 96)
+
+
+def test_round_is_a_tf32_choice() -> None:
+    with pytest.raises(InvalidValueError, match="ROUND=0 applies to TF32"):
+        SPEC.resolve({"PASSES": 3, "ROUND": 0})
+    assert "ROUND=0" in SPEC.dtype_check(SPEC.resolve({"ROUND": 0}), np.dtype(np.float16))
+    assert SPEC.dtype_check(SPEC.resolve({"ROUND": 0}), np.dtype(np.float32)) is None
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_k_major_b_is_read_in_place_and_a_copy_past_k_is_never_read(
+        rng: np.random.Generator) -> None:
+    """A device B that is K-major already (the transpose of a C-ordered array) is read
+    through a view when nothing is to be rounded (16-bit): the program makes no workspace.
+    With TF32 rounding, A and B are copied rounded (two workspaces), a K-major B too; B's
+    copy has rows padded to 16 bytes (K = 13 -> 16 in float32): padding poisoned with NaN
+    must not reach the result (the copies stop at K), and the workspaces are reused."""
+    from numba import cuda
+
+    from tilegemm.kernels.cuda._kmajor import kmajor_shape
+
+    half = SPEC.program(SPEC.resolve(_sim(BCOPY=1, PASSES=1)), np.float16)
+    half.workspaces._spaces.clear()
+    a = rng.standard_normal((67, 16)).astype(np.float16)
+    bt = rng.standard_normal((37, 16)).astype(np.float16)  # B's transpose, C-ordered
+    r, want = _kmajor_product("float16", a, cuda.to_device(bt).transpose())
+    _check(r, want, 16)
+    assert len(half.workspaces) == 0  # read in place
+
+    program = SPEC.program(SPEC.resolve(_sim(BCOPY=1, PASSES=1)), np.float32)
+    program.workspaces._spaces.clear()
+    a = rng.standard_normal((67, 13)).astype(np.float32)
+    bt = rng.standard_normal((37, 13)).astype(np.float32)
+    work = program.workspaces.get(kmajor_shape((1, 13, 37), 4), np.dtype(np.float32), 0, "B")
+    assert work.shape == (1, 37, 16)
+    work.copy_to_device(np.full(work.shape, np.nan, dtype=np.float32))
+    r, want = _kmajor_product("tf32", a, np.ascontiguousarray(bt.T))
+    _check(r, want, 13)
+    assert len(program.workspaces) == 2  # A's and B's rounded copies; B's reused
+    a16 = rng.standard_normal((67, 16)).astype(np.float32)
+    bt16 = rng.standard_normal((37, 16)).astype(np.float32)
+    r, want = _kmajor_product("tf32", a16, cuda.to_device(bt16).transpose())
+    _check(r, want, 16)  # a K-major B, copied rounded (an unrounded B fails this bound)
+
+
 @pytest.mark.cudasim
 def test_gemm_alpha_beta_reads_c(rng: np.random.Generator) -> None:
     _needs_sm90()
@@ -201,13 +312,16 @@ def test_copies_one_tile_further_ahead_are_caught(rng: np.random.Generator) -> N
     """The ring's ordering, checked: copying STAGES - 1 tiles ahead (instead of STAGES - 2)
     rewrites the stage of tile kt-1 while its product may still run. The simulator's
     stand-in computes a product when a wait retires it, reading shared memory then, so the
-    result is wrong there (on a GPU it would be wrong only sometimes)."""
+    result is wrong there (on a GPU it would be wrong only sometimes). With BCOPY=0: B's
+    tiles are written by ordinary stores, at once; the stand-in for ``cp.async`` (every
+    copy with BCOPY=1) lands its copies at the wait, so there the early rewrite comes too
+    late to show. The ring's order is the same code for both."""
     from tilegemm.kernels.cuda import k11_wgmma
 
     a = rng.standard_normal((1, 64, 160)).astype(np.float32)
     b = rng.standard_normal((1, 160, 32)).astype(np.float32)
     want = np.matmul(tf32_round(a).astype(np.float64), tf32_round(b))
-    p = SPEC.resolve({**_sim(), "PASSES": 1})
+    p = SPEC.resolve({**_sim(), "PASSES": 1, "BCOPY": 0})
     for ahead, ok in ((p["STAGES"] - 2, True), (p["STAGES"] - 1, False)):
         c = np.full((1, 64, 32), np.nan, np.float32)
         k11_wgmma.build(p, np.dtype(np.float32), ahead).launch(a, b, c, 1.0, 0.0)
@@ -399,16 +513,20 @@ def test_no_code_for_other_architectures() -> None:
         ptx_for(SPEC, SPEC.defaults(), "float32", "sm_80")
 
 
-# The interior loop at the defaults, per thread per k-tile (numba-cuda 0.30.4, CUDA 13.5):
-# 278 instructions in TF32, 239/237 in float16/bfloat16 (907 and ~1250 with the checked
-# loader on every tile), 4 HGMMA and 4 cp.async copies each. Skipped with another toolchain.
+# The interior loop, per thread per k-tile (numba-cuda 0.30.4, CUDA 13.5): at the defaults
+# (BCOPY=1: A and B by cp.async, 8 copies) 129 instructions in TF32, 132 in float16 and
+# bfloat16; with BCOPY=0 (B through registers, 4 copies of A) 278 in TF32, 239/237 in
+# float16/bfloat16 (907 and ~1250 with the checked loader on every tile); 4 HGMMA in each.
+# Skipped with another toolchain.
 GUARD_TOOLCHAIN = {"nvdisasm": "13.5.37", "nvvm": "13.5.37"}
-WGMMA_GUARD = {"float32": 290, "float16": 250, "bfloat16": 250}  # hot-loop instructions, at most
+# (dtype, BCOPY): (cp.async copies, hot-loop instructions at most)
+WGMMA_GUARD = {("float32", 1): (8, 140), ("float16", 1): (8, 140), ("bfloat16", 1): (8, 140),
+               ("float32", 0): (4, 290), ("bfloat16", 0): (4, 250)}
 
 
 @pytest.mark.ptx
-@pytest.mark.parametrize("dtype", list(WGMMA_GUARD))
-def test_hot_loop_issue_share_does_not_regress(dtype: str) -> None:
+@pytest.mark.parametrize(("dtype", "bcopy"), list(WGMMA_GUARD))
+def test_hot_loop_issue_share_does_not_regress(dtype: str, bcopy: int) -> None:
     from tilegemm.analysis import sass
     from tilegemm.analysis.sass_mma import mma_report
 
@@ -418,9 +536,10 @@ def test_hot_loop_issue_share_does_not_regress(dtype: str) -> None:
         pytest.skip(str(exc))
     if sass.toolchain() != GUARD_TOOLCHAIN:
         pytest.skip(f"toolchain {sass.toolchain()} differs from {GUARD_TOOLCHAIN}")
-    r = mma_report(SPEC, None, dtype, "sm_90")
-    assert r.hot["HMMA"] == 4 and r.hot["LDGSTS"] == 4 and r.hot["BAR"] == 1, r.hot
-    assert r.hot["total"] <= WGMMA_GUARD[dtype], r.hot
+    copies, most = WGMMA_GUARD[(dtype, bcopy)]
+    r = mma_report(SPEC, SPEC.resolve({"BCOPY": bcopy}), dtype, "sm_90")
+    assert r.hot["HMMA"] == 4 and r.hot["LDGSTS"] == copies and r.hot["BAR"] == 1, r.hot
+    assert r.hot["total"] <= most, r.hot
     assert r.local_memory == 0
 
 

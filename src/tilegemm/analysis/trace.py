@@ -524,7 +524,7 @@ def trace_rung(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int]
     elem, scalar = program.arg_types or (np_dtype.name, np_dtype.name)
     alpha = np.dtype(scalar).type(1)
     beta_v = np.dtype(scalar).type(beta)
-    args = [x.view(elem) for x in (a, b, c)]
+    args = [x.view(elem) for x in (*program.kernel_operands(a, b), c)]
     trace = trace_launch(program.kernel, grid, program.block, [*args, alpha, beta_v],
                          blocks=plan.blocks, labels=["A", "B", "C", "alpha", "beta"],
                          dynamic_shared=program.dynamic_smem)

@@ -34,7 +34,7 @@ from tilegemm.backends.base import (
     size_text,
     wall_clock_elapsed,
 )
-from tilegemm.backends.cuda_program import MIN_OPTIN_SMEM_SM80, STATIC_SMEM_LIMIT
+from tilegemm.backends.cuda_program import MIN_OPTIN_SMEM_SM80, STATIC_SMEM_LIMIT, strided_view
 from tilegemm.backends.cuda_stream import choose_stream, numba_stream, stream_handle
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import (
@@ -125,7 +125,7 @@ def _reshape(d: Any, shape: tuple[int, ...]) -> Any:
                 f"{tuple(shape)} without a copy; pass a C-contiguous array (or a CuPy/PyTorch "
                 "array, whose library copies on the device)"
             )
-        return _strided_view(d, tuple(shape), strides)
+        return strided_view(d, tuple(shape), strides)
     r = d.reshape(shape)
     if simulator.enabled() and not getattr(r, "__cuda_ndarray__", False):
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
@@ -150,19 +150,6 @@ def _nocopy_strides(d: Any, shape: tuple[int, ...]) -> tuple[int, ...] | None:
         except AttributeError:
             return None
         return tuple(view.strides)
-
-
-def _strided_view(d: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
-    """A view of ``d``'s memory with ``shape`` and byte ``strides`` from its element 0."""
-    if simulator.enabled():
-        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
-
-        x = np.asarray(d._ary)
-        return FakeCUDAArray(np.lib.stride_tricks.as_strided(x, shape, strides))
-    from numba.cuda.cudadrv.devicearray import DeviceNDArray
-
-    return DeviceNDArray(shape=shape, strides=strides, dtype=d.dtype, gpu_data=d.gpu_data,
-                         stream=d.stream)
 
 
 def _source_library(x: Any) -> str:
@@ -382,7 +369,7 @@ class CudaBackend(Backend):
         if trans:
             # A strided view: numba's DeviceNDArray.T is a copy made by a transpose kernel
             # that numba defines, and so compiles, afresh on every call.
-            d = _strided_view(d, d.shape[::-1], d.strides[::-1])
+            d = strided_view(d, d.shape[::-1], d.strides[::-1])
         if d.ndim == 2:
             return _reshape(d, (1, rows, cols)) if d.is_c_contiguous() else _as3d_strided(d)
         n = 1 if mode == "single" else prob.batch
@@ -719,7 +706,7 @@ def _span(d: Any) -> tuple[int, int]:
 
 def _as3d_strided(d: Any) -> Any:
     """A strided 2-D device array viewed as (1, rows, cols) without a copy."""
-    return _strided_view(d, (1,) + tuple(d.shape), (0,) + tuple(d.strides))
+    return strided_view(d, (1,) + tuple(d.shape), (0,) + tuple(d.strides))
 
 
 BACKEND = CudaBackend()

@@ -47,11 +47,35 @@ class CudaProgram:
                 opt_in_dynamic_shared(self.kernel, args, self.dynamic_smem)
         self.kernel[self.grid(batch, m, n), self.block, stream, self.dynamic_smem](*args)
 
+    def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
+        """The (A, B) the kernel itself reads for host (NumPy) operands laid out as the
+        signature says: these same arrays, unless the program prepares an operand before
+        its kernel runs (rung wgmma's K-major copy of B). Used where the kernel is run
+        directly, without :meth:`launch` (the memory trace)."""
+        return A, B
+
     def signature(self, dtype: str) -> str:
         """The C-contiguous signature used for ahead-of-time PTX (resource reports)."""
         elem, scalar = self.arg_types or (dtype, dtype)
         arr = f"{elem}[:, :, ::1]"
         return f"void({arr}, {arr}, {arr}, {scalar}, {scalar})"
+
+
+def strided_view(d: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+    """A view of device array ``d``'s memory with ``shape`` and byte ``strides`` from its
+    element 0 (numba's own ``transpose`` and ``reshape`` copy or refuse such views)."""
+    from tilegemm import simulator
+
+    if simulator.enabled():
+        import numpy as np
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        x = np.asarray(d._ary)
+        return FakeCUDAArray(np.lib.stride_tricks.as_strided(x, shape, strides))
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray(shape=shape, strides=strides, dtype=d.dtype, gpu_data=d.gpu_data,
+                         stream=d.stream)
 
 
 # (device id, kernel handle) -> the largest size opted in: the attribute belongs to the

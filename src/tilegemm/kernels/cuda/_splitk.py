@@ -24,7 +24,6 @@ Private module (no ``SPEC``): imports numba only when a program is launched.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -32,11 +31,10 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
-from tilegemm.backends.cuda_stream import stream_handle
+from tilegemm.kernels.cuda._workspace import Workspaces
 from tilegemm.launch import MAX_GRID_X, ceil_div
 
 REDUCE_THREADS = 256
-KEPT_WORKSPACES = 4  # per program: a caller cycling through new streams keeps only these
 cuda: Any = None  # numba.cuda, bound by reduce_kernel() (see tilegemm.kernels.cuda docstring)
 
 
@@ -49,8 +47,7 @@ class SplitKProgram(CudaProgram):
     """
 
     slices: int = 2
-    _spaces: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
-    _lock: Any = field(default_factory=threading.Lock, compare=False, repr=False)
+    workspaces: Workspaces = field(default_factory=Workspaces, compare=False, repr=False)
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
         batch, m, n = C.shape
@@ -58,45 +55,10 @@ class SplitKProgram(CudaProgram):
         one, zero = dtype.type(1), dtype.type(0)
         total = batch * m * n
         blocks = max(1, min(ceil_div(total, REDUCE_THREADS), MAX_GRID_X))
-        with self._lock:
-            work = self._workspace((self.slices * batch, m, n), dtype, stream)
+        with self.workspaces.lock:
+            work = self.workspaces.get((self.slices * batch, m, n), dtype, stream)
             super().launch(A, B, work, one, zero, stream)
             reduce_kernel()[blocks, REDUCE_THREADS, stream](work, C, alpha, beta)
-
-    def _workspace(self, shape: tuple[int, int, int], dtype: np.dtype, stream: Any) -> Any:
-        """This stream's workspace of ``shape`` (kept for the next call of the same shape)."""
-        from numba import cuda
-
-        key = (_device_key(), _stream_key(stream))
-        work = self._spaces.get(key)
-        if work is None or tuple(work.shape) != shape or np.dtype(work.dtype) != dtype:
-            self._spaces.pop(key, None)
-            while len(self._spaces) >= KEPT_WORKSPACES:  # the oldest goes first
-                self._spaces.pop(next(iter(self._spaces)))
-            work = cuda.device_array(shape, dtype=dtype, stream=stream)
-            self._spaces[key] = work
-        return work
-
-
-def _device_key() -> int:
-    from numba import cuda
-
-    try:
-        return int(cuda.get_current_device().id)
-    except Exception:  # the simulator's device has no id
-        return 0
-
-
-def _stream_key(stream: Any) -> int:
-    """A stream's identity: its handle (0 for the default stream). Not the Python object:
-    numba makes a new one for the same stream on every call (``cuda.default_stream()``,
-    ``cuda.external_stream(h)``), and once one is freed its ``id`` can come back for
-    another stream, which then shared a workspace with work still queued on the first.
-    The simulator's streams have no handle; it runs everything in order, so one key."""
-    if stream is None or isinstance(stream, int):
-        return stream or 0
-    handle = stream_handle(stream)
-    return 0 if handle is None else handle
 
 
 @cache

@@ -19,7 +19,11 @@ next tiles. Only H100-class GPUs (compute capability 9.0, the architecture-speci
 2. A arrives by ``cp.async`` (16-byte copies, zero-filled past the edges, 4-byte or plain
    copies for unaligned rows: mma's loader, whose A tile is this layout already), a
    STAGES-deep ring in dynamic shared memory, ``STAGES - 2`` tiles ahead. B (K×N, N
-   contiguous in the common case) must be K-major too (TF32 has no transposed form), so it
+   contiguous in the common case) must be K-major too (TF32 has no transposed form). With
+   BCOPY=1 (the default) it is transposed once, before the kernel, into a K-major copy
+   (``_kmajor``; a B that is K-major already is read in place), and its tiles arrive by
+   the same ``cp.async`` copies as A's; TF32 operands are rounded by those copies (A gets a
+   rounded copy of its own), so the kernel reads every tile as it landed. With BCOPY=0 it
    is transposed on its way in: each thread reads 4 (TF32) or 8 (16-bit) values down one
    column of B (a warp reads 32 adjacent columns: coalesced), rounds or packs them, and
    stores them as one 16-byte chunk of that column's row of the tile (conflict-free, one
@@ -56,11 +60,13 @@ elsewhere.
 What it should buy (a prediction): mma.sync keeps a warp issuing fragment loads and HMMA
 (21-45 % of its hot loop), and on an H100 cannot reach more than about half of the tensor
 cores' peak; wgmma at 128×128 tiles with the loads overlapped should reach 60-75 % of
-cuBLAS in TF32 and BF16 at 4096³, which uses the same instruction. Measured at 4096³: TF32
-106-110 TFLOP/s (27 % of cuBLAS TF32's 388, on the H200), BF16 270 (35 % of 775), 3×TF32
-82.4 with PROMOTE=2 (1.60× cuBLAS SGEMM, a quarter of its error): mma ran the same TF32
-and 16-bit speeds within 3 %, so what bounds both is outside the tensor-core instruction
-(docs/tensor-cores.md, "On hardware").
+cuBLAS in TF32 and BF16 at 4096³, which uses the same instruction. Measured at 4096³ on an
+H200 with B transposed through registers (BCOPY=0, STAGES=4): TF32 106 TFLOP/s (26 % of
+cuBLAS TF32), BF16 269 (34 %): 45 % of the stalls were waits for B's loads, issued only
+one k-tile ahead. With B copied K-major before the kernel (BCOPY=1), rounding in those
+copies and a 6-deep ring, the copies included: TF32 280 (70 % of cuBLAS's 401, the same
+error), FP16 474 (63 %), BF16 489 (62 %), 3×TF32 88.4 (1.72× SGEMM, a quarter of its
+error) (docs/tensor-cores.md, "On hardware").
 """
 
 from __future__ import annotations
@@ -74,6 +80,7 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import access_ops
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
+from tilegemm.kernels.cuda._kmajor import KMajorBProgram
 from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
 from tilegemm.kernels.cuda._wgmma import shared_alignment, wgmma_ops
 from tilegemm.kernels.cuda.k10_mma import (
@@ -102,6 +109,11 @@ SMALL_SLOTS = 3
 # max |A|·|B|): the tensor core accumulating all of K, 86.5 TFLOP/s and 3.9e-6;
 # PROMOTE=1 80.5 and 8.7e-8; 2 82.4 and 8.7e-8; 4 83.6 and 1.3e-7.
 PROMOTE_DEFAULT = 2
+# The deepest ring STAGES=0 picks. Measured at 4096³ on an H200 with BCOPY=1 (TFLOP/s, the
+# copies before the kernel included, STAGES 4 / 5 / 6): TF32 225 / 269 / 277, BF16
+# 422 / 486 / 491, FP16 415 / 479 / 484; with BCOPY=0 a deeper ring was slower (TF32 107
+# at 4, 104 at 6; BF16 266, 237): its B loads, one k-tile ahead, do not go further ahead.
+AUTO_STAGES = 6
 
 
 def _threads(p: Mapping[str, int]) -> int:
@@ -113,10 +125,24 @@ def _smem(p: Mapping[str, int], itemsize: int = 4) -> int:
     row 128 bytes of K whatever the dtype; for 3×TF32 also SMALL_SLOTS slots of one A and
     one B tile for the small parts."""
     slots = SMALL_SLOTS if itemsize == 4 and p.get("PASSES", 1) == 3 else 0
-    return (p["STAGES"] + slots) * (p["BM"] + p["BN"]) * ROW
+    return (stages(p) + slots) * (p["BM"] + p["BN"]) * ROW
+
+
+def stages(p: Mapping[str, int]) -> int:
+    """The ring's depth: STAGES, or for STAGES=0 the deepest ring of at most AUTO_STAGES
+    that fits an sm_90 block's shared memory (BCOPY=1), or 4 (BCOPY=0)."""
+    if p.get("STAGES", 0):
+        return p["STAGES"]
+    if not p.get("BCOPY", 1):
+        return 4
+    return next((d for d in range(AUTO_STAGES, 3, -1)
+                 if _smem({**p, "STAGES": d}) <= SMEM_SM90), 3)
 
 
 def _dtype_check(p: Mapping[str, int], dtype: np.dtype) -> str | None:
+    if np.dtype(dtype).itemsize == 2 and p.get("ROUND", 1) != 1:
+        return (f"{np.dtype(dtype).name} operands are what the wgmma reads already; ROUND=0 "
+                "is TF32's choice not to round float32 operands (precision='tf32')")
     if np.dtype(dtype).itemsize == 2 and p.get("PASSES", 1) != 1:
         # the big/small split is of float32 operands into TF32 parts; 16-bit operands are
         # what the wgmma reads already, and the kernel ran one pass regardless
@@ -132,17 +158,32 @@ def build(p: Mapping[str, int], dtype: np.dtype, ahead: int | None = None) -> Cu
     name = np.dtype(dtype).name
     kernel = _generate(p, name, ahead)
     arg_types = ("int16", "float32") if name == "bfloat16" else None
-    return CudaProgram(kernel, (_threads(p), 1, 1), flat_tile_grid(p["BM"], p["BN"]),
-                       arg_types, dynamic_smem=_smem(p, np.dtype(dtype).itemsize))
+    how = dict(block=(_threads(p), 1, 1), grid=flat_tile_grid(p["BM"], p["BN"]),
+               arg_types=arg_types, dynamic_smem=_smem(p, np.dtype(dtype).itemsize))
+    if p.get("BCOPY", 0):  # TF32 operands rounded by the copies made before the kernel
+        return KMajorBProgram(kernel, **how, round_tf32=_rounds(p, name))
+    return CudaProgram(kernel, **how)
+
+
+def _rounds(p: Mapping[str, int], dtype: str) -> bool:
+    """Whether TF32 operands are rounded to nearest (PASSES=1 with ROUND=1): in shared
+    memory by the kernel (BCOPY=0), or by the copies made before it (BCOPY=1)."""
+    return dtype == "float32" and p.get("PASSES", 1) == 1 and bool(p.get("ROUND", 1))
 
 
 def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any:
     global cuda
     from numba import cuda
 
-    BM, BN, STAGES = p["BM"], p["BN"], p["STAGES"]
+    BM, BN, STAGES = p["BM"], p["BN"], stages(p)
     tf32 = dtype == "float32"
     split = tf32 and p.get("PASSES", 1) == 3  # 3×TF32
+    kmajor = bool(p.get("BCOPY", 0))  # B arrives K-major (see _kmajor), copied like A
+    # TF32 operands rounded to nearest in shared memory (ROUND=1 with BCOPY=0; with BCOPY=1
+    # they arrive rounded), or left as float32 for the tensor core to truncate (ROUND=0);
+    # ``raw``: B stored as loaded (3×TF32 splits it)
+    rounds = _rounds(p, dtype) and not kmajor
+    raw = tf32 and not rounds
     ISZ = 4 if tf32 else 2
     VW = 16 // ISZ  # elements per 16-byte chunk
     BK = ROW // ISZ
@@ -169,21 +210,23 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
         mma={"float32": wg.mma_tf32, "float16": wg.mma_f16, "bfloat16": wg.mma_bf16}[dtype](BN),
         SMALL=STAGES * (BM + BN) * ROW, SLOT=(BM + BN) * ROW, SMALL_SLOTS=SMALL_SLOTS,
         split_tf32_at=tc.split_tf32_at,
+        # B's tiles as operand_round copies them when B arrives K-major: BN rows of K
+        B_OFF=STAGES * BM * BK, B_TILE=BN * BK, B_W=BK, BCH=ROW // 16,
     )
     # A's tile: mma's row-major [BM][BK] tile with 8 chunks a row, swizzled by r % 8: the
     # 128-byte swizzle layout (see the module docstring)
-    ns["a_swz_of"] = _swz_fn("r % 8", ns)
+    ns["a_swz_of"] = ns["b_swz_of"] = _swz_fn("r % 8", ns)
     ns["put"] = _put()
-    ns["load_stage"] = loader_call(compile_source(_loader(tf32, VW, split), "load_stage",
-                                                  dict(ns)), STAGES)
+    ns["load_stage"] = loader_call(compile_source(_loader(tf32, VW, raw, kmajor),
+                                                  "load_stage", dict(ns)), STAGES)
 
     # Per-thread copy bases: A's chunks (mma's interior copies: the byte offset ``da`` in
     # a stage, the global address ``oa`` bumped per k-tile) and B's (``db``, ``ob``)
     (bases, a_copies), offsets, bumps = _fast_copies({"BM": BM, "BK": BK}, NT, ROW // 16, 0,
                                                      VW)
-    b = _fast_b(B_CHUNKS, NT, VW, tf32, split)
+    b = _fast_b_kmajor(B_CHUNKS, NT) if kmajor else _fast_b(B_CHUNKS, NT, VW, tf32, raw)
     bases, offsets, bumps = bases + b["BASES"], offsets + b["OFFSETS"], bumps + b["BUMP"]
-    round_bases, rounding = _rounding(A_CHUNKS, B_CHUNKS, NT, tf32, split)
+    round_bases, rounding = _rounding(A_CHUNKS, B_CHUNKS, NT, split or rounds, split)
     bases += round_bases
     # 3xTF32 with PROMOTE > 0: the tensor core sums into a partial ``t`` that starts afresh
     # (scale-d 0) every PROMOTE k-tiles and is then added to ``acc`` by the threads
@@ -225,13 +268,28 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
     source = fill(KERNEL, {"BASES": bases + small_bases, "OFFSETS": offsets, "BUMP": bumps,
                            "FAST_COPIES": a_copies + b["STORES"], "EPILOGUE": epilogue,
                            "HEAD": head.splitlines(), "B_INIT": b["INIT"],
-                           "B_LOADS": b["LOADS"], "B_PRELOAD": b["PRELOAD"] + b["BUMP"],
+                           "B_LOADS": b["LOADS"] or ["pass"],
+                           "B_PRELOAD": (b["PRELOAD"] + b["BUMP"]) if b["PRELOAD"] else ["pass"],
+                           "VEC": _vec(kmajor),
                            "SLOT_INIT": slot_init, "NEXT_STAGE": next_stage,
                            "PARTIAL_INIT": partial_init, "RETIRE": retire,
                            "RETIRE_ALL": retire_all})
     source = source.replace("#@ZEROS", zeros)
-    name = f"wgmma_{dtype}{'_3x' if split else ''}{f'_p{promote}' if promote else ''}_kernel"
+    name = (f"wgmma_{dtype}{'_3x' if split else ''}{f'_p{promote}' if promote else ''}"
+            f"{'_bt' if kmajor else ''}{'_trunc' if tf32 and not p.get('ROUND', 1) else ''}"
+            "_kernel")
     return kernel_jit(NT, 1)(compile_source(source.replace("KERNEL_NAME", name), name, ns))
+
+
+def _vec(kmajor: bool) -> list[str]:
+    """Kernel lines setting ``a_vec`` and ``b_vec``: whether every 16-byte chunk of the
+    operand's tiles starts on 16 bytes, so that whole-chunk ``cp.async`` copies apply. B
+    transposed through registers is read one value at a time, so only A's test counts."""
+    def aligned(x: str) -> str:
+        return (f"(address({x}) % 16 == 0 and {x}.strides[2] == ISZ "
+                f"and {x}.strides[1] % 16 == 0 and {x}.strides[0] % 16 == 0)")
+    return [f"a_vec = k_len % VW == 0 and {aligned('A')}",
+            f"b_vec = {aligned('B') if kmajor else 'a_vec'}"]
 
 
 def _promotion(promote: int, bn: int) -> tuple[list[str], list[str], list[str]]:
@@ -261,7 +319,7 @@ def _promotion(promote: int, bn: int) -> tuple[list[str], list[str], list[str]]:
         "t = wait0(t)", "if sd == 1:  # sums not yet promoted", f"    acc = {add}"]
 
 
-def _fast_b(chunks: int, nt: int, vw: int, tf32: bool, split: bool) -> dict[str, list[str]]:
+def _fast_b(chunks: int, nt: int, vw: int, tf32: bool, raw: bool) -> dict[str, list[str]]:
     """B's interior copies, one k-tile ahead through registers. Chunk ``v = tid + rnd * NT``
     is column ``bn = v % BN`` and k ``bc * VW`` … of the tile: VW loads without bounds tests
     down the column from one offset (``ob``, bumped BK rows per k-tile), rounded or packed
@@ -298,15 +356,36 @@ def _fast_b(chunks: int, nt: int, vw: int, tf32: bool, split: bool) -> dict[str,
 
         parts["LOADS"] += guard(loads("kf + BK"))
         parts["PRELOAD"] += guard(loads("kf"))
-        # rounded or packed only here, so the loads are first used one k-tile later; for
-        # 3×TF32 stored as loaded (split by _rounding in the iteration that reads the tile)
-        if split:
+        # rounded or packed only here, so the loads are first used one k-tile later; ``raw``
+        # stored as loaded (3×TF32: split by _rounding in the iteration that reads the tile)
+        if raw:
             vals = ", ".join(regs)
         elif tf32:
             vals = ", ".join(f"to_tf32({r})" for r in regs)
         else:
             vals = ", ".join(f"pack({regs[2 * j]}, {regs[2 * j + 1]})" for j in range(vw // 2))
         parts["STORES"] += guard([f"sts4(As, wsb + db{rnd}, {vals})"])
+    return parts
+
+
+def _fast_b_kmajor(chunks: int, nt: int) -> dict[str, list[str]]:
+    """B's interior copies when B arrives K-major (batch, N, K): A's, with rows of B for
+    rows of A. Chunk ``v = tid + rnd * NT`` is row ``br = v // 8`` (column col0 + br of the
+    product) and k chunk ``bc = v % 8`` of the tile, at the fixed, swizzled byte offset
+    ``db`` (from the ring's start, B_BYTES included) of the write stage; its global address
+    ``ob`` moves BK values along K per k-tile. The same parts as :func:`_fast_b`, with no
+    loads into registers."""
+    parts: dict[str, list[str]] = {k: [] for k in ("BASES", "INIT", "OFFSETS", "LOADS",
+                                                   "PRELOAD", "STORES", "BUMP")}
+    for rnd in range(ceil_div(chunks, nt)):
+        v = f"(tid + {rnd * nt})"
+        parts["BASES"] += [f"br{rnd} = {v} // BCH", f"bc{rnd} = {v} % BCH",
+                           f"db{rnd} = B_BYTES + br{rnd} * 128 + ((bc{rnd} ^ (br{rnd} % 8)) * 16)"]
+        parts["OFFSETS"].append(f"ob{rnd} = address(B) + (zb * sb0 + (col0 + br{rnd}) * sb1 "
+                                f"+ kf + bc{rnd} * VW) * ISZ")
+        parts["BUMP"].append(f"ob{rnd} += BK * ISZ")
+        parts["STORES"] += _guarded([f"cp16_ptr(As, wsb + db{rnd}, B, (zb, col0 + br{rnd}, "
+                                     f"kf + bc{rnd} * VW), ob{rnd}, 16)"], rnd, nt, chunks)
     return parts
 
 
@@ -319,7 +398,9 @@ def _guarded(lines: list[str], rnd: int, nt: int, chunks: int) -> list[str]:
 
 def _rounding(a_chunks: int, b_chunks: int, nt: int, tf32: bool,
               split: bool) -> tuple[list[str], list[str]]:
-    """(per-thread bases, lines) converting the tile about to be read, run by each thread
+    """(per-thread bases, lines) converting the tile about to be read (``tf32``: rounding
+    or splitting operands; nothing for 16-bit ones, for ROUND=0, or for TF32 operands
+    the copies before the kernel rounded (BCOPY=1)), run by each thread
     between its own copies' wait and the barrier that publishes the stage, on the chunks it
     copied or stored itself (the same chunks on every path, so no other thread's writes are
     involved). TF32: A's chunks are rounded in place (B's were rounded as they were stored).
@@ -347,16 +428,22 @@ def _rounding(a_chunks: int, b_chunks: int, nt: int, tf32: bool,
     return bases, lines
 
 
-def _loader(tf32: bool, vw: int, split: bool = False) -> str:
+def _loader(tf32: bool, vw: int, raw: bool = False, kmajor: bool = False) -> str:
     """``load_stage``: one k-tile into stage ``s``, with bounds checks. A by mma's checked
     ``cp.async`` copies (:func:`operand_round`); B transposed through registers: chunk ``v``
     of the tile is column ``nn = v % BN`` of B and k ``c * VW`` … ``c * VW + VW - 1``,
-    zero past the edges, stored as row ``nn`` of the K-major tile, chunk ``c ^ (nn % 8)``."""
+    zero past the edges, stored as row ``nn`` of the K-major tile, chunk ``c ^ (nn % 8)``;
+    or, ``kmajor``, B (batch, N, K) by the same copies as A. ``raw``: TF32 B stored
+    unrounded (split by the storing thread when the tile is read, for 3×TF32)."""
+    a_round = operand_round("A", "row0", "k0", "m", "k_len", "za", tf32)
+    if kmajor:
+        return (LOADER_HEAD + a_round + "\n"
+                + operand_round("B", "col0", "k0", "n", "k_len", "zb", tf32) + "\n")
     values = []
     for q in range(vw):
         values += [f"x{q} = zero_b", f"if gc < n and kb + {q} < k_len:",
                    f"    x{q} = load(B, (zb, kb + {q}, gc))"]
-    if split:  # unrounded: split by the storing thread when the tile is read (_rounding)
+    if raw:
         store_line = "sts4(As, sx, " + ", ".join(f"x{q}" for q in range(vw)) + ")"
     elif tf32:
         store_line = ("sts4(As, sx, " + ", ".join(f"to_tf32(x{q})" for q in range(vw)) + ")")
@@ -364,14 +451,14 @@ def _loader(tf32: bool, vw: int, split: bool = False) -> str:
         store_line = ("sts4(As, sx, " + ", ".join(f"pack(x{2 * h}, x{2 * h + 1})"
                                                   for h in range(vw // 2)) + ")")
     body = "\n".join("            " + line for line in values + [store_line])
-    return (LOADER_HEAD + operand_round("A", "row0", "k0", "m", "k_len", "za", tf32) + "\n"
-            + B_ROUND.replace("#@B_VALUES", body.lstrip()) + "\n")
+    return (LOADER_HEAD + a_round + "\n" + B_ROUND.replace("#@B_VALUES", body.lstrip()) + "\n")
 
 
 LOADER_HEAD = """
 @cuda.jit(device=True, inline=True)
-def load_stage(As, A, B, s, k0, za, zb, row0, col0, m, n, k_len, a_vec, tid):
+def load_stage(As, A, B, s, k0, za, zb, row0, col0, m, n, k_len, a_vec, b_vec, tid):
     zero_b = elt(0)
+    Bs = As
 """
 B_ROUND = """\
     for rnd in range(B_ROUNDS):
@@ -411,8 +498,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
     w = (tid % 128) // 32
     g = (tid % 32) // 4
     q = tid % 4
-    a_vec = (k_len % VW == 0 and address(A) % 16 == 0 and A.strides[2] == ISZ
-             and A.strides[1] % 16 == 0 and A.strides[0] % 16 == 0)
+    #@VEC
     sa0, sa1 = A.strides[0] // ISZ, A.strides[1] // ISZ  # strides in elements
     sb0, sb1 = B.strides[0] // ISZ, B.strides[1] // ISZ
     # One dynamic shared buffer, 1024-byte aligned (the swizzle is applied to address
@@ -451,7 +537,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
             for s in range(P):
                 if s < k_tiles:
                     load_stage(As, A, B, s, s * BK, za, zb, row0, col0, m, n, k_len, a_vec,
-                               tid)
+                               b_vec, tid)
                 commit_cp()
             kt = 0
             rsa = 0  # byte offsets of the stage of tile kt in A's and B's rings
@@ -459,7 +545,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
             ws = P  # the stage tile kt + P is copied into
             #@SLOT_INIT
             #@B_INIT
-            if a_vec and row0 + BM <= m and col0 + BN <= n:
+            if a_vec and b_vec and row0 + BM <= m and col0 + BN <= n:
                 # Interior: while the tile being copied is wholly inside K, every copy is
                 # unchecked, from per-thread offsets that move by a constant per k-tile.
                 kf = P * BK  # k of the tile copied in this iteration
@@ -483,7 +569,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
                 #@HEAD
                 if kt + P < k_tiles:  # into the stage of tile kt-2 (see the docstring)
                     load_stage(As, A, B, ws, (kt + P) * BK, za, zb, row0, col0, m, n, k_len,
-                               a_vec, tid)
+                               a_vec, b_vec, tid)
                 commit_cp()  # always, so cp.async group counts stay aligned with tiles
                 #@RETIRE
                 kt += 1
@@ -507,11 +593,20 @@ SPEC = KernelSpec(
         Param("BM", 128, (64, 128, 192, 256), "rows of C per block (64 per warpgroup)"),
         Param("BN", 128, (16, 32, 64, 128, 256),
               "columns of C per block (the n of each warpgroup's m64nNk instruction)"),
-        Param("STAGES", 4, (3, 4, 5, 6), "shared tiles in the ring (dynamic shared memory); "
-              "STAGES - 2 are copied ahead of the one multiplied"),
+        Param("STAGES", 0, (0, 3, 4, 5, 6), "shared tiles in the ring (dynamic shared "
+              "memory); STAGES - 2 are copied ahead of the one multiplied. 0: the deepest "
+              f"ring of at most {AUTO_STAGES} that fits (6 for TF32 and 16-bit operands at "
+              "128x128 tiles, 4 for 3xTF32), or 4 with BCOPY=0"),
         GROUP_M,
         Param("PASSES", 1, (1, 3), "wgmma per k step for float32 operands: 1 = "
               "precision='tf32', 3 = '3xtf32'; set by precision="),
+        Param("BCOPY", 1, (0, 1), "how B (K×N, N contiguous) becomes K-major: 0 = "
+              "transposed by the kernel through registers; 1 = transposed once, before the "
+              "product, into a K-major copy (none when B is K-major already) that the "
+              "kernel copies like A, by cp.async (see _kmajor)"),
+        Param("ROUND", 1, (0, 1), "TF32 (PASSES=1) only: 1 = operands rounded to the "
+              "nearest TF32 value in shared memory; 0 = left as float32, the tensor core "
+              "ignoring their last 13 bits (truncation: no rounding pass over the tiles)"),
         Param("PROMOTE", PROMOTE_DEFAULT, (1, 2, 4), "3xTF32 only: k-tiles the tensor core "
               "sums into a fresh partial before the threads add it to the result in "
               "float32 (see _promotion)"),
@@ -521,6 +616,8 @@ SPEC = KernelSpec(
                    lambda p: _smem(p) <= SMEM_SM90),
         Constraint("BN/2 accumulators per thread: BN <= 128 with BM > 128 (registers)",
                    lambda p: p["BM"] <= 128 or p["BN"] <= 128),
+        Constraint("ROUND=0 applies to TF32 (PASSES = 1): 3xTF32 splits its operands exactly",
+                   lambda p: p["PASSES"] == 1 or p["ROUND"] == 1),
         Constraint(f"PROMOTE applies to 3xTF32 only (PASSES = 3); otherwise it stays "
                    f"{PROMOTE_DEFAULT}",
                    lambda p: p["PASSES"] == 3 or p["PROMOTE"] == PROMOTE_DEFAULT),

@@ -1,0 +1,180 @@
+"""B as a K-major operand: a transposed copy of B made on the device before the product.
+
+Tensor cores read both operands K-major (each row of a shared tile is a run of K), and
+TF32 has no transposed form. A is K-major as NumPy lays it out (M×K, K contiguous); B is
+not (K×N, N contiguous). A kernel can transpose B on its way into shared memory, through
+registers, as rung wgmma does by default; the loads then cannot be asynchronous copies,
+and their latency is waited for inside the k loop. This module instead transposes B once,
+before the product, into a K-major workspace ``Bt`` (batch or 1, N, K), so that the GEMM
+kernel copies B's tiles exactly as it copies A's: 16-byte ``cp.async``, several tiles
+ahead. The transpose reads and writes B once (for 4096×4096 float32, 128 MB of traffic,
+tens of microseconds on an H100, against about a millisecond for the product).
+
+Where B is K-major already (the transpose of a C-contiguous array, as in ``x @ W.T``), the
+kernel reads a transposed view of it and nothing is copied.
+
+Private module: imports numba only when a program is launched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+import numpy as np
+
+from tilegemm.backends.cuda_program import CudaProgram, strided_view
+from tilegemm.kernels.cuda._workspace import Workspaces
+from tilegemm.launch import ceil_div
+
+TILE = 32  # the transpose's square tile: 32 columns of B read by a warp, 32 rows written
+PADDED = TILE + 1  # its rows in shared memory, one value longer (no bank conflicts)
+ROWS = 8  # rows of the tile each thread of a (32, 8) block handles, a stride of 8 apart
+MAX_GRID = 65535  # blocks in y and z; the kernel loops over the rest
+cuda: Any = None  # numba.cuda, bound by copy_kernel()
+
+
+def kmajor_view(B: Any) -> Any | None:
+    """A (batch, N, K) view of device array ``B`` (batch, K, N) when that view is what a
+    copy would hold: K contiguous, rows and the start on 16 bytes (the kernel's 16-byte
+    copies); otherwise None."""
+    isz = np.dtype(B.dtype).itemsize
+    s0, s1, s2 = B.strides
+    if s1 != isz and B.shape[1] > 1:
+        return None
+    if s2 % 16 or s0 % 16 or _address(B) % 16:
+        return None
+    return strided_view(B, (B.shape[0], B.shape[2], B.shape[1]), (s0, s2, isz))
+
+
+def _address(B: Any) -> int:
+    cai = getattr(B, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    return int(np.asarray(B._ary).ctypes.data)  # the simulator's array
+
+
+def kmajor_shape(shape: tuple[int, int, int], itemsize: int) -> tuple[int, int, int]:
+    """The workspace for B of ``shape`` (batch, K, N): (batch, N, K rounded up to 16
+    bytes), so every row starts on 16 bytes whatever K is."""
+    batch, k, n = shape
+    per = 16 // itemsize
+    return (batch, n, ceil_div(max(k, 1), per) * per)
+
+
+@dataclass(frozen=True)
+class KMajorBProgram(CudaProgram):
+    """A kernel that reads B as ``Bt`` (batch or 1, N, K); ``launch`` takes B (batch or 1,
+    K, N) like every program's and gives the kernel a transposed view or copy of it.
+
+    ``round_tf32``: the kernel reads TF32 operands as they are (the tensor core then
+    ignores their last 13 bits), so A and B reach it rounded to the nearest TF32 value by
+    the copies made here: B's K-major copy rounds as it transposes (or copies a K-major B),
+    and A gets a rounded copy of its own. Rounding in shared memory instead, as the kernel
+    does with BCOPY=0, reads and writes every tile once more per k-tile, which on an H200
+    cost the TF32 kernel a third of its speed (533 against 865 microseconds at 4096³)."""
+
+    round_tf32: bool = False
+    workspaces: Workspaces = field(default_factory=Workspaces, compare=False, repr=False)
+
+    def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
+        view = kmajor_view(B)
+        if view is not None and not self.round_tf32:
+            super().launch(A, view, C, alpha, beta, stream)
+            return
+        with self.workspaces.lock:  # the copies and their reader, enqueued together
+            if self.round_tf32:
+                A = self._copy(A, "A", False, stream)
+            B = self._copy(B, "B", True, stream) if view is None else self._copy(
+                view, "B", False, stream)
+            super().launch(A, B, C, alpha, beta, stream)
+
+    def _copy(self, X: Any, slot: str, transpose: bool, stream: Any) -> Any:
+        """``X`` (batch, R, C) copied into this stream's workspace ``slot``: transposed
+        (batch, C, R rounded up to 16 bytes) or as it is, rounded to TF32 if asked."""
+        dtype = np.dtype(X.dtype)
+        batch, rows, cols = X.shape
+        shape = kmajor_shape(tuple(X.shape), dtype.itemsize) if transpose else tuple(X.shape)
+        work = self.workspaces.get(shape, dtype, stream, slot)
+        grid = (ceil_div(cols, TILE), min(ceil_div(rows, TILE), MAX_GRID), min(batch, MAX_GRID))
+        if rows and cols:
+            copy_kernel(dtype.name, self.round_tf32, transpose)[grid, (TILE, ROWS), stream](
+                X, work)
+        return work
+
+    def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
+        from tilegemm.kernels.cuda._tensorcore import tf32_round
+
+        work = np.zeros(kmajor_shape(B.shape, B.dtype.itemsize), dtype=B.dtype)
+        work[:, :, : B.shape[1]] = B.transpose(0, 2, 1)
+        if self.round_tf32:
+            return tf32_round(A), tf32_round(work)
+        return A, work
+
+
+@cache
+def copy_kernel(dtype: str, tf32: bool = False, transpose: bool = True) -> Any:
+    """``copy(X, W)`` for X of shape (batch, R, C): ``transpose``, ``W[z, c, r] = X[z, r, c]``
+    (the columns of W past R are left as they are: the GEMM's copies never read them);
+    otherwise ``W[z, r, c] = X[z, r, c]``. ``tf32``: each value rounded to the nearest TF32
+    value on the way, which the GEMM then need not do in shared memory.
+
+    Transposing, a warp reads 32 adjacent columns of one row of X (coalesced) into a shared
+    tile and writes 32 adjacent values of one row of W from it; the tile's rows are padded
+    by one value,
+    so the column reads fall in 32 different banks. Offsets are computed once per tile and
+    stepped per row (numba's indexing of a 3-D array costs about 100 instructions per
+    element, which bounded a first version at a quarter of the memory bandwidth)."""
+    global cuda
+    from numba import cuda
+
+    from tilegemm.kernels.cuda._access import access_ops
+    from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
+    from tilegemm.kernels.cuda._wgmma import wgmma_ops
+
+    elt = np.dtype(dtype).type
+    isz = np.dtype(dtype).itemsize
+    TRANSPOSE = transpose  # noqa: N806 - a compile-time constant of the kernel
+    store = access_ops().store
+    load_at = wgmma_ops().load_at
+    if tf32:
+        convert = tensorcore_ops().to_tf32
+    else:
+        @cuda.jit(device=True, inline=True)
+        def convert(x):  # noqa: ANN001, ANN202
+            return x
+
+    @cuda.jit
+    def copy(X, W):  # noqa: N803
+        tile = cuda.shared.array((TILE, PADDED), elt)
+        rows, cols = X.shape[1], X.shape[2]
+        s0, s1, s2 = X.strides[0] // isz, X.strides[1] // isz, X.strides[2] // isz
+        tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
+        c0 = cuda.blockIdx.x * TILE
+        z = cuda.blockIdx.z
+        while z < X.shape[0]:
+            r0 = cuda.blockIdx.y * TILE
+            while r0 < rows:
+                whole = r0 + TILE <= rows and c0 + TILE <= cols
+                off = z * s0 + (r0 + ty) * s1 + (c0 + tx) * s2
+                for j in range(TILE // ROWS):
+                    i = ty + j * ROWS
+                    if whole or (r0 + i < rows and c0 + tx < cols):
+                        v = convert(load_at(X, (z, r0 + i, c0 + tx), off))
+                        if TRANSPOSE:
+                            tile[i, tx] = v
+                        else:
+                            store(W, (z, r0 + i, c0 + tx), v)
+                    off += ROWS * s1
+                if TRANSPOSE:
+                    cuda.syncthreads()
+                    for j in range(TILE // ROWS):
+                        i = ty + j * ROWS
+                        if whole or (c0 + i < cols and r0 + tx < rows):
+                            store(W, (z, c0 + i, r0 + tx), tile[tx, i])
+                    cuda.syncthreads()  # the tile is refilled next
+                r0 += cuda.gridDim.y * TILE
+            z += cuda.gridDim.z
+
+    return copy

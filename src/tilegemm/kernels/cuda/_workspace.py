@@ -1,0 +1,80 @@
+"""Device scratch arrays a program keeps between calls, one per CUDA stream and device.
+
+Some programs run a second kernel around their GEMM: split-K sums partial products from a
+workspace; rung wgmma can copy B into a K-major workspace first. Allocating the workspace
+on every call (and freeing it, which synchronises the device) would cost more than the
+extra kernel, so each program keeps one per stream and device and reuses it while the
+shape and dtype stay the same. Work on one stream runs in order, so a call's kernels can
+reuse the previous call's workspace on that stream; two streams never share one.
+
+Private module: imports numba only when a workspace is made.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from tilegemm.backends.cuda_stream import stream_handle
+
+KEPT_WORKSPACES = 4  # per program: a caller cycling through new streams keeps only these
+# The largest workspace kept between calls. A larger one (rung wgmma's copies of operands
+# of 8192 x 8192 float32 and up) is made for its call and dropped after it: holding it
+# would keep that much device memory from the caller for as long as the program lives,
+# and a product that large takes milliseconds, beside which the allocation costs little.
+KEEP_BYTES = 256 * 1024 * 1024
+
+
+class Workspaces:
+    """One program's workspaces, by (device, stream). ``lock`` is held by the program
+    while it enqueues the kernels of one call, so two host threads sharing a stream
+    cannot interleave their use of its workspace."""
+
+    def __init__(self) -> None:
+        self._spaces: dict[tuple[int, int, str], Any] = {}
+        self.lock = threading.Lock()
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype, stream: Any, slot: str = "") -> Any:
+        """This stream's workspace ``slot`` (a program may keep several) of ``shape`` and
+        ``dtype``, kept for the next call."""
+        from numba import cuda
+
+        key = (device_key(), stream_key(stream), slot)
+        if int(np.prod(shape)) * np.dtype(dtype).itemsize > KEEP_BYTES:
+            self._spaces.pop(key, None)  # a smaller one kept for this key is no use now
+            return cuda.device_array(shape, dtype=dtype, stream=stream)
+        work = self._spaces.get(key)
+        if work is None or tuple(work.shape) != tuple(shape) or np.dtype(work.dtype) != dtype:
+            self._spaces.pop(key, None)
+            while len(self._spaces) >= KEPT_WORKSPACES:  # the oldest goes first
+                self._spaces.pop(next(iter(self._spaces)))
+            work = cuda.device_array(shape, dtype=dtype, stream=stream)
+            self._spaces[key] = work
+        return work
+
+    def __len__(self) -> int:
+        return len(self._spaces)
+
+
+def device_key() -> int:
+    """The current CUDA device's id (0 under the simulator, whose device has none)."""
+    from numba import cuda
+
+    try:
+        return int(cuda.get_current_device().id)
+    except Exception:  # the simulator's device has no id
+        return 0
+
+
+def stream_key(stream: Any) -> int:
+    """A stream's identity: its handle (0 for the default stream). Not the Python object:
+    numba makes a new one for the same stream on every call (``cuda.default_stream()``,
+    ``cuda.external_stream(h)``), and once one is freed its ``id`` can come back for
+    another stream, which then shared a workspace with work still queued on the first.
+    The simulator's streams have no handle; it runs everything in order, so one key."""
+    if stream is None or isinstance(stream, int):
+        return stream or 0
+    handle = stream_handle(stream)
+    return 0 if handle is None else handle
