@@ -537,7 +537,8 @@ def test_hot_loop_issue_share_does_not_regress(dtype: str, bcopy: int) -> None:
     if sass.toolchain() != GUARD_TOOLCHAIN:
         pytest.skip(f"toolchain {sass.toolchain()} differs from {GUARD_TOOLCHAIN}")
     copies, most = WGMMA_GUARD[(dtype, bcopy)]
-    r = mma_report(SPEC, SPEC.resolve({"BCOPY": bcopy}), dtype, "sm_90")
+    r = mma_report(SPEC, SPEC.resolve({"BCOPY": bcopy, "STAGES": 0 if bcopy else 4}), dtype,
+                   "sm_90")
     assert r.hot["HMMA"] == 4 and r.hot["LDGSTS"] == copies and r.hot["BAR"] == 1, r.hot
     assert r.hot["total"] <= most, r.hot
     assert r.local_memory == 0

@@ -437,11 +437,16 @@ def _smaller_shared(spec: KernelSpec, params: Mapping[str, int], itemsize: int,
         return ""
     names = []
     for p in spec.params:
-        smaller = [c for c in p.choices if c < params.get(p.name, p.default)]
+        value = params.get(p.name, p.default)
+        # 0 may stand for a choice the rung makes itself (wgmma's STAGES=0: the deepest
+        # ring that fits): then any explicit choice may be the smaller one
+        smaller = [c for c in p.choices if c < value] if value else [
+            c for c in p.choices if c]
         if not smaller:
             continue
         try:
-            if spec.smem({**params, p.name: max(smaller)}, itemsize) < need:
+            if spec.smem({**params, p.name: max(smaller) if value else min(smaller)},
+                         itemsize) < need:
                 names.append(p.name)
         except (KeyError, ValueError, ZeroDivisionError):  # a combination smem cannot size
             continue

@@ -111,8 +111,9 @@ SMALL_SLOTS = 3
 PROMOTE_DEFAULT = 2
 # The deepest ring STAGES=0 picks. Measured at 4096³ on an H200 with BCOPY=1 (TFLOP/s, the
 # copies before the kernel included, STAGES 4 / 5 / 6): TF32 225 / 269 / 277, BF16
-# 422 / 486 / 491, FP16 415 / 479 / 484; with BCOPY=0 a deeper ring was slower (TF32 107
-# at 4, 104 at 6; BF16 266, 237): its B loads, one k-tile ahead, do not go further ahead.
+# 422 / 486 / 491, FP16 415 / 479 / 484. With BCOPY=0 a deeper ring was slower (TF32 107
+# at 4, 104 at 6; BF16 266, 237: its B loads, one k-tile ahead, go no further ahead), so
+# BCOPY=0 runs best with STAGES=4 given.
 AUTO_STAGES = 6
 
 
@@ -130,11 +131,9 @@ def _smem(p: Mapping[str, int], itemsize: int = 4) -> int:
 
 def stages(p: Mapping[str, int]) -> int:
     """The ring's depth: STAGES, or for STAGES=0 the deepest ring of at most AUTO_STAGES
-    that fits an sm_90 block's shared memory (BCOPY=1), or 4 (BCOPY=0)."""
+    that fits an sm_90 block's shared memory."""
     if p.get("STAGES", 0):
         return p["STAGES"]
-    if not p.get("BCOPY", 1):
-        return 4
     return next((d for d in range(AUTO_STAGES, 3, -1)
                  if _smem({**p, "STAGES": d}) <= SMEM_SM90), 3)
 
@@ -596,7 +595,7 @@ SPEC = KernelSpec(
         Param("STAGES", 0, (0, 3, 4, 5, 6), "shared tiles in the ring (dynamic shared "
               "memory); STAGES - 2 are copied ahead of the one multiplied. 0: the deepest "
               f"ring of at most {AUTO_STAGES} that fits (6 for TF32 and 16-bit operands at "
-              "128x128 tiles, 4 for 3xTF32), or 4 with BCOPY=0"),
+              "128x128 tiles, 4 for 3xTF32; with BCOPY=0, 4 is faster)"),
         GROUP_M,
         Param("PASSES", 1, (1, 3), "wgmma per k step for float32 operands: 1 = "
               "precision='tf32', 3 = '3xtf32'; set by precision="),
