@@ -14,6 +14,7 @@ are not thread accesses and the report says so.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -226,26 +227,34 @@ def test_mma_without_its_swizzle_reads_8_way_conflicted(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_wgmma_threads_accesses_are_counted_and_its_operand_reads_named(dtype):
-    """Rung wgmma (simulator tile 64×32, 128 threads): A by cp.async, B loaded by the
-    threads and stored transposed (sts4: 16 bytes a lane) into the 128-byte swizzle layout,
-    conflict-free; the operands the tensor core reads through descriptors are not thread
-    accesses, so the report says they are not counted and no shared load is theirs."""
+@pytest.mark.parametrize("bcopy", [0, 1])
+def test_wgmma_threads_accesses_are_counted_and_its_operand_reads_named(dtype, bcopy):
+    """Rung wgmma (one block): A by cp.async; B with BCOPY=0 loaded by the threads and
+    stored transposed (sts4: 16 bytes a lane) into the 128-byte swizzle layout,
+    conflict-free, with BCOPY=1 (the default) copied by cp.async like A from its K-major
+    copy (the copy kernel runs before, outside the trace), with nothing stored or loaded
+    in shared memory by the threads. The operands the tensor core reads through
+    descriptors are not thread accesses, so the report says they are not counted and no
+    shared load is theirs."""
     from tilegemm.analysis.report import explain, render
 
-    r = trace_rung("wgmma", 64, 32, 64, dtype=dtype)
+    r = trace_rung("wgmma", 64, 32, 64, dtype=dtype, params={"BCOPY": bcopy})
     assert r["verified"] is True
     assert "descriptors" in r["not_counted"]
     stores = _sites(r, "sts4", "shared store")
-    assert stores
+    assert bool(stores) == (bcopy == 0)
     for s in stores:
         assert s["bytes"] == 16 * s["accesses"]
         assert s["wavefronts"] == s["ideal_wavefronts"] == 4 * s["requests"]
     copies = _sites(r, "cp16", "global load")
     assert copies and all(s["sectors"] == s["bytes"] / 32 for s in copies)
-    # the threads' own shared loads: TF32's in-place rounding, nothing else
+    # the copies read A, and with BCOPY=1 B too: cp16(<shared>, (<offset>,), <operand>, ...)
+    operands = {re.match(r"cp16\(\w+, \([^)]*\), (\w+),", s["text"]).group(1)
+                for s in copies}
+    assert operands == ({"A"} if bcopy == 0 else {"A", "B"}), operands
+    # the threads' own shared loads: TF32's in-place rounding (BCOPY=0), nothing else
     loads = {s["text"].split("(")[0] for s in r["sites"] if s["kind"] == "shared load"}
-    assert loads == ({"round_tf32"} if dtype == "float32" else set())
+    assert loads == ({"round_tf32"} if dtype == "float32" and bcopy == 0 else set())
     text = " ".join(str(item) for item in render(explain("wgmma", 64, 32, 64, dtype=dtype)))
     assert "not counted: the operands wgmma itself reads" in text
 

@@ -437,6 +437,8 @@ def test_tuner_space_and_baseline() -> None:
 
     cands = space.candidates(SPEC, "float32", CUDA_LIMITS, "tf32")
     assert cands and all(p["PASSES"] == 1 for p in cands)
+    assert all(p["ROUND"] == 1 for p in cands)  # truncation is asked for, never tuned in
+    assert {p["BCOPY"] for p in cands} == {0, 1}
     three = space.candidates(SPEC, "float32", CUDA_LIMITS, "3xtf32")
     assert three and all(p["PASSES"] == 3 for p in three)
     assert space.candidates(SPEC, "bfloat16", CUDA_LIMITS)

@@ -52,7 +52,7 @@ def _address(B: Any) -> int:
     cai = getattr(B, "__cuda_array_interface__", None)
     if cai is not None:
         return int(cai["data"][0])
-    return int(np.asarray(B._ary).ctypes.data)  # the simulator's array
+    return int(np.asarray(getattr(B, "_ary", B)).ctypes.data)  # the simulator's, or NumPy's
 
 
 def kmajor_shape(shape: tuple[int, int, int], itemsize: int) -> tuple[int, int, int]:

@@ -604,8 +604,10 @@ SPEC = KernelSpec(
               "product, into a K-major copy (none when B is K-major already) that the "
               "kernel copies like A, by cp.async (see _kmajor)"),
         Param("ROUND", 1, (0, 1), "TF32 (PASSES=1) only: 1 = operands rounded to the "
-              "nearest TF32 value in shared memory; 0 = left as float32, the tensor core "
-              "ignoring their last 13 bits (truncation: no rounding pass over the tiles)"),
+              "nearest TF32 value (by the copies before the kernel with BCOPY=1, in shared "
+              "memory with BCOPY=0); 0 = left as float32, the tensor core ignoring their "
+              "last 13 bits (truncation: about 2.7x the error, a few % faster)",
+              searched=False),  # accuracy is the caller's choice, not the tuner's
         Param("PROMOTE", PROMOTE_DEFAULT, (1, 2, 4), "3xTF32 only: k-tiles the tensor core "
               "sums into a fresh partial before the threads add it to the result in "
               "float32 (see _promotion)"),
