@@ -3,15 +3,18 @@
 Tensor cores read both operands K-major (each row of a shared tile is a run of K), and
 TF32 has no transposed form. A is K-major as NumPy lays it out (M×K, K contiguous); B is
 not (K×N, N contiguous). A kernel can transpose B on its way into shared memory, through
-registers, as rung wgmma does by default; the loads then cannot be asynchronous copies,
+registers, as rung wgmma does with BCOPY=0; the loads then cannot be asynchronous copies,
 and their latency is waited for inside the k loop. This module instead transposes B once,
 before the product, into a K-major workspace ``Bt`` (batch or 1, N, K), so that the GEMM
 kernel copies B's tiles exactly as it copies A's: 16-byte ``cp.async``, several tiles
-ahead. The transpose reads and writes B once (for 4096×4096 float32, 128 MB of traffic,
-tens of microseconds on an H100, against about a millisecond for the product).
+ahead. The transpose reads and writes B once: for 4096×4096 float32, 128 MB in 46 µs on
+an H200, against 440 µs for the TF32 product (rung wgmma went from 26 % to 70 % of cuBLAS
+TF32 with it, docs/tensor-cores.md). TF32 operands are rounded by these copies too (A
+then gets a rounded copy of its own), so the kernel does no rounding pass in shared
+memory.
 
-Where B is K-major already (the transpose of a C-contiguous array, as in ``x @ W.T``), the
-kernel reads a transposed view of it and nothing is copied.
+Where B is K-major already (the transpose of a C-contiguous array, as in ``x @ W.T``) and
+nothing is to be rounded, the kernel reads a transposed view of it and nothing is copied.
 
 Private module: imports numba only when a program is launched.
 """
@@ -26,12 +29,11 @@ import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram, strided_view
 from tilegemm.kernels.cuda._workspace import Workspaces
-from tilegemm.launch import ceil_div
+from tilegemm.launch import MAX_GRID_YZ, ceil_div
 
 TILE = 32  # the transpose's square tile: 32 columns of B read by a warp, 32 rows written
 PADDED = TILE + 1  # its rows in shared memory, one value longer (no bank conflicts)
 ROWS = 8  # rows of the tile each thread of a (32, 8) block handles, a stride of 8 apart
-MAX_GRID = 65535  # blocks in y and z; the kernel loops over the rest
 cuda: Any = None  # numba.cuda, bound by copy_kernel()
 
 
@@ -97,7 +99,8 @@ class KMajorBProgram(CudaProgram):
         batch, rows, cols = X.shape
         shape = kmajor_shape(tuple(X.shape), dtype.itemsize) if transpose else tuple(X.shape)
         work = self.workspaces.get(shape, dtype, stream, slot)
-        grid = (ceil_div(cols, TILE), min(ceil_div(rows, TILE), MAX_GRID), min(batch, MAX_GRID))
+        grid = (ceil_div(cols, TILE), min(ceil_div(rows, TILE), MAX_GRID_YZ),
+                min(batch, MAX_GRID_YZ))
         if rows and cols:
             copy_kernel(dtype.name, self.round_tf32, transpose)[grid, (TILE, ROWS), stream](
                 X, work)
