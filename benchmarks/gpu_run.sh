@@ -21,8 +21,9 @@
 #                                      # target shapes, TF32/FP16/BF16 at 4096^3 (~6 min)
 #   bash benchmarks/gpu_run.sh small   # one small matmul per call on cuda, cudac and the
 #                                      # CPU against NumPy and an empty kernel's launch
-#   bash benchmarks/gpu_run.sh visit   # a short visit (STEP_SECONDS=330: ~5.5 minutes, room
-#                                      # for a second call in a 15-minute lease): the tensor-core tests
+#   bash benchmarks/gpu_run.sh visit   # a short visit (STEP_SECONDS=400: ~6.5 minutes, room
+#                                      # for a second call in a 15-minute lease): the smoke
+#                                      # test (every rung once), the tensor-core tests
 #                                      # on the GPU, mma and wgmma at 4096^3 in every
 #                                      # precision against cuBLAS, then Nsight Compute on
 #                                      # one launch of each (wgmma TF32 and BF16, mma TF32)
@@ -192,7 +193,9 @@ visit)
   # calls found and fixed two bugs only a GPU showed, and met the 3xTF32 target).
   unset NVIDIA_TF32_OVERRIDE
   info > "$OUT/visit.log" 2>&1
-  fresh gpu-tests.log tensor.log
+  fresh gpu-tests.log tensor.log smoke.log
+  # every rung once on numba, CuPy and PyTorch arrays (~100 s on an H200)
+  part smoke 120 "$OUT/smoke.log" $PY benchmarks/gpu_smoke.py
   TILEGEMM_GPU_TESTS=1 part "tensor-core tests" 100 "$OUT/gpu-tests.log" \
       $PY -m pytest -q -n 16 -p no:cacheprovider -rf -W ignore -m "cudasim or gpu" \
       tests/test_wgmma.py tests/test_wgmma_rung.py tests/test_cuda_mma.py \
@@ -210,6 +213,7 @@ visit)
         --kernel-name "regex:$($PY benchmarks/ncu_rung.py --name "$1")" --launch-skip 1 \
         --launch-count 1 $sections $PY benchmarks/ncu_rung.py --kernel "$1" --dtype "$2" $prec
   done
+  grep -E "^(FAIL|[0-9]+ failed)" "$OUT/smoke.log"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.log" | tail -10
   grep -E "TFLOP|FAILED|target" "$OUT/tensor.log"
   for f in "$OUT"/ncu-*.txt; do

@@ -62,7 +62,10 @@ def test_tensor_step_answers_the_targets_first(tmp_path):
 
 
 def test_a_part_gets_no_more_than_what_is_left_of_the_step(tmp_path):
-    out, calls = _run(tmp_path, "check", 100)
+    out, calls = _run(tmp_path, "check", 100, env_var="NVIDIA_TF32_OVERRIDE")
+    # the smoke test checks cuBLAS's TF32 reference, which that variable would turn off
+    smoke = [c for c in calls if c.startswith("benchmarks/gpu_smoke.py")]
+    assert smoke == ["benchmarks/gpu_smoke.py NVIDIA_TF32_OVERRIDE=unset"]
     limits = [int(c.split()[3]) for c in calls if c.startswith("timeout ")]
     # smoke asks for 200 s and the three side-by-side jobs for 420: all cut to <= 100 s
     assert len(limits) == 4 and all(20 <= t <= 100 for t in limits)
@@ -98,12 +101,14 @@ def test_tensor_core_steps_leave_tf32_on_in_cublas(tmp_path):
 
 
 def test_visit_step_tests_times_then_profiles(tmp_path):
-    """The short visit: the tensor-core tests on the GPU, both rungs against cuBLAS, then
-    one profiled launch of each (ncu, its kernel named by ncu_rung.py)."""
-    out, calls = _run(tmp_path, "visit", 330, env_var="NVIDIA_TF32_OVERRIDE")
+    """The short visit: every rung once (the smoke test), the tensor-core tests on the GPU,
+    both rungs against cuBLAS, then one profiled launch of each (ncu, its kernel named by
+    ncu_rung.py)."""
+    out, calls = _run(tmp_path, "visit", 400, env_var="NVIDIA_TF32_OVERRIDE")
     labels = [line.split(":")[0] for line in out.splitlines() if ": exit " in line]
-    assert labels == ["tensor-core tests", "tensor cores, wgmma 4096", "tensor cores, mma 4096",
-                      "ncu wgmma float32", "ncu wgmma bfloat16", "ncu mma float32"]
+    assert labels == ["smoke", "tensor-core tests", "tensor cores, wgmma 4096",
+                      "tensor cores, mma 4096", "ncu wgmma float32", "ncu wgmma bfloat16",
+                      "ncu mma float32"]
     assert all(c.endswith("NVIDIA_TF32_OVERRIDE=unset") for c in calls
                if not c.startswith("timeout "))
     profiled = [c for c in calls if c.startswith("--clock-control none")]
