@@ -159,9 +159,14 @@ def build(p: Mapping[str, int], dtype: np.dtype, ahead: int | None = None) -> Cu
     arg_types = ("int16", "float32") if name == "bfloat16" else None
     how = dict(block=(_threads(p), 1, 1), grid=flat_tile_grid(p["BM"], p["BN"]),
                arg_types=arg_types, dynamic_smem=_smem(p, np.dtype(dtype).itemsize))
-    if p.get("BCOPY", 0):  # TF32 operands rounded by the copies made before the kernel
+    if _b_kmajor(p):  # TF32 operands rounded by the copies made before the kernel
         return KMajorBProgram(kernel, **how, round_tf32=_rounds(p, name))
     return CudaProgram(kernel, **how)
+
+
+def _b_kmajor(p: Mapping[str, int]) -> bool:
+    """Whether B reaches the kernel K-major (BCOPY=1, the default), copied like A."""
+    return bool(p.get("BCOPY", 1))
 
 
 def _rounds(p: Mapping[str, int], dtype: str) -> bool:
@@ -177,7 +182,7 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
     BM, BN, STAGES = p["BM"], p["BN"], stages(p)
     tf32 = dtype == "float32"
     split = tf32 and p.get("PASSES", 1) == 3  # 3×TF32
-    kmajor = bool(p.get("BCOPY", 0))  # B arrives K-major (see _kmajor), copied like A
+    kmajor = _b_kmajor(p)  # B arrives K-major (see _kmajor), copied like A
     # TF32 operands rounded to nearest in shared memory (ROUND=1 with BCOPY=0; with BCOPY=1
     # they arrive rounded), or left as float32 for the tensor core to truncate (ROUND=0);
     # ``raw``: B stored as loaded (3×TF32 splits it)
@@ -318,6 +323,11 @@ def _promotion(promote: int, bn: int) -> tuple[list[str], list[str], list[str]]:
         "t = wait0(t)", "if sd == 1:  # sums not yet promoted", f"    acc = {add}"]
 
 
+def _b_parts() -> dict[str, list[str]]:
+    """The kernel parts a B copier fills (see :func:`_fast_b`), empty."""
+    return {k: [] for k in ("BASES", "INIT", "OFFSETS", "LOADS", "PRELOAD", "STORES", "BUMP")}
+
+
 def _fast_b(chunks: int, nt: int, vw: int, tf32: bool, raw: bool) -> dict[str, list[str]]:
     """B's interior copies, one k-tile ahead through registers. Chunk ``v = tid + rnd * NT``
     is column ``bn = v % BN`` and k ``bc * VW`` … of the tile: VW loads without bounds tests
@@ -330,8 +340,7 @@ def _fast_b(chunks: int, nt: int, vw: int, tf32: bool, raw: bool) -> dict[str, l
     Returns the kernel's parts: BASES (per thread), INIT (typed zero registers), OFFSETS
     (at the first interior k-tile), LOADS (of the tile at ``kf + BK``), PRELOAD (of the tile
     at ``kf``, before the loop), STORES, BUMP."""
-    parts: dict[str, list[str]] = {k: [] for k in ("BASES", "INIT", "OFFSETS", "LOADS",
-                                                   "PRELOAD", "STORES", "BUMP")}
+    parts = _b_parts()
     for rnd in range(ceil_div(chunks, nt)):
         v = f"(tid + {rnd * nt})"
         parts["BASES"] += [f"bn{rnd} = {v} % BN", f"bc{rnd} = {v} // BN",
@@ -374,8 +383,7 @@ def _fast_b_kmajor(chunks: int, nt: int) -> dict[str, list[str]]:
     ``db`` (from the ring's start, B_BYTES included) of the write stage; its global address
     ``ob`` moves BK values along K per k-tile. The same parts as :func:`_fast_b`, with no
     loads into registers."""
-    parts: dict[str, list[str]] = {k: [] for k in ("BASES", "INIT", "OFFSETS", "LOADS",
-                                                   "PRELOAD", "STORES", "BUMP")}
+    parts = _b_parts()
     for rnd in range(ceil_div(chunks, nt)):
         v = f"(tid + {rnd * nt})"
         parts["BASES"] += [f"br{rnd} = {v} // BCH", f"bc{rnd} = {v} % BCH",
@@ -395,11 +403,11 @@ def _guarded(lines: list[str], rnd: int, nt: int, chunks: int) -> list[str]:
         f"if tid < {chunks - rnd * nt}:", *("    " + x for x in lines)]
 
 
-def _rounding(a_chunks: int, b_chunks: int, nt: int, tf32: bool,
+def _rounding(a_chunks: int, b_chunks: int, nt: int, convert: bool,
               split: bool) -> tuple[list[str], list[str]]:
-    """(per-thread bases, lines) converting the tile about to be read (``tf32``: rounding
-    or splitting operands; nothing for 16-bit ones, for ROUND=0, or for TF32 operands
-    the copies before the kernel rounded (BCOPY=1)), run by each thread
+    """(per-thread bases, lines) converting the tile about to be read (``convert``:
+    rounding or splitting TF32 operands; nothing for 16-bit ones, for ROUND=0, or for TF32
+    operands the copies before the kernel rounded (BCOPY=1)), run by each thread
     between its own copies' wait and the barrier that publishes the stage, on the chunks it
     copied or stored itself (the same chunks on every path, so no other thread's writes are
     involved). TF32: A's chunks are rounded in place (B's were rounded as they were stored).
@@ -408,7 +416,7 @@ def _rounding(a_chunks: int, b_chunks: int, nt: int, tf32: bool,
     stage): the four small-part descriptors of a k step then read it like the big ones."""
     bases: list[str] = []
     lines: list[str] = []
-    if not tf32:
+    if not convert:
         return bases, lines
 
     def guard(line: str, rnd: int, chunks: int) -> list[str]:
