@@ -19,11 +19,11 @@ For each size n (n×n×n products) and mode:
 - ``bfloat16``: the same for ``ml_dtypes.bfloat16`` operands against cuBLAS BF16
   (``allow_bf16_reduced_precision_reduction = False``). Target at 4096³: >= 60 %.
 
-The rung runs at its defaults (a 4-stage ring: 64 KB of dynamic shared memory in float32,
-so the opt-in above 48 KB is exercised) or with ``--params`` overriding them; each line
-names the ring's shared memory. Every result is checked against float64 NumPy before it
-is timed: the maximum error,
-scaled by max(|A|·|B|), is printed for tilegemm and for cuBLAS, and a tilegemm error more
+The rung runs at its defaults fitted to the shape as an untuned call fits them (the
+rung's ``shape_params``: wgmma takes 128x256 tiles at 4096³) or with ``--params``
+overriding the defaults; each line names the tile and the ring's shared memory. Every
+result is checked against float64 NumPy before it is timed: the maximum error, scaled by
+max(|A|·|B|), is printed for tilegemm and for cuBLAS, and a tilegemm error more
 than 4× cuBLAS's (same precision) fails the run. Times: CUDA events, median of --repeat,
 after two warm-up launches, through the benchmarks' timing loop (``bench.timing.steady``);
 the checked launch writes a NaN-poisoned output (a NaN error fails the run). Needs a real
@@ -115,7 +115,8 @@ def main() -> int:
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--params", default="",
-                        help="rung parameters over the defaults, e.g. BK=32,STAGES=3")
+                        help="rung parameters over the defaults, e.g. BK=32,STAGES=3 (none: "
+                             "the defaults fitted to the shape, as an untuned call runs)")
     parser.add_argument("--kernel", choices=("mma", "wgmma"), default="mma",
                         help="the tensor-core rung to time (wgmma: compute capability 9.0)")
     parser.add_argument("--no-triton", action="store_true",
@@ -129,6 +130,7 @@ def main() -> int:
     from tilegemm.backends import get_backend
     from tilegemm.bench.timing import fixed, poisoned, steady
     from tilegemm.problem import problem_for
+    from tilegemm.tune.select import for_shape
 
     backend = get_backend("cuda")
     status = backend.status()
@@ -169,6 +171,9 @@ def main() -> int:
             b = rng.standard_normal((1, n, n)).astype(dtype)
             params = spec.resolve(over if mode in HALF
                                   else {**over, spec.precision_param: spec.precisions[mode]})
+            if not over:  # what an untuned call runs: the defaults fitted to the shape
+                params = for_shape(backend, backend.target(), problem_for(n, n, n, dtype),
+                                   spec, params, "")[1]
             backend.check_limits(spec, params, dtype, backend.target())  # the opt-in maximum
             with poisoned():  # an element the kernel never writes stays NaN
                 prepared = backend.prepare(spec, params, problem_for(n, n, n, dtype), a, b)

@@ -196,6 +196,41 @@ def _kmajor_product(mode: str, a: np.ndarray, b: Any, **over: int) -> tuple[np.n
     return r, np.matmul(a.astype(np.float64), b64.astype(np.float64))
 
 
+# The larger tiles kernel="auto" takes for large products (shape_params), at the defaults
+# otherwise (BCOPY=1, a 4-deep ring): one interior block with one unchecked k-tile, edge
+# blocks in both dimensions with K not a multiple of BK, a batch. The simulator runs the
+# first two cases at 128x256 in TF32 (10 s and 5 s); a GPU runs them all.
+BIG_TILE_CASES = [((128, 96), (96, 256)), ((100, 40), (40, 200)), ((131, 97), (97, 263)),
+                  ((3, 300, 129), (129, 520))]
+
+
+@pytest.mark.cudasim
+@pytest.mark.slow
+@pytest.mark.parametrize("tile", [(128, 256), (256, 128)])
+@pytest.mark.parametrize("mode", ["tf32", "float16", "bfloat16"])
+def test_the_larger_tiles_on_odd_shapes(tile: tuple[int, int], mode: str,
+                                        rng: np.random.Generator) -> None:
+    from tilegemm import simulator
+
+    _needs_sm90()
+    on_sim = simulator.enabled()
+    if on_sim and (tile, mode) != ((128, 256), "tf32"):
+        pytest.skip("on a GPU only: 40-90 s a product on the simulator")
+    for a_shape, b_shape in BIG_TILE_CASES[:2] if on_sim else BIG_TILE_CASES:
+        dtype = {"tf32": np.float32, "float16": np.float16, "bfloat16": BF16}[mode]
+        a = rng.standard_normal(a_shape).astype(dtype)
+        b = rng.standard_normal(b_shape).astype(dtype)
+        if mode == "tf32":
+            r = tilegemm.matmul(a, b, backend="cuda", precision="tf32", kernel="wgmma",
+                                BM=tile[0], BN=tile[1])
+            a, b = tf32_round(a), tf32_round(b)
+        else:
+            r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", dtype=np.float32,
+                                BM=tile[0], BN=tile[1])
+        assert r.dtype == np.float32 and r.shape == np.matmul(a, b).shape
+        _check(r, np.matmul(a.astype(np.float64), b.astype(np.float64)), a.shape[-1])
+
+
 @pytest.mark.cudasim
 @pytest.mark.parametrize(("mode", "a_shape", "b_shape", "how"), KMAJOR_CASES)
 def test_b_copied_k_major_before_the_product(mode: str, a_shape: tuple, b_shape: tuple,
@@ -447,6 +482,79 @@ def test_tuner_space_and_baseline() -> None:
         choice = baseline_choice(BACKEND, _gpu(capability), np.dtype(np.float32), "tf32",
                                  [mma, SPEC], select.untuned_choice)
         assert choice is not None and choice[0] is want
+    # for a product, the tiles a call fits to it (shape_params), as kernel="auto" runs them
+    from dataclasses import replace
+
+    from tilegemm.problem import problem_for
+
+    h100 = replace(_gpu((9, 0)), compute_units=132)
+    for n, tile in ((4096, (128, 256)), (1024, (128, 128))):
+        choice = baseline_choice(BACKEND, h100, np.dtype(np.float32), "tf32", [mma, SPEC],
+                                 select.untuned_choice, problem_for(n, n, n, "float32"))
+        assert choice is not None and (choice[1]["BM"], choice[1]["BN"]) == tile
+
+
+def _auto_tile(m: int, n: int, k: int = 4096, batch: int = 0, sms: int = 132,
+               dtype: str = "float32", **given: int) -> tuple[int, int] | None:
+    """The block tile kernel="auto" gives wgmma for an (M, N, K) product on a GPU of
+    ``sms`` SMs, starting from the defaults (with ``given`` on top); None: the defaults'."""
+    from dataclasses import replace
+
+    from tilegemm.kernels.cuda.k11_wgmma import shape_params
+    from tilegemm.problem import problem_for
+
+    found = shape_params(SPEC.resolve(given), problem_for(m, n, k, dtype, batch),
+                         replace(_gpu((9, 0)), compute_units=sms))
+    return None if found is None else (found[0]["BM"], found[0]["BN"])
+
+
+def test_auto_takes_the_larger_tiles_where_there_are_enough() -> None:
+    """128x256 or 256x128 tiles ran 1.13-1.18x faster than 128x128 on an H200 at 4096³ and
+    8192³, and slower or no faster where they made fewer than two blocks per SM."""
+    assert _auto_tile(4096, 4096) == (128, 256)  # 512 blocks for 132 SMs
+    assert _auto_tile(4096, 4096, dtype="bfloat16") == (128, 256)
+    assert _auto_tile(4096, 2048) is None  # 256 blocks of either: under two per SM
+    # 16 x 17 = 272 blocks of 256x128 (less past the edge), 32 x 9 = 288 of 128x256
+    assert _auto_tile(4096, 2112) == (256, 128)
+    assert _auto_tile(1536, 1536) is None  # measured: 69 TFLOP/s against 100 (TF32)
+    assert _auto_tile(1024, 1024, batch=9) == (128, 256)  # 288 blocks over the batch
+    # both larger tiles make enough blocks: the one with fewer (less past the edges)
+    assert _auto_tile(32768, 384) == (256, 128)  # 384 blocks against 512
+    assert _auto_tile(384, 32768) == (128, 256)
+    assert _auto_tile(4096, 4096, sms=300) is None  # a GPU with more SMs needs more
+    assert _auto_tile(4096, 4096, sms=0) is None  # no SM count: the defaults
+    assert _auto_tile(4096, 4096, PASSES=3) is None  # 3xTF32: no ring of larger tiles fits
+    assert _auto_tile(4096, 4096, BN=64) is None  # only the defaults are adapted
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_plan_on_an_h100_fits_wgmmas_tile_to_the_product(monkeypatch) -> None:  # noqa: ANN001
+    """An untuned tensor-core call on a (stand-in) sm_90 GPU of 132 SMs: 128x256 tiles at
+    4096³ (TF32, 16-bit), with the reason in the plan; 128x128 for a small product, for
+    3xTF32 and for parameters given by hand."""
+    import dataclasses
+
+    from tilegemm import precision as precision_module
+    from tilegemm.backends import cuda as cuda_backend
+
+    be = cuda_backend.BACKEND
+    sim = be.target()
+    h100 = dataclasses.replace(sim, capability=(9, 0), arch="sm_90", simulated=False,
+                               compute_units=132, limits=dataclasses.replace(
+                                   sim.limits, shared_optin_per_block=227 * 1024))
+    monkeypatch.setattr(type(be), "_target", lambda self, index: h100)
+    monkeypatch.setattr(precision_module, "_simulated", lambda backend: False)  # defaults
+    big = np.broadcast_to(np.float32(1), (4096, 4096))  # a shape only: plan reads no data
+    for x, precision in ((big, "tf32"), (big.astype(np.float16), None)):
+        planned = tilegemm.plan(x, x, backend="cuda", precision=precision)
+        assert (planned.params["BM"], planned.params["BN"]) == (128, 256), planned
+        assert planned.source == "default; 512 tiles of 128x256 for 132 SMs (1024 of 128x128)"
+    small = np.ones((256, 256), np.float32)
+    for x, precision, given in ((big, "3xtf32", {}), (small, "tf32", {}),
+                                (big, "tf32", {"kernel": "wgmma", "STAGES": 6})):
+        planned = tilegemm.plan(x, x, backend="cuda", precision=precision, **given)
+        assert (planned.params["BM"], planned.params["BN"]) == (128, 128), planned
 
 
 # --- machine code (sm_90a, no GPU needed) ---------------------------------------------------

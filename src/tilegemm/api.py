@@ -45,6 +45,7 @@ from tilegemm.registry import BACKENDS, KernelSpec, ParametersNeedKernel
 from tilegemm.tune.select import (
     auto_choice,
     auto_plan,
+    for_shape,
     named_plan,
     tuned_precision_params,
     tuning_cache_now,
@@ -296,6 +297,8 @@ def _decide(
         spec, resolved, source = _with_measured_others(be, target, prob, kernel, params)
         return Decision(be, target, prob, spec, resolved, source)
     spec, resolved = choose_kernel(kernel, be, prob, params, target)
+    if source == "default":  # an untuned tensor-core rung: its defaults fitted to the shape
+        spec, resolved, source = for_shape(be, target, prob, spec, resolved, source)
     if not params and source == "requested":
         # a rung named without parameters: this device's measured ones for it, if any
         spec, resolved, source = (named_plan(be, target, prob, kernel)

@@ -177,7 +177,7 @@ def _tune(args: argparse.Namespace) -> int:
     # baseline is kept for calls naming its rung only; the baseline itself is an entry only
     # when its rung is being tuned.
     baseline = baseline_choice(backend, target, dtype, precision, specs,
-                               lambda b, d, t: untuned_choice(b, d, t, prob))
+                               lambda b, d, t: untuned_choice(b, d, t, prob), prob)
     # Launch strategies (searched=False, e.g. split-K) stay at the baseline's value.
     jobs = [(spec, space.candidates(spec, dtype, limits, precision,
                                     baseline[1] if baseline and baseline[0] is spec else None,
@@ -328,10 +328,11 @@ def tuning_specs(backend: str, dtype, precision: str,  # noqa: ANN001 - a NumPy 
 
 
 def baseline_choice(backend, target, dtype, precision: str, specs: list,  # noqa: ANN001
-                    untuned):  # noqa: ANN001, ANN201
+                    untuned, prob=None):  # noqa: ANN001, ANN201
     """What the call runs untuned, timed first: ``kernel="auto"``'s IEEE choice, or for a
     tensor-core run the rung kernel="auto" runs on this device at its defaults, precision
-    parameter pinned."""
+    parameter pinned, fitted to ``prob``'s shape as a call fits them (the rung's
+    ``shape_params``)."""
     from tilegemm.precision import auto_tensor_spec
     from tilegemm.tune import space
 
@@ -345,4 +346,8 @@ def baseline_choice(backend, target, dtype, precision: str, specs: list,  # noqa
         backend.check_limits(top, resolved, dtype, target)
     except (ValueError, TypeError):
         return None
-    return top, resolved
+    if prob is None:
+        return top, resolved
+    from tilegemm.tune.select import for_shape
+
+    return for_shape(backend, target, prob, top, resolved, "")[:2]

@@ -137,11 +137,11 @@ def auto_plan(backend: Backend, target: Target, prob: GemmProblem
         return (*choice, "simulator" if target.simulated else "tuned")
     db = _database(backend, target, prob.dtype.name, _shape(prob))
     if db is not None:
-        return _for_shape(backend, target, prob, *db)
+        return for_shape(backend, target, prob, *db)
     spec = registry.default_for(backend.name, prob.dtype)
     resolved = backend.resolve(spec, {}, target)
     backend.check_limits(spec, resolved, prob.dtype, target)
-    return _for_shape(backend, target, prob, spec, resolved, "default")
+    return for_shape(backend, target, prob, spec, resolved, "default")
 
 
 def named_plan(backend: Backend, target: Target, prob: GemmProblem, kernel: str
@@ -185,7 +185,7 @@ def unbounded_database_plan(backend: Backend, target: Target, dtype: str, kernel
     return [found]
 
 
-def _for_shape(backend: Backend, target: Target, prob: GemmProblem, spec: KernelSpec,
+def for_shape(backend: Backend, target: Target, prob: GemmProblem, spec: KernelSpec,
                params: dict[str, int], source: str) -> tuple[KernelSpec, dict[str, int], str]:
     """The untuned choice adapted to this problem on this device by the rung's own
     ``shape_params`` (smaller tiles, split-K), when the product's tiles cannot fill the
@@ -282,7 +282,7 @@ def untuned_choice(backend: Backend, dtype: str, target: Target | None = None,
                    prob: GemmProblem | None = None) -> Choice | None:
     """What ``kernel="auto"`` picks with an empty cache: the database's entry for the
     device, else the registry default at its (device-resolved) defaults; for ``prob``,
-    adapted to its shape as ``kernel="auto"`` does (:func:`_for_shape`). ``tilegemm tune``
+    adapted to its shape as ``kernel="auto"`` does (:func:`for_shape`). ``tilegemm tune``
     times it as the baseline, so a tuned entry replaces it only by being faster."""
     target = target or backend.target()
     db = _database_choice(backend, target, dtype, None if prob is None else _shape(prob))
@@ -296,7 +296,7 @@ def untuned_choice(backend: Backend, dtype: str, target: Target | None = None,
         choice = _usable(backend, target, spec.name, {}, dtype)
     if choice is None or prob is None:
         return choice
-    spec, params, _ = _for_shape(backend, target, prob, choice[0], choice[1], "")
+    spec, params, _ = for_shape(backend, target, prob, choice[0], choice[1], "")
     return spec, params
 
 

@@ -66,7 +66,9 @@ cuBLAS TF32), BF16 269 (34 %): 45 % of the stalls were waits for B's loads, issu
 one k-tile ahead. With B copied K-major before the kernel (BCOPY=1), rounding in those
 copies and a 6-deep ring, the copies included: TF32 280 (70 % of cuBLAS's 401, the same
 error), FP16 474 (63 %), BF16 489 (62 %), 3×TF32 88.4 (1.72× SGEMM, a quarter of its
-error) (docs/tensor-cores.md, "On hardware").
+error). With 128x256 tiles, which an untuned call takes for products of at least two
+blocks per SM (``shape_params``): TF32 315 (79 %), FP16 546 (72 %), BF16 562 (71 %)
+(docs/tensor-cores.md, "On hardware").
 """
 
 from __future__ import annotations
@@ -136,6 +138,52 @@ def stages(p: Mapping[str, int]) -> int:
         return p["STAGES"]
     return next((d for d in range(AUTO_STAGES, 3, -1)
                  if _smem({**p, "STAGES": d}) <= SMEM_SM90), 3)
+
+
+# kernel="auto" with nothing tuned: the larger tiles a product gets when it has enough of
+# them (see shape_params). Measured on an H200 (2026-11-26; TFLOP/s with the copies before
+# the kernel, 128x128 / 128x256 / 256x128, the ring 6 / 4 / 4 deep): 4096³ TF32 279 / 312
+# / 312 (kernel alone 314 / 367 / 363), BF16 496 / 563 / 560; 8192³ TF32 302 / 356 / 345,
+# BF16 590 / 668 / 661. Where the larger tiles make under two waves they lose or tie:
+# 1536x1536x4096 TF32 100 / 69 / 79 (72 blocks of 128x256 on 132 SMs), 8192x384x4096 TF32
+# 136 / 83 / 100, 2048³ BF16 127 / 112 / 126, 1024x4096x4096 TF32 114 / 122 / 118 (one
+# wave). A 64-row slice of a 256-column tile reads 64 + 256 rows of shared memory per
+# 64 × 256 products, against 64 + 128 per 64 × 128: 17 % more products per shared byte.
+BIG_TILES = ({"BM": 128, "BN": 256}, {"BM": 256, "BN": 128})
+BIG_TILE_WAVES = 2  # the larger tiles only where they make at least this many blocks per SM
+
+
+def shape_params(p: Mapping[str, int], prob: Any, target: Any
+                 ) -> tuple[dict[str, int], str] | None:
+    """The block tile for one product on one device, from the defaults ``p``: one of
+    ``BIG_TILES`` when the product has at least ``BIG_TILE_WAVES`` × SMs blocks of it,
+    else None (keep ``p``).
+
+    Each SM runs one block at a time (the ring takes most of its shared memory). A
+    block of a larger tile does twice the work of a 128x128 one at about 1.17x its rate
+    once every SM has several blocks to run (4096³ on 132 SMs: 512 blocks), but with
+    fewer blocks than two per SM the larger tiles measured slower or no faster (see
+    ``BIG_TILES``). Of the two larger tiles, the one with fewer blocks (less padding
+    past the edges: 256x128 for 32768x384) wins, 128x256 on a tie. 3xTF32 keeps 128x128:
+    its small parts' slots leave no room for a ring of larger tiles. Reads the SM count
+    from ``target.compute_units``; a device that does not report it keeps ``p``.
+    """
+    sms = int(getattr(target, "compute_units", 0) or 0)
+    m, n, batch = prob.m, prob.n, prob.batch
+    if sms <= 0 or (p["BM"], p["BN"]) != (128, 128) or m * n * prob.k * batch == 0:
+        return None
+
+    def tiles(q: Mapping[str, int]) -> int:
+        return ceil_div(m, q["BM"]) * ceil_div(n, q["BN"]) * batch
+
+    # a ring of 3 larger tiles ran at 0.6 of cuBLAS where 4 ran at 0.9 (TF32, BF16)
+    fits = [q for q in ({**p, **big} for big in BIG_TILES)
+            if stages(q) >= 4 and _smem(q) <= SMEM_SM90 and tiles(q) >= BIG_TILE_WAVES * sms]
+    if not fits:
+        return None
+    best = min(fits, key=tiles)
+    return best, (f"{tiles(best)} tiles of {best['BM']}x{best['BN']} for {sms} SMs "
+                  f"({tiles(p)} of {p['BM']}x{p['BN']})")
 
 
 def _dtype_check(p: Mapping[str, int], dtype: np.dtype) -> str | None:
@@ -638,4 +686,5 @@ SPEC = KernelSpec(
     sim_params={"BM": 64, "BN": 32, "STAGES": 3, "GROUP_M": 2, "PASSES": 1},
     precisions=PRECISIONS, precision_param="PASSES", min_cc=(9, 0), only_cc=(9, 0),
     dynamic_smem=True, dtype_check=_dtype_check,
+    shape_params=lambda p, prob, target: shape_params(p, prob, target),
 )
