@@ -566,14 +566,11 @@ def test_opt_in_only_ever_raises_the_attribute(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(cuda_program, "_OPTED_IN", {})
     calls: list[tuple] = []
     disp = _FakeDispatcher()
-    args = (np.zeros(1), np.zeros(1), np.zeros(1), 1.0, 0.0)
     for nbytes in (98304, 98304, 65536, 98304, 131072):
-        cuda_program.opt_in_dynamic_shared(disp, args, nbytes,
+        cuda_program.opt_in_dynamic_shared(disp.kernel, nbytes,
                                            set_attribute=lambda *a: calls.append(a))
     assert [(int(a), v, h, d) for a, v, h, d in calls] == [
         (MAX_DYNAMIC, 98304, 0xBEEF, 3), (MAX_DYNAMIC, 131072, 0xBEEF, 3)]
-    # the kernel opted in is the one compiled for these arguments' types
-    assert disp.compiled[0] == ("ndarray", "ndarray", "ndarray", "float", "float")
 
 
 def test_opt_in_goes_through_numbas_driver_binding(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -589,7 +586,7 @@ def test_opt_in_goes_through_numbas_driver_binding(monkeypatch: pytest.MonkeyPat
     # an instance attribute, so numba's lazy lookup (which needs a driver) is not reached
     monkeypatch.setitem(vars(numba_driver.driver), "cuKernelSetAttribute",
                         lambda *a: calls.append(a))
-    cuda_program.opt_in_dynamic_shared(_FakeDispatcher(7, 0), (1.0,), 65536)
+    cuda_program.opt_in_dynamic_shared(_FakeDispatcher(7, 0).kernel, 65536)
     assert [(int(a), v, h, d) for a, v, h, d in calls] == [(MAX_DYNAMIC, 65536, 7, 0)]
 
 
@@ -604,13 +601,16 @@ def test_launch_opts_in_only_above_48_kb_on_a_gpu(nbytes: int, sim: bool, opted:
     seen: list[tuple] = []
     monkeypatch.setattr(simulator, "enabled", lambda: sim)
     monkeypatch.setattr(cuda_program, "opt_in_dynamic_shared",
-                        lambda disp, args, n: seen.append((len(args), n)))
+                        lambda kernel, n: seen.append((kernel, n)))
     disp = _FakeDispatcher()
     prog = cuda_program.CudaProgram(disp, (256, 1, 1), lambda b, m, n: (4, 1, b),
                                     dynamic_smem=nbytes)
     c = np.zeros((2, 3, 5))
     prog.launch("A", "B", c, 1.0, 0.0, stream=0)
-    assert seen == ([(5, nbytes)] if opted else [])
+    # the kernel opted in is the one compiled for these arguments' types
+    assert seen == ([(disp.kernel, nbytes)] if opted else [])
+    if opted:
+        assert disp.compiled == [("str", "str", "ndarray", "float", "float")]
     # numba's launch configuration: grid, block, stream, then the dynamic shared bytes
     assert disp.launches[0][0] == ((4, 1, 2), (256, 1, 1), 0, nbytes)
 

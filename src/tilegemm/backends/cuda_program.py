@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tilegemm.backends.cuda_launch import launch_kernel
+
 # Bytes of shared memory a block may declare statically, and use dynamically without
 # opting in, on every CUDA GPU.
 STATIC_SMEM_LIMIT = 48 * 1024
@@ -39,13 +41,13 @@ class CudaProgram:
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
         batch, m, n = C.shape
-        args = (A, B, C, alpha, beta)
-        if self.dynamic_smem > STATIC_SMEM_LIMIT:
-            from tilegemm import simulator
-
-            if not simulator.enabled():  # the simulator has no such limit to lift
-                opt_in_dynamic_shared(self.kernel, args, self.dynamic_smem)
-        self.kernel[self.grid(batch, m, n), self.block, stream, self.dynamic_smem](*args)
+        smem = self.dynamic_smem
+        # above 48 KB, the kernel about to run is opted in first (the simulator has no such
+        # limit to lift, and launch_kernel() calls no prepare there)
+        prepare = (lambda kernel: opt_in_dynamic_shared(kernel, smem)
+                   ) if smem > STATIC_SMEM_LIMIT else None
+        launch_kernel(self.kernel, self.grid(batch, m, n), self.block, stream, smem,
+                      (A, B, C, alpha, beta), prepare)
 
     def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
         """The (A, B) the kernel itself reads for host (NumPy) operands laid out as the
@@ -85,23 +87,22 @@ _OPTED_IN: dict[tuple[int, int], int] = {}
 _OPT_IN_LOCK = threading.Lock()
 
 
-def opt_in_dynamic_shared(dispatcher: Any, args: tuple[Any, ...], nbytes: int,
+def opt_in_dynamic_shared(kernel: Any, nbytes: int,
                           set_attribute: Callable[[Any, int, Any, int], Any] | None = None,
                           ) -> None:
-    """Let the kernel that ``dispatcher`` runs for ``args`` use ``nbytes`` of dynamic shared
-    memory: CUDA refuses a launch with more than 48 KB unless the kernel's
-    ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` was raised first.
+    """Let ``kernel`` (numba's compiled overload, about to be launched on the current
+    device) use ``nbytes`` of dynamic shared memory: CUDA refuses a launch with more than
+    48 KB unless the kernel's ``CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`` was
+    raised first.
 
     numba-cuda has no API for this attribute (numba-cuda issue #94); it loads kernels as
     ``CUkernel``s, whose attributes are set per device with ``cuKernelSetAttribute``, as
-    numba's own ``set_shared_memory_carveout`` does. The kernel is compiled for ``args``
-    here (numba's launch then finds the same overload) to reach its loaded function.
-    ``set_attribute(attribute, value, kernel handle, device id)`` defaults to numba's
-    checked driver binding; tests pass a stand-in, having no GPU. The backend checks
-    ``nbytes`` against the device's opt-in maximum before any launch, so a driver error
-    here means a kernel that also declares static shared memory, which numba's rungs
-    avoid."""
-    kernel = dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in args))
+    numba's own ``set_shared_memory_carveout`` does; the overload's loaded function for
+    the current device says which. ``set_attribute(attribute, value, kernel handle,
+    device id)`` defaults to numba's checked driver binding; tests pass a stand-in, having
+    no GPU. The backend checks ``nbytes`` against the device's opt-in maximum before any
+    launch, so a driver error here means a kernel that also declares static shared
+    memory, which numba's rungs avoid."""
     cufunc = kernel._codelibrary.get_cufunc()  # the loaded kernel, cached by numba
     device = int(cufunc.device.id)
     key = (device, int(cufunc.handle))

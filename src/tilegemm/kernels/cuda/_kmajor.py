@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.backends.cuda_launch import launch_kernel
 from tilegemm.backends.cuda_program import CudaProgram, strided_view
 from tilegemm.kernels.cuda._workspace import Workspaces
 from tilegemm.launch import MAX_GRID_YZ, ceil_div
@@ -102,8 +103,8 @@ class KMajorBProgram(CudaProgram):
         grid = (ceil_div(cols, TILE), min(ceil_div(rows, TILE), MAX_GRID_YZ),
                 min(batch, MAX_GRID_YZ))
         if rows and cols:
-            copy_kernel(dtype.name, self.round_tf32, transpose)[grid, (TILE, ROWS), stream](
-                X, work)
+            launch_kernel(copy_kernel(dtype.name, self.round_tf32, transpose), grid, (TILE, ROWS),
+                   stream, 0, (X, work))
         return work
 
     def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:

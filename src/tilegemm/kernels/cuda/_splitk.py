@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.backends.cuda_launch import launch_kernel
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._workspace import Workspaces
 from tilegemm.launch import MAX_GRID_X, ceil_div
@@ -58,7 +59,8 @@ class SplitKProgram(CudaProgram):
         with self.workspaces.lock:
             work = self.workspaces.get((self.slices * batch, m, n), dtype, stream)
             super().launch(A, B, work, one, zero, stream)
-            reduce_kernel()[blocks, REDUCE_THREADS, stream](work, C, alpha, beta)
+            launch_kernel(reduce_kernel(), blocks, REDUCE_THREADS, stream, 0,
+                          (work, C, alpha, beta))
 
 
 @cache
