@@ -23,6 +23,7 @@ every launch go through numba, as does the simulator (its kernels are Python).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,8 @@ def _dims(d: Any) -> tuple[int, ...]:
 
 
 def launch_kernel(dispatcher: Any, grid: Any, block: Any, stream: Any, smem: int,
-           args: tuple[Any, ...], prepare: Any = None) -> None:
+                  args: tuple[Any, ...], prepare: Callable[[Any], None] | None = None,
+                  ) -> None:
     """``dispatcher[grid, block, stream, smem](*args)``, through the compiled overload
     directly once numba has launched it for arguments of these types.
 

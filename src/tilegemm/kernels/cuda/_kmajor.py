@@ -103,8 +103,8 @@ class KMajorBProgram(CudaProgram):
         grid = (ceil_div(cols, TILE), min(ceil_div(rows, TILE), MAX_GRID_YZ),
                 min(batch, MAX_GRID_YZ))
         if rows and cols:
-            launch_kernel(copy_kernel(dtype.name, self.round_tf32, transpose), grid, (TILE, ROWS),
-                   stream, 0, (X, work))
+            kernel = copy_kernel(dtype.name, self.round_tf32, transpose)
+            launch_kernel(kernel, grid, (TILE, ROWS), stream, 0, (X, work))
         return work
 
     def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
