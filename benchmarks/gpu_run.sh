@@ -25,8 +25,10 @@
 #                                      # for a second call in a 15-minute lease): the smoke
 #                                      # test (every rung once), the tensor-core tests
 #                                      # on the GPU, mma and wgmma at 4096^3 in every
-#                                      # precision against cuBLAS, then Nsight Compute on
-#                                      # one launch of each (wgmma TF32 and BF16, mma TF32)
+#                                      # precision against cuBLAS, the host's time per
+#                                      # call beside the GPU's (1024^3-4096^3), then Nsight
+#                                      # Compute on one launch of each (wgmma TF32 and BF16,
+#                                      # mma TF32)
 #
 # The other steps leave Triton out (--no-rivals, --no-triton): its first use compiles and
 # autotunes 16 configurations per shape class, which their time limits were not set for.
@@ -193,7 +195,7 @@ visit)
   # calls found and fixed two bugs only a GPU showed, and met the 3xTF32 target).
   unset NVIDIA_TF32_OVERRIDE
   info > "$OUT/visit.log" 2>&1
-  fresh gpu-tests.log tensor.log smoke.log
+  fresh gpu-tests.log tensor.log smoke.log host.log
   # every rung once on numba, CuPy and PyTorch arrays (~100 s on an H200)
   part smoke 120 "$OUT/smoke.log" $PY benchmarks/gpu_smoke.py
   TILEGEMM_GPU_TESTS=1 part "tensor-core tests" 100 "$OUT/gpu-tests.log" \
@@ -204,6 +206,8 @@ visit)
     part "tensor cores, $k 4096" 60 "$OUT/tensor.log" \
         $PY benchmarks/tensor_cores.py --kernel $k --sizes 4096 --no-triton
   done
+  # the host's time per call beside the GPU's: what bounds products below ~4096^3
+  part "host overhead" 60 "$OUT/host.log" $PY benchmarks/host_overhead.py
   sections="--section SpeedOfLight --section Occupancy --section WarpStateStats \
 --section SchedulerStats --section MemoryWorkloadAnalysis"
   for run in "wgmma float32 tf32" "wgmma bfloat16 -" "mma float32 tf32"; do
@@ -216,6 +220,7 @@ visit)
   grep -E "^(FAIL|[0-9]+ failed)" "$OUT/smoke.log"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.log" | tail -10
   grep -E "TFLOP|FAILED|target" "$OUT/tensor.log"
+  grep -E "\^3|needs|Error" "$OUT/host.log"
   for f in "$OUT"/ncu-*.txt; do
     echo "== $f"; grep -E "Duration|Compute \(SM\) Throughput|No Eligible|Warp Cycles Per \
 Issued|Achieved Occupancy|==WARNING== No kernels" "$f" || true
