@@ -112,10 +112,8 @@ def _cpu() -> str:
 
 def _device(cuda: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
     """Random operands on the device (bfloat16 as its bits, as the backend passes it)."""
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    if dtype.name == "bfloat16":
-        return cuda.to_device((x.view(np.uint32) >> 16).astype(np.uint16).view(np.int16))
-    return cuda.to_device(x.astype(dtype))
+    x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    return cuda.to_device(x.view(np.int16) if dtype.name == "bfloat16" else x)
 
 
 def _host(cuda: Any, fn: Any) -> float:

@@ -440,8 +440,9 @@ def test_the_simulator_holds_wgmma_to_sm90s_shared_memory() -> None:
                                    dtype, sim)
 
 
-def _gpu(capability: tuple[int, int]) -> Any:
-    """A GPU's Target (no GPU needed) of ``capability``, with an H100's opt-in shared memory."""
+def _gpu(capability: tuple[int, int], sms: int = 0) -> Any:
+    """A GPU's Target (no GPU needed) of ``capability``, with an H100's opt-in shared memory
+    and ``sms`` SMs (0: not reported)."""
     from dataclasses import replace
 
     from tilegemm.backends.base import Target
@@ -449,7 +450,7 @@ def _gpu(capability: tuple[int, int]) -> Any:
 
     limits = replace(CUDA_LIMITS, shared_optin_per_block=227 * 1024)
     return Target("cuda", "GPU", "gpu", "sm_{}{}".format(*capability), limits, "CUDA events",
-                  capability=capability)
+                  capability=capability, compute_units=sms)
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0), (12, 0)])
@@ -483,11 +484,9 @@ def test_tuner_space_and_baseline() -> None:
                                  [mma, SPEC], select.untuned_choice)
         assert choice is not None and choice[0] is want
     # for a product, the tiles a call fits to it (shape_params), as kernel="auto" runs them
-    from dataclasses import replace
-
     from tilegemm.problem import problem_for
 
-    h100 = replace(_gpu((9, 0)), compute_units=132)
+    h100 = _gpu((9, 0), sms=132)
     for n, tile in ((4096, (128, 256)), (1024, (128, 128))):
         choice = baseline_choice(BACKEND, h100, np.dtype(np.float32), "tf32", [mma, SPEC],
                                  select.untuned_choice, problem_for(n, n, n, "float32"))
@@ -498,13 +497,11 @@ def _auto_tile(m: int, n: int, k: int = 4096, batch: int = 0, sms: int = 132,
                dtype: str = "float32", **given: int) -> tuple[int, int] | None:
     """The block tile kernel="auto" gives wgmma for an (M, N, K) product on a GPU of
     ``sms`` SMs, starting from the defaults (with ``given`` on top); None: the defaults'."""
-    from dataclasses import replace
-
     from tilegemm.kernels.cuda.k11_wgmma import shape_params
     from tilegemm.problem import problem_for
 
     found = shape_params(SPEC.resolve(given), problem_for(m, n, k, dtype, batch),
-                         replace(_gpu((9, 0)), compute_units=sms))
+                         _gpu((9, 0), sms))
     return None if found is None else (found[0]["BM"], found[0]["BN"])
 
 
