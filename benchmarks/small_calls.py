@@ -13,7 +13,13 @@ result is checked against float64 NumPy first. The floor is the least a call of 
 backend can cost: for OpenCL a one-value kernel's launch and the blocking read of its
 value on the same queue, for CUDA an empty kernel's launch and ``cuda.synchronize()``;
 the CPU has none (a call into compiled code costs about a microsecond). What is above the floor is
-tilegemm's own work per call. Writes
+tilegemm's own work per call.
+
+The device backends are also timed on their own device arrays (pyopencl arrays; numba,
+CuPy and PyTorch CUDA arrays, those that are installed), where a call copies nothing and
+returns without waiting: blocks of ``BLOCK`` calls, each block followed by one wait for
+the device, the mean per call. The floor there is the same one-value or empty kernel
+launched ``BLOCK`` times, then one wait. Writes
 ``benchmarks/results/small-calls-<cpu>-<isa>-m<family>-<model>.json``.
 """
 
@@ -23,7 +29,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -77,6 +83,113 @@ def cuda_floor() -> tuple[str, Callable[[], Any]]:
 
 FLOORS: dict[str, Callable[[], tuple[str, Callable[[], Any]]]] = {
     "opencl": opencl_floor, "cuda": cuda_floor, "cudac": cuda_floor}
+BLOCK = 10  # device-array calls between two waits for the device
+
+
+class DeviceArrays(NamedTuple):
+    """One kind of device array a backend takes: how to make one, read it back, and wait
+    for the device; ``launch`` enqueues the floor's kernel without waiting."""
+
+    label: str
+    to_device: Callable[[np.ndarray], Any]
+    to_host: Callable[[Any], np.ndarray]
+    wait: Callable[[], Any]
+    launch: Callable[[], Any]
+
+
+def opencl_arrays() -> list[DeviceArrays]:
+    import pyopencl as cl
+    import pyopencl.array as cla
+
+    own = get_backend("opencl").own_device()
+    program = cl.Program(own.queue.context, "__kernel void one(__global float *x) "
+                         "{ x[0] = 1.0f; }").build()
+    kernel = cl.Kernel(program, "one")
+    buffer = cl.Buffer(own.queue.context, cl.mem_flags.READ_WRITE, 4)
+    kernel.set_arg(0, buffer)  # (the kernel does not keep the buffer alive: launch does)
+
+    def launch() -> None:
+        cl.enqueue_nd_range_kernel(own.queue, kernel, (1,), None)
+        return buffer
+    return [DeviceArrays("pyopencl", lambda x: cla.to_device(own.queue, x),
+                         lambda r: r.get(), own.queue.finish, launch)]
+
+
+def cuda_arrays() -> list[DeviceArrays]:
+    from numba import cuda
+
+    @cuda.jit
+    def nothing() -> None:
+        pass
+
+    def launch() -> None:
+        nothing[1, 1]()
+
+    kinds = [DeviceArrays("numba", cuda.to_device, lambda r: r.copy_to_host(),
+                          cuda.synchronize, launch)]
+    try:
+        import cupy
+
+        kinds.append(DeviceArrays("cupy", cupy.asarray, cupy.asnumpy,
+                                  cupy.cuda.Device().synchronize, launch))
+    except Exception:  # noqa: BLE001 - not installed, or no GPU for it
+        pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            kinds.append(DeviceArrays("torch", lambda x: torch.as_tensor(x, device="cuda"),
+                                      lambda r: r.cpu().numpy(), torch.cuda.synchronize,
+                                      launch))
+    except Exception:  # noqa: BLE001
+        pass
+    return kinds
+
+
+DEVICE_ARRAYS: dict[str, Callable[[], list[DeviceArrays]]] = {
+    "opencl": opencl_arrays, "cuda": cuda_arrays}
+
+
+def per_call_in_blocks(call: Callable[[], Any], wait: Callable[[], Any],
+                       seconds: float) -> float:
+    """Mean seconds per ``call()`` over blocks of ``BLOCK`` calls, each block then ``wait()``."""
+    def block() -> None:
+        for _ in range(BLOCK):
+            call()
+        wait()
+    return mean_call_seconds(block, seconds) / BLOCK
+
+
+def time_device_arrays(name: str, dtypes: list[str], sizes: list[int], seconds: float,
+                       rng: np.random.Generator) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(floors, rows) of ``name``'s calls on each kind of its device arrays."""
+    floors, rows = {}, []
+    for kind in DEVICE_ARRAYS[name]():
+        floor = per_call_in_blocks(kind.launch, kind.wait, seconds)
+        floors[kind.label] = round(floor * 1e6, 1)
+        print(f"{name} on {kind.label} arrays: floor (a kernel enqueued, one wait per "
+              f"{BLOCK}) {floor * 1e6:.1f} us", flush=True)
+        for dtype in dtypes:
+            for n in sizes:
+                a = rng.uniform(-1, 1, (n, n)).astype(dtype)
+                b = rng.uniform(-1, 1, (n, n)).astype(dtype)
+                da, db = kind.to_device(a), kind.to_device(b)
+                try:
+                    plan = tilegemm.plan(da, db)
+                except tilegemm.errors.UsageError as exc:
+                    print(f"{name} {kind.label} {dtype}: skipped ({exc})", flush=True)
+                    break
+                assert_close(kind.to_host(tilegemm.matmul(da, db)), a, b,
+                             what=f"{name} {kind.label} {dtype} {n}^3")
+                ours = per_call_in_blocks(lambda da=da, db=db: tilegemm.matmul(da, db),
+                                          kind.wait, seconds)
+                rows.append({"backend": name, "arrays": kind.label, "dtype": dtype, "size": n,
+                             "us_tilegemm": round(ours * 1e6, 1),
+                             "us_above_floor": round((ours - floor) * 1e6, 1),
+                             "plan": str(plan)})
+                print(f"{name} {kind.label} {dtype} {n}^3: {ours * 1e6:.1f} us per call, "
+                      f"{(ours - floor) * 1e6:.1f} us above the floor", flush=True)
+    return floors, rows
 
 
 def main() -> None:
@@ -91,7 +204,7 @@ def main() -> None:
                     help="write the results here instead of benchmarks/results/")
     args = ap.parse_args()
     rng = np.random.default_rng(1)
-    rows, floors, skipped = [], {}, {}
+    rows, floors, skipped, device_floors, device_rows = [], {}, {}, {}, []
     for name in args.backends:
         status = get_backend(name).status()
         if not status.usable:
@@ -104,6 +217,10 @@ def main() -> None:
             floors[name] = {"device": device, "us_floor": round(floor * 1e6, 1)}
             print(f"{name} ({device}): floor (an empty kernel and its wait) "
                   f"{floor * 1e6:.1f} us", flush=True)
+        if name in DEVICE_ARRAYS:
+            device_floors[name], more = time_device_arrays(name, args.dtypes, args.sizes,
+                                                           args.seconds, rng)
+            device_rows.extend(more)
         for dtype in args.dtypes:
             for n in args.sizes:
                 a = rng.uniform(-1, 1, (n, n)).astype(dtype)
@@ -139,8 +256,11 @@ def main() -> None:
                       "the same way, a settling pause after each; floor: for OpenCL a kernel "
                       "writing one value launched and that value read back (blocking), "
                       "for CUDA an empty kernel launched and synchronized, on the "
-                      "backend's own queue",
+                      "backend's own queue; on device arrays, blocks of "
+                      f"{BLOCK} calls each followed by one wait for the device, and the "
+                      "floor a kernel enqueued the same way",
             "floors": floors, "skipped": skipped, "calls": rows,
+            "device_array_floors": device_floors, "device_array_calls": device_rows,
         }, path=args.out)
 
 

@@ -615,6 +615,8 @@ def _broken(monkeypatch, filename: str, line: int) -> None:
         return "\n".join(lines)
 
     monkeypatch.setattr(opencl_program, "read_source", read)
+    # and the kernels already built and checked in this process forgotten for the test
+    monkeypatch.setattr(get_backend("opencl")._cache, "checked", {})
 
 
 def test_a_build_error_names_the_rung_file_and_its_line(monkeypatch):
@@ -742,11 +744,15 @@ def test_work_on_other_queues_comes_first_and_the_result_carries_its_event(queue
 
     import pytest as _pytest
 
+    # the other queue held back until the call has been made, so db's fill is pending then
+    gate = cl.UserEvent(queue.context)
+    cl.enqueue_barrier(other, wait_for=[gate])
     with _pytest.MonkeyPatch.context() as mp:
         mp.setattr(cl, "enqueue_barrier", barrier)
         db = cla.zeros(other, (5, 4), np.float32)
         db.fill(2.0)  # an event on db, enqueued on the other queue
         got = tilegemm.matmul(da, db, backend="opencl")
+    gate.set_status(cl.command_execution_status.COMPLETE)
     assert seen and len(seen[0]) >= 2  # db's events and a marker of the other queue
     assert got.events, "the result carries the call's event for PyOpenCL to wait on"
     assert_close(got.get(), a, np.full((5, 4), 2.0, np.float32), what="B filled on another queue")
@@ -1095,3 +1101,22 @@ def test_the_fork_watch_is_registered_once_and_only_where_opencl_started(monkeyp
         assert registered == [{"after_in_child": opencl._forked_after_use}]
     finally:
         opencl.all_devices.cache_clear()
+
+
+def test_each_parameter_set_launches_its_own_kernel(monkeypatch) -> None:
+    """The kernel checked against the device is kept per rung, dtype and parameters:
+    TILE=16 after TILE=8 launches 16x16 work-groups, not the kernel checked first."""
+    from tilegemm.backends.opencl import OpenCLBackend
+
+    launched = []
+    real = OpenCLBackend._launch
+
+    def launch(kernel, program, *args):  # noqa: ANN001, ANN202
+        launched.append(program.local)
+        return real(kernel, program, *args)
+
+    monkeypatch.setattr(OpenCLBackend, "_launch", staticmethod(launch))
+    a, b = random_operands((20, 20), (20, 20), "float32")
+    for tile in (8, 16, 8):
+        assert_close(tilegemm.matmul(a, b, backend="opencl", kernel="shared", TILE=tile), a, b)
+    assert launched == [(8, 8), (16, 16), (8, 8)]

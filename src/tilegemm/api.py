@@ -417,6 +417,14 @@ def gemm(
     plain = (c is None and alpha == 1 and beta == 0 and not trans_a and not trans_b
              and device is None and stream is None and precision is None)
     ops = [describe(a, "a"), describe(b, "b")]
+    # device operands: the decision an earlier call of this case made (see fastpath)
+    key = (fastpath.device_key(ops, kernel, backend, params)
+           if plain and out is None and dtype is None and ops[0].kind != "host" else None)
+    remembered = fastpath.remembered_decision(key)
+    if remembered is not None:
+        return remembered.backend.run(remembered.spec, remembered.params, remembered.prob,
+                                      ops[0], ops[1], None, None, alpha, beta,
+                                      target=remembered.target)
     float32_out = _float32_out_on_request(dtype, out, ops)
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
     if beta != 0 and c is None:
@@ -426,9 +434,8 @@ def gemm(
         c_op = describe_c(c, prob)
         ops.append(c_op)  # a device c chooses where the call runs, whatever beta is
     # the tuning cache as it is before deciding, for a decision the fast path remembers
-    # (host operands only: a call on device arrays is never remembered)
-    tuning = (tuning_cache_now() if plain and all(op.kind == "host" for op in ops)
-              else None)
+    tuning = (tuning_cache_now() if key is not None
+              or (plain and all(op.kind == "host" for op in ops)) else None)
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params, stream=stream,
                     float32_out=float32_out, out=out)
@@ -466,6 +473,8 @@ def gemm(
                 fastpath.remember(a, b, lambda: be.host_program(spec, resolved, prob, target),
                                   *tuning, kernel=kernel, backend=backend,
                                   params=params)
+        if key is not None and tuning is not None:
+            fastpath.remember_decision(key, chosen, *tuning)
         if out is not None and not direct:
             # Strided, cast, broadcast or overlapping out: the product went to a temporary.
             np.copyto(out, result, casting="same_kind")

@@ -55,6 +55,9 @@ class Operand:
     kind: str  # "host", "cuda" (has __cuda_array_interface__) or "opencl" (pyopencl Array)
     shape: tuple[int, ...]
     dtype: np.dtype
+    # A device array's byte strides (C-ordered ones where the array says only "C-ordered"),
+    # for the decisions remembered per layout (tilegemm.fastpath); None for host operands.
+    strides: tuple[int, ...] | None = None
 
 
 def _torch_cuda_bfloat16(x: Any) -> bool:
@@ -90,9 +93,11 @@ def describe(x: Any, name: str) -> Operand:
     """Shape and dtype of ``x`` (NumPy, CUDA-array-interface or pyopencl array, or a list)."""
     kind = array_kind(x)
     if _torch_cuda_bfloat16(x):
-        return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype("bfloat16"))
+        return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype("bfloat16"),
+                       tuple(2 * int(s) for s in x.stride()))
     if kind == "cuda" and not hasattr(x, "__cuda_array_interface__"):
-        return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype(x.dtype))
+        return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype(x.dtype),
+                       tuple(int(s) for s in x.strides))
     if kind == "cuda":
         cai = x.__cuda_array_interface__
         dtype = np.dtype(cai["typestr"])
@@ -102,7 +107,10 @@ def describe(x: Any, name: str) -> Operand:
                 f"{cai['typestr']!r}); the CUDA array interface cannot say bfloat16, so "
                 "bfloat16 device arrays are taken from PyTorch (torch.bfloat16) only; cast "
                 "to float16/float32, or pass a torch tensor")
-        return Operand(x, kind, tuple(int(s) for s in cai["shape"]), dtype)
+        shape = tuple(int(s) for s in cai["shape"])
+        strides = cai.get("strides")
+        return Operand(x, kind, shape, dtype, tuple(int(s) for s in strides)
+                       if strides is not None else _c_strides(shape, dtype.itemsize))
     if kind == "opencl":
         dtype = np.dtype(x.dtype)
         if x.offset % dtype.itemsize:
@@ -111,7 +119,8 @@ def describe(x: Any, name: str) -> Operand:
                 f"{name}: a pyopencl array at byte offset {x.offset}, which is not a "
                 f"multiple of its {dtype.itemsize}-byte elements; tilegemm reads and writes "
                 "whole elements from a buffer's start (copy it with x.copy())")
-        return Operand(x, kind, tuple(int(s) for s in x.shape), dtype)
+        return Operand(x, kind, tuple(int(s) for s in x.shape), dtype,
+                       tuple(int(s) for s in x.strides))
     if type(x).__module__.startswith("pyopencl"):
         raise InvalidTypeError(
             f"{name}: a {type(x).__module__}.{type(x).__name__} is not an array; pass a "
@@ -146,6 +155,16 @@ def describe(x: Any, name: str) -> Operand:
         # they do from np.matmul.
         x = np.asarray(x)
     return Operand(x, kind, x.shape, x.dtype)
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The byte strides of a C-ordered array of ``shape``."""
+    strides = []
+    step = itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
 
 
 def check_dtype(dtype: np.dtype, what: str) -> np.dtype:

@@ -324,6 +324,14 @@ class Backend(ABC):
         allocated; :func:`tilegemm.api.decide` calls it, so ``plan`` refuses it too.
         ``out``: the caller's output array, if any."""
 
+    def array_place(self, x: Any) -> Any:
+        """What a decision for this backend's device array ``x`` depends on besides its
+        shape, dtype and strides: the device it lives on, where the target is chosen by
+        it (OpenCL). :mod:`tilegemm.fastpath` keys the decisions it remembers for device
+        operands by it. None here: CUDA calls on device arrays are decided for GPU 0's
+        target and run on the current device, whichever array it is."""
+        return None
+
     @abstractmethod
     def run(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,

@@ -159,6 +159,11 @@ def _handle(x: Any) -> Any:
     return ptr if ptr is not None else ("svm", getattr(x, "svm_ptr", id(x)))
 
 
+def _array_device(x: Any) -> Any:
+    """The device of pyopencl array ``x``: its queue's, else its context's first."""
+    return x.queue.device if x.queue is not None else x.context.devices[0]
+
+
 def _same(x: Any, y: Any) -> bool:
     return _handle(x) == _handle(y)
 
@@ -300,6 +305,9 @@ class _Cache:
     first_launches: list[Any] = field(default_factory=list)
     # CL_KERNEL_WORK_GROUP_SIZE per (kernel, device), as compiled
     group_limits: dict[tuple[int, int], int] = field(default_factory=dict)
+    # (program, kernel) per (context, device, rung, dtype, parameters), checked against
+    # the device (see _checked_kernel)
+    checked: dict[tuple[Any, ...], tuple[Any, Any]] = field(default_factory=dict)
 
 
 class OpenCLBackend(Backend):
@@ -453,8 +461,7 @@ class OpenCLBackend(Backend):
         arrays = [op.obj for op in operands if op.kind == "opencl"]
         if not arrays:
             return self.target(device)
-        first = arrays[0]
-        dev = first.queue.device if first.queue is not None else first.context.devices[0]
+        dev = _array_device(arrays[0])
         here = next((i for i, d in enumerate(all_devices()) if _same(d, dev)), None)
         if device is not None:
             wanted = self.target(device)
@@ -464,6 +471,10 @@ class OpenCLBackend(Backend):
                     f"{dev.name.strip()}; omit device= to run where the data is")
             return wanted
         return self.target(here) if here is not None else self.target()
+
+    def array_place(self, x: Any) -> Any:
+        """The device ``x`` lives on (its handle), which :meth:`target_for` runs on."""
+        return _array_device(x).int_ptr
 
     def device_details(self, target: Target) -> dict[str, Any]:
         d = target.handle
@@ -526,12 +537,13 @@ class OpenCLBackend(Backend):
             ("B", (lead["b"], prob.k, prob.n) if prob.k else (0,)),
             ("the result", (prob.batch, prob.m, prob.n)),
         )
-        name = device.name.strip()
         total = 0
+        largest = device.max_mem_alloc_size
         for what, shape in buffers:
             nbytes = math.prod(shape) * item
             total += nbytes
-            if nbytes > device.max_mem_alloc_size:
+            if nbytes > largest:
+                name = device.name.strip()
                 shown = "×".join(map(str, shape[1:] if shape[0] == 1 else shape))
                 raise InvalidValueError(
                     f"{what} ({shown} {prob.dtype.name}, {size_text(nbytes)}) is larger than the "
@@ -539,6 +551,7 @@ class OpenCLBackend(Backend):
                     f"{size_text(device.max_mem_alloc_size)}); split the product or use another "
                     "device")
         if total > device.global_mem_size:
+            name = device.name.strip()
             raise InvalidValueError(
                 f"A, B and the result need {size_text(total)}, more than OpenCL device {name} has "
                 f"(global_mem_size = {size_text(device.global_mem_size)})")
@@ -584,6 +597,8 @@ class OpenCLBackend(Backend):
                             cache.group_limits.pop(g, None)
                 for key in [k for k in list(cache.queues) if k[0] == old]:
                     cache.queues.pop(key, None)
+                for key in [k for k in list(cache.checked) if k[0] == old]:
+                    cache.checked.pop(key, None)
 
     def _queue(self, context: Any, device: Any) -> Any:
         key = (context.int_ptr, device.int_ptr)
@@ -608,7 +623,7 @@ class OpenCLBackend(Backend):
         first = arrays[0]
         _one_context(arrays)
         context = first.context
-        dev = first.queue.device if first.queue is not None else context.devices[0]
+        dev = _array_device(first)
         if target is not None and not _same(target.handle, dev):
             raise InvalidValueError(
                 f"device={target.index} is {target.name}, but the pyopencl arrays live on "
@@ -626,7 +641,10 @@ class OpenCLBackend(Backend):
         belongs to (its marker). PyOpenCL's own operations wait the same way; without it, an
         operand filled on another queue was read before it was written."""
         cl = _cl()
-        waits = [event for x in arrays for event in (getattr(x, "events", None) or ())]
+        done = cl.command_execution_status.COMPLETE
+        # (an event that has run needs no barrier: one per call cost more than the check)
+        waits = [event for x in arrays for event in (getattr(x, "events", None) or ())
+                 if event.command_execution_status != done]
         others: dict[Any, Any] = {}
         for x in arrays:
             q = getattr(x, "queue", None)
@@ -712,8 +730,16 @@ class OpenCLBackend(Backend):
 
     def _checked_kernel(self, spec: KernelSpec, params: Mapping[str, int], dtype: np.dtype,
                         target: _Place | _OwnDevice) -> tuple[OpenCLProgram, Any]:
-        """Device checks, the build, and the compiled kernel's own work-group limit."""
+        """Device checks, the build, and the compiled kernel's own work-group limit; once
+        per (context, device, rung, dtype, parameters): the checks read a dozen device
+        properties, each a driver call, about 30 µs a call on PoCL."""
         cl = _cl()
+        checked_key = (target.context.int_ptr, target.device.int_ptr, spec.key, dtype,
+                       tuple(params.items()))
+        checked = self._cache.checked.get(checked_key)
+        if checked is not None:
+            self._keep(target.context)
+            return checked
         self._check_device(spec, params, dtype, target.device)
         program: OpenCLProgram = spec.program(params, dtype)
         kernel = self.kernel(target, program)
@@ -727,6 +753,7 @@ class OpenCLBackend(Backend):
             raise InvalidValueError(
                 f"{spec.name}: {threads} work-items per work-group exceed the compiled kernel's "
                 f"limit CL_KERNEL_WORK_GROUP_SIZE={limit} on {target.device.name.strip()}")
+        self._cache.checked[checked_key] = (program, kernel)
         return program, kernel
 
     # -- operands -----------------------------------------------------------------------
@@ -768,10 +795,11 @@ class OpenCLBackend(Backend):
             return dense.base_data, dense.offset // dense.dtype.itemsize, step
         dense_rows = (cols <= 1 or cs == 1) and (rows <= 1 or rs == cols)
         if dense_rows:
+            if len(zoff) == 1:
+                return x.base_data, int(zoff[0]), 0
             steps = np.diff(zoff)
-            if len(zoff) == 1 or np.all(steps == steps[0]):
-                step = int(steps[0]) if len(zoff) > 1 else 0
-                return x.base_data, int(zoff[0]), step
+            if np.all(steps == steps[0]):
+                return x.base_data, int(zoff[0]), int(steps[0])
         dense = self._gather(target, x, prob.dtype, zoff, rs, cs, rows, cols)
         # one gathered matrix serves the whole batch (a 2-D operand beside a batched one):
         # a batch stride would read past its end
@@ -874,13 +902,18 @@ class OpenCLBackend(Backend):
             a_args = self._operand(target, a, prob, "a")
             b_args = self._operand(target, b, prob, "b")
         if dest is None:
-            dest = cla.empty(queue, shape3, prob.dtype)
+            # a device result is made in its own shape: the kernel writes the same elements
+            # in the same order as a (batch, M, N) array's, and a reshape is one more
+            # PyOpenCL Array, about a tenth of a small call's Python
+            dest = cla.empty(queue, prob.out_shape if on_device and out is None else shape3,
+                             prob.dtype)
         if dest.size:
             if beta != 0:
                 self._fill_c0(target, c, prob, dest)
             elif poison_enabled():
                 with _LAUNCH_LOCK:  # PyOpenCL's kernels are shared too (see _enqueue)
                     dest.with_queue(queue).fill(poison_value(prob.dtype))  # buffer or SVM
+        event = None
         if not prob.empty:
             if prob.k != 0:
                 program, kernel, a_args, b_args, _ = self._panels(target, program, kernel,
@@ -891,14 +924,17 @@ class OpenCLBackend(Backend):
         # result carries its event)
 
         if on_device:
-            result = dest.reshape(prob.out_shape)
+            last = event  # the call's last command on this in-order queue, if no copy follows
             if out is not None:
                 if dest.base_data is not out.base_data or dest.offset != out.offset:
                     with _LAUNCH_LOCK:  # (a kernel for some layouts; see _enqueue)
                         out.reshape(shape3).with_queue(queue).setitem(slice(None), dest)  # SVM too
+                    last = None
                 result = out
+            else:
+                result = dest if dest.shape == prob.out_shape else dest.reshape(prob.out_shape)
             # PyOpenCL's operations on the result (get(), on any queue) wait for this
-            result.add_event(cl.enqueue_marker(queue))
+            result.add_event(cl.enqueue_marker(queue) if last is None else last)
             if not prob.empty:
                 self._first_launch(kernel, event)
             return result
@@ -1166,7 +1202,7 @@ def _batch_offsets(view: tuple[tuple[int, ...], tuple[int, ...]], own_lead: tupl
     lead_strides = strides[:-2]
     pad = len(batch_shape) - len(lead_strides)
     lead_strides = (0,) * pad + lead_strides
-    if int(np.prod(own_lead, dtype=np.int64)) <= 1:
+    if math.prod(own_lead) <= 1:
         # One matrix serves the whole batch.
         return np.array([base], dtype=np.int64), strides[-2], strides[-1]
     eff = tuple(0 if own == 1 else s for own, s in zip(own_lead, lead_strides))
