@@ -173,17 +173,45 @@ def test_a_changed_tuning_cache_drops_device_decisions(decided, queue, rng, tmp_
 
 
 @needs_opencl
-def test_calls_with_more_than_two_operands_are_decided_every_time(decided, queue, rng):
-    """out=, c, alpha, beta and dtype= take the full path, decided on each call."""
-    import pyopencl.array as cla
-
+def test_c_alpha_beta_and_dtype_are_decided_every_time(decided, queue, rng):
     a, b, da, db = _cl_pair(queue, rng, (8, 8), (8, 8))
-    out = cla.empty(queue, (8, 8), np.float32)
+    out = cla_empty(queue, (8, 8))
     for _ in range(2):
-        tilegemm.matmul(da, db, out=out)
         tilegemm.gemm(da, db, alpha=2.0)
         tilegemm.gemm(da, db, out, beta=1.0)
+        tilegemm.matmul(da, db, dtype=np.float32)
     assert len(decided) == 6 and not fastpath._decisions
+
+
+def cla_empty(queue, shape, dtype=np.float32):
+    import pyopencl.array as cla
+
+    return cla.empty(queue, shape, dtype)
+
+
+@needs_opencl
+def test_a_device_out_is_remembered_with_its_layout(decided, queue, rng):
+    """matmul(a, b, out=d) on pyopencl arrays: decided once per layout of out, written in
+    place on each call; an out that is an operand (same layout as a fresh out) still gets
+    the product of the operand as it was, since overlap is seen by the run on every call."""
+    a, b, da, db = _cl_pair(queue, rng, (8, 8), (8, 8))
+    tilegemm.matmul(da, db)  # no out: its own case
+    for _ in range(2):
+        out = cla_empty(queue, (8, 8))
+        out.fill(np.nan)
+        assert tilegemm.matmul(da, db, out=out) is out
+        assert_close(out.get(), a, b)
+    assert len(decided) == 2
+    x, y, dx, dy = _cl_pair(queue, rng, (8, 8), (8, 8))
+    assert tilegemm.matmul(dx, dy, out=dx) is dx and len(decided) == 2
+    assert_close(dx.get(), x, y, what="out=a, remembered")
+    big = cla_empty(queue, (8, 16))
+    with pytest.raises(ValueError, match="contiguous"):  # another layout: decided, refused
+        tilegemm.matmul(da, db, out=big[:, :8])
+    with pytest.raises(TypeError, match="dtype"):
+        tilegemm.matmul(da, db, out=cla_empty(queue, (8, 8), np.float64))
+    with pytest.raises(TypeError, match="host"):
+        tilegemm.matmul(da, db, out=np.empty((8, 8), np.float32))
 
 
 @pytest.mark.cudasim
@@ -217,3 +245,16 @@ def test_a_cuda_view_with_other_strides_is_decided_again(decided, rng):
     at = cuda.to_device(np.ascontiguousarray(a.T)).T  # a's values through a transposed view
     assert_close(tilegemm.matmul(at, db).copy_to_host(), a, b)
     assert len(decided) == 2
+
+
+@pytest.mark.cudasim
+def test_a_cuda_device_out_is_remembered(decided, rng):
+    from numba import cuda
+
+    for _ in range(2):
+        a = rng.standard_normal((5, 7)).astype(np.float32)
+        b = rng.standard_normal((7, 3)).astype(np.float32)
+        out = cuda.to_device(np.full((5, 3), np.nan, np.float32))
+        assert tilegemm.matmul(cuda.to_device(a), cuda.to_device(b), out=out) is out
+        assert_close(out.copy_to_host(), a, b)
+    assert len(decided) == 1

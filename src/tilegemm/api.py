@@ -35,6 +35,7 @@ from tilegemm.problem import (
     HALF_DTYPES,
     GemmProblem,
     Operand,
+    array_kind,
     check_out,
     describe,
     fp_warnings_at_caller,
@@ -418,13 +419,14 @@ def gemm(
              and device is None and stream is None and precision is None)
     ops = [describe(a, "a"), describe(b, "b")]
     # device operands: the decision an earlier call of this case made (see fastpath)
-    key = (fastpath.device_key(ops, kernel, backend, params)
-           if plain and out is None and dtype is None and ops[0].kind != "host" else None)
+    key = (_device_case(ops, out, kernel, backend, params)
+           if plain and dtype is None and ops[0].kind != "host" else None)
     remembered = fastpath.remembered_decision(key)
     if remembered is not None:
-        return remembered.backend.run(remembered.spec, remembered.params, remembered.prob,
-                                      ops[0], ops[1], None, None, alpha, beta,
-                                      target=remembered.target)
+        result = remembered.backend.run(remembered.spec, remembered.params, remembered.prob,
+                                        ops[0], ops[1], None, out, alpha, beta,
+                                        target=remembered.target)
+        return result if out is None else out
     float32_out = _float32_out_on_request(dtype, out, ops)
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
     if beta != 0 and c is None:
@@ -482,6 +484,22 @@ def gemm(
     if out is not None:
         return out
     return _wrap_like_numpy(result, (a, b))
+
+
+def _device_case(ops: list[Operand], out: Any, kernel: Any, backend: Any,
+                 params: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The key (``fastpath.device_key``) of a plain call on device operands ``ops``, with
+    ``out`` when it is an array of their kind (its shape, dtype and strides are what the
+    full path checks of it); None for any other ``out``, which the full path judges."""
+    if out is None:
+        return fastpath.device_key(ops, kernel, backend, params)
+    if array_kind(out) != ops[0].kind:
+        return None
+    try:
+        described = describe(out, "out")
+    except UsageError:
+        return None  # refused by the full path, after what it checks first
+    return fastpath.device_key([*ops, described], kernel, backend, params)
 
 
 def _scaled_bool(product: np.ndarray, alpha: Any, beta: Any, c: Any) -> np.ndarray:

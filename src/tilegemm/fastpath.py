@@ -59,9 +59,11 @@ through the backend's ``run``, with every per-call check there, but skips NumPy'
 rules, the backend and rung choice, the tuned-parameter look-up and the limit checks. On
 PoCL (Xeon family 6 model 167) an 8×8×8 float32 product on pyopencl arrays took about
 270 µs a call on the full path, of which about 100 µs was that decision. What qualifies:
-no ``out``, ``c``, ``alpha``, ``beta``, transpose flags, ``device``, ``stream``,
-``precision`` or ``dtype``. Decisions are dropped under the same conditions as the host
-cases', and both tables together hold at most a few hundred.
+no ``c``, ``alpha``, ``beta``, transpose flags, ``device``, ``stream``, ``precision`` or
+``dtype``; ``out`` may be given when it is an array of the operands' kind (its type, shape,
+dtype, strides and device are then part of the key, and whether it overlaps an operand is
+seen on every call, by ``run``). Decisions are dropped under the same conditions as the
+host cases', and both tables together hold at most a few hundred.
 """
 
 from __future__ import annotations
@@ -259,9 +261,9 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
 
 def device_key(ops: Any, kernel: Any, backend: Any,
                params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
-    """The key of a decision for the described operands ``ops`` (a and b, both device
-    arrays of one kind) with these ``kernel=`` and ``backend=`` arguments and rung
-    parameters, or None when such a call is never remembered."""
+    """The key of a decision for the described arrays ``ops`` (a, b and the call's ``out``
+    if it has one, all device arrays of one kind) with these ``kernel=`` and ``backend=``
+    arguments and rung parameters, or None when such a call is never remembered."""
     if type(kernel) is not str or type(backend) is not str:
         return None
     kind = ops[0].kind

@@ -93,8 +93,9 @@ def describe(x: Any, name: str) -> Operand:
     """Shape and dtype of ``x`` (NumPy, CUDA-array-interface or pyopencl array, or a list)."""
     kind = array_kind(x)
     if _torch_cuda_bfloat16(x):
+        stride = getattr(x, "stride", None)  # elements, as PyTorch counts them
         return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype("bfloat16"),
-                       tuple(2 * int(s) for s in x.stride()))
+                       tuple(2 * int(s) for s in stride()) if callable(stride) else None)
     if kind == "cuda" and not hasattr(x, "__cuda_array_interface__"):
         return Operand(x, kind, tuple(int(s) for s in x.shape), np.dtype(x.dtype),
                        tuple(int(s) for s in x.strides))

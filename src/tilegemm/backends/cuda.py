@@ -191,6 +191,31 @@ def _check_device_operand(op: Operand, prob: GemmProblem, which: str) -> None:
             "supported; pass CuPy/PyTorch arrays or give both operands full batch shapes")
 
 
+def _library_result(like: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """A fresh (uninitialised) result of ``shape`` and ``dtype`` from the allocator of
+    ``like``'s library, on the device ``like`` is on: CuPy's memory pool or PyTorch's
+    caching allocator; None for any other array (numba then allocates).
+
+    Such memory is handed out in a few microseconds, ordered on the library's current
+    stream (where the call runs when no ``stream=`` is given), and given back to the pool
+    when the caller drops the result. Memory from numba (``cuda.device_array``) is a
+    ``cuMemAlloc`` per call, and numba frees it in batches of ten with ``cuMemFree``, which
+    waits for the whole device: a caller's loop of products on CuPy arrays would stall the
+    host every tenth result dropped."""
+    lib = _source_library(like)
+    if lib == "cupy":
+        import cupy
+
+        with like.device:
+            return cupy.empty(shape, dtype=dtype)
+    if lib == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name),
+                           device=like.device)
+    return None
+
+
 def _wrap_like(result: Any, like: Any, dtype: np.dtype | None = None) -> Any:
     """Return ``result`` (a numba device array) as the array type of ``like``, zero-copy;
     ``dtype`` bfloat16: ``result`` holds bit patterns, returned as torch.bfloat16."""
@@ -455,6 +480,7 @@ class CudaBackend(Backend):
         dc = self._device_c(c, prob, s) if beta != 0 and c.kind == "cuda" else None
 
         # Destination on the device: out itself when it is a device array.
+        mine = None  # a result made by the operands' own library (see _library_result)
         if out is not None and on_device:
             dout = _as_device(_bits(out), s)
             if not dout.is_c_contiguous():
@@ -468,7 +494,12 @@ class CudaBackend(Backend):
             c3 = cuda.device_array(shape3, dtype=ndt, stream=s) if alias else dest3
         else:
             alias = False
-            c3 = cuda.device_array(shape3, dtype=ndt, stream=s)
+            # a result for CuPy or PyTorch operands comes from their library's allocator
+            # when the call runs on that library's current stream (see _library_result)
+            if on_device and out is None and stream is None and not prob.empty:
+                mine = _library_result(device_ops[0].obj, shape3, cdt)
+            c3 = (cuda.device_array(shape3, dtype=ndt, stream=s) if mine is None
+                  else _as_device(_bits(mine), s))
         in_place = dc is not None and _same_memory(c3, dc)  # out is c: C0 is there already
         if dc is not None and not in_place and not alias and _may_overlap(c3, dc):
             # out overlaps c in part: a copy between overlapping ranges is undefined in
@@ -499,6 +530,8 @@ class CudaBackend(Backend):
                 if alias and c3.size:
                     dest3.copy_to_device(c3, stream=s)
                 return out
+            if mine is not None:
+                return mine.reshape(prob.out_shape)
             result = _reshape(c3, prob.out_shape) if prob.out_shape != shape3 else c3
             like = device_ops[0].obj
             return _wrap_like(result, like, cdt)
