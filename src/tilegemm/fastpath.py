@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -280,6 +281,7 @@ def device_key(ops: Any, kernel: Any, backend: Any,
         for op in ops)
 
 
+@cache
 def _owner(kind: str) -> Any:
     """The backend whose device arrays are of ``kind`` (the first registered)."""
     from tilegemm.backends import ARRAY_KINDS, get_backend

@@ -779,6 +779,12 @@ class OpenCLBackend(Backend):
         """A pyopencl operand as (buffer, element offset, batch stride) with dense rows."""
         x = op.obj
         rows, cols = (prob.m, prob.k) if which == "a" else (prob.k, prob.n)
+        mode = prob.batch_mode(which)
+        if (op.dtype == prob.dtype and x.flags.c_contiguous and mode != "broadcast"
+                and not (prob.trans_a if which == "a" else prob.trans_b)):
+            # the usual case, read in place: dense rows, one matrix after another (a vector
+            # is one dense row, or a column of one-element rows)
+            return x.base_data, x.offset // op.dtype.itemsize, rows * cols * (mode == "full")
         own_lead = prob.a_batch_shape if which == "a" else prob.b_batch_shape
         view = _strided_view(x, prob, which)
         zoff, rs, cs = _batch_offsets(view, own_lead, prob.batch_shape,
@@ -872,8 +878,7 @@ class OpenCLBackend(Backend):
         on_device = bool(arrays)
         if out is not None and on_device:
             arrays.append(out)
-        target = self._place(arrays, target)
-        self._check_sizes(target.device, prob)
+        target = self._place(arrays, target)  # (the sizes were checked by check_problem)
         program, kernel = self._checked_kernel(spec, params, prob.dtype, target)
         queue = target.queue
         shape3 = (prob.batch, prob.m, prob.n)
