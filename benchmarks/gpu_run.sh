@@ -206,6 +206,10 @@ visit)
     part "tensor cores, $k 4096" 60 "$OUT/tensor.log" \
         $PY benchmarks/tensor_cores.py --kernel $k --sizes 4096 --no-triton
   done
+  # rung mma's TF32 with A and B rounded by copies before the kernel (RCOPY=1, untimed yet)
+  part "tensor cores, mma RCOPY=1 4096" 40 "$OUT/tensor.log" \
+      $PY benchmarks/tensor_cores.py --kernel mma --sizes 4096 --modes tf32 --no-triton \
+      --params RCOPY=1
   # the host's time per call beside the GPU's: what bounds products below ~4096^3
   part "host overhead" 60 "$OUT/host.log" $PY benchmarks/host_overhead.py
   sections="--section SpeedOfLight --section Occupancy --section WarpStateStats \

@@ -47,6 +47,23 @@ def test_tf32_is_the_product_of_tf32_rounded_operands(a_shape: tuple, b_shape: t
 
 
 @pytest.mark.cudasim
+def test_rounded_copies_give_the_in_kernel_rounding_bit_for_bit(
+        rng: np.random.Generator) -> None:
+    """RCOPY=1: A and B rounded to TF32 by copies made before the kernel, which then skips
+    its rounding pass in shared memory; the same rounding (to nearest), so the same bits,
+    on edge tiles, K % 4 != 0 and a batch with B broadcast."""
+    for a_shape, b_shape in CASES[:2]:
+        a, b = _operands(rng, a_shape, b_shape)
+        kw = {"backend": "cuda", "precision": "tf32", "kernel": "mma"}
+        copied = tilegemm.matmul(a, b, **kw, **_sim(RCOPY=1))
+        in_kernel = tilegemm.matmul(a, b, **kw, **_sim(RCOPY=0))
+        assert np.array_equal(copied, in_kernel), (a_shape, b_shape)
+    with pytest.raises(InvalidValueError, match="RCOPY=1"):
+        tilegemm.matmul(a, b, backend="cuda", precision="3xtf32", kernel="mma",
+                        **_sim(RCOPY=1))
+
+
+@pytest.mark.cudasim
 @pytest.mark.parametrize(("a_shape", "b_shape"), CASES[:2])
 def test_3xtf32_is_near_float32_and_better_than_tf32(a_shape: tuple, b_shape: tuple,
                                                      rng: np.random.Generator) -> None:

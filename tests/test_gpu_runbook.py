@@ -107,7 +107,8 @@ def test_visit_step_tests_times_then_profiles(tmp_path):
     out, calls = _run(tmp_path, "visit", 400, env_var="NVIDIA_TF32_OVERRIDE")
     labels = [line.split(":")[0] for line in out.splitlines() if ": exit " in line]
     assert labels == ["smoke", "tensor-core tests", "tensor cores, wgmma 4096",
-                      "tensor cores, mma 4096", "host overhead", "ncu wgmma float32",
+                      "tensor cores, mma 4096", "tensor cores, mma RCOPY=1 4096",
+                      "host overhead", "ncu wgmma float32",
                       "ncu wgmma bfloat16", "ncu mma float32"]
     assert any(c.startswith("benchmarks/host_overhead.py") for c in calls)
     assert all(c.endswith("NVIDIA_TF32_OVERRIDE=unset") for c in calls

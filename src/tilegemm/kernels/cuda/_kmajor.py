@@ -94,18 +94,7 @@ class KMajorBProgram(CudaProgram):
             super().launch(A, B, C, alpha, beta, stream)
 
     def _copy(self, X: Any, slot: str, transpose: bool, stream: Any) -> Any:
-        """``X`` (batch, R, C) copied into this stream's workspace ``slot``: transposed
-        (batch, C, R rounded up to 16 bytes) or as it is, rounded to TF32 if asked."""
-        dtype = np.dtype(X.dtype)
-        batch, rows, cols = X.shape
-        shape = kmajor_shape(tuple(X.shape), dtype.itemsize) if transpose else tuple(X.shape)
-        work = self.workspaces.get(shape, dtype, stream, slot)
-        grid = (ceil_div(cols, TILE), min(ceil_div(rows, TILE), MAX_GRID_YZ),
-                min(batch, MAX_GRID_YZ))
-        if rows and cols:
-            kernel = copy_kernel(dtype.name, self.round_tf32, transpose)
-            launch_kernel(kernel, grid, (TILE, ROWS), stream, 0, (X, work))
-        return work
+        return copy_to_workspace(self.workspaces, X, slot, transpose, self.round_tf32, stream)
 
     def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
         from tilegemm.kernels.cuda._tensorcore import tf32_round
@@ -115,6 +104,44 @@ class KMajorBProgram(CudaProgram):
         if self.round_tf32:
             return tf32_round(A), tf32_round(work)
         return A, work
+
+
+@dataclass(frozen=True)
+class RoundedProgram(CudaProgram):
+    """A TF32 kernel that reads A and B as they are, given copies of both rounded to the
+    nearest TF32 value before it runs (rung mma with RCOPY=1): the kernel then does no
+    rounding pass over each k-tile in shared memory, which on rung wgmma cost a third of
+    its speed; the copies read and write A and B once."""
+
+    workspaces: Workspaces = field(default_factory=Workspaces, compare=False, repr=False)
+
+    def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
+        with self.workspaces.lock:  # the copies and their reader, enqueued together
+            A = copy_to_workspace(self.workspaces, A, "A", False, True, stream)
+            B = copy_to_workspace(self.workspaces, B, "B", False, True, stream)
+            super().launch(A, B, C, alpha, beta, stream)
+
+    def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
+        from tilegemm.kernels.cuda._tensorcore import tf32_round
+
+        return tf32_round(A), tf32_round(B)
+
+
+def copy_to_workspace(workspaces: Workspaces, X: Any, slot: str, transpose: bool,
+                      round_tf32: bool, stream: Any) -> Any:
+    """``X`` (batch, R, C) copied into the stream's workspace ``slot`` of ``workspaces``:
+    transposed (batch, C, R rounded up to 16 bytes) or as it is, rounded to TF32 if
+    asked."""
+    dtype = np.dtype(X.dtype)
+    batch, rows, cols = X.shape
+    shape = kmajor_shape(tuple(X.shape), dtype.itemsize) if transpose else tuple(X.shape)
+    work = workspaces.get(shape, dtype, stream, slot)
+    grid = (ceil_div(cols, TILE), min(ceil_div(rows, TILE), MAX_GRID_YZ),
+            min(batch, MAX_GRID_YZ))
+    if rows and cols:
+        kernel = copy_kernel(dtype.name, round_tf32, transpose)
+        launch_kernel(kernel, grid, (TILE, ROWS), stream, 0, (X, work))
+    return work
 
 
 @cache

@@ -40,7 +40,10 @@ TF32 each thread rounds the chunks it copied once, in shared memory, instead of 
 rounding its fragments, and for 3×TF32 splits them there into big and small parts (the
 small parts in two alternating slots after the ring); a ring of a power-of-two size wraps by
 a mask. HMMA share of the hot loop on sm_90: tf32 4.5 % → 20.9 %, 3×TF32 17 % → 29 %,
-float16 5.2 % → 44 %.
+float16 5.2 % → 44 %. With ``RCOPY=1`` (TF32 only) A and B are rounded by copies made
+before the kernel, one pass over each (``_kmajor.RoundedProgram``), and the kernel has no
+rounding pass: 110 instructions a k-tile instead of 153, HMMA 29.1 % (not yet timed on a
+GPU, so not the default; on rung wgmma the same move was worth a third of its speed).
 
 What it should buy: TF32 tensor cores peak at ~495 TFLOP/s dense on an H100 against ~67
 for FP32 FFMA, so a compute-bound product can run several times faster; 3×TF32 spends three
@@ -61,6 +64,7 @@ from tilegemm.errors import InvalidValueError
 from tilegemm.kernels.cuda._access import access_ops
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
+from tilegemm.kernels.cuda._kmajor import RoundedProgram
 from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
 from tilegemm.launch import ceil_div, flat_tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
@@ -93,8 +97,17 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     return _build_tf32(p)
 
 
+def _rcopy(p: Mapping[str, int], dtype: str) -> bool:
+    """Whether A and B reach the kernel rounded to TF32 by copies made before it (RCOPY=1,
+    float32 with one pass), so the kernel does no rounding pass in shared memory."""
+    return dtype == "float32" and p.get("PASSES", 1) == 1 and bool(p.get("RCOPY", 0))
+
+
 def _dtype_check(p: Mapping[str, int], dtype: np.dtype) -> str | None:
     name = np.dtype(dtype).name
+    if p.get("RCOPY", 0) and (name != "float32" or p.get("PASSES", 1) != 1):
+        return (f"RCOPY=1 rounds float32 operands for one TF32 pass (precision='tf32'); "
+                f"{name} operands with PASSES={p.get('PASSES', 1)} take RCOPY=0")
     if np.dtype(dtype).itemsize == 2 and p["BK"] % 16:
         return f"{name} needs BK a multiple of 16 (one m16n8k16 step), got BK={p['BK']}"
     if np.dtype(dtype).itemsize == 2 and p.get("PASSES", 1) != 1:
@@ -130,8 +143,9 @@ def _build_16bit(p: Mapping[str, int], dtype: str) -> CudaProgram:
 
 
 def _build_tf32(p: Mapping[str, int]) -> CudaProgram:
-    return CudaProgram(_generate(p, "float32"), (_threads(p), 1, 1),
-                       flat_tile_grid(p["BM"], p["BN"]), dynamic_smem=_smem(p, 4))
+    program = RoundedProgram if _rcopy(p, "float32") else CudaProgram
+    return program(_generate(p, "float32"), (_threads(p), 1, 1),
+                   flat_tile_grid(p["BM"], p["BN"]), dynamic_smem=_smem(p, 4))
 
 
 def _generate(p: Mapping[str, int], dtype: str) -> Any:
@@ -201,7 +215,9 @@ def _generate(p: Mapping[str, int], dtype: str) -> Any:
                                 f"acc[{i}, {j}, {2 * h}], acc[{i}, {j}, {2 * h + 1}], "
                                 f"alpha, beta, m, n)")
     ns["put"] = _put()
-    round_bases, rounding = _round_own(p, NT, ACH, BCH, PASSES) if tf32 else ([], [])
+    # (with RCOPY=1 the operands arrive rounded: nothing to do in shared memory)
+    round_bases, rounding = (_round_own(p, NT, ACH, BCH, PASSES)
+                             if tf32 and not _rcopy(p, dtype) else ([], []))
     bases += round_bases
     # Byte offsets of the stage read (rs) and written (ws) in this k-tile, rotating through
     # the ring; A's and B's are one variable when their stages have the same size.
@@ -737,6 +753,9 @@ SPEC = KernelSpec(
         Param("GROUP_M", 8, (1, 2, 4, 8, 16), "tile rows per group of the block order"),
         Param("PASSES", 1, (1, 3),
               "mma per step: 1 (precision='tf32') or 3 (precision='3xtf32'); set by precision="),
+        Param("RCOPY", 0, (0, 1), "TF32 (PASSES=1) only: 1 = A and B rounded to TF32 by "
+              "copies made before the kernel (one pass over each), 0 = each k-tile rounded "
+              "in shared memory by the kernel"),
     ),
     constraints=(
         Constraint("BM % WM == 0 and BN % WN == 0",
