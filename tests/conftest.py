@@ -93,6 +93,23 @@ def _opencl_problem() -> str:
 
 
 @pytest.fixture
+def count_calls(monkeypatch):  # type: ignore[no-untyped-def]
+    """``count_calls(owner, name)`` replaces ``owner.name`` for the test by a wrapper that
+    calls it and counts: the list returned grows by one per call."""
+    def patch(owner, name: str) -> list[int]:  # type: ignore[no-untyped-def]
+        calls: list[int] = []
+        real = getattr(owner, name)
+
+        def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counting)
+        return calls
+    return patch
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     """Fresh random data every run (the seed is printed on failure by pytest's repr)."""
     return np.random.default_rng()

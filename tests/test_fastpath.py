@@ -16,18 +16,10 @@ from tilegemm.reference import assert_close
 
 
 @pytest.fixture
-def spy(monkeypatch):
+def spy(count_calls):
     """Counts the calls that take the full path."""
     fastpath.forget()
-    calls = []
-    real = api.gemm
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(api, "gemm", counting)
-    yield calls
+    yield count_calls(api, "gemm")
     fastpath.forget()
 
 

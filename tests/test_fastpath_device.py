@@ -17,26 +17,13 @@ from tilegemm.reference import assert_close
 
 
 @pytest.fixture
-def decided(monkeypatch):
+def decided(count_calls):
     """Counts the calls that were decided (took the full path's decision)."""
     fastpath.forget()
-    calls = []
-    real = api.decide
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(api, "decide", counting)
-    yield calls
+    yield count_calls(api, "decide")
     fastpath.forget()
 
 
-def _opencl_usable() -> bool:
-    return get_backend("opencl").status().usable
-
-
-needs_opencl = pytest.mark.skipif(not _opencl_usable(), reason="no usable OpenCL device")
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +39,7 @@ def _cl_pair(queue, rng, sa, sb, dtype=np.float32):
     return a, b, cla.to_device(queue, a), cla.to_device(queue, b)
 
 
-@needs_opencl
+@pytest.mark.opencl
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("shapes", [((8, 8), (8, 8)), ((7, 13), (13, 5)), ((1, 17), (17, 1)),
                                     ((3, 20, 30), (3, 30, 10)), ((3, 20, 30), (30, 10)),
@@ -72,7 +59,7 @@ def test_opencl_device_operands_are_decided_once(decided, queue, rng, shapes, dt
     assert len({id(got.base_data) for got, _, _ in results}) == 3
 
 
-@needs_opencl
+@pytest.mark.opencl
 def test_a_remembered_device_call_poisons_its_result(decided, queue, rng, monkeypatch):
     """A remembered call runs the backend's whole run: with TILEGEMM_POISON set its
     result is filled before the kernel, which a kernel that writes nothing shows."""
@@ -87,7 +74,7 @@ def test_a_remembered_device_call_poisons_its_result(decided, queue, rng, monkey
     assert len(decided) == 1 and np.isnan(got.get()).all()
 
 
-@needs_opencl
+@pytest.mark.opencl
 def test_a_device_case_that_differs_in_any_part_is_decided_again(decided, queue, rng):
     import pyopencl.array as cla
 
@@ -114,7 +101,7 @@ def test_a_device_case_that_differs_in_any_part_is_decided_again(decided, queue,
     assert (plan.kernel, plan.params) == (chosen.spec.name, chosen.params)
 
 
-@needs_opencl
+@pytest.mark.opencl
 def test_views_at_an_offset_reuse_the_decision_and_read_their_own_elements(decided, queue,
                                                                            rng):
     """The decision is kept per layout, not per buffer: a view at another offset into a
@@ -130,7 +117,7 @@ def test_views_at_an_offset_reuse_the_decision_and_read_their_own_elements(decid
     assert len(decided) == 1
 
 
-@needs_opencl
+@pytest.mark.opencl
 def test_per_call_checks_still_run_on_a_remembered_case(decided, queue, rng):
     """What depends on the array object, not its layout, is checked on every call: an
     offset inside an element, arrays of two contexts."""
@@ -151,7 +138,7 @@ def test_per_call_checks_still_run_on_a_remembered_case(decided, queue, rng):
     assert_close(tilegemm.matmul(da, db).get(), da.get(), db.get())
 
 
-@needs_opencl
+@pytest.mark.opencl
 def test_a_changed_tuning_cache_drops_device_decisions(decided, queue, rng, tmp_path,
                                                        monkeypatch):
     from tilegemm.tune import cache as tcache
@@ -172,7 +159,7 @@ def test_a_changed_tuning_cache_drops_device_decisions(decided, queue, rng, tmp_
     assert len(decided) == 3
 
 
-@needs_opencl
+@pytest.mark.opencl
 def test_c_alpha_beta_and_dtype_are_decided_every_time(decided, queue, rng):
     a, b, da, db = _cl_pair(queue, rng, (8, 8), (8, 8))
     out = cla_empty(queue, (8, 8))
@@ -189,7 +176,7 @@ def cla_empty(queue, shape, dtype=np.float32):
     return cla.empty(queue, shape, dtype)
 
 
-@needs_opencl
+@pytest.mark.opencl
 def test_a_device_out_is_remembered_with_its_layout(decided, queue, rng):
     """matmul(a, b, out=d) on pyopencl arrays: decided once per layout of out, written in
     place on each call; an out that is an operand (same layout as a fresh out) still gets

@@ -161,12 +161,20 @@ def _key(a: Any, b: Any, kernel: Any, backend: Any,
     dtype = a.dtype
     if b.dtype is not dtype:
         return None
-    given: tuple[tuple[str, int], ...] = ()
-    if params:
-        if any(type(v) is not int for v in params.values()):
-            return None  # what the full path makes of another value is its own business
-        given = tuple(sorted(params.items()))
+    given = _given(params)
+    if given is None:
+        return None
     return kernel, backend, given, dtype, a.shape, b.shape, _layout(a), _layout(b)
+
+
+def _given(params: dict[str, Any] | None) -> tuple[tuple[str, int], ...] | None:
+    """The rung parameters a call names, as part of a key; None when one is not a plain
+    integer (what the full path makes of another value is its own business)."""
+    if not params:
+        return ()
+    if any(type(v) is not int for v in params.values()):
+        return None
+    return tuple(sorted(params.items()))
 
 
 def _stored_shape(shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
@@ -270,11 +278,9 @@ def device_key(ops: Any, kernel: Any, backend: Any,
     kind = ops[0].kind
     if kind == "host" or any(op.kind != kind or op.strides is None for op in ops):
         return None  # host operands have their own table; mixed kinds are refused later
-    given: tuple[tuple[str, int], ...] = ()
-    if params:
-        if any(type(v) is not int for v in params.values()):
-            return None
-        given = tuple(sorted(params.items()))
+    given = _given(params)
+    if given is None:
+        return None
     owner = _owner(kind)
     return (kernel, backend, given) + tuple(
         (type(op.obj), op.shape, op.dtype, op.strides, owner.array_place(op.obj))
