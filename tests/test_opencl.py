@@ -1014,6 +1014,9 @@ def test_callers_contexts_are_not_kept_for_the_whole_process(queue, monkeypatch)
     cached = {key[0] for key in backend._cache.kernels}
     assert cached - own == {c.int_ptr for c in contexts[-2:]}
     assert own <= cached
+    # the kernels checked against each device go with their contexts
+    assert {key[0] for key in backend._cache.checked} - own == {c.int_ptr
+                                                                 for c in contexts[-2:]}
     assert not backend._used  # (it held every caller's queue, for synchronize())
     q = cl.CommandQueue(contexts[0])  # dropped: built again
     assert_close(tilegemm.matmul(cla.to_device(q, a), cla.to_device(q, b)).get(), a, b)
