@@ -864,17 +864,24 @@ def test_a_small_host_product_waits_on_the_queue_once(monkeypatch) -> None:
 THREADED = """
 import sys, threading
 import numpy as np
+import pyopencl.array as cla
 import tilegemm
+from tilegemm.backends import get_backend
 sys.setswitchinterval(1e-6)  # switch threads as often as Python can
 wrong = []
+DEVICE = sys.argv[1] == "device"  # pyopencl arrays, whose decisions are remembered
+queue = get_backend("opencl").own_device().queue
 
 def work(seed):
     rng = np.random.default_rng(seed)
     for i in range(250):
-        m, k, n = (int(x) for x in rng.integers(1, 40, 3))
+        m, k, n = (int(x) for x in rng.integers(1, 12 if DEVICE else 40, 3))
         a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
         b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
-        c = tilegemm.matmul(a, b, backend="opencl")
+        if DEVICE:
+            c = tilegemm.matmul(cla.to_device(queue, a), cla.to_device(queue, b)).get()
+        else:
+            c = tilegemm.matmul(a, b, backend="opencl")
         if not np.allclose(c, a.astype(np.float64) @ b, atol=1e-4):
             wrong.append((seed, i, m, k, n))
 
@@ -888,18 +895,20 @@ print("wrong", len(wrong), wrong[:3])
 """
 
 
-def test_calls_from_several_threads_at_once(tmp_path) -> None:
+@pytest.mark.parametrize("arrays", ["host", "device"])
+def test_calls_from_several_threads_at_once(tmp_path, arrays: str) -> None:
     """Six threads multiply different shapes on one device at once, switching as often as
     Python can: each gets its own product. A kernel object holds one set of arguments, and
     without a lock around setting them and enqueueing the kernel the process crashed in
-    PoCL (in a new process here, so a crash fails this test instead of the test run)."""
+    PoCL (in a new process here, so a crash fails this test instead of the test run). On
+    pyopencl arrays the shapes repeat, so most calls run a remembered decision."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "TILEGEMM_POISON": "1"}
-    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", THREADED], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", THREADED, arrays],
+                          env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[:2] == ["wrong", "0"], done.stdout
 
