@@ -168,6 +168,8 @@ def test_split_k_workspaces_are_kept_per_stream_handle_not_per_object():
     (None, 0x2222, True, False),  # nothing to wait for
     (0x1111, None, True, True),  # no stream given: as numba does by default
     (0x1111, 0x2222, False, False),  # a view for its address only
+    (1, 0, True, False),  # CuPy's null stream (named 1, legacy default) is numba's stream 0
+    (2, 0, True, True),  # the per-thread default stream is not
 ])
 def test_a_device_view_waits_on_the_host_only_for_another_stream(monkeypatch, exported, ours,
                                                                   wait, synced):
@@ -183,3 +185,16 @@ def test_a_device_view_waits_on_the_host_only_for_another_stream(monkeypatch, ex
     stream = None if ours is None else _numba_stream(ours)
     backend_module._as_device(_CAIv3(exported), stream, wait=wait)
     assert calls == [synced]
+
+
+def test_stream_zero_is_the_default_stream_numba_launches_on(monkeypatch):
+    """Handle 0 is the legacy default stream (1) for numba, or the per-thread default
+    stream (2) where numba is set to use it; every other handle is only itself."""
+    from numba.cuda.core import config
+
+    from tilegemm.backends.cuda_stream import same_stream
+
+    assert same_stream(1, 0) and same_stream(0, 1) and same_stream(0, 0)
+    assert not same_stream(2, 0) and not same_stream(0x1111, 0) and not same_stream(None, 0)
+    monkeypatch.setattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 1)
+    assert same_stream(2, 0) and not same_stream(1, 0)

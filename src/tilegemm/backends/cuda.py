@@ -35,7 +35,12 @@ from tilegemm.backends.base import (
     wall_clock_elapsed,
 )
 from tilegemm.backends.cuda_program import MIN_OPTIN_SMEM_SM80, STATIC_SMEM_LIMIT, strided_view
-from tilegemm.backends.cuda_stream import choose_stream, numba_stream, stream_handle
+from tilegemm.backends.cuda_stream import (
+    choose_stream,
+    numba_stream,
+    same_stream,
+    stream_handle,
+)
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.problem import (
     GemmProblem,
@@ -85,7 +90,7 @@ def _as_device(x: Any, stream: Any = None, wait: bool = True) -> Any:
 
     cai = getattr(x, "__cuda_array_interface__", None)
     exported = cai.get("stream") if isinstance(cai, dict) else None
-    same = stream is not None and exported == stream_handle(stream)
+    same = stream is not None and same_stream(exported, stream_handle(stream))
     return cuda.as_cuda_array(x, sync=wait and exported is not None and not same)
 
 

@@ -71,6 +71,28 @@ def stream_handle(stream: Any) -> int | None:
         return int(getattr(handle, "value", None) or 0)  # a ctypes null pointer: None
 
 
+def same_stream(exported: int | None, ours: int | None) -> bool:
+    """Whether two stream handles name one stream: the same handle, or 0 and the default
+    stream numba launches on for 0 (the legacy default stream, 1, unless numba is set to
+    use the per-thread default stream, 2). CuPy's arrays name its null stream 1 in the
+    CUDA Array Interface, and a call on them runs on numba's stream 0: the same stream,
+    which ``_as_device`` must not wait for on the host."""
+    if exported is None or ours is None:
+        return False
+    return _canonical(exported) == _canonical(ours)
+
+
+def _canonical(handle: int) -> int:
+    if handle != 0:
+        return handle
+    try:
+        from numba.cuda.core import config
+    except ImportError:  # an older numba-cuda: its configuration lives in numba's
+        from numba.core import config
+    return (PER_THREAD_DEFAULT if getattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 0)
+            else LEGACY_DEFAULT)
+
+
 def operand_stream(x: Any) -> tuple[str, Any] | None:
     """The stream the caller's library would use for device array ``x`` now, or None."""
     lib = _library(x)
