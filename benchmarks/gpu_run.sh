@@ -167,6 +167,12 @@ tensor)
   part "tensor cores, mma BK=32 STAGES=3" 150 "$OUT/tensor.log" \
       $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 float16 --no-triton \
       --params BK=32,STAGES=3
+  # TF32 operands rounded by copies before the kernel, at both depths (RCOPY=1)
+  part "tensor cores, mma RCOPY=1" 120 "$OUT/tensor.log" \
+      $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 --no-triton --params RCOPY=1
+  part "tensor cores, mma RCOPY=1 BK=32 STAGES=3" 120 "$OUT/tensor.log" \
+      $PY benchmarks/tensor_cores.py --sizes 4096 --modes tf32 --no-triton \
+      --params RCOPY=1,BK=32,STAGES=3
   part "tensor cores, mma 2048" 120 "$OUT/tensor.log" \
       $PY benchmarks/tensor_cores.py --sizes 2048 --no-triton
   tail -40 "$OUT/tensor.log"; tail -15 "$OUT/tensor-errors.log"
