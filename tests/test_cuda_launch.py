@@ -121,6 +121,10 @@ def test_numba_launches_what_the_direct_call_cannot(fake_numba: None, case: str,
         cuda_launch.launch_kernel(disp, 1, 32, 0, 0, args, seen.append)
     assert len(disp.launches) == 3 and not disp.overload.launches
     assert seen == [disp.overload] * 3
+    compiled = len(disp.compiled)
+    for _ in range(2):  # nothing to prepare: numba's launch alone types the arguments
+        cuda_launch.launch_kernel(disp, 1, 32, 0, 0, args)
+    assert len(disp.launches) == 5 and len(disp.compiled) == compiled
 
 
 def test_the_simulator_launches_through_numba_without_prepare(

@@ -84,11 +84,13 @@ def launch_kernel(dispatcher: Any, grid: Any, block: Any, stream: Any, smem: int
     key = arg_key(args, _array_type())
     kernel = None if key is None else _OVERLOADS.get((dispatcher, key))
     if not kernel:  # no key, a first launch, or a kernel numba must launch itself
-        kernel = dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in args))
+        first = key is not None and (dispatcher, key) not in _OVERLOADS
+        if prepare is not None or first:  # (else numba's launch alone types the arguments)
+            kernel = dispatcher.compile(tuple(dispatcher.typeof_pyval(a) for a in args))
         if prepare is not None:
             prepare(kernel)
         dispatcher[grid, block, stream, smem](*args)
-        if key is not None and (dispatcher, key) not in _OVERLOADS:
+        if first:
             direct = (callable(getattr(kernel, "launch", None))
                       and hasattr(driver, "_to_core_stream")
                       and not getattr(kernel, "launch_config_sensitive", False))
