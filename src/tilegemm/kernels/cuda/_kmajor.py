@@ -86,15 +86,14 @@ class KMajorBProgram(CudaProgram):
         if view is not None and not self.round_tf32:
             super().launch(A, view, C, alpha, beta, stream)
             return
+        copy_b = (B, "B", True) if view is None else (view, "B", False)
         with self.workspaces.lock:  # the copies and their reader, enqueued together
-            if self.round_tf32:
-                A = self._copy(A, "A", False, stream)
-            B = self._copy(B, "B", True, stream) if view is None else self._copy(
-                view, "B", False, stream)
+            if self.round_tf32:  # A's rounded copy and B's, in one launch
+                A, B = copy_to_workspaces(self.workspaces, [(A, "A", False), copy_b], True,
+                                          stream)
+            else:
+                (B,) = copy_to_workspaces(self.workspaces, [copy_b], False, stream)
             super().launch(A, B, C, alpha, beta, stream)
-
-    def _copy(self, X: Any, slot: str, transpose: bool, stream: Any) -> Any:
-        return copy_to_workspace(self.workspaces, X, slot, transpose, self.round_tf32, stream)
 
     def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
         from tilegemm.kernels.cuda._tensorcore import tf32_round
@@ -117,8 +116,8 @@ class RoundedProgram(CudaProgram):
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
         with self.workspaces.lock:  # the copies and their reader, enqueued together
-            A = copy_to_workspace(self.workspaces, A, "A", False, True, stream)
-            B = copy_to_workspace(self.workspaces, B, "B", False, True, stream)
+            A, B = copy_to_workspaces(self.workspaces, [(A, "A", False), (B, "B", False)],
+                                      True, stream)
             super().launch(A, B, C, alpha, beta, stream)
 
     def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
@@ -127,21 +126,38 @@ class RoundedProgram(CudaProgram):
         return tf32_round(A), tf32_round(B)
 
 
-def copy_to_workspace(workspaces: Workspaces, X: Any, slot: str, transpose: bool,
-                      round_tf32: bool, stream: Any) -> Any:
-    """``X`` (batch, R, C) copied into the stream's workspace ``slot`` of ``workspaces``:
-    transposed (batch, C, R rounded up to 16 bytes) or as it is, rounded to TF32 if
-    asked."""
-    dtype = np.dtype(X.dtype)
-    batch, rows, cols = X.shape
-    shape = kmajor_shape(tuple(X.shape), dtype.itemsize) if transpose else tuple(X.shape)
-    work = workspaces.get(shape, dtype, stream, slot)
-    grid = (ceil_div(cols, TILE), min(ceil_div(rows, TILE), MAX_GRID_YZ),
-            min(batch, MAX_GRID_YZ))
-    if rows and cols:
-        kernel = copy_kernel(dtype.name, round_tf32, transpose)
-        launch_kernel(kernel, grid, (TILE, ROWS), stream, 0, (X, work))
-    return work
+def copy_to_workspaces(workspaces: Workspaces, copies: list[tuple[Any, str, bool]],
+                       round_tf32: bool, stream: Any) -> list[Any]:
+    """Each ``(X, slot, transpose)`` of ``copies`` (one or two), X of shape (batch, R, C),
+    copied into the stream's workspace ``slot`` of ``workspaces``: transposed (batch, C, R
+    rounded up to 16 bytes) or as it is, rounded to TF32 if asked. Two copies of one dtype
+    are made by one launch (``copy_pair_kernel``). Returns the workspaces, in order."""
+    works = []
+    for X, slot, transpose in copies:
+        dtype = np.dtype(X.dtype)
+        shape = kmajor_shape(tuple(X.shape), dtype.itemsize) if transpose else tuple(X.shape)
+        works.append(workspaces.get(shape, dtype, stream, slot))
+    jobs = [(X, W, transpose) for (X, _, transpose), W in zip(copies, works, strict=True)
+            if X.shape[1] and X.shape[2]]
+    if len(jobs) == 2 and jobs[0][0].dtype == jobs[1][0].dtype:
+        (X1, W1, t1), (X2, W2, t2) = jobs
+        grid = _grid(X1.shape, X2.shape)
+        kernel = copy_pair_kernel(np.dtype(X1.dtype).name, round_tf32, t1, t2)
+        launch_kernel(kernel, grid, (TILE, ROWS), stream, 0, (X1, W1, X2, W2))
+        return works
+    for X, W, transpose in jobs:
+        kernel = copy_kernel(np.dtype(X.dtype).name, round_tf32, transpose)
+        launch_kernel(kernel, _grid(X.shape), (TILE, ROWS), stream, 0, (X, W))
+    return works
+
+
+def _grid(*shapes: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The copy's blocks for operands of these (batch, R, C) shapes side by side: a column
+    of blocks per TILE columns of each, rows and batches as the largest needs (the grid's
+    y and z limits are strided over)."""
+    return (sum(ceil_div(s[2], TILE) for s in shapes),
+            min(max(ceil_div(s[1], TILE) for s in shapes), MAX_GRID_YZ),
+            min(max(s[0] for s in shapes), MAX_GRID_YZ))
 
 
 @cache
@@ -149,14 +165,64 @@ def copy_kernel(dtype: str, tf32: bool = False, transpose: bool = True) -> Any:
     """``copy(X, W)`` for X of shape (batch, R, C): ``transpose``, ``W[z, c, r] = X[z, r, c]``
     (the columns of W past R are left as they are: the GEMM's copies never read them);
     otherwise ``W[z, r, c] = X[z, r, c]``. ``tf32``: each value rounded to the nearest TF32
-    value on the way, which the GEMM then need not do in shared memory.
+    value on the way, which the GEMM then need not do in shared memory. Launched on
+    (ceil(C / TILE), rows of tiles, batch) blocks of (TILE, ROWS) threads (see
+    ``_copy_tiles``)."""
+    global cuda
+    from numba import cuda
+
+    elt = np.dtype(dtype).type
+    tiles = _copy_tiles(dtype, tf32, transpose)
+
+    @cuda.jit
+    def copy(X, W):  # noqa: N803
+        tile = cuda.shared.array((TILE, PADDED), elt)
+        tiles(X, W, cuda.blockIdx.x, tile)
+
+    return copy
+
+
+@cache
+def copy_pair_kernel(dtype: str, tf32: bool, transpose_first: bool,
+                     transpose_second: bool) -> Any:
+    """``copy2(X1, W1, X2, W2)``: two copies of ``copy_kernel`` in one launch, the first
+    ceil(C1 / TILE) columns of blocks copying X1 into W1 and the rest X2 into W2 (rows of
+    tiles and batches: as many as the larger copy needs; the other's extra blocks find no
+    work). TF32 products copy both operands before the kernel, and each launch costs the
+    host tens of microseconds of Python, as much as the copy of a 1024² operand takes the
+    GPU."""
+    global cuda
+    from numba import cuda
+
+    elt = np.dtype(dtype).type
+    first = _copy_tiles(dtype, tf32, transpose_first)
+    second = _copy_tiles(dtype, tf32, transpose_second)
+
+    @cuda.jit
+    def copy2(X1, W1, X2, W2):  # noqa: N803
+        tile = cuda.shared.array((TILE, PADDED), elt)
+        columns = (X1.shape[2] + TILE - 1) // TILE
+        if cuda.blockIdx.x < columns:
+            first(X1, W1, cuda.blockIdx.x, tile)
+        else:
+            second(X2, W2, cuda.blockIdx.x - columns, tile)
+
+    return copy2
+
+
+@cache
+def _copy_tiles(dtype: str, tf32: bool, transpose: bool) -> Any:
+    """The device function behind the copies: ``tiles(X, W, bx, tile)`` copies column of
+    tiles ``bx`` of X, the rows of tiles from ``blockIdx.y`` on and the batches from
+    ``blockIdx.z`` on, striding by the grid (``tile``: the block's shared tile).
 
     Transposing, a warp reads 32 adjacent columns of one row of X (coalesced) into a shared
     tile and writes 32 adjacent values of one row of W from it; the tile's rows are padded
     by one value,
     so the column reads fall in 32 different banks. Offsets are computed once per tile and
     stepped per row (numba's indexing of a 3-D array costs about 100 instructions per
-    element, which bounded a first version at a quarter of the memory bandwidth)."""
+    element, which bounded a first version at a quarter of the memory bandwidth). Every
+    thread of a block takes the same branches around its barriers (``bx`` is the block's)."""
     global cuda
     from numba import cuda
 
@@ -164,7 +230,6 @@ def copy_kernel(dtype: str, tf32: bool = False, transpose: bool = True) -> Any:
     from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
     from tilegemm.kernels.cuda._wgmma import wgmma_ops
 
-    elt = np.dtype(dtype).type
     isz = np.dtype(dtype).itemsize
     TRANSPOSE = transpose  # noqa: N806 - a compile-time constant of the kernel
     store = access_ops().store
@@ -176,13 +241,12 @@ def copy_kernel(dtype: str, tf32: bool = False, transpose: bool = True) -> Any:
         def convert(x):  # noqa: ANN001, ANN202
             return x
 
-    @cuda.jit
-    def copy(X, W):  # noqa: N803
-        tile = cuda.shared.array((TILE, PADDED), elt)
+    @cuda.jit(device=True, inline=True)
+    def tiles(X, W, bx, tile):  # noqa: ANN001, ANN202, N803
         rows, cols = X.shape[1], X.shape[2]
         s0, s1, s2 = X.strides[0] // isz, X.strides[1] // isz, X.strides[2] // isz
         tx, ty = cuda.threadIdx.x, cuda.threadIdx.y
-        c0 = cuda.blockIdx.x * TILE
+        c0 = bx * TILE
         z = cuda.blockIdx.z
         while z < X.shape[0]:
             r0 = cuda.blockIdx.y * TILE
@@ -208,4 +272,4 @@ def copy_kernel(dtype: str, tf32: bool = False, transpose: bool = True) -> Any:
                 r0 += cuda.gridDim.y * TILE
             z += cuda.gridDim.z
 
-    return copy
+    return tiles
