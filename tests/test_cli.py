@@ -26,6 +26,17 @@ def test_kernels_lists_every_rung(capsys):
     assert "opencl vectorized on cpu devices: defaults BM=8" in capsys.readouterr().out
 
 
+def test_kernels_says_why_a_type_leaves_no_rung(capsys):
+    """``kernels --dtype bfloat16 --backend cpu`` printed an empty table: now a line that
+    says which backends' rungs compute the type and that matmul takes it anyway."""
+    assert main(["kernels", "--dtype", "bfloat16", "--backend", "cpu"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "No cpu rung computes bfloat16 (the cuda rungs do)" in out
+    assert "tilegemm run --dtype bfloat16" in out
+    assert main(["kernels", "--dtype", "float64", "--backend", "cpu"]) == 0
+    assert "No cpu rung" not in capsys.readouterr().out
+
+
 def test_info_runs(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
@@ -191,6 +202,9 @@ def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, ca
     (["explain", "warptile", "--sass", "--dtype", "float64", "BK=32"],
      "65536 bytes of shared memory per block"),
     (["tune", "--backend", "cpu", "--m", "8", "--seed", "-1"], "--seed must be >= 0"),
+    # -3 was refused as "must be >= 0", and then 0 as "must be >= 1"
+    (["tune", "--backend", "cpu", "--m", "-3"], "--m must be >= 1 (a product to time), got -3"),
+    (["tune", "--backend", "cpu", "--m", "8", "--k", "0"], "--k must be >= 1"),
     (["tune", "--backend", "cpu", "--m", "8", "--max-call-seconds", "nan"],
      "--max-call-seconds must be >= 0, got nan"),
     # ... and the trace's options with --sass, which counts code, not a problem's traffic

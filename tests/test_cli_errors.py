@@ -201,6 +201,27 @@ def test_a_run_whose_check_cannot_fit_in_memory_is_refused(monkeypatch, capsys, 
                  "--repeat", "0"]) == 0
 
 
+def test_a_run_too_large_to_hold_is_refused_before_its_operands_are_made(monkeypatch,
+                                                                        capsys):
+    """``run --m 2 --n 2 --k 3000000000``: 45 GiB of operands, each small enough for NumPy
+    to promise its memory on its own. They were filled before the check of what the run
+    needs, and the system killed the process, out of memory, with no message."""
+    import importlib
+
+    from tilegemm.backends import cpu
+
+    reference = importlib.import_module("tilegemm.reference")  # the module, not its function
+
+    def made(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("the operands were made before the memory check")
+
+    monkeypatch.setattr(reference, "random_operands", made)
+    monkeypatch.setattr(cpu, "available_memory", lambda: 2**29)
+    assert main(["run", "--backend", "cpu", "--m", "2", "--n", "2", "--k",
+                 str(2**26)]) == 2
+    assert "0.5 GiB available" in capsys.readouterr().err
+
+
 @pytest.mark.opencl
 def test_warnings_are_one_line_on_the_command_line(tmp_path):
     """A warning printed as Python shows it named the tilegemm script's line and repeated

@@ -239,8 +239,18 @@ def test_lazy_until_computed():
 
 
 def test_import_tilegemm_does_not_import_dask():
-    code = "import sys, tilegemm; assert 'dask' not in sys.modules, 'dask imported'"
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
+    """... and ``tilegemm.dask`` then imports it on first use: a Dask operand's error says
+    "use tilegemm.dask.matmul(a, b)", which failed after ``import tilegemm`` alone."""
+    code = ("import sys, tilegemm; assert 'dask' not in sys.modules, 'dask imported'\n"
+            "import dask.array as da\n"
+            "try:\n    tilegemm.matmul(da.ones((8, 8), chunks=4), da.ones((8, 8), chunks=4))\n"
+            "except TypeError as e:\n    assert 'tilegemm.dask.matmul(a, b)' in str(e), e\n"
+            "c = tilegemm.dask.matmul(da.ones((8, 8), chunks=4), da.ones((8, 8), chunks=4),"
+            " backend='cpu', kernel='triple_loop')\n"
+            "assert float(c.compute(scheduler='sync')[0, 0]) == 8.0\n"
+            "try:\n    tilegemm.nothing\nexcept AttributeError as e:\n"
+            "    assert 'nothing' in str(e)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120,
                    env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
 
 

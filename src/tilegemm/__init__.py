@@ -30,6 +30,19 @@ def _tbb_first() -> None:
 
 
 _tbb_first()
+
+
+def __getattr__(name: str) -> object:
+    """``tilegemm.dask`` imported on first use: ``import tilegemm`` stays free of Dask, and
+    ``tilegemm.dask.matmul(a, b)``, which a Dask operand's error advises, works as written
+    after ``import tilegemm`` alone."""
+    if name == "dask":
+        import importlib
+
+        return importlib.import_module("tilegemm.dask")
+    raise AttributeError(f"module 'tilegemm' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 __all__ = ["matmul", "gemm", "plan", "Plan", "kernels", "backends", "reference", "assert_close",
            "errors", "__version__"]

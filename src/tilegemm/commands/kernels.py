@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         print(markdown_table(specs))
         return 0
+    if not specs:  # an empty table would say nothing about why
+        console().print(_none_computes(args.backend, args.dtype), highlight=False)
+        return 0
     table = Table(title="tilegemm kernel ladder", show_lines=True)
     for col in ("backend", "rung", "kernel", "what it does", "parameters (default: choices)",
                 "constraints", "dtypes"):
@@ -150,3 +153,17 @@ def markdown_table(specs: list) -> str:
         lines.append(f"| {s.backend} | {s.rung} | `{s.name}` | {s.title} | {params} | "
                      f"{', '.join(s.dtypes)} |")
     return "\n".join(lines)
+
+
+def _none_computes(backend: str | None, dtype: str) -> str:
+    """Why ``--dtype`` left no rung: which backends' rungs compute the type, and that matmul
+    still takes such operands (it converts them to a type a rung computes, as float16 to
+    float32 on the CPU)."""
+    import tilegemm
+
+    others = sorted({s.backend for s in tilegemm.kernels() if s.supports(dtype)})
+    where = f"{backend} " if backend else ""
+    also = f" (the {' and '.join(others)} rungs do)" if others else ""
+    return (f"No {where}rung computes {dtype}{also}. matmul still takes {dtype} operands: it "
+            f"computes them in a type a rung computes; 'tilegemm run --dtype {dtype}' or "
+            "tilegemm.plan(a, b) shows which.")

@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     params = parse_params(args.params)
     lead = (args.batch,) if args.batch else ()
     check_fits_in_memory(args.m, args.n, args.k, args.batch, args.dtype)
+    # before the operands are made: A and B alone can be more than the machine holds
+    check_verification_fits(args.m, args.n, args.k, args.batch, args.dtype)
     a, b = random_operands(lead + (args.m, args.k), lead + (args.k, args.n), args.dtype)
     ops = [describe(a, "a"), describe(b, "b")]
     # Resolve what 'auto' means up front so the report names the real choice.
@@ -70,7 +72,6 @@ def run(args: argparse.Namespace) -> int:
     chosen = decide(ops, make_problem(*ops), kernel=args.kernel, backend=backend.name,
                     device=args.device, params=params, precision=args.precision)
     prob, spec, resolved = chosen.prob, chosen.spec, dict(chosen.params)
-    check_verification_fits(args.m, args.n, args.k, args.batch, args.dtype)
     simulated = target.simulated
     source = chosen.source
     if simulated and not params and spec.sim_params is not None:

@@ -124,15 +124,17 @@ def _tune(args: argparse.Namespace) -> int:
     from tilegemm.tune import cache, space, strategies
     from tilegemm.tune.select import device_id, untuned_choice
 
-    for name in ("m", "n", "k", "batch", "budget", "max_call_seconds", "seed"):
+    for name in ("m", "n", "k"):  # an empty product has nothing to time
+        if getattr(args, name) < 1:
+            raise InvalidValueError(f"--{name} must be >= 1 (a product to time), "
+                                    f"got {getattr(args, name)}")
+    for name in ("batch", "budget", "max_call_seconds", "seed"):
         value = getattr(args, name)
         if not value >= 0:  # NaN too
             raise InvalidValueError(f"--{name.replace('_', '-')} must be >= 0, got {value}")
     if args.repeat < 1:
         raise InvalidValueError("--repeat must be >= 1 (the launches each candidate is "
                                 "timed on)")
-    if min(args.m, args.n, args.k) == 0:
-        raise InvalidValueError("--m, --n and --k must be >= 1 to time anything")
     dtype = np.dtype(args.dtype)
     precision = getattr(args, "precision", "ieee")
     if precision != "ieee" and dtype != np.float32:
