@@ -43,10 +43,12 @@ bench-gpu-system:
 # numba.cuda is first imported).
 # Both runs spread over the machine's cores (pytest-xdist, TEST_JOBS=auto): most of the time
 # goes to compiling kernels, one test at a time per core.
+# Each run ends with its slowest tests (the whole suite should stay within about ten
+# minutes on two cores).
 TEST_JOBS ?= auto
 test: $(STAMP) lint
-	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not cudasim"
-	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m cudasim
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m "not cudasim" --durations=20
+	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -q -n $(TEST_JOBS) --dist worksteal -m cudasim --durations=20
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not cudasim and not slow"
