@@ -207,7 +207,7 @@ visit)
   TILEGEMM_GPU_TESTS=1 part "tensor-core tests" 100 "$OUT/gpu-tests.log" \
       $PY -m pytest -q -n 16 -p no:cacheprovider -rf -W ignore -m "cudasim or gpu" \
       tests/test_wgmma.py tests/test_wgmma_rung.py tests/test_cuda_mma.py \
-      tests/test_cuda_mma_store.py tests/test_cuda_tensorcore.py
+      tests/test_cuda_mma_store.py tests/test_cuda_tensorcore.py tests/test_cuda_kmajor.py
   for k in wgmma mma; do
     part "tensor cores, $k 4096" 60 "$OUT/tensor.log" \
         $PY benchmarks/tensor_cores.py --kernel $k --sizes 4096 --no-triton
