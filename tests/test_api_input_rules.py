@@ -325,6 +325,10 @@ def test_a_zero_dimensional_array_is_a_scalar_alpha_or_beta():
     for bad in (np.array([2.0]), np.True_):
         with pytest.raises(TypeError, match="alpha must be a real number"):
             tilegemm.gemm(a, a, alpha=bad)
+    # a time span is a NumPy number too: it reached float() and raised a bare TypeError
+    for name in ("alpha", "beta"):
+        with pytest.raises(InvalidTypeError, match=f"{name} must be a real number"):
+            tilegemm.gemm(a, a, c, backend="cpu", **{name: np.timedelta64(2, "s")})
 
 
 @pytest.mark.parametrize("dtype, kind", [([("x", "f8"), ("y", "f8")], "structured"),

@@ -379,7 +379,8 @@ def _scalar(x: Any, name: str) -> Any:
         x = x[()]
     if isinstance(x, np.generic) and type(x) in _FLOAT_SCALARS:
         x = np.float32(x)  # ml_dtypes' scalars (bfloat16...) are no np.number; exact in float32
-    if isinstance(x, (bool, np.bool_)) or not isinstance(x, (Number, np.number)):
+    if (isinstance(x, (bool, np.bool_, np.timedelta64))  # a timedelta64 is a np.number
+            or not isinstance(x, (Number, np.number))):
         raise InvalidTypeError(f"{name} must be a real number, got {x!r}")
     if isinstance(x, (complex, np.complexfloating)):
         raise InvalidTypeError(f"{name} must be real, got {x!r}")
@@ -410,8 +411,12 @@ def gemm(
     or bfloat16 result they are rounded to it first, on every backend, as NumPy rounds a
     Python number that multiplies a float16 array (``alpha=1e5`` is inf there).
     ``alpha = 0`` still computes ``a @ b`` (a NaN or Inf in ``a`` or ``b`` gives NaN, as in
-    NumPy, not BLAS's shortcut). ``trans_a``/``trans_b`` are
-    booleans. Other arguments, and what is raised, are as for :func:`matmul`.
+    NumPy, not BLAS's shortcut). Most rungs add ``alpha`` times their sum to ``beta * c``
+    in one fused multiply-add, as BLAS does, so ``alpha * (a @ b)`` is not rounded on its
+    own: where it alone would overflow (NumPy's ``alpha * (a @ b) + beta * c`` then gives
+    ±inf or NaN), such a rung can give the finite or infinite value of the fused sum.
+    ``trans_a``/``trans_b`` are booleans. Other arguments, and what is raised, are as for
+    :func:`matmul`.
     """
     _check_params_are_upper_case(params)
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
