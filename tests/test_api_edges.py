@@ -489,6 +489,10 @@ def test_out_as_a_one_element_tuple_as_numpy_accepts_it():
     o = np.empty((2, 2))
     assert tilegemm.matmul(a, a.T, out=(o,)) is o
     np.testing.assert_array_equal(o, np.matmul(a, a.T))
+    # any other length is a ValueError, as NumPy's (it was a TypeError about the tuple)
+    for bad in ((o, o), ()):
+        with pytest.raises(ValueError, match="exactly one entry"):
+            tilegemm.matmul(a, a.T, out=bad)
 
 
 @pytest.mark.opencl  # the listing needs a usable device; the CUDA twin uses fake GPUs

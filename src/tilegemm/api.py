@@ -714,7 +714,10 @@ def matmul(
     (``InvalidTypeError``, NumPy's ``UFuncTypeError`` for an ``out`` cast), and
     ``UnavailableError`` (a ``RuntimeError``) for a backend or device this machine lacks.
     """
-    if isinstance(out, tuple) and len(out) == 1:  # NumPy's ufunc form, out=(array,)
+    if isinstance(out, tuple):  # NumPy's ufunc form, out=(array,)
+        if len(out) != 1:
+            raise InvalidValueError(f"matmul: the 'out' tuple must have exactly one entry "
+                                    f"(matmul has one output), got {len(out)}")
         out = out[0]
     if device is None and stream is None and precision is None and dtype is None:
         # a case an earlier call with the same kernel=, backend= and parameters decided
