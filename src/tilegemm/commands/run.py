@@ -45,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import numpy as np
 
     from tilegemm.api import _check_params_are_upper_case, choose_backend, decide
     from tilegemm.bench.timing import OK, SKIPPED, WRONG, Policy, measure_kernel
@@ -58,10 +59,17 @@ def run(args: argparse.Namespace) -> int:
     params = parse_params(args.params)
     lead = (args.batch,) if args.batch else ()
     check_fits_in_memory(args.m, args.n, args.k, args.batch, args.dtype)
-    # before the operands are made: A and B alone can be more than the machine holds
-    check_verification_fits(args.m, args.n, args.k, args.batch, args.dtype)
-    a, b = random_operands(lead + (args.m, args.k), lead + (args.k, args.n), args.dtype)
-    ops = [describe(a, "a"), describe(b, "b")]
+    # Decided on operands not yet filled (their memory is not touched), so that the
+    # backend's refusals, which say more, and the check that the run fits in memory both
+    # come before the operands are made: filled first, A and B alone could be more than
+    # the machine holds, and the system ended the process with no message.
+    shape_a, shape_b = lead + (args.m, args.k), lead + (args.k, args.n)
+    try:
+        ops = [describe(np.empty(shape_a, args.dtype), "a"),
+               describe(np.empty(shape_b, args.dtype), "b")]
+    except MemoryError:  # both at once, where the system counts what it promised
+        check_verification_fits(args.m, args.n, args.k, args.batch, args.dtype)
+        raise
     # Resolve what 'auto' means up front so the report names the real choice.
     backend = choose_backend(args.backend, ops, args.device, args.kernel)  # as matmul does
     target = device_target(backend, args.device, args.backend)
@@ -72,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     chosen = decide(ops, make_problem(*ops), kernel=args.kernel, backend=backend.name,
                     device=args.device, params=params, precision=args.precision)
     prob, spec, resolved = chosen.prob, chosen.spec, dict(chosen.params)
+    check_verification_fits(args.m, args.n, args.k, args.batch, args.dtype)
+    a, b = random_operands(shape_a, shape_b, args.dtype)
     simulated = target.simulated
     source = chosen.source
     if simulated and not params and spec.sim_params is not None:
