@@ -331,26 +331,30 @@ def test_named_parameters_are_remembered_apart(spy, rng):
     """matmul(a, b, kernel="blocked", MR=4) took the full path on every call (about 0.2 ms
     for a 64x64x64 product): it is remembered under its parameters, whatever their order,
     runs the program of exactly those parameters, and other parameters or a value that is
-    not a plain int are decided by the full path."""
+    not a plain int are decided by the full path. The parameters named are this machine's
+    own tile (its program is compiled once for many tests; another tile costs a compile of
+    10-20 s), so "other parameters" name the same tile differently."""
     from tilegemm import registry
 
     a, b = _operands(rng, 9, 13, 11, np.float32)
     route = {"kernel": "blocked", "backend": "cpu"}
+    mr, nr = (tilegemm.plan(a, b, **route).params[p] for p in ("MR", "NR"))
+    assert len(spy) == 0
     for _ in range(3):
         a2, b2 = _operands(rng, 9, 13, 11, np.float32)
-        assert_close(tilegemm.matmul(a2, b2, **route, MR=4, NR=16), a2, b2)
+        assert_close(tilegemm.matmul(a2, b2, **route, MR=mr, NR=nr), a2, b2)
     assert len(spy) == 1
-    assert_close(tilegemm.matmul(a, b, **route, NR=16, MR=4), a, b)  # another order
+    assert_close(tilegemm.matmul(a, b, **route, NR=nr, MR=mr), a, b)  # another order
     assert len(spy) == 1
-    plan = tilegemm.plan(a, b, **route, MR=4, NR=16)
-    assert (plan.params["MR"], plan.params["NR"]) == (4, 16)
-    key = fastpath._key(a, b, "blocked", "cpu", {"MR": 4, "NR": 16})
+    plan = tilegemm.plan(a, b, **route, MR=mr, NR=nr)
+    assert (plan.params["MR"], plan.params["NR"]) == (mr, nr)
+    key = fastpath._key(a, b, "blocked", "cpu", {"MR": mr, "NR": nr})
     assert fastpath._table[key].program is registry.get("blocked", "cpu").program(
         plan.params, a.dtype)
-    assert_close(tilegemm.matmul(a, b, **route, MR=4), a, b)  # other parameters
+    assert_close(tilegemm.matmul(a, b, **route, MR=mr), a, b)  # other parameters
     assert len(spy) == 2
     for _ in range(2):  # a NumPy integer is not remembered: the full path judges it
-        tilegemm.matmul(a, b, **route, MR=np.int64(4), NR=16)
+        tilegemm.matmul(a, b, **route, MR=np.int64(mr), NR=nr)
     assert len(spy) == 4
     with pytest.raises(ValueError, match="MR=5"):  # refused, then never remembered
         tilegemm.matmul(a, b, **route, MR=5, NR=16)
