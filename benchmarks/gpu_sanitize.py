@@ -31,6 +31,17 @@ def main() -> int:
     parser.add_argument("--shape", type=int, nargs=3, action="append", metavar=("M", "N", "K"),
                         help="instead of the two odd shapes (small ones for the simulator)")
     args = parser.parse_args()
+    names = {spec.name for spec in tilegemm.kernels("cuda")}
+    unknown = sorted(set(args.kernel or ()) - names)
+    if unknown:  # a misspelt rung would run nothing and report "0 failed"
+        parser.error(f"--kernel: no CUDA rung {', '.join(unknown)}; the rungs are "
+                     f"{', '.join(sorted(names))}")
+    from tilegemm.backends import get_backend
+
+    status = get_backend("cuda").status()
+    if not status.usable:  # each rung would fail alike, looking like wrong results
+        print(f"needs a CUDA GPU (or NUMBA_ENABLE_CUDASIM=1): {status.reason}")
+        return 2
     from numba import cuda
 
     failed = []

@@ -39,13 +39,17 @@ def check(what: str, fn: Callable[[], object]) -> None:
         traceback.print_exc(limit=-3)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     from numba import cuda
 
     be = get_backend("cuda")
     st = be.status()
     print("cuda:", st.reason, st.devices)
     if not st.usable or st.simulated:
+        print("gpu_smoke.py needs a real CUDA GPU; nothing was checked")
         return 2
     libs: dict[str, tuple[Callable, Callable]] = {
         "numba": (cuda.to_device, lambda x: x.copy_to_host())}

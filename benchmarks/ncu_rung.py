@@ -22,6 +22,8 @@ import sys
 
 
 def main() -> int:
+    from tilegemm.commands._params import comma_params
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", default="wgmma", help="the rung (default wgmma)")
     parser.add_argument("--dtype", default="float32",
@@ -30,7 +32,7 @@ def main() -> int:
                         help="tf32 or 3xtf32 for float32 on a tensor-core rung")
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--launches", type=int, default=3)
-    parser.add_argument("--params", default="",
+    parser.add_argument("--params", type=comma_params, default={},
                         help="rung parameters over the defaults, e.g. BCOPY=1,STAGES=6")
     parser.add_argument("--b-kmajor", action="store_true",
                         help="B as the transpose of a C-ordered tensor (K contiguous)")
@@ -41,7 +43,12 @@ def main() -> int:
         print(f"^{args.name}_")
         return 0
 
-    import torch
+    over = args.params
+    try:
+        import torch
+    except ImportError as exc:
+        print(f"needs a GPU and PyTorch with CUDA: {exc}", file=sys.stderr)
+        return 2
 
     import tilegemm
 
@@ -54,7 +61,6 @@ def main() -> int:
     b = torch.randn((args.n, args.n), generator=gen, device="cuda").to(dtype)
     if args.b_kmajor:
         b = b.T.contiguous().T
-    over = {k: int(v) for k, v in (kv.split("=") for kv in args.params.split(",") if kv)}
     for _ in range(args.launches):
         c = tilegemm.matmul(a, b, kernel=args.kernel, precision=args.precision, **over)
     torch.cuda.synchronize()

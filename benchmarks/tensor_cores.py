@@ -110,11 +110,13 @@ def _error(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
 
 
 def main() -> int:
+    from tilegemm.commands._params import comma_params
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--params", default="",
+    parser.add_argument("--params", type=comma_params, default={},
                         help="rung parameters over the defaults, e.g. BK=32,STAGES=3 (none: "
                              "the defaults fitted to the shape, as an untuned call runs)")
     parser.add_argument("--kernel", choices=("mma", "wgmma"), default="mma",
@@ -122,9 +124,13 @@ def main() -> int:
     parser.add_argument("--no-triton", action="store_true",
                         help="do not time Triton's tutorial matmul after the rung")
     args = parser.parse_args()
-    over = {k: int(v) for k, v in (kv.split("=") for kv in args.params.split(",") if kv)}
+    over = args.params
 
-    import torch
+    try:
+        import torch
+    except ImportError as exc:
+        print(f"needs a real GPU and torch with CUDA: {exc}")
+        return 2
 
     from tilegemm import registry
     from tilegemm.backends import get_backend

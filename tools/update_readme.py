@@ -52,14 +52,24 @@ def render(text: str) -> str:
     return replace_block(text, "results", results_block())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing: exit 1 if README.md is out of date")
+    args = parser.parse_args(argv)
     text = README.read_text()
     new = render(text)
-    if new != text:
-        README.write_text(new)
-        print("README.md updated")
-    else:
+    if new == text:
         print("README.md is up to date")
+        return 0
+    if args.check:
+        print("README.md is out of date: run make readme")
+        return 1
+    README.write_text(new)
+    print("README.md updated")
     return 0
 
 

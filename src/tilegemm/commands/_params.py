@@ -125,6 +125,15 @@ def parse_params(items: list[str]) -> dict[str, int]:
     return params
 
 
+def comma_params(text: str) -> dict[str, int]:
+    """``BK=32,STAGES=3`` as parameters: argparse's ``type=`` for the benchmark scripts'
+    ``--params`` (a malformed item is the parser's one-line error, not a traceback)."""
+    try:
+        return parse_params([item for item in text.split(",") if item])
+    except InvalidValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def given_options(args: argparse.Namespace, dests: set[str] | None = None,
                   exclude: frozenset[str] = frozenset()) -> list[str]:
     """The flags of the options (``dests``: of these only) given a value other than their
