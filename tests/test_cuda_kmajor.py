@@ -106,11 +106,12 @@ def test_a_tf32_product_copies_both_operands_in_one_launch(
         kernel: str, params: dict[str, int], rng: np.random.Generator,
         count_calls) -> None:  # noqa: ANN001
     """Rung mma with RCOPY=1 and rung wgmma round A and B to TF32 by copies before the
-    kernel: one launch makes both (each launch costs the host tens of microseconds), and
-    the product is still right at partial tiles with a broadcast B."""
+    kernel: one launch makes both (each launch costs the host tens of microseconds), the
+    driver is asked for the current device once for both workspaces, and the product is
+    still right at partial tiles with a broadcast B."""
     import tilegemm
     from tilegemm import registry, simulator
-    from tilegemm.kernels.cuda import _kmajor
+    from tilegemm.kernels.cuda import _kmajor, _workspace
 
     if kernel == "wgmma" and not simulator.enabled():
         from numba import cuda
@@ -120,10 +121,12 @@ def test_a_tf32_product_copies_both_operands_in_one_launch(
     spec = registry.get(kernel, "cuda")
     sim = {k: v for k, v in spec.sim_params.items() if k != "PASSES"} | params
     launches = count_calls(_kmajor, "launch_kernel")
+    asks = count_calls(_kmajor, "device_key"), count_calls(_workspace, "device_key")
     a = rng.standard_normal((2, 20, 12)).astype(np.float32)
     b = rng.standard_normal((12, 9)).astype(np.float32)
     r = tilegemm.matmul(a, b, backend="cuda", kernel=kernel, precision="tf32", **sim)
     assert len(launches) == 1
+    assert [len(n) for n in asks] == [1, 0]  # the device asked for once, for both copies
     want = np.matmul(tf32_round(a).astype(np.float64), tf32_round(b))
     assert np.max(np.abs(r - want)) <= 4 * 12 * 2.0**-24 * np.max(np.abs(want)) + 1e-6
 

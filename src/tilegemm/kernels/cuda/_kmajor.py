@@ -29,7 +29,7 @@ import numpy as np
 
 from tilegemm.backends.cuda_launch import launch_kernel
 from tilegemm.backends.cuda_program import CudaProgram, strided_view
-from tilegemm.kernels.cuda._workspace import Workspaces
+from tilegemm.kernels.cuda._workspace import Workspaces, device_key
 from tilegemm.launch import MAX_GRID_YZ, ceil_div
 
 TILE = 32  # the transpose's square tile: 32 columns of B read by a warp, 32 rows written
@@ -133,10 +133,11 @@ def copy_to_workspaces(workspaces: Workspaces, copies: list[tuple[Any, str, bool
     rounded up to 16 bytes) or as it is, rounded to TF32 if asked. Two copies of one dtype
     are made by one launch (``copy_pair_kernel``). Returns the workspaces, in order."""
     works = []
+    device = device_key()  # once for both
     for X, slot, transpose in copies:
         dtype = np.dtype(X.dtype)
         shape = kmajor_shape(tuple(X.shape), dtype.itemsize) if transpose else tuple(X.shape)
-        works.append(workspaces.get(shape, dtype, stream, slot))
+        works.append(workspaces.get(shape, dtype, stream, slot, device))
     jobs = [(X, W, transpose) for (X, _, transpose), W in zip(copies, works, strict=True)
             if X.shape[1] and X.shape[2]]
     if len(jobs) == 2 and jobs[0][0].dtype == jobs[1][0].dtype:

@@ -36,12 +36,14 @@ class Workspaces:
         self._spaces: dict[tuple[int, int, str], Any] = {}
         self.lock = threading.Lock()
 
-    def get(self, shape: tuple[int, ...], dtype: np.dtype, stream: Any, slot: str = "") -> Any:
+    def get(self, shape: tuple[int, ...], dtype: np.dtype, stream: Any, slot: str = "",
+            device: int | None = None) -> Any:
         """This stream's workspace ``slot`` (a program may keep several) of ``shape`` and
-        ``dtype``, kept for the next call."""
+        ``dtype``, kept for the next call. ``device``: the current device's ``device_key()``
+        if the caller has it already (finding it asks the driver)."""
         from numba import cuda
 
-        key = (device_key(), stream_key(stream), slot)
+        key = (device_key() if device is None else device, stream_key(stream), slot)
         if int(np.prod(shape)) * np.dtype(dtype).itemsize > KEEP_BYTES:
             self._spaces.pop(key, None)  # a smaller one kept for this key is no use now
             return cuda.device_array(shape, dtype=dtype, stream=stream)
