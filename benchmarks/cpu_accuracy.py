@@ -17,12 +17,16 @@ OpenCL is usable), the CPU `blocked` rung (K in blocks of its KC), NumPy (OpenBL
 from __future__ import annotations
 
 import argparse
-import json
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
-import tilegemm
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cpu_blocked  # noqa: E402
+
+import tilegemm  # noqa: E402
 
 
 def contenders() -> dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]]:
@@ -97,8 +101,12 @@ def main() -> None:
                              else f"{r[measure]:.1e}")
             print(f"| 2^{log2k} | {label} | " + " | ".join(cells) + " |")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"seeds": args.seeds, "rows": rows}, f, indent=1)
+        # the machine record every CPU results file carries (CPU model, ISA, versions,
+        # NumPy's BLAS, the commit), then the figures
+        cpu_blocked.save_results("cpu-accuracy", {
+            "method": "8x8 outputs of float32 operands against the float64 product of the "
+                      "same values; median over the seeds (and the range)",
+            "seeds": args.seeds, "rows": rows}, path=Path(args.json))
 
 
 if __name__ == "__main__":

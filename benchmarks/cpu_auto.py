@@ -44,8 +44,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     ap.add_argument("--no-save", action="store_true")
-    ap.add_argument("--suffix", default="", help="appended to the results file name, for a "
-                    "second run under other settings (OPENBLAS_CORETYPE=SkylakeX, say)")
+    cpu_blocked.add_suffix_argument(
+        ap, "for a second run under other settings (OPENBLAS_CORETYPE=SkylakeX, say)")
     args = ap.parse_args()
     spec = registry.get("blocked", "cpu")
     large = []

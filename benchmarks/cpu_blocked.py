@@ -92,14 +92,33 @@ def machine_record() -> dict:
     }
 
 
+def results_suffix(text: str) -> str:
+    """``--suffix``'s value as it goes into a results file name: joined with a "-" unless it
+    starts with one (``audit`` → ``-audit``, as the committed ``...-m26-2-numba-haswell``);
+    "" stays "". (argparse reads ``--suffix -audit`` as an option: ``--suffix=-audit``.)"""
+    text = text.strip()
+    if "/" in text or "\\" in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: a file-name suffix has no path separator")
+    return text if not text or text.startswith("-") else f"-{text}"
+
+
+def add_suffix_argument(ap: argparse.ArgumentParser, why: str = "") -> None:
+    """The ``--suffix`` option of the CPU scripts that save through :func:`save_results`."""
+    ap.add_argument("--suffix", type=results_suffix, default="",
+                    help="appended to the results file name, after a '-' unless it starts "
+                         "with one: --suffix numba-haswell or --suffix=-numba-haswell (a value "
+                         "starting with '-' needs the '=')" + (f"; {why}" if why else ""))
+
+
 def save_results(kind: str, fields: dict, suffix: str = "", path: Path | None = None) -> Path:
     """Write a CPU benchmark's results document: :func:`machine_record`, then ``fields``,
     then the load average at the end of the run, to ``path`` if given, else
-    ``benchmarks/results/<kind>-<cpu>-<isa>-m<family>-<model><suffix>.json``."""
+    ``benchmarks/results/<kind>-<cpu>-<isa>-m<family>-<model><suffix>.json`` (``suffix``
+    joined with a "-", see :func:`results_suffix`)."""
     doc = {**machine_record(), **fields, "load_average_at_end": list(os.getloadavg())}
     if path is not None:
         return write_results(path, doc, ROOT)
-    return write_cpu_results(ROOT, kind, host_isa(), doc, suffix=suffix)
+    return write_cpu_results(ROOT, kind, host_isa(), doc, suffix=results_suffix(suffix))
 
 
 def measure(spec, params, n: int, dtype: str, rounds: int, block: int, pause: float) -> dict:

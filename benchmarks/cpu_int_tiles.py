@@ -45,17 +45,23 @@ def tile(text: str) -> tuple[int, int]:
     return int(mr), int(nr)
 
 
-def fitting(tiles: list[tuple[int, int]], dtype: str) -> list[tuple[int, int]]:
-    """The tiles the rung takes in ``dtype`` (its own register-tile rule: MR·NR fits 24
-    AVX-512 registers)."""
+def refusals(tiles: list[tuple[int, int]], dtype: str) -> dict[tuple[int, int], str]:
+    """Why the rung refuses each tile it does not take in ``dtype`` (its own register-tile
+    rule: MR·NR fits 24 AVX-512 registers); the tiles it takes are not in it."""
     from tilegemm import registry
 
     spec = registry.get("blocked", "cpu")
-    return [t for t in tiles if spec.dtype_check({"MR": t[0], "NR": t[1]}, np.dtype(dtype))
-            is None]
+    why = {t: spec.dtype_check({"MR": t[0], "NR": t[1]}, np.dtype(dtype)) for t in tiles}
+    return {t: reason for t, reason in why.items() if reason is not None}
 
 
-def main() -> None:
+def fitting(tiles: list[tuple[int, int]], dtype: str) -> list[tuple[int, int]]:
+    """The tiles the rung takes in ``dtype``."""
+    refused = refusals(tiles, dtype)
+    return [t for t in tiles if t not in refused]
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtypes", nargs="+", default=["int32", "int64"])
     ap.add_argument("--tiles", type=tile, nargs="+", default=[tile(t) for t in DEFAULT_TILES])
@@ -63,8 +69,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--pause", type=float, default=0.2)
     ap.add_argument("--no-save", action="store_true")
-    ap.add_argument("--suffix", default="", help="appended to the results file name")
+    cpu_blocked.add_suffix_argument(ap)
     args = ap.parse_args()
+    for dtype in args.dtypes:  # before anything is timed
+        refused = refusals(args.tiles, dtype)
+        if len(refused) == len(args.tiles):
+            print(f"no tile given fits {dtype}: {next(iter(refused.values()))}")
+            return 2
+        for (mr, nr), reason in refused.items():
+            print(f"{dtype}: tile {mr}x{nr} left out: {reason}", flush=True)
     rng = np.random.default_rng(0)
     rows = []
     for dtype in args.dtypes:
@@ -116,7 +129,8 @@ def main() -> None:
                        "call); every tile's product checked exactly first"),
             "results": rows,
         }, suffix=args.suffix)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pause", type=float, default=0.5)
     ap.add_argument("--no-save", action="store_true")
-    ap.add_argument("--suffix", default="", help="appended to the results file name")
+    cpu_blocked.add_suffix_argument(ap)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     rows = []

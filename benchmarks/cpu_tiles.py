@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_blocked  # noqa: E402
-from cpu_int_tiles import fitting, tile  # noqa: E402
+from cpu_int_tiles import fitting, refusals, tile  # noqa: E402
 
 import tilegemm  # noqa: E402
 from tilegemm.bench.timing import alternating, call_block, calls_per_block  # noqa: E402
@@ -54,7 +54,7 @@ def label(mnk: tuple[int, int, int]) -> str:
     return f"{m}³" if m == n == k else f"{m}×{n}×{k}"
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float64"])
     ap.add_argument("--tiles", type=tile, nargs="+", default=[tile(t) for t in DEFAULT_TILES])
@@ -63,8 +63,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--pause", type=float, default=0.3)
     ap.add_argument("--no-save", action="store_true")
-    ap.add_argument("--suffix", default="", help="appended to the results file name")
+    cpu_blocked.add_suffix_argument(ap)
     args = ap.parse_args()
+    for dtype in args.dtypes:  # before anything is timed
+        refused = refusals(args.tiles, dtype)
+        if len(refused) == len(args.tiles):
+            print(f"no tile given fits {dtype}: {next(iter(refused.values()))}")
+            return 2
     rng = np.random.default_rng(0)
     rows = []
     for dtype in args.dtypes:
@@ -113,7 +118,8 @@ def main() -> None:
                        "checked against float64 first"),
             "results": rows,
         }, suffix=args.suffix)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

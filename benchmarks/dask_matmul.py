@@ -197,7 +197,16 @@ def memory(n: int, chunk: int, limit: str) -> dict:
     return row
 
 
-def main() -> None:
+def method() -> str:
+    """The prose of this module's docstring that says how the parts measure (the
+    paragraphs after the usage lines, without the closing "Writes ..." sentence)."""
+    prose = [p.strip() for p in __doc__.split("\n\n")[1:]
+             if p.strip() and not p.startswith((" ", "\t")) and not p.startswith("Usage")]
+    text = "\n\n".join(prose)
+    return text.split(" Writes\n")[0].split(" Writes ")[0]
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--chunk", type=int, default=2048)
@@ -217,16 +226,20 @@ def main() -> None:
         "versions": {"tilegemm": tilegemm.__version__, "dask": dask.__version__,
                      "distributed": distributed.__version__, "numpy": np.__version__,
                      "numba": numba.__version__},
-        "git_commit": git_commit(), "method": __doc__.split("\n\n", 2)[2].strip(),
+        "git_commit": git_commit(), "method": method(),
     }
     if not args.skip_speed:
         doc["speed"] = [speed(args.n, args.chunk, args.rounds, args.pause, cluster)
                         for cluster in (False, True)]
     if not args.skip_memory:
         doc["memory"] = memory(args.memory_n, args.chunk, args.limit)
+    if args.skip_speed and args.skip_memory:  # machine details alone would replace results
+        print("nothing was measured (--skip-speed and --skip-memory), so nothing was saved")
+        return 2
     if not args.no_save:
         write_cpu_results(ROOT, "dask-matmul", host_isa(), doc, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

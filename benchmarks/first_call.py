@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_blocked  # noqa: E402
 
+from tilegemm.backends import BACKENDS  # noqa: E402
 from tilegemm.backends.cpu import usable_cpus  # noqa: E402
 from tilegemm.bench.environment import cpu_name, git_commit, versions, write_cpu_results  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
@@ -68,11 +69,13 @@ def cpu_identity() -> dict[str, str]:
     return out
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
-    ap.add_argument("--backends", nargs="+", default=["auto", "opencl"])
+    ap.add_argument("--backends", nargs="+", default=["auto", "opencl"],
+                    choices=["auto", *BACKENDS],
+                    help="auto: tilegemm's own choice; those not usable here are skipped")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -111,9 +114,13 @@ def main() -> None:
                   "cache allowed (PYTHONDONTWRITEBYTECODE removed)",
         "load_average_at_end": list(os.getloadavg()), "first_call_warm_cache": rows,
     }
+    if not rows:  # an empty file would replace the committed results of this machine
+        print("nothing was measured (no backend given is usable here), so nothing was saved")
+        return 2
     if not args.no_save:
         write_cpu_results(ROOT, "first-call", host_isa(), result)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -42,6 +42,12 @@
 # shortened to what is left of the step; a part with less than 20 s left is skipped,
 # saying so. The parts come in order of what is most needed.
 set -uo pipefail
+STEP=${1:-check}
+# an unknown step (--help, a typo) says so before anything is made (an empty $OUT was)
+case "$STEP" in
+check|bench|tests|tune|tensor|rivals|small|visit) ;;
+*) echo "usage: $0 check|bench|tests|tune|tensor|rivals|small|visit" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
@@ -90,7 +96,7 @@ info() {
   $PY -m tilegemm.cli info
 }
 
-case "${1:-check}" in
+case "$STEP" in
 check)
   fresh smoke.log memcheck.log racecheck.log gpu-tests.log
   info 2>&1 | tee "$OUT/info.log"
@@ -236,5 +242,4 @@ visit)
 Issued|Achieved Occupancy|==WARNING== No kernels" "$f" || true
   done
   ;;
-*) echo "usage: $0 check|bench|tests|tune|tensor|rivals|small|visit" >&2; exit 2 ;;
 esac

@@ -192,7 +192,7 @@ def time_device_arrays(name: str, dtypes: list[str], sizes: list[int], seconds: 
     return floors, rows
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS),
                     help="backends to time (those not usable here are skipped, with why)")
@@ -249,6 +249,9 @@ def main() -> None:
                     line += f", {above:.1f} us above the floor"
                 rows.append(row)
                 print(line, flush=True)
+    if not rows and not device_rows:  # an empty file would replace committed results
+        print("nothing was measured (no backend given is usable here), so nothing was saved")
+        return 2
     if not args.no_save:
         cpu_blocked.save_results("small-calls", {
             "method": "mean wall-clock time of whole tilegemm.matmul calls on NumPy arrays "
@@ -262,7 +265,8 @@ def main() -> None:
             "floors": floors, "skipped": skipped, "calls": rows,
             "device_array_floors": device_floors, "device_array_calls": device_rows,
         }, path=args.out)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

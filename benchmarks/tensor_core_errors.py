@@ -26,8 +26,11 @@ import json
 import platform
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+
+from tilegemm.backends.base import BackendStatus
 
 
 def _error(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
@@ -77,17 +80,30 @@ def main() -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
-        from tilegemm.bench.environment import host_info, versions
-
-        device = ", ".join(status.devices) or status.reason  # the GPU's name where there is one
-        doc = {"what": "max |C - C64| / (|A|.|B|), rung mma per mode", "device": device,
-               "backend": status.reason, "simulated": status.simulated, "host": host_info(),
-               "machine": platform.processor() or platform.machine(),
-               "versions": versions(), "rows": rows}
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
+        write_json(Path(args.json), status, rows)
     return 0
+
+
+def write_json(path: Path, status: BackendStatus, rows: list[dict]) -> None:
+    """The rows with what every results file records: the device and the backend's details
+    (driver, compute capability... as ``backend_info`` gives them), the host, the package
+    versions and the git commit."""
+    from tilegemm.backends import get_backend
+    from tilegemm.bench.environment import (
+        backend_info,
+        git_commit,
+        host_info,
+        versions,
+        write_results,
+    )
+
+    device = ", ".join(status.devices) or status.reason  # the GPU's name where there is one
+    doc = {"what": "max |C - C64| / (|A|.|B|), rung mma per mode", "device": device,
+           "backend": status.reason, "simulated": status.simulated,
+           "backend_info": backend_info(get_backend("cuda")), "host": host_info(),
+           "machine": platform.processor() or platform.machine(),
+           "versions": versions(), "git_commit": git_commit(), "rows": rows}
+    write_results(path, doc)
 
 
 if __name__ == "__main__":
