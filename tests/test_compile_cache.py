@@ -265,6 +265,50 @@ print(json.dumps(steps))
                      [vector, {"compiled": 0, "loaded": 5}, True]], steps
 
 
+def test_machine_code_damaged_in_place_is_compiled_again_not_run(tmp_path, monkeypatch):
+    """A cached function's data file with 256 bytes of its machine code zeroed, its size
+    unchanged (a bad disk block): Numba unpickled and linked it, and every later process
+    crashed with a segmentation fault and no warning. Its checksum now fails: a warning,
+    the function compiled again (the rest loaded), the product right, and the next
+    process loads the rewritten entry."""
+    from tilegemm import registry
+
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    params = registry.get("blocked", "cpu").resolve(
+        {"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256})
+    code = f"""
+import json, warnings, numpy as np, tilegemm
+from tilegemm import compile_cache
+from tilegemm.reference import assert_close
+a = np.random.default_rng().standard_normal((13, 7))
+b = np.random.default_rng().standard_normal((7, 9))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert_close(tilegemm.matmul(a, b, kernel="blocked", **{params!r}), a, b)
+print(json.dumps([dict(compile_cache.STATS), [str(w.message) for w in caught]]))
+"""
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
+
+    def run() -> list:
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first = run()
+    assert first[0]["compiled"] > 0
+    (data,) = (tmp_path / "cpu" / "__pycache__").glob("*takes_gemv*.nbc")
+    raw = bytearray(data.read_bytes())
+    at = raw.find(b"\x7fELF") + 2000  # inside the machine code, which is linked as is
+    assert 2000 < at < len(raw) - 256
+    raw[at:at + 256] = bytes(256)
+    data.write_bytes(raw)
+    stats, messages = run()
+    assert stats["compiled"] == 1, stats  # takes_gemv again, the rest loaded
+    assert any("takes_gemv" in m and "checksum" in m for m in messages), messages
+    assert run() == [{"compiled": 0, "loaded": 2}, []]
+
+
 # --- keyed text entries (the PTX of CUDA rungs compiled without a GPU) ----------------------
 
 def test_cached_texts_builds_once_then_reads(tmp_path: Path, monkeypatch) -> None:

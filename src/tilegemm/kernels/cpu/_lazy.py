@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import os
+import pickle
 import shutil
 import signal
 import threading
@@ -41,7 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from numba.core import event, typeinfer
-from numba.core.caching import CompileResultCacheImpl, FunctionCache, InTreeCacheLocator
+from numba.core.caching import (
+    CompileResultCacheImpl,
+    FunctionCache,
+    IndexDataCacheFile,
+    InTreeCacheLocator,
+)
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.registry import CPUDispatcher
 from numba.core.runtime import rtsys
@@ -181,6 +188,33 @@ class _BesideTheSource(CompileResultCacheImpl):
     _locator_classes = [InTreeCacheLocator]
 
 
+class _CheckedCacheFile(IndexDataCacheFile):
+    """Numba's index and data files of one function, each data file (the compiled machine
+    code) written with the SHA-256 of its contents and checked against it before loading.
+
+    Numba unpickles a data file and links the machine code in it: a file damaged in place,
+    its size unchanged (a bad disk block, a partial overwrite), unpickled and linked, and
+    the process crashed (a segmentation fault in every later process, with no warning).
+    A file whose digest differs now raises, so :class:`QuickLoadCache` warns, compiles the
+    function again and rewrites the entry."""
+
+    MAGIC = b"tilegemm-sha256\n"
+
+    def _save_data(self, name: str, data: Any) -> None:
+        blob = self._dump(data)
+        with self._open_for_write(self._data_path(name)) as f:
+            f.write(self.MAGIC + hashlib.sha256(blob).digest() + blob)
+
+    def _load_data(self, name: str) -> Any:
+        with open(self._data_path(name), "rb") as f:
+            raw = f.read()
+        head = len(self.MAGIC)
+        digest, blob = raw[head:head + 32], raw[head + 32:]
+        if raw[:head] != self.MAGIC or hashlib.sha256(blob).digest() != digest:
+            raise ValueError("its contents differ from the checksum written with them")
+        return pickle.loads(blob)
+
+
 class QuickLoadCache(FunctionCache):
     """Numba's on-disk cache of one function, loading without the registry set-up.
 
@@ -191,15 +225,22 @@ class QuickLoadCache(FunctionCache):
     none of that, only Numba's runtime (reference counting, which the cached code calls),
     which is initialised here; a compilation refreshes the context itself first.
 
-    An entry that cannot be loaded (a truncated or damaged file, an index written by
-    another process mid-way) gives a :class:`~tilegemm.compile_cache.CompileCacheWarning`
-    and counts as absent: its index is emptied (Numba would fail to read it again when
-    saving), the function is compiled again and its entry rewritten. At import
+    An entry that cannot be loaded (a truncated or damaged file, one whose checksum does not
+    match, an index written by another process mid-way) gives a
+    :class:`~tilegemm.compile_cache.CompileCacheWarning` and counts as absent: its index is
+    emptied (Numba would fail to read it again when saving), the function is compiled again
+    and its entry rewritten. At import
     :mod:`tilegemm.compile_cache` handles damage the same way for the whole module; this
     covers functions loaded later, on their first call.
     """
 
     _impl_class = _BesideTheSource
+
+    def __init__(self, py_func: Any) -> None:
+        super().__init__(py_func)
+        self._cache_file = _CheckedCacheFile(  # as Numba makes it, with the checksums
+            cache_path=self._cache_path, filename_base=self._impl.filename_base,
+            source_stamp=self._impl.locator.get_source_stamp())
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
         rtsys.initialize(target_context)
