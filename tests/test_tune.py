@@ -456,6 +456,15 @@ def test_round_trip_replaces_same_key(tmp_path) -> None:  # noqa: ANN001
     assert cache.clear() and not cache.cache_path().exists() and not cache.clear()
 
 
+def test_clear_removes_a_directory_in_place_of_the_file() -> None:
+    """A directory where the tuning cache file goes: every call warned that it could not
+    be read, and ``tune --clear`` failed with "Is a directory"."""
+    (cache.cache_path() / "inside").mkdir(parents=True)
+    assert cache.clear() and not cache.cache_path().exists()
+    cache.record(_entry())
+    assert len(cache.load()) == 1
+
+
 def test_lookup_falls_back_device_then_arch_then_nothing() -> None:
     entries = [_entry(device="NVIDIA H100 PCIe", gflops=1.0),
                _entry(device="NVIDIA H100 SXM", gflops=2.0, kernel="warptile")]

@@ -145,12 +145,18 @@ def pocl_cache_dir() -> Path | None:
 
 
 def use_pocl_cache() -> None:
-    """Point PoCL's kernel cache into ours, unless the user chose one; call before PoCL
-    starts (it reads ``POCL_CACHE_DIR`` once). Entries changed since a process recorded
+    """Point PoCL's kernel cache into ours, unless the user chose one, or turn PoCL's off
+    when ours is (``POCL_KERNEL_CACHE=0``); call before PoCL starts (it reads
+    ``POCL_CACHE_DIR`` once). Entries changed since a process recorded
     them are removed first, with a warning (see :func:`_check_pocl_entries`). An unusable
     directory warns and leaves PoCL's default."""
     folder = pocl_cache_dir()
-    if folder is None or os.environ.get("POCL_CACHE_DIR"):
+    if folder is None:
+        # off: PoCL would otherwise keep programs in its own default folder, which this
+        # setting promises not to do (the user's POCL_KERNEL_CACHE choice is kept)
+        os.environ.setdefault("POCL_KERNEL_CACHE", "0")
+        return
+    if os.environ.get("POCL_CACHE_DIR"):
         return
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -206,7 +207,12 @@ def record(entry: Entry, path: Path | None = None) -> Path:
 
 
 def clear(path: Path | None = None) -> bool:
+    """Remove the tuning cache file (a directory in its place too: every call warned that
+    it could not be read, and ``tune --clear`` failed on it). Whether there was one."""
     path = path or cache_path()
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+        return True
     try:
         path.unlink()
     except FileNotFoundError:
