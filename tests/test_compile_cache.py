@@ -438,6 +438,31 @@ def test_a_failed_pocl_builds_log_is_not_damage(tmp_path: Path) -> None:
     assert not built.exists() and failed.exists()
 
 
+def test_a_copied_pocl_cache_is_not_damage_but_changed_contents_are(tmp_path: Path) -> None:
+    """``cp -r`` of a good cache gives every file a new time: each entry was deleted as
+    "changed after it was written". Where only the time differs the contents are compared
+    with the recorded digest: the same bytes pass; other bytes of the same size do not."""
+    import os
+    import warnings
+
+    entry = tmp_path / "EB" / "KPJB"
+    entry.mkdir(parents=True)
+    program = entry / "program.so"
+    program.write_bytes(b"ELF" * 300)
+    compile_cache._record_pocl_files(tmp_path)
+    st = program.stat()
+    os.utime(program, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # copied: same bytes
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileCacheWarning)
+        compile_cache._check_pocl_entries(tmp_path)
+    assert program.exists()
+    compile_cache._record_pocl_files(tmp_path)  # the digest carried over to the new time
+    program.write_bytes(b"FLE" * 300)  # damaged in place, same size, a new time
+    with pytest.warns(CompileCacheWarning, match="changed after it was written"):
+        compile_cache._check_pocl_entries(tmp_path)
+    assert not entry.exists()
+
+
 def test_a_damaged_pocl_record_rebuilds_every_entry(tmp_path: Path) -> None:
     """A damaged record turned the damage check off without a word: a truncated program
     beside it then aborted the process inside PoCL."""

@@ -199,9 +199,9 @@ POCL_MANIFEST = "tilegemm-manifest.json"
 _POCL_VOLATILE = ("last_accessed", "build.log")
 
 
-def _pocl_files(folder: Path) -> dict[str, list[int]]:
+def _pocl_files(folder: Path) -> dict[str, list[Any]]:
     """Size and modification time of every file of every PoCL entry (``XX/HASH/...``)."""
-    out = {}
+    out: dict[str, list[Any]] = {}
     try:
         found = list(folder.glob("*/*/**/*"))
     except OSError:  # a folder removed while it was walked (another process's check)
@@ -219,12 +219,32 @@ def _pocl_files(folder: Path) -> dict[str, list[int]]:
     return out
 
 
+def _file_digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _changed(folder: Path, name: str, recorded: list[Any], now: list[Any]) -> bool:
+    """Whether PoCL file ``name`` differs from its record ``[size, mtime, sha256]``: by
+    size at once; a file whose time alone differs (a copied cache: ``cp -r`` gives new
+    times) is compared by content, when the record has its digest."""
+    if recorded[:2] == now[:2]:
+        return False
+    if recorded[0] != now[0] or len(recorded) < 3:
+        return True
+    return _file_digest(folder / name) != recorded[2]
+
+
 def _check_pocl_entries(folder: Path) -> None:
     """PoCL trusts its cache: a truncated or altered compiled program fails the build or, in
     PoCL 3, aborts the process when the kernel is launched. PoCL writes an entry once and
-    never changes it, so a file whose size or time differs from what a process recorded
+    never changes it, so a file whose size or contents differ from what a process recorded
     after its first launch or at exit (:func:`record_pocl_cache_now`) was damaged: its
-    entry is deleted (with a warning) before PoCL starts, and PoCL rebuilds it."""
+    entry is deleted (with a warning) before PoCL starts, and PoCL rebuilds it. Contents
+    are compared only where the time differs (a copied cache), so a check reads no file
+    of an untouched cache."""
     manifest = folder / POCL_MANIFEST
     try:
         text = manifest.read_text()
@@ -232,8 +252,9 @@ def _check_pocl_entries(folder: Path) -> None:
         return
     try:
         recorded = json.loads(text)["files"]
-        if not isinstance(recorded, dict):
-            raise TypeError("'files' is not an object")
+        if not isinstance(recorded, dict) or not all(
+                isinstance(v, list) and len(v) >= 2 for v in recorded.values()):
+            raise TypeError("'files' is not an object of [size, time, digest] lists")
     except (ValueError, KeyError, TypeError) as exc:
         # the record is damaged, so no entry can be checked; an entry damaged as well
         # would abort the process inside PoCL: every entry is rebuilt instead
@@ -247,7 +268,7 @@ def _check_pocl_entries(folder: Path) -> None:
         return
     now = _pocl_files(folder)
     bad = {Path(name).parts[:2] for name, stat in recorded.items()
-           if name in now and now[name] != stat}
+           if name in now and _changed(folder, name, stat, now[name])}
     for parts in sorted(bad):
         entry = folder.joinpath(*parts)
         warnings.warn(f"PoCL kernel cache entry {entry} was changed after it was written; "
@@ -281,10 +302,25 @@ def record_pocl_cache_now() -> None:
 
 
 def _record_pocl_files(folder: Path) -> None:
-    # Unrecorded entries are simply trusted, as PoCL itself does.
+    """Write the record ``{file: [size, time, sha256]}`` of tilegemm's PoCL cache. A file
+    whose size and time match the previous record keeps its digest (only new files are
+    read). Unrecorded entries are simply trusted, as PoCL itself does."""
+    try:
+        before = json.loads((folder / POCL_MANIFEST).read_text())["files"]
+        if not isinstance(before, dict):
+            before = {}
+    except (OSError, ValueError, KeyError, TypeError):
+        before = {}
+    files = _pocl_files(folder)
+    for name, stat in files.items():
+        old = before.get(name)
+        if isinstance(old, list) and len(old) == 3 and old[:2] == stat:
+            stat.append(old[2])
+        else:
+            stat.append(_file_digest(folder / name))
     with contextlib.suppress(OSError):
         write_atomic(folder / POCL_MANIFEST,
-                      json.dumps({"header": _TEXT_HEADER, "files": _pocl_files(folder)}))
+                     json.dumps({"header": _TEXT_HEADER, "files": files}))
 
 
 def _versions() -> dict[str, str]:
