@@ -504,6 +504,35 @@ def test_cpu_tuning_entries_are_keyed_by_the_cpus_model_and_isa(tmp_path, monkey
     assert select.device_id(gpu) == tcache.DeviceId("cuda", "NVIDIA H100", "sm_90")
 
 
+@pytest.mark.opencl
+def test_an_opencl_cpu_devices_entries_have_an_architecture_tier(tmp_path, monkeypatch):
+    """An entry ``tilegemm tune`` wrote for PoCL on another CPU of the same ISA was never
+    used: PoCL's device names no architecture, so its key had none, and the architecture
+    tier (device, then architecture, then the shipped database) was skipped."""
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(select, "_device_ids", {})
+    target = get_backend("opencl").target()
+    if target.kind != "cpu":
+        pytest.skip("the default OpenCL device is not the host CPU")
+    dev = select.device_id(target)
+    assert dev.arch.endswith("-" + database.isa(target)) and dev.arch.split("-")[0]
+    a = np.ones((256, 256), np.float32)
+    before = tilegemm.plan(a, a, backend="opencl")
+    other = {"BM": 8, "BN": 16, "BK": 8, "TM": 8, "TN": 16, "VW": 8}
+    if before.params == {**before.params, **other}:
+        other = {**other, "BN": 32, "TN": 32}
+    tcache.record(tcache.Entry("opencl", "pthread-Another CPU [1-2, " + database.isa(target)
+                               + "]", dev.arch, "float32", [256, 256, 256], before.kernel,
+                               other, 1e-3, 50.0))
+    after = tilegemm.plan(a, a, backend="opencl")
+    assert after.source == "tuned" and after.params == {**after.params, **other}, after
+    # this device's own entry, written before its key had an architecture, still comes first
+    mine = {**other, "BK": 16 if other["BK"] != 16 else 8}
+    tcache.record(tcache.Entry("opencl", dev.name, "", "float32", [256, 256, 256],
+                               before.kernel, mine, 1e-3, 10.0))
+    assert tilegemm.plan(a, a, backend="opencl").params["BK"] == mine["BK"]
+
+
 def test_a_hand_parameter_that_breaks_a_bounded_entry_keeps_the_unbounded_one(monkeypatch):
     """MR=8 on a large float32 product, over the bounded 6x64 entry, breaks MR*NR <= 384:
     the others fell to the rung's defaults (NR=8, a much slower tile) where the device's

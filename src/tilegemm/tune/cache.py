@@ -237,8 +237,9 @@ def ranked(entries: list[Entry], device: DeviceId, dtype: str, m: int, n: int, k
     same = [e for e in entries if e.backend == device.backend and e.dtype == dtype
             and e.bucket == want and e.precision == precision
             and (e.kernel == kernel if kernel is not None else not e.named_only)]
-    tiers = (
-        [e for e in same if e.device == device.name and e.arch == device.arch],
+    tiers = (  # (an entry of this device written with no architecture: an OpenCL CPU
+        # device's, before its key named the host's)
+        [e for e in same if e.device == device.name and e.arch in (device.arch, "")],
         [e for e in same if device.arch and e.arch == device.arch],
     )
     order: list[Entry] = []

@@ -17,6 +17,7 @@ per (device, dtype, shape bucket).
 from __future__ import annotations
 
 import os
+import platform
 import threading
 import warnings
 from pathlib import Path
@@ -67,7 +68,10 @@ def _name_and_arch(target: Target) -> tuple[str, str]:
         return target.name, target.arch
     model = cpu_family_model()
     name = f"{target.name} [{model + ', ' if model else ''}{isa}]"
-    return name, f"{target.arch}-{isa}" if target.arch else ""
+    # an OpenCL CPU device (PoCL's) names no architecture of its own: the host's machine
+    # type, so that its entries have an architecture tier too (one tuned on another
+    # AVX-512 CPU for this one), as the CPU backend's do
+    return name, f"{target.arch or platform.machine() or 'cpu'}-{isa}"
 
 
 def _mtime(path: Path) -> float | None:
