@@ -542,6 +542,18 @@ def test_a_damaged_entry_is_listed_as_not_usable_and_cleared(tmp_path, monkeypat
     assert compile_cache.entries() == []
 
 
+def test_a_damaged_cuda_entry_is_listed_under_cuda(tmp_path, monkeypatch) -> None:
+    """An emptied PTX entry (``cuda/naive-*.json``) has no record of its backend: it was
+    listed as a CPU entry."""
+    from tilegemm.commands.cache import _backend
+
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    (tmp_path / "cuda").mkdir()
+    (tmp_path / "cuda" / f"naive-float32-{'b' * 20}.json").write_text("")
+    (listed,) = compile_cache.entries()
+    assert _backend(listed) == "cuda" and not listed.current
+
+
 def test_files_that_are_not_entries_are_neither_listed_nor_cleared(tmp_path, monkeypatch,
                                                                     capsys) -> None:
     """A cache directory pointed at a folder holding other files: `tilegemm cache` listed

@@ -740,8 +740,10 @@ def _text_entries(root: Path) -> list[CacheEntry]:
             versions = _mapping(key.get("versions"))
             current = (bool(versions) and all(versions.get(k) == v for k, v in now.items())
                        and all(key.get(k) == v for k, v in common.items() if k != "versions"))
-            out.append(CacheEntry(path.stem, _mapping(key.get("describe")), versions, current,
-                                  _size((path,)), (path,)))
+            # the folder names the backend even when the entry is too damaged to say
+            describe = {"backend": sub, **_mapping(key.get("describe"))}
+            out.append(CacheEntry(path.stem, describe, versions, current, _size((path,)),
+                                  (path,)))
     return out
 
 
