@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -382,6 +383,30 @@ def test_cached_texts_corrupt_entry_warns_and_rebuilds(tmp_path: Path, monkeypat
         texts = compile_cache.cached_texts("cuda", "probe", key, lambda: {"sm_90": "rebuilt"})
     assert texts == {"sm_90": "rebuilt"}
     assert json.loads(path.read_text())["texts"] == {"sm_90": "rebuilt"}
+
+
+def test_cached_texts_edited_or_in_the_way_are_rebuilt(tmp_path: Path, monkeypatch) -> None:
+    """A PTX entry whose text was damaged but is still JSON failed in the linker on every
+    run ("internal error"); a directory in place of an entry made every run warn that it
+    could not be written. Both now warn once and rebuild."""
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    key = {"describe": {"kernel": "probe"}, "sources": "abc"}
+    compile_cache.cached_texts("cuda", "probe", key, lambda: {"sm_90": "ld.global"})
+    [path] = (tmp_path / "cuda").glob("probe-*.json")
+    entry = json.loads(path.read_text())
+    entry["texts"]["sm_90"] = "ld.glxbal"
+    path.write_text(json.dumps(entry))
+    with pytest.warns(CompileCacheWarning, match="checksum"):
+        texts = compile_cache.cached_texts("cuda", "probe", key, lambda: {"sm_90": "rebuilt"})
+    assert texts == {"sm_90": "rebuilt"}
+    path.unlink()
+    path.mkdir()
+    with pytest.warns(CompileCacheWarning, match="is a directory"):
+        compile_cache.cached_texts("cuda", "probe", key, lambda: {"sm_90": "again"})
+    assert json.loads(path.read_text())["texts"] == {"sm_90": "again"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CompileCacheWarning)
+        assert compile_cache.cached_texts("cuda", "probe", key, lambda: {}) == {"sm_90": "again"}
 
 
 def test_cached_texts_other_version_is_not_used(tmp_path: Path, monkeypatch) -> None:

@@ -833,7 +833,8 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
             texts = build()
             try:
                 write_atomic(path, json.dumps({"header": _TEXT_HEADER, "key": full,
-                                                "texts": texts}))
+                                                "texts": texts,
+                                                "sha256": _texts_digest(texts)}))
             except OSError as exc:
                 warnings.warn(f"kernel cache entry {path.name} could not be written ({exc})",
                               CompileCacheWarning,
@@ -842,12 +843,21 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
 
 
 def _read_texts(path: Path, key: dict[str, Any]) -> dict[str, str] | None:
+    if path.is_dir() and not path.is_symlink():  # in the way of every write: replaced
+        warnings.warn(f"kernel cache entry {path.name} is a directory; replacing it",
+                      CompileCacheWarning, stacklevel=user_stacklevel())
+        shutil.rmtree(path, ignore_errors=True)
+        return None
     if not path.is_file():
         return None
     try:
         entry = json.loads(path.read_text())
         if entry["key"] != key or not all(isinstance(t, str) for t in entry["texts"].values()):
             raise ValueError("the entry does not match its key")
+        if "sha256" in entry and entry["sha256"] != _texts_digest(entry["texts"]):
+            # edited or damaged text that is still JSON: the linker failed on it, every run
+            # (an entry written before the checksum is read as it is)
+            raise ValueError("its texts differ from the checksum written with them")
         return dict(entry["texts"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         warnings.warn(f"kernel cache entry {path.name} could not be loaded "
@@ -856,3 +866,7 @@ def _read_texts(path: Path, key: dict[str, Any]) -> dict[str, str] | None:
                       stacklevel=user_stacklevel())
         path.unlink(missing_ok=True)
         return None
+
+
+def _texts_digest(texts: dict[str, str]) -> str:
+    return hashlib.sha256(json.dumps(texts, sort_keys=True).encode()).hexdigest()
