@@ -158,17 +158,20 @@ def test_an_entry_that_is_not_a_file_is_replaced_and_the_folder_stays_in_use(tmp
     assert _counts() == (before[0], before[1] + 1)  # loaded from the cache, not compiled
 
 
-def test_a_pycache_that_cannot_hold_code_warns_and_runs_uncached(tmp_path, monkeypatch):
-    """A __pycache__ Numba cannot write (here a file in its place) made Numba keep the
-    code in a directory of its own, outside this cache and its listing, or fail with 'no
-    locator available'."""
+def test_a_file_in_place_of_the_pycache_is_replaced(tmp_path, monkeypatch):
+    """A file where Numba keeps the compiled code (``cpu/__pycache__``) made Numba keep it
+    in a directory of its own, outside this cache, or fail with 'no locator available';
+    then the cache was turned off with a warning in every process, for good (``tilegemm
+    cache --clear`` did not remove the file). Now the file is replaced, once, with a
+    warning, and the code is kept and loaded by the next process."""
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "__pycache__").write_text("not a directory")
-    with pytest.warns(CompileCacheWarning, match="cannot be used"):
+    with pytest.warns(CompileCacheWarning, match="is not a folder; replacing it"):
         m = load_module("probe", _source(19), {"kernel": "probe"})
     assert m.twice(1.0) == 19.0
-    assert not list((tmp_path / "cpu").glob("probe-*.py"))  # nothing cached half-way
+    assert (tmp_path / "cpu" / "__pycache__").is_dir()
+    assert _in_subprocess(tmp_path, _source(19))["stats"] == {"compiled": 0, "loaded": 1}
 
 
 def test_cache_off_and_template_errors(monkeypatch):

@@ -492,6 +492,11 @@ def _write_entry(path: Path, text: str) -> bool:
         # Numba keeps the compiled code in __pycache__ beside the file; where it cannot, it
         # falls back to a directory of its own outside this cache, or fails the compile
         pycache = folder / "__pycache__"
+        if pycache.is_symlink() or (pycache.exists() and not pycache.is_dir()):
+            # a file in its place turned the cache off in every process, for good
+            warnings.warn(f"kernel cache {pycache} is not a folder; replacing it",
+                          CompileCacheWarning, stacklevel=user_stacklevel())
+            pycache.unlink()
         pycache.mkdir(exist_ok=True)
         if not os.access(pycache, os.W_OK | os.X_OK):
             raise PermissionError(f"{pycache} is not writable")
