@@ -504,6 +504,13 @@ def test_a_damaged_pocl_record_rebuilds_every_entry(tmp_path: Path) -> None:
         compile_cache._check_pocl_entries(tmp_path)
     assert not built.exists() and not (tmp_path / compile_cache.POCL_MANIFEST).exists()
     compile_cache._check_pocl_entries(tmp_path)  # no record at all: a new cache, no warning
+    # a directory in the record's place turned the check (and the listing) off silently
+    built.mkdir(parents=True)
+    (built / "program.bc").write_bytes(b"BC" * 100)
+    (tmp_path / compile_cache.POCL_MANIFEST).mkdir()
+    with pytest.warns(compile_cache.CompileCacheWarning, match="a directory stands"):
+        compile_cache._check_pocl_entries(tmp_path)
+    assert not built.exists() and not (tmp_path / compile_cache.POCL_MANIFEST).exists()
 
 
 def test_pocl_files_vanishing_while_listed_are_skipped(tmp_path: Path, monkeypatch) -> None:

@@ -247,8 +247,13 @@ def _check_pocl_entries(folder: Path) -> None:
     of an untouched cache."""
     manifest = folder / POCL_MANIFEST
     try:
+        if manifest.is_dir() and not manifest.is_symlink():  # os.read_text: IsADirectory
+            raise ValueError("a directory stands in its place")
         text = manifest.read_text()
     except OSError:  # none yet (a new cache), or unreadable: nothing to check against
+        return
+    except ValueError as exc:
+        _drop_unchecked(folder, manifest, exc)
         return
     try:
         recorded = json.loads(text)["files"]
@@ -256,15 +261,7 @@ def _check_pocl_entries(folder: Path) -> None:
                 isinstance(v, list) and len(v) >= 2 for v in recorded.values()):
             raise TypeError("'files' is not an object of [size, time, digest] lists")
     except (ValueError, KeyError, TypeError) as exc:
-        # the record is damaged, so no entry can be checked; an entry damaged as well
-        # would abort the process inside PoCL: every entry is rebuilt instead
-        warnings.warn(f"PoCL kernel cache record {manifest} is damaged ({exc}); deleting "
-                      "the PoCL cache's entries, which cannot be checked (PoCL rebuilds "
-                      "them)", CompileCacheWarning, stacklevel=user_stacklevel())
-        for entry in folder.glob("*/*"):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-        manifest.unlink(missing_ok=True)
+        _drop_unchecked(folder, manifest, exc)
         return
     now = _pocl_files(folder)
     bad = {Path(name).parts[:2] for name, stat in recorded.items()
@@ -275,6 +272,22 @@ def _check_pocl_entries(folder: Path) -> None:
                       "deleting it (PoCL rebuilds it)", CompileCacheWarning,
                       stacklevel=user_stacklevel())
         shutil.rmtree(entry, ignore_errors=True)
+
+
+def _drop_unchecked(folder: Path, manifest: Path, why: BaseException) -> None:
+    """The record is damaged, so no entry can be checked, and an entry damaged as well
+    would abort the process inside PoCL: every entry is deleted (PoCL rebuilds them) and
+    the record removed, with a warning."""
+    warnings.warn(f"PoCL kernel cache record {manifest} is damaged ({why}); deleting the "
+                  "PoCL cache's entries, which cannot be checked (PoCL rebuilds them)",
+                  CompileCacheWarning, stacklevel=user_stacklevel())
+    for entry in folder.glob("*/*"):
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+    if manifest.is_dir() and not manifest.is_symlink():
+        shutil.rmtree(manifest, ignore_errors=True)
+    else:
+        manifest.unlink(missing_ok=True)
 
 
 _RECORDING = False
