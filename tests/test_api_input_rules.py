@@ -357,3 +357,57 @@ def test_a_bool_products_alpha_and_beta_take_numpys_int64_range(backend: str) ->
     with pytest.raises(InvalidValueError, match=r"beta=9223372036854775808 does not fit in "
                                                 r"int64, in which a bool product is scaled"):
         tilegemm.gemm(a, b, c, beta=2**63, backend=backend)
+
+
+@pytest.mark.cudasim
+def test_int64_device_arrays_of_either_c_type_are_multiplied() -> None:
+    """numba device arrays of np.longlong ('q', int64 on Linux) were refused: "the result
+    dtype int64 is computed as int64 and cast back on the host only" (another C type of
+    the same int64 counted as a conversion)."""
+    from numba import cuda
+
+    a = np.arange(35).reshape(5, 7)
+    b = np.arange(21).reshape(7, 3)
+    want = a.astype(np.int64) @ b.astype(np.int64)
+    for char in ("q", "l"):
+        got = tilegemm.matmul(cuda.to_device(a.astype(char)), cuda.to_device(b.astype(char)),
+                              backend="cuda", kernel="shared", TILE=8)
+        host = got.copy_to_host()
+        assert host.dtype == np.int64 and np.array_equal(host, want), char
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_overflow_in_a_simulated_kernel_warns_of_nothing() -> None:
+    """On the GPU a kernel's overflow is silent (inf); the simulator warned once per GPU
+    thread ("overflow encountered in scalar multiply", 64 warnings naming the kernel)."""
+    import warnings
+
+    from numba import cuda
+
+    a = np.full((4, 4), 1e30, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = tilegemm.matmul(cuda.to_device(a), cuda.to_device(a), backend="cuda",
+                              kernel="shared", TILE=8).copy_to_host()
+    assert np.isinf(got).all()
+
+
+@pytest.mark.cudasim
+def test_plan_refuses_device_operands_that_matmul_cannot_view() -> None:
+    """Fortran-ordered (2, 3, 4, 5) numba arrays cannot be viewed as a batch of 6 without
+    a copy: matmul refused them, but plan returned a Plan (it promises to raise what
+    matmul raises); the check now runs before the decision is made."""
+    from numba import cuda
+
+    rng = np.random.default_rng()
+    a = np.asfortranarray(rng.uniform(-1, 1, (2, 3, 4, 5)).astype(np.float32))
+    b = np.asfortranarray(rng.uniform(-1, 1, (2, 3, 5, 2)).astype(np.float32))
+    for call in (tilegemm.plan, tilegemm.matmul):
+        with pytest.raises(InvalidValueError, match=r"cannot be viewed as \(6, 4, 5\)"):
+            call(cuda.to_device(a), cuda.to_device(b), backend="cuda", kernel="shared",
+                 TILE=8)
+    # C-ordered, or a batch that views without a copy: planned and computed
+    c = np.ascontiguousarray(a)
+    assert tilegemm.plan(cuda.to_device(c), cuda.to_device(np.ascontiguousarray(b)),
+                         backend="cuda", kernel="shared", TILE=8).kernel == "shared"

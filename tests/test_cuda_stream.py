@@ -162,6 +162,33 @@ def test_split_k_workspaces_are_kept_per_stream_handle_not_per_object():
     assert _stream_key(_numba_stream(1)) == 1  # the legacy default stream
 
 
+def test_the_per_thread_default_stream_is_one_workspace_key_per_thread(monkeypatch):
+    """Handle 2 (or 0 where numba uses the per-thread default stream) names a different
+    stream in each host thread: two threads shared a workspace under one key, and their
+    kernels, on streams that do not wait for each other, could overwrite each other's
+    partial sums."""
+    import threading
+
+    from tilegemm.kernels.cuda._workspace import stream_key as _stream_key
+
+    def in_a_thread(handle):  # noqa: ANN001, ANN202
+        out = []
+        t = threading.Thread(target=lambda: out.append(_stream_key(handle)))
+        t.start()
+        t.join()
+        return out[0]
+
+    here = _stream_key(2)
+    assert here != in_a_thread(2) and here == _stream_key(_numba_stream(2))
+    assert _stream_key(0) == in_a_thread(0) == 0  # the legacy default: one stream
+    try:
+        from numba.cuda.core import config
+    except ImportError:
+        from numba.core import config
+    monkeypatch.setattr(config, "CUDA_PER_THREAD_DEFAULT_STREAM", 1, raising=False)
+    assert _stream_key(0) != in_a_thread(0)
+
+
 @pytest.mark.parametrize(("exported", "ours", "wait", "synced"), [
     (0x1111, 0x1111, True, False),  # the same stream orders the work: no host wait
     (0x1111, 0x2222, True, True),  # another stream: numba waits for the array's

@@ -249,7 +249,10 @@ def _check_device_data(ops: list[Operand], prob: GemmProblem) -> None:
         raise InvalidTypeError(
             f"gemm: device c has dtype {c_op.dtype.name}, the result is "
             f"{prob.store_dtype.name}; cast it on the device first")
-    if prob.result_dtype is not None and any(op.kind != "host" for op in ops):
+    # (a result type equal to the computed one but another C type, np.longlong for int64
+    # on Linux, is no conversion: the device result is the same numbers)
+    if (prob.result_dtype is not None and prob.result_dtype != prob.dtype
+            and any(op.kind != "host" for op in ops)):
         raise InvalidTypeError(
             f"matmul: the result dtype {prob.result_dtype.name} is computed as "
             f"{prob.dtype.name} and cast back on the host only; for device arrays, cast the "
@@ -403,8 +406,8 @@ def gemm(
     ``b``; ``c`` must broadcast to the result shape, is cast to the result dtype under
     NumPy's ``same_kind`` rule (a float64 ``c`` with float32 operands is rounded to
     float32), and is read only when ``beta != 0``; a device ``c`` decides where the call
-    runs, as device operands do, whatever ``beta`` is (a CUDA device ``c`` read with
-    ``beta != 0`` must already have the result's shape and dtype, C-contiguous: it is not
+    runs, as device operands do, whatever ``beta`` is (a CUDA device ``c`` must have the
+    result's dtype, and read with ``beta != 0`` its shape too, C-contiguous: it is not
     broadcast or converted on the GPU). ``alpha`` and ``beta`` are real numbers,
     integers for an integer result (for a bool result they scale the bool product:
     ``(alpha * (a @ b) + beta * c).astype(bool)``, as NumPy evaluates it); for a float16

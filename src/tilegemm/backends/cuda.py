@@ -123,13 +123,9 @@ def _reshape(d: Any, shape: tuple[int, ...]) -> Any:
     simulator.
     """
     if tuple(d.shape) != tuple(shape) and not d.is_c_contiguous():
-        strides = _nocopy_strides(d, tuple(shape))
+        strides = _nocopy_strides(tuple(d.shape), tuple(d.strides), d.dtype, tuple(shape))
         if strides is None:
-            raise InvalidValueError(
-                f"a non-contiguous device array of shape {tuple(d.shape)} cannot be viewed as "
-                f"{tuple(shape)} without a copy; pass a C-contiguous array (or a CuPy/PyTorch "
-                "array, whose library copies on the device)"
-            )
+            raise _no_view(tuple(d.shape), tuple(shape))
         return strided_view(d, tuple(shape), strides)
     r = d.reshape(shape)
     if simulator.enabled() and not getattr(r, "__cuda_ndarray__", False):
@@ -139,19 +135,27 @@ def _reshape(d: Any, shape: tuple[int, ...]) -> Any:
     return r
 
 
-def _nocopy_strides(d: Any, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """Byte strides for viewing ``d`` as ``shape`` without a copy (NumPy's rule), or None."""
-    # A probe with d's layout over one element; only its metadata is used, never its data.
-    probe = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=d.dtype), tuple(d.shape),
-                                            tuple(d.strides))
+def _no_view(shape: tuple[int, ...], new: tuple[int, ...]) -> InvalidValueError:
+    return InvalidValueError(
+        f"a non-contiguous device array of shape {shape} cannot be viewed as {new} without a "
+        "copy; pass a C-contiguous array (or a CuPy/PyTorch array, whose library copies on "
+        "the device)")
+
+
+def _nocopy_strides(shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype,
+                    new: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Byte strides for viewing an array of ``shape`` and byte ``strides`` as ``new``
+    without a copy (NumPy's rule), or None."""
+    # A probe with that layout over one element; only its metadata is used, never its data.
+    probe = np.lib.stride_tricks.as_strided(np.zeros(1, dtype=dtype), shape, strides)
     try:
-        return tuple(np.reshape(probe, shape, copy=False).strides)
+        return tuple(np.reshape(probe, new, copy=False).strides)
     except ValueError:
         return None
     except TypeError:  # NumPy < 2.1 has no copy=: an in-place shape change never copies
         view = probe.view()
         try:
-            view.shape = shape
+            view.shape = new
         except AttributeError:
             return None
         return tuple(view.strides)
@@ -190,6 +194,11 @@ def _check_device_operand(op: Operand, prob: GemmProblem, which: str) -> None:
         raise InvalidValueError(
             "gemm: trans_a/trans_b on batched numba device arrays is not "
             "supported; pass a CuPy or PyTorch array or transpose first")
+    if (len(op.shape) > 2 and op.strides is not None
+            and prob.batch_mode(which) == "full"):  # viewed as (batch, rows, cols)
+        new = (prob.batch, *op.shape[-2:])
+        if _nocopy_strides(tuple(op.shape), tuple(op.strides), op.dtype, new) is None:
+            raise _no_view(tuple(op.shape), new)  # (run's view would say so: plan too)
     if prob.batch_mode(which) == "broadcast":
         raise InvalidValueError(
             "matmul: partially broadcast batch dimensions on numba device arrays are not "

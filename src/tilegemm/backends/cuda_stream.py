@@ -79,10 +79,12 @@ def same_stream(exported: int | None, ours: int | None) -> bool:
     which ``_as_device`` must not wait for on the host."""
     if exported is None or ours is None:
         return False
-    return _canonical(exported) == _canonical(ours)
+    return canonical_handle(exported) == canonical_handle(ours)
 
 
-def _canonical(handle: int) -> int:
+def canonical_handle(handle: int) -> int:
+    """The stream a handle names: 0 is numba's default stream, the legacy (1) or, where
+    numba is set to use it, the per-thread default stream (2)."""
     if handle != 0:
         return handle
     try:

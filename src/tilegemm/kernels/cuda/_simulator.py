@@ -54,14 +54,21 @@ def _run_block(self: Any, grid_point: Any, *args: Any) -> None:
     """``BlockManager.run``: one block's threads, each a Python thread, to their end; the
     barrier opens when every thread still running waits at it (a thread that has ended
     counts as arrived, as on the GPU). The first exception in a thread aborts the others
-    and is raised here, as numba's version does."""
+    and is raised here, as numba's version does. A thread's floating-point overflow or
+    invalid operation is as silent as on the GPU (NumPy warned once per thread, naming the
+    kernel's line), unless the simulator runs in its debug mode."""
     import numpy as np
 
     cond = threading.Condition()
     blocked: list[Any] = []
     thread_class = _block_thread_class()
-    threads = [thread_class(lambda: self._f(*args), self, grid_point, point, self._debug,
-                            cond, blocked) for point in np.ndindex(*self._block_dim)]
+    def quiet() -> None:  # the arithmetic of a GPU thread raises and warns of nothing
+        with np.errstate(all="ignore"):
+            self._f(*args)
+
+    target = (lambda: self._f(*args)) if self._debug else quiet  # debug: numba's own
+    threads = [thread_class(target, self, grid_point, point, self._debug, cond, blocked)
+               for point in np.ndindex(*self._block_dim)]
     for t in threads:
         t.start()
     with cond:

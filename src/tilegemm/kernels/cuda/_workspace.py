@@ -13,11 +13,12 @@ Private module: imports numba only when a workspace is made.
 from __future__ import annotations
 
 import threading
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 
-from tilegemm.backends.cuda_stream import stream_handle
+from tilegemm.backends.cuda_stream import PER_THREAD_DEFAULT, canonical_handle, stream_handle
 
 KEPT_WORKSPACES = 4  # per program: a caller cycling through new streams keeps only these
 # The largest workspace kept between calls. A larger one (rung wgmma's copies of operands
@@ -33,7 +34,7 @@ class Workspaces:
     cannot interleave their use of its workspace."""
 
     def __init__(self) -> None:
-        self._spaces: dict[tuple[int, int, str], Any] = {}
+        self._spaces: dict[tuple[int, Hashable, str], Any] = {}
         self.lock = threading.Lock()
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype, stream: Any, slot: str = "",
@@ -70,13 +71,21 @@ def device_key() -> int:
         return 0
 
 
-def stream_key(stream: Any) -> int:
+def stream_key(stream: Any) -> Hashable:
     """A stream's identity: its handle (0 for the default stream). Not the Python object:
     numba makes a new one for the same stream on every call (``cuda.default_stream()``,
     ``cuda.external_stream(h)``), and once one is freed its ``id`` can come back for
     another stream, which then shared a workspace with work still queued on the first.
+    The per-thread default stream (handle 2, or 0 where numba is set to use it) is one
+    stream per host thread under one handle: its key adds the thread, or two threads'
+    kernels would share a workspace on two streams that do not wait for each other.
     The simulator's streams have no handle; it runs everything in order, so one key."""
     if stream is None or isinstance(stream, int):
-        return stream or 0
-    handle = stream_handle(stream)
-    return 0 if handle is None else handle
+        handle = stream or 0
+    else:
+        handle = stream_handle(stream)
+        if handle is None:
+            return 0
+    if canonical_handle(handle) == PER_THREAD_DEFAULT:
+        return (handle, threading.get_ident())
+    return handle
