@@ -493,6 +493,10 @@ def test_out_as_a_one_element_tuple_as_numpy_accepts_it():
     for bad in ((o, o), ()):
         with pytest.raises(ValueError, match="exactly one entry"):
             tilegemm.matmul(a, a.T, out=bad)
+    # gemm takes the same form (it said "a host array cannot receive...")
+    o[...] = np.nan
+    assert tilegemm.gemm(a, a.T, out=(o,)) is o
+    np.testing.assert_array_equal(o, np.matmul(a, a.T))
 
 
 @pytest.mark.opencl  # the listing needs a usable device; the CUDA twin uses fake GPUs

@@ -411,3 +411,18 @@ def test_plan_refuses_device_operands_that_matmul_cannot_view() -> None:
     c = np.ascontiguousarray(a)
     assert tilegemm.plan(cuda.to_device(c), cuda.to_device(np.ascontiguousarray(b)),
                          backend="cuda", kernel="shared", TILE=8).kernel == "shared"
+
+
+@pytest.mark.cudasim
+def test_a_stream_handle_may_be_a_numpy_integer() -> None:
+    """stream=np.int64(0) was refused as not a stream, where device=np.int64(0) is taken;
+    a NumPy bool still is refused."""
+    from numba import cuda
+
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    got = tilegemm.matmul(cuda.to_device(a), cuda.to_device(a.T.copy()), backend="cuda",
+                          kernel="shared", TILE=8, stream=np.int64(0))
+    np.testing.assert_allclose(got.copy_to_host(), a @ a.T, rtol=1e-6)
+    with pytest.raises(TypeError, match="stream= must be"):
+        tilegemm.matmul(cuda.to_device(a), cuda.to_device(a.T.copy()), backend="cuda",
+                        stream=np.True_)

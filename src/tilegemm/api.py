@@ -422,6 +422,9 @@ def gemm(
     :func:`matmul`.
     """
     _check_params_are_upper_case(params)
+    out = _one_out(out)
+    if isinstance(stream, np.integer) and not isinstance(stream, np.bool_):
+        stream = int(stream)  # a handle held in a NumPy integer, as device= takes one
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
     plain = (c is None and alpha == 1 and beta == 0 and not trans_a and not trans_b
              and device is None and stream is None and precision is None)
@@ -717,11 +720,7 @@ def matmul(
     (``InvalidTypeError``, NumPy's ``UFuncTypeError`` for an ``out`` cast), and
     ``UnavailableError`` (a ``RuntimeError``) for a backend or device this machine lacks.
     """
-    if isinstance(out, tuple):  # NumPy's ufunc form, out=(array,)
-        if len(out) != 1:
-            raise InvalidValueError(f"matmul: the 'out' tuple must have exactly one entry "
-                                    f"(matmul has one output), got {len(out)}")
-        out = out[0]
+    out = _one_out(out)
     if device is None and stream is None and precision is None and dtype is None:
         # a case an earlier call with the same kernel=, backend= and parameters decided
         result = fastpath.try_remembered(a, b, out, kernel, backend, params)
@@ -729,6 +728,16 @@ def matmul(
             return result
     return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,
                 precision=precision, dtype=dtype, **params)
+
+
+def _one_out(out: Any) -> Any:
+    """``out``, or the array of NumPy's ufunc form ``out=(array,)``."""
+    if isinstance(out, tuple):
+        if len(out) != 1:
+            raise InvalidValueError(f"the 'out' tuple must have exactly one entry (one "
+                                    f"result), got {len(out)}")
+        return out[0]
+    return out
 
 
 def kernels(backend: str | None = None) -> list[KernelSpec]:
