@@ -776,6 +776,43 @@ def test_an_out_of_order_queue_is_not_used_for_the_calls_own_steps(queue) -> Non
         place.queue.properties & cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
 
 
+def test_finishing_an_out_of_order_callers_queue_covers_the_call(queue) -> None:
+    """Operands on an out-of-order queue: the call runs on an in-order queue of ours, and
+    the result was left there, so ``finish()`` on the caller's queue returned with the
+    product still running (seen at 300x300, 5 runs of 5). Now a marker on the caller's
+    queue waits for the call, and a new result keeps the caller's queue."""
+    cl, cla = _cl()
+    try:
+        ooo = cl.CommandQueue(
+            queue.context, properties=cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
+    except cl.Error:
+        pytest.skip("no out-of-order queues on this device")
+    a, b = random_operands((9, 7), (7, 5), "float32")
+    da, db = cla.to_device(ooo, a), cla.to_device(ooo, b)
+    gate = cl.UserEvent(queue.context)  # holds the call back until the checks below
+    da.add_event(gate)
+    try:
+        got = tilegemm.matmul(da, db, backend="opencl")
+        out = cla.empty(queue, (9, 5), np.float32)
+        assert tilegemm.matmul(da, db, out=out, backend="opencl") is out  # keeps its queue
+        on_callers = [e for e in got.events
+                      if e.get_info(cl.event_info.COMMAND_QUEUE) == ooo]
+        # (asserted as plain values: a failing assert's report would print the array, whose
+        # repr reads it back, waiting for the gated call)
+        keeps_queue = bool(got.queue == ooo)
+        waiting = [e.command_execution_status != cl.command_execution_status.COMPLETE
+                   for e in on_callers]  # it waits for the gated call
+        assert keeps_queue
+        assert waiting == [True]
+    finally:  # (a failure above must not leave the queues waiting for ever)
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    ooo.finish()
+    assert all(e.command_execution_status == cl.command_execution_status.COMPLETE
+               for e in got.events)
+    assert_close(got.get(), a, b, what="on an out-of-order queue")
+    assert_close(out.get(), a, b, what="out, operands on an out-of-order queue")
+
+
 def test_shared_virtual_memory_out(queue) -> None:
     """An SVM-allocated out failed in the overlap check (AttributeError: no int_ptr)."""
     cl, cla = _cl()
@@ -1132,3 +1169,33 @@ def test_each_parameter_set_launches_its_own_kernel(monkeypatch) -> None:
     for tile in (8, 16, 8):
         assert_close(tilegemm.matmul(a, b, backend="opencl", kernel="shared", TILE=tile), a, b)
     assert launched == [(8, 8), (16, 16), (8, 8)]
+
+
+@pytest.mark.opencl
+def test_a_device_mismatch_names_the_device_the_arrays_are_on() -> None:
+    """With two identical devices (two PoCL devices here; two identical GPUs alike) the
+    refusal read "device=0 is Xeon, but the pyopencl arrays live on Xeon"."""
+    import os
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, pyopencl as cl, pyopencl.array as cla, tilegemm
+devs = [d for p in cl.get_platforms() for d in p.get_devices()]
+if len(devs) < 2:
+    print("one device"); raise SystemExit
+q = cl.CommandQueue(cl.Context(devs), devs[1])
+a = cla.to_device(q, np.ones((4, 4), np.float32))
+try:
+    tilegemm.matmul(a, a, backend="opencl", device=0)
+except ValueError as e:
+    print(e)
+"""
+    env = {**os.environ, "POCL_DEVICES": "pthread pthread"}
+    env.pop("PYOPENCL_CTX", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if done.stdout.strip() == "one device":
+        pytest.skip("PoCL gave one device")
+    assert "arrays live on device 1 (" in done.stdout, done.stdout

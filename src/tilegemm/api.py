@@ -406,10 +406,10 @@ def gemm(
     ``b``; ``c`` must broadcast to the result shape, is cast to the result dtype under
     NumPy's ``same_kind`` rule (a float64 ``c`` with float32 operands is rounded to
     float32), and is read only when ``beta != 0``; a device ``c`` decides where the call
-    runs, as device operands do, whatever ``beta`` is (a CUDA device ``c`` must have the
-    result's dtype, and read with ``beta != 0`` its shape too, C-contiguous: it is not
-    broadcast or converted on the GPU). ``alpha`` and ``beta`` are real numbers,
-    integers for an integer result (for a bool result they scale the bool product:
+    runs, as device operands do, whatever ``beta`` is (a device ``c``, CUDA or OpenCL, must
+    have the result's dtype: it is not converted on the device; a CUDA one read with
+    ``beta != 0`` must also have the result's shape, C-contiguous). ``alpha`` and ``beta``
+    are real numbers, integers for an integer result (for a bool result they scale the bool product:
     ``(alpha * (a @ b) + beta * c).astype(bool)``, as NumPy evaluates it); for a float16
     or bfloat16 result they are rounded to it first, on every backend, as NumPy rounds a
     Python number that multiplies a float16 array (``alpha=1e5`` is inf there).

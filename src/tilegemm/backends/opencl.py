@@ -466,9 +466,11 @@ class OpenCLBackend(Backend):
         if device is not None:
             wanted = self.target(device)
             if here != wanted.index:
+                where = f"device {here} ({dev.name.strip()})" if here is not None else (
+                    dev.name.strip())
                 raise InvalidValueError(
                     f"device={device} is {wanted.name}, but the pyopencl arrays live on "
-                    f"{dev.name.strip()}; omit device= to run where the data is")
+                    f"{where}; omit device= to run where the data is")
             return wanted
         return self.target(here) if here is not None else self.target()
 
@@ -939,7 +941,16 @@ class OpenCLBackend(Backend):
             else:
                 result = dest if dest.shape == prob.out_shape else dest.reshape(prob.out_shape)
             # PyOpenCL's operations on the result (get(), on any queue) wait for this
-            result.add_event(cl.enqueue_marker(queue) if last is None else last)
+            done = cl.enqueue_marker(queue) if last is None else last
+            result.add_event(done)
+            caller = getattr(arrays[0], "queue", None)
+            if caller is not None and not _same(caller, queue):
+                # the call ran on our in-order queue (the caller's is out of order): a
+                # marker on the caller's waits for it, so that finishing the caller's queue
+                # covers this call, and a new result keeps the caller's queue
+                result.add_event(cl.enqueue_marker(caller, wait_for=[done]))
+                if out is None:
+                    result = result.with_queue(caller)
             if not prob.empty:
                 self._first_launch(kernel, event)
             return result
