@@ -762,13 +762,19 @@ def test_work_on_other_queues_comes_first_and_the_result_carries_its_event(queue
     assert_close(out.get(), a, np.full((5, 4), 2.0, np.float32), what="out on another queue")
 
 
-def test_an_out_of_order_queue_is_not_used_for_the_calls_own_steps(queue) -> None:
-    cl, cla = _cl()
+def _out_of_order_queue(queue):  # noqa: ANN001, ANN202
+    """An out-of-order queue on ``queue``'s context, or the test skipped."""
+    cl, _ = _cl()
     try:
-        ooo = cl.CommandQueue(
+        return cl.CommandQueue(
             queue.context, properties=cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
     except cl.Error:
         pytest.skip("no out-of-order queues on this device")
+
+
+def test_an_out_of_order_queue_is_not_used_for_the_calls_own_steps(queue) -> None:
+    cl, cla = _cl()
+    ooo = _out_of_order_queue(queue)
     be = get_backend("opencl")
     x = cla.to_device(ooo, np.ones((3, 3), np.float32))
     place = be._place([x], None)
@@ -782,11 +788,7 @@ def test_finishing_an_out_of_order_callers_queue_covers_the_call(queue) -> None:
     product still running (seen at 300x300, 5 runs of 5). Now a marker on the caller's
     queue waits for the call, and a new result keeps the caller's queue."""
     cl, cla = _cl()
-    try:
-        ooo = cl.CommandQueue(
-            queue.context, properties=cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE)
-    except cl.Error:
-        pytest.skip("no out-of-order queues on this device")
+    ooo = _out_of_order_queue(queue)
     a, b = random_operands((9, 7), (7, 5), "float32")
     da, db = cla.to_device(ooo, a), cla.to_device(ooo, b)
     gate = cl.UserEvent(queue.context)  # holds the call back until the checks below
