@@ -1201,3 +1201,14 @@ except ValueError as e:
     if done.stdout.strip() == "one device":
         pytest.skip("PoCL gave one device")
     assert "arrays live on device 1 (" in done.stdout, done.stdout
+
+
+def test_a_cpu_rung_named_for_pyopencl_arrays_says_to_copy_them(queue) -> None:
+    """kernel='blocked' on pyopencl arrays advised "pass backend='cpu'", which then refused
+    the arrays; the advice now fits the data: copy it to the host, or an OpenCL rung."""
+    _, cla = _cl()
+    a = cla.to_device(queue, np.ones((4, 4), np.float32))
+    with pytest.raises(ValueError, match=r"copy them to the host .* name a rung of 'opencl'"):
+        tilegemm.matmul(a, a, kernel="blocked")
+    with pytest.raises(ValueError, match="unknown kernel 'nosuch'"):
+        tilegemm.matmul(a, a, kernel="nosuch")

@@ -240,6 +240,22 @@ def describe_c(c: Any, prob: GemmProblem) -> Operand:
     return c_op
 
 
+def _check_rung_for_device_data(kernel: str, be: Backend, ops: list[Operand]) -> None:
+    """A rung of another backend named for device arrays, which only ``be`` takes: the
+    registry's advice (pass that backend) led to the next refusal, of the arrays."""
+    kinds = sorted({op.kind for op in ops if op.kind != "host"})
+    if kernel == AUTO or not kinds or any(s.name == kernel
+                                          for s in registry.specs_for(be.name)):
+        return
+    owners = [n for n in BACKENDS if any(s.name == kernel for s in registry.specs_for(n))]
+    if owners:
+        here = ", ".join(s.name for s in registry.specs_for(be.name))
+        raise InvalidValueError(
+            f"kernel {kernel!r} is a rung of {registry.backends_phrase(owners)}, but the "
+            f"{kinds[0]} arrays given run on backend {be.name!r}: copy them to the host "
+            f"(NumPy arrays) to run {kernel!r}, or name a rung of {be.name!r}: {here}")
+
+
 def _check_device_data(ops: list[Operand], prob: GemmProblem) -> None:
     """What device arrays cannot do, whichever backend runs them: be converted (a device c
     of another dtype than the result's), or give a result computed in another dtype and
@@ -267,6 +283,7 @@ def _decide(
     """:func:`decide` without the backend's last check on the problem's size."""
     params = dict(params or {})
     be = choose_backend(backend, ops, device, kernel)
+    _check_rung_for_device_data(kernel, be, ops)
     if stream is not None:
         if not getattr(be, "accepts_stream", False):
             raise InvalidValueError(f"stream= chooses a CUDA stream; backend {be.name!r} has "
