@@ -244,10 +244,9 @@ def _check_rung_for_device_data(kernel: str, be: Backend, ops: list[Operand]) ->
     """A rung of another backend named for device arrays, which only ``be`` takes: the
     registry's advice (pass that backend) led to the next refusal, of the arrays."""
     kinds = sorted({op.kind for op in ops if op.kind != "host"})
-    if kernel == AUTO or not kinds or any(s.name == kernel
-                                          for s in registry.specs_for(be.name)):
+    if not kinds or _fits(be.name, None, kernel):  # (auto fits every backend)
         return
-    owners = [n for n in BACKENDS if any(s.name == kernel for s in registry.specs_for(n))]
+    owners = [n for n in BACKENDS if _fits(n, None, kernel)]
     if owners:
         here = ", ".join(s.name for s in registry.specs_for(be.name))
         raise InvalidValueError(
@@ -426,10 +425,11 @@ def gemm(
     runs, as device operands do, whatever ``beta`` is (a device ``c``, CUDA or OpenCL, must
     have the result's dtype: it is not converted on the device; a CUDA one read with
     ``beta != 0`` must also have the result's shape, C-contiguous). ``alpha`` and ``beta``
-    are real numbers, integers for an integer result (for a bool result they scale the bool product:
-    ``(alpha * (a @ b) + beta * c).astype(bool)``, as NumPy evaluates it); for a float16
-    or bfloat16 result they are rounded to it first, on every backend, as NumPy rounds a
-    Python number that multiplies a float16 array (``alpha=1e5`` is inf there).
+    are real numbers, integers for an integer result (for a bool result they scale the
+    bool product: ``(alpha * (a @ b) + beta * c).astype(bool)``, as NumPy evaluates it);
+    for a float16 or bfloat16 result they are rounded to it first, on every backend, as
+    NumPy rounds a Python number that multiplies a float16 array (``alpha=1e5`` is inf
+    there).
     ``alpha = 0`` still computes ``a @ b`` (a NaN or Inf in ``a`` or ``b`` gives NaN, as in
     NumPy, not BLAS's shortcut). Most rungs add ``alpha`` times their sum to ``beta * c``
     in one fused multiply-add, as BLAS does, so ``alpha * (a @ b)`` is not rounded on its

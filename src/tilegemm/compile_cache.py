@@ -274,6 +274,16 @@ def _check_pocl_entries(folder: Path) -> None:
         shutil.rmtree(entry, ignore_errors=True)
 
 
+def _remove(path: Path) -> None:
+    """Delete what stands at ``path``: a directory with its contents, else the file or
+    link (nothing if it is gone). Entries, records and ``__pycache__`` found to be the
+    wrong kind of thing are removed so."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _drop_unchecked(folder: Path, manifest: Path, why: BaseException) -> None:
     """The record is damaged, so no entry can be checked, and an entry damaged as well
     would abort the process inside PoCL: every entry is deleted (PoCL rebuilds them) and
@@ -284,10 +294,7 @@ def _drop_unchecked(folder: Path, manifest: Path, why: BaseException) -> None:
     for entry in folder.glob("*/*"):
         if entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
-    if manifest.is_dir() and not manifest.is_symlink():
-        shutil.rmtree(manifest, ignore_errors=True)
-    else:
-        manifest.unlink(missing_ok=True)
+    _remove(manifest)
 
 
 _RECORDING = False
@@ -509,17 +516,14 @@ def _write_entry(path: Path, text: str) -> bool:
             # a file in its place turned the cache off in every process, for good
             warnings.warn(f"kernel cache {pycache} is not a folder; replacing it",
                           CompileCacheWarning, stacklevel=user_stacklevel())
-            pycache.unlink()
+            _remove(pycache)
         pycache.mkdir(exist_ok=True)
         if not os.access(pycache, os.W_OK | os.X_OK):
             raise PermissionError(f"{pycache} is not writable")
         if path.exists() and not path.is_file():  # a damaged entry, not a broken folder
             warnings.warn(f"kernel cache entry {path} is not a file; replacing it",
                           CompileCacheWarning, stacklevel=user_stacklevel())
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            _remove(path)
         try:
             same = path.is_file() and path.read_text() == text
         except ValueError:  # not UTF-8 text: damaged, rewritten below
@@ -864,7 +868,7 @@ def _read_texts(path: Path, key: dict[str, Any]) -> dict[str, str] | None:
     if path.is_dir() and not path.is_symlink():  # in the way of every write: replaced
         warnings.warn(f"kernel cache entry {path.name} is a directory; replacing it",
                       CompileCacheWarning, stacklevel=user_stacklevel())
-        shutil.rmtree(path, ignore_errors=True)
+        _remove(path)
         return None
     if not path.is_file():
         return None

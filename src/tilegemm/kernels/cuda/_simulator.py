@@ -19,6 +19,7 @@ are the same.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from typing import Any
@@ -94,14 +95,10 @@ def _run_block(self: Any, grid_point: Any, *args: Any) -> None:
         t.join()
 
 
-_THREAD_CLASS: list[type] = []
-
-
+@functools.cache
 def _block_thread_class() -> type:
     """numba's ``BlockThread`` that tells the block, under ``cond``, when it waits at the
     barrier (joining ``blocked``) and when it has ended (``finished``)."""
-    if _THREAD_CLASS:
-        return _THREAD_CLASS[0]
     from numba.cuda.simulator.kernel import BlockThread
 
     class SignallingBlockThread(BlockThread):
@@ -130,7 +127,6 @@ def _block_thread_class() -> type:
             if self.abort:
                 raise RuntimeError("abort flag set on syncthreads clear")
 
-    _THREAD_CLASS.append(SignallingBlockThread)
     return SignallingBlockThread
 
 
