@@ -534,6 +534,26 @@ def test_write_cpu_results_uses_the_stem(monkeypatch, tmp_path: Path, capsys) ->
     assert capsys.readouterr().out.strip() == f"wrote {path.relative_to(tmp_path)}"
 
 
+def test_a_rerun_keeps_the_earlier_runs_in_history(tmp_path: Path, capsys) -> None:
+    """A second run of a benchmark replaced the results file the documentation cited;
+    now the earlier documents go into ``history``, oldest first, and a file that is not
+    JSON is kept as its text."""
+    import json
+
+    from tilegemm.bench import environment
+
+    path = tmp_path / "r.json"
+    for run in (1, 2, 3):
+        environment.write_results(path, {"run": run, "ratio": run / 10})
+    doc = json.loads(path.read_text())
+    assert doc["run"] == 3
+    assert doc["history"] == [{"run": 1, "ratio": 0.1}, {"run": 2, "ratio": 0.2}]
+    path.write_text("{not json")
+    environment.write_results(path, {"run": 4})
+    assert json.loads(path.read_text()) == {"run": 4, "history": [{"unparsed": "{not json"}]}
+    capsys.readouterr()
+
+
 def test_flush_l2_flushes_the_reference_too_and_the_header_says_where() -> None:
     """--flush-l2 flushed the rungs' cache between repeats but never NumPy's, the 100 %
     reference: cold rungs against a warm vendor. And the header said "flushed" for a

@@ -149,12 +149,37 @@ def write_results(path: Path, doc: dict[str, Any], root: Path | None = None,
                   indent: int = 2) -> Path:
     """Write a benchmark's results document to ``path`` (folders made as needed) and say
     so, relative to ``root`` (the repository) when inside it: the one writer of the
-    benchmark scripts."""
+    benchmark scripts.
+
+    A file of the same name from an earlier run is not lost: its document (less its own
+    ``history``) is appended to the new one's ``history``, oldest first. The documentation
+    cites figures from these files, and a rerun on the same kind of machine used to
+    replace the run a page describes."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    history = _earlier_runs(path)
+    if history:
+        doc = {**doc, "history": history}
     path.write_text(json.dumps(doc, indent=indent) + "\n")
     shown = path.relative_to(root) if root is not None and path.is_relative_to(root) else path
     print(f"wrote {shown}")
     return path
+
+
+def _earlier_runs(path: Path) -> list[Any]:
+    """The runs a results file at ``path`` holds, oldest first: its ``history`` and then
+    the document itself; a file that is not a JSON object is kept as its text."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return []
+    try:
+        old = json.loads(text)
+    except ValueError:
+        return [{"unparsed": text}]
+    if not isinstance(old, dict):
+        return [old]
+    earlier = old.pop("history", [])
+    return [*(earlier if isinstance(earlier, list) else [earlier]), old]
 
 
 def write_cpu_results(root: Path, kind: str, isa: str, doc: dict[str, Any],
