@@ -52,8 +52,6 @@ from tilegemm.tune.database import host_isa
 ROOT = Path(__file__).resolve().parent.parent
 
 
-
-
 def simd_flags() -> list[str]:
     """The vector/FMA features that decide the micro-kernel's code (from /proc/cpuinfo:
     x86's ``flags`` line, 64-bit ARM's ``Features``)."""
@@ -67,10 +65,6 @@ def simd_flags() -> list[str]:
     except OSError:
         pass
     return []
-
-
-
-
 
 
 def machine_record() -> dict:

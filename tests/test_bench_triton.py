@@ -122,8 +122,6 @@ class _Tensor(np.ndarray):
         return "cuda:0"
 
 
-
-
 def _fake_torch() -> types.ModuleType:
     torch = types.ModuleType("torch")
     torch.__version__ = "0.fake"
@@ -385,7 +383,6 @@ def test_the_real_kernel_on_an_odd_shape(monkeypatch: pytest.MonkeyPatch, dtype:
     m = vendors.measure_vendor(v, "cuda", prob, a3, b3, POLICY)
     assert m.status == OK, m.reason
     assert set(m.params) == {"BM", "BN", "BK", "GROUP_M", "warps", "stages"}
-
 
 
 def test_only_the_ladder_plans_the_rival(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -45,8 +45,6 @@ class _GpuBackend(Backend):
                       accelerated=True, vendors=("cupy", "torch"))
 
 
-
-
 def _fake_cupy(wrong: bool = False) -> types.ModuleType:
     cp = types.ModuleType("cupy")
     cp.__version__ = "0.fake"

@@ -24,8 +24,6 @@ def decided(count_calls):
     fastpath.forget()
 
 
-
-
 @pytest.fixture(scope="module")
 def queue():
     return get_backend("opencl").own_device().queue
