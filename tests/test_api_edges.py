@@ -190,6 +190,19 @@ def test_matrix_and_masked_arrays_are_refused_clearly():
         tilegemm.gemm(a, b, c, beta=1.0, **CPU)
 
 
+def test_the_masked_array_check_imports_nothing():
+    """Checking for a masked array imported ``numpy.ma`` (about 30 ms of a new process's
+    first call, whose budget is 0.5 s); a module not imported cannot have made one."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np, tilegemm; a = np.ones((8, 8)); tilegemm.plan(a, a); "
+            "print('numpy.ma' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out[-1] == "False"
+
+
 def test_other_ndarray_subclasses_compute_on_their_data():
     """The result is wrapped by the subclass, as np.matmul's is (__array_wrap__)."""
     class Tagged(np.ndarray):
