@@ -257,6 +257,56 @@ def test_a_changed_tuning_cache_is_decided_again(spy, rng, tmp_path, monkeypatch
     assert len(spy) == 2
 
 
+def test_another_process_tuning_is_seen_within_the_stat_interval(spy, rng, tmp_path,
+                                                                 monkeypatch):
+    """One ``stat`` of the tuning file per remembered call was a third of an 8×8×8 call;
+    now remembered calls read its time at most once per ``STAT_INTERVAL_NS``. A change by
+    another process (the file rewritten, not through this process's ``tune.cache``) is
+    seen once the interval has passed; within it the remembered decision runs on."""
+    from tilegemm.tune import cache as tcache
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    clock = [10**12]
+    monkeypatch.setattr(fastpath.time, "monotonic_ns", lambda: clock[0])
+    stats = []
+    real_mtime = fastpath._mtime
+    monkeypatch.setattr(fastpath, "_mtime", lambda p: stats.append(p) or real_mtime(p))
+    a, b = _operands(rng, 8, 8, 8, np.float64)
+    for _ in range(20):
+        assert_close(tilegemm.matmul(a, b), a, b)
+    assert len(spy) == 1 and len(stats) == 1  # the first remembered call confirms the state
+    path = tcache.cache_path()
+    path.write_text(f'{{"format": {tcache.FORMAT}, "entries": []}}')  # another process
+    os.utime(path, ns=(7, 7))
+    tilegemm.matmul(a, b)
+    assert len(spy) == 1  # within the interval: not looked at
+    clock[0] += fastpath.STAT_INTERVAL_NS
+    tilegemm.matmul(a, b)
+    assert len(spy) == 2 and len(stats) == 2  # looked at, changed: decided again
+    tilegemm.matmul(a, b)
+    assert len(spy) == 2
+
+
+def test_this_process_tuning_is_seen_at_once(spy, rng, tmp_path, monkeypatch):
+    """A tuning result recorded, or the file cleared, by this process drops the remembered
+    decisions at once, whatever the clock says."""
+    from tilegemm.tune import cache as tcache
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(fastpath.time, "monotonic_ns", lambda: 10**12)
+    a, b = _operands(rng, 8, 8, 8, np.float64)
+    tilegemm.matmul(a, b)
+    tilegemm.matmul(a, b)
+    assert len(spy) == 1
+    tcache.save([], tcache.cache_path())
+    tilegemm.matmul(a, b)
+    tilegemm.matmul(a, b)
+    assert len(spy) == 2
+    assert tcache.clear()
+    tilegemm.matmul(a, b)
+    assert len(spy) == 3
+
+
 def test_a_tuning_run_between_two_shapes_is_seen_by_the_first(spy, rng, tmp_path,
                                                                 monkeypatch):
     """Shape 1 decided, the tuning cache written, shape 2 decided (reading the new file):

@@ -39,14 +39,20 @@ as a hand-tuned loop or a tile benchmark does), which took the full path, about 
 call, before.
 
 What is remembered is a decision, so it is made again when something it depends on
-changes: the table is emptied when the tuning cache file (``tilegemm tune``'s results, in
-this process or another) changes, checked with one ``stat`` per call as the full path
-does, or when ``TILEGEMM_CACHE_DIR`` changes; :func:`forget` empties it on request.
+changes: the table is emptied when ``TILEGEMM_CACHE_DIR`` changes (read on every call),
+when this process writes the tuning cache file (``tilegemm tune``'s results), and when
+another process has changed it: the file's time is read with ``stat`` at most once every
+``STAT_INTERVAL_NS`` (50 ms) of calls, since one ``stat`` (about 1.9 µs on a Xeon VM) was a
+third of a remembered 8×8×8 call. So a tuning run in another process is seen by this one's
+remembered calls within 50 ms, and by every other call (``plan``, the full path) at once.
+A time read is trusted only once a ``stat`` has confirmed it: a decision remembered under
+an older state of the file than the last one seen is checked on its next call.
+:func:`forget` empties the table on request.
 
 Everything a remembered call needs that does not depend on the operands' data (the result
 shape, the 3-D shapes the rung reads, alpha and beta in the dtype) is worked out once, when
-the case is remembered: a remembered 8×8×8 call is then a table look-up, one ``stat``, two
-reads of the environment, an allocation and the compiled call.
+the case is remembered: a remembered 8×8×8 call is then a table look-up, a clock read (a
+``stat`` now and then), two reads of the environment, an allocation and the compiled call.
 
 **Device operands.** A plain call on device arrays (pyopencl arrays; numba, CuPy or PyTorch
 CUDA arrays) remembers the decision alone: which backend, device, rung and parameters, and
@@ -69,6 +75,7 @@ host cases', and both tables together hold at most a few hundred.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from functools import cache
 from typing import Any, NamedTuple
@@ -130,6 +137,11 @@ _decisions: dict[tuple[Any, ...], Any] = {}  # device operands: api.Decision by 
 # (which moves the file: a decision made under another directory is stale too; kept as
 # _cache_dir() reads it)
 _watch: list[Any] = [None, None, None]
+# How often remembered calls read the tuning cache file's time (another process's writes).
+STAT_INTERVAL_NS = 50_000_000
+# time.monotonic_ns() of the last stat that found _watch current; 0: not confirmed since
+# _watch last changed, so the next check reads the file's time
+_confirmed = [0]
 
 
 def _mtime(path: str | None) -> int | None:
@@ -321,8 +333,18 @@ def remember_decision(key: tuple[Any, ...], chosen: Any, tuning_cache: str | Non
 
 
 def _stale() -> bool:
-    """Whether the tuning cache file changed, or moved, since the remembered decisions."""
-    return _mtime(_watch[0]) != _watch[1] or _cache_dir() != _watch[2]
+    """Whether the tuning cache file changed, or moved, since the remembered decisions:
+    the directory on every call, the file's time when no ``stat`` in the last
+    ``STAT_INTERVAL_NS`` confirmed the state the decisions were made under."""
+    if _cache_dir() != _watch[2]:
+        return True
+    now = time.monotonic_ns()
+    if _confirmed[0] and now - _confirmed[0] < STAT_INTERVAL_NS:
+        return False
+    if _mtime(_watch[0]) != _watch[1]:
+        return True
+    _confirmed[0] = now
+    return False
 
 
 def forget() -> None:
@@ -330,3 +352,4 @@ def forget() -> None:
     _table.clear()
     _refused.clear()
     _decisions.clear()
+    _confirmed[0] = 0

@@ -185,7 +185,17 @@ def save(entries: list[Entry], path: Path | None = None) -> Path:
     payload = {"format": FORMAT, "entries": [asdict(e) for e in entries]}
     # parameters in the rung's order, as shown everywhere
     write_atomic(path, json.dumps(payload, indent=1), prefix=".tune-")
+    _changed()
     return path
+
+
+def _changed() -> None:
+    """This process changed the tuning cache file: the decisions matmul remembered for
+    repeated calls are dropped at once (another process's change is seen by them within
+    ``fastpath.STAT_INTERVAL_NS``)."""
+    from tilegemm import fastpath
+
+    fastpath.forget()
 
 
 def record(entry: Entry, path: Path | None = None) -> Path:
@@ -212,11 +222,13 @@ def clear(path: Path | None = None) -> bool:
     path = path or cache_path()
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
+        _changed()
         return True
     try:
         path.unlink()
     except FileNotFoundError:
         return False
+    _changed()
     return True
 
 
