@@ -216,6 +216,29 @@ def test_pyopencl_in_pyopencl_out(queue) -> None:
         assert_close(dc.get(), a, b, what=f"{spec.name} device")
 
 
+def test_repeated_device_results_are_arrays_of_their_own(queue) -> None:
+    """A device result is made from a remembered array of its shape (PyOpenCL's
+    constructor took a quarter of a small call): each call's result has a buffer of its
+    own of exactly its size, and keeps its value when later calls of the same and other
+    shapes (a matrix, a vector, an empty one) run."""
+    cl, cla = _cl()
+    cases = [random_operands((5, 7), (7, 3), "float32"), random_operands((4, 6), (6,), "float32"),
+             random_operands((5, 7), (7, 3), "float32"), random_operands((0, 6), (6, 2), "float32")]
+    results = []
+    for _ in range(2):
+        for a, b in cases:
+            r = tilegemm.matmul(cla.to_device(queue, a), cla.to_device(queue, b))
+            assert r.shape == np.matmul(a, b).shape and r.flags.c_contiguous
+            assert (r.base_data is None) == (r.size == 0)
+            if r.size:
+                assert r.base_data.size == r.nbytes == r.size * 4
+            results.append((r, a, b))
+    buffers = [r.base_data.int_ptr for r, _, _ in results if r.size]
+    assert len(set(buffers)) == len(buffers)
+    for r, a, b in results:
+        assert_close(r.get(), a, b)
+
+
 def test_pyopencl_views_and_out(queue) -> None:
     """Offsets, transposed views and partial broadcasts are handled on the device."""
     _, cla = _cl()
