@@ -551,6 +551,9 @@ def test_a_rerun_keeps_the_earlier_runs_in_history(tmp_path: Path, capsys) -> No
     path.write_text("{not json")
     environment.write_results(path, {"run": 4})
     assert json.loads(path.read_text()) == {"run": 4, "history": [{"unparsed": "{not json"}]}
+    path.write_bytes(b"\xff{")  # not UTF-8 either: kept as text, not a crash after the run
+    environment.write_results(path, {"run": 5})
+    assert json.loads(path.read_text())["history"][-1] == {"unparsed": "\ufffd{"}
     capsys.readouterr()
 
 

@@ -163,6 +163,50 @@ def test_tune_show_fits_80_columns(tmp_path, monkeypatch, capsys):
     assert max(len(line) for line in out.splitlines()[1:]) <= 80
 
 
+def test_tune_budget_zero_says_how_many_candidates_will_run(tmp_path, monkeypatch, capsys):
+    """--budget 0 ("all") on the CPU is thousands of candidates, each compiled once: a run
+    of many hours, started without a word."""
+    import re
+
+    from tilegemm.tune import strategies
+
+    ran = []
+
+    def first_only(backend, spec, prob, cands, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        ran.append(len(cands))
+        return strategies.TuneResult(spec, prob, [strategies.Trial(dict(cands[0]), "ok",
+                                                                   seconds=1e-3)])
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(strategies, "tune", first_only)
+    assert main(["tune", "--backend", "cpu", "--kernel", "blocked", "--m", "64",
+                 "--budget", "0", "--dry-run"]) == 0
+    note = re.search(r"--budget 0 runs all (\d+) candidates of blocked", capsys.readouterr().out)
+    assert note and int(note[1]) == max(ran) > 1000
+    assert main(["tune", "--backend", "cpu", "--kernel", "blocked", "--m", "64",
+                 "--budget", "3", "--dry-run"]) == 0
+    assert "--budget 0 runs all" not in capsys.readouterr().out
+
+
+def test_tune_show_says_each_entrys_precision(tmp_path, monkeypatch, capsys):
+    """Two entries differing only in precision (TF32, 3xTF32) were listed as the same
+    rung and parameters, with nothing to tell which calls each serves."""
+    from tilegemm.tune import cache
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    for precision, gflops in (("tf32", 300.0), ("3xtf32", 90.0), ("ieee", 50.0)):
+        cache.record(cache.Entry(
+            backend="cuda", device="NVIDIA H100 80GB HBM3", arch="sm_90", dtype="float32",
+            bucket=[4096, 4096, 4096], kernel="wgmma" if precision != "ieee" else "pipelined",
+            params={"BM": 128}, seconds=0.01, gflops=gflops, shape=[4096, 4096, 4096, 0],
+            precision=precision))
+    assert main(["tune", "--show"]) == 0
+    out = capsys.readouterr().out
+    assert "300.0 GFLOP/s at precision=tf32, measured" in out
+    assert "90.0 GFLOP/s at precision=3xtf32, measured" in out
+    assert "50.0 GFLOP/s, measured" in out
+
+
 def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, capsys):
     """The progress bar left blank lines in logs and pipes."""
     monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
@@ -207,6 +251,13 @@ def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, ca
     (["tune", "--backend", "cpu", "--m", "8", "--k", "0"], "--k must be >= 1"),
     (["tune", "--backend", "cpu", "--m", "8", "--max-call-seconds", "nan"],
      "--max-call-seconds must be >= 0, got nan"),
+    # float16 on the CPU is computed in float32, with float32's tuning: the error sent the
+    # user to CUDA
+    (["tune", "--backend", "cpu", "--m", "8", "--dtype", "float16"],
+     "computed in float32 and use its tuning: pass --dtype float32"),
+    (["tune", "--backend", "cpu", "--kernel", "blocked", "--m", "8", "--dtype", "float16"],
+     "does not support float16; it supports float32, float64, int32, int64 (float16 products "
+     "on cpu are computed in float32"),
     # ... and the trace's options with --sass, which counts code, not a problem's traffic
     (["explain", "naive", "--sass", "--m", "4096"], "--m applies only to the trace"),
     (["explain", "naive", "--sass", "--samples", "4", "--no-resources"],
@@ -527,6 +578,27 @@ def test_tune_summary_fits_80_columns(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out, out
     assert "1: 1 ok" in out
+
+
+def test_tune_that_ran_nothing_for_the_time_limit_fails(tmp_path, monkeypatch, capsys):
+    """Every candidate predicted over --max-call-seconds: nothing measured, nothing written,
+    and the exit status was 0, so a script went on as if the tuning had worked."""
+    from tilegemm.tune import strategies
+
+    def all_slow(backend, spec, prob, cands, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        return strategies.TuneResult(spec, prob, [strategies.Trial(dict(c), "slow",
+                                                                   predicted=0.5)
+                                                  for c in cands[:1]])
+
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(strategies, "tune", all_slow)
+    assert main(["tune", "--backend", "cpu", "--kernel", "blocked", "--m", "64",
+                 "--budget", "1", "--max-call-seconds", "0.001"]) == 2
+    captured = capsys.readouterr()
+    assert "0 entries written" in captured.out
+    assert "no candidate ran: each was predicted to take 0.5 s or more per call, over the " \
+        "0.001 s limit; raise --max-call-seconds" in captured.err
+    assert not (tmp_path / "tune.json").exists()
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -465,6 +465,15 @@ def test_clear_removes_a_directory_in_place_of_the_file() -> None:
     assert len(cache.load()) == 1
 
 
+def test_clear_with_a_file_in_place_of_the_cache_directory(tmp_path, monkeypatch) -> None:
+    """TILEGEMM_CACHE_DIR naming a file: ``tune --clear`` failed with "[Errno 20] Not a
+    directory"; there is no tuning cache there to clear."""
+    (tmp_path / "a-file").write_text("not a directory")
+    monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path / "a-file"))
+    assert cache.clear() is False
+    assert (tmp_path / "a-file").read_text() == "not a directory"
+
+
 def test_lookup_falls_back_device_then_arch_then_nothing() -> None:
     entries = [_entry(device="NVIDIA H100 PCIe", gflops=1.0),
                _entry(device="NVIDIA H100 SXM", gflops=2.0, kernel="warptile")]
@@ -484,10 +493,15 @@ def test_lookup_falls_back_device_then_arch_then_nothing() -> None:
 
 @pytest.mark.parametrize("text", ["{not json", "[]", '{"format": 1}',
                                   '{"format": 1, "entries": [{"backend": "cuda"}]}',
-                                  '{"format": 99, "entries": []}'])
-def test_corrupt_cache_warns_and_is_ignored(text: str) -> None:
+                                  '{"format": 99, "entries": []}',
+                                  # not UTF-8 (was a UnicodeDecodeError out of every call)
+                                  b"\xff\xfe", b'{"format": 1, "entries": []}\xff'])
+def test_corrupt_cache_warns_and_is_ignored(text: str | bytes) -> None:
     cache.cache_path().parent.mkdir(parents=True)
-    cache.cache_path().write_text(text)
+    if isinstance(text, bytes):
+        cache.cache_path().write_bytes(text)
+    else:
+        cache.cache_path().write_text(text)
     with pytest.warns(TuneCacheWarning, match="corrupt"):
         assert cache.load() == []
     cache.record(_entry())  # and it is replaced, not crashed on

@@ -169,7 +169,7 @@ def _earlier_runs(path: Path) -> list[Any]:
     """The runs a results file at ``path`` holds, oldest first: its ``history`` and then
     the document itself; a file that is not a JSON object is kept as its text."""
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
         return []
     try:

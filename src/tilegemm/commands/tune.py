@@ -48,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the order candidates are tried in, up to --budget: a seeded "
                              "shuffle (random) or the search space's own order (exhaustive)")
     parser.add_argument("--budget", type=int, default=40,
-                        help="candidates to run per rung (0: all)")
+                        help="candidates to run per rung (0: all, which on the CPU is "
+                             "thousands, each compiled once: hours)")
     parser.add_argument("--seed", type=int, default=0, help="random strategy and operand seed")
     parser.add_argument("--repeat", type=int, default=5, help="timed launches per candidate")
     parser.add_argument("--max-call-seconds", type=float, default=5.0, metavar="S",
@@ -109,9 +110,15 @@ def _show(cache) -> int:  # noqa: ANN001 - the module
                                                      if len(e.shape) > 3 and e.shape[3] else "")
         params = " ".join(f"{k}={v}" for k, v in e.params.items())
         print(f"  sizes near {','.join(map(str, e.bucket))}: {e.kernel} {params}".rstrip())
-        print(f"      {e.gflops:.1f} GFLOP/s, measured at {shape}"
+        # entries that differ only in precision serve different calls: say which is which
+        at = f" at precision={e.precision}" if e.precision != "ieee" else ""
+        print(f"      {e.gflops:.1f} GFLOP/s{at}, measured at {shape}"
               + (f"; for kernel={e.kernel!r} only" if e.named_only else ""))
     return 0
+
+
+# Above this many candidates of one rung, --budget 0 says up front how many will run.
+ALL_CANDIDATES_NOTE = 100
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -154,7 +161,8 @@ def _tune(args: argparse.Namespace) -> int:
         have = sorted({b for b in BACKENDS if tuning_specs(b, dtype, precision)})
         raise InvalidValueError(f"no {backend.name} rung with parameters computes {dtype.name}"
                                 + (f" at precision {precision}" if precision != "ieee" else "")
-                                + f"; backends with one: {', '.join(have) or 'none'}")
+                                + f"; backends with one: {', '.join(have) or 'none'}"
+                                + _computed_as(backend.name, dtype))
     # every candidate is checked against float64 NumPy, as run checks its product (a
     # product beyond memory was killed by the system while timing its smaller probes)
     check_fits_in_memory(args.m, args.n, args.k, args.batch, dtype.name)
@@ -187,6 +195,12 @@ def _tune(args: argparse.Namespace) -> int:
              False) for spec in specs]
     if baseline is not None:
         jobs.insert(0, (baseline[0], [baseline[1]], True))
+    if not args.budget:
+        for spec, cands, is_baseline in jobs:
+            if not is_baseline and len(cands) > ALL_CANDIDATES_NOTE:
+                console.print(f"note: --budget 0 runs all {len(cands)} candidates of "
+                              f"{spec.name}, each compiled and timed (seconds to tens of "
+                              "seconds each); --budget N tries N of them", highlight=False)
     # What this device's cache holds now for each rung at this size is timed again here, in
     # the same conditions: a new search replaces it only if it beats it in this run (it was
     # overwritten by whatever a shorter search found, unmeasured against it).
@@ -208,6 +222,7 @@ def _tune(args: argparse.Namespace) -> int:
     best_of: dict[str, tuple[object, object, float, str]] = {}
     notes: list[str] = []
     failed: list[str] = []  # why candidates did not run, for a search that ran none
+    too_slow: list[float] = []  # predicted seconds per call of candidates not run
     wrong = False
     for spec, cands, is_baseline in jobs:
         budget = args.budget or None
@@ -229,6 +244,7 @@ def _tune(args: argparse.Namespace) -> int:
         tried = f"{len(result.trials)}: " + ", ".join(
             f"{n} {status}" for status, n in counts.items() if n) if result.trials else "0"
         slow = [t.predicted for t in result.trials if t.status == "slow"]
+        too_slow.extend(slow)
         if slow:
             notes.append(f"{label}: {len(slow)} candidate{'s' if len(slow) > 1 else ''} not "
                          f"run, predicted to take {min(slow):.3g} s or more per call, over "
@@ -285,10 +301,16 @@ def _tune(args: argparse.Namespace) -> int:
     if not args.dry_run:
         console.print(f"cache: {cache.cache_path()} ({stored} entr{'y' if stored == 1 else 'ies'} "
                       "written)", highlight=False)
-    if not best_of and untuned is None and (wrong or failed):  # candidates, none ran
+    if not best_of and untuned is None and (wrong or failed or too_slow):  # none ran
         if wrong:
             return 1  # a kernel computed a wrong result (the notes say which)
-        raise InvalidValueError(f"no candidate could run at this size: {failed[0]}")
+        if failed:
+            raise InvalidValueError(f"no candidate could run at this size: {failed[0]}")
+        # nothing measured, nothing written: not a success a script should go on from
+        raise InvalidValueError(
+            f"no candidate ran: each was predicted to take {min(too_slow):.3g} s or more per "
+            f"call, over the {max_call:g} s limit; raise --max-call-seconds or tune a "
+            "smaller size")
     return 0
 
 
@@ -306,6 +328,22 @@ def _check_writable(path: Path) -> None:
             "--dry-run to tune without keeping the results")
 
 
+def _computed_as(backend: str, dtype, spec=None) -> str:  # noqa: ANN001
+    """Advice for a dtype that no rung of the backend takes, which its calls compute in
+    another (float16 on the CPU, in float32): such calls use that dtype's tuning, so that
+    is the one to tune. None where a rung takes it (CUDA's tensor-core rungs)."""
+    from tilegemm.problem import COMPUTED_AS
+    from tilegemm.registry import specs_for
+
+    wider = COMPUTED_AS.get(dtype.name, dtype.name)
+    rungs = [spec] if spec is not None else [s for s in specs_for(backend) if s.params]
+    if (wider == dtype.name or any(s.supports(dtype) for s in specs_for(backend))
+            or not any(s.supports(wider) for s in rungs)):
+        return ""
+    return (f" ({dtype.name} products on {backend} are computed in {wider} and use its "
+            f"tuning: pass --dtype {wider})")
+
+
 def tuning_specs(backend: str, dtype, precision: str,  # noqa: ANN001 - a NumPy dtype
                  kernels: list[str] | None = None) -> list:
     """The rungs a tuning run covers: those that compute ``dtype`` at ``precision`` (the
@@ -319,7 +357,8 @@ def tuning_specs(backend: str, dtype, precision: str,  # noqa: ANN001 - a NumPy 
         for spec in specs:
             if not spec.supports(dtype):
                 raise InvalidValueError(f"kernel {spec.name!r} does not support {dtype.name}; "
-                                        f"it supports {', '.join(spec.dtypes)}")
+                                        f"it supports {', '.join(spec.dtypes)}"
+                                        + _computed_as(backend, dtype, spec))
             if space.precision_pin(spec, dtype, precision) is False:
                 can = ", ".join(spec.precisions) or "ieee"
                 raise InvalidValueError(f"kernel {spec.name!r} cannot compute {dtype.name} at "

@@ -126,7 +126,7 @@ def load(path: Path | None = None) -> list[Entry]:
     """Current-version entries of the cache file; [] (with a warning) if it is unusable."""
     path = path or cache_path()
     try:
-        text = path.read_text()
+        raw_bytes = path.read_bytes()
     except FileNotFoundError:
         return []
     except OSError as exc:
@@ -134,7 +134,7 @@ def load(path: Path | None = None) -> list[Entry]:
                       TuneCacheWarning, stacklevel=2)
         return []
     try:
-        data = json.loads(text)
+        data = json.loads(raw_bytes.decode("utf-8"))  # not UTF-8: a ValueError, corrupt
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a format-{FORMAT} tilegemm tuning cache")
         raw = data["entries"]
@@ -226,7 +226,7 @@ def clear(path: Path | None = None) -> bool:
         return True
     try:
         path.unlink()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # (a file where its folder would be)
         return False
     _changed()
     return True
