@@ -131,6 +131,12 @@ def test_from_json_refuses_a_binary_file(tmp_path: Path,
     assert "not a tilegemm benchmark file" in err
 
 
+def test_from_json_refuses_a_directory(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    err = _one_line_refusal(["bench", "--from-json", str(tmp_path)], capsys)
+    assert "is a directory, not a results file" in err
+
+
 @pytest.mark.parametrize(("change", "expected"), [
     (lambda d: d["measurements"][0].pop("kernel"), "missing field(s) 'kernel'"),
     (lambda d: d["measurements"][0].update(m="64"), "field 'm'"),
@@ -145,6 +151,9 @@ def test_from_json_refuses_a_binary_file(tmp_path: Path,
     (lambda d: d["meta"].update(host={"env": ["A=1"]}), "'host.env' must be an object"),
     (lambda d: d["meta"].update(backends={"cpu": "Xeon"}), "'backends.cpu' must be an object"),
     (lambda d: d["meta"].update(rivals={"cpu": "x"}), "'rivals.cpu' must be an object"),
+    # an internal error (None * int), and an empty report with exit status 0
+    (lambda d: d["measurements"][0].update(m=None), "field(s) 'm' are null"),
+    (lambda d: d.pop("measurements"), "no 'measurements'"),
 ])
 def test_from_json_refuses_a_damaged_file(change, expected: str, tmp_path: Path,  # type: ignore[no-untyped-def]
                                           capsys: pytest.CaptureFixture[str]) -> None:

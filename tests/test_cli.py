@@ -163,6 +163,19 @@ def test_tune_show_fits_80_columns(tmp_path, monkeypatch, capsys):
     assert max(len(line) for line in out.splitlines()[1:]) <= 80
 
 
+def test_explain_help_shows_the_trace_defaults(capsys, monkeypatch):
+    """The trace's options default to None (so that --sass can refuse them even at their
+    defaults), and --help showed no default for --m, --gpu, --samples, --full-limit."""
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    out = capsys.readouterr().out
+    for text in ("of the result (default: 32)", "contracted) dimension (default: 32)",
+                 "roofline bound (default: h100)", "sampled (default: 2)",
+                 "in full (default: 16)"):
+        assert text in out, text
+
+
 def test_tune_budget_zero_says_how_many_candidates_will_run(tmp_path, monkeypatch, capsys):
     """--budget 0 ("all") on the CPU is thousands of candidates, each compiled once: a run
     of many hours, started without a word."""
@@ -236,6 +249,11 @@ def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, ca
     # what matmul refuses was traced (or failed inside the compiler, reported as a bug)
     (["explain", "naive", "--dtype", "int32", "--beta", "0.5"],
      "beta must be an integer for a int32 product, got 0.5"),
+    # beyond the scalar: the tracer failed ("internal error"), or beta became inf and the
+    # kernel was reported wrong
+    (["explain", "naive", "--dtype", "int32", "--beta", "3e9"],
+     "beta 3e+09 does not fit int32 (-2147483648..2147483647)"),
+    (["explain", "naive", "--beta", "1e39"], "beta 1e+39 overflows float32"),
     (["explain", "mma", "--dtype", "float16", "--m", "16", "--n", "16", "--k", "16",
       "PASSES=3"], "PASSES=1"),
     (["explain", "vectorized", "--dtype", "float64", "BM=256", "BN=256", "BK=16", "TM=16",
@@ -608,6 +626,18 @@ def test_tune_that_ran_nothing_for_the_time_limit_fails(tmp_path, monkeypatch, c
     # a header and no table, exit 0
     (["bench", "--reports", "rsweep", "--backend", "cpu"],
      "no cpu rung has an outputs-per-thread parameter (R)"),
+    # a size that cannot be allocated was an error after the cases before it, whose
+    # results were lost with it
+    (["bench", "--reports", "ladder", "--backend", "cpu", "--ladder-sizes", "16,10000000"],
+     "cannot allocate A of shape (10000000, 10000000) as float32 (372529.0 GiB) on this "
+     "machine; choose smaller --ladder-sizes"),
+    (["bench", "--reports", "compile", "--backend", "cpu", "--compile-size", "10000000"],
+     "choose smaller --compile-size"),
+    # options of reports not run changed nothing, without a word
+    (["bench", "--reports", "ladder", "--backend", "cpu", "--sizes", "64"],
+     "--sizes applies to the 'sizes' report, which --reports leaves out"),
+    (["bench", "--reports", "ladder,sizes", "--backend", "cpu", "--r-size", "64"],
+     "--r-size applies to the 'rsweep' report"),
 ])
 def test_bench_refuses_reports_that_would_be_empty(argv, message, capsys, monkeypatch):
     from tilegemm.bench import sweeps

@@ -44,6 +44,7 @@ def explain(kernel: str, m: int, n: int, k: int, *, params: Mapping[str, int] | 
     if np.dtype(dtype).kind in "iu" and not float(beta).is_integer():
         # the product would take int(beta): 0.5 traced as 0, with C's read counted as needed
         raise InvalidValueError(f"beta must be an integer for a {dtype} product, got {beta}")
+    _check_beta_range(beta, np.dtype(dtype))
     g = get_gpu(gpu)
     kw = dict(params=resolved, dtype=dtype, batch=batch, beta=beta, samples=samples,
               full_limit=full_limit, backend=backend)
@@ -280,3 +281,23 @@ def to_json(ex: Mapping[str, Any]) -> dict[str, Any]:
             return v.item()
         return v
     return clean(dict(ex))
+
+
+def _check_beta_range(beta: float, dtype: np.dtype) -> None:
+    """Refuse a beta the kernel's scalar cannot hold: an integer beyond the dtype failed
+    inside the tracer (reported as a bug), and a float beyond it became infinity, so the
+    traced launch was reported as computing a wrong result. Only whether beta is zero
+    matters to the trace, so the advice is a small one."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if not info.min <= beta <= info.max:
+            raise InvalidValueError(f"beta {beta:g} does not fit {dtype.name} "
+                                    f"({info.min}..{info.max}); only whether beta is zero "
+                                    "matters to the trace: pass 1")
+        return
+    scalar = np.float32 if dtype.itemsize <= 2 else dtype.type  # 16-bit: float32 scalars
+    with np.errstate(over="ignore"):
+        finite = bool(np.isfinite(scalar(beta)))
+    if not finite:
+        raise InvalidValueError(f"beta {beta:g} overflows {np.dtype(scalar).name}; only "
+                                "whether beta is zero matters to the trace: pass 1")

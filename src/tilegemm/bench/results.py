@@ -81,7 +81,10 @@ class Results:
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise InvalidValueError(f"{where}not a tilegemm benchmark file (expected schema "
                                     f"{SCHEMA!r})")
-        meta, rows = data.get("meta", {}), data.get("measurements", [])
+        if "measurements" not in data:  # (an empty report, exit 0, before)
+            raise InvalidValueError(f"{where}damaged tilegemm benchmark file: no "
+                                    "'measurements'")
+        meta, rows = data.get("meta", {}), data["measurements"]
         if not isinstance(meta, dict) or not isinstance(rows, list):
             raise InvalidValueError(f"{where}damaged tilegemm benchmark file: 'meta' must be "
                                     "an object and 'measurements' a list")
@@ -109,6 +112,9 @@ class Results:
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
             raise InvalidValueError(f"results file {str(path)!r} does not exist") from None
+        except IsADirectoryError:
+            raise InvalidValueError(f"{path} is a directory, not a results file (the JSON "
+                                    "file a run wrote with --output or --save)") from None
         except UnicodeDecodeError:
             raise InvalidValueError(f"{path}: not a tilegemm benchmark file (not UTF-8 text; "
                                     "results files are JSON)") from None

@@ -177,6 +177,9 @@ class Measurement:
         missing = [name for name in _REQUIRED if name not in d]
         if missing:
             raise ValueError(f"missing field(s) {', '.join(map(repr, missing))}")
+        nulls = [name for name in _REQUIRED if d[name] is None]
+        if nulls:  # required fields are computed with (m * n * k): null is no value
+            raise ValueError(f"field(s) {', '.join(map(repr, nulls))} are null")
         for name, kinds in _FIELD_TYPES.items():
             value = d.get(name)
             if name in d and value is not None and (

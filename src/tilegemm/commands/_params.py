@@ -55,9 +55,11 @@ def device_target(backend, device: int | None, requested: str):  # noqa: ANN001,
     return backend.target(device)
 
 
-def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str) -> None:
+def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str,
+                         sizes: str = "--m/--n/--k") -> None:
     """Refuse, in one line, a product whose A, B or result this machine cannot allocate
-    (``batch`` 0: a plain 2-D product), before any work starts."""
+    (``batch`` 0: a plain 2-D product), before any work starts. ``sizes``: the options
+    that set the size, as the advice names them."""
     import numpy as np
 
     lead = (batch,) if batch else ()
@@ -71,10 +73,11 @@ def check_fits_in_memory(m: int, n: int, k: int, batch: int, dtype: str) -> None
             gib = np.prod(shape, dtype=np.float64) * dt.itemsize / 2**30
             raise InvalidValueError(
                 f"cannot allocate {what} of shape {shape} as {dt.name} ({gib:.1f} GiB) "
-                f"on this machine; choose smaller --m/--n/--k{more}") from None
+                f"on this machine; choose smaller {sizes}{more}") from None
 
 
-def check_verification_fits(m: int, n: int, k: int, batch: int, dtype: str) -> None:
+def check_verification_fits(m: int, n: int, k: int, batch: int, dtype: str,
+                            sizes: str = "--m/--n/--k") -> None:
     """Refuse, in one line, a product whose check against float64 NumPy would not fit in
     the memory available now (after the backend's own checks, which say more).
 
@@ -100,7 +103,7 @@ def check_verification_fits(m: int, n: int, k: int, batch: int, dtype: str) -> N
             f"running and checking {f'{batch} products of ' if batch else 'a '}"
             f"{m}x{n}x{k} in {dt.name} against float64 NumPy needs about "
             f"{need / 2**30:.1f} GiB; this machine has {have / 2**30:.1f} GiB available; "
-            f"choose smaller --m/--n/--k{more}")
+            f"choose smaller {sizes}{more}")
 
 
 def parse_params(items: list[str]) -> dict[str, int]:

@@ -21,7 +21,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tilegemm.commands._params import given_options, unwritable
+from tilegemm.commands._params import (
+    check_fits_in_memory,
+    check_verification_fits,
+    given_options,
+    unwritable,
+)
 from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.registry import BACKENDS
 
@@ -243,6 +248,24 @@ def check_reports(args: argparse.Namespace, settings: Settings, backends: list[s
     from tilegemm.bench.reports.sizes import block_param
     from tilegemm.bench.sweeps import rungs_for
 
+    # an option for a report --reports leaves out changed nothing, without a word
+    for option, report in (("sizes", "sizes"), ("blocks", "sizes"),
+                           ("ladder_sizes", "ladder"), ("r_size", "rsweep"),
+                           ("compile_size", "compile")):
+        if getattr(args, option, None) is not None and report not in settings.reports:
+            raise InvalidValueError(
+                f"--{option.replace('_', '-')} applies to the {report!r} report, which "
+                f"--reports leaves out; add {report} to --reports or drop the option")
+    # every size a report runs is allocated and checked against float64 NumPy: one that
+    # cannot be was an error after the cases before it, whose results were lost
+    for report, option, sizes in (("sizes", "--sizes", settings.sizes),
+                                  ("ladder", "--ladder-sizes", settings.ladder_sizes),
+                                  ("rsweep", "--r-size", (settings.r_size,)),
+                                  ("compile", "--compile-size", (settings.compile_size,))):
+        if report in settings.reports:
+            for n in sorted(set(sizes), reverse=True)[:1]:  # the largest says it all
+                check_fits_in_memory(n, n, n, 0, settings.dtype, option)
+                check_verification_fits(n, n, n, 0, settings.dtype, option)
     specs = [s for be in backends for s in rungs_for(be, settings.dtype, settings.precision)]
     if args.blocks is not None and "sizes" in settings.reports:
         taken = {c for s in specs if (name := block_param(s))

@@ -71,8 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # What only the trace reads: --sass counts the machine code per k step, which no problem
     # size, sampling or roofline GPU changes. Their defaults are applied on the trace's path
     # (None here), so --sass refuses every one given, even at its default value.
-    parser.set_defaults(trace_only={dest: parser.get_default(dest) for dest in TRACE_ONLY},
-                        **{dest: None for dest in TRACE_ONLY})
+    trace_defaults = {dest: parser.get_default(dest) for dest in TRACE_ONLY}
+    parser.set_defaults(trace_only=trace_defaults, **{dest: None for dest in TRACE_ONLY})
+    # ... which the help formatter, showing no None default, then left out of --help
+    for action in parser._actions:
+        value = trace_defaults.get(action.dest)
+        if value not in (None, False) and action.help:
+            action.help += f" (default: {value})"
 
 
 # the options of the trace alone (by destination; the flag is "--" + dest with "-" for "_")
