@@ -262,10 +262,10 @@ def check_reports(args: argparse.Namespace, settings: Settings, backends: list[s
                                   ("ladder", "--ladder-sizes", settings.ladder_sizes),
                                   ("rsweep", "--r-size", (settings.r_size,)),
                                   ("compile", "--compile-size", (settings.compile_size,))):
-        if report in settings.reports:
-            for n in sorted(set(sizes), reverse=True)[:1]:  # the largest says it all
-                check_fits_in_memory(n, n, n, 0, settings.dtype, option)
-                check_verification_fits(n, n, n, 0, settings.dtype, option)
+        if report in settings.reports and sizes:
+            n = max(sizes)  # the largest says it all
+            check_fits_in_memory(n, n, n, 0, settings.dtype, option)
+            check_verification_fits(n, n, n, 0, settings.dtype, option)
     specs = [s for be in backends for s in rungs_for(be, settings.dtype, settings.precision)]
     if args.blocks is not None and "sizes" in settings.reports:
         taken = {c for s in specs if (name := block_param(s))

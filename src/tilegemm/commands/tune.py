@@ -331,7 +331,7 @@ def _check_writable(path: Path) -> None:
 def _computed_as(backend: str, dtype, spec=None) -> str:  # noqa: ANN001
     """Advice for a dtype that no rung of the backend takes, which its calls compute in
     another (float16 on the CPU, in float32): such calls use that dtype's tuning, so that
-    is the one to tune. None where a rung takes it (CUDA's tensor-core rungs)."""
+    is the one to tune. Nothing where a rung takes it (CUDA's tensor-core rungs)."""
     from tilegemm.problem import COMPUTED_AS
     from tilegemm.registry import specs_for
 
