@@ -55,6 +55,19 @@ def refusals(tiles: list[tuple[int, int]], dtype: str) -> dict[tuple[int, int], 
     return {t: reason for t, reason in why.items() if reason is not None}
 
 
+def tiles_fit(tiles: list[tuple[int, int]], dtypes: list[str]) -> bool:
+    """Say which tiles the rung refuses in each dtype, and whether each dtype has a tile
+    left to time (if not, say why and give up before anything is timed)."""
+    for dtype in dtypes:
+        refused = refusals(tiles, dtype)
+        if len(refused) == len(tiles):
+            print(f"no tile given fits {dtype}: {next(iter(refused.values()))}")
+            return False
+        for (mr, nr), reason in refused.items():
+            print(f"{dtype}: tile {mr}x{nr} left out: {reason}", flush=True)
+    return True
+
+
 def fitting(tiles: list[tuple[int, int]], dtype: str) -> list[tuple[int, int]]:
     """The tiles the rung takes in ``dtype``."""
     refused = refusals(tiles, dtype)
@@ -71,13 +84,8 @@ def main() -> int:
     ap.add_argument("--no-save", action="store_true")
     cpu_blocked.add_suffix_argument(ap)
     args = ap.parse_args()
-    for dtype in args.dtypes:  # before anything is timed
-        refused = refusals(args.tiles, dtype)
-        if len(refused) == len(args.tiles):
-            print(f"no tile given fits {dtype}: {next(iter(refused.values()))}")
-            return 2
-        for (mr, nr), reason in refused.items():
-            print(f"{dtype}: tile {mr}x{nr} left out: {reason}", flush=True)
+    if not tiles_fit(args.tiles, args.dtypes):  # before anything is timed
+        return 2
     rng = np.random.default_rng(0)
     rows = []
     for dtype in args.dtypes:

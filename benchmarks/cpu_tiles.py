@@ -30,7 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cpu_blocked  # noqa: E402
-from cpu_int_tiles import fitting, refusals, tile  # noqa: E402
+from cpu_int_tiles import fitting, tile, tiles_fit  # noqa: E402
 
 import tilegemm  # noqa: E402
 from tilegemm.bench.timing import alternating, call_block, calls_per_block  # noqa: E402
@@ -65,11 +65,8 @@ def main() -> int:
     ap.add_argument("--no-save", action="store_true")
     cpu_blocked.add_suffix_argument(ap)
     args = ap.parse_args()
-    for dtype in args.dtypes:  # before anything is timed
-        refused = refusals(args.tiles, dtype)
-        if len(refused) == len(args.tiles):
-            print(f"no tile given fits {dtype}: {next(iter(refused.values()))}")
-            return 2
+    if not tiles_fit(args.tiles, args.dtypes):  # before anything is timed
+        return 2
     rng = np.random.default_rng(0)
     rows = []
     for dtype in args.dtypes:

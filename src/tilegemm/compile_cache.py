@@ -247,19 +247,9 @@ def _check_pocl_entries(folder: Path) -> None:
     of an untouched cache."""
     manifest = folder / POCL_MANIFEST
     try:
-        if manifest.is_dir() and not manifest.is_symlink():  # os.read_text: IsADirectory
-            raise ValueError("a directory stands in its place")
-        text = manifest.read_text()
+        recorded = _recorded_pocl_files(manifest)
     except OSError:  # none yet (a new cache), or unreadable: nothing to check against
         return
-    except ValueError as exc:
-        _drop_unchecked(folder, manifest, exc)
-        return
-    try:
-        recorded = json.loads(text)["files"]
-        if not isinstance(recorded, dict) or not all(
-                isinstance(v, list) and len(v) >= 2 for v in recorded.values()):
-            raise TypeError("'files' is not an object of [size, time, digest] lists")
     except (ValueError, KeyError, TypeError) as exc:
         _drop_unchecked(folder, manifest, exc)
         return
@@ -272,6 +262,18 @@ def _check_pocl_entries(folder: Path) -> None:
                       "deleting it (PoCL rebuilds it)", CompileCacheWarning,
                       stacklevel=user_stacklevel())
         shutil.rmtree(entry, ignore_errors=True)
+
+
+def _recorded_pocl_files(manifest: Path) -> dict[str, list[Any]]:
+    """The record's ``{file: [size, time, sha256]}``; OSError when there is none to read,
+    ValueError, KeyError or TypeError when it is damaged."""
+    if manifest.is_dir() and not manifest.is_symlink():  # read_text: IsADirectoryError
+        raise ValueError("a directory stands in its place")
+    recorded = json.loads(manifest.read_text())["files"]
+    if not isinstance(recorded, dict) or not all(
+            isinstance(v, list) and len(v) >= 2 for v in recorded.values()):
+        raise TypeError("'files' is not an object of [size, time, digest] lists")
+    return recorded
 
 
 def _remove(path: Path) -> None:
@@ -326,9 +328,7 @@ def _record_pocl_files(folder: Path) -> None:
     whose size and time match the previous record keeps its digest (only new files are
     read). Unrecorded entries are simply trusted, as PoCL itself does."""
     try:
-        before = json.loads((folder / POCL_MANIFEST).read_text())["files"]
-        if not isinstance(before, dict):
-            before = {}
+        before = _recorded_pocl_files(folder / POCL_MANIFEST)
     except (OSError, ValueError, KeyError, TypeError):
         before = {}
     files = _pocl_files(folder)

@@ -327,8 +327,9 @@ def _dtype_check(p: Mapping[str, int], dtype: np.dtype) -> str | None:
     cap = 384 * 4 // np.dtype(dtype).itemsize
     if p["MR"] * p["NR"] > cap:
         return (f"MR*NR = {p['MR'] * p['NR']} does not fit the vector registers in "
-                f"{np.dtype(dtype).name} (at most {cap} for an {np.dtype(dtype).itemsize}-byte "
-                "type: the 1,536 bytes of 24 AVX-512 registers)")
+                f"{np.dtype(dtype).name} (at most {cap} for {np.dtype(dtype).name}'s "
+                f"{np.dtype(dtype).itemsize}-byte elements: the 1,536 bytes of 24 AVX-512 "
+                "registers)")
     return None
 
 

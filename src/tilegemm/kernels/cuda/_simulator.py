@@ -63,6 +63,7 @@ def _run_block(self: Any, grid_point: Any, *args: Any) -> None:
     cond = threading.Condition()
     blocked: list[Any] = []
     thread_class = _block_thread_class()
+
     def quiet() -> None:  # the arithmetic of a GPU thread raises and warns of nothing
         with np.errstate(all="ignore"):
             self._f(*args)
