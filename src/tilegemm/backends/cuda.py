@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm import simulator
+from tilegemm.backends import cuda_staging
 from tilegemm.backends._probe import driver_library_present as _driver_library_present
 from tilegemm.backends.base import (
     Backend,
@@ -485,7 +486,15 @@ class CudaBackend(Backend):
 
         # Operands and a device c first: their checks (a layout that needs a copy, a wrong
         # c) must raise before out is written (poisoned or loaded with c).
-        if not prob.empty:
+        staged = None  # A, B and the result's buffers when all are on the host (reused)
+        if not prob.empty and not on_device:
+            ha, hb = (_bits(host_operand_3d(op.obj, prob, w)) for op, w in ((a, "a"), (b, "b")))
+            staging_key, staged = cuda_staging.take(
+                ((ha.shape, ha.dtype), (hb.shape, hb.dtype), (shape3, ndt)), s)
+            a3, b3, c3 = staged
+            cuda_staging.copy_in(a3, ha, s)
+            cuda_staging.copy_in(b3, hb, s)
+        elif not prob.empty:
             a3, b3 = (
                 self._device_operand(op, prob, w, s) if op.kind == "cuda"
                 else cuda.to_device(_bits(host_operand_3d(op.obj, prob, w)), stream=s)
@@ -512,8 +521,10 @@ class CudaBackend(Backend):
             # when the call runs on that library's current stream (see _library_result)
             if on_device and out is None and stream is None and not prob.empty:
                 mine = _library_result(device_ops[0].obj, shape3, cdt)
-            c3 = (cuda.device_array(shape3, dtype=ndt, stream=s) if mine is None
-                  else _as_device(_bits(mine), s))
+            if mine is not None:
+                c3 = _as_device(_bits(mine), s)
+            elif staged is None:
+                c3 = cuda.device_array(shape3, dtype=ndt, stream=s)
         in_place = dc is not None and _same_memory(c3, dc)  # out is c: C0 is there already
         if dc is not None and not in_place and not alias and _may_overlap(c3, dc):
             # out overlaps c in part: a copy between overlapping ranges is undefined in
@@ -551,8 +562,14 @@ class CudaBackend(Backend):
             return _wrap_like(result, like, cdt)
         host = out if out is not None else np.empty(prob.out_shape, dtype=cdt)
         if host.size:
-            c3.copy_to_host(_bits(host).reshape(shape3), stream=s)
+            host3 = _bits(host).reshape(shape3)
+            if staged is not None:
+                cuda_staging.copy_out(host3, c3, s)
+            else:
+                c3.copy_to_host(host3, stream=s)
             s.synchronize()  # a host result is complete when the call returns
+        if staged is not None:  # the device is done with them: the next call may reuse them
+            cuda_staging.put_back(staging_key, staged)
         return host
 
     def _device_c(self, c: Operand, prob: GemmProblem, stream: Any = None) -> Any:
