@@ -229,3 +229,108 @@ def test_a_call_logs_nothing_by_default(capsys: pytest.CaptureFixture[str],
     a, b = _operands()
     tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
     assert capsys.readouterr() == ("", "")
+
+
+def _a_gpu_backend(monkeypatch: pytest.MonkeyPatch, cpu_usable: bool = True) -> None:
+    """A usable GPU backend ("cuda", a stand-in: choose_backend reads its status only)
+    ahead of the real CPU backend in auto's order; the CPU made unusable on request."""
+    real = api.get_backend
+
+    def fake(name: str):  # noqa: ANN202
+        backend = real(name)
+        if name == "cuda":
+            status = SimpleNamespace(name=name, usable=True, accelerated=True, reason="fake")
+            return SimpleNamespace(name=name, accepts_device=True,
+                                   array_kind=backend.array_kind, status=lambda: status)
+        if name == "cpu" and not cpu_usable:
+            status = SimpleNamespace(name=name, usable=False, accelerated=False,
+                                     reason="no numba")
+            return SimpleNamespace(name=name, accepts_device=False,
+                                   array_kind=backend.array_kind, status=lambda: status)
+        return backend
+
+    monkeypatch.setattr(api, "get_backend", fake)
+    monkeypatch.setattr(api, "may_be_accelerated", lambda name: name == "cuda")
+
+
+def _chosen(m: int, n: int, k: int, dtype: str = "float32", batch: int = 0,
+            b_dtype: str | None = None, **kw) -> str:
+    """The backend choose_backend picks for host operands of these shapes, given the
+    problem as a call gives it."""
+    from tilegemm.problem import describe, make_problem
+
+    lead = (batch,) if batch else ()
+    ops = [describe(np.empty(lead + (m, k), dtype), "a"),
+           describe(np.empty(lead + (k, n), b_dtype or dtype), "b")]
+    prob = make_problem(*ops, dtype=kw.pop("dtype", None))
+    return api.choose_backend("auto", ops, kw.pop("device", None), kw.pop("kernel", "auto"),
+                              prob, kw.pop("precision", None)).name
+
+
+def test_small_host_products_run_on_the_cpu_instead_of_a_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _a_gpu_backend(monkeypatch)
+    assert _chosen(8, 8, 8) == "cpu"
+    assert _chosen(1, 1, 1, "float64") == "cpu"
+    assert _chosen(256, 256, 256) == "cpu"  # SMALL_HOST_PRODUCT itself
+    assert _chosen(256, 256, 257) == "cuda"
+    assert _chosen(64, 64, 64, batch=64) == "cpu"  # the batch counts: 64 * 64^3 = 256^3
+    assert _chosen(64, 64, 64, batch=65) == "cuda"
+    assert _chosen(1, 1, 1, precision="ieee") == "cpu"
+
+
+@pytest.mark.parametrize("why", [
+    {"precision": "tf32"},  # tensor cores asked for
+    {"device": 0},  # a GPU asked for
+    {"kernel": "naive"},  # a rung of the GPU's (steered as before)
+    {"dtype": "float16"},  # 16-bit operands: the GPU's tensor cores
+    {"b_dtype": "float16"},
+    {"dtype": "int32"},
+    {"dtype": "float32", "b_dtype": "int32"},
+])
+def test_small_products_stay_on_the_gpu_when_the_call_asks_for_more(
+        monkeypatch: pytest.MonkeyPatch, why: dict) -> None:
+    _a_gpu_backend(monkeypatch)
+    kw = dict(why)
+    dtype = kw.pop("dtype", "float32")
+    assert _chosen(8, 8, 8, dtype, **kw) == "cuda"
+
+
+def test_small_products_stay_on_the_gpu_without_a_usable_cpu_backend(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _a_gpu_backend(monkeypatch, cpu_usable=False)
+    assert _chosen(8, 8, 8) == "cuda"
+
+
+def test_without_the_problem_the_size_is_not_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Callers that choose a backend for something other than one product (the tuner)
+    pass no problem: the GPU, as before."""
+    from tilegemm.problem import describe
+
+    _a_gpu_backend(monkeypatch)
+    ops = [describe(np.empty((8, 8), np.float32), "a")] * 2
+    assert api.choose_backend("auto", ops).name == "cuda"
+
+
+@pytest.mark.opencl
+def test_a_small_product_runs_on_the_cpu_where_auto_prefers_a_gpu(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """End to end, with PoCL's device taken for a GPU: plan and matmul agree, a small
+    product runs on the CPU (right, and remembered per shape), a larger one and one that
+    names a rung on OpenCL."""
+    from dataclasses import replace
+
+    opencl = get_backend("opencl")
+    accelerated = replace(opencl.status(), accelerated=True)
+    monkeypatch.setattr(opencl, "status", lambda: accelerated)
+    monkeypatch.setattr(api, "may_be_accelerated", lambda name: name == "opencl")
+    rng = np.random.default_rng(11)
+    for (m, n, k), backend in (((7, 13, 5), "cpu"), ((64, 64, 4097), "opencl")):
+        a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+        b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+        assert tilegemm.plan(a, b).backend == backend
+        for _ in range(2):  # the second call is the remembered one
+            got = tilegemm.matmul(a, b)
+            np.testing.assert_allclose(got, a.astype(np.float64) @ b, rtol=1e-4,
+                                       atol=1e-4 * np.sqrt(k))
+    assert tilegemm.plan(a, b, kernel="naive").backend == "opencl"

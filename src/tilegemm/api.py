@@ -66,6 +66,14 @@ _SLOW_PENDING: dict[tuple[Any, ...], str] = {}
 _LOCK = threading.Lock()  # calls from several threads: each kernel's first use once
 SLOW_FIRST_CALL_S = 2.0  # a first call longer than this gets an INFO record saying why
 
+# Products of host arrays of at most this many multiply-adds (the batch included) run on
+# the CPU where backend="auto" would send them to a GPU. Such a call copies A and B to the
+# GPU and the result back and waits for it, whatever its size: on an H100's host
+# (2026-11-26; benchmarks/results/logs-nvidia-h100-2026-11-26d) an 8x8x8 float32 product
+# took 741 us through CUDA and 4.2 us on the CPU backend, 256^3 1291 us against 154. At
+# 256^3 a two-core CPU computes in about 0.3 ms, still less than the GPU's fixed cost.
+SMALL_HOST_PRODUCT = 256**3
+
 
 def check_backend_name(name: str) -> None:
     """Refuse a backend name that is neither "auto" nor registered (the one wording of it)."""
@@ -74,7 +82,8 @@ def check_backend_name(name: str) -> None:
 
 
 def choose_backend(name: str, operands: list[Operand], device: int | None = None,
-                   kernel: str = AUTO) -> Backend:
+                   kernel: str = AUTO, prob: GemmProblem | None = None,
+                   precision: str | None = None) -> Backend:
     """The backend to run on: the operands' device if they live on one, else the request.
 
     Operands are matched to backends by array kind (``Backend.array_kind``), so a backend
@@ -85,7 +94,10 @@ def choose_backend(name: str, operands: list[Operand], device: int | None = None
     choice, or no rung of that name, the first usable backend in ``auto``'s order that has
     both runs the call instead (a GPU first, a simulator last). So ``matmul(a, b,
     kernel="shared")`` on a machine without a GPU runs OpenCL's ``shared`` rung, and
-    ``device=0`` there means OpenCL's device 0.
+    ``device=0`` there means OpenCL's device 0. Given the problem ``prob``, a small float32
+    or float64 product of host arrays runs on the CPU instead of a GPU
+    (:data:`SMALL_HOST_PRODUCT`), unless ``kernel``, ``device`` or a ``precision`` other
+    than "ieee" asks for more than the CPU does.
     """
     kinds = {op.kind for op in operands if op.kind != "host"}
     if len(kinds) > 1:
@@ -107,6 +119,8 @@ def choose_backend(name: str, operands: list[Operand], device: int | None = None
             )
             if device is not None or kernel != AUTO:
                 name = _steered(name, device, kernel)
+            elif name != owners[0] and _small_for_a_gpu(operands, prob, precision):
+                name = owners[0]
     elif data_kind != "host" and get_backend(name).array_kind != data_kind:
         raise InvalidValueError(
             f"operands are {data_kind} arrays but backend={name!r} was requested; use "
@@ -123,6 +137,20 @@ def choose_backend(name: str, operands: list[Operand], device: int | None = None
     if device is not None and not backend.accepts_device:
         raise _no_device_choice(backend.name, requested == AUTO, kernel)
     return backend
+
+
+def _small_for_a_gpu(operands: list[Operand], prob: GemmProblem | None,
+                     precision: str | None) -> bool:
+    """Whether a product of host arrays that ``auto`` would send to a GPU runs on the CPU
+    instead: at most :data:`SMALL_HOST_PRODUCT` multiply-adds, float32 or float64 operands
+    computed in their own type (16-bit operands would lose the GPU's tensor cores, and
+    integers keep the backend they had), no tensor-core precision asked for, and the CPU
+    backend usable."""
+    return (prob is not None and precision in (None, "ieee")
+            and all(op.dtype.name in ("float32", "float64") for op in operands)
+            and prob.dtype.name in ("float32", "float64") and prob.out_dtype == prob.dtype
+            and prob.batch * prob.m * prob.n * prob.k <= SMALL_HOST_PRODUCT
+            and get_backend("cpu").status().usable)
 
 
 def _fits(name: str, device: int | None, kernel: str) -> bool:
@@ -281,7 +309,7 @@ def _decide(
 ) -> Decision:
     """:func:`decide` without the backend's last check on the problem's size."""
     params = dict(params or {})
-    be = choose_backend(backend, ops, device, kernel)
+    be = choose_backend(backend, ops, device, kernel, prob, precision)  # small: the CPU
     _check_rung_for_device_data(kernel, be, ops)
     if stream is not None:
         if not getattr(be, "accepts_stream", False):
@@ -696,8 +724,11 @@ def matmul(
     - ``kernel`` names a rung (see :func:`tilegemm.kernels`) or "auto"; ``backend`` is
       "auto" or one that :func:`tilegemm.backends` lists ("cuda", "opencl", "cpu", and the
       CUDA C rungs' backend); ``params`` are the rung's parameters (``TILE=16``).
-      ``backend="auto"`` prefers a GPU, else the CPU; with a named ``kernel`` that backend
-      lacks, it takes the first usable backend that has the rung (``kernel="shared"`` on a
+      ``backend="auto"`` prefers a GPU, else the CPU, but runs small float32 and float64
+      products of host arrays (:data:`SMALL_HOST_PRODUCT` multiply-adds at most, without
+      a ``kernel``, ``device`` or tensor-core ``precision``) on the CPU, where they
+      take microseconds instead of the GPU's copies and wait; with a named ``kernel`` that
+      backend lacks, it takes the first usable backend that has the rung (``kernel="shared"`` on a
       machine without a GPU runs OpenCL's).
     - ``device`` (OpenCL and CUDA) is a device index as listed by ``tilegemm info``; by
       default, OpenCL's is the one PYOPENCL_CTX names, else the first GPU, else the first

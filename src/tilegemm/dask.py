@@ -258,8 +258,9 @@ def _check_blocks(a: da.Array, b: da.Array, block_dtype: np.dtype | None, kernel
         b_shape = tuple(1 if b.shape[i] == 1 else s for i, s in enumerate(batch)) + (k, n)
         ops = [Operand(None, kind, a_shape, a.dtype), Operand(None, kind, b_shape, b.dtype)]
         prob = make_problem(ops[0], ops[1], dtype=block_dtype)
-        be: Any = (choose_backend(backend, ops, kernel=kernel) if local
-                   else SimpleNamespace(name=backend))
+        be: Any = (choose_backend(backend, ops, kernel=kernel,  # as matmul chooses
+                                  prob=prob, precision=precision)
+                   if local else SimpleNamespace(name=backend))
         prob = _tensor_core_half(prob, be)  # as matmul decides: 16-bit on tensor cores
         rung, rung_params = apply_precision(
             precision, kernel, be.name, prob.dtype, params,

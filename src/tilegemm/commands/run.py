@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         check_verification_fits(args.m, args.n, args.k, args.batch, args.dtype)
         raise
     # Resolve what 'auto' means up front so the report names the real choice.
-    backend = choose_backend(args.backend, ops, args.device, args.kernel)  # as matmul does
+    backend = choose_backend(args.backend, ops, args.device, args.kernel,  # as matmul does
+                             make_problem(*ops), args.precision)
     target = device_target(backend, args.device, args.backend)
     # What matmul would run (the one decision, api.decide), and why: so the run times it,
     # in the type the chosen backend computes the product in (float16 on tensor cores,
