@@ -70,8 +70,9 @@ SLOW_FIRST_CALL_S = 2.0  # a first call longer than this gets an INFO record say
 # the CPU where backend="auto" would send them to a GPU. Such a call copies A and B to the
 # GPU and the result back and waits for it, whatever its size: on an H100's host
 # (2026-11-26; benchmarks/results/logs-nvidia-h100-2026-11-26d) an 8x8x8 float32 product
-# took 741 us through CUDA and 4.2 us on the CPU backend, 256^3 1291 us against 154. At
-# 256^3 a two-core CPU computes in about 0.3 ms, still less than the GPU's fixed cost.
+# took 741 us through CUDA and 4.2 us on the CPU backend, 256^3 1291 us against 154 (float64
+# 1548 against 211). A two-core Xeon (family 6 model 207) takes 241 us at 256^3 in float32
+# and 482 in float64: still less than the GPU's call.
 SMALL_HOST_PRODUCT = 256**3
 
 

@@ -1,11 +1,13 @@
 """Device buffers that products of host (NumPy) arrays reuse from one call to the next.
 
 A product of NumPy arrays on the GPU copies A and B to the device, runs, copies the result
-back and waits for it before returning. On an H100 (2026-11-26) a call at 8×8×8 cost
-740 µs of host time for 25 µs of GPU time, and most of it was numba setting up device
-arrays: ``cuda.to_device`` of an 8×8 array took 113 µs, ``cuda.device_array`` 25 µs, and
-a call made three of them. Such a call is finished with its buffers when it returns, so
-the next call of the same shapes can copy into them instead:
+back and waits for it before returning. On an H100's host (2026-11-26) a call at 8×8×8
+cost 740 µs for 25 µs of GPU time; ``cuda.to_device`` of an 8×8 array took 113 µs,
+``cuda.device_array`` 25 µs, and a call made three device arrays. Reusing the buffers
+alone changed nothing measurable (740 → 730 µs): the allocations were cheap, and most of a
+copy's time was numba's Python around the driver's copy, which :func:`copy_in` and
+:func:`copy_out` skip (not yet timed on a GPU). Such a call is finished with its buffers
+when it returns, so the next call of the same shapes can copy into them:
 
 - **Per host thread.** Two threads never share a buffer, whatever streams they use.
 - **Per CUDA context.** A buffer is only reused in the context it was made in.
@@ -96,34 +98,31 @@ def copy_in(dev: Any, host: np.ndarray, stream: Any) -> None:
     (2026-11-26). A buffer from :func:`take` needs none of that: it is dense, made for this
     shape and dtype, and its context is current (the call that made it made it so). The
     simulator's arrays take numba's method."""
-    if not host.size:  # K = 0 (and NumPy's strides for an empty array may not match)
-        return
-    _check_pair(dev, host)
-    from tilegemm import simulator
-
-    if simulator.enabled():
-        dev.copy_to_device(host, stream=stream)
-        return
-    from numba.cuda.cudadrv import driver
-
-    driver.host_to_device(dev, host, host.nbytes, stream=stream)
+    _copy(dev, host, stream, to_device=True)
 
 
 def copy_out(host: np.ndarray, dev: Any, stream: Any) -> None:
     """Copy ``dev`` (a buffer from :func:`take`) into the C-contiguous, writeable host
     array ``host`` of the same shape and dtype, on ``stream``: as :func:`copy_in`, the
     driver's copy directly. The caller waits for ``stream`` before reading ``host``."""
-    if not host.size:
+    _copy(dev, host, stream, to_device=False)
+
+
+def _copy(dev: Any, host: np.ndarray, stream: Any, to_device: bool) -> None:
+    if not host.size:  # K = 0 (and NumPy's strides for an empty array may not match)
         return
     _check_pair(dev, host)
     from tilegemm import simulator
 
     if simulator.enabled():
-        dev.copy_to_host(host, stream=stream)
+        (dev.copy_to_device if to_device else dev.copy_to_host)(host, stream=stream)
         return
     from numba.cuda.cudadrv import driver
 
-    driver.device_to_host(host, dev, host.nbytes, stream=stream)
+    if to_device:
+        driver.host_to_device(dev, host, host.nbytes, stream=stream)
+    else:
+        driver.device_to_host(host, dev, host.nbytes, stream=stream)
 
 
 def _check_pair(dev: Any, host: np.ndarray) -> None:
