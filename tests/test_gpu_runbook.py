@@ -102,11 +102,11 @@ def test_tensor_core_steps_leave_tf32_on_in_cublas(tmp_path):
 
 def test_visit_step_tests_times_then_profiles(tmp_path):
     """The short visit: every rung once (the smoke test), the tensor-core tests on the GPU,
-    both rungs against cuBLAS, the host's time per call, then one profiled launch of each
-    (ncu, its kernel named by ncu_rung.py)."""
+    small calls on CUDA, both rungs against cuBLAS, the host's time per call, then one
+    profiled launch of each (ncu, its kernel named by ncu_rung.py)."""
     out, calls = _run(tmp_path, "visit", 400, env_var="NVIDIA_TF32_OVERRIDE")
     labels = [line.split(":")[0] for line in out.splitlines() if ": exit " in line]
-    assert labels == ["smoke", "tensor-core tests", "tensor cores, wgmma 4096",
+    assert labels == ["smoke", "tensor-core tests", "small calls", "tensor cores, wgmma 4096",
                       "tensor cores, mma 4096", "tensor cores, mma RCOPY=1 4096",
                       "host overhead", "ncu wgmma float32",
                       "ncu wgmma bfloat16", "ncu mma float32"]
