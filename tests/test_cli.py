@@ -588,7 +588,17 @@ def test_run_device_steers_auto_as_matmul_does(capsys):
 
 
 def test_tune_summary_fits_80_columns(tmp_path, monkeypatch, capsys):
-    """The summary's ten columns were cut to 'vecto…', 'rejec…', 'TILE…' at 80 columns."""
+    """The summary's ten columns were cut to 'vecto…', 'rejec…', 'TILE…' at 80 columns.
+    The first candidate the tuner would try is reported as measured, without compiling it
+    (a cold compile of a CPU tile is 20-30 s, and only the table is checked here)."""
+    from tilegemm.tune import strategies
+
+    def measured(backend, spec, prob, cands, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        return strategies.TuneResult(spec, prob, [strategies.Trial(dict(c), "ok", 2.5e-6,
+                                                                   [2.5e-6])
+                                                  for c in cands[:1]])
+
+    monkeypatch.setattr(strategies, "tune", measured)
     monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("COLUMNS", "80")
     assert main(["tune", "--backend", "cpu", "--kernel", "blocked", "--m", "8", "--n", "8",
