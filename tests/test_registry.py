@@ -43,6 +43,47 @@ def test_space_prunes_with_the_same_predicates():
     assert len(space) == sum(1 for bm in (16, 32, 64, 12) for tm in (1, 2, 4, 3) if bm % tm == 0)
 
 
+def test_is_valid_agrees_with_resolve_without_writing_messages(monkeypatch) -> None:
+    """A search asks is_valid of every combination (576,000 for CUDA pipelined): the
+    message a refusal carries must not be written for it, and the answer must be
+    resolve's."""
+    s = _spec()
+    cases = [{"BM": bm, "TM": tm} for bm in (16, 32, 64, 12, 48) for tm in (1, 2, 4, 3)]
+    cases += [{}, {"BM": 16}, {"TM": 3}, {"XX": 1}, {"BM": 16.0}, {"BM": True}]
+    want = []
+    for case in cases:
+        try:
+            s.resolve(case)
+            want.append(True)
+        except ValueError:
+            want.append(False)
+
+    def no_message(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("is_valid wrote a refusal's message")
+
+    monkeypatch.setattr(KernelSpec, "_constraint_message", no_message)
+    assert [s.is_valid(case) for case in cases] == want
+    assert not all(want) and any(want)
+
+
+def test_every_rungs_space_is_its_valid_combinations() -> None:
+    """space() checks only the constraints (its combinations are the offered values of
+    every parameter): a combination is in it exactly when is_valid says so (about 2,000
+    of each rung's grid checked, invalid ones among them)."""
+    from itertools import product
+
+    refused = 0
+    for spec in registry.all_specs():
+        names = [p.name for p in spec.params]
+        space = {tuple(c[n] for n in names) for c in spec.space()}
+        grid = list(product(*(p.choices for p in spec.params)))
+        for values in grid[::max(1, len(grid) // 2000)]:
+            valid = spec.is_valid(dict(zip(names, values)))
+            assert (values in space) == valid, (spec.key, values)
+            refused += not valid
+    assert refused
+
+
 def test_every_registered_rung_is_well_formed():
     specs = tilegemm.kernels()
     assert specs, "no rungs registered"
