@@ -44,7 +44,7 @@ def test_space_prunes_with_the_same_predicates():
 
 
 def test_is_valid_agrees_with_resolve_without_writing_messages(monkeypatch) -> None:
-    """A search asks is_valid of every combination (576,000 for CUDA pipelined): the
+    """A search asks is_valid of every combination (288,000 for CUDA pipelined): the
     message a refusal carries must not be written for it, and the answer must be
     resolve's."""
     s = _spec()
