@@ -20,6 +20,14 @@ def _operands() -> tuple[np.ndarray, np.ndarray]:
     return np.ones((4, 6), np.float32), np.ones((6, 5), np.float32)
 
 
+def _stand_in(backend, usable: bool, accelerated: bool, reason: str):  # noqa: ANN001, ANN202
+    """A backend as choose_backend reads it (its status, device choice and array kind)."""
+    status = SimpleNamespace(name=backend.name, usable=usable, accelerated=accelerated,
+                             reason=reason)
+    return SimpleNamespace(name=backend.name, accepts_device=backend.accepts_device,
+                           array_kind=backend.array_kind, status=lambda: status)
+
+
 def _device_backends_unusable(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make every backend with a device choice (CUDA, OpenCL) unusable, as on a machine
     with neither a GPU nor an OpenCL driver; the CPU backend stays the real one."""
@@ -29,10 +37,7 @@ def _device_backends_unusable(monkeypatch: pytest.MonkeyPatch) -> None:
         backend = real(name)
         if not backend.accepts_device:
             return backend
-        status = SimpleNamespace(name=name, usable=False, accelerated=False,
-                                 reason=f"no {name} driver")
-        return SimpleNamespace(name=name, accepts_device=True, array_kind=backend.array_kind,
-                               status=lambda: status)
+        return _stand_in(backend, False, False, f"no {name} driver")
 
     monkeypatch.setattr(api, "get_backend", fake)
     monkeypatch.setattr(api, "may_be_accelerated", lambda name: False)
@@ -239,14 +244,9 @@ def _a_gpu_backend(monkeypatch: pytest.MonkeyPatch, cpu_usable: bool = True) -> 
     def fake(name: str):  # noqa: ANN202
         backend = real(name)
         if name == "cuda":
-            status = SimpleNamespace(name=name, usable=True, accelerated=True, reason="fake")
-            return SimpleNamespace(name=name, accepts_device=True,
-                                   array_kind=backend.array_kind, status=lambda: status)
+            return _stand_in(backend, True, True, "fake")
         if name == "cpu" and not cpu_usable:
-            status = SimpleNamespace(name=name, usable=False, accelerated=False,
-                                     reason="no numba")
-            return SimpleNamespace(name=name, accepts_device=False,
-                                   array_kind=backend.array_kind, status=lambda: status)
+            return _stand_in(backend, False, False, "no numba")
         return backend
 
     monkeypatch.setattr(api, "get_backend", fake)

@@ -120,7 +120,7 @@ def choose_backend(name: str, operands: list[Operand], device: int | None = None
             )
             if device is not None or kernel != AUTO:
                 name = _steered(name, device, kernel)
-            elif name != owners[0] and _small_for_a_gpu(operands, prob, precision):
+            elif name != owners[0] and _small_for_a_gpu(operands, prob, precision, owners[0]):
                 name = owners[0]
     elif data_kind != "host" and get_backend(name).array_kind != data_kind:
         raise InvalidValueError(
@@ -141,17 +141,17 @@ def choose_backend(name: str, operands: list[Operand], device: int | None = None
 
 
 def _small_for_a_gpu(operands: list[Operand], prob: GemmProblem | None,
-                     precision: str | None) -> bool:
+                     precision: str | None, cpu: str) -> bool:
     """Whether a product of host arrays that ``auto`` would send to a GPU runs on the CPU
     instead: at most :data:`SMALL_HOST_PRODUCT` multiply-adds, float32 or float64 operands
     computed in their own type (16-bit operands would lose the GPU's tensor cores, and
     integers keep the backend they had), no tensor-core precision asked for, and the CPU
-    backend usable."""
+    backend (``cpu``, the backend of host arrays) usable."""
     return (prob is not None and precision in (None, "ieee")
             and all(op.dtype.name in ("float32", "float64") for op in operands)
             and prob.dtype.name in ("float32", "float64") and prob.out_dtype == prob.dtype
             and prob.batch * prob.m * prob.n * prob.k <= SMALL_HOST_PRODUCT
-            and get_backend("cpu").status().usable)
+            and get_backend(cpu).status().usable)
 
 
 def _fits(name: str, device: int | None, kernel: str) -> bool:
