@@ -6,7 +6,8 @@ cost 740 µs for 25 µs of GPU time; ``cuda.to_device`` of an 8×8 array took 11
 ``cuda.device_array`` 25 µs, and a call made three device arrays. Reusing the buffers
 alone changed nothing measurable (740 → 730 µs): the allocations were cheap, and most of a
 copy's time was numba's Python around the driver's copy, which :func:`copy_in` and
-:func:`copy_out` skip (not yet timed on a GPU). Such a call is finished with its buffers
+:func:`copy_out` skip: on an H100's host that saved 150–520 µs a call at 8³–256³ (8³
+float32: 1071 → 628 µs, median of seven rounds). Such a call is finished with its buffers
 when it returns, so the next call of the same shapes can copy into them:
 
 - **Per host thread.** Two threads never share a buffer, whatever streams they use.
