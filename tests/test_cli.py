@@ -177,8 +177,8 @@ def test_explain_help_shows_the_trace_defaults(capsys, monkeypatch):
 
 
 def test_tune_budget_zero_says_how_many_candidates_will_run(tmp_path, monkeypatch, capsys):
-    """--budget 0 ("all") on the CPU is thousands of candidates, each compiled once: a run
-    of many hours, started without a word."""
+    """--budget 0 ("all") on the CPU is thousands of candidates, each built and timed: a
+    run of many hours, started without a word."""
     import re
 
     from tilegemm.tune import strategies

@@ -134,9 +134,9 @@ def test_calling_thread_path_matches_numpy(monkeypatch, shape):
     products = []
     per_products, serial = g["products_serial"], g["blocked_serial"]
 
-    def counting(A, B, C, alpha, beta, z0, z1, tr):  # noqa: N803 - the rung's names
+    def counting(A, B, C, alpha, beta, z0, z1, tr, cb):  # noqa: N803 - the rung's names
         products.extend([1] * (z1 - z0))
-        per_products(A, B, C, alpha, beta, z0, z1, tr)
+        per_products(A, B, C, alpha, beta, z0, z1, tr, cb)
 
     monkeypatch.setitem(g, "products_serial", counting)
     routed = []

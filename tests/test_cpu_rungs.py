@@ -575,12 +575,10 @@ def test_a_batch_of_mid_size_products_matches_each_product_alone(dtype, batch):
 
 
 def _blocked_module(params, dtype):
-    """The generated module of the blocked rung for these parameters and dtype."""
-    import sys
-
+    """The generated module the blocked rung runs in for these parameters and dtype."""
     spec = next(s for s in CPU_RUNGS if s.name == "blocked")
     params = spec.resolve(params)
-    return params, sys.modules[spec.program(params, np.dtype(dtype)).__module__]
+    return params, spec.program(params, np.dtype(dtype)).module
 
 
 @pytest.mark.parametrize("chunk_strips", [1, 3, None], ids=["chunk1", "chunk3", "default"])
@@ -605,7 +603,7 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
     for m, batch, b_transposed in ((mc // mr * mr, 1, False), (mc - mr + 3, 2, False),
                                    (mr - 1, 1, True), (mc // 2 + 1, 1, True)):
         assert one_row_block(m, n, k, threads, params, np.dtype(dtype).itemsize, 0)
-        assert mod.layout(batch, m, n, k, threads, 0, 0, 0)[0] == 1  # nblk: one row block
+        assert mod.layout(batch, m, n, k, threads, 0, 0, 0, (mc, kc, nc))[0] == 1  # one block
         a, _ = random_operands((batch, m, k), (k, n), dtype)
         b = (rng.uniform(-1, 1, (n, k)).astype(dtype).T if b_transposed
              else rng.uniform(-1, 1, (k, n)).astype(dtype))
@@ -636,7 +634,7 @@ def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
                 for n in (9, 16, 17, 24, 25, 64, 1000, 1023, 1024, 3000):
                     fused = k02_blocked.one_row_block(m, n, k, threads, params, 8, budget,
                                                       chunk)
-                    got = mod.layout(1, m, n, k, threads, 0, chunk, budget)[0] == 1
+                    got = mod.layout(1, m, n, k, threads, 0, chunk, budget, (48, 64, 2048))[0] == 1
                     assert fused == got, (m, n, k, threads, budget)
                     seen.add((fused, m > 48))
     # (fused, more than MC rows); more rows are fused only with 256 columns per task
@@ -671,7 +669,8 @@ def test_rows_whose_block_of_a_fits_the_l2_budget_run_as_one_row_block(monkeypat
             monkeypatch.setitem(mod.__dict__, "L2_BUDGET", budget)
             fused = one_row_block(m, n, k, threads, params, 8, budget, chunk)
             assert fused == (budget == block + chunk)
-            assert (mod.layout(1, m, n, k, threads, 0, chunk, budget)[0] == 1) == fused
+            assert (mod.layout(1, m, n, k, threads, 0, chunk, budget, (48, 64, 4096))[0]
+                    == 1) == fused
             a = rng.uniform(-1, 1, (m, k))
             b = rng.uniform(-1, 1, (n, k)).T if b_transposed else rng.uniform(-1, 1, (k, n))
             c = rng.uniform(-1, 1, (m, n))

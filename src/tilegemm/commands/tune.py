@@ -48,8 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the order candidates are tried in, up to --budget: a seeded "
                              "shuffle (random) or the search space's own order (exhaustive)")
     parser.add_argument("--budget", type=int, default=40,
-                        help="candidates to run per rung (0: all, which on the CPU is "
-                             "thousands, each compiled once: hours)")
+                        help="candidates to run per rung (0: all; on the CPU thousands, "
+                             "of which rung blocked compiles one per register tile, 16 a "
+                             "dtype, the others loading that code: hours)")
     parser.add_argument("--seed", type=int, default=0, help="random strategy and operand seed")
     parser.add_argument("--repeat", type=int, default=5, help="timed launches per candidate")
     parser.add_argument("--max-call-seconds", type=float, default=5.0, metavar="S",
@@ -199,8 +200,10 @@ def _tune(args: argparse.Namespace) -> int:
         for spec, cands, is_baseline in jobs:
             if not is_baseline and len(cands) > ALL_CANDIDATES_NOTE:
                 console.print(f"note: --budget 0 runs all {len(cands)} candidates of "
-                              f"{spec.name}, each compiled and timed (seconds to tens of "
-                              "seconds each); --budget N tries N of them", highlight=False)
+                              f"{spec.name}, each built (compiled, or loaded where an "
+                              "earlier one compiled the same code) and timed: seconds to "
+                              "tens of seconds each; --budget N tries N of them",
+                              highlight=False)
     # What this device's cache holds now for each rung at this size is timed again here, in
     # the same conditions: a new search replaces it only if it beats it in this run (it was
     # overwritten by whatever a shorter search found, unmeasured against it).

@@ -1,7 +1,8 @@
-"""Source of the blocked CPU rung, written out once per (parameters, dtype) and cached.
+"""Source of the blocked CPU rung, written out once per (tile, dtype) and cached.
 
 :mod:`tilegemm.compile_cache` copies this file with the lines between the ``@header``
-markers replaced by one parameter set's constants and the ``@ukernel`` block replaced by
+markers replaced by one tile's constants (MR, NR; the cache blocks MC, KC, NC are
+arguments, bound by ``bind``) and the ``@ukernel`` block replaced by
 the generated MR×NR micro-kernel, then imports the copy. Every function is compiled with
 an explicit signature and ``cache=CACHE``, so Numba stores the machine code beside the
 copy and a new process loads it instead of compiling for several seconds; and only the
@@ -31,7 +32,7 @@ from tilegemm.kernels.cpu._workspace import workspace
 from tilegemm.kernels.cpu.k02_blocked import b_chunk_bytes, l2_budget
 
 # @header (replaced for each parameter set; these values only make the template importable)
-MR, NR, MC, KC, NC = 16, 8, 96, 512, 2048
+MR, NR = 16, 8
 DTYPE = "float32"
 CACHE = False
 SMALL_PRODUCT = 96 * 96 * 96
@@ -53,7 +54,7 @@ BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
 B_CHUNK_BYTES = b_chunk_bytes()
 L2_BUDGET = l2_budget()
 
-mr, nr, mc, kc_max, nc_max = MR, NR, MC, KC, NC
+mr, nr = MR, NR
 _dt = np.dtype(DTYPE)
 nbt = numba.from_dtype(_dt)
 zero = _dt.type(0)
@@ -64,6 +65,9 @@ FLAGS: dict = {"error_model": "numpy", "boundscheck": False, "cache": CACHE}
 if _dt.kind == "f":
     FLAGS["fastmath"] = {"contract"}
 i8, flag = numba.int64, numba.boolean
+# The cache blocks (MC, KC, NC) are arguments, not constants: a tile compiles once for
+# every MC/KC/NC a tuner, the database or a test gives it (see ``bind``).
+blocks = numba.types.UniTuple(i8, 3)
 ro1, ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (1, 2, 3))
 a1, a2, a3, a4 = nbt[::1], nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
 # Scratch arrays start on 64-byte boundaries of the workspace (in elements).
@@ -266,10 +270,12 @@ def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
                             C[i + ii, j + jj] = v + beta * C[i + ii, j + jj]
 
 
-@when_called(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2, i8), **FLAGS)
-def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T, tr):
+@when_called(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2, i8, blocks), **FLAGS)
+def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T, tr, cb):
     """One product on the calling thread (the batch-parallel path). ``tr``: bit 0, A is
-    given as its transpose (K, M); bit 1, B as its transpose (N, K)."""
+    given as its transpose (K, M); bit 1, B as its transpose (N, K). ``cb``: the cache
+    blocks (MC, KC, NC)."""
+    mc, kc_max, nc_max = cb
     ta, tb = (tr & 1) != 0, (tr & 2) != 0
     m, n, k = C.shape[0], C.shape[1], A.shape[0] if ta else A.shape[1]
     for jc in range(0, n, nc_max):
@@ -299,16 +305,16 @@ def fold(y, acc, j0, j1, alpha, beta, first):
             y[j0 + j] = alpha * acc[j] + beta * y[j0 + j]
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
-def direct(A, B, C, alpha, beta):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8), **FLAGS)
+def direct(A, B, C, alpha, beta, kc_max):
     """Small products on the calling thread, unpacked: for each row of C, a row of A times
     B, accumulated row by row (unit stride in B and C, so LLVM vectorises the j loop).
 
     No packing and no parallel region, whose wake-up costs more than the whole
     product below ``DIRECT_PRODUCT`` multiply-adds. Each element is summed as in the packed
-    path: K in panels of ``KC`` steps, each panel's sum started from zero in K order and
-    added into C (a single running sum over all of K lost accuracy for long products with
-    few outputs: 2×2×350000 in float32, 100× NumPy's error).
+    path: K in panels of ``kc_max`` (KC) steps, each panel's sum started from zero in K
+    order and added into C (a single running sum over all of K lost accuracy for long
+    products with few outputs: 2×2×350000 in float32, 100× NumPy's error).
     """
     batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
     acc = np.empty(n, dtype=C.dtype)
@@ -332,11 +338,13 @@ def direct(A, B, C, alpha, beta):
                 fold(crow, acc, 0, n, alpha, beta, pc == 0)
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8), **FLAGS)
-def products_serial(A, B, C, alpha, beta, z0, z1, tr):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, blocks), **FLAGS)
+def products_serial(A, B, C, alpha, beta, z0, z1, tr, cb):
     """Products z0..z1 of the batch, one after another on the calling thread, through the
     packed loop nest (``gemm_serial``), with one set of scratch sized to the product (not
-    to the cache blocks, so small products stay cheap). ``tr`` as in ``blocked_threads``."""
+    to the cache blocks, so small products stay cheap). ``tr``, ``cb`` as in
+    ``blocked_threads``."""
+    mc, kc_max, nc_max = cb
     k = A.shape[1] if tr & 1 else A.shape[2]
     m, n = C.shape[1], C.shape[2]
     kcap = min(kc_max, k)
@@ -345,7 +353,7 @@ def products_serial(A, B, C, alpha, beta, z0, z1, tr):
     T = np.empty((mr, nr), dtype=C.dtype)
     for z in range(z0, z1):
         gemm_serial(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
-                    alpha, beta, Ap, Bp, T, tr)
+                    alpha, beta, Ap, Bp, T, tr, cb)
 
 
 # --- Products with one row or one column (vector-matrix, matrix-vector) -----------------
@@ -369,8 +377,8 @@ dot_rows = when_called(numba.void(ro2, ro1, a2, i8, i8, nbt, nbt), settings=(slp
                        **FLAGS)(dot_rows)
 
 
-@when_called(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8), **FLAGS)
-def gemv_part(A, B, C, alpha, beta, c, nchunks):
+@when_called(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8, i8), **FLAGS)
+def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
     """Chunk ``c`` of ``nchunks`` of a product with M == 1 or N == 1 (2-D operands).
 
     M == 1, ``y = x @ B``: chunk c is a range of columns of y; each column is the same
@@ -419,12 +427,12 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks):
         dot_rows(A, x, C, c * m // nchunks, (c + 1) * m // nchunks, alpha, beta)
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
-def gemv_serial(A, B, C, alpha, beta):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8), **FLAGS)
+def gemv_serial(A, B, C, alpha, beta, kc_max):
     """Products with M == 1 or N == 1 on the calling thread, each as one chunk."""
     for z in range(C.shape[0]):
         gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
-                  alpha, beta, 0, 1)
+                  alpha, beta, 0, 1, kc_max)
 
 
 # Below this many multiply-adds per product, or with fewer than PACKED_MIN_SIDE rows or
@@ -434,8 +442,8 @@ PACKED_MIN_PRODUCT = 20 * 20 * 20
 PACKED_MIN_SIDE = 8
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt), **FLAGS)
-def small(A, B, C, alpha, beta):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, blocks), **FLAGS)
+def small(A, B, C, alpha, beta, cb):
     """Products of at most ``DIRECT_PRODUCT`` multiply-adds in all, on the calling thread
     (no parallel region: waking the pool costs more than such a product): one row or one
     column per product through the vector path (``gemv_part``, as the threaded vector path
@@ -443,17 +451,17 @@ def small(A, B, C, alpha, beta):
     where packing pays, else ``direct``, which gives the packed path's sums."""
     batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
     if k > 0 and (m == 1 or n == 1) and m * n * k > PACKED_MIN_PRODUCT:
-        gemv_serial(A, B, C, alpha, beta)
+        gemv_serial(A, B, C, alpha, beta, cb[1])
     elif k == 0 or m * n * k <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE:
-        direct(A, B, C, alpha, beta)
+        direct(A, B, C, alpha, beta, cb[1])
     else:
-        products_serial(A, B, C, alpha, beta, 0, batch, 0)
+        products_serial(A, B, C, alpha, beta, 0, batch, 0, cb)
 
 
 @when_called(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3,
-                        i8, i8), parallel=True, **FLAGS)
+                        i8, i8, blocks), parallel=True, **FLAGS)
 def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, ngroups, Bp,
-                 Ap_all, T_all, tr, chunk):
+                 Ap_all, T_all, tr, chunk, cb):
     """The one parallel region, so Numba compiles one parfor, not one per phase.
 
     phase 0: task t packs the t-th of ``ntasks`` slices of the B panel of product z;
@@ -499,7 +507,7 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             # runs of whole products, one set of scratch per run
             batch = C.shape[0]
             products_serial(A, B, C, alpha, beta, t * batch // ntasks,
-                            (t + 1) * batch // ntasks, tr)
+                            (t + 1) * batch // ntasks, tr, cb)
 
 
 @when_called(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)
@@ -513,8 +521,8 @@ def splits_batch(batch, m, n, k, nthreads):
                                      and batch >= BATCH_SPLIT_MIN * nthreads)
 
 
-@when_called(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8, i8, i8), **FLAGS)
-def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget):
+@when_called(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8, i8, i8, blocks), **FLAGS)
+def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb):
     """How the packed path splits the work and its scratch, for one call.
 
     Returns (nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size):
@@ -528,10 +536,11 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget):
     ``chunk_bytes``, ``budget``: a product of more than MC rows is one row block too when its
     packed block of A and ``chunk_bytes`` of B fit ``budget`` bytes (``L2_BUDGET``), the
     panel of B does not, and each of two tasks per thread gets ``ONE_BLOCK_TASK_COLUMNS``
-    columns (see ``k02_blocked.one_row_block``).
+    columns (see ``k02_blocked.one_row_block``). ``cb``: the cache blocks (MC, KC, NC).
     """
     if k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads):
         return 0, 0, 0, 0, 0, 0, 0, 0
+    mc, kc_max, nc_max = cb
     # Row blocks of at most MC rows, as many as a multiple of the thread count when there
     # are enough MR strips; when there are few, column groups of the B panel supply the
     # tasks. A product of at most MC rows with a strip of B for every thread is one row
@@ -556,8 +565,9 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget):
     return nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8, i8, i8), **FLAGS)
-def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_bytes, budget):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8, i8, i8, blocks), **FLAGS)
+def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_bytes, budget,
+                    cb):
     """The rung on ``nthreads`` threads (an argument: reading Numba's thread count inside
     compiled code goes through a pointer, and code holding one cannot be cached); products
     of at most ``direct_max`` multiply-adds in all take the unpacked single-thread path.
@@ -574,8 +584,9 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
 
     ``chunk_bytes``: how much of B a task packs at a time in a product of one row block
     (``B_CHUNK_BYTES``; an argument, so tests can make chunks of one strip); ``budget``:
-    see ``layout`` (``L2_BUDGET``).
+    see ``layout`` (``L2_BUDGET``). ``cb``: the cache blocks (MC, KC, NC), see ``bind``.
     """
+    mc, kc_max, nc_max = cb
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2]
     if k == 0:  # no products: C = beta*C, or zeros (C unread when beta == 0)
@@ -586,17 +597,17 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
     if batch * m * n * k <= direct_max:
-        small(A, B, C, alpha, beta)
+        small(A, B, C, alpha, beta, cb)
         return
     empty = np.empty((1, 1, 1, mr), dtype=C.dtype)
     if splits_batch(batch, m, n, k, nthreads):
         # runs of products, a few per thread (the scheduler balances them)
         run_parallel(2, min(batch, BATCH_TASKS * nthreads), A, B, C, 0, alpha, beta, 0, 0,
-                     0, 0, 0, 1, empty[0], empty, empty[0], tr, 1)
+                     0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
         return
     # One product at a time, threads over (row block × strip group) tasks (see layout).
     nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(
-        batch, m, n, k, nthreads, direct_max, chunk_bytes, budget)
+        batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb)
     if W.shape[0] < size:
         W = np.empty(size, dtype=C.dtype)
     ntask = nblk * ngroups_max
@@ -614,9 +625,9 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
                 chunk = chunk_bytes // (kc * nr * C.itemsize)
                 if nblk > 1:  # else each task packs its own strips (see run_parallel)
                     run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc,
-                                 nc, pc, kc, nblk, ngroups, Bp, Ap_all, T_all, tr, chunk)
+                                 nc, pc, kc, nblk, ngroups, Bp, Ap_all, T_all, tr, chunk, cb)
                 run_parallel(1, nblk * ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc,
-                             nblk, ngroups, Bp, Ap_all, T_all, tr, chunk)
+                             nblk, ngroups, Bp, Ap_all, T_all, tr, chunk, cb)
 
 
 def _stored(X, transposed):
@@ -643,8 +654,9 @@ def _plain_unless_packed(A, B, C, tr):
     return A, B, tr
 
 
-def blocked(A, B, C, alpha, beta, tr=0):
-    """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N).
+def blocked(A, B, C, alpha, beta, tr, cb):
+    """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N), with
+    the cache blocks ``cb`` = (MC, KC, NC); what :func:`bind` gives Python.
 
     ``tr`` (bits 0 and 1): A, B given as their transposes, (batch|1, K, M) and
     (batch|1, N, K) C-contiguous arrays, e.g. the storage of a Fortran-ordered operand;
@@ -653,14 +665,14 @@ def blocked(A, B, C, alpha, beta, tr=0):
     if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:
         # Small products straight to the calling thread's code: one compiled call, no
         # thread pool (the checks below cost a tiny product about half its time).
-        small(A, B, C, alpha, beta)
+        small(A, B, C, alpha, beta, cb)
         return
     A, B, tr = _plain_unless_packed(A, B, C, tr)
     if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:  # small, given transposed
-        small(A, B, C, alpha, beta)
+        small(A, B, C, alpha, beta, cb)
         return
     if parallel_unsafe():  # a forked child where a parallel region would be killed
-        blocked_serial(A, B, C, alpha, beta, tr)
+        blocked_serial(A, B, C, alpha, beta, tr, cb)
         return
     nthreads = pool_threads()  # the first starts Numba's pool, where tilegemm sees it
     k = A.shape[1] if tr & 1 else A.shape[2]
@@ -668,20 +680,38 @@ def blocked(A, B, C, alpha, beta, tr=0):
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with PoolWatch(), InParallel():
         if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, DIRECT_PRODUCT):
-            gemv_threads(A, B, C, alpha, beta, nthreads)
+            gemv_threads(A, B, C, alpha, beta, nthreads, cb[1])
         else:
             size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT,
-                          B_CHUNK_BYTES, L2_BUDGET)[7]
+                          B_CHUNK_BYTES, L2_BUDGET, cb)[7]
             blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
                             workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES,
-                            L2_BUDGET)
+                            L2_BUDGET, cb)
 
 
-# The CPU backend hands this rung transposed operands in place (see ``blocked``).
-blocked.takes_transposed = True
+def bind(mc, kc, nc):
+    """The rung for the cache blocks MC, KC, NC: :func:`blocked` with them bound, called
+    ``(A, B, C, alpha, beta, tr=0)``.
+
+    They are arguments of the compiled code, not constants in it: they only bound loops and
+    size the scratch (the micro-kernel's K loop already runs to a length known at run time),
+    and as constants every MC/KC/NC a tuner, the database or a test asked for compiled the
+    whole rung again (20–30 s on a 2-core Xeon), where now each MR×NR tile compiles once.
+    """
+    cb = (int(mc), int(kc), int(nc))
+
+    def run(A, B, C, alpha, beta, tr=0):
+        if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:  # as in blocked, one call less
+            small(A, B, C, alpha, beta, cb)
+            return
+        blocked(A, B, C, alpha, beta, tr, cb)
+
+    run.takes_transposed = True  # the CPU backend hands it transposed operands in place
+    run.cache_blocks = cb
+    return run
 
 
-def blocked_serial(A, B, C, alpha, beta, tr=0):
+def blocked_serial(A, B, C, alpha, beta, tr, cb):
     """``blocked`` on the calling thread only, with no call that reaches a parallel region
     (see ``_threads.parallel_unsafe``): products with no K or at most ``DIRECT_PRODUCT``
     multiply-adds take the unpacked path, which has none; larger ones run the packed loop
@@ -693,16 +723,16 @@ def blocked_serial(A, B, C, alpha, beta, tr=0):
     k = A.shape[1] if tr & 1 else A.shape[2]
     if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
         blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), 0,
-                        B_CHUNK_BYTES, L2_BUDGET)
+                        B_CHUNK_BYTES, L2_BUDGET, cb)
         return
     if takes_gemv(batch, m, n, k, DIRECT_PRODUCT):
-        gemv_serial(A, B, C, alpha, beta)
+        gemv_serial(A, B, C, alpha, beta, cb[1])
     else:
-        products_serial(A, B, C, alpha, beta, 0, batch, tr)
+        products_serial(A, B, C, alpha, beta, 0, batch, tr, cb)
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8), parallel=True, **FLAGS)
-def gemv_threads(A, B, C, alpha, beta, nthreads):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8), parallel=True, **FLAGS)
+def gemv_threads(A, B, C, alpha, beta, nthreads, kc_max):
     """Products with M == 1 or N == 1, one after another, each split into ``nthreads``
     chunks of columns (M == 1) or rows (N == 1) that run in parallel."""
     for z in range(C.shape[0]):
@@ -710,7 +740,7 @@ def gemv_threads(A, B, C, alpha, beta, nthreads):
         Bz = B[z if B.shape[0] > 1 else 0]
         Cz = C[z]
         for c in prange(nthreads):
-            gemv_part(Az, Bz, Cz, alpha, beta, np.int64(c), nthreads)
+            gemv_part(Az, Bz, Cz, alpha, beta, np.int64(c), nthreads, kc_max)
 
 
 @when_called(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)

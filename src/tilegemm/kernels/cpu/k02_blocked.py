@@ -169,8 +169,10 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
-    """The compiled rung for one parameter set: ``_blocked_source`` with the parameters as
-    constants, loaded through the persistent compile cache (compiled once per machine)."""
+    """The compiled rung for one parameter set: ``_blocked_source`` with the tile (MR, NR)
+    as constants, loaded through the persistent compile cache (compiled once per machine),
+    and the cache blocks (MC, KC, NC) bound as arguments (``bind``), so parameter sets that
+    differ only in them share one compiled module."""
     from pathlib import Path
 
     from tilegemm._compat import import_numba
@@ -181,12 +183,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     import_numba()  # one thread at a time (see there)
     make_tbb_loadable()  # before Numba picks its threading layer (see _threads)
     dtype = np.dtype(dtype)
-    header = {"MR": p["MR"], "NR": p["NR"], "MC": p["MC"], "KC": p["KC"], "NC": p["NC"]}
+    header = {"MR": p["MR"], "NR": p["NR"]}
     bits = vector_bits()
     template = (Path(__file__).parent / "_blocked_source.py").read_text()
     source = fill_template(
         template,
-        {"MR, NR, MC, KC, NC": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
+        {"MR, NR": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
          "BATCH_PRODUCT": BATCH_PRODUCT, "BATCH_SPLIT_MIN": BATCH_SPLIT_MIN,
          "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL,
@@ -199,7 +201,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     with vector_width(bits), PoolWatch():
         module = load_module(f"blocked-{dtype.name}", source,
                              {"kernel": "blocked", "params": header, "dtype": dtype.name})
-    return module.blocked
+    program = module.bind(p["MC"], p["KC"], p["NC"])
+    # the module this program runs in (for tests and benchmarks that set its globals, such
+    # as L2_BUDGET): parameter sets that share a cache entry each import it anew, so the
+    # name in sys.modules is the last one's
+    program.module = module
+    return program
 
 
 # Products of one row block pack B a chunk of strips at a time, each chunk just before its
