@@ -660,13 +660,9 @@ def blocked(A, B, C, alpha, beta, tr, cb):
 
     ``tr`` (bits 0 and 1): A, B given as their transposes, (batch|1, K, M) and
     (batch|1, N, K) C-contiguous arrays, e.g. the storage of a Fortran-ordered operand;
-    packed from that layout, with no transposing copy.
+    packed from that layout, with no transposing copy. Small products given plainly are
+    sent to ``small`` before this, by the bound program (``bind``).
     """
-    if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:
-        # Small products straight to the calling thread's code: one compiled call, no
-        # thread pool (the checks below cost a tiny product about half its time).
-        small(A, B, C, alpha, beta, cb)
-        return
     A, B, tr = _plain_unless_packed(A, B, C, tr)
     if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:  # small, given transposed
         small(A, B, C, alpha, beta, cb)
@@ -701,7 +697,9 @@ def bind(mc, kc, nc):
     cb = (int(mc), int(kc), int(nc))
 
     def run(A, B, C, alpha, beta, tr=0):
-        if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:  # as in blocked, one call less
+        if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:
+            # Small products straight to the calling thread's code: one compiled call, no
+            # thread pool (the checks in blocked cost a tiny product about half its time).
             small(A, B, C, alpha, beta, cb)
             return
         blocked(A, B, C, alpha, beta, tr, cb)
