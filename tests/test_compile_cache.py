@@ -289,6 +289,7 @@ print(json.dumps(steps))
     # MC, KC and NC are arguments of the compiled code: parameter sets that differ only in
     # them share the tile's one cache entry (compiled once, 20-30 s a tile on 2 cores)
     assert steps[4][1]["compiled"] == 0, steps
+    assert steps[4][1] == steps[3][1], steps  # nor loaded again: imported once per process
     assert len(list((tmp_path / "cpu").glob("blocked-float64-*.py"))) == 1
 
 

@@ -168,15 +168,21 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
         return njit(sig, **jit_flags(dtype))(ns["ukernel"])
 
 
+# The generated modules this process has imported, by (source, cache folder): parameter
+# sets that differ only in MC/KC/NC share one, instead of each importing the cache entry
+# again and loading its code (or, with the cache off, compiling it again).
+_TILE_MODULES: dict[tuple[str, str], Any] = {}
+
+
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     """The compiled rung for one parameter set: ``_blocked_source`` with the tile (MR, NR)
     as constants, loaded through the persistent compile cache (compiled once per machine),
     and the cache blocks (MC, KC, NC) bound as arguments (``bind``), so parameter sets that
-    differ only in them share one compiled module."""
+    differ only in them share one compiled module, imported once per process."""
     from pathlib import Path
 
     from tilegemm._compat import import_numba
-    from tilegemm.compile_cache import fill_template, load_module
+    from tilegemm.compile_cache import cache_root, fill_template, load_module
     from tilegemm.kernels.cpu._slp import vector_width
     from tilegemm.kernels.cpu._threads import PoolWatch, make_tbb_loadable
 
@@ -198,14 +204,15 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     )
     # compiled (or loaded from the cache) with full-width vectors; loading may start
     # Numba's thread pool, whose threads are then placed before each product (_threads)
-    with vector_width(bits), PoolWatch():
-        module = load_module(f"blocked-{dtype.name}", source,
-                             {"kernel": "blocked", "params": header, "dtype": dtype.name})
+    key = (source, str(cache_root()))
+    module = _TILE_MODULES.get(key)
+    if module is None:
+        with vector_width(bits), PoolWatch():
+            module = load_module(f"blocked-{dtype.name}", source,
+                                 {"kernel": "blocked", "params": header, "dtype": dtype.name})
+        _TILE_MODULES[key] = module
     program = module.bind(p["MC"], p["KC"], p["NC"])
-    # the module this program runs in (for tests and benchmarks that set its globals, such
-    # as L2_BUDGET): parameter sets that share a cache entry each import it anew, so the
-    # name in sys.modules is the last one's
-    program.module = module
+    program.module = module  # for tests and benchmarks that set its globals (L2_BUDGET)
     return program
 
 
