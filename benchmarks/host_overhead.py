@@ -14,11 +14,17 @@ is about 7 µs of work at the rate wgmma reaches at 4096³ and took cuBLAS 20 µ
 size and mode, one line:
 
 - host: the host's time to enqueue one call of the rung's program (its copies and its
-  kernel), of the kernel alone, and of one ``tilegemm.matmul`` on numba device arrays
-  (not for bfloat16, which numba's arrays cannot hold); no synchronisation inside the
-  timed loop;
-- back to back: 20 calls between two events, per call: the larger of the host's time and
-  the GPU's, what a loop of calls gets;
+  kernel), of the kernel alone, of one ``tilegemm.matmul`` on numba device arrays
+  (not for bfloat16, which numba's arrays cannot hold) and of one on PyTorch tensors
+  (``precision="tf32"`` for float32; a plain call for 16-bit data), in that order,
+  separated by "/"; no synchronisation inside the timed loop;
+- back to back: 20 calls between two events, per call, of the program and of
+  ``matmul`` on PyTorch tensors: the larger of the host's time and the GPU's, what a
+  loop of calls gets;
+- each of those twice with tilegemm's launches ("direct": the driver's launch, and
+  repeated calls on PyTorch/CuPy arrays launched on views of their memory,
+  ``backends/cuda_launch`` and ``backends/cuda_direct``) and twice with numba's own
+  ("numba"), alternating;
 - GPU: the same calls enqueued behind a kernel that keeps the GPU busy until all are
   queued, per call: the GPU's own time (copies and kernel), free of the host;
 - cuBLAS (PyTorch, same precision) back to back, when torch is there.
@@ -94,14 +100,52 @@ def _measure(cuda: Any, torch: Any, spin: Any, backend: Any, spec: Any, n: int,
     api = None if mode == "bfloat16" else partial(
         tilegemm.matmul, a.reshape(n, n), b.reshape(n, n),
         precision="tf32" if mode == "tf32" else None, dtype=np.float32)
-    host_api = "-" if api is None else f"{_host(cuda, api):.0f}"
-    b2b_api = "-" if api is None else f"{_b2b(cuda, api):.0f}"
-    line = (f"{n}^3 {mode}: host: call {_host(cuda, call):.0f}, kernel alone "
-            f"{_host(cuda, kernel):.0f}, matmul() {host_api}; back to back: call "
-            f"{_b2b(cuda, call):.0f}, matmul() {b2b_api}; GPU: call {_gpu(cuda, spin, call)}")
+    # matmul() on PyTorch tensors, as a PyTorch user calls it: a plain call for 16-bit
+    # data (tensor cores are what such a call runs), precision= for float32 (not plain)
+    on_torch = None
+    if torch is not None:
+        tdt = {"tf32": torch.float32, "float16": torch.float16,
+               "bfloat16": torch.bfloat16}[mode]
+        ta = torch.randn(n, n, device="cuda", dtype=tdt)
+        tb = torch.randn(n, n, device="cuda", dtype=tdt)
+        on_torch = partial(tilegemm.matmul, ta, tb,
+                           **({"precision": "tf32"} if mode == "tf32" else {}))
+    parts = []
+    for direct in (True, False, True, False):  # alternating: a noisy host moves both
+        with _launches(direct):
+            host = "/".join("-" if fn is None else f"{_host(cuda, fn):.0f}"
+                            for fn in (call, kernel, api, on_torch))
+            b2b = "/".join("-" if fn is None else f"{_b2b(cuda, fn):.0f}"
+                           for fn in (call, on_torch))
+        parts.append(f"{'direct' if direct else 'numba'}: host {host}, back to back {b2b}")
+    line = (f"{n}^3 {mode}: " + "; ".join(parts)
+            + f"; GPU: call {_gpu(cuda, spin, call)}")
     if torch is not None:
         line += f"; cuBLAS back to back {_cublas(torch, n, mode):.0f}"
     return line
+
+
+class _launches:  # noqa: N801 - used as a context manager
+    """Launches as tilegemm makes them (``direct``: the driver's launch, views of CuPy
+    and PyTorch arrays on repeated calls), or all through numba's own launch
+    (the driver library is hidden from both for the block)."""
+
+    def __init__(self, direct: bool) -> None:
+        self.direct = direct
+
+    def __enter__(self) -> None:
+        from tilegemm import fastpath
+        from tilegemm.backends import cuda_direct, cuda_launch
+
+        self.saved = cuda_launch.driver
+        if not self.direct:
+            cuda_launch.driver = cuda_direct.driver = lambda: None  # type: ignore[assignment]
+        fastpath.forget()  # decided again, with or without a direct program
+
+    def __exit__(self, *exc: Any) -> None:
+        from tilegemm.backends import cuda_direct, cuda_launch
+
+        cuda_launch.driver = cuda_direct.driver = self.saved  # type: ignore[assignment]
 
 
 def _cpu() -> str:

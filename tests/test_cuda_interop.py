@@ -8,6 +8,8 @@ step 1); skipped elsewhere, and per library when it is not installed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -113,3 +115,47 @@ def test_results_come_from_the_library_allocator(lib: str) -> None:
     s.synchronize()
     assert _same_kind(lib, r)
     assert_close(_host(lib, r), a, b, what="stream=")
+
+
+@pytest.mark.parametrize("case", ["float32", "batched", "vectors", "B K-major", "float16",
+                                  "float16 B K-major", "own stream"])
+def test_repeated_calls_are_launched_directly(lib: str, case: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second and later plain calls of a case run on views of the arrays' memory
+    (backends/cuda_direct): each on fresh data, NaN-poisoned first (TILEGEMM_POISON), on
+    the library's current stream, and right."""
+    from tilegemm import fastpath
+    from tilegemm.backends import cuda_direct
+
+    mod = _lib(lib)
+    fastpath.forget()  # (another test's case of the same layout would be remembered)
+    direct: list[bool] = []
+    call = cuda_direct.DirectProgram.__call__
+
+    def counted(self: Any, a: Any, b: Any, poison: bool = False) -> Any:
+        r = call(self, a, b, poison)
+        direct.append(r is not None)
+        return r
+
+    monkeypatch.setattr(cuda_direct.DirectProgram, "__call__", counted)
+    dtype = "float16" if case.startswith("float16") else "float32"
+    sa, sb = {"batched": ((3, M, K), (3, K, N)), "vectors": ((K,), (K, N))}.get(
+        case, ((M, K), (K, N)))
+    stream = None
+    if case == "own stream":
+        stream = mod.cuda.Stream() if lib == "torch" else mod.cuda.Stream(non_blocking=True)
+    for i in range(4):
+        a, b = random_operands(sa, sb, dtype)
+        da = _to(lib, a)
+        db = (_to(lib, np.ascontiguousarray(b.T)).T if case.endswith("K-major")
+              else _to(lib, b))
+        ctx = (mod.cuda.stream(stream) if lib == "torch" else stream) if stream else None
+        if ctx is None:
+            r = tilegemm.matmul(da, db)
+        else:
+            with ctx:
+                r = tilegemm.matmul(da, db)
+            stream.synchronize()
+        assert _same_kind(lib, r) and tuple(r.shape) == (a @ b).shape
+        assert_close(_host(lib, r), a, b, what=f"{lib} {case}, call {i + 1}")
+    assert direct == [True] * 3

@@ -474,6 +474,11 @@ def gemm(
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
     plain = (c is None and alpha == 1 and beta == 0 and not trans_a and not trans_b
              and device is None and stream is None and precision is None)
+    if plain and dtype is None and out is None:
+        # device operands: launched directly, as an earlier call of this case let them be
+        result = fastpath.try_remembered_device(a, b, kernel, backend, params)
+        if result is not None:
+            return result
     ops = [describe(a, "a"), describe(b, "b")]
     # device operands: the decision an earlier call of this case made (see fastpath)
     key = (_device_case(ops, out, kernel, backend, params)
@@ -534,6 +539,10 @@ def gemm(
                                   params=params)
         if key is not None and tuning is not None:
             fastpath.remember_decision(key, chosen, *tuning)
+            if out is None:
+                fastpath.remember_device(
+                    a, b, lambda: be.device_program(spec, resolved, prob, target, ops[:2]),
+                    *tuning, kernel=kernel, backend=backend, params=params)
         if out is not None and not direct:
             # Strided, cast, broadcast or overlapping out: the product went to a temporary.
             np.copyto(out, result, casting="same_kind")

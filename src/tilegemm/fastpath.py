@@ -133,6 +133,10 @@ class _Case(NamedTuple):
 _table: dict[tuple[Any, ...], _Case] = {}
 _refused: set[tuple[Any, ...]] = set()  # cases whose backend gave no program to remember
 _decisions: dict[tuple[Any, ...], Any] = {}  # device operands: api.Decision by device_key
+# device operands: a backend's device_program by _direct_key; the key function of each
+# array type such a program was remembered for
+_direct: dict[tuple[Any, ...], Any] = {}
+_keyers: dict[type, Callable[[Any], Any]] = {}
 # the tuning cache file the decisions read, its mtime then, and TILEGEMM_CACHE_DIR then
 # (which moves the file: a decision made under another directory is stale too; kept as
 # _cache_dir() reads it)
@@ -332,6 +336,59 @@ def remember_decision(key: tuple[Any, ...], chosen: Any, tuning_cache: str | Non
     _decisions[key] = chosen
 
 
+def _direct_key(a: Any, b: Any, kernel: Any, backend: Any, params: dict[str, Any] | None,
+                keyer: Callable[[Any], Any]) -> tuple[Any, ...] | None:
+    """The key of a directly launched device case, or None when it has none."""
+    if type(b) is not type(a) or type(kernel) is not str or type(backend) is not str:
+        return None
+    given = _given(params)
+    if given is None:
+        return None
+    ka, kb = keyer(a), keyer(b)
+    if ka is None or kb is None:
+        return None
+    return (kernel, backend, given, type(a), ka, kb)
+
+
+def try_remembered_device(a: Any, b: Any, kernel: Any, backend: Any,
+                          params: dict[str, Any] | None = None) -> Any:
+    """The product ``a @ b`` of device arrays, launched directly by the program a backend
+    gave for an earlier plain call of the same case (``Backend.device_program``), or None
+    (nothing launched): no such case, or the program found its conditions unmet."""
+    keyer = _keyers.get(type(a))
+    if keyer is None:
+        return None
+    key = _direct_key(a, b, kernel, backend, params, keyer)
+    program = None if key is None else _direct.get(key)
+    if program is None:
+        return None
+    if _stale():
+        forget()
+        return None
+    return program(a, b, _poison() not in _POISON_OFF)
+
+
+def remember_device(a: Any, b: Any, make_program: Callable[[], Any],
+                    tuning_cache: str | None, tuning_mtime: int | None, *, kernel: Any,
+                    backend: Any, params: dict[str, Any] | None = None) -> None:
+    """Record the program ``make_program()`` gives (the backend's ``device_program``, or
+    None) for later plain calls like ``matmul(a, b, kernel=kernel, backend=backend,
+    **params)`` on device arrays, made under the tuning cache file as it was (see
+    :func:`remember`)."""
+    program = make_program()
+    if program is None:
+        return
+    key = _direct_key(a, b, kernel, backend, params, program.key_of)
+    if key is None:
+        return
+    state = [tuning_cache, tuning_mtime, _cache_dir()]
+    if len(_direct) >= _LIMIT or _watch != state:
+        forget()
+    _watch[:] = state
+    _direct[key] = program
+    _keyers[type(a)] = program.key_of
+
+
 def _stale() -> bool:
     """Whether the tuning cache file changed, or moved, since the remembered decisions:
     the directory on every call, the file's time when no ``stat`` in the last
@@ -352,4 +409,5 @@ def forget() -> None:
     _table.clear()
     _refused.clear()
     _decisions.clear()
+    _direct.clear()
     _confirmed[0] = 0

@@ -356,6 +356,21 @@ class Backend(ABC):
         with host operands."""
         return None
 
+    def device_program(self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+                       target: Target, ops: Sequence[Operand]) -> Callable[..., Any] | None:
+        """What later plain calls like this one on device arrays may run directly
+        (:mod:`tilegemm.fastpath`), or None, when they take the full path.
+
+        The result is called as ``program(a, b, poison)`` with the caller's device arrays
+        (of the layout, dtype and device of the described ``ops`` just run) and returns
+        the product as :meth:`run` would (``poison``: NaN written first, as under
+        ``TILEGEMM_POISON``), or None (having launched nothing) where that call must take
+        the full path after all. Its ``key_of(x)`` gives what a case depends on
+        of an operand ``x``, read cheaply from the array's own attributes, or None. It is
+        made once per case, right after a full call of ``prob`` on ``target`` ran with
+        alpha one, beta zero, no ``c`` and no ``out``."""
+        return None
+
     def prepare(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
         a3: np.ndarray, b3: np.ndarray, target: Target | None = None,

@@ -572,6 +572,18 @@ class CudaBackend(Backend):
             cuda_staging.put_back(staging_key, staged)
         return host
 
+    def device_program(self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
+                       target: Target, ops: Sequence[Operand]) -> Callable[..., Any] | None:
+        """CuPy and PyTorch operands of plain cases: launched on views of their memory,
+        without numba's array objects (see ``backends/cuda_direct``)."""
+        if target.simulated or target.index is not None:
+            return None
+        from tilegemm.backends.cuda_direct import device_program
+
+        alpha, beta = resolve_scalars(prob, 1.0, 0.0)
+        return device_program(spec.program(params, prob.dtype), prob, (ops[0], ops[1]),
+                              alpha, beta)
+
     def _device_c(self, c: Operand, prob: GemmProblem, stream: Any = None) -> Any:
         """A device C0 for beta != 0: must already have the result's shape and dtype."""
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tilegemm.backends.cuda_launch import launch_kernel
+from tilegemm.backends.cuda_launch import DeviceView, launch_kernel
 
 # Bytes of shared memory a block may declare statically, and use dynamically without
 # opting in, on every CUDA GPU.
@@ -65,9 +65,12 @@ class CudaProgram:
 
 def strided_view(d: Any, shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
     """A view of device array ``d``'s memory with ``shape`` and byte ``strides`` from its
-    element 0 (numba's own ``transpose`` and ``reshape`` copy or refuse such views)."""
+    element 0 (numba's own ``transpose`` and ``reshape`` copy or refuse such views), of
+    the same kind (a numba array, the simulator's, or a ``DeviceView``)."""
     from tilegemm import simulator
 
+    if type(d) is DeviceView:
+        return DeviceView(d.ptr, tuple(shape), tuple(strides), d.dtype)
     if simulator.enabled():
         import numpy as np
         from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.backends.cuda_launch import launch_kernel
+from tilegemm.backends.cuda_launch import DeviceView, launch_kernel
 from tilegemm.backends.cuda_program import CudaProgram, strided_view
 from tilegemm.kernels.cuda._workspace import Workspaces, device_key
 from tilegemm.launch import MAX_GRID_YZ, ceil_div
@@ -52,6 +52,8 @@ def kmajor_view(B: Any) -> Any | None:
 
 
 def _address(B: Any) -> int:
+    if type(B) is DeviceView:
+        return B.ptr
     cai = getattr(B, "__cuda_array_interface__", None)
     if cai is not None:
         return int(cai["data"][0])
