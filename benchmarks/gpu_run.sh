@@ -215,7 +215,7 @@ visit)
       $PY -m pytest -q -n 16 -p no:cacheprovider -rf -W ignore -m "cudasim or gpu" \
       tests/test_wgmma.py tests/test_wgmma_rung.py tests/test_cuda_mma.py \
       tests/test_cuda_mma_store.py tests/test_cuda_tensorcore.py tests/test_cuda_kmajor.py \
-      tests/test_cuda_staging.py tests/test_cuda_interop.py
+      tests/test_cuda_staging.py tests/test_cuda_interop.py tests/test_fastpath_device.py
   # small products on NumPy and device arrays (NumPy arrays: the driver's copies into
   # kept buffers, 2026-11-26 on the H100's host 628 us at 8^3 float32, 1071 with numba's)
   part "small calls" 60 "$OUT/small-calls.log" $PY benchmarks/small_calls.py \

@@ -70,6 +70,17 @@ no ``c``, ``alpha``, ``beta``, transpose flags, ``device``, ``stream``, ``precis
 dtype, strides and device are then part of the key, and whether it overlaps an operand is
 seen on every call, by ``run``). Decisions are dropped under the same conditions as the
 host cases', and both tables together hold at most a few hundred.
+
+**Device operands, launched directly.** A backend may give more than the decision for a
+plain call without ``out``: a program that takes the caller's arrays of that case
+(``Backend.device_program``; the CUDA backend's, for CuPy and PyTorch arrays, launches on
+views of their memory: ``backends/cuda_direct``). Such a case is keyed by the program's
+own reading of each operand's attributes (``key_of``: for PyTorch its dtype, shape,
+strides, device and ``requires_grad``), with no ``describe`` at all, and checked before
+anything else a call reads. On an H100's host a ``matmul`` on PyTorch tensors took
+123–196 µs this way, against 559–948 with the decision alone (2026-11-26,
+``benchmarks/results/logs-nvidia-h100-2026-11-26f``). The program may still decline a
+call (another context current on the thread), which then takes the path above.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ rung on numba's CUDA simulator (correct but slow: tiny shapes only), so anyone c
 rung without a GPU. ``backend="auto"`` never picks the simulator.
 
 Arrays with ``__cuda_array_interface__`` (numba, CuPy, PyTorch) are used in place and the
-result is returned as the same library's array, with no copy to the host.
+result is returned as the same library's array, with no copy to the host. Repeated plain
+calls on CuPy or PyTorch arrays skip numba's array objects (``backends/cuda_direct``), and
+every kernel is launched through the driver once numba has launched it
+(``backends/cuda_launch``).
 """
 
 from __future__ import annotations
