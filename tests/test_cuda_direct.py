@@ -205,3 +205,29 @@ def test_fastpath_remembers_keys_and_forgets(gpu: types.SimpleNamespace,
         assert fastpath.try_remembered_device(a, b, **kw) is None
     finally:
         fastpath.forget()
+
+
+def test_the_device_id_is_found_once_per_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A workspace's device is the current context's, asked of numba once per context
+    (numba's query costs tens of microseconds a launch)."""
+    from numba import cuda
+
+    from tilegemm.kernels.cuda import _workspace
+
+    state = types.SimpleNamespace(context=0xC7, asked=0)
+    drv = types.SimpleNamespace(context=lambda: state.context)
+    monkeypatch.setattr(cuda_launch, "driver", lambda: drv)
+    monkeypatch.setattr(_workspace, "_DEVICE_OF_CONTEXT", {})
+
+    def current() -> Any:
+        state.asked += 1
+        return types.SimpleNamespace(id=3 if state.context == 0xC7 else 5)
+
+    monkeypatch.setattr(cuda, "get_current_device", current)
+    assert [_workspace.device_key() for _ in range(3)] == [3, 3, 3] and state.asked == 1
+    state.context = 0xC8
+    assert [_workspace.device_key() for _ in range(2)] == [5, 5] and state.asked == 2
+    state.context = 0  # no context: numba's answer each time, nothing kept
+    _workspace.device_key()
+    _workspace.device_key()
+    assert state.asked == 4

@@ -45,6 +45,9 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm import simulator
+from tilegemm.backends.cuda_stream import stream_handle
+
 # (dispatcher, arguments' key) -> numba's compiled overload, or False: numba's own path
 _OVERLOADS: dict[tuple[Any, tuple[Any, ...]], Any] = {}
 # (overload, context handle) -> its _Direct launcher there
@@ -132,6 +135,7 @@ def arg_key(args: tuple[Any, ...], array_type: type | tuple[type, ...]
     return tuple(key)
 
 
+@cache
 def _array_type() -> tuple[type, ...]:
     """The device arrays a launch packs: numba's device array class and :class:`DeviceView`."""
     from numba.cuda.cudadrv import devicearray
@@ -141,6 +145,9 @@ def _array_type() -> tuple[type, ...]:
 
 def _dims(d: Any) -> tuple[int, ...]:
     """A grid or block as numba's launch normalises it: three integers."""
+    if type(d) is tuple and len(d) == 3:
+        x, y, z = d
+        return (int(x), int(y), int(z))
     d = tuple(d) if isinstance(d, (tuple, list)) else (d,)
     return tuple(int(x) for x in d) + (1,) * (3 - len(d))
 
@@ -270,8 +277,6 @@ def stream_int(stream: Any) -> int:
     """A launch's stream as the driver takes it: 0 (numba's default), or a handle."""
     if not stream:
         return 0
-    from tilegemm.backends.cuda_stream import stream_handle
-
     return stream_handle(stream) or 0
 
 
@@ -286,8 +291,6 @@ def launch_kernel(dispatcher: Any, grid: Any, block: Any, stream: Any, smem: int
     ``cuda_program.opt_in_dynamic_shared``): before every launch numba makes, and before
     a direct one that needs more than its context was opted in to. Under the simulator:
     numba's launch, and no ``prepare``."""
-    from tilegemm import simulator
-
     if simulator.enabled():
         dispatcher[grid, block, stream, smem](*args)
         return

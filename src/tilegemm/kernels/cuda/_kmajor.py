@@ -145,13 +145,19 @@ def copy_to_workspaces(workspaces: Workspaces, copies: list[tuple[Any, str, bool
     if len(jobs) == 2 and jobs[0][0].dtype == jobs[1][0].dtype:
         (X1, W1, t1), (X2, W2, t2) = jobs
         grid = _grid(X1.shape, X2.shape)
-        kernel = copy_pair_kernel(np.dtype(X1.dtype).name, round_tf32, t1, t2)
+        kernel = copy_pair_kernel(_name(X1.dtype), round_tf32, t1, t2)
         launch_kernel(kernel, grid, (TILE, ROWS), stream, 0, (X1, W1, X2, W2))
         return works
     for X, W, transpose in jobs:
-        kernel = copy_kernel(np.dtype(X.dtype).name, round_tf32, transpose)
+        kernel = copy_kernel(_name(X.dtype), round_tf32, transpose)
         launch_kernel(kernel, _grid(X.shape), (TILE, ROWS), stream, 0, (X, W))
     return works
+
+
+@cache
+def _name(dtype: np.dtype) -> str:
+    """``dtype``'s name (NumPy builds it anew on every read: microseconds a launch)."""
+    return np.dtype(dtype).name
 
 
 def _grid(*shapes: tuple[int, int, int]) -> tuple[int, int, int]:

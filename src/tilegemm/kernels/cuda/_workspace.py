@@ -12,6 +12,7 @@ Private module: imports numba only when a workspace is made.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Hashable
 from typing import Any
@@ -45,7 +46,7 @@ class Workspaces:
         from numba import cuda
 
         key = (device_key() if device is None else device, stream_key(stream), slot)
-        if int(np.prod(shape)) * np.dtype(dtype).itemsize > KEEP_BYTES:
+        if math.prod(shape) * np.dtype(dtype).itemsize > KEEP_BYTES:
             self._spaces.pop(key, None)  # a smaller one kept for this key is no use now
             return cuda.device_array(shape, dtype=dtype, stream=stream)
         work = self._spaces.get(key)
@@ -61,14 +62,31 @@ class Workspaces:
         return len(self._spaces)
 
 
+# context handle -> numba's id of its device: numba's own query of the current device
+# checks its context state on the way, tens of microseconds of a launch's host time
+_DEVICE_OF_CONTEXT: dict[int, int] = {}
+
+
 def device_key() -> int:
-    """The current CUDA device's id (0 under the simulator, whose device has none)."""
+    """The current CUDA device's id (0 under the simulator, whose device has none), found
+    once per context: afterwards by the current context's handle (``cuCtxGetCurrent``)."""
+    from tilegemm.backends.cuda_launch import driver
+
+    drv = driver()
+    context = drv.context() if drv is not None else 0
+    known = _DEVICE_OF_CONTEXT.get(context) if context else None
+    if known is not None:
+        return known
     from numba import cuda
 
     try:
-        return int(cuda.get_current_device().id)
+        found = int(cuda.get_current_device().id)
     except Exception:  # the simulator's device has no id
         return 0
+    context = drv.context() if drv is not None else 0  # (numba may have made it current)
+    if context:
+        _DEVICE_OF_CONTEXT[context] = found
+    return found
 
 
 def stream_key(stream: Any) -> Hashable:
