@@ -4,12 +4,12 @@
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TILEGEMM_CACHE_DIR=/tmp/tilegemm-cache
 export CUPY_TF32=0
-TILEGEMM_GPU_TESTS=1 NVIDIA_TF32_OVERRIDE=0 timeout 100 python3 -m pytest -q -n 6 -p no:cacheprovider -rf -W ignore \
+TILEGEMM_GPU_TESTS=1 NVIDIA_TF32_OVERRIDE=0 timeout 80 python3 -m pytest -q -n 6 -p no:cacheprovider -rf -W ignore \
   -m "cudasim or gpu" tests/test_cuda_interop.py tests/test_cuda_kmajor.py > $OUT/gpu-tests.log 2>&1
 echo "gpu tests: exit $?"
-timeout 80 python3 benchmarks/host_overhead.py --sizes 1024 4096 --modes float16 bfloat16 > $OUT/host.log 2>&1
+timeout 70 python3 benchmarks/host_overhead.py --sizes 1024 4096 --modes float16 bfloat16 > $OUT/host.log 2>&1
 echo "host overhead: exit $?"
-timeout 50 python3 benchmarks/small_calls.py --backends cuda --dtypes float32 --sizes 8 64 --no-save > $OUT/small-calls.log 2>&1
+timeout 40 python3 benchmarks/small_calls.py --backends cuda --dtypes float32 --sizes 8 64 --no-save > $OUT/small-calls.log 2>&1
 echo "small calls: exit $?"
 grep -E "passed|failed|^FAILED|^ERROR" $OUT/gpu-tests.log | tail -8
 grep -E "\^3|needs|Error" $OUT/host.log
