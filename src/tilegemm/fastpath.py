@@ -78,7 +78,7 @@ views of their memory: ``backends/cuda_direct``). Such a case is keyed by the pr
 own reading of each operand's attributes (``key_of``: for PyTorch its dtype, shape,
 strides, device and ``requires_grad``), with no ``describe`` at all, and checked before
 anything else a call reads. On an H100's host a ``matmul`` on PyTorch tensors took
-123–196 µs this way, against 559–948 with the decision alone (2026-11-26,
+86–121 µs this way, against 548–948 with the decision alone (2026-11-26,
 ``benchmarks/results/logs-nvidia-h100-2026-11-26f``). The program may still decline a
 call (another context current on the thread), which then takes the path above.
 """
