@@ -340,11 +340,17 @@ def remember_decision(key: tuple[Any, ...], chosen: Any, tuning_cache: str | Non
     """Record the decision ``chosen`` the full path just ran for ``key``, made under the
     tuning cache file ``tuning_cache`` as it was (modification time ``tuning_mtime``)
     before deciding; see :func:`remember`."""
+    _enter(tuning_cache, tuning_mtime, _decisions)
+    _decisions[key] = chosen
+
+
+def _enter(tuning_cache: str | None, tuning_mtime: int | None, table: dict) -> None:
+    """Remember the next case in ``table`` under this state of the tuning cache file:
+    everything remembered is dropped first when the state changed or ``table`` is full."""
     state = [tuning_cache, tuning_mtime, _cache_dir()]
-    if len(_decisions) >= _LIMIT or _watch != state:
+    if len(table) >= _LIMIT or _watch != state:
         forget()
     _watch[:] = state
-    _decisions[key] = chosen
 
 
 def _direct_key(a: Any, b: Any, kernel: Any, backend: Any, params: dict[str, Any] | None,
@@ -392,10 +398,7 @@ def remember_device(a: Any, b: Any, make_program: Callable[[], Any],
     key = _direct_key(a, b, kernel, backend, params, program.key_of)
     if key is None:
         return
-    state = [tuning_cache, tuning_mtime, _cache_dir()]
-    if len(_direct) >= _LIMIT or _watch != state:
-        forget()
-    _watch[:] = state
+    _enter(tuning_cache, tuning_mtime, _direct)
     _direct[key] = program
     _keyers[type(a)] = program.key_of
 
