@@ -307,3 +307,26 @@ def test_a_view_reaches_numba_as_an_array_over_its_memory() -> None:
     cai = view.__cuda_array_interface__
     assert cai["data"] == (0x4000, False) and cai["typestr"] == "<f4"
     assert cai["shape"] == (2, 3) and cai["strides"] == (12, 4) and cai["version"] == 3
+
+
+@pytest.mark.parametrize("value,opened", [("1", False), ("yes", False), ("0", True),
+                                          ("", True)])
+def test_tilegemm_numba_launch_keeps_every_launch_numbas(
+        monkeypatch: pytest.MonkeyPatch, value: str, opened: bool) -> None:
+    """The way back to numba's launches: the driver is not opened for direct launches."""
+    import ctypes
+
+    monkeypatch.setenv("TILEGEMM_NUMBA_LAUNCH", value)
+    tried: list[str] = []
+
+    def cdll(name: str) -> Any:
+        tried.append(name)
+        raise OSError("no driver here")
+
+    monkeypatch.setattr(ctypes, "CDLL", cdll)
+    cuda_launch.driver.cache_clear()
+    try:
+        assert cuda_launch.driver() is None
+        assert bool(tried) == opened
+    finally:
+        cuda_launch.driver.cache_clear()

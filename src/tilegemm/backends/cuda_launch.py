@@ -23,8 +23,9 @@ kernel there. A driver error is raised as :class:`LaunchError`, never ignored.
 What numba's path does that this skips is checked once per key: a kernel compiled for its
 launch configuration (``launch_config_sensitive``), or one with an argument this does not
 pack (anything but arrays, floats and integers), always goes through numba. So does every
-launch where the driver library cannot be opened with ``ctypes``, and every launch under
-the simulator (its kernels are Python).
+launch where the driver library cannot be opened with ``ctypes``, or in a process started
+with ``TILEGEMM_NUMBA_LAUNCH=1`` (a way back to numba's launches, should these ever
+misbehave), and every launch under the simulator (its kernels are Python).
 
 :class:`DeviceView` describes device memory (an address, shape, byte strides and dtype)
 without numba's array object: the CUDA backend hands it for CuPy and PyTorch arrays on
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import struct
 import sys
 import threading
@@ -182,7 +184,12 @@ class _Driver:
 @cache
 def driver() -> _Driver | None:
     """The CUDA driver library as ``ctypes`` opens it (the one numba-cuda has loaded), or
-    None where it cannot be opened: every launch then goes through numba."""
+    None where it cannot be opened, or where ``TILEGEMM_NUMBA_LAUNCH`` asks for numba's
+    launches (read once per process): every launch then goes through numba, and every
+    call on CuPy/PyTorch arrays takes the full path."""
+    if os.environ.get("TILEGEMM_NUMBA_LAUNCH", "0").strip().lower() not in ("", "0", "no",
+                                                                             "false", "off"):
+        return None
     names = (["nvcuda.dll"] if sys.platform == "win32"
              else ["libcuda.so.1", "libcuda.so", ctypes.util.find_library("cuda")])
     for name in names:
