@@ -184,7 +184,7 @@ def test_scalars_are_keyed_by_type() -> None:
 
 
 @pytest.mark.parametrize("case", ["sensitive", "unknown argument", "no driver library",
-                                  "argument not packed"])
+                                  "argument not packed", "debug", "cooperative"])
 def test_numba_launches_what_the_direct_call_cannot(fake_numba: _Driver, case: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A kernel compiled for its launch configuration, an argument numba must type itself,
@@ -197,6 +197,8 @@ def test_numba_launches_what_the_direct_call_cannot(fake_numba: _Driver, case: s
     args = _args() if case != "unknown argument" else (*_args()[:4], SimpleNamespace())
     if case == "no driver library":
         monkeypatch.setattr(cuda_launch, "driver", lambda: None)
+    if case in ("debug", "cooperative"):  # numba's launch does more for these
+        monkeypatch.setattr(_Overload, case, True, raising=False)
     seen: list[Any] = []
     for _ in range(3):
         cuda_launch.launch_kernel(disp, 1, 32, 0, 0, args, seen.append)

@@ -22,7 +22,8 @@ kernel there. A driver error is raised as :class:`LaunchError`, never ignored.
 
 What numba's path does that this skips is checked once per key: a kernel compiled for its
 launch configuration (``launch_config_sensitive``), or one with an argument this does not
-pack (anything but arrays, floats and integers), always goes through numba. So does every
+pack (anything but arrays, floats and integers), or one compiled with ``debug=True`` or
+using grid-wide synchronisation (a cooperative launch), always goes through numba. So does every
 launch where the driver library cannot be opened with ``ctypes``, or in a process started
 with ``TILEGEMM_NUMBA_LAUNCH=1`` (a way back to numba's launches, should these ever
 misbehave), and every launch under the simulator (its kernels are Python).
@@ -248,7 +249,11 @@ class _Direct:
 def _direct_for(kernel: Any, smem: int) -> _Direct | None:
     """A direct launcher of numba's overload ``kernel`` in the current context (which
     numba has just launched it in), or None where its arguments are not all arrays and
-    scalars this packs."""
+    scalars this packs, or where numba's launch does more than the driver's plain launch:
+    a kernel compiled with ``debug=True`` (numba reads its exception flag after each
+    launch) or a cooperative one (launched with ``cuLaunchCooperativeKernel``)."""
+    if getattr(kernel, "debug", False) or getattr(kernel, "cooperative", False):
+        return None
     try:
         from numba.cuda import types  # numba-cuda's own type classes
     except ImportError:  # an older numba-cuda: numba's
