@@ -14,8 +14,8 @@ operand as the rung reads it, alpha and beta, the result's shape and dtype, the 
 it ran in. A call of that case then reads each operand's address (``data_ptr()``, CuPy's
 ``data.ptr``), allocates the result from the operands' own library on its current stream
 (as the full path does), and launches the program on :class:`DeviceView` s of that
-memory, on the library's current stream. The case is keyed by :func:`quick_key`, each
-operand's own attributes (type, dtype, shape, strides, device), which
+memory, on the library's current stream. The case is keyed by each operand's own
+attributes (dtype, shape, strides, device: :func:`torch_key`, :func:`cupy_key`), which
 :mod:`tilegemm.fastpath` looks up before anything else is read.
 
 Only plain cases qualify: CuPy or PyTorch operands of one library and of the product's
@@ -35,24 +35,22 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.base import poison_value
+from tilegemm.backends.cuda import _nocopy_strides, _numba_dtype, _source_library
 from tilegemm.backends.cuda_launch import DeviceView, contiguity, driver
+from tilegemm.problem import _c_strides
 
 _STREAMS_KEPT = 8  # numba stream objects a program keeps, by handle
 
 
-def _library(x: Any) -> str:
-    return type(x).__module__.split(".")[0]
+def torch_key(x: Any) -> tuple[Any, ...]:
+    """What a remembered case of PyTorch tensor ``x`` depends on, read from the tensor's own
+    attributes (its ``__cuda_array_interface__`` is built in Python on every read)."""
+    return (x.dtype, x.shape, x.stride(), x.device, x.requires_grad)
 
 
-def quick_key(x: Any) -> tuple[Any, ...] | None:
-    """What a remembered case of device array ``x`` depends on, read from the array's own
-    attributes (no ``__cuda_array_interface__``): None for an array this does not know."""
-    lib = _library(x)
-    if lib == "torch":
-        return (x.dtype, x.shape, x.stride(), x.device, x.requires_grad)
-    if lib == "cupy":
-        return (x.dtype, x.shape, x.strides, x.device.id)
-    return None
+def cupy_key(x: Any) -> tuple[Any, ...]:
+    """What a remembered case of CuPy array ``x`` depends on (see :func:`torch_key`)."""
+    return (x.dtype, x.shape, x.strides, x.device.id)
 
 
 def _torch_stream(device: Any) -> Callable[[], int]:
@@ -78,8 +76,6 @@ def _operand_view(shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dt
     """Byte strides and numba's contiguity flags of an operand of ``shape`` and byte
     ``strides`` viewed as ``new`` = (batch or 1, rows, cols) without a copy, or None.
     ``squeeze``: "row" for a vector taken as a (1, K) row, "col" as a (K, 1) column."""
-    from tilegemm.backends.cuda import _nocopy_strides
-
     if squeeze == "row":
         shape, strides = (1,) + shape, (shape[0] * strides[0],) + strides
     elif squeeze == "col":
@@ -95,18 +91,16 @@ class DirectProgram:
     must take the full path (its conditions are not met now; nothing was launched).
     ``poison``: fill the result with NaN before the launch, as the full path does under
     ``TILEGEMM_POISON``.
-    ``key_of(x)``: the key of an operand of such calls (:func:`quick_key`)."""
-
-    key_of = staticmethod(quick_key)
+    ``key_of(x)``: the key of an operand of such calls (its library's: :func:`torch_key`,
+    :func:`cupy_key`)."""
 
     def __init__(self, program: Any, lib: str, layouts: tuple[Any, Any],
                  result_shape: tuple[int, ...], shape3: tuple[int, int, int],
                  store: np.dtype, alpha: Any, beta: Any, context: int, like: Any) -> None:
         self.program = program
         self.layouts = layouts  # per operand: (3-D shape, byte strides, flags, dtype)
-        self.result_shape = result_shape
-        kernel_dtype = np.dtype(np.int16) if store.name == "bfloat16" else store
-        strides3 = tuple(s * kernel_dtype.itemsize for s in _c_elements(shape3))
+        kernel_dtype = _numba_dtype(store)
+        strides3 = _c_strides(shape3, kernel_dtype.itemsize)
         self.result_view = (shape3, strides3, kernel_dtype,
                             contiguity(shape3, strides3, kernel_dtype.itemsize))
         self.alpha, self.beta = alpha, beta
@@ -118,6 +112,7 @@ class DirectProgram:
 
             device = like.device
             torch_dtype = getattr(torch, store.name)
+            self.key_of: Callable[[Any], tuple[Any, ...]] = torch_key
             self.address: Callable[[Any], int] = _torch_address
             self.empty: Callable[[], Any] = lambda: torch.empty(
                 result_shape, dtype=torch_dtype, device=device)
@@ -126,6 +121,7 @@ class DirectProgram:
         else:
             import cupy
 
+            self.key_of = cupy_key
             self.address = _cupy_address
             self.empty = lambda: cupy.empty(result_shape, dtype=store)
             self.stream = _cupy_stream
@@ -169,15 +165,6 @@ def _cupy_address(x: Any) -> int:
     return int(x.data.ptr)
 
 
-def _c_elements(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """C-order strides of ``shape``, in elements."""
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
-
-
 def device_program(program: Any, prob: Any, ops: tuple[Any, Any], alpha: Any,
                    beta: Any) -> DirectProgram | None:
     """What later calls of the plain case ``prob`` on device operands ``ops`` (described
@@ -191,7 +178,7 @@ def device_program(program: Any, prob: Any, ops: tuple[Any, Any], alpha: Any,
         return None
     if not isinstance(program, CudaProgram):
         return None  # (a CUDA C rung's launch reads the interface itself)
-    libs = {_library(op.obj) for op in ops}
+    libs = {_source_library(op.obj) for op in ops}
     if len(libs) != 1 or not libs <= {"torch", "cupy"}:
         return None
     if prob.trans_a or prob.trans_b or prob.store_dtype != prob.dtype:
@@ -205,7 +192,7 @@ def device_program(program: Any, prob: Any, ops: tuple[Any, Any], alpha: Any,
         new = (1 if mode == "single" else prob.batch, rows, cols)
         squeeze = ("row" if which == "a" and prob.squeeze_m
                    else "col" if which == "b" and prob.squeeze_n else "")
-        kernel_dtype = np.dtype(np.int16) if op.dtype.name == "bfloat16" else op.dtype
+        kernel_dtype = _numba_dtype(op.dtype)
         view = _operand_view(tuple(op.shape), tuple(op.strides), kernel_dtype, new, squeeze)
         if view is None:
             return None

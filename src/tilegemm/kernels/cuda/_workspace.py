@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm.backends import cuda_launch
 from tilegemm.backends.cuda_stream import PER_THREAD_DEFAULT, canonical_handle, stream_handle
 
 KEPT_WORKSPACES = 4  # per program: a caller cycling through new streams keeps only these
@@ -70,9 +71,7 @@ _DEVICE_OF_CONTEXT: dict[int, int] = {}
 def device_key() -> int:
     """The current CUDA device's id (0 under the simulator, whose device has none), found
     once per context: afterwards by the current context's handle (``cuCtxGetCurrent``)."""
-    from tilegemm.backends.cuda_launch import driver
-
-    drv = driver()
+    drv = cuda_launch.driver()  # (through the module: a test or benchmark may swap it)
     context = drv.context() if drv is not None else 0
     known = _DEVICE_OF_CONTEXT.get(context) if context else None
     if known is not None:
