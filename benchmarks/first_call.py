@@ -5,6 +5,7 @@ Usage (from the repository root; take the machine for yourself while it runs)::
 
     PYTHONPATH=src python benchmarks/first_call.py           # writes benchmarks/results/
     PYTHONPATH=src python benchmarks/first_call.py --no-save --runs 3
+    PYTHONPATH=src python benchmarks/first_call.py --cold 2   # and with empty caches
 
 Warm means what a second run of the same script finds: tilegemm's compile cache (CPU
 ``blocked``), PoCL's kernel cache (OpenCL) and Python's bytecode cache. The child processes
@@ -51,6 +52,18 @@ def run_once(code: str, env: dict[str, str]) -> tuple[float, float, float]:
     return imports, calls, total
 
 
+def cold_runs(code: str, env: dict[str, str], runs: int) -> list[float]:
+    """Seconds of ``code`` in new processes, each with an empty kernel cache of its own
+    (compiled, not loaded: the first call after installing, or with a tile not used before)."""
+    import tempfile
+
+    out = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory(prefix="tilegemm-cold-") as cache:
+            out.append(round(run_once(code, dict(env, TILEGEMM_KERNEL_CACHE=cache))[2], 2))
+    return out
+
+
 def cpu_identity() -> dict[str, str]:
     """Family, model and stepping from /proc/cpuinfo, and every AVX-512/AMX flag."""
     out: dict[str, str] = {}
@@ -76,6 +89,9 @@ def main() -> int:
     ap.add_argument("--backends", nargs="+", default=["auto", "opencl"],
                     choices=["auto", *BACKENDS],
                     help="auto: tilegemm's own choice; those not usable here are skipped")
+    ap.add_argument("--cold", type=int, default=0, metavar="N",
+                    help="also N runs each with an empty compile cache of its own (the "
+                         "first call compiles: what a new install or a new tile pays)")
     ap.add_argument("--no-save", action="store_true")
     args = ap.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -105,6 +121,12 @@ def main() -> int:
             rows.append(row)
             print(f"{backend:6s} {dtype}: {total:.3f} s (imports {row['imports_median']:.3f}, "
                   f"calls {row['calls_median']:.3f}); runs {row['runs']}", flush=True)
+            if args.cold:
+                cold = cold_runs(code, env, args.cold)
+                row["cold_cache_runs"] = cold
+                row["cold_cache_seconds_median"] = round(statistics.median(cold), 2)
+                print(f"{backend:6s} {dtype}: empty cache {statistics.median(cold):.1f} s; "
+                      f"runs {cold}", flush=True)
     result = {
         "cpu_model": cpu_name(), "isa": host_isa(), "simd": cpu_blocked.simd_flags(),
         "cpu": cpu_identity(),
@@ -113,6 +135,8 @@ def main() -> int:
                   "filled by one process first; median of runs, 0.2 s apart; bytecode "
                   "cache allowed (PYTHONDONTWRITEBYTECODE removed)",
         "load_average_at_end": list(os.getloadavg()), "first_call_warm_cache": rows,
+        "cold_cache": ("with --cold: cold_cache_runs, the same script in new processes "
+                       "each with an empty TILEGEMM_KERNEL_CACHE") if args.cold else None,
     }
     if not rows:  # an empty file would replace the committed results of this machine
         print("nothing was measured (no backend given is usable here), so nothing was saved")

@@ -417,6 +417,120 @@ def test_a_caller_compiled_against_a_cached_parallel_helper_loads_alone(tmp_path
     assert run() == {"stats": {"compiled": 0, "loaded": 2}, "value": 90.0}
 
 
+BY_NAME_TEMPLATE = '''
+import numba
+from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled, njit_when_called
+
+# @header
+SCALE = 1
+CACHE = False
+# @end-header
+
+f8, v = numba.float64, numba.float64[::1]
+
+
+@njit_when_called(f8(v), cache=CACHE, error_model="python")
+def heavy(x):
+    if x.shape[0] == 0:
+        raise ValueError("heavy needs a value")
+    t = 0.0
+    for i in range(x.shape[0]):
+        t += SCALE * x[i]
+    return t
+
+
+call_heavy = called_by_name(heavy)
+
+
+@njit_when_called(f8(v), cache=CACHE)
+def first(x):
+    return call_heavy(x) + 1
+
+
+@njit_when_called(f8(v), cache=CACHE)
+def second(x):  # reaches heavy through first, whose code is linked into its own
+    return 2 * first(x)
+
+
+@njit_when_called(numba.boolean(f8), cache=CACHE)
+def probe(x):
+    return x > 0
+
+
+COMPILED = (heavy, first, second, probe)
+CALLED_FROM_PYTHON = (probe, first, second)
+load_compiled(COMPILED, CALLED_FROM_PYTHON)
+'''
+
+LOAD_BY_NAME = """
+import json, sys, warnings
+import numpy as np
+from tilegemm import compile_cache
+m = compile_cache.load_module("byname", sys.argv[1], {"kernel": "byname"})
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    value = m.second(np.arange(4.0))
+print(json.dumps({"stats": compile_cache.STATS, "value": value,
+                  "signatures": [len(f.signatures) for f in m.COMPILED],
+                  "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
+"""
+
+
+def _by_name_module(tmp_path, monkeypatch, scale: int):
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    source = fill_template(BY_NAME_TEMPLATE, {"SCALE": scale, "CACHE": False}, {})
+    return load_module("byname", source, {"kernel": "byname"}), source
+
+
+def test_a_helper_called_by_name_is_compiled_once_and_its_callers_only_call_it(
+        tmp_path, monkeypatch):
+    """The callers' code declares the helper's symbol and calls it; the helper's own code
+    (here its error message) is in its library only, not linked into theirs."""
+    m, _ = _by_name_module(tmp_path, monkeypatch, 3)
+    x = np.arange(4.0)
+    assert m.first(x) == 3 * 6.0 + 1 and m.second(x) == 2 * (3 * 6.0 + 1)
+    symbol = m.call_heavy.by_name.symbol
+    assert symbol == f"tilegemm.{m.__name__}.heavy"
+    for caller in (m.first, m.second):
+        ir = caller.inspect_llvm(caller.signatures[0])
+        assert f"declare i32 @{symbol}(" in ir and f"call i32 @{symbol}(" in ir
+        assert "heavy needs a value" not in ir
+    assert "heavy needs a value" in m.heavy.inspect_llvm(m.heavy.signatures[0])
+    # an exception raised in the helper reaches Python through both callers
+    for caller in (m.first, m.second):
+        with pytest.raises(ValueError, match="heavy needs a value"):
+            caller(np.empty(0))
+
+
+def test_a_new_process_loads_a_helper_called_by_name_before_its_caller(tmp_path,
+                                                                      monkeypatch):
+    """A caller from the disk cache refers to the helper by name: the helper is loaded and
+    named first (else LLVM stops the process: the symbol cannot be resolved), and nothing
+    the caller does not reach is loaded (``first`` is inside ``second``'s code)."""
+    _, source = _by_name_module(tmp_path, monkeypatch, 5)
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
+    again = script_json(LOAD_BY_NAME, source, env=env)
+    assert again == {"stats": {"compiled": 0, "loaded": 3}, "value": 2 * (5 * 6.0 + 1),
+                     "signatures": [1, 0, 1, 1], "warnings": []}
+
+
+def test_a_damaged_helper_called_by_name_is_compiled_again_under_the_same_name(
+        tmp_path, monkeypatch):
+    """The helper's cached code damaged: it is compiled again in the next process, and the
+    caller loaded from the cache finds it under the name it was compiled against."""
+    _, source = _by_name_module(tmp_path, monkeypatch, 7)
+    damaged = list((tmp_path / "cpu" / "__pycache__").glob("*.heavy-*.nbc"))
+    assert damaged
+    for f in damaged:
+        f.write_bytes(f.read_bytes()[:40])
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
+    again = script_json(LOAD_BY_NAME, source, env=env)
+    assert again["value"] == 2 * (7 * 6.0 + 1)
+    assert again["stats"] == {"compiled": 1, "loaded": 2}, again
+    [warning] = again["warnings"]
+    assert ".heavy (in " in warning and "could not be loaded" in warning
+
+
 def _instructions(asm: str) -> list[str]:
     """The instructions of an assembly listing, with Numba's mangled names (which carry the
     module's name and a counter) and local labels blanked."""
@@ -433,20 +547,42 @@ def _instructions(asm: str) -> list[str]:
 
 
 @pytest.mark.slow
-def test_the_rungs_micro_kernel_compiles_as_the_eager_one():
+def test_the_rungs_micro_kernel_compiles_as_the_eager_one_and_only_once(tmp_path,
+                                                                       monkeypatch):
     """The rung's micro-kernel, compiled on first use under its declared settings (the SLP
     vectoriser, the vector width), is the same machine code as the one compiled eagerly
     inside those settings (``k02_blocked.micro_kernel``), which the vectorisation tests
-    read. A small int32 tile: the rung compiles in about 15 s."""
+    read. Its code, and that of the tile loop and packing, is generated in one or two code
+    libraries (its own, and the tile loop's, which inlines it), not in every function that
+    reaches it (``called_by_name``; about ten before). A small int32 tile, compiled here
+    from an empty cache."""
+    import re
+
+    from numba.core import codegen
+
     from tilegemm import registry
     from tilegemm.kernels.cpu import k02_blocked
 
+    # the libraries whose code each helper's is linked into, to be optimised and compiled
+    linked: dict[str, list[str]] = {"ukernel": [], "macro": [], "pack_a": [], "pack_b": []}
+    real = codegen.CPUCodeLibrary._optimize_final_module
+
+    def optimize(self):  # noqa: ANN001, ANN202 - after linking, before inlining
+        names = [f.name for f in self._final_module.functions if not f.is_declaration]
+        for helper, libraries in linked.items():  # mangled: the name's length, the name
+            if any(re.search(rf"{len(helper)}{helper}B", n) for n in names):
+                libraries.append(self.name)
+        real(self)
+
+    monkeypatch.setattr(codegen.CPUCodeLibrary, "_optimize_final_module", optimize)
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
     dtype = np.dtype("int32")
     spec = registry.get("blocked", "cpu")
     params = spec.resolve({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256})
     program = spec.program(params, dtype)
+    assert linked == {"ukernel": ["ukernel", "macro"], "macro": ["macro"],
+                      "pack_a": ["pack_a"], "pack_b": ["pack_b"]}, linked
     ukernel = program.__globals__["ukernel"]
-    ukernel.ensure()  # loaded with its callers' code, it may not have compiled on its own
     lazy = _instructions(ukernel.inspect_asm(ukernel.signatures[0]))
     eager_fn = k02_blocked.micro_kernel(4, 8, dtype)
     eager = _instructions(eager_fn.inspect_asm(eager_fn.signatures[0]))

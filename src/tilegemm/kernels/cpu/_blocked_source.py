@@ -7,7 +7,9 @@ the generated MR×NR micro-kernel, then imports the copy. Every function is comp
 an explicit signature and ``cache=CACHE``, so Numba stores the machine code beside the
 copy and a new process loads it instead of compiling for several seconds; and only the
 functions Python calls are loaded (``CALLED_FROM_PYTHON``), each on its first call: the
-others' code is already inside theirs (see ``_lazy``). Module constants (not closures)
+others' code is already inside theirs (see ``_lazy``), except the few heavy pieces that
+compiled code calls through ``call_*`` (``called_by_name``): those are compiled once and
+loaded with the first function that reaches them. Module constants (not closures)
 carry the parameters: Numba freezes them into the code, and a closure over other compiled
 functions cannot be cached. See ``k02_blocked`` for what the loop nest does and why.
 """
@@ -16,7 +18,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from tilegemm.kernels.cpu._lazy import load_compiled
+from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled
 from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
@@ -270,6 +272,11 @@ def macro(Ap, Bp, C, ic, mc, jc, nc, kc, s0, s1, alpha, beta, first, T):
                             C[i + ii, j + jj] = v + beta * C[i + ii, j + jj]
 
 
+# The loop nest's heavy pieces, called through symbols of their own (see _lazy): their
+# machine code is made once, not once per function that reaches them.
+call_pack_a, call_pack_b, call_macro = (called_by_name(f) for f in (pack_a, pack_b, macro))
+
+
 @when_called(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2, i8, blocks), **FLAGS)
 def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T, tr, cb):
     """One product on the calling thread (the batch-parallel path). ``tr``: bit 0, A is
@@ -282,12 +289,12 @@ def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T, tr, cb):
         nc = min(nc_max, n - jc)
         for pc in range(0, k, kc_max):
             kc = min(kc_max, k - pc)
-            pack_b(B, pc, kc, jc, nc, Bp, 0, (nc + nr - 1) // nr, tb)
+            call_pack_b(B, pc, kc, jc, nc, Bp, 0, (nc + nr - 1) // nr, tb)
             for ic in range(0, m, mc):
                 mcc = min(mc, m - ic)
-                pack_a(A, ic, mcc, pc, kc, Ap, ta)
-                macro(Ap, Bp, C, ic, mcc, jc, nc, kc, 0, (nc + nr - 1) // nr,
-                      alpha, beta, pc == 0, T)
+                call_pack_a(A, ic, mcc, pc, kc, Ap, ta)
+                call_macro(Ap, Bp, C, ic, mcc, jc, nc, kc, 0, (nc + nr - 1) // nr,
+                           alpha, beta, pc == 0, T)
 
 
 @when_called(numba.void(a1, a1, i8, i8, nbt, nbt, flag), **FLAGS)
@@ -336,6 +343,9 @@ def direct(A, B, C, alpha, beta, kc_max):
                     for j in range(n):
                         acc[j] += a * brow[j]
                 fold(crow, acc, 0, n, alpha, beta, pc == 0)
+
+
+call_direct = called_by_name(direct)
 
 
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, blocks), **FLAGS)
@@ -427,12 +437,15 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
         dot_rows(A, x, C, c * m // nchunks, (c + 1) * m // nchunks, alpha, beta)
 
 
+call_gemv_part = called_by_name(gemv_part)
+
+
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8), **FLAGS)
 def gemv_serial(A, B, C, alpha, beta, kc_max):
     """Products with M == 1 or N == 1 on the calling thread, each as one chunk."""
     for z in range(C.shape[0]):
-        gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
-                  alpha, beta, 0, 1, kc_max)
+        call_gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
+                       alpha, beta, 0, 1, kc_max)
 
 
 # Below this many multiply-adds per product, or with fewer than PACKED_MIN_SIDE rows or
@@ -453,7 +466,7 @@ def small(A, B, C, alpha, beta, cb):
     if k > 0 and (m == 1 or n == 1) and m * n * k > PACKED_MIN_PRODUCT:
         gemv_serial(A, B, C, alpha, beta, cb[1])
     elif k == 0 or m * n * k <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE:
-        direct(A, B, C, alpha, beta, cb[1])
+        call_direct(A, B, C, alpha, beta, cb[1])
     else:
         products_serial(A, B, C, alpha, beta, 0, batch, 0, cb)
 
@@ -482,17 +495,17 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
     for tu in prange(ntasks):
         t = np.int64(tu)  # prange indices are unsigned; keep index arithmetic signed
         if phase == 0:
-            pack_b(B[zb], pc, kc, jc, nc, Bp, t * nstrips // ntasks,
-                   (t + 1) * nstrips // ntasks, (tr & 2) != 0)
+            call_pack_b(B[zb], pc, kc, jc, nc, Bp, t * nstrips // ntasks,
+                        (t + 1) * nstrips // ntasks, (tr & 2) != 0)
         elif phase == 1:
             blk, g = t // ngroups, t % ngroups
             ic = blk * msr // nblk * mr
             mcc = min((blk + 1) * msr // nblk * mr, C.shape[1]) - ic
-            pack_a(A[za], ic, mcc, pc, kc, Ap_all[t], (tr & 1) != 0)
+            call_pack_a(A[za], ic, mcc, pc, kc, Ap_all[t], (tr & 1) != 0)
             s0, s1 = g * nstrips // ngroups, (g + 1) * nstrips // ngroups
             if nblk > 1:  # the B panel was packed whole (phase 0), for every row block
-                macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, s0, s1, alpha, beta,
-                      pc == 0, T_all[t])
+                call_macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, s0, s1, alpha, beta,
+                           pc == 0, T_all[t])
                 continue
             # One row block: this task alone reads its strips of B, so it packs them
             # itself, a chunk at a time, into the first strips of its own part of Bp.
@@ -500,9 +513,9 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             Bc = Bp[s0:s0 + cs]
             for sc in range(s0, s1, cs):
                 w = min(s1, sc + cs) - sc
-                pack_b(B[zb], pc, kc, jc + sc * nr, nc - sc * nr, Bc, 0, w, (tr & 2) != 0)
-                macro(Ap_all[t], Bc, C[z], ic, mcc, jc + sc * nr, nc - sc * nr, kc, 0, w,
-                      alpha, beta, pc == 0, T_all[t])
+                call_pack_b(B[zb], pc, kc, jc + sc * nr, nc - sc * nr, Bc, 0, w, (tr & 2) != 0)
+                call_macro(Ap_all[t], Bc, C[z], ic, mcc, jc + sc * nr, nc - sc * nr, kc, 0,
+                           w, alpha, beta, pc == 0, T_all[t])
         else:
             # runs of whole products, one set of scratch per run
             batch = C.shape[0]
@@ -738,7 +751,7 @@ def gemv_threads(A, B, C, alpha, beta, nthreads, kc_max):
         Bz = B[z if B.shape[0] > 1 else 0]
         Cz = C[z]
         for c in prange(nthreads):
-            gemv_part(Az, Bz, Cz, alpha, beta, np.int64(c), nthreads, kc_max)
+            call_gemv_part(Az, Bz, Cz, alpha, beta, np.int64(c), nthreads, kc_max)
 
 
 @when_called(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)

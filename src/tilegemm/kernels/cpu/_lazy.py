@@ -20,6 +20,13 @@ cache is warm; with a warm cache each function Python calls is then loaded on it
 call (a process that multiplies only small matrices never loads the threaded loop nest),
 and with a cold one everything compiles in order.
 
+:func:`called_by_name` is the exception to "a caller holds its callees' code": a few
+heavy helpers (the micro-kernel's loop over tiles, packing, the vector-matrix and
+small-product paths) are called from compiled code through a symbol of their own, so
+their machine code is generated once rather than once per caller (a cold compile of the
+rung took less than half as long). Such a helper is compiled or loaded, and its address
+named, before any function whose code reaches it (:class:`CalledByName`).
+
 Loading from the cache skips Numba's registry set-up (:class:`QuickLoadCache`): that
 imports and registers every implementation Numba could compile with (about 60 ms in a fresh
 process on a 2-vCPU Zen 5, a fifth of the first call), and loading machine code compiles
@@ -31,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import hashlib
+import inspect
 import os
 import pickle
 import shutil
@@ -85,6 +93,100 @@ def njit_when_called(signature: Any, *, settings: tuple[Callable[[], AbstractCon
         return disp
 
     return wrap
+
+
+class CalledByName:
+    """Calls from compiled code to ``callee``'s machine code through a symbol of its own,
+    so that the callee's code is made once instead of once per caller.
+
+    Numba links the code of every function a compiled function calls into the caller's
+    own code library, optimises the whole again and generates machine code for all of it:
+    the rung's micro-kernel and packing were compiled some ten times, once into each
+    function that reached them (the serial loop nest, the small-product path, the parallel
+    region and the three wrappers Numba makes around it, the threaded driver). That was
+    two thirds of a cold compile (about 35 s for a float32 tile on a 2-vCPU Xeon). A call
+    through this object instead declares an external function named :attr:`symbol` and
+    calls it with Numba's own calling convention; the callee is compiled (or loaded) once,
+    on its own, and its address is given that name in the JIT's symbol table before any
+    caller is compiled or loaded (:meth:`WhenCalledDispatcher.ensure`). The name is derived
+    from the generated module's name, which holds a hash of its source, and the callee's,
+    so a caller loaded from the disk cache in another process finds the same name.
+
+    The cost: the call is not inlined, which matters nothing for functions that each run
+    for at least a whole block of the product.
+    """
+
+    def __init__(self, callee: WhenCalledDispatcher) -> None:
+        from numba.core import cgutils
+        from numba.core.extending import intrinsic
+
+        if callee.declaration is None:
+            raise TypeError(f"{callee!r} was not declared with njit_when_called")
+        self.callee = callee
+        func = callee.py_func
+        self.symbol = f"tilegemm.{func.__module__}.{func.__qualname__}"
+        sig = callee.declaration[0]
+        symbol = self.symbol
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            fnty = context.call_conv.get_function_type(sig.return_type, sig.args)
+            fn = cgutils.get_or_insert_function(builder.module, fnty, symbol)
+            status, result = context.call_conv.call_function(builder, fn, sig.return_type,
+                                                             sig.args, args)
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            return result
+
+        def typer(typingctx: Any, *args: Any) -> Any:
+            # A caller is being compiled: the callee must be in the symbol table before the
+            # caller's code is linked (ensure() has done it already, unless the caller was
+            # not found to reach this object, e.g. one rebuilt from a pickle).
+            self.publish()
+            # the declared signature: Numba casts each argument to it, as for the callee
+            return sig, codegen
+
+        typer.__name__ = f"call_{func.__name__}"
+        # Numba folds a call's arguments by the typer's signature: one parameter each
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        typer.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(name, kind)
+             for name in ("typingctx", *(f"arg{i}" for i in range(len(sig.args))))])
+        self.call = intrinsic(typer)  # what compiled code calls
+        self.call.by_name = self
+
+    def publish(self) -> None:
+        """Compile or load the callee, then give its machine code this object's name."""
+        from llvmlite import binding
+
+        self.callee.ensure()
+        (cres,) = self.callee.overloads.values()
+        binding.add_symbol(self.symbol,
+                           cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
+
+
+def called_by_name(callee: WhenCalledDispatcher) -> Any:
+    """What compiled code calls to run ``callee`` through a symbol of its own
+    (:class:`CalledByName`): an intrinsic with the callee's declared signature."""
+    return CalledByName(callee).call
+
+
+def _called_by_name(func: Callable, seen: set[int] | None = None) -> list[CalledByName]:
+    """The :class:`CalledByName` callees that ``func``'s code reaches: those it calls, and
+    those of the rung functions it calls, whose code is linked into its own."""
+    seen = set() if seen is None else seen
+    found: list[CalledByName] = []
+    names = func.__globals__
+    for name in func.__code__.co_names:
+        obj = names.get(name)
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        by_name = getattr(obj, "by_name", None)
+        if isinstance(by_name, CalledByName):
+            found.append(by_name)
+        elif isinstance(obj, WhenCalledDispatcher):
+            found += _called_by_name(obj.py_func, seen)
+    return found
 
 
 def load_compiled(functions: tuple[Any, ...], called_from_python: tuple[Any, ...]) -> None:
@@ -324,6 +426,8 @@ class WhenCalledDispatcher(CPUDispatcher):
         with interruptible(), self._settings(), global_compiler_lock:
             if not self.pending:  # another thread did it meanwhile
                 return
+            for callee in _called_by_name(self.py_func):  # before this code is linked
+                callee.publish()
             with typeinfer.register_dispatcher(self):
                 self.compile(self.declaration[0])
             self.disable_compile()
