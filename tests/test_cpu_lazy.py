@@ -15,7 +15,7 @@ import pytest
 from conftest import script_json
 from tilegemm.compile_cache import fill_template, load_module
 from tilegemm.kernels.cpu import _slp
-from tilegemm.kernels.cpu._lazy import load_compiled, njit_when_called
+from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled, njit_when_called
 
 f8 = numba.float64
 
@@ -474,6 +474,31 @@ print(json.dumps({"stats": compile_cache.STATS, "value": value,
                   "signatures": [len(f.signatures) for f in m.COMPILED],
                   "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
 """
+
+
+@njit_when_called(f8(f8))
+def _twice(x):
+    return 2 * x
+
+
+_call_twice = called_by_name(_twice)
+
+
+@njit_when_called(f8(f8))
+def _reaches_twice(x):
+    return sum([_call_twice(x) for _ in range(2)])
+
+
+def test_the_helpers_a_function_reaches_by_name_are_found_in_nested_code_too():
+    """What must be loaded before a function: the by-name helpers its code calls, also
+    from a comprehension (a code object of its own), and those of the functions it calls."""
+    from tilegemm.kernels.cpu._lazy import _called_by_name
+
+    def outer(x):
+        return _reaches_twice(x)
+
+    assert [c.callee for c in _called_by_name(outer)] == [_twice]
+    assert _twice.pending  # finding it compiled nothing
 
 
 def _by_name_module(tmp_path, monkeypatch, scale: int):

@@ -176,7 +176,7 @@ def _called_by_name(func: Callable, seen: set[int] | None = None) -> list[Called
     seen = set() if seen is None else seen
     found: list[CalledByName] = []
     names = func.__globals__
-    for name in func.__code__.co_names:
+    for name in _global_names(func.__code__):
         obj = names.get(name)
         if id(obj) in seen:
             continue
@@ -187,6 +187,14 @@ def _called_by_name(func: Callable, seen: set[int] | None = None) -> list[Called
         elif isinstance(obj, WhenCalledDispatcher):
             found += _called_by_name(obj.py_func, seen)
     return found
+
+
+def _global_names(code: Any) -> Iterator[str]:
+    """The names a code object and those nested in it (comprehensions) look up."""
+    yield from code.co_names
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            yield from _global_names(const)
 
 
 def load_compiled(functions: tuple[Any, ...], called_from_python: tuple[Any, ...]) -> None:
