@@ -92,9 +92,10 @@ tests/test_cuda_tensorcore.py checks both against entries transcribed from the I
 
 Under numba's CUDA simulator the instructions cannot execute, so :func:`tensorcore_ops`
 returns Python emulations with the same signatures. A warp-wide instruction is emulated
-warp-wide: every lane deposits its fragment in a per-warp scratch, a barrier, then each
-lane rebuilds the warp's whole A, B and C from the layout and returns its own part of
-D = A·B + C (computed in float64 from TF32-truncated or 16-bit inputs, rounded to float32).
+warp-wide: every lane deposits its fragment in a per-warp scratch, a barrier, then one
+lane rebuilds the warp's whole A, B and C from the layout and computes D = A·B + C once for
+the warp (in float64 from TF32-truncated or 16-bit inputs, rounded to float32), and each
+lane returns its own part (:func:`compute_once`).
 ``cp.async`` is emulated faithfully in its ordering: a copy is queued per thread and lands
 only at the ``cp_wait`` that retires its group, so a kernel that reads shared memory before
 waiting reads stale data in the simulator too.
@@ -299,19 +300,42 @@ class SimBarrier:
                 waited += _POLL
 
 
-class _WarpSlot:
-    def __init__(self) -> None:
-        self.values: list[Any] = [None] * 32
-        self.barrier = SimBarrier(32)
+class CollectiveSlot:
+    """The scratch of one warp (or warpgroup) for :func:`compute_once`."""
+
+    def __init__(self, parties: int) -> None:
+        self.values: list[Any] = [None] * parties
+        self.result: tuple[bool, Any] = (True, None)
+        self.barrier = SimBarrier(parties)
 
 
-def warp_exchange(value: Any) -> list[Any]:
-    """Simulator only: every lane of the calling warp gives ``value``; each gets all 32.
+def compute_once(slot: CollectiveSlot, index: int, value: Any,
+                 fn: Callable[[list[Any]], Any]) -> Any:
+    """Simulator only: each of the slot's threads gives ``value`` (``index``: its place);
+    the first computes ``fn(all the values)`` and every thread gets that result. What a
+    warp-wide instruction produces is thus computed once, not by each of its threads (an
+    m16n8k16 product rebuilt by every lane made the tensor-core tests 32 times the work).
+    An exception in ``fn`` reaches every thread. Three barriers: values given, result
+    made, result read (before the slot may be reused)."""
+    slot.values[index] = value
+    slot.barrier.wait()
+    if index == 0:
+        try:
+            slot.result = (True, fn(list(slot.values)))
+        except Exception as exc:  # noqa: BLE001 - handed to every thread below
+            slot.result = (False, exc)
+    slot.barrier.wait()
+    ok, out = slot.result
+    slot.barrier.wait()
+    if not ok:
+        raise out
+    return out
 
-    A per-warp scratch on the simulator's block manager, two barriers (one before reading,
-    one before the scratch may be reused). Needs blocks of whole warps, all lanes arriving,
-    as the ``.sync.aligned`` instructions it stands for do.
-    """
+
+def _warp_slot() -> tuple[CollectiveSlot, int]:
+    """The calling warp's scratch on the simulator's block manager, and the lane. Needs
+    blocks of whole warps, all lanes arriving, as the ``.sync.aligned`` instructions it
+    stands for do."""
     t = threading.current_thread()
     manager = t._manager  # type: ignore[attr-defined]
     if int(np.prod(manager._block_dim)) % 32:
@@ -322,12 +346,20 @@ def warp_exchange(value: Any) -> list[Any]:
         slots = manager.__dict__.setdefault("_tilegemm_warps", {})
         slot = slots.get(key)
         if slot is None:
-            slot = slots[key] = _WarpSlot()
-    slot.values[tid % 32] = value
-    slot.barrier.wait()
-    out = list(slot.values)
-    slot.barrier.wait()
-    return out
+            slot = slots[key] = CollectiveSlot(32)
+    return slot, tid % 32
+
+
+def warp_exchange(value: Any) -> list[Any]:
+    """Simulator only: every lane of the calling warp gives ``value``; each gets all 32."""
+    return warp_compute(value, lambda values: values)
+
+
+def warp_compute(value: Any, fn: Callable[[list[Any]], Any]) -> Any:
+    """Simulator only: every lane of the calling warp gives ``value``; ``fn`` of the 32
+    values, computed once for the warp, is returned to each lane (:func:`compute_once`)."""
+    slot, lane = _warp_slot()
+    return compute_once(slot, lane, value, fn)
 
 
 def _emulate_mma(a: Any, b: Any, c: Any, k: int,
@@ -337,14 +369,16 @@ def _emulate_mma(a: Any, b: Any, c: Any, k: int,
     ``operands(lane, fa, fb, A, B)`` places a lane's A and B values in A (16×k) and B
     (k×8), the accumulators go by ``c_layout``, and D = A·B + C is rounded to float32 as the
     tensor core rounds (:func:`sum_to_float32`)."""
-    frags = warp_exchange((tuple(a), tuple(b), tuple(c)))
-    A, B, C = np.zeros((16, k)), np.zeros((k, 8)), np.zeros((16, 8))
-    for lane, (fa, fb, fc) in enumerate(frags):
-        operands(lane, fa, fb, A, B)
-        for i in range(4):
-            C[c_layout(lane, i)] = fc[i]
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf pass through, silently,
-        D = sum_to_float32(A @ B + C)  # as on the tensor cores
+    def product(frags: list[Any]) -> np.ndarray:  # once for the warp
+        A, B, C = np.zeros((16, k)), np.zeros((k, 8)), np.zeros((16, 8))
+        for lane, (fa, fb, fc) in enumerate(frags):
+            operands(lane, fa, fb, A, B)
+            for i in range(4):
+                C[c_layout(lane, i)] = fc[i]
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN and Inf pass through,
+            return sum_to_float32(A @ B + C)  # silently, as on the tensor cores
+
+    D = warp_compute((tuple(a), tuple(b), tuple(c)), product)
     lane = threading.current_thread().thread_id % 32  # type: ignore[attr-defined]
     return tuple(D[c_layout(lane, i)] for i in range(4))
 

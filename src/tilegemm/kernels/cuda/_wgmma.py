@@ -79,8 +79,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tilegemm.kernels.cuda._tensorcore import (
-    SimBarrier,
+    CollectiveSlot,
     bf16_value,
+    compute_once,
     note_access,
     sum_to_float32,
     tf32_truncate,
@@ -210,13 +211,6 @@ def _block_state() -> tuple[Any, dict]:
     return t, state
 
 
-class _GroupSlot:
-    def __init__(self) -> None:
-        self.values: list[Any] = [None] * WARPGROUP
-        self.result: tuple[bool, Any] = (True, None)
-        self.barrier = SimBarrier(WARPGROUP)
-
-
 def group_compute(value: Any, fn: Any) -> Any:
     """Simulator only: every thread of the calling warpgroup gives ``value``; one of them
     computes ``fn(all 128 values)`` and every thread gets that result (the product a
@@ -227,20 +221,10 @@ def group_compute(value: Any, fn: Any) -> Any:
         raise RuntimeError("wgmma needs blocks of whole warpgroups (multiples of 128 threads)")
     tid = t.thread_id  # type: ignore[attr-defined]
     with _LOCK:
-        slot = state["groups"].setdefault(tid // WARPGROUP, _GroupSlot())
-    slot.values[tid % WARPGROUP] = value
-    slot.barrier.wait()
-    if tid % WARPGROUP == 0:
-        try:
-            slot.result = (True, fn(list(slot.values)))
-        except Exception as exc:  # noqa: BLE001 - handed to every thread below
-            slot.result = (False, exc)
-    slot.barrier.wait()
-    ok, out = slot.result
-    slot.barrier.wait()
-    if not ok:
-        raise out
-    return out
+        slot = state["groups"].get(tid // WARPGROUP)
+        if slot is None:
+            slot = state["groups"][tid // WARPGROUP] = CollectiveSlot(WARPGROUP)
+    return compute_once(slot, tid % WARPGROUP, value, fn)
 
 
 def _shared_base(arr: np.ndarray) -> int:
