@@ -492,12 +492,12 @@ def _reaches_twice(x):
 def test_the_helpers_a_function_reaches_by_name_are_found_in_nested_code_too():
     """What must be loaded before a function: the by-name helpers its code calls, also
     from a comprehension (a code object of its own), and those of the functions it calls."""
-    from tilegemm.kernels.cpu._lazy import _called_by_name
+    from tilegemm.kernels.cpu._lazy import _reached_by_name
 
     def outer(x):
         return _reaches_twice(x)
 
-    assert [c.callee for c in _called_by_name(outer)] == [_twice]
+    assert [c.callee for c in _reached_by_name(outer)] == [_twice]
     assert _twice.pending  # finding it compiled nothing
 
 

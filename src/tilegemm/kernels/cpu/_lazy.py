@@ -170,7 +170,7 @@ def called_by_name(callee: WhenCalledDispatcher) -> Any:
     return CalledByName(callee).call
 
 
-def _called_by_name(func: Callable, seen: set[int] | None = None) -> list[CalledByName]:
+def _reached_by_name(func: Callable, seen: set[int] | None = None) -> list[CalledByName]:
     """The :class:`CalledByName` callees that ``func``'s code reaches: those it calls, and
     those of the rung functions it calls, whose code is linked into its own."""
     seen = set() if seen is None else seen
@@ -185,7 +185,7 @@ def _called_by_name(func: Callable, seen: set[int] | None = None) -> list[Called
         if isinstance(by_name, CalledByName):
             found.append(by_name)
         elif isinstance(obj, WhenCalledDispatcher):
-            found += _called_by_name(obj.py_func, seen)
+            found += _reached_by_name(obj.py_func, seen)
     return found
 
 
@@ -434,7 +434,7 @@ class WhenCalledDispatcher(CPUDispatcher):
         with interruptible(), self._settings(), global_compiler_lock:
             if not self.pending:  # another thread did it meanwhile
                 return
-            for callee in _called_by_name(self.py_func):  # before this code is linked
+            for callee in _reached_by_name(self.py_func):  # before this code is linked
                 callee.publish()
             with typeinfer.register_dispatcher(self):
                 self.compile(self.declaration[0])
