@@ -332,22 +332,24 @@ def compute_once(slot: CollectiveSlot, index: int, value: Any,
     return out
 
 
-def _warp_slot() -> tuple[CollectiveSlot, int]:
-    """The calling warp's scratch on the simulator's block manager, and the lane. Needs
-    blocks of whole warps, all lanes arriving, as the ``.sync.aligned`` instructions it
-    stands for do."""
+def collective_compute(parties: int, what: str, value: Any,
+                       fn: Callable[[list[Any]], Any]) -> Any:
+    """Simulator only: :func:`compute_once` over the calling thread's group of ``parties``
+    threads (32: its warp; 128: its warpgroup), whose scratch is kept on the simulator's
+    block manager. Needs blocks of whole groups, every thread arriving, as the
+    ``.sync.aligned`` instructions it stands for do (``what`` names them in the error)."""
     t = threading.current_thread()
     manager = t._manager  # type: ignore[attr-defined]
-    if int(np.prod(manager._block_dim)) % 32:
-        raise RuntimeError("warp-wide tensor-core instructions need blocks of whole warps")
+    if int(np.prod(manager._block_dim)) % parties:
+        raise RuntimeError(f"{what} need blocks of whole groups of {parties} threads")
     tid = t.thread_id  # type: ignore[attr-defined]
-    key = (tuple(t.blockIdx), tid // 32)  # type: ignore[attr-defined]
+    key = (tuple(t.blockIdx), parties, tid // parties)  # type: ignore[attr-defined]
     with _LOCK:
-        slots = manager.__dict__.setdefault("_tilegemm_warps", {})
+        slots = manager.__dict__.setdefault("_tilegemm_collectives", {})
         slot = slots.get(key)
         if slot is None:
-            slot = slots[key] = CollectiveSlot(32)
-    return slot, tid % 32
+            slot = slots[key] = CollectiveSlot(parties)
+    return compute_once(slot, tid % parties, value, fn)
 
 
 def warp_exchange(value: Any) -> list[Any]:
@@ -358,8 +360,7 @@ def warp_exchange(value: Any) -> list[Any]:
 def warp_compute(value: Any, fn: Callable[[list[Any]], Any]) -> Any:
     """Simulator only: every lane of the calling warp gives ``value``; ``fn`` of the 32
     values, computed once for the warp, is returned to each lane (:func:`compute_once`)."""
-    slot, lane = _warp_slot()
-    return compute_once(slot, lane, value, fn)
+    return collective_compute(32, "warp-wide tensor-core instructions", value, fn)
 
 
 def _emulate_mma(a: Any, b: Any, c: Any, k: int,

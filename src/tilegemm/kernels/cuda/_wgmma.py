@@ -79,9 +79,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tilegemm.kernels.cuda._tensorcore import (
-    CollectiveSlot,
     bf16_value,
-    compute_once,
+    collective_compute,
     note_access,
     sum_to_float32,
     tf32_truncate,
@@ -207,7 +206,7 @@ def _block_state() -> tuple[Any, dict]:
     with _LOCK:
         blocks = manager.__dict__.setdefault("_tilegemm_wgmma", {})
         state = blocks.setdefault(tuple(t.blockIdx), {  # type: ignore[attr-defined]
-            "window": [], "next": _WINDOW_START, "groups": {}})
+            "window": [], "next": _WINDOW_START})
     return t, state
 
 
@@ -216,15 +215,7 @@ def group_compute(value: Any, fn: Any) -> Any:
     computes ``fn(all 128 values)`` and every thread gets that result (the product a
     warpgroup instruction makes, computed once instead of by each of its 128 threads).
     An exception in ``fn`` reaches every thread."""
-    t, state = _block_state()
-    if int(np.prod(t._manager._block_dim)) % WARPGROUP:  # type: ignore[attr-defined]
-        raise RuntimeError("wgmma needs blocks of whole warpgroups (multiples of 128 threads)")
-    tid = t.thread_id  # type: ignore[attr-defined]
-    with _LOCK:
-        slot = state["groups"].get(tid // WARPGROUP)
-        if slot is None:
-            slot = state["groups"][tid // WARPGROUP] = CollectiveSlot(WARPGROUP)
-    return compute_once(slot, tid % WARPGROUP, value, fn)
+    return collective_compute(WARPGROUP, "wgmma instructions", value, fn)
 
 
 def _shared_base(arr: np.ndarray) -> int:
