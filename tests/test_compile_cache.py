@@ -77,6 +77,65 @@ def test_second_process_loads_instead_of_compiling(tmp_path, monkeypatch):
                                                     "value": 10.0}
 
 
+# The module's body (what compiles, on a cold cache) first waits for the other process to
+# reach load_module and then, for at most two seconds, for it to enter the body as well:
+# without a lock both are inside at once and both compile; with one, the second waits at
+# the lock until the first has saved the entry.
+MEET = """
+import os, pathlib, time
+_here = pathlib.Path(os.environ["MEET_DIR"])
+_me = os.environ["MEET_ME"]
+(_here / f"inside-{_me}").touch()
+_until = time.monotonic() + 60
+while not (_here / f"calling-{1 - int(_me)}").exists() and time.monotonic() < _until:
+    time.sleep(0.01)
+_until = time.monotonic() + 2
+while not (_here / f"inside-{1 - int(_me)}").exists() and time.monotonic() < _until:
+    time.sleep(0.01)
+"""
+
+CALL_AT_ONCE = """
+import json, os, pathlib, sys
+from tilegemm import compile_cache
+(pathlib.Path(os.environ["MEET_DIR"]) / f"calling-{os.environ['MEET_ME']}").touch()
+m = compile_cache.load_module("probe", sys.argv[1], {"kernel": "probe"})
+print(json.dumps({"stats": compile_cache.STATS, "value": m.twice(2.0)}))
+"""
+
+
+def test_processes_needing_one_entry_at_once_compile_it_once(tmp_path, monkeypatch):
+    """Two processes (a pool's workers, two test workers) that need the same cold entry at
+    the same moment: the first compiles it, the other waits and loads what it saved,
+    instead of both compiling (15-20 s a tile of the CPU rung on two cores)."""
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    source = fill_template(TEMPLATE.replace("# @header", MEET + "\n# @header", 1),
+                           {"SCALE": 4, "CACHE": False},
+                           {"body": "def twice(x):\n    return SCALE * x\n"})
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", CALL_AT_ONCE, source], stdout=subprocess.PIPE, text=True,
+        env=dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path / "cache"),
+                 MEET_DIR=str(meet), MEET_ME=str(i))) for i in range(2)]
+    outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert [o["value"] for o in outs] == [8.0, 8.0]
+    assert sorted((o["stats"]["compiled"], o["stats"]["loaded"]) for o in outs) == [
+        (0, 1), (1, 0)], outs
+
+
+def test_a_lock_file_that_cannot_be_made_is_gone_without_where_allowed(tmp_path):
+    """An entry in a folder this user cannot write (a shared, read-only cache) is still
+    loaded, without the lock; a build that must write the entry needs it."""
+    nowhere = tmp_path / "missing" / ".entry.lock"
+    ran = []
+    with compile_cache.locked(nowhere, required=False):
+        ran.append(1)
+    assert ran == [1] and not nowhere.exists()
+    with pytest.raises(OSError), compile_cache.locked(nowhere):
+        ran.append(2)
+    assert ran == [1]
+
+
 def test_corrupt_entry_warns_and_rebuilds(tmp_path, monkeypatch):
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
     load_module("probe", _source(7), {"kernel": "probe"})
@@ -205,9 +264,11 @@ def test_cache_command_lists_and_clears(tmp_path, monkeypatch, capsys):
     assert main(["cache"]) == 0
     out = capsys.readouterr().out
     assert "1 entry" in out and "SCALE=19" in out and "yes" in out
+    assert list((tmp_path / "cpu").glob(".probe-*.lock"))  # taken while it compiled
     assert main(["cache", "--clear"]) == 0
     assert "removed 1 entry" in capsys.readouterr().out
     assert compile_cache.entries() == []
+    assert not (tmp_path / "cpu").exists()  # the lock file went with its entry
 
 
 def test_cache_command_clears_only_stale_entries(tmp_path, monkeypatch, capsys):
@@ -373,6 +434,7 @@ def test_cached_texts_builds_once_then_reads(tmp_path: Path, monkeypatch) -> Non
     assert [e.current for e in compile_cache.entries()] == [True]
     assert compile_cache.clear() >= 1
     assert compile_cache.entries() == []
+    assert not (tmp_path / "cuda").exists()  # lock files included
 
 
 def test_cached_ptx_entries_are_stale_after_a_source_or_numba_cuda_change(

@@ -21,7 +21,10 @@ A cache is a convenience, never a reason to fail: a directory that cannot be wri
 a :class:`CompileCacheWarning` and the kernel compiles in memory as before; an entry that
 cannot be loaded (a truncated or corrupt file) gives the warning, is deleted and rebuilt.
 Two processes filling the same entry at once are safe: every file is written to a
-temporary name and renamed into place.
+temporary name and renamed into place. They do not both compile it either: a CPU entry's
+import (where it compiles) and a text entry's build hold a lock file per entry
+(``.<entry>.lock`` beside it), so the first process builds while the others wait, then
+load what it saved.
 
 OpenCL programs on PoCL: PoCL keeps its own kernel cache (the compiled program and the
 work-group functions, keyed by the source, build options, device and PoCL build), and
@@ -484,20 +487,26 @@ def load_module(name: str, source: str, describe: dict[str, Any]) -> ModuleType:
     path = folder / f"{stem}.py"
     if not _write_entry(path, text):
         return _exec_uncached(stem, source)
-    try:
-        return _import(stem, path)
-    except Exception as exc:  # noqa: BLE001 - any failure to load the entry: rebuild once
-        warnings.warn(f"kernel cache entry {path.name} could not be loaded "
-                      f"({type(exc).__name__}: {exc}); deleting and rebuilding it",
-                      CompileCacheWarning,
-                      stacklevel=user_stacklevel())
+    # Importing compiles what the entry lacks (all of it, the first time): processes that
+    # need it at once take turns, so the first compiles and saves while the others wait,
+    # then load (without the lock, each compiled the whole rung: a pool's workers, or two
+    # test workers, started on an empty cache). A folder where no lock file can be made
+    # (read-only, shared) is still read, without one.
+    with locked(_lock_path(path), required=False):
         try:
-            _remove_entry(folder, stem)
-            write_atomic(path, text)
-        except OSError as write_exc:  # the disk full, the folder gone: compile in memory
-            _unusable(folder, write_exc)
-            return _exec_uncached(stem, source)
-        return _import(stem, path)  # a second failure is a real error, not the cache's
+            return _import(stem, path)
+        except Exception as exc:  # noqa: BLE001 - any failure to load the entry: rebuild once
+            warnings.warn(f"kernel cache entry {path.name} could not be loaded "
+                          f"({type(exc).__name__}: {exc}); deleting and rebuilding it",
+                          CompileCacheWarning,
+                          stacklevel=user_stacklevel())
+            try:
+                _remove_entry(folder, stem)
+                write_atomic(path, text)
+            except OSError as write_exc:  # the disk full, the folder gone: compile in memory
+                _unusable(folder, write_exc)
+                return _exec_uncached(stem, source)
+            return _import(stem, path)  # a second failure is a real error, not the cache's
 
 
 def _write_entry(path: Path, text: str) -> bool:
@@ -585,11 +594,30 @@ def write_atomic(path: Path, text: str, prefix: str = ".tmp-") -> None:
 
 
 @contextlib.contextmanager
-def locked(lock_path: Path) -> Iterator[None]:
-    """Hold the lock file ``lock_path`` (made if need be) against other processes."""
-    with open(lock_path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+def locked(lock_path: Path, required: bool = True) -> Iterator[None]:
+    """Hold the lock file ``lock_path`` (made if need be) against other processes; with
+    ``required=False``, go on without it where the file cannot be opened."""
+    try:
+        lock = open(lock_path, "a")  # noqa: SIM115 - closed below, after the unlock
+    except OSError:
+        if required:
+            raise
         yield
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            # released now, not when the last copy of the descriptor closes: a child
+            # forked meanwhile holds one and would keep the lock for its whole life
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _lock_path(entry: Path) -> Path:
+    """The lock file of an entry (hidden, beside it; ``tilegemm cache --clear`` removes
+    it with the entry)."""
+    return entry.with_name(f".{entry.stem}.lock")
 
 
 def _import(stem: str, path: Path, namespace: dict[str, Any] | None = None) -> ModuleType:
@@ -688,12 +716,18 @@ def _module_entries(folder: Path, now: dict[str, Any]) -> list[CacheEntry]:
             key = _mapping(json.loads(first.split(":", 1)[1]))
         except (OSError, ValueError, IndexError):
             key = {}
-        files = (path, *(folder / "__pycache__").glob(f"{path.stem}*"))
+        files = (path, *(folder / "__pycache__").glob(f"{path.stem}*"), *_lock_of(path))
         out.append(CacheEntry(path.stem, _mapping(key.get("describe")),
                               _mapping(key.get("versions")),
                               bool(key) and all(key.get(k) == v for k, v in now.items()),
                               _size(files), files))
     return out
+
+
+def _lock_of(entry: Path) -> tuple[Path, ...]:
+    """The entry's lock file where one was made (an empty file)."""
+    lock = _lock_path(entry)
+    return (lock,) if lock.is_file() else ()
 
 
 def _mapping(value: Any) -> dict[str, Any]:
@@ -765,7 +799,7 @@ def _text_entries(root: Path) -> list[CacheEntry]:
             # the folder names the backend even when the entry is too damaged to say
             describe = {"backend": sub, **_mapping(key.get("describe"))}
             out.append(CacheEntry(path.stem, describe, versions, current, _size((path,)),
-                                  (path,)))
+                                  (path, *_lock_of(path))))
     return out
 
 
@@ -844,12 +878,11 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
     path = folder / f"{name}-{digest}.json"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        lock = open(folder / f".{path.stem}.lock", "a")  # noqa: SIM115 - held until built
+        _lock_path(path).touch()
     except OSError as exc:
         _unusable(folder, exc)
         return build()
-    with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    with locked(_lock_path(path)):
         texts = _read_texts(path, full)
         if texts is None:
             texts = build()
