@@ -11,7 +11,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from tilegemm import compile_cache
@@ -304,15 +303,61 @@ BY_NAME = ["direct", "gemv_part", "macro", "pack_a", "pack_b"]
 SMALL_PRODUCT_LOADS = 2 + len(BY_NAME)
 
 
-@pytest.mark.slow
-def test_blocked_rung_is_loaded_by_a_second_process(tmp_path, monkeypatch):
-    """The real CPU rung (small tiles to compile faster) through the cache end to end."""
+# The real CPU rung's tile that the tests below damage in caches of their own (small, to
+# compile faster); test_cpu_rungs multiplies with it too.
+SMALL_TILE = {"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256}
+FILL = f"""
+import numpy as np
+from tilegemm import registry
+spec = registry.get("blocked", "cpu")
+spec.build(spec.resolve({SMALL_TILE!r}), np.dtype("float64"))
+"""
+
+
+def _small_tile_files(root: Path) -> list[Path]:
+    return [f for e in compile_cache._module_entries(root / compile_cache.SUBDIR, {})
+            if e.describe.get("dtype") == "float64"
+            and e.describe.get("params") == {"MR": 4, "NR": 8}
+            for f in e.files if not f.name.endswith(".lock")]
+
+
+@pytest.fixture(scope="session")
+def small_tile(tmp_path_factory) -> tuple[Path, list[Path]]:
+    """The kernel cache folder and the files of :data:`SMALL_TILE`'s float64 entry in it,
+    compiled once per test process: in the session's cache (where other tests find it),
+    else, with the cache off, in a folder of its own. Each test that damages an entry
+    copies these into a cache of its own (see :func:`_holding_small_tile`) instead of
+    compiling the rung again (15 s a time on two cores)."""
+    root = compile_cache.cache_root() or tmp_path_factory.mktemp("kernels")
+    if not _small_tile_files(root):
+        subprocess.run([sys.executable, "-c", FILL], check=True, timeout=300,
+                       env=dict(os.environ, TILEGEMM_KERNEL_CACHE=str(root)))
+    files = _small_tile_files(root)
+    assert files, f"no float64 {SMALL_TILE} entry in {root}"
+    return root, files
+
+
+def _holding_small_tile(cache: Path, small_tile: tuple[Path, list[Path]]) -> dict:
+    """Copy the compiled small tile into the kernel cache ``cache`` (Numba's index is keyed
+    by its source file's contents, so the copy loads) and return the rung's parameters."""
+    import shutil
+
     from tilegemm import registry
 
+    root, files = small_tile
+    for f in files:
+        to = cache / f.relative_to(root)
+        to.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(f, to)
+    return registry.get("blocked", "cpu").resolve(SMALL_TILE)
+
+
+@pytest.mark.slow
+def test_blocked_rung_is_loaded_by_a_second_process(tmp_path, monkeypatch, small_tile):
+    """The real CPU rung (small tiles to compile faster) through the cache end to end: a
+    process that finds it compiled (by the test session, copied here) loads it."""
+    params = _holding_small_tile(tmp_path, small_tile)
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
-    spec = registry.get("blocked", "cpu")
-    params = spec.resolve({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256})
-    spec.build(params, np.dtype("float64"))
     code = f"""
 import json, numpy as np, tilegemm
 from tilegemm import compile_cache
@@ -362,17 +407,15 @@ print(json.dumps(steps))
     assert len(list((tmp_path / "cpu").glob("blocked-float64-*.py"))) == 1
 
 
-def test_machine_code_damaged_in_place_is_compiled_again_not_run(tmp_path, monkeypatch):
+def test_machine_code_damaged_in_place_is_compiled_again_not_run(tmp_path, monkeypatch,
+                                                                 small_tile):
     """A cached function's data file with 256 bytes of its machine code zeroed, its size
     unchanged (a bad disk block): Numba unpickled and linked it, and every later process
     crashed with a segmentation fault and no warning. Its checksum now fails: a warning,
     the function compiled again (the rest loaded), the product right, and the next
     process loads the rewritten entry."""
-    from tilegemm import registry
-
+    params = _holding_small_tile(tmp_path, small_tile)
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
-    params = registry.get("blocked", "cpu").resolve(
-        {"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256})
     code = f"""
 import json, warnings, numpy as np, tilegemm
 from tilegemm import compile_cache
@@ -392,8 +435,7 @@ print(json.dumps([dict(compile_cache.STATS), [str(w.message) for w in caught]]))
         assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    first = run()
-    assert first[0]["compiled"] > 0
+    assert run() == [{"compiled": 0, "loaded": SMALL_PRODUCT_LOADS}, []]  # as copied
     (data,) = (tmp_path / "cpu" / "__pycache__").glob("*takes_gemv*.nbc")
     raw = bytearray(data.read_bytes())
     at = raw.find(b"\x7fELF") + 2000  # inside the machine code, which is linked as is
@@ -864,14 +906,13 @@ def test_a_relative_cache_directory_stays_where_it_was_first_read(tmp_path: Path
 
 
 @pytest.mark.slow
-def test_a_directory_in_place_of_an_entry_file_is_removed_once(tmp_path, monkeypatch):
+def test_a_directory_in_place_of_an_entry_file_is_removed_once(tmp_path, monkeypatch,
+                                                               small_tile):
     """A directory where a function's index file goes was never repaired: Numba can
     neither read nor replace it, so every process warned and compiled again, for ever
     (and the probe counting as cold made every process load every function eagerly)."""
-    from tilegemm import registry
-
+    params = _holding_small_tile(tmp_path, small_tile)
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
-    params = {"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256}
     code = f"""
 import json, warnings, numpy as np, tilegemm
 from tilegemm import compile_cache
@@ -888,8 +929,6 @@ print(json.dumps([compile_cache.STATS, [str(w.message) for w in seen]]))
                              text=True, check=True, timeout=300)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    run()  # compiles and keeps every function
-    assert registry.get("blocked", "cpu").supports("float64")
     (index,) = (tmp_path / "cpu" / "__pycache__").glob("*.takes_gemv-*.nbi")
     index.unlink()
     index.mkdir()
