@@ -62,10 +62,10 @@ def install() -> None:
         lower._tilegemm_original_find_singly_assigned = original
         lower._find_singly_assigned_variable = _find_singly_assigned_variable
     _remember_typed_calls()
-    _rewrite_only_blocks_that_mention()
+    _fix_ssa_only_where_named()
 
 
-def _rewrite_only_blocks_that_mention() -> None:
+def _fix_ssa_only_where_named() -> None:
     """SSA reconstruction hands its handlers only the statements that name the variable
     being fixed (see :class:`_Names`)."""
     try:
