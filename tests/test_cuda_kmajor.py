@@ -41,6 +41,25 @@ def test_transpose_leaves_the_padding_and_rounds_on_request(tf32: bool,
 
 
 @pytest.mark.cudasim
+@pytest.mark.simulator
+def test_the_gpus_blocks_of_eight_rows_a_thread_copy_the_same(rng: np.random.Generator,
+                                                              monkeypatch) -> None:
+    """The simulator runs the copies in blocks of one warp, each thread taking every row
+    of its column (``ROWS``: fewer Python threads); a GPU's blocks are (32, 8), a thread
+    taking every eighth row. The same kernel with the GPU's blocks, simulated, transposes,
+    plain-copies and rounds the same."""
+    from tilegemm.kernels.cuda import _kmajor
+
+    assert _kmajor.ROWS == 1
+    monkeypatch.setattr(_kmajor, "ROWS", 8)  # read by the simulated kernel as it runs
+    x = rng.standard_normal((2, 37, 45)).astype(np.float32)
+    w = _run(x, True, True, _kmajor.kmajor_shape(x.shape, 4))
+    np.testing.assert_array_equal(w[:, :, :37], tf32_round(x.transpose(0, 2, 1)))
+    assert np.isnan(w[:, :, 37:]).all()
+    np.testing.assert_array_equal(_run(x, False, False, x.shape), x)
+
+
+@pytest.mark.cudasim
 def test_plain_copy_rounds_and_16bit_transposes_exactly(rng: np.random.Generator) -> None:
     x = rng.standard_normal((1, 33, 70)).astype(np.float32)
     np.testing.assert_array_equal(_run(x, True, False, x.shape), tf32_round(x))

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm import simulator
 from tilegemm.backends.cuda_launch import DeviceView, launch_kernel
 from tilegemm.backends.cuda_program import CudaProgram, strided_view
 from tilegemm.kernels.cuda._workspace import Workspaces, device_key
@@ -34,7 +35,12 @@ from tilegemm.launch import MAX_GRID_YZ, ceil_div
 
 TILE = 32  # the transpose's square tile: 32 columns of B read by a warp, 32 rows written
 PADDED = TILE + 1  # its rows in shared memory, one value longer (no bank conflicts)
-ROWS = 8  # rows of the tile each thread of a (32, 8) block handles, a stride of 8 apart
+# The rows of the tile a thread handles are ROWS apart: a block is (TILE, ROWS) threads,
+# (32, 8) on a GPU. On numba's simulator every thread is a Python thread, started for its
+# block and waited for at each barrier, and these copies took 60 % of a simulated wgmma
+# product (4.1 of 6.9 s at 128×96×256): there a block is one warp, (32, 1), each thread
+# taking every row, the same code with 8 times fewer threads.
+ROWS = 1 if simulator.enabled() else 8
 cuda: Any = None  # numba.cuda, bound by copy_kernel()
 
 
