@@ -122,6 +122,23 @@ def test_processes_needing_one_entry_at_once_compile_it_once(tmp_path, monkeypat
         (0, 1), (1, 0)], outs
 
 
+def test_a_process_holding_an_entry_too_long_is_not_waited_for_ever(tmp_path, monkeypatch):
+    """A process stopped while it builds an entry (suspended, in a debugger) keeps its
+    lock: another waits ``LOCK_WAIT_SECONDS`` for it, then warns and builds the entry
+    itself instead of waiting for ever."""
+    import fcntl
+
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(compile_cache, "LOCK_WAIT_SECONDS", 0.3)
+    load_module("probe", _source(23), {"kernel": "probe"})
+    (lock_file,) = (tmp_path / "cpu").glob(".probe-*.lock")
+    with open(lock_file, "a") as held:  # its own open file: the lock is another's
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.warns(CompileCacheWarning, match=r"waited 0.3 s .*probe-.* as well"):
+            again = load_module("probe", _source(23), {"kernel": "probe"})
+    assert again.twice(1.0) == 23.0
+
+
 def test_a_lock_file_that_cannot_be_made_is_gone_without_where_allowed(tmp_path):
     """An entry in a folder this user cannot write (a shared, read-only cache) is still
     loaded, without the lock; a build that must write the entry needs it."""
@@ -329,9 +346,11 @@ def small_tile(tmp_path_factory) -> tuple[Path, list[Path]]:
     copies these into a cache of its own (see :func:`_holding_small_tile`) instead of
     compiling the rung again (15 s a time on two cores)."""
     root = compile_cache.cache_root() or tmp_path_factory.mktemp("kernels")
-    if not _small_tile_files(root):
-        subprocess.run([sys.executable, "-c", FILL], check=True, timeout=300,
-                       env=dict(os.environ, TILEGEMM_KERNEL_CACHE=str(root)))
+    # always through the rung's build (a second or two when the entry is there): it waits
+    # at the entry's lock while another test process is still compiling the tile, whose
+    # files are then on disk, but not all of them yet
+    subprocess.run([sys.executable, "-c", FILL], check=True, timeout=300,
+                   env=dict(os.environ, TILEGEMM_KERNEL_CACHE=str(root)))
     files = _small_tile_files(root)
     assert files, f"no float64 {SMALL_TILE} entry in {root}"
     return root, files

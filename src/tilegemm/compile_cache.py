@@ -24,7 +24,7 @@ Two processes filling the same entry at once are safe: every file is written to 
 temporary name and renamed into place. They do not both compile it either: a CPU entry's
 import (where it compiles) and a text entry's build hold a lock file per entry
 (``.<entry>.lock`` beside it), so the first process builds while the others wait, then
-load what it saved.
+load what it saved (at most ``LOCK_WAIT_SECONDS``; then they warn and build it too).
 
 OpenCL programs on PoCL: PoCL keeps its own kernel cache (the compiled program and the
 work-group functions, keyed by the source, build options, device and PoCL build), and
@@ -491,8 +491,9 @@ def load_module(name: str, source: str, describe: dict[str, Any]) -> ModuleType:
     # need it at once take turns, so the first compiles and saves while the others wait,
     # then load (without the lock, each compiled the whole rung: a pool's workers, or two
     # test workers, started on an empty cache). A folder where no lock file can be made
-    # (read-only, shared) is still read, without one.
-    with locked(_lock_path(path), required=False):
+    # (read-only, shared) is still read, without one; a process that has waited
+    # LOCK_WAIT_SECONDS for another compiles the entry itself.
+    with locked(_lock_path(path), required=False, wait=LOCK_WAIT_SECONDS):
         try:
             return _import(stem, path)
         except Exception as exc:  # noqa: BLE001 - any failure to load the entry: rebuild once
@@ -593,10 +594,19 @@ def write_atomic(path: Path, text: str, prefix: str = ".tmp-") -> None:
         raise
 
 
+# How long a process waits for another that is building the same entry before it builds
+# the entry itself: a cold compile of the CPU rung takes 15-40 s on two cores, and a
+# process stopped while holding the lock (suspended, in a debugger) must not hold up every
+# other process for ever.
+LOCK_WAIT_SECONDS = 300.0
+
+
 @contextlib.contextmanager
-def locked(lock_path: Path, required: bool = True) -> Iterator[None]:
+def locked(lock_path: Path, required: bool = True,
+           wait: float | None = None) -> Iterator[None]:
     """Hold the lock file ``lock_path`` (made if need be) against other processes; with
-    ``required=False``, go on without it where the file cannot be opened."""
+    ``required=False``, go on without it where the file cannot be opened; with ``wait``,
+    go on without it after that many seconds, with a :class:`CompileCacheWarning`."""
     try:
         lock = open(lock_path, "a")  # noqa: SIM115 - closed below, after the unlock
     except OSError:
@@ -605,13 +615,34 @@ def locked(lock_path: Path, required: bool = True) -> Iterator[None]:
         yield
         return
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _take(lock, wait):
+            warnings.warn(f"waited {wait:g} s for another process building kernel cache "
+                          f"entry {lock_path.name[1:-5]}; building it here as well",
+                          CompileCacheWarning, stacklevel=user_stacklevel())
+            yield
+            return
         try:
             yield
         finally:
             # released now, not when the last copy of the descriptor closes: a child
             # forked meanwhile holds one and would keep the lock for its whole life
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _take(lock: Any, wait: float | None) -> bool:
+    """Lock the open file ``lock``; False if ``wait`` seconds passed first."""
+    if wait is None:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return True
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
 
 
 def _lock_path(entry: Path) -> Path:
@@ -882,7 +913,7 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
     except OSError as exc:
         _unusable(folder, exc)
         return build()
-    with locked(_lock_path(path)):
+    with locked(_lock_path(path), wait=LOCK_WAIT_SECONDS):
         texts = _read_texts(path, full)
         if texts is None:
             texts = build()
