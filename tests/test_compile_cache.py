@@ -102,7 +102,7 @@ print(json.dumps({"stats": compile_cache.STATS, "value": m.twice(2.0)}))
 """
 
 
-def test_processes_needing_one_entry_at_once_compile_it_once(tmp_path, monkeypatch):
+def test_processes_needing_one_entry_at_once_compile_it_once(tmp_path):
     """Two processes (a pool's workers, two test workers) that need the same cold entry at
     the same moment: the first compiles it, the other waits and loads what it saved,
     instead of both compiling (15-20 s a tile of the CPU rung on two cores)."""
@@ -139,7 +139,7 @@ def test_a_process_holding_an_entry_too_long_is_not_waited_for_ever(tmp_path, mo
     assert again.twice(1.0) == 23.0
 
 
-def test_a_lock_file_that_cannot_be_made_is_gone_without_where_allowed(tmp_path):
+def test_where_no_lock_file_can_be_made_an_entry_is_read_without_one(tmp_path):
     """An entry in a folder this user cannot write (a shared, read-only cache) is still
     loaded, without the lock; a build that must write the entry needs it."""
     nowhere = tmp_path / "missing" / ".entry.lock"
