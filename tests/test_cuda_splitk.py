@@ -118,6 +118,33 @@ def test_split_k_writes_every_workspace_element(one_block: bool) -> None:
 
 
 @pytest.mark.cudasim
+@pytest.mark.simulator
+def test_the_sum_of_the_slices_is_the_same_in_the_gpus_launch_shape(
+        monkeypatch, rng: np.random.Generator) -> None:
+    """The simulator runs the slices' sum as one warp striding over C (every simulated
+    thread is a Python thread); a GPU runs a thread an element, 256 a block. Both give
+    the slices added in order, exactly."""
+    from numba import cuda
+
+    from tilegemm.kernels.cuda import _splitk
+    from tilegemm.launch import MAX_GRID_X
+
+    assert _splitk.reduce_launch(5000) == (1, 32)
+    with monkeypatch.context() as off:
+        off.setattr(_splitk.simulator, "enabled", lambda: False)
+        gpu = _splitk.reduce_launch(2 * 9 * 13)
+        assert gpu == (1, 256) and _splitk.reduce_launch(5000) == (20, 256)
+        assert _splitk.reduce_launch(10**12) == (MAX_GRID_X, 256)
+    w = rng.standard_normal((2 * 3, 9, 13)).astype(np.float32)  # 2 products, 3 slices
+    want = np.float32(0.5) * ((w[0::3] + w[1::3]) + w[2::3])
+    for blocks, threads in ((1, 32), gpu, (3, 64)):
+        c = cuda.to_device(np.full((2, 9, 13), np.nan, np.float32))
+        _splitk.reduce_kernel()[blocks, threads](cuda.to_device(w), c, np.float32(0.5),
+                                                 np.float32(0))
+        np.testing.assert_array_equal(c.copy_to_host(), want)
+
+
+@pytest.mark.cudasim
 def test_small_tile_runs() -> None:
     """The 128x64 tile kernel="auto" picks for products that 128x128 tiles cannot spread
     over the SMs: one full interior block and a partial one."""

@@ -30,12 +30,23 @@ from typing import Any
 
 import numpy as np
 
+from tilegemm import simulator
 from tilegemm.backends.cuda_launch import launch_kernel
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._workspace import Workspaces
 from tilegemm.launch import MAX_GRID_X, ceil_div
 
 REDUCE_THREADS = 256
+
+
+def reduce_launch(total: int) -> tuple[int, int]:
+    """(blocks, threads a block) of the sum over ``total`` elements: one thread an element
+    on a GPU, up to the grid's limit (past it, its grid-stride loop takes the rest). On
+    numba's simulator every thread is a Python thread, started and joined: one warp strides
+    over all of C instead (the same sums, and the stride loop run on every call)."""
+    if simulator.enabled():
+        return 1, 32
+    return max(1, min(ceil_div(total, REDUCE_THREADS), MAX_GRID_X)), REDUCE_THREADS
 cuda: Any = None  # numba.cuda, bound by reduce_kernel() (see tilegemm.kernels.cuda docstring)
 
 
@@ -54,13 +65,11 @@ class SplitKProgram(CudaProgram):
         batch, m, n = C.shape
         dtype = np.dtype(C.dtype)
         one, zero = dtype.type(1), dtype.type(0)
-        total = batch * m * n
-        blocks = max(1, min(ceil_div(total, REDUCE_THREADS), MAX_GRID_X))
+        blocks, threads = reduce_launch(batch * m * n)
         with self.workspaces.lock:
             work = self.workspaces.get((self.slices * batch, m, n), dtype, stream)
             super().launch(A, B, work, one, zero, stream)
-            launch_kernel(reduce_kernel(), blocks, REDUCE_THREADS, stream, 0,
-                          (work, C, alpha, beta))
+            launch_kernel(reduce_kernel(), blocks, threads, stream, 0, (work, C, alpha, beta))
 
 
 @cache
