@@ -37,6 +37,7 @@ from tilegemm.kernels.cuda._workspace import Workspaces
 from tilegemm.launch import MAX_GRID_X, ceil_div
 
 REDUCE_THREADS = 256
+cuda: Any = None  # numba.cuda, bound by reduce_kernel() (see tilegemm.kernels.cuda docstring)
 
 
 def reduce_launch(total: int) -> tuple[int, int]:
@@ -47,7 +48,6 @@ def reduce_launch(total: int) -> tuple[int, int]:
     if simulator.enabled():
         return 1, 32
     return max(1, min(ceil_div(total, REDUCE_THREADS), MAX_GRID_X)), REDUCE_THREADS
-cuda: Any = None  # numba.cuda, bound by reduce_kernel() (see tilegemm.kernels.cuda docstring)
 
 
 @dataclass(frozen=True)
