@@ -151,13 +151,15 @@ def test_auto_at_ieee_never_picks_a_tensor_core_rung() -> None:
 # --- machine code ---------------------------------------------------------------------------
 
 
-def _sass_without_local_memory(dtype: str, arch: str) -> tuple[dict[str, int], str, int]:
-    """The rung at its defaults compiled for ``arch``: no spills, no stack frame, no LDL/STL
-    in the SASS. Returns the parameters, the SASS text and the HMMA of one warp-tile k step."""
+def _sass_without_local_memory(dtype: str, arch: str,
+                               **over: int) -> tuple[dict[str, int], str, int]:
+    """The rung at its defaults (with ``over``) compiled for ``arch``: no spills, no stack
+    frame, no LDL/STL in the SASS. Returns the parameters, the SASS text and the HMMA of one
+    warp-tile k step."""
     from tilegemm.analysis.resources import cuda_resources, ptx_for
     from tilegemm.analysis.sass import disassemble, link_cubin
 
-    params = SPEC.defaults()
+    params = SPEC.defaults() | over
     r = cuda_resources(SPEC, params, dtype, arch)
     assert (r.spill_stores, r.spill_loads, r.stack) == (0, 0, 0), r
     ptx = ptx_for(SPEC, params, dtype, arch)
@@ -195,6 +197,18 @@ def test_float16_hmma_and_transposed_ldmatrix_without_local_memory(arch: str) ->
     hmma = re.findall(r"HMMA\.16816\.F32\b", text)
     assert hmma and len(hmma) % per_step == 0
     assert re.search(r"LDSM\.16\.MT88\.4", text) and re.search(r"LDSM\.16\.M88\.4", text)
+
+
+@pytest.mark.ptx
+@pytest.mark.slow  # two compilations (~15 s)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_64x64_warp_tile_fits_the_registers(dtype: str) -> None:
+    """A 64×64 warp tile (four warps a 128×128 block) reads a third less shared memory per
+    multiply-add than the default 64×32, at 255 registers on sm_80: it must stay without
+    local memory for a GPU to time it (docs/tensor-cores.md)."""
+    params, text, per_step = _sass_without_local_memory(dtype, "sm_80", WN=64)
+    assert per_step == 32 and SPEC.threads(params) == 128
+    assert len(re.findall(r"HMMA\.(1688|16816)\.F32", text)) % per_step == 0
 
 
 @pytest.mark.ptx
@@ -410,7 +424,10 @@ def test_a_torch_bfloat16_cuda_tensor_is_described_without_the_array_interface()
 # simulator's cp.async), edge blocks on every side, a partial last k-tile, batches with a
 # broadcast operand, and a strided (non-contiguous) A.
 INTERIOR = [((70, 52), (52, 40), {}), ((2, 64, 48), (48, 33), {"STAGES": 3}),
-            ((40, 64), (64, 64), {"BN": 32, "WN": 32})]
+            ((40, 64), (64, 64), {"BN": 32, "WN": 32}),
+            # a 64×64 warp tile (8 fragments across): a third less shared memory read per
+            # multiply-add than the default 64×32, for a GPU visit to time
+            ((70, 48), (48, 72), {"BM": 64, "BN": 64, "WM": 64, "WN": 64})]
 
 
 def _strided(x: np.ndarray) -> np.ndarray:
