@@ -225,3 +225,41 @@ def test_rounded_copies_take_the_rounding_out_of_the_hot_loop() -> None:
     r = mma_report(get("mma", "cuda"), {"PASSES": 1, "RCOPY": 1}, "float32", "sm_90")
     assert r.hmma_share >= 0.28 and r.hot["total"] <= 115, r.hot
     assert r.local_memory == 0 and r.hot["LDGSTS"] > 0
+
+
+# One tensor-core loop: an ldmatrix.x4 (16 bytes a thread), a 32-bit shared load, a 16-byte
+# cp.async copy, a TF32 m16n8k8 mma (1024 multiply-adds a warp, 32 a thread), a branch back.
+SYNTHETIC_MMA = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDSM.16.M88.4 R4, [R2] ;
+        /*0020*/                   LDS R8, [R3] ;
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R5], desc[UR4][R6.64] ;
+        /*0040*/                   HMMA.1688.F32.TF32 R10, R4, R8, R10 ;
+        /*0050*/               @P0 BRA `(.L_x_0) ;
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_tensor_core_loop_counts_multiply_adds_per_shared_byte() -> None:
+    from tilegemm.analysis.sass_mma import count, macs, shared_bytes
+
+    r = count(SYNTHETIC_MMA, kernel="toy", arch="sm_90", dtype="float32", params={})
+    assert r.hot["HMMA"] == 1 and r.hot["total"] == 5
+    assert (r.hot_macs, r.hot_shared_bytes) == (32, 16 + 4 + 16)
+    assert r.macs_per_shared_byte == pytest.approx(32 / 36)
+    assert r.as_dict()["macs_per_shared_byte"] == pytest.approx(32 / 36)
+    line = "        /*0000*/                   {} ;\n"
+
+    def one(text: str) -> sass.Instr:
+        [ins] = sass.parse_sass(line.format(text))
+        return ins
+
+    assert macs(one("HMMA.16816.F32.BF16 R10, R4, R8, R10")) == 64
+    assert macs(one("HGMMA.64x128x8.F32.TF32 R24, gdesc[UR4], R24")) == 0
+    assert shared_bytes(one("LDSM.16.MT88.2 R4, [R2]")) == 8
+    assert shared_bytes(one("LDSM.16.M88 R4, [R2]")) == 4
+    assert shared_bytes(one("LDS.64 R4, [R2]")) == 8
+    assert shared_bytes(one("STS.128 [R2], R4")) == 16
+    assert shared_bytes(one("LDGSTS.E [R5], desc[UR4][R6.64]")) == 4
+    assert shared_bytes(one("IADD3 R6, R6, 0x4, RZ")) == 0

@@ -159,17 +159,27 @@ def _run_mma(args: argparse.Namespace, specs: list, params: dict | None) -> int:
     from tilegemm.commands._console import console
 
     table = Table(title=f"Tensor-core hot loop, per thread ({args.dtype}, {args.arch})")
-    for col in ("kernel", "instr", *KINDS, "HMMA share", "HMMA in kernel", "LDL/STL"):
+    for col in ("kernel", "instr", *KINDS, "HMMA share", "MAC/shared byte", "HMMA in kernel",
+                "LDL/STL"):
         table.add_column(col, justify="left" if col == "kernel" else "right", overflow="fold")
     for r in reports:
         passes = (r.params or {}).get("PASSES")  # float32 operands: one TF32 pass, or three
         mode = {1: " (tf32)", 3: " (3xtf32)"}.get(passes, "") if args.dtype == "float32" else ""
+        per_byte = r.macs_per_shared_byte
         table.add_row(r.kernel + mode, str(r.hot["total"]), *(str(r.hot[k]) for k in KINDS),
-                      f"{r.hmma_share:.1%}", str(r.hmma), str(r.local_memory))
+                      f"{r.hmma_share:.1%}", "–" if per_byte is None else f"{per_byte:.2f}",
+                      str(r.hmma), str(r.local_memory))
     console().print(table)
     console().print("The loop body once, all its branches counted. HMMA: mma.sync's HMMA, or "
                     "wgmma's HGMMA (one warpgroup-wide product for 128 threads, so its share "
                     "is not comparable with HMMA's). other: integer/address work, moves, "
                     "branches, TF32 rounding, and plain global loads and shared stores. "
-                    "Registers: tilegemm kernels --resources.", highlight=False)
+                    "MAC/shared byte: the HMMA's multiply-adds per byte of shared memory the "
+                    "loop moves (ldmatrix, loads, cp.async copies, stores; wgmma's tensor "
+                    "core reads its operands itself: –). An SM's shared memory moves 128 "
+                    "bytes a clock and an H100's tensor cores do about 1024 TF32 or 2048 "
+                    "16-bit multiply-adds a clock (A100: half), so below 8 (TF32) or 16 "
+                    "(16-bit) on an H100, 4 or 8 on an A100, shared memory bounds the loop "
+                    "before the tensor cores do. Registers: tilegemm kernels --resources.",
+                    highlight=False)
     return 0
