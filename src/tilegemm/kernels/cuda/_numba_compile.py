@@ -1,4 +1,4 @@
-"""Faster numba-cuda compile steps, so the written-out rungs compile in a third of the time.
+"""Faster numba-cuda compile steps, so the written-out rungs compile in half the time.
 
 numba-cuda's lowering looks for variables assigned exactly once (they become SSA values
 instead of stack slots). For every candidate variable it scans all assignments of the
@@ -35,7 +35,8 @@ Python set unions (:func:`live_map`); and lowering remembers, within one functio
 signature of each operator it has looked up (it asks again for every operation). All
 24 rung/dtype defaults: 117.8 → 89.1 s on the same Xeon, their PTX the same (up to the
 order of numba's environment declarations, which varies between runs without these
-changes too).
+changes too). With every change here against none, five written-out defaults (warptile
+and pipelined float32, mma float32 and float16, wgmma float32): 52 → 27 s.
 
 Private (underscore) module: discovery does not look for a rung here; numba-cuda is
 imported only when :func:`install` is called (from a rung's build on a real compile path).
