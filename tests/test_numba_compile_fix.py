@@ -23,6 +23,17 @@ def _normalise(ptx: str) -> str:
     return re.sub(r"_cudapy_smem_\d+", "smem", ptx)
 
 
+def _sm90_ptx(name: str) -> str:
+    """The PTX of ``name`` at its float32 defaults for sm_90, through numba-cuda."""
+    from numba.cuda import compile_ptx
+
+    spec = get(name, "cuda")
+    program = spec.program(spec.defaults(), np.dtype("float32"))
+    text, _ = compile_ptx(program.kernel.py_func, program.signature("float32"),
+                          cc=ARCHS["sm_90"])
+    return _normalise(text)
+
+
 @pytest.mark.parametrize("name", ["naive", "shared", "register2d"])
 def test_patched_search_finds_the_same_variables(name: str, monkeypatch) -> None:
     from numba.cuda import compile_ptx, lowering
@@ -66,36 +77,45 @@ def test_one_lowering_gives_each_architectures_ptx(name: str) -> None:
     assert together["sm_80"] != together["sm_90"]
 
 
-def test_remembered_call_types_give_the_same_ptx_and_save_the_repeats(monkeypatch) -> None:
-    """Within one type inference a call typed once is looked up after: the same PTX as
-    typing every call anew, with far fewer typings (register2d's unrolled tile repeats
-    its calls; the written-out rungs repeat 96 % of theirs)."""
-    from numba.cuda import compile_ptx
+def _typing_context() -> type:
     from numba.cuda.typing import context
 
+    return context.BaseContext
+
+
+def _function_type() -> type:
+    from numba.core.types import functions
+
+    return functions.BaseFunction
+
+
+# (the class patched, its method, the most lookups the memory may leave): within one type
+# inference a call typed once is looked up after (register2d's unrolled tile repeats more
+# than half of its calls; the written-out rungs 96 %); within one lowering an operator's
+# signature looked up once is too (register2d: 95 of 162 lookups; written out, 99 % repeat).
+MEMORIES = [pytest.param(_typing_context, "resolve_function_type", 1 / 2, id="typing"),
+            pytest.param(_function_type, "get_call_type", 2 / 3, id="lowering")]
+
+
+@pytest.mark.parametrize(("owner", "method", "at_most"), MEMORIES)
+def test_remembered_answers_give_the_same_ptx_with_fewer_lookups(
+        owner, method: str, at_most: float, monkeypatch) -> None:  # noqa: ANN001
     _numba_compile.install()
-    base = context.BaseContext
-    original = base._tilegemm_original_resolve_function_type
-    typed: list[int] = []
+    cls = owner()
+    kept = f"_tilegemm_original_{method}"
+    original = getattr(cls, kept)
+    asked: list[int] = []
 
-    def counted(self, func, args, kws):  # noqa: ANN001, ANN202
-        typed.append(1)
-        return original(self, func, args, kws)
+    def counted(self, *args):  # noqa: ANN001, ANN002, ANN202
+        asked.append(1)
+        return original(self, *args)
 
-    monkeypatch.setattr(base, "_tilegemm_original_resolve_function_type", counted)
-    spec = get("register2d", "cuda")
-    program = spec.program(spec.defaults(), np.dtype("float32"))
-
-    def ptx() -> str:
-        text, _ = compile_ptx(program.kernel.py_func, program.signature("float32"),
-                              cc=ARCHS["sm_90"])
-        return _normalise(text)
-
-    remembered = ptx()  # the patched method types through the original, kept by name
-    with_memory, typed[:] = len(typed), []
-    monkeypatch.setattr(base, "resolve_function_type", counted)
-    assert ptx() == remembered
-    assert 0 < with_memory < len(typed) / 2, (with_memory, len(typed))
+    monkeypatch.setattr(cls, kept, counted)  # the patched method asks the original by name
+    remembered = _sm90_ptx("register2d")
+    with_memory, asked[:] = len(asked), []
+    monkeypatch.setattr(cls, method, counted)  # every lookup asked anew
+    assert _sm90_ptx("register2d") == remembered
+    assert 0 < with_memory < len(asked) * at_most, (with_memory, len(asked))
 
 
 # shared: phi nodes put in front of a block move the statements that name the variables
@@ -109,7 +129,6 @@ def test_ssa_hands_over_only_what_names_the_variable_and_gives_the_same_ptx(
     12 s compiling pipelined); only those that name the variable can change. Handing over
     only those gives the same PTX (register2d: 190 statements handed over instead of
     13056)."""
-    from numba.cuda import compile_ptx
     from numba.cuda.core import ssa
 
     _numba_compile.install()
@@ -123,19 +142,11 @@ def test_ssa_hands_over_only_what_names_the_variable_and_gives_the_same_ptx(
                 return real(self, states, stmt)
 
             monkeypatch.setattr(cls, method, counted)
-    spec = get(name, "cuda")
-    program = spec.program(spec.defaults(), np.dtype("float32"))
-
-    def ptx() -> str:
-        text, _ = compile_ptx(program.kernel.py_func, program.signature("float32"),
-                              cc=ARCHS["sm_90"])
-        return _normalise(text)
-
-    fewer = ptx()
+    fewer = _sm90_ptx(name)
     patched, handed[:] = len(handed), []
     monkeypatch.setattr(ssa, "_run_ssa", ssa._tilegemm_original_run_ssa)
     monkeypatch.setattr(ssa, "_run_block_rewrite", ssa._tilegemm_original_run_block_rewrite)
-    assert ptx() == fewer
+    assert _sm90_ptx(name) == fewer
     assert 0 < patched < len(handed) / 20, (patched, len(handed))
 
 
@@ -193,37 +204,3 @@ def test_liveness_on_bit_sets_follows_a_loop() -> None:
     blocks = dict.fromkeys(uses)
     assert analysis._tilegemm_original_compute_live_map(cfg, blocks, uses, defs) == expected
     assert _numba_compile.live_map(cfg, blocks, uses, defs) == expected
-
-
-def test_remembered_call_types_in_lowering_give_the_same_ptx(monkeypatch) -> None:
-    """Lowering looks up an operator's signature again for each operation (99 % repeats
-    compiling the written-out rungs); answered from memory within one lowering, the PTX is
-    the same, with fewer lookups."""
-    from numba.core.types import functions
-    from numba.cuda import compile_ptx
-
-    _numba_compile.install()
-    base = functions.BaseFunction
-    original = base._tilegemm_original_get_call_type
-    looked_up: list[int] = []
-
-    def counted(self, context, args, kws):  # noqa: ANN001, ANN202
-        looked_up.append(1)
-        return original(self, context, args, kws)
-
-    spec = get("register2d", "cuda")
-    program = spec.program(spec.defaults(), np.dtype("float32"))
-
-    def ptx() -> str:
-        text, _ = compile_ptx(program.kernel.py_func, program.signature("float32"),
-                              cc=ARCHS["sm_90"])
-        return _normalise(text)
-
-    # the patched method looks up through the original, kept by name
-    monkeypatch.setattr(base, "_tilegemm_original_get_call_type", counted)
-    remembered = ptx()
-    with_memory, looked_up[:] = len(looked_up), []
-    monkeypatch.setattr(base, "get_call_type", counted)
-    assert ptx() == remembered
-    # register2d's loops repeat fewer operations than a written-out rung (95 of 162 here)
-    assert 0 < with_memory < len(looked_up) * 2 / 3, (with_memory, len(looked_up))

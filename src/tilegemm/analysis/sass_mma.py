@@ -59,7 +59,7 @@ def shared_bytes(ins: Instr) -> int:
     bytes a thread per 8×8 matrix: ``.4`` → 16), plain shared loads and stores, and
     cp.async copies (written into shared memory)."""
     if ins.op == "LDSM":
-        count = re.search(r"\.M[T]?88(?:\.(\d))?", ins.mods)
+        count = re.search(r"\.MT?88(?:\.(\d))?", ins.mods)
         return 4 * int(count.group(1) or 1) if count else 0
     if ins.op in ("LDS", "STS", "LDGSTS"):
         return ins.width
@@ -104,10 +104,10 @@ def count(text: str, *, kernel: str, arch: str, dtype: str,
     """Counts of a disassembled tensor-core kernel (nvdisasm text)."""
     instrs = parse_sass(text)
     hot, _ = hot_loop(instrs, lambda i: i.op in MMA_OPS, kernel, "HMMA")
-    kinds = Counter(kind(i.op) for i in instrs if hot.contains(i.addr))
+    body = [i for i in instrs if hot.contains(i.addr)]
+    kinds = Counter(kind(i.op) for i in body)
     counts = {k: kinds.get(k, 0) for k in KINDS}
     counts["total"] = sum(kinds.values())
-    body = [i for i in instrs if hot.contains(i.addr)]
     return MmaSass(kernel=kernel, arch=arch, dtype=dtype, params=params,
                    instructions=len(instrs), hmma=sum(1 for i in instrs if i.op in MMA_OPS),
                    local_memory=sum(1 for i in instrs if i.op in ("LDL", "STL")), hot=counts,
