@@ -1235,3 +1235,31 @@ def test_a_cpu_rung_named_for_pyopencl_arrays_says_to_copy_them(queue) -> None:
         tilegemm.matmul(a, a, kernel="blocked")
     with pytest.raises(ValueError, match="unknown kernel 'nosuch'"):
         tilegemm.matmul(a, a, kernel="nosuch")
+
+
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((9, 7), (7, 5)), ((2, 9, 7), (7, 5)),
+                                                  ((7,), (7, 5))])
+def test_a_device_out_is_written_in_place_without_another_array(queue, monkeypatch, a_shape,
+                                                                b_shape) -> None:
+    """A repeated ``out=`` call on pyopencl arrays writes ``out`` itself, in its own shape:
+    no PyOpenCL Array is made (a reshape to (batch, M, N) was one, 20-30 µs, a fifth of a
+    small call), and the result is right (NaN in out before)."""
+    _, cla = _cl()
+    monkeypatch.setenv("TILEGEMM_POISON", "0")  # the fill under poisoning makes one
+    a, b = random_operands(a_shape, b_shape, "float32")
+    da, db = cla.to_device(queue, a), cla.to_device(queue, b)
+    out = cla.to_device(queue, np.full(np.matmul(a, b).shape, np.nan, np.float32))
+    tilegemm.matmul(da, db, out=out)  # decided and compiled
+    out.fill(np.nan)
+    made: list[int] = []
+    real = cla.Array.__init__
+
+    def counted(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        made.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cla.Array, "__init__", counted)
+    assert tilegemm.matmul(da, db, out=out) is out
+    assert made == []
+    monkeypatch.undo()
+    assert_close(out.get(), a, b)

@@ -891,7 +891,9 @@ class OpenCLBackend(Backend):
 
         # The destination: out itself when it is a dense device array that overlaps no
         # input (c included, unless c is out itself: then C0 is already in place), else a
-        # fresh (batch, M, N) array, copied into out at the end.
+        # fresh (batch, M, N) array, copied into out at the end. out is written in its own
+        # shape (the result's): the kernel writes the (batch, M, N) elements in that order,
+        # and a reshape is one more PyOpenCL Array (20-30 µs, a fifth of a small call).
         dest = None
         if out is not None and on_device:
             if not out.flags.c_contiguous:
@@ -902,7 +904,7 @@ class OpenCLBackend(Backend):
                 and _memory_root(op.obj.base_data) == _memory_root(out.base_data)
                 and not (op is c and _is_out(c.obj, out, prob)) for op in (a, b, c))
             if not overlaps:
-                dest = out.reshape(shape3)
+                dest = out
         # The operands first: a conversion that fails leaves out as it was.
         a_args = b_args = (None, 0, 0)  # no K: the kernels never touch A or B
         if not prob.empty and prob.k != 0:
@@ -933,7 +935,7 @@ class OpenCLBackend(Backend):
         if on_device:
             last = event  # the call's last command on this in-order queue, if no copy follows
             if out is not None:
-                if dest.base_data is not out.base_data or dest.offset != out.offset:
+                if dest is not out:
                     with _LAUNCH_LOCK:  # (a kernel for some layouts; see _enqueue)
                         out.reshape(shape3).with_queue(queue).setitem(slice(None), dest)  # SVM too
                     last = None
