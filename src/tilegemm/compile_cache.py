@@ -907,13 +907,14 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
     digest = hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()[:20]
     folder = root / subdir
     path = folder / f"{name}-{digest}.json"
+    lock = _lock_path(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        _lock_path(path).touch()
+        lock.touch()  # a folder where it cannot be made is unusable: build uncached
     except OSError as exc:
         _unusable(folder, exc)
         return build()
-    with locked(_lock_path(path), wait=LOCK_WAIT_SECONDS):
+    with locked(lock, wait=LOCK_WAIT_SECONDS):
         texts = _read_texts(path, full)
         if texts is None:
             texts = build()
@@ -923,8 +924,7 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
                                                 "sha256": _texts_digest(texts)}))
             except OSError as exc:
                 warnings.warn(f"kernel cache entry {path.name} could not be written ({exc})",
-                              CompileCacheWarning,
-                      stacklevel=user_stacklevel())
+                              CompileCacheWarning, stacklevel=user_stacklevel())
     return texts
 
 

@@ -225,6 +225,25 @@ def _names_of(mask: int, names: list[str]) -> set[str]:
     return found
 
 
+def _call_key(args: Any, kws: Any) -> tuple[Any, Any]:
+    """A call's argument types and keywords as part of a memory's key (a key holding a type
+    that cannot be hashed raises TypeError when looked up)."""
+    return tuple(args), tuple(sorted(kws.items())) if kws else ()
+
+
+def _with_memory(local: threading.local, method: Any) -> Any:
+    """``method`` run with a fresh dict as ``local.memo``, the outer one restored after (a
+    callee compiled inside its caller's compile has a memory of its own)."""
+    def run(self: Any, *args: Any) -> Any:
+        outer = getattr(local, "memo", None)
+        local.memo = {}
+        try:
+            return method(self, *args)
+        finally:
+            local.memo = outer
+    return run
+
+
 def _remember_typed_calls() -> None:
     """Within one type inference, a call typed once is answered from memory after."""
     try:
@@ -235,7 +254,6 @@ def _remember_typed_calls() -> None:
     base, inference = context.BaseContext, typed_passes.BaseTypeInference
     if not (hasattr(base, "resolve_function_type") and hasattr(inference, "run_pass")):
         return
-    run_pass = inference.run_pass
     base._tilegemm_original_resolve_function_type = base.resolve_function_type
 
     def resolve(self: Any, func: Any, args: Any, kws: Any) -> Any:
@@ -246,7 +264,7 @@ def _remember_typed_calls() -> None:
         if memo is None:
             return resolve(self, func, args, kws)
         try:
-            key = (id(self), func, tuple(args), tuple(sorted(kws.items())) if kws else ())
+            key = (id(self), func, *_call_key(args, kws))
             found = memo.get(key, memo)
         except TypeError:  # an argument type that cannot be hashed
             return resolve(self, func, args, kws)
@@ -254,16 +272,8 @@ def _remember_typed_calls() -> None:
             found = memo[key] = resolve(self, func, args, kws)
         return found
 
-    def with_memory(self: Any, state: Any) -> Any:
-        outer = getattr(_TYPING, "memo", None)  # a callee typed inside its caller's
-        _TYPING.memo = {}
-        try:
-            return run_pass(self, state)
-        finally:
-            _TYPING.memo = outer
-
     base.resolve_function_type = remembered
-    inference.run_pass = with_memory
+    inference.run_pass = _with_memory(_TYPING, inference.run_pass)
 
 
 def _remember_call_types_in_lowering(lower: Any) -> None:
@@ -289,7 +299,6 @@ def _remember_call_types_in_lowering(lower: Any) -> None:
     if not (hasattr(base, "get_call_type") and hasattr(lower, "lower")):
         return
     base._tilegemm_original_get_call_type = base.get_call_type
-    lower_function = lower.lower
 
     def get_call_type(self: Any, context: Any, args: Any, kws: Any) -> Any:
         return base._tilegemm_original_get_call_type(self, context, args, kws)
@@ -299,7 +308,7 @@ def _remember_call_types_in_lowering(lower: Any) -> None:
         if memo is None or not isinstance(self.typing_key, BuiltinFunctionType):
             return get_call_type(self, context, args, kws)
         try:
-            key = (self, id(context), tuple(args), tuple(sorted(kws.items())) if kws else ())
+            key = (self, id(context), *_call_key(args, kws))
             found = memo.get(key)
         except TypeError:  # an argument type that cannot be hashed
             return get_call_type(self, context, args, kws)
@@ -313,16 +322,8 @@ def _remember_call_types_in_lowering(lower: Any) -> None:
             self._impl_keys[sig.args] = impl
         return sig
 
-    def with_memory(self: Any) -> Any:
-        outer = getattr(_LOWERING, "memo", None)
-        _LOWERING.memo = {}
-        try:
-            return lower_function(self)
-        finally:
-            _LOWERING.memo = outer
-
     base.get_call_type = remembered
-    lower.lower = with_memory
+    lower.lower = _with_memory(_LOWERING, lower.lower)
 
 
 def _find_singly_assigned_variable(self) -> None:  # noqa: ANN001 - a numba Lower method
