@@ -261,3 +261,19 @@ def test_wgmma_threads_accesses_are_counted_and_its_operand_reads_named(dtype, b
 
 def test_mma_report_says_nothing_is_left_out():
     assert trace_rung("mma", 32, 16, 16)["not_counted"] is None
+
+
+def test_wgmma_n_major_b_copies_are_coalesced_and_conflict_free():
+    """BCOPY=2 (float16): B's tiles copied as they lie in B, N-major, by cp.async: a warp
+    reads whole 32-byte sectors of B's rows and writes them into the swizzled panels
+    without bank conflicts, as A's copies do; the threads load and store nothing else."""
+    r = trace_rung("wgmma", 64, 128, 128, dtype="float16", params={"BCOPY": 2, "BN": 128})
+    assert r["verified"] is True
+    copies = _sites(r, "cp16", "global load")
+    assert {re.match(r"cp16\(\w+, \([^)]*\), (\w+),", s["text"]).group(1)
+            for s in copies} == {"A", "B"}
+    assert all(s["sectors"] == s["bytes"] / 32 for s in copies)
+    stores = [s for s in r["sites"] if s["kind"] == "shared store"]
+    assert stores and all(s["text"].startswith("cp16") for s in stores)
+    assert all(s["wavefronts"] == s["ideal_wavefronts"] for s in stores)
+    assert not [s for s in r["sites"] if s["kind"] == "shared load"]

@@ -387,6 +387,144 @@ def test_swizzled_kernel_compiles_to_chained_hgmma() -> None:
     assert "wgmma.mma_async" in ptx
 
 
+# --- an N-major B (16-bit, imm-trans-b = 1): layout, stand-in, machine code --------------
+
+MN_N = 128  # two 64-column panels: the descriptor's LBO is used
+PANEL = 64 * 128  # bytes of one panel of the 64-deep (k) tile: its 8 atoms of 8 k rows
+
+
+def test_mn_major_layout_is_cutlass_canonical() -> None:
+    """The N-major 128B layout (CUTLASS ``make_gmma_desc<Major::MN>``, B128: in 16-byte
+    units ((8, n), (8, k)) : ((1, LBO), (8, SBO)) under Swizzle<3,4,3>; PTX ISA: LBO steps
+    between (swizzle bytes / 16) rows of 16-byte units along N, SBO between groups of 8
+    along K): written out here from those definitions, independently of mn_swizzle_offset,
+    and read back through the address swizzle the stand-in applies."""
+    n, k = np.meshgrid(np.arange(MN_N), np.arange(64), indexing="ij")
+    unit, within = (n % 64) // 8, (n % 8) * 2  # the 16-byte unit along N, bytes inside it
+    cutlass = ((n // 64) * PANEL + (k // 8) * 1024 + (k % 8) * 128
+               + (unit ^ (k % 8)) * 16 + within)
+    off = W.mn_swizzle_offset(n, k, 2, PANEL)
+    assert np.array_equal(off, cutlass)
+    assert sorted(off.ravel().tolist()) == list(range(0, 2 * MN_N * 64, 2))  # no overlap
+    plain = (n // 64) * PANEL + (k // 8) * 1024 + (k % 8) * 128 + (n % 64) * 2
+    assert np.array_equal(W.swizzle_address(plain, "128B"), off)
+    assert W.mn_swizzle_offset(9, 3, 2, PANEL) == 3 * 128 + (1 ^ 3) * 16 + 2
+    assert W.mn_swizzle_offset(64, 8, 2, PANEL) == PANEL + 1024
+
+
+_MN = """
+def wgmma_mn(A, B, D):
+    sA = cuda.shared.array(A_SIZE, np.uint16, alignment=ALIGN)
+    sB = cuda.shared.array(B_SIZE, np.uint16, alignment=ALIGN)
+    t = cuda.threadIdx.x
+    for e in range(t, 64 * 64, 128):  # A K-major: row r, k c (the 128B layout of rows)
+        r = e // 64
+        c = e % 64
+        sA[((r // 8) * 1024 + (r % 8) * 128 + (((c * 2) // 16) ^ (r % 8)) * 16
+            + (c * 2) % 16) // 2] = A[r, c]
+    for e in range(t, MN_N * 64, 128):  # B N-major: k row c, column j
+        c = e // MN_N
+        j = e % MN_N
+        sB[((j // 64) * WRITE_LBO + (c // 8) * WRITE_SBO + (c % 8) * 128
+            + ((((j % 64) * 2) // 16) ^ (c % 8)) * 16 + (j * 2) % 16) // 2] = B[c, j]
+    fence_proxy_async()
+    cuda.syncthreads()
+    z = np.float32(0.0)
+    acc = (#@ZEROS)
+    fence()
+    da = smem_desc(sA, 0, 1024)
+    db = smem_desc_mn(sB, 0, PANEL, 1024)
+    for s in range(4):  # k16 steps: 32 bytes along A's rows, 2 atoms (2048 bytes) down B
+        acc = mma(acc, da + np.uint64(2 * s), db + np.uint64(128 * s), 1)
+    commit()
+    acc = wait0(acc)
+    w = t // 32
+    g = (t % 32) // 4
+    q = t % 4
+#@STORES
+"""
+
+
+def _mn_kernel(kind: str, write_lbo: int = PANEL, write_sbo: int = 1024) -> Any:
+    """The Python function of the one-warpgroup product below (see :func:`_mn_error`)."""
+    from numba import cuda
+
+    ops = W.wgmma_ops()
+    stores = [f"    D[16 * w + g + {8 * ((i // 2) % 2)}, {8 * (i // 4) + i % 2} + 2 * q] = "
+              f"acc[{i}]" for i in range(MN_N // 2)]
+    zeros = ") + (".join([", ".join(["z"] * 8)] * (MN_N // 16))
+    source = _MN.replace("#@ZEROS", zeros).replace("#@STORES", "\n".join(stores))
+    namespace = {"cuda": cuda, "np": np, "MN_N": MN_N, "PANEL": PANEL, "A_SIZE": 64 * 64,
+                 "B_SIZE": MN_N * 64, "WRITE_LBO": write_lbo, "WRITE_SBO": write_sbo,
+                 "ALIGN": W.shared_alignment(1024), "fence": ops.fence, "commit": ops.commit,
+                 "wait0": ops.wait(0), "fence_proxy_async": ops.fence_proxy_async,
+                 "smem_desc": ops.smem_desc_128b, "smem_desc_mn": ops.smem_desc_128b_mn,
+                 "mma": {"bf16": ops.mma_bf16, "f16": ops.mma_f16}[kind](MN_N, b_mn=True)}
+    return compile_source(source, "wgmma_mn", namespace)
+
+
+def _mn_error(kind: str, rng: np.random.Generator, write_lbo: int = PANEL,
+              write_sbo: int = 1024) -> float:
+    """One warpgroup, a 64×128×64 product with B's tile N-major (two panels) read by the
+    transposed-B wgmma. ``write_lbo``/``write_sbo``: the panel and atom steps the tile is
+    written with (the descriptor always says PANEL and 1024)."""
+    from numba import cuda
+
+    kernel = cuda.jit(_mn_kernel(kind, write_lbo, write_sbo))
+    a = rng.standard_normal((64, 64)).astype(np.float32)
+    b = rng.standard_normal((64, MN_N)).astype(np.float32)
+    if kind == "bf16":
+        a, b = bf16_bits(a), bf16_bits(b)
+        want = bf16_value(a).astype(np.float64) @ bf16_value(b)
+    else:
+        a, b = a.astype(np.float16), b.astype(np.float16)
+        want = a.astype(np.float64) @ b
+        a, b = a.view(np.uint16), b.view(np.uint16)
+    d = np.full((64, MN_N), np.nan, np.float32)
+    kernel[1, 128](a, b, d)
+    return float(np.max(np.abs(d - want)))
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_wgmma_with_an_n_major_b_matches_numpy(kind: str, rng: np.random.Generator) -> None:
+    _needs_wgmma()
+    assert _mn_error(kind, rng) < 1e-4
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_an_n_major_b_with_other_steps_is_caught(rng: np.random.Generator) -> None:
+    """The tile written with its panels interleaved (panel step 1024, atom step 2048: also a
+    canonical N-major layout) while the descriptor says otherwise: a wrong product (the
+    stand-in reads LBO and SBO as the PTX ISA defines them for N-major tiles)."""
+    assert _mn_error("bf16", rng, write_lbo=1024, write_sbo=2048) > 1e-2
+
+
+def test_tf32_has_no_n_major_form() -> None:
+    with pytest.raises(ValueError, match="TF32 operands have no MN-major"):
+        W._py_mma("tf32", 64, True)
+
+
+@pytest.mark.ptx
+def test_n_major_b_compiles_to_hgmma_with_transposed_b() -> None:
+    from numba import types
+
+    from tilegemm.analysis.resources import link
+    from tilegemm.analysis.sass import disassemble
+
+    sig = (types.uint16[:, ::1], types.uint16[:, ::1], types.float32[:, ::1])
+    ptx = W.compile_sm90a(_mn_kernel("bf16"), sig)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.bf16\.bf16 .*"
+                     r"1, 1, 0, 1;", ptx)
+    log, cubin = link(ptx, "sm_90a")
+    assert "serialized" not in log
+    text = disassemble(cubin)
+    hgmma = re.findall(r"HGMMA\.64x128x16\.F32\.BF16 [^;]*", text)
+    assert len(hgmma) == 4 and all(".tnspB" in h for h in hgmma), hgmma
+    assert not re.search(r"\b(LDL|STL)\b", text)
+
+
 # --- the compiled kernel's machine code ---------------------------------------------------
 
 

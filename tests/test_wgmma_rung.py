@@ -254,6 +254,52 @@ def test_b_copied_k_major_before_the_product(mode: str, a_shape: tuple, b_shape:
         _check(r, want, k)
 
 
+# BCOPY=2, 16-bit B's tiles copied N-major and read by the transposed-B wgmma, BN=128 (two
+# 64-column panels): an interior block (unchecked copies for 2 k-tiles) with K a multiple
+# of BK; edge blocks in both dimensions with K not a multiple of BK; a batch with B
+# broadcast and K below one tile; a strided B view (rows 16-byte aligned: cp.async); an
+# odd N (rows not 16-byte aligned: plain loads); a transposed (K-strided) A.
+MN_CASES = [("float16", (64, 192), (192, 128), ""), ("bfloat16", (67, 136), (136, 150), ""),
+            ("float16", (2, 9, 40), (40, 130), ""), ("bfloat16", (64, 192), (192, 128),
+                                                      "strided b"),
+            ("float16", (70, 72), (72, 37), ""), ("bfloat16", (36, 80), (80, 64), "a.T")]
+
+
+@pytest.mark.cudasim
+@pytest.mark.parametrize(("dtype", "a_shape", "b_shape", "how"), MN_CASES)
+def test_16bit_b_read_n_major(dtype: str, a_shape: tuple, b_shape: tuple, how: str,
+                              rng: np.random.Generator) -> None:
+    _needs_sm90()
+    nptype: Any = BF16 if dtype == "bfloat16" else np.float16
+    a, b = _shape(rng.standard_normal(a_shape).astype(nptype),
+                  rng.standard_normal(b_shape).astype(nptype), how)
+    r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", dtype=np.float32,
+                        **_sim(BCOPY=2, BN=128))
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    assert r.dtype == np.float32 and r.shape == want.shape
+    _check(r, want, a.shape[-1])
+
+
+def test_n_major_b_is_for_16bit_operands_in_whole_panels() -> None:
+    with pytest.raises(InvalidValueError, match="BN a multiple of 64"):
+        SPEC.resolve({"BCOPY": 2, "BN": 32})
+    p = SPEC.resolve({"BCOPY": 2})
+    assert "no transposed form for TF32" in SPEC.dtype_check(p, np.dtype(np.float32))
+    assert SPEC.dtype_check(p, np.dtype(np.float16)) is None
+    assert SPEC.dtype_check(p, BF16) is None
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_n_major_b_asked_for_tf32_is_refused_before_any_launch() -> None:
+    a = np.ones((8, 8), np.float32)
+    out = np.full((8, 8), 7.0, np.float32)
+    with pytest.raises(InvalidValueError, match="no transposed form for TF32"):
+        tilegemm.matmul(a, a, out=out, backend="cuda", kernel="wgmma", precision="tf32",
+                        BCOPY=2)
+    assert np.all(out == 7.0)
+
+
 @pytest.mark.cudasim
 @pytest.mark.parametrize("bcopy", [0, 1])
 def test_tf32_unrounded_operands_are_truncated(bcopy: int, rng: np.random.Generator) -> None:
@@ -474,7 +520,8 @@ def test_tuner_space_and_baseline() -> None:
     cands = space.candidates(SPEC, "float32", CUDA_LIMITS, "tf32")
     assert cands and all(p["PASSES"] == 1 for p in cands)
     assert all(p["ROUND"] == 1 for p in cands)  # truncation is asked for, never tuned in
-    assert {p["BCOPY"] for p in cands} == {0, 1}
+    assert {p["BCOPY"] for p in cands} == {0, 1}  # TF32: B must be K-major
+    assert {p["BCOPY"] for p in space.candidates(SPEC, "float16", CUDA_LIMITS)} == {0, 1, 2}
     three = space.candidates(SPEC, "float32", CUDA_LIMITS, "3xtf32")
     assert three and all(p["PASSES"] == 3 for p in three)
     assert space.candidates(SPEC, "bfloat16", CUDA_LIMITS)
@@ -623,12 +670,14 @@ def test_no_code_for_other_architectures() -> None:
 # The interior loop, per thread per k-tile (numba-cuda 0.30.4, CUDA 13.5): at the defaults
 # (BCOPY=1: A and B by cp.async, 8 copies) 129 instructions in TF32, 132 in float16 and
 # bfloat16; with BCOPY=0 (B through registers, 4 copies of A) 278 in TF32, 239/237 in
-# float16/bfloat16 (907 and ~1250 with the checked loader on every tile); 4 HGMMA in each.
+# float16/bfloat16 (907 and ~1250 with the checked loader on every tile); with BCOPY=2 (B's
+# tiles N-major, 8 copies) 131/132 in float16/bfloat16; 4 HGMMA in each.
 # Skipped with another toolchain.
 GUARD_TOOLCHAIN = {"nvdisasm": "13.5.37", "nvvm": "13.5.37"}
 # (dtype, BCOPY): (cp.async copies, hot-loop instructions at most)
 WGMMA_GUARD = {("float32", 1): (8, 140), ("float16", 1): (8, 140), ("bfloat16", 1): (8, 140),
-               ("float32", 0): (4, 290), ("bfloat16", 0): (4, 250)}
+               ("float32", 0): (4, 290), ("bfloat16", 0): (4, 250), ("float16", 2): (8, 140),
+               ("bfloat16", 2): (8, 140)}
 
 
 @pytest.mark.ptx

@@ -28,8 +28,10 @@ The instructions (:func:`wgmma_ops` returns them for the current mode):
   float32 (this thread's part of the 64×n D, layout :func:`d_layout`), ``desc_a`` and
   ``desc_b`` are uint64 descriptors, and ``scale_d`` is 0 (D = A·B, the accumulators are
   ignored) or 1 (D = A·B + D). TF32 operands must be K-major (no transposed forms exist);
-- ``mma_bf16(n)`` / ``mma_f16(n)``: the same for ``m64n{n}k16.f32.bf16.bf16`` / ``.f16.f16``,
-  K-major operands (``imm-trans-a`` = ``imm-trans-b`` = 0);
+- ``mma_bf16(n, b_mn=False)`` / ``mma_f16(n, b_mn=False)``: the same for
+  ``m64n{n}k16.f32.bf16.bf16`` / ``.f16.f16``, K-major A (``imm-trans-a`` = 0) and B
+  K-major (``imm-trans-b`` = 0) or, ``b_mn=True``, MN-major (``imm-trans-b`` = 1: B stored
+  K×N with N contiguous, as a row-major B is; only 16-bit types have this form);
 - ``smem_desc(arr, off, lbo, sbo)``: the descriptor of a matrix starting ``off`` bytes into
   the shared array ``arr`` (16-byte aligned), with leading-dimension byte offset ``lbo`` and
   stride-dimension byte offset ``sbo`` and no swizzle (:func:`encode_desc`). The descriptor
@@ -42,6 +44,10 @@ The instructions (:func:`wgmma_ops` returns them for the current mode):
   8-row atoms ``sbo`` (1024) bytes apart. The hardware applies the swizzle to address bits
   (:func:`swizzle_address`), so the atoms must be 1024-byte aligned
   (``shared_alignment(1024)``); stepping along K inside a row adds to the start address;
+- ``smem_desc_128b_mn(arr, off, lbo, sbo)``: the descriptor of an MN-major 16-bit operand
+  in the 128-byte swizzle layout (:func:`mn_swizzle_offset`): *panels* of 64 values of M or
+  N (128 bytes a row) ``lbo`` bytes apart, inside a panel 8-row atoms of K ``sbo`` (1024)
+  bytes apart; stepping along K adds ``16 / 8 * sbo`` bytes a k16 step to the start address;
 - ``sts4_at(arr, off, v0, v1, v2, v3)``: one 16-byte shared store (``st.shared.v4.b32``) of
   four 32-bit values at byte ``off``; ``pack_halves(lo, hi)``: two 16-bit values' bits in
   one uint32, ``lo`` in the low half; ``load_at(arr, idx, off)``: ``arr[idx]`` read from
@@ -102,6 +108,7 @@ class WgmmaOps(NamedTuple):
     mma_f16: Any  # mma_f16(n) -> m64n{n}k16 f16
     smem_desc: Any
     smem_desc_128b: Any  # smem_desc_128b(arr, off, sbo): a K-major 128-byte-swizzle descriptor
+    smem_desc_128b_mn: Any  # smem_desc_128b_mn(arr, off, lbo, sbo): the same, MN-major
     sts4_at: Any  # sts4_at(arr, off, v0, v1, v2, v3): one 16-byte shared store
     pack_halves: Any  # pack_halves(lo, hi) -> uint32: two 16-bit values' bits, lo first
     load_at: Any  # load_at(arr, idx, off): arr's element at element offset off (= idx's)
@@ -170,6 +177,20 @@ def swizzle_offset(row: Any, kbyte: Any, width: int = 128) -> Any:
     chunk = kbyte // 16
     xor = (row % 8) // (128 // width)
     return (row // 8) * 8 * width + (row % 8) * width + (chunk ^ xor) * 16 + kbyte % 16
+
+
+def mn_swizzle_offset(mn: Any, k: Any, itemsize: int, lbo: int, sbo: int = 1024) -> Any:
+    """Byte offset of element (``mn``, ``k``) of an MN-major operand (M or N contiguous:
+    a row-major B, K×N) in the 128-byte swizzle layout, CUTLASS's canonical
+    ``Layout_MN_SW128_Atom`` tiled (``make_gmma_desc<Major::MN>``): the operand is cut into
+    *panels* of 128 bytes of M/N (64 16-bit values), ``lbo`` bytes apart (the descriptor's
+    leading-dimension byte offset); inside a panel each k is a 128-byte row, 8 rows an atom,
+    atoms ``sbo`` bytes apart along K (the stride-dimension byte offset), and the 16-byte
+    chunk ``j`` of row ``k`` sits at chunk ``j ^ (k % 8)``, as in the K-major layout with
+    the roles of the two dimensions exchanged. Works on ints and on NumPy arrays."""
+    per = 128 // itemsize
+    return ((mn // per) * lbo + (k // 8) * sbo
+            + swizzle_offset(k % 8, (mn % per) * itemsize))
 
 
 def swizzle_address(addr: Any, swizzle: str) -> Any:
@@ -260,16 +281,27 @@ def _py_smem_desc_128b(arr: Any, off: Any, sbo: Any) -> np.uint64:
     return np.uint64(encode_desc(_shared_base(arr) + int(off), 16, int(sbo), "128B"))
 
 
-def _operand(desc: int, rows: int, k: int, itemsize: int) -> np.ndarray:
-    """The rows×k K-major operand a descriptor points at, as raw words: the no-swizzle
+def _operand(desc: int, rows: int, k: int, itemsize: int, mn_major: bool = False
+             ) -> np.ndarray:
+    """The rows×k operand a descriptor points at, as raw words. K-major: the no-swizzle
     layout (core matrices at LBO/SBO steps, :func:`kmajor_offset`), or a swizzled one (rows
     of the swizzle's width, 8-row atoms SBO apart, the address's chunk bits XORed as the
-    hardware does, :func:`swizzle_address`; LBO unused)."""
+    hardware does, :func:`swizzle_address`; LBO unused). ``mn_major`` (the instruction's
+    transpose flag): the 128-byte swizzle's MN-major layout, panels of 128 bytes of M/N
+    LBO apart, 8-k atoms SBO apart inside a panel (:func:`mn_swizzle_offset`)."""
     d = decode_desc(desc)
     if d.base_offset:
         raise NotImplementedError("wgmma stand-in: a non-zero base offset is not emulated "
                                   "(keep swizzle atoms aligned to their repeat)")
     r, c = np.meshgrid(np.arange(rows), np.arange(k), indexing="ij")
+    if mn_major:
+        per = 128 // itemsize
+        if d.swizzle != "128B" or rows % per:
+            raise NotImplementedError("wgmma stand-in: MN-major operands only in the 128B "
+                                      f"swizzle, in whole panels of {per} rows")
+        plain = (d.addr + (r // per) * d.lbo + (c // 8) * d.sbo + (c % 8) * 128
+                 + (r % per) * itemsize)
+        return _read_shared(swizzle_address(plain, "128B"), itemsize)
     if d.swizzle == "none":
         return _read_shared(d.addr + kmajor_offset(r, c, itemsize, d.lbo, d.sbo), itemsize)
     width = SWIZZLE_BYTES[d.swizzle]
@@ -277,6 +309,10 @@ def _operand(desc: int, rows: int, k: int, itemsize: int) -> np.ndarray:
         raise NotImplementedError("wgmma stand-in: an instruction's K wider than the swizzle")
     plain = d.addr + (r // 8) * d.sbo + (r % 8) * width + c * itemsize
     return _read_shared(swizzle_address(plain, d.swizzle), itemsize)
+
+
+def _py_smem_desc_128b_mn(arr: Any, off: Any, lbo: Any, sbo: Any) -> np.uint64:
+    return np.uint64(encode_desc(_shared_base(arr) + int(off), int(lbo), int(sbo), "128B"))
 
 
 def _py_sts4_at(arr: Any, off: Any, *values: Any) -> None:
@@ -353,10 +389,16 @@ def _py_wait(n: int) -> Any:
     return wait
 
 
-@cache
-def _py_mma(kind: str, n: int) -> Any:
+def _check_mma(kind: str, n: int, b_mn: bool) -> None:
     if n not in N_SIZES:
         raise ValueError(f"wgmma: n={n} is not a multiple of 8 in 8-256")
+    if b_mn and kind == "tf32":
+        raise ValueError("wgmma: TF32 operands have no MN-major (transposed) form")
+
+
+@cache
+def _py_mma(kind: str, n: int, b_mn: bool = False) -> Any:
+    _check_mma(kind, n, b_mn)
     k, itemsize = (8, 4) if kind == "tf32" else (16, 2)
 
     def values(words: np.ndarray) -> np.ndarray:
@@ -383,7 +425,7 @@ def _py_mma(kind: str, n: int) -> Any:
                     raise AssertionError("wgmma: descriptors and scale-d differ across the "
                                          "warpgroup")
                 A = values(_operand(key[0], 64, k, itemsize))
-                B = values(_operand(key[1], n, k, itemsize)).T  # stored N×K: B transposed
+                B = values(_operand(key[1], n, k, itemsize, b_mn)).T  # B's N×K, transposed
                 C = np.zeros((64, n))
                 if key[2]:
                     for thread, f in enumerate(frags):
@@ -399,7 +441,7 @@ def _py_mma(kind: str, n: int) -> Any:
         _issue.open.append(product)
         return tuple(acc)  # the registers change when a wait retires the product
 
-    mma.__name__ = f"wgmma_m64n{n}_{kind}"
+    mma.__name__ = f"wgmma_m64n{n}_{kind}{'_bmn' if b_mn else ''}"
     return mma
 
 
@@ -424,9 +466,11 @@ def wgmma_ops() -> WgmmaOps:
 
         install()  # numba's simulator races on cuda.shared.array; see _simulator.py
         return WgmmaOps(_py_fence, _py_commit, _py_wait, _py_fence_proxy_async,
-                        lambda n: _py_mma("tf32", n), lambda n: _py_mma("bf16", n),
-                        lambda n: _py_mma("f16", n), _py_smem_desc, _py_smem_desc_128b,
-                        _py_sts4_at, _py_pack_halves, _py_load_at)
+                        lambda n: _py_mma("tf32", n),
+                        lambda n, b_mn=False: _py_mma("bf16", n, b_mn),
+                        lambda n, b_mn=False: _py_mma("f16", n, b_mn), _py_smem_desc,
+                        _py_smem_desc_128b, _py_smem_desc_128b_mn, _py_sts4_at,
+                        _py_pack_halves, _py_load_at)
     return _compiled_ops()
 
 
@@ -497,15 +541,14 @@ def _compiled_ops() -> WgmmaOps:
         return wait_group
 
     @cache
-    def mma(kind: str, n: int) -> Any:
-        if n not in N_SIZES:
-            raise ValueError(f"wgmma: n={n} is not a multiple of 8 in 8-256")
+    def mma(kind: str, n: int, b_mn: bool = False) -> Any:
+        _check_mma(kind, n, b_mn)
         regs = n // 2
         if kind == "tf32":
             opcode, tail = f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32", "1, 1"
-        else:  # 16-bit inputs: scale-a, scale-b, then K-major A and B (no transpose)
+        else:  # 16-bit inputs: scale-a, scale-b, then A K-major, B K-major (0) or MN-major (1)
             opcode = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind}"
-            tail = "1, 1, 0, 0"
+            tail = f"1, 1, 0, {int(b_mn)}"
         dregs = ",".join(f"${q}" for q in range(regs))
         a, b, s = 2 * regs, 2 * regs + 1, 2 * regs + 2  # after the outputs and tied inputs
         asm = (f"{{ .reg .pred %p; setp.ne.b32 %p, ${s}, 0; "
@@ -583,6 +626,22 @@ def _compiled_ops() -> WgmmaOps:
 
         return sig, codegen
 
+    @intrinsic
+    def smem_desc_128b_mn(typingctx: Any, arr: Any, off: Any, lbo: Any, sbo: Any) -> Any:
+        if not isinstance(arr, types.Array) or not all(
+                isinstance(x, types.Integer) for x in (off, lbo, sbo)):
+            raise TypingError("smem_desc_128b_mn: needs a shared array and integer offsets")
+        sig = types.uint64(arr, off, lbo, sbo)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            arrty, offty, lboty, sboty = sig.args
+            return desc_codegen(context, builder, arrty, args[0], offty, args[1],
+                                context.cast(builder, args[2], lboty, types.uint64),
+                                context.cast(builder, args[3], sboty, types.uint64),
+                                SWIZZLE_MODES["128B"])
+
+        return sig, codegen
+
     def as_i32(context: Any, builder: Any, v: Any, ty: Any) -> Any:
         """A 32-bit float or integer value as its 32 bits."""
         if isinstance(ty, types.Float):
@@ -650,8 +709,9 @@ def _compiled_ops() -> WgmmaOps:
         return sig, codegen
 
     return WgmmaOps(fence, commit, wait, fence_proxy_async, lambda n: mma("tf32", n),
-                    lambda n: mma("bf16", n), lambda n: mma("f16", n), smem_desc,
-                    smem_desc_128b, sts4_at, pack_halves, load_at)
+                    lambda n, b_mn=False: mma("bf16", n, b_mn),
+                    lambda n, b_mn=False: mma("f16", n, b_mn), smem_desc, smem_desc_128b,
+                    smem_desc_128b_mn, sts4_at, pack_halves, load_at)
 
 
 def compile_sm90a(pyfunc: Any, sig: tuple) -> str:

@@ -419,15 +419,20 @@ def loader_call(load_stage: Any, stages: int) -> Any:
 
 
 def operand_round(op: str, row0: str, col0: str, rows: str, cols: str, zz: str,
-                  tf32: bool) -> str:
+                  tf32: bool, panels: bool = False) -> str:
     """The checked copy of one operand's tile into a stage (the body lines of a loader
     function; see OPERAND_ROUND): operand ``op`` ("A" or "B"), a ``rows`` × ``cols`` matrix
     of batch ``zz`` whose tile starts at row ``row0`` and column ``col0`` (names or
     expressions of the loader's scope). The namespace must hold ``{op}_ROUNDS``,
     ``{op}_CHUNKS``, ``{op}CH``, ``{op}_OFF``, ``{op}_TILE``, ``{op}_W`` and
-    ``{op.lower()}_swz_of``; rung wgmma copies its A tile with it too."""
-    odd = ODD_TF32 if tf32 else ODD_16BIT
-    return ((OPERAND_ROUND + odd + "\n").replace("ROW0", row0).replace("COL0", col0)
+    ``{op.lower()}_swz_of``; rung wgmma copies its A tile with it too. ``panels``: the
+    tile's rows are cut into panels of 8 chunks, ``{op}_PANEL`` elements apart, each
+    swizzled on its own (rung wgmma's MN-major B: 64 columns of 16-bit values a panel)."""
+    text = OPERAND_ROUND + (ODD_TF32 if tf32 else ODD_16BIT) + "\n"
+    if panels:
+        text = (text.replace("pc = c ^ op_swz_of(r)", "pc = (c % 8) ^ op_swz_of(r)")
+                .replace("pc * VW  #", "pc * VW + (c // 8) * OP_PANEL  #"))
+    return (text.replace("ROW0", row0).replace("COL0", col0)
             .replace("ROWS", rows).replace("COLS", cols).replace("ZZ", zz)
             .replace("OP", op).replace("op_", op.lower() + "_"))
 

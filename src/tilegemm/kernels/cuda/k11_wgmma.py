@@ -34,6 +34,11 @@ next tiles. Only H100-class GPUs (compute capability 9.0, the architecture-speci
    per-thread offsets bumped BK rows per k-tile, issued one k-tile ahead into registers
    (so their latency overlaps the wait, the barrier and the next products) and rounded or
    packed only when stored; edge blocks and the last k-tiles take the checked loader.
+   With BCOPY=2 (float16/bfloat16 only) B is not transposed at all: its tiles are copied
+   as they lie (N contiguous) by ``cp.async`` into the 128-byte swizzle's N-major layout
+   (panels of 64 columns, ``_wgmma.mn_swizzle_offset``) and the wgmma reads them with
+   its transposed-B form (``imm-trans-b`` = 1): no copy before the kernel. Not timed on a
+   GPU yet, so not the default.
 3. Ordering, one barrier per k-tile: wait for this thread's copies of tile kt,
    ``fence.proxy.async`` (generic-proxy writes become visible to the tensor core), barrier,
    ``wgmma.fence``, four ``mma_async`` on stage kt, commit; then the copies of tile
@@ -187,6 +192,10 @@ def shape_params(p: Mapping[str, int], prob: Any, target: Any
 
 
 def _dtype_check(p: Mapping[str, int], dtype: np.dtype) -> str | None:
+    if np.dtype(dtype).itemsize == 4 and p.get("BCOPY", 1) == 2:
+        return ("BCOPY=2 (B read N-major by the wgmma's transposed form) is for float16 and "
+                "bfloat16 operands: PTX has no transposed form for TF32, whose B must be "
+                "K-major (BCOPY=0 or 1)")
     if np.dtype(dtype).itemsize == 2 and p.get("ROUND", 1) != 1:
         return (f"{np.dtype(dtype).name} operands are what the wgmma reads already; ROUND=0 "
                 "is TF32's choice not to round float32 operands (precision='tf32')")
@@ -207,14 +216,20 @@ def build(p: Mapping[str, int], dtype: np.dtype, ahead: int | None = None) -> Cu
     arg_types = ("int16", "float32") if name == "bfloat16" else None
     how = dict(block=(_threads(p), 1, 1), grid=flat_tile_grid(p["BM"], p["BN"]),
                arg_types=arg_types, dynamic_smem=_smem(p, np.dtype(dtype).itemsize))
-    if _b_kmajor(p):  # TF32 operands rounded by the copies made before the kernel
+    if _b_kmajor(p):  # B copied K-major (and TF32 operands rounded) before the kernel
         return KMajorBProgram(kernel, **how, round_tf32=_rounds(p, name))
     return CudaProgram(kernel, **how)
 
 
 def _b_kmajor(p: Mapping[str, int]) -> bool:
     """Whether B reaches the kernel K-major (BCOPY=1, the default), copied like A."""
-    return bool(p.get("BCOPY", 1))
+    return p.get("BCOPY", 1) == 1
+
+
+def _b_mn(p: Mapping[str, int]) -> bool:
+    """Whether B's tiles stay N-major (BCOPY=2, 16-bit operands): copied as they lie in B
+    (K×N, N contiguous) by ``cp.async``, and read by the wgmma's transposed-B form."""
+    return p.get("BCOPY", 1) == 2
 
 
 def _rounds(p: Mapping[str, int], dtype: str) -> bool:
@@ -231,6 +246,7 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
     tf32 = dtype == "float32"
     split = tf32 and p.get("PASSES", 1) == 3  # 3×TF32
     kmajor = _b_kmajor(p)  # B arrives K-major (see _kmajor), copied like A
+    mn = _b_mn(p)  # B's tiles copied N-major, read transposed by the wgmma
     # TF32 operands rounded to nearest in shared memory (ROUND=1 with BCOPY=0; with BCOPY=1
     # they arrive rounded), or left as float32 for the tensor core to truncate (ROUND=0);
     # ``raw``: B stored as loaded (3×TF32 splits it)
@@ -257,26 +273,35 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
         wait_ring=tc.cp_wait(max(P - 1, 0)), wait_all=tc.cp_wait(0), to_tf32=tc.to_tf32,
         round_tf32=tc.round_tf32_at, fence=wg.fence, commit=wg.commit, wait0=wg.wait(0),
         wait1=wg.wait(1), fence_proxy_async=wg.fence_proxy_async,
-        smem_desc=wg.smem_desc_128b, sts4=wg.sts4_at, pack=wg.pack_halves,
+        smem_desc=wg.smem_desc_128b, smem_desc_mn=wg.smem_desc_128b_mn, sts4=wg.sts4_at,
+        pack=wg.pack_halves,
         load_at=wg.load_at, cp16_ptr=tc.cp_async16_ptr,
-        mma={"float32": wg.mma_tf32, "float16": wg.mma_f16, "bfloat16": wg.mma_bf16}[dtype](BN),
+        mma=(wg.mma_tf32(BN) if tf32 else
+             {"float16": wg.mma_f16, "bfloat16": wg.mma_bf16}[dtype](BN, b_mn=mn)),
         SMALL=STAGES * (BM + BN) * ROW, SLOT=(BM + BN) * ROW, SMALL_SLOTS=SMALL_SLOTS,
         split_tf32_at=tc.split_tf32_at,
         # B's tiles as operand_round copies them when B arrives K-major: BN rows of K
         B_OFF=STAGES * BM * BK, B_TILE=BN * BK, B_W=BK, BCH=ROW // 16,
     )
+    if mn:  # B's N-major tile: BK rows of BN values, in panels of 64 columns (mn_swizzle_offset)
+        ns.update(BCH=BN // VW, B_PANEL=BK * (ROW // ISZ), PANEL=BK * ROW)
     # A's tile: mma's row-major [BM][BK] tile with 8 chunks a row, swizzled by r % 8: the
     # 128-byte swizzle layout (see the module docstring)
     ns["a_swz_of"] = ns["b_swz_of"] = _swz_fn("r % 8", ns)
     ns["put"] = _put()
-    ns["load_stage"] = loader_call(compile_source(_loader(tf32, VW, raw, kmajor),
+    ns["load_stage"] = loader_call(compile_source(_loader(tf32, VW, raw, kmajor, mn),
                                                   "load_stage", dict(ns)), STAGES)
 
     # Per-thread copy bases: A's chunks (mma's interior copies: the byte offset ``da`` in
     # a stage, the global address ``oa`` bumped per k-tile) and B's (``db``, ``ob``)
     (bases, a_copies), offsets, bumps = _fast_copies({"BM": BM, "BK": BK}, NT, ROW // 16, 0,
                                                      VW)
-    b = _fast_b_kmajor(B_CHUNKS, NT) if kmajor else _fast_b(B_CHUNKS, NT, VW, tf32, raw)
+    if kmajor:
+        b = _fast_b_kmajor(B_CHUNKS, NT)
+    elif mn:
+        b = _fast_b_mn(B_CHUNKS, NT)
+    else:
+        b = _fast_b(B_CHUNKS, NT, VW, tf32, raw)
     bases, offsets, bumps = bases + b["BASES"], offsets + b["OFFSETS"], bumps + b["BUMP"]
     round_bases, rounding = _rounding(A_CHUNKS, B_CHUNKS, NT, split or rounds, split)
     bases += round_bases
@@ -287,11 +312,14 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
     d_acc = "t" if promote else "acc"
     steps = []
     for s in range(ROW // KSTEP):
+        # a k step is 32 bytes along A's rows; along B's too, or (N-major B) two atoms of
+        # 8 k rows further into each panel
         d = f" + u64({s * KSTEP // 16})"
+        db = f" + u64({s * 2 * ATOM // 16})" if mn else d
         if split:  # the small products first, then big x big (CUTLASS's order)
             steps += [f"{d_acc} = mma({d_acc}, dsas{d}, dsb{d}, 1)",
                       f"{d_acc} = mma({d_acc}, dsa{d}, dsbs{d}, 1)"]
-        steps.append(f"{d_acc} = mma({d_acc}, dsa{d}, dsb{d}, 1)")
+        steps.append(f"{d_acc} = mma({d_acc}, dsa{d}, dsb{db}, 1)")
     if promote:
         steps[0] = steps[0].replace(", 1)", ", sd)")  # a fresh partial after a promotion
         steps.append("sd = 1")
@@ -322,26 +350,30 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
                            "HEAD": head.splitlines(), "B_INIT": b["INIT"],
                            "B_LOADS": b["LOADS"] or ["pass"],
                            "B_PRELOAD": (b["PRELOAD"] + b["BUMP"]) if b["PRELOAD"] else ["pass"],
-                           "VEC": _vec(kmajor),
+                           "VEC": _vec(kmajor or mn),
+                           "B_DESC": [("dsb0 = smem_desc_mn(As, B_BYTES, PANEL, ATOM)" if mn
+                                       else "dsb0 = smem_desc(As, B_BYTES, ATOM)")],
                            "SLOT_INIT": slot_init, "NEXT_STAGE": next_stage,
                            "PARTIAL_INIT": partial_init, "RETIRE": retire,
                            "RETIRE_ALL": retire_all})
     source = source.replace("#@ZEROS", zeros)
     name = (f"wgmma_{dtype}{'_3x' if split else ''}{f'_p{promote}' if promote else ''}"
-            f"{'_bt' if kmajor else ''}{'_trunc' if tf32 and not p.get('ROUND', 1) else ''}"
+            f"{'_bt' if kmajor else ''}{'_bn' if mn else ''}"
+            f"{'_trunc' if tf32 and not p.get('ROUND', 1) else ''}"
             "_kernel")
     return kernel_jit(NT, 1)(compile_source(source.replace("KERNEL_NAME", name), name, ns))
 
 
-def _vec(kmajor: bool) -> list[str]:
+def _vec(b_copied: bool) -> list[str]:
     """Kernel lines setting ``a_vec`` and ``b_vec``: whether every 16-byte chunk of the
-    operand's tiles starts on 16 bytes, so that whole-chunk ``cp.async`` copies apply. B
-    transposed through registers is read one value at a time, so only A's test counts."""
+    operand's tiles starts on 16 bytes, so that whole-chunk ``cp.async`` copies apply
+    (``b_copied``: B's tiles are copied so, K-major or N-major). B transposed through
+    registers is read one value at a time, so only A's test counts."""
     def aligned(x: str) -> str:
         return (f"(address({x}) % 16 == 0 and {x}.strides[2] == ISZ "
                 f"and {x}.strides[1] % 16 == 0 and {x}.strides[0] % 16 == 0)")
     return [f"a_vec = k_len % VW == 0 and {aligned('A')}",
-            f"b_vec = {aligned('B') if kmajor else 'a_vec'}"]
+            f"b_vec = {aligned('B') if b_copied else 'a_vec'}"]
 
 
 def _promotion(promote: int, bn: int) -> tuple[list[str], list[str], list[str]]:
@@ -444,6 +476,29 @@ def _fast_b_kmajor(chunks: int, nt: int) -> dict[str, list[str]]:
     return parts
 
 
+def _fast_b_mn(chunks: int, nt: int) -> dict[str, list[str]]:
+    """B's interior copies when its tiles stay N-major (BCOPY=2): chunk ``v = tid + rnd *
+    NT`` is k row ``bk = v // BCH`` and columns ``bq * VW`` … of the tile (a warp copies
+    consecutive 16 bytes of B's rows: coalesced), at the fixed, swizzled byte offset ``db``
+    of the write stage (panel ``bq // 8``, PANEL bytes apart; chunk ``bq % 8`` of row
+    ``bk`` swizzled by ``bk % 8``: :func:`mn_swizzle_offset`); its global address ``ob``
+    moves BK rows of B per k-tile. The same parts as :func:`_fast_b`, with no loads into
+    registers."""
+    parts = _b_parts()
+    parts["BASES"].append("bstep = BK * sb1 * ISZ  # bytes of BK rows of B")
+    for rnd in range(ceil_div(chunks, nt)):
+        v = f"(tid + {rnd * nt})"
+        parts["BASES"] += [f"bk{rnd} = {v} // BCH", f"bq{rnd} = {v} % BCH",
+                           f"db{rnd} = B_BYTES + (bq{rnd} // 8) * PANEL + bk{rnd} * 128 "
+                           f"+ (((bq{rnd} % 8) ^ (bk{rnd} % 8)) * 16)"]
+        parts["OFFSETS"].append(f"ob{rnd} = address(B) + (zb * sb0 + (kf + bk{rnd}) * sb1 "
+                                f"+ col0 + bq{rnd} * VW) * ISZ")
+        parts["BUMP"].append(f"ob{rnd} += bstep")
+        parts["STORES"] += _guarded([f"cp16_ptr(As, wsb + db{rnd}, B, (zb, kf + bk{rnd}, "
+                                     f"col0 + bq{rnd} * VW), ob{rnd}, 16)"], rnd, nt, chunks)
+    return parts
+
+
 def _guarded(lines: list[str], rnd: int, nt: int, chunks: int) -> list[str]:
     """``lines`` for chunk ``tid + rnd * nt`` of ``chunks``: as they are when every thread
     has one in this round, else under the test that this thread does."""
@@ -483,14 +538,20 @@ def _rounding(a_chunks: int, b_chunks: int, nt: int, convert: bool,
     return bases, lines
 
 
-def _loader(tf32: bool, vw: int, raw: bool = False, kmajor: bool = False) -> str:
+def _loader(tf32: bool, vw: int, raw: bool = False, kmajor: bool = False,
+            mn: bool = False) -> str:
     """``load_stage``: one k-tile into stage ``s``, with bounds checks. A by mma's checked
     ``cp.async`` copies (:func:`operand_round`); B transposed through registers: chunk ``v``
     of the tile is column ``nn = v % BN`` of B and k ``c * VW`` … ``c * VW + VW - 1``,
     zero past the edges, stored as row ``nn`` of the K-major tile, chunk ``c ^ (nn % 8)``;
     or, ``kmajor``, B (batch, N, K) by the same copies as A. ``raw``: TF32 B stored
-    unrounded (split by the storing thread when the tile is read, for 3×TF32)."""
+    unrounded (split by the storing thread when the tile is read, for 3×TF32). ``mn``: B's
+    tile N-major, BK rows of B (K×N) copied as they lie, in panels of 64 columns."""
     a_round = operand_round("A", "row0", "k0", "m", "k_len", "za", tf32)
+    if mn:
+        return (LOADER_HEAD + a_round + "\n"
+                + operand_round("B", "k0", "col0", "k_len", "n", "zb", tf32, panels=True)
+                + "\n")
     if kmajor:
         return (LOADER_HEAD + a_round + "\n"
                 + operand_round("B", "col0", "k0", "n", "k_len", "zb", tf32) + "\n")
@@ -561,7 +622,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
     # [BN rows][128 bytes], all in the 128-byte swizzle layout.
     As = cuda.shared.array(0, elt, alignment=ALIGN)
     dsa0 = smem_desc(As, wg * WG_A, ATOM)  # descriptors: this warpgroup's 64 rows of A, stage 0
-    dsb0 = smem_desc(As, B_BYTES, ATOM)
+    #@B_DESC
     zf = f32(0)
     zero_b = elt(0)  # B's type (bfloat16: its bits as int16)
     #@BASES
@@ -655,10 +716,12 @@ SPEC = KernelSpec(
         GROUP_M,
         Param("PASSES", 1, (1, 3), "wgmma per k step for float32 operands: 1 = "
               "precision='tf32', 3 = '3xtf32'; set by precision="),
-        Param("BCOPY", 1, (0, 1), "how B (K×N, N contiguous) becomes K-major: 0 = "
-              "transposed by the kernel through registers; 1 = transposed once, before the "
-              "product, into a K-major copy (none when B is K-major already) that the "
-              "kernel copies like A, by cp.async (see _kmajor)"),
+        Param("BCOPY", 1, (0, 1, 2), "how B (K×N, N contiguous) reaches the tensor core: "
+              "0 = transposed to K-major by the kernel through registers; 1 = transposed "
+              "once, before the product, into a K-major copy (none when B is K-major "
+              "already) that the kernel copies like A, by cp.async (see _kmajor); 2 = "
+              "float16/bfloat16 only: no transpose, B's tiles copied N-major by cp.async "
+              "and read by the wgmma's transposed-B form (BN a multiple of 64)"),
         Param("ROUND", 1, (0, 1), "TF32 (PASSES=1) only: 1 = operands rounded to the "
               "nearest TF32 value (by the copies before the kernel with BCOPY=1, in shared "
               "memory with BCOPY=0); 0 = left as float32, the tensor core ignoring their "
@@ -673,6 +736,8 @@ SPEC = KernelSpec(
                    lambda p: _smem(p) <= SMEM_SM90),
         Constraint("BN/2 accumulators per thread: BN <= 128 with BM > 128 (registers)",
                    lambda p: p["BM"] <= 128 or p["BN"] <= 128),
+        Constraint("BCOPY=2 reads B in panels of 64 columns: BN a multiple of 64",
+                   lambda p: p["BCOPY"] != 2 or p["BN"] % 64 == 0),
         Constraint("ROUND=0 applies to TF32 (PASSES = 1): 3xTF32 splits its operands exactly",
                    lambda p: p["PASSES"] == 1 or p["ROUND"] == 1),
         Constraint(f"PROMOTE applies to 3xTF32 only (PASSES = 3); otherwise it stays "
