@@ -280,6 +280,43 @@ def test_16bit_b_read_n_major(dtype: str, a_shape: tuple, b_shape: tuple, how: s
     _check(r, want, a.shape[-1])
 
 
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_n_major_b_program_reads_a_k_major_b_in_place(rng: np.random.Generator,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """BCOPY=2 never copies B: an N-major B goes to the N-major kernel; a K-major device B
+    (the transpose of a C-ordered array, as in x @ w.T) to the K-major kernel through a
+    view; a K-major B whose rows are not on 16 bytes (K = 37) to the N-major kernel's
+    plain loads. Each gives the product."""
+    from numba import cuda
+
+    from tilegemm.kernels.cuda._kmajor import InPlaceBProgram
+
+    params = _sim(BCOPY=2, BN=128, PASSES=1)
+    program = SPEC.program(SPEC.resolve(params), np.float16)
+    assert isinstance(program, InPlaceBProgram)
+    ran: list[Any] = []
+    launch_with = InPlaceBProgram.launch_with
+
+    def record(self: Any, kernel: Any, *args: Any, **kw: Any) -> None:
+        ran.append(kernel)
+        launch_with(self, kernel, *args, **kw)
+
+    monkeypatch.setattr(InPlaceBProgram, "launch_with", record)
+    for k, on_device, want_kernel in ((80, True, program.kmajor_kernel),
+                                      (37, True, program.kernel),
+                                      (80, False, program.kernel)):
+        a = rng.standard_normal((67, k)).astype(np.float16)
+        bt = rng.standard_normal((70, k)).astype(np.float16)  # B's transpose, C-ordered
+        b = cuda.to_device(bt).transpose() if on_device else np.ascontiguousarray(bt.T)
+        ran.clear()
+        r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", dtype=np.float32,
+                            **_sim(BCOPY=2, BN=128))
+        r = np.asarray(r.copy_to_host() if hasattr(r, "copy_to_host") else r)
+        _check(r, np.matmul(a.astype(np.float64), bt.T.astype(np.float64)), k)
+        assert ran == [want_kernel], (k, on_device)
+
+
 def test_n_major_b_is_for_16bit_operands_in_whole_panels() -> None:
     with pytest.raises(InvalidValueError, match="BN a multiple of 64"):
         SPEC.resolve({"BCOPY": 2, "BN": 32})

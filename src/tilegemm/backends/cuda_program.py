@@ -40,13 +40,19 @@ class CudaProgram:
     dynamic_smem: int = 0
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
+        self.launch_with(self.kernel, A, B, C, alpha, beta, stream)
+
+    def launch_with(self, kernel: Any, A: Any, B: Any, C: Any, alpha: Any, beta: Any,
+                    stream: Any = 0) -> None:
+        """Launch ``kernel`` (this program's, or another of the same signature, block and
+        shared memory that a program chooses per call) on these operands."""
         batch, m, n = C.shape
         smem = self.dynamic_smem
         # above 48 KB, the kernel about to run is opted in first (the simulator has no such
         # limit to lift, and launch_kernel() calls no prepare there)
         prepare = (lambda kernel: opt_in_dynamic_shared(kernel, smem)
                    ) if smem > STATIC_SMEM_LIMIT else None
-        launch_kernel(self.kernel, self.grid(batch, m, n), self.block, stream, smem,
+        launch_kernel(kernel, self.grid(batch, m, n), self.block, stream, smem,
                       (A, B, C, alpha, beta), prepare)
 
     def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:

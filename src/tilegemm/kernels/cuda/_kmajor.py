@@ -114,6 +114,27 @@ class KMajorBProgram(CudaProgram):
 
 
 @dataclass(frozen=True)
+class InPlaceBProgram(CudaProgram):
+    """16-bit operands, B read as it lies, never copied (rung wgmma's BCOPY=2): ``kernel``
+    reads B (batch or 1, K, N) with N contiguous, its tiles N-major; a B that is K-major
+    instead (the transpose of a C-ordered array, as in ``x @ w.T``: N is not contiguous,
+    the plain-load path's case for ``kernel``) is read through a (batch, N, K) view by
+    ``kmajor_kernel``, the same rung's K-major kernel (BCOPY=1's, which then has nothing to
+    copy). numba compiles each kernel on its first launch, so a process that never sees a
+    K-major B never compiles the second."""
+
+    kmajor_kernel: Any = None
+
+    def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
+        if B.strides[2] != B.dtype.itemsize and B.shape[2] > 1:
+            view = kmajor_view(B)
+            if view is not None:
+                self.launch_with(self.kmajor_kernel, A, view, C, alpha, beta, stream)
+                return
+        self.launch_with(self.kernel, A, B, C, alpha, beta, stream)
+
+
+@dataclass(frozen=True)
 class RoundedProgram(CudaProgram):
     """A TF32 kernel that reads A and B as they are, given copies of both rounded to the
     nearest TF32 value before it runs (rung mma with RCOPY=1): the kernel then does no

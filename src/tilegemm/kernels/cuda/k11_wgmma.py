@@ -87,7 +87,7 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import access_ops
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
-from tilegemm.kernels.cuda._kmajor import KMajorBProgram
+from tilegemm.kernels.cuda._kmajor import InPlaceBProgram, KMajorBProgram
 from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
 from tilegemm.kernels.cuda._wgmma import shared_alignment, wgmma_ops
 from tilegemm.kernels.cuda.k10_mma import (
@@ -218,6 +218,8 @@ def build(p: Mapping[str, int], dtype: np.dtype, ahead: int | None = None) -> Cu
                arg_types=arg_types, dynamic_smem=_smem(p, np.dtype(dtype).itemsize))
     if _b_kmajor(p):  # B copied K-major (and TF32 operands rounded) before the kernel
         return KMajorBProgram(kernel, **how, round_tf32=_rounds(p, name))
+    if _b_mn(p):  # B read as it lies: N-major, or K-major through a view (x @ w.T)
+        return InPlaceBProgram(kernel, **how, kmajor_kernel=_generate({**p, "BCOPY": 1}, name))
     return CudaProgram(kernel, **how)
 
 
@@ -720,8 +722,9 @@ SPEC = KernelSpec(
               "0 = transposed to K-major by the kernel through registers; 1 = transposed "
               "once, before the product, into a K-major copy (none when B is K-major "
               "already) that the kernel copies like A, by cp.async (see _kmajor); 2 = "
-              "float16/bfloat16 only: no transpose, B's tiles copied N-major by cp.async "
-              "and read by the wgmma's transposed-B form (BN a multiple of 64)"),
+              "float16/bfloat16 only: never copied, B's tiles copied by cp.async as they "
+              "lie, N-major for the wgmma's transposed-B form (BN a multiple of 64), or "
+              "K-major when B is (x @ w.T)"),
         Param("ROUND", 1, (0, 1), "TF32 (PASSES=1) only: 1 = operands rounded to the "
               "nearest TF32 value (by the copies before the kernel with BCOPY=1, in shared "
               "memory with BCOPY=0); 0 = left as float32, the tensor core ignoring their "
