@@ -280,41 +280,64 @@ def test_16bit_b_read_n_major(dtype: str, a_shape: tuple, b_shape: tuple, how: s
     _check(r, want, a.shape[-1])
 
 
-@pytest.mark.cudasim
-@pytest.mark.simulator
-def test_n_major_b_program_reads_a_k_major_b_in_place(rng: np.random.Generator,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """BCOPY=2 never copies B: an N-major B goes to the N-major kernel; a K-major device B
-    (the transpose of a C-ordered array, as in x @ w.T) to the K-major kernel through a
-    view; a K-major B whose rows are not on 16 bytes (K = 37) to the N-major kernel's
-    plain loads. Each gives the product."""
+def _device_t(rng: np.random.Generator, shape: tuple, dtype: Any) -> tuple[Any, np.ndarray]:
+    """(a device array of ``shape`` laid out transposed: the transpose of a C-ordered one,
+    its host values)."""
     from numba import cuda
 
-    from tilegemm.kernels.cuda._kmajor import InPlaceBProgram
+    base = rng.standard_normal(shape[:-2] + shape[-2:][::-1]).astype(dtype)
+    axes = tuple(range(base.ndim - 2)) + (base.ndim - 1, base.ndim - 2)
+    return cuda.to_device(base).transpose(axes), np.ascontiguousarray(base.transpose(axes))
+
+
+# (A shape, B shape, A transposed on the device, B transposed on the device, the kernel
+# variant (A M-major, B K-major) that reads them): both layouts of each, interior blocks
+# with unchecked copies (M = N = 128, K = 192), edge blocks (M = 72, N = 150, K = 80), a
+# batch with both transposed; rows off 16 bytes (M = 67, K = 37) take the plain loads.
+LAYOUT_CASES = [((128, 192), (192, 128), True, False, (True, False)),
+                ((72, 80), (80, 150), True, False, (True, False)),
+                ((67, 80), (80, 70), False, True, (False, True)),
+                ((128, 192), (192, 128), True, True, (True, True)),
+                ((2, 72, 80), (2, 80, 64), True, True, (True, True)),
+                ((67, 80), (80, 64), True, False, (False, False)),
+                ((67, 37), (37, 70), False, True, (False, False))]
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+@pytest.mark.parametrize(("a_shape", "b_shape", "a_t", "b_t", "variant"), LAYOUT_CASES)
+def test_in_place_program_reads_each_layout(a_shape: tuple, b_shape: tuple, a_t: bool,
+                                            b_t: bool, variant: tuple[bool, bool],
+                                            rng: np.random.Generator,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """BCOPY=2 never copies a 16-bit operand: A M-major (``x.T @ y`` on device arrays) and
+    B K-major (``x @ w.T``) each go, through a transposed view, to the variant compiled for
+    that layout (A read by the transposed-A wgmma, B like BCOPY=1's K-major copy); rows off
+    16 bytes to the default kernel's plain loads. Each gives the product."""
+    from numba import cuda
+
+    from tilegemm.kernels.cuda._kmajor import InPlaceProgram
 
     params = _sim(BCOPY=2, BN=128, PASSES=1)
     program = SPEC.program(SPEC.resolve(params), np.float16)
-    assert isinstance(program, InPlaceBProgram)
+    assert isinstance(program, InPlaceProgram)
     ran: list[Any] = []
-    launch_with = InPlaceBProgram.launch_with
+    launch_with = InPlaceProgram.launch_with
 
     def record(self: Any, kernel: Any, *args: Any, **kw: Any) -> None:
         ran.append(kernel)
         launch_with(self, kernel, *args, **kw)
 
-    monkeypatch.setattr(InPlaceBProgram, "launch_with", record)
-    for k, on_device, want_kernel in ((80, True, program.kmajor_kernel),
-                                      (37, True, program.kernel),
-                                      (80, False, program.kernel)):
-        a = rng.standard_normal((67, k)).astype(np.float16)
-        bt = rng.standard_normal((70, k)).astype(np.float16)  # B's transpose, C-ordered
-        b = cuda.to_device(bt).transpose() if on_device else np.ascontiguousarray(bt.T)
-        ran.clear()
-        r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", dtype=np.float32,
-                            **_sim(BCOPY=2, BN=128))
-        r = np.asarray(r.copy_to_host() if hasattr(r, "copy_to_host") else r)
-        _check(r, np.matmul(a.astype(np.float64), bt.T.astype(np.float64)), k)
-        assert ran == [want_kernel], (k, on_device)
+    monkeypatch.setattr(InPlaceProgram, "launch_with", record)
+    a, a64 = _device_t(rng, a_shape, np.float16) if a_t else (cuda.to_device(
+        x := rng.standard_normal(a_shape).astype(np.float16)), x)
+    b, b64 = _device_t(rng, b_shape, np.float16) if b_t else (cuda.to_device(
+        y := rng.standard_normal(b_shape).astype(np.float16)), y)
+    r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", dtype=np.float32,
+                        **_sim(BCOPY=2, BN=128))
+    r = np.asarray(r.copy_to_host() if hasattr(r, "copy_to_host") else r)
+    _check(r, np.matmul(a64.astype(np.float64), b64.astype(np.float64)), a_shape[-1])
+    assert ran == [program.kernel_for(*variant)]
 
 
 def test_n_major_b_is_for_16bit_operands_in_whole_panels() -> None:
@@ -735,6 +758,39 @@ def test_hot_loop_issue_share_does_not_regress(dtype: str, bcopy: int) -> None:
     assert r.hot["HMMA"] == 4 and r.hot["LDGSTS"] == copies and r.hot["BAR"] == 1, r.hot
     assert r.hot["total"] <= most, r.hot
     assert r.local_memory == 0
+
+
+@pytest.mark.ptx
+@pytest.mark.parametrize("variant", [(True, False), (False, True), (True, True)])
+def test_sass_of_the_in_place_layouts(variant: tuple[bool, bool]) -> None:
+    """BCOPY=2's kernels for the other operand layouts (A M-major, B K-major, both): the
+    wgmma's transposed forms where a tile is M- or N-major (``.tnspA``, ``.tnspB`` on its
+    descriptor), 4 HGMMA and 8 cp.async a k-tile, no local memory, no spills, wgmma not
+    serialized (numba-cuda 0.30.4, CUDA 13.5: 127-132 instructions, 158-210 registers)."""
+    from tilegemm.analysis import sass
+    from tilegemm.analysis.resources import kernel_ptx, link, parse_ptxas_log
+    from tilegemm.analysis.sass_mma import count
+
+    try:
+        sass.nvdisasm_path()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    program = SPEC.program(SPEC.resolve({"BCOPY": 2}), np.float16)
+    kernel = program.kernel_for(*variant)
+    ptx = kernel_ptx(kernel, program.signature("float16"), {"sm_90": (9, 0, "a")})["sm_90"]
+    log, cubin = link(ptx, "sm_90")
+    assert "serialized" not in log, log
+    figures = parse_ptxas_log(log)
+    assert figures["spill_stores"] == figures["spill_loads"] == figures["stack"] == 0
+    text = sass.disassemble(cubin)
+    a_mn, b_kmajor = variant
+    descs = re.findall(r"HGMMA\.64x128x16\.F32 R\d+, gdesc\[UR\d+\]([.\w]*)", text)
+    want = (".tnspA" if a_mn else "") + ("" if b_kmajor else ".tnspB")
+    assert descs and set(descs) == {want}, set(descs)
+    r = count(text, kernel="wgmma", arch="sm_90", dtype="float16", params={})
+    assert r.hot["HMMA"] == 4 and r.hot["LDGSTS"] == 8 and r.local_memory == 0, r.hot
+    if sass.toolchain() == GUARD_TOOLCHAIN:
+        assert r.hot["total"] <= 140, r.hot
 
 
 @pytest.mark.cudasim

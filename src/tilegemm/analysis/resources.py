@@ -160,22 +160,30 @@ def compile_ptx_all(spec: KernelSpec, params: dict[str, int], dtype: str) -> dic
     once, as ``numba.cuda.compile_ptx`` would for the oldest architecture, and NVVM then
     writes the PTX for each (tests compare this with ``compile_ptx`` per architecture).
     """
+    program = spec.program(params, np.dtype(dtype))
+    # architecture-specific instructions (KernelSpec.only_cc): that target only, as sm_90a
+    suffix = ("a",) if spec.only_cc else ()
+    ccs: dict[str, tuple] = {arch: (*ARCHS[arch], *suffix) for arch in archs_for(spec)}
+    return kernel_ptx(program.kernel, program.signature(dtype), ccs)
+
+
+def kernel_ptx(kernel: Any, signature: str, ccs: dict[str, tuple]) -> dict[str, str]:
+    """PTX of one jitted CUDA kernel (a numba-cuda dispatcher) for each of ``ccs`` (arch
+    name -> compute capability, with "a" for the architecture-specific target), lowered
+    once: a rung's default kernel (:func:`compile_ptx_all`), or another a program picks
+    per call (rung wgmma's operand layouts)."""
     from numba.core.compiler_lock import global_compiler_lock
     from numba.cuda.compiler import _compile_pyfunc_with_fixup
 
     from tilegemm.kernels.cuda._numba_compile import install as speed_up_lowering
 
     speed_up_lowering()
-    program = spec.program(params, np.dtype(dtype))
     # Compile as the dispatcher would: a rung's launch bounds change ptxas' register budget.
-    bounds = getattr(program.kernel, "targetoptions", {}).get("launch_bounds")
-    # architecture-specific instructions (KernelSpec.only_cc): that target only, as sm_90a
-    suffix = ("a",) if spec.only_cc else ()
-    ccs: dict[str, tuple] = {arch: (*ARCHS[arch], *suffix) for arch in archs_for(spec)}
+    bounds = getattr(kernel, "targetoptions", {}).get("launch_bounds")
     with global_compiler_lock:
-        lib, _ = _compile_pyfunc_with_fixup(
-            program.kernel.py_func, program.signature(dtype), device=False,
-            cc=min(ccs.values()), abi="numba", launch_bounds=bounds)
+        lib, _ = _compile_pyfunc_with_fixup(kernel.py_func, signature, device=False,
+                                            cc=min(ccs.values()), abi="numba",
+                                            launch_bounds=bounds)
         return {arch: lib.get_asm_str(cc=cc) for arch, cc in ccs.items()}
 
 

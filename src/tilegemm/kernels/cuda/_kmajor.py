@@ -21,6 +21,7 @@ Private module: imports numba only when a program is launched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -47,7 +48,8 @@ cuda: Any = None  # numba.cuda, bound by copy_kernel()
 def kmajor_view(B: Any) -> Any | None:
     """A (batch, N, K) view of device array ``B`` (batch, K, N) when that view is what a
     copy would hold: K contiguous, rows and the start on 16 bytes (the kernel's 16-byte
-    copies); otherwise None."""
+    copies); otherwise None. (Of an A (batch, M, K): its (batch, K, M) view, M
+    contiguous.)"""
     isz = np.dtype(B.dtype).itemsize
     s0, s1, s2 = B.strides
     if s1 != isz and B.shape[1] > 1:
@@ -114,24 +116,41 @@ class KMajorBProgram(CudaProgram):
 
 
 @dataclass(frozen=True)
-class InPlaceBProgram(CudaProgram):
-    """16-bit operands, B read as it lies, never copied (rung wgmma's BCOPY=2): ``kernel``
-    reads B (batch or 1, K, N) with N contiguous, its tiles N-major; a B that is K-major
-    instead (the transpose of a C-ordered array, as in ``x @ w.T``: N is not contiguous,
-    the plain-load path's case for ``kernel``) is read through a (batch, N, K) view by
-    ``kmajor_kernel``, the same rung's K-major kernel (BCOPY=1's, which then has nothing to
-    copy). numba compiles each kernel on its first launch, so a process that never sees a
-    K-major B never compiles the second."""
+class InPlaceProgram(CudaProgram):
+    """16-bit operands read as they lie, never copied (rung wgmma's BCOPY=2). ``kernel``
+    reads A (batch or 1, M, K) K-major and B (batch or 1, K, N) N-major, B's tiles by the
+    wgmma's transposed-B form. Where an operand is laid out the other way (the transpose of
+    a C-ordered device array: A as in ``x.T @ y``, M contiguous; B as in ``x @ w.T``, K
+    contiguous) with its rows on 16 bytes, the launch gives the kernel a transposed view of
+    it and picks the variant compiled for that layout, ``variant(a_mn, b_kmajor)``: A's
+    tiles M-major (the transposed-A form), B's K-major. Variants are built on first use and
+    numba compiles each on its first launch, so a process that never sees such an operand
+    compiles none. An operand whose rows are off 16 bytes takes ``kernel``'s plain loads."""
 
-    kmajor_kernel: Any = None
+    variant: Callable[[bool, bool], Any] | None = field(default=None, compare=False)
+    _variants: dict = field(default_factory=dict, compare=False, repr=False)
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
-        if B.strides[2] != B.dtype.itemsize and B.shape[2] > 1:
-            view = kmajor_view(B)
+        a_mn = b_kmajor = False
+        if A.strides[2] != A.dtype.itemsize and A.shape[2] > 1:
+            view = kmajor_view(A)  # (batch, K, M), M contiguous
             if view is not None:
-                self.launch_with(self.kmajor_kernel, A, view, C, alpha, beta, stream)
-                return
-        self.launch_with(self.kernel, A, B, C, alpha, beta, stream)
+                A, a_mn = view, True
+        if B.strides[2] != B.dtype.itemsize and B.shape[2] > 1:
+            view = kmajor_view(B)  # (batch, N, K), K contiguous
+            if view is not None:
+                B, b_kmajor = view, True
+        kernel = self.kernel_for(a_mn, b_kmajor) if a_mn or b_kmajor else self.kernel
+        self.launch_with(kernel, A, B, C, alpha, beta, stream)
+
+    def kernel_for(self, a_mn: bool, b_kmajor: bool) -> Any:
+        """The kernel for A M-major (``a_mn``) and B K-major (``b_kmajor``) operands."""
+        if not (a_mn or b_kmajor):
+            return self.kernel
+        kernel = self._variants.get((a_mn, b_kmajor))
+        if kernel is None:
+            kernel = self._variants[(a_mn, b_kmajor)] = self.variant(a_mn, b_kmajor)
+        return kernel
 
 
 @dataclass(frozen=True)

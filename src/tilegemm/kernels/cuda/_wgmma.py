@@ -28,10 +28,11 @@ The instructions (:func:`wgmma_ops` returns them for the current mode):
   float32 (this thread's part of the 64×n D, layout :func:`d_layout`), ``desc_a`` and
   ``desc_b`` are uint64 descriptors, and ``scale_d`` is 0 (D = A·B, the accumulators are
   ignored) or 1 (D = A·B + D). TF32 operands must be K-major (no transposed forms exist);
-- ``mma_bf16(n, b_mn=False)`` / ``mma_f16(n, b_mn=False)``: the same for
-  ``m64n{n}k16.f32.bf16.bf16`` / ``.f16.f16``, K-major A (``imm-trans-a`` = 0) and B
-  K-major (``imm-trans-b`` = 0) or, ``b_mn=True``, MN-major (``imm-trans-b`` = 1: B stored
-  K×N with N contiguous, as a row-major B is; only 16-bit types have this form);
+- ``mma_bf16(n, b_mn=False, a_mn=False)`` / ``mma_f16(...)``: the same for
+  ``m64n{n}k16.f32.bf16.bf16`` / ``.f16.f16``, A and B K-major (``imm-trans-a`` =
+  ``imm-trans-b`` = 0) or, ``b_mn=True``, B MN-major (``imm-trans-b`` = 1: B stored K×N
+  with N contiguous, as a row-major B is), ``a_mn=True``, A MN-major (``imm-trans-a`` = 1:
+  A stored K×M, M contiguous); only 16-bit types have these forms;
 - ``smem_desc(arr, off, lbo, sbo)``: the descriptor of a matrix starting ``off`` bytes into
   the shared array ``arr`` (16-byte aligned), with leading-dimension byte offset ``lbo`` and
   stride-dimension byte offset ``sbo`` and no swizzle (:func:`encode_desc`). The descriptor
@@ -389,16 +390,16 @@ def _py_wait(n: int) -> Any:
     return wait
 
 
-def _check_mma(kind: str, n: int, b_mn: bool) -> None:
+def _check_mma(kind: str, n: int, b_mn: bool, a_mn: bool) -> None:
     if n not in N_SIZES:
         raise ValueError(f"wgmma: n={n} is not a multiple of 8 in 8-256")
-    if b_mn and kind == "tf32":
+    if (a_mn or b_mn) and kind == "tf32":
         raise ValueError("wgmma: TF32 operands have no MN-major (transposed) form")
 
 
 @cache
-def _py_mma(kind: str, n: int, b_mn: bool = False) -> Any:
-    _check_mma(kind, n, b_mn)
+def _py_mma(kind: str, n: int, b_mn: bool = False, a_mn: bool = False) -> Any:
+    _check_mma(kind, n, b_mn, a_mn)
     k, itemsize = (8, 4) if kind == "tf32" else (16, 2)
 
     def values(words: np.ndarray) -> np.ndarray:
@@ -424,7 +425,7 @@ def _py_mma(kind: str, n: int, b_mn: bool = False) -> Any:
                 if len({f[1] for f in frags}) != 1:
                     raise AssertionError("wgmma: descriptors and scale-d differ across the "
                                          "warpgroup")
-                A = values(_operand(key[0], 64, k, itemsize))
+                A = values(_operand(key[0], 64, k, itemsize, a_mn))
                 B = values(_operand(key[1], n, k, itemsize, b_mn)).T  # B's N×K, transposed
                 C = np.zeros((64, n))
                 if key[2]:
@@ -441,7 +442,7 @@ def _py_mma(kind: str, n: int, b_mn: bool = False) -> Any:
         _issue.open.append(product)
         return tuple(acc)  # the registers change when a wait retires the product
 
-    mma.__name__ = f"wgmma_m64n{n}_{kind}{'_bmn' if b_mn else ''}"
+    mma.__name__ = f"wgmma_m64n{n}_{kind}{'_amn' if a_mn else ''}{'_bmn' if b_mn else ''}"
     return mma
 
 
@@ -467,8 +468,9 @@ def wgmma_ops() -> WgmmaOps:
         install()  # numba's simulator races on cuda.shared.array; see _simulator.py
         return WgmmaOps(_py_fence, _py_commit, _py_wait, _py_fence_proxy_async,
                         lambda n: _py_mma("tf32", n),
-                        lambda n, b_mn=False: _py_mma("bf16", n, b_mn),
-                        lambda n, b_mn=False: _py_mma("f16", n, b_mn), _py_smem_desc,
+                        lambda n, b_mn=False, a_mn=False: _py_mma("bf16", n, b_mn, a_mn),
+                        lambda n, b_mn=False, a_mn=False: _py_mma("f16", n, b_mn, a_mn),
+                        _py_smem_desc,
                         _py_smem_desc_128b, _py_smem_desc_128b_mn, _py_sts4_at,
                         _py_pack_halves, _py_load_at)
     return _compiled_ops()
@@ -541,14 +543,14 @@ def _compiled_ops() -> WgmmaOps:
         return wait_group
 
     @cache
-    def mma(kind: str, n: int, b_mn: bool = False) -> Any:
-        _check_mma(kind, n, b_mn)
+    def mma(kind: str, n: int, b_mn: bool = False, a_mn: bool = False) -> Any:
+        _check_mma(kind, n, b_mn, a_mn)
         regs = n // 2
         if kind == "tf32":
             opcode, tail = f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32", "1, 1"
-        else:  # 16-bit inputs: scale-a, scale-b, then A K-major, B K-major (0) or MN-major (1)
+        else:  # 16-bit inputs: scale-a, scale-b, then A's and B's K-major (0) or MN-major (1)
             opcode = f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind}"
-            tail = f"1, 1, 0, {int(b_mn)}"
+            tail = f"1, 1, {int(a_mn)}, {int(b_mn)}"
         dregs = ",".join(f"${q}" for q in range(regs))
         a, b, s = 2 * regs, 2 * regs + 1, 2 * regs + 2  # after the outputs and tied inputs
         asm = (f"{{ .reg .pred %p; setp.ne.b32 %p, ${s}, 0; "
@@ -709,8 +711,9 @@ def _compiled_ops() -> WgmmaOps:
         return sig, codegen
 
     return WgmmaOps(fence, commit, wait, fence_proxy_async, lambda n: mma("tf32", n),
-                    lambda n, b_mn=False: mma("bf16", n, b_mn),
-                    lambda n, b_mn=False: mma("f16", n, b_mn), smem_desc, smem_desc_128b,
+                    lambda n, b_mn=False, a_mn=False: mma("bf16", n, b_mn, a_mn),
+                    lambda n, b_mn=False, a_mn=False: mma("f16", n, b_mn, a_mn), smem_desc,
+                    smem_desc_128b,
                     smem_desc_128b_mn, sts4_at, pack_halves, load_at)
 
 

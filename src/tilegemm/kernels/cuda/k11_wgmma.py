@@ -37,8 +37,11 @@ next tiles. Only H100-class GPUs (compute capability 9.0, the architecture-speci
    With BCOPY=2 (float16/bfloat16 only) B is not transposed at all: its tiles are copied
    as they lie (N contiguous) by ``cp.async`` into the 128-byte swizzle's N-major layout
    (panels of 64 columns, ``_wgmma.mn_swizzle_offset``) and the wgmma reads them with
-   its transposed-B form (``imm-trans-b`` = 1): no copy before the kernel. Not timed on a
-   GPU yet, so not the default.
+   its transposed-B form (``imm-trans-b`` = 1): no copy before the kernel. Device operands
+   laid out the other way (A with M contiguous, B with K contiguous) are not copied
+   either: the program (``_kmajor.InPlaceProgram``) passes their transposed views to a
+   kernel compiled for that layout (A's tiles M-major for the transposed-A form, B's
+   K-major). Not timed on a GPU yet, so not the default.
 3. Ordering, one barrier per k-tile: wait for this thread's copies of tile kt,
    ``fence.proxy.async`` (generic-proxy writes become visible to the tensor core), barrier,
    ``wgmma.fence``, four ``mma_async`` on stage kt, commit; then the copies of tile
@@ -87,7 +90,7 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import access_ops
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
-from tilegemm.kernels.cuda._kmajor import InPlaceBProgram, KMajorBProgram
+from tilegemm.kernels.cuda._kmajor import InPlaceProgram, KMajorBProgram
 from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
 from tilegemm.kernels.cuda._wgmma import shared_alignment, wgmma_ops
 from tilegemm.kernels.cuda.k10_mma import (
@@ -218,8 +221,11 @@ def build(p: Mapping[str, int], dtype: np.dtype, ahead: int | None = None) -> Cu
                arg_types=arg_types, dynamic_smem=_smem(p, np.dtype(dtype).itemsize))
     if _b_kmajor(p):  # B copied K-major (and TF32 operands rounded) before the kernel
         return KMajorBProgram(kernel, **how, round_tf32=_rounds(p, name))
-    if _b_mn(p):  # B read as it lies: N-major, or K-major through a view (x @ w.T)
-        return InPlaceBProgram(kernel, **how, kmajor_kernel=_generate({**p, "BCOPY": 1}, name))
+    if _b_mn(p):  # A and B read as they lie, each in either layout (16-bit)
+        def variant(a_mn: bool, b_kmajor: bool) -> Any:
+            return _generate({**p, "BCOPY": 1 if b_kmajor else 2}, name, ahead, a_mn)
+
+        return InPlaceProgram(kernel, **how, variant=variant)
     return CudaProgram(kernel, **how)
 
 
@@ -240,7 +246,11 @@ def _rounds(p: Mapping[str, int], dtype: str) -> bool:
     return dtype == "float32" and p.get("PASSES", 1) == 1 and bool(p.get("ROUND", 1))
 
 
-def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any:
+def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None,
+              a_mn: bool = False) -> Any:
+    """The kernel for parameters ``p``. ``a_mn`` (16-bit operands only): A is given as a
+    (batch, K, M) view with M contiguous (the transpose of a C-ordered array, as in ``x.T @
+    y``), its tiles copied M-major as they lie and read by the wgmma's transposed-A form."""
     global cuda
     from numba import cuda
 
@@ -249,6 +259,8 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
     split = tf32 and p.get("PASSES", 1) == 3  # 3×TF32
     kmajor = _b_kmajor(p)  # B arrives K-major (see _kmajor), copied like A
     mn = _b_mn(p)  # B's tiles copied N-major, read transposed by the wgmma
+    if a_mn and (dtype == "float32" or not (mn or kmajor)):
+        raise ValueError("an M-major A is read in place by BCOPY=2's 16-bit kernels only")
     # TF32 operands rounded to nearest in shared memory (ROUND=1 with BCOPY=0; with BCOPY=1
     # they arrive rounded), or left as float32 for the tensor core to truncate (ROUND=0);
     # ``raw``: B stored as loaded (3×TF32 splits it)
@@ -279,29 +291,38 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
         pack=wg.pack_halves,
         load_at=wg.load_at, cp16_ptr=tc.cp_async16_ptr,
         mma=(wg.mma_tf32(BN) if tf32 else
-             {"float16": wg.mma_f16, "bfloat16": wg.mma_bf16}[dtype](BN, b_mn=mn)),
+             {"float16": wg.mma_f16, "bfloat16": wg.mma_bf16}[dtype](BN, b_mn=mn, a_mn=a_mn)),
         SMALL=STAGES * (BM + BN) * ROW, SLOT=(BM + BN) * ROW, SMALL_SLOTS=SMALL_SLOTS,
         split_tf32_at=tc.split_tf32_at,
         # B's tiles as operand_round copies them when B arrives K-major: BN rows of K
         B_OFF=STAGES * BM * BK, B_TILE=BN * BK, B_W=BK, BCH=ROW // 16,
     )
-    if mn:  # B's N-major tile: BK rows of BN values, in panels of 64 columns (mn_swizzle_offset)
-        ns.update(BCH=BN // VW, B_PANEL=BK * (ROW // ISZ), PANEL=BK * ROW)
+    # M- or N-major tiles: BK rows of BM or BN values in panels of 64 (mn_swizzle_offset),
+    # PANEL bytes apart (A: one panel per warpgroup)
+    ns["PANEL"] = BK * ROW
+    if mn:
+        ns.update(BCH=BN // VW, B_PANEL=BK * (ROW // ISZ))
+    if a_mn:
+        ns.update(ACH=BM // VW, A_PANEL=BK * (ROW // ISZ))
     # A's tile: mma's row-major [BM][BK] tile with 8 chunks a row, swizzled by r % 8: the
     # 128-byte swizzle layout (see the module docstring)
     ns["a_swz_of"] = ns["b_swz_of"] = _swz_fn("r % 8", ns)
     ns["put"] = _put()
-    ns["load_stage"] = loader_call(compile_source(_loader(tf32, VW, raw, kmajor, mn),
+    ns["load_stage"] = loader_call(compile_source(_loader(tf32, VW, raw, kmajor, mn, a_mn),
                                                   "load_stage", dict(ns)), STAGES)
 
     # Per-thread copy bases: A's chunks (mma's interior copies: the byte offset ``da`` in
     # a stage, the global address ``oa`` bumped per k-tile) and B's (``db``, ``ob``)
-    (bases, a_copies), offsets, bumps = _fast_copies({"BM": BM, "BK": BK}, NT, ROW // 16, 0,
-                                                     VW)
+    if a_mn:
+        a = _fast_mn("A", A_CHUNKS, NT)
+        bases, a_copies, offsets, bumps = a["BASES"], a["STORES"], a["OFFSETS"], a["BUMP"]
+    else:
+        (bases, a_copies), offsets, bumps = _fast_copies({"BM": BM, "BK": BK}, NT, ROW // 16,
+                                                         0, VW)
     if kmajor:
         b = _fast_b_kmajor(B_CHUNKS, NT)
     elif mn:
-        b = _fast_b_mn(B_CHUNKS, NT)
+        b = _fast_mn("B", B_CHUNKS, NT)
     else:
         b = _fast_b(B_CHUNKS, NT, VW, tf32, raw)
     bases, offsets, bumps = bases + b["BASES"], offsets + b["OFFSETS"], bumps + b["BUMP"]
@@ -317,11 +338,12 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
         # a k step is 32 bytes along A's rows; along B's too, or (N-major B) two atoms of
         # 8 k rows further into each panel
         d = f" + u64({s * KSTEP // 16})"
-        db = f" + u64({s * 2 * ATOM // 16})" if mn else d
+        d_mn = f" + u64({s * 2 * ATOM // 16})"
+        da, db = (d_mn if a_mn else d), (d_mn if mn else d)
         if split:  # the small products first, then big x big (CUTLASS's order)
             steps += [f"{d_acc} = mma({d_acc}, dsas{d}, dsb{d}, 1)",
                       f"{d_acc} = mma({d_acc}, dsa{d}, dsbs{d}, 1)"]
-        steps.append(f"{d_acc} = mma({d_acc}, dsa{d}, dsb{db}, 1)")
+        steps.append(f"{d_acc} = mma({d_acc}, dsa{da}, dsb{db}, 1)")
     if promote:
         steps[0] = steps[0].replace(", 1)", ", sd)")  # a fresh partial after a promotion
         steps.append("sd = 1")
@@ -352,7 +374,12 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
                            "HEAD": head.splitlines(), "B_INIT": b["INIT"],
                            "B_LOADS": b["LOADS"] or ["pass"],
                            "B_PRELOAD": (b["PRELOAD"] + b["BUMP"]) if b["PRELOAD"] else ["pass"],
-                           "VEC": _vec(kmajor or mn),
+                           "VEC": _vec(kmajor or mn, a_mn),
+                           "DIMS": ["m, n, k_len = C.shape[1], C.shape[2], "
+                                    f"A.shape[{1 if a_mn else 2}]"],
+                           "A_DESC": [("dsa0 = smem_desc_mn(As, wg * WG_A, WG_A, ATOM)" if a_mn
+                                       else "dsa0 = smem_desc(As, wg * WG_A, ATOM)")
+                                      + "  # this warpgroup's 64 rows of A, stage 0"],
                            "B_DESC": [("dsb0 = smem_desc_mn(As, B_BYTES, PANEL, ATOM)" if mn
                                        else "dsb0 = smem_desc(As, B_BYTES, ATOM)")],
                            "SLOT_INIT": slot_init, "NEXT_STAGE": next_stage,
@@ -360,21 +387,22 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None) -> Any
                            "RETIRE_ALL": retire_all})
     source = source.replace("#@ZEROS", zeros)
     name = (f"wgmma_{dtype}{'_3x' if split else ''}{f'_p{promote}' if promote else ''}"
-            f"{'_bt' if kmajor else ''}{'_bn' if mn else ''}"
+            f"{'_bt' if kmajor else ''}{'_bn' if mn else ''}{'_am' if a_mn else ''}"
             f"{'_trunc' if tf32 and not p.get('ROUND', 1) else ''}"
             "_kernel")
     return kernel_jit(NT, 1)(compile_source(source.replace("KERNEL_NAME", name), name, ns))
 
 
-def _vec(b_copied: bool) -> list[str]:
+def _vec(b_copied: bool, a_mn: bool = False) -> list[str]:
     """Kernel lines setting ``a_vec`` and ``b_vec``: whether every 16-byte chunk of the
     operand's tiles starts on 16 bytes, so that whole-chunk ``cp.async`` copies apply
-    (``b_copied``: B's tiles are copied so, K-major or N-major). B transposed through
+    (``b_copied``: B's tiles are copied so, K-major or N-major; ``a_mn``: A's M-major, its
+    chunks along M, where edges are zero-filled like B's along N). B transposed through
     registers is read one value at a time, so only A's test counts."""
     def aligned(x: str) -> str:
         return (f"(address({x}) % 16 == 0 and {x}.strides[2] == ISZ "
                 f"and {x}.strides[1] % 16 == 0 and {x}.strides[0] % 16 == 0)")
-    return [f"a_vec = k_len % VW == 0 and {aligned('A')}",
+    return [f"a_vec = {'' if a_mn else 'k_len % VW == 0 and '}{aligned('A')}",
             f"b_vec = {aligned('B') if b_copied else 'a_vec'}"]
 
 
@@ -478,26 +506,30 @@ def _fast_b_kmajor(chunks: int, nt: int) -> dict[str, list[str]]:
     return parts
 
 
-def _fast_b_mn(chunks: int, nt: int) -> dict[str, list[str]]:
-    """B's interior copies when its tiles stay N-major (BCOPY=2): chunk ``v = tid + rnd *
-    NT`` is k row ``bk = v // BCH`` and columns ``bq * VW`` … of the tile (a warp copies
-    consecutive 16 bytes of B's rows: coalesced), at the fixed, swizzled byte offset ``db``
-    of the write stage (panel ``bq // 8``, PANEL bytes apart; chunk ``bq % 8`` of row
-    ``bk`` swizzled by ``bk % 8``: :func:`mn_swizzle_offset`); its global address ``ob``
-    moves BK rows of B per k-tile. The same parts as :func:`_fast_b`, with no loads into
-    registers."""
+def _fast_mn(op: str, chunks: int, nt: int) -> dict[str, list[str]]:
+    """The interior copies of an operand whose tiles stay M- or N-major (``op`` "B": B (K×N)
+    with BCOPY=2; "A": A given as its (batch, K, M) transpose): chunk ``v = tid + rnd * NT``
+    is k row ``{o}k = v // {op}CH`` and values ``{o}q * VW`` … of the tile's M or N (a warp
+    copies consecutive 16 bytes of the operand's rows: coalesced), at the fixed, swizzled
+    byte offset ``d{o}`` of the write stage (panel ``{o}q // 8``, PANEL bytes apart; chunk
+    ``{o}q % 8`` of row ``{o}k`` swizzled by ``{o}k % 8``: :func:`mn_swizzle_offset`); its
+    global address ``o{o}`` moves BK rows per k-tile. The same parts as :func:`_fast_b`,
+    with no loads into registers."""
+    o = op.lower()
+    z, first, ring = ("zb", "col0", "B_BYTES + ") if op == "B" else ("za", "row0", "")
     parts = _b_parts()
-    parts["BASES"].append("bstep = BK * sb1 * ISZ  # bytes of BK rows of B")
+    parts["BASES"].append(f"{o}step = BK * s{o}1 * ISZ  # bytes of BK rows of {op}")
     for rnd in range(ceil_div(chunks, nt)):
         v = f"(tid + {rnd * nt})"
-        parts["BASES"] += [f"bk{rnd} = {v} // BCH", f"bq{rnd} = {v} % BCH",
-                           f"db{rnd} = B_BYTES + (bq{rnd} // 8) * PANEL + bk{rnd} * 128 "
-                           f"+ (((bq{rnd} % 8) ^ (bk{rnd} % 8)) * 16)"]
-        parts["OFFSETS"].append(f"ob{rnd} = address(B) + (zb * sb0 + (kf + bk{rnd}) * sb1 "
-                                f"+ col0 + bq{rnd} * VW) * ISZ")
-        parts["BUMP"].append(f"ob{rnd} += bstep")
-        parts["STORES"] += _guarded([f"cp16_ptr(As, wsb + db{rnd}, B, (zb, kf + bk{rnd}, "
-                                     f"col0 + bq{rnd} * VW), ob{rnd}, 16)"], rnd, nt, chunks)
+        k, q = f"{o}k{rnd}", f"{o}q{rnd}"
+        parts["BASES"] += [f"{k} = {v} // {op}CH", f"{q} = {v} % {op}CH",
+                           f"d{o}{rnd} = {ring}({q} // 8) * PANEL + {k} * 128 "
+                           f"+ ((({q} % 8) ^ ({k} % 8)) * 16)"]
+        parts["OFFSETS"].append(f"o{o}{rnd} = address({op}) + ({z} * s{o}0 + (kf + {k}) * "
+                                f"s{o}1 + {first} + {q} * VW) * ISZ")
+        parts["BUMP"].append(f"o{o}{rnd} += {o}step")
+        parts["STORES"] += _guarded([f"cp16_ptr(As, ws{o} + d{o}{rnd}, {op}, ({z}, kf + {k}, "
+                                     f"{first} + {q} * VW), o{o}{rnd}, 16)"], rnd, nt, chunks)
     return parts
 
 
@@ -541,15 +573,17 @@ def _rounding(a_chunks: int, b_chunks: int, nt: int, convert: bool,
 
 
 def _loader(tf32: bool, vw: int, raw: bool = False, kmajor: bool = False,
-            mn: bool = False) -> str:
+            mn: bool = False, a_mn: bool = False) -> str:
     """``load_stage``: one k-tile into stage ``s``, with bounds checks. A by mma's checked
     ``cp.async`` copies (:func:`operand_round`); B transposed through registers: chunk ``v``
     of the tile is column ``nn = v % BN`` of B and k ``c * VW`` … ``c * VW + VW - 1``,
     zero past the edges, stored as row ``nn`` of the K-major tile, chunk ``c ^ (nn % 8)``;
     or, ``kmajor``, B (batch, N, K) by the same copies as A. ``raw``: TF32 B stored
     unrounded (split by the storing thread when the tile is read, for 3×TF32). ``mn``: B's
-    tile N-major, BK rows of B (K×N) copied as they lie, in panels of 64 columns."""
-    a_round = operand_round("A", "row0", "k0", "m", "k_len", "za", tf32)
+    tile N-major, BK rows of B (K×N) copied as they lie, in panels of 64 columns;
+    ``a_mn``: A's M-major the same way, A given as its (batch, K, M) transpose."""
+    a_round = (operand_round("A", "k0", "row0", "k_len", "m", "za", tf32, panels=True)
+               if a_mn else operand_round("A", "row0", "k0", "m", "k_len", "za", tf32))
     if mn:
         return (LOADER_HEAD + a_round + "\n"
                 + operand_round("B", "k0", "col0", "k_len", "n", "zb", tf32, panels=True)
@@ -608,7 +642,7 @@ commit()
 # The kernel, as source: #@ lines are replaced by generated code in _generate().
 KERNEL = """
 def KERNEL_NAME(A, B, C, alpha_in, beta_in):
-    m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
+    #@DIMS
     alpha = f32(alpha_in)
     beta = f32(beta_in)
     tid = cuda.threadIdx.x & 1023  # < 1024 anyway; tells LLVM tid >= 0
@@ -623,7 +657,7 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
     # bits): A's STAGES tiles [BM rows][128 bytes], then from byte B_BYTES B's STAGES tiles
     # [BN rows][128 bytes], all in the 128-byte swizzle layout.
     As = cuda.shared.array(0, elt, alignment=ALIGN)
-    dsa0 = smem_desc(As, wg * WG_A, ATOM)  # descriptors: this warpgroup's 64 rows of A, stage 0
+    #@A_DESC
     #@B_DESC
     zf = f32(0)
     zero_b = elt(0)  # B's type (bfloat16: its bits as int16)
@@ -722,9 +756,10 @@ SPEC = KernelSpec(
               "0 = transposed to K-major by the kernel through registers; 1 = transposed "
               "once, before the product, into a K-major copy (none when B is K-major "
               "already) that the kernel copies like A, by cp.async (see _kmajor); 2 = "
-              "float16/bfloat16 only: never copied, B's tiles copied by cp.async as they "
-              "lie, N-major for the wgmma's transposed-B form (BN a multiple of 64), or "
-              "K-major when B is (x @ w.T)"),
+              "float16/bfloat16 only: no operand copied, whatever its layout: B's tiles "
+              "copied by cp.async as they lie, N-major for the wgmma's transposed-B form "
+              "(BN a multiple of 64), or K-major (x @ w.T); A's K-major, or M-major for the "
+              "transposed-A form (x.T @ y)"),
         Param("ROUND", 1, (0, 1), "TF32 (PASSES=1) only: 1 = operands rounded to the "
               "nearest TF32 value (by the copies before the kernel with BCOPY=1, in shared "
               "memory with BCOPY=0); 0 = left as float32, the tensor core ignoring their "
