@@ -423,6 +423,40 @@ def test_k_major_b_is_read_in_place_and_a_copy_past_k_is_never_read(
 
 
 @pytest.mark.cudasim
+@pytest.mark.simulator
+@pytest.mark.parametrize(("mode", "k"), [("float16", 80), ("tf32", 80), ("tf32", 13)])
+def test_an_m_major_a_is_copied_k_major_before_the_product(mode: str, k: int,
+                                                           rng: np.random.Generator) -> None:
+    """BCOPY=1 with a device A laid out M-major (the transpose of a C-ordered array, as in
+    ``x.T @ y``): A gets a K-major copy (rounded for TF32) made with B's, so its tiles go by
+    cp.async instead of the kernel's plain loads; the copy's rows are padded to 16 bytes
+    (K = 13 -> 16 in float32), and NaN in the padding must not reach the result. A K-major
+    A is not copied in 16-bit."""
+    from tilegemm.kernels.cuda._kmajor import kmajor_shape
+
+    dtype = np.float16 if mode == "float16" else np.float32
+    program = SPEC.program(SPEC.resolve(_sim(BCOPY=1, PASSES=1)), dtype)
+    program.workspaces._spaces.clear()
+    a, a_host = _device_t(rng, (72, k), dtype)
+    b = rng.standard_normal((k, 40)).astype(dtype)
+    if mode == "tf32":
+        work = program.workspaces.get(kmajor_shape((1, k, 72), 4), np.dtype(dtype), 0, "A")
+        work.copy_to_device(np.full(work.shape, np.nan, dtype=dtype))
+    over = {"precision": "tf32"} if mode == "tf32" else {"dtype": np.float32}
+    r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", **over, **_sim(BCOPY=1))
+    r = np.asarray(r.copy_to_host() if hasattr(r, "copy_to_host") else r)
+    a64, b64 = (tf32_round(a_host), tf32_round(b)) if mode == "tf32" else (a_host, b)
+    _check(r, np.matmul(a64.astype(np.float64), b64.astype(np.float64)), k)
+    slots = {key[-1] for key in program.workspaces._spaces}
+    assert slots == {"A", "B"}, slots
+    if mode == "float16":  # the same product with A K-major: no copy of A
+        program.workspaces._spaces.clear()
+        tilegemm.matmul(np.ascontiguousarray(a_host), b, backend="cuda", kernel="wgmma",
+                        dtype=np.float32, **_sim(BCOPY=1))
+        assert {key[-1] for key in program.workspaces._spaces} == {"B"}
+
+
+@pytest.mark.cudasim
 def test_gemm_alpha_beta_reads_c(rng: np.random.Generator) -> None:
     _needs_sm90()
     a = rng.standard_normal((9, 40)).astype(np.float32)

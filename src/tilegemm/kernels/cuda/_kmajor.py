@@ -59,6 +59,15 @@ def kmajor_view(B: Any) -> Any | None:
     return strided_view(B, (B.shape[0], B.shape[2], B.shape[1]), (s0, s2, isz))
 
 
+def m_major_view(A: Any) -> Any | None:
+    """A (batch, K, M) view of device array ``A`` (batch, M, K) when A is M-major (M
+    contiguous, not K: the transpose of a C-ordered array, as in ``x.T @ y``) with rows and
+    start on 16 bytes; otherwise None."""
+    if A.strides[2] == A.dtype.itemsize or A.shape[2] <= 1:
+        return None
+    return kmajor_view(A)
+
+
 def _address(B: Any) -> int:
     if type(B) is DeviceView:
         return B.ptr
@@ -93,16 +102,24 @@ class KMajorBProgram(CudaProgram):
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
         view = kmajor_view(B)
-        if view is not None and not self.round_tf32:
+        a_t = m_major_view(A)
+        if view is not None and a_t is None and not self.round_tf32:
             super().launch(A, view, C, alpha, beta, stream)
             return
-        copy_b = (B, "B", True) if view is None else (view, "B", False)
+        # A is copied to be rounded, or K-major when it is M-major (a device array's
+        # transpose, x.T @ y: its tiles would otherwise take the kernel's plain loads); B
+        # to be rounded, or K-major when it is not already
+        copies = []
+        if self.round_tf32 or a_t is not None:
+            copies.append((A, "A", False) if a_t is None else (a_t, "A", True))
+        if self.round_tf32 or view is None:
+            copies.append((B, "B", True) if view is None else (view, "B", False))
         with self.workspaces.lock:  # the copies and their reader, enqueued together
-            if self.round_tf32:  # A's rounded copy and B's, in one launch
-                A, B = copy_to_workspaces(self.workspaces, [(A, "A", False), copy_b], True,
-                                          stream)
-            else:
-                (B,) = copy_to_workspaces(self.workspaces, [copy_b], False, stream)
+            works = copy_to_workspaces(self.workspaces, copies, self.round_tf32, stream)
+            if copies[0][1] == "A":
+                work = works.pop(0)  # a transposed copy's rows are padded: read A's K of them
+                A = work if a_t is None else strided_view(work, tuple(A.shape), work.strides)
+            B = works.pop(0) if works else view
             super().launch(A, B, C, alpha, beta, stream)
 
     def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
@@ -132,10 +149,9 @@ class InPlaceProgram(CudaProgram):
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
         a_mn = b_kmajor = False
-        if A.strides[2] != A.dtype.itemsize and A.shape[2] > 1:
-            view = kmajor_view(A)  # (batch, K, M), M contiguous
-            if view is not None:
-                A, a_mn = view, True
+        view = m_major_view(A)  # (batch, K, M), M contiguous
+        if view is not None:
+            A, a_mn = view, True
         if B.strides[2] != B.dtype.itemsize and B.shape[2] > 1:
             view = kmajor_view(B)  # (batch, N, K), K contiguous
             if view is not None:

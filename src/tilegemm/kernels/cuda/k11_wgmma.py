@@ -335,8 +335,8 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None,
     d_acc = "t" if promote else "acc"
     steps = []
     for s in range(ROW // KSTEP):
-        # a k step is 32 bytes along A's rows; along B's too, or (N-major B) two atoms of
-        # 8 k rows further into each panel
+        # a k step is 32 bytes along a K-major tile's rows, or two atoms of 8 k rows
+        # further into each panel of an M- or N-major one
         d = f" + u64({s * KSTEP // 16})"
         d_mn = f" + u64({s * 2 * ATOM // 16})"
         da, db = (d_mn if a_mn else d), (d_mn if mn else d)
