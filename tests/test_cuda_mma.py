@@ -63,6 +63,60 @@ def test_rounded_copies_give_the_in_kernel_rounding_bit_for_bit(
                         **_sim(RCOPY=1))
 
 
+def _device_t(rng: np.random.Generator, shape: tuple, dtype: Any) -> tuple[Any, np.ndarray]:
+    """(a device array of ``shape`` laid out transposed: the transpose of a C-ordered one,
+    its host values)."""
+    from numba import cuda
+
+    base = rng.standard_normal(shape[::-1]).astype(dtype)
+    return cuda.to_device(base).transpose(), np.ascontiguousarray(base.T)
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+@pytest.mark.parametrize(("mode", "rcopy", "k"), [("float16", 0, 48), ("tf32", 0, 20),
+                                                   ("tf32", 1, 13), ("3xtf32", 0, 20)])
+def test_transposed_device_operands_are_copied_row_major(mode: str, rcopy: int, k: int,
+                                                         rng: np.random.Generator) -> None:
+    """Device operands laid out the other way (A M-major as in ``x.T @ y``, B K-major as
+    in ``x @ w.T``) get copies in the kernel's layout, made by one launch, instead of the
+    plain loads on every k-tile; the copies' padded rows (K = 13 -> 16, N = 37 -> 40 in
+    float32) are poisoned with NaN, which must not reach the result. Row-major operands
+    are not copied (RCOPY=0); with RCOPY=1 both are copied, rounded, either way."""
+    from tilegemm.kernels.cuda._kmajor import kmajor_shape
+
+    dtype = np.float16 if mode == "float16" else np.float32
+    program = SPEC.program(SPEC.resolve(_sim(RCOPY=rcopy, PASSES=3 if mode == "3xtf32"
+                                             else 1)), dtype)
+    program.workspaces._spaces.clear()
+    isz = np.dtype(dtype).itemsize
+    # the transposing copies' workspaces: of A's (1, K, M) view, of B's (1, N, K) view
+    works = []
+    for slot, shape in (("A", (1, k, 40)), ("B", (1, 37, k))):
+        work = program.workspaces.get(kmajor_shape(shape, isz), np.dtype(dtype), 0, slot)
+        work.copy_to_device(np.full(work.shape, np.nan, dtype=dtype))
+        works.append((work, shape[1]))
+    a, a_host = _device_t(rng, (40, k), dtype)  # A M-major
+    b, b_host = _device_t(rng, (k, 37), dtype)  # B K-major
+    over = {"dtype": np.float32} if mode == "float16" else {"precision": mode}
+    r = tilegemm.matmul(a, b, backend="cuda", kernel="mma", **over, **_sim(RCOPY=rcopy))
+    r = r.copy_to_host()
+    a64, b64 = a_host.astype(np.float64), b_host.astype(np.float64)
+    if mode == "tf32":
+        a64, b64 = tf32_round(a_host).astype(np.float64), tf32_round(b_host)
+    assert not np.isnan(r).any()
+    tol = 2.0**-22 if mode == "3xtf32" else 2.0**-24
+    scale = np.matmul(np.abs(a64), np.abs(b64))
+    assert np.all(np.abs(r - np.matmul(a64, b64)) <= 4 * k * tol * scale + 1e-6)
+    # both copies made, into these workspaces (padding left); B's rows are off 16 bytes
+    # at K = 13 (float32), so there it is not transposed (plain loads, or RCOPY=1's copy)
+    for work, cols in works[:2 if k * isz % 16 == 0 else 1]:
+        assert np.isfinite(work.copy_to_host()[:, :, :cols]).all()
+    program.workspaces._spaces.clear()
+    tilegemm.matmul(a_host, b_host, backend="cuda", kernel="mma", **over, **_sim(RCOPY=rcopy))
+    assert {key[-1] for key in program.workspaces._spaces} == ({"A", "B"} if rcopy else set())
+
+
 @pytest.mark.cudasim
 @pytest.mark.parametrize(("a_shape", "b_shape"), CASES[:2])
 def test_3xtf32_is_near_float32_and_better_than_tf32(a_shape: tuple, b_shape: tuple,

@@ -59,6 +59,15 @@ def kmajor_view(B: Any) -> Any | None:
     return strided_view(B, (B.shape[0], B.shape[2], B.shape[1]), (s0, s2, isz))
 
 
+def k_major_b_view(B: Any) -> Any | None:
+    """A (batch, N, K) view of device array ``B`` (batch, K, N) when B is K-major (K
+    contiguous, not N: the transpose of a C-ordered array, as in ``x @ w.T``) with rows
+    and start on 16 bytes; otherwise None."""
+    if B.strides[2] == B.dtype.itemsize or B.shape[2] <= 1:
+        return None
+    return kmajor_view(B)
+
+
 def m_major_view(A: Any) -> Any | None:
     """A (batch, K, M) view of device array ``A`` (batch, M, K) when A is M-major (M
     contiguous, not K: the transpose of a C-ordered array, as in ``x.T @ y``) with rows and
@@ -108,19 +117,17 @@ class KMajorBProgram(CudaProgram):
             return
         # A is copied to be rounded, or K-major when it is M-major (a device array's
         # transpose, x.T @ y: its tiles would otherwise take the kernel's plain loads); B
-        # to be rounded, or K-major when it is not already
+        # to be rounded, or K-major when it is not already (the kernel reads its padded rows)
         copies = []
         if self.round_tf32 or a_t is not None:
-            copies.append((A, "A", False) if a_t is None else (a_t, "A", True))
-        if self.round_tf32 or view is None:
-            copies.append((B, "B", True) if view is None else (view, "B", False))
+            copies.append(("A", A, a_t, True))
+        if view is not None and self.round_tf32:  # K-major already: a rounded copy
+            copies.append(("B", view, None, False))
+        elif view is None:  # transposed into a K-major copy
+            copies.append(("B", None, B, False))
         with self.workspaces.lock:  # the copies and their reader, enqueued together
-            works = copy_to_workspaces(self.workspaces, copies, self.round_tf32, stream)
-            if copies[0][1] == "A":
-                work = works.pop(0)  # a transposed copy's rows are padded: read A's K of them
-                A = work if a_t is None else strided_view(work, tuple(A.shape), work.strides)
-            B = works.pop(0) if works else view
-            super().launch(A, B, C, alpha, beta, stream)
+            out = copy_operands(self.workspaces, copies, self.round_tf32, stream)
+            super().launch(out.get("A", A), out.get("B", view), C, alpha, beta, stream)
 
     def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
         from tilegemm.kernels.cuda._tensorcore import tf32_round
@@ -152,10 +159,9 @@ class InPlaceProgram(CudaProgram):
         view = m_major_view(A)  # (batch, K, M), M contiguous
         if view is not None:
             A, a_mn = view, True
-        if B.strides[2] != B.dtype.itemsize and B.shape[2] > 1:
-            view = kmajor_view(B)  # (batch, N, K), K contiguous
-            if view is not None:
-                B, b_kmajor = view, True
+        view = k_major_b_view(B)  # (batch, N, K), K contiguous
+        if view is not None:
+            B, b_kmajor = view, True
         kernel = self.kernel_for(a_mn, b_kmajor) if a_mn or b_kmajor else self.kernel
         self.launch_with(kernel, A, B, C, alpha, beta, stream)
 
@@ -170,24 +176,56 @@ class InPlaceProgram(CudaProgram):
 
 
 @dataclass(frozen=True)
-class RoundedProgram(CudaProgram):
-    """A TF32 kernel that reads A and B as they are, given copies of both rounded to the
-    nearest TF32 value before it runs (rung mma with RCOPY=1): the kernel then does no
-    rounding pass over each k-tile in shared memory, which on rung wgmma cost a third of
-    its speed; the copies read and write A and B once."""
+class RowMajorProgram(CudaProgram):
+    """A kernel that reads A K-major (M×K, K contiguous) and B N-major (K×N, N contiguous),
+    as rung mma's does. A device operand laid out the other way (the transpose of a
+    C-ordered array: A M-major in ``x.T @ y``, B K-major in ``x @ w.T``) with its rows on 16
+    bytes gets a copy in the kernel's layout first, so its tiles go by ``cp.async`` instead
+    of the kernel's plain loads on every k-tile; both copies, when both are needed, in one
+    launch. ``round_tf32`` (rung mma's RCOPY=1): both operands are copied, rounded to the
+    nearest TF32 value, and the kernel does no rounding pass over each k-tile in shared
+    memory (which on rung wgmma cost a third of its speed); the copies read and write A and
+    B once."""
 
+    round_tf32: bool = False
     workspaces: Workspaces = field(default_factory=Workspaces, compare=False, repr=False)
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
-        with self.workspaces.lock:  # the copies and their reader, enqueued together
-            A, B = copy_to_workspaces(self.workspaces, [(A, "A", False), (B, "B", False)],
-                                      True, stream)
+        a_t, b_t = m_major_view(A), k_major_b_view(B)
+        if a_t is None and b_t is None and not self.round_tf32:
             super().launch(A, B, C, alpha, beta, stream)
+            return
+        copies = []
+        if self.round_tf32 or a_t is not None:
+            copies.append(("A", A, a_t, True))
+        if self.round_tf32 or b_t is not None:
+            copies.append(("B", B, b_t, True))
+        with self.workspaces.lock:  # the copies and their reader, enqueued together
+            out = copy_operands(self.workspaces, copies, self.round_tf32, stream)
+            super().launch(out.get("A", A), out.get("B", B), C, alpha, beta, stream)
 
     def kernel_operands(self, A: Any, B: Any) -> tuple[Any, Any]:
         from tilegemm.kernels.cuda._tensorcore import tf32_round
 
-        return tf32_round(A), tf32_round(B)
+        return (tf32_round(A), tf32_round(B)) if self.round_tf32 else (A, B)
+
+
+def copy_operands(workspaces: Workspaces, copies: list[tuple[str, Any, Any, bool]],
+                  round_tf32: bool, stream: Any) -> dict[str, Any]:
+    """The copies a program makes before its kernel, by one launch where there are two.
+    Each ``(slot, X, X_t, keep_shape)``: ``X`` is the operand in the layout the kernel
+    reads, ``X_t`` None or the operand in the other layout, (batch, C, R) for X's (batch,
+    R, C); ``X`` is copied as it is, or ``X_t`` transposed into the kernel's layout.
+    Returns slot -> the copy: an array of X's shape when ``keep_shape`` (a transposed
+    copy's rows are padded to 16 bytes: the kernel reads X's columns of them), else the
+    workspace itself (X may then be None)."""
+    works = copy_to_workspaces(workspaces, [(X if X_t is None else X_t, slot, X_t is not None)
+                                            for slot, X, X_t, _ in copies], round_tf32, stream)
+    out = {}
+    for (slot, X, X_t, keep_shape), work in zip(copies, works, strict=True):
+        fits = not keep_shape or X_t is None
+        out[slot] = work if fits else strided_view(work, tuple(X.shape), work.strides)
+    return out
 
 
 def copy_to_workspaces(workspaces: Workspaces, copies: list[tuple[Any, str, bool]],

@@ -41,9 +41,12 @@ rounding its fragments, and for 3×TF32 splits them there into big and small par
 small parts in two alternating slots after the ring); a ring of a power-of-two size wraps by
 a mask. HMMA share of the hot loop on sm_90: tf32 4.5 % → 20.9 %, 3×TF32 17 % → 29 %,
 float16 5.2 % → 44 %. With ``RCOPY=1`` (TF32 only) A and B are rounded by copies made
-before the kernel, one pass over each (``_kmajor.RoundedProgram``), and the kernel has no
+before the kernel, one pass over each (``_kmajor.RowMajorProgram``), and the kernel has no
 rounding pass: 110 instructions a k-tile instead of 153, HMMA 29.1 % (not yet timed on a
 GPU, so not the default; on rung wgmma the same move was worth a third of its speed).
+Device operands laid out the other way (A M-major as in ``x.T @ y``, B K-major as in ``x @
+w.T``, rows on 16 bytes) get a copy in the kernel's row-major layout first, by the same
+program and the same launch, instead of the plain-load path on every k-tile.
 
 What it should buy: TF32 tensor cores peak at ~495 TFLOP/s dense on an H100 against ~67
 for FP32 FFMA, so a compute-bound product can run several times faster; 3×TF32 spends three
@@ -64,7 +67,7 @@ from tilegemm.errors import InvalidValueError
 from tilegemm.kernels.cuda._access import access_ops
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
-from tilegemm.kernels.cuda._kmajor import RoundedProgram
+from tilegemm.kernels.cuda._kmajor import RowMajorProgram
 from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
 from tilegemm.launch import ceil_div, flat_tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
@@ -138,14 +141,14 @@ def _build_16bit(p: Mapping[str, int], dtype: str) -> CudaProgram:
                                 f"step), got BK={p['BK']}")
     kernel = _generate(p, dtype)
     arg_types = ("int16", "float32") if dtype == "bfloat16" else None
-    return CudaProgram(kernel, (_threads(p), 1, 1), flat_tile_grid(p["BM"], p["BN"]), arg_types,
-                       dynamic_smem=_smem(p, 2))
+    return RowMajorProgram(kernel, (_threads(p), 1, 1), flat_tile_grid(p["BM"], p["BN"]),
+                           arg_types, dynamic_smem=_smem(p, 2))
 
 
 def _build_tf32(p: Mapping[str, int]) -> CudaProgram:
-    program = RoundedProgram if _rcopy(p, "float32") else CudaProgram
-    return program(_generate(p, "float32"), (_threads(p), 1, 1),
-                   flat_tile_grid(p["BM"], p["BN"]), dynamic_smem=_smem(p, 4))
+    return RowMajorProgram(_generate(p, "float32"), (_threads(p), 1, 1),
+                           flat_tile_grid(p["BM"], p["BN"]), dynamic_smem=_smem(p, 4),
+                           round_tf32=_rcopy(p, "float32"))
 
 
 def _generate(p: Mapping[str, int], dtype: str) -> Any:
