@@ -324,23 +324,26 @@ def _swizzled_kernel(kind: str, shrink: int = 1, clobber: bool = False) -> Any:
 
 def _swizzled_error(kind: str, rng: np.random.Generator, shrink: int = 1,
                     clobber: bool = False) -> float:
-    item = 4 if kind == "tf32" else 2
-    k = 128 // item
-    a = rng.standard_normal((64, k)).astype(np.float32)
-    b = rng.standard_normal((k, N)).astype(np.float32)
-    if kind == "tf32":
-        a, b = tf32_round(a), tf32_round(b)
-        want = a.astype(np.float64) @ b
-    elif kind == "bf16":
-        a, b = bf16_bits(a), bf16_bits(b)
-        want = bf16_value(a).astype(np.float64) @ bf16_value(b)
-    else:
-        a, b = a.astype(np.float16), b.astype(np.float16)
-        want = a.astype(np.float64) @ b
-        a, b = a.view(np.uint16), b.view(np.uint16)
+    a, b, want = _product_operands(kind, rng, 128 // (4 if kind == "tf32" else 2), N)
     d = np.full((64, N), np.nan, np.float32)
     _swizzled_kernel(kind, shrink, clobber)[1, 128](a, b, d)
     return float(np.max(np.abs(d - want)))
+
+
+def _product_operands(kind: str, rng: np.random.Generator, k: int,
+                      n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A 64×k, B k×n, A·B in float64) for a one-warpgroup product in ``kind``: random
+    values rounded to TF32, or 16-bit values passed as their bits (uint16)."""
+    a = rng.standard_normal((64, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    if kind == "tf32":
+        a, b = tf32_round(a), tf32_round(b)
+        return a, b, a.astype(np.float64) @ b
+    if kind == "bf16":
+        a, b = bf16_bits(a), bf16_bits(b)
+        return a, b, bf16_value(a).astype(np.float64) @ bf16_value(b)
+    a, b = a.astype(np.float16), b.astype(np.float16)
+    return a.view(np.uint16), b.view(np.uint16), a.astype(np.float64) @ b
 
 
 @pytest.mark.cudasim
@@ -471,15 +474,7 @@ def _mn_error(kind: str, rng: np.random.Generator, write_lbo: int = PANEL,
     from numba import cuda
 
     kernel = cuda.jit(_mn_kernel(kind, write_lbo, write_sbo))
-    a = rng.standard_normal((64, 64)).astype(np.float32)
-    b = rng.standard_normal((64, MN_N)).astype(np.float32)
-    if kind == "bf16":
-        a, b = bf16_bits(a), bf16_bits(b)
-        want = bf16_value(a).astype(np.float64) @ bf16_value(b)
-    else:
-        a, b = a.astype(np.float16), b.astype(np.float16)
-        want = a.astype(np.float64) @ b
-        a, b = a.view(np.uint16), b.view(np.uint16)
+    a, b, want = _product_operands(kind, rng, 64, MN_N)
     d = np.full((64, MN_N), np.nan, np.float32)
     kernel[1, 128](a, b, d)
     return float(np.max(np.abs(d - want)))

@@ -597,20 +597,30 @@ def _compiled_ops() -> WgmmaOps:
         desc = builder.or_(builder.or_(field(addr, 0), field(lbo, 16)), field(sbo, 32))
         return builder.or_(desc, ir.Constant(i64, mode << 62)) if mode else desc
 
-    @intrinsic
-    def smem_desc(typingctx: Any, arr: Any, off: Any, lbo: Any, sbo: Any) -> Any:
-        if not isinstance(arr, types.Array) or not all(
-                isinstance(x, types.Integer) for x in (off, lbo, sbo)):
-            raise TypingError("smem_desc: needs a shared array and integer offsets")
-        sig = types.uint64(arr, off, lbo, sbo)
+    def desc_with_strides(name: str, mode: int) -> Any:
+        """The intrinsic ``name(arr, off, lbo, sbo) -> uint64``: the descriptor of byte
+        ``off`` of shared array ``arr`` with both byte offsets given, in swizzle ``mode``."""
 
-        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            arrty, offty, lboty, sboty = sig.args
-            return desc_codegen(context, builder, arrty, args[0], offty, args[1],
-                                context.cast(builder, args[2], lboty, types.uint64),
-                                context.cast(builder, args[3], sboty, types.uint64), 0)
+        @intrinsic
+        def desc(typingctx: Any, arr: Any, off: Any, lbo: Any, sbo: Any) -> Any:
+            if not isinstance(arr, types.Array) or not all(
+                    isinstance(x, types.Integer) for x in (off, lbo, sbo)):
+                raise TypingError(f"{name}: needs a shared array and integer offsets")
+            sig = types.uint64(arr, off, lbo, sbo)
 
-        return sig, codegen
+            def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+                arrty, offty, lboty, sboty = sig.args
+                return desc_codegen(context, builder, arrty, args[0], offty, args[1],
+                                    context.cast(builder, args[2], lboty, types.uint64),
+                                    context.cast(builder, args[3], sboty, types.uint64),
+                                    mode)
+
+            return sig, codegen
+
+        return desc
+
+    smem_desc = desc_with_strides("smem_desc", 0)
+    smem_desc_128b_mn = desc_with_strides("smem_desc_128b_mn", SWIZZLE_MODES["128B"])
 
     @intrinsic
     def smem_desc_128b(typingctx: Any, arr: Any, off: Any, sbo: Any) -> Any:
@@ -624,22 +634,6 @@ def _compiled_ops() -> WgmmaOps:
             return desc_codegen(context, builder, arrty, args[0], offty, args[1],
                                 ir.Constant(i64, 16),
                                 context.cast(builder, args[2], sboty, types.uint64),
-                                SWIZZLE_MODES["128B"])
-
-        return sig, codegen
-
-    @intrinsic
-    def smem_desc_128b_mn(typingctx: Any, arr: Any, off: Any, lbo: Any, sbo: Any) -> Any:
-        if not isinstance(arr, types.Array) or not all(
-                isinstance(x, types.Integer) for x in (off, lbo, sbo)):
-            raise TypingError("smem_desc_128b_mn: needs a shared array and integer offsets")
-        sig = types.uint64(arr, off, lbo, sbo)
-
-        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            arrty, offty, lboty, sboty = sig.args
-            return desc_codegen(context, builder, arrty, args[0], offty, args[1],
-                                context.cast(builder, args[2], lboty, types.uint64),
-                                context.cast(builder, args[3], sboty, types.uint64),
                                 SWIZZLE_MODES["128B"])
 
         return sig, codegen
