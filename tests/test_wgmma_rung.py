@@ -199,7 +199,8 @@ def _kmajor_product(mode: str, a: np.ndarray, b: Any, **over: int) -> tuple[np.n
 # The larger tiles kernel="auto" takes for large products (shape_params), at the defaults
 # otherwise (BCOPY=1, a 4-deep ring): one interior block with one unchecked k-tile, edge
 # blocks in both dimensions with K not a multiple of BK, a batch. The simulator runs the
-# first two cases at 128x256 in TF32 (10 s and 5 s); a GPU runs them all.
+# first two cases at 128x256 in TF32 (10 s and 5 s) and in float16 with BCOPY=2 (3 s and
+# 2 s); a GPU runs them all.
 BIG_TILE_CASES = [((128, 96), (96, 256)), ((100, 40), (40, 200)), ((131, 97), (97, 263)),
                   ((3, 300, 129), (129, 520))]
 
@@ -207,14 +208,18 @@ BIG_TILE_CASES = [((128, 96), (96, 256)), ((100, 40), (40, 200)), ((131, 97), (9
 @pytest.mark.cudasim
 @pytest.mark.slow
 @pytest.mark.parametrize("tile", [(128, 256), (256, 128)])
-@pytest.mark.parametrize("mode", ["tf32", "float16", "bfloat16"])
-def test_the_larger_tiles_on_odd_shapes(tile: tuple[int, int], mode: str,
+@pytest.mark.parametrize(("mode", "bcopy"), [("tf32", 1), ("float16", 1), ("bfloat16", 1),
+                                             ("float16", 2), ("bfloat16", 2)])
+def test_the_larger_tiles_on_odd_shapes(tile: tuple[int, int], mode: str, bcopy: int,
                                         rng: np.random.Generator) -> None:
+    """The larger tiles on odd shapes; with BCOPY=2 too (B's N-major tiles then have four
+    panels at 128x256)."""
     from tilegemm import simulator
 
     _needs_sm90()
     on_sim = simulator.enabled()
-    if on_sim and (tile, mode) != ((128, 256), "tf32"):
+    if on_sim and (tile, mode, bcopy) not in (((128, 256), "tf32", 1),
+                                              ((128, 256), "float16", 2)):
         pytest.skip("on a GPU only: 40-90 s a product on the simulator")
     for a_shape, b_shape in BIG_TILE_CASES[:2] if on_sim else BIG_TILE_CASES:
         dtype = {"tf32": np.float32, "float16": np.float16, "bfloat16": BF16}[mode]
@@ -226,7 +231,7 @@ def test_the_larger_tiles_on_odd_shapes(tile: tuple[int, int], mode: str,
             a, b = tf32_round(a), tf32_round(b)
         else:
             r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", dtype=np.float32,
-                                BM=tile[0], BN=tile[1])
+                                BM=tile[0], BN=tile[1], BCOPY=bcopy)
         assert r.dtype == np.float32 and r.shape == np.matmul(a, b).shape
         _check(r, np.matmul(a.astype(np.float64), b.astype(np.float64)), a.shape[-1])
 
