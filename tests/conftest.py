@@ -18,6 +18,7 @@ import atexit
 import os
 import shutil
 import tempfile
+from typing import Any
 
 import numpy as np
 import pytest
@@ -158,3 +159,20 @@ def script_json(script: str, *args: str, env: dict[str, str] | None = None,
                           text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def transposed_device_array(rng: np.random.Generator, shape: tuple, dtype: Any
+                            ) -> tuple[Any, np.ndarray]:
+    """(a numba device array of ``shape`` laid out transposed: the transpose of a C-ordered
+    one in its last two dimensions, as ``x.T`` is; its values on the host, C-ordered).
+    numba's own ``transpose`` takes 2-D arrays only, so the view is made with the backend's
+    ``strided_view``."""
+    from numba import cuda
+
+    from tilegemm.backends.cuda_program import strided_view
+
+    base = rng.standard_normal(shape[:-2] + shape[-2:][::-1]).astype(dtype)
+    axes = tuple(range(base.ndim - 2)) + (base.ndim - 1, base.ndim - 2)
+    host = base.transpose(axes)
+    return (strided_view(cuda.to_device(base), host.shape, host.strides),
+            np.ascontiguousarray(host))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import transposed_device_array
 from tilegemm import registry
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.kernels.cuda._tensorcore import tf32_round
@@ -63,15 +64,6 @@ def test_rounded_copies_give_the_in_kernel_rounding_bit_for_bit(
                         **_sim(RCOPY=1))
 
 
-def _device_t(rng: np.random.Generator, shape: tuple, dtype: Any) -> tuple[Any, np.ndarray]:
-    """(a device array of ``shape`` laid out transposed: the transpose of a C-ordered one,
-    its host values)."""
-    from numba import cuda
-
-    base = rng.standard_normal(shape[::-1]).astype(dtype)
-    return cuda.to_device(base).transpose(), np.ascontiguousarray(base.T)
-
-
 @pytest.mark.cudasim
 @pytest.mark.parametrize(("mode", "rcopy", "k"), [("float16", 0, 48), ("tf32", 0, 20),
                                                    ("tf32", 1, 13), ("3xtf32", 0, 20)])
@@ -95,8 +87,8 @@ def test_transposed_device_operands_are_copied_row_major(mode: str, rcopy: int, 
         work = program.workspaces.get(kmajor_shape(shape, isz), np.dtype(dtype), 0, slot)
         work.copy_to_device(np.full(work.shape, np.nan, dtype=dtype))
         works.append((work, shape[1]))
-    a, a_host = _device_t(rng, (40, k), dtype)  # A M-major
-    b, b_host = _device_t(rng, (k, 37), dtype)  # B K-major
+    a, a_host = transposed_device_array(rng, (40, k), dtype)  # A M-major
+    b, b_host = transposed_device_array(rng, (k, 37), dtype)  # B K-major
     over = {"dtype": np.float32} if mode == "float16" else {"precision": mode}
     r = tilegemm.matmul(a, b, backend="cuda", kernel="mma", **over, **_sim(RCOPY=rcopy))
     r = r.copy_to_host()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import transposed_device_array
 from tilegemm import registry
 from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.kernels.cuda._tensorcore import tf32_round
@@ -285,20 +286,6 @@ def test_16bit_b_read_n_major(dtype: str, a_shape: tuple, b_shape: tuple, how: s
     _check(r, want, a.shape[-1])
 
 
-def _device_t(rng: np.random.Generator, shape: tuple, dtype: Any) -> tuple[Any, np.ndarray]:
-    """(a device array of ``shape`` laid out transposed: the transpose of a C-ordered one,
-    its host values)."""
-    from numba import cuda
-
-    from tilegemm.backends.cuda_program import strided_view
-
-    base = rng.standard_normal(shape[:-2] + shape[-2:][::-1]).astype(dtype)
-    axes = tuple(range(base.ndim - 2)) + (base.ndim - 1, base.ndim - 2)
-    host = base.transpose(axes)  # numba's own transpose takes 2-D arrays only
-    return (strided_view(cuda.to_device(base), host.shape, host.strides),
-            np.ascontiguousarray(host))
-
-
 # (A shape, B shape, A transposed on the device, B transposed on the device, the kernel
 # variant (A M-major, B K-major) that reads them): both layouts of each, interior blocks
 # with unchecked copies (M = N = 128, K = 192), edge blocks (M = 72, N = 150, K = 80), a
@@ -338,9 +325,9 @@ def test_in_place_program_reads_each_layout(a_shape: tuple, b_shape: tuple, a_t:
         launch_with(self, kernel, *args, **kw)
 
     monkeypatch.setattr(InPlaceProgram, "launch_with", record)
-    a, a64 = _device_t(rng, a_shape, np.float16) if a_t else (cuda.to_device(
+    a, a64 = transposed_device_array(rng, a_shape, np.float16) if a_t else (cuda.to_device(
         x := rng.standard_normal(a_shape).astype(np.float16)), x)
-    b, b64 = _device_t(rng, b_shape, np.float16) if b_t else (cuda.to_device(
+    b, b64 = transposed_device_array(rng, b_shape, np.float16) if b_t else (cuda.to_device(
         y := rng.standard_normal(b_shape).astype(np.float16)), y)
     r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", dtype=np.float32,
                         **_sim(BCOPY=2, BN=128))
@@ -446,7 +433,7 @@ def test_an_m_major_a_is_copied_k_major_before_the_product(mode: str, k: int,
     dtype = np.float16 if mode == "float16" else np.float32
     program = SPEC.program(SPEC.resolve(_sim(BCOPY=1, PASSES=1)), dtype)
     program.workspaces._spaces.clear()
-    a, a_host = _device_t(rng, (72, k), dtype)
+    a, a_host = transposed_device_array(rng, (72, k), dtype)
     b = rng.standard_normal((k, 40)).astype(dtype)
     if mode == "tf32":
         work = program.workspaces.get(kmajor_shape((1, k, 72), 4), np.dtype(dtype), 0, "A")

@@ -59,22 +59,13 @@ def kmajor_view(B: Any) -> Any | None:
     return strided_view(B, (B.shape[0], B.shape[2], B.shape[1]), (s0, s2, isz))
 
 
-def k_major_b_view(B: Any) -> Any | None:
-    """A (batch, N, K) view of device array ``B`` (batch, K, N) when B is K-major (K
-    contiguous, not N: the transpose of a C-ordered array, as in ``x @ w.T``) with rows
-    and start on 16 bytes; otherwise None."""
-    if B.strides[2] == B.dtype.itemsize or B.shape[2] <= 1:
+def transposed_view(X: Any) -> Any | None:
+    """A (batch, C, R) view of device operand ``X`` (batch, R, C) when X is laid out
+    transposed (R contiguous, not C: the transpose of a C-ordered array, as A is in ``x.T
+    @ y`` and B in ``x @ w.T``) with rows and start on 16 bytes; otherwise None."""
+    if X.strides[2] == X.dtype.itemsize or X.shape[2] <= 1:
         return None
-    return kmajor_view(B)
-
-
-def m_major_view(A: Any) -> Any | None:
-    """A (batch, K, M) view of device array ``A`` (batch, M, K) when A is M-major (M
-    contiguous, not K: the transpose of a C-ordered array, as in ``x.T @ y``) with rows and
-    start on 16 bytes; otherwise None."""
-    if A.strides[2] == A.dtype.itemsize or A.shape[2] <= 1:
-        return None
-    return kmajor_view(A)
+    return kmajor_view(X)
 
 
 def _address(B: Any) -> int:
@@ -111,7 +102,7 @@ class KMajorBProgram(CudaProgram):
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
         view = kmajor_view(B)
-        a_t = m_major_view(A)
+        a_t = transposed_view(A)
         if view is not None and a_t is None and not self.round_tf32:
             super().launch(A, view, C, alpha, beta, stream)
             return
@@ -155,15 +146,10 @@ class InPlaceProgram(CudaProgram):
     _variants: dict = field(default_factory=dict, compare=False, repr=False)
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
-        a_mn = b_kmajor = False
-        view = m_major_view(A)  # (batch, K, M), M contiguous
-        if view is not None:
-            A, a_mn = view, True
-        view = k_major_b_view(B)  # (batch, N, K), K contiguous
-        if view is not None:
-            B, b_kmajor = view, True
-        kernel = self.kernel_for(a_mn, b_kmajor) if a_mn or b_kmajor else self.kernel
-        self.launch_with(kernel, A, B, C, alpha, beta, stream)
+        a_t, b_t = transposed_view(A), transposed_view(B)  # (batch, K, M), (batch, N, K)
+        self.launch_with(self.kernel_for(a_t is not None, b_t is not None),
+                         A if a_t is None else a_t, B if b_t is None else b_t, C, alpha,
+                         beta, stream)
 
     def kernel_for(self, a_mn: bool, b_kmajor: bool) -> Any:
         """The kernel for A M-major (``a_mn``) and B K-major (``b_kmajor``) operands."""
@@ -191,7 +177,7 @@ class RowMajorProgram(CudaProgram):
     workspaces: Workspaces = field(default_factory=Workspaces, compare=False, repr=False)
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
-        a_t, b_t = m_major_view(A), k_major_b_view(B)
+        a_t, b_t = transposed_view(A), transposed_view(B)
         if a_t is None and b_t is None and not self.round_tf32:
             super().launch(A, B, C, alpha, beta, stream)
             return

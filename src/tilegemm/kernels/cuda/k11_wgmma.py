@@ -299,11 +299,11 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None,
     )
     # M- or N-major tiles: BK rows of BM or BN values in panels of 64 (mn_swizzle_offset),
     # PANEL bytes apart (A: one panel per warpgroup)
-    ns["PANEL"] = BK * ROW
+    ns.update(PANEL=BK * ROW, A_PANEL=BK * ROW // ISZ, B_PANEL=BK * ROW // ISZ)  # elements
     if mn:
-        ns.update(BCH=BN // VW, B_PANEL=BK * (ROW // ISZ))
+        ns["BCH"] = BN // VW
     if a_mn:
-        ns.update(ACH=BM // VW, A_PANEL=BK * (ROW // ISZ))
+        ns["ACH"] = BM // VW
     # A's tile: mma's row-major [BM][BK] tile with 8 chunks a row, swizzled by r % 8: the
     # 128-byte swizzle layout (see the module docstring)
     ns["a_swz_of"] = ns["b_swz_of"] = _swz_fn("r % 8", ns)
