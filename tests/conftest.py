@@ -176,3 +176,20 @@ def transposed_device_array(rng: np.random.Generator, shape: tuple, dtype: Any
     host = base.transpose(axes)
     return (strided_view(cuda.to_device(base), host.shape, host.strides),
             np.ascontiguousarray(host))
+
+
+def record_async_copies(monkeypatch: Any) -> list[tuple[tuple[int, ...], int]]:
+    """The simulator's ``cp.async`` copies from now on, as (the source array's shape, bytes
+    the instruction copies: 16 or 4), e.g. to check that an operand's tiles went by whole
+    16-byte chunks rather than by a kernel's narrower paths."""
+    from tilegemm.kernels.cuda import _tensorcore
+
+    seen: list[tuple[tuple[int, ...], int]] = []
+    queue = _tensorcore._queue_copy
+
+    def recorded(dst: Any, didx: Any, src: Any, sidx: Any, size: int, nbytes: Any) -> None:
+        seen.append((tuple(src.shape), size))
+        queue(dst, didx, src, sidx, size, nbytes)
+
+    monkeypatch.setattr(_tensorcore, "_queue_copy", recorded)
+    return seen

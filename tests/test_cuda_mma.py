@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conftest import transposed_device_array
+from conftest import record_async_copies, transposed_device_array
 from tilegemm import registry
 from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
 from tilegemm.kernels.cuda._tensorcore import tf32_round
@@ -68,12 +68,16 @@ def test_rounded_copies_give_the_in_kernel_rounding_bit_for_bit(
 @pytest.mark.parametrize(("mode", "rcopy", "k"), [("float16", 0, 48), ("tf32", 0, 20),
                                                    ("tf32", 1, 13), ("3xtf32", 0, 20)])
 def test_transposed_device_operands_are_copied_row_major(mode: str, rcopy: int, k: int,
-                                                         rng: np.random.Generator) -> None:
+                                                         rng: np.random.Generator,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
     """Device operands laid out the other way (A M-major as in ``x.T @ y``, B K-major as
-    in ``x @ w.T``) get copies in the kernel's layout, made by one launch, instead of the
-    plain loads on every k-tile; the copies' padded rows (K = 13 -> 16, N = 37 -> 40 in
-    float32) are poisoned with NaN, which must not reach the result. Row-major operands
-    are not copied (RCOPY=0); with RCOPY=1 both are copied, rounded, either way."""
+    in ``x @ w.T``, its rows off 16 bytes at K = 13) get copies in the kernel's layout,
+    made by one launch, instead of the plain loads on every k-tile; the copies' padded rows
+    (K = 13 -> 16, N = 37 -> 40 in float32) are poisoned with NaN, which must not reach
+    the result, and their tiles go by whole 16-byte copies though K = 13 and N = 37 are
+    not whole chunks. Row-major operands are not copied (RCOPY=0); with RCOPY=1 both are
+    copied, rounded, either way."""
     from tilegemm.kernels.cuda._kmajor import kmajor_shape
 
     dtype = np.float16 if mode == "float16" else np.float32
@@ -90,6 +94,7 @@ def test_transposed_device_operands_are_copied_row_major(mode: str, rcopy: int, 
     a, a_host = transposed_device_array(rng, (40, k), dtype)  # A M-major
     b, b_host = transposed_device_array(rng, (k, 37), dtype)  # B K-major
     over = {"dtype": np.float32} if mode == "float16" else {"precision": mode}
+    copies = record_async_copies(monkeypatch)
     r = tilegemm.matmul(a, b, backend="cuda", kernel="mma", **over, **_sim(RCOPY=rcopy))
     r = r.copy_to_host()
     a64, b64 = a_host.astype(np.float64), b_host.astype(np.float64)
@@ -99,13 +104,14 @@ def test_transposed_device_operands_are_copied_row_major(mode: str, rcopy: int, 
     tol = 2.0**-22 if mode == "3xtf32" else 2.0**-24
     scale = np.matmul(np.abs(a64), np.abs(b64))
     assert np.all(np.abs(r - np.matmul(a64, b64)) <= 4 * k * tol * scale + 1e-6)
-    # both copies made, into these workspaces (padding left); B's rows are off 16 bytes
-    # at K = 13 (float32), so there it is not transposed (plain loads, or RCOPY=1's copy).
-    # (The simulator's launches use the stream the workspaces were taken for here.)
+    # both copies made, into these workspaces (padding left), and read by 16-byte copies
+    # (the simulator's launches use the stream the workspaces were taken for here)
     from tilegemm import simulator
 
-    for work, cols in works[:2 if k * isz % 16 == 0 else 1] if simulator.enabled() else []:
-        assert np.isfinite(work.copy_to_host()[:, :, :cols]).all()
+    if simulator.enabled():
+        for work, cols in works:
+            assert np.isfinite(work.copy_to_host()[:, :, :cols]).all()
+        assert ((1, 40, k), 16) in copies and ((1, k, 37), 16) in copies
     program.workspaces._spaces.clear()
     tilegemm.matmul(a_host, b_host, backend="cuda", kernel="mma", **over, **_sim(RCOPY=rcopy))
     assert {key[-1] for key in program.workspaces._spaces} == ({"A", "B"} if rcopy else set())

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conftest import transposed_device_array
-from tilegemm import registry
+from conftest import record_async_copies, transposed_device_array
+from tilegemm import registry, simulator
 from tilegemm.errors import InvalidValueError, UnavailableError
 from tilegemm.kernels.cuda._tensorcore import tf32_round
 
@@ -26,8 +26,6 @@ BF16 = np.dtype("bfloat16")  # ml_dtypes.bfloat16 (tilegemm imports ml_dtypes)
 
 def _needs_sm90() -> None:
     """Skip on a real GPU other than compute capability 9.0; the simulator always runs."""
-    from tilegemm import simulator
-
     if not simulator.enabled():
         from numba import cuda
 
@@ -215,8 +213,6 @@ def test_the_larger_tiles_on_odd_shapes(tile: tuple[int, int], mode: str, bcopy:
                                         rng: np.random.Generator) -> None:
     """The larger tiles on odd shapes; with BCOPY=2 too (B's N-major tiles then have four
     panels at 128x256)."""
-    from tilegemm import simulator
-
     _needs_sm90()
     on_sim = simulator.enabled()
     if on_sim and (tile, mode, bcopy) not in (((128, 256), "tf32", 1),
@@ -421,12 +417,14 @@ def test_k_major_b_is_read_in_place_and_a_copy_past_k_is_never_read(
 @pytest.mark.cudasim
 @pytest.mark.parametrize(("mode", "k"), [("float16", 80), ("tf32", 80), ("tf32", 13)])
 def test_an_m_major_a_is_copied_k_major_before_the_product(mode: str, k: int,
-                                                           rng: np.random.Generator) -> None:
+                                                           rng: np.random.Generator,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
     """BCOPY=1 with a device A laid out M-major (the transpose of a C-ordered array, as in
     ``x.T @ y``): A gets a K-major copy (rounded for TF32) made with B's, so its tiles go by
-    cp.async instead of the kernel's plain loads; the copy's rows are padded to 16 bytes
-    (K = 13 -> 16 in float32), and NaN in the padding must not reach the result. A K-major
-    A is not copied in 16-bit."""
+    whole 16-byte cp.async copies instead of the kernel's plain loads; the copy's rows are
+    padded to 16 bytes (K = 13 -> 16 in float32: not whole chunks, yet copied so), and NaN
+    in the padding must not reach the result. A K-major A is not copied in 16-bit."""
     from tilegemm.kernels.cuda._kmajor import kmajor_shape
 
     _needs_sm90()
@@ -439,12 +437,15 @@ def test_an_m_major_a_is_copied_k_major_before_the_product(mode: str, k: int,
         work = program.workspaces.get(kmajor_shape((1, k, 72), 4), np.dtype(dtype), 0, "A")
         work.copy_to_device(np.full(work.shape, np.nan, dtype=dtype))
     over = {"precision": "tf32"} if mode == "tf32" else {"dtype": np.float32}
+    copies = record_async_copies(monkeypatch)
     r = tilegemm.matmul(a, b, backend="cuda", kernel="wgmma", **over, **_sim(BCOPY=1))
     r = np.asarray(r.copy_to_host() if hasattr(r, "copy_to_host") else r)
     a64, b64 = (tf32_round(a_host), tf32_round(b)) if mode == "tf32" else (a_host, b)
     _check(r, np.matmul(a64.astype(np.float64), b64.astype(np.float64)), k)
     slots = {key[-1] for key in program.workspaces._spaces}
     assert slots == {"A", "B"}, slots
+    if simulator.enabled():
+        assert ((1, 72, k), 16) in copies, "A's copy was not read by 16-byte copies"
     if mode == "float16":  # the same product with A K-major: no copy of A
         program.workspaces._spaces.clear()
         tilegemm.matmul(np.ascontiguousarray(a_host), b, backend="cuda", kernel="wgmma",

@@ -24,7 +24,7 @@ Private module (no ``SPEC``): imports numba only when a program is launched.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -32,8 +32,7 @@ import numpy as np
 
 from tilegemm import simulator
 from tilegemm.backends.cuda_launch import launch_kernel
-from tilegemm.backends.cuda_program import CudaProgram
-from tilegemm.kernels.cuda._workspace import Workspaces
+from tilegemm.kernels.cuda._kmajor import RowMajorProgram
 from tilegemm.launch import MAX_GRID_X, ceil_div
 
 REDUCE_THREADS = 256
@@ -51,24 +50,25 @@ def reduce_launch(total: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class SplitKProgram(CudaProgram):
-    """A pipelined kernel built with ``SPLIT_K`` > 1, launched as partial products + sum.
+class SplitKProgram(RowMajorProgram):
+    """A pipelined kernel built with ``SPLIT_K`` > 1, launched as partial products + sum
+    (after the copies of transposed operands every row-major kernel's program makes).
 
     ``kernel`` writes the partial products (``C`` of shape (batch × slices, M, N)); it has
     the same signature as every rung, so resource reports and PTX analysis see it as usual.
     """
 
     slices: int = 2
-    workspaces: Workspaces = field(default_factory=Workspaces, compare=False, repr=False)
 
-    def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
+    def launch_product(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any,
+                       stream: Any) -> None:
         batch, m, n = C.shape
         dtype = np.dtype(C.dtype)
         one, zero = dtype.type(1), dtype.type(0)
         blocks, threads = reduce_launch(batch * m * n)
-        with self.workspaces.lock:
+        with self.workspaces.lock:  # (held already where operands were copied first)
             work = self.workspaces.get((self.slices * batch, m, n), dtype, stream)
-            super().launch(A, B, work, one, zero, stream)
+            self.launch_with(self.kernel, A, B, work, one, zero, stream)
             launch_kernel(reduce_kernel(), blocks, threads, stream, 0, (work, C, alpha, beta))
 
 

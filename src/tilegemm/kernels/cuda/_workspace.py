@@ -33,11 +33,13 @@ KEEP_BYTES = 256 * 1024 * 1024
 class Workspaces:
     """One program's workspaces, by (device, stream). ``lock`` is held by the program
     while it enqueues the kernels of one call, so two host threads sharing a stream
-    cannot interleave their use of its workspace."""
+    cannot interleave their use of its workspace. It is reentrant: a program that copies
+    its operands first holds it across the copies and the product, whose own launches
+    (split-K's partial sums) take it again."""
 
     def __init__(self) -> None:
         self._spaces: dict[tuple[int, Hashable, str], Any] = {}
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype, stream: Any, slot: str = "",
             device: int | None = None) -> Any:

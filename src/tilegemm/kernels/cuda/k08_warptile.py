@@ -39,6 +39,7 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, width
 from tilegemm.kernels.cuda._codegen import compile_source, indent
 from tilegemm.kernels.cuda._jit import kernel_jit
+from tilegemm.kernels.cuda._kmajor import RowMajorProgram
 from tilegemm.launch import ceil_div, tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
 
@@ -138,7 +139,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     t = WarpTiles.of(p)
     kernel = generate("warptile", p, dtype, dict(cuda=cuda, **t.names()), WARP_MAPPING,
                       t.RT, t.CT, t.ROW_EXPR, t.COL_EXPR, t.row_off, t.col_off, access_ops())
-    return CudaProgram(kernel, (t.NT, 1, 1), tile_grid(t.BM, t.BN))
+    return RowMajorProgram(kernel, (t.NT, 1, 1), tile_grid(t.BM, t.BN))
 
 
 def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[str, Any],
@@ -383,7 +384,7 @@ for i in range(RT):
     if gr < m:
         for j in range(0, CT, W):
             gc = col0 + tc0 + COL_EXPR
-            if c_vec and gc < n:
+            if c_vec and gc < n_vec:
                 if beta == 0:
                     for q in range(W):
                         cv[q] = alpha * acc[0, j + q]
@@ -423,15 +424,20 @@ def store_c(RT: int, CT: int, row_expr: str, col_expr: str) -> list[str]:
 
 
 # Whether each operand moves in 128-bit vectors: unit stride along its rows, its base,
-# row and batch strides 16-byte aligned, and (A, B) whole vectors in a row. Checked once
-# per launch, per operand; one that fails takes the element-wise path. Rungs 6-9 share it.
+# row and batch strides 16-byte aligned. Checked once per launch, per operand; one that
+# fails takes the element-wise path. A row's length need not be whole vectors (a copy's
+# rows are padded to 16 bytes, an out= view may be narrower than its rows): on the edge
+# paths a vector that would cross the row's end goes element by element. Rungs 6-9
+# share it.
 VECTOR_CHECKS = """\
-    a_vec = (k_len % W == 0 and address(A) % VB == 0 and A.strides[2] == ISZ
-             and A.strides[1] % VB == 0 and A.strides[0] % VB == 0)
-    b_vec = (n % W == 0 and address(B) % VB == 0 and B.strides[2] == ISZ
-             and B.strides[1] % VB == 0 and B.strides[0] % VB == 0)
-    c_vec = (n % W == 0 and address(C) % VB == 0 and C.strides[2] == ISZ
-             and C.strides[1] % VB == 0 and C.strides[0] % VB == 0)
+    a_vec = (address(A) % VB == 0 and A.strides[2] == ISZ and A.strides[1] % VB == 0
+             and A.strides[0] % VB == 0)
+    b_vec = (address(B) % VB == 0 and B.strides[2] == ISZ and B.strides[1] % VB == 0
+             and B.strides[0] % VB == 0)
+    c_vec = (address(C) % VB == 0 and C.strides[2] == ISZ and C.strides[1] % VB == 0
+             and C.strides[0] % VB == 0)
+    k_vec = k_len - (W - 1)  # a vector from column gc lies inside a row of A if gc < k_vec
+    n_vec = n - (W - 1)  # ... of B or C if gc < n_vec
 """
 
 # The kernel, as source: #@ lines are replaced by generated code in build(); the vector
@@ -478,7 +484,7 @@ def KERNEL_NAME(A, B, C, alpha, beta):
                                 c = (v % A_VPR) * W
                                 gr = row0 + r
                                 gc = k0 + c
-                                if a_vec and gr < m and gc < k_len:
+                                if a_vec and gr < m and gc < k_vec:
                                     scatter(av, (0,), vload(A, (za, gr, gc)))
                                 else:
                                     for q in range(W):
@@ -494,7 +500,7 @@ def KERNEL_NAME(A, B, C, alpha, beta):
                                 c = (v % B_VPR) * W
                                 gr = k0 + r
                                 gc = col0 + c
-                                if b_vec and gr < k_len and gc < n:
+                                if b_vec and gr < k_len and gc < n_vec:
                                     vstore(Bs, (r, c), vload(B, (zb, gr, gc)))
                                 else:
                                     for q in range(W):

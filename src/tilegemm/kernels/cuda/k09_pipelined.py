@@ -56,6 +56,7 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, width
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
+from tilegemm.kernels.cuda._kmajor import RowMajorProgram
 from tilegemm.kernels.cuda._splitk import SplitKProgram
 from tilegemm.kernels.cuda.k08_warptile import SPEC as WARPTILE
 from tilegemm.kernels.cuda.k08_warptile import (
@@ -136,7 +137,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
 
     grid = flat_tile_grid(BM, BN)
     if SPLIT == 1:
-        return CudaProgram(kernel, (NT, 1, 1), grid)
+        return RowMajorProgram(kernel, (NT, 1, 1), grid)
     return SplitKProgram(kernel, (NT, 1, 1), grid, slices=SPLIT)
 
 
@@ -166,7 +167,7 @@ def _compute_loop(p: Mapping[str, int], w: int, rpw: int, RT: int, CT: int, buf:
 def _stage(p: Mapping[str, int], w: int, nt: int, bumps: list[str]) -> list[str]:
     """Tile ``kn`` from global memory into the staging registers ``sa``/``sb``: on the
     interior path every 128-bit load at a bumped offset, no bounds checks; otherwise
-    element by element with checks (edges, K not a multiple of 4, misaligned views)."""
+    element by element with checks (edges, rows off 16 bytes, other strided views)."""
     a_vecs, b_vecs = p["BM"] * (p["BK"] // w), p["BK"] * (p["BN"] // w)
     fast = []
     for rnd in range(ceil_div(a_vecs, nt)):
@@ -212,7 +213,7 @@ for rnd in range({X}_ROUNDS):
     c = (v % {X}_VPR) * W
     gr = {row0} + r
     gc = {col0} + c
-    if v < {X}_VECS and {x}_vec and gr < {rows} and gc < {cols}:
+    if v < {X}_VECS and {x}_vec and gr < {rows} and gc < {cols} - (W - 1):
         scatter(s{x}, (rnd * W,), vload({X}, (z{x}, gr, gc)))
     else:
         for q in range(W):

@@ -661,10 +661,11 @@ def KERNEL_NAME(A, B, C, alpha_in, beta_in):
     mat = lane // 8  # the ldmatrix matrix this lane addresses a row of
     wm0 = (warp // WCOLS) * WM
     wn0 = (warp % WCOLS) * WN
-    a_vec = (k_len % VW == 0 and address(A) % 16 == 0 and A.strides[2] == ISZ
-             and A.strides[1] % 16 == 0 and A.strides[0] % 16 == 0)
-    b_vec = (n % VW == 0 and address(B) % 16 == 0 and B.strides[2] == ISZ
-             and B.strides[1] % 16 == 0 and B.strides[0] % 16 == 0)
+    # whole 16-byte chunks: rows on 16 bytes (a chunk past a row's end is zero-filled)
+    a_vec = (address(A) % 16 == 0 and A.strides[2] == ISZ and A.strides[1] % 16 == 0
+             and A.strides[0] % 16 == 0)
+    b_vec = (address(B) % 16 == 0 and B.strides[2] == ISZ and B.strides[1] % 16 == 0
+             and B.strides[0] % 16 == 0)
     # One dynamic shared buffer, sized by the launch (so the ring may exceed the 48 KB of
     # static shared memory): A's STAGES tiles [BM][BK], then B's [BK][BN] from byte B_BYTES,
     # each row-major with its 16-byte chunks swizzled. As and Bs name the same buffer; every

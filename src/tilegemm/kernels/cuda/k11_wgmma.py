@@ -374,7 +374,7 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None,
                            "HEAD": head.splitlines(), "B_INIT": b["INIT"],
                            "B_LOADS": b["LOADS"] or ["pass"],
                            "B_PRELOAD": (b["PRELOAD"] + b["BUMP"]) if b["PRELOAD"] else ["pass"],
-                           "VEC": _vec(kmajor or mn, a_mn),
+                           "VEC": _vec(kmajor or mn),
                            "DIMS": ["m, n, k_len = C.shape[1], C.shape[2], "
                                     f"A.shape[{1 if a_mn else 2}]"],
                            "A_DESC": [("dsa0 = smem_desc_mn(As, wg * WG_A, WG_A, ATOM)" if a_mn
@@ -393,16 +393,17 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None,
     return kernel_jit(NT, 1)(compile_source(source.replace("KERNEL_NAME", name), name, ns))
 
 
-def _vec(b_copied: bool, a_mn: bool = False) -> list[str]:
+def _vec(b_copied: bool) -> list[str]:
     """Kernel lines setting ``a_vec`` and ``b_vec``: whether every 16-byte chunk of the
     operand's tiles starts on 16 bytes, so that whole-chunk ``cp.async`` copies apply
-    (``b_copied``: B's tiles are copied so, K-major or N-major; ``a_mn``: A's M-major, its
-    chunks along M, where edges are zero-filled like B's along N). B transposed through
-    registers is read one value at a time, so only A's test counts."""
+    (``b_copied``: B's tiles are copied so, K-major or N-major). A row's length need not be
+    whole chunks (a copy's rows are padded to 16 bytes): the checked copies zero-fill a
+    chunk past the row's end. B transposed through registers is read one value at a time,
+    so only A's test counts."""
     def aligned(x: str) -> str:
         return (f"(address({x}) % 16 == 0 and {x}.strides[2] == ISZ "
                 f"and {x}.strides[1] % 16 == 0 and {x}.strides[0] % 16 == 0)")
-    return [f"a_vec = {'' if a_mn else 'k_len % VW == 0 and '}{aligned('A')}",
+    return [f"a_vec = {aligned('A')}",
             f"b_vec = {aligned('B') if b_copied else 'a_vec'}"]
 
 
