@@ -1,15 +1,17 @@
-"""Rungs 6-9 (the CUDA-core rungs with 128-bit loads) on device operands laid out the
-other way round: A M-major as in ``x.T @ y``, B K-major as in ``x @ w.T``. Such operands
-are copied into the kernel's layout first (``_kmajor.RowMajorProgram``), rows padded to
-16 bytes, and the kernel reads the copies with its vector loads even where K or N is not
-a whole number of vectors. Without the copy every k-tile went element by element,
-uncoalesced along the operand's rows.
+"""Rungs 6-9 (the CUDA-core rungs with 128-bit loads) on device operands their vector
+loads cannot read: laid out the other way round (A M-major as in ``x.T @ y``, B K-major as
+in ``x @ w.T``), or with rows off 16 bytes (K or N odd). In products large enough to repay
+it, such operands are copied into the kernel's layout first (``_kmajor.RowMajorProgram``),
+rows padded to 16 bytes, and the kernel reads the copies with its vector loads even where
+K or N is not a whole number of vectors. Without the copy every k-tile goes element by
+element.
 
 On numba's simulator (``cudasim``), and on a GPU with ``TILEGEMM_GPU_TESTS=1``, where the
 count of vector loads (a simulator hook) is skipped."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -58,6 +60,7 @@ def test_transposed_device_operands_are_copied_and_read_in_vectors(
     last columns would overwrite it)."""
     spec = registry.get(name, "cuda")
     program = spec.program(spec.resolve(dict(spec.sim_params) | over), np.dtype(dtype))
+    program = replace(program, min_reuse=0)  # copies even for a product this small
     from tilegemm.kernels.cuda._kmajor import kmajor_shape
 
     isz = np.dtype(dtype).itemsize
@@ -71,14 +74,7 @@ def test_transposed_device_operands_are_copied_and_read_in_vectors(
     c_host = c_base.copy_to_host()[:, :, :N]
     alpha, beta = dtype(1.5), dtype(0.5)
 
-    vector_reads: list[tuple[int, ...]] = []
-    vload = _access._py_vload  # what the interior path's vload_at reads through
-
-    def counted(arr: Any, idx: tuple[int, ...]) -> tuple[Any, ...]:
-        vector_reads.append(tuple(arr.shape))
-        return vload(arr, idx)
-
-    monkeypatch.setattr(_access, "_py_vload", counted)
+    vector_reads = _vector_reads(monkeypatch)
     program.launch(a, b, c, alpha, beta)
 
     got = c_base.copy_to_host()
@@ -91,6 +87,95 @@ def test_transposed_device_operands_are_copied_and_read_in_vectors(
     if simulator.enabled():
         assert vector_reads.count((1, M, k)) > 0, "A's copy was not read in vectors"
         assert vector_reads.count((1, k, N)) > 0, "B's copy was not read in vectors"
+
+
+def _vector_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The shapes of the arrays read by the interior path's vector loads from now on."""
+    reads: list[tuple[int, ...]] = []
+    vload = _access._py_vload  # what the interior path's vload_at reads through
+
+    def counted(arr: Any, idx: tuple[int, ...]) -> tuple[Any, ...]:
+        reads.append(tuple(arr.shape))
+        return vload(arr, idx)
+
+    monkeypatch.setattr(_access, "_py_vload", counted)
+    return reads
+
+
+@pytest.mark.parametrize("name", ["smem_layout", "pipelined"])
+def test_rows_off_16_bytes_are_copied_padded(name: str, rng: np.random.Generator,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """C-ordered device operands with K = 13 and N = 37 (float32: rows of 52 and 148
+    bytes): the vector loads cannot read them, so each is copied into rows padded to 16
+    bytes (poisoned with NaN first, which must not reach the result) and the interior
+    blocks read the copies in vectors."""
+    from numba import cuda
+
+    from tilegemm.kernels.cuda._kmajor import padded_shape
+
+    spec = registry.get(name, "cuda")
+    program = replace(spec.program(spec.resolve(dict(spec.sim_params)), np.dtype(np.float32)),
+                      min_reuse=0)
+    program.workspaces._spaces.clear()
+    k = 13
+    for slot, shape in (("A", (1, M, k)), ("B", (1, k, N))):
+        work = program.workspaces.get(padded_shape(shape, 4), np.dtype(np.float32), 0, slot)
+        work.copy_to_device(np.full(work.shape, np.nan, dtype=np.float32))
+    a = rng.standard_normal((1, M, k)).astype(np.float32)
+    b = rng.standard_normal((1, k, N)).astype(np.float32)
+    c = cuda.to_device(np.full((1, M, N), np.nan, dtype=np.float32))
+    reads = _vector_reads(monkeypatch)
+    program.launch(cuda.to_device(a), cuda.to_device(b), c, np.float32(1), np.float32(0))
+    np.testing.assert_allclose(c.copy_to_host(), a @ b, rtol=1e-5, atol=1e-5)
+    assert {key[-1] for key in program.workspaces._spaces} >= {"A", "B"}
+    if simulator.enabled():
+        assert (1, M, k) in reads and (1, k, N) in reads
+
+
+def test_what_is_copied_at_the_default_threshold() -> None:
+    """Rungs 6-9 copy an operand only where the product does at least FFMA_MIN_REUSE
+    multiply-adds per element copied (N per element of A, M per element of B, times the
+    batch over which it is broadcast): in ``x.T @ y`` with y 8 columns wide, A's copy
+    would cost more than the scalar path it saves. Where the reuse is there, a transposed
+    operand or one with rows off 16 bytes is copied; one the kernel reads in vectors, or a
+    strided view of neither layout, is not. Rung mma copies a transposed operand always."""
+    from numba import cuda
+
+    from tilegemm.backends.cuda_program import strided_view
+    from tilegemm.kernels.cuda._kmajor import FFMA_MIN_REUSE
+
+    spec = registry.get("pipelined", "cuda")
+    program = spec.program(spec.resolve(dict(spec.sim_params)), np.dtype(np.float32))
+    assert program.min_reuse == FFMA_MIN_REUSE and program.pad
+
+    def device(shape: tuple[int, int, int], transposed: bool = False) -> Any:
+        if not transposed:
+            return cuda.device_array(shape, np.float32)
+        base = cuda.device_array((shape[0], shape[2], shape[1]), np.float32)
+        s0, s1, s2 = base.strides
+        return strided_view(base, shape, (s0, s2, s1))
+
+    def copied(a: Any, b: Any, batch: int, m: int, n: int) -> list[str]:
+        return [slot for slot, *_ in program.copies_for(a, b, (batch, m, n))]
+
+    r = FFMA_MIN_REUSE
+    assert copied(device((1, 8, 16), True), device((1, 16, 8), True), 1, 8, 8) == []
+    a_t, b_t = device((1, r, 16), True), device((1, 16, r), True)  # M-major A, K-major B
+    assert copied(a_t, b_t, 1, r, r) == ["A", "B"]
+    assert copied(a_t, device((1, 16, 8)), 1, r, 8) == []  # x.T @ y with y 8 wide
+    # B broadcast over a batch of 4: each of its elements serves 4 products
+    assert copied(device((4, r // 4, 16)), device((1, 16, 64), True), 4, r // 4, 64) == ["B"]
+    # C-ordered: rows of 13 values copied padded; of 16 read as they are
+    assert copied(device((1, r, 13)), device((1, 13, r + 1)), 1, r, r + 1) == ["A", "B"]
+    assert copied(device((1, r, 16)), device((1, 16, r)), 1, r, r) == []
+    # every other column of a wider array: neither layout, read as it is
+    wide = cuda.device_array((1, r, 32), np.float32)
+    every_other = strided_view(wide, (1, r, 16), (wide.strides[0], wide.strides[1], 8))
+    assert copied(every_other, device((1, 16, r)), 1, r, r) == []
+    mma = registry.get("mma", "cuda")
+    tc = mma.program(mma.resolve(dict(mma.sim_params)), np.dtype(np.float16))
+    small = tc.copies_for(device((1, 8, 16), True), device((1, 16, 8)), (1, 8, 8))
+    assert [slot for slot, *_ in small] == ["A"]
 
 
 @pytest.mark.parametrize("name", ["vectorized", "pipelined"])

@@ -92,12 +92,28 @@ def _address(B: Any) -> int:
     return int(np.asarray(getattr(B, "_ary", B)).ctypes.data)  # the simulator's, or NumPy's
 
 
+def rows_off_16_bytes(X: Any) -> bool:
+    """Whether device operand ``X`` (batch, R, C), laid out row by row (C contiguous), has
+    rows, batches or its start off 16 bytes, so that a kernel's 16-byte loads cannot read
+    it (the vector checks of rungs 6-9 and mma)."""
+    if X.strides[2] != X.dtype.itemsize:
+        return False
+    return bool(X.strides[1] % 16 or X.strides[0] % 16 or _address(X) % 16)
+
+
+def padded_shape(shape: tuple[int, int, int], itemsize: int) -> tuple[int, int, int]:
+    """A copy's workspace for an operand of ``shape`` (batch, R, C) copied as it lies: (batch,
+    R, C rounded up to 16 bytes), so every row starts on 16 bytes whatever C is."""
+    batch, rows, cols = shape
+    per = 16 // itemsize
+    return (batch, rows, ceil_div(max(cols, 1), per) * per)
+
+
 def kmajor_shape(shape: tuple[int, int, int], itemsize: int) -> tuple[int, int, int]:
     """The workspace for B of ``shape`` (batch, K, N): (batch, N, K rounded up to 16
     bytes), so every row starts on 16 bytes whatever K is."""
     batch, k, n = shape
-    per = 16 // itemsize
-    return (batch, n, ceil_div(max(k, 1), per) * per)
+    return padded_shape((batch, n, k), itemsize)
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,18 @@ class InPlaceProgram(CudaProgram):
         return kernel
 
 
+# Rungs 6-9 copy an operand only where the product does at least this many multiply-adds
+# per element copied (N per element of A, M per element of B; times the batch it is
+# broadcast over). The copy reads and writes each element once: at an H100's FP32 peak
+# and memory bandwidth (67 TFLOP/s, 3.35 TB/s) that costs about 80 / reuse of the
+# product's time, 4 % here, against the scalar path's ~9 % (rung 9 at 4097³, where every
+# tile takes it, 0.81 of cuBLAS against 0.89 at 4096³). In a skinny product (``x.T @ y``
+# with y a few columns wide) the copy would cost more than the product.
+FFMA_MIN_REUSE = 2048
+# What the programs of rungs 6-9 are built with (``RowMajorProgram(..., **FFMA_COPIES)``).
+FFMA_COPIES = {"pad": True, "min_reuse": FFMA_MIN_REUSE}
+
+
 @dataclass(frozen=True)
 class RowMajorProgram(CudaProgram):
     """A kernel that reads A K-major (M×K, K contiguous) and B N-major (K×N, N contiguous),
@@ -185,32 +213,51 @@ class RowMajorProgram(CudaProgram):
     w.T``) gets a copy in the kernel's layout first, its rows padded to 16 bytes whatever
     their length, so its tiles go by 16-byte loads (``cp.async`` on rung mma) instead of
     the kernel's element-by-element path on every k-tile (four times the load
-    instructions, each bounds-checked: rung 9 reached 0.81 of cuBLAS at 4097³, where every
-    tile takes that path, against 0.89 at 4096³); both copies, when both are needed, in
-    one launch. The copy reads and writes the operand once: for a 4096×4096 float32
-    operand about 46 µs on an H200, against milliseconds for the FP32 product. Other
-    strided views are read by the element-by-element path as they are.
-    ``round_tf32`` (rung mma's RCOPY=1): both operands are copied, rounded to the
+    instructions, each bounds-checked); both copies, when both are needed, in one launch.
+    The copy reads and writes the operand once: for a 4096×4096 float32 operand about
+    46 µs on an H200, against milliseconds for the FP32 product. Other strided views are
+    read by the element-by-element path as they are.
+
+    ``pad``: an operand laid out as the kernel reads it but with its rows off 16 bytes
+    (K or N not a multiple of 4 in float32, as at 4097³ or a vocabulary of 50257) is
+    copied too, into rows padded to 16 bytes, for the same reason. ``min_reuse``: an
+    operand is copied for its layout only where the product does at least this many
+    multiply-adds per element copied (:data:`FFMA_MIN_REUSE` for rungs 6-9; 0, always,
+    for rung mma, whose plain loads cost it far more than the scalar path costs rungs
+    6-9). ``round_tf32`` (rung mma's RCOPY=1): both operands are copied, rounded to the
     nearest TF32 value, and the kernel does no rounding pass over each k-tile in shared
     memory (which on rung wgmma cost a third of its speed); the copies read and write A and
     B once."""
 
     round_tf32: bool = False
+    pad: bool = False
+    min_reuse: int = 0
     workspaces: Workspaces = field(default_factory=Workspaces, compare=False, repr=False)
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
-        a_t, b_t = swapped_view(A), swapped_view(B)
-        if a_t is None and b_t is None and not self.round_tf32:
+        copies = self.copies_for(A, B, C.shape)
+        if not copies:
             self.launch_product(A, B, C, alpha, beta, stream)
             return
-        copies = []
-        if self.round_tf32 or a_t is not None:
-            copies.append(("A", A, a_t, True))
-        if self.round_tf32 or b_t is not None:
-            copies.append(("B", B, b_t, True))
         with self.workspaces.lock:  # the copies and their reader, enqueued together
             out = copy_operands(self.workspaces, copies, self.round_tf32, stream)
             self.launch_product(out.get("A", A), out.get("B", B), C, alpha, beta, stream)
+
+    def copies_for(self, A: Any, B: Any, out_shape: tuple[int, int, int]
+                   ) -> list[tuple[str, Any, Any, bool]]:
+        """The copies (``copy_operands``' form) a launch on device operands A (batch or 1,
+        M, K) and B (batch or 1, K, N) makes before its kernel, for a product of
+        ``out_shape`` (batch, M, N)."""
+        batch, m, n = out_shape
+        copies = []
+        for slot, X, reuse in (("A", A, n * batch // A.shape[0]),
+                               ("B", B, m * batch // B.shape[0])):
+            if not self.round_tf32 and reuse < self.min_reuse:
+                continue
+            X_t = swapped_view(X)  # noqa: N806
+            if X_t is not None or self.round_tf32 or (self.pad and rows_off_16_bytes(X)):
+                copies.append((slot, X, X_t, True))
+        return copies
 
     def launch_product(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any,
                        stream: Any) -> None:
@@ -230,14 +277,14 @@ def copy_operands(workspaces: Workspaces, copies: list[tuple[str, Any, Any, bool
     Each ``(slot, X, X_t, keep_shape)``: ``X`` is the operand in the layout the kernel
     reads, ``X_t`` None or the operand in the other layout, (batch, C, R) for X's (batch,
     R, C); ``X`` is copied as it is, or ``X_t`` transposed into the kernel's layout.
-    Returns slot -> the copy: an array of X's shape when ``keep_shape`` (a transposed
-    copy's rows are padded to 16 bytes: the kernel reads X's columns of them), else the
-    workspace itself (X may then be None)."""
+    Returns slot -> the copy: an array of X's shape when ``keep_shape`` (a copy's rows are
+    padded to 16 bytes: the kernel reads X's columns of them), else the workspace itself
+    (X may then be None)."""
     works = copy_to_workspaces(workspaces, [(X if X_t is None else X_t, slot, X_t is not None)
                                             for slot, X, X_t, _ in copies], round_tf32, stream)
     out = {}
-    for (slot, X, X_t, keep_shape), work in zip(copies, works, strict=True):
-        fits = not keep_shape or X_t is None
+    for (slot, X, _, keep_shape), work in zip(copies, works, strict=True):
+        fits = not keep_shape or tuple(work.shape) == tuple(X.shape)
         out[slot] = work if fits else strided_view(work, tuple(X.shape), work.strides)
     return out
 
@@ -246,13 +293,14 @@ def copy_to_workspaces(workspaces: Workspaces, copies: list[tuple[Any, str, bool
                        round_tf32: bool, stream: Any) -> list[Any]:
     """Each ``(X, slot, transpose)`` of ``copies`` (one or two), X of shape (batch, R, C),
     copied into the stream's workspace ``slot`` of ``workspaces``: transposed (batch, C, R
-    rounded up to 16 bytes) or as it is, rounded to TF32 if asked. Two copies of one dtype
+    rounded up to 16 bytes) or as it is (batch, R, C rounded up to 16 bytes), rounded to
+    TF32 if asked. Two copies of one dtype
     are made by one launch (``copy_pair_kernel``). Returns the workspaces, in order."""
     works = []
     device = device_key()  # once for both
     for X, slot, transpose in copies:
         dtype = np.dtype(X.dtype)
-        shape = kmajor_shape(tuple(X.shape), dtype.itemsize) if transpose else tuple(X.shape)
+        shape = (kmajor_shape if transpose else padded_shape)(tuple(X.shape), dtype.itemsize)
         works.append(workspaces.get(shape, dtype, stream, slot, device))
     jobs = [(X, W, transpose) for (X, _, transpose), W in zip(copies, works, strict=True)
             if X.shape[1] and X.shape[2]]

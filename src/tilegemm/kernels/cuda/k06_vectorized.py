@@ -20,13 +20,13 @@ row stride a multiple of 16 bytes (for contiguous arrays in float32, ``K % 4 == 
 ``N % 4 == 0`` for B and C) and a column offset that is a multiple of 4. That is tested
 once per launch, per operand; an operand that fails (such an odd K or N, a strided view)
 takes the scalar path with per-element bounds, so every M, N, K is correct and only speed
-differs; a vector that would cross the end of a row is moved element by element. A
-device operand laid out transposed (``x.T`` of a CuPy array or PyTorch tensor, as A in
-``x.T @ y`` or B in ``x @ w.T``) is first copied into the layout the kernel reads, one
-pass over it (``_kmajor.RowMajorProgram``, rungs 6-9): its elements would otherwise be
-read one by one, uncoalesced, on every k-tile. The copy's rows are padded to 16 bytes,
-so it takes the vector path whatever K or N. Vectors are loaded with an ``@intrinsic``
-(see ``kernels/cuda/_access.py``), replaced by element accesses under the simulator.
+differs; a vector that would cross the end of a row is moved element by element. In a
+large enough product, a device operand laid out transposed (``x.T`` of a CuPy array or
+PyTorch tensor, as A in ``x.T @ y`` or B in ``x @ w.T``) or with rows off 16 bytes is
+first copied into the layout the kernel reads, one pass over it, its rows padded to 16
+bytes, so it takes the vector path whatever K or N (``_kmajor.RowMajorProgram``, rungs
+6-9; docs/performance.md). Vectors are loaded with an ``@intrinsic`` (see
+``kernels/cuda/_access.py``), replaced by element accesses under the simulator.
 
 Machine code (docs/performance.md): the kernel comes from the generator rungs 7-9 use
 (``k08_warptile.generate``, with A kept row-major), so the same Numba-specific fixes
@@ -49,7 +49,7 @@ import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import access_ops
-from tilegemm.kernels.cuda._kmajor import RowMajorProgram
+from tilegemm.kernels.cuda._kmajor import FFMA_COPIES, RowMajorProgram
 from tilegemm.kernels.cuda.k05_register2d import SPEC as REGISTER2D
 from tilegemm.launch import tile_grid
 from tilegemm.registry import FLOATS, Constraint, changed
@@ -83,7 +83,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     kernel = generate("vectorized", p, dtype, namespace, mapping, TM, TN, "i", "j",
                       lambda i: i, lambda j: j, access_ops(), a_rows=True)
 
-    return RowMajorProgram(kernel, (NT, 1, 1), tile_grid(BM, BN))
+    return RowMajorProgram(kernel, (NT, 1, 1), tile_grid(BM, BN), **FFMA_COPIES)
 
 
 SPEC = replace(

@@ -38,7 +38,7 @@ import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import access_ops, width
-from tilegemm.kernels.cuda._kmajor import RowMajorProgram
+from tilegemm.kernels.cuda._kmajor import FFMA_COPIES, RowMajorProgram
 from tilegemm.kernels.cuda.k06_vectorized import SPEC as VECTORIZED
 from tilegemm.launch import tile_grid
 from tilegemm.registry import changed
@@ -73,7 +73,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
                       lambda i: (i // W) * PM + i % W, lambda j: (j // W) * PN + j % W,
                       access_ops())
 
-    return RowMajorProgram(kernel, (NT, 1, 1), tile_grid(BM, BN))
+    return RowMajorProgram(kernel, (NT, 1, 1), tile_grid(BM, BN), **FFMA_COPIES)
 
 
 # Rung 6 with A's layout in shared memory changed: its limits, threads and shared memory.

@@ -39,7 +39,7 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, width
 from tilegemm.kernels.cuda._codegen import compile_source, indent
 from tilegemm.kernels.cuda._jit import kernel_jit
-from tilegemm.kernels.cuda._kmajor import RowMajorProgram
+from tilegemm.kernels.cuda._kmajor import FFMA_COPIES, RowMajorProgram
 from tilegemm.launch import ceil_div, tile_grid
 from tilegemm.registry import Constraint, KernelSpec, Param
 
@@ -139,7 +139,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     t = WarpTiles.of(p)
     kernel = generate("warptile", p, dtype, dict(cuda=cuda, **t.names()), WARP_MAPPING,
                       t.RT, t.CT, t.ROW_EXPR, t.COL_EXPR, t.row_off, t.col_off, access_ops())
-    return RowMajorProgram(kernel, (t.NT, 1, 1), tile_grid(t.BM, t.BN))
+    return RowMajorProgram(kernel, (t.NT, 1, 1), tile_grid(t.BM, t.BN), **FFMA_COPIES)
 
 
 def generate(name: str, p: Mapping[str, int], dtype: np.dtype, namespace: dict[str, Any],

@@ -56,7 +56,7 @@ from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, width
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
-from tilegemm.kernels.cuda._kmajor import RowMajorProgram
+from tilegemm.kernels.cuda._kmajor import FFMA_COPIES, RowMajorProgram
 from tilegemm.kernels.cuda._splitk import SplitKProgram
 from tilegemm.kernels.cuda.k08_warptile import SPEC as WARPTILE
 from tilegemm.kernels.cuda.k08_warptile import (
@@ -137,8 +137,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
 
     grid = flat_tile_grid(BM, BN)
     if SPLIT == 1:
-        return RowMajorProgram(kernel, (NT, 1, 1), grid)
-    return SplitKProgram(kernel, (NT, 1, 1), grid, slices=SPLIT)
+        return RowMajorProgram(kernel, (NT, 1, 1), grid, **FFMA_COPIES)
+    return SplitKProgram(kernel, (NT, 1, 1), grid, slices=SPLIT, **FFMA_COPIES)
 
 
 # How a block finds its product and its range of K. Without split-K: all of K.
