@@ -114,8 +114,9 @@ def test_pipelined_grouped_order_covers_partial_groups() -> None:
 def test_vector_path_taken_exactly_when_aligned(
     name: str, k: int, n: int, vector_a: bool, vector_b: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Count the simulator's stand-in vector loads per operand: the 128-bit path must run
-    when K (for A) or N (for B) is a multiple of 4, and never otherwise."""
+    """Count the simulator's stand-in vector loads per operand (by index, or at an offset as
+    rung 9's stages load): the 128-bit path must run when K (for A) or N (for B) is a
+    multiple of 4, and never otherwise."""
     import importlib
 
     from tilegemm.kernels.cuda import _access
@@ -130,6 +131,14 @@ def test_vector_path_taken_exactly_when_aligned(
         return real.vload(arr, idx)
 
     monkeypatch.setattr(module, "access_ops", lambda: real._replace(vload=counting_vload))
+    if hasattr(module, "vload_at"):
+        real_at = _access.vload_at()
+
+        def counting_vload_at(arr, idx, off):  # noqa: ANN001, ANN202
+            loads.append(arr.shape[len(arr.shape) - 1])
+            return real_at(arr, idx, off)
+
+        monkeypatch.setattr(module, "vload_at", lambda: counting_vload_at)
     a, b = random_operands((1, 9, k), (1, k, n), np.float32)
     assert_close(_launch(spec.build(params, np.dtype(np.float32)), a, b, 9, n), a, b)
     assert (k in loads) == vector_a  # global A rows have length K

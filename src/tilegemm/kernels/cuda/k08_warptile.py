@@ -242,15 +242,20 @@ def _fast_loads(p: Mapping[str, int], w: int, nt: int, a_rows: bool = False) -> 
     return loads + stores
 
 
-def _offsets(p: Mapping[str, int], w: int, nt: int) -> tuple[list[str], list[str]]:
+def _offsets(p: Mapping[str, int], w: int, nt: int,
+             strided: bool = False) -> tuple[list[str], list[str]]:
     """Element offsets of this thread's global loads in the first k-tile of a block tile,
-    and what one k-tile adds to them (used only on the interior path, where A's k stride
-    is one element)."""
+    and what one k-tile adds to them. Used on the interior path, where A's k stride and
+    B's n stride are one element; ``strided``: with those strides too (``sa2``, ``sb2``),
+    so that the edge path can address its elements from them (rung 9)."""
     a_rounds = ceil_div(p["BM"] * (p["BK"] // w), nt)
     b_rounds = ceil_div(p["BK"] * (p["BN"] // w), nt)
-    offsets = [f"oa{r} = za * sa0 + (row0 + ar{r}) * sa1 + ac{r}" for r in range(a_rounds)]
-    offsets += [f"ob{r} = zb * sb0 + br{r} * sb1 + col0 + bc{r}" for r in range(b_rounds)]
-    bumps = [f"oa{r} += BK" for r in range(a_rounds)]
+    sa2, sb2 = (" * sa2", " * sb2") if strided else ("", "")
+    offsets = [f"oa{r} = za * sa0 + (row0 + ar{r}) * sa1 + ac{r}{sa2}" for r in range(a_rounds)]
+    b_col = "(col0 + bc{r}) * sb2" if strided else "col0 + bc{r}"
+    offsets += [f"ob{r} = zb * sb0 + br{r} * sb1 + " + b_col.format(r=r)
+                for r in range(b_rounds)]
+    bumps = [f"oa{r} += BK{sa2}" for r in range(a_rounds)]
     bumps += [f"ob{r} += BK * sb1" for r in range(b_rounds)]
     return offsets, bumps
 

@@ -38,10 +38,13 @@ Machine code (docs/performance.md): generated as source at build time like rungs
 written out two k-tiles at a time, one per buffer, so the buffer is a constant in every
 shared address (no parity arithmetic at all). Interior blocks stage the next tile with
 128-bit loads at per-thread offsets bumped per k-tile, no bounds checks, issued before the
-current tile's FMAs; edge blocks and unaligned operands stage element by element. float32
-asks for two blocks per SM (128 registers); float64 keeps the k steps of a tile a loop
-(written out, they spill on sm_80). FFMA share on sm_90: hot loop 76 % → 87 %,
-interior k-tile 63 % → 87 %.
+current tile's FMAs; edge blocks and unaligned operands stage element by element,
+addressed from the same offsets (see ``_slow_stage``). Which path a stage takes is one
+compare per k-tile against ``k_fast``, the last k an interior tile is staged at, set
+once per block tile. float32 asks for two blocks per SM (128 registers); float64 keeps
+the k steps of a tile a loop (written out, they spill on sm_80). FFMA share on sm_90:
+hot loop 76 % → 87 % → 89 %, interior k-tile 63 % → 87 % → 89 % (the last step: the
+edge path's addressing and the per-tile test, 2026-11-27).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._kmajor import FFMA_COPIES, RowMajorProgram
 from tilegemm.kernels.cuda._splitk import SplitKProgram
+from tilegemm.kernels.cuda._wgmma import wgmma_ops
 from tilegemm.kernels.cuda.k08_warptile import SPEC as WARPTILE
 from tilegemm.kernels.cuda.k08_warptile import (
     VECTOR_CHECKS,
@@ -99,11 +103,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         VB=VECTOR_BYTES, A_VPR=A_VPR, B_VPR=B_VPR, A_VECS=A_VECS, B_VECS=B_VECS,
         A_ROUNDS=A_ROUNDS, B_ROUNDS=B_ROUNDS, SA=A_ROUNDS * W, SB=B_ROUNDS * W, RPW=RPW,
         ld=ld, st=st, vload=vload, vstore=vstore, gather=gather, scatter=scatter,
-        address=address, vload_at=vload_at(), ALIGN=ALIGN, zero=dtype.type(0),
+        address=address, vload_at=vload_at(), load_at=wgmma_ops().load_at, ALIGN=ALIGN,
+        zero=dtype.type(0),
         nptype=dtype.type, SPLIT=SPLIT)
-    offsets, bumps = _offsets(p, W, NT)
+    offsets, bumps = _offsets(p, W, NT, strided=True)
     if SPLIT > 1:  # the first k-tile of a slice starts at k_beg, not at 0
-        offsets = [x + (" + k_beg" if x.startswith("oa") else " + k_beg * sb1")
+        offsets = [x + (" + k_beg * sa2" if x.startswith("oa") else " + k_beg * sb1")
                    for x in offsets]
     # float64: k steps written out need more than 255 registers on sm_80 (the next step's
     # operands next to 128 of accumulators and the staged tile), so they stay a loop there.
@@ -180,8 +185,42 @@ def _stage(p: Mapping[str, int], w: int, nt: int, bumps: list[str]) -> list[str]
                 f"vload_at(B, (zb, kn + br{rnd}, col0 + bc{rnd}), ob{rnd}))")
         fast += [load] if (rnd + 1) * nt <= b_vecs else [
             f"if tid + {rnd * nt} < {b_vecs}:", "    " + load]
-    return (["if inner and kn + BK <= k_end:"] + ["    " + x for x in fast]
-            + ["else:"] + ["    " + x for x in SLOW_STAGE.strip("\n").splitlines()] + bumps)
+    return (["if kn <= k_fast:"] + ["    " + x for x in fast]
+            + ["else:"] + ["    " + x for x in _slow_stage(p, w, nt)] + bumps)
+
+
+def _slow_stage(p: Mapping[str, int], w: int, nt: int) -> list[str]:
+    """The edge path of a stage: tile ``kn`` into the staging registers, each vector of
+    the tile (``ar``/``ac`` of A, ``br``/``bc`` of B: the same per-thread positions as the
+    interior path's) loaded whole where the operand allows it and the vector lies inside,
+    else element by element, zero outside.
+
+    Elements are addressed from the interior path's offsets ``oa``/``ob``, which carry
+    the operands' strides along k and n (``_offsets(strided=True)``), not by indexing the
+    arrays: indexed, the edge path's address arithmetic (a 64-bit row times stride and a
+    pointer, per operand) was computed on every k-tile of the interior path too, ahead of
+    its branch, 8 instructions per pair of k-tiles on sm_90, and with ``k_fast`` below it
+    left no room in 128 registers (116 bytes spilled)."""
+    a_vecs, b_vecs = p["BM"] * (p["BK"] // w), p["BK"] * (p["BN"] // w)
+    lines = []
+    for x, vecs, row, col, off, rows, cols, step in (
+            ("a", a_vecs, "row0 + ar{r}", "kn + ac{r}", "oa{r}", "m", "k_end", "sa2"),
+            ("b", b_vecs, "kn + br{r}", "col0 + bc{r}", "ob{r}", "k_end", "n", "sb2")):
+        X = x.upper()  # noqa: N806 - the operand's name in the kernel
+        for r in range(ceil_div(vecs, nt)):
+            o = off.format(r=r)
+            mine = f"tid + {r * nt} < {vecs} and " if (r + 1) * nt > vecs else ""
+            lines += [f"gr = {row.format(r=r)}", f"gc = {col.format(r=r)}",
+                      f"if {mine}{x}_vec and gr < {rows} and gc < {cols} - (W - 1):",
+                      f"    scatter(s{x}, ({r * w},), vload_at({X}, (z{x}, gr, gc), {o}))",
+                      "else:"]
+            for q in range(w):
+                lines += [f"    if {mine}gr < {rows} and gc + {q} < {cols}:",
+                          f"        s{x}[{r * w + q}] = load_at({X}, (z{x}, gr, gc + {q}), "
+                          f"{o} + {q} * {step})",
+                          "    else:",
+                          f"        s{x}[{r * w + q}] = zero"]
+    return lines
 
 
 def _store(p: Mapping[str, int], w: int, nt: int, buf: int) -> list[str]:
@@ -199,34 +238,6 @@ def _store(p: Mapping[str, int], w: int, nt: int, buf: int) -> list[str]:
             f"if tid + {rnd * nt} < {b_vecs}:", "    " + store]
     return lines
 
-
-def _slow_copy(x: str, row0: str, col0: str, rows: str, cols: str) -> str:
-    """The edge path of one operand's part of a stage (``x``: "a" or "b"), staging its
-    tile at (``row0``, ``col0``) of a ``rows`` × ``cols`` matrix into registers
-    (``sa``, ``sb``): a vector where the operand allows it and the vector lies inside,
-    else element by element, zero outside."""
-    X = x.upper()
-    return f"""
-for rnd in range({X}_ROUNDS):
-    v = tid + rnd * NT
-    r = v // {X}_VPR
-    c = (v % {X}_VPR) * W
-    gr = {row0} + r
-    gc = {col0} + c
-    if v < {X}_VECS and {x}_vec and gr < {rows} and gc < {cols} - (W - 1):
-        scatter(s{x}, (rnd * W,), vload({X}, (z{x}, gr, gc)))
-    else:
-        for q in range(W):
-            if v < {X}_VECS and gr < {rows} and gc + q < {cols}:
-                s{x}[rnd * W + q] = ld({X}, (z{x}, gr, gc + q))
-            else:
-                s{x}[rnd * W + q] = zero"""
-
-
-# The edge path of a stage: element-wise where a vector would leave the operand. A's
-# tile is BM × BK at (row0, kn) of the M × K matrix, B's BK × BN at (kn, col0) of K × N.
-SLOW_STAGE = (_slow_copy("a", "row0", "kn", "m", "k_end")
-              + _slow_copy("b", "kn", "col0", "k_end", "n") + "\n")
 
 # The kernel, as source: #@ lines are replaced by generated code in build() (rung 8's
 # vector checks at import). The k loop is written out two k-tiles at a time, one per
@@ -246,6 +257,7 @@ def pipelined(A, B, C, alpha, beta):
     cv = cuda.local.array(W, nptype)
     sa0, sa1 = A.strides[0] // ISZ, A.strides[1] // ISZ  # strides in elements
     sb0, sb1 = B.strides[0] // ISZ, B.strides[1] // ISZ
+    sa2, sb2 = A.strides[2] // ISZ, B.strides[2] // ISZ
     #@BASES
 
     tiles_m = (m + BM - 1) // BM
@@ -266,6 +278,9 @@ def pipelined(A, B, C, alpha, beta):
             #@ZERO_ACC
             # Block-uniform: the whole tile is inside A, B and C, and vectors are safe.
             inner = a_vec and b_vec and row0 + BM <= m and col0 + BN <= n
+            # The last k at which a tile is staged on the interior path (none: below
+            # k_beg): each stage then tests kn <= k_fast, one 64-bit compare.
+            k_fast = k_end - BK if inner else k_beg - 1
             # Prologue: tile 0 into buffer 0.
             kn = k_beg
             #@STAGE
