@@ -96,6 +96,20 @@ def vload_at() -> Any:
     return _compiled_vload_at()
 
 
+@cache
+def load_at() -> Any:
+    """``load_at(arr, idx, off)``: ``arr[idx]`` read at element offset ``off`` from ``arr``'s
+    data pointer, the scalar companion of :func:`vload_at` (edge paths that step a kept
+    offset by the operand's strides; the device copies of operands). Compiled, only
+    ``off`` is used, read-only (``invariant.load``); the simulator stand-in checks that
+    ``off`` is ``idx``'s offset, then reads through ``idx``."""
+    from tilegemm import simulator
+
+    if simulator.enabled():
+        return _py_load_at
+    return _compiled_load_at()
+
+
 # --- simulator stand-ins -------------------------------------------------------------------
 
 
@@ -106,6 +120,14 @@ def _py_vload_at(arr: Any, idx: tuple[int, ...], off: int) -> tuple[Any, ...]:
         raise AssertionError(f"vload_at: offset {off} is not that of index {idx} ({expect})")
     return _py_vload(arr, idx)
 
+
+
+def _py_load_at(arr: Any, idx: Any, off: Any) -> Any:
+    isz = arr.dtype.itemsize
+    expect = sum(int(i) * (st // isz) for i, st in zip(idx, arr.strides))
+    if int(off) != expect:
+        raise AssertionError(f"load_at: offset {off} is not that of index {idx} ({expect})")
+    return arr[tuple(int(i) for i in idx)]
 
 
 def _py_load(arr: Any, idx: tuple[int, ...]) -> Any:
@@ -327,3 +349,29 @@ def _compiled_vload_at() -> Any:
     return vload_at
 
 
+
+
+@cache
+def _compiled_load_at() -> Any:
+    from numba import types
+    from numba.core.errors import TypingError
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def load_at(typingctx: Any, arr: Any, idx: Any, off: Any) -> Any:
+        if not isinstance(arr, types.Array) or not isinstance(off, types.Integer):
+            raise TypingError("load_at: needs an array, an index tuple and an integer offset")
+        sig = arr.dtype(arr, idx, off)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            arrty, _, offty = sig.args
+            ary = context.make_array(arrty)(context, builder, value=args[0])
+            ptr = builder.gep(ary.data, [context.cast(builder, args[2], offty, types.int64)])
+            v = builder.load(ptr)
+            # the operands are read-only for the whole kernel: ld.global.nc may serve it
+            v.set_metadata("invariant.load", builder.module.add_metadata([]))
+            return v
+
+        return sig, codegen
+
+    return load_at

@@ -139,8 +139,8 @@ class KMajorBProgram(CudaProgram):
             return
         # A is copied to be rounded, or K-major when it is M-major (a device array's
         # transpose, x.T @ y, aligned or not: its tiles would otherwise take the kernel's
-        # plain loads); B
-        # to be rounded, or K-major when it is not already (the kernel reads its padded rows)
+        # plain loads); B to be rounded, or K-major when it is not already (the kernel
+        # reads its padded rows)
         copies = []
         if self.round_tf32 or a_t is not None:
             copies.append(("A", A, a_t, True))
@@ -294,8 +294,8 @@ def copy_to_workspaces(workspaces: Workspaces, copies: list[tuple[Any, str, bool
     """Each ``(X, slot, transpose)`` of ``copies`` (one or two), X of shape (batch, R, C),
     copied into the stream's workspace ``slot`` of ``workspaces``: transposed (batch, C, R
     rounded up to 16 bytes) or as it is (batch, R, C rounded up to 16 bytes), rounded to
-    TF32 if asked. Two copies of one dtype
-    are made by one launch (``copy_pair_kernel``). Returns the workspaces, in order."""
+    TF32 if asked. Two copies of one dtype are made by one launch (``copy_pair_kernel``).
+    Returns the workspaces, in order."""
     works = []
     device = device_key()  # once for both
     for X, slot, transpose in copies:
@@ -397,14 +397,17 @@ def _copy_tiles(dtype: str, tf32: bool, transpose: bool) -> Any:
     global cuda
     from numba import cuda
 
-    from tilegemm.kernels.cuda._access import access_ops
+    from tilegemm.kernels.cuda import _access
     from tilegemm.kernels.cuda._tensorcore import tensorcore_ops
-    from tilegemm.kernels.cuda._wgmma import wgmma_ops
 
+    if simulator.enabled():
+        from tilegemm.kernels.cuda._simulator import install
+
+        install()  # numba's simulator races on cuda.shared.array; see _simulator.py
     isz = np.dtype(dtype).itemsize
     TRANSPOSE = transpose  # noqa: N806 - a compile-time constant of the kernel
-    store = access_ops().store
-    load_at = wgmma_ops().load_at
+    store = _access.access_ops().store
+    load_at = _access.load_at()
     if tf32:
         convert = tensorcore_ops().to_tf32
     else:

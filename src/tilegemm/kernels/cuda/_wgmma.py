@@ -53,7 +53,9 @@ The instructions (:func:`wgmma_ops` returns them for the current mode):
   four 32-bit values at byte ``off``; ``pack_halves(lo, hi)``: two 16-bit values' bits in
   one uint32, ``lo`` in the low half; ``load_at(arr, idx, off)``: ``arr[idx]`` read from
   the element offset ``off`` of the data pointer (the simulator checks that they agree),
-  so a kernel can keep per-thread offsets (rung wgmma's transposing B copies).
+  so a kernel can keep per-thread offsets (rung wgmma's transposing B copies; defined in
+  ``_access`` with the other memory accesses, here for the kernels that take it from
+  these ops).
 
 Shared-memory layout without swizzle (PTX ISA "Shared Memory Matrix Layout"): the operand
 is cut into *core matrices* of 8 rows × 16 bytes (8×4 tf32 values, 8×8 16-bit values), each
@@ -85,6 +87,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tilegemm.kernels.cuda._access import load_at
 from tilegemm.kernels.cuda._tensorcore import (
     bf16_value,
     collective_compute,
@@ -339,14 +342,6 @@ def _py_pack_halves(lo: Any, hi: Any) -> np.uint32:
     return np.uint32(_bits16(lo) | _bits16(hi) << 16)
 
 
-def _py_load_at(arr: Any, idx: Any, off: Any) -> Any:
-    isz = arr.dtype.itemsize
-    expect = sum(int(i) * (st // isz) for i, st in zip(idx, arr.strides))
-    if int(off) != expect:
-        raise AssertionError(f"load_at: offset {off} is not that of index {idx} ({expect})")
-    return arr[tuple(int(i) for i in idx)]
-
-
 class _Issue(threading.local):
     """One thread's wgmma state: fenced since the last wait, the products issued since the
     last commit, and the committed groups not yet retired (oldest first)."""
@@ -472,7 +467,7 @@ def wgmma_ops() -> WgmmaOps:
                         lambda n, b_mn=False, a_mn=False: _py_mma("f16", n, b_mn, a_mn),
                         _py_smem_desc,
                         _py_smem_desc_128b, _py_smem_desc_128b_mn, _py_sts4_at,
-                        _py_pack_halves, _py_load_at)
+                        _py_pack_halves, load_at())
     return _compiled_ops()
 
 
@@ -687,28 +682,11 @@ def _compiled_ops() -> WgmmaOps:
 
         return sig, codegen
 
-    @intrinsic
-    def load_at(typingctx: Any, arr: Any, idx: Any, off: Any) -> Any:
-        if not isinstance(arr, types.Array) or not isinstance(off, types.Integer):
-            raise TypingError("load_at: needs an array, an index tuple and an integer offset")
-        sig = arr.dtype(arr, idx, off)
-
-        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            arrty, _, offty = sig.args
-            ary = context.make_array(arrty)(context, builder, value=args[0])
-            ptr = builder.gep(ary.data, [context.cast(builder, args[2], offty, types.int64)])
-            v = builder.load(ptr)
-            # the operands are read-only for the whole kernel: ld.global.nc may serve it
-            v.set_metadata("invariant.load", builder.module.add_metadata([]))
-            return v
-
-        return sig, codegen
-
     return WgmmaOps(fence, commit, wait, fence_proxy_async, lambda n: mma("tf32", n),
                     lambda n, b_mn=False, a_mn=False: mma("bf16", n, b_mn, a_mn),
                     lambda n, b_mn=False, a_mn=False: mma("f16", n, b_mn, a_mn), smem_desc,
                     smem_desc_128b,
-                    smem_desc_128b_mn, sts4_at, pack_halves, load_at)
+                    smem_desc_128b_mn, sts4_at, pack_halves, load_at())
 
 
 def compile_sm90a(pyfunc: Any, sig: tuple) -> str:

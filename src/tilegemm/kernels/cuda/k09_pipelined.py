@@ -56,12 +56,11 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
-from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, vload_at, width
+from tilegemm.kernels.cuda._access import VECTOR_BYTES, access_ops, load_at, vload_at, width
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._kmajor import FFMA_COPIES, RowMajorProgram
 from tilegemm.kernels.cuda._splitk import SplitKProgram
-from tilegemm.kernels.cuda._wgmma import wgmma_ops
 from tilegemm.kernels.cuda.k08_warptile import SPEC as WARPTILE
 from tilegemm.kernels.cuda.k08_warptile import (
     VECTOR_CHECKS,
@@ -103,9 +102,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         VB=VECTOR_BYTES, A_VPR=A_VPR, B_VPR=B_VPR, A_VECS=A_VECS, B_VECS=B_VECS,
         A_ROUNDS=A_ROUNDS, B_ROUNDS=B_ROUNDS, SA=A_ROUNDS * W, SB=B_ROUNDS * W, RPW=RPW,
         ld=ld, st=st, vload=vload, vstore=vstore, gather=gather, scatter=scatter,
-        address=address, vload_at=vload_at(), load_at=wgmma_ops().load_at, ALIGN=ALIGN,
-        zero=dtype.type(0),
-        nptype=dtype.type, SPLIT=SPLIT)
+        address=address, vload_at=vload_at(), load_at=load_at(), ALIGN=ALIGN,
+        zero=dtype.type(0), nptype=dtype.type, SPLIT=SPLIT)
     offsets, bumps = _offsets(p, W, NT, strided=True)
     if SPLIT > 1:  # the first k-tile of a slice starts at k_beg, not at 0
         offsets = [x + (" + k_beg * sa2" if x.startswith("oa") else " + k_beg * sb1")
