@@ -195,25 +195,27 @@ def test_operands_in_the_kernels_layout_are_not_copied(name: str,
     assert len(program.workspaces) == 0
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize(("name", "over"), CASES, ids=[
     name + ("-split" if over else "") for name, over in CASES])
 def test_small_products_read_transposed_operands_as_they_lie(
-        name: str, over: dict, rng: np.random.Generator) -> None:
+        name: str, over: dict, dtype: Any, rng: np.random.Generator) -> None:
     """Below the reuse threshold nothing is copied: A M-major and B K-major go to the
     kernel as they are, and its edge path reads them element by element, at offsets that
     step by their strides along k and n (rung 9 addresses those elements from its
     per-thread offsets; the simulator's stand-in checks each offset against its index)."""
     spec = registry.get(name, "cuda")
-    program = spec.program(spec.resolve(dict(spec.sim_params) | over), np.dtype(np.float32))
+    program = spec.program(spec.resolve(dict(spec.sim_params) | over), np.dtype(dtype))
     program.workspaces._spaces.clear()
     k = 19
-    a, a_host = transposed_device_array(rng, (2, M, k), np.float32)
-    b, b_host = transposed_device_array(rng, (2, k, N), np.float32)
+    a, a_host = transposed_device_array(rng, (2, M, k), dtype)
+    b, b_host = transposed_device_array(rng, (2, k, N), dtype)
     from numba import cuda
 
-    c = cuda.to_device(np.full((2, M, N), np.nan, dtype=np.float32))
-    program.launch(a, b, c, np.float32(1), np.float32(0))
+    c = cuda.to_device(np.full((2, M, N), np.nan, dtype=dtype))
+    program.launch(a, b, c, dtype(1), dtype(0))
     want = np.matmul(a_host.astype(np.float64), b_host)
     scale = np.matmul(np.abs(a_host).astype(np.float64), np.abs(b_host))
-    assert np.all(np.abs(c.copy_to_host() - want) <= 4 * k * 2.0**-24 * scale)
+    eps = np.finfo(dtype).eps
+    assert np.all(np.abs(c.copy_to_host() - want) <= 4 * k * eps * scale)
     assert not {"A", "B"} & {key[-1] for key in program.workspaces._spaces}  # no copies
