@@ -406,7 +406,12 @@ def analyse(text: str, *, kernel: str, source: str, arch: str, dtype: str,
                    and hot.end <= lp.end]
         if parents:
             tile_loop = min(parents, key=lambda lp: lp.end - lp.start)
-    trips = {hot.start: max(1, tile_fma // hot_fma)} if tile_loop is not hot else {}
+    # Every loop inside the k-tile that is a copy of the hot loop runs as often: rung 9
+    # in float64 has two k-step loops per trip, one per shared buffer.
+    trips = {} if tile_loop is hot else {
+        lp.start: max(1, tile_fma // hot_fma) for lp in with_fma
+        if lp is not tile_loop and tile_loop.start <= lp.start and lp.end <= tile_loop.end
+        and (lp is hot or best_path(instrs, lp, {}).get("fma") == hot_fma)}
     tile_path = best_path(instrs, tile_loop, trips)
     lines = [f"/*{i.addr:04x}*/ {i.text:<64} // {CLASS_TITLES[i.cls]}"
              for i in instrs if hot.contains(i.addr)]
