@@ -52,7 +52,7 @@ def reduce_launch(total: int) -> tuple[int, int]:
 @dataclass(frozen=True)
 class SplitKProgram(RowMajorProgram):
     """A pipelined kernel built with ``SPLIT_K`` > 1, launched as partial products + sum
-    (after the copies of transposed operands every row-major kernel's program makes).
+    (after the operand copies any :class:`RowMajorProgram` makes first, as rung 9's).
 
     ``kernel`` writes the partial products (``C`` of shape (batch × slices, M, N)); it has
     the same signature as every rung, so resource reports and PTX analysis see it as usual.
