@@ -219,3 +219,25 @@ def test_small_products_read_transposed_operands_as_they_lie(
     eps = np.finfo(dtype).eps
     assert np.all(np.abs(c.copy_to_host() - want) <= 4 * k * eps * scale)
     assert not {"A", "B"} & {key[-1] for key in program.workspaces._spaces}  # no copies
+
+
+def test_a_copy_is_recorded_once_for_the_debug_log(rng: np.random.Generator,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A user who asks why a call made an extra launch finds it in the ``tilegemm``
+    logger's DEBUG records: the first copy of each operand for each reason, once."""
+    import logging
+
+    spec = registry.get("pipelined", "cuda")
+    program = replace(spec.program(spec.resolve(dict(spec.sim_params)), np.dtype(np.float32)),
+                      min_reuse=0, _noted=set())
+    from numba import cuda
+
+    a, _ = transposed_device_array(rng, (1, 9, 8), np.float32)
+    b = cuda.to_device(rng.standard_normal((1, 8, 12)).astype(np.float32))
+    with caplog.at_level(logging.DEBUG, logger="tilegemm"):
+        for _ in range(2):
+            c = cuda.device_array((1, 9, 12), np.float32)
+            program.launch(a, b, c, np.float32(1), np.float32(0))
+    records = [r.getMessage() for r in caplog.records if "copied into" in r.getMessage()]
+    assert len(records) == 1, records
+    assert "pipelined: A (laid out transposed, shape (1, 9, 8))" in records[0]

@@ -25,6 +25,7 @@ Private module: imports numba only when a program is launched.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -46,6 +47,7 @@ PADDED = TILE + 1  # its rows in shared memory, one value longer (no bank confli
 # product (4.1 of 6.9 s at 128×96×256): there a block is one warp, (32, 1), each thread
 # taking every row, the same code with 8 times fewer threads.
 ROWS = 1 if simulator.enabled() else 8
+log = logging.getLogger(__name__)
 cuda: Any = None  # numba.cuda, bound by copy_kernel()
 
 
@@ -233,12 +235,14 @@ class RowMajorProgram(CudaProgram):
     pad: bool = False
     min_reuse: int = 0
     workspaces: Workspaces = field(default_factory=Workspaces, compare=False, repr=False)
+    _noted: set = field(default_factory=set, compare=False, repr=False)
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
         copies = self.copies_for(A, B, C.shape)
         if not copies:
             self.launch_product(A, B, C, alpha, beta, stream)
             return
+        self._note(copies)
         with self.workspaces.lock:  # the copies and their reader, enqueued together
             out = copy_operands(self.workspaces, copies, self.round_tf32, stream)
             self.launch_product(out.get("A", A), out.get("B", B), C, alpha, beta, stream)
@@ -258,6 +262,20 @@ class RowMajorProgram(CudaProgram):
             if X_t is not None or self.round_tf32 or (self.pad and rows_off_16_bytes(X)):
                 copies.append((slot, X, X_t, True))
         return copies
+
+    def _note(self, copies: list[tuple[str, Any, Any, bool]]) -> None:
+        """A DEBUG record (logger ``tilegemm...``) the first time this program copies an
+        operand for a reason, so that a user can see why a call made an extra launch."""
+        for slot, X, X_t, _ in copies:
+            why = ("rounded to TF32" if self.round_tf32 else
+                   "laid out transposed" if X_t is not None else "rows off 16 bytes")
+            if (slot, why) in self._noted:
+                continue
+            self._noted.add((slot, why))
+            log.debug("%s: %s (%s, shape %s) copied into the kernel's layout before the "
+                      "product, rows padded to 16 bytes", getattr(self.kernel, "__name__",
+                                                                  "kernel"),
+                      slot, why, tuple(X.shape))
 
     def launch_product(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any,
                        stream: Any) -> None:
