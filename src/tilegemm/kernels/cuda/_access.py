@@ -317,61 +317,52 @@ def _compiled_ops() -> Access:
 
 @cache
 def _compiled_vload_at() -> Any:
-    from llvmlite import ir
-    from numba import types
-    from numba.core.errors import TypingError
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def vload_at(typingctx: Any, arr: Any, idx: Any, off: Any) -> Any:
-        if not isinstance(arr, types.Array) or not isinstance(off, types.Integer):
-            raise TypingError("vload_at: needs an array, an index tuple and an integer offset")
-        w = VECTOR_BYTES // (arr.dtype.bitwidth // 8)
-        sig = types.UniTuple(arr.dtype, w)(arr, idx, off)
-
-        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-            arrty, _, offty = sig.args
-            ary = context.make_array(arrty)(context, builder, value=args[0])
-            offset = context.cast(builder, args[2], offty, types.int64)
-            ptr = builder.gep(ary.data, [offset])
-            vec = ir.VectorType(context.get_value_type(arrty.dtype), w)
-            v = builder.load(builder.bitcast(ptr, vec.as_pointer()), align=VECTOR_BYTES)
-            # Read-only for the whole kernel (the operands; an output that overlaps them
-            # goes to a temporary): NVPTX may then use the non-coherent read-only path,
-            # ld.global.nc (LDG.E.128.CONSTANT), as CUDA C does for const __restrict__.
-            v.set_metadata("invariant.load", builder.module.add_metadata([]))
-            items = [builder.extract_element(v, ir.Constant(ir.IntType(32), q))
-                     for q in range(w)]
-            return context.make_tuple(builder, sig.return_type, items)
-
-        return sig, codegen
-
-    return vload_at
+    return _compiled_offset_load(vector=True)
 
 
 
 
 @cache
 def _compiled_load_at() -> Any:
+    return _compiled_offset_load(vector=False)
+
+
+def _compiled_offset_load(vector: bool) -> Any:
+    """The intrinsic behind :func:`vload_at` (``vector``: W elements, one 16-byte load) or
+    :func:`load_at` (one element): a load at an element offset from the data pointer."""
+    from llvmlite import ir
     from numba import types
     from numba.core.errors import TypingError
     from numba.cuda.extending import intrinsic
 
-    @intrinsic
-    def load_at(typingctx: Any, arr: Any, idx: Any, off: Any) -> Any:
+    name = "vload_at" if vector else "load_at"
+
+    def offset_load(typingctx: Any, arr: Any, idx: Any, off: Any) -> Any:
         if not isinstance(arr, types.Array) or not isinstance(off, types.Integer):
-            raise TypingError("load_at: needs an array, an index tuple and an integer offset")
-        sig = arr.dtype(arr, idx, off)
+            raise TypingError(f"{name}: needs an array, an index tuple and an integer offset")
+        w = VECTOR_BYTES // (arr.dtype.bitwidth // 8)
+        sig = (types.UniTuple(arr.dtype, w) if vector else arr.dtype)(arr, idx, off)
 
         def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
             arrty, _, offty = sig.args
             ary = context.make_array(arrty)(context, builder, value=args[0])
             ptr = builder.gep(ary.data, [context.cast(builder, args[2], offty, types.int64)])
-            v = builder.load(ptr)
-            # the operands are read-only for the whole kernel: ld.global.nc may serve it
+            if vector:
+                vec = ir.VectorType(context.get_value_type(arrty.dtype), w)
+                v = builder.load(builder.bitcast(ptr, vec.as_pointer()), align=VECTOR_BYTES)
+            else:
+                v = builder.load(ptr)
+            # Read-only for the whole kernel (the operands; an output that overlaps them
+            # goes to a temporary): NVPTX may then use the non-coherent read-only path,
+            # ld.global.nc (LDG.E.128.CONSTANT), as CUDA C does for const __restrict__.
             v.set_metadata("invariant.load", builder.module.add_metadata([]))
-            return v
+            if not vector:
+                return v
+            items = [builder.extract_element(v, ir.Constant(ir.IntType(32), q))
+                     for q in range(w)]
+            return context.make_tuple(builder, sig.return_type, items)
 
         return sig, codegen
 
-    return load_at
+    offset_load.__name__ = offset_load.__qualname__ = name
+    return intrinsic(offset_load)

@@ -51,38 +51,35 @@ log = logging.getLogger(__name__)
 cuda: Any = None  # numba.cuda, bound by copy_kernel()
 
 
-def kmajor_view(B: Any) -> Any | None:
+def kmajor_view(B: Any, aligned: bool = True) -> Any | None:
     """A (batch, N, K) view of device array ``B`` (batch, K, N) when that view is what a
-    copy would hold: K contiguous, rows and the start on 16 bytes (the kernel's 16-byte
-    copies); otherwise None. (Of an A (batch, M, K): its (batch, K, M) view, M
-    contiguous.)"""
-    isz = np.dtype(B.dtype).itemsize
+    copy would hold: K contiguous, and (``aligned``) rows and the start on 16 bytes (the
+    kernel's 16-byte copies); otherwise None. (Of an A (batch, M, K): its (batch, K, M)
+    view, M contiguous.)"""
+    isz = B.dtype.itemsize  # (a NumPy dtype on every kind of device array here)
     s0, s1, s2 = B.strides
     if s1 != isz and B.shape[1] > 1:
         return None
-    if s2 % 16 or s0 % 16 or _address(B) % 16:
+    if aligned and not _on_16_bytes(B, s2):
         return None
     return strided_view(B, (B.shape[0], B.shape[2], B.shape[1]), (s0, s2, isz))
 
 
-def transposed_view(X: Any) -> Any | None:
+def transposed_view(X: Any, aligned: bool = True) -> Any | None:
     """A (batch, C, R) view of device operand ``X`` (batch, R, C) when X is laid out
     transposed (R contiguous, not C: the transpose of a C-ordered array, as A is in ``x.T
-    @ y`` and B in ``x @ w.T``) with rows and start on 16 bytes; otherwise None."""
+    @ y`` and B in ``x @ w.T``), with (``aligned``) rows and start on 16 bytes, as a
+    kernel reads it in place; ``aligned=False``: whatever its alignment, as a copy into
+    X's own layout reads it, coalesced along its rows. Otherwise None."""
     if X.strides[2] == X.dtype.itemsize or X.shape[2] <= 1:
         return None
-    return kmajor_view(X)
+    return kmajor_view(X, aligned)
 
 
-def swapped_view(X: Any) -> Any | None:
-    """A (batch, C, R) view of device operand ``X`` (batch, R, C) when X is laid out
-    transposed (R contiguous, not C), whatever its alignment: what a copy into X's own
-    layout reads, coalesced along its rows; otherwise None."""
-    isz = X.dtype.itemsize
-    s0, s1, s2 = X.strides
-    if s2 == isz or X.shape[2] <= 1 or (s1 != isz and X.shape[1] > 1):
-        return None
-    return strided_view(X, (X.shape[0], X.shape[2], X.shape[1]), (s0, s2, isz))
+def _on_16_bytes(X: Any, row_stride: int) -> bool:
+    """Whether device array ``X``'s start, batch stride and ``row_stride`` (bytes) are
+    multiples of 16 bytes."""
+    return not (row_stride % 16 or X.strides[0] % 16 or _address(X) % 16)
 
 
 def _address(B: Any) -> int:
@@ -98,9 +95,7 @@ def rows_off_16_bytes(X: Any) -> bool:
     """Whether device operand ``X`` (batch, R, C), laid out row by row (C contiguous), has
     rows, batches or its start off 16 bytes, so that a kernel's 16-byte loads cannot read
     it (the vector checks of rungs 6-9 and mma)."""
-    if X.strides[2] != X.dtype.itemsize:
-        return False
-    return bool(X.strides[1] % 16 or X.strides[0] % 16 or _address(X) % 16)
+    return X.strides[2] == X.dtype.itemsize and not _on_16_bytes(X, X.strides[1])
 
 
 def padded_shape(shape: tuple[int, int, int], itemsize: int) -> tuple[int, int, int]:
@@ -135,7 +130,7 @@ class KMajorBProgram(CudaProgram):
 
     def launch(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any, stream: Any = 0) -> None:
         view = kmajor_view(B)
-        a_t = swapped_view(A)
+        a_t = transposed_view(A, aligned=False)
         if view is not None and a_t is None and not self.round_tf32:
             super().launch(A, view, C, alpha, beta, stream)
             return
@@ -258,7 +253,7 @@ class RowMajorProgram(CudaProgram):
                                ("B", B, m * batch // B.shape[0])):
             if not self.round_tf32 and reuse < self.min_reuse:
                 continue
-            X_t = swapped_view(X)  # noqa: N806
+            X_t = transposed_view(X, aligned=False)  # noqa: N806
             if X_t is not None or self.round_tf32 or (self.pad and rows_off_16_bytes(X)):
                 copies.append((slot, X, X_t, True))
         return copies

@@ -51,11 +51,8 @@ The instructions (:func:`wgmma_ops` returns them for the current mode):
   bytes apart; stepping along K adds ``16 / 8 * sbo`` bytes a k16 step to the start address;
 - ``sts4_at(arr, off, v0, v1, v2, v3)``: one 16-byte shared store (``st.shared.v4.b32``) of
   four 32-bit values at byte ``off``; ``pack_halves(lo, hi)``: two 16-bit values' bits in
-  one uint32, ``lo`` in the low half; ``load_at(arr, idx, off)``: ``arr[idx]`` read from
-  the element offset ``off`` of the data pointer (the simulator checks that they agree),
-  so a kernel can keep per-thread offsets (rung wgmma's transposing B copies; defined in
-  ``_access`` with the other memory accesses, here for the kernels that take it from
-  these ops).
+  one uint32, ``lo`` in the low half. (Rung wgmma's transposing B copies read B with
+  ``_access.load_at``, an element at a kept per-thread offset.)
 
 Shared-memory layout without swizzle (PTX ISA "Shared Memory Matrix Layout"): the operand
 is cut into *core matrices* of 8 rows × 16 bytes (8×4 tf32 values, 8×8 16-bit values), each
@@ -87,7 +84,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tilegemm.kernels.cuda._access import load_at
 from tilegemm.kernels.cuda._tensorcore import (
     bf16_value,
     collective_compute,
@@ -115,7 +111,6 @@ class WgmmaOps(NamedTuple):
     smem_desc_128b_mn: Any  # smem_desc_128b_mn(arr, off, lbo, sbo): the same, MN-major
     sts4_at: Any  # sts4_at(arr, off, v0, v1, v2, v3): one 16-byte shared store
     pack_halves: Any  # pack_halves(lo, hi) -> uint32: two 16-bit values' bits, lo first
-    load_at: Any  # load_at(arr, idx, off): arr's element at element offset off (= idx's)
 
 
 # --- descriptor and layouts (PTX ISA), shared by the stand-ins, kernels and tests ---------
@@ -467,7 +462,7 @@ def wgmma_ops() -> WgmmaOps:
                         lambda n, b_mn=False, a_mn=False: _py_mma("f16", n, b_mn, a_mn),
                         _py_smem_desc,
                         _py_smem_desc_128b, _py_smem_desc_128b_mn, _py_sts4_at,
-                        _py_pack_halves, load_at())
+                        _py_pack_halves)
     return _compiled_ops()
 
 
@@ -686,7 +681,7 @@ def _compiled_ops() -> WgmmaOps:
                     lambda n, b_mn=False, a_mn=False: mma("bf16", n, b_mn, a_mn),
                     lambda n, b_mn=False, a_mn=False: mma("f16", n, b_mn, a_mn), smem_desc,
                     smem_desc_128b,
-                    smem_desc_128b_mn, sts4_at, pack_halves, load_at())
+                    smem_desc_128b_mn, sts4_at, pack_halves)
 
 
 def compile_sm90a(pyfunc: Any, sig: tuple) -> str:

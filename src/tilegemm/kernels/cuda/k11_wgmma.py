@@ -87,7 +87,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.backends.cuda_program import CudaProgram
-from tilegemm.kernels.cuda._access import access_ops
+from tilegemm.kernels.cuda._access import access_ops, load_at
 from tilegemm.kernels.cuda._codegen import compile_source, fill
 from tilegemm.kernels.cuda._jit import kernel_jit
 from tilegemm.kernels.cuda._kmajor import InPlaceProgram, KMajorBProgram
@@ -289,7 +289,7 @@ def _generate(p: Mapping[str, int], dtype: str, ahead: int | None = None,
         wait1=wg.wait(1), fence_proxy_async=wg.fence_proxy_async,
         smem_desc=wg.smem_desc_128b, smem_desc_mn=wg.smem_desc_128b_mn, sts4=wg.sts4_at,
         pack=wg.pack_halves,
-        load_at=wg.load_at, cp16_ptr=tc.cp_async16_ptr,
+        load_at=load_at(), cp16_ptr=tc.cp_async16_ptr,
         mma=(wg.mma_tf32(BN) if tf32 else
              {"float16": wg.mma_f16, "bfloat16": wg.mma_bf16}[dtype](BN, b_mn=mn, a_mn=a_mn)),
         SMALL=STAGES * (BM + BN) * ROW, SLOT=(BM + BN) * ROW, SMALL_SLOTS=SMALL_SLOTS,
