@@ -1,0 +1,115 @@
+"""Does copying an operand into the kernel's layout repay itself? Rungs 6-9 on CuPy arrays
+laid out four ways, with and without the copy, against cuBLAS on the same arrays.
+
+Usage (on a machine with an NVIDIA GPU and CuPy, from the repository root)::
+
+    PYTHONPATH=src python benchmarks/operand_layouts.py [--sizes 4096 4097 2048] \
+        [--kernel pipelined] [--rounds 5]
+
+Rungs 6-9 read A with K contiguous and B with N contiguous, by 16-byte loads. A device
+operand laid out otherwise (``x.T @ y``: A with M contiguous; ``x @ w.T``: B with K
+contiguous) or with rows off 16 bytes (K or N not a multiple of 4 in float32, as at 4097³)
+is copied into the kernel's layout before the product when the product does at least
+``FFMA_MIN_REUSE`` (2048) multiply-adds per element copied
+(``kernels/cuda/_kmajor.py``); without the copy, the kernel reads it element by element.
+The threshold came from a model (the copy at memory bandwidth against the scalar path's
+measured cost at 4097³), never from a timing: this script times both.
+
+For each size n and layout (``C``: both C-ordered; ``A.T``: A the transpose of a
+C-ordered array; ``B.T``: B likewise; ``A.T B.T``: both), one line: tilegemm's time per
+call with the copy (the default), without it (``copies_for`` returning none), cuBLAS's
+(``cupy.matmul`` on the same arrays), and the two ratios to cuBLAS. Each result is
+checked against a float64 product on the GPU (relative Frobenius error under 1e-5) before
+it is timed. Times: CUDA events around blocks of calls, the median over ``--rounds``
+rounds in which the three contenders alternate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Callable
+from typing import Any
+
+LAYOUTS = ("C", "A.T", "B.T", "A.T B.T")
+
+
+def _operands(cp: Any, n: int, layout: str, rng: Any) -> tuple[Any, Any]:
+    a = cp.asarray(rng.standard_normal((n, n), dtype="float32"))
+    b = cp.asarray(rng.standard_normal((n, n), dtype="float32"))
+    if "A.T" in layout:
+        a = cp.ascontiguousarray(a.T).T  # the same values, M contiguous
+    if "B.T" in layout:
+        b = cp.ascontiguousarray(b.T).T
+    return a, b
+
+
+def _per_call(cp: Any, call: Callable[[], Any], calls: int) -> float:
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    call()
+    start.record()
+    for _ in range(calls):
+        call()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / 1e3 / calls
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[4096, 4097, 2048])
+    parser.add_argument("--layouts", nargs="+", choices=LAYOUTS, default=list(LAYOUTS))
+    parser.add_argument("--kernel", default="pipelined")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=5)
+    args = parser.parse_args()
+
+    import cupy as cp
+    import numpy as np
+
+    import tilegemm
+    from tilegemm.kernels.cuda import _kmajor
+
+    real = _kmajor.RowMajorProgram.copies_for
+    copying = {"on": True}
+
+    def copies_for(self: Any, A: Any, B: Any, out_shape: Any) -> Any:  # noqa: N803
+        return real(self, A, B, out_shape) if copying["on"] else []
+
+    _kmajor.RowMajorProgram.copies_for = copies_for
+    rng = np.random.default_rng(7)
+    print(f"{'n':>5} {'layout':>8}  {'copy ms':>8} {'no copy':>8} {'cuBLAS':>8}  "
+          f"{'copy/cuBLAS':>11} {'none/cuBLAS':>11}  copy speed-up")
+    for n in args.sizes:
+        for layout in args.layouts:
+            a, b = _operands(cp, n, layout, rng)
+            ref = cp.matmul(a.astype(cp.float64), b.astype(cp.float64))
+            calls: dict[str, Callable[[], Any]] = {
+                "copy": lambda a=a, b=b: tilegemm.matmul(a, b, kernel=args.kernel),
+                "none": lambda a=a, b=b: tilegemm.matmul(a, b, kernel=args.kernel),
+                "cublas": lambda a=a, b=b: cp.matmul(a, b),
+            }
+            for name, call in calls.items():
+                copying["on"] = name != "none"
+                err = float(cp.linalg.norm(call() - ref) / cp.linalg.norm(ref))
+                if not err < 1e-5:
+                    print(f"FAIL {n} {layout} {name}: relative error {err:.3g}")
+                    return 1
+            times: dict[str, list[float]] = {k: [] for k in calls}
+            for _ in range(args.rounds):
+                for name, call in calls.items():
+                    copying["on"] = name != "none"
+                    times[name].append(_per_call(cp, call, args.calls))
+            t = {k: statistics.median(v) for k, v in times.items()}
+            print(f"{n:>5} {layout:>8}  {t['copy'] * 1e3:8.3f} {t['none'] * 1e3:8.3f} "
+                  f"{t['cublas'] * 1e3:8.3f}  {t['cublas'] / t['copy']:11.3f} "
+                  f"{t['cublas'] / t['none']:11.3f}  {t['none'] / t['copy']:.3f}x",
+                  flush=True)
+            del a, b, ref
+            cp.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
