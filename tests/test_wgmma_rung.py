@@ -662,6 +662,28 @@ def test_auto_takes_the_larger_tiles_where_there_are_enough() -> None:
     assert _auto_tile(4096, 4096, BN=64) is None  # only the defaults are adapted
 
 
+def test_auto_reads_16bit_b_n_major() -> None:
+    """An untuned 16-bit product takes BCOPY=2 (B read N-major by the transposed-B wgmma,
+    no copy before the kernel: 1.17x BCOPY=1 on an H200 at 4096³), at any size and SM
+    count; TF32, which has no transposed form, and parameters given by hand keep BCOPY=1."""
+    from tilegemm.kernels.cuda.k11_wgmma import shape_params
+    from tilegemm.problem import problem_for
+
+    def bcopy(dtype: str, m: int = 4096, sms: int = 132, **given: int) -> int | None:
+        found = shape_params(SPEC.resolve(given), problem_for(m, m, m, dtype),
+                             _gpu((9, 0), sms))
+        return None if found is None else found[0]["BCOPY"]
+
+    for dtype in ("float16", "bfloat16"):
+        assert bcopy(dtype) == 2
+        assert bcopy(dtype, m=64) == 2  # a small product keeps its tile, not its copy
+        assert bcopy(dtype, sms=0) == 2  # the layout does not depend on the SM count
+        assert bcopy(dtype, BCOPY=0) == 0  # only the default is adapted (the tile is)
+        assert bcopy(dtype, m=64, BCOPY=0) is None
+    assert bcopy("float32") == 1  # 128x256 tiles, B still copied K-major
+    assert bcopy("float32", m=64) is None
+
+
 @pytest.mark.cudasim
 @pytest.mark.simulator
 def test_plan_on_an_h100_fits_wgmmas_tile_to_the_product(monkeypatch) -> None:  # noqa: ANN001
@@ -681,15 +703,23 @@ def test_plan_on_an_h100_fits_wgmmas_tile_to_the_product(monkeypatch) -> None:  
     monkeypatch.setattr(type(be), "_target", lambda self, index: h100)
     monkeypatch.setattr(precision_module, "_simulated", lambda backend: False)  # defaults
     big = np.broadcast_to(np.float32(1), (4096, 4096))  # a shape only: plan reads no data
-    for x, precision in ((big, "tf32"), (big.astype(np.float16), None)):
+    tiles = "512 tiles of 128x256 for 132 SMs (1024 of 128x128)"
+    n_major = "16-bit B read N-major, not copied (BCOPY=2)"
+    for x, precision, source, bcopy in ((big, "tf32", f"default; {tiles}", 1),
+                                        (big.astype(np.float16), None,
+                                         f"default; {n_major}; {tiles}", 2)):
         planned = tilegemm.plan(x, x, backend="cuda", precision=precision)
         assert (planned.params["BM"], planned.params["BN"]) == (128, 256), planned
-        assert planned.source == "default; 512 tiles of 128x256 for 132 SMs (1024 of 128x128)"
+        assert planned.source == source and planned.params["BCOPY"] == bcopy
     small = np.ones((256, 256), np.float32)
-    for x, precision, given in ((big, "3xtf32", {}), (small, "tf32", {}),
-                                (big, "tf32", {"kernel": "wgmma", "STAGES": 6})):
+    for x, precision, given, bcopy in ((big, "3xtf32", {}, 1), (small, "tf32", {}, 1),
+                                       (small.astype(np.float16), None, {}, 2),
+                                       (big, "tf32", {"kernel": "wgmma", "STAGES": 6}, 1),
+                                       (big.astype(np.float16), None,
+                                        {"kernel": "wgmma", "BCOPY": 1}, 1)):
         planned = tilegemm.plan(x, x, backend="cuda", precision=precision, **given)
         assert (planned.params["BM"], planned.params["BN"]) == (128, 128), planned
+        assert planned.params["BCOPY"] == bcopy, planned
 
 
 # --- machine code (sm_90a, no GPU needed) ---------------------------------------------------

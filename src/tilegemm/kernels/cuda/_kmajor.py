@@ -192,12 +192,15 @@ class InPlaceProgram(CudaProgram):
 
 # Rungs 6-9 copy an operand only where the product does at least this many multiply-adds
 # per element copied (N per element of A, M per element of B; times the batch it is
-# broadcast over). The copy reads and writes each element once: at an H100's FP32 peak
-# and memory bandwidth (67 TFLOP/s, 3.35 TB/s) that costs about 80 / reuse of the
-# product's time, 4 % here, against the scalar path's ~9 % (rung 9 at 4097³, where every
-# tile takes it, 0.81 of cuBLAS against 0.89 at 4096³). In a skinny product (``x.T @ y``
-# with y a few columns wide) the copy would cost more than the product.
-FFMA_MIN_REUSE = 2048
+# broadcast over). The copy reads and writes each element once, at memory bandwidth; the
+# element-by-element path it saves costs the kernel on every k-tile. Measured on an H200
+# (2026-11-27, rung 9 on CuPy arrays, ``benchmarks/operand_layouts.py``; time without the
+# copy over time with it): at 4096³ ``x @ w.T`` 1.52x, ``x.T @ y`` 1.12x, 4097³ (rows off
+# 16 bytes) 1.07x; at 1024 multiply-adds per element (a batch of 1024³) 1.44x and 1.07x;
+# at 512 (512³) 1.30x and 1.01x. Below that the copy's share grows as 1/reuse, and a
+# skinny product (``x.T @ y`` with y a few columns wide) would spend more on the copy than
+# on the product.
+FFMA_MIN_REUSE = 512
 # What the programs of rungs 6-9 are built with (``RowMajorProgram(..., **FFMA_COPIES)``).
 FFMA_COPIES = {"pad": True, "min_reuse": FFMA_MIN_REUSE}
 

@@ -41,7 +41,9 @@ next tiles. Only H100-class GPUs (compute capability 9.0, the architecture-speci
    laid out the other way (A with M contiguous, B with K contiguous) are not copied
    either: the program (``_kmajor.InPlaceProgram``) passes their transposed views to a
    kernel compiled for that layout (A's tiles M-major for the transposed-A form, B's
-   K-major). Not timed on a GPU yet, so not the default.
+   K-major). On an H200 (2026-11-27) this ran 1.17x as fast as BCOPY=1 at 4096³, so an
+   untuned 16-bit product takes it (``shape_params``); BCOPY=1 stays the rung's default,
+   which TF32 needs.
 3. Ordering, one barrier per k-tile: wait for this thread's copies of tile kt,
    ``fence.proxy.async`` (generic-proxy writes become visible to the tensor core), barrier,
    ``wgmma.fence``, four ``mma_async`` on stage kt, commit; then the copies of tile
@@ -161,8 +163,33 @@ BIG_TILES = ({"BM": 128, "BN": 256}, {"BM": 256, "BN": 128})
 BIG_TILE_WAVES = 2  # the larger tiles only where they make at least this many blocks per SM
 
 
+# An untuned 16-bit product reads B N-major by the wgmma's transposed-B form (BCOPY=2)
+# instead of copying it K-major before the kernel (BCOPY=1, the rung's default, which TF32
+# needs). Measured on an H200 (2026-11-27, 4096³, the two alternating, twice each; share of
+# cuBLAS at the same precision): 128x256 tiles FP16 0.83-0.84 against 0.71, BF16
+# 0.82-0.83 against 0.70; 128x128 FP16 0.72 against 0.62, BF16 0.69-0.70 against 0.60-0.61.
+# The copy cost more than its launch: the kernel reading N-major tiles was no slower.
+SIXTEEN_BIT_BCOPY = 2
+
+
 def shape_params(p: Mapping[str, int], prob: Any, target: Any
                  ) -> tuple[dict[str, int], str] | None:
+    """The parameters for one product on one device, from the defaults ``p``: 16-bit
+    operands read as they lie (``SIXTEEN_BIT_BCOPY``), and the block tile (:func:`_tile`);
+    None where neither changes ``p``."""
+    q, why = dict(p), []
+    if np.dtype(prob.dtype).itemsize == 2 and q.get("BCOPY", 1) == 1:
+        q["BCOPY"] = SIXTEEN_BIT_BCOPY
+        why.append("16-bit B read N-major, not copied (BCOPY=2)")
+    tile = _tile(q, prob, target)
+    if tile is not None:
+        q, reason = tile
+        why.append(reason)
+    return (q, "; ".join(why)) if why else None
+
+
+def _tile(p: Mapping[str, int], prob: Any, target: Any
+          ) -> tuple[dict[str, int], str] | None:
     """The block tile for one product on one device, from the defaults ``p``: one of
     ``BIG_TILES`` when the product has at least ``BIG_TILE_WAVES`` × SMs blocks of it,
     else None (keep ``p``).
