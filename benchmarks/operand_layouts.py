@@ -4,24 +4,27 @@ laid out four ways, with and without the copy, against cuBLAS on the same arrays
 Usage (on a machine with an NVIDIA GPU and CuPy, from the repository root)::
 
     PYTHONPATH=src python benchmarks/operand_layouts.py [--sizes 4096 4097 2048] \
-        [--kernel pipelined] [--rounds 5]
+        [--batch 64] [--kernel pipelined] [--rounds 5]
 
 Rungs 6-9 read A with K contiguous and B with N contiguous, by 16-byte loads. A device
 operand laid out otherwise (``x.T @ y``: A with M contiguous; ``x @ w.T``: B with K
 contiguous) or with rows off 16 bytes (K or N not a multiple of 4 in float32, as at 4097³)
 is copied into the kernel's layout before the product when the product does at least
-``FFMA_MIN_REUSE`` (2048) multiply-adds per element copied
-(``kernels/cuda/_kmajor.py``); without the copy, the kernel reads it element by element.
-The threshold came from a model (the copy at memory bandwidth against the scalar path's
-measured cost at 4097³), never from a timing: this script times both.
+``FFMA_MIN_REUSE`` multiply-adds per element copied (``kernels/cuda/_kmajor.py``);
+without the copy, the kernel reads it element by element. On an H200 (2026-11-27) the
+copy paid at every size timed, down to 512 multiply-adds per element, which is where the
+threshold now stands (it was 2048, from a model).
 
 For each size n and layout (``C``: both C-ordered; ``A.T``: A the transpose of a
 C-ordered array; ``B.T``: B likewise; ``A.T B.T``: both), one line: tilegemm's time per
-call with the copy (the default), without it (``copies_for`` returning none), cuBLAS's
-(``cupy.matmul`` on the same arrays), and the two ratios to cuBLAS. Each result is
-checked against a float64 product on the GPU (relative Frobenius error under 1e-5) before
-it is timed. Times: CUDA events around blocks of calls, the median over ``--rounds``
-rounds in which the three contenders alternate.
+call as the threshold decides (``default``), with no copy (``copies_for`` returning
+none), with the copy whatever the threshold says (``always``), cuBLAS's (``cupy.matmul``
+on the same arrays), then the ratios of cuBLAS's time to the first three. ``--batch``
+runs a batch of n×n×n products per call, so that products under 2048³ still time the
+GPU and not the host's call. Each result is checked against a float64 product on the
+GPU (relative Frobenius error under 1e-5) before it is timed. Times: CUDA events around
+blocks of ``--calls`` calls, the median over ``--rounds`` rounds in which the four
+contenders alternate.
 """
 
 from __future__ import annotations

@@ -102,19 +102,19 @@ def test_tensor_core_steps_leave_tf32_on_in_cublas(tmp_path):
 
 def test_visit_step_tests_times_then_profiles(tmp_path):
     """The short visit: every rung once (the smoke test), the tensor-core tests on the GPU,
-    small calls on CUDA, both rungs against cuBLAS (and wgmma's N-major B), the host's
+    small calls on CUDA, both rungs against cuBLAS (and wgmma's B copied K-major), the host's
     time per call, then one profiled launch of each (ncu, its kernel named by
     ncu_rung.py), and last rung mma with a 64x64 warp tile."""
     out, calls = _run(tmp_path, "visit", 400, env_var="NVIDIA_TF32_OVERRIDE")
     labels = [line.split(":")[0] for line in out.splitlines() if ": exit " in line]
     assert labels == ["smoke", "tensor-core tests", "small calls", "tensor cores, wgmma 4096",
-                      "tensor cores, mma 4096", "tensor cores, wgmma BCOPY=2 4096",
+                      "tensor cores, mma 4096", "tensor cores, wgmma BCOPY=1 4096",
                       "tensor cores, mma RCOPY=1 4096",
                       "host overhead", "ncu wgmma float32",
                       "ncu wgmma bfloat16", "ncu mma float32",
                       "tensor cores, mma WN=64 4096", "tensor cores, mma WN=64 RCOPY=1 4096"]
     assert any(c.endswith("--params WN=64,RCOPY=1 NVIDIA_TF32_OVERRIDE=unset") for c in calls)
-    assert any("--kernel wgmma" in c and "--params BCOPY=2" in c for c in calls)
+    assert any("--kernel wgmma" in c and "--params BN=256,BCOPY=1" in c for c in calls)
     assert any(c.startswith("benchmarks/host_overhead.py") for c in calls)
     assert all(c.endswith("NVIDIA_TF32_OVERRIDE=unset") for c in calls
                if not c.startswith("timeout "))

@@ -17,7 +17,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 # Committed results whose ladder tables the README shows (Markdown written by `tilegemm bench`).
-RESULTS = ["benchmarks/results/nvidia-h100-80gb-hbm3-2026-11-23.md",
+RESULTS = ["benchmarks/results/nvidia-h200-2026-11-27.md",
+           "benchmarks/results/nvidia-h100-80gb-hbm3-2026-11-23.md",
            "benchmarks/results/cpu-opencl-amd-epyc-m26-2-2026-11-25.md"]
 
 

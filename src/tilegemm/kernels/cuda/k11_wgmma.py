@@ -77,8 +77,9 @@ one k-tile ahead. With B copied K-major before the kernel (BCOPY=1), rounding in
 copies and a 6-deep ring, the copies included: TF32 280 (70 % of cuBLAS's 401, the same
 error), FP16 474 (63 %), BF16 489 (62 %), 3×TF32 88.4 (1.72× SGEMM, a quarter of its
 error). With 128x256 tiles, which an untuned call takes for products of at least two
-blocks per SM (``shape_params``): TF32 315 (79 %), FP16 546 (72 %), BF16 562 (71 %)
-(docs/tensor-cores.md, "On hardware").
+blocks per SM (``shape_params``): TF32 315 (79 %), FP16 546 (72 %), BF16 562 (71 %);
+with 16-bit B read as it lies (BCOPY=2, what an untuned 16-bit product runs since
+2026-11-27) FP16 640 (84 %), BF16 659 (83 %) (docs/tensor-cores.md, "On hardware").
 """
 
 from __future__ import annotations
