@@ -73,10 +73,20 @@ def main() -> int:
                         "times the host's call, not the GPU")
     args = parser.parse_args()
 
-    import cupy as cp
     import numpy as np
 
     import tilegemm
+    from tilegemm.backends import get_backend
+
+    status = get_backend("cuda").status()
+    if not status.usable or status.simulated:
+        print(f"needs a real GPU: {status.reason or 'the simulator runs no timings'}")
+        return 2
+    try:
+        import cupy as cp
+    except ImportError as exc:
+        print(f"needs CuPy: {exc}")
+        return 2
     from tilegemm.kernels.cuda import _kmajor
 
     real = _kmajor.RowMajorProgram.copies_for

@@ -60,6 +60,7 @@ def _gpu_or_torch_present() -> bool:
      "needs a GPU"),
     ("gpu_sanitize.py", [], "needs a CUDA GPU"),
     ("gpu_smoke.py", [], "needs a real CUDA GPU"),
+    ("operand_layouts.py", ["--sizes", "64"], "needs a real GPU"),
 ])
 def test_gpu_scripts_refuse_in_one_line_without_a_gpu(script: str, args: list[str],
                                                       says: str) -> None:
