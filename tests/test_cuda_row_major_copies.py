@@ -241,3 +241,66 @@ def test_a_copy_is_recorded_once_for_the_debug_log(rng: np.random.Generator,
     records = [r.getMessage() for r in caplog.records if "copied into" in r.getMessage()]
     assert len(records) == 1, records
     assert "pipelined: A (laid out transposed, shape (1, 9, 8))" in records[0]
+
+
+class CudaAPIError(Exception):
+    """numba's driver error, as the allocation of a workspace raises it on a GPU whose
+    memory is taken (numba-cuda's class of that name: ``code`` the driver's CUresult)."""
+
+    def __init__(self, code: int, msg: str) -> None:
+        super().__init__(code, msg)
+        self.code = code
+
+
+@pytest.mark.parametrize("over", [{}, {"SPLIT_K": 2}], ids=["plain", "split"])
+def test_no_memory_for_a_copy_reads_the_operands_as_they_lie(
+        over: dict, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A copy is only for speed: where its workspace does not fit the device (the
+    caller's CuPy or PyTorch pool may hold the memory), the product reads the transposed
+    operands as they lie, right, with one WARNING per program; any other error of the
+    allocation is raised as it was."""
+    import logging
+
+    from numba import cuda
+
+    from tilegemm.kernels.cuda._kmajor import out_of_memory
+
+    spec = registry.get("pipelined", "cuda")
+    program = replace(spec.program(spec.resolve(dict(spec.sim_params) | over),
+                                   np.dtype(np.float32)), min_reuse=0, _noted=set())
+    calls = []
+    get = program.workspaces.get  # split-K's partial sums still get theirs
+
+    def no_room(shape: Any, dtype: Any, stream: Any, slot: str = "", *args: Any) -> Any:
+        if slot not in ("A", "B"):
+            return get(shape, dtype, stream, slot, *args)
+        calls.append(slot)
+        raise CudaAPIError(2, "Call to cuMemAlloc results in CUDA_ERROR_OUT_OF_MEMORY")
+
+    monkeypatch.setattr(program.workspaces, "get", no_room)
+    k = 13
+    for _ in range(2):
+        a, a_host = transposed_device_array(rng, (1, M, k), np.float32)
+        b, b_host = transposed_device_array(rng, (1, k, N), np.float32)
+        c = cuda.to_device(np.full((1, M, N), np.nan, dtype=np.float32))
+        with caplog.at_level(logging.WARNING, logger="tilegemm"):
+            program.launch(a, b, c, np.float32(1), np.float32(0))
+        np.testing.assert_allclose(c.copy_to_host(), a_host @ b_host, rtol=1e-5, atol=1e-5)
+    assert calls, "no copy was attempted"
+    warned = [r for r in caplog.records if "no device memory" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert out_of_memory(MemoryError()) and not out_of_memory(CudaAPIError(1, "invalid"))
+
+    def broken(shape: Any, dtype: Any, stream: Any, slot: str = "", *args: Any) -> Any:
+        if slot not in ("A", "B"):
+            return get(shape, dtype, stream, slot, *args)
+        raise CudaAPIError(1, "CUDA_ERROR_INVALID_VALUE")
+
+    monkeypatch.setattr(program.workspaces, "get", broken)
+    with pytest.raises(CudaAPIError, match="INVALID_VALUE"):
+        program.launch(a, b, c, np.float32(1), np.float32(0))
+    rounding = replace(program, round_tf32=True)  # copies the result needs: never skipped
+    monkeypatch.setattr(rounding.workspaces, "get", no_room)
+    with pytest.raises(CudaAPIError, match="OUT_OF_MEMORY"):
+        rounding.launch(a, b, c, np.float32(1), np.float32(0))

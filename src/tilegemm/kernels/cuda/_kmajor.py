@@ -242,7 +242,18 @@ class RowMajorProgram(CudaProgram):
             return
         self._note(copies)
         with self.workspaces.lock:  # the copies and their reader, enqueued together
-            out = copy_operands(self.workspaces, copies, self.round_tf32, stream)
+            try:
+                out = copy_operands(self.workspaces, copies, self.round_tf32, stream)
+            except Exception as exc:
+                # A copy only for speed whose workspace does not fit the device's free
+                # memory (the caller's CuPy or PyTorch pool may hold most of it): the
+                # kernel reads the operands as they lie, more slowly. The workspaces are
+                # allocated before any copy is launched, so nothing was written yet.
+                # TF32's rounding copies are needed for the result: they raise.
+                if self.round_tf32 or not out_of_memory(exc):
+                    raise
+                self._note_no_room(exc)
+                out = {}
             self.launch_product(out.get("A", A), out.get("B", B), C, alpha, beta, stream)
 
     def copies_for(self, A: Any, B: Any, out_shape: tuple[int, int, int]
@@ -275,6 +286,16 @@ class RowMajorProgram(CudaProgram):
                                                                   "kernel"),
                       slot, why, tuple(X.shape))
 
+    def _note_no_room(self, exc: BaseException) -> None:
+        """A WARNING record, once per program, that an operand was read as it lies for
+        want of device memory for its copy: the call is right but slower."""
+        if "no room" in self._noted:
+            return
+        self._noted.add("no room")
+        log.warning("%s: no device memory for a copy of an operand into the kernel's "
+                    "layout (%s); read as it lies instead, which is slower",
+                    getattr(self.kernel, "__name__", "kernel"), exc)
+
     def launch_product(self, A: Any, B: Any, C: Any, alpha: Any, beta: Any,
                        stream: Any) -> None:
         """The product of operands in the kernel's layout: the kernel's launch (a split-K
@@ -285,6 +306,18 @@ class RowMajorProgram(CudaProgram):
         from tilegemm.kernels.cuda._tensorcore import tf32_round
 
         return (tf32_round(A), tf32_round(B)) if self.round_tf32 else (A, B)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says the device had no memory for an allocation: numba's
+    ``CudaAPIError`` with the driver's CUDA_ERROR_OUT_OF_MEMORY (code 2), or a
+    ``MemoryError`` (CuPy's ``OutOfMemoryError`` is one, where CuPy allocates for numba)."""
+    if isinstance(exc, MemoryError):
+        return True
+    try:  # the code is an int, or the CUDA bindings' CUresult (an IntEnum)
+        return type(exc).__name__ == "CudaAPIError" and int(exc.code) == 2  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
+        return False
 
 
 def copy_operands(workspaces: Workspaces, copies: list[tuple[str, Any, Any, bool]],
