@@ -28,7 +28,8 @@
 #                                      # mma and wgmma at 4096^3 in every
 #                                      # precision against cuBLAS (and wgmma's 16-bit B
 #                                      # copied K-major first, BCOPY=1), the host's time per
-#                                      # call beside the GPU's (1024^3-4096^3), then Nsight
+#                                      # call beside the GPU's (1024^3-4096^3), FP32 auto
+#                                      # at 1000^3-1024^3 (edge blocks or none), then Nsight
 #                                      # Compute on one launch of each (wgmma TF32 and BF16,
 #                                      # mma TF32)
 #
@@ -222,7 +223,7 @@ visit)
   # calls found and fixed two bugs only a GPU showed, and met the 3xTF32 target).
   unset NVIDIA_TF32_OVERRIDE
   info > "$OUT/visit.log" 2>&1
-  fresh gpu-tests.log tensor.log smoke.log host.log small-calls.log
+  fresh gpu-tests.log tensor.log smoke.log host.log small-calls.log edge-sizes.log
   # every rung once on numba, CuPy and PyTorch arrays (~100 s on an H200)
   part smoke 120 "$OUT/smoke.log" $PY benchmarks/gpu_smoke.py
   TILEGEMM_GPU_TESTS=1 part "tensor-core tests" 100 "$OUT/gpu-tests.log" \
@@ -251,6 +252,12 @@ visit)
       --params RCOPY=1
   # the host's time per call beside the GPU's: what bounds products below ~4096^3
   part "host overhead" 60 "$OUT/host.log" $PY benchmarks/host_overhead.py
+  # FP32 kernel="auto" near 1000^3, its weakest target (0.59 of cuBLAS on an H200,
+  # 2026-11-27, 90 us where 1024^3 took 70): the same 128 blocks with edges or without
+  # (FP32 cuBLAS: CUPY_TF32=0, set above)
+  part "edge sizes" 60 "$OUT/edge-sizes.log" \
+      $PY benchmarks/perf_targets.py --auto --no-triton --shapes 1000x1000x1000 \
+      1008x1008x1008 1016x1016x1016 1024x1024x1024
   sections="--section SpeedOfLight --section Occupancy --section WarpStateStats \
 --section SchedulerStats --section MemoryWorkloadAnalysis"
   for run in "wgmma float32 tf32" "wgmma bfloat16 -" "mma float32 tf32"; do
@@ -273,6 +280,7 @@ visit)
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.log" | tail -10
   grep -E "TFLOP|FAILED|target" "$OUT/tensor.log"
   grep -E "\^3|needs|Error" "$OUT/host.log"
+  grep -E "ratio|needs|Error" "$OUT/edge-sizes.log"
   grep -E "per call" "$OUT/small-calls.log" | grep -v -E "cupy|torch"
   for f in "$OUT"/ncu-*.txt; do
     echo "== $f"; grep -E "Duration|Compute \(SM\) Throughput|No Eligible|Warp Cycles Per \

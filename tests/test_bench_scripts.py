@@ -79,6 +79,7 @@ def test_gpu_scripts_refuse_in_one_line_without_a_gpu(script: str, args: list[st
     ("gpu_sanitize.py", ["--kernel", "wgmmma"], "no CUDA rung wgmmma"),
     ("tensor_cores.py", ["--params", "BK"], "'BK' is not KEY=VALUE"),
     ("ncu_rung.py", ["--params", "BK=x"], "'x' is not an integer"),
+    ("perf_targets.py", ["--shapes", "10x2"], "'10x2' is not MxNxK"),
 ])
 def test_bad_arguments_are_one_line(script: str, args: list[str], says: str) -> None:
     """A misspelt rung made gpu_sanitize.py run nothing and report "0 failed"; a
