@@ -5,6 +5,8 @@ Usage (from the repository root; take the machine for yourself while it runs)::
     PYTHONPATH=src python benchmarks/cpu_tiles.py                      # float32, 8x32 vs 6x64
     PYTHONPATH=src python benchmarks/cpu_tiles.py --dtypes float64 --tiles 8x16 6x32 \\
         --shapes 1024 2048x256x2048 --no-save
+    PYTHONPATH=src python benchmarks/cpu_tiles.py --dtypes float64 --tiles 6x32 \\
+        --blocks - MC=192 MC=144,KC=384 --shapes 1024 2048 --no-save   # cache blocks
 
 Which MR×NR a database entry should name, and for which products: a tile that wins on
 large squares can lose where most of its columns are padding (a 64-wide tile over 96
@@ -15,7 +17,9 @@ blocks of about 0.3 s, all in turn, ``--pause`` seconds idle before each block (
 threads spin after a call), ``--rounds`` times; the figures are the medians of the blocks
 and each tile's ratio to NumPy. Every tile's product is first checked against the float64
 product. ``auto`` is what ``kernel="auto"`` picks for the shape (``tilegemm.plan``), so a
-run after adding an entry shows it in use. Writes
+run after adding an entry shows it in use. ``--blocks`` times each tile with other cache
+blocks too (``MC=192``, ``MC=144,KC=384``; ``-``: the rung's own), all in the same rounds,
+so that a change of MC, KC or NC is judged against the same minutes of a noisy machine. Writes
 ``benchmarks/results/cpu-tiles-<cpu>-<isa>-m<family>-<model>.json`` unless ``--no-save``.
 """
 
@@ -49,6 +53,21 @@ def shape(text: str) -> tuple[int, int, int]:
     return m, n, k
 
 
+def blocks(text: str) -> dict[str, int]:
+    """``MC=192,KC=384`` as {"MC": 192, "KC": 384}; ``-`` as {} (the rung's own blocks)."""
+    if text.strip() == "-":
+        return {}
+    out = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        key = key.strip().upper()
+        if key not in ("MC", "KC", "NC") or not value.strip().isdigit():
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: cache blocks are MC=, KC= or NC= a whole number")
+        out[key] = int(value)
+    return out
+
+
 def label(mnk: tuple[int, int, int]) -> str:
     m, n, k = mnk
     return f"{m}³" if m == n == k else f"{m}×{n}×{k}"
@@ -60,6 +79,9 @@ def main() -> int:
     ap.add_argument("--tiles", type=tile, nargs="+", default=[tile(t) for t in DEFAULT_TILES])
     ap.add_argument("--shapes", type=shape, nargs="+",
                     default=[shape(s) for s in DEFAULT_SHAPES])
+    ap.add_argument("--blocks", type=blocks, nargs="+", default=[{}], metavar="KEY=V[,KEY=V]",
+                    help="cache blocks to time each tile with (MC, KC, NC; '-': the rung's "
+                    "own), e.g. - MC=192 MC=144,KC=384")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--pause", type=float, default=0.3)
     ap.add_argument("--no-save", action="store_true")
@@ -80,14 +102,15 @@ def main() -> int:
             bound = 4 * eps * np.sqrt(k) * np.max(np.abs(a).astype(np.float64) @ np.abs(b))
             out = np.empty((m, n), dtype)
             contenders = {}
-            for mr, nr in tiles:
+            for (mr, nr), cache in ((t, c) for t in tiles for c in args.blocks):
+                name = f"{mr}x{nr}" + "".join(f" {key}={v}" for key, v in cache.items())
                 call = partial(tilegemm.matmul, a, b, out=out, kernel="blocked",
-                               backend="cpu", MR=mr, NR=nr)
+                               backend="cpu", MR=mr, NR=nr, **cache)
                 out.fill(np.nan)
                 call()
                 if not np.max(np.abs(out - want)) <= bound:  # NaN fails too
-                    raise SystemExit(f"{dtype} {label(mnk)}: tile {mr}x{nr} gave a wrong product")
-                contenders[f"{mr}x{nr}"] = call_block(call, calls_per_block(call, 0.3, 50))
+                    raise SystemExit(f"{dtype} {label(mnk)}: {name} gave a wrong product")
+                contenders[name] = call_block(call, calls_per_block(call, 0.3, 50))
             numpy_call = partial(np.matmul, a, b, out=out)
             contenders["numpy"] = call_block(numpy_call, calls_per_block(numpy_call, 0.3, 50))
             times = alternating(contenders, args.rounds, pause=args.pause)
@@ -109,6 +132,7 @@ def main() -> int:
     if not args.no_save:
         cpu_blocked.save_results("cpu-tiles", {
             "kernel": "cpu:blocked", "shapes": [list(s) for s in args.shapes],
+            "blocks": args.blocks,
             "method": (f"{args.rounds} rounds, the tiles and np.matmul (into a preallocated "
                        f"output) in turn, each a block of calls of about 0.3 s after "
                        f"{args.pause} s idle; median block (mean call); every tile's product "
