@@ -80,6 +80,7 @@ def test_gpu_scripts_refuse_in_one_line_without_a_gpu(script: str, args: list[st
     ("tensor_cores.py", ["--params", "BK"], "'BK' is not KEY=VALUE"),
     ("ncu_rung.py", ["--params", "BK=x"], "'x' is not an integer"),
     ("perf_targets.py", ["--shapes", "10x2"], "'10x2' is not MxNxK"),
+    ("cpu_tiles.py", ["--blocks", "MC=x"], "cache blocks are MC=, KC= or NC="),
 ])
 def test_bad_arguments_are_one_line(script: str, args: list[str], says: str) -> None:
     """A misspelt rung made gpu_sanitize.py run nothing and report "0 failed"; a
