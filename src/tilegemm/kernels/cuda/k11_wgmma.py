@@ -169,7 +169,8 @@ BIG_TILE_WAVES = 2  # the larger tiles only where they make at least this many b
 # needs). Measured on an H200 (2026-11-27, 4096³, the two alternating, twice each; share of
 # cuBLAS at the same precision): 128x256 tiles FP16 0.83-0.84 against 0.71, BF16
 # 0.82-0.83 against 0.70; 128x128 FP16 0.72 against 0.62, BF16 0.69-0.70 against 0.60-0.61.
-# The copy cost more than its launch: the kernel reading N-major tiles was no slower.
+# The kernel reading N-major tiles was no slower: the time saved is the copy's (and its
+# launch).
 SIXTEEN_BIT_BCOPY = 2
 
 
