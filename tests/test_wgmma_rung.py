@@ -665,12 +665,14 @@ def test_auto_takes_the_larger_tiles_where_there_are_enough() -> None:
 def test_auto_reads_16bit_b_n_major() -> None:
     """An untuned 16-bit product takes BCOPY=2 (B read N-major by the transposed-B wgmma,
     no copy before the kernel: 1.17x BCOPY=1 on an H200 at 4096³), at any size and SM
-    count; TF32, which has no transposed form, and parameters given by hand keep BCOPY=1."""
+    count where B's rows lie on 16 bytes; TF32, which has no transposed form, and
+    parameters given by hand keep BCOPY=1."""
     from tilegemm.kernels.cuda.k11_wgmma import shape_params
     from tilegemm.problem import problem_for
 
-    def bcopy(dtype: str, m: int = 4096, sms: int = 132, **given: int) -> int | None:
-        found = shape_params(SPEC.resolve(given), problem_for(m, m, m, dtype),
+    def bcopy(dtype: str, m: int = 4096, sms: int = 132, n: int | None = None,
+              **given: int) -> int | None:
+        found = shape_params(SPEC.resolve(given), problem_for(m, n or m, m, dtype),
                              _gpu((9, 0), sms))
         return None if found is None else found[0]["BCOPY"]
 
@@ -680,6 +682,10 @@ def test_auto_reads_16bit_b_n_major() -> None:
         assert bcopy(dtype, sms=0) == 2  # the layout does not depend on the SM count
         assert bcopy(dtype, BCOPY=0) == 0  # only the default is adapted (the tile is)
         assert bcopy(dtype, m=64, BCOPY=0) is None
+        # rows of B off 16 bytes: BCOPY=2 would read them element by element on every
+        # k-tile, BCOPY=1's copy pads them once
+        assert bcopy(dtype, n=4100) == 1 and bcopy(dtype, m=64, n=60) is None
+        assert bcopy(dtype, n=4104) == 2
     assert bcopy("float32") == 1  # 128x256 tiles, B still copied K-major
     assert bcopy("float32", m=64) is None
 
