@@ -62,6 +62,49 @@ def test_synthetic_loops_paths_and_classes() -> None:
     assert d["k_tile"]["per_kstep"]["total"] == pytest.approx(28 / 4)
     # The self-loop after EXIT (padding trap) holds no FFMA and is not the hot loop.
     assert any("// FFMA" in line for line in r.hot_lines)
+    # No checked vector path besides the interior one: an edge block's k-tile is the same.
+    assert r.edge == r.tile
+
+
+# A k-tile with an interior branch (the 128-bit load unchecked), an edge branch (a bounds
+# check, then the same load) and the edge's scalar fallback, as rung 9 stages a tile.
+EDGES = """
+.L_x_0:
+        /*0000*/                   ISETP.GE.AND P0, PT, R2, R3, PT ;
+        /*0010*/               @P0 BRA `(.L_x_1) ;
+        /*0020*/                   LDG.E.128.CONSTANT R4, [R6.64] ;
+        /*0030*/                   BRA `(.L_x_3) ;
+.L_x_1:
+        /*0040*/                   ISETP.GE.AND P1, PT, R10, R11, PT ;
+        /*0050*/                   IADD3 R12, R10, 0x4, RZ ;
+        /*0060*/               @P1 BRA `(.L_x_2) ;
+        /*0070*/                   LDG.E.128.CONSTANT R4, [R6.64] ;
+        /*0080*/                   BRA `(.L_x_3) ;
+.L_x_2:
+        /*0090*/                   LDG.E R4, [R6.64] ;
+.L_x_3:
+        /*00a0*/                   STS.128 [R8], R4 ;
+        /*00b0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00c0*/                   FFMA R20, R12, R13, R20 ;
+        /*00d0*/                   FFMA R21, R14, R15, R21 ;
+        /*00e0*/                   IADD3 R2, R2, 0x8, RZ ;
+        /*00f0*/               @P2 BRA `(.L_x_0) ;
+        /*0100*/                   EXIT ;
+"""
+
+
+def test_an_edge_blocks_k_tile_takes_the_checked_vector_path() -> None:
+    """The k-tile row counts the interior branch (fewest instructions); the edge row the
+    longest path that still loads 128 bits (the bounds check, then the load), never the
+    scalar fallback."""
+    r = sass.analyse(EDGES, kernel="toy", source="test", arch="sm_90", dtype="float32",
+                     params={}, fma_per_kstep=2, bk=1)
+    assert r.tile.total == 10 and r.edge.total == 13
+    for path in (r.tile, r.edge):
+        assert dict(path.ldg_widths) == {16: 1} and path.get("fma") == 2
+    assert r.edge.get("int") == r.tile.get("int") + 2  # ISETP and IADD3 of the check
+    d = r.as_dict()
+    assert d["k_tile_edge"]["fma_share"] == pytest.approx(2 / 13)
 
 
 # An if/else inside a BSSY/BSYNC region (divergent code): BSSY names the reconvergence
@@ -145,8 +188,13 @@ def test_cli_json_and_table(capsys: pytest.CaptureFixture[str]) -> None:
     assert k["fma_per_kstep"] == 64
     assert k["hot_loop"]["per_kstep"]["fma"] == 64
     assert any("FFMA" in line for line in k["hot_loop_sass"])
+    # an edge block's k-tile: the same FFMAs and 128-bit loads, bounds checks around them
+    edge, tile = k["k_tile_edge"]["per_kstep"], k["k_tile"]["per_kstep"]
+    assert edge["fma"] == tile["fma"] and edge["ldg"] == tile["ldg"]
+    assert edge["total"] > tile["total"] and edge["int"] > tile["int"]
     assert cli.main(["explain", "pipelined", "--sass"]) == 0
-    assert "FFMA share" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "FFMA share" in out and "edge block" in out
 
 
 def test_a_rung_named_twice_is_counted_once() -> None:

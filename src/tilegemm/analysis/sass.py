@@ -12,7 +12,10 @@ loops from the backward branches, and counts instruction classes:
   whole k-tile loop once ``kk`` is fully unrolled);
 - in **one k-tile**: the loop around it, along the interior path through its branches
   (full 128-bit loads, no scalar fallbacks or zero fills, fewest instructions; see
-  ``Path.key``), with the hot loop counted as often as one k-tile runs it.
+  ``Path.key``), with the hot loop counted as often as one k-tile runs it;
+- in **one k-tile of an edge block**: the same loop along the longest path that still
+  loads 128 bits, the bounds checks a block at the operands' edges makes around loads
+  an interior block makes unchecked.
 
 Both are reported per k step: divided by the k steps they hold (FFMAs / (BM·BN/threads)).
 See docs/explain.md for the method and its limits.
@@ -229,14 +232,18 @@ class Path:
     def total(self) -> int:
         return sum(n for _, n in self.counts)
 
-    def key(self, vector: bool = True) -> tuple[int, ...]:
+    def key(self, vector: bool = True, edge: bool = False) -> tuple[int, ...]:
         """Preference between paths, for the interior path of a GEMM k-tile: most FMAs;
         in a loop with 128-bit global loads the most bytes in those and the fewest narrower
         ones (the fallback paths), else the most global bytes; most shared bytes stored
-        (zero fills not counted); most barriers; then fewest instructions."""
+        (zero fills not counted); most barriers; then fewest instructions. ``edge``: the
+        same but the most instructions last, the path of a block at the operands' edges
+        whose loads still go whole (checked loads, where an interior block's go
+        unchecked)."""
         wide = sum(w * n for w, n in self.ldg_widths if w >= 16)
         loads = (wide, -self.scalar_ldg) if vector else (self.ldg_bytes, 0)
-        return (self.get("fma"), *loads, self.sts_bytes, self.get("bar"), -self.total)
+        return (self.get("fma"), *loads, self.sts_bytes, self.get("bar"),
+                self.total if edge else -self.total)
 
 
 def _merge(a: tuple, b: tuple) -> tuple:
@@ -265,8 +272,10 @@ def _unconditional(ins: Instr) -> bool:
     return ins.op in ("BRA", "JMP", "EXIT", "RET", "BRX") and ins.pred in ("", "@PT")
 
 
-def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
-    """Counts along the preferred path through one iteration of ``loop``.
+def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int],
+              edge: bool = False) -> Path:
+    """Counts along the preferred path through one iteration of ``loop`` (``Path.key``;
+    ``edge``: the edge block's).
 
     Inner loops are collapsed into one node each, counted ``trips[start]`` times (once when
     unknown); the path runs from the header to a backward branch to it.
@@ -274,7 +283,7 @@ def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
     nodes: list[tuple[int, int, Path, list[Instr]]] = []  # (start, end, weight, exits)
     covered: set[int] = set()
     for child in loop.children:
-        weight = best_path(instrs, child, trips) * trips.get(child.start, 1)
+        weight = best_path(instrs, child, trips, edge) * trips.get(child.start, 1)
         exits = [i for i in instrs if child.contains(i.addr)]
         nodes.append((child.start, child.end, weight, exits))
         covered.update(i.addr for i in exits)
@@ -307,7 +316,7 @@ def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
             if ins.target is None or ins.op not in ("BRA", "JMP"):
                 continue
             if ins.target == loop.start and ins.addr >= s:
-                if result is None or cur.key(vector) > result.key(vector):
+                if result is None or cur.key(vector, edge) > result.key(vector, edge):
                     result = cur
             elif loop.start < ins.target <= loop.end and ins.target > e:
                 t = starts.get(ins.target, node_at(ins.target))
@@ -317,7 +326,7 @@ def best_path(instrs: list[Instr], loop: Loop, trips: dict[int, int]) -> Path:
             succ.add(idx + 1)
         for t in succ:
             cand = cur + nodes[t][2]
-            if best[t] is None or cand.key(vector) > best[t].key(vector):
+            if best[t] is None or cand.key(vector, edge) > best[t].key(vector, edge):
                 best[t] = cand
     return result if result is not None else Path.of(
         [i for i in instrs if loop.contains(i.addr)])
@@ -337,6 +346,7 @@ class SassReport:
     hot_ksteps: float
     tile: Path
     tile_ksteps: float
+    edge: Path  # one k-tile of a block at the operands' edges (see Path.key)
     hot_range: tuple[int, int]
     hot_lines: list[str]  # the hot loop's SASS, each line with its class
     local_memory: int  # LDL/STL anywhere in the kernel
@@ -370,6 +380,7 @@ class SassReport:
             "hot_loop": {"start": f"{self.hot_range[0]:#06x}", "end": f"{self.hot_range[1]:#06x}",
                          **region(self.hot, self.hot_ksteps)},
             "k_tile": region(self.tile, self.tile_ksteps),
+            "k_tile_edge": region(self.edge, self.tile_ksteps),
         }
 
 
@@ -413,13 +424,15 @@ def analyse(text: str, *, kernel: str, source: str, arch: str, dtype: str,
         if lp is not tile_loop and tile_loop.start <= lp.start and lp.end <= tile_loop.end
         and (lp is hot or best_path(instrs, lp, {}).get("fma") == hot_fma)}
     tile_path = best_path(instrs, tile_loop, trips)
+    edge_path = best_path(instrs, tile_loop, trips, edge=True)
     lines = [f"/*{i.addr:04x}*/ {i.text:<64} // {CLASS_TITLES[i.cls]}"
              for i in instrs if hot.contains(i.addr)]
     return SassReport(
         kernel=kernel, source=source, arch=arch, dtype=dtype, params=params,
         fma_per_kstep=fma_per_kstep, bk=bk, instructions=len(instrs), hot=hot_path,
         hot_ksteps=hot_fma / fma_per_kstep, tile=tile_path,
-        tile_ksteps=tile_path.get("fma") / fma_per_kstep, hot_range=(hot.start, hot.end),
+        tile_ksteps=tile_path.get("fma") / fma_per_kstep, edge=edge_path,
+        hot_range=(hot.start, hot.end),
         hot_lines=lines, local_memory=sum(1 for i in instrs if i.cls == "local"))
 
 

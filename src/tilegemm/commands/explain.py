@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only CUDA rungs are traced")
     parser.add_argument("--sass", action="store_true",
                         help="count the compiled machine code instead: instructions per k step "
-                             "by class in the hot loop and one interior k-tile, FFMA share "
+                             "by class in the hot loop, one interior k-tile and one k-tile "
+                             "of an edge block, FFMA share "
                              "(needs nvdisasm: pip install nvidia-cuda-nvdisasm)")
     parser.add_argument("--arch",
                         help=f"with --sass: the architecture to compile for (sm_80, sm_90; "
