@@ -112,7 +112,7 @@ def run_sass(args: argparse.Namespace) -> int:
     for r in reports:
         d = r.as_dict()
         for region, title in (("hot_loop", "hot loop"), ("k_tile", "k-tile"),
-                              ("k_tile_edge", "k-tile, edge block")):
+                              ("k_tile_edge", "edge k-tile")):
             x = d[region]
             per = x["per_kstep"]
             rest = sum(per[c] for c in CLASSES if c not in shown)
