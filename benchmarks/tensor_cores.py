@@ -20,7 +20,8 @@ For each size n (n×n×n products) and mode:
   (``allow_bf16_reduced_precision_reduction = False``). Target at 4096³: >= 60 %.
 
 The rung runs at its defaults fitted to the shape as an untuned call fits them (the
-rung's ``shape_params``: wgmma takes 128x256 tiles at 4096³) or with ``--params``
+rung's ``shape_params``: wgmma takes 128x256 tiles at 4096³, and reads 16-bit B as it
+lies, BCOPY=2) or with ``--params``
 overriding the defaults; each line names the tile and the ring's shared memory. Every
 result is checked against float64 NumPy before it is timed: the maximum error, scaled by
 max(|A|·|B|), is printed for tilegemm and for cuBLAS, and a tilegemm error more
