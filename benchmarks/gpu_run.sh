@@ -223,7 +223,8 @@ visit)
   # calls found and fixed two bugs only a GPU showed, and met the 3xTF32 target).
   unset NVIDIA_TF32_OVERRIDE
   info > "$OUT/visit.log" 2>&1
-  fresh gpu-tests.log tensor.log smoke.log host.log small-calls.log edge-sizes.log
+  fresh gpu-tests.log tensor.log smoke.log host.log small-calls.log edge-sizes.log \
+      layouts.log
   # every rung once on numba, CuPy and PyTorch arrays (~100 s on an H200)
   part smoke 120 "$OUT/smoke.log" $PY benchmarks/gpu_smoke.py
   TILEGEMM_GPU_TESTS=1 part "tensor-core tests" 100 "$OUT/gpu-tests.log" \
@@ -258,6 +259,11 @@ visit)
   part "edge sizes" 60 "$OUT/edge-sizes.log" \
       $PY benchmarks/perf_targets.py --auto --no-triton --shapes 1000x1000x1000 \
       1008x1008x1008 1016x1016x1016 1024x1024x1024
+  # rungs 6-9 copy a transposed operand from 512 multiply-adds per element copied, set on
+  # an H200 (2026-11-27: 1.01x and 1.30x at 512): at that edge on this GPU, with and
+  # without the copy
+  part "operand layouts" 40 "$OUT/layouts.log" \
+      $PY benchmarks/operand_layouts.py --sizes 512 --batch 512 --layouts A.T B.T
   sections="--section SpeedOfLight --section Occupancy --section WarpStateStats \
 --section SchedulerStats --section MemoryWorkloadAnalysis"
   for run in "wgmma float32 tf32" "wgmma bfloat16 -" "mma float32 tf32"; do
@@ -281,6 +287,7 @@ visit)
   grep -E "TFLOP|FAILED|target" "$OUT/tensor.log"
   grep -E "\^3|needs|Error" "$OUT/host.log"
   grep -E "ratio|needs|Error" "$OUT/edge-sizes.log"
+  grep -E "^ +[0-9]+ +A|FAIL|needs|Error" "$OUT/layouts.log"
   grep -E "per call" "$OUT/small-calls.log" | grep -v -E "cupy|torch"
   for f in "$OUT"/ncu-*.txt; do
     echo "== $f"; grep -E "Duration|Compute \(SM\) Throughput|No Eligible|Warp Cycles Per \

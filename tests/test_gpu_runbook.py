@@ -110,7 +110,8 @@ def test_visit_step_tests_times_then_profiles(tmp_path):
     assert labels == ["smoke", "tensor-core tests", "small calls", "tensor cores, wgmma 4096",
                       "tensor cores, mma 4096", "tensor cores, wgmma BCOPY=1 4096",
                       "tensor cores, mma RCOPY=1 4096",
-                      "host overhead", "edge sizes", "ncu wgmma float32",
+                      "host overhead", "edge sizes", "operand layouts",
+                      "ncu wgmma float32",
                       "ncu wgmma bfloat16", "ncu mma float32",
                       "tensor cores, mma WN=64 4096", "tensor cores, mma WN=64 RCOPY=1 4096"]
     assert any(c.endswith("--params WN=64,RCOPY=1 NVIDIA_TF32_OVERRIDE=unset") for c in calls)
