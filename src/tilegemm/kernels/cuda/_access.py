@@ -93,7 +93,7 @@ def vload_at() -> Any:
 
     if simulator.enabled():
         return _py_vload_at
-    return _compiled_vload_at()
+    return _compiled_offset_load(vector=True)
 
 
 @cache
@@ -107,7 +107,7 @@ def load_at() -> Any:
 
     if simulator.enabled():
         return _py_load_at
-    return _compiled_load_at()
+    return _compiled_offset_load(vector=False)
 
 
 # --- simulator stand-ins -------------------------------------------------------------------
@@ -316,17 +316,6 @@ def _compiled_ops() -> Access:
 
 
 @cache
-def _compiled_vload_at() -> Any:
-    return _compiled_offset_load(vector=True)
-
-
-
-
-@cache
-def _compiled_load_at() -> Any:
-    return _compiled_offset_load(vector=False)
-
-
 def _compiled_offset_load(vector: bool) -> Any:
     """The intrinsic behind :func:`vload_at` (``vector``: W elements, one 16-byte load) or
     :func:`load_at` (one element): a load at an element offset from the data pointer."""

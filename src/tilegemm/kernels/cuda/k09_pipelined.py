@@ -92,15 +92,13 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     BM, BN, BK, RT, CT, NT = t.BM, t.BN, t.BK, t.RT, t.CT, t.NT
     SPLIT = p["SPLIT_K"]
     W = width(dtype.itemsize)
-    A_VPR, B_VPR = BK // W, BN // W
-    A_VECS, B_VECS = BM * A_VPR, BK * B_VPR
-    A_ROUNDS, B_ROUNDS = ceil_div(A_VECS, NT), ceil_div(B_VECS, NT)
+    # staging registers a thread holds per operand: its share of the tile's vectors
+    A_ROUNDS, B_ROUNDS = ceil_div(BM * (BK // W), NT), ceil_div(BK * (BN // W), NT)
     RPW = max(W, 32 * W // BK)  # rows of A one warp loads per round: the swizzle period
     ld, st, vload, vstore, gather, scatter, address, ALIGN = access_ops()
     namespace = dict(
         cuda=cuda, **t.names(), GROUP_M=p["GROUP_M"], W=W, ISZ=dtype.itemsize,
-        VB=VECTOR_BYTES, A_VPR=A_VPR, B_VPR=B_VPR, A_VECS=A_VECS, B_VECS=B_VECS,
-        A_ROUNDS=A_ROUNDS, B_ROUNDS=B_ROUNDS, SA=A_ROUNDS * W, SB=B_ROUNDS * W, RPW=RPW,
+        VB=VECTOR_BYTES, SA=A_ROUNDS * W, SB=B_ROUNDS * W, RPW=RPW,
         ld=ld, st=st, vload=vload, vstore=vstore, gather=gather, scatter=scatter,
         address=address, vload_at=vload_at(), load_at=load_at(), ALIGN=ALIGN,
         zero=dtype.type(0), nptype=dtype.type, SPLIT=SPLIT)

@@ -180,10 +180,10 @@ def shape_params(p: Mapping[str, int], prob: Any, target: Any
     operands read as they lie (``SIXTEEN_BIT_BCOPY``) where B's rows lie on 16 bytes, and
     the block tile (:func:`_tile`); None where neither changes ``p``."""
     q, why = dict(p), []
+    isz = np.dtype(prob.dtype).itemsize
     # Only where B's rows lie on 16 bytes (N a multiple of 8): BCOPY=2 reads rows off 16
     # bytes element by element on every k-tile, where BCOPY=1's copy pads them once.
-    if (np.dtype(prob.dtype).itemsize == 2 and q.get("BCOPY", 1) == 1
-            and prob.n % (16 // np.dtype(prob.dtype).itemsize) == 0):
+    if isz == 2 and q.get("BCOPY", 1) == 1 and prob.n * isz % 16 == 0:
         q["BCOPY"] = SIXTEEN_BIT_BCOPY
         why.append("16-bit B read N-major, not copied (BCOPY=2)")
     tile = _tile(q, prob, target)
