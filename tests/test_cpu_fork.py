@@ -124,21 +124,21 @@ def test_four_threads_at_once_get_right_results():
                                    (1, 200, 2100, 600), (2, 9, 7, 0)])
 def test_calling_thread_path_matches_numpy(monkeypatch, shape):
     """Where a parallel region would be killed, every product runs without one: the
-    packed products through the serial per-product code (counted), the rest through the
-    rung's unpacked path; all with the threaded path's results. The largest shape crosses
-    the NC and KC panel edges."""
+    larger products through the batch path's per-product code (``small``, counted) with
+    the check routing them there, the small ones straight to the same code; all with the
+    threaded path's results. The largest shape crosses the NC and KC panel edges."""
     batch, m, n, k = shape
     a, b = random_operands((batch, m, k), (batch, k, n), "float32", seed=sum(shape))
     threaded = tilegemm.matmul(a, b, kernel="blocked", backend="cpu")
     g = _program_used(a, b).__globals__
     products = []
-    per_products, serial = g["products_serial"], g["blocked_serial"]
+    per_products, serial = g["small"], g["blocked_serial"]
 
     def counting(A, B, C, alpha, beta, z0, z1, tr, cb):  # noqa: N803 - the rung's names
         products.extend([1] * (z1 - z0))
         per_products(A, B, C, alpha, beta, z0, z1, tr, cb)
 
-    monkeypatch.setitem(g, "products_serial", counting)
+    monkeypatch.setitem(g, "small", counting)
     routed = []
     monkeypatch.setitem(g, "blocked_serial", lambda *xs: (routed.append(1), serial(*xs)))
     monkeypatch.setattr(_threads, "_forked_unsafe", True)
@@ -148,7 +148,7 @@ def test_calling_thread_path_matches_numpy(monkeypatch, shape):
     # thread's code without the check; the others are routed by it.
     packed = k > 0 and batch * m * n * k > k02_blocked.DIRECT_PRODUCT
     assert len(routed) == (1 if packed else 0)
-    assert len(products) == (batch if packed else 0)
+    assert len(products) == batch
     np.testing.assert_array_equal(c, threaded)  # the same sums in the same order
 
 

@@ -22,6 +22,8 @@ from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled
 from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
+from tilegemm.kernels.cpu._small_tile import small_tile
+from tilegemm.kernels.cpu._small_tile import width as small_width
 from tilegemm.kernels.cpu._threads import (
     InParallel,
     PoolWatch,
@@ -87,6 +89,9 @@ copy_n = copy_run()
 PACK_W = columns_per_pack(_dt, VECTOR_BITS)
 pack_cols = transposer(MR, PACK_W)
 pack_cols_b = transposer(NR, PACK_W)  # B given as its transpose: NR rows of it per strip
+# The small-product path's tiles (see _small_tile): 8, 4, 2 or 1 rows of C × one vector.
+SMALL_W = small_width(_dt, VECTOR_BITS)
+stile8, stile4, stile2, stile1 = (small_tile(rows, SMALL_W, _dt) for rows in (8, 4, 2, 1))
 
 
 # @ukernel (replaced by k02_blocked.micro_kernel_source(), its one definition)
@@ -312,37 +317,49 @@ def fold(y, acc, j0, j1, alpha, beta, first):
             y[j0 + j] = alpha * acc[j] + beta * y[j0 + j]
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8), **FLAGS)
-def direct(A, B, C, alpha, beta, kc_max):
-    """Small products on the calling thread, unpacked: for each row of C, a row of A times
-    B, accumulated row by row (unit stride in B and C, so LLVM vectorises the j loop).
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8), **FLAGS)
+def direct(A, B, C, alpha, beta, kc_max, z0, z1):
+    """Products z0..z1 of the batch on the calling thread, unpacked: A and B read where they
+    lie, C in tiles of up to 8 rows × one vector of columns whose sums stay in registers
+    (``_small_tile``; the right edge masked to the columns that exist).
 
-    No packing and no parallel region, whose wake-up costs more than the whole
-    product below ``DIRECT_PRODUCT`` multiply-adds. Each element is summed as in the packed
-    path: K in panels of ``kc_max`` (KC) steps, each panel's sum started from zero in K
-    order and added into C (a single running sum over all of K lost accuracy for long
-    products with few outputs: 2×2×350000 in float32, 100× NumPy's error).
+    No packing and no parallel region, whose wake-up costs more than the whole product
+    below ``DIRECT_PRODUCT`` multiply-adds. Each element is summed as in the packed path,
+    with the same bits: K in panels of ``kc_max`` (KC) steps, each panel's sum started from
+    zero in K order and added into C (a single running sum over all of K lost accuracy for
+    long products with few outputs: 2×2×350000 in float32, 100× NumPy's error).
     """
-    batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
-    acc = np.empty(n, dtype=C.dtype)
-    for z in range(batch):
-        Az = A[z if A.shape[0] > 1 else 0]
-        Bz = B[z if B.shape[0] > 1 else 0]
-        Cz = C[z]
-        for i in range(m):
-            crow = Cz[i]
-            arow = Az[i]
-            if k == 0:
-                acc[:] = zero
-                fold(crow, acc, 0, n, alpha, beta, True)
-            for pc in range(0, k, kc_max):
-                acc[:] = zero
-                for p in range(pc, min(k, pc + kc_max)):
-                    a = arow[p]
-                    brow = Bz[p]
-                    for j in range(n):
-                        acc[j] += a * brow[j]
-                fold(crow, acc, 0, n, alpha, beta, pc == 0)
+    m, n, k = C.shape[1], C.shape[2], A.shape[2]
+    if k == 0:  # no products: C = alpha*0 (+ beta*C; C unread when beta == 0)
+        base = alpha * zero
+        for z in range(z0, z1):
+            for i in range(m):
+                for j in range(n):
+                    C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
+        return
+    sa = m * k if A.shape[0] > 1 else 0
+    sb = k * n if B.shape[0] > 1 else 0
+    for z in range(z0, z1):
+        for pc in range(0, k, kc_max):
+            kc = min(kc_max, k - pc)
+            first = pc == 0
+            mode = 0 if first and beta == zero else 1  # C = alpha*sum, or alpha*sum + bb*C
+            bb = beta if first else one
+            for j in range(0, n, SMALL_W):
+                w = min(SMALL_W, n - j)
+                a0, b0, c0 = z * sa + pc, z * sb + pc * n + j, z * m * n + j
+                i = 0
+                while i + 8 <= m:
+                    stile8(kc, A, a0 + i * k, k, B, b0, n, C, c0 + i * n, n, w, alpha, bb, mode)
+                    i += 8
+                if m - i >= 4:
+                    stile4(kc, A, a0 + i * k, k, B, b0, n, C, c0 + i * n, n, w, alpha, bb, mode)
+                    i += 4
+                if m - i >= 2:
+                    stile2(kc, A, a0 + i * k, k, B, b0, n, C, c0 + i * n, n, w, alpha, bb, mode)
+                    i += 2
+                if m - i >= 1:
+                    stile1(kc, A, a0 + i * k, k, B, b0, n, C, c0 + i * n, n, w, alpha, bb, mode)
 
 
 call_direct = called_by_name(direct)
@@ -353,7 +370,8 @@ def products_serial(A, B, C, alpha, beta, z0, z1, tr, cb):
     """Products z0..z1 of the batch, one after another on the calling thread, through the
     packed loop nest (``gemm_serial``), with one set of scratch sized to the product (not
     to the cache blocks, so small products stay cheap). ``tr``, ``cb`` as in
-    ``blocked_threads``."""
+    ``blocked_threads``. Reached through ``small``, which sends it the products that
+    packing repays."""
     mc, kc_max, nc_max = cb
     k = A.shape[1] if tr & 1 else A.shape[2]
     m, n = C.shape[1], C.shape[2]
@@ -440,35 +458,42 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
 call_gemv_part = called_by_name(gemv_part)
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8), **FLAGS)
-def gemv_serial(A, B, C, alpha, beta, kc_max):
-    """Products with M == 1 or N == 1 on the calling thread, each as one chunk."""
-    for z in range(C.shape[0]):
-        call_gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
-                       alpha, beta, 0, 1, kc_max)
-
-
-# Below this many multiply-adds per product, or with fewer than PACKED_MIN_SIDE rows or
-# columns, ``small`` runs ``direct``; above, packing pays for itself even on one thread
-# (float32 on AMD Zen 5: 32³ 3.1 → 1.4 µs, 64³ 15.4 → 3.9 µs; equal near 24³).
-PACKED_MIN_PRODUCT = 20 * 20 * 20
+# Up to this many multiply-adds per product, or with fewer than PACKED_MIN_SIDE rows or
+# columns, ``small`` runs ``direct``; above, packing pays for itself even on one thread.
+# Measured on an AMD Zen 5 (µs per product, direct / packed, one thread): AVX-512 code,
+# float32 32³ 0.38 / 0.73, 48³ 1.1 / 3.2, 64³ 2.8 / 3.5, 96³ 9.0 / 9.0; AVX2 code on the
+# same CPU, float32 32³ 0.79 / 1.05, 48³ 2.5 / 2.4, 64³ 6.0 / 5.3 (float64 alike).
+PACKED_MIN_PRODUCT = 48 * 48 * 48
+# Products with one row or one column take the vector path (``gemv_part``) above this many
+# multiply-adds: there a tile of C one column wide (or one row high) leaves the vector
+# lanes (or the rows' independent sums) idle, which the vector path's sums along K fill.
+VECTOR_MIN_PRODUCT = 20 * 20 * 20
 PACKED_MIN_SIDE = 8
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, blocks), **FLAGS)
-def small(A, B, C, alpha, beta, cb):
-    """Products of at most ``DIRECT_PRODUCT`` multiply-adds in all, on the calling thread
-    (no parallel region: waking the pool costs more than such a product): one row or one
-    column per product through the vector path (``gemv_part``, as the threaded vector path
-    computes it), the packed loop nest (``gemm_serial``, scratch sized to the product)
-    where packing pays, else ``direct``, which gives the packed path's sums."""
-    batch, m, n, k = C.shape[0], C.shape[1], C.shape[2], A.shape[2]
-    if k > 0 and (m == 1 or n == 1) and m * n * k > PACKED_MIN_PRODUCT:
-        gemv_serial(A, B, C, alpha, beta, cb[1])
-    elif k == 0 or m * n * k <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE:
-        call_direct(A, B, C, alpha, beta, cb[1])
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, blocks), **FLAGS)
+def small(A, B, C, alpha, beta, z0, z1, tr, cb):
+    """Products z0..z1 of the batch on the calling thread (no parallel region: waking the
+    pool costs more than a product of at most ``DIRECT_PRODUCT`` multiply-adds; the batch
+    path's threads each run a share of the batch here): one row or one column per product
+    through the vector path (``gemv_part``, as the threaded vector path computes it), the
+    packed loop nest (``products_serial``, scratch sized to the product) where packing
+    pays, else ``direct``, which gives the packed path's sums. Operands given transposed
+    (``tr``, see ``blocked_threads``) take the packed loop nest, which reads them in place.
+    """
+    m, n = C.shape[1], C.shape[2]
+    k = A.shape[1] if tr & 1 else A.shape[2]
+    size = m * n * k
+    if tr != 0 and k > 0:
+        products_serial(A, B, C, alpha, beta, z0, z1, tr, cb)
+    elif k > 0 and (m == 1 or n == 1) and size > VECTOR_MIN_PRODUCT:
+        for z in range(z0, z1):
+            call_gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
+                           alpha, beta, 0, 1, cb[1])
+    elif k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE:
+        call_direct(A, B, C, alpha, beta, cb[1], z0, z1)
     else:
-        products_serial(A, B, C, alpha, beta, 0, batch, 0, cb)
+        products_serial(A, B, C, alpha, beta, z0, z1, 0, cb)
 
 
 @when_called(numba.void(i8, i8, ro3, ro3, a3, i8, nbt, nbt, i8, i8, i8, i8, i8, i8, a3, a4, a3,
@@ -517,10 +542,9 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
                 call_macro(Ap_all[t], Bc, C[z], ic, mcc, jc + sc * nr, nc - sc * nr, kc, 0,
                            w, alpha, beta, pc == 0, T_all[t])
         else:
-            # runs of whole products, one set of scratch per run
+            # runs of whole products, each by the path that suits its size
             batch = C.shape[0]
-            products_serial(A, B, C, alpha, beta, t * batch // ntasks,
-                            (t + 1) * batch // ntasks, tr, cb)
+            small(A, B, C, alpha, beta, t * batch // ntasks, (t + 1) * batch // ntasks, tr, cb)
 
 
 @when_called(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)
@@ -610,7 +634,7 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
     if batch * m * n * k <= direct_max:
-        small(A, B, C, alpha, beta, cb)
+        small(A, B, C, alpha, beta, 0, batch, 0, cb)
         return
     empty = np.empty((1, 1, 1, mr), dtype=C.dtype)
     if splits_batch(batch, m, n, k, nthreads):
@@ -678,7 +702,7 @@ def blocked(A, B, C, alpha, beta, tr, cb):
     """
     A, B, tr = _plain_unless_packed(A, B, C, tr)
     if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:  # small, given transposed
-        small(A, B, C, alpha, beta, cb)
+        small(A, B, C, alpha, beta, 0, C.shape[0], 0, cb)
         return
     if parallel_unsafe():  # a forked child where a parallel region would be killed
         blocked_serial(A, B, C, alpha, beta, tr, cb)
@@ -713,7 +737,7 @@ def bind(mc, kc, nc):
         if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:
             # Small products straight to the calling thread's code: one compiled call, no
             # thread pool (the checks in blocked cost a tiny product about half its time).
-            small(A, B, C, alpha, beta, cb)
+            small(A, B, C, alpha, beta, 0, C.shape[0], 0, cb)
             return
         blocked(A, B, C, alpha, beta, tr, cb)
 
@@ -725,9 +749,10 @@ def bind(mc, kc, nc):
 def blocked_serial(A, B, C, alpha, beta, tr, cb):
     """``blocked`` on the calling thread only, with no call that reaches a parallel region
     (see ``_threads.parallel_unsafe``): products with no K or at most ``DIRECT_PRODUCT``
-    multiply-adds take the unpacked path, which has none; larger ones run the packed loop
-    nest one product at a time (``gemm_serial``, the batch path's per-product code), with
-    scratch sized as there. The same arithmetic as the threaded path, element by element.
+    multiply-adds take the unpacked path, which has none; larger ones run one product at a
+    time through ``small``, the batch path's per-product code (the packed loop nest with
+    scratch sized as there, or the vector path for one row or column). The same arithmetic
+    as the threaded path, element by element.
     """
     A, B, tr = _plain_unless_packed(A, B, C, tr)
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
@@ -736,10 +761,7 @@ def blocked_serial(A, B, C, alpha, beta, tr, cb):
         blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), 0,
                         B_CHUNK_BYTES, L2_BUDGET, cb)
         return
-    if takes_gemv(batch, m, n, k, DIRECT_PRODUCT):
-        gemv_serial(A, B, C, alpha, beta, cb[1])
-    else:
-        products_serial(A, B, C, alpha, beta, 0, batch, tr, cb)
+    small(A, B, C, alpha, beta, 0, batch, tr, cb)
 
 
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8), parallel=True, **FLAGS)
@@ -768,8 +790,7 @@ def takes_gemv(batch, m, n, k, direct_max):
 # cache), and those that Python calls: a warm cache loads only these, the first at import
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
-            direct, products_serial, dot_rows, gemv_part, gemv_serial, small, run_parallel,
-            splits_batch, layout, blocked_threads, gemv_threads, takes_gemv)
-CALLED_FROM_PYTHON = (takes_gemv, layout, small, products_serial, gemv_serial,
-                      blocked_threads, gemv_threads)
+            direct, products_serial, dot_rows, gemv_part, small, run_parallel, splits_batch,
+            layout, blocked_threads, gemv_threads, takes_gemv)
+CALLED_FROM_PYTHON = (takes_gemv, layout, small, blocked_threads, gemv_threads)
 load_compiled(COMPILED, CALLED_FROM_PYTHON)

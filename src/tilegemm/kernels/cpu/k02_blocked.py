@@ -41,7 +41,7 @@ from tilegemm.registry import FLOATS, INTS, Constraint, KernelSpec, Param
 # split the batch instead of one product: a parallel region per K panel costs more than it buys.
 SMALL_PRODUCT = 96 * 96 * 96
 # At most this many multiply-adds in all (batch included), the product runs on the calling
-# thread (packed above about 20³, see ``small``): waking the thread pool costs more than
+# thread (packed above 48³ per product, see ``small``): waking the thread pool costs more than
 # the second core buys (measured crossover on a 2-vCPU AMD Zen 5: 128³-160³ float32,
 # 112³-128³ float64; see docs/cpu.md).
 DIRECT_PRODUCT = 112 * 112 * 112

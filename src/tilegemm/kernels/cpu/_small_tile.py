@@ -1,0 +1,184 @@
+"""The small-product path's tile: rows of C, one vector wide, read from A and B in place.
+
+Products too small to repay packing (a few thousand multiply-adds each, or fewer than
+eight rows or columns: 4×4 transforms, batches of 16×16 blocks) used to run as plain
+loops: for each row of C, a row of A times B, into a row of running sums. LLVM vectorised
+the loop over columns in blocks of 64 (float32 on AVX-512: 16 lanes, 4 blocks per trip), so
+a row of 4, 8 or 16 columns never reached vector code, and a batch of 16×16×16 products
+took 0.9 µs each on an AMD Zen 5 against NumPy's 0.07.
+
+Here one call computes ``rows`` rows of C times one vector of columns (``width`` lanes; the
+last vector of a row masked to the columns that exist), with A and B read where they lie:
+per K step, one (masked) vector load of B's row, and per row of C one broadcast of A's
+element and one multiply-add into that row's accumulator, which stays in a register over
+the whole K panel. Each element is the packed path's sum, term for term: started from zero,
+one ``llvm.fmuladd`` per K step in K order (``_vector_tile``), and written back as the
+packed tiles are (``alpha*acc``, or ``alpha*acc + bb*C`` as one multiply-add). So a product
+gives the same bits on either path.
+
+Masked loads and stores (``llvm.masked.load``/``store``) never touch the lanes they leave
+out: AVX-512 and AVX2 suppress faults there, and other CPUs get per-lane code for the
+right edge only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tilegemm.kernels.cpu._vector_tile import _Arithmetic, _splat, applies
+
+
+def width(dtype: np.dtype, vector_bits: int | None) -> int:
+    """Lanes per vector of ``dtype`` for code that may use ``vector_bits`` (None: LLVM's
+    choice, taken as 256 bits, as the packed tile does)."""
+    return max(1, (vector_bits or 256) // (8 * np.dtype(dtype).itemsize))
+
+
+def small_tile(rows: int, lanes: int, dtype: np.dtype) -> Any:
+    """The intrinsic ``stile(kc, A, a0, lda, B, b0, ldb, C, c0, ldc, w, alpha, bb, mode)``.
+
+    Computes ``rows`` rows × ``w`` columns (1 ≤ w ≤ ``lanes``) of C over ``kc`` K steps:
+    row r of A at element ``a0 + r*lda`` of A's data, K step p of B's row at ``b0 +
+    p*ldb``, row r of C at ``c0 + r*ldc`` (element offsets; A, B, C any arrays of the dtype,
+    C-contiguous in the rows read). ``mode`` 0: ``C = alpha*acc`` (C not read); otherwise
+    ``C = alpha*acc + bb*C``."""
+    from numba.core import types
+    from numba.extending import intrinsic
+
+    dtype = np.dtype(dtype)
+    if not applies(dtype):
+        raise ValueError(f"no small-product tile for {dtype}")
+
+    @intrinsic
+    def stile(typingctx, kc, a, a0, lda, b, b0, ldb, c, c0, ldc, w, alpha, bb,  # noqa: ANN001, ANN202
+              mode):  # noqa: ANN001 - Numba's protocol
+        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
+            ints = {0, 2, 3, 5, 6, 8, 9, 10, 13}
+            vals = [context.cast(builder, v, t, types.int64) if n in ints else v
+                    for n, (v, t) in enumerate(zip(args, signature.args, strict=True))]
+            ptrs = [context.make_array(signature.args[n])(context, builder, vals[n]).data
+                    for n in (1, 4, 7)]
+            scal = [context.cast(builder, vals[n], signature.args[n], signature.args[7].dtype)
+                    for n in (11, 12)]
+            emit_small(builder, vals[0], ptrs[0], vals[2], vals[3], ptrs[1], vals[5], vals[6],
+                       ptrs[2], vals[8], vals[9], vals[10], scal[0], scal[1], vals[13],
+                       rows, lanes, dtype)
+            return context.get_dummy_value()
+
+        sig = types.void(kc, a, a0, lda, b, b0, ldb, c, c0, ldc, w, alpha, bb, mode)
+        return sig, codegen
+
+    return stile
+
+
+def _masked(builder: Any, op: str, vec: Any) -> Any:
+    """``llvm.masked.load`` or ``llvm.masked.store`` for ``vec``, named with the typed-pointer
+    mangling, which LLVM versions with opaque pointers rename on reading."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    mask = ir.VectorType(ir.IntType(1), vec.count)
+    elem = ("f" if isinstance(vec.element, (ir.FloatType, ir.DoubleType)) else "i")
+    bits = {ir.FloatType: 32, ir.DoubleType: 64}.get(type(vec.element))
+    name = f"v{vec.count}{elem}{bits or vec.element.width}"
+    if op == "load":
+        fnty = ir.FunctionType(vec, [vec.as_pointer(), ir.IntType(32), mask, vec])
+    else:
+        fnty = ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), ir.IntType(32), mask])
+    return cgutils.get_or_insert_function(builder.module, fnty,
+                                          f"llvm.masked.{op}.{name}.p0{name}")
+
+
+def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any, b0: Any,
+               ldb: Any, c_ptr: Any, c0: Any, ldc: Any, w: Any, alpha: Any, bb: Any,
+               mode: Any, rows: int, lanes: int, dtype: np.dtype) -> None:
+    """Append the tile (see :func:`small_tile`) at ``builder``'s position: integer operands
+    i64, pointers to the first element of each array's data, ``alpha``/``bb`` scalars of
+    the dtype."""
+    from llvmlite import ir
+
+    arith = _Arithmetic(dtype, lanes)
+    vec = arith.vec
+    i64, i32 = ir.IntType(64), ir.IntType(32)
+    align = i32(dtype.itemsize)
+    vptr = vec.as_pointer()
+    load_v, store_v = _masked(builder, "load", vec), _masked(builder, "store", vec)
+    lane_ids = ir.Constant(ir.VectorType(i64, lanes), list(range(lanes)))
+    mask = builder.icmp_signed("<", lane_ids, _splat(builder, ir.VectorType(i64, lanes), w))
+    a_rows = [builder.gep(a_ptr, [builder.add(a0, builder.mul(lda, i64(r)))], inbounds=True)
+              for r in range(rows)]
+
+    fn = builder.function
+    entry = builder.basic_block
+    loop = fn.append_basic_block("small.k")
+    done = fn.append_basic_block("small.store")
+    builder.cbranch(builder.icmp_signed(">", kc, i64(0)), loop, done)
+
+    builder.position_at_end(loop)
+    p = builder.phi(i64)
+    acc_in = [builder.phi(vec) for _ in range(rows)]
+    b_at = builder.gep(b_ptr, [builder.add(b0, builder.mul(p, ldb))], inbounds=True)
+    bv = builder.call(load_v, [builder.bitcast(b_at, vptr), align, mask, arith.zeros])
+    acc = []
+    for r in range(rows):
+        a = builder.load(builder.gep(a_rows[r], [p], inbounds=True), align=dtype.itemsize)
+        acc.append(arith.muladd(builder, _splat(builder, vec, a), bv, acc_in[r]))
+    p_next = builder.add(p, i64(1))
+    loop_end = builder.basic_block
+    builder.cbranch(builder.icmp_signed("<", p_next, kc), loop, done)
+    p.add_incoming(i64(0), entry)
+    p.add_incoming(p_next, loop_end)
+    for phi, value in zip(acc_in, acc, strict=True):
+        phi.add_incoming(arith.zeros, entry)
+        phi.add_incoming(value, loop_end)
+
+    builder.position_at_end(done)
+    final = []
+    for value in acc:
+        phi = builder.phi(vec)
+        phi.add_incoming(arith.zeros, entry)
+        phi.add_incoming(value, loop_end)
+        final.append(phi)
+    va = _splat(builder, vec, alpha)
+    vb = _splat(builder, vec, bb)
+    c_rows = [builder.bitcast(builder.gep(c_ptr, [builder.add(c0, builder.mul(ldc, i64(r)))],
+                                          inbounds=True), vptr) for r in range(rows)]
+    with builder.if_else(builder.icmp_signed("==", mode, i64(0))) as (plain, scaled):
+        with plain:
+            for r in range(rows):
+                builder.call(store_v, [arith.mul(builder, va, final[r]), c_rows[r], align,
+                                       mask])
+        with scaled:
+            old = [builder.call(load_v, [c_rows[r], align, mask, arith.zeros])
+                   for r in range(rows)]
+            for r in range(rows):
+                value = arith.muladd(builder, va, final[r], arith.mul(builder, vb, old[r]))
+                builder.call(store_v, [value, c_rows[r], align, mask])
+
+
+def module_ir(rows: int, lanes: int, dtype: np.dtype, triple: str = "") -> str:
+    """LLVM IR of a module holding one tile alone, as ``void @stile(i64 kc, T* a, i64 lda,
+    T* b, i64 ldb, T* c, i64 ldc, i64 w, T alpha, T bb, i64 mode)`` (``noalias`` pointers
+    to the first element of each operand), built by :func:`emit_small` as the rung builds
+    it: its machine code for any CPU LLVM knows, on any host (the tests read it)."""
+    from llvmlite import ir
+
+    dtype = np.dtype(dtype)
+    scalar = _Arithmetic(dtype, 1).scalar
+    ptr, i64 = scalar.as_pointer(), ir.IntType(64)
+    module = ir.Module(name=f"stile_{rows}x{lanes}_{dtype.name}")
+    module.triple = triple
+    fnty = ir.FunctionType(ir.VoidType(), [i64, ptr, i64, ptr, i64, ptr, i64, i64, scalar,
+                                           scalar, i64])
+    fn = ir.Function(module, fnty, "stile")
+    for n in (1, 3, 5):
+        fn.args[n].add_attribute("noalias")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    kc, a, lda, b, ldb, c, ldc, w, alpha, bb, mode = fn.args
+    zero = i64(0)
+    emit_small(builder, kc, a, zero, lda, b, zero, ldb, c, zero, ldc, w, alpha, bb, mode,
+               rows, lanes, dtype)
+    builder.ret_void()
+    return str(module)

@@ -1,0 +1,155 @@
+"""The blocked rung's small-product path (``direct``, tiles from ``_small_tile``).
+
+Products too small to repay packing are computed from A and B where they lie, in tiles of
+8, 4, 2 or 1 rows of C by one vector of columns, the last vector masked to the columns
+that exist. These tests hold it to the packed path's sums bit for bit, to NumPy's
+integers exactly, and to C's bounds; and check that batches of tiny products, split
+between threads, reach it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm.reference import assert_close, random_operands
+
+DTYPES = ("float32", "float64", "int32", "int64")
+# (batch of A, batch of B, M, N, K): rows 1..17 (every tile height and a remainder), columns
+# below, at and past one vector (16 float32 lanes on AVX-512, 4 float64 on AVX2), B shared
+SHAPES = [(1, 1, 1, 1, 1), (2, 2, 3, 5, 7), (3, 1, 7, 3, 2), (1, 1, 8, 16, 16),
+          (2, 2, 9, 17, 33), (1, 1, 15, 40, 11), (4, 4, 17, 1, 9), (2, 1, 5, 33, 70)]
+
+
+def _module(dtype):
+    """The generated module of the blocked rung's defaults on this machine."""
+    spec = next(s for s in tilegemm.kernels("cpu") if s.name == "blocked")
+    params = spec.defaults()
+    return params, spec.program(params, np.dtype(dtype)).module
+
+
+def _operands(shape, dtype, seed):
+    za, zb, m, n, k = shape
+    a, b = random_operands((za, m, k), (zb, k, n), dtype, seed=seed)
+    return a, b, max(za, zb), m, n
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unpacked_tiles_give_the_packed_paths_bits(dtype):
+    """The same products through ``direct`` and through the packed loop nest
+    (``products_serial``) on the calling thread: equal bit for bit, with K split into
+    panels (KC = 5) so that later panels add into C, and alpha != 1; integers also equal
+    to NumPy's wrapped sums."""
+    params, mod = _module(dtype)
+    dt = np.dtype(dtype)
+    cb = (params["MC"], 5, params["NC"])
+    alpha, zero = dt.type(3), dt.type(0)
+    for seed, shape in enumerate(SHAPES):
+        a, b, batch, m, n = _operands(shape, dtype, seed)
+        unpacked = np.full((batch, m, n), np.nan if dt.kind == "f" else 7, dtype=dt)
+        packed = unpacked.copy()
+        mod.direct(a, b, unpacked, alpha, zero, cb[1], 0, batch)
+        mod.products_serial(a, b, packed, alpha, zero, 0, batch, 0, cb)
+        np.testing.assert_array_equal(unpacked, packed, err_msg=f"{dtype} {shape}")
+        if dt.kind == "i":
+            np.testing.assert_array_equal(unpacked, alpha * np.matmul(a, b))
+        else:
+            assert_close(unpacked / alpha, a, b, what=f"{dtype} {shape}")
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float64"))
+def test_unpacked_tiles_write_c_and_nothing_around_it(dtype):
+    """C inside a larger buffer whose elements before and after it are sentinels: with
+    beta == 0 a NaN-poisoned C is overwritten and not read; with beta != 0 each element is
+    ``alpha*A@B + beta*C``; either way the sentinels stay (a masked store that wrote past
+    a row's last column would overwrite the next row's first ones, or past C's end)."""
+    params, mod = _module(dtype)
+    dt = np.dtype(dtype)
+    for seed, shape in enumerate(SHAPES):
+        a, b, batch, m, n = _operands(shape, dtype, 100 + seed)
+        size = batch * m * n
+        buffer = np.full(size + 64, -1234.5, dtype=dt)
+        c = buffer[32:32 + size].reshape(batch, m, n)
+        c[...] = np.nan
+        mod.direct(a, b, c, dt.type(1), dt.type(0), params["KC"], 0, batch)
+        assert_close(c, a, b, what=f"beta 0 {dtype} {shape}")
+        c0 = np.random.default_rng(seed).standard_normal(c.shape).astype(dt)
+        c[...] = c0
+        mod.direct(a, b, c, dt.type(0.5), dt.type(-2), params["KC"], 0, batch)
+        want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c0
+        np.testing.assert_allclose(c, want, rtol=1e-4 if dt.itemsize == 4 else 1e-12,
+                                   atol=1e-4 if dt.itemsize == 4 else 1e-12)
+        assert (buffer[:32] == -1234.5).all() and (buffer[32 + size:] == -1234.5).all()
+
+
+def test_a_part_of_the_batch_only():
+    """``direct`` computes products z0..z1 of the batch and leaves the others alone (the
+    batch path's threads each run a share of the batch)."""
+    params, mod = _module("float32")
+    a, b = random_operands((6, 5, 9), (6, 9, 7), "float32")
+    c = np.full((6, 5, 7), np.nan, dtype=np.float32)
+    mod.direct(a, b, c, np.float32(1), np.float32(0), params["KC"], 2, 5)
+    assert np.isnan(c[:2]).all() and np.isnan(c[5:]).all()
+    assert_close(c[2:5], a[2:5], b[2:5])
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float64", "int64"))
+@pytest.mark.parametrize("shape", [(30000, 4, 4, 4), (12000, 3, 5, 9), (400, 16, 16, 16),
+                                   (120, 24, 24, 24), (500, 64, 1, 64)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_batches_of_tiny_products_match_each_product_alone(dtype, shape):
+    """Batches of tiny products with more multiply-adds in all than a product computed on
+    the calling thread: the threads split the batch and each runs its products through the
+    small-product path, so every product is the one computed alone, bit for bit."""
+    from tilegemm.kernels.cpu import k02_blocked
+
+    batch, m, n, k = shape
+    assert batch * m * n * k > k02_blocked.DIRECT_PRODUCT
+    a, b = random_operands((batch, m, k), (batch, k, n), dtype)
+    got = tilegemm.matmul(a, b, kernel="blocked", backend="cpu")
+    assert_close(got, a, b)
+    assert "batch split" in tilegemm.plan(a, b, kernel="blocked", backend="cpu").path
+    for z in (0, batch // 2, batch - 1):
+        alone = tilegemm.matmul(a[z], b[z], kernel="blocked", backend="cpu")
+        np.testing.assert_array_equal(got[z], alone)
+
+
+# (triple, CPU, features, vector bits, what a full-width register looks like in the FMAs)
+TARGETS = [("x86_64-unknown-linux-gnu", "skylake-avx512", "", 512, "%zmm"),
+           ("x86_64-unknown-linux-gnu", "haswell", "", 256, "%ymm"),
+           ("aarch64-unknown-linux-gnu", "neoverse-n1", "+neon", 128, ".4s")]
+
+
+@pytest.mark.parametrize(("triple", "cpu", "features", "bits", "register"), TARGETS,
+                         ids=["avx512", "avx2", "neon"])
+def test_the_eight_row_tile_keeps_its_sums_in_registers(triple, cpu, features, bits, register):
+    """The 8-row float32 tile compiled alone for an AVX-512, an AVX2 and a NEON CPU: its
+    K loop is 8 multiply-adds on full-width vectors (one per row of C) with no stack access,
+    i.e. the 8 sums stay in registers between K steps."""
+    import re
+
+    from llvmlite import binding as llvm
+
+    from tilegemm.kernels.cpu._slp import with_vector_width
+    from tilegemm.kernels.cpu._small_tile import module_ir, width
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    try:
+        target = llvm.Target.from_triple(triple)
+    except RuntimeError as exc:
+        pytest.skip(f"llvmlite has no back end for {triple}: {exc}")
+    lanes = width(np.dtype("float32"), bits)
+    module = llvm.parse_assembly(with_vector_width(
+        module_ir(8, lanes, np.dtype("float32"), triple), bits))
+    module.verify()
+    asm = target.create_target_machine(cpu=cpu, features=features, opt=3).emit_assembly(module)
+
+    def fmas(block: str) -> list[str]:
+        return [ln for ln in block.splitlines()
+                if ln.split() and ln.split()[0] in ("vfmadd231ps", "fmla")]
+
+    loop = max(re.split(r"\n(?=\.?[\w$.]+:)", asm), key=lambda b: len(fmas(b)))
+    assert len(fmas(loop)) == 8 and all(register in ln for ln in fmas(loop)), fmas(loop)
+    assert not re.search(r"\((?:%rsp|%rbp)\)|\[(?:sp|x29)\b", loop), loop
