@@ -140,7 +140,7 @@ def test_the_eight_row_tile_keeps_its_sums_in_registers(triple, cpu, features, b
         target = llvm.Target.from_triple(triple)
     except RuntimeError as exc:
         pytest.skip(f"llvmlite has no back end for {triple}: {exc}")
-    lanes = width(np.dtype("float32"), bits)
+    lanes = width(4, bits)
     module = llvm.parse_assembly(with_vector_width(
         module_ir(8, lanes, np.dtype("float32"), triple), bits))
     module.verify()
@@ -153,3 +153,45 @@ def test_the_eight_row_tile_keeps_its_sums_in_registers(triple, cpu, features, b
     loop = max(re.split(r"\n(?=\.?[\w$.]+:)", asm), key=lambda b: len(fmas(b)))
     assert len(fmas(loop)) == 8 and all(register in ln for ln in fmas(loop)), fmas(loop)
     assert not re.search(r"\((?:%rsp|%rbp)\)|\[(?:sp|x29)\b", loop), loop
+
+
+# (batch, M, N, K): narrow products above the calling thread's size, whose rows the threads
+# split: masked columns (9, 17), rows not a multiple of 8, several K panels, a batch
+NARROW = [(1, 2048, 16, 96), (1, 777, 9, 2000), (3, 900, 8, 900), (1, 1500, 2, 1100),
+          (1, 203, 17, 1031)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_narrow_products_split_rows_and_give_the_packed_paths_bits(dtype):
+    """Products a few columns wide (at most two vectors) run unpacked at any size, their
+    rows split between the threads: the same bits as the packed loop nest on the same
+    operands, through matmul (plain and transposed operands) and gemm (alpha, beta)."""
+    from tilegemm.kernels.cpu import k02_blocked
+    from tilegemm.kernels.cpu._small_tile import narrow_columns
+
+    params, mod = _module(dtype)
+    dt = np.dtype(dtype)
+    cb = (params["MC"], params["KC"], params["NC"])
+    width = narrow_columns(dt.itemsize, k02_blocked.vector_bits())
+    for seed, (batch, m, n, k) in enumerate(NARROW):
+        if n > width:
+            continue  # wider than two vectors of this machine's code: packed
+        a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
+        assert batch * m * n * k > k02_blocked.DIRECT_PRODUCT
+        assert "narrow product" in tilegemm.plan(a, b, kernel="blocked", **params).path
+        got = tilegemm.matmul(a, b, kernel="blocked", backend="cpu", **params)
+        packed = np.empty_like(got)
+        mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, cb)
+        np.testing.assert_array_equal(got, packed, err_msg=f"{dtype} {(batch, m, n, k)}")
+        assert_close(got, a, b)
+        # operands given transposed (Fortran-ordered): copied for this path, the same bits
+        at, bt = (np.asfortranarray(x[0]) for x in (a, b))
+        flipped = tilegemm.matmul(at, bt, kernel="blocked", backend="cpu", **params)
+        np.testing.assert_array_equal(flipped, got[0])
+        if dt.kind == "f":
+            c = np.random.default_rng(seed).standard_normal(got.shape).astype(dt)
+            both = tilegemm.gemm(a, b, c, alpha=0.5, beta=-2.0, kernel="blocked",
+                                 backend="cpu", **params)
+            want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c
+            tol = 1e-4 if dt.itemsize == 4 else 1e-11
+            np.testing.assert_allclose(both, want, rtol=tol, atol=tol * np.sqrt(k))

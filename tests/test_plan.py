@@ -289,9 +289,10 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
     threads, direct = planned_threads(), k02_blocked.DIRECT_PRODUCT
     shapes = [(1, 1, 4096, 4096), (1, 4096, 1, 4096), (1, 1, 1, 10**7), (64, 1, 300, 300),
               (64, 64, 64, 64), (4, 200, 200, 200), (64, 200, 200, 200), (1, 500, 500, 500),
-              (2, 300, 300, 300), (3, 8, 8, 8), (1, 40, 40, 0)]
+              (2, 300, 300, 300), (3, 8, 8, 8), (1, 40, 40, 0), (1, 2048, 16, 2048),
+              (1, 2048, 2, 4096), (3, 900, 8, 900), (1, 3000, 33, 3000), (1, 3000, 64, 3000)]
     for batch, m, n, k in shapes:
-        path = k02_blocked.path(batch, m, n, k, threads)
+        path = k02_blocked.path(batch, m, n, k, threads, itemsize=4)
         small = k == 0 or batch * m * n * k <= direct
         assert ("small product" in path or "no K" in path) == small, (batch, m, n, k, path)
         if small:
@@ -300,7 +301,9 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         assert ("one row or column" in path) == vector, (batch, m, n, k, path)
         split = not vector and bool(mod.splits_batch(batch, m, n, k, threads))
         assert ("batch split" in path) == split, (batch, m, n, k, path)
-        assert ("packed panels" in path) == (not vector and not split)
+        narrow = not vector and bool(mod.takes_narrow(batch, m, n, k, threads, direct))
+        assert ("narrow product" in path) == narrow, (batch, m, n, k, path)
+        assert ("packed panels" in path) == (not vector and not split and not narrow)
     planned = tilegemm.plan(np.ones((1, 3000), np.float32), np.ones((3000, 500), np.float32))
     assert "one row or column" in planned.path and "one row or column" in str(planned)
 

@@ -22,7 +22,7 @@ from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled
 from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
-from tilegemm.kernels.cpu._small_tile import small_tile
+from tilegemm.kernels.cpu._small_tile import narrow_columns, small_tile
 from tilegemm.kernels.cpu._small_tile import width as small_width
 from tilegemm.kernels.cpu._threads import (
     InParallel,
@@ -90,7 +90,8 @@ PACK_W = columns_per_pack(_dt, VECTOR_BITS)
 pack_cols = transposer(MR, PACK_W)
 pack_cols_b = transposer(NR, PACK_W)  # B given as its transpose: NR rows of it per strip
 # The small-product path's tiles (see _small_tile): 8, 4, 2 or 1 rows of C × one vector.
-SMALL_W = small_width(_dt, VECTOR_BITS)
+SMALL_W = small_width(_dt.itemsize, VECTOR_BITS)
+NARROW_N = narrow_columns(_dt.itemsize, VECTOR_BITS)  # products this narrow take them at any size
 stile8, stile4, stile2, stile1 = (small_tile(rows, SMALL_W, _dt) for rows in (8, 4, 2, 1))
 
 
@@ -317,17 +318,50 @@ def fold(y, acc, j0, j1, alpha, beta, first):
             y[j0 + j] = alpha * acc[j] + beta * y[j0 + j]
 
 
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8), **FLAGS)
+def direct_rows(A, B, C, alpha, beta, kc_max, z, r0, r1):
+    """Rows r0..r1 of product z (K > 0), unpacked: A and B read where they lie, C in tiles
+    of 8, 4, 2 or 1 rows × one vector of columns whose sums stay in registers
+    (``_small_tile``; the right edge masked to the columns that exist), each tile's rows of
+    A (8 × KC at most) reused from L1 by every vector of columns.
+
+    Each element is summed as in the packed path, with the same bits: K in panels of
+    ``kc_max`` (KC) steps, each panel's sum started from zero in K order and added into C
+    (a single running sum over all of K lost accuracy for long products with few outputs:
+    2×2×350000 in float32, 100× NumPy's error).
+    """
+    m, n, k = C.shape[1], C.shape[2], A.shape[2]
+    a_z = (z if A.shape[0] > 1 else 0) * m * k
+    b_z = (z if B.shape[0] > 1 else 0) * k * n
+    for pc in range(0, k, kc_max):
+        kc = min(kc_max, k - pc)
+        first = pc == 0
+        mode = 0 if first and beta == zero else 1  # C = alpha*sum, or alpha*sum + bb*C
+        bb = beta if first else one
+        i = r0
+        while i < r1:
+            h = 8 if r1 - i >= 8 else 4 if r1 - i >= 4 else 2 if r1 - i >= 2 else 1
+            a0 = a_z + i * k + pc
+            for j in range(0, n, SMALL_W):
+                w = min(SMALL_W, n - j)
+                b0, c0 = b_z + pc * n + j, (z * m + i) * n + j
+                if h == 8:
+                    stile8(kc, A, a0, k, B, b0, n, C, c0, n, w, alpha, bb, mode)
+                elif h == 4:
+                    stile4(kc, A, a0, k, B, b0, n, C, c0, n, w, alpha, bb, mode)
+                elif h == 2:
+                    stile2(kc, A, a0, k, B, b0, n, C, c0, n, w, alpha, bb, mode)
+                else:
+                    stile1(kc, A, a0, k, B, b0, n, C, c0, n, w, alpha, bb, mode)
+            i += h
+
+
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8), **FLAGS)
 def direct(A, B, C, alpha, beta, kc_max, z0, z1):
-    """Products z0..z1 of the batch on the calling thread, unpacked: A and B read where they
-    lie, C in tiles of up to 8 rows × one vector of columns whose sums stay in registers
-    (``_small_tile``; the right edge masked to the columns that exist).
+    """Products z0..z1 of the batch on the calling thread, unpacked (``direct_rows``).
 
     No packing and no parallel region, whose wake-up costs more than the whole product
-    below ``DIRECT_PRODUCT`` multiply-adds. Each element is summed as in the packed path,
-    with the same bits: K in panels of ``kc_max`` (KC) steps, each panel's sum started from
-    zero in K order and added into C (a single running sum over all of K lost accuracy for
-    long products with few outputs: 2×2×350000 in float32, 100× NumPy's error).
+    below ``DIRECT_PRODUCT`` multiply-adds.
     """
     m, n, k = C.shape[1], C.shape[2], A.shape[2]
     if k == 0:  # no products: C = alpha*0 (+ beta*C; C unread when beta == 0)
@@ -337,29 +371,8 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1):
                 for j in range(n):
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
-    sa = m * k if A.shape[0] > 1 else 0
-    sb = k * n if B.shape[0] > 1 else 0
     for z in range(z0, z1):
-        for pc in range(0, k, kc_max):
-            kc = min(kc_max, k - pc)
-            first = pc == 0
-            mode = 0 if first and beta == zero else 1  # C = alpha*sum, or alpha*sum + bb*C
-            bb = beta if first else one
-            for j in range(0, n, SMALL_W):
-                w = min(SMALL_W, n - j)
-                a0, b0, c0 = z * sa + pc, z * sb + pc * n + j, z * m * n + j
-                i = 0
-                while i + 8 <= m:
-                    stile8(kc, A, a0 + i * k, k, B, b0, n, C, c0 + i * n, n, w, alpha, bb, mode)
-                    i += 8
-                if m - i >= 4:
-                    stile4(kc, A, a0 + i * k, k, B, b0, n, C, c0 + i * n, n, w, alpha, bb, mode)
-                    i += 4
-                if m - i >= 2:
-                    stile2(kc, A, a0 + i * k, k, B, b0, n, C, c0 + i * n, n, w, alpha, bb, mode)
-                    i += 2
-                if m - i >= 1:
-                    stile1(kc, A, a0 + i * k, k, B, b0, n, C, c0 + i * n, n, w, alpha, bb, mode)
+        direct_rows(A, B, C, alpha, beta, kc_max, z, 0, m)
 
 
 call_direct = called_by_name(direct)
@@ -478,8 +491,9 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
     path's threads each run a share of the batch here): one row or one column per product
     through the vector path (``gemv_part``, as the threaded vector path computes it), the
     packed loop nest (``products_serial``, scratch sized to the product) where packing
-    pays, else ``direct``, which gives the packed path's sums. Operands given transposed
-    (``tr``, see ``blocked_threads``) take the packed loop nest, which reads them in place.
+    pays, else (small or narrow products) ``direct``, which gives the packed path's sums.
+    Operands given transposed (``tr``, see ``blocked_threads``) take the packed loop nest,
+    which reads them in place.
     """
     m, n = C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2]
@@ -490,7 +504,7 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
         for z in range(z0, z1):
             call_gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
                            alpha, beta, 0, 1, cb[1])
-    elif k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE:
+    elif k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE or n <= NARROW_N:
         call_direct(A, B, C, alpha, beta, cb[1], z0, z1)
     else:
         products_serial(A, B, C, alpha, beta, z0, z1, 0, cb)
@@ -511,7 +525,9 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
     it went to memory and came back (8 MB per 512 x 2048 float64 panel), and short, wide
     products (32 x 2048 x 2048 float64) ran at half NumPy's speed;
     phase 2: task t is the t-th of ``ntasks`` runs of whole products of the batch (small
-    products), with one set of scratch arrays for its run.
+    products), with one set of scratch arrays for its run;
+    phase 3: task t computes the t-th of ``ntasks`` runs of 8-row tiles of product z
+    unpacked (``direct_rows``: narrow products, see ``takes_narrow``).
     """
     nstrips = (nc + nr - 1) // nr
     msr = (C.shape[1] + mr - 1) // mr
@@ -541,6 +557,12 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
                 call_pack_b(B[zb], pc, kc, jc + sc * nr, nc - sc * nr, Bc, 0, w, (tr & 2) != 0)
                 call_macro(Ap_all[t], Bc, C[z], ic, mcc, jc + sc * nr, nc - sc * nr, kc, 0,
                            w, alpha, beta, pc == 0, T_all[t])
+        elif phase == 3:
+            # rows of product z, in runs of whole 8-row tiles, computed unpacked
+            units = (C.shape[1] + 7) // 8
+            r0, r1 = t * units // ntasks * 8, min(C.shape[1], (t + 1) * units // ntasks * 8)
+            if r1 > r0:
+                direct_rows(A, B, C, alpha, beta, cb[1], z, r0, r1)
         else:
             # runs of whole products, each by the path that suits its size
             batch = C.shape[0]
@@ -558,6 +580,17 @@ def splits_batch(batch, m, n, k, nthreads):
                                      and batch >= BATCH_SPLIT_MIN * nthreads)
 
 
+@when_called(numba.boolean(i8, i8, i8, i8, i8, i8), **FLAGS)
+def takes_narrow(batch, m, n, k, nthreads, direct_max):
+    """Whether the threads compute each product unpacked, its rows split between them
+    (``direct_rows``): products at most ``NARROW_N`` columns wide, above the small-product
+    path, not one row or one column (the vector path) and not a batch the threads split
+    (each of those products takes the same tiles on its thread, see ``small``)."""
+    if k == 0 or batch * m * n * k <= direct_max or m == 1 or n == 1 or n > NARROW_N:
+        return False
+    return not splits_batch(batch, m, n, k, nthreads)
+
+
 @when_called(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8, i8, i8, blocks), **FLAGS)
 def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb):
     """How the packed path splits the work and its scratch, for one call.
@@ -568,14 +601,15 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb):
     kcap, MR) at ``ap_at`` and the scratch tiles ``T_all`` (nblk*ngroups_max, MR, NR) at
     ``t_at``, ``size`` elements in all (each part 64-byte aligned when the workspace is).
     All zeros when the call takes a path without scratch: no K, at most ``direct_max``
-    multiply-adds in all, or a batch of small products.
+    multiply-adds in all, a batch of small products, or narrow products.
 
     ``chunk_bytes``, ``budget``: a product of more than MC rows is one row block too when its
     packed block of A and ``chunk_bytes`` of B fit ``budget`` bytes (``L2_BUDGET``), the
     panel of B does not, and each of two tasks per thread gets ``ONE_BLOCK_TASK_COLUMNS``
     columns (see ``k02_blocked.one_row_block``). ``cb``: the cache blocks (MC, KC, NC).
     """
-    if k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads):
+    if (k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads)
+            or takes_narrow(batch, m, n, k, nthreads, direct_max)):
         return 0, 0, 0, 0, 0, 0, 0, 0
     mc, kc_max, nc_max = cb
     # Row blocks of at most MC rows, as many as a multiple of the thread count when there
@@ -641,6 +675,13 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
         # runs of products, a few per thread (the scheduler balances them)
         run_parallel(2, min(batch, BATCH_TASKS * nthreads), A, B, C, 0, alpha, beta, 0, 0,
                      0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
+        return
+    if takes_narrow(batch, m, n, k, nthreads, direct_max):
+        # each product's rows in runs of 8-row tiles, a few runs per thread, unpacked (the
+        # operands plain: ``blocked`` copies transposed ones for this path)
+        for z in range(batch):
+            run_parallel(3, min((m + 7) // 8, BATCH_TASKS * nthreads), A, B, C, z, alpha,
+                         beta, 0, 0, 0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
         return
     # One product at a time, threads over (row block × strip group) tasks (see layout).
     nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(
@@ -709,6 +750,8 @@ def blocked(A, B, C, alpha, beta, tr, cb):
         return
     nthreads = pool_threads()  # the first starts Numba's pool, where tilegemm sees it
     k = A.shape[1] if tr & 1 else A.shape[2]
+    if tr and takes_narrow(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT):
+        A, B, tr = _stored(A, tr & 1), _stored(B, tr & 2), 0  # the narrow path reads them plain
     if nthreads > 1 and C.size * k > DIRECT_PRODUCT:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with PoolWatch(), InParallel():
@@ -790,7 +833,7 @@ def takes_gemv(batch, m, n, k, direct_max):
 # cache), and those that Python calls: a warm cache loads only these, the first at import
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
-            direct, products_serial, dot_rows, gemv_part, small, run_parallel, splits_batch,
-            layout, blocked_threads, gemv_threads, takes_gemv)
-CALLED_FROM_PYTHON = (takes_gemv, layout, small, blocked_threads, gemv_threads)
+            direct_rows, direct, products_serial, dot_rows, gemv_part, small, run_parallel,
+            splits_batch, takes_narrow, layout, blocked_threads, gemv_threads, takes_gemv)
+CALLED_FROM_PYTHON = (takes_gemv, takes_narrow, layout, small, blocked_threads, gemv_threads)
 load_compiled(COMPILED, CALLED_FROM_PYTHON)

@@ -30,10 +30,23 @@ import numpy as np
 from tilegemm.kernels.cpu._vector_tile import _Arithmetic, _splat, applies
 
 
-def width(dtype: np.dtype, vector_bits: int | None) -> int:
-    """Lanes per vector of ``dtype`` for code that may use ``vector_bits`` (None: LLVM's
-    choice, taken as 256 bits, as the packed tile does)."""
-    return max(1, (vector_bits or 256) // (8 * np.dtype(dtype).itemsize))
+def width(itemsize: int, vector_bits: int | None) -> int:
+    """Lanes per vector of a dtype of ``itemsize`` bytes for code that may use
+    ``vector_bits`` (None: LLVM's choice, taken as 256 bits, as the packed tile does)."""
+    return max(1, (vector_bits or 256) // (8 * itemsize))
+
+
+# Products at most this many vectors wide are computed with these tiles at any size, their
+# rows split over the threads (``takes_narrow`` in the rung): packing would copy all of A
+# for a few columns of use per element. One thread, AMD Zen 5, AVX-512, µs, tiles / packed
+# loop nest: float32 2048×16×2048 0.85 / 2.04 ms, 2048×32×2048 1.59 / 1.87 ms, 2048×64×2048
+# 3.24 / 3.15 ms; float64 2048×16×2048 2.13 / 2.87 ms, ×32× 3.78 / 3.86 ms, ×64× 8.0 / 6.0 ms.
+NARROW_VECTORS = 2
+
+
+def narrow_columns(itemsize: int, vector_bits: int | None) -> int:
+    """The widest product (columns of C) computed with these tiles at any size."""
+    return NARROW_VECTORS * width(itemsize, vector_bits)
 
 
 def small_tile(rows: int, lanes: int, dtype: np.dtype) -> Any:

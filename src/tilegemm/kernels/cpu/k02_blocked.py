@@ -295,9 +295,11 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
          budget: int | None = None) -> str:
     """Which of the rung's paths a product of ``batch`` (m, k) @ (k, n) products takes on
     ``threads`` threads, in words (``tilegemm.plan`` names it): the same tests, in the same
-    order, as the generated module's ``blocked``, ``takes_gemv``, ``splits_batch`` and
-    (given the parameters, the dtype's ``itemsize`` and the L2 ``budget``, see
-    :func:`one_row_block`) ``layout``."""
+    order, as the generated module's ``blocked``, ``takes_gemv``, ``splits_batch``, (given
+    the dtype's ``itemsize``) ``takes_narrow`` and (given the parameters and the L2
+    ``budget`` too, see :func:`one_row_block`) ``layout``."""
+    from tilegemm.kernels.cpu._small_tile import narrow_columns
+
     if params is not None and itemsize is None:
         raise TypeError("path: the parameters need the dtype's itemsize beside them")
     size = m * n * k
@@ -310,6 +312,9 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     if batch >= 2 and (size <= SMALL_PRODUCT
                        or (size <= BATCH_PRODUCT and batch >= BATCH_SPLIT_MIN * threads)):
         return f"batch split: whole products on each of {threads} thread(s)"
+    if itemsize is not None and n <= narrow_columns(itemsize, vector_bits()):
+        return (f"narrow product: rows split over {threads} thread(s), A and B read in "
+                "place, no packing")
     if params is not None and one_row_block(m, n, k, threads, params, itemsize, budget):
         why = (f" (more than MC={params['MC']} rows, but their block of A fits in L2 beside "
                "a chunk of B)" if m > params["MC"] else "")
