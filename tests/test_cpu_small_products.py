@@ -184,6 +184,12 @@ def test_narrow_products_split_rows_and_give_the_packed_paths_bits(dtype):
         mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, cb)
         np.testing.assert_array_equal(got, packed, err_msg=f"{dtype} {(batch, m, n, k)}")
         assert_close(got, a, b)
+        # one A for every product of the batch (broadcast), the same bits as each alone
+        if batch > 1:
+            shared = tilegemm.matmul(a[0], b, kernel="blocked", backend="cpu", **params)
+            for z in range(batch):
+                np.testing.assert_array_equal(shared[z], tilegemm.matmul(
+                    a[0], b[z], kernel="blocked", backend="cpu", **params))
         # operands given transposed (Fortran-ordered): copied for this path, the same bits
         at, bt = (np.asfortranarray(x[0]) for x in (a, b))
         flipped = tilegemm.matmul(at, bt, kernel="blocked", backend="cpu", **params)
