@@ -577,10 +577,10 @@ def test_the_rungs_micro_kernel_compiles_as_the_eager_one_and_only_once(tmp_path
     """The rung's micro-kernel, compiled on first use under its declared settings (the SLP
     vectoriser, the vector width), is the same machine code as the one compiled eagerly
     inside those settings (``k02_blocked.micro_kernel``), which the vectorisation tests
-    read. Its code, and that of the tile loop and packing, is generated in one or two code
-    libraries (its own, and the tile loop's, which inlines it), not in every function that
-    reaches it (``called_by_name``; about ten before). A small int32 tile, compiled here
-    from an empty cache."""
+    read. Its code, and that of the tile loop, packing and the unpacked tiles, is generated
+    in one or two code libraries (its own, and the tile loop's, which inlines it), not in
+    every function that reaches it (``called_by_name``; about ten before). A small int32
+    tile, compiled here from an empty cache."""
     import re
 
     from numba.core import codegen
@@ -589,7 +589,8 @@ def test_the_rungs_micro_kernel_compiles_as_the_eager_one_and_only_once(tmp_path
     from tilegemm.kernels.cpu import k02_blocked
 
     # the libraries whose code each helper's is linked into, to be optimised and compiled
-    linked: dict[str, list[str]] = {"ukernel": [], "macro": [], "pack_a": [], "pack_b": []}
+    linked: dict[str, list[str]] = {"ukernel": [], "macro": [], "pack_a": [], "pack_b": [],
+                                    "direct_rows": []}
     real = codegen.CPUCodeLibrary._optimize_final_module
 
     def optimize(self):  # noqa: ANN001, ANN202 - after linking, before inlining
@@ -606,7 +607,8 @@ def test_the_rungs_micro_kernel_compiles_as_the_eager_one_and_only_once(tmp_path
     params = spec.resolve({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256})
     program = spec.program(params, dtype)
     assert linked == {"ukernel": ["ukernel", "macro"], "macro": ["macro"],
-                      "pack_a": ["pack_a"], "pack_b": ["pack_b"]}, linked
+                      "pack_a": ["pack_a"], "pack_b": ["pack_b"],
+                      "direct_rows": ["direct_rows"]}, linked
     ukernel = program.__globals__["ukernel"]
     lazy = _instructions(ukernel.inspect_asm(ukernel.signatures[0]))
     eager_fn = k02_blocked.micro_kernel(4, 8, dtype)

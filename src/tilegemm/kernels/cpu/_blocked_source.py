@@ -356,6 +356,10 @@ def direct_rows(A, B, C, alpha, beta, kc_max, z, r0, r1):
             i += h
 
 
+# called by name (see _lazy): its four tiles compiled once, not into every caller
+call_direct_rows = called_by_name(direct_rows)
+
+
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8), **FLAGS)
 def direct(A, B, C, alpha, beta, kc_max, z0, z1):
     """Products z0..z1 of the batch on the calling thread, unpacked (``direct_rows``).
@@ -372,10 +376,7 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1):
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
     for z in range(z0, z1):
-        direct_rows(A, B, C, alpha, beta, kc_max, z, 0, m)
-
-
-call_direct = called_by_name(direct)
+        call_direct_rows(A, B, C, alpha, beta, kc_max, z, 0, m)
 
 
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, blocks), **FLAGS)
@@ -505,7 +506,7 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
             call_gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
                            alpha, beta, 0, 1, cb[1])
     elif k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE or n <= NARROW_N:
-        call_direct(A, B, C, alpha, beta, cb[1], z0, z1)
+        direct(A, B, C, alpha, beta, cb[1], z0, z1)
     else:
         products_serial(A, B, C, alpha, beta, z0, z1, 0, cb)
 
@@ -562,7 +563,7 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             units = (C.shape[1] + 7) // 8
             r0, r1 = t * units // ntasks * 8, min(C.shape[1], (t + 1) * units // ntasks * 8)
             if r1 > r0:
-                direct_rows(A, B, C, alpha, beta, cb[1], z, r0, r1)
+                call_direct_rows(A, B, C, alpha, beta, cb[1], z, r0, r1)
         else:
             # runs of whole products, each by the path that suits its size
             batch = C.shape[0]

@@ -1,4 +1,7 @@
-"""The small-product path's tile: rows of C, one vector wide, read from A and B in place.
+"""The unpacked tiles: rows of C, one vector wide, read from A and B in place.
+
+The blocked rung computes small products (``direct``) and narrow ones, a few vectors of
+columns wide at any size (``takes_narrow``), with these tiles instead of packing.
 
 Products too small to repay packing (a few thousand multiply-adds each, or fewer than
 eight rows or columns: 4×4 transforms, batches of 16×16 blocks) used to run as plain
@@ -38,7 +41,7 @@ def width(itemsize: int, vector_bits: int | None) -> int:
 
 # Products at most this many vectors wide are computed with these tiles at any size, their
 # rows split over the threads (``takes_narrow`` in the rung): packing would copy all of A
-# for a few columns of use per element. One thread, AMD Zen 5, AVX-512, µs, tiles / packed
+# for a few columns of use per element. One thread, AMD Zen 5, AVX-512, tiles / packed
 # loop nest: float32 2048×16×2048 0.85 / 2.04 ms, 2048×32×2048 1.59 / 1.87 ms, 2048×64×2048
 # 3.24 / 3.15 ms; float64 2048×16×2048 2.13 / 2.87 ms, ×32× 3.78 / 3.86 ms, ×64× 8.0 / 6.0 ms.
 NARROW_VECTORS = 2
@@ -68,7 +71,7 @@ def small_tile(rows: int, lanes: int, dtype: np.dtype) -> Any:
     def stile(typingctx, kc, a, a0, lda, b, b0, ldb, c, c0, ldc, w, alpha, bb,  # noqa: ANN001, ANN202
               mode):  # noqa: ANN001 - Numba's protocol
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            ints = {0, 2, 3, 5, 6, 8, 9, 10, 13}
+            ints = {0, 2, 3, 5, 6, 8, 9, 10, 13}  # kc, a0, lda, b0, ldb, c0, ldc, w, mode
             vals = [context.cast(builder, v, t, types.int64) if n in ints else v
                     for n, (v, t) in enumerate(zip(args, signature.args, strict=True))]
             ptrs = [context.make_array(signature.args[n])(context, builder, vals[n]).data
