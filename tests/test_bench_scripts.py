@@ -81,6 +81,8 @@ def test_gpu_scripts_refuse_in_one_line_without_a_gpu(script: str, args: list[st
     ("ncu_rung.py", ["--params", "BK=x"], "'x' is not an integer"),
     ("perf_targets.py", ["--shapes", "10x2"], "'10x2' is not MxNxK"),
     ("cpu_tiles.py", ["--blocks", "MC=x"], "cache blocks are MC=, KC= or NC="),
+    ("cpu_small_tiles.py", ["--narrow", "10x2"], "give N (a cube) or MxNxK"),
+    ("cpu_small_tiles.py", ["--cubes", "0"], "cube edges and --batch must be positive"),
 ])
 def test_bad_arguments_are_one_line(script: str, args: list[str], says: str) -> None:
     """A misspelt rung made gpu_sanitize.py run nothing and report "0 failed"; a
