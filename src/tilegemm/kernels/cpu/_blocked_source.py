@@ -89,7 +89,8 @@ copy_n = copy_run()
 PACK_W = columns_per_pack(_dt, VECTOR_BITS)
 pack_cols = transposer(MR, PACK_W)
 pack_cols_b = transposer(NR, PACK_W)  # B given as its transpose: NR rows of it per strip
-# The small-product path's tiles (see _small_tile): 8, 4, 2 or 1 rows of C × one vector.
+# The unpacked tiles of small and narrow products (see _small_tile): 8, 4, 2 or 1 rows of
+# C × one vector of columns.
 SMALL_W = small_width(_dt.itemsize, VECTOR_BITS)
 NARROW_N = narrow_columns(_dt.itemsize, VECTOR_BITS)  # products this narrow take them at any size
 stile8, stile4, stile2, stile1 = (small_tile(rows, SMALL_W, _dt) for rows in (8, 4, 2, 1))
@@ -795,8 +796,8 @@ def blocked_serial(A, B, C, alpha, beta, tr, cb):
     (see ``_threads.parallel_unsafe``): products with no K or at most ``DIRECT_PRODUCT``
     multiply-adds take the unpacked path, which has none; larger ones run one product at a
     time through ``small``, the batch path's per-product code (the packed loop nest with
-    scratch sized as there, or the vector path for one row or column). The same arithmetic
-    as the threaded path, element by element.
+    scratch sized as there, the vector path for one row or column, the unpacked tiles for
+    narrow products). The same arithmetic as the threaded path, element by element.
     """
     A, B, tr = _plain_unless_packed(A, B, C, tr)
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
