@@ -1,10 +1,11 @@
-"""The blocked rung's small-product path (``direct``, tiles from ``_small_tile``).
+"""The blocked rung's unpacked tiles (``direct``/``direct_rows``, from ``_small_tile``).
 
-Products too small to repay packing are computed from A and B where they lie, in tiles of
-8, 4, 2 or 1 rows of C by one vector of columns, the last vector masked to the columns
-that exist. These tests hold it to the packed path's sums bit for bit, to NumPy's
-integers exactly, and to C's bounds; and check that batches of tiny products, split
-between threads, reach it.
+Products too small to repay packing, and narrow ones (a few vectors of columns) at any
+size, are computed from A and B where they lie, in tiles of 8, 4, 2 or 1 rows of C by one
+vector of columns, the last vector masked to the columns that exist. These tests hold
+them to the packed path's sums bit for bit, to NumPy's integers exactly, and to C's
+bounds; check that batches of tiny products, split between threads, and narrow products,
+their rows split between threads, reach them; and read the tile's machine code.
 """
 
 from __future__ import annotations
