@@ -20,7 +20,8 @@ DTYPES = ("float32", "float64", "int32", "int64")
 # (batch of A, batch of B, M, N, K): rows 1..17 (every tile height and a remainder), columns
 # below, at and past one vector (16 float32 lanes on AVX-512, 4 float64 on AVX2), B shared
 SHAPES = [(1, 1, 1, 1, 1), (2, 2, 3, 5, 7), (3, 1, 7, 3, 2), (1, 1, 8, 16, 16),
-          (2, 2, 9, 17, 33), (1, 1, 15, 40, 11), (4, 4, 17, 1, 9), (2, 1, 5, 33, 70)]
+          (2, 2, 9, 17, 33), (1, 1, 15, 40, 11), (4, 4, 17, 1, 9), (2, 1, 5, 33, 70),
+          (2, 1, 3, 1100, 20)]  # few rows, rows of B of a page or more: streamed
 
 
 def _module(dtype):

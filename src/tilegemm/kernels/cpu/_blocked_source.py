@@ -361,9 +361,43 @@ def direct_rows(A, B, C, alpha, beta, kc_max, z, r0, r1):
 call_direct_rows = called_by_name(direct_rows)
 
 
+# A product of fewer than 8 rows whose rows of B are this many bytes or more streams B's
+# rows (``rows_streamed``) instead of taking tiles: a tile of 1, 2 or 4 rows walks down one
+# vector of columns of B, a page further at every K step, with too few multiply-adds per
+# step to hide the misses. One thread, AMD Zen 5, µs, streamed / tiles: float32 2×1024×256
+# 22 / 74, 3×1024×256 33 / 152, 7×1024×128 34 / 58, 4×2048×128 41 / 44; but 4×512×512 49 /
+# 29 (2 KiB rows), float64 4×512×512 81 / 52 (4 KiB rows: left to the stream).
+STREAM_ROW_BYTES = 4096
+
+
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8), **FLAGS)
+def rows_streamed(A, B, C, alpha, beta, kc_max, z):
+    """Product z, row by row: each row of C as a row of running sums (in L1), updated by
+    every row of B in turn, front to back (unit stride in B and C, so LLVM vectorises the
+    column loop). The same sums as the tiles, term for term: K in panels of ``kc_max``
+    steps, each panel's sums started from zero in K order and added into C."""
+    m, n, k = C.shape[1], C.shape[2], A.shape[2]
+    Az = A[z if A.shape[0] > 1 else 0]
+    Bz = B[z if B.shape[0] > 1 else 0]
+    acc = np.empty(n, dtype=C.dtype)
+    for i in range(m):
+        crow = C[z, i]
+        arow = Az[i]
+        for pc in range(0, k, kc_max):
+            acc[:] = zero
+            for p in range(pc, min(k, pc + kc_max)):
+                a = arow[p]
+                brow = Bz[p]
+                for j in range(n):
+                    acc[j] += a * brow[j]
+            fold(crow, acc, 0, n, alpha, beta, pc == 0)
+
+
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8), **FLAGS)
 def direct(A, B, C, alpha, beta, kc_max, z0, z1):
-    """Products z0..z1 of the batch on the calling thread, unpacked (``direct_rows``).
+    """Products z0..z1 of the batch on the calling thread, unpacked: in tiles
+    (``direct_rows``), or, with fewer than 8 rows and long rows of B, streaming B's rows
+    (``rows_streamed``).
 
     No packing and no parallel region, whose wake-up costs more than the whole product
     below ``DIRECT_PRODUCT`` multiply-adds.
@@ -376,8 +410,12 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1):
                 for j in range(n):
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
+    streamed = m < 8 and n * ITEMSIZE >= STREAM_ROW_BYTES
     for z in range(z0, z1):
-        call_direct_rows(A, B, C, alpha, beta, kc_max, z, 0, m)
+        if streamed:
+            rows_streamed(A, B, C, alpha, beta, kc_max, z)
+        else:
+            call_direct_rows(A, B, C, alpha, beta, kc_max, z, 0, m)
 
 
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, blocks), **FLAGS)
@@ -835,7 +873,8 @@ def takes_gemv(batch, m, n, k, direct_max):
 # cache), and those that Python calls: a warm cache loads only these, the first at import
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
-            direct_rows, direct, products_serial, dot_rows, gemv_part, small, run_parallel,
-            splits_batch, takes_narrow, layout, blocked_threads, gemv_threads, takes_gemv)
+            direct_rows, rows_streamed, direct, products_serial, dot_rows, gemv_part, small,
+            run_parallel, splits_batch, takes_narrow, layout, blocked_threads, gemv_threads,
+            takes_gemv)
 CALLED_FROM_PYTHON = (takes_gemv, takes_narrow, layout, small, blocked_threads, gemv_threads)
 load_compiled(COMPILED, CALLED_FROM_PYTHON)
