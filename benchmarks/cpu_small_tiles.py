@@ -55,7 +55,7 @@ def time_pair(a: np.ndarray, b: np.ndarray, module, params: dict, rounds: int,
     tiles, packed = np.empty((batch, m, n), dt), np.empty((batch, m, n), dt)
 
     def run_tiles() -> None:
-        module.direct(a, b, tiles, one, zero, cb[1], 0, batch)
+        module.direct(a, b, tiles, one, zero, cb[1], 0, batch, 0, m)
 
     def run_packed() -> None:
         module.products_serial(a, b, packed, one, zero, 0, batch, 0, cb)

@@ -316,7 +316,7 @@ def test_cache_command_clears_only_stale_entries(tmp_path, monkeypatch, capsys):
 # The blocked rung's helpers that compiled code calls by name (``called_by_name``): loaded
 # before the first function that reaches them. A small product loads them, the probe and
 # ``small``.
-BY_NAME = ["direct_rows", "gemv_part", "macro", "pack_a", "pack_b"]
+BY_NAME = ["direct", "gemv_part", "macro", "pack_a", "pack_b"]
 SMALL_PRODUCT_LOADS = 2 + len(BY_NAME)
 
 

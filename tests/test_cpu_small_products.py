@@ -1,4 +1,4 @@
-"""The blocked rung's unpacked tiles (``direct``/``direct_rows``, from ``_small_tile``).
+"""The blocked rung's unpacked tiles (``direct``, from ``_small_tile``).
 
 Products too small to repay packing, and narrow ones (a few vectors of columns) at any
 size, are computed from A and B where they lie, in tiles of 8, 4, 2 or 1 rows of C by one
@@ -51,7 +51,7 @@ def test_unpacked_tiles_give_the_packed_paths_bits(dtype):
         a, b, batch, m, n = _operands(shape, dtype, seed)
         unpacked = np.full((batch, m, n), np.nan if dt.kind == "f" else 7, dtype=dt)
         packed = unpacked.copy()
-        mod.direct(a, b, unpacked, alpha, zero, cb[1], 0, batch)
+        mod.direct(a, b, unpacked, alpha, zero, cb[1], 0, batch, 0, m)
         mod.products_serial(a, b, packed, alpha, zero, 0, batch, 0, cb)
         np.testing.assert_array_equal(unpacked, packed, err_msg=f"{dtype} {shape}")
         if dt.kind == "i":
@@ -74,11 +74,11 @@ def test_unpacked_tiles_write_c_and_nothing_around_it(dtype):
         buffer = np.full(size + 64, -1234.5, dtype=dt)
         c = buffer[32:32 + size].reshape(batch, m, n)
         c[...] = np.nan
-        mod.direct(a, b, c, dt.type(1), dt.type(0), params["KC"], 0, batch)
+        mod.direct(a, b, c, dt.type(1), dt.type(0), params["KC"], 0, batch, 0, m)
         assert_close(c, a, b, what=f"beta 0 {dtype} {shape}")
         c0 = np.random.default_rng(seed).standard_normal(c.shape).astype(dt)
         c[...] = c0
-        mod.direct(a, b, c, dt.type(0.5), dt.type(-2), params["KC"], 0, batch)
+        mod.direct(a, b, c, dt.type(0.5), dt.type(-2), params["KC"], 0, batch, 0, m)
         want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c0
         np.testing.assert_allclose(c, want, rtol=1e-4 if dt.itemsize == 4 else 1e-12,
                                    atol=1e-4 if dt.itemsize == 4 else 1e-12)
@@ -91,7 +91,7 @@ def test_a_part_of_the_batch_only():
     params, mod = _module("float32")
     a, b = random_operands((6, 5, 9), (6, 9, 7), "float32")
     c = np.full((6, 5, 7), np.nan, dtype=np.float32)
-    mod.direct(a, b, c, np.float32(1), np.float32(0), params["KC"], 2, 5)
+    mod.direct(a, b, c, np.float32(1), np.float32(0), params["KC"], 2, 5, 0, 5)
     assert np.isnan(c[:2]).all() and np.isnan(c[5:]).all()
     assert_close(c[2:5], a[2:5], b[2:5])
 

@@ -319,48 +319,6 @@ def fold(y, acc, j0, j1, alpha, beta, first):
             y[j0 + j] = alpha * acc[j] + beta * y[j0 + j]
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8), **FLAGS)
-def direct_rows(A, B, C, alpha, beta, kc_max, z, r0, r1):
-    """Rows r0..r1 of product z (K > 0), unpacked: A and B read where they lie, C in tiles
-    of 8, 4, 2 or 1 rows × one vector of columns whose sums stay in registers
-    (``_small_tile``; the right edge masked to the columns that exist), each tile's rows of
-    A (8 × KC at most) reused from L1 by every vector of columns.
-
-    Each element is summed as in the packed path, with the same bits: K in panels of
-    ``kc_max`` (KC) steps, each panel's sum started from zero in K order and added into C
-    (a single running sum over all of K lost accuracy for long products with few outputs:
-    2×2×350000 in float32, 100× NumPy's error).
-    """
-    m, n, k = C.shape[1], C.shape[2], A.shape[2]
-    a_z = (z if A.shape[0] > 1 else 0) * m * k
-    b_z = (z if B.shape[0] > 1 else 0) * k * n
-    for pc in range(0, k, kc_max):
-        kc = min(kc_max, k - pc)
-        first = pc == 0
-        mode = 0 if first and beta == zero else 1  # C = alpha*sum, or alpha*sum + bb*C
-        bb = beta if first else one
-        i = r0
-        while i < r1:
-            h = 8 if r1 - i >= 8 else 4 if r1 - i >= 4 else 2 if r1 - i >= 2 else 1
-            a0 = a_z + i * k + pc
-            for j in range(0, n, SMALL_W):
-                w = min(SMALL_W, n - j)
-                b0, c0 = b_z + pc * n + j, (z * m + i) * n + j
-                if h == 8:
-                    stile8(kc, A, a0, k, B, b0, n, C, c0, n, w, alpha, bb, mode)
-                elif h == 4:
-                    stile4(kc, A, a0, k, B, b0, n, C, c0, n, w, alpha, bb, mode)
-                elif h == 2:
-                    stile2(kc, A, a0, k, B, b0, n, C, c0, n, w, alpha, bb, mode)
-                else:
-                    stile1(kc, A, a0, k, B, b0, n, C, c0, n, w, alpha, bb, mode)
-            i += h
-
-
-# called by name (see _lazy): its four tiles compiled once, not into every caller
-call_direct_rows = called_by_name(direct_rows)
-
-
 # A product of fewer than 8 rows whose rows of B are this many bytes or more streams B's
 # rows (``rows_streamed``) instead of taking tiles: a tile of 1, 2 or 4 rows walks down one
 # vector of columns of B, a page further at every K step, with too few multiply-adds per
@@ -393,29 +351,76 @@ def rows_streamed(A, B, C, alpha, beta, kc_max, z):
             fold(crow, acc, 0, n, alpha, beta, pc == 0)
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8), **FLAGS)
-def direct(A, B, C, alpha, beta, kc_max, z0, z1):
-    """Products z0..z1 of the batch on the calling thread, unpacked: in tiles
-    (``direct_rows``), or, with fewer than 8 rows and long rows of B, streaming B's rows
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8, i8), **FLAGS)
+def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
+    """Rows r0..r1 of products z0..z1 of the batch on the calling thread, unpacked: A and B
+    read where they lie, C in tiles of 8, 4, 2 or 1 rows × one vector of columns whose sums
+    stay in registers (``_small_tile``; the right edge masked to the columns that exist),
+    each tile's rows of A (8 × KC at most) reused from L1 by every vector of columns; or,
+    for whole products of fewer than 8 rows with long rows of B, streaming B's rows
     (``rows_streamed``).
 
+    Each element is summed as in the packed path, with the same bits: K in panels of
+    ``kc_max`` (KC) steps, each panel's sum started from zero in K order and added into C
+    (a single running sum over all of K lost accuracy for long products with few outputs:
+    2×2×350000 in float32, 100× NumPy's error).
+
     No packing and no parallel region, whose wake-up costs more than the whole product
-    below ``DIRECT_PRODUCT`` multiply-adds.
+    below ``DIRECT_PRODUCT`` multiply-adds. Called by name (``call_direct``) with a whole
+    run of products, and the tiles are intrinsics, so a tiny product costs no call: a call
+    per product (with its reference counting of three arrays) made batches of 4×4×4
+    products 3.5× slower.
     """
     m, n, k = C.shape[1], C.shape[2], A.shape[2]
     if k == 0:  # no products: C = alpha*0 (+ beta*C; C unread when beta == 0)
         base = alpha * zero
         for z in range(z0, z1):
-            for i in range(m):
+            for i in range(r0, r1):
                 for j in range(n):
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
-    streamed = m < 8 and n * ITEMSIZE >= STREAM_ROW_BYTES
-    for z in range(z0, z1):
-        if streamed:
+    if r0 == 0 and r1 == m and m < 8 and n * ITEMSIZE >= STREAM_ROW_BYTES:
+        for z in range(z0, z1):
             rows_streamed(A, B, C, alpha, beta, kc_max, z)
-        else:
-            call_direct_rows(A, B, C, alpha, beta, kc_max, z, 0, m)
+        return
+    sa = m * k if A.shape[0] > 1 else 0
+    sb = k * n if B.shape[0] > 1 else 0
+    for z in range(z0, z1):
+        for pc in range(0, k, kc_max):
+            kc = min(kc_max, k - pc)
+            first = pc == 0
+            mode = 0 if first and beta == zero else 1  # C = alpha*sum, or alpha*sum + bb*C
+            bb = beta if first else one
+            # 8-row tiles, then one each of 4, 2 and 1 rows for the rest; for each, every
+            # vector of columns in turn (the tile's rows of A stay in L1)
+            b_p, i = z * sb + pc * n, r0
+            while i + 8 <= r1:
+                a0, c0 = z * sa + i * k + pc, (z * m + i) * n
+                for j in range(0, n, SMALL_W):
+                    stile8(kc, A, a0, k, B, b_p + j, n, C, c0 + j, n, min(SMALL_W, n - j),
+                           alpha, bb, mode)
+                i += 8
+            if r1 - i >= 4:
+                a0, c0 = z * sa + i * k + pc, (z * m + i) * n
+                for j in range(0, n, SMALL_W):
+                    stile4(kc, A, a0, k, B, b_p + j, n, C, c0 + j, n, min(SMALL_W, n - j),
+                           alpha, bb, mode)
+                i += 4
+            if r1 - i >= 2:
+                a0, c0 = z * sa + i * k + pc, (z * m + i) * n
+                for j in range(0, n, SMALL_W):
+                    stile2(kc, A, a0, k, B, b_p + j, n, C, c0 + j, n, min(SMALL_W, n - j),
+                           alpha, bb, mode)
+                i += 2
+            if r1 - i >= 1:
+                a0, c0 = z * sa + i * k + pc, (z * m + i) * n
+                for j in range(0, n, SMALL_W):
+                    stile1(kc, A, a0, k, B, b_p + j, n, C, c0 + j, n, min(SMALL_W, n - j),
+                           alpha, bb, mode)
+
+
+# called by name (see _lazy): the tiles compiled once, not into every caller
+call_direct = called_by_name(direct)
 
 
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, blocks), **FLAGS)
@@ -545,7 +550,7 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
             call_gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
                            alpha, beta, 0, 1, cb[1])
     elif k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE or n <= NARROW_N:
-        direct(A, B, C, alpha, beta, cb[1], z0, z1)
+        call_direct(A, B, C, alpha, beta, cb[1], z0, z1, 0, m)
     else:
         products_serial(A, B, C, alpha, beta, z0, z1, 0, cb)
 
@@ -567,7 +572,7 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
     phase 2: task t is the t-th of ``ntasks`` runs of whole products of the batch (small
     products), with one set of scratch arrays for its run;
     phase 3: task t computes the t-th of ``ntasks`` runs of 8-row tiles of product z
-    unpacked (``direct_rows``: narrow products, see ``takes_narrow``).
+    unpacked (``direct``: narrow products, see ``takes_narrow``).
     """
     nstrips = (nc + nr - 1) // nr
     msr = (C.shape[1] + mr - 1) // mr
@@ -602,7 +607,7 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             units = (C.shape[1] + 7) // 8
             r0, r1 = t * units // ntasks * 8, min(C.shape[1], (t + 1) * units // ntasks * 8)
             if r1 > r0:
-                call_direct_rows(A, B, C, alpha, beta, cb[1], z, r0, r1)
+                call_direct(A, B, C, alpha, beta, cb[1], z, z + 1, r0, r1)
         else:
             # runs of whole products, each by the path that suits its size
             batch = C.shape[0]
@@ -623,7 +628,7 @@ def splits_batch(batch, m, n, k, nthreads):
 @when_called(numba.boolean(i8, i8, i8, i8, i8, i8), **FLAGS)
 def takes_narrow(batch, m, n, k, nthreads, direct_max):
     """Whether the threads compute each product unpacked, its rows split between them
-    (``direct_rows``): products at most ``NARROW_N`` columns wide, above the small-product
+    (``direct``): products at most ``NARROW_N`` columns wide, above the small-product
     path, not one row or one column (the vector path) and not a batch the threads split
     (each of those products takes the same tiles on its thread, see ``small``)."""
     if k == 0 or batch * m * n * k <= direct_max or m == 1 or n == 1 or n > NARROW_N:
@@ -873,7 +878,7 @@ def takes_gemv(batch, m, n, k, direct_max):
 # cache), and those that Python calls: a warm cache loads only these, the first at import
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
-            direct_rows, rows_streamed, direct, products_serial, dot_rows, gemv_part, small,
+            rows_streamed, direct, products_serial, dot_rows, gemv_part, small,
             run_parallel, splits_batch, takes_narrow, layout, blocked_threads, gemv_threads,
             takes_gemv)
 CALLED_FROM_PYTHON = (takes_gemv, takes_narrow, layout, small, blocked_threads, gemv_threads)
