@@ -136,6 +136,16 @@ class FakeCudaEvent:
         return (end.t - self.t) * 1e3
 
 
+def blocked_module(params: dict[str, int], dtype: Any) -> tuple[dict[str, int], Any]:
+    """(the parameters resolved, the generated module the CPU ``blocked`` rung runs in for
+    them and ``dtype``): its compiled functions, for tests that call them directly."""
+    from tilegemm import registry
+
+    spec = registry.get("blocked", "cpu")
+    params = spec.resolve(params)
+    return params, spec.program(params, np.dtype(dtype)).module
+
+
 def run_in_threads(work, count: int) -> None:  # type: ignore[no-untyped-def]
     """Call ``work(i)`` for i in range(count), each in its own thread, and wait for all."""
     import threading

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conftest import HOSTILE_SHAPES
+from conftest import HOSTILE_SHAPES, blocked_module
 from tilegemm.backends import get_backend
 from tilegemm.problem import describe, host_operand_3d, make_problem
 from tilegemm.reference import assert_close, random_operands
@@ -576,13 +576,6 @@ def test_a_batch_of_mid_size_products_matches_each_product_alone(dtype, batch):
         np.testing.assert_array_equal(got[z], alone)
 
 
-def _blocked_module(params, dtype):
-    """The generated module the blocked rung runs in for these parameters and dtype."""
-    spec = next(s for s in CPU_RUNGS if s.name == "blocked")
-    params = spec.resolve(params)
-    return params, spec.program(params, np.dtype(dtype)).module
-
-
 @pytest.mark.parametrize("chunk_strips", [1, 3, None], ids=["chunk1", "chunk3", "default"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
@@ -595,7 +588,7 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
 
     # float64 on small blocks (3 NC panels, 4 K panels), float32 on the defaults
     small = {"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 256}
-    params, mod = _blocked_module(small if dtype == "float64" else {}, dtype)
+    params, mod = blocked_module(small if dtype == "float64" else {}, dtype)
     mr, nr, mc, kc, nc = (params[x] for x in ("MR", "NR", "MC", "KC", "NC"))
     if chunk_strips is not None:
         monkeypatch.setitem(mod.__dict__, "B_CHUNK_BYTES",
@@ -626,7 +619,7 @@ def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
     (none; 47 strips of MR=4 rows of A at KC=64 and a chunk of B; more than any panel)."""
     from tilegemm.kernels.cpu import k02_blocked
 
-    params, mod = _blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 2048},
+    params, mod = blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 2048},
                                   "float64")
     chunk = 64 * 8 * 8  # one strip of B at KC = 64
     seen = set()
@@ -660,7 +653,7 @@ def test_rows_whose_block_of_a_fits_the_l2_budget_run_as_one_row_block(monkeypat
     from tilegemm.kernels.cpu._threads import planned_threads
     from tilegemm.kernels.cpu.k02_blocked import one_row_block
 
-    params, mod = _blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 4096},
+    params, mod = blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 4096},
                                   "float64")
     chunk = 3 * 64 * 8 * 8  # three strips of B at KC = 64
     monkeypatch.setitem(mod.__dict__, "B_CHUNK_BYTES", chunk)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import blocked_module
 from tilegemm.reference import assert_close, random_operands
 
 DTYPES = ("float32", "float64", "int32", "int64")
@@ -22,13 +23,6 @@ DTYPES = ("float32", "float64", "int32", "int64")
 SHAPES = [(1, 1, 1, 1, 1), (2, 2, 3, 5, 7), (3, 1, 7, 3, 2), (1, 1, 8, 16, 16),
           (2, 2, 9, 17, 33), (1, 1, 15, 40, 11), (4, 4, 17, 1, 9), (2, 1, 5, 33, 70),
           (2, 1, 3, 1100, 20)]  # few rows, rows of B of a page or more: streamed
-
-
-def _module(dtype):
-    """The generated module of the blocked rung's defaults on this machine."""
-    spec = next(s for s in tilegemm.kernels("cpu") if s.name == "blocked")
-    params = spec.defaults()
-    return params, spec.program(params, np.dtype(dtype)).module
 
 
 def _operands(shape, dtype, seed):
@@ -43,7 +37,7 @@ def test_unpacked_tiles_give_the_packed_paths_bits(dtype):
     (``products_serial``) on the calling thread: equal bit for bit, with K split into
     panels (KC = 5) so that later panels add into C, and alpha != 1; integers also equal
     to NumPy's wrapped sums."""
-    params, mod = _module(dtype)
+    params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
     cb = (params["MC"], 5, params["NC"])
     alpha, zero = dt.type(3), dt.type(0)
@@ -66,7 +60,7 @@ def test_unpacked_tiles_write_c_and_nothing_around_it(dtype):
     beta == 0 a NaN-poisoned C is overwritten and not read; with beta != 0 each element is
     ``alpha*A@B + beta*C``; either way the sentinels stay (a masked store that wrote past
     a row's last column would overwrite the next row's first ones, or past C's end)."""
-    params, mod = _module(dtype)
+    params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
     for seed, shape in enumerate(SHAPES):
         a, b, batch, m, n = _operands(shape, dtype, 100 + seed)
@@ -88,7 +82,7 @@ def test_unpacked_tiles_write_c_and_nothing_around_it(dtype):
 def test_a_part_of_the_batch_only():
     """``direct`` computes products z0..z1 of the batch and leaves the others alone (the
     batch path's threads each run a share of the batch)."""
-    params, mod = _module("float32")
+    params, mod = blocked_module({}, "float32")
     a, b = random_operands((6, 5, 9), (6, 9, 7), "float32")
     c = np.full((6, 5, 7), np.nan, dtype=np.float32)
     mod.direct(a, b, c, np.float32(1), np.float32(0), params["KC"], 2, 5, 0, 5)
@@ -171,7 +165,7 @@ def test_narrow_products_split_rows_and_give_the_packed_paths_bits(dtype):
     from tilegemm.kernels.cpu import k02_blocked
     from tilegemm.kernels.cpu._small_tile import narrow_columns
 
-    params, mod = _module(dtype)
+    params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
     cb = (params["MC"], params["KC"], params["NC"])
     width = narrow_columns(dt.itemsize, k02_blocked.vector_bits())
