@@ -1,6 +1,7 @@
 """``tilegemm.matmul`` against ``np.matmul`` on the shapes and layouts users pass, not only
 large squares: mid sizes, sizes that are no power of two, skinny products, vector-matrix
-products, transposed and Fortran-ordered operands, batches of small products.
+products, transposed and Fortran-ordered operands, batches of small products, products of
+a few rows.
 
 Usage (from the repository root; take the machine for yourself while it runs)::
 
@@ -61,6 +62,14 @@ CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str]] = [
     ("batch", "500 × 24³", (500, 24, 24), (500, 24, 24), "c"),
     ("batch", "1000 × 8×64×8", (1000, 8, 8), (1000, 8, 64), "c"),
     ("batch", "1000 × 64×1×64", (1000, 64, 64), (1000, 64, 1), "c"),
+    ("few", "2×1024×1024", (2, 1024), (1024, 1024), "c"),
+    ("few", "4×1024×1024", (4, 1024), (1024, 1024), "c"),
+    ("few", "7×999×1000", (7, 1000), (1000, 999), "c"),
+    ("few", "4×4096×4096", (4, 4096), (4096, 4096), "c"),
+    ("few", "3×2048×256", (3, 256), (256, 2048), "c"),
+    ("few", "6×512×512", (6, 512), (512, 512), "c"),
+    ("few", "4×64×64", (4, 64), (64, 64), "c"),
+    ("few", "x @ w.T 4×1024×1024", (4, 1024), (1024, 1024), "bt"),
 ]
 
 

@@ -316,7 +316,7 @@ def test_cache_command_clears_only_stale_entries(tmp_path, monkeypatch, capsys):
 # The blocked rung's helpers that compiled code calls by name (``called_by_name``): loaded
 # before the first function that reaches them. A small product loads them, the probe and
 # ``small``.
-BY_NAME = ["direct", "gemv_part", "macro", "pack_a", "pack_b"]
+BY_NAME = ["direct", "few_rows", "gemv_part", "macro", "pack_a", "pack_b"]
 SMALL_PRODUCT_LOADS = 2 + len(BY_NAME)
 
 
@@ -412,7 +412,7 @@ print(json.dumps(steps))
     # whose code their cached code already holds, except those it calls by name, loaded
     # just before it (see kernels/cpu/_lazy).
     small = sorted(["small", "takes_gemv", *BY_NAME])
-    threaded = sorted([*small, "layout", "blocked_threads"])
+    threaded = sorted([*small, "takes_few", "layout", "blocked_threads"])
     vector = sorted([*threaded, "gemv_threads"])
     # Numba's thread pool starts with the first threaded product, not before
     assert steps[:4] == [[small, {"compiled": 0, "loaded": len(small)}, False],

@@ -590,7 +590,7 @@ def test_the_rungs_micro_kernel_compiles_as_the_eager_one_and_only_once(tmp_path
 
     # the libraries whose code each helper's is linked into, to be optimised and compiled
     linked: dict[str, list[str]] = {"ukernel": [], "macro": [], "pack_a": [], "pack_b": [],
-                                    "direct": []}
+                                    "direct": [], "few_rows": []}
     real = codegen.CPUCodeLibrary._optimize_final_module
 
     def optimize(self):  # noqa: ANN001, ANN202 - after linking, before inlining
@@ -608,7 +608,7 @@ def test_the_rungs_micro_kernel_compiles_as_the_eager_one_and_only_once(tmp_path
     program = spec.program(params, dtype)
     assert linked == {"ukernel": ["ukernel", "macro"], "macro": ["macro"],
                       "pack_a": ["pack_a"], "pack_b": ["pack_b"],
-                      "direct": ["direct"]}, linked
+                      "direct": ["direct"], "few_rows": ["few_rows"]}, linked
     ukernel = program.__globals__["ukernel"]
     lazy = _instructions(ukernel.inspect_asm(ukernel.signatures[0]))
     eager_fn = k02_blocked.micro_kernel(4, 8, dtype)

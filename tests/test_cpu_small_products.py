@@ -1,11 +1,13 @@
-"""The blocked rung's unpacked tiles (``direct``, from ``_small_tile``).
+"""The blocked rung's unpacked tiles (``direct`` and ``few_rows``, from ``_small_tile``).
 
-Products too small to repay packing, and narrow ones (a few vectors of columns) at any
-size, are computed from A and B where they lie, in tiles of 8, 4, 2 or 1 rows of C by one
-vector of columns, the last vector masked to the columns that exist. These tests hold
-them to the packed path's sums bit for bit, to NumPy's integers exactly, and to C's
-bounds; check that batches of tiny products, split between threads, and narrow products,
-their rows split between threads, reach them; and read the tile's machine code.
+Products too small to repay packing, narrow ones (a few vectors of columns) at any size,
+and products of 2-7 rows at any size, are computed from A and B where they lie, in tiles
+of 8, 4, 2 or 1 rows of C by one vector of columns, or of all the rows of a few-row
+product by several vectors, the last vector masked to the columns that exist. These
+tests hold them to the packed path's sums bit for bit, to NumPy's integers exactly, and
+to C's bounds; check that batches of tiny products, split between threads, narrow
+products, their rows split between threads, and few-row products, their columns split,
+reach them; and read the tiles' machine code.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ DTYPES = ("float32", "float64", "int32", "int64")
 # below, at and past one vector (16 float32 lanes on AVX-512, 4 float64 on AVX2), B shared
 SHAPES = [(1, 1, 1, 1, 1), (2, 2, 3, 5, 7), (3, 1, 7, 3, 2), (1, 1, 8, 16, 16),
           (2, 2, 9, 17, 33), (1, 1, 15, 40, 11), (4, 4, 17, 1, 9), (2, 1, 5, 33, 70),
-          (2, 1, 3, 1100, 20)]  # few rows, rows of B of a page or more: streamed
+          (2, 1, 3, 1100, 20), (1, 1, 7, 130, 12)]  # few rows, wider than two vectors
 
 
 def _operands(shape, dtype, seed):
@@ -197,3 +199,112 @@ def test_narrow_products_split_rows_and_give_the_packed_paths_bits(dtype):
             want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c
             tol = 1e-4 if dt.itemsize == 4 else 1e-11
             np.testing.assert_allclose(both, want, rtol=tol, atol=tol * np.sqrt(k))
+
+
+# (batch, M, N, K): products of 2-7 rows above the calling thread's size: B within
+# FEW_SPLIT_BYTES (one thread) and beyond it (columns split over the threads: 1100 x 1000
+# float32 is 4.4 MB), columns a tile's width and not, several K panels, a batch
+FEW = [(1, 2, 4099, 300), (1, 3, 1100, 1000), (2, 5, 777, 400), (1, 7, 3001, 90),
+       (1, 4, 40, 9000), (1, 6, 1400, 1200)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
+    """Products of 2-7 rows run unpacked at any size, one tile of all their rows several
+    vectors wide: the same bits as the packed loop nest on the same operands, through
+    matmul (A Fortran-ordered: copied for this path; B Fortran-ordered: packed, as plan
+    says) and gemm (alpha, beta), and the same for every product of a batch sharing A."""
+    from tilegemm.kernels.cpu import k02_blocked
+
+    params, mod = blocked_module({}, dtype)
+    dt = np.dtype(dtype)
+    cb = (params["MC"], params["KC"], params["NC"])
+    run = {"kernel": "blocked", "backend": "cpu", **params}
+    for seed, (batch, m, n, k) in enumerate(FEW):
+        a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
+        assert batch * m * n * k > k02_blocked.DIRECT_PRODUCT
+        assert "few rows" in tilegemm.plan(a, b, kernel="blocked", **params).path
+        got = tilegemm.matmul(a, b, **run)
+        packed = np.empty_like(got)
+        mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, cb)
+        np.testing.assert_array_equal(got, packed, err_msg=f"{dtype} {(batch, m, n, k)}")
+        assert_close(got, a, b)
+        if batch > 1:
+            shared = tilegemm.matmul(a[0], b, **run)
+            for z in range(batch):
+                np.testing.assert_array_equal(shared[z], tilegemm.matmul(a[0], b[z], **run))
+        at, bt = np.asfortranarray(a[0]), np.asfortranarray(b[0])
+        np.testing.assert_array_equal(tilegemm.matmul(at, b[0], **run), got[0])
+        assert "packed" in tilegemm.plan(a[0], bt, kernel="blocked", **params).path
+        np.testing.assert_array_equal(tilegemm.matmul(a[0], bt, **run), got[0])
+        if dt.kind == "f":
+            c = np.random.default_rng(seed).standard_normal(got.shape).astype(dt)
+            both = tilegemm.gemm(a, b, c, alpha=0.5, beta=-2.0, **run)
+            want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c
+            tol = 1e-4 if dt.itemsize == 4 else 1e-11
+            np.testing.assert_allclose(both, want, rtol=tol, atol=tol * np.sqrt(k))
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float64"))
+def test_few_rows_writes_its_columns_and_nothing_else(dtype):
+    """``few_rows`` on a range of columns (what one thread gets) writes those columns of
+    that product, all rows, and nothing else: not the neighbouring columns (a masked
+    vector past the range), not the other product, not past C (the sentinels)."""
+    params, mod = blocked_module({}, dtype)
+    dt = np.dtype(dtype)
+    for m in range(2, 8):
+        width = int(mod.few_width(m))
+        a, b = random_operands((2, m, 70), (2, 70, 3 * width + 5), dtype, seed=m)
+        n = b.shape[2]
+        buffer = np.full(2 * m * n + 64, -1234.5, dtype=dt)
+        c = buffer[32:32 + 2 * m * n].reshape(2, m, n)
+        c[...] = np.nan
+        j0, j1 = width, n - 3  # a whole tile in, a ragged end short of the last columns
+        mod.few_rows(a, b, c, dt.type(1), dt.type(0), 16, 1, j0, j1)
+        assert_close(c[1][:, j0:j1], a[1], b[1][:, j0:j1], what=f"{dtype} m={m}")
+        assert np.isnan(c[0]).all() and np.isnan(c[1][:, :j0]).all()
+        assert np.isnan(c[1][:, j1:]).all(), f"{dtype} m={m}: wrote past column {j1}"
+        assert (buffer[:32] == -1234.5).all() and (buffer[32 + c.size:] == -1234.5).all()
+
+
+@pytest.mark.parametrize(("triple", "cpu", "features", "bits", "register"), TARGETS,
+                         ids=["avx512", "avx2", "neon"])
+def test_the_few_row_tiles_keep_their_sums_in_registers(triple, cpu, features, bits,
+                                                        register):
+    """Each few-row float32 tile (2-7 rows, ``few_vectors`` wide) compiled alone for an
+    AVX-512, an AVX2 and a NEON CPU: its K loop is rows × vectors multiply-adds on
+    full-width vectors with no stack access (the sums stay in registers), and one prefetch
+    per cache line of the next tile's columns."""
+    import re
+
+    from llvmlite import binding as llvm
+
+    from tilegemm.kernels.cpu._slp import with_vector_width
+    from tilegemm.kernels.cpu._small_tile import few_vectors, module_ir, width
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    try:
+        target = llvm.Target.from_triple(triple)
+    except RuntimeError as exc:
+        pytest.skip(f"llvmlite has no back end for {triple}: {exc}")
+    lanes = width(4, bits)
+    machine = target.create_target_machine(cpu=cpu, features=features, opt=3)
+    for rows in range(2, 8):
+        vectors = few_vectors(rows, bits)
+        module = llvm.parse_assembly(with_vector_width(module_ir(
+            rows, lanes, np.dtype("float32"), triple, vectors, prefetch=True), bits))
+        module.verify()
+        asm = machine.emit_assembly(module)
+
+        def ops(block: str, names: tuple[str, ...]) -> list[str]:
+            return [ln for ln in block.splitlines() if ln.split() and ln.split()[0] in names]
+
+        fma = ("vfmadd231ps", "fmla")
+        loop = max(re.split(r"\n(?=\.?[\w$.]+:)", asm), key=lambda b: len(ops(b, fma)))
+        fmas = ops(loop, fma)
+        assert len(fmas) == rows * vectors, (rows, vectors, fmas)
+        assert all(register in ln for ln in fmas), fmas
+        assert not re.search(r"\((?:%rsp|%rbp)\)|\[(?:sp|x29)\b", loop), loop
+        lines = -(-vectors * lanes * 4 // 64)
+        assert len(ops(loop, ("prefetcht0", "prfm"))) == lines, (rows, loop)

@@ -290,7 +290,9 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
     shapes = [(1, 1, 4096, 4096), (1, 4096, 1, 4096), (1, 1, 1, 10**7), (64, 1, 300, 300),
               (64, 64, 64, 64), (4, 200, 200, 200), (64, 200, 200, 200), (1, 500, 500, 500),
               (2, 300, 300, 300), (3, 8, 8, 8), (1, 40, 40, 0), (1, 2048, 16, 2048),
-              (1, 2048, 2, 4096), (3, 900, 8, 900), (1, 3000, 33, 3000), (1, 3000, 64, 3000)]
+              (1, 2048, 2, 4096), (3, 900, 8, 900), (1, 3000, 33, 3000), (1, 3000, 64, 3000),
+              (1, 4, 1024, 1024), (1, 7, 4096, 4096), (2, 2, 300, 9000), (1, 8, 1024, 1024),
+              (1, 3, 33, 5000)]
     for batch, m, n, k in shapes:
         path = k02_blocked.path(batch, m, n, k, threads, itemsize=4)
         small = k == 0 or batch * m * n * k <= direct
@@ -303,9 +305,24 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         assert ("batch split" in path) == split, (batch, m, n, k, path)
         narrow = not vector and bool(mod.takes_narrow(batch, m, n, k, threads, direct))
         assert ("narrow product" in path) == narrow, (batch, m, n, k, path)
-        assert ("packed panels" in path) == (not vector and not split and not narrow)
+        few = not vector and not narrow and bool(mod.takes_few(batch, m, n, k, threads,
+                                                               direct, 0))
+        assert ("few rows" in path) == few, (batch, m, n, k, path)
+        alone = few and k * n * 4 <= mod.FEW_SPLIT_BYTES
+        assert ("on the calling thread" in path) == alone, (batch, m, n, k, path)
+        assert ("packed panels" in path) == (not vector and not split and not narrow
+                                             and not few)
+        # B handed over as its transpose (Fortran-ordered): few-row products are packed
+        fortran = k02_blocked.path(batch, m, n, k, threads, itemsize=4, b_transposed=True)
+        assert ("few rows" in fortran) == (few and bool(mod.takes_few(
+            batch, m, n, k, threads, direct, 2))), (batch, m, n, k, fortran)
+        assert "few rows" not in fortran
     planned = tilegemm.plan(np.ones((1, 3000), np.float32), np.ones((3000, 500), np.float32))
     assert "one row or column" in planned.path and "one row or column" in str(planned)
+    x, w = np.ones((4, 3000), np.float32), np.ones((500, 3000), np.float32)
+    assert "few rows" in tilegemm.plan(x, np.ascontiguousarray(w.T)).path
+    assert "packed panels" in tilegemm.plan(x, w.T).path  # B read in place by the packing
+    assert "few rows" in tilegemm.plan(np.asfortranarray(x), np.ascontiguousarray(w.T)).path
 
 
 def test_tuned_cache_overrides_the_database(tmp_path, monkeypatch):

@@ -82,16 +82,19 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
                     precision=precision, params=params)
     spec, prob = chosen.spec, chosen.prob
     return Plan(chosen.backend.name, chosen.target.key, spec.name, spec.rung,
-                dict(chosen.params), chosen.source, _path(spec.key, prob, chosen.params),
+                dict(chosen.params), chosen.source, _path(spec.key, prob, chosen.params, b),
                 prob.dtype.name,
                 (prob.batch, prob.m, prob.n, prob.k))
 
 
-def _path(key: str, prob: GemmProblem, params: Mapping[str, int]) -> str:
+def _path(key: str, prob: GemmProblem, params: Mapping[str, int], b: Any) -> str:
     if key == "cpu:blocked":
         from tilegemm.kernels.cpu._threads import planned_threads
         from tilegemm.kernels.cpu.k02_blocked import path
+        from tilegemm.problem import stored_transposed
+
+        b_transposed = stored_transposed(b, prob, "b")
 
         return path(prob.batch, prob.m, prob.n, prob.k, planned_threads(), params,
-                    itemsize=prob.dtype.itemsize)
+                    itemsize=prob.dtype.itemsize, b_transposed=b_transposed)
     return ""

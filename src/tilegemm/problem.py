@@ -496,11 +496,24 @@ def host_operand_stored(x: np.ndarray, prob: GemmProblem, which: str
     rows) storage, uncopied and read-only, with ``transposed`` True; any other operand as
     :func:`host_operand_3d` gives it, with False."""
     x3 = _operand_view(rounded_to_result(x, prob), prob, which)
-    if x3.dtype == prob.dtype and not x3.flags.c_contiguous:
-        stored = np.swapaxes(x3, 1, 2)
-        if stored.flags.c_contiguous:  # the transpose of a C-ordered array: no copy
-            return _read_only(stored), True
+    if _transpose_of_c_ordered(x3, prob):  # handed over as that storage: no copy
+        return _read_only(np.swapaxes(x3, 1, 2)), True
     return _read_only(np.ascontiguousarray(x3, dtype=prob.dtype)), False
+
+
+def _transpose_of_c_ordered(x3: np.ndarray, prob: GemmProblem) -> bool:
+    return (x3.dtype == prob.dtype and not x3.flags.c_contiguous
+            and np.swapaxes(x3, 1, 2).flags.c_contiguous)
+
+
+def stored_transposed(x: Any, prob: GemmProblem, which: str) -> bool:
+    """Whether :func:`host_operand_stored` hands this host operand over as its transpose
+    (the rung's path can depend on it; ``tilegemm.plan`` asks). Copies nothing, except a
+    float operand rounded to a narrower result dtype, which is never handed over so."""
+    if not isinstance(x, np.ndarray):
+        return False
+    return _transpose_of_c_ordered(_operand_view(rounded_to_result(x, prob), prob, which),
+                                   prob)
 
 
 def check_out(out: Any, prob: GemmProblem, kind: str) -> bool:

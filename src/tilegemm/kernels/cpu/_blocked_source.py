@@ -22,7 +22,13 @@ from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled
 from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
-from tilegemm.kernels.cpu._small_tile import narrow_columns, small_tile
+from tilegemm.kernels.cpu._small_tile import (
+    FEW_ROWS,
+    FEW_SPLIT_BYTES,
+    few_vectors,
+    narrow_columns,
+    small_tile,
+)
 from tilegemm.kernels.cpu._small_tile import width as small_width
 from tilegemm.kernels.cpu._threads import (
     InParallel,
@@ -94,6 +100,12 @@ pack_cols_b = transposer(NR, PACK_W)  # B given as its transpose: NR rows of it 
 SMALL_W = small_width(_dt.itemsize, VECTOR_BITS)
 NARROW_N = narrow_columns(_dt.itemsize, VECTOR_BITS)  # products this narrow take them at any size
 stile8, stile4, stile2, stile1 = (small_tile(rows, SMALL_W, _dt) for rows in (8, 4, 2, 1))
+# Products of 2-7 rows: one tile of all their rows, FW2..FW7 columns wide, prefetching the
+# next tile's part of each row of B (see _small_tile.few_vectors).
+FW2, FW3, FW4, FW5, FW6, FW7 = (few_vectors(rows, VECTOR_BITS) * SMALL_W for rows in range(2, 8))
+ftile2, ftile3, ftile4, ftile5, ftile6, ftile7 = (
+    small_tile(rows, SMALL_W, _dt, few_vectors(rows, VECTOR_BITS), prefetch=True)
+    for rows in range(2, 8))
 
 
 # @ukernel (replaced by k02_blocked.micro_kernel_source(), its one definition)
@@ -319,36 +331,57 @@ def fold(y, acc, j0, j1, alpha, beta, first):
             y[j0 + j] = alpha * acc[j] + beta * y[j0 + j]
 
 
-# A product of fewer than 8 rows whose rows of B are this many bytes or more streams B's
-# rows (``rows_streamed``) instead of taking tiles: a tile of 1, 2 or 4 rows walks down one
-# vector of columns of B, a page further at every K step, with too few multiply-adds per
-# step to hide the misses. One thread, AMD Zen 5, µs, streamed / tiles: float32 2×1024×256
-# 22 / 74, 3×1024×256 33 / 152, 7×1024×128 34 / 58, 4×2048×128 41 / 44; but 4×512×512 49 /
-# 29 (2 KiB rows), float64 4×512×512 81 / 52 (4 KiB rows: left to the stream).
-STREAM_ROW_BYTES = 4096
-
-
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8), **FLAGS)
-def rows_streamed(A, B, C, alpha, beta, kc_max, z):
-    """Product z, row by row: each row of C as a row of running sums (in L1), updated by
-    every row of B in turn, front to back (unit stride in B and C, so LLVM vectorises the
-    column loop). The same sums as the tiles, term for term: K in panels of ``kc_max``
-    steps, each panel's sums started from zero in K order and added into C."""
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8), **FLAGS)
+def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1):
+    """Columns j0..j1 of product z, a product of 2 to 7 rows (``FEW_ROWS``), unpacked: per K
+    panel, one tile of all its rows walks the columns, a few vectors at a time (``FW2``..
+    ``FW7``: the width that keeps the tile's sums in registers), reading B where it lies.
+    Packing B for so few rows copied all of it for a few multiply-adds per element. The
+    same sums as the packed path and ``direct`` (K panels of ``kc_max``, in K order), bit
+    for bit. ``j0`` should be a multiple of the tile's width (the threads' column ranges are).
+    """
     m, n, k = C.shape[1], C.shape[2], A.shape[2]
-    Az = A[z if A.shape[0] > 1 else 0]
-    Bz = B[z if B.shape[0] > 1 else 0]
-    acc = np.empty(n, dtype=C.dtype)
-    for i in range(m):
-        crow = C[z, i]
-        arow = Az[i]
-        for pc in range(0, k, kc_max):
-            acc[:] = zero
-            for p in range(pc, min(k, pc + kc_max)):
-                a = arow[p]
-                brow = Bz[p]
-                for j in range(n):
-                    acc[j] += a * brow[j]
-            fold(crow, acc, 0, n, alpha, beta, pc == 0)
+    sa = m * k if A.shape[0] > 1 else 0
+    sb = k * n if B.shape[0] > 1 else 0
+    for pc in range(0, k, kc_max):
+        kc = min(kc_max, k - pc)
+        mode = 0 if pc == 0 and beta == zero else 1
+        bb = beta if pc == 0 else one
+        a0, b0, c0 = z * sa + pc, z * sb + pc * n, z * m * n
+        if m == 2:
+            for j in range(j0, j1, FW2):
+                ftile2(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW2, j1 - j), alpha, bb,
+                       mode)
+        elif m == 3:
+            for j in range(j0, j1, FW3):
+                ftile3(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW3, j1 - j), alpha, bb,
+                       mode)
+        elif m == 4:
+            for j in range(j0, j1, FW4):
+                ftile4(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW4, j1 - j), alpha, bb,
+                       mode)
+        elif m == 5:
+            for j in range(j0, j1, FW5):
+                ftile5(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW5, j1 - j), alpha, bb,
+                       mode)
+        elif m == 6:
+            for j in range(j0, j1, FW6):
+                ftile6(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW6, j1 - j), alpha, bb,
+                       mode)
+        else:
+            for j in range(j0, j1, FW7):
+                ftile7(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW7, j1 - j), alpha, bb,
+                       mode)
+
+
+@when_called(numba.int64(i8), **FLAGS)
+def few_width(m):
+    """Columns of the tile of a product of ``m`` rows (2..7) in ``few_rows``."""
+    return (FW2, FW3, FW4, FW5, FW6, FW7)[m - 2]
+
+
+# called by name (see _lazy): the tiles compiled once, not into every caller
+call_few_rows = called_by_name(few_rows)
 
 
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8, i8), **FLAGS)
@@ -357,8 +390,8 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
     read where they lie, C in tiles of 8, 4, 2 or 1 rows × one vector of columns whose sums
     stay in registers (``_small_tile``; the right edge masked to the columns that exist),
     each tile's rows of A (8 × KC at most) reused from L1 by every vector of columns; or,
-    for whole products of fewer than 8 rows with long rows of B, streaming B's rows
-    (``rows_streamed``).
+    for whole products of 2-7 rows wider than ``NARROW_N`` columns, one tile of all the
+    rows, several vectors wide (``few_rows``).
 
     Each element is summed as in the packed path, with the same bits: K in panels of
     ``kc_max`` (KC) steps, each panel's sum started from zero in K order and added into C
@@ -379,9 +412,9 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
                 for j in range(n):
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
-    if r0 == 0 and r1 == m and m < 8 and n * ITEMSIZE >= STREAM_ROW_BYTES:
+    if r0 == 0 and r1 == m and 2 <= m < FEW_ROWS and n > NARROW_N:
         for z in range(z0, z1):
-            rows_streamed(A, B, C, alpha, beta, kc_max, z)
+            call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n)
         return
     sa = m * k if A.shape[0] > 1 else 0
     sb = k * n if B.shape[0] > 1 else 0
@@ -572,7 +605,9 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
     phase 2: task t is the t-th of ``ntasks`` runs of whole products of the batch (small
     products), with one set of scratch arrays for its run;
     phase 3: task t computes the t-th of ``ntasks`` runs of 8-row tiles of product z
-    unpacked (``direct``: narrow products, see ``takes_narrow``).
+    unpacked (``direct``: narrow products, see ``takes_narrow``);
+    phase 4: task t computes the t-th of ``ntasks`` ranges of columns of product z, a
+    product of a few rows, unpacked (``few_rows``, see ``takes_few``).
     """
     nstrips = (nc + nr - 1) // nr
     msr = (C.shape[1] + mr - 1) // mr
@@ -608,6 +643,13 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             r0, r1 = t * units // ntasks * 8, min(C.shape[1], (t + 1) * units // ntasks * 8)
             if r1 > r0:
                 call_direct(A, B, C, alpha, beta, cb[1], z, z + 1, r0, r1)
+        elif phase == 4:
+            # columns of product z, in whole tiles
+            w = few_width(C.shape[1])
+            units = (C.shape[2] + w - 1) // w
+            j0, j1 = t * units // ntasks * w, min(C.shape[2], (t + 1) * units // ntasks * w)
+            if j1 > j0:
+                call_few_rows(A, B, C, alpha, beta, cb[1], z, j0, j1)
         else:
             # runs of whole products, each by the path that suits its size
             batch = C.shape[0]
@@ -636,6 +678,19 @@ def takes_narrow(batch, m, n, k, nthreads, direct_max):
     return not splits_batch(batch, m, n, k, nthreads)
 
 
+@when_called(numba.boolean(i8, i8, i8, i8, i8, i8, i8), **FLAGS)
+def takes_few(batch, m, n, k, nthreads, direct_max, tr):
+    """Whether the threads compute each product unpacked, its columns split between them
+    (``few_rows``): products of 2 to 7 rows wider than ``NARROW_N``, above the
+    small-product path and not a batch the threads split, B given plainly (``tr`` bit 1
+    clear: B given as its transpose is read in place by the packed path, where a plain copy
+    would cost as much as packing it)."""
+    if (k == 0 or batch * m * n * k <= direct_max or m < 2 or m >= FEW_ROWS or n <= NARROW_N
+            or tr & 2):
+        return False
+    return not splits_batch(batch, m, n, k, nthreads)
+
+
 @when_called(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8, i8, i8, blocks), **FLAGS)
 def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb):
     """How the packed path splits the work and its scratch, for one call.
@@ -646,7 +701,8 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb):
     kcap, MR) at ``ap_at`` and the scratch tiles ``T_all`` (nblk*ngroups_max, MR, NR) at
     ``t_at``, ``size`` elements in all (each part 64-byte aligned when the workspace is).
     All zeros when the call takes a path without scratch: no K, at most ``direct_max``
-    multiply-adds in all, a batch of small products, or narrow products.
+    multiply-adds in all, a batch of small products, or narrow products (products of a few
+    rows, ``takes_few``, need none either: ``blocked`` asks for none for them).
 
     ``chunk_bytes``, ``budget``: a product of more than MC rows is one row block too when its
     packed block of A and ``chunk_bytes`` of B fit ``budget`` bytes (``L2_BUDGET``), the
@@ -728,6 +784,18 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
             run_parallel(3, min((m + 7) // 8, BATCH_TASKS * nthreads), A, B, C, z, alpha,
                          beta, 0, 0, 0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
         return
+    if takes_few(batch, m, n, k, nthreads, direct_max, tr):
+        # each product's columns in ranges of whole tiles, one per thread, unpacked (A
+        # plain: ``blocked`` copies a transposed A for this path); with B within
+        # FEW_SPLIT_BYTES, on this thread alone
+        w = few_width(m)
+        for z in range(batch):
+            if k * n * ITEMSIZE <= FEW_SPLIT_BYTES:
+                call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n)
+            else:
+                run_parallel(4, min((n + w - 1) // w, nthreads), A, B, C, z, alpha, beta, 0,
+                             0, 0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
+        return
     # One product at a time, threads over (row block × strip group) tasks (see layout).
     nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(
         batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb)
@@ -797,14 +865,17 @@ def blocked(A, B, C, alpha, beta, tr, cb):
     k = A.shape[1] if tr & 1 else A.shape[2]
     if tr and takes_narrow(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT):
         A, B, tr = _stored(A, tr & 1), _stored(B, tr & 2), 0  # the narrow path reads them plain
+    few = takes_few(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT, tr)
+    if few and tr:
+        A, tr = _stored(A, tr & 1), 0  # few_rows reads A plain (B is plain: see takes_few)
     if nthreads > 1 and C.size * k > DIRECT_PRODUCT:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with PoolWatch(), InParallel():
         if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, DIRECT_PRODUCT):
             gemv_threads(A, B, C, alpha, beta, nthreads, cb[1])
         else:
-            size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT,
-                          B_CHUNK_BYTES, L2_BUDGET, cb)[7]
+            size = 0 if few else layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads,
+                                        DIRECT_PRODUCT, B_CHUNK_BYTES, L2_BUDGET, cb)[7]
             blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
                             workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES,
                             L2_BUDGET, cb)
@@ -878,8 +949,9 @@ def takes_gemv(batch, m, n, k, direct_max):
 # cache), and those that Python calls: a warm cache loads only these, the first at import
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
-            rows_streamed, direct, products_serial, dot_rows, gemv_part, small,
-            run_parallel, splits_batch, takes_narrow, layout, blocked_threads, gemv_threads,
-            takes_gemv)
-CALLED_FROM_PYTHON = (takes_gemv, takes_narrow, layout, small, blocked_threads, gemv_threads)
+            few_rows, few_width, direct, products_serial, dot_rows, gemv_part, small,
+            run_parallel, splits_batch, takes_narrow, takes_few, layout, blocked_threads,
+            gemv_threads, takes_gemv)
+CALLED_FROM_PYTHON = (takes_gemv, takes_narrow, takes_few, layout, small, blocked_threads,
+                      gemv_threads)
 load_compiled(COMPILED, CALLED_FROM_PYTHON)

@@ -1,7 +1,8 @@
-"""The unpacked tiles: rows of C, one vector wide, read from A and B in place.
+"""The unpacked tiles: rows of C, one or a few vectors wide, read from A and B in place.
 
-The blocked rung computes small products (``direct``) and narrow ones, a few vectors of
-columns wide at any size (``takes_narrow``), with these tiles instead of packing.
+The blocked rung computes small products (``direct``), narrow ones, a few vectors of
+columns wide at any size (``takes_narrow``), and products of fewer than eight rows at any
+size (``takes_few``) with these tiles instead of packing.
 
 Products too small to repay packing (a few thousand multiply-adds each, or fewer than
 eight rows or columns: 4×4 transforms, batches of 16×16 blocks) used to run as plain
@@ -22,6 +23,15 @@ gives the same bits on either path.
 Masked loads and stores (``llvm.masked.load``/``store``) never touch the lanes they leave
 out: AVX-512 and AVX2 suppress faults there, and other CPUs get per-lane code for the
 right edge only.
+
+Products of 2-7 rows (a few vectors of input times a weight matrix) take tiles several
+vectors wide (:func:`few_vectors`): one vector per K step made 8 multiply-adds at most
+and read 64 bytes of a row of B before jumping a whole row of B to the next K step, so
+they waited on B, and packing B instead copied all of it for a few rows of use (0.3-0.8x
+NumPy on an AMD Zen 5). Those tiles also ask the CPU to fetch the next tile's columns of
+the same row of B (``prefetch``): the tiles walk B a few hundred bytes per row at a time,
+too little for the hardware prefetcher to follow, and float32 4×4096×4096 (B from memory)
+went from 4.9 ms to 1.6 ms with it (2 threads, Zen 5; packing B: 2.5 ms).
 """
 
 from __future__ import annotations
@@ -52,14 +62,41 @@ def narrow_columns(itemsize: int, vector_bits: int | None) -> int:
     return NARROW_VECTORS * width(itemsize, vector_bits)
 
 
-def small_tile(rows: int, lanes: int, dtype: np.dtype) -> Any:
+# Products of fewer rows than this take tiles of all their rows, ``few_vectors`` wide, at
+# any size (``takes_few`` in the rung).
+FEW_ROWS = 8
+# ... on the calling thread while B is at most this many bytes, else their columns split
+# over the threads. Such a product waits on reading B, and with B in L3 one thread read it
+# as fast as two or faster (the parallel region's start cost the rest). AMD Zen 5, 2
+# threads / 1, µs: float32 6×512×512 (1 MiB) 68 / 39, 4×1024×1024 (4 MiB) 185 / 124;
+# float64 3×256×2048 (4 MiB) 110 / 130, 4×1024×1024 (8 MiB) 203 / 249, float32
+# 4×4096×4096 (64 MiB, from memory) 1810 / 2767.
+FEW_SPLIT_BYTES = 4 << 20
+
+
+def few_vectors(rows: int, vector_bits: int | None) -> int:
+    """Vectors of columns in the tile of a product of ``rows`` rows (fewer than
+    ``FEW_ROWS``): as many as fit the vector registers (32 on AVX-512 and NEON, 16 on AVX2)
+    with two to spare, each vector needing a sum per row, B's vector at the K step, and,
+    except on AVX-512, its mask; at most 6: AVX-512 has 7 mask registers (more vectors
+    kept theirs on the stack), and 12 sums of a two-row tile keep two FMA units busy."""
+    registers = 32 if vector_bits in (512, 128) else 16
+    per_vector = rows + 1 + (vector_bits != 512)
+    return max(1, min(6, (registers - 2) // per_vector))
+
+
+def small_tile(rows: int, lanes: int, dtype: np.dtype, vectors: int = 1,
+               prefetch: bool = False) -> Any:
     """The intrinsic ``stile(kc, A, a0, lda, B, b0, ldb, C, c0, ldc, w, alpha, bb, mode)``.
 
-    Computes ``rows`` rows × ``w`` columns (1 ≤ w ≤ ``lanes``) of C over ``kc`` K steps:
+    Computes ``rows`` rows × ``w`` columns (1 ≤ w ≤ ``vectors*lanes``) of C over ``kc`` K
+    steps (``vectors`` vectors of ``lanes``, each masked to the columns that exist):
     row r of A at element ``a0 + r*lda`` of A's data, K step p of B's row at ``b0 +
     p*ldb``, row r of C at ``c0 + r*ldc`` (element offsets; A, B, C any arrays of the dtype,
     C-contiguous in the rows read). ``mode`` 0: ``C = alpha*acc`` (C not read); otherwise
-    ``C = alpha*acc + bb*C``."""
+    ``C = alpha*acc + bb*C``. ``prefetch``: at each K step, ask for the cache lines of the
+    next ``vectors*lanes`` columns of B's row (the next tile's, in a walk along the row);
+    a prefetch never faults, past the end of B included."""
     from numba.core import types
     from numba.extending import intrinsic
 
@@ -80,7 +117,7 @@ def small_tile(rows: int, lanes: int, dtype: np.dtype) -> Any:
                     for n in (11, 12)]
             emit_small(builder, vals[0], ptrs[0], vals[2], vals[3], ptrs[1], vals[5], vals[6],
                        ptrs[2], vals[8], vals[9], vals[10], scal[0], scal[1], vals[13],
-                       rows, lanes, dtype)
+                       rows, lanes, dtype, vectors, prefetch)
             return context.get_dummy_value()
 
         sig = types.void(kc, a, a0, lda, b, b0, ldb, c, c0, ldc, w, alpha, bb, mode)
@@ -109,11 +146,13 @@ def _masked(builder: Any, op: str, vec: Any) -> Any:
 
 def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any, b0: Any,
                ldb: Any, c_ptr: Any, c0: Any, ldc: Any, w: Any, alpha: Any, bb: Any,
-               mode: Any, rows: int, lanes: int, dtype: np.dtype) -> None:
+               mode: Any, rows: int, lanes: int, dtype: np.dtype, vectors: int = 1,
+               prefetch: bool = False) -> None:
     """Append the tile (see :func:`small_tile`) at ``builder``'s position: integer operands
     i64, pointers to the first element of each array's data, ``alpha``/``bb`` scalars of
     the dtype."""
     from llvmlite import ir
+    from numba.core import cgutils
 
     arith = _Arithmetic(dtype, lanes)
     vec = arith.vec
@@ -121,10 +160,12 @@ def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any,
     align = i32(dtype.itemsize)
     vptr = vec.as_pointer()
     load_v, store_v = _masked(builder, "load", vec), _masked(builder, "store", vec)
-    lane_ids = ir.Constant(ir.VectorType(i64, lanes), list(range(lanes)))
-    mask = builder.icmp_signed("<", lane_ids, _splat(builder, ir.VectorType(i64, lanes), w))
+    ivec = ir.VectorType(i64, lanes)
+    masks = [builder.icmp_signed("<", ir.Constant(ivec, [v * lanes + x for x in range(lanes)]),
+                                 _splat(builder, ivec, w)) for v in range(vectors)]
     a_rows = [builder.gep(a_ptr, [builder.add(a0, builder.mul(lda, i64(r)))], inbounds=True)
               for r in range(rows)]
+    tiles = [(r, v) for r in range(rows) for v in range(vectors)]
 
     fn = builder.function
     entry = builder.basic_block
@@ -134,13 +175,25 @@ def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any,
 
     builder.position_at_end(loop)
     p = builder.phi(i64)
-    acc_in = [builder.phi(vec) for _ in range(rows)]
+    acc_in = [builder.phi(vec) for _ in tiles]
     b_at = builder.gep(b_ptr, [builder.add(b0, builder.mul(p, ldb))], inbounds=True)
-    bv = builder.call(load_v, [builder.bitcast(b_at, vptr), align, mask, arith.zeros])
+    bv = [builder.call(load_v, [builder.bitcast(builder.gep(b_at, [i64(v * lanes)],
+                                                            inbounds=True), vptr),
+                                align, masks[v], arith.zeros]) for v in range(vectors)]
+    if prefetch:
+        i8p = ir.IntType(8).as_pointer()
+        pf = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0")
+        ahead = builder.bitcast(builder.gep(b_at, [i64(vectors * lanes)]), i8p)  # not inbounds
+        for off in range(0, vectors * lanes * dtype.itemsize, 64):
+            builder.call(pf, [builder.gep(ahead, [i64(off)]), i32(0), i32(3), i32(1)])
     acc = []
     for r in range(rows):
         a = builder.load(builder.gep(a_rows[r], [p], inbounds=True), align=dtype.itemsize)
-        acc.append(arith.muladd(builder, _splat(builder, vec, a), bv, acc_in[r]))
+        av = _splat(builder, vec, a)
+        for v in range(vectors):
+            acc.append(arith.muladd(builder, av, bv[v], acc_in[r * vectors + v]))
     p_next = builder.add(p, i64(1))
     loop_end = builder.basic_block
     builder.cbranch(builder.icmp_signed("<", p_next, kc), loop, done)
@@ -159,22 +212,23 @@ def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any,
         final.append(phi)
     va = _splat(builder, vec, alpha)
     vb = _splat(builder, vec, bb)
-    c_rows = [builder.bitcast(builder.gep(c_ptr, [builder.add(c0, builder.mul(ldc, i64(r)))],
-                                          inbounds=True), vptr) for r in range(rows)]
+    c_at = [builder.bitcast(builder.gep(c_ptr, [builder.add(c0, builder.add(
+        builder.mul(ldc, i64(r)), i64(v * lanes)))], inbounds=True), vptr) for r, v in tiles]
     with builder.if_else(builder.icmp_signed("==", mode, i64(0))) as (plain, scaled):
         with plain:
-            for r in range(rows):
-                builder.call(store_v, [arith.mul(builder, va, final[r]), c_rows[r], align,
-                                       mask])
+            for t, (_, v) in enumerate(tiles):
+                builder.call(store_v, [arith.mul(builder, va, final[t]), c_at[t], align,
+                                       masks[v]])
         with scaled:
-            old = [builder.call(load_v, [c_rows[r], align, mask, arith.zeros])
-                   for r in range(rows)]
-            for r in range(rows):
-                value = arith.muladd(builder, va, final[r], arith.mul(builder, vb, old[r]))
-                builder.call(store_v, [value, c_rows[r], align, mask])
+            old = [builder.call(load_v, [c_at[t], align, masks[v], arith.zeros])
+                   for t, (_, v) in enumerate(tiles)]
+            for t, (_, v) in enumerate(tiles):
+                value = arith.muladd(builder, va, final[t], arith.mul(builder, vb, old[t]))
+                builder.call(store_v, [value, c_at[t], align, masks[v]])
 
 
-def module_ir(rows: int, lanes: int, dtype: np.dtype, triple: str = "") -> str:
+def module_ir(rows: int, lanes: int, dtype: np.dtype, triple: str = "", vectors: int = 1,
+              prefetch: bool = False) -> str:
     """LLVM IR of a module holding one tile alone, as ``void @stile(i64 kc, T* a, i64 lda,
     T* b, i64 ldb, T* c, i64 ldc, i64 w, T alpha, T bb, i64 mode)`` (``noalias`` pointers
     to the first element of each operand), built by :func:`emit_small` as the rung builds
@@ -195,6 +249,6 @@ def module_ir(rows: int, lanes: int, dtype: np.dtype, triple: str = "") -> str:
     kc, a, lda, b, ldb, c, ldc, w, alpha, bb, mode = fn.args
     zero = i64(0)
     emit_small(builder, kc, a, zero, lda, b, zero, ldb, c, zero, ldc, w, alpha, bb, mode,
-               rows, lanes, dtype)
+               rows, lanes, dtype, vectors, prefetch)
     builder.ret_void()
     return str(module)

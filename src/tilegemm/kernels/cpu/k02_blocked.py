@@ -292,13 +292,14 @@ def one_row_block(m: int, n: int, k: int, threads: int, params: Mapping[str, int
 
 def path(batch: int, m: int, n: int, k: int, threads: int,
          params: Mapping[str, int] | None = None, *, itemsize: int | None = None,
-         budget: int | None = None) -> str:
+         budget: int | None = None, b_transposed: bool = False) -> str:
     """Which of the rung's paths a product of ``batch`` (m, k) @ (k, n) products takes on
     ``threads`` threads, in words (``tilegemm.plan`` names it): the same tests, in the same
     order, as the generated module's ``blocked``, ``takes_gemv``, ``splits_batch``, (given
-    the dtype's ``itemsize``) ``takes_narrow`` and (given the parameters and the L2
-    ``budget`` too, see :func:`one_row_block`) ``layout``."""
-    from tilegemm.kernels.cpu._small_tile import narrow_columns
+    the dtype's ``itemsize``) ``takes_narrow`` and ``takes_few`` (``b_transposed``: B is
+    handed over as its transpose, e.g. Fortran-ordered) and (given the parameters and the
+    L2 ``budget`` too, see :func:`one_row_block`) ``layout``."""
+    from tilegemm.kernels.cpu._small_tile import FEW_ROWS, FEW_SPLIT_BYTES, narrow_columns
 
     if params is not None and itemsize is None:
         raise TypeError("path: the parameters need the dtype's itemsize beside them")
@@ -315,6 +316,11 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     if itemsize is not None and n <= narrow_columns(itemsize, vector_bits()):
         return (f"narrow product: rows split over {threads} thread(s), A and B read in "
                 "place, no packing")
+    if itemsize is not None and 2 <= m < FEW_ROWS and not b_transposed:
+        where = ("on the calling thread" if k * n * itemsize <= FEW_SPLIT_BYTES
+                 else f"columns split over {threads} thread(s)")
+        return (f"few rows: {where}, one tile of all the rows per few vectors of columns, "
+                "A and B read in place, no packing")
     if params is not None and one_row_block(m, n, k, threads, params, itemsize, budget):
         why = (f" (more than MC={params['MC']} rows, but their block of A fits in L2 beside "
                "a chunk of B)" if m > params["MC"] else "")
