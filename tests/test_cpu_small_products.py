@@ -119,12 +119,18 @@ TARGETS = [("x86_64-unknown-linux-gnu", "skylake-avx512", "", 512, "%zmm"),
            ("aarch64-unknown-linux-gnu", "neoverse-n1", "+neon", 128, ".4s")]
 
 
-@pytest.mark.parametrize(("triple", "cpu", "features", "bits", "register"), TARGETS,
-                         ids=["avx512", "avx2", "neon"])
-def test_the_eight_row_tile_keeps_its_sums_in_registers(triple, cpu, features, bits, register):
-    """The 8-row float32 tile compiled alone for an AVX-512, an AVX2 and a NEON CPU: its
-    K loop is 8 multiply-adds on full-width vectors (one per row of C) with no stack access,
-    i.e. the 8 sums stay in registers between K steps."""
+FMA = ("vfmadd231ps", "fmla")
+STACK = r"\((?:%rsp|%rbp)\)|\[(?:sp|x29)\b"  # an x86 or AArch64 stack address
+
+
+def _ops(block: str, names: tuple[str, ...]) -> list[str]:
+    return [ln for ln in block.splitlines() if ln.split() and ln.split()[0] in names]
+
+
+def _tile_loop(triple: str, cpu: str, features: str, bits: int, rows: int, vectors: int = 1,
+               prefetch: bool = False) -> str:
+    """The K loop (the block with the most FMAs) of one float32 tile compiled alone for the
+    CPU, as assembly text; skips where llvmlite has no back end for the triple."""
     import re
 
     from llvmlite import binding as llvm
@@ -138,19 +144,25 @@ def test_the_eight_row_tile_keeps_its_sums_in_registers(triple, cpu, features, b
         target = llvm.Target.from_triple(triple)
     except RuntimeError as exc:
         pytest.skip(f"llvmlite has no back end for {triple}: {exc}")
-    lanes = width(4, bits)
-    module = llvm.parse_assembly(with_vector_width(
-        module_ir(8, lanes, np.dtype("float32"), triple), bits))
+    module = llvm.parse_assembly(with_vector_width(module_ir(
+        rows, width(4, bits), np.dtype("float32"), triple, vectors, prefetch), bits))
     module.verify()
     asm = target.create_target_machine(cpu=cpu, features=features, opt=3).emit_assembly(module)
+    return max(re.split(r"\n(?=\.?[\w$.]+:)", asm), key=lambda b: len(_ops(b, FMA)))
 
-    def fmas(block: str) -> list[str]:
-        return [ln for ln in block.splitlines()
-                if ln.split() and ln.split()[0] in ("vfmadd231ps", "fmla")]
 
-    loop = max(re.split(r"\n(?=\.?[\w$.]+:)", asm), key=lambda b: len(fmas(b)))
-    assert len(fmas(loop)) == 8 and all(register in ln for ln in fmas(loop)), fmas(loop)
-    assert not re.search(r"\((?:%rsp|%rbp)\)|\[(?:sp|x29)\b", loop), loop
+@pytest.mark.parametrize(("triple", "cpu", "features", "bits", "register"), TARGETS,
+                         ids=["avx512", "avx2", "neon"])
+def test_the_eight_row_tile_keeps_its_sums_in_registers(triple, cpu, features, bits, register):
+    """The 8-row float32 tile compiled alone for an AVX-512, an AVX2 and a NEON CPU: its
+    K loop is 8 multiply-adds on full-width vectors (one per row of C) with no stack access,
+    i.e. the 8 sums stay in registers between K steps."""
+    import re
+
+    loop = _tile_loop(triple, cpu, features, bits, 8)
+    fmas = _ops(loop, FMA)
+    assert len(fmas) == 8 and all(register in ln for ln in fmas), fmas
+    assert not re.search(STACK, loop), loop
 
 
 # (batch, M, N, K): narrow products above the calling thread's size, whose rows the threads
@@ -277,34 +289,14 @@ def test_the_few_row_tiles_keep_their_sums_in_registers(triple, cpu, features, b
     per cache line of the next tile's columns."""
     import re
 
-    from llvmlite import binding as llvm
+    from tilegemm.kernels.cpu._small_tile import few_vectors, width
 
-    from tilegemm.kernels.cpu._slp import with_vector_width
-    from tilegemm.kernels.cpu._small_tile import few_vectors, module_ir, width
-
-    llvm.initialize_all_targets()
-    llvm.initialize_all_asmprinters()
-    try:
-        target = llvm.Target.from_triple(triple)
-    except RuntimeError as exc:
-        pytest.skip(f"llvmlite has no back end for {triple}: {exc}")
-    lanes = width(4, bits)
-    machine = target.create_target_machine(cpu=cpu, features=features, opt=3)
     for rows in range(2, 8):
         vectors = few_vectors(rows, bits)
-        module = llvm.parse_assembly(with_vector_width(module_ir(
-            rows, lanes, np.dtype("float32"), triple, vectors, prefetch=True), bits))
-        module.verify()
-        asm = machine.emit_assembly(module)
-
-        def ops(block: str, names: tuple[str, ...]) -> list[str]:
-            return [ln for ln in block.splitlines() if ln.split() and ln.split()[0] in names]
-
-        fma = ("vfmadd231ps", "fmla")
-        loop = max(re.split(r"\n(?=\.?[\w$.]+:)", asm), key=lambda b: len(ops(b, fma)))
-        fmas = ops(loop, fma)
+        loop = _tile_loop(triple, cpu, features, bits, rows, vectors, prefetch=True)
+        fmas = _ops(loop, FMA)
         assert len(fmas) == rows * vectors, (rows, vectors, fmas)
         assert all(register in ln for ln in fmas), fmas
-        assert not re.search(r"\((?:%rsp|%rbp)\)|\[(?:sp|x29)\b", loop), loop
-        lines = -(-vectors * lanes * 4 // 64)
-        assert len(ops(loop, ("prefetcht0", "prfm"))) == lines, (rows, loop)
+        assert not re.search(STACK, loop), loop
+        lines = -(-vectors * width(4, bits) * 4 // 64)
+        assert len(_ops(loop, ("prefetcht0", "prfm"))) == lines, (rows, loop)

@@ -87,7 +87,9 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
                 (prob.batch, prob.m, prob.n, prob.k))
 
 
-def _path(key: str, prob: GemmProblem, params: Mapping[str, int], b: Any) -> str:
+def _path(key: str, prob: GemmProblem, params: Mapping[str, int], b: Any = None) -> str:
+    """The chosen rung's path for the product, in words; ``b``: the caller's B, whose
+    layout can decide it (None: a C-ordered B, as ``tilegemm run`` makes)."""
     if key == "cpu:blocked":
         from tilegemm.kernels.cpu._threads import planned_threads
         from tilegemm.kernels.cpu.k02_blocked import path
