@@ -788,13 +788,13 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
         # each product's columns in ranges of whole tiles, one per thread, unpacked (A
         # plain: ``blocked`` copies a transposed A for this path); with B within
         # FEW_SPLIT_BYTES, on this thread alone
-        w = few_width(m)
+        tasks = min((n + few_width(m) - 1) // few_width(m), nthreads)
         for z in range(batch):
             if k * n * ITEMSIZE <= FEW_SPLIT_BYTES:
                 call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n)
             else:
-                run_parallel(4, min((n + w - 1) // w, nthreads), A, B, C, z, alpha, beta, 0,
-                             0, 0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
+                run_parallel(4, tasks, A, B, C, z, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],
+                             empty, empty[0], tr, 1, cb)
         return
     # One product at a time, threads over (row block × strip group) tasks (see layout).
     nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(

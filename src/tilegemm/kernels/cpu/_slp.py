@@ -28,6 +28,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 # One re-entrant lock for both settings: a helper compiled on first use (see _lazy)
 # re-enters the settings it was declared under, possibly while its caller's compilation
@@ -155,7 +156,6 @@ def _prefetch_intrinsic() -> object:
 
     Built lazily so importing this module does not import Numba.
     """
-    from llvmlite import ir
     from numba.core import cgutils, types
     from numba.extending import intrinsic
 
@@ -166,16 +166,25 @@ def _prefetch_intrinsic() -> object:
             ary = context.make_array(aryty)(context, builder, args[0])
             ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]],
                                            wraparound=False)
-            i8p = ir.IntType(8).as_pointer()
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-            builder.call(fn, [builder.bitcast(ptr, i8p), i32(1), i32(3), i32(1)])
+            emit_prefetch(builder, ptr, write=True)
             return context.get_dummy_value()
 
         return types.void(arr, i, j), codegen
 
     return prefetch_write
+
+
+def emit_prefetch(builder: Any, ptr: Any, write: bool = False) -> None:
+    """Ask the CPU for the cache line holding ``ptr`` (any pointer), into every cache level,
+    without waiting (``llvm.prefetch``; never faults, whatever the address)."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fn = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+        "llvm.prefetch.p0")
+    builder.call(fn, [builder.bitcast(ptr, i8p), i32(int(write)), i32(3), i32(1)])
 
 
 @functools.cache

@@ -152,7 +152,8 @@ def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any,
     i64, pointers to the first element of each array's data, ``alpha``/``bb`` scalars of
     the dtype."""
     from llvmlite import ir
-    from numba.core import cgutils
+
+    from tilegemm.kernels.cpu._slp import emit_prefetch
 
     arith = _Arithmetic(dtype, lanes)
     vec = arith.vec
@@ -180,14 +181,11 @@ def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any,
     bv = [builder.call(load_v, [builder.bitcast(builder.gep(b_at, [i64(v * lanes)],
                                                             inbounds=True), vptr),
                                 align, masks[v], arith.zeros]) for v in range(vectors)]
-    if prefetch:
-        i8p = ir.IntType(8).as_pointer()
-        pf = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
-            "llvm.prefetch.p0")
-        ahead = builder.bitcast(builder.gep(b_at, [i64(vectors * lanes)]), i8p)  # not inbounds
+    if prefetch:  # the next tile's lines of this row (GEPs not inbounds: may pass B's end)
+        ahead = builder.bitcast(builder.gep(b_at, [i64(vectors * lanes)]),
+                                ir.IntType(8).as_pointer())
         for off in range(0, vectors * lanes * dtype.itemsize, 64):
-            builder.call(pf, [builder.gep(ahead, [i64(off)]), i32(0), i32(3), i32(1)])
+            emit_prefetch(builder, builder.gep(ahead, [i64(off)]))
     acc = []
     for r in range(rows):
         a = builder.load(builder.gep(a_rows[r], [p], inbounds=True), align=dtype.itemsize)
