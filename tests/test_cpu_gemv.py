@@ -150,3 +150,50 @@ def test_long_vector_products_sum_k_in_panels_as_the_packed_path_does():
     np.testing.assert_array_equal(matmul(a[:1], b), matmul(a, b)[:1])  # the vector path
     # a 2 × 2 result below DIRECT_PRODUCT (the unpacked small path), against the packed rows
     np.testing.assert_array_equal(matmul(a[:2], b[:, :2]), matmul(a, b[:, :2])[:2])
+
+
+def _transposed(x: np.ndarray) -> np.ndarray:
+    """``x`` as the transpose of a C-ordered array in its last two axes (what ``W.T`` or a
+    Fortran-ordered matrix is): the rung gets its storage, flagged transposed."""
+    return np.ascontiguousarray(np.swapaxes(x, -1, -2)).swapaxes(-1, -2)
+
+
+# (A's shape, B's shape, which operand is given transposed): a vector times a transposed
+# matrix, x @ W.T and X.T @ v, above and below the calling thread's size, in batches (the
+# matrix shared or not), the vector transposed too
+SWAPPED = [((1, K_BIG), (K_BIG, 70), "b"), ((1, 300), (300, 70), "b"),
+           ((70, K_BIG), (K_BIG, 1), "a"), ((70, 300), (300, 1), "a"),
+           ((3, 1, 500), (500, 41), "b"), ((3, 1, 500), (3, 500, 41), "b"),
+           ((2, 41, 500), (2, 500, 1), "a"), ((1, 700), (700, 90), "ab"),
+           ((90, 700), (700, 1), "ab")]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("sa", "sb", "flip"), SWAPPED,
+                         ids=lambda s: "x".join(map(str, s)) if isinstance(s, tuple) else s)
+def test_a_vector_times_a_transposed_matrix_reads_it_in_place(dtype, sa, sb, flip,
+                                                                 monkeypatch):
+    """``x @ W.T`` is computed as ``W @ x`` on W's storage, and ``X.T @ v`` as ``v @ X``: no
+    copy of the matrix (copying W.T, 4096×4096 float32, took 100× NumPy's time), the
+    vector path where the product is large enough for it, and NumPy's result (gemm with
+    alpha and beta too)."""
+    mod = module(dtype)
+    monkeypatch.setattr(mod, "_stored", None)  # would fail if an operand were copied
+    calls = []
+    original = mod.gemv_threads
+    monkeypatch.setattr(mod, "gemv_threads", lambda *a: (calls.append(1), original(*a)))
+    a, b = random_operands(sa, sb, dtype)
+    ta = _transposed(a) if "a" in flip else a
+    tb = _transposed(b) if "b" in flip else b
+    got = matmul(ta, tb)
+    big = np.prod(np.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,))) * b.shape[-1] * \
+        a.shape[-1] > k02_blocked.DIRECT_PRODUCT
+    assert bool(calls) == big, (sa, sb)
+    if np.dtype(dtype).kind == "i":
+        np.testing.assert_array_equal(got, np.matmul(a, b))
+        return
+    assert_close(got, a, b, what=f"{dtype} {sa} @ {sb}")
+    c = np.random.default_rng(1).standard_normal(got.shape).astype(dtype)
+    both = tilegemm.gemm(ta, tb, c=c.copy(), alpha=1.5, beta=-0.5, kernel="blocked",
+                         backend="cpu")
+    assert_close(both, a, b, alpha=1.5, beta=-0.5, c=c)

@@ -598,7 +598,8 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
     for m, batch, b_transposed in ((mc // mr * mr, 1, False), (mc - mr + 3, 2, False),
                                    (mr - 1, 1, True), (mc // 2 + 1, 1, True)):
         assert one_row_block(m, n, k, threads, params, np.dtype(dtype).itemsize, 0)
-        assert mod.layout(batch, m, n, k, threads, 0, 0, 0, (mc, kc, nc))[0] == 1  # one block
+        tr = 2 if b_transposed else 0
+        assert mod.layout(batch, m, n, k, threads, 0, 0, 0, (mc, kc, nc), tr)[0] == 1  # one block
         a, _ = random_operands((batch, m, k), (k, n), dtype)
         b = (rng.uniform(-1, 1, (n, k)).astype(dtype).T if b_transposed
              else rng.uniform(-1, 1, (k, n)).astype(dtype))
@@ -627,9 +628,15 @@ def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
         for k in (40, 10**5):
             for m in (2, 4, 5, 44, 47, 48, 49, 96, 97, 188, 189, 300):
                 for n in (9, 16, 17, 24, 25, 64, 1000, 1023, 1024, 3000):
-                    shape = mod.layout(1, m, n, k, threads, 0, chunk, budget, (48, 64, 2048))
-                    if mod.takes_narrow(1, m, n, k, threads, 0):  # unpacked: no scratch
+                    shape = mod.layout(1, m, n, k, threads, 0, chunk, budget, (48, 64, 2048),
+                                       0)
+                    narrow = mod.takes_narrow(1, m, n, k, threads, 0, 0)
+                    if narrow or mod.takes_few(1, m, n, k, threads, 0, 0):  # unpacked
                         assert shape == (0,) * 8, (m, n, k, threads, budget)
+                        # the operand those paths would copy given transposed: packed
+                        transposed = 1 if narrow else 2
+                        assert mod.layout(1, m, n, k, threads, 0, chunk, budget,
+                                          (48, 64, 2048), transposed)[7] > 0
                         continue
                     fused = k02_blocked.one_row_block(m, n, k, threads, params, 8, budget,
                                                       chunk)
@@ -668,7 +675,7 @@ def test_rows_whose_block_of_a_fits_the_l2_budget_run_as_one_row_block(monkeypat
             monkeypatch.setitem(mod.__dict__, "L2_BUDGET", budget)
             fused = one_row_block(m, n, k, threads, params, 8, budget, chunk)
             assert fused == (budget == block + chunk)
-            assert (mod.layout(1, m, n, k, threads, 0, chunk, budget, (48, 64, 4096))[0]
+            assert (mod.layout(1, m, n, k, threads, 0, chunk, budget, (48, 64, 4096), 0)[0]
                     == 1) == fused
             a = rng.uniform(-1, 1, (m, k))
             b = rng.uniform(-1, 1, (n, k)).T if b_transposed else rng.uniform(-1, 1, (k, n))

@@ -303,7 +303,7 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         assert ("one row or column" in path) == vector, (batch, m, n, k, path)
         split = not vector and bool(mod.splits_batch(batch, m, n, k, threads))
         assert ("batch split" in path) == split, (batch, m, n, k, path)
-        narrow = not vector and bool(mod.takes_narrow(batch, m, n, k, threads, direct))
+        narrow = not vector and bool(mod.takes_narrow(batch, m, n, k, threads, direct, 0))
         assert ("narrow product" in path) == narrow, (batch, m, n, k, path)
         few = not vector and not narrow and bool(mod.takes_few(batch, m, n, k, threads,
                                                                direct, 0))

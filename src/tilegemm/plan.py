@@ -82,21 +82,24 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
                     precision=precision, params=params)
     spec, prob = chosen.spec, chosen.prob
     return Plan(chosen.backend.name, chosen.target.key, spec.name, spec.rung,
-                dict(chosen.params), chosen.source, _path(spec.key, prob, chosen.params, b),
+                dict(chosen.params), chosen.source, _path(spec.key, prob, chosen.params, a, b),
                 prob.dtype.name,
                 (prob.batch, prob.m, prob.n, prob.k))
 
 
-def _path(key: str, prob: GemmProblem, params: Mapping[str, int], b: Any = None) -> str:
-    """The chosen rung's path for the product, in words; ``b``: the caller's B, whose
-    layout can decide it (None: a C-ordered B, as ``tilegemm run`` makes)."""
+def _path(key: str, prob: GemmProblem, params: Mapping[str, int], a: Any = None,
+          b: Any = None) -> str:
+    """The chosen rung's path for the product, in words; ``a``, ``b``: the caller's
+    operands, whose layouts can decide it (None: C-ordered, as ``tilegemm run`` makes)."""
     if key == "cpu:blocked":
         from tilegemm.kernels.cpu._threads import planned_threads
         from tilegemm.kernels.cpu.k02_blocked import path
         from tilegemm.problem import stored_transposed
 
+        a_transposed = stored_transposed(a, prob, "a")
         b_transposed = stored_transposed(b, prob, "b")
 
         return path(prob.batch, prob.m, prob.n, prob.k, planned_threads(), params,
-                    itemsize=prob.dtype.itemsize, b_transposed=b_transposed)
+                    itemsize=prob.dtype.itemsize, a_transposed=a_transposed,
+                    b_transposed=b_transposed)
     return ""

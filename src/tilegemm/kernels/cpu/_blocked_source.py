@@ -667,13 +667,17 @@ def splits_batch(batch, m, n, k, nthreads):
                                      and batch >= BATCH_SPLIT_MIN * nthreads)
 
 
-@when_called(numba.boolean(i8, i8, i8, i8, i8, i8), **FLAGS)
-def takes_narrow(batch, m, n, k, nthreads, direct_max):
+@when_called(numba.boolean(i8, i8, i8, i8, i8, i8, i8), **FLAGS)
+def takes_narrow(batch, m, n, k, nthreads, direct_max, tr):
     """Whether the threads compute each product unpacked, its rows split between them
     (``direct``): products at most ``NARROW_N`` columns wide, above the small-product
     path, not one row or one column (the vector path) and not a batch the threads split
-    (each of those products takes the same tiles on its thread, see ``small``)."""
-    if k == 0 or batch * m * n * k <= direct_max or m == 1 or n == 1 or n > NARROW_N:
+    (each of those products takes the same tiles on its thread, see ``small``), A given
+    plainly (``tr`` bit 0 clear: A given as its transpose is read in place by the packed
+    path; a plain copy of it, strided, took 25 ms for float32 X.T @ w, X 2048×2048 and w 16
+    columns wide, against NumPy's 0.95; B, a few columns, is copied if given so)."""
+    if (k == 0 or batch * m * n * k <= direct_max or m == 1 or n == 1 or n > NARROW_N
+            or tr & 1):
         return False
     return not splits_batch(batch, m, n, k, nthreads)
 
@@ -691,8 +695,9 @@ def takes_few(batch, m, n, k, nthreads, direct_max, tr):
     return not splits_batch(batch, m, n, k, nthreads)
 
 
-@when_called(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8, i8, i8, blocks), **FLAGS)
-def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb):
+@when_called(numba.types.UniTuple(i8, 8)(i8, i8, i8, i8, i8, i8, i8, i8, blocks, i8),
+             **FLAGS)
+def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb, tr):
     """How the packed path splits the work and its scratch, for one call.
 
     Returns (nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size):
@@ -701,8 +706,8 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb):
     kcap, MR) at ``ap_at`` and the scratch tiles ``T_all`` (nblk*ngroups_max, MR, NR) at
     ``t_at``, ``size`` elements in all (each part 64-byte aligned when the workspace is).
     All zeros when the call takes a path without scratch: no K, at most ``direct_max``
-    multiply-adds in all, a batch of small products, or narrow products (products of a few
-    rows, ``takes_few``, need none either: ``blocked`` asks for none for them).
+    multiply-adds in all, a batch of small products, narrow products or products of a few
+    rows (``tr``: which operands are given transposed, see ``blocked_threads``).
 
     ``chunk_bytes``, ``budget``: a product of more than MC rows is one row block too when its
     packed block of A and ``chunk_bytes`` of B fit ``budget`` bytes (``L2_BUDGET``), the
@@ -710,7 +715,8 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb):
     columns (see ``k02_blocked.one_row_block``). ``cb``: the cache blocks (MC, KC, NC).
     """
     if (k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads)
-            or takes_narrow(batch, m, n, k, nthreads, direct_max)):
+            or takes_narrow(batch, m, n, k, nthreads, direct_max, tr)
+            or takes_few(batch, m, n, k, nthreads, direct_max, tr)):
         return 0, 0, 0, 0, 0, 0, 0, 0
     mc, kc_max, nc_max = cb
     # Row blocks of at most MC rows, as many as a multiple of the thread count when there
@@ -769,7 +775,7 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
     if batch * m * n * k <= direct_max:
-        small(A, B, C, alpha, beta, 0, batch, 0, cb)
+        small(A, B, C, alpha, beta, 0, batch, tr, cb)
         return
     empty = np.empty((1, 1, 1, mr), dtype=C.dtype)
     if splits_batch(batch, m, n, k, nthreads):
@@ -777,9 +783,9 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
         run_parallel(2, min(batch, BATCH_TASKS * nthreads), A, B, C, 0, alpha, beta, 0, 0,
                      0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
         return
-    if takes_narrow(batch, m, n, k, nthreads, direct_max):
-        # each product's rows in runs of 8-row tiles, a few runs per thread, unpacked (the
-        # operands plain: ``blocked`` copies transposed ones for this path)
+    if takes_narrow(batch, m, n, k, nthreads, direct_max, tr):
+        # each product's rows in runs of 8-row tiles, a few runs per thread, unpacked (B
+        # plain: ``blocked`` copies a transposed B for this path)
         for z in range(batch):
             run_parallel(3, min((m + 7) // 8, BATCH_TASKS * nthreads), A, B, C, z, alpha,
                          beta, 0, 0, 0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
@@ -798,7 +804,7 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
         return
     # One product at a time, threads over (row block × strip group) tasks (see layout).
     nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(
-        batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb)
+        batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb, tr)
     if W.shape[0] < size:
         W = np.empty(size, dtype=C.dtype)
     ntask = nblk * ngroups_max
@@ -831,18 +837,43 @@ def _stored(X, transposed):
     return plain
 
 
-def _plain_unless_packed(A, B, C, tr):
-    """(A, B, tr) for the path the product takes: operands given transposed (``tr``, see
-    ``blocked_threads``) are read in place by the packed path only; for the others (no K,
-    small products, one row or one column) they are copied to the plain layout here."""
-    if tr == 0:
-        return A, B, 0
+def _vector_product_swapped(A, B, C, tr):
+    """A vector times a matrix given as its transpose, as the other vector product on the
+    matrix's storage, with no copy: ``x @ W.T`` (one row, B stored as W, (batch|1, N, K)) is
+    ``W @ x``, a column of N dot products along W's rows, and ``X.T @ v`` (one column, A
+    stored as X, (batch|1, K, M)) is ``v @ X``, one row. Returns (A, B, C, 0) for that
+    product, C a view of the same memory (one row and one column hold the same elements in
+    the same order), or None for any other product. Copying the transposed matrix instead
+    took 100× NumPy's time (x @ W.T, W 4096×4096 float32: 111 ms against 0.9, AMD Zen 5)."""
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
+    if m == 1 and tr & 2:  # x: (batch|1, 1, K) plain, or stored as (batch|1, K, 1)
+        x = A if tr & 1 else A.reshape((A.shape[0], A.shape[2], 1))
+        return B, x, C.reshape((batch, n, 1)), 0
+    if n == 1 and tr & 1:  # v: (batch|1, K, 1) plain, or stored as (batch|1, 1, K)
+        v = B if tr & 2 else B.reshape((B.shape[0], 1, B.shape[1]))
+        return v, A, C.reshape((batch, 1, m)), 0
+    return None
+
+
+def _plain_unless_packed(A, B, C, tr):
+    """(A, B, C, tr) for the path the product takes: operands given transposed (``tr``, see
+    ``blocked_threads``) are read in place by the packed path only (small products of
+    matrices included: ``small`` packs them on the calling thread); for products with no
+    K or with one row or one column they are copied to the plain layout here (a copy of a
+    vector), except a vector times a transposed matrix, which becomes the other vector
+    product (``_vector_product_swapped``). A small product whose transposed matrix was
+    copied took 10× NumPy's time (4×1024×256 float32 with B as W.T: 564 µs against 63; the
+    copy, strided, was nearly all of it)."""
+    if tr == 0:
+        return A, B, C, 0
+    swapped = _vector_product_swapped(A, B, C, tr)
+    if swapped is not None:
+        return swapped
+    m, n = C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2]
-    if (k == 0 or batch * m * n * k <= DIRECT_PRODUCT
-            or takes_gemv(batch, m, n, k, DIRECT_PRODUCT)):
-        return _stored(A, tr & 1), _stored(B, tr & 2), 0
-    return A, B, tr
+    if k == 0 or m == 1 or n == 1:
+        return _stored(A, tr & 1), _stored(B, tr & 2), C, 0
+    return A, B, C, tr
 
 
 def blocked(A, B, C, alpha, beta, tr, cb):
@@ -854,28 +885,28 @@ def blocked(A, B, C, alpha, beta, tr, cb):
     packed from that layout, with no transposing copy. Small products given plainly are
     sent to ``small`` before this, by the bound program (``bind``).
     """
-    A, B, tr = _plain_unless_packed(A, B, C, tr)
-    if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:  # small, given transposed
-        small(A, B, C, alpha, beta, 0, C.shape[0], 0, cb)
+    A, B, C, tr = _plain_unless_packed(A, B, C, tr)
+    if C.size * (A.shape[1] if tr & 1 else A.shape[2]) <= DIRECT_PRODUCT:
+        small(A, B, C, alpha, beta, 0, C.shape[0], tr, cb)  # small, given transposed
         return
     if parallel_unsafe():  # a forked child where a parallel region would be killed
         blocked_serial(A, B, C, alpha, beta, tr, cb)
         return
     nthreads = pool_threads()  # the first starts Numba's pool, where tilegemm sees it
     k = A.shape[1] if tr & 1 else A.shape[2]
-    if tr and takes_narrow(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT):
-        A, B, tr = _stored(A, tr & 1), _stored(B, tr & 2), 0  # the narrow path reads them plain
-    few = takes_few(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT, tr)
-    if few and tr:
-        A, tr = _stored(A, tr & 1), 0  # few_rows reads A plain (B is plain: see takes_few)
+    if tr and takes_narrow(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT,
+                           tr):
+        B, tr = _stored(B, tr & 2), 0  # the narrow path reads B plain (A is: takes_narrow)
+    if tr and takes_few(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT, tr):
+        A, tr = _stored(A, tr & 1), 0  # few_rows reads A plain (B is: see takes_few)
     if nthreads > 1 and C.size * k > DIRECT_PRODUCT:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with PoolWatch(), InParallel():
         if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, DIRECT_PRODUCT):
             gemv_threads(A, B, C, alpha, beta, nthreads, cb[1])
         else:
-            size = 0 if few else layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads,
-                                        DIRECT_PRODUCT, B_CHUNK_BYTES, L2_BUDGET, cb)[7]
+            size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT,
+                          B_CHUNK_BYTES, L2_BUDGET, cb, tr)[7]
             blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
                             workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES,
                             L2_BUDGET, cb)
@@ -913,11 +944,11 @@ def blocked_serial(A, B, C, alpha, beta, tr, cb):
     scratch sized as there, the vector path for one row or column, the unpacked tiles for
     narrow products). The same arithmetic as the threaded path, element by element.
     """
-    A, B, tr = _plain_unless_packed(A, B, C, tr)
+    A, B, C, tr = _plain_unless_packed(A, B, C, tr)
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2]
     if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
-        blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), 0,
+        blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), tr,
                         B_CHUNK_BYTES, L2_BUDGET, cb)
         return
     small(A, B, C, alpha, beta, 0, batch, tr, cb)

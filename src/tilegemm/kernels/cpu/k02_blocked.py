@@ -292,13 +292,15 @@ def one_row_block(m: int, n: int, k: int, threads: int, params: Mapping[str, int
 
 def path(batch: int, m: int, n: int, k: int, threads: int,
          params: Mapping[str, int] | None = None, *, itemsize: int | None = None,
-         budget: int | None = None, b_transposed: bool = False) -> str:
+         budget: int | None = None, a_transposed: bool = False,
+         b_transposed: bool = False) -> str:
     """Which of the rung's paths a product of ``batch`` (m, k) @ (k, n) products takes on
     ``threads`` threads, in words (``tilegemm.plan`` names it): the same tests, in the same
     order, as the generated module's ``blocked``, ``takes_gemv``, ``splits_batch``, (given
-    the dtype's ``itemsize``) ``takes_narrow`` and ``takes_few`` (``b_transposed``: B is
-    handed over as its transpose, e.g. Fortran-ordered) and (given the parameters and the
-    L2 ``budget`` too, see :func:`one_row_block`) ``layout``."""
+    the dtype's ``itemsize``) ``takes_narrow`` and ``takes_few`` (``a_transposed``,
+    ``b_transposed``: that operand is handed over as its transpose, e.g. Fortran-ordered)
+    and (given the parameters and the L2 ``budget`` too, see :func:`one_row_block`)
+    ``layout``."""
     from tilegemm.kernels.cpu._small_tile import FEW_ROWS, FEW_SPLIT_BYTES, narrow_columns
 
     if params is not None and itemsize is None:
@@ -313,7 +315,7 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     if batch >= 2 and (size <= SMALL_PRODUCT
                        or (size <= BATCH_PRODUCT and batch >= BATCH_SPLIT_MIN * threads)):
         return f"batch split: whole products on each of {threads} thread(s)"
-    if itemsize is not None and n <= narrow_columns(itemsize, vector_bits()):
+    if itemsize is not None and n <= narrow_columns(itemsize, vector_bits()) and not a_transposed:
         return (f"narrow product: rows split over {threads} thread(s), A and B read in "
                 "place, no packing")
     if itemsize is not None and 2 <= m < FEW_ROWS and not b_transposed:
