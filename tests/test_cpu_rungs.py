@@ -596,7 +596,7 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
     threads = planned_threads()
     n, k = nc + 5 * nr + 3, 3 * kc + 5
     for m, batch, b_transposed in ((mc // mr * mr, 1, False), (mc - mr + 3, 2, False),
-                                   (mr - 1, 1, True), (mc // 2 + 1, 1, True)):
+                                   (9, 1, True), (mc // 2 + 1, 1, True)):
         assert one_row_block(m, n, k, threads, params, np.dtype(dtype).itemsize, 0)
         tr = 2 if b_transposed else 0
         assert mod.layout(batch, m, n, k, threads, 0, 0, 0, (mc, kc, nc), tr)[0] == 1  # one block
@@ -633,10 +633,9 @@ def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
                     narrow = mod.takes_narrow(1, m, n, k, threads, 0, 0)
                     if narrow or mod.takes_few(1, m, n, k, threads, 0, 0):  # unpacked
                         assert shape == (0,) * 8, (m, n, k, threads, budget)
-                        # the operand those paths would copy given transposed: packed
-                        transposed = 1 if narrow else 2
-                        assert mod.layout(1, m, n, k, threads, 0, chunk, budget,
-                                          (48, 64, 2048), transposed)[7] > 0
+                        # a narrow product with A given transposed is packed
+                        assert not narrow or mod.layout(1, m, n, k, threads, 0, chunk,
+                                                        budget, (48, 64, 2048), 1)[7] > 0
                         continue
                     fused = k02_blocked.one_row_block(m, n, k, threads, params, 8, budget,
                                                       chunk)

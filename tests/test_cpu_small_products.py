@@ -127,16 +127,15 @@ def _ops(block: str, names: tuple[str, ...]) -> list[str]:
     return [ln for ln in block.splitlines() if ln.split() and ln.split()[0] in names]
 
 
-def _tile_loop(triple: str, cpu: str, features: str, bits: int, rows: int, vectors: int = 1,
-               prefetch: bool = False) -> str:
-    """The K loop (the block with the most FMAs) of one float32 tile compiled alone for the
-    CPU, as assembly text; skips where llvmlite has no back end for the triple."""
+def _tile_loop(triple: str, cpu: str, features: str, bits: int, module_ir: str) -> str:
+    """The K loop of a tile compiled alone for the CPU (``module_ir``: the IR of a module
+    holding it): the block with the most FMAs, from its label to the branch back to it, as
+    assembly text; skips where llvmlite has no back end for the triple."""
     import re
 
     from llvmlite import binding as llvm
 
     from tilegemm.kernels.cpu._slp import with_vector_width
-    from tilegemm.kernels.cpu._small_tile import module_ir, width
 
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
@@ -144,11 +143,15 @@ def _tile_loop(triple: str, cpu: str, features: str, bits: int, rows: int, vecto
         target = llvm.Target.from_triple(triple)
     except RuntimeError as exc:
         pytest.skip(f"llvmlite has no back end for {triple}: {exc}")
-    module = llvm.parse_assembly(with_vector_width(module_ir(
-        rows, width(4, bits), np.dtype("float32"), triple, vectors, prefetch), bits))
+    module = llvm.parse_assembly(with_vector_width(module_ir, bits))
     module.verify()
     asm = target.create_target_machine(cpu=cpu, features=features, opt=3).emit_assembly(module)
-    return max(re.split(r"\n(?=\.?[\w$.]+:)", asm), key=lambda b: len(_ops(b, FMA)))
+    block = max(re.split(r"\n(?=\.?[\w$.]+:)", asm), key=lambda b: len(_ops(b, FMA)))
+    label = block.split(":")[0].strip()
+    lines = block.splitlines()
+    back = next((n for n, ln in enumerate(lines) if n and ln.split()
+                 and ln.split()[-1] == label), len(lines) - 1)
+    return "\n".join(lines[:back + 1])
 
 
 @pytest.mark.parametrize(("triple", "cpu", "features", "bits", "register"), TARGETS,
@@ -159,7 +162,10 @@ def test_the_eight_row_tile_keeps_its_sums_in_registers(triple, cpu, features, b
     i.e. the 8 sums stay in registers between K steps."""
     import re
 
-    loop = _tile_loop(triple, cpu, features, bits, 8)
+    from tilegemm.kernels.cpu._small_tile import module_ir, width
+
+    loop = _tile_loop(triple, cpu, features, bits,
+                      module_ir(8, width(4, bits), np.dtype("float32"), triple))
     fmas = _ops(loop, FMA)
     assert len(fmas) == 8 and all(register in ln for ln in fmas), fmas
     assert not re.search(STACK, loop), loop
@@ -224,8 +230,8 @@ FEW = [(1, 2, 4099, 300), (1, 3, 1100, 1000), (2, 5, 777, 400), (1, 7, 3001, 90)
 def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
     """Products of 2-7 rows run unpacked at any size, one tile of all their rows several
     vectors wide: the same bits as the packed loop nest on the same operands, through
-    matmul (A Fortran-ordered: copied for this path; B Fortran-ordered: packed, as plan
-    says) and gemm (alpha, beta), and the same for every product of a batch sharing A."""
+    matmul (A Fortran-ordered: copied for this path) and gemm (alpha, beta), and the same
+    for every product of a batch sharing A."""
     from tilegemm.kernels.cpu import k02_blocked
 
     params, mod = blocked_module({}, dtype)
@@ -245,10 +251,8 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
             shared = tilegemm.matmul(a[0], b, **run)
             for z in range(batch):
                 np.testing.assert_array_equal(shared[z], tilegemm.matmul(a[0], b[z], **run))
-        at, bt = np.asfortranarray(a[0]), np.asfortranarray(b[0])
+        at = np.asfortranarray(a[0])
         np.testing.assert_array_equal(tilegemm.matmul(at, b[0], **run), got[0])
-        assert "packed" in tilegemm.plan(a[0], bt, kernel="blocked", **params).path
-        np.testing.assert_array_equal(tilegemm.matmul(a[0], bt, **run), got[0])
         if dt.kind == "f":
             c = np.random.default_rng(seed).standard_normal(got.shape).astype(dt)
             both = tilegemm.gemm(a, b, c, alpha=0.5, beta=-2.0, **run)
@@ -265,14 +269,14 @@ def test_few_rows_writes_its_columns_and_nothing_else(dtype):
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
     for m in range(2, 8):
-        width = int(mod.few_width(m))
+        width = int(mod.few_width(m, 0))
         a, b = random_operands((2, m, 70), (2, 70, 3 * width + 5), dtype, seed=m)
         n = b.shape[2]
         buffer = np.full(2 * m * n + 64, -1234.5, dtype=dt)
         c = buffer[32:32 + 2 * m * n].reshape(2, m, n)
         c[...] = np.nan
         j0, j1 = width, n - 3  # a whole tile in, a ragged end short of the last columns
-        mod.few_rows(a, b, c, dt.type(1), dt.type(0), 16, 1, j0, j1)
+        mod.few_rows(a, b, c, dt.type(1), dt.type(0), 16, 1, j0, j1, 0)
         assert_close(c[1][:, j0:j1], a[1], b[1][:, j0:j1], what=f"{dtype} m={m}")
         assert np.isnan(c[0]).all() and np.isnan(c[1][:, :j0]).all()
         assert np.isnan(c[1][:, j1:]).all(), f"{dtype} m={m}: wrote past column {j1}"
@@ -289,11 +293,12 @@ def test_the_few_row_tiles_keep_their_sums_in_registers(triple, cpu, features, b
     per cache line of the next tile's columns."""
     import re
 
-    from tilegemm.kernels.cpu._small_tile import few_vectors, width
+    from tilegemm.kernels.cpu._small_tile import few_vectors, module_ir, width
 
     for rows in range(2, 8):
         vectors = few_vectors(rows, bits)
-        loop = _tile_loop(triple, cpu, features, bits, rows, vectors, prefetch=True)
+        loop = _tile_loop(triple, cpu, features, bits, module_ir(
+            rows, width(4, bits), np.dtype("float32"), triple, vectors, prefetch=True))
         fmas = _ops(loop, FMA)
         assert len(fmas) == rows * vectors, (rows, vectors, fmas)
         assert all(register in ln for ln in fmas), fmas
@@ -318,7 +323,7 @@ def _copies(mod, monkeypatch) -> list[tuple[int, ...]]:
 
 # (A's shape, B's shape, layout): products with a matrix given transposed ("at", "bt") or
 # both operands Fortran-ordered ("f"), small (the calling thread) and narrow
-IN_PLACE = [((4, 1024), (1024, 256), "bt"), ((8, 512), (512, 256), "at"),
+IN_PLACE = [((9, 1024), (1024, 256), "bt"), ((8, 512), (512, 256), "at"),
             ((100, 100), (100, 100), "f"), ((3, 20, 30), (3, 30, 40), "f"),
             ((2048, 700), (700, 16), "at"), ((900, 800), (800, 9), "f")]
 
@@ -348,3 +353,87 @@ def test_transposed_matrices_are_packed_in_place_not_copied(dtype, monkeypatch):
         assert all(shape[-2] <= 32 and narrow for shape in copied), (sa, sb, layout, copied)
         if narrow and a.shape[-2] * a.shape[-1] * sb[-1] > k02_blocked.DIRECT_PRODUCT:
             assert "packed" in tilegemm.plan(ta, tb, kernel="blocked", **params).path
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_few_row_products_with_b_transposed_take_dot_products(dtype, monkeypatch):
+    """``x @ W.T`` with 2-7 rows of x (a linear layer's weights, W stored (N, K)): dot
+    products of x's rows and W's rows along K, W read in place (no copy), at any size
+    (small, one thread, columns split), in batches, with A transposed too (copied, a few
+    rows); integers exactly NumPy's, floats within rounding; the calling-thread path of a
+    forked worker gives the same bits as the threads; gemm's alpha and beta."""
+    params, mod = blocked_module({}, dtype)
+    dt = np.dtype(dtype)
+    run = {"kernel": "blocked", "backend": "cpu", **params}
+    for seed, (batch, m, n, k) in enumerate([*FEW, (1, 3, 100, 64), (1, 7, 37, 300)]):
+        a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
+        w = np.ascontiguousarray(b.swapaxes(1, 2))  # (batch, N, K), as a layer stores it
+        bt = w.swapaxes(1, 2)
+        copied = _copies(mod, monkeypatch)
+        got = tilegemm.matmul(a, bt, **run)
+        assert all(shape[-1] < 8 for shape in copied), copied  # A alone, a few rows
+        if dt.kind == "i":
+            np.testing.assert_array_equal(got, np.matmul(a, b))
+        else:
+            assert_close(got, a, b, what=f"{dtype} {(batch, m, n, k)}")
+        if m * n * k * batch > mod.DIRECT_PRODUCT:
+            assert "dot products" in tilegemm.plan(a, bt, kernel="blocked", **params).path
+        at = np.ascontiguousarray(a.swapaxes(1, 2)).swapaxes(1, 2)
+        np.testing.assert_array_equal(tilegemm.matmul(at, bt, **run), got)
+        monkeypatch.setattr(mod, "parallel_unsafe", lambda: True)
+        np.testing.assert_array_equal(tilegemm.matmul(a, bt, **run), got)
+        monkeypatch.undo()
+        if dt.kind == "f":
+            c = np.random.default_rng(seed).standard_normal(got.shape).astype(dt)
+            both = tilegemm.gemm(a, bt, c, alpha=0.5, beta=-2.0, **run)
+            want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c
+            tol = 1e-4 if dt.itemsize == 4 else 1e-11
+            np.testing.assert_allclose(both, want, rtol=tol, atol=tol * np.sqrt(k))
+
+
+@pytest.mark.parametrize("dtype", ("float32", "int64"))
+def test_dot_products_write_their_columns_and_nothing_else(dtype):
+    """``few_rows`` with B given transposed, on a range of columns: those columns of that
+    product, all rows, and nothing else (the tiles' last columns masked: W's rows past the
+    range are not stored); K of every remainder against the vector width."""
+    from tilegemm.kernels.cpu._dot_tile import DOT_GROUP
+
+    params, mod = blocked_module({}, dtype)
+    dt = np.dtype(dtype)
+    for m in range(2, 8):
+        for k in (1, 7, 16, 37):
+            n = 3 * DOT_GROUP + 5
+            a, b = random_operands((2, m, k), (2, k, n), dtype, seed=m * k)
+            w = np.ascontiguousarray(b.swapaxes(1, 2))
+            buffer = np.full(2 * m * n + 64, -1234, dtype=dt)
+            c = buffer[32:32 + 2 * m * n].reshape(2, m, n)
+            c[...] = -99
+            j0, j1 = DOT_GROUP, n - 3
+            mod.few_rows(a, w, c, dt.type(1), dt.type(0), 16, 1, j0, j1, 2)
+            want = np.matmul(a[1].astype(np.float64), b[1])[:, j0:j1]
+            np.testing.assert_allclose(c[1][:, j0:j1], want, rtol=1e-5, atol=1e-4 * k)
+            assert (c[0] == -99).all() and (c[1][:, :j0] == -99).all()
+            assert (c[1][:, j1:] == -99).all(), f"{dtype} m={m} k={k}: past column {j1}"
+            assert (buffer[:32] == -1234).all() and (buffer[32 + c.size:] == -1234).all()
+
+
+@pytest.mark.parametrize(("triple", "cpu", "features", "bits", "register"), TARGETS,
+                         ids=["avx512", "avx2", "neon"])
+def test_the_dot_product_tiles_keep_their_sums_in_registers(triple, cpu, features, bits,
+                                                            register):
+    """Each dot-product tile (4, 2, 1 rows × ``dot_columns``) compiled alone for an
+    AVX-512, an AVX2 and a NEON CPU: its K loop is rows × columns full-width multiply-adds
+    with no stack access."""
+    import re
+
+    from tilegemm.kernels.cpu._dot_tile import dot_columns, module_ir
+    from tilegemm.kernels.cpu._small_tile import width
+
+    for rows in (4, 2, 1):
+        cols = dot_columns(rows, bits)
+        loop = _tile_loop(triple, cpu, features, bits, module_ir(
+            rows, cols, width(4, bits), np.dtype("float32"), triple))
+        fmas = _ops(loop, FMA)
+        assert len(fmas) == rows * cols, (rows, cols, fmas)
+        assert all(register in ln for ln in fmas), fmas
+        assert not re.search(STACK, loop), loop

@@ -119,7 +119,7 @@ def test_too_small_workspace_is_replaced(dtype):
     c = np.full((1, 150, 90), np.nan, dtype=dtype)
     cb = program.cache_blocks  # (MC, KC, NC)
     size = g["layout"](1, 150, 90, 260, 2, g["DIRECT_PRODUCT"],
-                       g["B_CHUNK_BYTES"], g["L2_BUDGET"], cb)[7]
+                       g["B_CHUNK_BYTES"], g["L2_BUDGET"], cb, 0)[7]
     assert size > 0
     g["blocked_threads"](a, b, c, c.dtype.type(1), c.dtype.type(0), 2, g["DIRECT_PRODUCT"],
                          np.empty(size // 2, dtype=dtype), 0, g["B_CHUNK_BYTES"],

@@ -312,16 +312,20 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         assert ("on the calling thread" in path) == alone, (batch, m, n, k, path)
         assert ("packed panels" in path) == (not vector and not split and not narrow
                                              and not few)
-        # B handed over as its transpose (Fortran-ordered): few-row products are packed
+        # B handed over as its transpose (Fortran-ordered): dot products along K
         fortran = k02_blocked.path(batch, m, n, k, threads, itemsize=4, b_transposed=True)
         assert ("few rows" in fortran) == (few and bool(mod.takes_few(
             batch, m, n, k, threads, direct, 2))), (batch, m, n, k, fortran)
-        assert "few rows" not in fortran
+        assert ("dot products" in fortran) == few, (batch, m, n, k, fortran)
+        # A handed over as its transpose: narrow products are packed
+        flipped = k02_blocked.path(batch, m, n, k, threads, itemsize=4, a_transposed=True)
+        assert ("narrow product" in flipped) == (narrow and bool(mod.takes_narrow(
+            batch, m, n, k, threads, direct, 1))), (batch, m, n, k, flipped)
     planned = tilegemm.plan(np.ones((1, 3000), np.float32), np.ones((3000, 500), np.float32))
     assert "one row or column" in planned.path and "one row or column" in str(planned)
     x, w = np.ones((4, 3000), np.float32), np.ones((500, 3000), np.float32)
     assert "few rows" in tilegemm.plan(x, np.ascontiguousarray(w.T)).path
-    assert "packed panels" in tilegemm.plan(x, w.T).path  # B read in place by the packing
+    assert "dot products" in tilegemm.plan(x, w.T).path  # W's rows read in place
     assert "few rows" in tilegemm.plan(np.asfortranarray(x), np.ascontiguousarray(w.T)).path
 
 

@@ -18,6 +18,7 @@ import numba
 import numpy as np
 from numba import prange
 
+from tilegemm.kernels.cpu._dot_tile import DOT_GROUP, dot_columns, dot_tile
 from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled
 from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
@@ -106,6 +107,11 @@ FW2, FW3, FW4, FW5, FW6, FW7 = (few_vectors(rows, VECTOR_BITS) * SMALL_W for row
 ftile2, ftile3, ftile4, ftile5, ftile6, ftile7 = (
     small_tile(rows, SMALL_W, _dt, few_vectors(rows, VECTOR_BITS), prefetch=True)
     for rows in range(2, 8))
+# ... and, with B given as its transpose, tiles of 4, 2 and 1 rows × DC4/DC2/DC1 columns of
+# dot products along K (see _dot_tile)
+DC4, DC2, DC1 = (dot_columns(rows, VECTOR_BITS) for rows in (4, 2, 1))
+dtile4, dtile2, dtile1 = (dot_tile(rows, dot_columns(rows, VECTOR_BITS), SMALL_W, _dt)
+                          for rows in (4, 2, 1))
 
 
 # @ukernel (replaced by k02_blocked.micro_kernel_source(), its one definition)
@@ -331,17 +337,43 @@ def fold(y, acc, j0, j1, alpha, beta, first):
             y[j0 + j] = alpha * acc[j] + beta * y[j0 + j]
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8), **FLAGS)
-def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8, i8), **FLAGS)
+def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
     """Columns j0..j1 of product z, a product of 2 to 7 rows (``FEW_ROWS``), unpacked: per K
     panel, one tile of all its rows walks the columns, a few vectors at a time (``FW2``..
     ``FW7``: the width that keeps the tile's sums in registers), reading B where it lies.
     Packing B for so few rows copied all of it for a few multiply-adds per element. The
     same sums as the packed path and ``direct`` (K panels of ``kc_max``, in K order), bit
-    for bit. ``j0`` should be a multiple of the tile's width (the threads' column ranges are).
+    for bit. ``j0`` should be a multiple of ``few_width`` (the threads' column ranges are).
+
+    ``tr`` bit 1: B is given as its transpose (batch|1, N, K) (A is plain, ``tr`` bit 0
+    clear); then each element is a dot product of a row of A and a row of that storage,
+    in groups of ``DOT_GROUP`` columns taken by tiles of 4, 2 and 1 rows in turn (see
+    ``_dot_tile``; not the packed path's order of summation).
     """
     m, n, k = C.shape[1], C.shape[2], A.shape[2]
     sa = m * k if A.shape[0] > 1 else 0
+    if tr & 2:
+        sb = n * k if B.shape[0] > 1 else 0
+        mode = 0 if beta == zero else 1
+        for g in range(j0, j1, DOT_GROUP):
+            ge = min(g + DOT_GROUP, j1)
+            i = 0
+            if m >= 4:
+                for j in range(g, ge, DC4):
+                    dtile4(k, A, z * sa, k, B, z * sb + j * k, k, C, z * m * n + j, n,
+                           min(DC4, ge - j), alpha, beta, mode)
+                i = 4
+            if m - i >= 2:
+                for j in range(g, ge, DC2):
+                    dtile2(k, A, z * sa + i * k, k, B, z * sb + j * k, k, C,
+                           (z * m + i) * n + j, n, min(DC2, ge - j), alpha, beta, mode)
+                i += 2
+            if m - i >= 1:
+                for j in range(g, ge, DC1):
+                    dtile1(k, A, z * sa + i * k, k, B, z * sb + j * k, k, C,
+                           (z * m + i) * n + j, n, min(DC1, ge - j), alpha, beta, mode)
+        return
     sb = k * n if B.shape[0] > 1 else 0
     for pc in range(0, k, kc_max):
         kc = min(kc_max, k - pc)
@@ -374,10 +406,11 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1):
                        mode)
 
 
-@when_called(numba.int64(i8), **FLAGS)
-def few_width(m):
-    """Columns of the tile of a product of ``m`` rows (2..7) in ``few_rows``."""
-    return (FW2, FW3, FW4, FW5, FW6, FW7)[m - 2]
+@when_called(numba.int64(i8, i8), **FLAGS)
+def few_width(m, tr):
+    """Columns ``few_rows`` takes at a time for a product of ``m`` rows (2..7): its tile's
+    width, or ``DOT_GROUP`` with B given transposed (``tr`` bit 1)."""
+    return DOT_GROUP if tr & 2 else (FW2, FW3, FW4, FW5, FW6, FW7)[m - 2]
 
 
 # called by name (see _lazy): the tiles compiled once, not into every caller
@@ -414,7 +447,7 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
         return
     if r0 == 0 and r1 == m and 2 <= m < FEW_ROWS and n > NARROW_N:
         for z in range(z0, z1):
-            call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n)
+            call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n, 0)
         return
     sa = m * k if A.shape[0] > 1 else 0
     sb = k * n if B.shape[0] > 1 else 0
@@ -571,12 +604,16 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
     packed loop nest (``products_serial``, scratch sized to the product) where packing
     pays, else (small or narrow products) ``direct``, which gives the packed path's sums.
     Operands given transposed (``tr``, see ``blocked_threads``) take the packed loop nest,
-    which reads them in place.
+    which reads them in place, except a product of a few rows with B given transposed:
+    ``few_rows``'s dot products, as the threaded path computes it.
     """
     m, n = C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2]
     size = m * n * k
-    if tr != 0 and k > 0:
+    if tr == 2 and 2 <= m < FEW_ROWS and n > NARROW_N and k > 0:  # few rows, B transposed
+        for z in range(z0, z1):
+            call_few_rows(A, B, C, alpha, beta, cb[1], z, 0, n, tr)
+    elif tr != 0 and k > 0:
         products_serial(A, B, C, alpha, beta, z0, z1, tr, cb)
     elif k > 0 and (m == 1 or n == 1) and size > VECTOR_MIN_PRODUCT:
         for z in range(z0, z1):
@@ -645,11 +682,11 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
                 call_direct(A, B, C, alpha, beta, cb[1], z, z + 1, r0, r1)
         elif phase == 4:
             # columns of product z, in whole tiles
-            w = few_width(C.shape[1])
+            w = few_width(C.shape[1], tr)
             units = (C.shape[2] + w - 1) // w
             j0, j1 = t * units // ntasks * w, min(C.shape[2], (t + 1) * units // ntasks * w)
             if j1 > j0:
-                call_few_rows(A, B, C, alpha, beta, cb[1], z, j0, j1)
+                call_few_rows(A, B, C, alpha, beta, cb[1], z, j0, j1, tr)
         else:
             # runs of whole products, each by the path that suits its size
             batch = C.shape[0]
@@ -686,11 +723,9 @@ def takes_narrow(batch, m, n, k, nthreads, direct_max, tr):
 def takes_few(batch, m, n, k, nthreads, direct_max, tr):
     """Whether the threads compute each product unpacked, its columns split between them
     (``few_rows``): products of 2 to 7 rows wider than ``NARROW_N``, above the
-    small-product path and not a batch the threads split, B given plainly (``tr`` bit 1
-    clear: B given as its transpose is read in place by the packed path, where a plain copy
-    would cost as much as packing it)."""
-    if (k == 0 or batch * m * n * k <= direct_max or m < 2 or m >= FEW_ROWS or n <= NARROW_N
-            or tr & 2):
+    small-product path and not a batch the threads split; with B given as its transpose
+    (``tr`` bit 1), as dot products along K (A, a few rows, is copied if given so)."""
+    if k == 0 or batch * m * n * k <= direct_max or m < 2 or m >= FEW_ROWS or n <= NARROW_N:
         return False
     return not splits_batch(batch, m, n, k, nthreads)
 
@@ -794,10 +829,10 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
         # each product's columns in ranges of whole tiles, one per thread, unpacked (A
         # plain: ``blocked`` copies a transposed A for this path); with B within
         # FEW_SPLIT_BYTES, on this thread alone
-        tasks = min((n + few_width(m) - 1) // few_width(m), nthreads)
+        tasks = min((n + few_width(m, tr) - 1) // few_width(m, tr), nthreads)
         for z in range(batch):
             if k * n * ITEMSIZE <= FEW_SPLIT_BYTES:
-                call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n)
+                call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n, tr)
             else:
                 run_parallel(4, tasks, A, B, C, z, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],
                              empty, empty[0], tr, 1, cb)
@@ -873,6 +908,8 @@ def _plain_unless_packed(A, B, C, tr):
     k = A.shape[1] if tr & 1 else A.shape[2]
     if k == 0 or m == 1 or n == 1:
         return _stored(A, tr & 1), _stored(B, tr & 2), C, 0
+    if tr & 1 and 2 <= m < FEW_ROWS and n > NARROW_N:  # few rows: a copy of A is cheap, and
+        return _stored(A, 1), B, C, tr & 2  # few_rows reads A plain (B in either layout)
     return A, B, C, tr
 
 
@@ -897,8 +934,6 @@ def blocked(A, B, C, alpha, beta, tr, cb):
     if tr and takes_narrow(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT,
                            tr):
         B, tr = _stored(B, tr & 2), 0  # the narrow path reads B plain (A is: takes_narrow)
-    if tr and takes_few(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT, tr):
-        A, tr = _stored(A, tr & 1), 0  # few_rows reads A plain (B is: see takes_few)
     if nthreads > 1 and C.size * k > DIRECT_PRODUCT:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with PoolWatch(), InParallel():

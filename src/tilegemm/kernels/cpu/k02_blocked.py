@@ -318,11 +318,12 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     if itemsize is not None and n <= narrow_columns(itemsize, vector_bits()) and not a_transposed:
         return (f"narrow product: rows split over {threads} thread(s), A and B read in "
                 "place, no packing")
-    if itemsize is not None and 2 <= m < FEW_ROWS and not b_transposed:
+    if itemsize is not None and 2 <= m < FEW_ROWS:
         where = ("on the calling thread" if k * n * itemsize <= FEW_SPLIT_BYTES
                  else f"columns split over {threads} thread(s)")
-        return (f"few rows: {where}, one tile of all the rows per few vectors of columns, "
-                "A and B read in place, no packing")
+        how = ("dot products of A's rows and B's columns (B given transposed) along K"
+               if b_transposed else "one tile of all the rows per few vectors of columns")
+        return f"few rows: {where}, {how}, A and B read in place, no packing"
     if params is not None and one_row_block(m, n, k, threads, params, itemsize, budget):
         why = (f" (more than MC={params['MC']} rows, but their block of A fits in L2 beside "
                "a chunk of B)" if m > params["MC"] else "")
