@@ -27,6 +27,21 @@ SHAPES = [(1, 1, 1, 1, 1), (2, 2, 3, 5, 7), (3, 1, 7, 3, 2), (1, 1, 8, 16, 16),
           (2, 1, 3, 1100, 20), (1, 1, 7, 130, 12)]  # few rows, wider than two vectors
 
 
+SENTINEL = -1234  # exact in every dtype tested
+
+
+def _c_in_sentinels(shape, dtype):
+    """(buffer, C): a C-contiguous C of ``shape`` inside a larger buffer whose 32 elements
+    before and after it hold ``SENTINEL`` (check them with :func:`_sentinels_kept`)."""
+    size = int(np.prod(shape))
+    buffer = np.full(size + 64, SENTINEL, dtype=dtype)
+    return buffer, buffer[32:32 + size].reshape(shape)
+
+
+def _sentinels_kept(buffer):
+    return (buffer[:32] == SENTINEL).all() and (buffer[-32:] == SENTINEL).all()
+
+
 def _operands(shape, dtype, seed):
     za, zb, m, n, k = shape
     a, b = random_operands((za, m, k), (zb, k, n), dtype, seed=seed)
@@ -66,9 +81,7 @@ def test_unpacked_tiles_write_c_and_nothing_around_it(dtype):
     dt = np.dtype(dtype)
     for seed, shape in enumerate(SHAPES):
         a, b, batch, m, n = _operands(shape, dtype, 100 + seed)
-        size = batch * m * n
-        buffer = np.full(size + 64, -1234.5, dtype=dt)
-        c = buffer[32:32 + size].reshape(batch, m, n)
+        buffer, c = _c_in_sentinels((batch, m, n), dt)
         c[...] = np.nan
         mod.direct(a, b, c, dt.type(1), dt.type(0), params["KC"], 0, batch, 0, m)
         assert_close(c, a, b, what=f"beta 0 {dtype} {shape}")
@@ -78,7 +91,7 @@ def test_unpacked_tiles_write_c_and_nothing_around_it(dtype):
         want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c0
         np.testing.assert_allclose(c, want, rtol=1e-4 if dt.itemsize == 4 else 1e-12,
                                    atol=1e-4 if dt.itemsize == 4 else 1e-12)
-        assert (buffer[:32] == -1234.5).all() and (buffer[32 + size:] == -1234.5).all()
+        assert _sentinels_kept(buffer)
 
 
 def test_a_part_of_the_batch_only():
@@ -272,15 +285,14 @@ def test_few_rows_writes_its_columns_and_nothing_else(dtype):
         width = int(mod.few_width(m, 0))
         a, b = random_operands((2, m, 70), (2, 70, 3 * width + 5), dtype, seed=m)
         n = b.shape[2]
-        buffer = np.full(2 * m * n + 64, -1234.5, dtype=dt)
-        c = buffer[32:32 + 2 * m * n].reshape(2, m, n)
+        buffer, c = _c_in_sentinels((2, m, n), dt)
         c[...] = np.nan
         j0, j1 = width, n - 3  # a whole tile in, a ragged end short of the last columns
         mod.few_rows(a, b, c, dt.type(1), dt.type(0), 16, 1, j0, j1, 0)
         assert_close(c[1][:, j0:j1], a[1], b[1][:, j0:j1], what=f"{dtype} m={m}")
         assert np.isnan(c[0]).all() and np.isnan(c[1][:, :j0]).all()
         assert np.isnan(c[1][:, j1:]).all(), f"{dtype} m={m}: wrote past column {j1}"
-        assert (buffer[:32] == -1234.5).all() and (buffer[32 + c.size:] == -1234.5).all()
+        assert _sentinels_kept(buffer)
 
 
 @pytest.mark.parametrize(("triple", "cpu", "features", "bits", "register"), TARGETS,
@@ -405,8 +417,7 @@ def test_dot_products_write_their_columns_and_nothing_else(dtype):
             n = 3 * DOT_GROUP + 5
             a, b = random_operands((2, m, k), (2, k, n), dtype, seed=m * k)
             w = np.ascontiguousarray(b.swapaxes(1, 2))
-            buffer = np.full(2 * m * n + 64, -1234, dtype=dt)
-            c = buffer[32:32 + 2 * m * n].reshape(2, m, n)
+            buffer, c = _c_in_sentinels((2, m, n), dt)
             c[...] = -99
             j0, j1 = DOT_GROUP, n - 3
             mod.few_rows(a, w, c, dt.type(1), dt.type(0), 16, 1, j0, j1, 2)
@@ -414,7 +425,7 @@ def test_dot_products_write_their_columns_and_nothing_else(dtype):
             np.testing.assert_allclose(c[1][:, j0:j1], want, rtol=1e-5, atol=1e-4 * k)
             assert (c[0] == -99).all() and (c[1][:, :j0] == -99).all()
             assert (c[1][:, j1:] == -99).all(), f"{dtype} m={m} k={k}: past column {j1}"
-            assert (buffer[:32] == -1234).all() and (buffer[32 + c.size:] == -1234).all()
+            assert _sentinels_kept(buffer)
 
 
 @pytest.mark.parametrize(("triple", "cpu", "features", "bits", "register"), TARGETS,

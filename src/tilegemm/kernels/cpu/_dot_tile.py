@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.kernels.cpu._small_tile import _masked
+from tilegemm.kernels.cpu._small_tile import _masked, counted_loop, tile_intrinsic, tile_module_ir
 from tilegemm.kernels.cpu._vector_tile import _Arithmetic, _splat
 
 
@@ -50,30 +50,9 @@ def dot_tile(rows: int, cols: int, lanes: int, dtype: np.dtype) -> Any:
     of A at element ``a0 + r*lda`` of A's data, row j of W at ``w0 + j*ldw``, C[r, j] at
     ``c0 + r*ldc + j`` (element offsets). ``mode`` 0: C is not read; otherwise ``+ bb*C``.
     """
-    from numba.core import types
-    from numba.extending import intrinsic
-
     dtype = np.dtype(dtype)
-
-    @intrinsic
-    def dtile(typingctx, k, a, a0, lda, w, w0, ldw, c, c0, ldc, nc, alpha, bb,  # noqa: ANN001, ANN202
-              mode):  # noqa: ANN001 - Numba's protocol
-        def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            ints = {0, 2, 3, 5, 6, 8, 9, 10, 13}
-            vals = [context.cast(builder, v, t, types.int64) if n in ints else v
-                    for n, (v, t) in enumerate(zip(args, signature.args, strict=True))]
-            ptrs = [context.make_array(signature.args[n])(context, builder, vals[n]).data
-                    for n in (1, 4, 7)]
-            scal = [context.cast(builder, vals[n], signature.args[n], signature.args[7].dtype)
-                    for n in (11, 12)]
-            emit_dot(builder, vals[0], ptrs[0], vals[2], vals[3], ptrs[1], vals[5], vals[6],
-                     ptrs[2], vals[8], vals[9], vals[10], scal[0], scal[1], vals[13], rows,
-                     cols, lanes, dtype)
-            return context.get_dummy_value()
-
-        return types.void(k, a, a0, lda, w, w0, ldw, c, c0, ldc, nc, alpha, bb, mode), codegen
-
-    return dtile
+    return tile_intrinsic(lambda builder, *operands: emit_dot(
+        builder, *operands, rows, cols, lanes, dtype))
 
 
 def emit_dot(builder: Any, k: Any, a_ptr: Any, a0: Any, lda: Any, w_ptr: Any, w0: Any,
@@ -110,31 +89,9 @@ def emit_dot(builder: Any, k: Any, a_ptr: Any, a0: Any, lda: Any, w_ptr: Any, w0
         return [arith.muladd(builder, av[r], wv[j], acc[r * cols + j])
                 for r in range(rows) for j in range(cols)]
 
-    fn = builder.function
-    entry = builder.basic_block
-    loop = fn.append_basic_block("dot.k")
-    after = fn.append_basic_block("dot.tail")
-    builder.cbranch(builder.icmp_signed(">", nfull, i64(0)), loop, after)
-    builder.position_at_end(loop)
-    q = builder.phi(i64)
-    acc_in = [builder.phi(vec) for _ in range(rows * cols)]
-    acc = step(builder.mul(q, i64(lanes)), acc_in)
-    q_next = builder.add(q, i64(1))
-    loop_end = builder.basic_block
-    builder.cbranch(builder.icmp_signed("<", q_next, nfull), loop, after)
-    q.add_incoming(i64(0), entry)
-    q.add_incoming(q_next, loop_end)
-    for phi, value in zip(acc_in, acc, strict=True):
-        phi.add_incoming(arith.zeros, entry)
-        phi.add_incoming(value, loop_end)
-
-    builder.position_at_end(after)
-    sums = []
-    for value in acc:
-        phi = builder.phi(vec)
-        phi.add_incoming(arith.zeros, entry)
-        phi.add_incoming(value, loop_end)
-        sums.append(phi)
+    sums = counted_loop(builder, nfull, [arith.zeros] * (rows * cols),
+                        lambda q, acc: step(builder.mul(q, i64(lanes)), acc))
+    after = builder.basic_block
     rem = builder.sub(k, tail_at)
     ivec = ir.VectorType(i64, lanes)
     mask = builder.icmp_signed("<", ir.Constant(ivec, list(range(lanes))),
@@ -212,26 +169,9 @@ def _reduce(builder: Any, v: Any, arith: _Arithmetic) -> Any:
 
 
 def module_ir(rows: int, cols: int, lanes: int, dtype: np.dtype, triple: str = "") -> str:
-    """LLVM IR of a module holding one tile alone, as ``void @dtile(i64 k, T* a, i64 lda,
-    T* w, i64 ldw, T* c, i64 ldc, i64 nc, T alpha, T bb, i64 mode)`` (``noalias`` pointers),
-    built by :func:`emit_dot` as the rung builds it: its machine code for any CPU LLVM
-    knows, on any host (the tests read it)."""
-    from llvmlite import ir
-
+    """LLVM IR of a module holding one tile alone, ``@dtile`` (see
+    ``_small_tile.tile_module_ir``), built by :func:`emit_dot` as the rung builds it."""
     dtype = np.dtype(dtype)
-    scalar = _Arithmetic(dtype, 1).scalar
-    ptr, i64 = scalar.as_pointer(), ir.IntType(64)
-    module = ir.Module(name=f"dtile_{rows}x{cols}x{lanes}_{dtype.name}")
-    module.triple = triple
-    fnty = ir.FunctionType(ir.VoidType(), [i64, ptr, i64, ptr, i64, ptr, i64, i64, scalar,
-                                           scalar, i64])
-    fn = ir.Function(module, fnty, "dtile")
-    for n in (1, 3, 5):
-        fn.args[n].add_attribute("noalias")
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    k, a, lda, w, ldw, c, ldc, nc, alpha, bb, mode = fn.args
-    zero = i64(0)
-    emit_dot(builder, k, a, zero, lda, w, zero, ldw, c, zero, ldc, nc, alpha, bb, mode,
-             rows, cols, lanes, dtype)
-    builder.ret_void()
-    return str(module)
+    return tile_module_ir(f"dtile_{rows}x{cols}x{lanes}", dtype, triple,
+                          lambda builder, *operands: emit_dot(
+                              builder, *operands, rows, cols, lanes, dtype))

@@ -97,33 +97,102 @@ def small_tile(rows: int, lanes: int, dtype: np.dtype, vectors: int = 1,
     ``C = alpha*acc + bb*C``. ``prefetch``: at each K step, ask for the cache lines of the
     next ``vectors*lanes`` columns of B's row (the next tile's, in a walk along the row);
     a prefetch never faults, past the end of B included."""
-    from numba.core import types
-    from numba.extending import intrinsic
-
     dtype = np.dtype(dtype)
     if not applies(dtype):
         raise ValueError(f"no small-product tile for {dtype}")
+    return tile_intrinsic(lambda builder, *operands: emit_small(
+        builder, *operands, rows, lanes, dtype, vectors, prefetch))
+
+
+def tile_intrinsic(emit: Any) -> Any:
+    """A Numba intrinsic ``tile(k, A, a0, lda, B, b0, ldb, C, c0, ldc, w, alpha, bb, mode)``
+    whose code is ``emit(builder, k, a_ptr, a0, lda, b_ptr, b0, ldb, c_ptr, c0, ldc, w,
+    alpha, bb, mode)``: integers as i64, the arrays as pointers to their first element,
+    ``alpha`` and ``bb`` in C's dtype (the calling convention of this module's tiles and
+    ``_dot_tile``'s)."""
+    from numba.core import types
+    from numba.extending import intrinsic
 
     @intrinsic
-    def stile(typingctx, kc, a, a0, lda, b, b0, ldb, c, c0, ldc, w, alpha, bb,  # noqa: ANN001, ANN202
-              mode):  # noqa: ANN001 - Numba's protocol
+    def tile(typingctx, k, a, a0, lda, b, b0, ldb, c, c0, ldc, w, alpha, bb,  # noqa: ANN001, ANN202
+             mode):  # noqa: ANN001 - Numba's protocol
         def codegen(context, builder, signature, args):  # noqa: ANN001, ANN202
-            ints = {0, 2, 3, 5, 6, 8, 9, 10, 13}  # kc, a0, lda, b0, ldb, c0, ldc, w, mode
+            ints = {0, 2, 3, 5, 6, 8, 9, 10, 13}  # k, a0, lda, b0, ldb, c0, ldc, w, mode
             vals = [context.cast(builder, v, t, types.int64) if n in ints else v
                     for n, (v, t) in enumerate(zip(args, signature.args, strict=True))]
-            ptrs = [context.make_array(signature.args[n])(context, builder, vals[n]).data
-                    for n in (1, 4, 7)]
-            scal = [context.cast(builder, vals[n], signature.args[n], signature.args[7].dtype)
-                    for n in (11, 12)]
-            emit_small(builder, vals[0], ptrs[0], vals[2], vals[3], ptrs[1], vals[5], vals[6],
-                       ptrs[2], vals[8], vals[9], vals[10], scal[0], scal[1], vals[13],
-                       rows, lanes, dtype, vectors, prefetch)
+            for n in (1, 4, 7):
+                vals[n] = context.make_array(signature.args[n])(context, builder,
+                                                                vals[n]).data
+            for n in (11, 12):
+                vals[n] = context.cast(builder, vals[n], signature.args[n],
+                                       signature.args[7].dtype)
+            emit(builder, *vals)
             return context.get_dummy_value()
 
-        sig = types.void(kc, a, a0, lda, b, b0, ldb, c, c0, ldc, w, alpha, bb, mode)
+        sig = types.void(k, a, a0, lda, b, b0, ldb, c, c0, ldc, w, alpha, bb, mode)
         return sig, codegen
 
-    return stile
+    return tile
+
+
+def tile_module_ir(name: str, dtype: np.dtype, triple: str, emit: Any) -> str:
+    """LLVM IR of a module holding one tile alone, as ``void @<name>(i64 k, T* a, i64 lda,
+    T* b, i64 ldb, T* c, i64 ldc, i64 w, T alpha, T bb, i64 mode)`` (``noalias`` pointers
+    to the first element of each operand, offsets 0), built by ``emit`` (as for
+    :func:`tile_intrinsic`) as the rung builds it: its machine code for any CPU LLVM knows,
+    on any host (the tests read it)."""
+    from llvmlite import ir
+
+    dtype = np.dtype(dtype)
+    scalar = _Arithmetic(dtype, 1).scalar
+    ptr, i64 = scalar.as_pointer(), ir.IntType(64)
+    module = ir.Module(name=f"{name}_{dtype.name}")
+    module.triple = triple
+    fnty = ir.FunctionType(ir.VoidType(), [i64, ptr, i64, ptr, i64, ptr, i64, i64, scalar,
+                                           scalar, i64])
+    fn = ir.Function(module, fnty, name)
+    for n in (1, 3, 5):
+        fn.args[n].add_attribute("noalias")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    k, a, lda, b, ldb, c, ldc, w, alpha, bb, mode = fn.args
+    zero = i64(0)
+    emit(builder, k, a, zero, lda, b, zero, ldb, c, zero, ldc, w, alpha, bb, mode)
+    builder.ret_void()
+    return str(module)
+
+
+def counted_loop(builder: Any, count: Any, init: list[Any], body: Any) -> list[Any]:
+    """Emit ``for i in range(count): acc = body(i, acc)`` (``count`` an i64, skipped when
+    not positive) with the accumulators carried in registers (phis), ``acc`` starting at
+    ``init``; returns their values after the loop, at the builder's new position."""
+    from llvmlite import ir
+
+    i64 = ir.IntType(64)
+    fn = builder.function
+    entry = builder.basic_block
+    loop = fn.append_basic_block("tile.k")
+    done = fn.append_basic_block("tile.done")
+    builder.cbranch(builder.icmp_signed(">", count, i64(0)), loop, done)
+    builder.position_at_end(loop)
+    i = builder.phi(i64)
+    acc_in = [builder.phi(v.type) for v in init]
+    acc = body(i, acc_in)
+    i_next = builder.add(i, i64(1))
+    loop_end = builder.basic_block
+    builder.cbranch(builder.icmp_signed("<", i_next, count), loop, done)
+    i.add_incoming(i64(0), entry)
+    i.add_incoming(i_next, loop_end)
+    for phi, start, value in zip(acc_in, init, acc, strict=True):
+        phi.add_incoming(start, entry)
+        phi.add_incoming(value, loop_end)
+    builder.position_at_end(done)
+    final = []
+    for start, value in zip(init, acc, strict=True):
+        phi = builder.phi(start.type)
+        phi.add_incoming(start, entry)
+        phi.add_incoming(value, loop_end)
+        final.append(phi)
+    return final
 
 
 def _masked(builder: Any, op: str, vec: Any) -> Any:
@@ -168,46 +237,25 @@ def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any,
               for r in range(rows)]
     tiles = [(r, v) for r in range(rows) for v in range(vectors)]
 
-    fn = builder.function
-    entry = builder.basic_block
-    loop = fn.append_basic_block("small.k")
-    done = fn.append_basic_block("small.store")
-    builder.cbranch(builder.icmp_signed(">", kc, i64(0)), loop, done)
+    def step(p: Any, acc_in: list[Any]) -> list[Any]:
+        b_at = builder.gep(b_ptr, [builder.add(b0, builder.mul(p, ldb))], inbounds=True)
+        bv = [builder.call(load_v, [builder.bitcast(builder.gep(b_at, [i64(v * lanes)],
+                                                                inbounds=True), vptr),
+                                    align, masks[v], arith.zeros]) for v in range(vectors)]
+        if prefetch:  # the next tile's lines of this row (GEPs not inbounds: may pass B's end)
+            ahead = builder.bitcast(builder.gep(b_at, [i64(vectors * lanes)]),
+                                    ir.IntType(8).as_pointer())
+            for off in range(0, vectors * lanes * dtype.itemsize, 64):
+                emit_prefetch(builder, builder.gep(ahead, [i64(off)]))
+        acc = []
+        for r in range(rows):
+            a = builder.load(builder.gep(a_rows[r], [p], inbounds=True), align=dtype.itemsize)
+            av = _splat(builder, vec, a)
+            for v in range(vectors):
+                acc.append(arith.muladd(builder, av, bv[v], acc_in[r * vectors + v]))
+        return acc
 
-    builder.position_at_end(loop)
-    p = builder.phi(i64)
-    acc_in = [builder.phi(vec) for _ in tiles]
-    b_at = builder.gep(b_ptr, [builder.add(b0, builder.mul(p, ldb))], inbounds=True)
-    bv = [builder.call(load_v, [builder.bitcast(builder.gep(b_at, [i64(v * lanes)],
-                                                            inbounds=True), vptr),
-                                align, masks[v], arith.zeros]) for v in range(vectors)]
-    if prefetch:  # the next tile's lines of this row (GEPs not inbounds: may pass B's end)
-        ahead = builder.bitcast(builder.gep(b_at, [i64(vectors * lanes)]),
-                                ir.IntType(8).as_pointer())
-        for off in range(0, vectors * lanes * dtype.itemsize, 64):
-            emit_prefetch(builder, builder.gep(ahead, [i64(off)]))
-    acc = []
-    for r in range(rows):
-        a = builder.load(builder.gep(a_rows[r], [p], inbounds=True), align=dtype.itemsize)
-        av = _splat(builder, vec, a)
-        for v in range(vectors):
-            acc.append(arith.muladd(builder, av, bv[v], acc_in[r * vectors + v]))
-    p_next = builder.add(p, i64(1))
-    loop_end = builder.basic_block
-    builder.cbranch(builder.icmp_signed("<", p_next, kc), loop, done)
-    p.add_incoming(i64(0), entry)
-    p.add_incoming(p_next, loop_end)
-    for phi, value in zip(acc_in, acc, strict=True):
-        phi.add_incoming(arith.zeros, entry)
-        phi.add_incoming(value, loop_end)
-
-    builder.position_at_end(done)
-    final = []
-    for value in acc:
-        phi = builder.phi(vec)
-        phi.add_incoming(arith.zeros, entry)
-        phi.add_incoming(value, loop_end)
-        final.append(phi)
+    final = counted_loop(builder, kc, [arith.zeros] * len(tiles), step)
     va = _splat(builder, vec, alpha)
     vb = _splat(builder, vec, bb)
     c_at = [builder.bitcast(builder.gep(c_ptr, [builder.add(c0, builder.add(
@@ -227,26 +275,9 @@ def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any,
 
 def module_ir(rows: int, lanes: int, dtype: np.dtype, triple: str = "", vectors: int = 1,
               prefetch: bool = False) -> str:
-    """LLVM IR of a module holding one tile alone, as ``void @stile(i64 kc, T* a, i64 lda,
-    T* b, i64 ldb, T* c, i64 ldc, i64 w, T alpha, T bb, i64 mode)`` (``noalias`` pointers
-    to the first element of each operand), built by :func:`emit_small` as the rung builds
-    it: its machine code for any CPU LLVM knows, on any host (the tests read it)."""
-    from llvmlite import ir
-
+    """LLVM IR of a module holding one tile alone, ``@stile`` (see :func:`tile_module_ir`),
+    built by :func:`emit_small` as the rung builds it."""
     dtype = np.dtype(dtype)
-    scalar = _Arithmetic(dtype, 1).scalar
-    ptr, i64 = scalar.as_pointer(), ir.IntType(64)
-    module = ir.Module(name=f"stile_{rows}x{lanes}_{dtype.name}")
-    module.triple = triple
-    fnty = ir.FunctionType(ir.VoidType(), [i64, ptr, i64, ptr, i64, ptr, i64, i64, scalar,
-                                           scalar, i64])
-    fn = ir.Function(module, fnty, "stile")
-    for n in (1, 3, 5):
-        fn.args[n].add_attribute("noalias")
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    kc, a, lda, b, ldb, c, ldc, w, alpha, bb, mode = fn.args
-    zero = i64(0)
-    emit_small(builder, kc, a, zero, lda, b, zero, ldb, c, zero, ldc, w, alpha, bb, mode,
-               rows, lanes, dtype, vectors, prefetch)
-    builder.ret_void()
-    return str(module)
+    return tile_module_ir(f"stile_{rows}x{lanes}", dtype, triple,
+                          lambda builder, *operands: emit_small(
+                              builder, *operands, rows, lanes, dtype, vectors, prefetch))
