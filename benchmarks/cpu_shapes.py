@@ -1,7 +1,7 @@
 """``tilegemm.matmul`` against ``np.matmul`` on the shapes and layouts users pass, not only
 large squares: mid sizes, sizes that are no power of two, skinny products, vector-matrix
 products, transposed and Fortran-ordered operands, batches of small products, products of
-a few rows.
+a few rows, products of 8-16 rows.
 
 Usage (from the repository root; take the machine for yourself while it runs)::
 
@@ -52,6 +52,11 @@ CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str]] = [
     ("gemv", "4096×1×4096", (4096, 4096), (4096, 1), "c"),
     ("gemv", "vector @ matrix (4096)", (4096,), (4096, 4096), "c"),
     ("gemv", "matrix @ vector (4096)", (4096, 4096), (4096,), "c"),
+    ("gemv", "1×1024×1024", (1, 1024), (1024, 1024), "c"),
+    ("gemv", "1024×1×1024", (1024, 1024), (1024, 1), "c"),
+    ("gemv", "x @ w.T 1×1024×1024", (1, 1024), (1024, 1024), "bt"),
+    ("gemv", "x @ w.T 1×512×2048", (1, 2048), (2048, 512), "bt"),
+    ("gemv", "1000×1×999", (1000, 999), (999, 1), "c"),
     ("layout", "a.T @ b 1024³", (1024, 1024), (1024, 1024), "at"),
     ("layout", "a @ b.T 1024³", (1024, 1024), (1024, 1024), "bt"),
     ("layout", "Fortran order 1024³", (1024, 1024), (1024, 1024), "f"),
@@ -76,6 +81,13 @@ CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str]] = [
     ("few", "x @ w.T 4×1024×1024", (4, 1024), (1024, 1024), "bt"),
     ("few", "x @ w.T 4×4096×4096", (4, 4096), (4096, 4096), "bt"),
     ("few", "x @ w.T 7×512×2048", (7, 2048), (2048, 512), "bt"),
+    ("rows", "8×1024×1024", (8, 1024), (1024, 1024), "c"),
+    ("rows", "12×1024×1024", (12, 1024), (1024, 1024), "c"),
+    ("rows", "15×999×1000", (15, 1000), (1000, 999), "c"),
+    ("rows", "16×1024×1024", (16, 1024), (1024, 1024), "c"),
+    ("rows", "12×4096×4096", (12, 4096), (4096, 4096), "c"),
+    ("rows", "x @ w.T 8×1024×1024", (8, 1024), (1024, 1024), "bt"),
+    ("rows", "x @ w.T 12×4096×4096", (12, 4096), (4096, 4096), "bt"),
 ]
 
 

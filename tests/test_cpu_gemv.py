@@ -126,13 +126,60 @@ def test_forked_child_path_computes_the_same(dtype, monkeypatch):
             assert_close(got, a, b)
 
 
-def test_dot_rows_source_sums_in_a_fixed_lane_order():
-    src = k02_blocked.dot_rows_source(4)
-    assert src.count("+= row[p + uint64(") == 4
-    assert [ln.strip() for ln in src.splitlines() if ln.strip().startswith("t += s")] == [
-        "t += s0", "t += s1", "t += s2", "t += s3"]
-    assert k02_blocked.dot_lanes(np.float32, 512) == 64
-    assert k02_blocked.dot_lanes(np.float64, None) == 16
+@pytest.mark.parametrize("dtype", ("float32", "float64"))
+def test_matrix_vector_rows_are_the_rows_of_a_few_rows_times_the_matrix(dtype):
+    """``W @ x``, ``x @ W.T`` (one row) and row 0 of ``X @ W.T`` (a few rows, X[0] = x) take
+    the same dot-product tile along K: the same bits, whatever the K tail (1001 is no
+    multiple of a vector) and the number of rows of W (not a multiple of the tile's)."""
+    rng = np.random.default_rng(11)
+    n, k = 77, 1001
+    w = rng.standard_normal((n, k)).astype(dtype)
+    xs = rng.standard_normal((3, k)).astype(dtype)
+    one = matmul(xs[:1], w.T)
+    np.testing.assert_array_equal(one[0], matmul(xs[:3], w.T)[0])
+    np.testing.assert_array_equal(one[0], matmul(w, xs[0]))
+    assert_close(one, xs[:1], w.T)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "int64"))
+def test_matrix_vector_chunks_give_the_same_bits(dtype):
+    """The threads split A @ x into ranges of rows (``gemv_part``'s chunks), at rows that
+    are no multiple of the tile's: each row comes out the same as on one thread."""
+    mod = module(dtype)
+    a, x = random_operands((203, 517), (517, 1), dtype)
+    one, zero = np.dtype(dtype).type(1), np.dtype(dtype).type(0)
+    whole = np.full((203, 1), -7, dtype)
+    mod.gemv_part(a, x, whole, one, zero, 0, 1, 512)
+    for chunks in (2, 3, 7):
+        parts = np.full((203, 1), -7, dtype)
+        for c in range(chunks):
+            mod.gemv_part(a, x, parts, one, zero, c, chunks, 512)
+        np.testing.assert_array_equal(parts, whole)
+    if dtype == "int64":
+        np.testing.assert_array_equal(whole, a @ x)
+    else:
+        assert_close(whole, a, x)
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float64"))
+def test_a_vector_product_beyond_the_cache_share_takes_the_threads(dtype, monkeypatch):
+    """A product of one row or one column leaves the calling thread once its matrix passes
+    ``VECTOR_DIRECT`` multiply-adds (a share of this CPU's L2), well below the limit for
+    other products; below it, it stays there (no thread pool)."""
+    mod = module(dtype)
+    assert mod.VECTOR_DIRECT < mod.DIRECT_PRODUCT
+    calls = []
+    original = mod.gemv_threads
+    monkeypatch.setattr(mod, "gemv_threads", lambda *a: (calls.append(1), original(*a)))
+    k = 301
+    for n, takes in ((mod.VECTOR_DIRECT // k + 1, True), (mod.VECTOR_DIRECT // k, False)):
+        for sa, sb in (((1, k), (k, n)), ((n, k), (k, 1))):
+            calls.clear()
+            a, b = random_operands(sa, sb, dtype)
+            assert_close(matmul(a, b), a, b)
+            assert bool(calls) is takes, (sa, sb)
+            planned = tilegemm.plan(a, b, kernel="blocked", backend="cpu").path
+            assert ("one row or column" in planned) is takes, planned
 
 
 def test_long_vector_products_sum_k_in_panels_as_the_packed_path_does():

@@ -40,7 +40,7 @@ from tilegemm.kernels.cpu._threads import (
 )
 from tilegemm.kernels.cpu._vector_tile import tile_loop, tile_store
 from tilegemm.kernels.cpu._workspace import workspace
-from tilegemm.kernels.cpu.k02_blocked import b_chunk_bytes, l2_budget
+from tilegemm.kernels.cpu.k02_blocked import b_chunk_bytes, l2_budget, vector_direct_bytes
 
 # @header (replaced for each parameter set; these values only make the template importable)
 MR, NR = 16, 8
@@ -84,6 +84,9 @@ a1, a2, a3, a4 = nbt[::1], nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
 # Scratch arrays start on 64-byte boundaries of the workspace (in elements).
 ALIGN = max(1, 64 // _dt.itemsize)
 ITEMSIZE = _dt.itemsize
+# Products of one row or one column run on the calling thread up to this many multiply-adds
+# (and DIRECT_PRODUCT): their matrix in this CPU's L2 (see k02_blocked.VECTOR_L2_SHARE).
+VECTOR_DIRECT = vector_direct_bytes() // ITEMSIZE
 prefetch_w = prefetch_write()
 # The micro-kernel's K loop, as explicit vector code (see _vector_tile) ...
 kloop = tile_loop(MR, NR, _dt, VECTOR_BITS, K_UNROLL)
@@ -514,21 +517,6 @@ def products_serial(A, B, C, alpha, beta, z0, z1, tr, cb):
 GEMV_ROWS = 8  # rows of B combined per pass over y in the vector-matrix form
 
 
-# @dot (replaced by the generated dot products, ``k02_blocked.dot_rows_source``)
-def dot_rows(A, x, C, i0, i1, alpha, beta):
-    for i in range(i0, i1):
-        t = zero
-        for p in range(A.shape[1]):
-            t += A[i, p] * x[p]
-        C[i, 0] = alpha * t if beta == zero else alpha * t + beta * C[i, 0]
-# @end-dot
-
-
-# its named partial sums become vectors under the SLP vectoriser
-dot_rows = when_called(numba.void(ro2, ro1, a2, i8, i8, nbt, nbt), settings=(slp_enabled,),
-                       **FLAGS)(dot_rows)
-
-
 @when_called(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8, i8), **FLAGS)
 def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
     """Chunk ``c`` of ``nchunks`` of a product with M == 1 or N == 1 (2-D operands).
@@ -536,8 +524,10 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
     M == 1, ``y = x @ B``: chunk c is a range of columns of y; each column is the same
     K-ordered sum as in the packed path (``GEMV_ROWS`` rows of B are folded into a column's
     running sum per pass, in order, so y is read and written once per ``GEMV_ROWS`` rows
-    rather than once per row). N == 1, ``y = A @ x``: chunk c is a range of rows of A,
-    ``dot_rows`` (generated, see ``k02_blocked.dot_rows_source``).
+    rather than once per row). N == 1, ``y = A @ x``: chunk c is a range of rows of A, each
+    element a dot product along K taken by the one-row dot tile (``_dot_tile``: x against
+    ``DC1`` rows of A at a time, lane sums added in a fixed tree), the same sums for a row
+    whatever the chunks, and the same as a row of ``x @ W.T`` with a few rows of x.
     """
     m, n, k = C.shape[0], C.shape[1], A.shape[1]
     if m == 1:
@@ -575,8 +565,10 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
                     acc[j] += a * row[j]
             fold(y, acc, j0, j1, alpha, beta, pc == 0)
     else:
-        x = B.reshape(k)  # (K, 1), C-contiguous: a vector
-        dot_rows(A, x, C, c * m // nchunks, (c + 1) * m // nchunks, alpha, beta)
+        i0, i1 = c * m // nchunks, (c + 1) * m // nchunks
+        mode = 0 if beta == zero else 1
+        for i in range(i0, i1, DC1):
+            dtile1(k, B, 0, k, A, i * k, k, C, i, 1, min(DC1, i1 - i), alpha, beta, mode)
 
 
 call_gemv_part = called_by_name(gemv_part)
@@ -923,26 +915,27 @@ def blocked(A, B, C, alpha, beta, tr, cb):
     sent to ``small`` before this, by the bound program (``bind``).
     """
     A, B, C, tr = _plain_unless_packed(A, B, C, tr)
-    if C.size * (A.shape[1] if tr & 1 else A.shape[2]) <= DIRECT_PRODUCT:
+    k = A.shape[1] if tr & 1 else A.shape[2]
+    direct = (DIRECT_PRODUCT if C.shape[1] != 1 and C.shape[2] != 1
+              else min(DIRECT_PRODUCT, VECTOR_DIRECT))
+    if C.size * k <= direct:
         small(A, B, C, alpha, beta, 0, C.shape[0], tr, cb)  # small, given transposed
         return
     if parallel_unsafe():  # a forked child where a parallel region would be killed
         blocked_serial(A, B, C, alpha, beta, tr, cb)
         return
     nthreads = pool_threads()  # the first starts Numba's pool, where tilegemm sees it
-    k = A.shape[1] if tr & 1 else A.shape[2]
-    if tr and takes_narrow(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT,
-                           tr):
+    if tr and takes_narrow(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct, tr):
         B, tr = _stored(B, tr & 2), 0  # the narrow path reads B plain (A is: takes_narrow)
-    if nthreads > 1 and C.size * k > DIRECT_PRODUCT:  # a parallel region runs
+    if nthreads > 1:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with PoolWatch(), InParallel():
-        if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, DIRECT_PRODUCT):
+        if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, direct):
             gemv_threads(A, B, C, alpha, beta, nthreads, cb[1])
         else:
-            size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, DIRECT_PRODUCT,
+            size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct,
                           B_CHUNK_BYTES, L2_BUDGET, cb, tr)[7]
-            blocked_threads(A, B, C, alpha, beta, nthreads, DIRECT_PRODUCT,
+            blocked_threads(A, B, C, alpha, beta, nthreads, direct,
                             workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES,
                             L2_BUDGET, cb)
 
@@ -959,9 +952,12 @@ def bind(mc, kc, nc):
     cb = (int(mc), int(kc), int(nc))
 
     def run(A, B, C, alpha, beta, tr=0):
-        if tr == 0 and C.size * A.shape[2] <= DIRECT_PRODUCT:
+        size = C.size * A.shape[2]
+        if tr == 0 and size <= DIRECT_PRODUCT and (
+                size <= VECTOR_DIRECT or C.shape[1] != 1 and C.shape[2] != 1):
             # Small products straight to the calling thread's code: one compiled call, no
             # thread pool (the checks in blocked cost a tiny product about half its time).
+            # Larger products of one row or one column go on, to the threads (see blocked).
             small(A, B, C, alpha, beta, 0, C.shape[0], 0, cb)
             return
         blocked(A, B, C, alpha, beta, tr, cb)
@@ -1015,7 +1011,7 @@ def takes_gemv(batch, m, n, k, direct_max):
 # cache), and those that Python calls: a warm cache loads only these, the first at import
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
-            few_rows, few_width, direct, products_serial, dot_rows, gemv_part, small,
+            few_rows, few_width, direct, products_serial, gemv_part, small,
             run_parallel, splits_batch, takes_narrow, takes_few, layout, blocked_threads,
             gemv_threads, takes_gemv)
 CALLED_FROM_PYTHON = (takes_gemv, takes_narrow, takes_few, layout, small, blocked_threads,

@@ -14,9 +14,13 @@ front to back, which the hardware prefetcher follows.
 
 The sums are not the packed path's: each element sums K in ``lanes`` interleaved partial
 sums (element p goes to lane p mod ``lanes``; the last vector masked to the K that exists)
-then adds the lanes in a fixed tree, as the matrix-vector path (``dot_rows``) does. A float
-result can differ from the plain-layout product's in the last bits; it is the same on
-every call. Integers wrap as NumPy's do, exactly.
+then adds the lanes in a fixed tree. A float result can differ from the plain-layout
+product's in the last bits; it is the same on every call. Integers wrap as NumPy's do,
+exactly.
+
+The one-row tile also computes matrix-vector products (``A @ x``, and ``x @ W.T`` for one
+row x): x against ``cols`` rows of the matrix at a time, so a row of ``x @ W.T`` has the
+same bits whether x has one row or a few.
 """
 
 from __future__ import annotations

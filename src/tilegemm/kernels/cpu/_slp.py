@@ -1,10 +1,9 @@
 """Code-generation switches for one Numba compilation: the SLP vectoriser, vector width.
 
 Numba disables the superword-level-parallelism vectoriser by default
-(``NUMBA_SLP_VECTORIZE=0``), but the blocked rung's matrix-vector products are written as
-named partial sums (``dot_rows``) that depend on exactly that pass to pack them into vector
-registers. (The micro-kernel, once MR×NR named scalars for it to pack, is explicit vector
-code now, see ``_vector_tile``, and still compiles with the pass on.) Numba reads
+(``NUMBA_SLP_VECTORIZE=0``). The blocked rung's micro-kernel, once MR×NR named scalars for
+that pass to pack into vector registers, is explicit vector code now (see ``_vector_tile``)
+and still compiles with the pass on. Numba reads
 ``config.SLP_VECTORIZE`` when it builds the pass pipeline for a library, so setting it while
 one function compiles (eagerly, with an explicit signature) affects that function only; the
 compiled code keeps its vector instructions when later linked into callers.

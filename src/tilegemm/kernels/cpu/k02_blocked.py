@@ -45,6 +45,14 @@ SMALL_PRODUCT = 96 * 96 * 96
 # the second core buys (measured crossover on a 2-vCPU AMD Zen 5: 128³-160³ float32,
 # 112³-128³ float64; see docs/cpu.md).
 DIRECT_PRODUCT = 112 * 112 * 112
+# Products of one row or one column (matrix-vector, vector-matrix) are bound by reading the
+# matrix, not by arithmetic: one core does so fast while the matrix fits in its L2, and from
+# further out two cores read faster, which pays for waking the pool well below
+# DIRECT_PRODUCT. They run on the calling thread only while the matrix takes at most this
+# share of this CPU's L2 (``vector_direct_bytes``). µs per A @ x on one thread / two, a
+# 2-vCPU AMD Zen 5 (1 MiB of L2): float32 384² (576 KiB) 4.3 / 5.8, 512² (1 MiB) 9.8 / 6.9,
+# 1024² 49 / 27; float64 256² (512 KiB) 3.7 / 5.5, 384² (1.1 MiB) 11.1 / 7.4.
+VECTOR_L2_SHARE = 0.75
 # Products up to this size also run one per thread when the batch has at least
 # BATCH_SPLIT_MIN products per thread: no synchronisation per product (float32 on a 2-vCPU
 # AMD Zen 5: 32 × 128³ 0.83 → 3.0× NumPy's time, 16 × 192³ 0.81 → 2.0×, 4 × 256³ 0.95 →
@@ -87,46 +95,6 @@ def micro_kernel_source() -> str:
         "    elif mode == 2:\n"
         "        tstore_c(T, C, i, j, alpha, bb)\n"
     )
-
-
-def dot_rows_source(lanes: int) -> str:
-    """Python source of ``dot_rows(A, x, C, i0, i1, alpha, beta)``: ``C[i, 0] = alpha *
-    dot(A[i], x) (+ beta * C[i, 0])`` for rows i0..i1, the matrix-vector products.
-
-    A dot product is a reduction, which LLVM vectorises only if it may reorder the
-    additions (the rung allows FMA contraction and nothing else). So the order is chosen
-    here: ``lanes`` named partial sums, sum q taking the products q, q + lanes, q +
-    2·lanes..., then added up in order q = 0, 1, ... and the remainder after them. The
-    SLP vectoriser packs the named sums into vector registers (four at the widths the
-    database uses: ``lanes`` = 4 × elements per vector). Not the packed path's order, so
-    a float result may differ from ``kernel="blocked"`` on a wider product in the last
-    bits; the same on every call. Integer sums are exact in any order. The loop runs over
-    an unsigned index, as the micro-kernel's, so no negative-index wraparound is emitted.
-    """
-    acc = [f"s{q}" for q in range(lanes)]
-    lines = ["def dot_rows(A, x, C, i0, i1, alpha, beta):",
-             "    k = A.shape[1]",
-             f"    nmain = uint64(k // {lanes})",
-             "    for i in range(i0, i1):",
-             "        row = A[i]",
-             "        " + " = ".join(acc) + " = zero",
-             "        for q0 in range(nmain):",
-             f"            p = q0 * uint64({lanes})"]
-    lines += [f"            s{q} += row[p + uint64({q})] * x[p + uint64({q})]"
-              for q in range(lanes)]
-    lines.append("        t = zero")
-    lines += [f"        t += s{q}" for q in range(lanes)]
-    lines += [f"        for p in range(nmain * uint64({lanes}), uint64(k)):",
-              "            t += row[p] * x[p]",
-              "        v = alpha * t",
-              "        C[i, 0] = v if beta == zero else v + beta * C[i, 0]"]
-    return "\n".join(lines) + "\n"
-
-
-def dot_lanes(dtype: np.dtype, bits: int | None) -> int:
-    """Partial sums of ``dot_rows``: four vectors' worth at the width the code is built
-    for (256 bits where LLVM chooses)."""
-    return 4 * max(1, (bits or 256) // (8 * np.dtype(dtype).itemsize))
 
 
 def jit_flags(dtype: np.dtype) -> dict[str, Any]:
@@ -199,8 +167,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
          "BATCH_PRODUCT": BATCH_PRODUCT, "BATCH_SPLIT_MIN": BATCH_SPLIT_MIN,
          "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL,
          "ONE_BLOCK_TASK_COLUMNS": ONE_BLOCK_TASK_COLUMNS},
-        {"ukernel": micro_kernel_source(),
-         "dot": dot_rows_source(dot_lanes(dtype, bits))},
+        {"ukernel": micro_kernel_source()},
     )
     # compiled (or loaded from the cache) with full-width vectors; loading may start
     # Numba's thread pool, whose threads are then placed before each product (_threads)
@@ -249,6 +216,23 @@ def b_chunk_bytes() -> int:
 
     l2 = l2_cache_bytes()
     return B_CHUNK_MAX if l2 is None else min(B_CHUNK_MAX, l2 // 2)
+
+
+def vector_direct_bytes() -> int:
+    """The largest matrix (in bytes) a product of one row or one column reads on the calling
+    thread: ``VECTOR_L2_SHARE`` of this CPU's L2, or of 1 MiB where the size is unknown."""
+    from tilegemm.backends.cpu import l2_cache_bytes
+
+    return int((l2_cache_bytes() or 1024 * 1024) * VECTOR_L2_SHARE)
+
+
+def direct_limit(m: int, n: int, itemsize: int) -> int:
+    """Multiply-adds up to which a product of ``m`` × ``n`` runs on the calling thread:
+    ``DIRECT_PRODUCT``, less for products of one row or one column (see
+    ``VECTOR_L2_SHARE``). The generated module's ``blocked`` decides the same way."""
+    if m != 1 and n != 1:
+        return DIRECT_PRODUCT
+    return min(DIRECT_PRODUCT, vector_direct_bytes() // itemsize)
 
 
 def l2_budget() -> int:
@@ -308,7 +292,8 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     size = m * n * k
     if k == 0:
         return "no K: beta·C (or zeros), on the calling thread"
-    if batch * size <= DIRECT_PRODUCT:
+    direct = DIRECT_PRODUCT if itemsize is None else direct_limit(m, n, itemsize)
+    if batch * size <= direct:
         return "small product: on the calling thread, no thread pool"
     if (m == 1 or n == 1) and (batch == 1 or size > SMALL_PRODUCT):
         return f"one row or column: the matrix streamed once, split over {threads} thread(s)"
