@@ -580,10 +580,16 @@ call_gemv_part = called_by_name(gemv_part)
 # float32 32³ 0.38 / 0.73, 48³ 1.1 / 3.2, 64³ 2.8 / 3.5, 96³ 9.0 / 9.0; AVX2 code on the
 # same CPU, float32 32³ 0.79 / 1.05, 48³ 2.5 / 2.4, 64³ 6.0 / 5.3 (float64 alike).
 PACKED_MIN_PRODUCT = 48 * 48 * 48
-# Products with one row or one column take the vector path (``gemv_part``) above this many
-# multiply-adds: there a tile of C one column wide (or one row high) leaves the vector
-# lanes (or the rows' independent sums) idle, which the vector path's sums along K fill.
+# Products with one row take the vector path (``gemv_part``) above this many multiply-adds,
+# and products with one column (of more than one row) above MATVEC_MIN_PRODUCT: there a
+# tile of C one row high (or one column wide: one lane of each vector) leaves the rows'
+# independent sums (or the vector lanes) idle, which the vector path's sums fill. Below,
+# its call per product costs more (about 70 ns). µs per product of a batch, one thread,
+# AMD Zen 5, direct / vector path: float32 16×1×16 0.056 / 0.085, 24×1×24 0.112 / 0.108,
+# 32×1×32 0.195 / 0.117, 64×1×64 0.70 / 0.35, 20×1×400 1.49 / 0.40, 1×64×64 0.24 / 0.41;
+# AVX2 code on the same CPU alike (24×1×24 0.120 / 0.097; float64 0.112 / 0.113).
 VECTOR_MIN_PRODUCT = 20 * 20 * 20
+MATVEC_MIN_PRODUCT = 24 * 24
 PACKED_MIN_SIDE = 8
 
 
@@ -607,7 +613,8 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
             call_few_rows(A, B, C, alpha, beta, cb[1], z, 0, n, tr)
     elif tr != 0 and k > 0:
         products_serial(A, B, C, alpha, beta, z0, z1, tr, cb)
-    elif k > 0 and (m == 1 or n == 1) and size > VECTOR_MIN_PRODUCT:
+    elif k > 0 and (m == 1 or n == 1) and size > (MATVEC_MIN_PRODUCT if m > 1
+                                                  else VECTOR_MIN_PRODUCT):
         for z in range(z0, z1):
             call_gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
                            alpha, beta, 0, 1, cb[1])
