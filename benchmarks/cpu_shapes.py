@@ -35,7 +35,11 @@ from tilegemm.bench.timing import alternating, call_block, calls_per_block  # no
 # (group, label, a's shape, b's shape, layout); layout "c": C-ordered operands, "at"/"bt":
 # that operand is the transpose of a C-ordered array, "f": both Fortran-ordered.
 CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str]] = [
+    ("square", "64³", (64, 64), (64, 64), "c"),
+    ("square", "100³", (100, 100), (100, 100), "c"),
+    ("square", "160³", (160, 160), (160, 160), "c"),
     ("square", "256³", (256, 256), (256, 256), "c"),
+    ("square", "384³", (384, 384), (384, 384), "c"),
     ("square", "512³", (512, 512), (512, 512), "c"),
     ("square", "1000³", (1000, 1000), (1000, 1000), "c"),
     ("square", "1024³", (1024, 1024), (1024, 1024), "c"),

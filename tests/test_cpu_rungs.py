@@ -582,7 +582,9 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
     """Products of at most MC rows run as one row block split by columns, each task packing
     its own strips of B a chunk at a time, with no shared B panel. Chunks of one strip, of
     three (the last one partial) and the default size; several NC and K panels (alpha and
-    beta across them), partial strips and tiles, B given transposed, a batch."""
+    beta across them), partial strips and tiles, A or B given transposed, a batch. (Given
+    plainly, products this small run unpacked on CPUs with the wide 8-row tile, see
+    ``takes_rows``; an operand given transposed keeps them on the packed path.)"""
     from tilegemm.kernels.cpu._threads import planned_threads
     from tilegemm.kernels.cpu.k02_blocked import one_row_block
 
@@ -595,13 +597,14 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
                             chunk_strips * kc * nr * np.dtype(dtype).itemsize)
     threads = planned_threads()
     n, k = nc + 5 * nr + 3, 3 * kc + 5
-    for m, batch, b_transposed in ((mc // mr * mr, 1, False), (mc - mr + 3, 2, False),
-                                   (9, 1, True), (mc // 2 + 1, 1, True)):
+    for m, batch, tr in ((mc // mr * mr, 1, 1), (mc - mr + 3, 2, 1), (9, 1, 2),
+                         (mc // 2 + 1, 1, 2)):
         assert one_row_block(m, n, k, threads, params, np.dtype(dtype).itemsize, 0)
-        tr = 2 if b_transposed else 0
         assert mod.layout(batch, m, n, k, threads, 0, 0, 0, (mc, kc, nc), tr)[0] == 1  # one block
         a, _ = random_operands((batch, m, k), (k, n), dtype)
-        b = (rng.uniform(-1, 1, (n, k)).astype(dtype).T if b_transposed
+        if tr & 1:  # A as the transpose of a C-ordered array, handed over in place
+            a = np.ascontiguousarray(np.swapaxes(a, 1, 2)).swapaxes(1, 2)
+        b = (rng.uniform(-1, 1, (n, k)).astype(dtype).T if tr & 2
              else rng.uniform(-1, 1, (k, n)).astype(dtype))
         c = rng.uniform(-1, 1, (batch, m, n)).astype(dtype)
         what = f"one row block {dtype} {(batch, m, n, k)} chunk={chunk_strips}"
@@ -630,7 +633,7 @@ def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
                 for n in (9, 16, 17, 24, 25, 64, 1000, 1023, 1024, 3000):
                     shape = mod.layout(1, m, n, k, threads, 0, chunk, budget, (48, 64, 2048),
                                        0)
-                    narrow = mod.takes_narrow(1, m, n, k, threads, 0, 0)
+                    narrow = mod.takes_rows(1, m, n, k, threads, 0, 0)
                     if narrow or mod.takes_few(1, m, n, k, threads, 0, 0):  # unpacked
                         assert shape == (0,) * 8, (m, n, k, threads, budget)
                         # a narrow product with A given transposed is packed

@@ -24,7 +24,8 @@ DTYPES = ("float32", "float64", "int32", "int64")
 # below, at and past one vector (16 float32 lanes on AVX-512, 4 float64 on AVX2), B shared
 SHAPES = [(1, 1, 1, 1, 1), (2, 2, 3, 5, 7), (3, 1, 7, 3, 2), (1, 1, 8, 16, 16),
           (2, 2, 9, 17, 33), (1, 1, 15, 40, 11), (4, 4, 17, 1, 9), (2, 1, 5, 33, 70),
-          (2, 1, 3, 1100, 20), (1, 1, 7, 130, 12)]  # few rows, wider than two vectors
+          (2, 1, 3, 1100, 20), (1, 1, 7, 130, 12),  # few rows, wider than two vectors
+          (1, 1, 20, 100, 30), (2, 2, 9, 50, 7)]  # the wide 8-row tile, then single vectors
 
 
 SENTINEL = -1234  # exact in every dtype tested
@@ -170,18 +171,23 @@ def _tile_loop(triple: str, cpu: str, features: str, bits: int, module_ir: str) 
 @pytest.mark.parametrize(("triple", "cpu", "features", "bits", "register"), TARGETS,
                          ids=["avx512", "avx2", "neon"])
 def test_the_eight_row_tile_keeps_its_sums_in_registers(triple, cpu, features, bits, register):
-    """The 8-row float32 tile compiled alone for an AVX-512, an AVX2 and a NEON CPU: its
-    K loop is 8 multiply-adds on full-width vectors (one per row of C) with no stack access,
-    i.e. the 8 sums stay in registers between K steps."""
+    """The 8-row float32 tiles compiled alone for an AVX-512, an AVX2 and a NEON CPU, one
+    vector wide and as wide as the registers allow (``eight_row_vectors``: 3 vectors on
+    AVX-512, 2 on NEON, where 3 spilled): their K loop is 8 multiply-adds per vector on
+    full-width vectors (one per row of C) with no stack access, i.e. the sums stay in
+    registers."""
     import re
 
-    from tilegemm.kernels.cpu._small_tile import module_ir, width
+    from tilegemm.kernels.cpu._small_tile import eight_row_vectors, module_ir, width
 
-    loop = _tile_loop(triple, cpu, features, bits,
-                      module_ir(8, width(4, bits), np.dtype("float32"), triple))
-    fmas = _ops(loop, FMA)
-    assert len(fmas) == 8 and all(register in ln for ln in fmas), fmas
-    assert not re.search(STACK, loop), loop
+    assert eight_row_vectors(bits) == {512: 3, 256: 1, 128: 2}[bits]
+    for vectors in sorted({1, eight_row_vectors(bits)}):
+        loop = _tile_loop(triple, cpu, features, bits,
+                          module_ir(8, width(4, bits), np.dtype("float32"), triple, vectors))
+        fmas = _ops(loop, FMA)
+        assert len(fmas) == 8 * vectors, (vectors, fmas)
+        assert all(register in ln for ln in fmas), fmas
+        assert not re.search(STACK, loop), loop
 
 
 # (batch, M, N, K): narrow products above the calling thread's size, whose rows the threads
@@ -230,6 +236,49 @@ def test_narrow_products_split_rows_and_give_the_packed_paths_bits(dtype):
             want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c
             tol = 1e-4 if dt.itemsize == 4 else 1e-11
             np.testing.assert_allclose(both, want, rtol=tol, atol=tol * np.sqrt(k))
+
+
+# (batch, M, N, K): products above the calling thread's size, up to UNPACKED_PRODUCT,
+# wider than narrow: rows a multiple of 8 and not, the wide tile's remainder columns, many
+# K panels, a batch
+UNPACKED = [(1, 160, 160, 160), (1, 64, 1000, 300), (2, 43, 300, 200), (1, 48, 96, 3000)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
+    """Where the CPU has the wide 8-row tile (AVX-512, NEON), products up to
+    ``UNPACKED_PRODUCT`` multiply-adds given plainly run unpacked, their rows split over
+    the threads (plan says so, as ``k02_blocked.unpacked_rows`` decides): the same bits as
+    the packed loop nest, and as the same product with A given transposed (packed)."""
+    from tilegemm.kernels.cpu import k02_blocked
+    from tilegemm.kernels.cpu._threads import planned_threads
+
+    params, mod = blocked_module({}, dtype)
+    dt = np.dtype(dtype)
+    cb = (params["MC"], params["KC"], params["NC"])
+    threads, bits = planned_threads(), k02_blocked.vector_bits()
+    taken = []
+    for seed, (batch, m, n, k) in enumerate(UNPACKED):
+        a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
+        assert batch * m * n * k > k02_blocked.DIRECT_PRODUCT
+        unpacked = (k02_blocked.unpacked_rows(m, m * n * k, threads, bits)
+                    and not mod.splits_batch(batch, m, n, k, threads))
+        path = tilegemm.plan(a, b, kernel="blocked", **params).path
+        assert ("unpacked" in path) == unpacked, path
+        taken.append(unpacked)
+        got = tilegemm.matmul(a, b, kernel="blocked", backend="cpu", **params)
+        packed = np.empty_like(got)
+        mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, cb)
+        np.testing.assert_array_equal(got, packed, err_msg=f"{dtype} {(batch, m, n, k)}")
+        flipped = np.ascontiguousarray(np.swapaxes(a, 1, 2)).swapaxes(1, 2)
+        np.testing.assert_array_equal(got, tilegemm.matmul(
+            flipped, b, kernel="blocked", backend="cpu", **params))
+        if dt.kind == "i":
+            np.testing.assert_array_equal(got, np.matmul(a, b))
+        else:
+            assert_close(got, a, b)
+    # the first shape (20 runs of 8 rows) takes it wherever the tile exists
+    assert taken[0] == (mod.DW8 > mod.SMALL_W and threads <= 10)
 
 
 # (batch, M, N, K): products of 2-7 rows above the calling thread's size: B within

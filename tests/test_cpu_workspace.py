@@ -28,6 +28,14 @@ def blocked(a, b, **kw):
     return tilegemm.matmul(a, b, kernel="blocked", backend="cpu", **kw)
 
 
+def packed(a: np.ndarray) -> np.ndarray:
+    """``a`` as the transpose of a C-ordered array, handed to the rung in place: products
+    of these sizes given plainly run unpacked on CPUs with the wide 8-row tile (no scratch,
+    see ``takes_rows``); an A given transposed keeps them on the packed path, whose
+    scratch this file tests."""
+    return np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
+
+
 def poison_kept() -> None:
     kept = _workspace.kept_bytes()
     if kept:
@@ -45,12 +53,13 @@ def test_poisoned_workspace_shared_by_shapes_and_dtypes():
     ]:
         a, b = random_operands(shape_a, shape_b, dtype)
         poison_kept()
-        assert_close(blocked(a, b), a, b, what=f"{dtype} {shape_a} @ {shape_b}")
+        assert_close(blocked(packed(a), b), a, b, what=f"{dtype} {shape_a} @ {shape_b}")
         assert _workspace.kept_bytes() > 0
 
 
 def test_workspace_reused_by_a_thread_and_not_shared_between_threads():
     a, b = random_operands((200, 300), (300, 150), "float32")
+    a = packed(a)
     _workspace.release()
     blocked(a, b)
     kept = _workspace.kept_bytes()
@@ -118,12 +127,13 @@ def test_too_small_workspace_is_replaced(dtype):
     a, b = random_operands((1, 150, 260), (1, 260, 90), dtype)
     c = np.full((1, 150, 90), np.nan, dtype=dtype)
     cb = program.cache_blocks  # (MC, KC, NC)
+    stored = np.ascontiguousarray(np.swapaxes(a, 1, 2))  # A given as its transpose: packed
     size = g["layout"](1, 150, 90, 260, 2, g["DIRECT_PRODUCT"],
-                       g["B_CHUNK_BYTES"], g["L2_BUDGET"], cb, 0)[7]
+                       g["B_CHUNK_BYTES"], g["L2_BUDGET"], cb, 1)[7]
     assert size > 0
-    g["blocked_threads"](a, b, c, c.dtype.type(1), c.dtype.type(0), 2, g["DIRECT_PRODUCT"],
-                         np.empty(size // 2, dtype=dtype), 0, g["B_CHUNK_BYTES"],
-                         g["L2_BUDGET"], cb)
+    g["blocked_threads"](stored, b, c, c.dtype.type(1), c.dtype.type(0), 2,
+                         g["DIRECT_PRODUCT"], np.empty(size // 2, dtype=dtype), 1,
+                         g["B_CHUNK_BYTES"], g["L2_BUDGET"], cb)
     assert_close(c[0], a[0], b[0], what=f"{dtype} with half the scratch")
 
 

@@ -292,7 +292,9 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
               (2, 300, 300, 300), (3, 8, 8, 8), (1, 40, 40, 0), (1, 2048, 16, 2048),
               (1, 2048, 2, 4096), (3, 900, 8, 900), (1, 3000, 33, 3000), (1, 3000, 64, 3000),
               (1, 4, 1024, 1024), (1, 7, 4096, 4096), (2, 2, 300, 9000), (1, 8, 1024, 1024),
-              (1, 3, 33, 5000), (1, 1, 1000, 1000), (1, 1000, 1, 1000), (1, 1, 50, 50)]
+              (1, 3, 33, 5000), (1, 1, 1000, 1000), (1, 1000, 1, 1000), (1, 1, 50, 50),
+              (1, 160, 160, 160), (1, 24, 300, 300), (1, 16, 4096, 256), (1, 384, 384, 384),
+              (1, 385, 384, 384), (1, 4096, 64, 64), (1, 10, 2000, 2000)]
     for batch, m, n, k in shapes:
         path = k02_blocked.path(batch, m, n, k, threads, itemsize=4)
         # products of one row or one column leave the calling thread sooner (their matrix
@@ -307,8 +309,12 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         assert ("one row or column" in path) == vector, (batch, m, n, k, path)
         split = not vector and bool(mod.splits_batch(batch, m, n, k, threads))
         assert ("batch split" in path) == split, (batch, m, n, k, path)
-        narrow = not vector and bool(mod.takes_narrow(batch, m, n, k, threads, direct, 0))
-        assert ("narrow product" in path) == narrow, (batch, m, n, k, path)
+        narrow = not vector and bool(mod.takes_rows(batch, m, n, k, threads, direct, 0))
+        assert ("rows split" in path) == narrow, (batch, m, n, k, path)
+        assert ("narrow product" in path) == (narrow and n <= mod.NARROW_N), path
+        # wider products take the rows path only where the CPU has the wide 8-row tile
+        assert ("unpacked" in path) == (narrow and n > mod.NARROW_N), path
+        assert not ("unpacked" in path and mod.DW8 == mod.SMALL_W), path
         few = not vector and not narrow and bool(mod.takes_few(batch, m, n, k, threads,
                                                                direct, 0))
         assert ("few rows" in path) == few, (batch, m, n, k, path)
@@ -321,10 +327,13 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         assert ("few rows" in fortran) == (few and bool(mod.takes_few(
             batch, m, n, k, threads, direct, 2))), (batch, m, n, k, fortran)
         assert ("dot products" in fortran) == few, (batch, m, n, k, fortran)
-        # A handed over as its transpose: narrow products are packed
+        # A handed over as its transpose: narrow and unpacked products are packed; B: the
+        # narrow path copies it (a few columns), the unpacked one packs it
         flipped = k02_blocked.path(batch, m, n, k, threads, itemsize=4, a_transposed=True)
-        assert ("narrow product" in flipped) == (narrow and bool(mod.takes_narrow(
+        assert ("rows split" in flipped) == (narrow and bool(mod.takes_rows(
             batch, m, n, k, threads, direct, 1))), (batch, m, n, k, flipped)
+        assert ("rows split" in fortran) == (narrow and bool(mod.takes_rows(
+            batch, m, n, k, threads, direct, 2))), (batch, m, n, k, fortran)
     planned = tilegemm.plan(np.ones((1, 3000), np.float32), np.ones((3000, 500), np.float32))
     assert "one row or column" in planned.path and "one row or column" in str(planned)
     x, w = np.ones((4, 3000), np.float32), np.ones((500, 3000), np.float32)

@@ -26,6 +26,7 @@ from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
 from tilegemm.kernels.cpu._small_tile import (
     FEW_ROWS,
     FEW_SPLIT_BYTES,
+    eight_row_vectors,
     few_vectors,
     narrow_columns,
     small_tile,
@@ -48,6 +49,7 @@ DTYPE = "float32"
 CACHE = False
 SMALL_PRODUCT = 96 * 96 * 96
 DIRECT_PRODUCT = 64 * 64 * 64
+UNPACKED_PRODUCT = 384 * 384 * 384
 BATCH_PRODUCT = 256 * 256 * 256
 BATCH_SPLIT_MIN = 2
 VECTOR_BITS = None  # widest vectors the code may use (None: LLVM's choice for the CPU)
@@ -104,6 +106,13 @@ pack_cols_b = transposer(NR, PACK_W)  # B given as its transpose: NR rows of it 
 SMALL_W = small_width(_dt.itemsize, VECTOR_BITS)
 NARROW_N = narrow_columns(_dt.itemsize, VECTOR_BITS)  # products this narrow take them at any size
 stile8, stile4, stile2, stile1 = (small_tile(rows, SMALL_W, _dt) for rows in (8, 4, 2, 1))
+# ... and 8 rows × as many vectors as the registers hold (``eight_row_vectors``: 3 on
+# AVX-512, 2 on NEON, 1 on AVX2, where this tile is not used) for the full-width part of the
+# rows: per K step each load of A feeds several FMAs, not one (float32 96³ on one Zen 5 core
+# 10.0 -> 7.2 µs); with it, products up to UNPACKED_PRODUCT run unpacked (``small``,
+# ``takes_rows``)
+DW8 = eight_row_vectors(VECTOR_BITS) * SMALL_W
+wtile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS))
 # Products of 2-7 rows: one tile of all their rows, FW2..FW7 columns wide, prefetching the
 # next tile's part of each row of B (see _small_tile.few_vectors).
 FW2, FW3, FW4, FW5, FW6, FW7 = (few_vectors(rows, VECTOR_BITS) * SMALL_W for rows in range(2, 8))
@@ -425,7 +434,10 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
     """Rows r0..r1 of products z0..z1 of the batch on the calling thread, unpacked: A and B
     read where they lie, C in tiles of 8, 4, 2 or 1 rows × one vector of columns whose sums
     stay in registers (``_small_tile``; the right edge masked to the columns that exist),
-    each tile's rows of A (8 × KC at most) reused from L1 by every vector of columns; or,
+    each tile's rows of A (8 × KC at most) reused from L1 by every vector of columns; where
+    the registers allow (AVX-512, NEON), the 8-row tiles take ``DW8`` columns (several
+    vectors) at a time across the full-width part of the rows, so each element of A loaded
+    feeds several multiply-adds, not one, and one vector at a time for the rest; or,
     for whole products of 2-7 rows wider than ``NARROW_N`` columns, one tile of all the
     rows, several vectors wide (``few_rows``).
 
@@ -465,7 +477,13 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
             b_p, i = z * sb + pc * n, r0
             while i + 8 <= r1:
                 a0, c0 = z * sa + i * k + pc, (z * m + i) * n
-                for j in range(0, n, SMALL_W):
+                wide = 0  # columns the wide tile took
+                if DW8 > SMALL_W:
+                    while wide + DW8 <= n:
+                        wtile8(kc, A, a0, k, B, b_p + wide, n, C, c0 + wide, n, DW8, alpha, bb,
+                               mode)
+                        wide += DW8
+                for j in range(wide, n, SMALL_W):
                     stile8(kc, A, a0, k, B, b_p + j, n, C, c0 + j, n, min(SMALL_W, n - j),
                            alpha, bb, mode)
                 i += 8
@@ -618,7 +636,8 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
         for z in range(z0, z1):
             call_gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
                            alpha, beta, 0, 1, cb[1])
-    elif k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE or n <= NARROW_N:
+    elif (k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE or n <= NARROW_N
+          or (DW8 > SMALL_W and size <= UNPACKED_PRODUCT)):
         call_direct(A, B, C, alpha, beta, cb[1], z0, z1, 0, m)
     else:
         products_serial(A, B, C, alpha, beta, z0, z1, 0, cb)
@@ -641,7 +660,8 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
     phase 2: task t is the t-th of ``ntasks`` runs of whole products of the batch (small
     products), with one set of scratch arrays for its run;
     phase 3: task t computes the t-th of ``ntasks`` runs of 8-row tiles of product z
-    unpacked (``direct``: narrow products, see ``takes_narrow``);
+    unpacked (``direct``: narrow products and, with the wide 8-row tile, products up to
+    ``UNPACKED_PRODUCT``; see ``takes_rows``);
     phase 4: task t computes the t-th of ``ntasks`` ranges of columns of product z, a
     product of a few rows, unpacked (``few_rows``, see ``takes_few``).
     """
@@ -704,17 +724,24 @@ def splits_batch(batch, m, n, k, nthreads):
 
 
 @when_called(numba.boolean(i8, i8, i8, i8, i8, i8, i8), **FLAGS)
-def takes_narrow(batch, m, n, k, nthreads, direct_max, tr):
+def takes_rows(batch, m, n, k, nthreads, direct_max, tr):
     """Whether the threads compute each product unpacked, its rows split between them
-    (``direct``): products at most ``NARROW_N`` columns wide, above the small-product
-    path, not one row or one column (the vector path) and not a batch the threads split
-    (each of those products takes the same tiles on its thread, see ``small``), A given
-    plainly (``tr`` bit 0 clear: A given as its transpose is read in place by the packed
-    path; a plain copy of it, strided, took 25 ms for float32 X.T @ w, X 2048×2048 and w 16
-    columns wide, against NumPy's 0.95; B, a few columns, is copied if given so)."""
-    if (k == 0 or batch * m * n * k <= direct_max or m == 1 or n == 1 or n > NARROW_N
-            or tr & 1):
+    (``direct``), above the small-product path, not one row or one column (the vector
+    path) and not a batch the threads split (each of those products takes the same tiles
+    on its thread, see ``small``): narrow products, at most ``NARROW_N`` columns wide at
+    any size, A given plainly (``tr`` bit 0 clear: A given as its transpose is read in
+    place by the packed path; a plain copy of it, strided, took 25 ms for float32 X.T @ w,
+    X 2048×2048 and w 16 columns wide, against NumPy's 0.95; B, a few columns, is copied if
+    given so); and, with the wide 8-row tile, products of at most ``UNPACKED_PRODUCT``
+    multiply-adds given plainly, with runs of 8 rows for every thread (the same test as
+    ``k02_blocked.unpacked_rows``)."""
+    if k == 0 or batch * m * n * k <= direct_max or m == 1 or n == 1 or tr & 1:
         return False
+    if n > NARROW_N:
+        units = (m + 7) // 8
+        if (tr != 0 or DW8 == SMALL_W or m * n * k > UNPACKED_PRODUCT or m < FEW_ROWS
+                or (units < 2 * nthreads and m % (8 * nthreads) != 0)):
+            return False
     return not splits_batch(batch, m, n, k, nthreads)
 
 
@@ -749,7 +776,7 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb, tr):
     columns (see ``k02_blocked.one_row_block``). ``cb``: the cache blocks (MC, KC, NC).
     """
     if (k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads)
-            or takes_narrow(batch, m, n, k, nthreads, direct_max, tr)
+            or takes_rows(batch, m, n, k, nthreads, direct_max, tr)
             or takes_few(batch, m, n, k, nthreads, direct_max, tr)):
         return 0, 0, 0, 0, 0, 0, 0, 0
     mc, kc_max, nc_max = cb
@@ -817,7 +844,7 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
         run_parallel(2, min(batch, BATCH_TASKS * nthreads), A, B, C, 0, alpha, beta, 0, 0,
                      0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
         return
-    if takes_narrow(batch, m, n, k, nthreads, direct_max, tr):
+    if takes_rows(batch, m, n, k, nthreads, direct_max, tr):
         # each product's rows in runs of 8-row tiles, a few runs per thread, unpacked (B
         # plain: ``blocked`` copies a transposed B for this path)
         for z in range(batch):
@@ -932,8 +959,8 @@ def blocked(A, B, C, alpha, beta, tr, cb):
         blocked_serial(A, B, C, alpha, beta, tr, cb)
         return
     nthreads = pool_threads()  # the first starts Numba's pool, where tilegemm sees it
-    if tr and takes_narrow(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct, tr):
-        B, tr = _stored(B, tr & 2), 0  # the narrow path reads B plain (A is: takes_narrow)
+    if tr and takes_rows(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct, tr):
+        B, tr = _stored(B, tr & 2), 0  # the narrow path reads B plain (A is: takes_rows)
     if nthreads > 1:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with PoolWatch(), InParallel():
@@ -1019,8 +1046,8 @@ def takes_gemv(batch, m, n, k, direct_max):
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
             few_rows, few_width, direct, products_serial, gemv_part, small,
-            run_parallel, splits_batch, takes_narrow, takes_few, layout, blocked_threads,
+            run_parallel, splits_batch, takes_rows, takes_few, layout, blocked_threads,
             gemv_threads, takes_gemv)
-CALLED_FROM_PYTHON = (takes_gemv, takes_narrow, takes_few, layout, small, blocked_threads,
+CALLED_FROM_PYTHON = (takes_gemv, takes_rows, takes_few, layout, small, blocked_threads,
                       gemv_threads)
 load_compiled(COMPILED, CALLED_FROM_PYTHON)

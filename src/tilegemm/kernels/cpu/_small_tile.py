@@ -1,7 +1,7 @@
 """The unpacked tiles: rows of C, one or a few vectors wide, read from A and B in place.
 
 The blocked rung computes small products (``direct``), narrow ones, a few vectors of
-columns wide at any size (``takes_narrow``), and products of fewer than eight rows at any
+columns wide at any size (``takes_rows``), and products of fewer than eight rows at any
 size (``takes_few``) with these tiles instead of packing.
 
 Products too small to repay packing (a few thousand multiply-adds each, or fewer than
@@ -50,7 +50,7 @@ def width(itemsize: int, vector_bits: int | None) -> int:
 
 
 # Products at most this many vectors wide are computed with these tiles at any size, their
-# rows split over the threads (``takes_narrow`` in the rung): packing would copy all of A
+# rows split over the threads (``takes_rows`` in the rung): packing would copy all of A
 # for a few columns of use per element. One thread, AMD Zen 5, AVX-512, tiles / packed
 # loop nest: float32 2048×16×2048 0.85 / 2.04 ms, 2048×32×2048 1.59 / 1.87 ms, 2048×64×2048
 # 3.24 / 3.15 ms; float64 2048×16×2048 2.13 / 2.87 ms, ×32× 3.78 / 3.86 ms, ×64× 8.0 / 6.0 ms.
@@ -83,6 +83,14 @@ def few_vectors(rows: int, vector_bits: int | None) -> int:
     registers = 32 if vector_bits in (512, 128) else 16
     per_vector = rows + 1 + (vector_bits != 512)
     return max(1, min(6, (registers - 2) // per_vector))
+
+
+def eight_row_vectors(vector_bits: int | None) -> int:
+    """Vectors of columns in the wide 8-row tile of small, narrow and mid-size products:
+    3 on AVX-512 (24 sums, and each row's element of A broadcast by the multiply-add's
+    memory operand), 2 on NEON (its broadcasts take registers of their own: 3 vectors kept
+    sums on the stack), 1 on AVX2 (16 registers; there the wide tile is not used)."""
+    return {512: 3, 128: 2}.get(vector_bits or 0, 1)
 
 
 def small_tile(rows: int, lanes: int, dtype: np.dtype, vectors: int = 1,

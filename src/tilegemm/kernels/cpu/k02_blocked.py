@@ -53,6 +53,16 @@ DIRECT_PRODUCT = 112 * 112 * 112
 # 2-vCPU AMD Zen 5 (1 MiB of L2): float32 384² (576 KiB) 4.3 / 5.8, 512² (1 MiB) 9.8 / 6.9,
 # 1024² 49 / 27; float64 256² (512 KiB) 3.7 / 5.5, 384² (1.1 MiB) 11.1 / 7.4.
 VECTOR_L2_SHARE = 0.75
+# On CPUs with 32 vector registers (AVX-512, NEON) the unpacked tiles have an 8-row tile
+# several vectors wide (``_small_tile.eight_row_vectors``), and products up to this many
+# multiply-adds run unpacked (``direct``: on the calling thread, or with their rows split
+# over the threads), not packed: packing costs more than it buys below it. One thread,
+# AMD Zen 5, µs unpacked / packed: float32 100³ 9.7 / 14.4, 128³ 18.1 / 19.3, 256³ 129 /
+# 140; float64 100³ 16.9 / 22.6, 256³ 268 / 296. Two threads, whole calls, unpacked against
+# packed: 1.08-1.52× faster from 128³ to 384³ and on 16×4096×256, 4096×64×64, 64×64×4096
+# (float32 32×2048×256 0.94×); 512³ 0.79-0.91× (B beyond the L2: each run of rows reads
+# all of it), hence 384³.
+UNPACKED_PRODUCT = 384 * 384 * 384
 # Products up to this size also run one per thread when the batch has at least
 # BATCH_SPLIT_MIN products per thread: no synchronisation per product (float32 on a 2-vCPU
 # AMD Zen 5: 32 × 128³ 0.83 → 3.0× NumPy's time, 16 × 192³ 0.81 → 2.0×, 4 × 256³ 0.95 →
@@ -164,6 +174,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
         template,
         {"MR, NR": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
+         "UNPACKED_PRODUCT": UNPACKED_PRODUCT,
          "BATCH_PRODUCT": BATCH_PRODUCT, "BATCH_SPLIT_MIN": BATCH_SPLIT_MIN,
          "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL,
          "ONE_BLOCK_TASK_COLUMNS": ONE_BLOCK_TASK_COLUMNS},
@@ -216,6 +227,21 @@ def b_chunk_bytes() -> int:
 
     l2 = l2_cache_bytes()
     return B_CHUNK_MAX if l2 is None else min(B_CHUNK_MAX, l2 // 2)
+
+
+def unpacked_rows(m: int, size: int, threads: int, bits: int | None) -> bool:
+    """Whether a product of ``m`` rows and ``size`` multiply-adds, not narrow, given plainly
+    and not taken by an earlier path, runs unpacked with its rows split over ``threads``
+    threads (the generated module's ``takes_rows``): at most ``UNPACKED_PRODUCT``, where
+    the CPU has the wide 8-row tile (``bits``: the vector width, see ``vector_bits``), at
+    least 8 rows, and runs of 8 rows that share evenly between the threads: at least two
+    runs per thread, or the same whole runs for each (10 rows on two threads gave one 8
+    rows and the other 2)."""
+    from tilegemm.kernels.cpu._small_tile import FEW_ROWS, eight_row_vectors
+
+    units = (m + 7) // 8
+    return (size <= UNPACKED_PRODUCT and eight_row_vectors(bits) > 1 and m >= FEW_ROWS
+            and (units >= 2 * threads or m % (8 * threads) == 0))
 
 
 def vector_direct_bytes() -> int:
@@ -281,7 +307,7 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     """Which of the rung's paths a product of ``batch`` (m, k) @ (k, n) products takes on
     ``threads`` threads, in words (``tilegemm.plan`` names it): the same tests, in the same
     order, as the generated module's ``blocked``, ``takes_gemv``, ``splits_batch``, (given
-    the dtype's ``itemsize``) ``takes_narrow`` and ``takes_few`` (``a_transposed``,
+    the dtype's ``itemsize``) ``takes_rows`` and ``takes_few`` (``a_transposed``,
     ``b_transposed``: that operand is handed over as its transpose, e.g. Fortran-ordered)
     and (given the parameters and the L2 ``budget`` too, see :func:`one_row_block`)
     ``layout``."""
@@ -303,6 +329,10 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     if itemsize is not None and n <= narrow_columns(itemsize, vector_bits()) and not a_transposed:
         return (f"narrow product: rows split over {threads} thread(s), A and B read in "
                 "place, no packing")
+    if (itemsize is not None and unpacked_rows(m, size, threads, vector_bits())
+            and not a_transposed and not b_transposed):
+        return (f"unpacked: rows split over {threads} thread(s), 8 rows × several vectors "
+                "at a time, A and B read in place, no packing")
     if itemsize is not None and 2 <= m < FEW_ROWS:
         where = ("on the calling thread" if k * n * itemsize <= FEW_SPLIT_BYTES
                  else f"columns split over {threads} thread(s)")
