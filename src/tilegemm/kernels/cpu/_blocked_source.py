@@ -960,7 +960,9 @@ def blocked(A, B, C, alpha, beta, tr, cb):
         return
     nthreads = pool_threads()  # the first starts Numba's pool, where tilegemm sees it
     if tr and takes_rows(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct, tr):
-        B, tr = _stored(B, tr & 2), 0  # the narrow path reads B plain (A is: takes_rows)
+        # with an operand given transposed only narrow products take this path (mid-size
+        # ones stay packed): it reads B, a few columns, plain (A is, see takes_rows)
+        B, tr = _stored(B, tr & 2), 0
     if nthreads > 1:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with PoolWatch(), InParallel():

@@ -1,8 +1,10 @@
 """The unpacked tiles: rows of C, one or a few vectors wide, read from A and B in place.
 
 The blocked rung computes small products (``direct``), narrow ones, a few vectors of
-columns wide at any size (``takes_rows``), and products of fewer than eight rows at any
-size (``takes_few``) with these tiles instead of packing.
+columns wide at any size (``takes_rows``), mid-size ones up to ``UNPACKED_PRODUCT`` where
+the CPU has the wide 8-row tile (``eight_row_vectors``: AVX-512, NEON; also
+``takes_rows``), and products of fewer than eight rows at any size (``takes_few``) with
+these tiles instead of packing.
 
 Products too small to repay packing (a few thousand multiply-adds each, or fewer than
 eight rows or columns: 4×4 transforms, batches of 16×16 blocks) used to run as plain
