@@ -286,21 +286,27 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
 # float32 is 4.4 MB), columns a tile's width and not, several K panels, a batch
 FEW = [(1, 2, 4099, 300), (1, 3, 1100, 1000), (2, 5, 777, 400), (1, 7, 3001, 90),
        (1, 4, 40, 9000), (1, 6, 1400, 1200)]
+# ... and of 8-15 rows, where the CPU has the wide 8-row tile (``FEW_MAX`` 16): every count
+# of other rows (0-7), B within and beyond ``FEW_SPLIT_BYTES_8``, partial column tiles
+FEW_WIDE = [(1, 8, 1100, 300), (1, 9, 777, 350), (1, 10, 1000, 600), (2, 11, 300, 400),
+            (1, 12, 1501, 200), (1, 13, 99, 3000), (1, 14, 2000, 150), (1, 15, 555, 1000)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
-    """Products of 2-7 rows run unpacked at any size, one tile of all their rows several
-    vectors wide: the same bits as the packed loop nest on the same operands, through
-    matmul (A Fortran-ordered: copied for this path) and gemm (alpha, beta), and the same
-    for every product of a batch sharing A."""
+    """Products of 2-7 rows (8-15 with the wide 8-row tile) run unpacked at any size: the
+    same bits as the packed loop nest on the same operands, through matmul (A
+    Fortran-ordered: copied for this path, or packed for 8-15 rows) and gemm (alpha,
+    beta), and the same for every product of a batch sharing A."""
     from tilegemm.kernels.cpu import k02_blocked
 
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
     cb = (params["MC"], params["KC"], params["NC"])
     run = {"kernel": "blocked", "backend": "cpu", **params}
-    for seed, (batch, m, n, k) in enumerate(FEW):
+    wide = FEW_WIDE if mod.FEW_MAX > 8 else []
+    assert (mod.FEW_MAX > 8) == (mod.DW8 > mod.SMALL_W)
+    for seed, (batch, m, n, k) in enumerate(FEW + wide):
         a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
         assert batch * m * n * k > k02_blocked.DIRECT_PRODUCT
         assert "few rows" in tilegemm.plan(a, b, kernel="blocked", **params).path
@@ -348,14 +354,33 @@ def test_few_rows_writes_its_columns_and_nothing_else(dtype):
                          ids=["avx512", "avx2", "neon"])
 def test_the_few_row_tiles_keep_their_sums_in_registers(triple, cpu, features, bits,
                                                         register):
-    """Each few-row float32 tile (2-7 rows, ``few_vectors`` wide) compiled alone for an
-    AVX-512, an AVX2 and a NEON CPU: its K loop is rows × vectors multiply-adds on
-    full-width vectors with no stack access (the sums stay in registers), and one prefetch
-    per cache line of the next tile's columns."""
+    """Each few-row float32 tile (2-7 rows, ``few_vectors`` wide; with the wide 8-row tile,
+    also 8 rows and the tiles of the other 1-7 rows of 8-15-row products,
+    ``eight_row_vectors`` wide) compiled alone for an AVX-512, an AVX2 and a NEON CPU: its
+    K loop is rows × vectors multiply-adds on full-width vectors with no stack access (the
+    sums stay in registers), and one prefetch per cache line of the next tile's columns
+    where it prefetches."""
     import re
 
-    from tilegemm.kernels.cpu._small_tile import few_vectors, module_ir, width
+    from tilegemm.kernels.cpu._small_tile import eight_row_vectors, few_vectors, module_ir, width
 
+    wide = eight_row_vectors(bits)
+    for rows in range(1, 9):
+        if rows in (1, 8) and wide == 1:
+            continue  # no wide tile on AVX2
+        vectors = wide if rows in (1, 8) else few_vectors(rows, bits)
+        loop = _tile_loop(triple, cpu, features, bits, module_ir(
+            rows, width(4, bits), np.dtype("float32"), triple, vectors, prefetch=rows == 8))
+        fmas = _ops(loop, FMA)
+        assert len(fmas) == rows * vectors, (rows, vectors, fmas)
+        assert all(register in ln for ln in fmas), fmas
+        assert not re.search(STACK, loop), loop
+        if rows == 8:
+            assert len(_ops(loop, ("prefetcht0", "prfm"))) == -(-vectors * width(4, bits) * 4 // 64)
+        if wide > 1 and 2 <= rows < 8:  # the tiles of the other rows, as wide as the 8-row one
+            loop = _tile_loop(triple, cpu, features, bits, module_ir(
+                rows, width(4, bits), np.dtype("float32"), triple, wide))
+            assert len(_ops(loop, FMA)) == rows * wide and not re.search(STACK, loop), loop
     for rows in range(2, 8):
         vectors = few_vectors(rows, bits)
         loop = _tile_loop(triple, cpu, features, bits, module_ir(

@@ -294,7 +294,8 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
               (1, 4, 1024, 1024), (1, 7, 4096, 4096), (2, 2, 300, 9000), (1, 8, 1024, 1024),
               (1, 3, 33, 5000), (1, 1, 1000, 1000), (1, 1000, 1, 1000), (1, 1, 50, 50),
               (1, 160, 160, 160), (1, 24, 300, 300), (1, 16, 4096, 256), (1, 384, 384, 384),
-              (1, 385, 384, 384), (1, 4096, 64, 64), (1, 10, 2000, 2000)]
+              (1, 385, 384, 384), (1, 4096, 64, 64), (1, 10, 2000, 2000), (1, 12, 1024, 1024),
+              (1, 15, 999, 1000), (1, 9, 300, 400)]
     for batch, m, n, k in shapes:
         path = k02_blocked.path(batch, m, n, k, threads, itemsize=4)
         # products of one row or one column leave the calling thread sooner (their matrix
@@ -318,7 +319,7 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         few = not vector and not narrow and bool(mod.takes_few(batch, m, n, k, threads,
                                                                direct, 0))
         assert ("few rows" in path) == few, (batch, m, n, k, path)
-        alone = few and k * n * 4 <= mod.FEW_SPLIT_BYTES
+        alone = few and k * n * 4 <= (mod.FEW_SPLIT_BYTES if m < 8 else mod.FEW_SPLIT_BYTES_8)
         assert ("on the calling thread" in path) == alone, (batch, m, n, k, path)
         assert ("packed panels" in path) == (not vector and not split and not narrow
                                              and not few)
@@ -326,12 +327,14 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         fortran = k02_blocked.path(batch, m, n, k, threads, itemsize=4, b_transposed=True)
         assert ("few rows" in fortran) == (few and bool(mod.takes_few(
             batch, m, n, k, threads, direct, 2))), (batch, m, n, k, fortran)
-        assert ("dot products" in fortran) == few, (batch, m, n, k, fortran)
+        assert ("dot products" in fortran) == (few and m < 8), (batch, m, n, k, fortran)
         # A handed over as its transpose: narrow and unpacked products are packed; B: the
         # narrow path copies it (a few columns), the unpacked one packs it
         flipped = k02_blocked.path(batch, m, n, k, threads, itemsize=4, a_transposed=True)
         assert ("rows split" in flipped) == (narrow and bool(mod.takes_rows(
             batch, m, n, k, threads, direct, 1))), (batch, m, n, k, flipped)
+        # few rows with A transposed: 2-7 rows copy A (a few rows), 8-15 are packed
+        assert ("few rows" in flipped) == (few and m < 8), (batch, m, n, k, flipped)
         assert ("rows split" in fortran) == (narrow and bool(mod.takes_rows(
             batch, m, n, k, threads, direct, 2))), (batch, m, n, k, fortran)
     planned = tilegemm.plan(np.ones((1, 3000), np.float32), np.ones((3000, 500), np.float32))

@@ -26,7 +26,9 @@ from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
 from tilegemm.kernels.cpu._small_tile import (
     FEW_ROWS,
     FEW_SPLIT_BYTES,
+    FEW_SPLIT_BYTES_8,
     eight_row_vectors,
+    few_rows_limit,
     few_vectors,
     narrow_columns,
     small_tile,
@@ -113,6 +115,13 @@ stile8, stile4, stile2, stile1 = (small_tile(rows, SMALL_W, _dt) for rows in (8,
 # ``takes_rows``)
 DW8 = eight_row_vectors(VECTOR_BITS) * SMALL_W
 wtile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS))
+# Products of 8-15 rows on those CPUs (``FEW_MAX`` = 16; 8 elsewhere): the wide tile on
+# their first 8 rows, then a tile of the other 1-7 rows exactly as wide, on the same
+# columns (``few_rows``)
+FEW_MAX = few_rows_limit(VECTOR_BITS)
+ptile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS), prefetch=True)
+rtile1, rtile2, rtile3, rtile4, rtile5, rtile6, rtile7 = (
+    small_tile(rows, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS)) for rows in range(1, 8))
 # Products of 2-7 rows: one tile of all their rows, FW2..FW7 columns wide, prefetching the
 # next tile's part of each row of B (see _small_tile.few_vectors).
 FW2, FW3, FW4, FW5, FW6, FW7 = (few_vectors(rows, VECTOR_BITS) * SMALL_W for rows in range(2, 8))
@@ -351,7 +360,8 @@ def fold(y, acc, j0, j1, alpha, beta, first):
 
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8, i8), **FLAGS)
 def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
-    """Columns j0..j1 of product z, a product of 2 to 7 rows (``FEW_ROWS``), unpacked: per K
+    """Columns j0..j1 of product z, a product of 2 to 7 rows (``FEW_ROWS``; with the wide
+    8-row tile 8-15 too, see below), unpacked: per K
     panel, one tile of all its rows walks the columns, a few vectors at a time (``FW2``..
     ``FW7``: the width that keeps the tile's sums in registers), reading B where it lies.
     Packing B for so few rows copied all of it for a few multiply-adds per element. The
@@ -362,6 +372,11 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
     clear); then each element is a dot product of a row of A and a row of that storage,
     in groups of ``DOT_GROUP`` columns taken by tiles of 4, 2 and 1 rows in turn (see
     ``_dot_tile``; not the packed path's order of summation).
+
+    8-15 rows (CPUs with the wide 8-row tile, ``FEW_MAX``; B plain): per K panel, ``DW8``
+    columns at a time, the wide tile on the first 8 rows, then a tile of the other rows
+    exactly as wide (``rtile1``..``rtile7``) on the same columns, whose piece of B is then
+    in cache. The packed path's sums, bit for bit.
     """
     m, n, k = C.shape[1], C.shape[2], A.shape[2]
     sa = m * k if A.shape[0] > 1 else 0
@@ -392,7 +407,28 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
         mode = 0 if pc == 0 and beta == zero else 1
         bb = beta if pc == 0 else one
         a0, b0, c0 = z * sa + pc, z * sb + pc * n, z * m * n
-        if m == 2:
+        if m >= 8:
+            # 8-15 rows (CPUs with the wide tile): the first 8 rows, then the others on the
+            # same columns, their piece of B read again from cache
+            a8, c8 = a0 + 8 * k, c0 + 8 * n
+            for j in range(j0, j1, DW8):
+                w = min(DW8, j1 - j)
+                ptile8(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, w, alpha, bb, mode)
+                if m == 9:
+                    rtile1(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                elif m == 10:
+                    rtile2(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                elif m == 11:
+                    rtile3(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                elif m == 12:
+                    rtile4(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                elif m == 13:
+                    rtile5(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                elif m == 14:
+                    rtile6(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                elif m == 15:
+                    rtile7(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+        elif m == 2:
             for j in range(j0, j1, FW2):
                 ftile2(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW2, j1 - j), alpha, bb,
                        mode)
@@ -420,9 +456,12 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
 
 @when_called(numba.int64(i8, i8), **FLAGS)
 def few_width(m, tr):
-    """Columns ``few_rows`` takes at a time for a product of ``m`` rows (2..7): its tile's
-    width, or ``DOT_GROUP`` with B given transposed (``tr`` bit 1)."""
-    return DOT_GROUP if tr & 2 else (FW2, FW3, FW4, FW5, FW6, FW7)[m - 2]
+    """Columns ``few_rows`` takes at a time for a product of ``m`` rows (2..7, or up to 15
+    with the wide 8-row tile): its tile's width, or ``DOT_GROUP`` with B given transposed
+    (``tr`` bit 1)."""
+    if tr & 2:
+        return DOT_GROUP
+    return DW8 if m >= 8 else (FW2, FW3, FW4, FW5, FW6, FW7)[m - 2]
 
 
 # called by name (see _lazy): the tiles compiled once, not into every caller
@@ -460,7 +499,7 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
                 for j in range(n):
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
-    if r0 == 0 and r1 == m and 2 <= m < FEW_ROWS and n > NARROW_N:
+    if r0 == 0 and r1 == m and 2 <= m < FEW_MAX and n > NARROW_N:
         for z in range(z0, z1):
             call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n, 0)
         return
@@ -739,7 +778,7 @@ def takes_rows(batch, m, n, k, nthreads, direct_max, tr):
         return False
     if n > NARROW_N:
         units = (m + 7) // 8
-        if (tr != 0 or DW8 == SMALL_W or m * n * k > UNPACKED_PRODUCT or m < FEW_ROWS
+        if (tr != 0 or DW8 == SMALL_W or m * n * k > UNPACKED_PRODUCT or m < FEW_MAX
                 or (units < 2 * nthreads and m % (8 * nthreads) != 0)):
             return False
     return not splits_batch(batch, m, n, k, nthreads)
@@ -748,10 +787,13 @@ def takes_rows(batch, m, n, k, nthreads, direct_max, tr):
 @when_called(numba.boolean(i8, i8, i8, i8, i8, i8, i8), **FLAGS)
 def takes_few(batch, m, n, k, nthreads, direct_max, tr):
     """Whether the threads compute each product unpacked, its columns split between them
-    (``few_rows``): products of 2 to 7 rows wider than ``NARROW_N``, above the
-    small-product path and not a batch the threads split; with B given as its transpose
-    (``tr`` bit 1), as dot products along K (A, a few rows, is copied if given so)."""
-    if k == 0 or batch * m * n * k <= direct_max or m < 2 or m >= FEW_ROWS or n <= NARROW_N:
+    (``few_rows``): products of 2 to 7 rows (to 15 with the wide 8-row tile, ``FEW_MAX``)
+    wider than ``NARROW_N``, above the small-product path and not a batch the threads
+    split; with B given as its transpose (``tr`` bit 1), 2 to 7 rows, as dot products along
+    K (A, 2 to 7 rows, is copied if given so; 8-15 rows with an operand given transposed
+    are packed, in place)."""
+    if (k == 0 or batch * m * n * k <= direct_max or m < 2 or m >= FEW_MAX or n <= NARROW_N
+            or (m >= FEW_ROWS and tr != 0)):
         return False
     return not splits_batch(batch, m, n, k, nthreads)
 
@@ -856,8 +898,9 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
         # plain: ``blocked`` copies a transposed A for this path); with B within
         # FEW_SPLIT_BYTES, on this thread alone
         tasks = min((n + few_width(m, tr) - 1) // few_width(m, tr), nthreads)
+        split = FEW_SPLIT_BYTES if m < FEW_ROWS else FEW_SPLIT_BYTES_8
         for z in range(batch):
-            if k * n * ITEMSIZE <= FEW_SPLIT_BYTES:
+            if k * n * ITEMSIZE <= split:
                 call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n, tr)
             else:
                 run_parallel(4, tasks, A, B, C, z, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],

@@ -74,6 +74,24 @@ FEW_ROWS = 8
 # float64 3×256×2048 (4 MiB) 110 / 130, 4×1024×1024 (8 MiB) 203 / 249, float32
 # 4×4096×4096 (64 MiB, from memory) 1810 / 2767.
 FEW_SPLIT_BYTES = 4 << 20
+# Products of 8-15 rows do twice the multiply-adds per byte of B or more, so the second
+# thread pays from a smaller B (see ``few_split_bytes``). AMD Zen 5, µs one thread / two:
+# float32 8 rows, B 512×512 (1 MiB) 19.1 / 25.2, 1024×512 (2 MiB) 38.6 / 38.9, 1024²
+# 82.9 / 60.1; 12 rows 1 MiB 28.7 / 30.5, 2 MiB 62.5 / 51.1; float64 8 rows 256² (0.5 MiB)
+# 9.0 / 11.5, 512² (2 MiB) 38.5 / 26.7.
+FEW_SPLIT_BYTES_8 = 1 << 20
+
+
+def few_rows_limit(vector_bits: int | None) -> int:
+    """Products of fewer rows than this take the few-row path (``takes_few``): ``FEW_ROWS``,
+    or twice that where the wide 8-row tile exists (AVX-512, NEON: ``eight_row_vectors``),
+    whose products of 8-15 rows take it and a tile of the other rows on the same columns."""
+    return 2 * FEW_ROWS if eight_row_vectors(vector_bits) > 1 else FEW_ROWS
+
+
+def few_split_bytes(rows: int) -> int:
+    """The largest B (bytes) a few-row product of ``rows`` rows reads on one thread."""
+    return FEW_SPLIT_BYTES if rows < FEW_ROWS else FEW_SPLIT_BYTES_8
 
 
 def few_vectors(rows: int, vector_bits: int | None) -> int:

@@ -237,10 +237,11 @@ def unpacked_rows(m: int, size: int, threads: int, bits: int | None) -> bool:
     least 8 rows, and runs of 8 rows that share evenly between the threads: at least two
     runs per thread, or the same whole runs for each (10 rows on two threads gave one 8
     rows and the other 2)."""
-    from tilegemm.kernels.cpu._small_tile import FEW_ROWS, eight_row_vectors
+    from tilegemm.kernels.cpu._small_tile import eight_row_vectors, few_rows_limit
 
     units = (m + 7) // 8
-    return (size <= UNPACKED_PRODUCT and eight_row_vectors(bits) > 1 and m >= FEW_ROWS
+    return (size <= UNPACKED_PRODUCT and eight_row_vectors(bits) > 1
+            and m >= few_rows_limit(bits)
             and (units >= 2 * threads or m % (8 * threads) == 0))
 
 
@@ -311,7 +312,12 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     ``b_transposed``: that operand is handed over as its transpose, e.g. Fortran-ordered)
     and (given the parameters and the L2 ``budget`` too, see :func:`one_row_block`)
     ``layout``."""
-    from tilegemm.kernels.cpu._small_tile import FEW_ROWS, FEW_SPLIT_BYTES, narrow_columns
+    from tilegemm.kernels.cpu._small_tile import (
+        FEW_ROWS,
+        few_rows_limit,
+        few_split_bytes,
+        narrow_columns,
+    )
 
     if params is not None and itemsize is None:
         raise TypeError("path: the parameters need the dtype's itemsize beside them")
@@ -333,11 +339,14 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
             and not a_transposed and not b_transposed):
         return (f"unpacked: rows split over {threads} thread(s), 8 rows × several vectors "
                 "at a time, A and B read in place, no packing")
-    if itemsize is not None and 2 <= m < FEW_ROWS:
-        where = ("on the calling thread" if k * n * itemsize <= FEW_SPLIT_BYTES
+    if (itemsize is not None and 2 <= m < few_rows_limit(vector_bits())
+            and not (m >= FEW_ROWS and (a_transposed or b_transposed))):
+        where = ("on the calling thread" if k * n * itemsize <= few_split_bytes(m)
                  else f"columns split over {threads} thread(s)")
         how = ("dot products of A's rows and B's columns (B given transposed) along K"
-               if b_transposed else "one tile of all the rows per few vectors of columns")
+               if b_transposed else "one tile of all the rows per few vectors of columns"
+               if m < FEW_ROWS else "an 8-row tile, then one of the other rows, per few "
+               "vectors of columns")
         return f"few rows: {where}, {how}, A and B read in place, no packing"
     if params is not None and one_row_block(m, n, k, threads, params, itemsize, budget):
         why = (f" (more than MC={params['MC']} rows, but their block of A fits in L2 beside "
