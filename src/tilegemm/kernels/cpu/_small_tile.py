@@ -3,8 +3,8 @@
 The blocked rung computes small products (``direct``), narrow ones, a few vectors of
 columns wide at any size (``takes_rows``), mid-size ones up to ``UNPACKED_PRODUCT`` where
 the CPU has the wide 8-row tile (``eight_row_vectors``: AVX-512, NEON; also
-``takes_rows``), and products of fewer than eight rows at any size (``takes_few``) with
-these tiles instead of packing.
+``takes_rows``), and products of fewer than eight rows (sixteen with the wide tile,
+``few_rows_limit``) at any size (``takes_few``) with these tiles instead of packing.
 
 Products too small to repay packing (a few thousand multiply-adds each, or fewer than
 eight rows or columns: 4×4 transforms, batches of 16×16 blocks) used to run as plain
