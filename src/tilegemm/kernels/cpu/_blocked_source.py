@@ -361,8 +361,8 @@ def fold(y, acc, j0, j1, alpha, beta, first):
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8, i8), **FLAGS)
 def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
     """Columns j0..j1 of product z, a product of 2 to 7 rows (``FEW_ROWS``; with the wide
-    8-row tile 8-15 too, see below), unpacked: per K
-    panel, one tile of all its rows walks the columns, a few vectors at a time (``FW2``..
+    8-row tile 8-15 too, see below), unpacked: per K panel, one tile of all its rows walks
+    the columns, a few vectors at a time (``FW2``..
     ``FW7``: the width that keeps the tile's sums in registers), reading B where it lies.
     Packing B for so few rows copied all of it for a few multiply-adds per element. The
     same sums as the packed path and ``direct`` (K panels of ``kc_max``, in K order), bit
@@ -896,7 +896,8 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
     if takes_few(batch, m, n, k, nthreads, direct_max, tr):
         # each product's columns in ranges of whole tiles, one per thread, unpacked (A
         # plain: ``blocked`` copies a transposed A for this path); with B within
-        # FEW_SPLIT_BYTES, on this thread alone
+        # FEW_SPLIT_BYTES (FEW_SPLIT_BYTES_8 for 8-15 rows: ``_small_tile.few_split_bytes``),
+        # on this thread alone
         tasks = min((n + few_width(m, tr) - 1) // few_width(m, tr), nthreads)
         split = FEW_SPLIT_BYTES if m < FEW_ROWS else FEW_SPLIT_BYTES_8
         for z in range(batch):
