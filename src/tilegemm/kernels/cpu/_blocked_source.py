@@ -362,8 +362,8 @@ def fold(y, acc, j0, j1, alpha, beta, first):
 def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
     """Columns j0..j1 of product z, a product of 2 to 7 rows (``FEW_ROWS``; with the wide
     8-row tile 8-15 too, see below), unpacked: per K panel, one tile of all its rows walks
-    the columns, a few vectors at a time (``FW2``..
-    ``FW7``: the width that keeps the tile's sums in registers), reading B where it lies.
+    the columns, a few vectors at a time (``FW2``..``FW7``: the width that keeps the
+    tile's sums in registers), reading B where it lies.
     Packing B for so few rows copied all of it for a few multiply-adds per element. The
     same sums as the packed path and ``direct`` (K panels of ``kc_max``, in K order), bit
     for bit. ``j0`` should be a multiple of ``few_width`` (the threads' column ranges are).
