@@ -43,6 +43,17 @@ def _sentinels_kept(buffer):
     return (buffer[:32] == SENTINEL).all() and (buffer[-32:] == SENTINEL).all()
 
 
+def _gemm_matches(a, given, b, seed, **run):
+    """gemm with alpha and beta on ``a`` and ``given`` (B, or B in another layout) against
+    float64 NumPy on ``a @ b``, with a tolerance that grows with K."""
+    dt = a.dtype
+    c = np.random.default_rng(seed).standard_normal(np.matmul(a, b).shape).astype(dt)
+    both = tilegemm.gemm(a, given, c, alpha=0.5, beta=-2.0, **run)
+    want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c
+    tol = 1e-4 if dt.itemsize == 4 else 1e-11
+    np.testing.assert_allclose(both, want, rtol=tol, atol=tol * np.sqrt(a.shape[-1]))
+
+
 def _operands(shape, dtype, seed):
     za, zb, m, n, k = shape
     a, b = random_operands((za, m, k), (zb, k, n), dtype, seed=seed)
@@ -230,12 +241,7 @@ def test_narrow_products_split_rows_and_give_the_packed_paths_bits(dtype):
         flipped = tilegemm.matmul(at, bt, kernel="blocked", backend="cpu", **params)
         np.testing.assert_array_equal(flipped, got[0])
         if dt.kind == "f":
-            c = np.random.default_rng(seed).standard_normal(got.shape).astype(dt)
-            both = tilegemm.gemm(a, b, c, alpha=0.5, beta=-2.0, kernel="blocked",
-                                 backend="cpu", **params)
-            want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c
-            tol = 1e-4 if dt.itemsize == 4 else 1e-11
-            np.testing.assert_allclose(both, want, rtol=tol, atol=tol * np.sqrt(k))
+            _gemm_matches(a, b, b, seed, kernel="blocked", backend="cpu", **params)
 
 
 # (batch, M, N, K): products above the calling thread's size, up to UNPACKED_PRODUCT,
@@ -322,11 +328,7 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
         at = np.asfortranarray(a[0])
         np.testing.assert_array_equal(tilegemm.matmul(at, b[0], **run), got[0])
         if dt.kind == "f":
-            c = np.random.default_rng(seed).standard_normal(got.shape).astype(dt)
-            both = tilegemm.gemm(a, b, c, alpha=0.5, beta=-2.0, **run)
-            want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c
-            tol = 1e-4 if dt.itemsize == 4 else 1e-11
-            np.testing.assert_allclose(both, want, rtol=tol, atol=tol * np.sqrt(k))
+            _gemm_matches(a, b, b, seed, **run)
 
 
 @pytest.mark.parametrize("dtype", ("float32", "float64"))
@@ -470,11 +472,7 @@ def test_few_row_products_with_b_transposed_take_dot_products(dtype, monkeypatch
         np.testing.assert_array_equal(tilegemm.matmul(a, bt, **run), got)
         monkeypatch.undo()
         if dt.kind == "f":
-            c = np.random.default_rng(seed).standard_normal(got.shape).astype(dt)
-            both = tilegemm.gemm(a, bt, c, alpha=0.5, beta=-2.0, **run)
-            want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c
-            tol = 1e-4 if dt.itemsize == 4 else 1e-11
-            np.testing.assert_allclose(both, want, rtol=tol, atol=tol * np.sqrt(k))
+            _gemm_matches(a, bt, b, seed, **run)
 
 
 @pytest.mark.parametrize("dtype", ("float32", "int64"))
