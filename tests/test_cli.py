@@ -292,7 +292,6 @@ def test_tune_output_off_a_terminal_has_no_blank_lines(tmp_path, monkeypatch, ca
     (["explain", "register2d", "--sass", "BM=7"], "BM=7 is not allowed"),
     # a tensor-core rung beside FFMA rungs dropped them without a word
     (["explain", "register2d,mma", "--sass"], "cannot share a table with the FFMA rungs"),
-    (["explain", "mma", "--sass", "--hot-loop"], "--hot-loop prints the FFMA rungs"),
     (["explain", "register2d", "--sass", "--dtype", "float16"], "tensor-core rungs (mma)"),
     (["explain", "all"], "several rungs at once only with --sass"),
 ])

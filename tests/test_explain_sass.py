@@ -262,6 +262,24 @@ def test_tensor_core_rung_hmma_share_does_not_regress(dtype: str, passes: int) -
 
 
 @pytest.mark.ptx
+def test_cli_lists_a_tensor_core_hot_loop(capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``explain mma --sass --hot-loop``: the loop counted, listed line by line."""
+    _nvdisasm_or_skip()
+    monkeypatch.setenv("COLUMNS", "200")
+    argv = ["explain", "mma", "--sass", "--dtype", "float16", "--hot-loop"]
+    assert cli.main([*argv, "--json"]) == 0
+    [k] = json.loads(capsys.readouterr().out)["kernels"]
+    lines = k["hot_loop_sass"]
+    assert len(lines) == k["hot_loop"]["total"]
+    assert sum(line.endswith("// HMMA") for line in lines) == k["hot_loop"]["HMMA"] > 0
+    assert sum(line.endswith("// LDSM") for line in lines) == k["hot_loop"]["LDSM"] > 0
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "mma: hot loop" in out and "HMMA.16816.F32" in out
+
+
+@pytest.mark.ptx
 def test_rounded_copies_take_the_rounding_out_of_the_hot_loop() -> None:
     """Rung mma's TF32 with RCOPY=1 (A and B rounded by copies made before the kernel):
     on sm_90, 110 instructions a k-tile against 153 rounding in shared memory, HMMA
@@ -299,6 +317,10 @@ def test_tensor_core_loop_counts_multiply_adds_per_shared_byte() -> None:
     assert (r.hot_macs, r.hot_shared_bytes) == (32, 16 + 4 + 16)
     assert r.macs_per_shared_byte == pytest.approx(32 / 36)
     assert r.as_dict()["macs_per_shared_byte"] == pytest.approx(32 / 36)
+    # the listing: the loop's five instructions, each named by its kind (or class)
+    assert [line.rsplit("// ", 1)[1] for line in r.hot_lines] == [
+        "LDSM", "LDS", "LDGSTS", "HMMA", "branches/control"]
+    assert "HMMA.1688.F32.TF32" in r.hot_lines[3] and r.hot_lines[0].startswith("/*0010*/")
     line = "        /*0000*/                   {} ;\n"
 
     def one(text: str) -> sass.Instr:

@@ -403,6 +403,12 @@ def hot_loop(instrs: list[Instr], counted: Callable[[Instr], bool], kernel: str,
     return max(innermost, key=lambda lp: (count(lp), -(lp.end - lp.start))), holding
 
 
+def listing(instrs: list[Instr], loop: Loop, title: Callable[[Instr], str]) -> list[str]:
+    """The loop's SASS, a line per instruction, each with its address and ``title``."""
+    return [f"/*{i.addr:04x}*/ {i.text:<64} // {title(i)}"
+            for i in instrs if loop.contains(i.addr)]
+
+
 def analyse(text: str, *, kernel: str, source: str, arch: str, dtype: str,
             params: dict[str, int], fma_per_kstep: int, bk: int) -> SassReport:
     """Count the hot loop and one interior k-tile of a disassembled GEMM kernel."""
@@ -425,8 +431,7 @@ def analyse(text: str, *, kernel: str, source: str, arch: str, dtype: str,
         and (lp is hot or best_path(instrs, lp, {}).get("fma") == hot_fma)}
     tile_path = best_path(instrs, tile_loop, trips)
     edge_path = best_path(instrs, tile_loop, trips, edge=True)
-    lines = [f"/*{i.addr:04x}*/ {i.text:<64} // {CLASS_TITLES[i.cls]}"
-             for i in instrs if hot.contains(i.addr)]
+    lines = listing(instrs, hot, lambda i: CLASS_TITLES[i.cls])
     return SassReport(
         kernel=kernel, source=source, arch=arch, dtype=dtype, params=params,
         fma_per_kstep=fma_per_kstep, bk=bk, instructions=len(instrs), hot=hot_path,

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.analysis.resources import Compiled
-from tilegemm.analysis.sass import Instr, hot_loop, parse_sass
+from tilegemm.analysis.sass import CLASS_TITLES, Instr, hot_loop, listing, parse_sass
 from tilegemm.registry import KernelSpec
 
 #: Kinds of instruction a tensor-core hot loop is made of, in report order.
@@ -74,6 +74,7 @@ class MmaSass(Compiled):
     hot: dict[str, int]  # the hot loop's counts by kind, and "total"
     hot_macs: int = 0  # multiply-adds of one thread's HMMA in the hot loop
     hot_shared_bytes: int = 0  # shared memory one thread reads and writes there
+    hot_lines: tuple[str, ...] = ()  # the hot loop's SASS, each line with its kind
 
     @property
     def hmma_share(self) -> float:
@@ -112,7 +113,15 @@ def count(text: str, *, kernel: str, arch: str, dtype: str,
                    instructions=len(instrs), hmma=sum(1 for i in instrs if i.op in MMA_OPS),
                    local_memory=sum(1 for i in instrs if i.op in ("LDL", "STL")), hot=counts,
                    hot_macs=sum(map(macs, body)),
-                   hot_shared_bytes=sum(map(shared_bytes, body)))
+                   hot_shared_bytes=sum(map(shared_bytes, body)),
+                   hot_lines=tuple(listing(instrs, hot, title)))
+
+
+def title(ins: Instr) -> str:
+    """What one hot-loop instruction is, for the listing: its kind, or for the rest
+    (``other``) the class the FFMA accounting gives it (integer/address, moves, ...)."""
+    k = kind(ins.op)
+    return CLASS_TITLES[ins.cls] if k == "other" else k
 
 
 def mma_report(spec: KernelSpec, params: dict[str, int] | None = None,

@@ -79,9 +79,6 @@ def run_sass(args: argparse.Namespace) -> int:
                 "share a table with the FFMA rungs "
                 f"({', '.join(s.name for s in specs if not s.precisions)}): explain them "
                 "separately" + (" (--yardstick adds FFMA rungs)" if args.yardstick else ""))
-        if args.hot_loop:
-            raise InvalidValueError("--hot-loop prints the FFMA rungs' hot loop; the tensor-core "
-                                    "rungs' machine code is summarised only (leave it out)")
         return _run_mma(args, tensor, params if len(specs) == 1 else None)
     if args.dtype not in ("float32", "float64"):
         raise InvalidValueError("--sass counts the FFMA rungs in float32 or float64 (--dtype); "
@@ -153,7 +150,9 @@ def _run_mma(args: argparse.Namespace, specs: list, params: dict | None) -> int:
     nvdisasm_path()
     reports = [mma_report(s, params, args.dtype, args.arch) for s in specs]
     if args.json:
-        print(json.dumps({"kernels": [r.as_dict() for r in reports]}, indent=2))
+        print(json.dumps({"kernels": [dict(r.as_dict(), hot_loop_sass=list(r.hot_lines))
+                                      if args.hot_loop else r.as_dict() for r in reports]},
+                         indent=2))
         return 0
     from rich.table import Table
 
@@ -183,4 +182,9 @@ def _run_mma(args: argparse.Namespace, specs: list, params: dict | None) -> int:
                     "(16-bit) on an H100, 4 or 8 on an A100, shared memory bounds the loop "
                     "before the tensor cores do. Registers: tilegemm kernels --resources.",
                     highlight=False)
+    if args.hot_loop:
+        for r in reports:
+            console().print(f"\n[bold]{r.kernel}: hot loop[/bold]")
+            for line in r.hot_lines:
+                console().print(line, markup=False, highlight=False)
     return 0
