@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tilegemm
@@ -158,3 +159,84 @@ def test_the_call_that_starts_the_pool_is_watched_even_past_the_budget(monkeypat
     monkeypatch.setattr(_threads, "_watches", {os.getpid(): _threads.PoolWatch.WATCHES})
     assert _threads.PoolWatch().before is None
     assert _threads.PoolWatch(always=True).before is not None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="placement is Linux-only")
+def test_placement_reads_the_allowed_cpus_when_the_caller_moves_or_when_due(
+        monkeypatch) -> None:
+    """The check before every threaded product: the caller's CPU each time, the CPUs it
+    may use (a system call) only when the caller moved or ``AFFINITY_INTERVAL_NS`` passed;
+    the workers are pinned again whenever either changed."""
+    pid = os.getpid()
+    now, cpu, allowed = [10**12], [0], [{0, 1}]
+    reads, pins = [], []
+    monkeypatch.delenv(_threads.PIN_ENV, raising=False)
+    monkeypatch.setattr(_threads, "_pool_tids", {pid: [4242]})
+    monkeypatch.setattr(_threads, "_placement", {})
+    monkeypatch.setattr(_threads, "_affinity_read", [0])
+    monkeypatch.setattr(_threads, "_pid", [pid])
+    monkeypatch.setattr(_threads, "current_cpu", lambda: cpu[0])
+    monkeypatch.setattr(_threads.time, "monotonic_ns", lambda: now[0])
+    monkeypatch.setattr(_threads.os, "sched_getaffinity",
+                        lambda _: reads.append(1) or set(allowed[0]))
+    monkeypatch.setattr(_threads.os, "sched_setaffinity",
+                        lambda tid, cpus: pins.append((tid, sorted(cpus))))
+
+    _threads.place_workers()
+    assert (len(reads), pins) == (1, [(4242, [1])])
+    now[0] += _threads.AFFINITY_INTERVAL_NS // 2
+    _threads.place_workers()  # nothing changed, nothing due: no system call
+    assert (len(reads), len(pins)) == (1, 1)
+    allowed[0] = {0, 1, 2}  # changed, and seen once due
+    _threads.place_workers()
+    assert (len(reads), len(pins)) == (1, 1)
+    now[0] += _threads.AFFINITY_INTERVAL_NS
+    _threads.place_workers()
+    assert len(reads) == 2 and pins[-1] == (4242, [1]) and len(pins) == 2
+    _threads.place_workers()  # read just now and current
+    assert (len(reads), len(pins)) == (2, 2)
+    cpu[0] = 1  # the caller moved: read at once, and the worker moved off its CPU
+    _threads.place_workers()
+    assert len(reads) == 3 and pins[-1] == (4242, [0])
+    monkeypatch.setenv(_threads.PIN_ENV, "0")  # turned off: nothing read or pinned
+    cpu[0] = 2
+    _threads.place_workers()
+    assert (len(reads), len(pins)) == (3, 3)
+
+
+def test_pinning_setting_follows_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv(_threads.PIN_ENV, "0")
+    assert not _threads.pinning_enabled()
+    monkeypatch.setenv(_threads.PIN_ENV, "1")
+    assert _threads.pinning_enabled() == sys.platform.startswith("linux")
+    monkeypatch.delenv(_threads.PIN_ENV)
+    assert _threads.pinning_enabled() == sys.platform.startswith("linux")
+
+
+def test_thread_count_follows_numba_set_num_threads() -> None:
+    """Once the pool runs, pool_threads reads Numba's count without Numba's start-up locks;
+    it is still the calling thread's own setting."""
+    import numba
+
+    a = np.random.default_rng(2).standard_normal((200, 200))
+    tilegemm.matmul(a, a, kernel="blocked", backend="cpu")  # the pool runs
+    assert _threads._numba_layer_started()
+    full = numba.get_num_threads()
+    assert _threads.pool_threads() == full
+    numba.set_num_threads(1)
+    try:
+        assert _threads.pool_threads() == 1
+    finally:
+        numba.set_num_threads(full)
+    assert _threads.pool_threads() == full
+
+
+def test_a_region_watches_for_the_pool_only_until_it_is_known(monkeypatch) -> None:
+    monkeypatch.setattr(_threads, "_pool_tids", {})
+    monkeypatch.setattr(_threads, "_watches", {})
+    with _threads.InParallel() as region:
+        assert region.watch is not None and _threads._in_parallel >= 1
+    monkeypatch.setattr(_threads, "_pool_tids", {os.getpid(): [4242]})
+    with _threads.InParallel() as region:
+        assert region.watch is None
+    assert _threads._in_parallel == 0

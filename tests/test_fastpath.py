@@ -12,6 +12,7 @@ import pytest
 
 import tilegemm
 from tilegemm import api, fastpath
+from tilegemm._environ import environ_reader
 from tilegemm.reference import assert_close
 
 
@@ -73,7 +74,7 @@ def test_poison_follows_the_environment_on_remembered_calls(spy, rng, monkeypatc
 
 def test_environment_reads_see_every_change_through_os_environ(monkeypatch):
     name = "TILEGEMM_TEST_FASTPATH_READER"
-    read, encode = fastpath._environ_reader(name)
+    read, encode = environ_reader(name)
     monkeypatch.delenv(name, raising=False)
     assert read() is None
     monkeypatch.setenv(name, "one")

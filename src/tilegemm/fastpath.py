@@ -93,6 +93,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tilegemm._environ import environ_reader
 from tilegemm.backends.base import poison_value
 
 _LIMIT = 256  # remembered cases at most (the table is cleared when full)
@@ -100,27 +101,8 @@ _KINDS = "fiu"  # dtypes whose product NumPy computes in the operands' own dtype
 _NDARRAY = np.ndarray
 
 
-def _environ_reader(name: str) -> tuple[Callable[[], Any], Callable[[str], Any]]:
-    """(read, encode) for one environment variable read on every call: ``read()`` gives
-    its value as stored, ``encode(text)`` a text as it would be stored, for comparisons.
-
-    ``os.environ.get`` encodes the name and decodes the value each time (about 0.7 µs, a
-    tenth of a remembered 8×8 product). CPython's ``os.environ`` reads from a mapping of
-    encoded names and values that every change made through ``os.environ`` updates at
-    once, so reading it sees the same changes, for the price of a dict look-up. Where that
-    mapping is missing (another Python), ``os.environ.get`` and the plain text."""
-    env = os.environ
-    data = getattr(env, "_data", None)
-    encode_key = getattr(env, "encodekey", None)
-    encode_value = getattr(env, "encodevalue", None)
-    if isinstance(data, dict) and callable(encode_key) and callable(encode_value):
-        key = encode_key(name)
-        return (lambda: data.get(key)), encode_value
-    return (lambda: env.get(name)), (lambda text: text)
-
-
-_cache_dir, _ = _environ_reader("TILEGEMM_CACHE_DIR")
-_poison, _encode = _environ_reader("TILEGEMM_POISON")
+_cache_dir, _ = environ_reader("TILEGEMM_CACHE_DIR")
+_poison, _encode = environ_reader("TILEGEMM_POISON")
 # what base.poison_enabled() reads as "off": unset, empty or "0"
 _POISON_OFF = (None, _encode(""), _encode("0"))
 

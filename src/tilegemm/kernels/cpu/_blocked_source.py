@@ -36,7 +36,6 @@ from tilegemm.kernels.cpu._small_tile import (
 from tilegemm.kernels.cpu._small_tile import width as small_width
 from tilegemm.kernels.cpu._threads import (
     InParallel,
-    PoolWatch,
     parallel_unsafe,
     place_workers,
     pool_threads,
@@ -1009,7 +1008,7 @@ def blocked(A, B, C, alpha, beta, tr, cb):
         B, tr = _stored(B, tr & 2), 0
     if nthreads > 1:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
-    with PoolWatch(), InParallel():
+    with InParallel():  # (and watches for the pool's threads until they are known)
         if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, direct):
             gemv_threads(A, B, C, alpha, beta, nthreads, cb[1])
         else:

@@ -33,9 +33,11 @@ import ctypes
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 from tilegemm._compat import import_numba
+from tilegemm._environ import environ_reader
 
 # The name Numba asks the dynamic loader for (TBB's binary interface since oneTBB 2021).
 TBB_LIBRARY = "libtbb.so.12"
@@ -125,22 +127,37 @@ _in_parallel_lock = threading.Lock()
 
 class InParallel:
     """Around a call that runs a parallel region: counted, so that a child forked while it
-    runs computes on its calling thread only (:func:`parallel_unsafe`)."""
+    runs computes on its calling thread only (:func:`parallel_unsafe`), and, until the
+    pool's threads are known, a :class:`PoolWatch` (the first regions may start the pool).
+
+    One object and no system call once the pool is known: this runs between parallel
+    regions, where right after one that streamed more than the L2 cache every line of
+    Python costs ten times its usual time (see :func:`place_workers`); a ``PoolWatch``
+    and this, apart, cost 11 µs there on an Intel Xeon (family 6 model 167)."""
+
+    __slots__ = ("watch",)
 
     def __enter__(self) -> InParallel:
         global _in_parallel
         with _in_parallel_lock:
             _in_parallel += 1
+        self.watch = None if _pool_tids.get(_pid[0]) else PoolWatch()
         return self
 
     def __exit__(self, *exc: object) -> None:
         global _in_parallel
+        if self.watch is not None:
+            self.watch.__exit__()
         with _in_parallel_lock:
             _in_parallel -= 1
 
 
+_pid = [os.getpid()]  # this process's id (os.getpid() is a system call), kept after forks
+
+
 def _after_fork_in_child() -> None:
     global _forked_unsafe, _starting, _in_parallel, _in_parallel_lock
+    _pid[0] = os.getpid()
     # the parent's regions of other threads do not exist here, but its pool is unusable
     _forked_unsafe = _forked_unsafe or _openmp_running() or _in_parallel > 0
     _in_parallel = 0
@@ -178,10 +195,19 @@ _pool_tids: dict[int, list[int]] = {}  # pid -> the threads that Numba's first r
 _placement: dict[int, tuple[int, frozenset[int]]] = {}  # pid -> (caller's CPU, allowed)
 
 
+_pin_setting, _encode = environ_reader(PIN_ENV)
+_PIN_OFF = _encode("0")
+# While the caller stays on one CPU, place_workers reads the CPUs it may use at most this
+# often: the system call and the set cost 0.5 µs in a loop, 4 µs right after a product that
+# streamed more than the L2 cache (see place_workers).
+AFFINITY_INTERVAL_NS = 50_000_000
+_affinity_read = [0]  # time.monotonic_ns() of the last read that found the placement current
+
+
 def pinning_enabled() -> bool:
     """Whether tilegemm places Numba's worker threads (``TILEGEMM_PIN_THREADS=0`` turns it
     off; only on Linux, where threads can be placed by id)."""
-    return _LINUX and os.environ.get(PIN_ENV, "1") != "0"
+    return _LINUX and _pin_setting() != _PIN_OFF
 
 
 def _thread_ids() -> set[int]:
@@ -255,6 +281,15 @@ def pool_threads() -> int:
     threads are seen even when many threads make their first product at once (there,
     concurrent watches used up ``WATCHES`` before the pool started, and it was never
     placed)."""
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    if parallel is not None and getattr(parallel, "_is_initialized", False):
+        # what numba.get_num_threads() returns once the pool runs, without the two locks
+        # it takes first (one a multiprocessing lock): 0.8 µs in a loop, 12 µs right after
+        # a product that streamed more than the L2 cache (see place_workers)
+        count = getattr(parallel, "_get_num_threads", None)
+        threads = count() if count is not None else 0
+        if threads > 0:
+            return threads
     numba = import_numba()  # (imported at the top: an import here cost 0.5 µs a call)
     if _numba_layer_started():
         return numba.get_num_threads()
@@ -279,12 +314,25 @@ def _python_thread_ids() -> set[int]:
 
 def place_workers() -> None:
     """Pin each of Numba's worker threads to one CPU the caller may use, other than the one
-    it runs on now (see above). Cheap when nothing changed since the last call: two system
-    calls. Never raises: a thread that has gone, or a CPU refused, leaves that thread
-    where it is."""
-    pid = os.getpid()
+    it runs on now (see above). Never raises: a thread that has gone, or a CPU refused,
+    leaves that thread where it is.
+
+    Cheap when nothing changed since the last call: the caller's CPU is read every time,
+    the CPUs it may use every ``AFFINITY_INTERVAL_NS``. This runs between parallel
+    regions, and right after one that streamed more than the L2 cache every line of
+    Python it runs comes from L3: on an Intel Xeon (family 6 model 167, 2 MiB of L2) this
+    function took 15 µs there (1.6 µs in a loop of its own), with a system call and
+    ``os.environ`` read each time; a float64 1024 × 1024 matrix times a vector takes
+    170 µs."""
+    pid = _pid[0]
     tids = _pool_tids.get(pid)
     if not tids or not pinning_enabled():
+        return
+    cpu = current_cpu()
+    placed = _placement.get(pid)
+    now = time.monotonic_ns()
+    if placed is not None and placed[0] == cpu and (
+            now - _affinity_read[0] < AFFINITY_INTERVAL_NS):
         return
     try:
         allowed = frozenset(os.sched_getaffinity(0))
@@ -292,8 +340,8 @@ def place_workers() -> None:
         return
     if len(allowed) < 2:
         return
-    cpu = current_cpu()
-    if _placement.get(pid) == (cpu, allowed):
+    if placed == (cpu, allowed):
+        _affinity_read[0] = now
         return
     alive = []
     for tid, target in zip(tids, worker_cpus(len(tids), allowed, cpu), strict=True):
@@ -304,3 +352,4 @@ def place_workers() -> None:
             pass
     _pool_tids[pid] = alive
     _placement[pid] = (cpu, allowed)
+    _affinity_read[0] = now
