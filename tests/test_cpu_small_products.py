@@ -301,9 +301,10 @@ FEW_WIDE = [(1, 8, 1100, 300), (1, 9, 777, 350), (1, 10, 1000, 600), (2, 11, 300
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
     """Products of 2-7 rows (8-15 with the wide 8-row tile) run unpacked at any size: the
-    same bits as the packed loop nest on the same operands, through matmul (A
-    Fortran-ordered: copied for this path, or packed for 8-15 rows) and gemm (alpha,
-    beta), and the same for every product of a batch sharing A."""
+    same bits as the packed loop nest on the same operands (for 9-15 rows, with K panels
+    of at most REREAD_KC, as the few-row path sums them), through matmul (A
+    Fortran-ordered: copied for this path, or packed for 8-15 rows, with the full KC) and
+    gemm (alpha, beta), and the same for every product of a batch sharing A."""
     from tilegemm.kernels.cpu import k02_blocked
 
     params, mod = blocked_module({}, dtype)
@@ -318,7 +319,9 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
         assert "few rows" in tilegemm.plan(a, b, kernel="blocked", **params).path
         got = tilegemm.matmul(a, b, **run)
         packed = np.empty_like(got)
-        mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, cb)
+        # 9-15 rows: the packed path's sums with K panels of at most REREAD_KC
+        panels = (cb[0], min(cb[1], mod.REREAD_KC), cb[2]) if m > 8 else cb
+        mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, panels)
         np.testing.assert_array_equal(got, packed, err_msg=f"{dtype} {(batch, m, n, k)}")
         assert_close(got, a, b)
         if batch > 1:
@@ -326,7 +329,10 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
             for z in range(batch):
                 np.testing.assert_array_equal(shared[z], tilegemm.matmul(a[0], b[z], **run))
         at = np.asfortranarray(a[0])
-        np.testing.assert_array_equal(tilegemm.matmul(at, b[0], **run), got[0])
+        if m > 8:  # A given transposed: 8-15 rows are packed in place, with the full KC
+            mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, cb)
+        np.testing.assert_array_equal(tilegemm.matmul(at, b[0], **run),
+                                      packed[0] if m > 8 else got[0])
         if dt.kind == "f":
             _gemm_matches(a, b, b, seed, **run)
 
@@ -427,9 +433,18 @@ def test_transposed_matrices_are_packed_in_place_not_copied(dtype, monkeypatch):
 
     params, mod = blocked_module({}, dtype)
     run = {"kernel": "blocked", "backend": "cpu", **params}
+    cb = (params["MC"], params["KC"], params["NC"])
     for seed, (sa, sb, layout) in enumerate(IN_PLACE):
         a, b = random_operands(sa, sb, dtype, seed=seed)
         plain = tilegemm.matmul(a, b, **run)
+        if 8 < sa[-2] < mod.FEW_MAX and sb[-1] > mod.NARROW_N:
+            # given plainly, 9-15 rows take the few-row path, whose K panels are shorter
+            # (REREAD_KC); given transposed, they are packed: the packed path's own sums
+            a3, b3 = a.reshape((-1, *sa[-2:])), b.reshape((-1, *sb[-2:]))
+            plain = np.empty((a3.shape[0], sa[-2], sb[-1]), dtype=dtype)
+            one, zero = np.dtype(dtype).type(1), np.dtype(dtype).type(0)
+            mod.products_serial(a3, b3, plain, one, zero, 0, a3.shape[0], 0, cb)
+            plain = plain.reshape(np.broadcast_shapes(sa[:-2], sb[:-2]) + plain.shape[-2:])
         ta = np.asfortranarray(a) if layout in ("at", "f") else a
         tb = np.asfortranarray(b) if layout in ("bt", "f") else b
         if a.ndim == 3 and layout == "f":  # the transpose of C-ordered storage per product

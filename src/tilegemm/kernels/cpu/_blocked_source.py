@@ -27,6 +27,7 @@ from tilegemm.kernels.cpu._small_tile import (
     FEW_ROWS,
     FEW_SPLIT_BYTES,
     FEW_SPLIT_BYTES_8,
+    REREAD_KC,
     eight_row_vectors,
     few_rows_limit,
     few_vectors,
@@ -375,7 +376,9 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
     8-15 rows (CPUs with the wide 8-row tile, ``FEW_MAX``; B plain): per K panel, ``DW8``
     columns at a time, the wide tile on the first 8 rows, then a tile of the other rows
     exactly as wide (``rtile1``..``rtile7``) on the same columns, whose piece of B is then
-    in cache. The packed path's sums, bit for bit.
+    in cache: in L1, as 9-15 rows sum K in panels of at most ``REREAD_KC`` steps. The
+    packed path's sums with KC that small, bit for bit (those of the same rows computed
+    packed with a longer KC differ in the last bits).
     """
     m, n, k = C.shape[1], C.shape[2], A.shape[2]
     sa = m * k if A.shape[0] > 1 else 0
@@ -401,8 +404,10 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
                            (z * m + i) * n + j, n, min(DC1, ge - j), alpha, beta, mode)
         return
     sb = k * n if B.shape[0] > 1 else 0
-    for pc in range(0, k, kc_max):
-        kc = min(kc_max, k - pc)
+    # 9-15 rows: K panels short enough that the second tile finds B's piece in L1
+    kp = kc_max if m <= 8 else min(kc_max, REREAD_KC)
+    for pc in range(0, k, kp):
+        kc = min(kp, k - pc)
         mode = 0 if pc == 0 and beta == zero else 1
         bb = beta if pc == 0 else one
         a0, b0, c0 = z * sa + pc, z * sb + pc * n, z * m * n
