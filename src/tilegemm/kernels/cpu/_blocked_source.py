@@ -481,13 +481,14 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
     the registers allow (AVX-512, NEON), the 8-row tiles take ``DW8`` columns (several
     vectors) at a time across the full-width part of the rows, so each element of A loaded
     feeds several multiply-adds, not one, and one vector at a time for the rest; or,
-    for whole products of 2-7 rows wider than ``NARROW_N`` columns, one tile of all the
-    rows, several vectors wide (``few_rows``).
+    for whole products of 2-7 rows (to 15 with the wide tile) wider than ``NARROW_N``
+    columns, one tile of all the rows, several vectors wide (``few_rows``).
 
     Each element is summed as in the packed path, with the same bits: K in panels of
-    ``kc_max`` (KC) steps, each panel's sum started from zero in K order and added into C
-    (a single running sum over all of K lost accuracy for long products with few outputs:
-    2×2×350000 in float32, 100× NumPy's error).
+    ``kc_max`` (KC) steps (at most ``REREAD_KC`` for ``few_rows``' 9-15 rows), each
+    panel's sum started from zero in K order and added into C (a single running sum over
+    all of K lost accuracy for long products with few outputs: 2×2×350000 in float32,
+    100× NumPy's error).
 
     No packing and no parallel region, whose wake-up costs more than the whole product
     below ``DIRECT_PRODUCT`` multiply-adds. Called by name (``call_direct``) with a whole

@@ -80,10 +80,10 @@ FEW_SPLIT_BYTES = 4 << 20
 # 82.9 / 60.1; 12 rows 1 MiB 28.7 / 30.5, 2 MiB 62.5 / 51.1; float64 8 rows 256² (0.5 MiB)
 # 9.0 / 11.5, 512² (2 MiB) 38.5 / 26.7.
 FEW_SPLIT_BYTES_8 = 1 << 20
-# ... and they sum K in panels of at most this many steps (the packed path's sums with KC
-# this small): the tile of the rows past 8 reads again the piece of B the 8-row tile has
-# just read (this many rows of B by its width: 12 KiB with AVX-512), which then is still in
-# L1. With the packed path's KC = 512 the piece (96 KiB) came back from L2 and the second
+# Products of 9-15 rows sum K in panels of at most this many steps (the packed path's sums
+# with KC this small): the tile of the rows past 8 reads again the piece of B the 8-row tile
+# has just read (this many rows of B by its width: 12 KiB with AVX-512), which then is still
+# in L1. With the packed path's KC = 512 the piece (96 KiB) came back from L2 and the second
 # tile cost as much as the first: an Intel Xeon (family 6 model 167, 48 KiB of L1, 2
 # threads), ms per product KC 512 / 64: float32 12×4096×4096 6.6-7.2 / 3.3-3.5, float64
 # 12×4096×4096 20.8 / 8.4, 15×4096×4096 23.1 / 9.3, 12×1024×1024 0.57 / 0.37. Eight rows
