@@ -417,7 +417,7 @@ def _copies(mod, monkeypatch) -> list[tuple[int, ...]]:
 
 # (A's shape, B's shape, layout): products with a matrix given transposed ("at", "bt") or
 # both operands Fortran-ordered ("f"), small (the calling thread) and narrow
-IN_PLACE = [((9, 1024), (1024, 256), "bt"), ((8, 512), (512, 256), "at"),
+IN_PLACE = [((16, 1024), (1024, 256), "bt"), ((8, 512), (512, 256), "at"),
             ((100, 100), (100, 100), "f"), ((3, 20, 30), (3, 30, 40), "f"),
             ((2048, 700), (700, 16), "at"), ((900, 800), (800, 9), "f")]
 
@@ -433,18 +433,9 @@ def test_transposed_matrices_are_packed_in_place_not_copied(dtype, monkeypatch):
 
     params, mod = blocked_module({}, dtype)
     run = {"kernel": "blocked", "backend": "cpu", **params}
-    cb = (params["MC"], params["KC"], params["NC"])
     for seed, (sa, sb, layout) in enumerate(IN_PLACE):
         a, b = random_operands(sa, sb, dtype, seed=seed)
         plain = tilegemm.matmul(a, b, **run)
-        if 8 < sa[-2] < mod.FEW_MAX and sb[-1] > mod.NARROW_N:
-            # given plainly, 9-15 rows take the few-row path, whose K panels are shorter
-            # (REREAD_KC); given transposed, they are packed: the packed path's own sums
-            a3, b3 = a.reshape((-1, *sa[-2:])), b.reshape((-1, *sb[-2:]))
-            plain = np.empty((a3.shape[0], sa[-2], sb[-1]), dtype=dtype)
-            one, zero = np.dtype(dtype).type(1), np.dtype(dtype).type(0)
-            mod.products_serial(a3, b3, plain, one, zero, 0, a3.shape[0], 0, cb)
-            plain = plain.reshape(np.broadcast_shapes(sa[:-2], sb[:-2]) + plain.shape[-2:])
         ta = np.asfortranarray(a) if layout in ("at", "f") else a
         tb = np.asfortranarray(b) if layout in ("bt", "f") else b
         if a.ndim == 3 and layout == "f":  # the transpose of C-ordered storage per product
@@ -460,15 +451,18 @@ def test_transposed_matrices_are_packed_in_place_not_copied(dtype, monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_few_row_products_with_b_transposed_take_dot_products(dtype, monkeypatch):
-    """``x @ W.T`` with 2-7 rows of x (a linear layer's weights, W stored (N, K)): dot
-    products of x's rows and W's rows along K, W read in place (no copy), at any size
-    (small, one thread, columns split), in batches, with A transposed too (copied, a few
-    rows); integers exactly NumPy's, floats within rounding; the calling-thread path of a
-    forked worker gives the same bits as the threads; gemm's alpha and beta."""
+    """``x @ W.T`` with 2-7 rows of x (8-15 where the CPU has the wide 8-row tile; a
+    linear layer's weights, W stored (N, K)): dot products of x's rows and W's rows along
+    K, W read in place (no copy), at any size (small, one thread, columns split), in
+    batches, with A transposed too (copied, a few rows: the same bits; 8-15 rows: packed);
+    integers exactly NumPy's, floats within rounding; the calling-thread path of a forked
+    worker gives the same bits as the threads; gemm's alpha and beta."""
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
     run = {"kernel": "blocked", "backend": "cpu", **params}
-    for seed, (batch, m, n, k) in enumerate([*FEW, (1, 3, 100, 64), (1, 7, 37, 300)]):
+    # 8-15 rows where the wide tile exists: at every size, a small product included
+    wide = [*FEW_WIDE, (1, 12, 100, 64)] if mod.FEW_MAX > 8 else []
+    for seed, (batch, m, n, k) in enumerate([*FEW, (1, 3, 100, 64), (1, 7, 37, 300), *wide]):
         a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
         w = np.ascontiguousarray(b.swapaxes(1, 2))  # (batch, N, K), as a layer stores it
         bt = w.swapaxes(1, 2)
@@ -482,7 +476,10 @@ def test_few_row_products_with_b_transposed_take_dot_products(dtype, monkeypatch
         if m * n * k * batch > mod.DIRECT_PRODUCT:
             assert "dot products" in tilegemm.plan(a, bt, kernel="blocked", **params).path
         at = np.ascontiguousarray(a.swapaxes(1, 2)).swapaxes(1, 2)
-        np.testing.assert_array_equal(tilegemm.matmul(at, bt, **run), got)
+        if m < 8 or dt.kind == "i":
+            np.testing.assert_array_equal(tilegemm.matmul(at, bt, **run), got)
+        else:  # 8-15 rows with A given transposed too: packed, in place
+            assert_close(tilegemm.matmul(at, bt, **run), a, b)
         monkeypatch.setattr(mod, "parallel_unsafe", lambda: True)
         np.testing.assert_array_equal(tilegemm.matmul(a, bt, **run), got)
         monkeypatch.undo()
@@ -499,7 +496,7 @@ def test_dot_products_write_their_columns_and_nothing_else(dtype):
 
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
-    for m in range(2, 8):
+    for m in range(2, 16):
         for k in (1, 7, 16, 37):
             n = 3 * DOT_GROUP + 5
             a, b = random_operands((2, m, k), (2, k, n), dtype, seed=m * k)

@@ -370,8 +370,9 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
 
     ``tr`` bit 1: B is given as its transpose (batch|1, N, K) (A is plain, ``tr`` bit 0
     clear); then each element is a dot product of a row of A and a row of that storage,
-    in groups of ``DOT_GROUP`` columns taken by tiles of 4, 2 and 1 rows in turn (see
-    ``_dot_tile``; not the packed path's order of summation).
+    in groups of ``DOT_GROUP`` columns taken by tiles of 4 rows, then 2 and 1, in turn
+    (see ``_dot_tile``; not the packed path's order of summation), the group's rows of
+    that storage reused from L1 by every tile.
 
     8-15 rows (CPUs with the wide 8-row tile, ``FEW_MAX``; B plain): per K panel, ``DW8``
     columns at a time, the wide tile on the first 8 rows, then a tile of the other rows
@@ -388,11 +389,11 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
         for g in range(j0, j1, DOT_GROUP):
             ge = min(g + DOT_GROUP, j1)
             i = 0
-            if m >= 4:
+            while m - i >= 4:
                 for j in range(g, ge, DC4):
-                    dtile4(k, A, z * sa, k, B, z * sb + j * k, k, C, z * m * n + j, n,
-                           min(DC4, ge - j), alpha, beta, mode)
-                i = 4
+                    dtile4(k, A, z * sa + i * k, k, B, z * sb + j * k, k, C,
+                           (z * m + i) * n + j, n, min(DC4, ge - j), alpha, beta, mode)
+                i += 4
             if m - i >= 2:
                 for j in range(g, ge, DC2):
                     dtile2(k, A, z * sa + i * k, k, B, z * sb + j * k, k, C,
@@ -670,7 +671,7 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
     m, n = C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2]
     size = m * n * k
-    if tr == 2 and 2 <= m < FEW_ROWS and n > NARROW_N and k > 0:  # few rows, B transposed
+    if tr == 2 and 2 <= m < FEW_MAX and n > NARROW_N and k > 0:  # few rows, B transposed
         for z in range(z0, z1):
             call_few_rows(A, B, C, alpha, beta, cb[1], z, 0, n, tr)
     elif tr != 0 and k > 0:
@@ -794,11 +795,11 @@ def takes_few(batch, m, n, k, nthreads, direct_max, tr):
     """Whether the threads compute each product unpacked, its columns split between them
     (``few_rows``): products of 2 to 7 rows (to 15 with the wide 8-row tile, ``FEW_MAX``)
     wider than ``NARROW_N``, above the small-product path and not a batch the threads
-    split; with B given as its transpose (``tr`` bit 1), 2 to 7 rows, as dot products along
-    K (A, 2 to 7 rows, is copied if given so; 8-15 rows with an operand given transposed
-    are packed, in place)."""
+    split; with B given as its transpose (``tr`` bit 1), as dot products along K (A, 2 to
+    7 rows, is copied if given so; 8-15 rows with A given transposed are packed, in
+    place)."""
     if (k == 0 or batch * m * n * k <= direct_max or m < 2 or m >= FEW_MAX or n <= NARROW_N
-            or (m >= FEW_ROWS and tr != 0)):
+            or (m >= FEW_ROWS and tr & 1)):
         return False
     return not splits_batch(batch, m, n, k, nthreads)
 

@@ -340,7 +340,7 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
         return (f"unpacked: rows split over {threads} thread(s), 8 rows × several vectors "
                 "at a time, A and B read in place, no packing")
     if (itemsize is not None and 2 <= m < few_rows_limit(vector_bits())
-            and not (m >= FEW_ROWS and (a_transposed or b_transposed))):
+            and not (m >= FEW_ROWS and a_transposed)):
         where = ("on the calling thread" if k * n * itemsize <= few_split_bytes(m)
                  else f"columns split over {threads} thread(s)")
         how = ("dot products of A's rows and B's columns (B given transposed) along K"
