@@ -451,17 +451,18 @@ def test_transposed_matrices_are_packed_in_place_not_copied(dtype, monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_few_row_products_with_b_transposed_take_dot_products(dtype, monkeypatch):
-    """``x @ W.T`` with 2-7 rows of x (8-15 where the CPU has the wide 8-row tile; a
-    linear layer's weights, W stored (N, K)): dot products of x's rows and W's rows along
-    K, W read in place (no copy), at any size (small, one thread, columns split), in
-    batches, with A transposed too (copied, a few rows: the same bits; 8-15 rows: packed);
-    integers exactly NumPy's, floats within rounding; the calling-thread path of a forked
-    worker gives the same bits as the threads; gemm's alpha and beta."""
+    """``x @ W.T`` with 2-15 rows of x (a linear layer's weights, W stored (N, K)): dot
+    products of x's rows and W's rows along K, W read in place (no copy), at any size
+    (small, one thread, columns split), in batches, with A transposed too (copied, a few
+    rows: the same bits; 8-15 rows: packed); integers exactly NumPy's, floats within
+    rounding; the calling-thread path of a forked worker gives the same bits as the
+    threads; gemm's alpha and beta."""
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
     run = {"kernel": "blocked", "backend": "cpu", **params}
-    # 8-15 rows where the wide tile exists: at every size, a small product included
-    wide = [*FEW_WIDE, (1, 12, 100, 64)] if mod.FEW_MAX > 8 else []
+    # 8-15 rows (DOT_MAX, every ISA): at every size, a small product included
+    wide = [*FEW_WIDE, (1, 12, 100, 64)]
+    assert mod.DOT_MAX == 16
     for seed, (batch, m, n, k) in enumerate([*FEW, (1, 3, 100, 64), (1, 7, 37, 300), *wide]):
         a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
         w = np.ascontiguousarray(b.swapaxes(1, 2))  # (batch, N, K), as a layer stores it

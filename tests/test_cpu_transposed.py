@@ -33,12 +33,9 @@ SHAPES = [
 
 def along_k(name: str, m: int, n: int) -> bool:
     """Whether the layout ``name`` makes the rung read B's transpose as dot products along
-    K (see the module): B transposed with 1-7 rows (8-15 too, B alone transposed, where
-    the CPU has the wide 8-row tile), or A transposed with one column."""
-    from tilegemm.kernels.cpu._small_tile import few_rows_limit
-    from tilegemm.kernels.cpu.k02_blocked import vector_bits
-
-    rows = few_rows_limit(vector_bits()) if name == "b.T" else 8
+    K (see the module): B transposed with 1-7 rows (1-15, B alone transposed), or A
+    transposed with one column."""
+    rows = 16 if name == "b.T" else 8
     return (name in ("b.T", "both") and m < rows) or (name in ("a.T", "both") and n == 1)
 
 

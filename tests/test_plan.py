@@ -325,9 +325,10 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
                                              and not few)
         # B handed over as its transpose (Fortran-ordered): dot products along K
         fortran = k02_blocked.path(batch, m, n, k, threads, itemsize=4, b_transposed=True)
-        assert ("few rows" in fortran) == (few and bool(mod.takes_few(
-            batch, m, n, k, threads, direct, 2))), (batch, m, n, k, fortran)
-        assert ("dot products" in fortran) == few, (batch, m, n, k, fortran)  # 2-15 rows
+        dots = not vector and not narrow and bool(mod.takes_few(batch, m, n, k, threads,
+                                                                direct, 2))
+        assert ("few rows" in fortran) == dots, (batch, m, n, k, fortran)
+        assert ("dot products" in fortran) == dots, (batch, m, n, k, fortran)  # 2-15 rows
         # A handed over as its transpose: narrow and unpacked products are packed; B: the
         # narrow path copies it (a few columns), the unpacked one packs it
         flipped = k02_blocked.path(batch, m, n, k, threads, itemsize=4, a_transposed=True)

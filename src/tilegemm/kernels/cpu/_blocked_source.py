@@ -18,7 +18,7 @@ import numba
 import numpy as np
 from numba import prange
 
-from tilegemm.kernels.cpu._dot_tile import DOT_GROUP, dot_columns, dot_tile
+from tilegemm.kernels.cpu._dot_tile import DOT_GROUP, DOT_MAX, dot_columns, dot_tile
 from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled
 from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
@@ -369,10 +369,10 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
     for bit. ``j0`` should be a multiple of ``few_width`` (the threads' column ranges are).
 
     ``tr`` bit 1: B is given as its transpose (batch|1, N, K) (A is plain, ``tr`` bit 0
-    clear); then each element is a dot product of a row of A and a row of that storage,
-    in groups of ``DOT_GROUP`` columns taken by tiles of 4 rows, then 2 and 1, in turn
-    (see ``_dot_tile``; not the packed path's order of summation), the group's rows of
-    that storage reused from L1 by every tile.
+    clear; 2 to 15 rows, ``DOT_MAX``, on every ISA); then each element is a dot product
+    of a row of A and a row of that storage, in groups of ``DOT_GROUP`` columns taken by
+    tiles of 4 rows, then 2 and 1, in turn (see ``_dot_tile``; not the packed path's
+    order of summation), the group's rows of that storage reused from L1 by every tile.
 
     8-15 rows (CPUs with the wide 8-row tile, ``FEW_MAX``; B plain): per K panel, ``DW8``
     columns at a time, the wide tile on the first 8 rows, then a tile of the other rows
@@ -671,7 +671,7 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
     m, n = C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2]
     size = m * n * k
-    if tr == 2 and 2 <= m < FEW_MAX and n > NARROW_N and k > 0:  # few rows, B transposed
+    if tr == 2 and 2 <= m < DOT_MAX and n > NARROW_N and k > 0:  # few rows, B transposed
         for z in range(z0, z1):
             call_few_rows(A, B, C, alpha, beta, cb[1], z, 0, n, tr)
     elif tr != 0 and k > 0:
@@ -795,11 +795,12 @@ def takes_few(batch, m, n, k, nthreads, direct_max, tr):
     """Whether the threads compute each product unpacked, its columns split between them
     (``few_rows``): products of 2 to 7 rows (to 15 with the wide 8-row tile, ``FEW_MAX``)
     wider than ``NARROW_N``, above the small-product path and not a batch the threads
-    split; with B given as its transpose (``tr`` bit 1), as dot products along K (A, 2 to
-    7 rows, is copied if given so; 8-15 rows with A given transposed are packed, in
-    place)."""
-    if (k == 0 or batch * m * n * k <= direct_max or m < 2 or m >= FEW_MAX or n <= NARROW_N
-            or (m >= FEW_ROWS and tr & 1)):
+    split; with B given as its transpose (``tr`` bit 1), 2 to 15 rows (``DOT_MAX``) on
+    every ISA, as dot products along K (A, 2 to 7 rows, is copied if given so; 8-15 rows
+    with A given transposed are packed, in place)."""
+    rows = FEW_ROWS if tr & 1 else DOT_MAX if tr == 2 else FEW_MAX
+    if (k == 0 or batch * m * n * k <= direct_max or m < 2 or m >= rows
+            or n <= NARROW_N):
         return False
     return not splits_batch(batch, m, n, k, nthreads)
 

@@ -44,6 +44,13 @@ def dot_columns(rows: int, vector_bits: int | None) -> int:
 # Rows of W the tiles of all heights take in turn (4, 2 then 1 rows of A), so that a product
 # of 7 rows reads each group of W from memory once and from cache for the other tiles.
 DOT_GROUP = 8
+# Products of 2 to this many rows less one with B given transposed take these tiles, on
+# every ISA (tiles of 4 rows in turn for more than 7: the group of W stays in L1). 8-15
+# rows were packed. x @ w.T, 8, 12 and 15 rows × 1024 × 1024, time against NumPy packed →
+# these tiles, on an Intel Xeon family 6 model 167 (2 vCPUs): AVX-512 code float32
+# 0.86-1.12× → 1.75-2.28×, float64 0.81-0.96× → 1.07-1.42×; AVX2 code (AVX-512 off,
+# NumPy's AVX2 kernels) float32 0.67-0.96× → 1.24-1.52×, float64 0.95-1.36× → 1.28-1.83×.
+DOT_MAX = 16
 
 
 def dot_tile(rows: int, cols: int, lanes: int, dtype: np.dtype) -> Any:

@@ -312,6 +312,7 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     ``b_transposed``: that operand is handed over as its transpose, e.g. Fortran-ordered)
     and (given the parameters and the L2 ``budget`` too, see :func:`one_row_block`)
     ``layout``."""
+    from tilegemm.kernels.cpu._dot_tile import DOT_MAX
     from tilegemm.kernels.cpu._small_tile import (
         FEW_ROWS,
         few_rows_limit,
@@ -339,8 +340,9 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
             and not a_transposed and not b_transposed):
         return (f"unpacked: rows split over {threads} thread(s), 8 rows × several vectors "
                 "at a time, A and B read in place, no packing")
-    if (itemsize is not None and 2 <= m < few_rows_limit(vector_bits())
-            and not (m >= FEW_ROWS and a_transposed)):
+    rows = (FEW_ROWS if a_transposed else DOT_MAX if b_transposed
+            else few_rows_limit(vector_bits()))
+    if itemsize is not None and 2 <= m < rows:
         where = ("on the calling thread" if k * n * itemsize <= few_split_bytes(m)
                  else f"columns split over {threads} thread(s)")
         how = ("dot products of A's rows and B's columns (B given transposed) along K"
