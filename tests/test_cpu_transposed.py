@@ -35,7 +35,9 @@ def along_k(name: str, m: int, n: int) -> bool:
     """Whether the layout ``name`` makes the rung read B's transpose as dot products along
     K (see the module): B transposed with 1-7 rows (1-15, B alone transposed), or A
     transposed with one column."""
-    rows = 16 if name == "b.T" else 8
+    from tilegemm.kernels.cpu._dot_tile import DOT_MAX
+
+    rows = DOT_MAX if name == "b.T" else 8
     return (name in ("b.T", "both") and m < rows) or (name in ("a.T", "both") and n == 1)
 
 

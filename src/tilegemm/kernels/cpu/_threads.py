@@ -281,20 +281,15 @@ def pool_threads() -> int:
     threads are seen even when many threads make their first product at once (there,
     concurrent watches used up ``WATCHES`` before the pool started, and it was never
     placed)."""
-    parallel = sys.modules.get("numba.np.ufunc.parallel")
-    if parallel is not None and getattr(parallel, "_is_initialized", False):
+    if _numba_layer_started():
         # what numba.get_num_threads() returns once the pool runs, without the two locks
         # it takes first (one a multiprocessing lock): 0.8 µs in a loop, 12 µs right after
         # a product that streamed more than the L2 cache (see place_workers)
-        count = getattr(parallel, "_get_num_threads", None)
+        count = getattr(sys.modules["numba.np.ufunc.parallel"], "_get_num_threads", None)
         threads = count() if count is not None else 0
-        if threads > 0:
-            return threads
-    numba = import_numba()  # (imported at the top: an import here cost 0.5 µs a call)
-    if _numba_layer_started():
-        return numba.get_num_threads()
+        return threads if threads > 0 else import_numba().get_num_threads()
     with _starting, PoolWatch(always=True):
-        return numba.get_num_threads()
+        return import_numba().get_num_threads()
 
 
 def planned_threads() -> int:
