@@ -33,7 +33,9 @@ import tilegemm  # noqa: E402
 from tilegemm.bench.timing import alternating, call_block, calls_per_block  # noqa: E402
 
 # (group, label, a's shape, b's shape, layout); layout "c": C-ordered operands, "at"/"bt":
-# that operand is the transpose of a C-ordered array, "f": both Fortran-ordered.
+# that operand is the transpose of a C-ordered array, "f": both Fortran-ordered, "aw"/"bw":
+# that operand is the first half of the columns of a C-ordered array twice as wide (its
+# rows lie apart: ``w[:, :n]``).
 CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str]] = [
     ("square", "64³", (64, 64), (64, 64), "c"),
     ("square", "100³", (100, 100), (100, 100), "c"),
@@ -68,6 +70,12 @@ CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str]] = [
     ("layout", "x.T @ w 2048×16×2048", (2048, 2048), (2048, 16), "at"),
     ("layout", "x @ w.T 4×256×1024", (4, 1024), (1024, 256), "bt"),
     ("layout", "Fortran order 100³", (100, 100), (100, 100), "f"),
+    ("layout", "a[:, :k] @ b 1024³", (1024, 1024), (1024, 1024), "aw"),
+    ("layout", "a @ b[:, :n] 1024³", (1024, 1024), (1024, 1024), "bw"),
+    ("layout", "x @ w[:, :n] 1×4096×4096", (1, 4096), (4096, 4096), "bw"),
+    ("layout", "x @ w[:, :n] 12×4096×4096", (12, 4096), (4096, 4096), "bw"),
+    ("layout", "w[:, :k] @ x 4096×1×4096", (4096, 4096), (4096, 1), "aw"),
+    ("layout", "a @ b[:, :n] 64³", (64, 64), (64, 64), "bw"),
     ("batch", "32 × 128³", (32, 128, 128), (32, 128, 128), "c"),
     ("batch", "256 × 32³", (256, 32, 32), (256, 32, 32), "c"),
     ("batch", "10000 × 4³", (10000, 4, 4), (10000, 4, 4), "c"),
@@ -98,13 +106,16 @@ CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str]] = [
 def operands(a_shape: tuple[int, ...], b_shape: tuple[int, ...], layout: str, dtype: str,
              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Fresh random operands of the given shapes, in the given memory layout."""
-    def make(shape: tuple[int, ...], transposed: bool) -> np.ndarray:
+    def make(shape: tuple[int, ...], transposed: bool, apart: bool) -> np.ndarray:
         if transposed:  # the transpose of a C-ordered array of the swapped shape
             return rng.standard_normal(shape[::-1]).astype(dtype).T
+        if apart:  # the first half of the columns of an array twice as wide
+            return rng.standard_normal(shape[:-1] + (2 * shape[-1],)).astype(dtype)[
+                ..., :shape[-1]]
         return rng.standard_normal(shape).astype(dtype)
 
-    a = make(a_shape, layout == "at")
-    b = make(b_shape, layout == "bt")
+    a = make(a_shape, layout == "at", layout == "aw")
+    b = make(b_shape, layout == "bt", layout == "bw")
     if layout == "f":
         a, b = np.asfortranarray(a), np.asfortranarray(b)
     return a, b

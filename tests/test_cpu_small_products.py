@@ -406,10 +406,10 @@ def _copies(mod, monkeypatch) -> list[tuple[int, ...]]:
     copied: list[tuple[int, ...]] = []
     original = mod._stored
 
-    def spy(x, transposed):  # noqa: ANN001, ANN202
+    def spy(x, transposed, cols):  # noqa: ANN001, ANN202
         if transposed:
             copied.append(x.shape)
-        return original(x, transposed)
+        return original(x, transposed, cols)
 
     monkeypatch.setattr(mod, "_stored", spy)
     return copied

@@ -107,17 +107,16 @@ def test_transposed_operands_reach_the_rung_uncopied(monkeypatch):
 
     a, b = random_operands((200, 300), (300, 250), "float32")
     f_a, f_b = np.asfortranarray(a), np.asfortranarray(b)
-    handed = []
+    handed = {}
     real = cpu.host_operand_stored
 
-    def spy(x, prob, which):
-        got = real(x, prob, which)
-        handed.append(got)
+    def spy(x, prob, which, **kw):
+        handed[which] = got = real(x, prob, which, **kw)
         return got
 
     monkeypatch.setattr(cpu, "host_operand_stored", spy)
     got = tilegemm.matmul(f_a, f_b, kernel="blocked", backend="cpu")
-    (a3, ta), (b3, tb) = handed
+    (a3, ta), (b3, tb) = handed["a"], handed["b"]
     assert ta and tb and np.shares_memory(a3, f_a) and np.shares_memory(b3, f_b)
     np.testing.assert_array_equal(got, matmul(a, b))
 

@@ -17,8 +17,10 @@ allocation (and NaN poisoning when ``TILEGEMM_POISON`` is set). On OpenCL that p
 still copies the operands to the device and the result back on every call, with the
 device, kernel and checks of the first call. What qualifies:
 
-- 2-D operands, each C-ordered, or Fortran-ordered (``x.T`` of a C-ordered array) when
-  the rung packs transposed operands itself, as the full path hands them to it;
+- 2-D operands, each C-ordered, or Fortran-ordered (``x.T`` of a C-ordered array), or a
+  slice of columns of one (rows evenly apart, ``w[:, :n]``) or its transpose, when the
+  rung packs transposed operands itself and reads rows apart, as the full path hands them
+  to it (except such a slice as A with B transposed, which the full path copies);
 - N-D operands, C-ordered, with the same leading (batch) dimensions, or one of them 2-D
   (the same matrix for every product of the batch);
 - one 1-D operand (a vector: ``A @ x``, ``x @ B``), taken as NumPy takes it, a
@@ -99,6 +101,7 @@ from tilegemm.backends.base import poison_value
 _LIMIT = 256  # remembered cases at most (the table is cleared when full)
 _KINDS = "fiu"  # dtypes whose product NumPy computes in the operands' own dtype
 _NDARRAY = np.ndarray
+_as_strided = np.lib.stride_tricks.as_strided
 
 
 _cache_dir, _ = environ_reader("TILEGEMM_CACHE_DIR")
@@ -117,6 +120,8 @@ class _Case(NamedTuple):
     c3: tuple[int, ...]
     ta: bool  # a given as a Fortran-ordered matrix: the rung reads its transpose
     tb: bool
+    wa: bool  # a's rows (or its transpose's) lie apart: the rung reads a wider view
+    wb: bool
     tr: int  # the rung's transposed-operand flags (0: the plain call)
     one: Any  # alpha and beta in the dtype
     zero: Any
@@ -150,13 +155,29 @@ def _mtime(path: str | None) -> int | None:
 
 def _layout(x: np.ndarray) -> int:
     """0: C-ordered; 1: a 2-D Fortran-ordered matrix (the transpose of a C-ordered one);
-    -1: anything else."""
+    2: a 2-D matrix whose rows lie apart, each contiguous (a slice of columns, ``w[:, :n]``);
+    3: the transpose of such a matrix; -1: anything else."""
     flags = x.flags
     if flags.c_contiguous:
         return 0
-    if flags.f_contiguous and x.ndim == 2:
+    if x.ndim != 2:
+        return -1
+    if flags.f_contiguous:
         return 1
+    (rows, cols), (s0, s1), item = x.shape, x.strides, x.itemsize
+    if s1 == item and cols >= 2 and s0 > cols * item and s0 % item == 0:
+        return 2
+    if s0 == item and rows >= 2 and s1 > rows * item and s1 % item == 0:
+        return 3
     return -1
+
+
+def _rows_apart(x: np.ndarray) -> np.ndarray:
+    """The (1, rows, ld) view the rung reads of a 2-D matrix whose rows lie ``ld`` elements
+    apart (``problem.row_stride_view``, without its checks: the layout was checked)."""
+    rows, step = x.shape[0], x.strides[0]
+    return _as_strided(x, (1, rows, step // x.itemsize), (rows * step, step, x.itemsize),
+                       writeable=False)
 
 
 def _key(a: Any, b: Any, kernel: Any, backend: Any,
@@ -188,8 +209,9 @@ def _given(params: dict[str, Any] | None) -> tuple[tuple[str, int], ...] | None:
 
 def _stored_shape(shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
     """The (batch or 1, rows, cols) shape of the C-ordered storage the rung reads for an
-    operand of ``shape``: its own, or for a Fortran-ordered matrix its transpose's."""
-    if layout:
+    operand of ``shape``: its own, or for a Fortran-ordered matrix its transpose's (unused
+    for matrices whose rows lie apart, layouts 2 and 3: the rung reads a wider view)."""
+    if layout & 1:
         return (1, shape[1], shape[0])
     batch = 1
     for n in shape[:-2]:
@@ -221,8 +243,10 @@ def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any,
         c = out
     else:
         return None
-    a3 = (a.T if case.ta else a).reshape(case.a3)
-    b3 = (b.T if case.tb else b).reshape(case.b3)
+    a3 = (a.T if case.ta else a)
+    a3 = _rows_apart(a3) if case.wa else a3.reshape(case.a3)
+    b3 = (b.T if case.tb else b)
+    b3 = _rows_apart(b3) if case.wb else b3.reshape(case.b3)
     if case.tr:
         case.program(a3, b3, c.reshape(case.c3), case.one, case.zero, case.tr)
     else:
@@ -254,7 +278,8 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     sa, sb = (1,) * row + sa, sb + (1,) * col
     if (dtype.kind not in _KINDS or not dtype.isnative or la < 0 or lb < 0
             or sa[-1] != sb[-2] or 0 in sa or 0 in sb
-            or (sa[:-2] != sb[:-2] and len(sa) > 2 and len(sb) > 2)):
+            or (sa[:-2] != sb[:-2] and len(sa) > 2 and len(sb) > 2)
+            or (la == 2 and lb & 1)):  # the full path copies that A (host_operand_stored)
         return
     where = _cache_dir()
     state = [tuning_cache, tuning_mtime, where]
@@ -272,8 +297,9 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     shape = (sa[:-2] if len(sa) >= len(sb) else sb[:-2]) + (sa[-2], sb[-1])
     one = dtype.type(1)
     result = shape[:len(shape) - 2] + shape[len(shape) - 2 + row:len(shape) - col]
+    ta, tb = bool(la & 1), bool(lb & 1)
     _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
-                        _stored_shape(shape, 0), bool(la), bool(lb), la | lb << 1,
+                        _stored_shape(shape, 0), ta, tb, la >= 2, lb >= 2, ta | tb << 1,
                         one, one - one, poison_value(dtype))
 
 

@@ -331,10 +331,10 @@ class CpuBackend(Backend):
         alpha, beta = resolve_scalars(prob, alpha, beta)
         program = None if prob.empty else spec.program(params, prob.dtype)
         # A rung that packs transposed operands itself (blocked) reads a Fortran-ordered
-        # matrix or an x.T in place; the others get C-ordered copies.
+        # matrix, an x.T or a slice of columns in place; the others get C-ordered copies.
         if getattr(program, "takes_transposed", False):
-            (a3, ta), (b3, tb) = (host_operand_stored(a.obj, prob, "a"),
-                                  host_operand_stored(b.obj, prob, "b"))
+            b3, tb = host_operand_stored(b.obj, prob, "b")
+            a3, ta = host_operand_stored(a.obj, prob, "a", plain_rows_apart=not tb)
         else:
             (a3, ta), (b3, tb) = (host_operand_3d(a.obj, prob, "a"), False), (
                 host_operand_3d(b.obj, prob, "b"), False)

@@ -330,7 +330,8 @@ def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T, tr, cb):
     blocks (MC, KC, NC)."""
     mc, kc_max, nc_max = cb
     ta, tb = (tr & 1) != 0, (tr & 2) != 0
-    m, n, k = C.shape[0], C.shape[1], A.shape[0] if ta else A.shape[1]
+    m, n = C.shape[0], C.shape[1]
+    k = A.shape[0] if ta else A.shape[1] if tb else B.shape[0]
     for jc in range(0, n, nc_max):
         nc = min(nc_max, n - jc)
         for pc in range(0, k, kc_max):
@@ -381,81 +382,83 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
     packed path's sums with KC that small, bit for bit (those of the same rows computed
     packed with a longer KC differ in the last bits).
     """
-    m, n, k = C.shape[1], C.shape[2], A.shape[2]
-    sa = m * k if A.shape[0] > 1 else 0
+    m, n = C.shape[1], C.shape[2]
+    k = A.shape[2] if tr & 2 else B.shape[1]
+    lda, ldb = A.shape[2], B.shape[2]  # row strides (operands' rows may lie apart)
+    sa = m * lda if A.shape[0] > 1 else 0
     if tr & 2:
-        sb = n * k if B.shape[0] > 1 else 0
+        sb = n * ldb if B.shape[0] > 1 else 0
         mode = 0 if beta == zero else 1
         for g in range(j0, j1, DOT_GROUP):
             ge = min(g + DOT_GROUP, j1)
             i = 0
             while m - i >= 4:
                 for j in range(g, ge, DC4):
-                    dtile4(k, A, z * sa + i * k, k, B, z * sb + j * k, k, C,
+                    dtile4(k, A, z * sa + i * lda, lda, B, z * sb + j * ldb, ldb, C,
                            (z * m + i) * n + j, n, min(DC4, ge - j), alpha, beta, mode)
                 i += 4
             if m - i >= 2:
                 for j in range(g, ge, DC2):
-                    dtile2(k, A, z * sa + i * k, k, B, z * sb + j * k, k, C,
+                    dtile2(k, A, z * sa + i * lda, lda, B, z * sb + j * ldb, ldb, C,
                            (z * m + i) * n + j, n, min(DC2, ge - j), alpha, beta, mode)
                 i += 2
             if m - i >= 1:
                 for j in range(g, ge, DC1):
-                    dtile1(k, A, z * sa + i * k, k, B, z * sb + j * k, k, C,
+                    dtile1(k, A, z * sa + i * lda, lda, B, z * sb + j * ldb, ldb, C,
                            (z * m + i) * n + j, n, min(DC1, ge - j), alpha, beta, mode)
         return
-    sb = k * n if B.shape[0] > 1 else 0
+    sb = k * ldb if B.shape[0] > 1 else 0
     # 9-15 rows: K panels short enough that the second tile finds B's piece in L1
     kp = kc_max if m <= 8 else min(kc_max, REREAD_KC)
     for pc in range(0, k, kp):
         kc = min(kp, k - pc)
         mode = 0 if pc == 0 and beta == zero else 1
         bb = beta if pc == 0 else one
-        a0, b0, c0 = z * sa + pc, z * sb + pc * n, z * m * n
+        a0, b0, c0 = z * sa + pc, z * sb + pc * ldb, z * m * n
         if m >= 8:
             # 8-15 rows (CPUs with the wide tile): the first 8 rows, then the others on the
             # same columns, their piece of B read again from cache
-            a8, c8 = a0 + 8 * k, c0 + 8 * n
+            a8, c8 = a0 + 8 * lda, c0 + 8 * n
             for j in range(j0, j1, DW8):
                 w = min(DW8, j1 - j)
-                ptile8(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, w, alpha, bb, mode)
+                ptile8(kc, A, a0, lda, B, b0 + j, ldb, C, c0 + j, n, w, alpha, bb, mode)
                 if m == 9:
-                    rtile1(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                    rtile1(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
                 elif m == 10:
-                    rtile2(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                    rtile2(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
                 elif m == 11:
-                    rtile3(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                    rtile3(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
                 elif m == 12:
-                    rtile4(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                    rtile4(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
                 elif m == 13:
-                    rtile5(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                    rtile5(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
                 elif m == 14:
-                    rtile6(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                    rtile6(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
                 elif m == 15:
-                    rtile7(kc, A, a8, k, B, b0 + j, n, C, c8 + j, n, w, alpha, bb, mode)
+                    rtile7(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
         elif m == 2:
             for j in range(j0, j1, FW2):
-                ftile2(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW2, j1 - j), alpha, bb,
+                ftile2(kc, A, a0, lda, B, b0 + j, ldb, C, c0 + j, n, min(FW2, j1 - j), alpha, bb,
                        mode)
         elif m == 3:
             for j in range(j0, j1, FW3):
-                ftile3(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW3, j1 - j), alpha, bb,
+                ftile3(kc, A, a0, lda, B, b0 + j, ldb, C, c0 + j, n, min(FW3, j1 - j), alpha, bb,
                        mode)
         elif m == 4:
             for j in range(j0, j1, FW4):
-                ftile4(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW4, j1 - j), alpha, bb,
+                ftile4(kc, A, a0, lda, B, b0 + j, ldb, C, c0 + j, n, min(FW4, j1 - j), alpha, bb,
                        mode)
         elif m == 5:
             for j in range(j0, j1, FW5):
-                ftile5(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW5, j1 - j), alpha, bb,
+                ftile5(kc, A, a0, lda, B, b0 + j, ldb, C, c0 + j, n, min(FW5, j1 - j), alpha, bb,
                        mode)
         elif m == 6:
             for j in range(j0, j1, FW6):
-                ftile6(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW6, j1 - j), alpha, bb,
+                ftile6(kc, A, a0, lda, B, b0 + j, ldb, C, c0 + j, n, min(FW6, j1 - j), alpha, bb,
                        mode)
         else:
             for j in range(j0, j1, FW7):
-                ftile7(kc, A, a0, k, B, b0 + j, n, C, c0 + j, n, min(FW7, j1 - j), alpha, bb,
+                ftile7(kc, A, a0, lda, B, b0 + j, ldb, C, c0 + j, n, min(FW7, j1 - j), alpha, bb,
                        mode)
 
 
@@ -497,7 +500,7 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
     per product (with its reference counting of three arrays) made batches of 4×4×4
     products 3.5× slower.
     """
-    m, n, k = C.shape[1], C.shape[2], A.shape[2]
+    m, n, k = C.shape[1], C.shape[2], B.shape[1]
     if k == 0:  # no products: C = alpha*0 (+ beta*C; C unread when beta == 0)
         base = alpha * zero
         for z in range(z0, z1):
@@ -509,8 +512,9 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
         for z in range(z0, z1):
             call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n, 0)
         return
-    sa = m * k if A.shape[0] > 1 else 0
-    sb = k * n if B.shape[0] > 1 else 0
+    lda, ldb = A.shape[2], B.shape[2]  # row strides (operands' rows may lie apart)
+    sa = m * lda if A.shape[0] > 1 else 0
+    sb = k * ldb if B.shape[0] > 1 else 0
     for z in range(z0, z1):
         for pc in range(0, k, kc_max):
             kc = min(kc_max, k - pc)
@@ -519,35 +523,35 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
             bb = beta if first else one
             # 8-row tiles, then one each of 4, 2 and 1 rows for the rest; for each, every
             # vector of columns in turn (the tile's rows of A stay in L1)
-            b_p, i = z * sb + pc * n, r0
+            b_p, i = z * sb + pc * ldb, r0
             while i + 8 <= r1:
-                a0, c0 = z * sa + i * k + pc, (z * m + i) * n
+                a0, c0 = z * sa + i * lda + pc, (z * m + i) * n
                 wide = 0  # columns the wide tile took
                 if DW8 > SMALL_W:
                     while wide + DW8 <= n:
-                        wtile8(kc, A, a0, k, B, b_p + wide, n, C, c0 + wide, n, DW8, alpha, bb,
+                        wtile8(kc, A, a0, lda, B, b_p + wide, ldb, C, c0 + wide, n, DW8, alpha, bb,
                                mode)
                         wide += DW8
                 for j in range(wide, n, SMALL_W):
-                    stile8(kc, A, a0, k, B, b_p + j, n, C, c0 + j, n, min(SMALL_W, n - j),
+                    stile8(kc, A, a0, lda, B, b_p + j, ldb, C, c0 + j, n, min(SMALL_W, n - j),
                            alpha, bb, mode)
                 i += 8
             if r1 - i >= 4:
-                a0, c0 = z * sa + i * k + pc, (z * m + i) * n
+                a0, c0 = z * sa + i * lda + pc, (z * m + i) * n
                 for j in range(0, n, SMALL_W):
-                    stile4(kc, A, a0, k, B, b_p + j, n, C, c0 + j, n, min(SMALL_W, n - j),
+                    stile4(kc, A, a0, lda, B, b_p + j, ldb, C, c0 + j, n, min(SMALL_W, n - j),
                            alpha, bb, mode)
                 i += 4
             if r1 - i >= 2:
-                a0, c0 = z * sa + i * k + pc, (z * m + i) * n
+                a0, c0 = z * sa + i * lda + pc, (z * m + i) * n
                 for j in range(0, n, SMALL_W):
-                    stile2(kc, A, a0, k, B, b_p + j, n, C, c0 + j, n, min(SMALL_W, n - j),
+                    stile2(kc, A, a0, lda, B, b_p + j, ldb, C, c0 + j, n, min(SMALL_W, n - j),
                            alpha, bb, mode)
                 i += 2
             if r1 - i >= 1:
-                a0, c0 = z * sa + i * k + pc, (z * m + i) * n
+                a0, c0 = z * sa + i * lda + pc, (z * m + i) * n
                 for j in range(0, n, SMALL_W):
-                    stile1(kc, A, a0, k, B, b_p + j, n, C, c0 + j, n, min(SMALL_W, n - j),
+                    stile1(kc, A, a0, lda, B, b_p + j, ldb, C, c0 + j, n, min(SMALL_W, n - j),
                            alpha, bb, mode)
 
 
@@ -563,7 +567,7 @@ def products_serial(A, B, C, alpha, beta, z0, z1, tr, cb):
     ``blocked_threads``. Reached through ``small``, which sends it the products that
     packing repays."""
     mc, kc_max, nc_max = cb
-    k = A.shape[1] if tr & 1 else A.shape[2]
+    k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     m, n = C.shape[1], C.shape[2]
     kcap = min(kc_max, k)
     Ap = np.empty((min(mc // mr, (m + mr - 1) // mr), kcap, mr), dtype=C.dtype)
@@ -592,7 +596,7 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
     ``DC1`` rows of A at a time, lane sums added in a fixed tree), the same sums for a row
     whatever the chunks, and the same as a row of ``x @ W.T`` with a few rows of x.
     """
-    m, n, k = C.shape[0], C.shape[1], A.shape[1]
+    m, n, k = C.shape[0], C.shape[1], B.shape[0]
     if m == 1:
         j0, j1 = c * n // nchunks, (c + 1) * n // nchunks
         if j1 <= j0:
@@ -631,7 +635,10 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
         i0, i1 = c * m // nchunks, (c + 1) * m // nchunks
         mode = 0 if beta == zero else 1
         for i in range(i0, i1, DC1):
-            dtile1(k, B, 0, k, A, i * k, k, C, i, 1, min(DC1, i1 - i), alpha, beta, mode)
+            # x, one column, is dense (a column with its rows apart was copied); A's rows
+            # may lie apart
+            dtile1(k, B, 0, k, A, i * A.shape[1], A.shape[1], C, i, 1, min(DC1, i1 - i), alpha,
+                   beta, mode)
 
 
 call_gemv_part = called_by_name(gemv_part)
@@ -669,7 +676,7 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
     ``few_rows``'s dot products, as the threaded path computes it.
     """
     m, n = C.shape[1], C.shape[2]
-    k = A.shape[1] if tr & 1 else A.shape[2]
+    k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     size = m * n * k
     if tr == 2 and 2 <= m < DOT_MAX and n > NARROW_N and k > 0:  # few rows, B transposed
         for z in range(z0, z1):
@@ -876,7 +883,7 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
     """
     mc, kc_max, nc_max = cb
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
-    k = A.shape[1] if tr & 1 else A.shape[2]
+    k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     if k == 0:  # no products: C = beta*C, or zeros (C unread when beta == 0)
         for z in range(batch):
             for i in range(m):
@@ -939,12 +946,14 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
                              nblk, ngroups, Bp, Ap_all, T_all, tr, chunk, cb)
 
 
-def _stored(X, transposed):
+def _stored(X, transposed, cols):
     """An operand given as its transpose, as the plain C-contiguous (read-only) array the
-    paths without transposed packing read (a copy)."""
+    paths without transposed packing read (a copy). ``cols``: the stored rows' own length
+    (its rows may lie further apart, see ``problem.row_stride_view``: only that much of
+    each is read)."""
     if not transposed:
         return X
-    plain = np.ascontiguousarray(np.swapaxes(X, 1, 2))
+    plain = np.ascontiguousarray(np.swapaxes(X[:, :, :cols], 1, 2))
     plain.flags.writeable = False
     return plain
 
@@ -982,11 +991,11 @@ def _plain_unless_packed(A, B, C, tr):
     if swapped is not None:
         return swapped
     m, n = C.shape[1], C.shape[2]
-    k = A.shape[1] if tr & 1 else A.shape[2]
+    k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     if k == 0 or m == 1 or n == 1:
-        return _stored(A, tr & 1), _stored(B, tr & 2), C, 0
+        return _stored(A, tr & 1, m), _stored(B, tr & 2, k), C, 0
     if tr & 1 and 2 <= m < FEW_ROWS and n > NARROW_N:  # few rows: a copy of A is cheap, and
-        return _stored(A, 1), B, C, tr & 2  # few_rows reads A plain (B in either layout)
+        return _stored(A, 1, m), B, C, tr & 2  # few_rows reads A plain (B in either layout)
     return A, B, C, tr
 
 
@@ -998,9 +1007,15 @@ def blocked(A, B, C, alpha, beta, tr, cb):
     (batch|1, N, K) C-contiguous arrays, e.g. the storage of a Fortran-ordered operand;
     packed from that layout, with no transposing copy. Small products given plainly are
     sent to ``small`` before this, by the bound program (``bind``).
+
+    Either operand may be wider than it is (``problem.row_stride_view``: a slice of
+    columns, rows apart): its last dimension is then its row stride, read from its shape,
+    and no code takes the operand's width from it. So K comes from B's rows, or A's when
+    A is given transposed, and only when B alone is given transposed from A's width (A is
+    then dense); M and N come from C.
     """
     A, B, C, tr = _plain_unless_packed(A, B, C, tr)
-    k = A.shape[1] if tr & 1 else A.shape[2]
+    k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     direct = (DIRECT_PRODUCT if C.shape[1] != 1 and C.shape[2] != 1
               else min(DIRECT_PRODUCT, VECTOR_DIRECT))
     if C.size * k <= direct:
@@ -1013,7 +1028,7 @@ def blocked(A, B, C, alpha, beta, tr, cb):
     if tr and takes_rows(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct, tr):
         # with an operand given transposed only narrow products take this path (mid-size
         # ones stay packed): it reads B, a few columns, plain (A is, see takes_rows)
-        B, tr = _stored(B, tr & 2), 0
+        B, tr = _stored(B, tr & 2, k), 0
     if nthreads > 1:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with InParallel():  # (and watches for the pool's threads until they are known)
@@ -1039,7 +1054,7 @@ def bind(mc, kc, nc):
     cb = (int(mc), int(kc), int(nc))
 
     def run(A, B, C, alpha, beta, tr=0):
-        size = C.size * A.shape[2]
+        size = C.size * B.shape[1]  # K when tr == 0 (A's rows may lie apart)
         if tr == 0 and size <= DIRECT_PRODUCT and (
                 size <= VECTOR_DIRECT or C.shape[1] != 1 and C.shape[2] != 1):
             # Small products straight to the calling thread's code: one compiled call, no
@@ -1064,7 +1079,7 @@ def blocked_serial(A, B, C, alpha, beta, tr, cb):
     """
     A, B, C, tr = _plain_unless_packed(A, B, C, tr)
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
-    k = A.shape[1] if tr & 1 else A.shape[2]
+    k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
         blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), tr,
                         B_CHUNK_BYTES, L2_BUDGET, cb)
