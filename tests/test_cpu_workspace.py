@@ -133,7 +133,7 @@ def test_too_small_workspace_is_replaced(dtype):
     assert size > 0
     g["blocked_threads"](stored, b, c, c.dtype.type(1), c.dtype.type(0), 2,
                          g["DIRECT_PRODUCT"], np.empty(size // 2, dtype=dtype), 1,
-                         g["B_CHUNK_BYTES"], g["L2_BUDGET"], cb)
+                         g["B_CHUNK_BYTES"], g["L2_BUDGET"], program.few_split, cb)
     assert_close(c[0], a[0], b[0], what=f"{dtype} with half the scratch")
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from tilegemm import registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import Limits, Target
 from tilegemm.kernels.cpu import k02_blocked
@@ -458,7 +459,7 @@ def _measured_blocked(monkeypatch, base: dict[str, int]) -> None:
 
 
 def test_one_parameter_by_hand_keeps_the_measured_others(monkeypatch):
-    base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024}
+    base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024, "FEW_KB": 1024}
     _measured_blocked(monkeypatch, base)
     a = np.ones((300, 300), np.float32)
     p = tilegemm.plan(a, a, kernel="blocked", KC=256)
@@ -478,10 +479,10 @@ def test_a_hand_parameter_that_does_not_fit_the_measured_set_falls_back_to_defau
 
 
 def test_every_parameter_by_hand_is_taken_as_given(monkeypatch):
-    base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024}
+    base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024, "FEW_KB": 1024}
     _measured_blocked(monkeypatch, base)
     a = np.ones((300, 300), np.float32)
-    given = {"MR": 8, "NR": 8, "MC": 96, "KC": 128, "NC": 512}
+    given = {"MR": 8, "NR": 8, "MC": 96, "KC": 128, "NC": 512, "FEW_KB": 2048}
     p = tilegemm.plan(a, a, kernel="blocked", **given)
     assert p.params == given and p.source == "requested"
 
@@ -599,3 +600,38 @@ def test_a_hand_parameter_that_breaks_a_bounded_entry_keeps_the_unbounded_one(mo
     assert p.params["NR"] == 8
     assert p.source == ("requested; the others are the defaults (database (device; "
                         "N >= 512) ones do not fit)")
+
+
+def test_few_row_split_follows_the_parameter():
+    """FEW_KB: a product of 2-7 rows whose B (2 MiB here) is within it runs on the calling
+    thread, beyond it with its columns split over the threads; the same bits either way."""
+    from tilegemm.reference import assert_close, random_operands
+
+    a, b = random_operands((3, 256), (256, 2048), "float32")
+    results = {}
+    for few_kb, where in ((4096, "on the calling thread"), (2048, "on the calling thread"),
+                         (1024, "columns split")):
+        p = tilegemm.plan(a, b, kernel="blocked", FEW_KB=few_kb)
+        assert p.params["FEW_KB"] == few_kb and where in p.path, (few_kb, p.path)
+        program = registry.get("blocked", "cpu").program(p.params, np.dtype("float32"))
+        assert program.few_split == few_kb * 1024
+        results[few_kb] = tilegemm.matmul(a, b, kernel="blocked", FEW_KB=few_kb)
+    assert_close(results[1024], a, b)
+    np.testing.assert_array_equal(results[4096], results[1024])
+
+
+def test_the_few_row_split_is_set_per_cpu_model(monkeypatch):
+    """The Intel Xeon family 6 model 167's entries carry FEW_KB = 1024 (measured there); the
+    model 207, under the same name, keeps the default with the same tiles."""
+    monkeypatch.setattr(database, "host_isa", lambda: "avx512")
+    xeon = _target("Intel(R) Xeon(R) Processor")
+    for dtype, shape in (("float32", (1024, 1024, 1024)), ("float32", (3, 2048, 256)),
+                         ("float64", (3, 2048, 256))):
+        found = {}
+        for fm in ("6-167", "6-207"):
+            monkeypatch.setattr(database, "host_family_model", lambda fm=fm: fm)
+            entry, tier = database.lookup(xeon, dtype, shape=shape)
+            found[fm] = entry["params"]
+            assert tier == "device"
+        assert found["6-167"].pop("FEW_KB") == 1024 and "FEW_KB" not in found["6-207"]
+        assert found["6-167"] == found["6-207"], (dtype, shape)  # the same tile and blocks

@@ -860,9 +860,9 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb, tr):
     return nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8, i8, i8, blocks), **FLAGS)
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8, i8, i8, i8, blocks), **FLAGS)
 def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_bytes, budget,
-                    cb):
+                    few_split, cb):
     """The rung on ``nthreads`` threads (an argument: reading Numba's thread count inside
     compiled code goes through a pointer, and code holding one cannot be cached); products
     of at most ``direct_max`` multiply-adds in all take the unpacked single-thread path.
@@ -879,7 +879,9 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
 
     ``chunk_bytes``: how much of B a task packs at a time in a product of one row block
     (``B_CHUNK_BYTES``; an argument, so tests can make chunks of one strip); ``budget``:
-    see ``layout`` (``L2_BUDGET``). ``cb``: the cache blocks (MC, KC, NC), see ``bind``.
+    see ``layout`` (``L2_BUDGET``). ``few_split``: the largest B (bytes) a product of 2-7
+    rows reads on the calling thread alone (the parameter FEW_KB, see ``bind``). ``cb``:
+    the cache blocks (MC, KC, NC), see ``bind``.
     """
     mc, kc_max, nc_max = cb
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
@@ -910,10 +912,9 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
     if takes_few(batch, m, n, k, nthreads, direct_max, tr):
         # each product's columns in ranges of whole tiles, one per thread, unpacked (A
         # plain: ``blocked`` copies a transposed A for this path); with B within
-        # FEW_SPLIT_BYTES (FEW_SPLIT_BYTES_8 for 8-15 rows: ``_small_tile.few_split_bytes``),
-        # on this thread alone
+        # ``few_split`` (FEW_SPLIT_BYTES_8 for 8-15 rows), on this thread alone
         tasks = min((n + few_width(m, tr) - 1) // few_width(m, tr), nthreads)
-        split = FEW_SPLIT_BYTES if m < FEW_ROWS else FEW_SPLIT_BYTES_8
+        split = few_split if m < FEW_ROWS else FEW_SPLIT_BYTES_8
         for z in range(batch):
             if k * n * ITEMSIZE <= split:
                 call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n, tr)
@@ -999,14 +1000,15 @@ def _plain_unless_packed(A, B, C, tr):
     return A, B, C, tr
 
 
-def blocked(A, B, C, alpha, beta, tr, cb):
+def blocked(A, B, C, alpha, beta, tr, cb, few_split):
     """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N), with
     the cache blocks ``cb`` = (MC, KC, NC); what :func:`bind` gives Python.
 
     ``tr`` (bits 0 and 1): A, B given as their transposes, (batch|1, K, M) and
     (batch|1, N, K) C-contiguous arrays, e.g. the storage of a Fortran-ordered operand;
     packed from that layout, with no transposing copy. Small products given plainly are
-    sent to ``small`` before this, by the bound program (``bind``).
+    sent to ``small`` before this, by the bound program (``bind``). ``few_split``: see
+    ``blocked_threads``.
 
     Either operand may be wider than it is (``problem.row_stride_view``: a slice of
     columns, rows apart): its last dimension is then its row stride, read from its shape,
@@ -1039,19 +1041,22 @@ def blocked(A, B, C, alpha, beta, tr, cb):
                           B_CHUNK_BYTES, L2_BUDGET, cb, tr)[7]
             blocked_threads(A, B, C, alpha, beta, nthreads, direct,
                             workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES,
-                            L2_BUDGET, cb)
+                            L2_BUDGET, few_split, cb)
 
 
-def bind(mc, kc, nc):
-    """The rung for the cache blocks MC, KC, NC: :func:`blocked` with them bound, called
-    ``(A, B, C, alpha, beta, tr=0)``.
+def bind(mc, kc, nc, few_kb=FEW_SPLIT_BYTES // 1024):
+    """The rung for the cache blocks MC, KC, NC and the few-row split FEW_KB (KiB of B up to
+    which a product of 2-7 rows runs on the calling thread alone): :func:`blocked` with them
+    bound, called ``(A, B, C, alpha, beta, tr=0)``.
 
-    They are arguments of the compiled code, not constants in it: they only bound loops and
-    size the scratch (the micro-kernel's K loop already runs to a length known at run time),
-    and as constants every MC/KC/NC a tuner, the database or a test asked for compiled the
-    whole rung again (20–30 s on a 2-core Xeon), where now each MR×NR tile compiles once.
+    They are arguments of the compiled code, not constants in it: they only bound loops,
+    size the scratch (the micro-kernel's K loop already runs to a length known at run time)
+    or choose between paths, and as constants every MC/KC/NC a tuner, the database or a test
+    asked for compiled the whole rung again (20–30 s on a 2-core Xeon), where now each
+    MR×NR tile compiles once.
     """
     cb = (int(mc), int(kc), int(nc))
+    few_split = int(few_kb) * 1024
 
     def run(A, B, C, alpha, beta, tr=0):
         size = C.size * B.shape[1]  # K when tr == 0 (A's rows may lie apart)
@@ -1062,10 +1067,11 @@ def bind(mc, kc, nc):
             # Larger products of one row or one column go on, to the threads (see blocked).
             small(A, B, C, alpha, beta, 0, C.shape[0], 0, cb)
             return
-        blocked(A, B, C, alpha, beta, tr, cb)
+        blocked(A, B, C, alpha, beta, tr, cb, few_split)
 
     run.takes_transposed = True  # the CPU backend hands it transposed operands in place
     run.cache_blocks = cb
+    run.few_split = few_split
     return run
 
 
@@ -1082,7 +1088,7 @@ def blocked_serial(A, B, C, alpha, beta, tr, cb):
     k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
         blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), tr,
-                        B_CHUNK_BYTES, L2_BUDGET, cb)
+                        B_CHUNK_BYTES, L2_BUDGET, FEW_SPLIT_BYTES, cb)
         return
     small(A, B, C, alpha, beta, 0, batch, tr, cb)
 

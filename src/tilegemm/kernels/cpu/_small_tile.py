@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from tilegemm.kernels.cpu._vector_tile import _Arithmetic, _splat, applies
+from tilegemm.kernels.cpu.k02_blocked import FEW_KB
 
 
 def width(itemsize: int, vector_bits: int | None) -> int:
@@ -68,12 +69,15 @@ def narrow_columns(itemsize: int, vector_bits: int | None) -> int:
 # any size (``takes_few`` in the rung).
 FEW_ROWS = 8
 # ... on the calling thread while B is at most this many bytes, else their columns split
-# over the threads. Such a product waits on reading B, and with B in L3 one thread read it
-# as fast as two or faster (the parallel region's start cost the rest). AMD Zen 5, 2
+# over the threads: the default of the rung's parameter FEW_KB (per device in the
+# database). Such a product waits on reading B, and with B in L3 one thread of an AMD Zen
+# 5 read it as fast as two or faster (the parallel region's start cost the rest); 2
 # threads / 1, µs: float32 6×512×512 (1 MiB) 68 / 39, 4×1024×1024 (4 MiB) 185 / 124;
 # float64 3×256×2048 (4 MiB) 110 / 130, 4×1024×1024 (8 MiB) 203 / 249, float32
-# 4×4096×4096 (64 MiB, from memory) 1810 / 2767.
-FEW_SPLIT_BYTES = 4 << 20
+# 4×4096×4096 (64 MiB, from memory) 1810 / 2767. One core of an Intel Xeon (family 6
+# model 167) reads L3 more slowly, and there two threads paid from 1 MiB (FEW_KB = 1024
+# in its database entries; docs/cpu.md).
+FEW_SPLIT_BYTES = FEW_KB * 1024
 # Products of 8-15 rows do twice the multiply-adds per byte of B or more, so the second
 # thread pays from a smaller B (see ``few_split_bytes``). AMD Zen 5, µs one thread / two:
 # float32 8 rows, B 512×512 (1 MiB) 19.1 / 25.2, 1024×512 (2 MiB) 38.6 / 38.9, 1024²
@@ -99,9 +103,10 @@ def few_rows_limit(vector_bits: int | None) -> int:
     return 2 * FEW_ROWS if eight_row_vectors(vector_bits) > 1 else FEW_ROWS
 
 
-def few_split_bytes(rows: int) -> int:
-    """The largest B (bytes) a few-row product of ``rows`` rows reads on one thread."""
-    return FEW_SPLIT_BYTES if rows < FEW_ROWS else FEW_SPLIT_BYTES_8
+def few_split_bytes(rows: int, few_kb: int = FEW_SPLIT_BYTES // 1024) -> int:
+    """The largest B (bytes) a few-row product of ``rows`` rows reads on one thread, where
+    the rung's parameter FEW_KB is ``few_kb`` (it applies to 2-7 rows)."""
+    return few_kb * 1024 if rows < FEW_ROWS else FEW_SPLIT_BYTES_8
 
 
 def few_vectors(rows: int, vector_bits: int | None) -> int:

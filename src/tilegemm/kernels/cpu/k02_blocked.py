@@ -63,6 +63,11 @@ VECTOR_L2_SHARE = 0.75
 # (float32 32×2048×256 0.94×); 512³ 0.79-0.91× (B beyond the L2: each run of rows reads
 # all of it), hence 384³.
 UNPACKED_PRODUCT = 384 * 384 * 384
+# Products of 2-7 rows run on the calling thread while B is at most this many KiB, else their
+# columns are split over the threads: the default of the parameter FEW_KB. Where one thread
+# reads a B in L3 as fast as two differs between CPUs (measurements at
+# ``_small_tile.FEW_SPLIT_BYTES``), so it is a parameter, set per device in the database.
+FEW_KB = 4096
 # Products up to this size also run one per thread when the batch has at least
 # BATCH_SPLIT_MIN products per thread: no synchronisation per product (float32 on a 2-vCPU
 # AMD Zen 5: 32 × 128³ 0.83 → 3.0× NumPy's time, 16 × 192³ 0.81 → 2.0×, 4 × 256³ 0.95 →
@@ -189,7 +194,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
             module = load_module(f"blocked-{dtype.name}", source,
                                  {"kernel": "blocked", "params": header, "dtype": dtype.name})
         _TILE_MODULES[key] = module
-    program = module.bind(p["MC"], p["KC"], p["NC"])
+    program = module.bind(p["MC"], p["KC"], p["NC"], p["FEW_KB"])
     program.module = module  # for tests and benchmarks that set its globals (L2_BUDGET)
     return program
 
@@ -343,7 +348,8 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     rows = (FEW_ROWS if a_transposed else DOT_MAX if b_transposed
             else few_rows_limit(vector_bits()))
     if itemsize is not None and 2 <= m < rows:
-        where = ("on the calling thread" if k * n * itemsize <= few_split_bytes(m)
+        few_kb = FEW_KB if params is None else params.get("FEW_KB", FEW_KB)
+        where = ("on the calling thread" if k * n * itemsize <= few_split_bytes(m, few_kb)
                  else f"columns split over {threads} thread(s)")
         how = ("dot products of A's rows and B's columns (B given transposed) along K"
                if b_transposed else "one tile of all the rows per few vectors of columns"
@@ -400,6 +406,9 @@ SPEC = KernelSpec(
         Param("KC", 512, (64, 128, 256, 384, 512, 768, 1024),
               "inner-dimension depth of a panel (L1/L2)"),
         Param("NC", 2048, (256, 512, 1024, 2048, 4096), "columns of the packed B panel (L3)"),
+        Param("FEW_KB", FEW_KB, (256, 512, 1024, 2048, 4096, 8192, 16384),
+              "KiB of B up to which a product of 2-7 rows runs on one thread (a path "
+              "threshold, set per device in the database; not searched)", searched=False),
     ),
     constraints=(
         Constraint("MC is a multiple of MR", lambda q: q["MC"] % q["MR"] == 0),
