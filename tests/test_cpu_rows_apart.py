@@ -214,3 +214,21 @@ def test_nothing_past_the_last_element_is_read():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and run.stdout.strip() == "ok", (run.returncode,
                                                                 run.stderr[-2000:])
+
+
+def test_out_beside_an_operand_in_the_same_parent():
+    """``out`` the other half of the parent whose first half is B (rows interleaved with
+    B's): the product is B's, not a mix with what is written, on the first call and on a
+    remembered one."""
+    a, b = random_operands((300, 200), (200, 256), "float32")
+    want = matmul(a, b)
+    parent = np.full((200, 512), np.nan, np.float32)
+    parent[:, :256] = b
+    out = parent[:, 256:]  # 200 × 256: the product of a's first 200 rows lands here
+    x = a[:200]
+    for _ in range(2):
+        parent[:, 256:] = np.nan
+        got = tilegemm.matmul(x, parent[:, :256], out=out, kernel="blocked", backend="cpu")
+        assert got is out
+        np.testing.assert_array_equal(out, want[:200])
+        np.testing.assert_array_equal(parent[:, :256], b)
