@@ -334,7 +334,8 @@ spec.build(spec.resolve({SMALL_TILE!r}), np.dtype("float64"))
 def _small_tile_files(root: Path) -> list[Path]:
     return [f for e in compile_cache._module_entries(root / compile_cache.SUBDIR, {})
             if e.describe.get("dtype") == "float64"
-            and e.describe.get("params") == {"MR": 4, "NR": 8}
+            and {k: e.describe.get("params", {}).get(k) for k in ("MR", "NR")}
+            == {"MR": 4, "NR": 8}
             for f in e.files if not f.name.endswith(".lock")]
 
 

@@ -533,3 +533,26 @@ def test_the_dot_product_tiles_keep_their_sums_in_registers(triple, cpu, feature
         assert len(fmas) == rows * cols, (rows, cols, fmas)
         assert all(register in ln for ln in fmas), fmas
         assert not re.search(STACK, loop), loop
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_few_row_panels_follow_few_kc(dtype):
+    """FEW_KC: a product of 2-7 rows sums K in panels of at most that many steps, the
+    packed path's sums with KC that short, bit for bit (and not those with the full KC);
+    threaded (columns split) and on the calling thread alike."""
+    params, mod = blocked_module({"FEW_KC": 64}, dtype)
+    assert mod.FEW_KC == 64 and params["KC"] > 64
+    dt = np.dtype(dtype)
+    one, zero = dt.type(1), dt.type(0)
+    for seed, (batch, m, n, k) in enumerate([(1, 3, 1100, 1000), (1, 5, 300, 300),
+                                             (2, 2, 777, 400)]):
+        a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
+        got = tilegemm.matmul(a, b, kernel="blocked", backend="cpu", **params)
+        short, full = np.empty_like(got), np.empty_like(got)
+        mod.products_serial(a, b, short, one, zero, 0, batch, 0,
+                            (params["MC"], 64, params["NC"]))
+        mod.products_serial(a, b, full, one, zero, 0, batch, 0,
+                            (params["MC"], params["KC"], params["NC"]))
+        np.testing.assert_array_equal(got, short, err_msg=f"{(batch, m, n, k)}")
+        assert not np.array_equal(got, full)  # the panels did change
+        assert_close(got, a, b)

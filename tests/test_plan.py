@@ -459,7 +459,8 @@ def _measured_blocked(monkeypatch, base: dict[str, int]) -> None:
 
 
 def test_one_parameter_by_hand_keeps_the_measured_others(monkeypatch):
-    base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024, "FEW_KB": 1024}
+    base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024, "FEW_KB": 1024,
+            "FEW_KC": 128}
     _measured_blocked(monkeypatch, base)
     a = np.ones((300, 300), np.float32)
     p = tilegemm.plan(a, a, kernel="blocked", KC=256)
@@ -479,10 +480,11 @@ def test_a_hand_parameter_that_does_not_fit_the_measured_set_falls_back_to_defau
 
 
 def test_every_parameter_by_hand_is_taken_as_given(monkeypatch):
-    base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024, "FEW_KB": 1024}
+    base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024, "FEW_KB": 1024,
+            "FEW_KC": 128}
     _measured_blocked(monkeypatch, base)
     a = np.ones((300, 300), np.float32)
-    given = {"MR": 8, "NR": 8, "MC": 96, "KC": 128, "NC": 512, "FEW_KB": 2048}
+    given = {"MR": 8, "NR": 8, "MC": 96, "KC": 128, "NC": 512, "FEW_KB": 2048, "FEW_KC": 256}
     p = tilegemm.plan(a, a, kernel="blocked", **given)
     assert p.params == given and p.source == "requested"
 
@@ -620,9 +622,10 @@ def test_few_row_split_follows_the_parameter():
     np.testing.assert_array_equal(results[4096], results[1024])
 
 
-def test_the_few_row_split_is_set_per_cpu_model(monkeypatch):
-    """The Intel Xeon family 6 model 167's entries carry FEW_KB = 1024 (measured there); the
-    model 207, under the same name, keeps the default with the same tiles."""
+def test_the_few_row_settings_are_set_per_cpu_model(monkeypatch):
+    """The Intel Xeon family 6 model 167's entries carry FEW_KB = 1024 and FEW_KC = 64
+    (measured there); the model 207, under the same name, keeps the defaults with the same
+    tiles."""
     monkeypatch.setattr(database, "host_isa", lambda: "avx512")
     xeon = _target("Intel(R) Xeon(R) Processor")
     for dtype, shape in (("float32", (1024, 1024, 1024)), ("float32", (3, 2048, 256)),
@@ -634,4 +637,5 @@ def test_the_few_row_split_is_set_per_cpu_model(monkeypatch):
             found[fm] = entry["params"]
             assert tier == "device"
         assert found["6-167"].pop("FEW_KB") == 1024 and "FEW_KB" not in found["6-207"]
+        assert found["6-167"].pop("FEW_KC") == 64 and "FEW_KC" not in found["6-207"]
         assert found["6-167"] == found["6-207"], (dtype, shape)  # the same tile and blocks

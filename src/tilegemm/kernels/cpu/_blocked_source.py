@@ -47,6 +47,7 @@ from tilegemm.kernels.cpu.k02_blocked import b_chunk_bytes, l2_budget, vector_di
 
 # @header (replaced for each parameter set; these values only make the template importable)
 MR, NR = 16, 8
+FEW_KC = 1024  # K steps per panel, at most, of products of 2-7 rows (few_rows)
 DTYPE = "float32"
 CACHE = False
 SMALL_PRODUCT = 96 * 96 * 96
@@ -366,8 +367,9 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
     the columns, a few vectors at a time (``FW2``..``FW7``: the width that keeps the
     tile's sums in registers), reading B where it lies.
     Packing B for so few rows copied all of it for a few multiply-adds per element. The
-    same sums as the packed path and ``direct`` (K panels of ``kc_max``, in K order), bit
-    for bit. ``j0`` should be a multiple of ``few_width`` (the threads' column ranges are).
+    same sums as the packed path and ``direct`` with KC = ``min(kc_max, FEW_KC)`` (K in
+    panels of that many steps, in K order), bit for bit. ``j0`` should be a multiple of
+    ``few_width`` (the threads' column ranges are).
 
     ``tr`` bit 1: B is given as its transpose (batch|1, N, K) (A is plain, ``tr`` bit 0
     clear; 2 to 15 rows, ``DOT_MAX``, on every ISA); then each element is a dot product
@@ -408,8 +410,9 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
                            (z * m + i) * n + j, n, min(DC1, ge - j), alpha, beta, mode)
         return
     sb = k * ldb if B.shape[0] > 1 else 0
-    # 9-15 rows: K panels short enough that the second tile finds B's piece in L1
-    kp = kc_max if m <= 8 else min(kc_max, REREAD_KC)
+    # 2-7 rows: panels of at most FEW_KC steps (the parameter); 9-15 rows: short enough
+    # that the second tile finds B's piece in L1
+    kp = min(kc_max, FEW_KC) if m < FEW_ROWS else kc_max if m == 8 else min(kc_max, REREAD_KC)
     for pc in range(0, k, kp):
         kc = min(kp, k - pc)
         mode = 0 if pc == 0 and beta == zero else 1
@@ -489,10 +492,10 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
     columns, one tile of all the rows, several vectors wide (``few_rows``).
 
     Each element is summed as in the packed path, with the same bits: K in panels of
-    ``kc_max`` (KC) steps (at most ``REREAD_KC`` for ``few_rows``' 9-15 rows), each
-    panel's sum started from zero in K order and added into C (a single running sum over
-    all of K lost accuracy for long products with few outputs: 2×2×350000 in float32,
-    100× NumPy's error).
+    ``kc_max`` (KC) steps (at most ``FEW_KC`` for ``few_rows``' 2-7 rows, ``REREAD_KC``
+    for its 9-15), each panel's sum started from zero in K order and added into C (a
+    single running sum over all of K lost accuracy for long products with few outputs:
+    2×2×350000 in float32, 100× NumPy's error).
 
     No packing and no parallel region, whose wake-up costs more than the whole product
     below ``DIRECT_PRODUCT`` multiply-adds. Called by name (``call_direct``) with a whole

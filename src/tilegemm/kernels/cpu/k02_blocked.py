@@ -68,6 +68,13 @@ UNPACKED_PRODUCT = 384 * 384 * 384
 # reads a B in L3 as fast as two differs between CPUs (measurements at
 # ``_small_tile.FEW_SPLIT_BYTES``), so it is a parameter, set per device in the database.
 FEW_KB = 4096
+# ... and sum K in panels of at most this many steps (and at most KC): the default of the
+# parameter FEW_KC, a constant of the compiled code (per device in the database, so one
+# value per machine). The tile walks a panel's rows of B a few vectors at a time, and on an
+# Intel Xeon (family 6 model 167) a walk over 512 rows ran 25-30 % slower than over 128
+# (float64 2×1024² 348 → 255 µs, float32 241 → 171; 7 rows alike); the AMD Zen 5, where the
+# walk was tuned, is not measured yet, so its default stays the whole of KC.
+FEW_KC = 1024
 # Products up to this size also run one per thread when the batch has at least
 # BATCH_SPLIT_MIN products per thread: no synchronisation per product (float32 on a 2-vCPU
 # AMD Zen 5: 32 × 128³ 0.83 → 3.0× NumPy's time, 16 × 192³ 0.81 → 2.0×, 4 × 256³ 0.95 →
@@ -172,12 +179,13 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     import_numba()  # one thread at a time (see there)
     make_tbb_loadable()  # before Numba picks its threading layer (see _threads)
     dtype = np.dtype(dtype)
-    header = {"MR": p["MR"], "NR": p["NR"]}
+    header = {"MR": p["MR"], "NR": p["NR"], "FEW_KC": p["FEW_KC"]}
     bits = vector_bits()
     template = (Path(__file__).parent / "_blocked_source.py").read_text()
     source = fill_template(
         template,
-        {"MR, NR": tuple(header.values()), "DTYPE": dtype.name, "CACHE": False,
+        {"MR, NR": (p["MR"], p["NR"]), "FEW_KC": p["FEW_KC"], "DTYPE": dtype.name,
+         "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
          "UNPACKED_PRODUCT": UNPACKED_PRODUCT,
          "BATCH_PRODUCT": BATCH_PRODUCT, "BATCH_SPLIT_MIN": BATCH_SPLIT_MIN,
@@ -409,6 +417,9 @@ SPEC = KernelSpec(
         Param("FEW_KB", FEW_KB, (256, 512, 1024, 2048, 4096, 8192, 16384),
               "KiB of B up to which a product of 2-7 rows runs on one thread (a path "
               "threshold, set per device in the database; not searched)", searched=False),
+        Param("FEW_KC", FEW_KC, (64, 128, 256, 512, 1024),
+              "K steps per panel, at most (and at most KC), of a product of 2-7 rows (set per "
+              "device in the database; not searched)", searched=False),
     ),
     constraints=(
         Constraint("MC is a multiple of MR", lambda q: q["MC"] % q["MR"] == 0),
