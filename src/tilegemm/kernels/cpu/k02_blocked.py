@@ -159,16 +159,17 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
 
 
 # The generated modules this process has imported, by (source, cache folder): parameter
-# sets that differ only in MC/KC/NC share one, instead of each importing the cache entry
-# again and loading its code (or, with the cache off, compiling it again).
+# sets that differ only in MC/KC/NC/FEW_KB share one, instead of each importing the cache
+# entry again and loading its code (or, with the cache off, compiling it again).
 _TILE_MODULES: dict[tuple[str, str], Any] = {}
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     """The compiled rung for one parameter set: ``_blocked_source`` with the tile (MR, NR)
-    as constants, loaded through the persistent compile cache (compiled once per machine),
-    and the cache blocks (MC, KC, NC) bound as arguments (``bind``), so parameter sets that
-    differ only in them share one compiled module, imported once per process."""
+    and FEW_KC as constants, loaded through the persistent compile cache (compiled once per
+    machine), and the cache blocks (MC, KC, NC) and FEW_KB bound as arguments (``bind``), so
+    parameter sets that differ only in them share one compiled module, imported once per
+    process."""
     from pathlib import Path
 
     from tilegemm._compat import import_numba
