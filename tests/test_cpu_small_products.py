@@ -288,7 +288,7 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
 
 
 # (batch, M, N, K): products of 2-7 rows above the calling thread's size: B within
-# FEW_SPLIT_BYTES (one thread) and beyond it (columns split over the threads: 1100 x 1000
+# FEW_KB's default (one thread) and beyond it (columns split over the threads: 1100 x 1000
 # float32 is 4.4 MB), columns a tile's width and not, several K panels, a batch
 FEW = [(1, 2, 4099, 300), (1, 3, 1100, 1000), (2, 5, 777, 400), (1, 7, 3001, 90),
        (1, 4, 40, 9000), (1, 6, 1400, 1200)]

@@ -320,7 +320,8 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         few = not vector and not narrow and bool(mod.takes_few(batch, m, n, k, threads,
                                                                direct, 0))
         assert ("few rows" in path) == few, (batch, m, n, k, path)
-        alone = few and k * n * 4 <= (mod.FEW_SPLIT_BYTES if m < 8 else mod.FEW_SPLIT_BYTES_8)
+        alone = few and k * n * 4 <= (k02_blocked.FEW_KB * 1024 if m < 8
+                                      else mod.FEW_SPLIT_BYTES_8)
         assert ("on the calling thread" in path) == alone, (batch, m, n, k, path)
         assert ("packed panels" in path) == (not vector and not split and not narrow
                                              and not few)

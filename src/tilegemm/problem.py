@@ -519,13 +519,14 @@ def _in_place(x3: np.ndarray, prob: GemmProblem, plain_rows_apart: bool
         return None, False
     if x3.flags.c_contiguous:
         return _read_only(x3), False
-    for stored, transposed in ((x3, False), (np.swapaxes(x3, 1, 2), True)):
-        if stored.flags.c_contiguous:  # the transpose of a C-ordered array
-            return _read_only(stored), transposed
-        wide = row_stride_view(stored) if transposed or plain_rows_apart else None
-        if wide is not None:
-            return wide, transposed
-    return None, False
+    stored = np.swapaxes(x3, 1, 2)
+    if stored.flags.c_contiguous:  # the transpose of a C-ordered array
+        return _read_only(stored), True
+    wide = row_stride_view(x3) if plain_rows_apart else None
+    if wide is not None:
+        return wide, False
+    wide = row_stride_view(stored)
+    return (wide, True) if wide is not None else (None, False)
 
 
 def row_stride_view(x3: np.ndarray) -> np.ndarray | None:

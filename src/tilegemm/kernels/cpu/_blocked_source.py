@@ -25,7 +25,6 @@ from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
 from tilegemm.kernels.cpu._small_tile import (
     FEW_ROWS,
-    FEW_SPLIT_BYTES,
     FEW_SPLIT_BYTES_8,
     REREAD_KC,
     eight_row_vectors,
@@ -1047,7 +1046,7 @@ def blocked(A, B, C, alpha, beta, tr, cb, few_split):
                             L2_BUDGET, few_split, cb)
 
 
-def bind(mc, kc, nc, few_kb=FEW_SPLIT_BYTES // 1024):
+def bind(mc, kc, nc, few_kb):
     """The rung for the cache blocks MC, KC, NC and the few-row split FEW_KB (KiB of B up to
     which a product of 2-7 rows runs on the calling thread alone): :func:`blocked` with them
     bound, called ``(A, B, C, alpha, beta, tr=0)``.
@@ -1090,8 +1089,9 @@ def blocked_serial(A, B, C, alpha, beta, tr, cb):
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
+        # (few_split 0: never read, the product is within DIRECT_PRODUCT)
         blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), tr,
-                        B_CHUNK_BYTES, L2_BUDGET, FEW_SPLIT_BYTES, cb)
+                        B_CHUNK_BYTES, L2_BUDGET, 0, cb)
         return
     small(A, B, C, alpha, beta, 0, batch, tr, cb)
 

@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 
 from tilegemm.kernels.cpu._vector_tile import _Arithmetic, _splat, applies
-from tilegemm.kernels.cpu.k02_blocked import FEW_KB
 
 
 def width(itemsize: int, vector_bits: int | None) -> int:
@@ -68,21 +67,14 @@ def narrow_columns(itemsize: int, vector_bits: int | None) -> int:
 # Products of fewer rows than this take tiles of all their rows, ``few_vectors`` wide, at
 # any size (``takes_few`` in the rung).
 FEW_ROWS = 8
-# ... on the calling thread while B is at most this many bytes, else their columns split
-# over the threads: the default of the rung's parameter FEW_KB (per device in the
-# database). Such a product waits on reading B, and with B in L3 one thread of an AMD Zen
-# 5 read it as fast as two or faster (the parallel region's start cost the rest); 2
-# threads / 1, µs: float32 6×512×512 (1 MiB) 68 / 39, 4×1024×1024 (4 MiB) 185 / 124;
-# float64 3×256×2048 (4 MiB) 110 / 130, 4×1024×1024 (8 MiB) 203 / 249, float32
-# 4×4096×4096 (64 MiB, from memory) 1810 / 2767. One core of an Intel Xeon (family 6
-# model 167) reads L3 more slowly, and there two threads paid from 1 MiB (FEW_KB = 1024
-# in its database entries; docs/cpu.md).
-FEW_SPLIT_BYTES = FEW_KB * 1024
+# They run on the calling thread while B is at most the rung's parameter FEW_KB (KiB; its
+# default and measurements at ``k02_blocked.FEW_KB``), else their columns split over the
+# threads.
 # Products of 8-15 rows do twice the multiply-adds per byte of B or more, so the second
-# thread pays from a smaller B (see ``few_split_bytes``). AMD Zen 5, µs one thread / two:
-# float32 8 rows, B 512×512 (1 MiB) 19.1 / 25.2, 1024×512 (2 MiB) 38.6 / 38.9, 1024²
-# 82.9 / 60.1; 12 rows 1 MiB 28.7 / 30.5, 2 MiB 62.5 / 51.1; float64 8 rows 256² (0.5 MiB)
-# 9.0 / 11.5, 512² (2 MiB) 38.5 / 26.7.
+# thread pays from a smaller B than FEW_KB's default (``few_split_bytes``). AMD Zen 5, µs
+# one thread / two: float32 8 rows, B 512×512 (1 MiB) 19.1 / 25.2, 1024×512 (2 MiB)
+# 38.6 / 38.9, 1024² 82.9 / 60.1; 12 rows 1 MiB 28.7 / 30.5, 2 MiB 62.5 / 51.1; float64
+# 8 rows 256² (0.5 MiB) 9.0 / 11.5, 512² (2 MiB) 38.5 / 26.7.
 FEW_SPLIT_BYTES_8 = 1 << 20
 # Products of 9-15 rows sum K in panels of at most this many steps (the packed path's sums
 # with KC this small): the tile of the rows past 8 reads again the piece of B the 8-row tile
@@ -103,7 +95,7 @@ def few_rows_limit(vector_bits: int | None) -> int:
     return 2 * FEW_ROWS if eight_row_vectors(vector_bits) > 1 else FEW_ROWS
 
 
-def few_split_bytes(rows: int, few_kb: int = FEW_SPLIT_BYTES // 1024) -> int:
+def few_split_bytes(rows: int, few_kb: int) -> int:
     """The largest B (bytes) a few-row product of ``rows`` rows reads on one thread, where
     the rung's parameter FEW_KB is ``few_kb`` (it applies to 2-7 rows)."""
     return few_kb * 1024 if rows < FEW_ROWS else FEW_SPLIT_BYTES_8

@@ -63,10 +63,15 @@ VECTOR_L2_SHARE = 0.75
 # (float32 32×2048×256 0.94×); 512³ 0.79-0.91× (B beyond the L2: each run of rows reads
 # all of it), hence 384³.
 UNPACKED_PRODUCT = 384 * 384 * 384
-# Products of 2-7 rows run on the calling thread while B is at most this many KiB, else their
-# columns are split over the threads: the default of the parameter FEW_KB. Where one thread
-# reads a B in L3 as fast as two differs between CPUs (measurements at
-# ``_small_tile.FEW_SPLIT_BYTES``), so it is a parameter, set per device in the database.
+# Products of 2-7 rows (``_small_tile.FEW_ROWS``) run on the calling thread while B is at
+# most this many KiB, else their columns are split over the threads: the default of the
+# parameter FEW_KB, set per device in the database. Such a product waits on reading B, and
+# with B in L3 one thread of an AMD Zen 5 read it as fast as two or faster (the parallel
+# region's start cost the rest); 2 threads / 1, µs: float32 6×512×512 (1 MiB) 68 / 39,
+# 4×1024×1024 (4 MiB) 185 / 124; float64 3×256×2048 (4 MiB) 110 / 130, 4×1024×1024 (8 MiB)
+# 203 / 249, float32 4×4096×4096 (64 MiB, from memory) 1810 / 2767. One core of an Intel
+# Xeon (family 6 model 167) reads L3 more slowly, and there two threads paid from 1 MiB
+# (FEW_KB = 1024 in its database entries; docs/cpu.md).
 FEW_KB = 4096
 # ... and sum K in panels of at most this many steps (and at most KC): the default of the
 # parameter FEW_KC, a constant of the compiled code (per device in the database, so one
