@@ -144,21 +144,40 @@ def test_matrix_vector_rows_are_the_rows_of_a_few_rows_times_the_matrix(dtype):
 @pytest.mark.parametrize("dtype", ("float32", "int64"))
 def test_matrix_vector_chunks_give_the_same_bits(dtype):
     """The threads split A @ x into ranges of rows (``gemv_part``'s chunks), at rows that
-    are no multiple of the tile's: each row comes out the same as on one thread."""
+    are no multiple of the tile's, and take their rows in either order (``backward``):
+    each row comes out the same as on one thread, front to back."""
     mod = module(dtype)
     a, x = random_operands((203, 517), (517, 1), dtype)
     one, zero = np.dtype(dtype).type(1), np.dtype(dtype).type(0)
     whole = np.full((203, 1), -7, dtype)
-    mod.gemv_part(a, x, whole, one, zero, 0, 1, 512)
-    for chunks in (2, 3, 7):
-        parts = np.full((203, 1), -7, dtype)
-        for c in range(chunks):
-            mod.gemv_part(a, x, parts, one, zero, c, chunks, 512)
-        np.testing.assert_array_equal(parts, whole)
+    mod.gemv_part(a, x, whole, one, zero, 0, 1, 512, False)
+    for chunks in (1, 2, 3, 7):
+        for backward in (False, True):
+            parts = np.full((203, 1), -7, dtype)
+            for c in range(chunks):
+                mod.gemv_part(a, x, parts, one, zero, c, chunks, 512, backward)
+            np.testing.assert_array_equal(parts, whole, err_msg=f"{chunks} {backward}")
     if dtype == "int64":
         np.testing.assert_array_equal(whole, a @ x)
     else:
         assert_close(whole, a, x)
+
+
+def test_threaded_matrix_vector_products_alternate_their_direction(monkeypatch):
+    """Each threaded vector product reads its matrix the other way round from the last
+    (``gemv_threads``' ``backward``, flipped by ``blocked`` on every call), with the same
+    bits either way."""
+    mod = module("float32")
+    flags = []
+    original = mod.gemv_threads
+    monkeypatch.setattr(mod, "gemv_threads",
+                        lambda *a: (flags.append(a[-1]), original(*a)))
+    a, x = random_operands((64, K_BIG), (K_BIG, 1), "float32")
+    got = [matmul(a, x) for _ in range(3)]
+    assert len(flags) == 3 and flags[0] != flags[1] != flags[2], flags
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_array_equal(got[0], got[2])
+    assert_close(got[0], a, x)
 
 
 @pytest.mark.parametrize("dtype", ("float32", "float64"))

@@ -14,6 +14,8 @@ carry the parameters: Numba freezes them into the code, and a closure over other
 functions cannot be cached. See ``k02_blocked`` for what the loop nest does and why.
 """
 
+import itertools
+
 import numba
 import numpy as np
 from numba import prange
@@ -586,8 +588,8 @@ def products_serial(A, B, C, alpha, beta, z0, z1, tr, cb):
 GEMV_ROWS = 8  # rows of B combined per pass over y in the vector-matrix form
 
 
-@when_called(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8, i8), **FLAGS)
-def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
+@when_called(numba.void(ro2, ro2, a2, nbt, nbt, i8, i8, i8, flag), **FLAGS)
+def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max, backward):
     """Chunk ``c`` of ``nchunks`` of a product with M == 1 or N == 1 (2-D operands).
 
     M == 1, ``y = x @ B``: chunk c is a range of columns of y; each column is the same
@@ -597,6 +599,9 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
     element a dot product along K taken by the one-row dot tile (``_dot_tile``: x against
     ``DC1`` rows of A at a time, lane sums added in a fixed tree), the same sums for a row
     whatever the chunks, and the same as a row of ``x @ W.T`` with a few rows of x.
+    ``backward``: the chunk's rows of A in the opposite order, last tile first (the same
+    sums; see ``gemv_threads``). It does not apply to ``x @ B``, whose columns' sums run
+    down B's rows in K order.
     """
     m, n, k = C.shape[0], C.shape[1], B.shape[0]
     if m == 1:
@@ -636,7 +641,9 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max):
     else:
         i0, i1 = c * m // nchunks, (c + 1) * m // nchunks
         mode = 0 if beta == zero else 1
-        for i in range(i0, i1, DC1):
+        tiles = (i1 - i0 + DC1 - 1) // DC1
+        for q in range(tiles):
+            i = i0 + (tiles - 1 - q if backward else q) * DC1
             # x, one column, is dense (a column with its rows apart was copied); A's rows
             # may lie apart
             dtile1(k, B, 0, k, A, i * A.shape[1], A.shape[1], C, i, 1, min(DC1, i1 - i), alpha,
@@ -689,7 +696,7 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
                                                   else VECTOR_MIN_PRODUCT):
         for z in range(z0, z1):
             call_gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
-                           alpha, beta, 0, 1, cb[1])
+                           alpha, beta, 0, 1, cb[1], False)
     elif (k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE or n <= NARROW_N
           or (DW8 > SMALL_W and size <= UNPACKED_PRODUCT)):
         call_direct(A, B, C, alpha, beta, cb[1], z0, z1, 0, m)
@@ -1002,6 +1009,11 @@ def _plain_unless_packed(A, B, C, tr):
     return A, B, C, tr
 
 
+# Counts the threaded vector products: each reads its matrix the other way round from the
+# last (see gemv_threads).
+_gemv_calls = itertools.count()
+
+
 def blocked(A, B, C, alpha, beta, tr, cb, few_split):
     """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N), with
     the cache blocks ``cb`` = (MC, KC, NC); what :func:`bind` gives Python.
@@ -1037,7 +1049,7 @@ def blocked(A, B, C, alpha, beta, tr, cb, few_split):
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with InParallel():  # (and watches for the pool's threads until they are known)
         if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, direct):
-            gemv_threads(A, B, C, alpha, beta, nthreads, cb[1])
+            gemv_threads(A, B, C, alpha, beta, nthreads, cb[1], next(_gemv_calls) & 1 == 1)
         else:
             size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct,
                           B_CHUNK_BYTES, L2_BUDGET, cb, tr)[7]
@@ -1096,16 +1108,23 @@ def blocked_serial(A, B, C, alpha, beta, tr, cb):
     small(A, B, C, alpha, beta, 0, batch, tr, cb)
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8), parallel=True, **FLAGS)
-def gemv_threads(A, B, C, alpha, beta, nthreads, kc_max):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, flag), parallel=True, **FLAGS)
+def gemv_threads(A, B, C, alpha, beta, nthreads, kc_max, backward):
     """Products with M == 1 or N == 1, one after another, each split into ``nthreads``
-    chunks of columns (M == 1) or rows (N == 1) that run in parallel."""
+    chunks of columns (M == 1) or rows (N == 1) that run in parallel.
+
+    ``backward`` (N == 1): each thread takes its rows of A last first. ``blocked`` flips it
+    on every call, so a call starts with the rows the last one read last. A matrix a little
+    larger than the threads' L2 caches was read each time in the order that least-recently-
+    used replacement had just evicted, all of it from L3; read the other way round, the
+    part still cached is read first. Every row's sum is the same either way.
+    """
     for z in range(C.shape[0]):
         Az = A[z if A.shape[0] > 1 else 0]
         Bz = B[z if B.shape[0] > 1 else 0]
         Cz = C[z]
         for c in prange(nthreads):
-            call_gemv_part(Az, Bz, Cz, alpha, beta, np.int64(c), nthreads, kc_max)
+            call_gemv_part(Az, Bz, Cz, alpha, beta, np.int64(c), nthreads, kc_max, backward)
 
 
 @when_called(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)
