@@ -267,7 +267,8 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
     for seed, (batch, m, n, k) in enumerate(UNPACKED):
         a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
         assert batch * m * n * k > k02_blocked.DIRECT_PRODUCT
-        unpacked = (k02_blocked.unpacked_rows(m, m * n * k, threads, bits)
+        unpacked = (k02_blocked.unpacked_rows(m, m * n * k, threads, bits,
+                                              k * n * dt.itemsize, params["UNPACKED_KB"])
                     and not mod.splits_batch(batch, m, n, k, threads))
         path = tilegemm.plan(a, b, kernel="blocked", **params).path
         assert ("unpacked" in path) == unpacked, path
@@ -285,6 +286,34 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
             assert_close(got, a, b)
     # the first shape (20 runs of 8 rows) takes it wherever the tile exists
     assert taken[0] == (mod.DW8 > mod.SMALL_W and threads <= 10)
+
+
+def test_mid_size_products_with_b_beyond_unpacked_kb_are_packed():
+    """UNPACKED_KB: a mid-size product whose B is within it runs unpacked, its rows split
+    over the threads; beyond it, packed (every thread would read all of B per 8 of its
+    rows). The compiled decision (``takes_rows``, the limit a constant of the module) and
+    plan's agree, and the bits are the same either way."""
+    from tilegemm.kernels.cpu import k02_blocked
+    from tilegemm.kernels.cpu._threads import planned_threads
+
+    m, n, k = 64, 1000, 300  # B: 1.2 MB, 1172 KiB
+    a, b = random_operands((m, k), (k, n), "float32")
+    threads = planned_threads()
+    paths, results = {}, {}
+    for kb in (k02_blocked.UNPACKED_KB, 2048, 1024):
+        params, mod = blocked_module({"UNPACKED_KB": kb}, "float32")
+        assert kb == mod.UNPACKED_KB
+        compiled = bool(mod.takes_rows(1, m, n, k, threads, mod.DIRECT_PRODUCT, 0))
+        paths[kb] = tilegemm.plan(a, b, kernel="blocked", **params).path
+        assert ("unpacked" in paths[kb]) == compiled, (kb, paths[kb])
+        assert compiled == k02_blocked.unpacked_rows(m, m * n * k, threads,
+                                                     k02_blocked.vector_bits(), k * n * 4, kb)
+        results[kb] = tilegemm.matmul(a, b, kernel="blocked", backend="cpu", **params)
+    if mod.DW8 > mod.SMALL_W:  # the wide 8-row tile: the limit alone changes the path
+        assert "unpacked" in paths[2048] and "unpacked" in paths[k02_blocked.UNPACKED_KB]
+        assert "packed panels" in paths[1024], paths[1024]
+    np.testing.assert_array_equal(results[1024], results[2048])
+    assert_close(results[1024], a, b)
 
 
 # (batch, M, N, K): products of 2-7 rows above the calling thread's size: B within

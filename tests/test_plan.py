@@ -298,7 +298,7 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
               (1, 385, 384, 384), (1, 4096, 64, 64), (1, 10, 2000, 2000), (1, 12, 1024, 1024),
               (1, 15, 999, 1000), (1, 9, 300, 400)]
     for batch, m, n, k in shapes:
-        path = k02_blocked.path(batch, m, n, k, threads, itemsize=4)
+        path = k02_blocked.path(batch, m, n, k, threads, params, itemsize=4)
         # products of one row or one column leave the calling thread sooner (their matrix
         # beyond this CPU's L2 share): the module's own limit, as ``blocked`` applies it
         direct = (mod.DIRECT_PRODUCT if m != 1 and n != 1
@@ -320,20 +320,22 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         few = not vector and not narrow and bool(mod.takes_few(batch, m, n, k, threads,
                                                                direct, 0))
         assert ("few rows" in path) == few, (batch, m, n, k, path)
-        alone = few and k * n * 4 <= (k02_blocked.FEW_KB * 1024 if m < 8
+        alone = few and k * n * 4 <= (params["FEW_KB"] * 1024 if m < 8
                                       else mod.FEW_SPLIT_BYTES_8)
         assert ("on the calling thread" in path) == alone, (batch, m, n, k, path)
         assert ("packed panels" in path) == (not vector and not split and not narrow
                                              and not few)
         # B handed over as its transpose (Fortran-ordered): dot products along K
-        fortran = k02_blocked.path(batch, m, n, k, threads, itemsize=4, b_transposed=True)
+        fortran = k02_blocked.path(batch, m, n, k, threads, params, itemsize=4,
+                                   b_transposed=True)
         dots = not vector and not narrow and bool(mod.takes_few(batch, m, n, k, threads,
                                                                 direct, 2))
         assert ("few rows" in fortran) == dots, (batch, m, n, k, fortran)
         assert ("dot products" in fortran) == dots, (batch, m, n, k, fortran)  # 2-15 rows
         # A handed over as its transpose: narrow and unpacked products are packed; B: the
         # narrow path copies it (a few columns), the unpacked one packs it
-        flipped = k02_blocked.path(batch, m, n, k, threads, itemsize=4, a_transposed=True)
+        flipped = k02_blocked.path(batch, m, n, k, threads, params, itemsize=4,
+                                   a_transposed=True)
         assert ("rows split" in flipped) == (narrow and bool(mod.takes_rows(
             batch, m, n, k, threads, direct, 1))), (batch, m, n, k, flipped)
         # few rows with A transposed: 2-7 rows copy A (a few rows), 8-15 are packed
@@ -461,7 +463,7 @@ def _measured_blocked(monkeypatch, base: dict[str, int]) -> None:
 
 def test_one_parameter_by_hand_keeps_the_measured_others(monkeypatch):
     base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024, "FEW_KB": 1024,
-            "FEW_KC": 128}
+            "FEW_KC": 128, "UNPACKED_KB": 2048}
     _measured_blocked(monkeypatch, base)
     a = np.ones((300, 300), np.float32)
     p = tilegemm.plan(a, a, kernel="blocked", KC=256)
@@ -482,10 +484,11 @@ def test_a_hand_parameter_that_does_not_fit_the_measured_set_falls_back_to_defau
 
 def test_every_parameter_by_hand_is_taken_as_given(monkeypatch):
     base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024, "FEW_KB": 1024,
-            "FEW_KC": 128}
+            "FEW_KC": 128, "UNPACKED_KB": 2048}
     _measured_blocked(monkeypatch, base)
     a = np.ones((300, 300), np.float32)
-    given = {"MR": 8, "NR": 8, "MC": 96, "KC": 128, "NC": 512, "FEW_KB": 2048, "FEW_KC": 256}
+    given = {"MR": 8, "NR": 8, "MC": 96, "KC": 128, "NC": 512, "FEW_KB": 2048, "FEW_KC": 256,
+             "UNPACKED_KB": 4096}
     p = tilegemm.plan(a, a, kernel="blocked", **given)
     assert p.params == given and p.source == "requested"
 
@@ -624,9 +627,9 @@ def test_few_row_split_follows_the_parameter():
 
 
 def test_the_few_row_settings_are_set_per_cpu_model(monkeypatch):
-    """The Intel Xeon family 6 model 167's entries carry FEW_KB = 1024 and FEW_KC = 64
-    (measured there); the model 207, under the same name, keeps the defaults with the same
-    tiles."""
+    """The Intel Xeon family 6 model 167's entries carry FEW_KB = 1024, FEW_KC = 64 and
+    UNPACKED_KB = 1024 (measured there); the model 207, under the same name, keeps the
+    defaults with the same tiles."""
     monkeypatch.setattr(database, "host_isa", lambda: "avx512")
     xeon = _target("Intel(R) Xeon(R) Processor")
     for dtype, shape in (("float32", (1024, 1024, 1024)), ("float32", (3, 2048, 256)),
@@ -639,4 +642,6 @@ def test_the_few_row_settings_are_set_per_cpu_model(monkeypatch):
             assert tier == "device"
         assert found["6-167"].pop("FEW_KB") == 1024 and "FEW_KB" not in found["6-207"]
         assert found["6-167"].pop("FEW_KC") == 64 and "FEW_KC" not in found["6-207"]
+        assert (found["6-167"].pop("UNPACKED_KB") == 1024
+                and "UNPACKED_KB" not in found["6-207"])
         assert found["6-167"] == found["6-207"], (dtype, shape)  # the same tile and blocks

@@ -49,6 +49,7 @@ from tilegemm.kernels.cpu.k02_blocked import b_chunk_bytes, l2_budget, vector_di
 # @header (replaced for each parameter set; these values only make the template importable)
 MR, NR = 16, 8
 FEW_KC = 1024  # K steps per panel, at most, of products of 2-7 rows (few_rows)
+UNPACKED_KB = 32768  # KiB of B, at most, of a mid-size product whose rows run unpacked
 DTYPE = "float32"
 CACHE = False
 SMALL_PRODUCT = 96 * 96 * 96
@@ -794,13 +795,15 @@ def takes_rows(batch, m, n, k, nthreads, direct_max, tr):
     place by the packed path; a plain copy of it, strided, took 25 ms for float32 X.T @ w,
     X 2048×2048 and w 16 columns wide, against NumPy's 0.95; B, a few columns, is copied if
     given so); and, with the wide 8-row tile, products of at most ``UNPACKED_PRODUCT``
-    multiply-adds given plainly, with runs of 8 rows for every thread (the same test as
+    multiply-adds given plainly, B within ``UNPACKED_KB`` KiB (each thread reads all of it
+    per 8 of its rows), with runs of 8 rows for every thread (the same test as
     ``k02_blocked.unpacked_rows``)."""
     if k == 0 or batch * m * n * k <= direct_max or m == 1 or n == 1 or tr & 1:
         return False
     if n > NARROW_N:
         units = (m + 7) // 8
         if (tr != 0 or DW8 == SMALL_W or m * n * k > UNPACKED_PRODUCT or m < FEW_MAX
+                or k * n * ITEMSIZE > UNPACKED_KB * 1024
                 or (units < 2 * nthreads and m % (8 * nthreads) != 0)):
             return False
     return not splits_batch(batch, m, n, k, nthreads)

@@ -63,6 +63,17 @@ VECTOR_L2_SHARE = 0.75
 # (float32 32×2048×256 0.94×); 512³ 0.79-0.91× (B beyond the L2: each run of rows reads
 # all of it), hence 384³.
 UNPACKED_PRODUCT = 384 * 384 * 384
+# ... and only while B takes at most this many KiB: the default of the parameter
+# UNPACKED_KB, a constant of the compiled code (per device in the database). Each thread
+# reads all of B once per 8 of its rows, so a B beyond the L2 comes from L3 again and again.
+# The default never binds (a product within UNPACKED_PRODUCT with the 16 rows it needs has
+# a B of at most 27 MiB): on the AMD Zen 5 where the unpacked path was measured its L3
+# served it fast enough up to 384³ (float64 B 1.1 MiB, twice its L2). On an Intel Xeon
+# (family 6 model 167, 2 MiB of L2, a slower L3) the packed path was ahead from 2 MiB of B:
+# float64 128×512×512 0.51-0.55 → 0.78-0.80× NumPy, 32×1024×1024 0.58-0.63 → 0.84-0.88×
+# (float32 48×1024×1024 0.57-0.58 → 0.87-0.93×), and behind at 1 MiB and below (float32
+# 384³ 1.17-1.19 → 0.93-0.96×, 128×512×512 0.91-0.98 → 0.81-0.85×): its entries set 1024.
+UNPACKED_KB = 32768
 # Products of 2-7 rows (``_small_tile.FEW_ROWS``) run on the calling thread while B is at
 # most this many KiB, else their columns are split over the threads: the default of the
 # parameter FEW_KB, set per device in the database. Such a product waits on reading B, and
@@ -170,11 +181,11 @@ _TILE_MODULES: dict[tuple[str, str], Any] = {}
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
-    """The compiled rung for one parameter set: ``_blocked_source`` with the tile (MR, NR)
-    and FEW_KC as constants, loaded through the persistent compile cache (compiled once per
-    machine), and the cache blocks (MC, KC, NC) and FEW_KB bound as arguments (``bind``), so
-    parameter sets that differ only in them share one compiled module, imported once per
-    process."""
+    """The compiled rung for one parameter set: ``_blocked_source`` with the tile (MR, NR),
+    FEW_KC and UNPACKED_KB as constants, loaded through the persistent compile cache
+    (compiled once per machine), and the cache blocks (MC, KC, NC) and FEW_KB bound as
+    arguments (``bind``), so parameter sets that differ only in them share one compiled
+    module, imported once per process."""
     from pathlib import Path
 
     from tilegemm._compat import import_numba
@@ -185,12 +196,14 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     import_numba()  # one thread at a time (see there)
     make_tbb_loadable()  # before Numba picks its threading layer (see _threads)
     dtype = np.dtype(dtype)
-    header = {"MR": p["MR"], "NR": p["NR"], "FEW_KC": p["FEW_KC"]}
+    header = {"MR": p["MR"], "NR": p["NR"], "FEW_KC": p["FEW_KC"],
+              "UNPACKED_KB": p["UNPACKED_KB"]}
     bits = vector_bits()
     template = (Path(__file__).parent / "_blocked_source.py").read_text()
     source = fill_template(
         template,
-        {"MR, NR": (p["MR"], p["NR"]), "FEW_KC": p["FEW_KC"], "DTYPE": dtype.name,
+        {"MR, NR": (p["MR"], p["NR"]), "FEW_KC": p["FEW_KC"],
+         "UNPACKED_KB": p["UNPACKED_KB"], "DTYPE": dtype.name,
          "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
          "UNPACKED_PRODUCT": UNPACKED_PRODUCT,
@@ -248,18 +261,21 @@ def b_chunk_bytes() -> int:
     return B_CHUNK_MAX if l2 is None else min(B_CHUNK_MAX, l2 // 2)
 
 
-def unpacked_rows(m: int, size: int, threads: int, bits: int | None) -> bool:
+def unpacked_rows(m: int, size: int, threads: int, bits: int | None, b_bytes: int,
+                  unpacked_kb: int) -> bool:
     """Whether a product of ``m`` rows and ``size`` multiply-adds, not narrow, given plainly
     and not taken by an earlier path, runs unpacked with its rows split over ``threads``
-    threads (the generated module's ``takes_rows``): at most ``UNPACKED_PRODUCT``, where
-    the CPU has the wide 8-row tile (``bits``: the vector width, see ``vector_bits``), at
-    least 8 rows, and runs of 8 rows that share evenly between the threads: at least two
-    runs per thread, or the same whole runs for each (10 rows on two threads gave one 8
-    rows and the other 2)."""
+    threads (the generated module's ``takes_rows``): at most ``UNPACKED_PRODUCT``, its B
+    (``b_bytes``) at most ``unpacked_kb`` KiB (the parameter UNPACKED_KB), where the CPU
+    has the wide 8-row tile (``bits``: the vector width, see ``vector_bits``), at least 8
+    rows, and runs of 8 rows that share evenly between the threads: at least two runs per
+    thread, or the same whole runs for each (10 rows on two threads gave one 8 rows and the
+    other 2)."""
     from tilegemm.kernels.cpu._small_tile import eight_row_vectors, few_rows_limit
 
     units = (m + 7) // 8
-    return (size <= UNPACKED_PRODUCT and eight_row_vectors(bits) > 1
+    return (size <= UNPACKED_PRODUCT and b_bytes <= unpacked_kb * 1024
+            and eight_row_vectors(bits) > 1
             and m >= few_rows_limit(bits)
             and (units >= 2 * threads or m % (8 * threads) == 0))
 
@@ -355,7 +371,9 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     if itemsize is not None and n <= narrow_columns(itemsize, vector_bits()) and not a_transposed:
         return (f"narrow product: rows split over {threads} thread(s), A and B read in "
                 "place, no packing")
-    if (itemsize is not None and unpacked_rows(m, size, threads, vector_bits())
+    unpacked_kb = UNPACKED_KB if params is None else params.get("UNPACKED_KB", UNPACKED_KB)
+    if (itemsize is not None
+            and unpacked_rows(m, size, threads, vector_bits(), k * n * itemsize, unpacked_kb)
             and not a_transposed and not b_transposed):
         return (f"unpacked: rows split over {threads} thread(s), 8 rows × several vectors "
                 "at a time, A and B read in place, no packing")
@@ -426,6 +444,10 @@ SPEC = KernelSpec(
         Param("FEW_KC", FEW_KC, (64, 128, 256, 512, 1024),
               "K steps per panel, at most (and at most KC), of a product of 2-7 rows (set per "
               "device in the database; not searched)", searched=False),
+        Param("UNPACKED_KB", UNPACKED_KB, (256, 512, 1024, 2048, 4096, 8192, 32768),
+              "KiB of B up to which a mid-size product runs unpacked, its rows split over "
+              "the threads (a path threshold, set per device in the database; not "
+              "searched)", searched=False),
     ),
     constraints=(
         Constraint("MC is a multiple of MR", lambda q: q["MC"] % q["MR"] == 0),
