@@ -163,21 +163,49 @@ def test_matrix_vector_chunks_give_the_same_bits(dtype):
         assert_close(whole, a, x)
 
 
+@pytest.mark.parametrize("dtype", ("float32", "int64"))
+def test_vector_matrix_panels_in_either_order_give_the_same_bits(dtype):
+    """``x @ B`` in chunks of columns, its K panels (9 of them: K = 517 in panels of 64)
+    taken first to last or last to first (``backward``): each column's panels are summed
+    from their first row and added into y in K order either way, beta·C included, so every
+    element has the same bits."""
+    mod = module(dtype)
+    x, b = random_operands((1, 517), (517, 203), dtype)
+    c0 = random_operands((1, 203), (1, 1), dtype)[0]
+    dt = np.dtype(dtype)
+    alpha, beta = dt.type(3), dt.type(2)
+    whole = c0.copy()
+    mod.gemv_part(x, b, whole, alpha, beta, 0, 1, 64, False)
+    for chunks in (1, 2, 3):
+        for backward in (False, True):
+            parts = c0.copy()
+            for c in range(chunks):
+                mod.gemv_part(x, b, parts, alpha, beta, c, chunks, 64, backward)
+            np.testing.assert_array_equal(parts, whole, err_msg=f"{chunks} {backward}")
+    want = 3 * (x.astype(np.float64) @ b) + 2 * c0
+    if dtype == "int64":
+        np.testing.assert_array_equal(whole, want.astype(np.int64))
+    else:
+        np.testing.assert_allclose(whole, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
 def test_threaded_matrix_vector_products_alternate_their_direction(monkeypatch):
-    """Each threaded vector product reads its matrix the other way round from the last
-    (``gemv_threads``' ``backward``, flipped by ``blocked`` on every call), with the same
-    bits either way."""
+    """Each threaded vector product, A @ x and x @ B, reads its matrix the other way round
+    from the last (``gemv_threads``' ``backward``, flipped by ``blocked`` on every call),
+    with the same bits either way."""
     mod = module("float32")
     flags = []
     original = mod.gemv_threads
     monkeypatch.setattr(mod, "gemv_threads",
                         lambda *a: (flags.append(a[-1]), original(*a)))
-    a, x = random_operands((64, K_BIG), (K_BIG, 1), "float32")
-    got = [matmul(a, x) for _ in range(3)]
-    assert len(flags) == 3 and flags[0] != flags[1] != flags[2], flags
-    np.testing.assert_array_equal(got[0], got[1])
-    np.testing.assert_array_equal(got[0], got[2])
-    assert_close(got[0], a, x)
+    for sa, sb in (((64, K_BIG), (K_BIG, 1)), ((1, K_BIG), (K_BIG, 64))):
+        flags.clear()
+        a, b = random_operands(sa, sb, "float32")
+        got = [matmul(a, b) for _ in range(3)]
+        assert len(flags) == 3 and flags[0] != flags[1] != flags[2], flags
+        np.testing.assert_array_equal(got[0], got[1])
+        np.testing.assert_array_equal(got[0], got[2])
+        assert_close(got[0], a, b)
 
 
 @pytest.mark.parametrize("dtype", ("float32", "float64"))

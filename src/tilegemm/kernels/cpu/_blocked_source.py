@@ -600,19 +600,24 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max, backward):
     element a dot product along K taken by the one-row dot tile (``_dot_tile``: x against
     ``DC1`` rows of A at a time, lane sums added in a fixed tree), the same sums for a row
     whatever the chunks, and the same as a row of ``x @ W.T`` with a few rows of x.
-    ``backward``: the chunk's rows of A in the opposite order, last tile first (the same
-    sums; see ``gemv_threads``). It does not apply to ``x @ B``, whose columns' sums run
-    down B's rows in K order.
+    ``backward`` (see ``gemv_threads``): ``A @ x`` takes the chunk's rows of A last tile
+    first; ``x @ B`` takes B's K panels last first, each from its first row as always, and
+    adds the panels' sums into y in K order after the last: the same sums either way.
     """
     m, n, k = C.shape[0], C.shape[1], B.shape[0]
     if m == 1:
         j0, j1 = c * n // nchunks, (c + 1) * n // nchunks
         if j1 <= j0:
             return
-        acc = np.empty(j1 - j0, dtype=C.dtype)
         x = A[0]
         y = C[0]
-        for pc in range(0, k, kc_max):  # K in panels, as the packed path sums (see direct)
+        panels = (k + kc_max - 1) // kc_max  # K in panels, as the packed path sums (direct)
+        # backward: each panel's sums kept apart, added into y in K order once all are done
+        accs = np.empty((panels if backward else 1, j1 - j0), dtype=C.dtype)
+        for q in range(panels):
+            pn = panels - 1 - q if backward else q
+            acc = accs[pn if backward else 0]
+            pc = pn * kc_max
             acc[:] = zero
             kend = min(k, pc + kc_max)
             kk = pc + (kend - pc) // GEMV_ROWS * GEMV_ROWS
@@ -638,7 +643,11 @@ def gemv_part(A, B, C, alpha, beta, c, nchunks, kc_max, backward):
                 row = B[p, j0:j1]
                 for j in range(j1 - j0):
                     acc[j] += a * row[j]
-            fold(y, acc, j0, j1, alpha, beta, pc == 0)
+            if not backward:
+                fold(y, acc, j0, j1, alpha, beta, pc == 0)
+        if backward:
+            for pn in range(panels):
+                fold(y, accs[pn], j0, j1, alpha, beta, pn == 0)
     else:
         i0, i1 = c * m // nchunks, (c + 1) * m // nchunks
         mode = 0 if beta == zero else 1
@@ -1116,11 +1125,12 @@ def gemv_threads(A, B, C, alpha, beta, nthreads, kc_max, backward):
     """Products with M == 1 or N == 1, one after another, each split into ``nthreads``
     chunks of columns (M == 1) or rows (N == 1) that run in parallel.
 
-    ``backward`` (N == 1): each thread takes its rows of A last first. ``blocked`` flips it
-    on every call, so a call starts with the rows the last one read last. A matrix a little
-    larger than the threads' L2 caches was read each time in the order that least-recently-
-    used replacement had just evicted, all of it from L3; read the other way round, the
-    part still cached is read first. Every row's sum is the same either way.
+    ``backward``: each thread takes its rows of A (N == 1) or B's K panels (M == 1) last
+    first. ``blocked`` flips it on every call, so a call starts with what the last one read
+    last. A matrix a little larger than the threads' L2 caches was read each time in the
+    order that least-recently-used replacement had just evicted, all of it from L3; read
+    the other way round, the part still cached is read first. Every element's sum is the
+    same either way.
     """
     for z in range(C.shape[0]):
         Az = A[z if A.shape[0] > 1 else 0]
