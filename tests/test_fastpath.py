@@ -72,6 +72,74 @@ def test_poison_follows_the_environment_on_remembered_calls(spy, rng, monkeypatc
     assert len(spy) == 1
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+@pytest.mark.parametrize("shape", [(8, 8, 8), (3, 5, 7), (1, 100, 100), (100, 100, 1),
+                                   (64, 64, 64)])
+def test_small_plain_matrix_products_take_the_rungs_own_call(spy, rng, shape, dtype,
+                                                             monkeypatch):
+    """A remembered small product of two C-ordered matrices runs the CPU rung's
+    ``small_matrix`` (one compiled call that allocates the result), with the full path's
+    bits, into a fresh writable C-ordered array each call (without TILEGEMM_POISON: see
+    below)."""
+    monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    m, k, n = shape
+    a = (rng.standard_normal((m, k)) * 8).astype(dtype)
+    b = (rng.standard_normal((k, n)) * 8).astype(dtype)
+    first = tilegemm.matmul(a, b)
+    case = fastpath._table[fastpath._key(a, b, "auto", "auto")]
+    assert case.entry is case.program.small_matrix and case.blocks == case.program.cache_blocks
+    seen = []
+    real = case.entry
+    fastpath._table[fastpath._key(a, b, "auto", "auto")] = case._replace(
+        entry=lambda *args: seen.append(1) or real(*args))
+    second, third = tilegemm.matmul(a, b), tilegemm.matmul(a, b)
+    assert len(spy) == 1 and len(seen) == 2
+    np.testing.assert_array_equal(second, first)
+    assert second.shape == (m, n) and second.dtype == dtype and not np.shares_memory(second,
+                                                                                    third)
+    assert second.flags.c_contiguous and second.flags.writeable
+    if dtype == np.int64:
+        np.testing.assert_array_equal(second, a @ b)
+    else:
+        assert_close(second, a, b)
+
+
+@pytest.mark.parametrize("shapes", [
+    ((2, 8, 8), (2, 8, 8)),         # a batch
+    ((8,), (8, 8)),                 # a vector
+    ((200, 200), (200, 200)),       # beyond the calling thread's size: the threads
+    ((1, 2000), (2000, 2000)),      # one row whose matrix leaves the L2: the threads
+])
+def test_other_remembered_products_keep_the_bound_program(spy, rng, shapes):
+    sa, sb = shapes
+    a, b = rng.standard_normal(sa), rng.standard_normal(sb)
+    tilegemm.matmul(a, b)
+    assert fastpath._table[fastpath._key(a, b, "auto", "auto")].entry is None
+    f = np.asfortranarray(rng.standard_normal((8, 8)))
+    tilegemm.matmul(f, f)
+    assert fastpath._table[fastpath._key(f, f, "auto", "auto")].entry is None
+
+
+def test_poison_takes_the_bound_program_not_the_small_call(spy, rng, monkeypatch):
+    """Under TILEGEMM_POISON the result is allocated and filled in Python, so the small
+    call, which allocates its own, is passed over."""
+    a, b = _operands(rng, 8, 8, 8, np.float32)
+    monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    tilegemm.matmul(a, b)
+    key = fastpath._key(a, b, "auto", "auto")
+
+    def refuse(*args):
+        raise AssertionError("the small call ran")
+
+    fastpath._table[key] = fastpath._table[key]._replace(entry=refuse)
+    monkeypatch.setenv("TILEGEMM_POISON", "1")
+    assert_close(tilegemm.matmul(a, b), a, b)
+    monkeypatch.delenv("TILEGEMM_POISON")
+    with pytest.raises(AssertionError, match="the small call ran"):
+        tilegemm.matmul(a, b)
+    assert len(spy) == 1
+
+
 def test_environment_reads_see_every_change_through_os_environ(monkeypatch):
     name = "TILEGEMM_TEST_FASTPATH_READER"
     read, encode = environ_reader(name)

@@ -126,6 +126,10 @@ class _Case(NamedTuple):
     one: Any  # alpha and beta in the dtype
     zero: Any
     fill: Any  # what TILEGEMM_POISON fills a fresh result with
+    # the program's own call for a small product of two C-ordered matrices into a new
+    # result, ``entry(a, b, blocks)`` (the CPU rung's ``small_matrix``), or None
+    entry: Any
+    blocks: Any
 
 
 _table: dict[tuple[Any, ...], _Case] = {}
@@ -234,6 +238,8 @@ def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any,
         forget()  # tuning results changed, or moved: decide again
         return None
     if out is None:
+        if case.entry is not None and _poison() in _POISON_OFF:
+            return case.entry(a, b, case.blocks)
         c = np.empty(case.shape, a.dtype)
         if _poison() not in _POISON_OFF:
             c.fill(case.fill)
@@ -298,9 +304,15 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     one = dtype.type(1)
     result = shape[:len(shape) - 2] + shape[len(shape) - 2 + row:len(shape) - col]
     ta, tb = bool(la & 1), bool(lb & 1)
+    entry = None
+    takes_small = getattr(program, "takes_small", None)
+    if (takes_small is not None and len(shape) == 2 and not (row or col or la or lb)
+            and takes_small(sa[0], sb[1], sa[1])):
+        entry = program.small_matrix
     _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
                         _stored_shape(shape, 0), ta, tb, la >= 2, lb >= 2, ta | tb << 1,
-                        one, one - one, poison_value(dtype))
+                        one, one - one, poison_value(dtype), entry,
+                        getattr(program, "cache_blocks", None))
 
 
 def device_key(ops: Any, kernel: Any, backend: Any,
