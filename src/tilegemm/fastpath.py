@@ -55,6 +55,9 @@ Everything a remembered call needs that does not depend on the operands' data (t
 shape, the 3-D shapes the rung reads, alpha and beta in the dtype) is worked out once, when
 the case is remembered: a remembered 8×8×8 call is then a table look-up, a clock read (a
 ``stat`` now and then), two reads of the environment, an allocation and the compiled call.
+Where the program offers one (the CPU rung's ``small_matrix``, for the small products of
+two C-ordered matrices it computes on the calling thread), the allocation and the call are
+one compiled call taking the caller's arrays as they are (about 1 µs less per call).
 
 **Device operands.** A plain call on device arrays (pyopencl arrays; numba, CuPy or PyTorch
 CUDA arrays) remembers the decision alone: which backend, device, rung and parameters, and
