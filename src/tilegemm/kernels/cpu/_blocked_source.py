@@ -1099,22 +1099,22 @@ def bind(mc, kc, nc, few_kb):
     cb = (int(mc), int(kc), int(nc))
     few_split = int(few_kb) * 1024
 
+    def takes_small(m, n, k, batch=1):
+        """Whether ``run`` computes a batch of products of these sizes given plainly on the
+        calling thread (``small``); for one product, ``small_matrix(A, B, cache_blocks)``
+        may compute it."""
+        size = batch * m * n * k
+        return size <= DIRECT_PRODUCT and (size <= VECTOR_DIRECT or m != 1 and n != 1)
+
     def run(A, B, C, alpha, beta, tr=0):
-        size = C.size * B.shape[1]  # K when tr == 0 (A's rows may lie apart)
-        if tr == 0 and size <= DIRECT_PRODUCT and (  # (takes_small, for a batch)
-                size <= VECTOR_DIRECT or C.shape[1] != 1 and C.shape[2] != 1):
+        # (B.shape[1] is K when tr == 0: A's rows may lie apart)
+        if tr == 0 and takes_small(C.shape[1], C.shape[2], B.shape[1], C.shape[0]):
             # Small products straight to the calling thread's code: one compiled call, no
             # thread pool (the checks in blocked cost a tiny product about half its time).
             # Larger products of one row or one column go on, to the threads (see blocked).
             small(A, B, C, alpha, beta, 0, C.shape[0], 0, cb)
             return
         blocked(A, B, C, alpha, beta, tr, cb, few_split)
-
-    def takes_small(m, n, k):
-        """Whether ``run`` computes one product of these sizes given plainly on the calling
-        thread (``small``), so that ``small_matrix(A, B, cache_blocks)`` may compute it."""
-        size = m * n * k
-        return size <= DIRECT_PRODUCT and (size <= VECTOR_DIRECT or m != 1 and n != 1)
 
     run.takes_transposed = True  # the CPU backend hands it transposed operands in place
     run.cache_blocks = cb
