@@ -6,6 +6,7 @@ counted (the full path is replaced by a spy), never timed."""
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -87,7 +88,8 @@ def test_small_plain_matrix_products_take_the_rungs_own_call(spy, rng, shape, dt
     b = (rng.standard_normal((k, n)) * 8).astype(dtype)
     first = tilegemm.matmul(a, b)
     case = fastpath._table[fastpath._key(a, b, "auto", "auto")]
-    assert case.entry is case.program.small_matrix and case.blocks == case.program.cache_blocks
+    mod = sys.modules[case.program.__module__]
+    assert case.entry is mod.small_matrix and case.blocks == case.program.cache_blocks
     seen = []
     real = case.entry
     fastpath._table[fastpath._key(a, b, "auto", "auto")] = case._replace(
@@ -108,7 +110,6 @@ def test_small_plain_matrix_products_take_the_rungs_own_call(spy, rng, shape, dt
     ((2, 8, 8), (2, 8, 8)),         # a batch
     ((8,), (8, 8)),                 # a vector
     ((200, 200), (200, 200)),       # beyond the calling thread's size: the threads
-    ((1, 2000), (2000, 2000)),      # one row whose matrix leaves the L2: the threads
 ])
 def test_other_remembered_products_keep_the_bound_program(spy, rng, shapes):
     sa, sb = shapes
@@ -118,6 +119,31 @@ def test_other_remembered_products_keep_the_bound_program(spy, rng, shapes):
     f = np.asfortranarray(rng.standard_normal((8, 8)))
     tilegemm.matmul(f, f)
     assert fastpath._table[fastpath._key(f, f, "auto", "auto")].entry is None
+
+
+@pytest.mark.parametrize("shapes", [((1, 1500), (1500, 1000)), ((1000, 1500), (1500, 1))])
+def test_threaded_vector_products_take_the_rungs_own_call(spy, rng, shapes, monkeypatch):
+    """A remembered product of a row or a column beyond the calling thread's share runs
+    the CPU rung's ``vector_matrix`` (the threads' vector path with none of the full
+    path's decisions): the full path's bits, the direction still flipped on every call."""
+    monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    sa, sb = shapes
+    a, b = rng.standard_normal(sa).astype(np.float32), rng.standard_normal(sb).astype(np.float32)
+    first = tilegemm.matmul(a, b)
+    case = fastpath._table[fastpath._key(a, b, "auto", "auto")]
+    mod = sys.modules[case.program.__module__]
+    assert case.entry is mod.vector_matrix
+    flags = []
+    real = mod.gemv_threads
+    monkeypatch.setattr(mod, "gemv_threads", lambda *args: (flags.append(args[-1]),
+                                                            real(*args)))
+    got = [tilegemm.matmul(a, b) for _ in range(3)]
+    assert len(spy) == 1 and len(flags) == 3 and flags[0] != flags[1] != flags[2], flags
+    for g in got:
+        np.testing.assert_array_equal(g, first)
+        assert g.shape == first.shape and g.flags.c_contiguous and g.flags.writeable
+    assert not np.shares_memory(got[0], got[1])
+    assert_close(first, a, b)
 
 
 def test_poison_takes_the_bound_program_not_the_small_call(spy, rng, monkeypatch):

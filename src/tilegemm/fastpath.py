@@ -55,9 +55,11 @@ Everything a remembered call needs that does not depend on the operands' data (t
 shape, the 3-D shapes the rung reads, alpha and beta in the dtype) is worked out once, when
 the case is remembered: a remembered 8×8×8 call is then a table look-up, a clock read (a
 ``stat`` now and then), two reads of the environment, an allocation and the compiled call.
-Where the program offers one (the CPU rung's ``small_matrix``, for the small products of
-two C-ordered matrices it computes on the calling thread), the allocation and the call are
-one compiled call taking the caller's arrays as they are (about 1 µs less per call).
+Where the program offers one for a product of two C-ordered matrices (the CPU rung's
+``call_for``: its small products on the calling thread, and its products of a row or a
+column on the threads), the allocation and the call are one call taking the caller's
+arrays as they are (about 1 µs less per small call, one compiled call; 4-16 µs less per
+threaded vector product, whose Python runs from L3 after streaming the matrix).
 
 **Device operands.** A plain call on device arrays (pyopencl arrays; numba, CuPy or PyTorch
 CUDA arrays) remembers the decision alone: which backend, device, rung and parameters, and
@@ -129,8 +131,8 @@ class _Case(NamedTuple):
     one: Any  # alpha and beta in the dtype
     zero: Any
     fill: Any  # what TILEGEMM_POISON fills a fresh result with
-    # the program's own call for a small product of two C-ordered matrices into a new
-    # result, ``entry(a, b, blocks)`` (the CPU rung's ``small_matrix``), or None
+    # the program's own call for this product of two C-ordered matrices into a new result,
+    # ``entry(a, b, blocks)`` (the CPU rung's ``call_for``), or None
     entry: Any
     blocks: Any
 
@@ -308,10 +310,9 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     result = shape[:len(shape) - 2] + shape[len(shape) - 2 + row:len(shape) - col]
     ta, tb = bool(la & 1), bool(lb & 1)
     entry = None
-    takes_small = getattr(program, "takes_small", None)
-    if (takes_small is not None and len(shape) == 2 and not (row or col or la or lb)
-            and takes_small(sa[0], sb[1], sa[1])):
-        entry = program.small_matrix
+    call_for = getattr(program, "call_for", None)
+    if call_for is not None and len(shape) == 2 and not (row or col or la or lb):
+        entry = call_for(sa[0], sb[1], sa[1])
     _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
                         _stored_shape(shape, 0), ta, tb, la >= 2, lb >= 2, ta | tb << 1,
                         one, one - one, poison_value(dtype), entry,

@@ -1064,6 +1064,9 @@ def blocked(A, B, C, alpha, beta, tr, cb, few_split):
     if C.size * k <= direct:
         small(A, B, C, alpha, beta, 0, C.shape[0], tr, cb)  # small, given transposed
         return
+    if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, direct):  # (tr is 0 here)
+        vector_threads(A, B, C, alpha, beta, cb)
+        return
     if parallel_unsafe():  # a forked child where a parallel region would be killed
         blocked_serial(A, B, C, alpha, beta, tr, cb)
         return
@@ -1075,14 +1078,41 @@ def blocked(A, B, C, alpha, beta, tr, cb, few_split):
     if nthreads > 1:  # a parallel region runs
         place_workers()  # Numba's workers on CPUs of their own (see _threads)
     with InParallel():  # (and watches for the pool's threads until they are known)
-        if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, direct):
-            gemv_threads(A, B, C, alpha, beta, nthreads, cb[1], next(_gemv_calls) & 1 == 1)
-        else:
-            size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct,
-                          B_CHUNK_BYTES, L2_BUDGET, cb, tr)[7]
-            blocked_threads(A, B, C, alpha, beta, nthreads, direct,
-                            workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES,
-                            L2_BUDGET, few_split, cb)
+        size = layout(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct,
+                      B_CHUNK_BYTES, L2_BUDGET, cb, tr)[7]
+        blocked_threads(A, B, C, alpha, beta, nthreads, direct,
+                        workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES,
+                        L2_BUDGET, few_split, cb)
+
+
+def vector_threads(A, B, C, alpha, beta, cb):
+    """Products of one row or one column (given plainly), beyond the calling thread's share
+    (``takes_gemv``), on the threads: ``gemv_threads``, each call the other way round from
+    the last (see there); in a process where a parallel region would be killed, on the
+    calling thread (``blocked_serial``)."""
+    if parallel_unsafe():
+        blocked_serial(A, B, C, alpha, beta, 0, cb)
+        return
+    nthreads = pool_threads()
+    if nthreads > 1:
+        place_workers()
+    with InParallel():
+        gemv_threads(A, B, C, alpha, beta, nthreads, cb[1], next(_gemv_calls) & 1 == 1)
+
+
+def vector_matrix(A, B, cb):
+    """A new ``A @ B`` of two C-ordered matrices, one of them a row or a column, that the
+    threads compute (``vector_threads``): what a remembered plain call runs
+    (``tilegemm.fastpath``), with none of ``blocked``'s decisions, which the case made once.
+    Such a product streams a matrix larger than the L2, after which every line of Python
+    runs from L3: ``np.empty``, three reshapes and the bound program's and ``blocked``'s
+    checks took 4-16 µs of a 30-70 µs call (float32 768² and 1024² A @ x on an Intel Xeon
+    family 6 model 167)."""
+    m, n = A.shape[0], B.shape[1]
+    C = np.empty((m, n), dtype=A.dtype)
+    vector_threads(A.reshape((1, m, A.shape[1])), B.reshape((1, B.shape[0], n)),
+                   C.reshape((1, m, n)), one, zero, cb)
+    return C
 
 
 def bind(mc, kc, nc, few_kb):
@@ -1101,10 +1131,20 @@ def bind(mc, kc, nc, few_kb):
 
     def takes_small(m, n, k, batch=1):
         """Whether ``run`` computes a batch of products of these sizes given plainly on the
-        calling thread (``small``); for one product, ``small_matrix(A, B, cache_blocks)``
-        may compute it."""
+        calling thread (``small``)."""
         size = batch * m * n * k
         return size <= DIRECT_PRODUCT and (size <= VECTOR_DIRECT or m != 1 and n != 1)
+
+    def call_for(m, n, k):
+        """The call ``(A, B, cache_blocks)`` giving a new ``A @ B`` of two C-ordered
+        matrices of these sizes, as ``run`` computes it, for remembered calls
+        (``tilegemm.fastpath``): ``small_matrix`` for a product on the calling thread,
+        ``vector_matrix`` for a row or a column on the threads; None for the others."""
+        if takes_small(m, n, k):
+            return small_matrix
+        if k > 0 and (m == 1 or n == 1):  # takes_gemv, for one product
+            return vector_matrix
+        return None
 
     def run(A, B, C, alpha, beta, tr=0):
         # (B.shape[1] is K when tr == 0: A's rows may lie apart)
@@ -1120,7 +1160,7 @@ def bind(mc, kc, nc, few_kb):
     run.cache_blocks = cb
     run.few_split = few_split
     run.takes_small = takes_small
-    run.small_matrix = small_matrix
+    run.call_for = call_for
     return run
 
 
