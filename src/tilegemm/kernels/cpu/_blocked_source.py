@@ -1159,7 +1159,6 @@ def bind(mc, kc, nc, few_kb):
     run.takes_transposed = True  # the CPU backend hands it transposed operands in place
     run.cache_blocks = cb
     run.few_split = few_split
-    run.takes_small = takes_small
     run.call_for = call_for
     return run
 
