@@ -106,9 +106,30 @@ def test_small_plain_matrix_products_take_the_rungs_own_call(spy, rng, shape, dt
         assert_close(second, a, b)
 
 
+@pytest.mark.parametrize("shapes", [((8,), (8, 5)), ((5, 8), (8,)), ((300,), (300, 200))])
+def test_small_products_with_a_vector_take_the_rungs_own_call(spy, rng, shapes, monkeypatch):
+    """A 1-D operand is viewed as a row (or a column) for the rung's own call, and the
+    result has NumPy's shape (that dimension dropped), with the full path's bits."""
+    monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    sa, sb = shapes
+    a, b = rng.standard_normal(sa), rng.standard_normal(sb)
+    first = tilegemm.matmul(a, b)
+    case = fastpath._table[fastpath._key(a, b, "auto", "auto")]
+    assert case.entry is not None
+    seen = []
+    real = case.entry
+    fastpath._table[fastpath._key(a, b, "auto", "auto")] = case._replace(
+        entry=lambda *args: seen.append(1) or real(*args))
+    second = tilegemm.matmul(a, b)
+    assert len(spy) == 1 and len(seen) == 1
+    assert second.shape == np.matmul(a, b).shape == first.shape
+    np.testing.assert_array_equal(second, first)
+    assert_close(second, a, b)
+
+
 @pytest.mark.parametrize("shapes", [
     ((2, 8, 8), (2, 8, 8)),         # a batch
-    ((8,), (8, 8)),                 # a vector
+    ((2, 8, 8), (8,)),              # a batch times a vector
     ((200, 200), (200, 200)),       # beyond the calling thread's size: the threads
 ])
 def test_other_remembered_products_keep_the_bound_program(spy, rng, shapes):
@@ -121,7 +142,8 @@ def test_other_remembered_products_keep_the_bound_program(spy, rng, shapes):
     assert fastpath._table[fastpath._key(f, f, "auto", "auto")].entry is None
 
 
-@pytest.mark.parametrize("shapes", [((1, 1500), (1500, 1000)), ((1000, 1500), (1500, 1))])
+@pytest.mark.parametrize("shapes", [((1, 1500), (1500, 1000)), ((1000, 1500), (1500, 1)),
+                                    ((1500,), (1500, 1000)), ((1000, 1500), (1500,))])
 def test_threaded_vector_products_take_the_rungs_own_call(spy, rng, shapes, monkeypatch):
     """A remembered product of a row or a column beyond the calling thread's share runs
     the CPU rung's ``vector_matrix`` (the threads' vector path with none of the full
@@ -132,13 +154,19 @@ def test_threaded_vector_products_take_the_rungs_own_call(spy, rng, shapes, monk
     first = tilegemm.matmul(a, b)
     case = fastpath._table[fastpath._key(a, b, "auto", "auto")]
     mod = sys.modules[case.program.__module__]
-    assert case.entry is mod.vector_matrix
+    assert case.entry is not None
+    called = []
+    real_call = mod.vector_matrix
+    monkeypatch.setattr(mod, "vector_matrix", lambda *args: called.append(1) or real_call(*args))
+    fastpath.forget()
+    first = tilegemm.matmul(a, b)  # remembered again, with the counting vector_matrix
     flags = []
     real = mod.gemv_threads
     monkeypatch.setattr(mod, "gemv_threads", lambda *args: (flags.append(args[-1]),
                                                             real(*args)))
     got = [tilegemm.matmul(a, b) for _ in range(3)]
-    assert len(spy) == 1 and len(flags) == 3 and flags[0] != flags[1] != flags[2], flags
+    assert len(spy) == 2 and len(called) == 3, (len(spy), called)
+    assert len(flags) == 3 and flags[0] != flags[1] != flags[2], flags
     for g in got:
         np.testing.assert_array_equal(g, first)
         assert g.shape == first.shape and g.flags.c_contiguous and g.flags.writeable

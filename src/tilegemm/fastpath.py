@@ -131,8 +131,9 @@ class _Case(NamedTuple):
     one: Any  # alpha and beta in the dtype
     zero: Any
     fill: Any  # what TILEGEMM_POISON fills a fresh result with
-    # the program's own call for this product of two C-ordered matrices into a new result,
-    # ``entry(a, b, blocks)`` (the CPU rung's ``call_for``), or None
+    # the program's own call for this product of two C-ordered matrices (or a matrix and a
+    # vector) into a new result, ``entry(a, b, blocks)`` (the CPU rung's ``call_for``), or
+    # None
     entry: Any
     blocks: Any
 
@@ -311,12 +312,28 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     ta, tb = bool(la & 1), bool(lb & 1)
     entry = None
     call_for = getattr(program, "call_for", None)
-    if call_for is not None and len(shape) == 2 and not (row or col or la or lb):
+    if call_for is not None and len(shape) == 2 and not (la or lb):
         entry = call_for(sa[0], sb[1], sa[1])
+        if entry is not None and (row or col):
+            entry = _vector_entry(entry, row, sa if row else sb, result)
     _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
                         _stored_shape(shape, 0), ta, tb, la >= 2, lb >= 2, ta | tb << 1,
                         one, one - one, poison_value(dtype), entry,
                         getattr(program, "cache_blocks", None))
+
+
+def _vector_entry(call: Callable[..., Any], row: bool, shape: tuple[int, ...],
+                  result: tuple[int, ...]) -> Callable[..., Any]:
+    """``call`` (the program's call for two C-ordered matrices) for a product with one 1-D
+    operand: the vector viewed as the matrix of ``shape`` (a row on the left, a column on
+    the right), the result as NumPy shapes it (``result``, that dimension dropped)."""
+    if row:
+        def entry(a: Any, b: Any, blocks: Any) -> Any:
+            return call(a.reshape(shape), b, blocks).reshape(result)
+    else:
+        def entry(a: Any, b: Any, blocks: Any) -> Any:
+            return call(a, b.reshape(shape), blocks).reshape(result)
+    return entry
 
 
 def device_key(ops: Any, kernel: Any, backend: Any,
