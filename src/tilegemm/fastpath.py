@@ -55,11 +55,12 @@ Everything a remembered call needs that does not depend on the operands' data (t
 shape, the 3-D shapes the rung reads, alpha and beta in the dtype) is worked out once, when
 the case is remembered: a remembered 8×8×8 call is then a table look-up, a clock read (a
 ``stat`` now and then), two reads of the environment, an allocation and the compiled call.
-Where the program offers one for a product of two C-ordered matrices (the CPU rung's
-``call_for``: its small products on the calling thread, and its products of a row or a
-column on the threads), the allocation and the call are one call taking the caller's
-arrays as they are (about 1 µs less per small call, one compiled call; 4-16 µs less per
-threaded vector product, whose Python runs from L3 after streaming the matrix).
+Where the program offers one for a product of two C-ordered matrices, or of such a
+matrix and a 1-D vector (the CPU rung's ``call_for``: its small products on the calling
+thread, and its products of a row or a column on the threads), the allocation and the call
+are one call taking the caller's arrays as they are (about 1 µs less per small call, one
+compiled call; 4-16 µs less per threaded vector product, whose Python runs from L3 after
+streaming the matrix).
 
 **Device operands.** A plain call on device arrays (pyopencl arrays; numba, CuPy or PyTorch
 CUDA arrays) remembers the decision alone: which backend, device, rung and parameters, and
