@@ -136,7 +136,7 @@ class _Case(NamedTuple):
     # vector) into a new result, ``entry(a, b, blocks)`` (the CPU rung's ``call_for``), or
     # None
     entry: Any
-    blocks: Any
+    blocks: Any  # the program's cache blocks, entry's last argument (read once, here)
 
 
 _table: dict[tuple[Any, ...], _Case] = {}

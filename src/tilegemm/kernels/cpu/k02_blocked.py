@@ -174,6 +174,9 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
         return njit(sig, **jit_flags(dtype))(ns["ukernel"])
 
 
+# The path thresholds that are constants of the compiled code (the template's header), not
+# arguments: a parameter set with other values compiles its own module.
+COMPILED_IN = ("FEW_KC", "UNPACKED_KB")
 # The generated modules this process has imported, by (source, cache folder): parameter
 # sets that differ only in MC/KC/NC/FEW_KB share one, instead of each importing the cache
 # entry again and loading its code (or, with the cache off, compiling it again).
@@ -196,15 +199,13 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     import_numba()  # one thread at a time (see there)
     make_tbb_loadable()  # before Numba picks its threading layer (see _threads)
     dtype = np.dtype(dtype)
-    header = {"MR": p["MR"], "NR": p["NR"], "FEW_KC": p["FEW_KC"],
-              "UNPACKED_KB": p["UNPACKED_KB"]}
+    compiled_in = {name: p[name] for name in COMPILED_IN}
+    header = {"MR": p["MR"], "NR": p["NR"], **compiled_in}
     bits = vector_bits()
     template = (Path(__file__).parent / "_blocked_source.py").read_text()
     source = fill_template(
         template,
-        {"MR, NR": (p["MR"], p["NR"]), "FEW_KC": p["FEW_KC"],
-         "UNPACKED_KB": p["UNPACKED_KB"], "DTYPE": dtype.name,
-         "CACHE": False,
+        {"MR, NR": (p["MR"], p["NR"]), **compiled_in, "DTYPE": dtype.name, "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
          "UNPACKED_PRODUCT": UNPACKED_PRODUCT,
          "BATCH_PRODUCT": BATCH_PRODUCT, "BATCH_SPLIT_MIN": BATCH_SPLIT_MIN,
