@@ -280,8 +280,14 @@ def test_a_vector_times_a_transposed_matrix_reads_it_in_place(dtype, sa, sb, fli
     ta = _transposed(a) if "a" in flip else a
     tb = _transposed(b) if "b" in flip else b
     got = matmul(ta, tb)
-    big = np.prod(np.broadcast_shapes(a.shape[:-1], b.shape[:-2] + (1,))) * b.shape[-1] * \
-        a.shape[-1] > k02_blocked.DIRECT_PRODUCT
+    # above the calling thread's share, whose limit for a row or a column depends on the L2
+    # (with 512 KiB of it, 1x700x90 float64 goes to the threads), and not a batch of small
+    # products (those run one product per thread)
+    batch = int(np.prod(got.shape[:-2]))
+    product = got.shape[-2] * got.shape[-1] * a.shape[-1]
+    big = (batch * product > k02_blocked.direct_limit(got.shape[-2], got.shape[-1],
+                                                       got.itemsize)
+           and (batch == 1 or product > k02_blocked.SMALL_PRODUCT))
     assert bool(calls) == big, (sa, sb)
     if np.dtype(dtype).kind == "i":
         np.testing.assert_array_equal(got, np.matmul(a, b))

@@ -258,6 +258,131 @@ def test_a_cache_file_that_is_not_text_is_rewritten(tmp_path, monkeypatch):
     assert entry.read_text().startswith("# ")
 
 
+# A rung-like module whose entry point allocates (np.empty: its code refers to Numba's
+# runtime and to an environment of numba.np.arrayobj).
+ALLOCATING_TEMPLATE = '''
+import numba
+import numpy as np
+from tilegemm.kernels.cpu._lazy import load_compiled, njit_when_called
+
+# @header
+SCALE = 1
+CACHE = False
+# @end-header
+
+
+@njit_when_called(numba.float64(numba.float64[:, ::1]), cache=CACHE)
+def entry(x):
+    y = np.empty(x.shape[1])
+    y[:] = SCALE
+    return (x.sum(axis=0) * y).sum()
+
+
+@njit_when_called(numba.boolean(numba.float64), cache=CACHE)
+def probe(x):
+    return x > 0
+
+
+COMPILED = (entry, probe)
+CALLED_FROM_PYTHON = (probe, entry)
+load_compiled(COMPILED, CALLED_FROM_PYTHON)
+'''
+
+LOAD_ALLOCATING = """
+import json, sys, warnings
+import numpy as np
+from llvmlite import binding
+from numba.core.runtime import nrtdynmod
+
+parsed, nrt_compiled = [], []
+real_parse, real_nrt = binding.parse_bitcode, nrtdynmod.create_nrt_module
+binding.parse_bitcode = lambda *a: parsed.append(1) or real_parse(*a)
+nrtdynmod.create_nrt_module = lambda *a: nrt_compiled.append(1) or real_nrt(*a)
+from tilegemm import compile_cache
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    m = compile_cache.load_module("allocating", sys.argv[1], {"kernel": "allocating"})
+    value = m.entry(np.arange(6.0).reshape(2, 3))
+print(json.dumps({"stats": compile_cache.STATS, "value": value,
+                  "bitcode_parsed": len(parsed), "runtime_compiled": len(nrt_compiled),
+                  "imported": [n for n in ("numba.np.arrayobj", "numpy.ma")
+                               if n in sys.modules],
+                  "warnings": [f"{w.category.__name__}: {w.message}" for w in caught]}))
+"""
+
+
+def test_a_warm_cache_loads_machine_code_and_nothing_else(tmp_path, monkeypatch):
+    """What a fresh process's first call does with a warm cache: load machine code. Numba
+    itself would also parse each library's LLVM IR (kept for linking it into code compiled
+    later), compile its runtime's functions again, import the module an allocation's
+    environment belongs to (numba.np.arrayobj) and, to type a NumPy array, numpy.ma:
+    together a sixth of that call on a 2-vCPU AMD EPYC family 25 model 1."""
+    source = fill_template(ALLOCATING_TEMPLATE, {"SCALE": 2, "CACHE": False}, {})
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
+    first = script_json(LOAD_ALLOCATING, source, env=env)  # cold: compiles, keeps the runtime
+    assert first["value"] == 30.0 and first["stats"]["compiled"] == 2
+    assert first["runtime_compiled"] == 1 and first["warnings"] == []
+    assert len(list((tmp_path / "cpu" / "__pycache__").glob("allocating-*.nrt.bin"))) == 1
+    again = script_json(LOAD_ALLOCATING, source, env=env)
+    # (the one IR parsed: the runtime's, a few functions, which every compile links)
+    assert again == {"stats": {"compiled": 0, "loaded": 2}, "value": 30.0,
+                     "bitcode_parsed": 1, "runtime_compiled": 0, "imported": [],
+                     "warnings": []}
+
+
+def test_a_damaged_runtime_file_warns_and_is_compiled_again(tmp_path):
+    source = fill_template(ALLOCATING_TEMPLATE, {"SCALE": 3, "CACHE": False}, {})
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path))
+    script_json(LOAD_ALLOCATING, source, env=env)
+    (kept,) = (tmp_path / "cpu" / "__pycache__").glob("allocating-*.nrt.bin")
+    raw = bytearray(kept.read_bytes())
+    raw[-5] ^= 0xFF  # one byte of the code changed, the size the same
+    kept.write_bytes(bytes(raw))
+    again = script_json(LOAD_ALLOCATING, source, env=env)
+    assert again["value"] == 45.0 and again["runtime_compiled"] == 1
+    [warning] = again["warnings"]
+    assert warning.startswith("CompileCacheWarning: kernel cache entry ")
+    assert ".nrt.bin could not be loaded" in warning and "checksum" in warning
+    third = script_json(LOAD_ALLOCATING, source, env=env)  # rewritten whole
+    assert third["runtime_compiled"] == 0 and third["warnings"] == []
+
+
+@pytest.mark.parametrize("array", [
+    np.zeros((3, 4)), np.zeros((3, 4), order="F"), np.zeros((3, 4))[:, ::2],
+    np.zeros(5, np.float32), np.zeros((2, 3, 4), np.int64)[::2], np.zeros(()),
+    np.zeros((2, 2), np.complex64)])
+@pytest.mark.parametrize("writeable", [True, False])
+def test_an_argument_is_typed_as_numbas_own_typeof_types_it(array, writeable):
+    from numba.core.typing.typeof import Purpose, typeof
+
+    array = array.copy() if array.flags.owndata else array
+    array.flags.writeable = writeable
+
+    @njit_when_called(f8(f8))
+    def unused(x):
+        return x
+
+    assert unused.typeof_pyval(array) == typeof(array, Purpose.argument)
+
+
+@pytest.mark.parametrize("value", [np.ma.zeros(3), np.zeros(3, "U3"), np.zeros(3, object),
+                                   [1.0, 2.0], 2.5])
+def test_a_masked_or_unsupported_argument_gets_numbas_own_answer(value):
+    from numba.core.registry import CPUDispatcher
+
+    @njit_when_called(f8(f8))
+    def unused(x):
+        return x
+
+    try:
+        expected = CPUDispatcher.typeof_pyval(unused, value)
+    except Exception as exc:  # noqa: BLE001 - a masked array: Numba refuses it
+        with pytest.raises(type(exc), match="MaskedArray"):
+            unused.typeof_pyval(value)
+    else:
+        assert unused.typeof_pyval(value) == expected
+
+
 def test_a_call_that_lost_the_race_to_compile_runs_the_compiled_signature():
     """Two threads call a helper that nothing compiled yet: both find no compiled
     signature, one compiles it; the other must then run it (Numba refuses to compile

@@ -580,12 +580,13 @@ def load_kernel_module(name: str, source: str, key: dict[str, Any],
         return None
 
 
-def write_atomic(path: Path, text: str, prefix: str = ".tmp-") -> None:
-    """Write ``text`` to ``path`` whole or not at all (a crash mid-write leaves neither a
-    half file nor the temporary, named ``prefix...``); the kernel and tuning caches."""
+def write_atomic(path: Path, text: str | bytes, prefix: str = ".tmp-") -> None:
+    """Write ``text`` (or bytes) to ``path`` whole or not at all (a crash mid-write leaves
+    neither a half file nor the temporary, named ``prefix...``); the kernel and tuning
+    caches."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=path.suffix)
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as f:
             f.write(text)
         os.chmod(tmp, 0o644)  # as a file written plainly: mkstemp's 0600 shut out the
         os.replace(tmp, path)  # other users of a shared cache directory

@@ -43,6 +43,7 @@ import os
 import pickle
 import shutil
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -50,7 +51,9 @@ from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
 
-from numba.core import event, typeinfer
+import numpy as np
+from llvmlite import binding as llvm
+from numba.core import environment, errors, event, typeinfer, types
 from numba.core.caching import (
     CompileResultCacheImpl,
     FunctionCache,
@@ -58,10 +61,12 @@ from numba.core.caching import (
     InTreeCacheLocator,
 )
 from numba.core.compiler_lock import global_compiler_lock
+from numba.core.environment import Environment, lookup_environment
 from numba.core.registry import CPUDispatcher
-from numba.core.runtime import rtsys
+from numba.core.runtime import nrtdynmod, rtsys
+from numba.np import numpy_support
 
-from tilegemm.compile_cache import CompileCacheWarning
+from tilegemm.compile_cache import CompileCacheWarning, write_atomic
 from tilegemm.errors import user_stacklevel
 from tilegemm.kernels.cpu._slp import (
     current_vector_width,
@@ -290,6 +295,113 @@ def interruptible() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def _linked_on_demand(codegen: Any, entry_points: tuple[str, ...]) -> Iterator[None]:
+    """Libraries unserialised in this context read the LLVM IR kept for linking them into
+    other code only when something links them.
+
+    A cached library is its machine code plus the whole of its optimised IR as bitcode,
+    which Numba parses as it loads, only to list the symbols the code defines and in case a
+    function compiled later in the process calls this one and links its IR in. Calls made
+    from compiled code go through symbols of their own here (:class:`CalledByName`) and
+    tilegemm's callers are cached with their callees' code, so a warm process parses IR for
+    nothing: 39 ms of a fresh process's first two calls (the ten libraries of a 64³ and a
+    256³ float32 product) on a 2-vCPU AMD EPYC family 25 model 1. Here the library's code is
+    loaded as Numba loads it, the two symbols looked up in it (``entry_points``: the
+    function and its Python wrapper) are recorded as defined, and the bitcode is parsed,
+    and all its symbols recorded, the first time the library is linked (or cached again).
+    Entered with Numba's compiler lock held.
+    """
+
+    def unserialize_library(serialized: tuple[str, str, Any]) -> Any:
+        name, kind, data = serialized
+        if kind != "object":
+            return type(codegen).unserialize_library(codegen, serialized)
+        object_code, shared_bitcode = data
+        library = codegen.create_library(name)
+        library.enable_object_caching()
+        library._set_compiled_object(object_code)
+
+        def module_for_linking() -> Any:
+            if library._shared_module is None:
+                library._shared_module = llvm.parse_bitcode(shared_bitcode)
+                codegen._engine._load_defined_symbols(library._shared_module)
+            return library._shared_module
+
+        library._get_module_for_linking = module_for_linking  # (Numba's reads it lazily)
+        library._finalize_final_module()
+        codegen._engine._defined_symbols.update(entry_points)
+        return library
+
+    codegen.unserialize_library = unserialize_library
+    try:
+        yield
+    finally:
+        del codegen.unserialize_library
+
+
+def _start_runtime(target_context: Any, path: Path) -> None:
+    """Start Numba's runtime (reference counting, which cached code calls), with its
+    compiled part kept at ``path``: beside the cache entry of the module loading, whose
+    key (Numba's version, the CPU and the features compiled for) is also this code's.
+
+    Numba compiles that part, a few functions of LLVM IR, in every process: 25-30 ms of a
+    fresh process's first call on a 2-vCPU AMD EPYC family 25 model 1, where loading it
+    takes a few. A file that is missing, damaged or unreadable is compiled as Numba does
+    and written again (a damaged one with a warning); one that cannot be written is not
+    kept.
+    """
+    if rtsys._init:
+        return
+    numbas_own = nrtdynmod.compile_nrt_functions
+
+    def kept(ctx: Any) -> Any:
+        codegen = ctx.codegen()
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            pass
+        else:
+            try:
+                return codegen.unserialize_library(("nrt", "object", _unframed(raw)))
+            except Exception as exc:  # noqa: BLE001 - damaged: compile instead
+                warnings.warn(f"kernel cache entry {path} could not be loaded "
+                              f"({type(exc).__name__}: {exc}); compiling it again",
+                              CompileCacheWarning, stacklevel=user_stacklevel())
+        ir_module, library = nrtdynmod.create_nrt_module(ctx)
+        library.enable_object_caching()  # (what numbas_own does, with the code kept)
+        library.add_ir_module(ir_module)
+        library.finalize()
+        with contextlib.suppress(OSError):
+            write_atomic(path, _framed(library.serialize_using_object_code()[2]))
+        return library
+
+    nrtdynmod.compile_nrt_functions = kept
+    try:
+        rtsys.initialize(target_context)
+    finally:
+        nrtdynmod.compile_nrt_functions = numbas_own
+
+
+_FRAME = b"tilegemm-nrt-sha256\n"
+
+
+def _framed(code: tuple[bytes, bytes]) -> bytes:
+    """Machine code and bitcode as one file, with the SHA-256 of both."""
+    blob = len(code[0]).to_bytes(8, "little") + code[0] + code[1]
+    return _FRAME + hashlib.sha256(blob).digest() + blob
+
+
+def _unframed(raw: bytes) -> tuple[bytes, bytes]:
+    """:func:`_framed`'s parts, or ValueError where the file is not whole."""
+    head = len(_FRAME)
+    digest, blob = raw[head:head + 32], raw[head + 32:]
+    if raw[:head] != _FRAME or hashlib.sha256(blob).digest() != digest:
+        raise ValueError("its contents differ from the checksum written with them")
+    size = int.from_bytes(blob[:8], "little")
+    return blob[8:8 + size], blob[8 + size:]
+
+
 class _BesideTheSource(CompileResultCacheImpl):
     """Numba's cache of one function, always in the ``__pycache__`` beside its source:
     with ``NUMBA_CACHE_DIR`` set Numba would keep it there instead, where `tilegemm
@@ -325,6 +437,46 @@ class _CheckedCacheFile(IndexDataCacheFile):
         return pickle.loads(blob)
 
 
+@contextlib.contextmanager
+def _environments_unimported() -> Iterator[None]:
+    """Unpickling in this context rebuilds Numba's environments with :func:`_environment`
+    (the pickles name ``numba.core.environment._rebuild_env``, looked up as they load; some
+    are nested in Numba's own pickles, beyond the reach of an unpickler of ours). Entered
+    with Numba's compiler lock held, as every load and compile in the process is."""
+    environment._rebuild_env = _environment
+    try:
+        yield
+    finally:
+        environment._rebuild_env = _numba_rebuild_env
+
+
+_numba_rebuild_env = environment._rebuild_env
+
+
+def _environment(modname: str, consts: list, env_name: str) -> Environment:
+    """Numba's ``_rebuild_env`` without importing the module that the environment belongs to,
+    where it is not imported yet.
+
+    An environment holds the globals of the Python module a compiled function came from,
+    which only code compiled in object mode reads (``pylowering``); a nopython function's
+    environment is its constants. The machine code of ``np.empty`` in a cached function
+    carries the environment of Numba's implementation, in ``numba.np.arrayobj``, and
+    rebuilding it imported that module and the string types it imports: 35-50 ms of a fresh
+    process's first call (of 0.65 s) on a 2-vCPU AMD EPYC family 25 model 1, where nothing
+    else needs them. Its globals are then a dictionary that only names the module, which
+    is all Numba reads of them when a function referring to it is cached again.
+    """
+    env = lookup_environment(env_name)
+    if env is not None:
+        return env
+    module = sys.modules.get(modname)
+    env = Environment(module.__dict__ if module is not None else {"__name__": modname})
+    env.consts[:] = consts
+    env.env_name = env_name
+    Environment._memo[env_name] = env
+    return env
+
+
 class QuickLoadCache(FunctionCache):
     """Numba's on-disk cache of one function, loading without the registry set-up.
 
@@ -353,9 +505,10 @@ class QuickLoadCache(FunctionCache):
             source_stamp=self._impl.locator.get_source_stamp())
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
-        rtsys.initialize(target_context)
+        _start_runtime(target_context, Path(self._cache_path)
+                       / f"{Path(self._py_func.__code__.co_filename).stem}.nrt.bin")
         try:
-            with self._guard_against_spurious_io_errors():
+            with self._guard_against_spurious_io_errors(), _environments_unimported():
                 return self._load_overload(sig, target_context)
         except Exception as exc:  # noqa: BLE001 - any damage: compile instead
             self._remove_folders_in_the_way()
@@ -367,6 +520,20 @@ class QuickLoadCache(FunctionCache):
                           f"({type(exc).__name__}: {exc}); compiling it again",
                           CompileCacheWarning, stacklevel=user_stacklevel())
             return None
+
+    def _load_overload(self, sig: Any, target_context: Any) -> Any:
+        """Numba's, with the library's code for linking read only if it is ever linked
+        (:func:`_linked_on_demand`)."""
+        if not self._enabled:
+            return None
+        codegen = target_context.codegen()
+        data = self._cache_file.load(self._index_key(sig, codegen))
+        if data is None:
+            return None
+        fndesc = data[1]  # (library, function descriptor, ...): CompileResult._reduce
+        with _linked_on_demand(codegen, (fndesc.llvm_func_name,
+                                         fndesc.llvm_cpython_wrapper_name)):
+            return self._impl.rebuild(target_context, data)
 
     def _remove_folders_in_the_way(self) -> None:
         """Delete a directory standing where this function's index or data files go:
@@ -415,6 +582,26 @@ class WhenCalledDispatcher(CPUDispatcher):
 
     def enable_caching(self) -> None:
         self._cache = QuickLoadCache(self.py_func)
+
+    def typeof_pyval(self, val: Any) -> Any:
+        """The Numba type of an argument the dispatcher's own code has not seen the kind of
+        before (Numba's, which it calls, caches the answer per kind of array).
+
+        Numba's first asks whether the array is a NumPy masked array, and that question
+        imports ``numpy.ma``: 20-30 ms of a fresh process's first call on a 2-vCPU AMD EPYC
+        family 25 model 1, for a module nothing else there uses. An argument whose type is
+        ``numpy.ndarray`` itself is not masked; its type is worked out as Numba does."""
+        if type(val) is np.ndarray:
+            try:
+                dtype = numpy_support.from_dtype(val.dtype)
+            except errors.NumbaNotImplementedError:
+                pass  # Numba's own raises the error it gives
+            else:
+                tp = types.Array(dtype, val.ndim, numpy_support.map_layout(val),
+                                 readonly=not val.flags.writeable)
+                self._types_active_call.add(tp)
+                return tp
+        return super().typeof_pyval(val)
 
     def _settings(self) -> ExitStack:
         """The declared settings, entered (the caller closes the returned stack)."""
