@@ -127,6 +127,57 @@ def test_small_products_with_a_vector_take_the_rungs_own_call(spy, rng, shapes, 
     assert_close(second, a, b)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+@pytest.mark.parametrize(("sa", "sb", "which"), [
+    ((64, 64), (64, 64), "b"), ((37, 29), (29, 41), "a"), ((7, 50), (50, 9), "ab"),
+    ((50,), (50, 30), "b"), ((30, 50), (50,), "a")])
+def test_small_products_of_slices_take_the_rungs_own_call_on_copies(spy, rng, sa, sb,
+                                                                     which, dtype,
+                                                                     monkeypatch):
+    """A small remembered product of a slice of columns (``w[:, :n]``, rows apart) copies
+    it and runs the rung's own call, with the bits of the full path, which reads the slice
+    in place; the caller's arrays are left as they were."""
+    monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+
+    def operand(shape: tuple[int, ...], sliced: bool) -> np.ndarray:
+        wide = (rng.standard_normal(shape[:-1] + (shape[-1] + 5,)) * 8).astype(dtype)
+        if sliced and len(shape) == 2:
+            return wide[:, 3:3 + shape[-1]]
+        return wide[..., :shape[-1]].copy()
+
+    a, b = operand(sa, "a" in which), operand(sb, "b" in which)
+    before = (a.copy(), b.copy())
+    first = tilegemm.matmul(a, b)
+    case = fastpath._table[fastpath._key(a, b, "auto", "auto")]
+    assert case.entry is not None
+    copied = []
+    real_copy = np.ascontiguousarray
+    monkeypatch.setattr(np, "ascontiguousarray", lambda x: copied.append(x.flags.c_contiguous)
+                        or real_copy(x))
+    fastpath.forget()
+    tilegemm.matmul(a, b)  # remembered again, with the counting copy
+    second = tilegemm.matmul(a, b)
+    assert len(spy) == 2 and False in copied, copied
+    np.testing.assert_array_equal(second, first)
+    np.testing.assert_array_equal(a, before[0])
+    np.testing.assert_array_equal(b, before[1])
+    if dtype == np.int64:
+        np.testing.assert_array_equal(second, np.matmul(a, b))
+    else:
+        assert_close(second, a, b)
+
+
+def test_large_products_of_slices_are_read_in_place(spy, rng, monkeypatch):
+    """Beyond the calling thread's size a slice is not copied (a 2000x1000 matrix to copy
+    for a product of a row): the bound program reads it in place."""
+    monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    w = rng.standard_normal((2000, 1600)).astype(np.float32)
+    for a, b in ((rng.standard_normal((1, 2000)).astype(np.float32), w[:, :1000]),
+                 (w[:1000, :1500], rng.standard_normal((1500, 1)).astype(np.float32))):
+        tilegemm.matmul(a, b)
+        assert fastpath._table[fastpath._key(a, b, "auto", "auto")].entry is None
+
+
 @pytest.mark.parametrize("shapes", [
     ((2, 8, 8), (2, 8, 8)),         # a batch
     ((2, 8, 8), (8,)),              # a batch times a vector

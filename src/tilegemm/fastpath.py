@@ -313,14 +313,28 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     ta, tb = bool(la & 1), bool(lb & 1)
     entry = None
     call_for = getattr(program, "call_for", None)
-    if call_for is not None and len(shape) == 2 and not (la or lb):
-        entry = call_for(sa[0], sb[1], sa[1])
+    if call_for is not None and len(shape) == 2 and la in (0, 2) and lb in (0, 2):
+        # (a slice of columns is copied for the calls that are worth it, see call_for)
+        entry = call_for(sa[0], sb[1], sa[1], dense=not (la or lb))
+        if entry is not None and (la or lb):
+            entry = _dense_entry(entry)
         if entry is not None and (row or col):
             entry = _vector_entry(entry, row, sa if row else sb, result)
     _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
                         _stored_shape(shape, 0), ta, tb, la >= 2, lb >= 2, ta | tb << 1,
                         one, one - one, poison_value(dtype), entry,
                         getattr(program, "cache_blocks", None))
+
+
+def _dense_entry(call: Callable[..., Any]) -> Callable[..., Any]:
+    """``call`` (the program's call for two C-ordered matrices) for operands that may be
+    slices of columns: those are copied first."""
+    dense = np.ascontiguousarray
+
+    def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
+        return call(dense(a), dense(b), blocks)
+
+    return entry
 
 
 def _vector_entry(call: Callable[..., Any], row: bool, shape: tuple[int, ...],
