@@ -30,7 +30,10 @@ named, before any function whose code reaches it (:class:`CalledByName`).
 Loading from the cache skips Numba's registry set-up (:class:`QuickLoadCache`): that
 imports and registers every implementation Numba could compile with (about 60 ms in a fresh
 process on a 2-vCPU Zen 5, a fifth of the first call), and loading machine code compiles
-nothing. A compilation still does it first, as Numba always does.
+nothing. A compilation still does it first, as Numba always does. Nor does loading parse
+the LLVM IR kept for linking (:func:`_linked_on_demand`), import the modules environments
+belong to (:func:`_environment`) or ``numpy.ma`` (``WhenCalledDispatcher.typeof_pyval``),
+or compile Numba's runtime functions again (:func:`_start_runtime`).
 """
 
 from __future__ import annotations
