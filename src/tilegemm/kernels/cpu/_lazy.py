@@ -343,10 +343,11 @@ def _linked_on_demand(codegen: Any, entry_points: tuple[str, ...]) -> Iterator[N
         del codegen.unserialize_library
 
 
-def _start_runtime(target_context: Any, path: Path) -> None:
+def _start_runtime(target_context: Any, where: Callable[[], Path]) -> None:
     """Start Numba's runtime (reference counting, which cached code calls), with its
-    compiled part kept at ``path``: beside the cache entry of the module loading, whose
-    key (Numba's version, the CPU and the features compiled for) is also this code's.
+    compiled part kept at ``where()`` (asked only if the runtime is not started yet):
+    beside the cache entry of the module loading, whose key (Numba's version, the CPU and
+    the features compiled for) is also this code's.
 
     Numba compiles that part, a few functions of LLVM IR, in every process: 25-30 ms of a
     fresh process's first call on a 2-vCPU AMD EPYC family 25 model 1, where loading it
@@ -356,6 +357,7 @@ def _start_runtime(target_context: Any, path: Path) -> None:
     """
     if rtsys._init:
         return
+    path = where()
     numbas_own = nrtdynmod.compile_nrt_functions
 
     def kept(ctx: Any) -> Any:
@@ -386,23 +388,33 @@ def _start_runtime(target_context: Any, path: Path) -> None:
         nrtdynmod.compile_nrt_functions = numbas_own
 
 
-_FRAME = b"tilegemm-nrt-sha256\n"
+_RUNTIME_MAGIC = b"tilegemm-nrt-sha256\n"
 
 
 def _framed(code: tuple[bytes, bytes]) -> bytes:
     """Machine code and bitcode as one file, with the SHA-256 of both."""
-    blob = len(code[0]).to_bytes(8, "little") + code[0] + code[1]
-    return _FRAME + hashlib.sha256(blob).digest() + blob
+    return _signed(_RUNTIME_MAGIC, len(code[0]).to_bytes(8, "little") + code[0] + code[1])
 
 
 def _unframed(raw: bytes) -> tuple[bytes, bytes]:
     """:func:`_framed`'s parts, or ValueError where the file is not whole."""
-    head = len(_FRAME)
-    digest, blob = raw[head:head + 32], raw[head + 32:]
-    if raw[:head] != _FRAME or hashlib.sha256(blob).digest() != digest:
-        raise ValueError("its contents differ from the checksum written with them")
+    blob = _verified(_RUNTIME_MAGIC, raw)
     size = int.from_bytes(blob[:8], "little")
     return blob[8:8 + size], blob[8 + size:]
+
+
+def _signed(magic: bytes, blob: bytes) -> bytes:
+    """A file's contents: ``magic``, the SHA-256 of ``blob``, ``blob``."""
+    return magic + hashlib.sha256(blob).digest() + blob
+
+
+def _verified(magic: bytes, raw: bytes) -> bytes:
+    """The blob of :func:`_signed` file contents, or ValueError where they are not whole."""
+    head = len(magic)
+    digest, blob = raw[head:head + 32], raw[head + 32:]
+    if raw[:head] != magic or hashlib.sha256(blob).digest() != digest:
+        raise ValueError("its contents differ from the checksum written with them")
+    return blob
 
 
 class _BesideTheSource(CompileResultCacheImpl):
@@ -428,16 +440,12 @@ class _CheckedCacheFile(IndexDataCacheFile):
     def _save_data(self, name: str, data: Any) -> None:
         blob = self._dump(data)
         with self._open_for_write(self._data_path(name)) as f:
-            f.write(self.MAGIC + hashlib.sha256(blob).digest() + blob)
+            f.write(_signed(self.MAGIC, blob))
 
     def _load_data(self, name: str) -> Any:
         with open(self._data_path(name), "rb") as f:
             raw = f.read()
-        head = len(self.MAGIC)
-        digest, blob = raw[head:head + 32], raw[head + 32:]
-        if raw[:head] != self.MAGIC or hashlib.sha256(blob).digest() != digest:
-            raise ValueError("its contents differ from the checksum written with them")
-        return pickle.loads(blob)
+        return pickle.loads(_verified(self.MAGIC, raw))
 
 
 @contextlib.contextmanager
@@ -508,10 +516,9 @@ class QuickLoadCache(FunctionCache):
             source_stamp=self._impl.locator.get_source_stamp())
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
-        _start_runtime(target_context, Path(self._cache_path)
-                       / f"{Path(self._py_func.__code__.co_filename).stem}.nrt.bin")
+        _start_runtime(target_context, self._runtime_path)
         try:
-            with self._guard_against_spurious_io_errors(), _environments_unimported():
+            with self._guard_against_spurious_io_errors():
                 return self._load_overload(sig, target_context)
         except Exception as exc:  # noqa: BLE001 - any damage: compile instead
             self._remove_folders_in_the_way()
@@ -525,18 +532,26 @@ class QuickLoadCache(FunctionCache):
             return None
 
     def _load_overload(self, sig: Any, target_context: Any) -> Any:
-        """Numba's, with the library's code for linking read only if it is ever linked
-        (:func:`_linked_on_demand`)."""
+        """Numba's, with environments rebuilt without importing their modules
+        (:func:`_environment`) and the library's code for linking read only if it is ever
+        linked (:func:`_linked_on_demand`)."""
         if not self._enabled:
             return None
         codegen = target_context.codegen()
-        data = self._cache_file.load(self._index_key(sig, codegen))
-        if data is None:
-            return None
-        fndesc = data[1]  # (library, function descriptor, ...): CompileResult._reduce
-        with _linked_on_demand(codegen, (fndesc.llvm_func_name,
-                                         fndesc.llvm_cpython_wrapper_name)):
-            return self._impl.rebuild(target_context, data)
+        with _environments_unimported():
+            data = self._cache_file.load(self._index_key(sig, codegen))
+            if data is None:
+                return None
+            fndesc = data[1]  # (library, function descriptor, ...): CompileResult._reduce
+            with _linked_on_demand(codegen, (fndesc.llvm_func_name,
+                                             fndesc.llvm_cpython_wrapper_name)):
+                return self._impl.rebuild(target_context, data)
+
+    def _runtime_path(self) -> Path:
+        """Where :func:`_start_runtime` keeps Numba's runtime functions: beside this
+        function's entry, named for its module."""
+        module = Path(self._py_func.__code__.co_filename).stem
+        return Path(self._cache_path) / f"{module}.nrt.bin"
 
     def _remove_folders_in_the_way(self) -> None:
         """Delete a directory standing where this function's index or data files go:
