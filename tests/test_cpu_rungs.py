@@ -616,6 +616,39 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
         assert_close(out, a, b, what=what)
 
 
+@pytest.mark.parametrize("tr", [0, 1, 2], ids=["plain", "a-transposed", "b-transposed"])
+def test_small_products_of_more_rows_are_one_row_block_all_k_in_one_region(tr, rng):
+    """A product of more than MC rows up to ``ONE_REGION_PRODUCT`` multiply-adds runs as one
+    row block, each task running every K panel of its columns in the one parallel region:
+    the same sums, bit for bit, as the packed path on the calling thread (panels in K order,
+    beta on the first, A packed again for each), across 4 K panels, partial strips and
+    tiles, alpha and beta."""
+    from tilegemm.kernels.cpu import k02_blocked
+    from tilegemm.kernels.cpu._threads import planned_threads
+
+    params, mod = blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 4096},
+                                  "float64")
+    threads = planned_threads()
+    m, n, k = 101, 64 * threads + 13, 3 * 64 + 5  # 3 row blocks of MC, 4 K panels
+    assert m * n * k <= k02_blocked.ONE_REGION_PRODUCT
+    cb = (48, 64, 4096)
+    if mod.takes_rows(1, m, n, k, threads, 0, tr):
+        pytest.skip("given plainly, this product runs unpacked here (the wide 8-row tile)")
+    assert mod.layout(1, m, n, k, threads, 0, 0, 10**9, cb, tr)[0] == 1
+    assert k02_blocked.one_row_block_why(m, n, k, threads, params, 8) == "small"
+    a, b = random_operands((1, m, k), (1, k, n), np.float64)
+    c = rng.uniform(-1, 1, (1, m, n))
+    a_in = np.ascontiguousarray(np.swapaxes(a, 1, 2)) if tr & 1 else a
+    b_in = np.ascontiguousarray(np.swapaxes(b, 1, 2)) if tr & 2 else b
+    got = c.copy()
+    mod.blocked_threads(a_in, b_in, got, 0.75, -0.5, threads, 0, np.empty(0), tr, 0, 10**9,
+                        0, cb)
+    alone = c.copy()
+    mod.blocked_serial(a_in, b_in, alone, 0.75, -0.5, tr, cb)
+    np.testing.assert_array_equal(got, alone)
+    assert_close(got[0], a[0], b[0], alpha=0.75, beta=-0.5, c=c[0], what=f"tr={tr}")
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3, 8])
 def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
     """``k02_blocked.one_row_block`` (what ``plan`` says) and the compiled ``layout`` (what
@@ -640,19 +673,25 @@ def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
                         assert not narrow or mod.layout(1, m, n, k, threads, 0, chunk,
                                                         budget, (48, 64, 2048), 1)[7] > 0
                         continue
-                    fused = k02_blocked.one_row_block(m, n, k, threads, params, 8, budget,
-                                                      chunk)
+                    why = k02_blocked.one_row_block_why(m, n, k, threads, params, 8, budget,
+                                                        chunk)
+                    assert k02_blocked.one_row_block(m, n, k, threads, params, 8, budget,
+                                                     chunk) == (why is not None)
                     got = shape[0] == 1
-                    assert fused == got, (m, n, k, threads, budget)
-                    seen.add((fused, m > 48))
-    # (fused, more than MC rows); more rows are fused only with 256 columns per task
-    fused_rows = {(True, True)} if threads <= 4 else set()
-    assert {(True, False), (False, True)} | fused_rows <= seen
-    assert (True, True) not in seen or threads <= 4
-    for m, n, k in ((300, 1000, 10**5), (40, 1000, 10**5), (40, 17, 10**5)):  # plan's words
+                    assert (why is not None) == got, (m, n, k, threads, budget)
+                    seen.add((why, m > 48))
+    # (why one row block, more than MC rows): more rows are one block when their block of A
+    # fits the budget only with 256 columns per task, and when the product is small (at
+    # most ONE_REGION_PRODUCT) with 32
+    assert {("rows", False), (None, True), ("small", True)} <= seen
+    assert (("l2", True) in seen) == (threads <= 4)
+    assert k02_blocked.ONE_REGION_PRODUCT >= 97 * 1000 * 40
+    for m, n, k in ((300, 1000, 10**5), (40, 1000, 10**5), (40, 17, 10**5),  # plan's words
+                    (97, 1000, 40)):
         fused = k02_blocked.one_row_block(m, n, k, threads, params, 8)
         path = k02_blocked.path(1, m, n, k, threads, params, itemsize=8)
         assert ("one row block" in path) == fused and "packed panels" in path
+        assert ("one parallel region" in path) == (m == 97)
 
 
 def test_rows_whose_block_of_a_fits_the_l2_budget_run_as_one_row_block(monkeypatch, rng):

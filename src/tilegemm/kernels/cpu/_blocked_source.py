@@ -62,6 +62,10 @@ K_UNROLL = 4  # K steps per trip of the micro-kernel's loop
 # more than MC rows are one row block only with this many columns of B per task
 # (k02_blocked.ONE_BLOCK_TASK_COLUMNS)
 ONE_BLOCK_TASK_COLUMNS = 256
+# products up to this many multiply-adds are one row block too, with at least
+# ONE_REGION_TASK_COLUMNS columns per task (k02_blocked.ONE_REGION_PRODUCT)
+ONE_REGION_PRODUCT = 384 * 384 * 384
+ONE_REGION_TASK_COLUMNS = 32
 # @end-header
 
 BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
@@ -739,7 +743,8 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
     phase 1: task t = (row block of ``nblk``, strip group of ``ngroups``) packs its A
     block and computes its tiles (blocks differ by at most one MR strip, so threads stay
     balanced). With one row block (``nblk == 1``) there is no phase 0: each task packs
-    its own strips of B, ``chunk`` strips at a time, just before computing them. There,
+    its own strips of B, ``chunk`` strips at a time, just before computing them, for every
+    K panel (``pc``, ``kc``: all of K), so the product takes one region. There,
     each packed strip is read by one task only, so packing the panel whole bought no reuse:
     it went to memory and came back (8 MB per 512 x 2048 float64 panel), and short, wide
     products (32 x 2048 x 2048 float64) ran at half NumPy's speed;
@@ -764,21 +769,29 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             blk, g = t // ngroups, t % ngroups
             ic = blk * msr // nblk * mr
             mcc = min((blk + 1) * msr // nblk * mr, C.shape[1]) - ic
-            call_pack_a(A[za], ic, mcc, pc, kc, Ap_all[t], (tr & 1) != 0)
+            call_pack_a(A[za], ic, mcc, pc, min(kc, cb[1]), Ap_all[t], (tr & 1) != 0)
             s0, s1 = g * nstrips // ngroups, (g + 1) * nstrips // ngroups
             if nblk > 1:  # the B panel was packed whole (phase 0), for every row block
                 call_macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, s0, s1, alpha, beta,
                            pc == 0, T_all[t])
                 continue
             # One row block: this task alone reads its strips of B, so it packs them
-            # itself, a chunk at a time, into the first strips of its own part of Bp.
+            # itself, a chunk at a time, into the first strips of its own part of Bp; and
+            # it alone writes their columns of C, so it runs every K panel of them here
+            # (pc, kc: all of K, in panels of at most KC), in one parallel region per
+            # product rather than one per panel.
             cs = max(1, min(s1 - s0, chunk))
             Bc = Bp[s0:s0 + cs]
-            for sc in range(s0, s1, cs):
-                w = min(s1, sc + cs) - sc
-                call_pack_b(B[zb], pc, kc, jc + sc * nr, nc - sc * nr, Bc, 0, w, (tr & 2) != 0)
-                call_macro(Ap_all[t], Bc, C[z], ic, mcc, jc + sc * nr, nc - sc * nr, kc, 0,
-                           w, alpha, beta, pc == 0, T_all[t])
+            for pp in range(pc, pc + kc, cb[1]):
+                kp = min(cb[1], pc + kc - pp)
+                if pp != pc:
+                    call_pack_a(A[za], ic, mcc, pp, kp, Ap_all[t], (tr & 1) != 0)
+                for sc in range(s0, s1, cs):
+                    w = min(s1, sc + cs) - sc
+                    call_pack_b(B[zb], pp, kp, jc + sc * nr, nc - sc * nr, Bc, 0, w,
+                                (tr & 2) != 0)
+                    call_macro(Ap_all[t], Bc, C[z], ic, mcc, jc + sc * nr, nc - sc * nr, kp,
+                               0, w, alpha, beta, pp == 0, T_all[t])
         elif phase == 3:
             # rows of product z, in runs of whole 8-row tiles, computed unpacked
             units = (C.shape[1] + 7) // 8
@@ -865,7 +878,9 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb, tr):
     ``chunk_bytes``, ``budget``: a product of more than MC rows is one row block too when its
     packed block of A and ``chunk_bytes`` of B fit ``budget`` bytes (``L2_BUDGET``), the
     panel of B does not, and each of two tasks per thread gets ``ONE_BLOCK_TASK_COLUMNS``
-    columns (see ``k02_blocked.one_row_block``). ``cb``: the cache blocks (MC, KC, NC).
+    columns, or the product is at most ``ONE_REGION_PRODUCT`` multiply-adds with
+    ``ONE_REGION_TASK_COLUMNS`` (see ``k02_blocked.one_row_block``). ``cb``: the cache
+    blocks (MC, KC, NC).
     """
     if (k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads)
             or takes_rows(batch, m, n, k, nthreads, direct_max, tr)
@@ -877,14 +892,19 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb, tr):
     # tasks. A product of at most MC rows with a strip of B for every thread is one row
     # block, split by columns only: each task then packs its own part of B (run_parallel);
     # so is a product of more rows whose block of A and a chunk of B fit the L2 budget while
-    # its panel of B does not, given enough columns per task to pay for packing that block.
+    # its panel of B does not, given enough columns per task to pay for packing that block,
+    # and a product of at most ONE_REGION_PRODUCT multiply-adds, whose time the start of
+    # a second parallel region per K panel would take a large share of.
     strip_cap = (min(nc_max, n) + nr - 1) // nr
     msr = (m + mr - 1) // mr
     kcap = min(kc_max, k)
     nblk = (msr + mc // mr - 1) // (mc // mr)
     depth = kcap * ITEMSIZE
-    if (nblk > 1 and strip_cap * nr >= ONE_BLOCK_TASK_COLUMNS * 2 * nthreads
-            and msr * mr * depth + chunk_bytes <= budget < strip_cap * nr * depth):
+    fits_l2 = (strip_cap * nr >= ONE_BLOCK_TASK_COLUMNS * 2 * nthreads
+               and msr * mr * depth + chunk_bytes <= budget < strip_cap * nr * depth)
+    one_region = (m * n * k <= ONE_REGION_PRODUCT
+                  and strip_cap * nr >= ONE_REGION_TASK_COLUMNS * 2 * nthreads)
+    if nblk > 1 and (fits_l2 or one_region):
         nblk = 1
     elif nblk > 1 or strip_cap < nthreads:
         nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
@@ -973,14 +993,17 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
             nc = min(nc_max, n - jc)
             nstrips = (nc + nr - 1) // nr
             ngroups = min(ngroups_max, nstrips)
+            if nblk == 1:  # each task runs all of K for its columns (see run_parallel)
+                chunk = chunk_bytes // (kcap * nr * C.itemsize)
+                run_parallel(1, ngroups, A, B, C, z, alpha, beta, jc, nc, 0, k, nblk,
+                             ngroups, Bp, Ap_all, T_all, tr, chunk, cb)
+                continue
             for pc in range(0, k, kc_max):
                 kc = min(kc_max, k - pc)
-                chunk = chunk_bytes // (kc * nr * C.itemsize)
-                if nblk > 1:  # else each task packs its own strips (see run_parallel)
-                    run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc,
-                                 nc, pc, kc, nblk, ngroups, Bp, Ap_all, T_all, tr, chunk, cb)
+                run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc, nc, pc,
+                             kc, nblk, ngroups, Bp, Ap_all, T_all, tr, 0, cb)
                 run_parallel(1, nblk * ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc,
-                             nblk, ngroups, Bp, Ap_all, T_all, tr, chunk, cb)
+                             nblk, ngroups, Bp, Ap_all, T_all, tr, 0, cb)
 
 
 def _stored(X, transposed, cols):

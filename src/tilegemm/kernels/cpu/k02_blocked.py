@@ -210,7 +210,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
          "UNPACKED_PRODUCT": UNPACKED_PRODUCT,
          "BATCH_PRODUCT": BATCH_PRODUCT, "BATCH_SPLIT_MIN": BATCH_SPLIT_MIN,
          "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL,
-         "ONE_BLOCK_TASK_COLUMNS": ONE_BLOCK_TASK_COLUMNS},
+         "ONE_BLOCK_TASK_COLUMNS": ONE_BLOCK_TASK_COLUMNS,
+         "ONE_REGION_PRODUCT": ONE_REGION_PRODUCT,
+         "ONE_REGION_TASK_COLUMNS": ONE_REGION_TASK_COLUMNS},
         {"ukernel": micro_kernel_source()},
     )
     # compiled (or loaded from the cache) with full-width vectors; loading may start
@@ -251,6 +253,18 @@ ONE_BLOCK_L2_SHARE = 5 / 8
 # spread too thin, and products of more than MC rows are split as before. Written into the
 # generated module's header, as the product sizes above are.
 ONE_BLOCK_TASK_COLUMNS = 256
+# Products of more than MC rows up to this many multiply-adds are one row block as well
+# (given ONE_REGION_TASK_COLUMNS columns of B for each of two tasks per thread): one
+# parallel region per product, where row blocks need two per K panel (the B panel packed
+# by all threads, then the row blocks), and each region costs its start. With Numba's TBB
+# layer a region of two tasks took 15-20 µs more than one task's work on a 2-vCPU AMD EPYC
+# (family 25 model 1, KVM; 2-3 µs with GNU OpenMP): the start of a task arena and the
+# wake-up of its idle worker. Each task then packs the whole block of A, not its row
+# block's share. Two threads there, float32 µs, row blocks / one: 128³ 105 / 82, 192³
+# 236 / 185, 256³ 397 / 357, 384³ 1051 / 935, 512³ 2321 / 2211; float64 128³ 167 / 132,
+# 320³ 1217 / 1140, 384³ 1862 / 1846, 512³ 4219 / 5254 (A no longer in L2), hence 384³.
+ONE_REGION_PRODUCT = 384 * 384 * 384
+ONE_REGION_TASK_COLUMNS = 32
 
 
 def b_chunk_bytes() -> int:
@@ -310,7 +324,19 @@ def l2_budget() -> int:
 def one_row_block(m: int, n: int, k: int, threads: int, params: Mapping[str, int],
                   itemsize: int, budget: int | None = None,
                   chunk_bytes: int | None = None) -> bool:
-    """Whether the packed path runs a product as one row block split by columns, each
+    """Whether the packed path runs a product as one row block (see
+    :func:`one_row_block_why`)."""
+    return one_row_block_why(m, n, k, threads, params, itemsize, budget,
+                             chunk_bytes) is not None
+
+
+def one_row_block_why(m: int, n: int, k: int, threads: int, params: Mapping[str, int],
+                      itemsize: int, budget: int | None = None,
+                      chunk_bytes: int | None = None) -> str | None:
+    """Why the packed path runs a product as one row block ("rows": at most MC rows;
+    "l2": their block of A fits in L2; "small": a small product), or None when it does not.
+
+    Whether the packed path runs a product as one row block split by columns, each
     thread packing its own strips of B as it goes (``layout`` and ``run_parallel`` in the
     generated module); the same arithmetic as ``layout``'s row blocks. That needs either
     at most MC rows and a strip of NR columns for every thread (or one MR strip of rows, or
@@ -318,10 +344,12 @@ def one_row_block(m: int, n: int, k: int, threads: int, params: Mapping[str, int
     ``itemsize`` bytes) with ``chunk_bytes`` of B (``b_chunk_bytes()`` when None) fits
     ``budget`` bytes (``l2_budget()`` when None) while the packed panel of B (min(NC, N)
     NR-padded columns x min(KC, K)) does not, with ``ONE_BLOCK_TASK_COLUMNS`` columns of
-    the panel for each of two tasks per thread. In one row block, each thread multiplies the
+    the panel for each of two tasks per thread, or a product of at most
+    ``ONE_REGION_PRODUCT`` multiply-adds with ``ONE_REGION_TASK_COLUMNS`` columns for each
+    of two tasks per thread. In one row block, each thread multiplies the
     whole block of A by the strips of B it packs, a chunk at a time: both stay in L2.
     Shared by several row blocks, a panel of B that L2 cannot hold is read back from L3 (or
-    memory) by each of them."""
+    memory) by each of them. One row block also runs all K panels in one parallel region."""
     mr, nr = params["MR"], params["NR"]
     budget = l2_budget() if budget is None else budget
     chunk_bytes = b_chunk_bytes() if chunk_bytes is None else chunk_bytes
@@ -331,10 +359,13 @@ def one_row_block(m: int, n: int, k: int, threads: int, params: Mapping[str, int
     blocks = (row_strips + params["MC"] // mr - 1) // (params["MC"] // mr)
     if (blocks > 1 and strips * nr >= ONE_BLOCK_TASK_COLUMNS * 2 * threads
             and row_strips * mr * depth + chunk_bytes <= budget < strips * nr * depth):
-        return True
+        return "l2"
+    if (blocks > 1 and m * n * k <= ONE_REGION_PRODUCT
+            and strips * nr >= ONE_REGION_TASK_COLUMNS * 2 * threads):
+        return "small"
     if blocks > 1 or strips < threads:
         blocks = min(row_strips, (blocks + threads - 1) // threads * threads)
-    return blocks == 1
+    return "rows" if blocks == 1 else None
 
 
 def path(batch: int, m: int, n: int, k: int, threads: int,
@@ -389,9 +420,14 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
                if m < FEW_ROWS else "an 8-row tile, then one of the other rows, per few "
                "vectors of columns")
         return f"few rows: {where}, {how}, A and B read in place, no packing"
-    if params is not None and one_row_block(m, n, k, threads, params, itemsize, budget):
-        why = (f" (more than MC={params['MC']} rows, but their block of A fits in L2 beside "
-               "a chunk of B)" if m > params["MC"] else "")
+    why = (None if params is None
+           else one_row_block_why(m, n, k, threads, params, itemsize, budget))
+    if why is not None:
+        why = {"rows": "",
+               "l2": f" (more than MC={params['MC']} rows, but their block of A fits in L2 "
+                     "beside a chunk of B)",
+               "small": f" (more than MC={params['MC']} rows, but a product this small "
+                        "runs in one parallel region)"}[why]
         return (f"packed panels, one row block{why}: columns split over {threads} "
                 "thread(s), each packing its own part of B as it goes")
     return f"packed panels, each product split over {threads} thread(s)"
