@@ -336,9 +336,9 @@ def one_row_block_why(m: int, n: int, k: int, threads: int, params: Mapping[str,
     """Why the packed path runs a product as one row block ("rows": at most MC rows;
     "l2": their block of A fits in L2; "small": a small product), or None when it does not.
 
-    Whether the packed path runs a product as one row block split by columns, each
-    thread packing its own strips of B as it goes (``layout`` and ``run_parallel`` in the
-    generated module); the same arithmetic as ``layout``'s row blocks. That needs either
+    One row block is split by columns only, each thread packing its own strips of B as it
+    goes (``layout`` and ``run_parallel`` in the generated module); this is the same
+    arithmetic as ``layout``'s row blocks. That needs either
     at most MC rows and a strip of NR columns for every thread (or one MR strip of rows, or
     one thread), or more rows whose packed block of A (MR-padded rows x min(KC, K), of
     ``itemsize`` bytes) with ``chunk_bytes`` of B (``b_chunk_bytes()`` when None) fits
