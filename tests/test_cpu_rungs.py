@@ -682,7 +682,7 @@ def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
                     seen.add((why, m > 48))
     # (why one row block, more than MC rows): more rows are one block when their block of A
     # fits the budget only with 256 columns per task, and when the product is small (at
-    # most ONE_REGION_PRODUCT) with 32
+    # most ONE_REGION_PRODUCT) with 64 per thread
     assert {("rows", False), (None, True), ("small", True)} <= seen
     assert (("l2", True) in seen) == (threads <= 4)
     assert k02_blocked.ONE_REGION_PRODUCT >= 97 * 1000 * 40

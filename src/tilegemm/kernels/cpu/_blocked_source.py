@@ -63,9 +63,9 @@ K_UNROLL = 4  # K steps per trip of the micro-kernel's loop
 # (k02_blocked.ONE_BLOCK_TASK_COLUMNS)
 ONE_BLOCK_TASK_COLUMNS = 256
 # products up to this many multiply-adds are one row block too, with at least
-# ONE_REGION_TASK_COLUMNS columns per task (k02_blocked.ONE_REGION_PRODUCT)
+# ONE_REGION_TASK_COLUMNS columns per thread (k02_blocked.ONE_REGION_PRODUCT)
 ONE_REGION_PRODUCT = 384 * 384 * 384
-ONE_REGION_TASK_COLUMNS = 32
+ONE_REGION_TASK_COLUMNS = 64
 # @end-header
 
 BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
@@ -879,7 +879,8 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb, tr):
     packed block of A and ``chunk_bytes`` of B fit ``budget`` bytes (``L2_BUDGET``), the
     panel of B does not, and each of two tasks per thread gets ``ONE_BLOCK_TASK_COLUMNS``
     columns, or the product is at most ``ONE_REGION_PRODUCT`` multiply-adds with
-    ``ONE_REGION_TASK_COLUMNS`` (see ``k02_blocked.one_row_block``). ``cb``: the cache
+    ``ONE_REGION_TASK_COLUMNS`` for each thread, one task each (see
+    ``k02_blocked.one_row_block``). ``cb``: the cache
     blocks (MC, KC, NC).
     """
     if (k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads)
@@ -903,12 +904,15 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb, tr):
     fits_l2 = (strip_cap * nr >= ONE_BLOCK_TASK_COLUMNS * 2 * nthreads
                and msr * mr * depth + chunk_bytes <= budget < strip_cap * nr * depth)
     one_region = (m * n * k <= ONE_REGION_PRODUCT
-                  and strip_cap * nr >= ONE_REGION_TASK_COLUMNS * 2 * nthreads)
-    if nblk > 1 and (fits_l2 or one_region):
+                  and strip_cap * nr >= ONE_REGION_TASK_COLUMNS * nthreads)
+    groups = 2 * nthreads  # column groups of one row block: two tasks per thread
+    if nblk > 1 and fits_l2:
         nblk = 1
+    elif nblk > 1 and one_region:
+        nblk, groups = 1, nthreads  # one task per thread: each packs all of A
     elif nblk > 1 or strip_cap < nthreads:
         nblk = min(msr, (nblk + nthreads - 1) // nthreads * nthreads)
-    ngroups_max = 1 if nblk >= nthreads else min(strip_cap, 2 * nthreads)
+    ngroups_max = 1 if nblk >= nthreads else min(strip_cap, groups)
     rows_per_blk = (msr + nblk - 1) // nblk
     ap_at = (strip_cap * kcap * nr + ALIGN - 1) // ALIGN * ALIGN
     t_at = ap_at + (nblk * ngroups_max * rows_per_blk * kcap * mr + ALIGN - 1) // ALIGN * ALIGN

@@ -254,17 +254,19 @@ ONE_BLOCK_L2_SHARE = 5 / 8
 # generated module's header, as the product sizes above are.
 ONE_BLOCK_TASK_COLUMNS = 256
 # Products of more than MC rows up to this many multiply-adds are one row block as well
-# (given ONE_REGION_TASK_COLUMNS columns of B for each of two tasks per thread): one
+# (given ONE_REGION_TASK_COLUMNS columns of B for each thread, one task per thread): one
 # parallel region per product, where row blocks need two per K panel (the B panel packed
 # by all threads, then the row blocks), and each region costs its start. With Numba's TBB
 # layer a region of two tasks took 15-20 µs more than one task's work on a 2-vCPU AMD EPYC
 # (family 25 model 1, KVM; 2-3 µs with GNU OpenMP): the start of a task arena and the
 # wake-up of its idle worker. Each task then packs the whole block of A, not its row
-# block's share. Two threads there, float32 µs, row blocks / one: 128³ 105 / 82, 192³
-# 236 / 185, 256³ 397 / 357, 384³ 1051 / 935, 512³ 2321 / 2211; float64 128³ 167 / 132,
-# 320³ 1217 / 1140, 384³ 1862 / 1846, 512³ 4219 / 5254 (A no longer in L2), hence 384³.
+# block's share, hence one task per thread (two per thread measured the same there) and at
+# least 64 columns each: on many cores few products this small qualify. Two threads there,
+# float32 µs, row blocks / one: 128³ 105 / 82, 192³ 236 / 185, 256³ 397 / 357, 384³
+# 1051 / 935, 512³ 2321 / 2211; float64 128³ 167 / 132, 320³ 1217 / 1140, 384³
+# 1862 / 1846, 512³ 4219 / 5254 (A no longer in L2), hence 384³.
 ONE_REGION_PRODUCT = 384 * 384 * 384
-ONE_REGION_TASK_COLUMNS = 32
+ONE_REGION_TASK_COLUMNS = 64
 
 
 def b_chunk_bytes() -> int:
@@ -346,7 +348,7 @@ def one_row_block_why(m: int, n: int, k: int, threads: int, params: Mapping[str,
     NR-padded columns x min(KC, K)) does not, with ``ONE_BLOCK_TASK_COLUMNS`` columns of
     the panel for each of two tasks per thread, or a product of at most
     ``ONE_REGION_PRODUCT`` multiply-adds with ``ONE_REGION_TASK_COLUMNS`` columns for each
-    of two tasks per thread. In one row block, each thread multiplies the
+    thread (then one task per thread). In one row block, each thread multiplies the
     whole block of A by the strips of B it packs, a chunk at a time: both stay in L2.
     Shared by several row blocks, a panel of B that L2 cannot hold is read back from L3 (or
     memory) by each of them. One row block also runs all K panels in one parallel region."""
@@ -361,7 +363,7 @@ def one_row_block_why(m: int, n: int, k: int, threads: int, params: Mapping[str,
             and row_strips * mr * depth + chunk_bytes <= budget < strips * nr * depth):
         return "l2"
     if (blocks > 1 and m * n * k <= ONE_REGION_PRODUCT
-            and strips * nr >= ONE_REGION_TASK_COLUMNS * 2 * threads):
+            and strips * nr >= ONE_REGION_TASK_COLUMNS * threads):
         return "small"
     if blocks > 1 or strips < threads:
         blocks = min(row_strips, (blocks + threads - 1) // threads * threads)
