@@ -634,7 +634,8 @@ def test_small_products_of_more_rows_are_one_row_block_all_k_in_one_region(tr, r
     cb = (48, 64, 4096)
     if mod.takes_rows(1, m, n, k, threads, 0, tr):
         pytest.skip("given plainly, this product runs unpacked here (the wide 8-row tile)")
-    assert mod.layout(1, m, n, k, threads, 0, 0, 10**9, cb, tr)[0] == 1
+    nblk, groups = mod.layout(1, m, n, k, threads, 0, 0, 10**9, cb, tr)[:2]
+    assert (nblk, groups) == (1, threads)  # one row block, one task per thread
     assert k02_blocked.one_row_block_why(m, n, k, threads, params, 8) == "small"
     a, b = random_operands((1, m, k), (1, k, n), np.float64)
     c = rng.uniform(-1, 1, (1, m, n))
