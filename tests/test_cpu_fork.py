@@ -174,7 +174,7 @@ def test_a_child_forked_during_a_parallel_region_computes_on_its_own_thread():
     with _threads.InParallel():  # as blocked() wraps its parallel calls
         assert child_sees()
     assert child_sees() is before  # outside any region: as the process already was
-    assert _threads._in_parallel == 0
+    assert _threads.regions_running() == 0
 
 
 def _program_used(a: np.ndarray, b: np.ndarray):

@@ -235,8 +235,8 @@ def test_a_region_watches_for_the_pool_only_until_it_is_known(monkeypatch) -> No
     monkeypatch.setattr(_threads, "_pool_tids", {})
     monkeypatch.setattr(_threads, "_watches", {})
     with _threads.InParallel() as region:
-        assert region.watch is not None and _threads._in_parallel >= 1
+        assert region.watch is not None and _threads.regions_running() >= 1
     monkeypatch.setattr(_threads, "_pool_tids", {os.getpid(): [4242]})
     with _threads.InParallel() as region:
         assert region.watch is None
-    assert _threads._in_parallel == 0
+    assert _threads.regions_running() == 0
