@@ -769,9 +769,9 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             blk, g = t // ngroups, t % ngroups
             ic = blk * msr // nblk * mr
             mcc = min((blk + 1) * msr // nblk * mr, C.shape[1]) - ic
-            call_pack_a(A[za], ic, mcc, pc, min(kc, cb[1]), Ap_all[t], (tr & 1) != 0)
             s0, s1 = g * nstrips // ngroups, (g + 1) * nstrips // ngroups
             if nblk > 1:  # the B panel was packed whole (phase 0), for every row block
+                call_pack_a(A[za], ic, mcc, pc, kc, Ap_all[t], (tr & 1) != 0)
                 call_macro(Ap_all[t], Bp, C[z], ic, mcc, jc, nc, kc, s0, s1, alpha, beta,
                            pc == 0, T_all[t])
                 continue
@@ -784,8 +784,7 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             Bc = Bp[s0:s0 + cs]
             for pp in range(pc, pc + kc, cb[1]):
                 kp = min(cb[1], pc + kc - pp)
-                if pp != pc:
-                    call_pack_a(A[za], ic, mcc, pp, kp, Ap_all[t], (tr & 1) != 0)
+                call_pack_a(A[za], ic, mcc, pp, kp, Ap_all[t], (tr & 1) != 0)
                 for sc in range(s0, s1, cs):
                     w = min(s1, sc + cs) - sc
                     call_pack_b(B[zb], pp, kp, jc + sc * nr, nc - sc * nr, Bc, 0, w,
