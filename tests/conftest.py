@@ -136,14 +136,32 @@ class FakeCudaEvent:
         return (end.t - self.t) * 1e3
 
 
+def host_blocked_params(dtype: Any, overrides: dict[str, int] | None = None
+                        ) -> dict[str, int]:
+    """The CPU ``blocked`` rung's registry defaults with the register tile (MR, NR) that
+    ``matmul`` runs for ``dtype`` on this machine with nothing tuned (the database's), and
+    ``overrides``. Tests that need some tile, not a particular one, use these: they then
+    test the tile users get here, and share its compiled module with the tests that call
+    ``matmul`` (a tile compiles in about 20 s on a 2-vCPU machine, and compiling is most
+    of the test suite's time). The path thresholds a database entry may also set
+    (FEW_KB, FEW_KC, UNPACKED_KB) stay the registry's, which the tests' shapes assume."""
+    from tilegemm import registry
+    from tilegemm.backends import get_backend
+    from tilegemm.tune.select import untuned_choice
+
+    choice = untuned_choice(get_backend("cpu"), np.dtype(dtype).name)
+    tile = {k: choice[1][k] for k in ("MR", "NR")} if choice is not None else {}
+    return registry.get("blocked", "cpu").resolve({**tile, **(overrides or {})})
+
+
 def blocked_module(params: dict[str, int], dtype: Any) -> tuple[dict[str, int], Any]:
     """(the parameters resolved, the generated module the CPU ``blocked`` rung runs in for
-    them and ``dtype``): its compiled functions, for tests that call them directly."""
+    them and ``dtype``): its compiled functions, for tests that call them directly.
+    Parameters not given are this machine's (``host_blocked_params``)."""
     from tilegemm import registry
 
-    spec = registry.get("blocked", "cpu")
-    params = spec.resolve(params)
-    return params, spec.program(params, np.dtype(dtype)).module
+    params = host_blocked_params(dtype, params)
+    return params, registry.get("blocked", "cpu").program(params, np.dtype(dtype)).module
 
 
 def run_in_threads(work, count: int) -> None:  # type: ignore[no-untyped-def]

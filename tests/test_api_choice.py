@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import host_blocked_params
 from tilegemm import api
 from tilegemm.backends import get_backend
 from tilegemm.errors import InvalidValueError, UsageError
@@ -18,6 +19,17 @@ from tilegemm.errors import InvalidValueError, UsageError
 
 def _operands() -> tuple[np.ndarray, np.ndarray]:
     return np.ones((4, 6), np.float32), np.ones((6, 5), np.float32)
+
+
+def _tile() -> dict[str, int]:
+    """The register tile named in the calls below: this machine's float32 tile, whose
+    module the other tests compile too (the log records are what is tested, not a tile)."""
+    params = host_blocked_params("float32")
+    return {"MR": params["MR"], "NR": params["NR"]}
+
+
+def _tile_text() -> str:
+    return " ".join(f"{k}={v}" for k, v in _tile().items())
 
 
 def _stand_in(backend, usable: bool, accelerated: bool, reason: str):  # noqa: ANN001, ANN202
@@ -162,12 +174,12 @@ def test_first_call_of_a_kernel_is_logged_once_and_quietly(
     monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=lambda: 0.0))  # quick
     a, b = _operands()
     with caplog.at_level(logging.DEBUG, logger="tilegemm"):
-        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
-        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
+        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", **_tile())
+        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", **_tile())
     records = _first_use_records(caplog)
     assert [r.levelno for r in records] == [logging.DEBUG]
     assert records[0].getMessage().startswith(
-        "first use of cpu:blocked MR=8 NR=8 MC=")
+        f"first use of cpu:blocked {_tile_text()} MC=")
     assert "for float32 in this process" in records[0].getMessage()
 
 
@@ -181,12 +193,12 @@ def test_a_slow_first_call_is_explained_at_info(
     monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", "off")
     a, b = _operands()
     with caplog.at_level(logging.INFO, logger="tilegemm"):
-        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
-        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
+        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", **_tile())
+        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", **_tile())
     records = _first_use_records(caplog)
     assert [r.levelno for r in records] == [logging.INFO]
     text = records[0].getMessage()
-    assert text.startswith("cpu:blocked MR=8 NR=8 MC=")
+    assert text.startswith(f"cpu:blocked {_tile_text()} MC=")
     assert "for float32: the first call took 3.0 s, which includes compiling the kernel" in text
     assert "the kernel cache is off (TILEGEMM_KERNEL_CACHE)" in text
 
@@ -206,7 +218,7 @@ def test_a_slow_first_call_does_not_promise_an_unusable_cache(
     monkeypatch.setattr(compile_cache, "_UNUSABLE", {str(not_a_dir / "cpu")})
     a, b = _operands()
     with caplog.at_level(logging.INFO, logger="tilegemm"):
-        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
+        tilegemm.matmul(a, b, backend="cpu", kernel="blocked", **_tile())
     text = _first_use_records(caplog)[0].getMessage()
     assert "could not be used here" in text and "loads in well under" not in text
 
@@ -232,7 +244,7 @@ def test_a_call_logs_nothing_by_default(capsys: pytest.CaptureFixture[str],
     ticks = iter(range(0, 1000, 30))
     monkeypatch.setattr(api, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
     a, b = _operands()
-    tilegemm.matmul(a, b, backend="cpu", kernel="blocked", MR=8, NR=8)
+    tilegemm.matmul(a, b, backend="cpu", kernel="blocked", **_tile())
     assert capsys.readouterr() == ("", "")
 
 

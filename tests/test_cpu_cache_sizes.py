@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import host_blocked_params
 from tilegemm.backends import cpu
 from tilegemm.kernels.cpu import k02_blocked
 
@@ -104,7 +105,7 @@ def test_more_rows_are_one_row_block_only_with_256_columns_per_task():
     assert not k02_blocked.one_row_block(128, 900, 4096, 2, xeon, 4, budget)
     assert k02_blocked.one_row_block(96, 4096, 4096, 8, xeon, 4, budget)  # MC rows: as before
     spec = next(s for s in tilegemm.kernels("cpu") if s.name == "blocked")
-    program = spec.program(spec.defaults(), np.dtype("float64"))
+    program = spec.program(host_blocked_params("float64"), np.dtype("float64"))
     assert program.__globals__["ONE_BLOCK_TASK_COLUMNS"] == k02_blocked.ONE_BLOCK_TASK_COLUMNS
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conftest import HOSTILE_SHAPES, blocked_module
+from conftest import HOSTILE_SHAPES, blocked_module, host_blocked_params
 from tilegemm.backends import get_backend
 from tilegemm.problem import describe, host_operand_3d, make_problem
 from tilegemm.reference import assert_close, random_operands
@@ -269,7 +269,8 @@ def test_prepare_launch_fetch_elapsed(spec):
     a, b = random_operands((2, 33, 20), (1, 20, 41), "float32")
     prob = make_problem(describe(a, "a"), describe(b, "b"))
     a3, b3 = host_operand_3d(a, prob, "a"), host_operand_3d(b, prob, "b")
-    prepared = get_backend("cpu").prepare(spec, spec.defaults(), prob, a3, b3)
+    params = host_blocked_params("float32") if spec.name == "blocked" else spec.defaults()
+    prepared = get_backend("cpu").prepare(spec, params, prob, a3, b3)
     prepared.launch()
     assert_close(prepared.fetch(), a, b)
     times = prepared.elapsed(3)
@@ -473,7 +474,7 @@ def test_blocked_packed_path_on_small_shapes(dtype, monkeypatch):
     """Small products take the unpacked path; with its threshold at 0 the same hostile and
     batched shapes run through packing, partial tiles and the batch-parallel path."""
     spec = next(s for s in CPU_RUNGS if s.name == "blocked")
-    params = spec.defaults()
+    params = host_blocked_params(dtype)
     program = spec.program(params, dtype)
     monkeypatch.setitem(program.__globals__, "DIRECT_PRODUCT", 0)
     cases = [((m, k), (k, n)) for m, n, k in HOSTILE_SHAPES]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conftest import run_in_threads
+from conftest import host_blocked_params, run_in_threads
 from tilegemm.kernels.cpu import _workspace
 from tilegemm.reference import assert_close, random_operands
 
@@ -122,7 +122,7 @@ def test_large_requests_are_not_kept(monkeypatch):
 def test_too_small_workspace_is_replaced(dtype):
     """The compiled rung allocates its own scratch when handed too little."""
     spec = next(s for s in tilegemm.kernels("cpu") if s.name == "blocked")
-    program = spec.program(spec.defaults(), dtype)
+    program = spec.program(host_blocked_params(dtype), dtype)
     g = program.__globals__
     a, b = random_operands((1, 150, 260), (1, 260, 90), dtype)
     c = np.full((1, 150, 90), np.nan, dtype=dtype)
