@@ -50,12 +50,13 @@ def time_pair(a: np.ndarray, b: np.ndarray, module, params: dict, rounds: int,
     (3-D operands), after checking that they agree bit for bit."""
     dt = a.dtype
     batch, m, n = a.shape[0], a.shape[1], b.shape[2]
-    cb = (params["MC"], params["KC"], params["NC"])
+    cb = module.bind(params["MC"], params["KC"], params["NC"], params["FEW_KC"],
+                     params["FEW_KB"], params["UNPACKED_KB"]).bound
     one, zero = dt.type(1), dt.type(0)
     tiles, packed = np.empty((batch, m, n), dt), np.empty((batch, m, n), dt)
 
     def run_tiles() -> None:
-        module.direct(a, b, tiles, one, zero, cb[1], 0, batch, 0, m)
+        module.direct(a, b, tiles, one, zero, cb, 0, batch, 0, m)
 
     def run_packed() -> None:
         module.products_serial(a, b, packed, one, zero, 0, batch, 0, cb)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conftest import HOSTILE_SHAPES, blocked_module, host_blocked_params
+from conftest import HOSTILE_SHAPES, blocked_module, bound, host_blocked_params
 from tilegemm.backends import get_backend
 from tilegemm.problem import describe, host_operand_3d, make_problem
 from tilegemm.reference import assert_close, random_operands
@@ -601,7 +601,7 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
     for m, batch, tr in ((mc // mr * mr, 1, 1), (mc - mr + 3, 2, 1), (17, 1, 2),
                          (mc // 2 + 1, 1, 2)):
         assert one_row_block(m, n, k, threads, params, np.dtype(dtype).itemsize, 0)
-        assert mod.layout(batch, m, n, k, threads, 0, 0, 0, (mc, kc, nc), tr)[0] == 1  # one block
+        assert mod.layout(batch, m, n, k, threads, 0, 0, 0, bound(mod, params), tr)[0] == 1
         a, _ = random_operands((batch, m, k), (k, n), dtype)
         if tr & 1:  # A as the transpose of a C-ordered array, handed over in place
             a = np.ascontiguousarray(np.swapaxes(a, 1, 2)).swapaxes(1, 2)
@@ -632,8 +632,8 @@ def test_small_products_of_more_rows_are_one_row_block_all_k_in_one_region(tr, r
     threads = planned_threads()
     m, n, k = 101, 64 * threads + 13, 3 * 64 + 5  # 3 row blocks of MC, 4 K panels
     assert m * n * k <= k02_blocked.ONE_REGION_PRODUCT
-    cb = (48, 64, 4096)
-    if mod.takes_rows(1, m, n, k, threads, 0, tr):
+    cb = bound(mod, params)
+    if mod.takes_rows(1, m, n, k, threads, 0, tr, cb):
         pytest.skip("given plainly, this product runs unpacked here (the wide 8-row tile)")
     nblk, groups = mod.layout(1, m, n, k, threads, 0, 0, 10**9, cb, tr)[:2]
     assert (nblk, groups) == (1, threads)  # one row block, one task per thread
@@ -644,7 +644,7 @@ def test_small_products_of_more_rows_are_one_row_block_all_k_in_one_region(tr, r
     b_in = np.ascontiguousarray(np.swapaxes(b, 1, 2)) if tr & 2 else b
     got = c.copy()
     mod.blocked_threads(a_in, b_in, got, 0.75, -0.5, threads, 0, np.empty(0), tr, 0, 10**9,
-                        0, cb)
+                        cb)
     alone = c.copy()
     mod.blocked_serial(a_in, b_in, alone, 0.75, -0.5, tr, cb)
     np.testing.assert_array_equal(got, alone)
@@ -661,19 +661,19 @@ def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
     params, mod = blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 2048},
                                   "float64")
     chunk = 64 * 8 * 8  # one strip of B at KC = 64
+    cb = bound(mod, params)
     seen = set()
     for budget in (0, 47 * 4 * 64 * 8 + chunk, 10**9):
         for k in (40, 10**5):
             for m in (2, 4, 5, 44, 47, 48, 49, 96, 97, 188, 189, 300):
                 for n in (9, 16, 17, 24, 25, 64, 1000, 1023, 1024, 3000):
-                    shape = mod.layout(1, m, n, k, threads, 0, chunk, budget, (48, 64, 2048),
-                                       0)
-                    narrow = mod.takes_rows(1, m, n, k, threads, 0, 0)
+                    shape = mod.layout(1, m, n, k, threads, 0, chunk, budget, cb, 0)
+                    narrow = mod.takes_rows(1, m, n, k, threads, 0, 0, cb)
                     if narrow or mod.takes_few(1, m, n, k, threads, 0, 0):  # unpacked
                         assert shape == (0,) * 8, (m, n, k, threads, budget)
                         # a narrow product with A given transposed is packed
                         assert not narrow or mod.layout(1, m, n, k, threads, 0, chunk,
-                                                        budget, (48, 64, 2048), 1)[7] > 0
+                                                        budget, cb, 1)[7] > 0
                         continue
                     why = k02_blocked.one_row_block_why(m, n, k, threads, params, 8, budget,
                                                         chunk)
@@ -718,7 +718,7 @@ def test_rows_whose_block_of_a_fits_the_l2_budget_run_as_one_row_block(monkeypat
             monkeypatch.setitem(mod.__dict__, "L2_BUDGET", budget)
             fused = one_row_block(m, n, k, threads, params, 8, budget, chunk)
             assert fused == (budget == block + chunk)
-            assert (mod.layout(1, m, n, k, threads, 0, chunk, budget, (48, 64, 4096), 0)[0]
+            assert (mod.layout(1, m, n, k, threads, 0, chunk, budget, bound(mod, params), 0)[0]
                     == 1) == fused
             a = rng.uniform(-1, 1, (m, k))
             b = rng.uniform(-1, 1, (n, k)).T if b_transposed else rng.uniform(-1, 1, (k, n))

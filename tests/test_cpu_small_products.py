@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conftest import blocked_module
+from conftest import blocked_module, bound
 from tilegemm.reference import assert_close, random_operands
 
 DTYPES = ("float32", "float64", "int32", "int64")
@@ -68,13 +68,13 @@ def test_unpacked_tiles_give_the_packed_paths_bits(dtype):
     to NumPy's wrapped sums."""
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
-    cb = (params["MC"], 5, params["NC"])
+    cb = bound(mod, params, KC=5)
     alpha, zero = dt.type(3), dt.type(0)
     for seed, shape in enumerate(SHAPES):
         a, b, batch, m, n = _operands(shape, dtype, seed)
         unpacked = np.full((batch, m, n), np.nan if dt.kind == "f" else 7, dtype=dt)
         packed = unpacked.copy()
-        mod.direct(a, b, unpacked, alpha, zero, cb[1], 0, batch, 0, m)
+        mod.direct(a, b, unpacked, alpha, zero, cb, 0, batch, 0, m)
         mod.products_serial(a, b, packed, alpha, zero, 0, batch, 0, cb)
         np.testing.assert_array_equal(unpacked, packed, err_msg=f"{dtype} {shape}")
         if dt.kind == "i":
@@ -95,11 +95,11 @@ def test_unpacked_tiles_write_c_and_nothing_around_it(dtype):
         a, b, batch, m, n = _operands(shape, dtype, 100 + seed)
         buffer, c = _c_in_sentinels((batch, m, n), dt)
         c[...] = np.nan
-        mod.direct(a, b, c, dt.type(1), dt.type(0), params["KC"], 0, batch, 0, m)
+        mod.direct(a, b, c, dt.type(1), dt.type(0), bound(mod, params), 0, batch, 0, m)
         assert_close(c, a, b, what=f"beta 0 {dtype} {shape}")
         c0 = np.random.default_rng(seed).standard_normal(c.shape).astype(dt)
         c[...] = c0
-        mod.direct(a, b, c, dt.type(0.5), dt.type(-2), params["KC"], 0, batch, 0, m)
+        mod.direct(a, b, c, dt.type(0.5), dt.type(-2), bound(mod, params), 0, batch, 0, m)
         want = 0.5 * np.matmul(a.astype(np.float64), b) - 2 * c0
         np.testing.assert_allclose(c, want, rtol=1e-4 if dt.itemsize == 4 else 1e-12,
                                    atol=1e-4 if dt.itemsize == 4 else 1e-12)
@@ -112,7 +112,7 @@ def test_a_part_of_the_batch_only():
     params, mod = blocked_module({}, "float32")
     a, b = random_operands((6, 5, 9), (6, 9, 7), "float32")
     c = np.full((6, 5, 7), np.nan, dtype=np.float32)
-    mod.direct(a, b, c, np.float32(1), np.float32(0), params["KC"], 2, 5, 0, 5)
+    mod.direct(a, b, c, np.float32(1), np.float32(0), bound(mod, params), 2, 5, 0, 5)
     assert np.isnan(c[:2]).all() and np.isnan(c[5:]).all()
     assert_close(c[2:5], a[2:5], b[2:5])
 
@@ -217,7 +217,7 @@ def test_narrow_products_split_rows_and_give_the_packed_paths_bits(dtype):
 
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
-    cb = (params["MC"], params["KC"], params["NC"])
+    cb = bound(mod, params)
     width = narrow_columns(dt.itemsize, k02_blocked.vector_bits())
     for seed, (batch, m, n, k) in enumerate(NARROW):
         if n > width:
@@ -261,7 +261,7 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
 
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
-    cb = (params["MC"], params["KC"], params["NC"])
+    cb = bound(mod, params)
     threads, bits = planned_threads(), k02_blocked.vector_bits()
     taken = []
     for seed, (batch, m, n, k) in enumerate(UNPACKED):
@@ -291,8 +291,8 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
 def test_mid_size_products_with_b_beyond_unpacked_kb_are_packed():
     """UNPACKED_KB: a mid-size product whose B is within it runs unpacked, its rows split
     over the threads; beyond it, packed (every thread would read all of B per 8 of its
-    rows). The compiled decision (``takes_rows``, the limit a constant of the module) and
-    plan's agree, and the bits are the same either way."""
+    rows). The compiled decision (``takes_rows``, the limit an argument of the compiled
+    code) and plan's agree, and the bits are the same either way."""
     from tilegemm.kernels.cpu import k02_blocked
     from tilegemm.kernels.cpu._threads import planned_threads
 
@@ -302,8 +302,8 @@ def test_mid_size_products_with_b_beyond_unpacked_kb_are_packed():
     paths, results = {}, {}
     for kb in (k02_blocked.UNPACKED_KB, 1024):  # B within the first, beyond the second
         params, mod = blocked_module({"UNPACKED_KB": kb}, "float32")
-        assert kb == mod.UNPACKED_KB
-        compiled = bool(mod.takes_rows(1, m, n, k, threads, mod.DIRECT_PRODUCT, 0))
+        compiled = bool(mod.takes_rows(1, m, n, k, threads, mod.DIRECT_PRODUCT, 0,
+                                       bound(mod, params)))
         paths[kb] = tilegemm.plan(a, b, kernel="blocked", **params).path
         assert ("unpacked" in paths[kb]) == compiled, (kb, paths[kb])
         assert compiled == k02_blocked.unpacked_rows(m, m * n * k, threads,
@@ -338,7 +338,7 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
 
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
-    cb = (params["MC"], params["KC"], params["NC"])
+    cb = bound(mod, params)
     run = {"kernel": "blocked", "backend": "cpu", **params}
     wide = FEW_WIDE if mod.FEW_MAX > 8 else []
     assert (mod.FEW_MAX > 8) == (mod.DW8 > mod.SMALL_W)
@@ -349,7 +349,7 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
         got = tilegemm.matmul(a, b, **run)
         packed = np.empty_like(got)
         # 9-15 rows: the packed path's sums with K panels of at most REREAD_KC
-        panels = (cb[0], min(cb[1], mod.REREAD_KC), cb[2]) if m > 8 else cb
+        panels = bound(mod, params, KC=min(cb[1], mod.REREAD_KC)) if m > 8 else cb
         mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, panels)
         np.testing.assert_array_equal(got, packed, err_msg=f"{dtype} {(batch, m, n, k)}")
         assert_close(got, a, b)
@@ -380,7 +380,8 @@ def test_few_rows_writes_its_columns_and_nothing_else(dtype):
         buffer, c = _c_in_sentinels((2, m, n), dt)
         c[...] = np.nan
         j0, j1 = width, n - 3  # a whole tile in, a ragged end short of the last columns
-        mod.few_rows(a, b, c, dt.type(1), dt.type(0), 16, 1, j0, j1, 0)
+        mod.few_rows(a, b, c, dt.type(1), dt.type(0), bound(mod, params, KC=16), 1, j0, j1,
+                     0)
         assert_close(c[1][:, j0:j1], a[1], b[1][:, j0:j1], what=f"{dtype} m={m}")
         assert np.isnan(c[0]).all() and np.isnan(c[1][:, :j0]).all()
         assert np.isnan(c[1][:, j1:]).all(), f"{dtype} m={m}: wrote past column {j1}"
@@ -534,7 +535,8 @@ def test_dot_products_write_their_columns_and_nothing_else(dtype):
             buffer, c = _c_in_sentinels((2, m, n), dt)
             c[...] = -99
             j0, j1 = DOT_GROUP, n - 3
-            mod.few_rows(a, w, c, dt.type(1), dt.type(0), 16, 1, j0, j1, 2)
+            mod.few_rows(a, w, c, dt.type(1), dt.type(0), bound(mod, params, KC=16), 1, j0,
+                         j1, 2)
             want = np.matmul(a[1].astype(np.float64), b[1])[:, j0:j1]
             np.testing.assert_allclose(c[1][:, j0:j1], want, rtol=1e-5, atol=1e-4 * k)
             assert (c[0] == -99).all() and (c[1][:, :j0] == -99).all()
@@ -570,7 +572,7 @@ def test_few_row_panels_follow_few_kc(dtype):
     packed path's sums with KC that short, bit for bit (and not those with the full KC);
     threaded (columns split) and on the calling thread alike."""
     params, mod = blocked_module({"FEW_KC": 64}, dtype)
-    assert mod.FEW_KC == 64 and params["KC"] > 64
+    assert params["FEW_KC"] == 64 and params["KC"] > 64
     dt = np.dtype(dtype)
     one, zero = dt.type(1), dt.type(0)
     for seed, (batch, m, n, k) in enumerate([(1, 3, 1100, 1000), (1, 5, 300, 300),
@@ -578,10 +580,8 @@ def test_few_row_panels_follow_few_kc(dtype):
         a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
         got = tilegemm.matmul(a, b, kernel="blocked", backend="cpu", **params)
         short, full = np.empty_like(got), np.empty_like(got)
-        mod.products_serial(a, b, short, one, zero, 0, batch, 0,
-                            (params["MC"], 64, params["NC"]))
-        mod.products_serial(a, b, full, one, zero, 0, batch, 0,
-                            (params["MC"], params["KC"], params["NC"]))
+        mod.products_serial(a, b, short, one, zero, 0, batch, 0, bound(mod, params, KC=64))
+        mod.products_serial(a, b, full, one, zero, 0, batch, 0, bound(mod, params))
         np.testing.assert_array_equal(got, short, err_msg=f"{(batch, m, n, k)}")
         assert not np.array_equal(got, full)  # the panels did change
         assert_close(got, a, b)

@@ -126,14 +126,14 @@ def test_too_small_workspace_is_replaced(dtype):
     g = program.__globals__
     a, b = random_operands((1, 150, 260), (1, 260, 90), dtype)
     c = np.full((1, 150, 90), np.nan, dtype=dtype)
-    cb = program.cache_blocks  # (MC, KC, NC)
+    cb = program.bound  # the parameters compiled code takes as cb
     stored = np.ascontiguousarray(np.swapaxes(a, 1, 2))  # A given as its transpose: packed
     size = g["layout"](1, 150, 90, 260, 2, g["DIRECT_PRODUCT"],
                        g["B_CHUNK_BYTES"], g["L2_BUDGET"], cb, 1)[7]
     assert size > 0
     g["blocked_threads"](stored, b, c, c.dtype.type(1), c.dtype.type(0), 2,
                          g["DIRECT_PRODUCT"], np.empty(size // 2, dtype=dtype), 1,
-                         g["B_CHUNK_BYTES"], g["L2_BUDGET"], program.few_split, cb)
+                         g["B_CHUNK_BYTES"], g["L2_BUDGET"], cb)
     assert_close(c[0], a[0], b[0], what=f"{dtype} with half the scratch")
 
 

@@ -89,7 +89,7 @@ def test_small_plain_matrix_products_take_the_rungs_own_call(spy, rng, shape, dt
     first = tilegemm.matmul(a, b)
     case = fastpath._table[fastpath._key(a, b, "auto", "auto")]
     mod = sys.modules[case.program.__module__]
-    assert case.entry is mod.small_matrix and case.blocks == case.program.cache_blocks
+    assert case.entry is mod.small_matrix and case.blocks == case.program.bound
     seen = []
     real = case.entry
     fastpath._table[fastpath._key(a, b, "auto", "auto")] = case._replace(

@@ -287,6 +287,7 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
     params = tilegemm.plan(a, a, kernel="blocked").params
     program = registry.get("blocked", "cpu").program(params, np.dtype("float32"))
     mod = sys.modules[program.__module__]
+    cb = program.bound
     threads = planned_threads()
     shapes = [(1, 1, 4096, 4096), (1, 4096, 1, 4096), (1, 1, 1, 10**7), (64, 1, 300, 300),
               (64, 64, 64, 64), (4, 200, 200, 200), (64, 200, 200, 200), (1, 500, 500, 500),
@@ -311,7 +312,7 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         assert ("one row or column" in path) == vector, (batch, m, n, k, path)
         split = not vector and bool(mod.splits_batch(batch, m, n, k, threads))
         assert ("batch split" in path) == split, (batch, m, n, k, path)
-        narrow = not vector and bool(mod.takes_rows(batch, m, n, k, threads, direct, 0))
+        narrow = not vector and bool(mod.takes_rows(batch, m, n, k, threads, direct, 0, cb))
         assert ("rows split" in path) == narrow, (batch, m, n, k, path)
         assert ("narrow product" in path) == (narrow and n <= mod.NARROW_N), path
         # wider products take the rows path only where the CPU has the wide 8-row tile
@@ -337,11 +338,11 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         flipped = k02_blocked.path(batch, m, n, k, threads, params, itemsize=4,
                                    a_transposed=True)
         assert ("rows split" in flipped) == (narrow and bool(mod.takes_rows(
-            batch, m, n, k, threads, direct, 1))), (batch, m, n, k, flipped)
+            batch, m, n, k, threads, direct, 1, cb))), (batch, m, n, k, flipped)
         # few rows with A transposed: 2-7 rows copy A (a few rows), 8-15 are packed
         assert ("few rows" in flipped) == (few and m < 8), (batch, m, n, k, flipped)
         assert ("rows split" in fortran) == (narrow and bool(mod.takes_rows(
-            batch, m, n, k, threads, direct, 2))), (batch, m, n, k, fortran)
+            batch, m, n, k, threads, direct, 2, cb))), (batch, m, n, k, fortran)
     planned = tilegemm.plan(np.ones((1, 3000), np.float32), np.ones((3000, 500), np.float32))
     assert "one row or column" in planned.path and "one row or column" in str(planned)
     x, w = np.ones((4, 3000), np.float32), np.ones((500, 3000), np.float32)
@@ -623,7 +624,7 @@ def test_few_row_split_follows_the_parameter():
         p = tilegemm.plan(a, b, kernel="blocked", FEW_KB=few_kb)
         assert p.params["FEW_KB"] == few_kb and where in p.path, (few_kb, p.path)
         program = registry.get("blocked", "cpu").program(p.params, np.dtype("float32"))
-        assert program.few_split == few_kb * 1024
+        assert program.bound[4] == few_kb * 1024  # FEW_KB, in bytes, as compiled code takes it
         results[few_kb] = tilegemm.matmul(a, b, kernel="blocked", FEW_KB=few_kb)
     assert_close(results[1024], a, b)
     np.testing.assert_array_equal(results[4096], results[1024])

@@ -136,7 +136,7 @@ class _Case(NamedTuple):
     # vector) into a new result, ``entry(a, b, blocks)`` (the CPU rung's ``call_for``), or
     # None
     entry: Any
-    blocks: Any  # the program's cache blocks, entry's last argument (read once, here)
+    blocks: Any  # the program's bound parameters, entry's last argument (read once, here)
 
 
 _table: dict[tuple[Any, ...], _Case] = {}
@@ -323,7 +323,7 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
                         _stored_shape(shape, 0), ta, tb, la >= 2, lb >= 2, ta | tb << 1,
                         one, one - one, poison_value(dtype), entry,
-                        getattr(program, "cache_blocks", None))
+                        getattr(program, "bound", None))
 
 
 def _dense_entry(call: Callable[..., Any]) -> Callable[..., Any]:

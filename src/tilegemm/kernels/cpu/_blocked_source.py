@@ -48,8 +48,6 @@ from tilegemm.kernels.cpu.k02_blocked import b_chunk_bytes, l2_budget, vector_di
 
 # @header (replaced for each parameter set; these values only make the template importable)
 MR, NR = 16, 8
-FEW_KC = 1024  # K steps per panel, at most, of products of 2-7 rows (few_rows)
-UNPACKED_KB = 32768  # KiB of B, at most, of a mid-size product whose rows run unpacked
 DTYPE = "float32"
 CACHE = False
 SMALL_PRODUCT = 96 * 96 * 96
@@ -87,9 +85,15 @@ FLAGS: dict = {"error_model": "numpy", "boundscheck": False, "cache": CACHE}
 if _dt.kind == "f":
     FLAGS["fastmath"] = {"contract"}
 i8, flag = numba.int64, numba.boolean
-# The cache blocks (MC, KC, NC) are arguments, not constants: a tile compiles once for
-# every MC/KC/NC a tuner, the database or a test gives it (see ``bind``).
-blocks = numba.types.UniTuple(i8, 3)
+# Every parameter but the tile is an argument, not a constant: a tile compiles once for
+# every value a tuner, the database or a test gives them. ``bind`` puts them in one tuple,
+# ``cb``, that compiled code passes on:
+#   cb[0], cb[1], cb[2]: the cache blocks MC, KC, NC (rows, depth and columns of a block);
+#   cb[3]: FEW_KC, K steps per panel, at most, of a product of 2-7 rows (``few_rows``);
+#   cb[4]: FEW_KB in bytes, B up to which a product of 2-7 rows runs on the calling thread;
+#   cb[5]: UNPACKED_KB in bytes, B up to which a mid-size product runs unpacked
+#          (``takes_rows``).
+blocks = numba.types.UniTuple(i8, 6)
 ro1, ro2, ro3 = (numba.types.Array(nbt, nd, "C", readonly=True) for nd in (1, 2, 3))
 a1, a2, a3, a4 = nbt[::1], nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
 # Scratch arrays start on 64-byte boundaries of the workspace (in elements).
@@ -333,9 +337,9 @@ call_pack_a, call_pack_b, call_macro = (called_by_name(f) for f in (pack_a, pack
 @when_called(numba.void(ro2, ro2, a2, nbt, nbt, a3, a3, a2, i8, blocks), **FLAGS)
 def gemm_serial(A, B, C, alpha, beta, Ap, Bp, T, tr, cb):
     """One product on the calling thread (the batch-parallel path). ``tr``: bit 0, A is
-    given as its transpose (K, M); bit 1, B as its transpose (N, K). ``cb``: the cache
-    blocks (MC, KC, NC)."""
-    mc, kc_max, nc_max = cb
+    given as its transpose (K, M); bit 1, B as its transpose (N, K). ``cb``: the bound
+    parameters (``blocks``), of which it reads the cache blocks MC, KC, NC."""
+    mc, kc_max, nc_max = cb[0], cb[1], cb[2]
     ta, tb = (tr & 1) != 0, (tr & 2) != 0
     m, n = C.shape[0], C.shape[1]
     k = A.shape[0] if ta else A.shape[1] if tb else B.shape[0]
@@ -366,14 +370,14 @@ def fold(y, acc, j0, j1, alpha, beta, first):
             y[j0 + j] = alpha * acc[j] + beta * y[j0 + j]
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8, i8), **FLAGS)
-def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, blocks, i8, i8, i8, i8), **FLAGS)
+def few_rows(A, B, C, alpha, beta, cb, z, j0, j1, tr):
     """Columns j0..j1 of product z, a product of 2 to 7 rows (``FEW_ROWS``; with the wide
     8-row tile 8-15 too, see below), unpacked: per K panel, one tile of all its rows walks
     the columns, a few vectors at a time (``FW2``..``FW7``: the width that keeps the
     tile's sums in registers), reading B where it lies.
     Packing B for so few rows copied all of it for a few multiply-adds per element. The
-    same sums as the packed path and ``direct`` with KC = ``min(kc_max, FEW_KC)`` (K in
+    same sums as the packed path and ``direct`` with KC = ``min(KC, FEW_KC)`` (K in
     panels of that many steps, in K order), bit for bit. ``j0`` should be a multiple of
     ``few_width`` (the threads' column ranges are).
 
@@ -418,7 +422,8 @@ def few_rows(A, B, C, alpha, beta, kc_max, z, j0, j1, tr):
     sb = k * ldb if B.shape[0] > 1 else 0
     # 2-7 rows: panels of at most FEW_KC steps (the parameter); 9-15 rows: short enough
     # that the second tile finds B's piece in L1
-    kp = min(kc_max, FEW_KC) if m < FEW_ROWS else kc_max if m == 8 else min(kc_max, REREAD_KC)
+    kc_max = cb[1]
+    kp = min(kc_max, cb[3]) if m < FEW_ROWS else kc_max if m == 8 else min(kc_max, REREAD_KC)
     for pc in range(0, k, kp):
         kc = min(kp, k - pc)
         mode = 0 if pc == 0 and beta == zero else 1
@@ -485,8 +490,8 @@ def few_width(m, tr):
 call_few_rows = called_by_name(few_rows)
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, i8, i8), **FLAGS)
-def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, blocks, i8, i8, i8, i8), **FLAGS)
+def direct(A, B, C, alpha, beta, cb, z0, z1, r0, r1):
     """Rows r0..r1 of products z0..z1 of the batch on the calling thread, unpacked: A and B
     read where they lie, C in tiles of 8, 4, 2 or 1 rows × one vector of columns whose sums
     stay in registers (``_small_tile``; the right edge masked to the columns that exist),
@@ -498,7 +503,7 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
     columns, one tile of all the rows, several vectors wide (``few_rows``).
 
     Each element is summed as in the packed path, with the same bits: K in panels of
-    ``kc_max`` (KC) steps (at most ``FEW_KC`` for ``few_rows``' 2-7 rows, ``REREAD_KC``
+    KC steps (``cb[1]``; at most FEW_KC for ``few_rows``' 2-7 rows, ``REREAD_KC``
     for its 9-15), each panel's sum started from zero in K order and added into C (a
     single running sum over all of K lost accuracy for long products with few outputs:
     2×2×350000 in float32, 100× NumPy's error).
@@ -519,8 +524,9 @@ def direct(A, B, C, alpha, beta, kc_max, z0, z1, r0, r1):
         return
     if r0 == 0 and r1 == m and 2 <= m < FEW_MAX and n > NARROW_N:
         for z in range(z0, z1):
-            call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n, 0)
+            call_few_rows(A, B, C, alpha, beta, cb, z, 0, n, 0)
         return
+    kc_max = cb[1]
     lda, ldb = A.shape[2], B.shape[2]  # row strides (operands' rows may lie apart)
     sa = m * lda if A.shape[0] > 1 else 0
     sb = k * ldb if B.shape[0] > 1 else 0
@@ -575,7 +581,7 @@ def products_serial(A, B, C, alpha, beta, z0, z1, tr, cb):
     to the cache blocks, so small products stay cheap). ``tr``, ``cb`` as in
     ``blocked_threads``. Reached through ``small``, which sends it the products that
     packing repays."""
-    mc, kc_max, nc_max = cb
+    mc, kc_max, nc_max = cb[0], cb[1], cb[2]
     k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     m, n = C.shape[1], C.shape[2]
     kcap = min(kc_max, k)
@@ -703,7 +709,7 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
     size = m * n * k
     if tr == 2 and 2 <= m < DOT_MAX and n > NARROW_N and k > 0:  # few rows, B transposed
         for z in range(z0, z1):
-            call_few_rows(A, B, C, alpha, beta, cb[1], z, 0, n, tr)
+            call_few_rows(A, B, C, alpha, beta, cb, z, 0, n, tr)
     elif tr != 0 and k > 0:
         products_serial(A, B, C, alpha, beta, z0, z1, tr, cb)
     elif k > 0 and (m == 1 or n == 1) and size > (MATVEC_MIN_PRODUCT if m > 1
@@ -713,7 +719,7 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
                            alpha, beta, 0, 1, cb[1], False)
     elif (k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE or n <= NARROW_N
           or (DW8 > SMALL_W and size <= UNPACKED_PRODUCT)):
-        call_direct(A, B, C, alpha, beta, cb[1], z0, z1, 0, m)
+        call_direct(A, B, C, alpha, beta, cb, z0, z1, 0, m)
     else:
         products_serial(A, B, C, alpha, beta, z0, z1, 0, cb)
 
@@ -796,14 +802,14 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
             units = (C.shape[1] + 7) // 8
             r0, r1 = t * units // ntasks * 8, min(C.shape[1], (t + 1) * units // ntasks * 8)
             if r1 > r0:
-                call_direct(A, B, C, alpha, beta, cb[1], z, z + 1, r0, r1)
+                call_direct(A, B, C, alpha, beta, cb, z, z + 1, r0, r1)
         elif phase == 4:
             # columns of product z, in whole tiles
             w = few_width(C.shape[1], tr)
             units = (C.shape[2] + w - 1) // w
             j0, j1 = t * units // ntasks * w, min(C.shape[2], (t + 1) * units // ntasks * w)
             if j1 > j0:
-                call_few_rows(A, B, C, alpha, beta, cb[1], z, j0, j1, tr)
+                call_few_rows(A, B, C, alpha, beta, cb, z, j0, j1, tr)
         else:
             # runs of whole products, each by the path that suits its size
             batch = C.shape[0]
@@ -821,8 +827,8 @@ def splits_batch(batch, m, n, k, nthreads):
                                      and batch >= BATCH_SPLIT_MIN * nthreads)
 
 
-@when_called(numba.boolean(i8, i8, i8, i8, i8, i8, i8), **FLAGS)
-def takes_rows(batch, m, n, k, nthreads, direct_max, tr):
+@when_called(numba.boolean(i8, i8, i8, i8, i8, i8, i8, blocks), **FLAGS)
+def takes_rows(batch, m, n, k, nthreads, direct_max, tr, cb):
     """Whether the threads compute each product unpacked, its rows split between them
     (``direct``), above the small-product path, not one row or one column (the vector
     path) and not a batch the threads split (each of those products takes the same tiles
@@ -831,15 +837,15 @@ def takes_rows(batch, m, n, k, nthreads, direct_max, tr):
     place by the packed path; a plain copy of it, strided, took 25 ms for float32 X.T @ w,
     X 2048×2048 and w 16 columns wide, against NumPy's 0.95; B, a few columns, is copied if
     given so); and, with the wide 8-row tile, products of at most ``UNPACKED_PRODUCT``
-    multiply-adds given plainly, B within ``UNPACKED_KB`` KiB (each thread reads all of it
-    per 8 of its rows), with runs of 8 rows for every thread (the same test as
+    multiply-adds given plainly, B within UNPACKED_KB (``cb[5]`` bytes; each thread reads
+    all of it per 8 of its rows), with runs of 8 rows for every thread (the same test as
     ``k02_blocked.unpacked_rows``)."""
     if k == 0 or batch * m * n * k <= direct_max or m == 1 or n == 1 or tr & 1:
         return False
     if n > NARROW_N:
         units = (m + 7) // 8
         if (tr != 0 or DW8 == SMALL_W or m * n * k > UNPACKED_PRODUCT or m < FEW_MAX
-                or k * n * ITEMSIZE > UNPACKED_KB * 1024
+                or k * n * ITEMSIZE > cb[5]
                 or (units < 2 * nthreads and m % (8 * nthreads) != 0)):
             return False
     return not splits_batch(batch, m, n, k, nthreads)
@@ -879,14 +885,13 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb, tr):
     panel of B does not, and each of two tasks per thread gets ``ONE_BLOCK_TASK_COLUMNS``
     columns, or the product is at most ``ONE_REGION_PRODUCT`` multiply-adds with
     ``ONE_REGION_TASK_COLUMNS`` for each thread, one task each (see
-    ``k02_blocked.one_row_block``). ``cb``: the cache
-    blocks (MC, KC, NC).
+    ``k02_blocked.one_row_block``). ``cb``: the bound parameters (``blocks``).
     """
     if (k == 0 or batch * m * n * k <= direct_max or splits_batch(batch, m, n, k, nthreads)
-            or takes_rows(batch, m, n, k, nthreads, direct_max, tr)
+            or takes_rows(batch, m, n, k, nthreads, direct_max, tr, cb)
             or takes_few(batch, m, n, k, nthreads, direct_max, tr)):
         return 0, 0, 0, 0, 0, 0, 0, 0
-    mc, kc_max, nc_max = cb
+    mc, kc_max, nc_max = cb[0], cb[1], cb[2]
     # Row blocks of at most MC rows, as many as a multiple of the thread count when there
     # are enough MR strips; when there are few, column groups of the B panel supply the
     # tasks. A product of at most MC rows with a strip of B for every thread is one row
@@ -919,9 +924,9 @@ def layout(batch, m, n, k, nthreads, direct_max, chunk_bytes, budget, cb, tr):
     return nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size
 
 
-@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8, i8, i8, i8, blocks), **FLAGS)
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, a1, i8, i8, i8, blocks), **FLAGS)
 def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_bytes, budget,
-                    few_split, cb):
+                    cb):
     """The rung on ``nthreads`` threads (an argument: reading Numba's thread count inside
     compiled code goes through a pointer, and code holding one cannot be cached); products
     of at most ``direct_max`` multiply-adds in all take the unpacked single-thread path.
@@ -938,11 +943,9 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
 
     ``chunk_bytes``: how much of B a task packs at a time in a product of one row block
     (``B_CHUNK_BYTES``; an argument, so tests can make chunks of one strip); ``budget``:
-    see ``layout`` (``L2_BUDGET``). ``few_split``: the largest B (bytes) a product of 2-7
-    rows reads on the calling thread alone (the parameter FEW_KB, see ``bind``). ``cb``:
-    the cache blocks (MC, KC, NC), see ``bind``.
+    see ``layout`` (``L2_BUDGET``). ``cb``: the parameters bound by ``bind`` (``blocks``).
     """
-    mc, kc_max, nc_max = cb
+    kc_max, nc_max = cb[1], cb[2]
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     if k == 0:  # no products: C = beta*C, or zeros (C unread when beta == 0)
@@ -961,7 +964,7 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
         run_parallel(2, min(batch, BATCH_TASKS * nthreads), A, B, C, 0, alpha, beta, 0, 0,
                      0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
         return
-    if takes_rows(batch, m, n, k, nthreads, direct_max, tr):
+    if takes_rows(batch, m, n, k, nthreads, direct_max, tr, cb):
         # each product's rows in runs of 8-row tiles, a few runs per thread, unpacked (B
         # plain: ``blocked`` copies a transposed B for this path)
         for z in range(batch):
@@ -970,13 +973,13 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
         return
     if takes_few(batch, m, n, k, nthreads, direct_max, tr):
         # each product's columns in ranges of whole tiles, one per thread, unpacked (A
-        # plain: ``blocked`` copies a transposed A for this path); with B within
-        # ``few_split`` (FEW_SPLIT_BYTES_8 for 8-15 rows), on this thread alone
+        # plain: ``blocked`` copies a transposed A for this path); with B within FEW_KB
+        # (``cb[4]``; FEW_SPLIT_BYTES_8 for 8-15 rows), on this thread alone
         tasks = min((n + few_width(m, tr) - 1) // few_width(m, tr), nthreads)
-        split = few_split if m < FEW_ROWS else FEW_SPLIT_BYTES_8
+        split = cb[4] if m < FEW_ROWS else FEW_SPLIT_BYTES_8
         for z in range(batch):
             if k * n * ITEMSIZE <= split:
-                call_few_rows(A, B, C, alpha, beta, kc_max, z, 0, n, tr)
+                call_few_rows(A, B, C, alpha, beta, cb, z, 0, n, tr)
             else:
                 run_parallel(4, tasks, A, B, C, z, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],
                              empty, empty[0], tr, 1, cb)
@@ -1067,15 +1070,14 @@ def _plain_unless_packed(A, B, C, tr):
 _gemv_calls = itertools.count()
 
 
-def blocked(A, B, C, alpha, beta, tr, cb, few_split):
+def blocked(A, B, C, alpha, beta, tr, cb):
     """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N), with
-    the cache blocks ``cb`` = (MC, KC, NC); what :func:`bind` gives Python.
+    the parameters ``cb`` (see ``blocks``); what :func:`bind` gives Python.
 
     ``tr`` (bits 0 and 1): A, B given as their transposes, (batch|1, K, M) and
     (batch|1, N, K) C-contiguous arrays, e.g. the storage of a Fortran-ordered operand;
     packed from that layout, with no transposing copy. Small products given plainly are
-    sent to ``small`` before this, by the bound program (``bind``). ``few_split``: see
-    ``blocked_threads``.
+    sent to ``small`` before this, by the bound program (``bind``).
 
     Either operand may be wider than it is (``problem.row_stride_view``: a slice of
     columns, rows apart): its last dimension is then its row stride, read from its shape,
@@ -1097,7 +1099,7 @@ def blocked(A, B, C, alpha, beta, tr, cb, few_split):
         blocked_serial(A, B, C, alpha, beta, tr, cb)
         return
     nthreads = pool_threads()  # the first starts Numba's pool, where tilegemm sees it
-    if tr and takes_rows(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct, tr):
+    if tr and takes_rows(C.shape[0], C.shape[1], C.shape[2], k, nthreads, direct, tr, cb):
         # with an operand given transposed only narrow products take this path (mid-size
         # ones stay packed): it reads B, a few columns, plain (A is, see takes_rows)
         B, tr = _stored(B, tr & 2, k), 0
@@ -1108,7 +1110,7 @@ def blocked(A, B, C, alpha, beta, tr, cb, few_split):
                       B_CHUNK_BYTES, L2_BUDGET, cb, tr)[7]
         blocked_threads(A, B, C, alpha, beta, nthreads, direct,
                         workspace(size * _dt.itemsize).view(_dt), tr, B_CHUNK_BYTES,
-                        L2_BUDGET, few_split, cb)
+                        L2_BUDGET, cb)
 
 
 def vector_threads(A, B, C, alpha, beta, cb):
@@ -1141,19 +1143,18 @@ def vector_matrix(A, B, cb):
     return C
 
 
-def bind(mc, kc, nc, few_kb):
-    """The rung for the cache blocks MC, KC, NC and the few-row split FEW_KB (KiB of B up to
-    which a product of 2-7 rows runs on the calling thread alone): :func:`blocked` with them
-    bound, called ``(A, B, C, alpha, beta, tr=0)``.
+def bind(mc, kc, nc, few_kc, few_kb, unpacked_kb):
+    """The rung for the cache blocks MC, KC, NC and the path parameters FEW_KC, FEW_KB and
+    UNPACKED_KB (the two last in KiB): :func:`blocked` with them bound (as ``cb``, see
+    ``blocks``), called ``(A, B, C, alpha, beta, tr=0)``.
 
     They are arguments of the compiled code, not constants in it: they only bound loops,
     size the scratch (the micro-kernel's K loop already runs to a length known at run time)
-    or choose between paths, and as constants every MC/KC/NC a tuner, the database or a test
-    asked for compiled the whole rung again (20–30 s on a 2-core Xeon), where now each
+    or choose between paths, and as constants every value a tuner, the database or a test
+    asked for compiled the whole rung again (20–30 s on a 2-vCPU machine), where now each
     MR×NR tile compiles once.
     """
-    cb = (int(mc), int(kc), int(nc))
-    few_split = int(few_kb) * 1024
+    cb = (int(mc), int(kc), int(nc), int(few_kc), int(few_kb) * 1024, int(unpacked_kb) * 1024)
 
     def takes_small(m, n, k, batch=1):
         """Whether ``run`` computes a batch of products of these sizes given plainly on the
@@ -1162,7 +1163,7 @@ def bind(mc, kc, nc, few_kb):
         return size <= DIRECT_PRODUCT and (size <= VECTOR_DIRECT or m != 1 and n != 1)
 
     def call_for(m, n, k, dense=True):
-        """The call ``(A, B, cache_blocks)`` giving a new ``A @ B`` of two C-ordered
+        """The call ``(A, B, bound)`` giving a new ``A @ B`` of two C-ordered
         matrices of these sizes, as ``run`` computes it, for remembered calls
         (``tilegemm.fastpath``): ``small_matrix`` for a product on the calling thread,
         ``vector_matrix`` for a row or a column on the threads; None for the others.
@@ -1185,11 +1186,10 @@ def bind(mc, kc, nc, few_kb):
             # Larger products of one row or one column go on, to the threads (see blocked).
             small(A, B, C, alpha, beta, 0, C.shape[0], 0, cb)
             return
-        blocked(A, B, C, alpha, beta, tr, cb, few_split)
+        blocked(A, B, C, alpha, beta, tr, cb)
 
     run.takes_transposed = True  # the CPU backend hands it transposed operands in place
-    run.cache_blocks = cb
-    run.few_split = few_split
+    run.bound = cb  # what compiled code is passed as cb (see ``blocks``)
     run.call_for = call_for
     return run
 
@@ -1206,9 +1206,8 @@ def blocked_serial(A, B, C, alpha, beta, tr, cb):
     batch, m, n = C.shape[0], C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     if k == 0 or batch * m * n * k <= DIRECT_PRODUCT:
-        # (few_split 0: never read, the product is within DIRECT_PRODUCT)
         blocked_threads(A, B, C, alpha, beta, 1, DIRECT_PRODUCT, np.empty(0, dtype=_dt), tr,
-                        B_CHUNK_BYTES, L2_BUDGET, 0, cb)
+                        B_CHUNK_BYTES, L2_BUDGET, cb)
         return
     small(A, B, C, alpha, beta, 0, batch, tr, cb)
 

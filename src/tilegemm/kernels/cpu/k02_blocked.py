@@ -64,7 +64,8 @@ VECTOR_L2_SHARE = 0.75
 # all of it), hence 384³.
 UNPACKED_PRODUCT = 384 * 384 * 384
 # ... and only while B takes at most this many KiB: the default of the parameter
-# UNPACKED_KB, a constant of the compiled code (per device in the database). Each thread
+# UNPACKED_KB, set per device in the database (an argument of the compiled code, as all
+# parameters but the tile are). Each thread
 # reads all of B once per 8 of its rows, so a B beyond the L2 comes from L3 again and again.
 # The default never binds (a product within UNPACKED_PRODUCT with the 16 rows it needs has
 # a B of at most 27 MiB): on the AMD Zen 5 where the unpacked path was measured its L3
@@ -85,11 +86,11 @@ UNPACKED_KB = 32768
 # (FEW_KB = 1024 in its database entries; docs/cpu.md).
 FEW_KB = 4096
 # ... and sum K in panels of at most this many steps (and at most KC): the default of the
-# parameter FEW_KC, a constant of the compiled code (per device in the database, so one
-# value per machine). The tile walks a panel's rows of B a few vectors at a time, and on an
-# Intel Xeon (family 6 model 167) a walk over 512 rows ran 25-30 % slower than over 128
-# (float64 2×1024² 348 → 255 µs, float32 241 → 171; 7 rows alike); the AMD Zen 5, where the
-# walk was tuned, is not measured yet, so its default stays the whole of KC.
+# parameter FEW_KC, set per device in the database. The tile walks a panel's rows of B a
+# few vectors at a time, and on an Intel Xeon (family 6 model 167) a walk over 512 rows ran
+# 25-30 % slower than over 128 (float64 2×1024² 348 → 255 µs, float32 241 → 171; 7 rows
+# alike); the AMD Zen 5, where the walk was tuned, is not measured yet, so its default
+# stays the whole of KC.
 FEW_KC = 1024
 # Products up to this size also run one per thread when the batch has at least
 # BATCH_SPLIT_MIN products per thread: no synchronisation per product (float32 on a 2-vCPU
@@ -174,21 +175,19 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
         return njit(sig, **jit_flags(dtype))(ns["ukernel"])
 
 
-# The path thresholds that are constants of the compiled code (the template's header), not
-# arguments: a parameter set with other values compiles its own module.
-COMPILED_IN = ("FEW_KC", "UNPACKED_KB")
 # The generated modules this process has imported, by (source, cache folder): parameter
-# sets that differ only in MC/KC/NC/FEW_KB share one, instead of each importing the cache
-# entry again and loading its code (or, with the cache off, compiling it again).
+# sets that differ only in the parameters bound as arguments (all but the tile) share one,
+# instead of each importing the cache entry again and loading its code (or, with the cache
+# off, compiling it again).
 _TILE_MODULES: dict[tuple[str, str], Any] = {}
 
 
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
-    """The compiled rung for one parameter set: ``_blocked_source`` with the tile (MR, NR),
-    FEW_KC and UNPACKED_KB as constants, loaded through the persistent compile cache
-    (compiled once per machine), and the cache blocks (MC, KC, NC) and FEW_KB bound as
-    arguments (``bind``), so parameter sets that differ only in them share one compiled
-    module, imported once per process."""
+    """The compiled rung for one parameter set: ``_blocked_source`` with the tile (MR, NR)
+    as constants, loaded through the persistent compile cache (compiled once per machine),
+    and the other parameters, the cache blocks (MC, KC, NC) and the path parameters
+    (FEW_KC, FEW_KB, UNPACKED_KB), bound as arguments (``bind``), so parameter sets with
+    one tile share one compiled module, imported once per process."""
     from pathlib import Path
 
     from tilegemm._compat import import_numba
@@ -199,13 +198,12 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     import_numba()  # one thread at a time (see there)
     make_tbb_loadable()  # before Numba picks its threading layer (see _threads)
     dtype = np.dtype(dtype)
-    compiled_in = {name: p[name] for name in COMPILED_IN}
-    header = {"MR": p["MR"], "NR": p["NR"], **compiled_in}
+    header = {"MR": p["MR"], "NR": p["NR"]}
     bits = vector_bits()
     template = (Path(__file__).parent / "_blocked_source.py").read_text()
     source = fill_template(
         template,
-        {"MR, NR": (p["MR"], p["NR"]), **compiled_in, "DTYPE": dtype.name, "CACHE": False,
+        {"MR, NR": (p["MR"], p["NR"]), "DTYPE": dtype.name, "CACHE": False,
          "SMALL_PRODUCT": SMALL_PRODUCT, "DIRECT_PRODUCT": DIRECT_PRODUCT,
          "UNPACKED_PRODUCT": UNPACKED_PRODUCT,
          "BATCH_PRODUCT": BATCH_PRODUCT, "BATCH_SPLIT_MIN": BATCH_SPLIT_MIN,
@@ -224,7 +222,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
             module = load_module(f"blocked-{dtype.name}", source,
                                  {"kernel": "blocked", "params": header, "dtype": dtype.name})
         _TILE_MODULES[key] = module
-    program = module.bind(p["MC"], p["KC"], p["NC"], p["FEW_KB"])
+    program = module.bind(p["MC"], p["KC"], p["NC"], p["FEW_KC"], p["FEW_KB"],
+                          p["UNPACKED_KB"])
     program.module = module  # for tests and benchmarks that set its globals (L2_BUDGET)
     return program
 
