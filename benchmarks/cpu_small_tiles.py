@@ -50,8 +50,7 @@ def time_pair(a: np.ndarray, b: np.ndarray, module, params: dict, rounds: int,
     (3-D operands), after checking that they agree bit for bit."""
     dt = a.dtype
     batch, m, n = a.shape[0], a.shape[1], b.shape[2]
-    cb = module.bind(params["MC"], params["KC"], params["NC"], params["FEW_KC"],
-                     params["FEW_KB"], params["UNPACKED_KB"]).bound
+    cb = module.bind(params).bound  # the parameters compiled code takes as cb
     one, zero = dt.type(1), dt.type(0)
     tiles, packed = np.empty((batch, m, n), dt), np.empty((batch, m, n), dt)
 

@@ -168,9 +168,7 @@ def bound(mod: Any, params: dict[str, int], **changes: int) -> tuple[int, ...]:
     """``cb``, the tuple of bound parameters that the compiled functions of ``mod`` (a
     ``blocked_module``) take, for ``params`` with ``changes`` (the rung's parameter names:
     ``bound(mod, params, KC=64)``)."""
-    p = {**params, **changes}
-    return mod.bind(p["MC"], p["KC"], p["NC"], p["FEW_KC"], p["FEW_KB"],
-                    p["UNPACKED_KB"]).bound
+    return mod.bind({**params, **changes}).bound
 
 
 def run_in_threads(work, count: int) -> None:  # type: ignore[no-untyped-def]

@@ -1143,10 +1143,11 @@ def vector_matrix(A, B, cb):
     return C
 
 
-def bind(mc, kc, nc, few_kc, few_kb, unpacked_kb):
-    """The rung for the cache blocks MC, KC, NC and the path parameters FEW_KC, FEW_KB and
-    UNPACKED_KB (the two last in KiB): :func:`blocked` with them bound (as ``cb``, see
-    ``blocks``), called ``(A, B, C, alpha, beta, tr=0)``.
+def bind(params):
+    """The rung for a parameter set (a mapping of the rung's parameter names; the tile,
+    MR and NR, is this module's): :func:`blocked` with the others bound, the cache blocks
+    MC, KC, NC and the path parameters FEW_KC, FEW_KB and UNPACKED_KB (the two last in
+    KiB), as ``cb`` (see ``blocks``); called ``(A, B, C, alpha, beta, tr=0)``.
 
     They are arguments of the compiled code, not constants in it: they only bound loops,
     size the scratch (the micro-kernel's K loop already runs to a length known at run time)
@@ -1154,7 +1155,8 @@ def bind(mc, kc, nc, few_kc, few_kb, unpacked_kb):
     asked for compiled the whole rung again (20–30 s on a 2-vCPU machine), where now each
     MR×NR tile compiles once.
     """
-    cb = (int(mc), int(kc), int(nc), int(few_kc), int(few_kb) * 1024, int(unpacked_kb) * 1024)
+    cb = (int(params["MC"]), int(params["KC"]), int(params["NC"]), int(params["FEW_KC"]),
+          int(params["FEW_KB"]) * 1024, int(params["UNPACKED_KB"]) * 1024)
 
     def takes_small(m, n, k, batch=1):
         """Whether ``run`` computes a batch of products of these sizes given plainly on the

@@ -222,8 +222,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
             module = load_module(f"blocked-{dtype.name}", source,
                                  {"kernel": "blocked", "params": header, "dtype": dtype.name})
         _TILE_MODULES[key] = module
-    program = module.bind(p["MC"], p["KC"], p["NC"], p["FEW_KC"], p["FEW_KB"],
-                          p["UNPACKED_KB"])
+    program = module.bind(p)
     program.module = module  # for tests and benchmarks that set its globals (L2_BUDGET)
     return program
 
