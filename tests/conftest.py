@@ -136,6 +136,18 @@ class FakeCudaEvent:
         return (end.t - self.t) * 1e3
 
 
+def host_tile(dtype: Any) -> dict[str, int]:
+    """The register tile (MR, NR) that ``matmul`` runs for ``dtype`` on this machine with
+    nothing tuned: the database's, else the registry default's."""
+    from tilegemm import registry
+    from tilegemm.backends import get_backend
+    from tilegemm.tune.select import untuned_choice
+
+    choice = untuned_choice(get_backend("cpu"), np.dtype(dtype).name)
+    params = choice[1] if choice is not None else registry.get("blocked", "cpu").defaults()
+    return {"MR": params["MR"], "NR": params["NR"]}
+
+
 def host_blocked_params(dtype: Any, overrides: dict[str, int] | None = None
                         ) -> dict[str, int]:
     """The CPU ``blocked`` rung's registry defaults with the register tile (MR, NR) that
@@ -146,12 +158,8 @@ def host_blocked_params(dtype: Any, overrides: dict[str, int] | None = None
     of the test suite's time). The path thresholds a database entry may also set
     (FEW_KB, FEW_KC, UNPACKED_KB) stay the registry's, which the tests' shapes assume."""
     from tilegemm import registry
-    from tilegemm.backends import get_backend
-    from tilegemm.tune.select import untuned_choice
 
-    choice = untuned_choice(get_backend("cpu"), np.dtype(dtype).name)
-    tile = {k: choice[1][k] for k in ("MR", "NR")} if choice is not None else {}
-    return registry.get("blocked", "cpu").resolve({**tile, **(overrides or {})})
+    return registry.get("blocked", "cpu").resolve({**host_tile(dtype), **(overrides or {})})
 
 
 def blocked_module(params: dict[str, int], dtype: Any) -> tuple[dict[str, int], Any]:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from conftest import host_blocked_params
+from conftest import host_tile
 from tilegemm import api
 from tilegemm.backends import get_backend
 from tilegemm.errors import InvalidValueError, UsageError
@@ -24,8 +24,7 @@ def _operands() -> tuple[np.ndarray, np.ndarray]:
 def _tile() -> dict[str, int]:
     """The register tile named in the calls below: this machine's float32 tile, whose
     module the other tests compile too (the log records are what is tested, not a tile)."""
-    params = host_blocked_params("float32")
-    return {"MR": params["MR"], "NR": params["NR"]}
+    return host_tile("float32")
 
 
 def _tile_text() -> str:
