@@ -404,3 +404,29 @@ def test_plan_refuses_the_numba_device_arrays_a_call_refuses():
             tilegemm.plan(**kw, backend="cuda")
         with pytest.raises(error, match=message):
             tilegemm.gemm(**kw, backend="cuda")
+
+
+def test_kernels_and_reference_are_modules_that_can_be_called():
+    """``tilegemm.kernels`` and ``tilegemm.reference`` are public functions and modules at
+    once. Functions bound over the modules' names hid them: ``import
+    tilegemm.kernels.cpu.k01_triple_loop as k`` failed ("cannot import name 'cpu' from
+    'kernels'"), and so did ``tilegemm.kernels.cpu`` after the module was imported."""
+    import inspect
+
+    import tilegemm.kernels.cpu.k01_triple_loop as rung
+    import tilegemm.reference as ref
+
+    assert rung.__name__ == "tilegemm.kernels.cpu.k01_triple_loop"
+    assert tilegemm.kernels.cpu.k01_triple_loop is rung
+    assert [s.name for s in tilegemm.kernels("cpu")] == ["triple_loop", "blocked"]
+    assert {s.backend for s in tilegemm.kernels()} >= {"cpu", "opencl", "cuda"}
+    assert "backend" in inspect.signature(tilegemm.kernels).parameters
+    with pytest.raises(ValueError, match="unknown backend 'nope'"):
+        tilegemm.kernels("nope")
+    assert ref.assert_close is tilegemm.assert_close
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((3, 7)), rng.standard_normal((7, 2))
+    got = tilegemm.reference(a.astype(np.float32), b.astype(np.float32), alpha=2.0)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, 2.0 * (a.astype(np.float32).astype(np.float64)
+                                           @ b.astype(np.float32).astype(np.float64)))

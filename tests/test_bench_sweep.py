@@ -601,3 +601,24 @@ def test_first_calls_that_compiled_do_not_predict_later_sizes_too_slow() -> None
     state = run_plan(cases, settings, backend_of=lambda name: be, clock=lambda: now[0])
     status = {m.m: m.status for m in state.measurements}
     assert status == {16: OK, 32: OK, 1024: OK, 2048: SKIPPED}, status
+
+
+def test_save_never_overwrites_an_earlier_run(cpu_results: Results, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """A second --save of the day replaced the first run's JSON and Markdown and left its
+    plot beside them, drawn from the first run's data; each run now gets its own stem."""
+    path = tmp_path / "r.json"
+    path.write_text(cpu_results.to_json())
+    out = tmp_path / "out"
+    assert main(["bench", "--from-json", str(path), "--quiet", "--save", str(out)]) == 0
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(Path(n).suffix for n in first) == [".json", ".md", ".png"]
+    stem = Path(next(n for n in first if n.endswith(".json"))).stem
+    for _ in range(2):
+        assert main(["bench", "--from-json", str(path), "--reports", "ladder", "--quiet",
+                     "--save", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted([*first, f"{stem}-2.json", f"{stem}-2.md", f"{stem}-3.json",
+                            f"{stem}-3.md"])
+    assert all((out / n).read_bytes() == data for n, data in first.items())
+    assert f"wrote {out / stem}-3.json" in capsys.readouterr().err

@@ -791,8 +791,12 @@ def test_cache_command_says_when_the_directory_cannot_be_used(tmp_path, monkeypa
     assert "cannot be used (" in out and "a-file is not a directory)" in out
     assert main(["cache", "--stale"]) == 2
     assert "tilegemm: error: --stale only selects" in capsys.readouterr().err
-    assert main(["cache", "--clear"]) == 0  # nothing there to remove
-    assert "removed 0 entries" in " ".join(capsys.readouterr().out.split())
+    for where in (blocker / "kernels", blocker):  # under a file, or the file itself
+        monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(where))
+        assert main(["cache", "--clear"]) == 0  # said, not "removed 0 entries"
+        out = " ".join(capsys.readouterr().out.split())
+        assert "cannot be used (" in out and "removed" not in out, out
+    assert blocker.read_text() == "x"
 
 
 def test_cache_clear_names_what_a_read_only_folder_keeps(tmp_path, monkeypatch,

@@ -4,17 +4,19 @@ Importing tilegemm imports no GPU library and initialises neither CUDA nor OpenC
 happens on the first call that needs a backend.
 """
 
-# The rungs live in the subpackage ``tilegemm.kernels``; the public function of the same
-# name lists them. Python binds a subpackage as an attribute of its parent when the
-# subpackage is first imported, which would shadow the function; importing the (empty,
-# GPU-free) subpackage here first and binding the function afterwards keeps
-# ``tilegemm.kernels()`` callable while ``tilegemm.kernels.cuda`` still imports normally.
-import tilegemm.kernels  # noqa: F401  (see above; must precede the API import)
+# ``tilegemm.kernels`` and ``tilegemm.reference`` are modules that can be called: the rungs'
+# package lists them when called, the reference module computes the float64 product (see
+# tilegemm._callable). Binding functions of those names here would hide the modules.
+import tilegemm.kernels
+import tilegemm.reference
 from tilegemm import errors
 from tilegemm._compat import restore_numpy_aliases
-from tilegemm.api import backends, gemm, kernels, matmul
+from tilegemm.api import backends, gemm, matmul
 from tilegemm.plan import Plan, plan
-from tilegemm.reference import assert_close, reference
+from tilegemm.reference import assert_close
+
+kernels = tilegemm.kernels  # (bound already by the import; named for readers and linters)
+reference = tilegemm.reference
 
 restore_numpy_aliases()  # before numba.cuda is ever imported (see tilegemm._compat)
 

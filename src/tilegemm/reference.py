@@ -5,6 +5,8 @@ is the standard forward-error bound of a length-K dot product,
 ``|C - C_ref| <= gamma * K * eps(dtype) * (|alpha| |A| |B| + |beta| |C0|)`` elementwise, with
 a safety factor ``gamma``; integer products must match exactly. NaN and Inf must appear
 exactly where NumPy puts them.
+
+Called, this module is its function :func:`reference`: ``tilegemm.reference(a, b)``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+from tilegemm._callable import make_callable
 
 SAFETY = 4.0
 
@@ -144,3 +148,6 @@ def random_operands(
         return x
 
     return draw(shape_a), draw(shape_b)
+
+
+make_callable(__name__, f"{__name__}:reference")  # tilegemm.reference(a, b)

@@ -136,7 +136,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           ".pdf...)")
     out.add_argument("--save", metavar="DIR",
                      help="write DIR/<device>-<date>.json and .md (the committed form), and "
-                          ".png when the sizes report ran")
+                          ".png when the sizes report ran; -2, -3... after the date "
+                          "where a run of that day was saved already (nothing is "
+                          "overwritten)")
     out.add_argument("--from-json", metavar="FILE",
                      help="render a saved results file instead of running anything")
     out.add_argument("--quiet", "-q", action="store_true", help="no terminal tables or progress")
@@ -409,6 +411,18 @@ def _emit(results, args: argparse.Namespace) -> None:
         _save(results, Path(args.save), reports)
 
 
+def _free_stem(folder: Path, name: str) -> Path:
+    """``folder/name``, or ``folder/name-2``, ``-3``... where a run already saved under it:
+    a second run of the day once replaced the first one's JSON and Markdown and left its
+    plot beside them, drawn from data no longer there."""
+    taken = {p.name for p in folder.iterdir()}
+    stem, n = name, 1
+    while any(stem + ext in taken for ext in (".json", ".md", ".png")):
+        n += 1
+        stem = f"{name}-{n}"
+    return folder / stem
+
+
 def _check_plot(args: argparse.Namespace, reports: Sequence[str]) -> None:
     """--plot draws the size sweep: refused where ``reports`` leave it out."""
     if args.plot and "sizes" not in reports:
@@ -420,7 +434,7 @@ def _save(results, folder: Path, reports: list[str]) -> None:
     from tilegemm.bench import report
 
     folder.mkdir(parents=True, exist_ok=True)
-    stem = folder / results.default_stem()
+    stem = _free_stem(folder, results.default_stem())
     stem.with_suffix(".json").write_text(report.render(results, "json", reports))
     stem.with_suffix(".md").write_text(report.to_markdown(results, reports))
     written = [stem.with_suffix(".json"), stem.with_suffix(".md")]
