@@ -218,6 +218,26 @@ def test_a_product_larger_than_memory_is_refused_before_any_allocation(backend: 
             call(a, b, backend=backend)
 
 
+@pytest.mark.parametrize("backend", HOST)
+def test_an_empty_product_reads_no_operand_however_large(backend: str) -> None:
+    """No element to compute (M, N or the batch 0): neither operand is read, so none is
+    copied or uploaded. A broadcast B standing for 10**6 x 10**6 elements was counted
+    (refused: "needs 3725.3 GiB"), and a strided one was copied, for a (0, N) result."""
+    one = np.ones((1, 1), np.float32)
+    b = np.broadcast_to(one, (10**6, 10**6))
+    cases = [(np.ones((0, 10**6), np.float32), b, (0, 10**6)),
+             (np.broadcast_to(one, (10**6, 10**6)), np.ones((10**6, 0), np.float32),
+              (10**6, 0)),
+             (np.ones((0, 3, 10**6), np.float32), b, (0, 3, 10**6))]
+    for a, bb, shape in cases:
+        chosen = tilegemm.plan(a, bb, backend=backend)
+        assert chosen.backend == backend
+        c = tilegemm.matmul(a, bb, backend=backend)
+        assert c.shape == shape and c.dtype == np.float32
+    c = np.empty((7, 0), np.float32)  # out= and beta, as gemm takes them
+    assert tilegemm.gemm(b[:7], b[:, :0], c, beta=2.0, out=c, backend=backend) is c
+
+
 def test_cpu_memory_check_counts_only_the_copies_it_makes(monkeypatch) -> None:
     """C-ordered (or Fortran-ordered) operands of the computed dtype are read in place and a
     result written into a C-ordered ``out`` needs nothing; any other operand is counted as

@@ -121,3 +121,6 @@ def test_gpu_memory_counts_what_a_call_allocates() -> None:
     prob = make_problem(*ops)
     assert cuda_backend._gpu_bytes(ops, prob, None) == (4 * (3 * 5 * 7 + 7 * 2), 4 * 3 * 5 * 2)
     assert cuda_backend._gpu_bytes(ops, prob, np.empty((3, 5, 2), np.float32))[1] == 4 * 30
+    # no element to compute: the operands are never copied to the GPU
+    ops = [describe(np.ones((0, 7), np.float32), "a"), describe(b, "b")]
+    assert cuda_backend._gpu_bytes(ops, make_problem(*ops), None) == (0, 0)

@@ -50,6 +50,22 @@ def test_bound_scales_with_k():
     assert np.median(bound(a2, b2, 512, np.float32)) > np.median(bound(a, b, 8, np.float32))
 
 
+@pytest.mark.parametrize("int_dtype", ["int8", "int16", "int64"])
+def test_bound_of_an_integer_minimum_is_its_magnitude(int_dtype):
+    """np.abs(int8(-128)) is -128: the magnitude's terms cancelled (about 1 for a sum near
+    531), and a correctly rounded float16 result of int8 @ float16 was rejected."""
+    lo, hi = np.iinfo(int_dtype).min, np.iinfo(int_dtype).max
+    a = np.array([[lo, lo, hi, hi]], int_dtype)
+    b = np.array([[-1.029296875], [1.03515625], [1.056640625], [1.04296875]], np.float16)
+    mag = abs(float(lo)) * (1.029296875 + 1.03515625) + float(hi) * (1.056640625 + 1.04296875)
+    allowed = float(bound(a, b, 4, np.float16)[0, 0])
+    eps = float(np.finfo(np.float16).eps)
+    tiny = float(np.finfo(np.float16).tiny)
+    assert allowed == pytest.approx(4 * 5 * eps * mag + tiny, rel=1e-6)
+    if int_dtype == "int8":  # the case found: NumPy's own float16 result, 266.0
+        assert_close(np.matmul(a, b), a, b)
+
+
 def test_assert_close_catches_errors_and_reports_index():
     a, b = random_operands((6, 5), (5, 4), "float32")
     c = (a.astype(np.float64) @ b).astype(np.float32)

@@ -510,6 +510,23 @@ def test_corrupt_cache_warns_and_is_ignored(text: str | bytes) -> None:
         assert len(cache.load()) == 1
 
 
+def test_a_corrupt_cache_warning_names_the_callers_line() -> None:
+    """The warning of a damaged tuning cache, met inside ``matmul`` (or ``plan``, which
+    decides the same way), named a line of tilegemm's (api.py) instead of the call that
+    met it, as NumPy's warnings name."""
+    import tilegemm
+
+    cache.cache_path().parent.mkdir(parents=True)
+    cache.cache_path().write_text("{not json")
+    a = np.ones((5, 3), np.float32)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tilegemm.plan(a, a.T, backend="cpu")
+    corrupt = [w for w in seen if issubclass(w.category, TuneCacheWarning)]
+    assert corrupt and all(w.filename == __file__ for w in corrupt), [
+        (w.filename, w.lineno) for w in corrupt]
+
+
 def test_stale_version_warns_and_is_ignored() -> None:
     cache.save([_entry(version="0.0.1"),
                 _entry(kernel="warptile", version=cache.current_version())])

@@ -65,12 +65,18 @@ def bound(
         return 0.0
     info = ml_dtypes.finfo(dtype)  # NumPy's finfo, and bfloat16's
     eps = float(info.eps) if eps is None else float(eps)
-    mag = np.abs(reference(np.abs(a), np.abs(b), alpha=abs(alpha), trans_a=trans_a,
+    # |a| and |b| in float64: in its own dtype the most negative integer is its own absolute
+    # value (np.abs(int8(-128)) == -128), and the terms of the magnitude would cancel
+    mag = np.abs(reference(_magnitude(a), _magnitude(b), alpha=abs(alpha), trans_a=trans_a,
                            trans_b=trans_b))
     if beta != 0 and c is not None:
         mag = mag + abs(beta) * np.abs(np.asarray(c, dtype=np.float64))
     # + 1 keeps K=0/1 meaningful; tiny floor for all-zero rows.
     return SAFETY * (max(k, 1) + 1) * eps * mag + float(info.tiny)
+
+
+def _magnitude(x: Any) -> np.ndarray:
+    return np.abs(np.asarray(x, dtype=np.float64))
 
 
 def assert_close(

@@ -303,7 +303,8 @@ class CpuBackend(Backend):
             # a new array of the result's: both exist at once (an out= takes the cast)
             result += prob.batch * prob.m * prob.n * prob.out_dtype.itemsize
         copies = 0
-        for op, which in zip(operands[:2], "ab", strict=False):
+        # (an empty product reads, and so copies, neither operand: see run)
+        for op, which in zip(operands[:2] if not prob.empty else (), "ab", strict=False):
             x = op.obj
             mode = prob.batch_mode(which)
             if (op.kind == "host" and isinstance(x, np.ndarray) and x.dtype == prob.dtype
@@ -329,7 +330,9 @@ class CpuBackend(Backend):
         target: Target | None = None,
     ) -> np.ndarray:
         alpha, beta = resolve_scalars(prob, alpha, beta)
-        program = None if prob.empty else spec.program(params, prob.dtype)
+        if prob.empty:  # no element to compute: no operand is read, so none is copied
+            return host_output(prob, c, out, beta)
+        program = spec.program(params, prob.dtype)
         # A rung that packs transposed operands itself (blocked) reads a Fortran-ordered
         # matrix, an x.T or a slice of columns in place; the others get C-ordered copies.
         if getattr(program, "takes_transposed", False):
@@ -343,30 +346,29 @@ class CpuBackend(Backend):
         alias = out is not None and (np.may_share_memory(out, a3)
                                      or np.may_share_memory(out, b3))
         dest = host_output(prob, c, None if alias else out, beta)
-        if program is not None:
-            c3 = dest.reshape(prob.batch, prob.m, prob.n)
-            # The rung scales each K panel's partial product by alpha as it adds it (as
-            # BLAS does); with an infinite alpha, panels of opposite signs then give
-            # inf - inf = NaN where alpha·(A@B) is ±inf, and with a large finite one a
-            # panel could overflow to an infinity the next panel cannot bring back
-            # (alpha = 2**127 and a product of 1.0 gave -inf). Such an alpha (infinite, or
-            # above 1 in size over more than one K panel) is applied once, to the whole
-            # product, as the GPU rungs and NumPy apply it.
-            panels = prob.k > params.get("KC", prob.k)
-            later = prob.dtype.kind == "f" and bool(
-                np.isinf(alpha) or (panels and abs(alpha) > 1))
-            saved = c3.copy() if later and beta != 0 else None
-            one, zero = prob.dtype.type(1), prob.dtype.type(0)
-            args = (one, zero) if later else (alpha, beta)
-            if ta or tb:
-                program(a3, b3, c3, *args, int(ta) | int(tb) << 1)
-            else:
-                program(a3, b3, c3, *args)
-            if later:  # the kernel's arithmetic, so no warning (inf × 0 is NaN silently)
-                with np.errstate(all="ignore"):
-                    c3 *= alpha
-                    if saved is not None:
-                        c3 += beta * saved
+        c3 = dest.reshape(prob.batch, prob.m, prob.n)
+        # The rung scales each K panel's partial product by alpha as it adds it (as
+        # BLAS does); with an infinite alpha, panels of opposite signs then give
+        # inf - inf = NaN where alpha·(A@B) is ±inf, and with a large finite one a
+        # panel could overflow to an infinity the next panel cannot bring back
+        # (alpha = 2**127 and a product of 1.0 gave -inf). Such an alpha (infinite, or
+        # above 1 in size over more than one K panel) is applied once, to the whole
+        # product, as the GPU rungs and NumPy apply it.
+        panels = prob.k > params.get("KC", prob.k)
+        later = prob.dtype.kind == "f" and bool(
+            np.isinf(alpha) or (panels and abs(alpha) > 1))
+        saved = c3.copy() if later and beta != 0 else None
+        one, zero = prob.dtype.type(1), prob.dtype.type(0)
+        args = (one, zero) if later else (alpha, beta)
+        if ta or tb:
+            program(a3, b3, c3, *args, int(ta) | int(tb) << 1)
+        else:
+            program(a3, b3, c3, *args)
+        if later:  # the kernel's arithmetic, so no warning (inf × 0 is NaN silently)
+            with np.errstate(all="ignore"):
+                c3 *= alpha
+                if saved is not None:
+                    c3 += beta * saved
         if alias:
             np.copyto(out, dest)
             return out

@@ -530,8 +530,11 @@ class OpenCLBackend(Backend):
         """Refuse a product whose buffers the device cannot allocate, before creating any.
 
         Without this, PyOpenCL fails part-way through with ``INVALID_BUFFER_SIZE`` (one buffer
-        over ``max_mem_alloc_size``) or an out-of-resources error.
+        over ``max_mem_alloc_size``) or an out-of-resources error. A product with no element
+        to compute allocates nothing (its operands are never uploaded).
         """
+        if prob.empty:
+            return
         item = prob.dtype.itemsize
         lead = {w: (1 if prob.batch_mode(w) == "single" else prob.batch) for w in ("a", "b")}
         buffers = (

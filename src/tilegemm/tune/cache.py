@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tilegemm.errors import user_stacklevel
+
 FORMAT = 1
 FILENAME = "tune.json"
 
@@ -131,7 +133,7 @@ def load(path: Path | None = None) -> list[Entry]:
         return []
     except OSError as exc:
         warnings.warn(f"tuning cache {path} cannot be read ({exc}); ignoring it",
-                      TuneCacheWarning, stacklevel=2)
+                      TuneCacheWarning, stacklevel=user_stacklevel())
         return []
     try:
         data = json.loads(raw_bytes.decode("utf-8"))  # not UTF-8: a ValueError, corrupt
@@ -145,14 +147,14 @@ def load(path: Path | None = None) -> list[Entry]:
     except (ValueError, KeyError, TypeError) as exc:
         warnings.warn(f"tuning cache {path} is corrupt ({exc}); ignoring it "
                       "(run 'tilegemm tune --clear' to remove it)", TuneCacheWarning,
-                      stacklevel=2)
+                      stacklevel=user_stacklevel())
         return []
     version = current_version()
     stale = [e for e in entries if e.version != version]
     if stale:
         warnings.warn(f"tuning cache {path}: ignoring {len(stale)} entries measured by another "
                       f"tilegemm version (this is {version}); re-run 'tilegemm tune'",
-                      TuneCacheWarning, stacklevel=2)
+                      TuneCacheWarning, stacklevel=user_stacklevel())
     return [e for e in entries if e.version == version]
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from tilegemm import registry
 from tilegemm.backends.base import Backend, Target
+from tilegemm.errors import user_stacklevel
 from tilegemm.problem import GemmProblem
 from tilegemm.registry import KernelSpec
 from tilegemm.tune import cache as tcache
@@ -278,7 +279,8 @@ def _choose(backend: Backend, target: Target, dev: DeviceId, dtype: str, prob: G
         if choice is not None:
             return choice
         warnings.warn(f"tuning cache entry {entry.kernel} {entry.params} does not fit this "
-                      "tilegemm/device any more; ignoring it", TuneCacheWarning, stacklevel=4)
+                      "tilegemm/device any more; ignoring it", TuneCacheWarning,
+                      stacklevel=user_stacklevel())
     return None
 
 
@@ -350,7 +352,7 @@ def tuned_precision_params(backend: Backend, target: Target, prob: GemmProblem, 
             except (ValueError, TypeError):
                 warnings.warn(f"tuning cache entry {entry.kernel} {entry.params} does not fit "
                               "this tilegemm/device any more; ignoring it", TuneCacheWarning,
-                              stacklevel=3)
+                              stacklevel=user_stacklevel())
                 continue
             choice = (spec, resolved)
             break
