@@ -196,3 +196,30 @@ def test_gpu_run_unknown_step_makes_no_output_folder(tmp_path, step):
     assert done.returncode == 2
     assert "usage:" in done.stderr
     assert not out.exists()
+
+
+def test_parallel_region_records_each_layer_and_the_machine(tmp_path):
+    """The region-cost script measures each threading layer in a process of its own and
+    records what that process ran on, the machine beside it; a layer Numba cannot start
+    here is named, not fatal (figures are not checked: timing is the script's business)."""
+    out = tmp_path / "region.json"
+    done = _run(BENCH / "parallel_region.py", "--layers", "default", "workqueue", "--threads",
+                "2", "--work", "0", "1", "--rounds", "1", "--calls", "2", "--out", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["cpu_model"] and doc["git_commit"] and "prange of 2 tasks" in doc["method"]
+    by_asked = {layer["asked"]: layer for layer in doc["layers"]}
+    assert set(by_asked) <= {"default", "workqueue"} and "default" in by_asked
+    for asked, layer in by_asked.items():
+        assert layer["layer"] in ("tbb", "omp", "workqueue") and layer["threads"] == 2
+        assert asked == "default" or layer["layer"] == asked
+        assert [row["work_us"] for row in layer["rows"]] == [0, 1]
+        for row in layer["rows"]:
+            assert set(row) >= {"us_1_thread", "us_2_threads", "speedup"}
+
+
+def test_parallel_region_on_one_thread_saves_nothing(tmp_path):
+    out = tmp_path / "region.json"
+    done = _run(BENCH / "parallel_region.py", "--threads", "1", "--out", str(out))
+    assert done.returncode == 2 and "nothing was measured" in done.stdout
+    assert not out.exists()
