@@ -7,16 +7,11 @@ happens on the first call that needs a backend.
 # ``tilegemm.kernels`` and ``tilegemm.reference`` are modules that can be called: the rungs'
 # package lists them when called, the reference module computes the float64 product (see
 # tilegemm._callable). Binding functions of those names here would hide the modules.
-import tilegemm.kernels
-import tilegemm.reference
-from tilegemm import errors
+from tilegemm import errors, kernels, reference
 from tilegemm._compat import restore_numpy_aliases
 from tilegemm.api import backends, gemm, matmul
 from tilegemm.plan import Plan, plan
 from tilegemm.reference import assert_close
-
-kernels = tilegemm.kernels  # (bound already by the import; named for readers and linters)
-reference = tilegemm.reference
 
 restore_numpy_aliases()  # before numba.cuda is ever imported (see tilegemm._compat)
 

@@ -303,8 +303,8 @@ class CpuBackend(Backend):
             # a new array of the result's: both exist at once (an out= takes the cast)
             result += prob.batch * prob.m * prob.n * prob.out_dtype.itemsize
         copies = 0
-        # (an empty product reads, and so copies, neither operand: see run)
-        for op, which in zip(operands[:2] if not prob.empty else (), "ab", strict=False):
+        # an empty product reads, and so copies, neither operand (see run)
+        for op, which in zip(() if prob.empty else operands[:2], "ab", strict=False):
             x = op.obj
             mode = prob.batch_mode(which)
             if (op.kind == "host" and isinstance(x, np.ndarray) and x.dtype == prob.dtype

@@ -702,7 +702,8 @@ def _gpu_bytes(operands: Sequence[Operand], prob: GemmProblem, out: Any) -> tupl
     ``out`` is a device array (a temporary is taken only when out overlaps an operand).
     """
     copies = 0
-    for op, which in zip(operands[:2] if not prob.empty else (), "ab"):  # (empty: none read)
+    # an empty product reads, and so copies, neither operand (see _run)
+    for op, which in zip(() if prob.empty else operands[:2], "ab"):
         whole = prob.operand_elements(which) * prob.dtype.itemsize
         if op.kind != "cuda":
             copies += whole

@@ -51,9 +51,10 @@ def run(args: argparse.Namespace) -> int:
                       "kept or cleared)")
         return 0
     unusable = _unusable(root)  # (root is absolute: compile_cache.cache_root)
-    if unusable and (not args.clear or _blocked(root)):
+    if unusable and (not args.clear or not root.is_dir()):
         # said once, here: nothing will be kept there (--clear still tries a folder it
-        # cannot write to: its entries are named if they stay; a file holds none)
+        # cannot write to: its entries are named if they stay; where no folder is, as
+        # when a file stands in its place, there is nothing to clear)
         console.print(f"kernel cache {root}: cannot be used ({unusable}); kernels are "
                       f"compiled without it. Set {compile_cache.ENV} to a directory, or "
                       "'off'")
@@ -87,12 +88,6 @@ def _unusable(root: Path) -> str:
     from tilegemm.commands._params import unwritable
 
     return unwritable(root, folder=True) or ""
-
-
-def _blocked(root: Path) -> bool:
-    """Whether a file stands where the cache directory, or one above it, would be: then
-    it holds no entries, and --clear says so rather than "removed 0 entries"."""
-    return any(p.exists() and not p.is_dir() for p in (root, *root.parents))
 
 
 def _backend(e) -> str:  # noqa: ANN001 - a compile_cache.CacheEntry
