@@ -44,7 +44,10 @@ def _roots() -> list[Any]:
 
 def _has(root: Any, dotted: str) -> bool:
     obj = root
-    for part in dotted.split("."):
+    parts = dotted.split(".")
+    if getattr(root, "__name__", None) == parts[0]:  # named from the module itself down
+        parts = parts[1:]
+    for part in parts:
         if part == "ctx":
             from tilegemm.bench.reports import PlanContext
 
