@@ -225,6 +225,47 @@ def test_threaded_vector_products_take_the_rungs_own_call(spy, rng, shapes, monk
     assert_close(first, a, b)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("sa", "sb", "transposed"), [
+    ((1, 37), (41, 37), "b"), ((37,), (41, 37), "b"),          # x @ W.T, on the calling thread
+    ((41, 37), (41,), "a"), ((41, 37), (41, 1), "a"),          # X.T @ v
+    ((1, 1500), (1000, 1500), "b"), ((1500,), (1000, 1500), "b"),  # on the threads
+    ((1500, 1000), (1500, 1), "a")])
+def test_a_vector_times_a_transposed_matrix_takes_the_rungs_own_call(spy, rng, sa, sb,
+                                                                    transposed, dtype,
+                                                                    monkeypatch):
+    """``x @ W.T`` (a linear layer's weights W stored (outputs, inputs)) and ``X.T @ v``
+    run as the other vector product on the matrix's own storage, as the full path hands
+    them to the rung: remembered as the rung's own call, with the full path's bits, NumPy's
+    shape, and the caller's arrays untouched (W is never copied)."""
+    monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    a = rng.standard_normal(sa).astype(dtype)
+    b = rng.standard_normal(sb).astype(dtype)
+    a, b = (a.T, b) if transposed == "a" else (a, b.T)
+    assert not (a if transposed == "a" else b).flags.c_contiguous
+    before = (a.copy(), b.copy())
+    first = tilegemm.matmul(a, b)
+    key = fastpath._key(a, b, "auto", "auto")
+    case = fastpath._table[key]
+    assert case.entry is not None, "the remembered case has no call of its own"
+    seen = []
+    real = case.entry
+    fastpath._table[key] = case._replace(entry=lambda *args: seen.append(1) or real(*args))
+    copies = []
+    real_copy = np.ascontiguousarray
+    monkeypatch.setattr(np, "ascontiguousarray", lambda x, *args, **kw: copies.append(x.shape)
+                        or real_copy(x, *args, **kw))
+    second = tilegemm.matmul(a, b)
+    assert len(spy) == 1 and len(seen) == 1 and not copies, (len(spy), seen, copies)
+    assert second.shape == np.matmul(a, b).shape == first.shape
+    assert second.flags.c_contiguous and second.flags.writeable
+    assert not np.shares_memory(second, first)
+    np.testing.assert_array_equal(second, first)
+    assert_close(second, a, b)
+    np.testing.assert_array_equal(a, before[0])
+    np.testing.assert_array_equal(b, before[1])
+
+
 def test_poison_takes_the_bound_program_not_the_small_call(spy, rng, monkeypatch):
     """Under TILEGEMM_POISON the result is allocated and filled in Python, so the small
     call, which allocates its own, is passed over."""
