@@ -69,6 +69,9 @@ CASES: list[tuple[str, str, tuple[int, ...], tuple[int, ...], str]] = [
     ("gemv", "x @ w.T 1×1024×1024", (1, 1024), (1024, 1024), "bt"),
     ("gemv", "x @ w.T 1×512×2048", (1, 2048), (2048, 512), "bt"),
     ("gemv", "1000×1×999", (1000, 999), (999, 1), "c"),
+    # matrices of 1-2.3 MiB (float32): past the L2 of most CPUs, within a few MiB
+    ("gemv", "512×1×512", (512, 512), (512, 1), "c"),
+    ("gemv", "x @ w.T 1×768×768", (1, 768), (768, 768), "bt"),
     ("layout", "a.T @ b 1024³", (1024, 1024), (1024, 1024), "at"),
     ("layout", "a @ b.T 1024³", (1024, 1024), (1024, 1024), "bt"),
     ("layout", "Fortran order 1024³", (1024, 1024), (1024, 1024), "f"),

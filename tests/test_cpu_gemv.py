@@ -23,12 +23,16 @@ DTYPES = ("float32", "float64", "int32", "int64")
 K_BIG = 2 * k02_blocked.DIRECT_PRODUCT // 64 + 13
 
 
+def program(dtype: str, **params: int):
+    """The bound rung kernel='blocked' runs for ``dtype`` on this machine (with ``params``)."""
+    a = np.ones((4, 4), dtype)
+    chosen = tilegemm.plan(a, a, kernel="blocked", backend="cpu", **params).params
+    return registry.get("blocked", "cpu").program(chosen, np.dtype(dtype))
+
+
 def module(dtype: str):
     """The compiled rung module kernel='blocked' runs for ``dtype`` on this machine."""
-    a = np.ones((4, 4), dtype)
-    params = tilegemm.plan(a, a, kernel="blocked", backend="cpu").params
-    program = registry.get("blocked", "cpu").program(params, np.dtype(dtype))
-    return sys.modules[program.__module__]
+    return sys.modules[program(dtype).__module__]
 
 
 def matmul(a, b, **kw):
@@ -208,24 +212,35 @@ def test_threaded_matrix_vector_products_alternate_their_direction(monkeypatch):
         assert_close(got[0], a, b)
 
 
+@pytest.mark.parametrize("vector_kb", (None, 0, 512, 2048))
 @pytest.mark.parametrize("dtype", ("float32", "float64"))
-def test_a_vector_product_beyond_the_cache_share_takes_the_threads(dtype, monkeypatch):
+def test_a_vector_product_beyond_the_cache_share_takes_the_threads(dtype, vector_kb,
+                                                                     monkeypatch):
     """A product of one row or one column leaves the calling thread once its matrix passes
-    ``VECTOR_DIRECT`` multiply-adds (a share of this CPU's L2), well below the limit for
-    other products; below it, it stays there (no thread pool)."""
-    mod = module(dtype)
-    assert mod.VECTOR_DIRECT < mod.DIRECT_PRODUCT
+    the program's ``vector_direct`` multiply-adds: VECTOR_KB KiB (a database entry may set
+    it), or where that is 0 a share of this CPU's L2; well below the limit for other
+    products. Below it, it stays there (no thread pool); ``plan`` says the same."""
+    given = {} if vector_kb is None else {"VECTOR_KB": vector_kb}
+    bound = program(dtype, **given)
+    mod = sys.modules[bound.__module__]
+    limit = bound.vector_direct
+    assert limit < mod.DIRECT_PRODUCT
+    itemsize = np.dtype(dtype).itemsize
+    if vector_kb:
+        assert limit == vector_kb * 1024 // itemsize
+    elif vector_kb == 0:
+        assert limit == k02_blocked.vector_direct_bytes(0) // itemsize
     calls = []
     original = mod.gemv_threads
     monkeypatch.setattr(mod, "gemv_threads", lambda *a: (calls.append(1), original(*a)))
     k = 301
-    for n, takes in ((mod.VECTOR_DIRECT // k + 1, True), (mod.VECTOR_DIRECT // k, False)):
+    for n, takes in ((limit // k + 1, True), (limit // k, False)):
         for sa, sb in (((1, k), (k, n)), ((n, k), (k, 1))):
             calls.clear()
             a, b = random_operands(sa, sb, dtype)
-            assert_close(matmul(a, b), a, b)
+            assert_close(matmul(a, b, **given), a, b)
             assert bool(calls) is takes, (sa, sb)
-            planned = tilegemm.plan(a, b, kernel="blocked", backend="cpu").path
+            planned = tilegemm.plan(a, b, kernel="blocked", backend="cpu", **given).path
             assert ("one row or column" in planned) is takes, planned
 
 
@@ -285,8 +300,9 @@ def test_a_vector_times_a_transposed_matrix_reads_it_in_place(dtype, sa, sb, fli
     # products (those run one product per thread)
     batch = int(np.prod(got.shape[:-2]))
     product = got.shape[-2] * got.shape[-1] * a.shape[-1]
-    big = (batch * product > k02_blocked.direct_limit(got.shape[-2], got.shape[-1],
-                                                       got.itemsize)
+    big = (batch * product > k02_blocked.direct_limit(
+        got.shape[-2], got.shape[-1], got.itemsize,
+        tilegemm.plan(ta, tb, kernel="blocked", backend="cpu").params["VECTOR_KB"])
            and (batch == 1 or product > k02_blocked.SMALL_PRODUCT))
     assert bool(calls) == big, (sa, sb)
     if np.dtype(dtype).kind == "i":

@@ -303,7 +303,7 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         # products of one row or one column leave the calling thread sooner (their matrix
         # beyond this CPU's L2 share): the module's own limit, as ``blocked`` applies it
         direct = (mod.DIRECT_PRODUCT if m != 1 and n != 1
-                  else min(mod.DIRECT_PRODUCT, mod.VECTOR_DIRECT))
+                  else min(mod.DIRECT_PRODUCT, program.vector_direct))
         small = k == 0 or batch * m * n * k <= direct
         assert ("small product" in path or "no K" in path) == small, (batch, m, n, k, path)
         if small:
@@ -464,7 +464,7 @@ def _measured_blocked(monkeypatch, base: dict[str, int]) -> None:
 
 def test_one_parameter_by_hand_keeps_the_measured_others(monkeypatch):
     base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024, "FEW_KB": 1024,
-            "FEW_KC": 128, "UNPACKED_KB": 2048}
+            "FEW_KC": 128, "UNPACKED_KB": 2048, "VECTOR_KB": 512}
     _measured_blocked(monkeypatch, base)
     a = np.ones((300, 300), np.float32)
     p = tilegemm.plan(a, a, kernel="blocked", KC=256)
@@ -488,11 +488,11 @@ def test_a_hand_parameter_that_does_not_fit_the_measured_set_falls_back_to_defau
 
 def test_every_parameter_by_hand_is_taken_as_given(monkeypatch):
     base = {"MR": 4, "NR": 16, "MC": 192, "KC": 384, "NC": 1024, "FEW_KB": 1024,
-            "FEW_KC": 128, "UNPACKED_KB": 2048}
+            "FEW_KC": 128, "UNPACKED_KB": 2048, "VECTOR_KB": 512}
     _measured_blocked(monkeypatch, base)
     a = np.ones((300, 300), np.float32)
     given = {"MR": 8, "NR": 8, "MC": 96, "KC": 128, "NC": 512, "FEW_KB": 2048, "FEW_KC": 256,
-             "UNPACKED_KB": 4096}
+             "UNPACKED_KB": 4096, "VECTOR_KB": 1024}
     p = tilegemm.plan(a, a, kernel="blocked", **given)
     assert p.params == given and p.source == "requested"
 
@@ -628,6 +628,23 @@ def test_few_row_split_follows_the_parameter():
         results[few_kb] = tilegemm.matmul(a, b, kernel="blocked", FEW_KB=few_kb)
     assert_close(results[1024], a, b)
     np.testing.assert_array_equal(results[4096], results[1024])
+
+
+def test_the_vector_thread_limit_is_set_per_cpu_model(monkeypatch):
+    """The AVX2 AMD EPYC family 25 model 1's entries carry VECTOR_KB = 2048 (measured
+    there, benchmarks/vector_threads.py) with the AVX2 tiles; another model under the same
+    name takes the ISA's entries, which leave VECTOR_KB to the L2 rule, with the same tiles."""
+    monkeypatch.setattr(database, "host_isa", lambda: "avx2")
+    epyc = _target("AMD EPYC")
+    for dtype in ("float32", "float64"):
+        found = {}
+        for fm in ("25-1", "25-8"):
+            monkeypatch.setattr(database, "host_family_model", lambda fm=fm: fm)
+            entry, tier = database.lookup(epyc, dtype, shape=(1, 1024, 1024))
+            found[fm] = (dict(entry["params"]), tier)
+        assert found["25-1"][1] == "device" and found["25-8"][1] == "isa"
+        assert found["25-1"][0].pop("VECTOR_KB") == 2048 and "VECTOR_KB" not in found["25-8"][0]
+        assert found["25-1"][0] == found["25-8"][0], dtype  # the same tile
 
 
 def test_the_few_row_settings_are_set_per_cpu_model(monkeypatch):

@@ -99,9 +99,6 @@ a1, a2, a3, a4 = nbt[::1], nbt[:, ::1], nbt[:, :, ::1], nbt[:, :, :, ::1]
 # Scratch arrays start on 64-byte boundaries of the workspace (in elements).
 ALIGN = max(1, 64 // _dt.itemsize)
 ITEMSIZE = _dt.itemsize
-# Products of one row or one column run on the calling thread up to this many multiply-adds
-# (and DIRECT_PRODUCT): their matrix in this CPU's L2 (see k02_blocked.VECTOR_L2_SHARE).
-VECTOR_DIRECT = vector_direct_bytes() // ITEMSIZE
 prefetch_w = prefetch_write()
 # The micro-kernel's K loop, as explicit vector code (see _vector_tile) ...
 kloop = tile_loop(MR, NR, _dt, VECTOR_BITS, K_UNROLL)
@@ -1070,9 +1067,12 @@ def _plain_unless_packed(A, B, C, tr):
 _gemv_calls = itertools.count()
 
 
-def blocked(A, B, C, alpha, beta, tr, cb):
+def blocked(A, B, C, alpha, beta, tr, cb, vector_direct):
     """``C = alpha*A@B + beta*C`` for (batch|1, M, K), (batch|1, K, N), (batch, M, N), with
-    the parameters ``cb`` (see ``blocks``); what :func:`bind` gives Python.
+    the parameters ``cb`` (see ``blocks``); what :func:`bind` gives Python. Products of one
+    row or one column run on the calling thread up to ``vector_direct`` multiply-adds (and
+    DIRECT_PRODUCT): their matrix within VECTOR_KB, or this CPU's L2 share where that is 0
+    (see k02_blocked.VECTOR_L2_SHARE).
 
     ``tr`` (bits 0 and 1): A, B given as their transposes, (batch|1, K, M) and
     (batch|1, N, K) C-contiguous arrays, e.g. the storage of a Fortran-ordered operand;
@@ -1088,7 +1088,7 @@ def blocked(A, B, C, alpha, beta, tr, cb):
     A, B, C, tr = _plain_unless_packed(A, B, C, tr)
     k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     direct = (DIRECT_PRODUCT if C.shape[1] != 1 and C.shape[2] != 1
-              else min(DIRECT_PRODUCT, VECTOR_DIRECT))
+              else min(DIRECT_PRODUCT, vector_direct))
     if C.size * k <= direct:
         small(A, B, C, alpha, beta, 0, C.shape[0], tr, cb)  # small, given transposed
         return
@@ -1147,7 +1147,7 @@ def bind(params):
     """The rung for a parameter set (a mapping of the rung's parameter names; the tile,
     MR and NR, is this module's): :func:`blocked` with the others bound, the cache blocks
     MC, KC, NC and the path parameters FEW_KC, FEW_KB and UNPACKED_KB (the two last in
-    KiB), as ``cb`` (see ``blocks``); called ``(A, B, C, alpha, beta, tr=0)``.
+    KiB), as ``cb`` (see ``blocks``), and VECTOR_KB; called ``(A, B, C, alpha, beta, tr=0)``.
 
     They are arguments of the compiled code, not constants in it: they only bound loops,
     size the scratch (the micro-kernel's K loop already runs to a length known at run time)
@@ -1157,12 +1157,15 @@ def bind(params):
     """
     cb = (int(params["MC"]), int(params["KC"]), int(params["NC"]), int(params["FEW_KC"]),
           int(params["FEW_KB"]) * 1024, int(params["UNPACKED_KB"]) * 1024)
+    # multiply-adds of a product of one row or one column on the calling thread: VECTOR_KB
+    # is decided in Python alone (no compiled code depends on it)
+    vector_direct = vector_direct_bytes(int(params["VECTOR_KB"])) // ITEMSIZE
 
     def takes_small(m, n, k, batch=1):
         """Whether ``run`` computes a batch of products of these sizes given plainly on the
         calling thread (``small``)."""
         size = batch * m * n * k
-        return size <= DIRECT_PRODUCT and (size <= VECTOR_DIRECT or m != 1 and n != 1)
+        return size <= DIRECT_PRODUCT and (size <= vector_direct or m != 1 and n != 1)
 
     def call_for(m, n, k, dense=True):
         """The call ``(A, B, bound)`` giving a new ``A @ B`` of two C-ordered
@@ -1188,10 +1191,11 @@ def bind(params):
             # Larger products of one row or one column go on, to the threads (see blocked).
             small(A, B, C, alpha, beta, 0, C.shape[0], 0, cb)
             return
-        blocked(A, B, C, alpha, beta, tr, cb)
+        blocked(A, B, C, alpha, beta, tr, cb, vector_direct)
 
     run.takes_transposed = True  # the CPU backend hands it transposed operands in place
     run.bound = cb  # what compiled code is passed as cb (see ``blocks``)
+    run.vector_direct = vector_direct  # (see takes_small)
     run.call_for = call_for
     return run
 

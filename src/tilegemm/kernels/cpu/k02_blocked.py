@@ -53,6 +53,15 @@ DIRECT_PRODUCT = 112 * 112 * 112
 # 2-vCPU AMD Zen 5 (1 MiB of L2): float32 384² (576 KiB) 4.3 / 5.8, 512² (1 MiB) 9.8 / 6.9,
 # 1024² 49 / 27; float64 256² (512 KiB) 3.7 / 5.5, 384² (1.1 MiB) 11.1 / 7.4.
 VECTOR_L2_SHARE = 0.75
+# ... unless the parameter VECTOR_KB (set per device in the database) names the size in KiB
+# instead; this default, 0, keeps the L2 rule. Where starting the threads costs more, the
+# calling thread reads further out as fast: on a 2-vCPU AMD EPYC Zen 3 guest (512 KiB of L2,
+# TBB's second thread arriving 10-20 µs into a region) whole calls of A @ x took, calling
+# thread / threads, µs: float32 512 KiB 26 / 50, 1 MiB 39 / 55, 2 MiB 63 / 69, 3 MiB 95 /
+# 95, 5 MiB 148 / 144; float64 512 KiB 25 / 42, 1 MiB 39 / 55, 2 MiB 61 / 77, 3 MiB 82 /
+# 85, 5 MiB 131 / 114 (benchmarks/vector_threads.py): its entries set 2048, where the
+# calling thread won in every run.
+VECTOR_KB = 0
 # On CPUs with 32 vector registers (AVX-512, NEON) the unpacked tiles have an 8-row tile
 # several vectors wide (``_small_tile.eight_row_vectors``), and products up to this many
 # multiply-adds run unpacked (``direct``: on the calling thread, or with their rows split
@@ -186,7 +195,7 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     """The compiled rung for one parameter set: ``_blocked_source`` with the tile (MR, NR)
     as constants, loaded through the persistent compile cache (compiled once per machine),
     and the other parameters, the cache blocks (MC, KC, NC) and the path parameters
-    (FEW_KC, FEW_KB, UNPACKED_KB), bound as arguments (``bind``), so parameter sets with
+    (FEW_KC, FEW_KB, UNPACKED_KB, VECTOR_KB), bound as arguments (``bind``), so parameter sets with
     one tile share one compiled module, imported once per process."""
     from pathlib import Path
 
@@ -295,21 +304,25 @@ def unpacked_rows(m: int, size: int, threads: int, bits: int | None, b_bytes: in
             and (units >= 2 * threads or m % (8 * threads) == 0))
 
 
-def vector_direct_bytes() -> int:
+def vector_direct_bytes(vector_kb: int = VECTOR_KB) -> int:
     """The largest matrix (in bytes) a product of one row or one column reads on the calling
-    thread: ``VECTOR_L2_SHARE`` of this CPU's L2, or of 1 MiB where the size is unknown."""
+    thread: ``vector_kb`` KiB (the parameter VECTOR_KB), or where that is 0
+    ``VECTOR_L2_SHARE`` of this CPU's L2, or of 1 MiB where the size is unknown."""
     from tilegemm.backends.cpu import l2_cache_bytes
 
+    if vector_kb:
+        return vector_kb * 1024
     return int((l2_cache_bytes() or 1024 * 1024) * VECTOR_L2_SHARE)
 
 
-def direct_limit(m: int, n: int, itemsize: int) -> int:
+def direct_limit(m: int, n: int, itemsize: int, vector_kb: int = VECTOR_KB) -> int:
     """Multiply-adds up to which a product of ``m`` × ``n`` runs on the calling thread:
     ``DIRECT_PRODUCT``, less for products of one row or one column (see
-    ``VECTOR_L2_SHARE``). The generated module's ``blocked`` decides the same way."""
+    ``VECTOR_L2_SHARE``, and the parameter VECTOR_KB, ``vector_kb``). The bound program
+    decides the same way (its ``vector_direct``)."""
     if m != 1 and n != 1:
         return DIRECT_PRODUCT
-    return min(DIRECT_PRODUCT, vector_direct_bytes() // itemsize)
+    return min(DIRECT_PRODUCT, vector_direct_bytes(vector_kb) // itemsize)
 
 
 def l2_budget() -> int:
@@ -392,7 +405,8 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     size = m * n * k
     if k == 0:
         return "no K: beta·C (or zeros), on the calling thread"
-    direct = DIRECT_PRODUCT if itemsize is None else direct_limit(m, n, itemsize)
+    vector_kb = VECTOR_KB if params is None else params.get("VECTOR_KB", VECTOR_KB)
+    direct = DIRECT_PRODUCT if itemsize is None else direct_limit(m, n, itemsize, vector_kb)
     if batch * size <= direct:
         return "small product: on the calling thread, no thread pool"
     if (m == 1 or n == 1) and (batch == 1 or size > SMALL_PRODUCT):
@@ -485,6 +499,10 @@ SPEC = KernelSpec(
               "KiB of B up to which a mid-size product runs unpacked, its rows split over "
               "the threads (a path threshold, set per device in the database; not "
               "searched)", searched=False),
+        Param("VECTOR_KB", VECTOR_KB, (0, 256, 512, 1024, 2048, 3072, 4096, 8192),
+              "KiB of the matrix up to which a product of one row or one column runs on the "
+              "calling thread; 0: three quarters of this CPU's L2 (a path threshold, set per "
+              "device in the database; not searched)", searched=False),
     ),
     constraints=(
         Constraint("MC is a multiple of MR", lambda q: q["MC"] % q["MR"] == 0),
