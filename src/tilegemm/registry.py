@@ -246,10 +246,18 @@ class KernelSpec:
             return None
         return max(1, tile // self.threads(params))
 
-    def space(self) -> Iterable[dict[str, int]]:
-        """Every valid parameter combination (the tuner's search space before device limits)."""
+    def space(self, fixed: Mapping[str, int] | None = None) -> Iterable[dict[str, int]]:
+        """Every valid parameter combination (the tuner's search space before device limits),
+        or, with ``fixed``, those that hold each of its parameters at its value (none where a
+        value is not offered). The product runs over the free parameters only: the CPU
+        rung's full grid is about 10 million combinations, of which the tuner, holding its
+        four path parameters, wants a few hundred (filtering the full grid took about a
+        minute on a 2-vCPU machine)."""
+        fixed = fixed or {}
         names = [p.name for p in self.params]
-        for values in product(*(p.choices for p in self.params)):
+        choices = [tuple(v for v in p.choices if v == fixed[p.name]) if p.name in fixed
+                   else p.choices for p in self.params]
+        for values in product(*choices):
             candidate = dict(zip(names, values))  # every parameter, each an offered value
             if all(c.check(candidate) for c in self.constraints):
                 yield candidate

@@ -73,8 +73,8 @@ def candidates(spec: KernelSpec, dtype: np.dtype | str, limits: Limits,
     fixed = {x.name: (held or {}).get(x.name, x.default) for x in spec.params
              if not x.searched}
     worth = spec.device_space.get(kind, lambda p: True)
-    return [p for p in spec.space()
-            if all(p[k] == v for k, v in fixed.items()) and worth(p)
+    return [p for p in spec.space(fixed)
+            if worth(p)
             and (pin is None or p[pin[0]] == pin[1]) and fits(spec, p, dtype, limits) is None
             and not (spec.dtype_check and spec.dtype_check(p, dtype))
             and accumulator_verdict(spec, p, dtype, limits) is None]
