@@ -195,8 +195,9 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     """The compiled rung for one parameter set: ``_blocked_source`` with the tile (MR, NR)
     as constants, loaded through the persistent compile cache (compiled once per machine),
     and the other parameters, the cache blocks (MC, KC, NC) and the path parameters
-    (FEW_KC, FEW_KB, UNPACKED_KB, VECTOR_KB), bound as arguments (``bind``), so parameter sets with
-    one tile share one compiled module, imported once per process."""
+    (FEW_KC, FEW_KB, UNPACKED_KB), bound as arguments (``bind``; VECTOR_KB is read by its
+    Python alone), so parameter sets with one tile share one compiled module, imported
+    once per process."""
     from pathlib import Path
 
     from tilegemm._compat import import_numba
