@@ -96,6 +96,16 @@ def results_suffix(text: str) -> str:
     return text if not text or text.startswith("-") else f"-{text}"
 
 
+def add_run_arguments(ap: argparse.ArgumentParser, rounds: int, pause: float) -> None:
+    """``--rounds``, ``--pause``, ``--no-save`` and ``--suffix``: the options of the CPU
+    scripts that time blocks of calls alternating, with a pause before each, and save
+    through :func:`save_results` (``rounds`` and ``pause`` are the script's defaults)."""
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--pause", type=float, default=pause)
+    ap.add_argument("--no-save", action="store_true")
+    add_suffix_argument(ap)
+
+
 def add_suffix_argument(ap: argparse.ArgumentParser, why: str = "") -> None:
     """The ``--suffix`` option of the CPU scripts that save through :func:`save_results`."""
     ap.add_argument("--suffix", type=results_suffix, default="",

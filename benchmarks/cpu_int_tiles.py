@@ -79,10 +79,7 @@ def main() -> int:
     ap.add_argument("--dtypes", nargs="+", default=["int32", "int64"])
     ap.add_argument("--tiles", type=tile, nargs="+", default=[tile(t) for t in DEFAULT_TILES])
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048])
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--pause", type=float, default=0.2)
-    ap.add_argument("--no-save", action="store_true")
-    cpu_blocked.add_suffix_argument(ap)
+    cpu_blocked.add_run_arguments(ap, rounds=4, pause=0.2)
     args = ap.parse_args()
     if not tiles_fit(args.tiles, args.dtypes):  # before anything is timed
         return 2

@@ -153,10 +153,7 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     ap.add_argument("--only", nargs="+", choices=sorted({c[0] for c in CASES}),
                     help="groups to run")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--pause", type=float, default=0.5)
-    ap.add_argument("--no-save", action="store_true")
-    cpu_blocked.add_suffix_argument(ap)
+    cpu_blocked.add_run_arguments(ap, rounds=5, pause=0.5)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     rows = []

@@ -79,10 +79,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--narrow", nargs="+", type=shape, default=[shape(s) for s in DEFAULT_NARROW],
                     metavar="MxNxK", help="single products, e.g. 2048x16x2048")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--pause", type=float, default=0.2)
-    ap.add_argument("--no-save", action="store_true")
-    cpu_blocked.add_suffix_argument(ap)
+    cpu_blocked.add_run_arguments(ap, rounds=5, pause=0.2)
     args = ap.parse_args()
     if any(c <= 0 for c in args.cubes) or args.batch <= 0:
         ap.error("cube edges and --batch must be positive")

@@ -82,10 +82,7 @@ def main() -> int:
     ap.add_argument("--blocks", type=blocks, nargs="+", default=[{}], metavar="KEY=V[,KEY=V]",
                     help="cache blocks to time each tile with (MC, KC, NC; '-': the rung's "
                     "own), e.g. - MC=192 MC=144,KC=384")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--pause", type=float, default=0.3)
-    ap.add_argument("--no-save", action="store_true")
-    cpu_blocked.add_suffix_argument(ap)
+    cpu_blocked.add_run_arguments(ap, rounds=4, pause=0.3)
     args = ap.parse_args()
     if not tiles_fit(args.tiles, args.dtypes):  # before anything is timed
         return 2

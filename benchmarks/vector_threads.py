@@ -78,10 +78,7 @@ def main() -> None:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     ap.add_argument("--kib", nargs="+", type=int, default=list(KIB),
                     help="matrix sizes in KiB (each an n x n matrix of about that size)")
-    ap.add_argument("--rounds", type=int, default=9)
-    ap.add_argument("--pause", type=float, default=0.3)
-    ap.add_argument("--no-save", action="store_true")
-    cpu_blocked.add_suffix_argument(ap)
+    cpu_blocked.add_run_arguments(ap, rounds=9, pause=0.3)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     rows = []
