@@ -57,8 +57,16 @@ def main() -> int:
     parser.add_argument("--shapes", nargs="+", type=_shape, metavar="MxNxK",
                         help="these shapes instead of the eight targets (the target lines "
                         "are then not printed), e.g. 1000x1000x1000 1024x1024x1024")
+    parser.add_argument("--params", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="parameters set on top of the chosen ones for every shape, "
+                        "e.g. SHIFT_EDGES=1 beside --auto")
     args = parser.parse_args()
     shapes = args.shapes or SHAPES
+    try:
+        overrides = {key: int(value) for key, value in
+                     (item.split("=", 1) for item in args.params)}
+    except ValueError:
+        parser.error(f"--params takes KEY=VALUE with integer values, got {args.params}")
 
     from tilegemm import registry
     from tilegemm.backends import get_backend
@@ -90,7 +98,7 @@ def main() -> int:
             spec, params = tuned_choice(backend, prob) or (registry.get(args.kernel, "cuda"), {})
         else:
             spec, params = registry.get(args.kernel, "cuda"), {}
-        params = spec.resolve(params)
+        params = spec.resolve({**params, **overrides})
         a, b = random_operands((1, m, k), (1, k, n), np.float32, seed=seed)
         mine = measure_kernel(backend, spec, params, prob, a, b, policy, target=target)
         ref = measure_vendor(cublas, backend.name, prob, a, b, policy)

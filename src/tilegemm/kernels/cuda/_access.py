@@ -72,7 +72,7 @@ def access_ops() -> Access:
     from tilegemm import simulator
 
     if simulator.enabled():
-        return Access(_py_load, _py_store, _py_vload, _py_vstore, _py_vload, _py_vstore,
+        return Access(_py_load, _py_store, _py_vload, _py_vstore, _py_gather, _py_scatter,
                       _py_address, None)
     return _compiled_ops()
 
@@ -138,16 +138,36 @@ def _py_store(arr: Any, idx: tuple[int, ...], value: Any) -> None:
     arr[idx] = value
 
 
-def _py_vload(arr: Any, idx: tuple[int, ...]) -> tuple[Any, ...]:
+def _check_aligned(arr: Any, idx: tuple[int, ...], what: str) -> None:
+    """A vector access must start on a 16-byte boundary from the array's data pointer
+    (which the simulator takes as aligned, ``address`` being 0 there): on a GPU a
+    misaligned one is a fault, so a simulator test must fail on it too."""
+    at = sum(int(i) * st for i, st in zip(idx, arr.strides))
+    if at % VECTOR_BYTES:
+        raise AssertionError(f"{what}: index {idx} is {at} bytes from the array's start, "
+                             f"not a multiple of {VECTOR_BYTES}")
+
+
+def _py_gather(arr: Any, idx: tuple[int, ...]) -> tuple[Any, ...]:
     w = width(arr.dtype.itemsize)
     head, last = idx[:-1], idx[-1]
     return tuple(arr[head + (last + q,)] for q in range(w))
 
 
-def _py_vstore(arr: Any, idx: tuple[int, ...], values: tuple[Any, ...]) -> None:
+def _py_scatter(arr: Any, idx: tuple[int, ...], values: tuple[Any, ...]) -> None:
     head, last = idx[:-1], idx[-1]
     for q, v in enumerate(values):
         arr[head + (last + q,)] = v
+
+
+def _py_vload(arr: Any, idx: tuple[int, ...]) -> tuple[Any, ...]:
+    _check_aligned(arr, idx, "vload")
+    return _py_gather(arr, idx)
+
+
+def _py_vstore(arr: Any, idx: tuple[int, ...], values: tuple[Any, ...]) -> None:
+    _check_aligned(arr, idx, "vstore")
+    _py_scatter(arr, idx, values)
 
 
 def _py_address(arr: Any) -> int:

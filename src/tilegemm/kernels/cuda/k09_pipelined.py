@@ -29,6 +29,14 @@ What changed from warptile, two things:
    nothing was tuned for the shape (:func:`shape_params`); with ``SPLIT_K=1`` the
    kernel is exactly the one without split-K.
 
+4. Shifted edge tiles (``SHIFT_EDGES=1``, off by default until timed on a GPU): a tile that
+   would cross the bottom or right edge of C starts a whole tile back from that edge, so
+   it overlaps its neighbour and stages on the interior path like every other block
+   (see ``SHIFT``). A product of one wave lasts as long as its slowest block, and at
+   1000³ the edge blocks are the ones that take the checked path; shifted, they compute
+   no more multiply-adds than before (a partial tile multiplies zeros) and load as the
+   interior does. Costs one instruction per k-tile (sm_80 and sm_90, float32).
+
 What it should buy: the last big step of siboehm's ladder (kernels 11–12, +5–10 %), and
 the L2 reuse that matters most at large sizes, where the gap to cuBLAS is otherwise set
 by DRAM traffic.
@@ -116,6 +124,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
     parts = {
         "MAPPING": WARP_MAPPING,
         "BASES": _bases(p, W, RPW, NT, RT, CT, t.row_off, t.col_off),
+        "SHIFT_FLAGS": SHIFT_FLAGS if p["SHIFT_EDGES"] else [],
+        "SHIFT": SHIFT if p["SHIFT_EDGES"] else [],
         "BLOCK_OFFSETS": offsets,
         "STAGE": _stage(p, W, NT, bumps),
         "COMPUTE0": computes[0],
@@ -141,6 +151,17 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> CudaProgram:
         return RowMajorProgram(kernel, (NT, 1, 1), grid, **FFMA_COPIES)
     return SplitKProgram(kernel, (NT, 1, 1), grid, slices=SPLIT, **FFMA_COPIES)
 
+
+# SHIFT_EDGES=1: a tile that would cross the bottom or right edge of C starts BM (BN)
+# back from that edge instead, so it overlaps its neighbour and every block of a product
+# at least one tile wide takes the interior path (128-bit loads, no checks). The
+# overlapped outputs are computed twice, by the same sequence of multiply-adds in the same
+# k order, so both blocks write the same bits. Not when C is read (beta != 0: a block could
+# read an element its neighbour has already written), and columns only where the shifted
+# start stays on a 128-bit boundary (N a multiple of the vector width).
+SHIFT_FLAGS = ["last_row = m - BM if beta == 0 and m >= BM else m",
+               "last_col = n - BN if beta == 0 and n >= BN and n % W == 0 else n"]
+SHIFT = ["row0 = min(row0, last_row)", "col0 = min(col0, last_col)"]
 
 # How a block finds its product and its range of K. Without split-K: all of K.
 SINGLE_PRODUCT = ["za = z if A.shape[0] > 1 else 0", "zb = z if B.shape[0] > 1 else 0"]
@@ -259,6 +280,7 @@ def pipelined(A, B, C, alpha, beta):
     tiles_m = (m + BM - 1) // BM
     tiles_n = (n + BN - 1) // BN
     group = GROUP_M * tiles_n  # tiles in one group of GROUP_M tile rows
+    #@SHIFT_FLAGS
     #@SLICES
     z = cuda.blockIdx.z
     while z < C.shape[0]:
@@ -270,6 +292,7 @@ def pipelined(A, B, C, alpha, beta):
             gsize = min(tiles_m - first, GROUP_M)
             row0 = (first + (t % group) % gsize) * BM
             col0 = ((t % group) // gsize) * BN
+            #@SHIFT
             #@BLOCK_OFFSETS
             #@ZERO_ACC
             # Block-uniform: the whole tile is inside A, B and C, and vectors are safe.
@@ -391,6 +414,10 @@ SPEC = replace(
         # BK = 8 by default: two stages of 8 hold what one of 16 did
         *changed(WARPTILE.params, "BK", default=8),
         GROUP_M,
+        Param("SHIFT_EDGES", 0, (0, 1),
+              "1: edge tiles start a tile back from the edge, overlapping their neighbours, "
+              "and take the unchecked path (0: partial tiles, checked loads)",
+              searched=False),  # not yet timed on a GPU: held at 0 until it is
         Param("SPLIT_K", 1, (1, 2, 4, 8, 16),
               "slices of K computed by separate blocks, then summed in order (1: none)",
               searched=False),  # chosen per shape (shape_params); the tuner holds it

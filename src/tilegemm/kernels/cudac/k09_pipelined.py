@@ -19,7 +19,7 @@ SPEC = cudac_spec(
     title="double-buffered shared tiles, one barrier per k-tile, grouped order (CUDA C)",
     block=lambda p: (NUMBA_RUNG.threads(p), 1, 1),
     grid=lambda p: flat_tile_grid(p["BM"], p["BN"]),  # grouped tile order, batches in z
-    # the same tiles; split-K is a launch strategy of the Numba rung only
-    params=tuple(x for x in NUMBA_RUNG.params if x.name != "SPLIT_K"),
+    # the same tiles; split-K and shifted edge tiles are the Numba rung's only
+    params=tuple(x for x in NUMBA_RUNG.params if x.name not in ("SPLIT_K", "SHIFT_EDGES")),
     auto=True,  # kernel="auto" on this backend, as the Numba rung is on "cuda"
 )
