@@ -103,7 +103,8 @@ def test_tensor_core_steps_leave_tf32_on_in_cublas(tmp_path):
 def test_visit_step_tests_times_then_profiles(tmp_path):
     """The short visit: every rung once (the smoke test), the tensor-core tests on the GPU,
     small calls on CUDA, both rungs against cuBLAS (and wgmma's B copied K-major), the host's
-    time per call, FP32 auto near 1000³ and rungs 6-9 at their copy threshold, then one
+    time per call, FP32 auto near 1000³ (as it is, then with rung pipelined's edge tiles
+    shifted) and rungs 6-9 at their copy threshold, then one
     profiled launch of each (ncu, its kernel named by ncu_rung.py), and last rung mma with
     a 64x64 warp tile."""
     out, calls = _run(tmp_path, "visit", 400, env_var="NVIDIA_TF32_OVERRIDE")
@@ -111,13 +112,17 @@ def test_visit_step_tests_times_then_profiles(tmp_path):
     assert labels == ["smoke", "tensor-core tests", "small calls", "tensor cores, wgmma 4096",
                       "tensor cores, mma 4096", "tensor cores, wgmma BCOPY=1 4096",
                       "tensor cores, mma RCOPY=1 4096",
-                      "host overhead", "edge sizes", "operand layouts",
+                      "host overhead", "edge sizes", "edge sizes, shifted",
+                      "operand layouts",
                       "ncu wgmma float32",
                       "ncu wgmma bfloat16", "ncu mma float32",
                       "tensor cores, mma WN=64 4096", "tensor cores, mma WN=64 RCOPY=1 4096"]
     assert any(c.endswith("--params WN=64,RCOPY=1 NVIDIA_TF32_OVERRIDE=unset") for c in calls)
     assert any("--kernel wgmma" in c and "--params BN=256,BCOPY=1" in c for c in calls)
     assert any(c.startswith("benchmarks/host_overhead.py") for c in calls)
+    edges = [c for c in calls if c.startswith("benchmarks/perf_targets.py --auto")]
+    assert len(edges) == 2 and "--params" not in edges[0]
+    assert "--params SHIFT_EDGES=1 --shapes 1000x1000x1000" in edges[1]
     assert all(c.endswith("NVIDIA_TF32_OVERRIDE=unset") for c in calls
                if not c.startswith("timeout "))
     profiled = [c for c in calls if c.startswith("--clock-control none")]
