@@ -257,12 +257,12 @@ visit)
   # 2026-11-27, 90 us where 1024^3 took 70): the same 128 blocks with edges or without
   # (FP32 cuBLAS: CUPY_TF32=0, set above)
   part "edge sizes" 75 "$OUT/edge-sizes.log" \
-      $PY benchmarks/perf_targets.py --auto --no-triton --shapes 1000x1000x1000 \
+      $PY benchmarks/perf_targets.py --auto --no-triton --queued 20 --shapes 1000x1000x1000 \
       1008x1008x1008 1016x1016x1016 1024x1024x1024 4097x4097x4097
   # the same with edge tiles shifted back a tile (rung pipelined's SHIFT_EDGES=1: every
   # block on the unchecked path; at 4097^3 rows shift, columns cannot)
   part "edge sizes, shifted" 75 "$OUT/edge-sizes.log" \
-      $PY benchmarks/perf_targets.py --auto --no-triton --params SHIFT_EDGES=1 --shapes \
+      $PY benchmarks/perf_targets.py --auto --no-triton --queued 20 --params SHIFT_EDGES=1 --shapes \
       1000x1000x1000 1008x1008x1008 1016x1016x1016 1024x1024x1024 4097x4097x4097
   # rungs 6-9 copy a transposed operand from 512 multiply-adds per element copied, set on
   # an H200 (2026-11-27: 1.01x and 1.30x at 512): at that edge on this GPU, with and

@@ -7,9 +7,13 @@ Prints GFLOP/s of the rung and of cuBLAS (CuPy) per shape, their ratio, the rati
 Every result is verified on a NaN-poisoned output against float64 NumPy before it is
 timed, through the benchmarks' own path (``bench.timing.measure_kernel`` and
 ``measure_vendor``): CUDA events and CuPy events, median of --repeat after two warm-ups.
-``--tuned`` uses the tuning cache's entry instead of the defaults; ``--auto`` uses exactly
-what ``kernel="auto"`` runs for each shape (tuned entry, else the defaults adapted to the
-GPU's SM count: a smaller tile or split-K for shapes whose tiles cannot fill it).
+``--queued N`` also times N launches of each with the GPU's queue filled first
+(``tilegemm.bench.queued``): the figures above bracket each launch with events, so where
+the host takes longer to issue a launch than the GPU to run it they hold the host's time;
+the queued figures do not. ``--tuned`` uses the tuning cache's entry instead of the
+defaults; ``--auto`` uses exactly what ``kernel="auto"`` runs for each shape (tuned
+entry, else the defaults adapted to the GPU's SM count: a smaller tile or split-K for
+shapes whose tiles cannot fill it).
 
 Then, where ``triton`` and ``torch`` import (``--no-triton``: not at all), Triton's tutorial
 matmul in FP32 without TF32 (``bench.vendors``' rival) on the same operands, timed and
@@ -57,6 +61,10 @@ def main() -> int:
     parser.add_argument("--shapes", nargs="+", type=_shape, metavar="MxNxK",
                         help="these shapes instead of the eight targets (the target lines "
                         "are then not printed), e.g. 1000x1000x1000 1024x1024x1024")
+    parser.add_argument("--queued", type=int, default=0, metavar="N",
+                        help="also time N launches of each, ours and cuBLAS, with the GPU's "
+                        "queue filled first (bench.queued): the GPU's time per launch "
+                        "without the host's")
     parser.add_argument("--params", nargs="+", default=[], metavar="KEY=VALUE",
                         help="parameters set on top of the chosen ones for every shape, "
                         "e.g. SHIFT_EDGES=1 beside --auto")
@@ -70,6 +78,7 @@ def main() -> int:
 
     from tilegemm import registry
     from tilegemm.backends import get_backend
+    from tilegemm.bench.queued import gpu_seconds_per_launch
     from tilegemm.bench.timing import OK, fixed, measure_kernel
     from tilegemm.bench.vendors import VENDORS, find_rival, measure_vendor
     from tilegemm.problem import problem_for
@@ -114,6 +123,18 @@ def main() -> int:
                      "ratio": theirs / ours, **({"why": why} if why else {})})
         print(f"{m:>5}x{n:>5}x{k:>5}  {spec.name} {params}  {flops / ours / 1e9:9.1f} GFLOP/s"
               f"  cuBLAS {flops / theirs / 1e9:9.1f}  ratio {theirs / ours:.3f}")
+        if args.queued:
+            # the same launches (verified above) with the queue filled first: the GPU's time
+            # per launch, where the figures above may hold the host's time to issue one
+            mine_q, mine_dry = gpu_seconds_per_launch(
+                backend.prepare(spec, params, prob, a, b, target=target).launch, args.queued)
+            ref_q, ref_dry = gpu_seconds_per_launch(cublas.prepare(prob, a, b).launch,
+                                                    args.queued)
+            rows[-1].update(gpu_seconds=mine_q, cublas_gpu_seconds=ref_q,
+                            gpu_ratio=ref_q / mine_q, queue_ran_dry=mine_dry or ref_dry)
+            print(f"{'':17}queued: {mine_q * 1e6:9.1f} us, cuBLAS {ref_q * 1e6:9.1f} us, "
+                  f"ratio {ref_q / mine_q:.3f}" + ("  (the queue ran dry)"
+                                                   if mine_dry or ref_dry else ""))
     geo = math.exp(sum(map(math.log, ratios.values())) / len(ratios))
     at4096 = ratios.get((4096, 4096, 4096))
     if args.shapes:
@@ -128,7 +149,9 @@ def main() -> int:
 
         doc = {"what": "fast rung vs cuBLAS FP32 (CuPy, TF32 off) over the target shapes",
                "tuned": args.tuned, "auto": args.auto, "repeat": args.repeat,
-               "timing": "median of CUDA events",
+               "timing": "median of CUDA events"
+               + (f"; queued: {args.queued} launches behind a kernel holding the GPU"
+                  if args.queued else ""),
                "device": backend_info(backend, target), "host": host_info(),
                "versions": versions(), "commit": git_commit(),
                "cublas": cublas.name if hasattr(cublas, "name") else "cupy",

@@ -122,6 +122,7 @@ def test_visit_step_tests_times_then_profiles(tmp_path):
     assert any(c.startswith("benchmarks/host_overhead.py") for c in calls)
     edges = [c for c in calls if c.startswith("benchmarks/perf_targets.py --auto")]
     assert len(edges) == 2 and "--params" not in edges[0]
+    assert all("--queued 20" in c for c in edges)  # the GPU's time, not the host's
     assert "--params SHIFT_EDGES=1 --shapes 1000x1000x1000" in edges[1]
     assert all(c.endswith("NVIDIA_TF32_OVERRIDE=unset") for c in calls
                if not c.startswith("timeout "))
