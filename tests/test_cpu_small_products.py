@@ -585,3 +585,35 @@ def test_few_row_panels_follow_few_kc(dtype):
         np.testing.assert_array_equal(got, short, err_msg=f"{(batch, m, n, k)}")
         assert not np.array_equal(got, full)  # the panels did change
         assert_close(got, a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_few_row_panels_are_short_where_b_rows_alias(dtype):
+    """B's rows a multiple of ALIASED_STRIDE bytes apart (here a slice of the columns of a
+    wider matrix): a product of 2-7 rows sums K in panels of ALIASED_KC steps, whatever
+    FEW_KC allows, bit for bit the packed path's sums with KC that short; the same columns
+    held densely keep the full panels (the control)."""
+    from tilegemm.kernels.cpu import _small_tile
+
+    params, mod = blocked_module({}, dtype)
+    dt = np.dtype(dtype)
+    one, zero = dt.type(1), dt.type(0)
+    assert min(params["KC"], params["FEW_KC"]) > _small_tile.ALIASED_KC
+    wide = _small_tile.ALIASED_STRIDE // dt.itemsize  # elements in one aliased row
+    m, n, k = 5, 1100, 500  # above the small-product path
+    a, b_all = random_operands((1, m, k), (1, k, wide), dtype)
+    b = b_all[:, :, :n]  # rows ALIASED_STRIDE bytes apart
+    short, full = (np.empty((1, m, n), dt) for _ in range(2))
+    mod.products_serial(a, np.ascontiguousarray(b), short, one, zero, 0, 1, 0,
+                        bound(mod, params, KC=_small_tile.ALIASED_KC))
+    mod.products_serial(a, np.ascontiguousarray(b), full, one, zero, 0, 1, 0,
+                        bound(mod, params))
+    assert not np.array_equal(short, full)
+    run = {"kernel": "blocked", "backend": "cpu", **params}
+    assert "few rows" in tilegemm.plan(a, b, **run).path
+    got = tilegemm.matmul(a, b, **run)
+    np.testing.assert_array_equal(got, short)
+    assert_close(got, a, b)
+    dense = tilegemm.matmul(a, np.ascontiguousarray(b), **run)
+    np.testing.assert_array_equal(dense, full)
+

@@ -26,6 +26,8 @@ from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
 from tilegemm.kernels.cpu._small_tile import (
+    ALIASED_KC,
+    ALIASED_STRIDE,
     FEW_ROWS,
     FEW_SPLIT_BYTES_8,
     REREAD_KC,
@@ -375,7 +377,8 @@ def few_rows(A, B, C, alpha, beta, cb, z, j0, j1, tr):
     tile's sums in registers), reading B where it lies.
     Packing B for so few rows copied all of it for a few multiply-adds per element. The
     same sums as the packed path and ``direct`` with KC = ``min(KC, FEW_KC)`` (K in
-    panels of that many steps, in K order), bit for bit. ``j0`` should be a multiple of
+    panels of that many steps, in K order; ``ALIASED_KC`` where B's rows lie a multiple of
+    ``ALIASED_STRIDE`` bytes apart), bit for bit. ``j0`` should be a multiple of
     ``few_width`` (the threads' column ranges are).
 
     ``tr`` bit 1: B is given as its transpose (batch|1, N, K) (A is plain, ``tr`` bit 0
@@ -421,6 +424,8 @@ def few_rows(A, B, C, alpha, beta, cb, z, j0, j1, tr):
     # that the second tile finds B's piece in L1
     kc_max = cb[1]
     kp = min(kc_max, cb[3]) if m < FEW_ROWS else kc_max if m == 8 else min(kc_max, REREAD_KC)
+    if m < FEW_ROWS and (ldb * ITEMSIZE) % ALIASED_STRIDE == 0:
+        kp = min(kp, ALIASED_KC)  # B's rows in the same few cache sets (see ALIASED_STRIDE)
     for pc in range(0, k, kp):
         kc = min(kp, k - pc)
         mode = 0 if pc == 0 and beta == zero else 1

@@ -86,6 +86,18 @@ FEW_SPLIT_BYTES_8 = 1 << 20
 # alone read each piece once, and short panels only cost them (float32 8×4096×4096 3.6 /
 # 5.2).
 REREAD_KC = 64
+# A product of 2-7 rows whose B rows lie a multiple of ALIASED_STRIDE bytes apart sums K in
+# panels of at most ALIASED_KC steps, whatever FEW_KC says. Its tile walks a panel's rows of
+# B down one narrow strip of columns, a cache line or two per row: at such a stride every
+# row of the strip falls in the same few sets of each cache (two of the L2's 1,024 on an AMD
+# Zen 3 at 32 KiB, 64 of its L3's), so a walk of FEW_KC = 1024 rows no longer fits even the
+# L3 and the next strip, the next line of the same rows, comes from memory. On the 2-vCPU
+# Zen 3 (family 25 model 1), ms per product, alternating blocks, 64 / 1024 steps: float64
+# 4×4096×4096 14.5 / 22.0 (NumPy 14.5; 4×4000×4000, no aliasing: 14.1 / 13.3), float64
+# 4×4096×2048 7.9 / 10.6, float32 4×8192×2048 8.7 / 10.4; at 16 KiB and less no consistent
+# difference there (docs/cpu.md, "Few rows").
+ALIASED_STRIDE = 32 * 1024
+ALIASED_KC = 64
 
 
 def few_rows_limit(vector_bits: int | None) -> int:
