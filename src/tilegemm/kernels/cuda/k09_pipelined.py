@@ -1,6 +1,6 @@
 """Rung 9 — pipelined: double-buffered shared tiles and grouped block order.
 
-What changed from warptile, two things:
+What changed from warptile, two things (1, 2), and two variants its parameters choose (3, 4):
 
 1. Double buffering. Shared memory holds two A and two B tiles. While the block computes on
    tile k from one buffer, each thread has already issued the global loads of tile k+1
