@@ -25,11 +25,12 @@
 #                                      # for a second call in a 15-minute lease): the smoke
 #                                      # test (every rung once), the tensor-core, staging
 #                                      # and interop tests on the GPU, small calls on CUDA,
-#                                      # mma and wgmma at 4096^3 in every
-#                                      # precision against cuBLAS (and wgmma's 16-bit B
-#                                      # copied K-major first, BCOPY=1), the host's time per
-#                                      # call beside the GPU's (1024^3-4096^3), FP32 auto
-#                                      # at 1000^3-1024^3 (edge blocks or none), then Nsight
+#                                      # FP32 auto at 1000^3-1024^3 and 4097^3 (edge blocks
+#                                      # or none; then with edge tiles shifted), mma and
+#                                      # wgmma at 4096^3 in every precision against cuBLAS
+#                                      # (and wgmma's 16-bit B copied K-major first,
+#                                      # BCOPY=1), the host's time per call beside the
+#                                      # GPU's (1024^3-4096^3), then Nsight
 #                                      # Compute on one launch of each (wgmma TF32 and BF16,
 #                                      # mma TF32)
 #
@@ -236,6 +237,18 @@ visit)
   # kept buffers, 2026-11-26 on the H100's host 628 us at 8^3 float32, 1071 with numba's)
   part "small calls" 60 "$OUT/small-calls.log" $PY benchmarks/small_calls.py \
       --backends cuda --out "$OUT/small-calls-gpu.json"
+  # FP32 kernel="auto" near 1000^3, its weakest target (0.59 of cuBLAS on an H200,
+  # 2026-11-27, 90 us where 1024^3 took 70): the same 128 blocks with edges or without
+  # (FP32 cuBLAS: CUPY_TF32=0, set above). Early in the visit: never yet measured, where
+  # the tensor-core timings after it repeat figures of earlier visits
+  part "edge sizes" 75 "$OUT/edge-sizes.log" \
+      $PY benchmarks/perf_targets.py --auto --no-triton --queued 20 --shapes 1000x1000x1000 \
+      1008x1008x1008 1016x1016x1016 1024x1024x1024 4097x4097x4097
+  # the same with edge tiles shifted back a tile (rung pipelined's SHIFT_EDGES=1: every
+  # block on the unchecked path; at 4097^3 rows shift, columns cannot)
+  part "edge sizes, shifted" 75 "$OUT/edge-sizes.log" \
+      $PY benchmarks/perf_targets.py --auto --no-triton --queued 20 --params SHIFT_EDGES=1 \
+      --shapes 1000x1000x1000 1008x1008x1008 1016x1016x1016 1024x1024x1024 4097x4097x4097
   for k in wgmma mma; do
     part "tensor cores, $k 4096" 60 "$OUT/tensor.log" \
         $PY benchmarks/tensor_cores.py --kernel $k --sizes 4096 --no-triton
@@ -253,17 +266,6 @@ visit)
       --params RCOPY=1
   # the host's time per call beside the GPU's: what bounds products below ~4096^3
   part "host overhead" 60 "$OUT/host.log" $PY benchmarks/host_overhead.py
-  # FP32 kernel="auto" near 1000^3, its weakest target (0.59 of cuBLAS on an H200,
-  # 2026-11-27, 90 us where 1024^3 took 70): the same 128 blocks with edges or without
-  # (FP32 cuBLAS: CUPY_TF32=0, set above)
-  part "edge sizes" 75 "$OUT/edge-sizes.log" \
-      $PY benchmarks/perf_targets.py --auto --no-triton --queued 20 --shapes 1000x1000x1000 \
-      1008x1008x1008 1016x1016x1016 1024x1024x1024 4097x4097x4097
-  # the same with edge tiles shifted back a tile (rung pipelined's SHIFT_EDGES=1: every
-  # block on the unchecked path; at 4097^3 rows shift, columns cannot)
-  part "edge sizes, shifted" 75 "$OUT/edge-sizes.log" \
-      $PY benchmarks/perf_targets.py --auto --no-triton --queued 20 --params SHIFT_EDGES=1 --shapes \
-      1000x1000x1000 1008x1008x1008 1016x1016x1016 1024x1024x1024 4097x4097x4097
   # rungs 6-9 copy a transposed operand from 512 multiply-adds per element copied, set on
   # an H200 (2026-11-27: 1.01x and 1.30x at 512): at that edge on this GPU, with and
   # without the copy

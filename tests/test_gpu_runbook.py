@@ -102,18 +102,17 @@ def test_tensor_core_steps_leave_tf32_on_in_cublas(tmp_path):
 
 def test_visit_step_tests_times_then_profiles(tmp_path):
     """The short visit: every rung once (the smoke test), the tensor-core tests on the GPU,
-    small calls on CUDA, both rungs against cuBLAS (and wgmma's B copied K-major), the host's
-    time per call, FP32 auto near 1000³ (as it is, then with rung pipelined's edge tiles
-    shifted) and rungs 6-9 at their copy threshold, then one
+    small calls on CUDA, FP32 auto near 1000³ (as it is, then with rung pipelined's edge
+    tiles shifted), both rungs against cuBLAS (and wgmma's B copied K-major), the host's
+    time per call and rungs 6-9 at their copy threshold, then one
     profiled launch of each (ncu, its kernel named by ncu_rung.py), and last rung mma with
     a 64x64 warp tile."""
     out, calls = _run(tmp_path, "visit", 400, env_var="NVIDIA_TF32_OVERRIDE")
     labels = [line.split(":")[0] for line in out.splitlines() if ": exit " in line]
-    assert labels == ["smoke", "tensor-core tests", "small calls", "tensor cores, wgmma 4096",
+    assert labels == ["smoke", "tensor-core tests", "small calls", "edge sizes",
+                      "edge sizes, shifted", "tensor cores, wgmma 4096",
                       "tensor cores, mma 4096", "tensor cores, wgmma BCOPY=1 4096",
-                      "tensor cores, mma RCOPY=1 4096",
-                      "host overhead", "edge sizes", "edge sizes, shifted",
-                      "operand layouts",
+                      "tensor cores, mma RCOPY=1 4096", "host overhead", "operand layouts",
                       "ncu wgmma float32",
                       "ncu wgmma bfloat16", "ncu mma float32",
                       "tensor cores, mma WN=64 4096", "tensor cores, mma WN=64 RCOPY=1 4096"]
