@@ -49,6 +49,8 @@ def _shape(text: str) -> tuple[int, int, int]:
 
 
 def main() -> int:
+    from tilegemm.commands._params import comma_params
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--kernel", default="pipelined")
     parser.add_argument("--tuned", action="store_true")
@@ -65,16 +67,11 @@ def main() -> int:
                         help="also time N launches of each, ours and cuBLAS, with the GPU's "
                         "queue filled first (bench.queued): the GPU's time per launch "
                         "without the host's")
-    parser.add_argument("--params", nargs="+", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--params", type=comma_params, default={}, metavar="K=V,...",
                         help="parameters set on top of the chosen ones for every shape, "
                         "e.g. SHIFT_EDGES=1 beside --auto")
     args = parser.parse_args()
     shapes = args.shapes or SHAPES
-    try:
-        overrides = {key: int(value) for key, value in
-                     (item.split("=", 1) for item in args.params)}
-    except ValueError:
-        parser.error(f"--params takes KEY=VALUE with integer values, got {args.params}")
 
     from tilegemm import registry
     from tilegemm.backends import get_backend
@@ -107,7 +104,7 @@ def main() -> int:
             spec, params = tuned_choice(backend, prob) or (registry.get(args.kernel, "cuda"), {})
         else:
             spec, params = registry.get(args.kernel, "cuda"), {}
-        params = spec.resolve({**params, **overrides})
+        params = spec.resolve({**params, **args.params})
         a, b = random_operands((1, m, k), (1, k, n), np.float32, seed=seed)
         mine = measure_kernel(backend, spec, params, prob, a, b, policy, target=target)
         ref = measure_vendor(cublas, backend.name, prob, a, b, policy)
