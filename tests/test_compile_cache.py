@@ -664,17 +664,77 @@ def test_pocl_files_vanishing_while_listed_are_skipped(tmp_path: Path, monkeypat
     entry.mkdir(parents=True)
     (entry / "program.bc").write_bytes(b"BC")
     (entry / "gone.so").write_bytes(b"SO")
-    real_stat = Path.stat
+    real_stat = os.stat
     seen: list[str] = []
 
-    def stat(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        seen.append(self.name)
-        if self.name == "gone.so" and seen.count("gone.so") > 1:  # after is_file's look
-            raise FileNotFoundError(2, "No such file or directory", str(self))
-        return real_stat(self, *args, **kwargs)
+    def stat(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        seen.append(os.path.basename(path))
+        if os.path.basename(path) == "gone.so":  # listed, then removed before its stat
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real_stat(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "stat", stat)
-    assert list(compile_cache._pocl_files(tmp_path)) == ["EB/KPJB/program.bc"]
+    monkeypatch.setattr(compile_cache.os, "stat", stat)
+    assert list(compile_cache._pocl_files(tmp_path)) == [os.path.join("EB", "KPJB",
+                                                                      "program.bc")]
+    assert "gone.so" in seen  # (the control: the file was listed and looked at)
+
+
+def _pocl_entry(root: Path, name: str, files: dict[str, bytes]) -> Path:
+    entry = root / name[:2] / name[2:]
+    for rel, data in files.items():
+        (entry / rel).parent.mkdir(parents=True, exist_ok=True)
+        (entry / rel).write_bytes(data)
+    return entry
+
+
+def test_the_pocl_record_is_rewritten_only_when_something_was_added(tmp_path: Path) -> None:
+    """After each first launch the record was rewritten from a walk of the whole cache
+    (60-80 ms over 700 files, twice in a first OpenCL call, as the check walked it too).
+    Where no directory changed since the record (PoCL found every program in its cache)
+    nothing is listed or written; a file added anywhere in an entry, a new entry in a known
+    folder and a new folder are each found and recorded."""
+    from tilegemm import compile_cache
+
+    manifest = tmp_path / compile_cache.POCL_MANIFEST
+    _pocl_entry(tmp_path, "EBKPJB", {"program.bc": b"BC" * 50})
+    compile_cache._record_pocl_files(tmp_path)
+    first = manifest.read_text()
+    assert "dirs" in json.loads(first)
+    manifest.write_text(first.replace('"header"', '"header" ', 1))  # marks an unchanged file
+    marked = manifest.read_text()
+    compile_cache._record_pocl_files(tmp_path)  # nothing changed: not rewritten
+    assert manifest.read_text() == marked
+    # a work-group function written later into an existing entry, three levels down
+    _pocl_entry(tmp_path, "EBKPJB", {"gemm/16-16-1/gemm.so": b"SO" * 50})
+    (tmp_path / "tempfile_x").write_text("")  # PoCL's temporary files at the top: no entry
+    compile_cache._record_pocl_files(tmp_path)
+    files = json.loads(manifest.read_text())["files"]
+    assert os.path.join("EB", "KPJB", "gemm", "16-16-1", "gemm.so") in files
+    _pocl_entry(tmp_path, "EBQQQQ", {"program.bc": b"BD" * 50})  # a new entry, same folder
+    compile_cache._record_pocl_files(tmp_path)
+    assert os.path.join("EB", "QQQQ", "program.bc") in json.loads(manifest.read_text())["files"]
+    _pocl_entry(tmp_path, "FARRRR", {"program.bc": b"BE" * 50})  # a new folder at the top
+    compile_cache._record_pocl_files(tmp_path)
+    assert os.path.join("FA", "RRRR", "program.bc") in json.loads(manifest.read_text())["files"]
+
+
+def test_a_pocl_record_without_directory_times_is_walked(tmp_path: Path) -> None:
+    """A record written before directory times were kept (or with them damaged) cannot say
+    that nothing changed: the cache is walked and the record rewritten with them."""
+    from tilegemm import compile_cache
+
+    manifest = tmp_path / compile_cache.POCL_MANIFEST
+    _pocl_entry(tmp_path, "EBKPJB", {"program.bc": b"BC" * 50})
+    compile_cache._record_pocl_files(tmp_path)
+    for dirs in (None, {"EB": "not a time"}):
+        data = json.loads(manifest.read_text())
+        if dirs is None:
+            del data["dirs"]
+        else:
+            data["dirs"] = dirs
+        manifest.write_text(json.dumps(data))
+        compile_cache._record_pocl_files(tmp_path)
+        assert json.loads(manifest.read_text())["dirs"][os.path.join("EB", "KPJB")] > 0
 
 
 def test_cpu_digest_follows_the_private_modules_not_the_rungs(tmp_path: Path) -> None:

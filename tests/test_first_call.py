@@ -76,6 +76,34 @@ def test_a_cpu_only_first_call_imports_no_gpu_library() -> None:
     assert not any(m.startswith("tilegemm.kernels.cuda") for m in loaded)
 
 
+OPENCL_ONLY = r"""
+import json, sys
+import numpy as np
+import tilegemm
+from tilegemm.backends import get_backend
+
+usable = get_backend("opencl").status().usable
+if usable:
+    a = np.ones((17, 9), np.float32)
+    assert (tilegemm.matmul(a, a.T, backend="opencl") == 9).all()
+print(json.dumps({"usable": usable, "modules": sorted(sys.modules)}))
+"""
+
+
+def test_an_opencl_first_call_imports_neither_numba_nor_llvmlite() -> None:
+    """An OpenCL call needs neither: importing Numba takes a quarter to a third of a second
+    on a 2-core machine, LLVM's bindings 30-70 ms (the host CPU's tier, the kept probe
+    binary's key). Both had crept into the first call through the device's key."""
+    out = subprocess.run([sys.executable, "-c", OPENCL_ONLY], capture_output=True, text=True,
+                         check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    if not got["usable"]:
+        pytest.skip("no usable OpenCL device here")
+    loaded = set(got["modules"])
+    assert "pyopencl" in loaded  # (the control: the call did go through OpenCL)
+    assert not {"numba", "llvmlite"} & loaded
+
+
 NUMBA_FIRST_IMPORT = r"""
 import importlib.abc, json, sys, threading, traceback
 import numpy as np

@@ -9,6 +9,8 @@ the default parameters except one alternative set per rung.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -370,6 +372,7 @@ class _FakeDevice:
 
         self.int_ptr, self.name, self.type = ptr, name, cl.device_type.CPU
         self.platform = _FakePlatform()
+        self.driver_version = "3.0-rc2"
 
 
 def test_a_device_that_cannot_compile_is_skipped_and_refused(
@@ -444,7 +447,7 @@ def test_build_problem_reads_the_compiler_log(monkeypatch: pytest.MonkeyPatch) -
         def __init__(self, context: object, source: str) -> None:
             pass
 
-        def build(self) -> None:
+        def build(self, options: object = (), devices: object = None) -> None:
             raise cl.RuntimeError("clBuildProgram failed: BUILD_PROGRAM_FAILURE\n\n"
                                   "error: unknown target CPU 'generic'\n")
 
@@ -456,6 +459,55 @@ def test_build_problem_reads_the_compiler_log(monkeypatch: pytest.MonkeyPatch) -
     assert reason == ("PoCL 3.0-rc2 (LLVM 14.0.6) cannot compile for it: its LLVM does not "
                       "know this CPU model (a PoCL built with a newer LLVM does, e.g. "
                       "Debian/Ubuntu's pocl-opencl-icd) [error: unknown target CPU 'generic']")
+
+
+def test_the_device_probe_is_built_from_its_kept_binary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process built the probe program before choosing a device, 50-60 ms on PoCL even
+    when PoCL had it in its cache. Its binary is now kept in the compile cache: built from
+    source once, then from the binary; a binary PoCL refuses warns, is built from source
+    and kept again."""
+    import base64
+    import json
+
+    import pyopencl as cl
+
+    from tilegemm import compile_cache
+    from tilegemm.backends import opencl
+
+    device = opencl.all_devices()[opencl.default_device_index()]
+    if not opencl.is_pocl(device):
+        pytest.skip("the binary is kept on PoCL only")
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path))
+    built: list[str] = []
+    real = cl.Program
+
+    def spy(*args: object) -> object:
+        built.append("binary" if len(args) == 3 else "source")
+        return real(*args)
+
+    monkeypatch.setattr(cl, "Program", spy)
+    key = int(device.int_ptr)
+
+    def probe() -> str:
+        monkeypatch.delitem(opencl._BUILD_PROBLEMS, key, raising=False)
+        return opencl.build_problem(device)
+
+    assert probe() == "" and built == ["source"]
+    [path] = (tmp_path / compile_cache.OPENCL_SUBDIR).glob("probe-*.json")
+    kept = json.loads(path.read_text())
+    assert base64.b64decode(kept["texts"]["binary"])  # what PoCL gave back
+    assert probe() == "" and built == ["source", "binary"]
+    [entry] = [e for e in compile_cache.entries() if e.describe.get("backend") == "opencl"]
+    assert entry.describe["kernel"] == "probe" and entry.current
+    # a binary PoCL refuses (its checksum intact, as from another PoCL build)
+    texts = {"binary": base64.b64encode(b"not a PoCL binary").decode()}
+    path.write_text(json.dumps({**kept, "texts": texts,
+                                "sha256": compile_cache._texts_digest(texts)}))
+    with pytest.warns(compile_cache.CompileCacheWarning, match="could not be loaded"):
+        assert probe() == ""
+    assert built == ["source", "binary", "binary", "source"]
+    assert json.loads(path.read_text())["texts"] == kept["texts"]
 
 
 def test_work_group_limit_is_checked() -> None:

@@ -243,6 +243,34 @@ def test_the_host_hardware_isa_ignores_what_numba_is_told(monkeypatch):
     assert database.host_hardware_isa.__wrapped__() == real  # what the CPU is
 
 
+def test_the_host_hardware_isa_from_linux_flags_is_llvms(monkeypatch):
+    """An OpenCL process reads the CPU's tier from /proc/cpuinfo instead of importing LLVM's
+    bindings (30-70 ms): both readings must give the same tier here, and Linux's flag
+    names must map onto the tiers."""
+    import importlib
+
+    from llvmlite import binding as ll
+
+    from tilegemm.backends.cpu import cpu_flags
+
+    if cpu_flags() is None:
+        pytest.skip("no feature list in /proc/cpuinfo here")
+    llvm = database.isa_of(database.parse_features(ll.get_host_cpu_features().flatten()),
+                           database.compiled_arch())
+    assert database.host_hardware_isa.__wrapped__() == llvm
+    flags = database.features_of_flags
+    assert database.isa_of(flags(frozenset({"avx512f", "avx2", "fma"}), "x86_64"),
+                           "x86_64") == "avx512"
+    assert database.isa_of(flags(frozenset({"avx2", "fma"}), "x86_64"), "x86_64") == "avx2"
+    assert database.isa_of(flags(frozenset({"avx2"}), "x86_64"), "x86_64") == "generic"
+    assert database.isa_of(flags(frozenset({"fp", "asimd"}), "aarch64"), "aarch64") == "neon"
+    assert database.isa_of(flags(frozenset({"fp"}), "aarch64"), "aarch64") == "generic"
+    # where Linux lists no features, LLVM's reading is used
+    monkeypatch.setattr(importlib.import_module("tilegemm.backends.cpu"), "cpu_flags",
+                        lambda: None)
+    assert database.host_hardware_isa.__wrapped__() == llvm
+
+
 class _Spy(Exception):
     """Raised by the patched run: the test needs the choice, not the product."""
 

@@ -34,7 +34,14 @@ unless the user set it), so ``tilegemm cache`` shows and clears it. PoCL trusts 
 so tilegemm records their sizes and times after use; an entry changed since then (truncated,
 overwritten) gives the warning and is deleted before PoCL starts, and PoCL rebuilds it.
 Other drivers cache builds themselves (NVIDIA) or through PyOpenCL's binary cache (AMD and
-the rest).
+the rest). A build that PoCL finds in its cache still takes 50-60 ms (PoCL 3.0 runs its
+preprocessor over its 1 MB OpenCL header to find the entry); one from the binary PoCL
+returns takes 1-2 ms. Asking PoCL for that binary first compiles every kernel for any
+work-group size, though: 0.03 s for the small program every process builds to check that
+a device can compile (``backends.opencl.build_problem``), whose binary is kept in
+``opencl/`` (a text entry, below, keyed by the source, options, device, driver, CPU and
+PyOpenCL version), but 2-3 s for a rung's program, which is left to PoCL's cache. A kept
+binary the driver refuses gives the warning, is deleted and built from source again.
 
 CUDA rungs on a GPU: a rung whose kernel is generated as source (vectorized and up,
 ``kernels/cuda/_codegen.py``) has that source written to ``cuda-jit/<kernel>-<hash>.py``
@@ -71,6 +78,7 @@ import os
 import platform
 import re
 import shutil
+import stat as stat_mode
 import sys
 import tempfile
 import time
@@ -88,7 +96,8 @@ SUBDIR = "cpu"
 CUDA_SUBDIR = "cuda-jit"  # generated CUDA kernels as modules; numba-cuda's cache beside them
 MODULE_SUBDIRS = (SUBDIR, CUDA_SUBDIR)  # folders of module entries (load_module and kin)
 POCL_SUBDIR = "pocl"  # PoCL's own kernel cache, when tilegemm chose where it lives
-TEXT_SUBDIRS = ("cuda",)  # keyed stores of compiled text (cached_texts)
+OPENCL_SUBDIR = "opencl"  # OpenCL program binaries (PoCL's), see the module's docstring
+TEXT_SUBDIRS = ("cuda", OPENCL_SUBDIR)  # keyed stores of compiled text (cached_texts)
 # For each keyed store, (module, function) giving what all its entries' keys hold now
 # besides _versions(): sources digest, tool versions. An entry keyed otherwise is stale.
 TEXT_KEY_COMMON = {"cuda": ("tilegemm.analysis.resources", "ptx_key_common")}
@@ -203,23 +212,68 @@ _POCL_VOLATILE = ("last_accessed", "build.log")
 
 
 def _pocl_files(folder: Path) -> dict[str, list[Any]]:
-    """Size and modification time of every file of every PoCL entry (``XX/HASH/...``)."""
-    out: dict[str, list[Any]] = {}
-    try:
-        found = list(folder.glob("*/*/**/*"))
-    except OSError:  # a folder removed while it was walked (another process's check)
-        found = []
-    for path in found:
-        if path.name in _POCL_VOLATILE:
-            continue
+    """Size and modification time of every file of every PoCL entry (``XX/HASH/...``),
+    keyed by its path under ``folder``."""
+    return _pocl_listing(folder)[0]
+
+
+def _pocl_listing(folder: Path) -> tuple[dict[str, list[Any]], dict[str, int]]:
+    """:func:`_pocl_files`, and the modification time of every directory below ``folder``.
+
+    Walked with ``os.scandir``, which reads each directory once (pathlib's recursive glob
+    took 60-80 ms over a cache of 700 files). Directories are not followed through links;
+    a file found gone when it is looked at is skipped (another process deleting a damaged
+    entry)."""
+    files: dict[str, list[Any]] = {}
+    dirs: dict[str, int] = {}
+
+    def walk(path: str, prefix: str, depth: int) -> None:
         try:
-            if not path.is_file():
+            with os.scandir(path) as listing:
+                found = list(listing)
+        except OSError:  # removed while it was walked (another process's check)
+            return
+        for item in found:
+            name = prefix + item.name
+            try:
+                if item.is_dir(follow_symlinks=False):
+                    dirs[name] = item.stat(follow_symlinks=False).st_mtime_ns
+                    walk(item.path, name + os.sep, depth + 1)
+                    continue
+                if depth < 2 or item.name in _POCL_VOLATILE:
+                    continue
+                st = os.stat(item.path)
+            except OSError:  # removed meanwhile: nothing to record
                 continue
-            st = path.stat()
-        except OSError:  # removed meanwhile by another process: nothing to record
-            continue
-        out[str(path.relative_to(folder))] = [st.st_size, st.st_mtime_ns]
-    return out
+            if stat_mode.S_ISREG(st.st_mode):
+                files[name] = [st.st_size, st.st_mtime_ns]
+
+    walk(os.fspath(folder), "", 0)
+    return files, dirs
+
+
+def _pocl_dirs_unchanged(folder: Path, dirs: dict[str, int]) -> bool:
+    """Whether no file or directory was added to or removed from the PoCL cache's entries
+    since ``dirs`` (every directory's modification time) was recorded: the same folders at
+    the top, and each recorded directory's time unchanged (adding or removing a name in a
+    directory changes its time). About a stat per directory, instead of listing them all
+    after every first launch, when PoCL found every program in its cache. The top folder's
+    own time is not compared: PoCL's temporary files and the record itself change it."""
+    root = os.fspath(folder)
+    try:
+        with os.scandir(root) as listing:
+            top = {item.name for item in listing if item.is_dir(follow_symlinks=False)}
+    except OSError:
+        return False
+    if top != {name for name in dirs if os.sep not in name}:
+        return False
+    for name, mtime in dirs.items():
+        try:
+            if os.stat(os.path.join(root, name)).st_mtime_ns != mtime:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def _file_digest(path: Path) -> str | None:
@@ -256,9 +310,9 @@ def _check_pocl_entries(folder: Path) -> None:
     except (ValueError, KeyError, TypeError) as exc:
         _drop_unchecked(folder, manifest, exc)
         return
-    now = _pocl_files(folder)
-    bad = {Path(name).parts[:2] for name, stat in recorded.items()
-           if name in now and _changed(folder, name, stat, now[name])}
+    now = _stat_recorded(folder, recorded)
+    bad = {Path(name).parts[:2] for name, record in recorded.items()
+           if name in now and _changed(folder, name, record, now[name])}
     for parts in sorted(bad):
         entry = folder.joinpath(*parts)
         warnings.warn(f"PoCL kernel cache entry {entry} was changed after it was written; "
@@ -267,16 +321,40 @@ def _check_pocl_entries(folder: Path) -> None:
         shutil.rmtree(entry, ignore_errors=True)
 
 
+def _stat_recorded(folder: Path, recorded: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Size and time now of each recorded file that is still a file (a stat each: a file
+    PoCL added since is not in the record and is trusted, so nothing is listed)."""
+    now: dict[str, list[Any]] = {}
+    for name in recorded:
+        try:
+            st = os.stat(folder / name)
+        except OSError:  # removed since (a cleared entry): nothing to compare
+            continue
+        if stat_mode.S_ISREG(st.st_mode):
+            now[name] = [st.st_size, st.st_mtime_ns]
+    return now
+
+
 def _recorded_pocl_files(manifest: Path) -> dict[str, list[Any]]:
     """The record's ``{file: [size, time, sha256]}``; OSError when there is none to read,
     ValueError, KeyError or TypeError when it is damaged."""
+    return _pocl_record(manifest)[0]
+
+
+def _pocl_record(manifest: Path) -> tuple[dict[str, list[Any]], dict[str, int] | None]:
+    """The record's files (see :func:`_recorded_pocl_files`) and its directories' times
+    (None in a record written before they were kept, or damaged there)."""
     if manifest.is_dir() and not manifest.is_symlink():  # read_text: IsADirectoryError
         raise ValueError("a directory stands in its place")
-    recorded = json.loads(manifest.read_text())["files"]
+    data = json.loads(manifest.read_text())
+    recorded = data["files"]
     if not isinstance(recorded, dict) or not all(
             isinstance(v, list) and len(v) >= 2 for v in recorded.values()):
         raise TypeError("'files' is not an object of [size, time, digest] lists")
-    return recorded
+    dirs = data.get("dirs")
+    if not isinstance(dirs, dict) or not all(isinstance(v, int) for v in dirs.values()):
+        dirs = None
+    return recorded, dirs
 
 
 def _remove(path: Path) -> None:
@@ -329,21 +407,41 @@ def record_pocl_cache_now() -> None:
 def _record_pocl_files(folder: Path) -> None:
     """Write the record ``{file: [size, time, sha256]}`` of tilegemm's PoCL cache. A file
     whose size and time match the previous record keeps its digest (only new files are
-    read). Unrecorded entries are simply trusted, as PoCL itself does."""
+    read). Unrecorded entries are simply trusted, as PoCL itself does. Where no directory
+    changed since the record (PoCL found every program in its cache), nothing is written
+    (:func:`_pocl_dirs_unchanged`)."""
     try:
-        before = _recorded_pocl_files(folder / POCL_MANIFEST)
+        before, before_dirs = _pocl_record(folder / POCL_MANIFEST)
     except (OSError, ValueError, KeyError, TypeError):
-        before = {}
-    files = _pocl_files(folder)
-    for name, stat in files.items():
+        before, before_dirs = {}, None
+    if before_dirs is not None and _pocl_dirs_unchanged(folder, before_dirs):
+        return
+    files, dirs = _pocl_listing(folder)
+    for name, record in files.items():
         old = before.get(name)
-        if isinstance(old, list) and len(old) == 3 and old[:2] == stat:
-            stat.append(old[2])
+        if isinstance(old, list) and len(old) == 3 and old[:2] == record:
+            record.append(old[2])
         else:
-            stat.append(_file_digest(folder / name))
+            record.append(_file_digest(folder / name))
     with contextlib.suppress(OSError):
         write_atomic(folder / POCL_MANIFEST,
-                     json.dumps({"header": _TEXT_HEADER, "files": files}))
+                     json.dumps({"header": _TEXT_HEADER, "files": files, "dirs": dirs}))
+
+
+def _store_versions(subdir: str) -> dict[str, str]:
+    """The versions every entry of keyed store ``subdir`` is written under: OpenCL
+    programs are built by the driver (whose version the key holds), not by Numba, and an
+    OpenCL process does not import Numba (a third of a second) to read one."""
+    return _opencl_versions() if subdir == OPENCL_SUBDIR else _versions()
+
+
+def _opencl_versions() -> dict[str, str]:
+    import pyopencl
+
+    from tilegemm import __version__
+
+    return {"tilegemm": __version__, "pyopencl": pyopencl.VERSION_TEXT,
+            "python": platform.python_version()}
 
 
 def _versions() -> dict[str, str]:
@@ -819,7 +917,7 @@ def _text_entries(root: Path) -> list[CacheEntry]:
         common = _text_key_common(sub) if paths else {}
         # an entry written by another tilegemm, Numba or Python, or from other sources
         # or tool versions, is never read again
-        now = {**_versions(), **_mapping(common.get("versions"))}
+        now = {**_store_versions(sub), **_mapping(common.get("versions"))} if paths else {}
         for path in paths:
             try:
                 key = _mapping(_mapping(json.loads(path.read_text())).get("key"))
@@ -896,18 +994,17 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
     """The texts ``build()`` returns (e.g. PTX per architecture), kept on disk under ``key``.
 
     ``key`` must hold everything the texts depend on (sources digest, parameters, tool
-    versions; tilegemm/Numba/Python versions are added here) and a ``describe`` dict for
-    ``tilegemm cache``. The first process to need an entry builds it under a lock file
-    while others wait, then read it. An unreadable entry gives a :class:`CompileCacheWarning`
-    and is rebuilt; an unusable directory gives the warning and ``build()`` runs uncached.
+    versions; the store's own versions are added here, see :func:`_store_versions`) and a
+    ``describe`` dict for ``tilegemm cache``. The first process to need an entry builds it
+    under a lock file while others wait, then read it. An unreadable entry gives a
+    :class:`CompileCacheWarning` and is rebuilt; an unusable directory gives the warning and
+    ``build()`` runs uncached.
     """
-    full = {**key, "versions": {**_versions(), **key.get("versions", {})}}
     root = cache_root()
     if root is None:
         return build()
-    digest = hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()[:20]
-    folder = root / subdir
-    path = folder / f"{name}-{digest}.json"
+    full, path = _text_path(root, subdir, name, key)
+    folder = path.parent
     lock = _lock_path(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -927,6 +1024,23 @@ def cached_texts(subdir: str, name: str, key: dict[str, Any],
                 warnings.warn(f"kernel cache entry {path.name} could not be written ({exc})",
                               CompileCacheWarning, stacklevel=user_stacklevel())
     return texts
+
+
+def _text_path(root: Path, subdir: str, name: str,
+               key: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """The full key of a text entry (``key`` with the store's versions added) and its file."""
+    full = {**key, "versions": {**_store_versions(subdir), **key.get("versions", {})}}
+    digest = hashlib.sha256(json.dumps(full, sort_keys=True).encode()).hexdigest()[:20]
+    return full, root / subdir / f"{name}-{digest}.json"
+
+
+def discard_texts(subdir: str, name: str, key: dict[str, Any]) -> None:
+    """Delete the entry :func:`cached_texts` keeps under ``key`` (one its user found
+    unusable: a program binary the driver refused), so the next call builds it again."""
+    root = cache_root()
+    if root is not None:
+        with contextlib.suppress(OSError):
+            _text_path(root, subdir, name, key)[1].unlink(missing_ok=True)
 
 
 def _read_texts(path: Path, key: dict[str, Any]) -> dict[str, str] | None:

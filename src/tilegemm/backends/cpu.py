@@ -204,6 +204,17 @@ def cpu_family_model() -> str:
     return f"{implementer}-{part}" if implementer and part else ""
 
 
+def cpu_flags() -> frozenset[str] | None:
+    """The CPU's feature flags as Linux reports them in /proc/cpuinfo (``flags`` on x86,
+    ``Features`` on ARM), or None where there is no such list. Linux lists a feature only
+    where the kernel enables it (AVX-512 where it saves the registers), as LLVM's reading
+    of the host also requires, and reading the file takes a fraction of a millisecond
+    where LLVM's bindings take 30-70 ms to import."""
+    fields = _cpuinfo()
+    text = fields.get("flags", fields.get("features"))
+    return None if text is None else frozenset(text.split())
+
+
 def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np.ndarray:
     """The (batch, M, N) array kernels write: ``out`` itself when given, else a new array.
 

@@ -31,10 +31,13 @@ after the build, with the compiled kernel's own work-group limit).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import math
 import os
 import re
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -58,7 +61,12 @@ from tilegemm.backends.opencl_program import (
     KERNEL_NAME,
     OpenCLProgram,
 )
-from tilegemm.errors import InvalidTypeError, InvalidValueError, UnavailableError
+from tilegemm.errors import (
+    InvalidTypeError,
+    InvalidValueError,
+    UnavailableError,
+    user_stacklevel,
+)
 from tilegemm.problem import (
     GemmProblem,
     Operand,
@@ -178,6 +186,77 @@ def _memory_root(buf: Any) -> Any:
     return _handle(parent if parent is not None else buf)
 
 
+def is_pocl(device: Any) -> bool:
+    """Whether ``device`` is driven by PoCL (the Portable Computing Language)."""
+    return "PoCL" in device.platform.version or "Portable Computing Language" in (
+        device.platform.name)
+
+
+def built_program(context: Any, device: Any, source: str, options: Sequence[str],
+                  describe: dict[str, Any], made: list[Any] | None = None,
+                  keep_binary: bool = False) -> Any:
+    """``source`` built with ``options`` for ``device`` in ``context`` (a ``cl.Program``).
+
+    ``keep_binary`` keeps the program's binary, as PoCL returns it after the build, in
+    tilegemm's compile cache, and later processes build from it: PoCL answers a build from
+    source that it finds in its own cache in 50-60 ms, since it runs the preprocessor over
+    its 1 MB OpenCL header to find the entry, and a build from the binary in 1-2 ms (PoCL
+    3.0, 2-core AMD EPYC). Asking PoCL for the binary compiles every kernel for any
+    work-group size first: 0.03 s for the device probe, but 2.3-2.8 s for a rung's
+    program, built in about 0.9 s, so rungs build from source. The key holds the source's
+    hash, the options, the device, PoCL's version, the host CPU and PyOpenCL's version
+    (``compile_cache.cached_texts``); a binary PoCL refuses gives a
+    ``CompileCacheWarning``, is deleted and built from source again. Only on PoCL: other
+    drivers keep their own caches (see ``compile_cache``). ``made`` collects each program
+    built from source, so a failed build's log can be read; a failed build raises
+    ``cl.Error`` and stores nothing."""
+    cl = _cl()
+    made = [] if made is None else made
+
+    def from_source() -> Any:
+        program = cl.Program(context, source)
+        made.append(program)
+        return program.build(options=list(options), devices=[device])
+
+    if not keep_binary or not is_pocl(device):
+        return from_source()
+    from tilegemm import compile_cache
+    from tilegemm.backends.cpu import cpu_family_model
+    from tilegemm.tune.database import host_hardware_isa
+
+    key = {"describe": describe,
+           "source": hashlib.sha256(source.encode()).hexdigest(), "options": list(options),
+           "device": device.name.strip(), "driver": device.driver_version.strip(),
+           "platform": device.platform.version.strip(),
+           "cpu": f"{cpu_family_model()} {host_hardware_isa()}"}
+    name = re.sub(r"[^A-Za-z0-9_.]", "_", str(describe.get("kernel", "program")))
+
+    def build() -> dict[str, str]:
+        program = from_source()
+        binaries = program.get_info(cl.program_info.BINARIES)
+        devices = program.get_info(cl.program_info.DEVICES)
+        binary = next(b for d, b in zip(devices, binaries, strict=True) if _same(d, device))
+        return {"binary": base64.b64encode(binary).decode("ascii")}
+
+    n_made = len(made)
+    texts = compile_cache.cached_texts(compile_cache.OPENCL_SUBDIR, name, key, build)
+    if len(made) > n_made:
+        return made[-1]
+    try:
+        binary = base64.b64decode(texts["binary"], validate=True)
+        return cl.Program(context, [device], [binary]).build(options=list(options),
+                                                              devices=[device])
+    except (cl.Error, ValueError, KeyError) as exc:
+        warnings.warn(f"kernel cache entry for OpenCL program {name} could not be loaded "
+                      f"({type(exc).__name__}: {str(exc).strip()[:200]}); rebuilding it",
+                      compile_cache.CompileCacheWarning, stacklevel=user_stacklevel())
+        compile_cache.discard_texts(compile_cache.OPENCL_SUBDIR, name, key)
+        n_made = len(made)
+        compile_cache.cached_texts(compile_cache.OPENCL_SUBDIR, name, key, build)
+        # (another process may have stored it again meanwhile: then built here uncached)
+        return made[-1] if len(made) > n_made else from_source()
+
+
 # The smallest program a device must build before it is chosen by default.
 _PROBE_SOURCE = "__kernel void probe(__global float *x) { x[get_global_id(0)] += 1.0f; }"
 _BUILD_PROBLEMS: dict[int, str] = {}
@@ -198,7 +277,8 @@ def build_problem(device: Any) -> str:
     if key not in _BUILD_PROBLEMS:
         cl = _cl()
         try:
-            cl.Program(cl.Context([device]), _PROBE_SOURCE).build()
+            built_program(cl.Context([device]), device, _PROBE_SOURCE, (),
+                          {"backend": "opencl", "kernel": "probe"}, keep_binary=True)
             _BUILD_PROBLEMS[key] = ""
         except cl.Error as exc:
             log = " ".join(line.strip() for line in str(exc).splitlines()
@@ -704,13 +784,16 @@ class OpenCLBackend(Backend):
     def _build(target: _Place | _OwnDevice, program: OpenCLProgram, name: str,
                source: str) -> Any:
         cl = _cl()
-        built = cl.Program(target.context, source)
+        describe = {"backend": "opencl", "kernel": program.rung if name == KERNEL_NAME
+                    else f"{program.rung}.{name}", "params": dict(program.defines)}
+        made: list[Any] = []
         try:
-            built.build(options=list(program.options), devices=[target.device])
+            built = built_program(target.context, target.device, source, program.options,
+                                  describe, made)
         except cl.Error as exc:
             try:
-                log = built.get_build_info(target.device, cl.program_build_info.LOG)
-            except cl.Error:
+                log = made[-1].get_build_info(target.device, cl.program_build_info.LOG)
+            except (cl.Error, IndexError):
                 log = ""
             raise RuntimeError(
                 f"OpenCL build of {program.rung} failed on {target.device.name.strip()} "

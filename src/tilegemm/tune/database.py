@@ -15,6 +15,7 @@ one from a ``tilegemm tune`` or ``benchmarks/cpu_blocked.py`` run.
 from __future__ import annotations
 
 import json
+import platform
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -27,6 +28,8 @@ PATH = Path(__file__).with_name("database.json")
 # Architectures (first part of LLVM's target triple) that are 64-bit ARM: Linux says
 # "aarch64", Apple's systems "arm64".
 AARCH64 = ("aarch64", "arm64")
+# What platform.machine() calls 64-bit x86 on Linux and elsewhere.
+X86_64 = ("x86_64", "amd64")
 
 
 @cache
@@ -95,7 +98,17 @@ def compiled_arch() -> str:
 @cache
 def host_hardware_isa() -> str:
     """The host CPU's own vector ISA tier (:func:`isa_of`), whatever Numba is told to
-    compile for: what an OpenCL CPU driver such as PoCL builds its kernels for."""
+    compile for: what an OpenCL CPU driver such as PoCL builds its kernels for. Read from
+    Linux's list of CPU features where there is one (see :func:`features_of_flags`), else
+    from LLVM's reading of the host: an OpenCL process would otherwise import LLVM's
+    bindings for this alone."""
+    from tilegemm.backends.cpu import cpu_flags
+
+    machine = platform.machine().lower()
+    flags = cpu_flags()
+    if flags is not None and machine in (*X86_64, *AARCH64):
+        return isa_of(features_of_flags(flags, machine), "x86_64" if machine in X86_64
+                      else machine)
     from llvmlite import binding as ll
 
     try:
@@ -103,6 +116,15 @@ def host_hardware_isa() -> str:
     except RuntimeError:  # LLVM cannot read the features on every system (some ARM ones)
         text = ""
     return isa_of(parse_features(text), compiled_arch())
+
+
+def features_of_flags(flags: frozenset[str], machine: str) -> dict[str, bool]:
+    """LLVM's names for the features :func:`isa_of` reads, from Linux's CPU flags: x86
+    names them as LLVM does (``avx512f``, ``avx2``, ``fma``); 64-bit ARM calls NEON
+    ``asimd``."""
+    if machine in AARCH64:
+        return {"neon": "asimd" in flags}
+    return {name: name in flags for name in ("avx512f", "avx2", "fma")}
 
 
 def isa(target: Target) -> str:
