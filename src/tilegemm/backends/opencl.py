@@ -193,19 +193,19 @@ def is_pocl(device: Any) -> bool:
 
 
 def built_program(context: Any, device: Any, source: str, options: Sequence[str],
-                  describe: dict[str, Any], made: list[Any] | None = None,
-                  keep_binary: bool = False) -> Any:
+                  made: list[Any] | None = None, keep_as: str | None = None) -> Any:
     """``source`` built with ``options`` for ``device`` in ``context`` (a ``cl.Program``).
 
-    ``keep_binary`` keeps the program's binary, as PoCL returns it after the build, in
-    tilegemm's compile cache, and later processes build from it: PoCL answers a build from
-    source that it finds in its own cache in 50-60 ms, since it runs the preprocessor over
-    its 1 MB OpenCL header to find the entry, and a build from the binary in 1-2 ms (PoCL
-    3.0, 2-core AMD EPYC). Asking PoCL for the binary compiles every kernel for any
-    work-group size first: 0.03 s for the device probe, but 2.3-2.8 s for a rung's
-    program, built in about 0.9 s, so rungs build from source. The key holds the source's
-    hash, the options, the device, PoCL's version, the host CPU and PyOpenCL's version
-    (``compile_cache.cached_texts``); a binary PoCL refuses gives a
+    ``keep_as`` (an entry name) keeps the program's binary, as PoCL returns it after the
+    build, in tilegemm's compile cache, and later processes build from it: PoCL answers a
+    build from source that it finds in its own cache in 50-60 ms, since it runs the
+    preprocessor over its 1 MB OpenCL header to find the entry, and a build from the
+    binary in 1-2 ms (PoCL 3.0, 2-core AMD EPYC). Asking PoCL for the binary compiles
+    every kernel for any work-group size first: 0.03 s for the device probe, but 2.3-2.8 s
+    for a rung's program, built in about 0.9 s, so rungs build from source (PoCL's
+    cache). The key
+    holds the source's hash, the options, the device, PoCL's version, the host CPU and
+    PyOpenCL's version (``compile_cache.cached_texts``); a binary PoCL refuses gives a
     ``CompileCacheWarning``, is deleted and built from source again. Only on PoCL: other
     drivers keep their own caches (see ``compile_cache``). ``made`` collects each program
     built from source, so a failed build's log can be read; a failed build raises
@@ -218,18 +218,18 @@ def built_program(context: Any, device: Any, source: str, options: Sequence[str]
         made.append(program)
         return program.build(options=list(options), devices=[device])
 
-    if not keep_binary or not is_pocl(device):
+    if keep_as is None or not is_pocl(device):
         return from_source()
     from tilegemm import compile_cache
     from tilegemm.backends.cpu import cpu_family_model
     from tilegemm.tune.database import host_hardware_isa
 
-    key = {"describe": describe,
+    key = {"describe": {"backend": "opencl", "kernel": keep_as},
            "source": hashlib.sha256(source.encode()).hexdigest(), "options": list(options),
            "device": device.name.strip(), "driver": device.driver_version.strip(),
            "platform": device.platform.version.strip(),
            "cpu": f"{cpu_family_model()} {host_hardware_isa()}"}
-    name = re.sub(r"[^A-Za-z0-9_.]", "_", str(describe.get("kernel", "program")))
+    name = keep_as
 
     def build() -> dict[str, str]:
         program = from_source()
@@ -277,8 +277,7 @@ def build_problem(device: Any) -> str:
     if key not in _BUILD_PROBLEMS:
         cl = _cl()
         try:
-            built_program(cl.Context([device]), device, _PROBE_SOURCE, (),
-                          {"backend": "opencl", "kernel": "probe"}, keep_binary=True)
+            built_program(cl.Context([device]), device, _PROBE_SOURCE, (), keep_as="probe")
             _BUILD_PROBLEMS[key] = ""
         except cl.Error as exc:
             log = " ".join(line.strip() for line in str(exc).splitlines()
@@ -784,12 +783,10 @@ class OpenCLBackend(Backend):
     def _build(target: _Place | _OwnDevice, program: OpenCLProgram, name: str,
                source: str) -> Any:
         cl = _cl()
-        describe = {"backend": "opencl", "kernel": program.rung if name == KERNEL_NAME
-                    else f"{program.rung}.{name}", "params": dict(program.defines)}
         made: list[Any] = []
         try:
             built = built_program(target.context, target.device, source, program.options,
-                                  describe, made)
+                                  made)
         except cl.Error as exc:
             try:
                 log = made[-1].get_build_info(target.device, cl.program_build_info.LOG)
