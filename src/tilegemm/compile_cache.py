@@ -325,9 +325,10 @@ def _stat_recorded(folder: Path, recorded: dict[str, list[Any]]) -> dict[str, li
     """Size and time now of each recorded file that is still a file (a stat each: a file
     PoCL added since is not in the record and is trusted, so nothing is listed)."""
     now: dict[str, list[Any]] = {}
+    root = os.fspath(folder)
     for name in recorded:
         try:
-            st = os.stat(folder / name)
+            st = os.stat(os.path.join(root, name))  # (a Path per file: 2-3x the time)
         except OSError:  # removed since (a cleared entry): nothing to compare
             continue
         if stat_mode.S_ISREG(st.st_mode):
