@@ -542,7 +542,7 @@ def _cpu_key() -> str:
     from llvmlite import binding as llvm
     from numba.core import config
 
-    from tilegemm.bench.environment import cpu_name
+    from tilegemm.backends.cpu import cpu_name
 
     name = config.CPU_NAME or llvm.get_host_cpu_name()
     features = (config.CPU_FEATURES if config.CPU_FEATURES is not None
