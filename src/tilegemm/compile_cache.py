@@ -211,14 +211,9 @@ POCL_MANIFEST = "tilegemm-manifest.json"
 _POCL_VOLATILE = ("last_accessed", "build.log")
 
 
-def _pocl_files(folder: Path) -> dict[str, list[Any]]:
-    """Size and modification time of every file of every PoCL entry (``XX/HASH/...``),
-    keyed by its path under ``folder``."""
-    return _pocl_listing(folder)[0]
-
-
 def _pocl_listing(folder: Path) -> tuple[dict[str, list[Any]], dict[str, int]]:
-    """:func:`_pocl_files`, and the modification time of every directory below ``folder``.
+    """Size and modification time of every file of every PoCL entry (``XX/HASH/...``), keyed
+    by its path under ``folder``, and the modification time of every directory below it.
 
     Walked with ``os.scandir``, which reads each directory once (pathlib's recursive glob
     took 60-80 ms over a cache of 700 files). Directories are not followed through links;
@@ -304,7 +299,7 @@ def _check_pocl_entries(folder: Path) -> None:
     of an untouched cache."""
     manifest = folder / POCL_MANIFEST
     try:
-        recorded = _recorded_pocl_files(manifest)
+        recorded, _ = _pocl_record(manifest)
     except OSError:  # none yet (a new cache), or unreadable: nothing to check against
         return
     except (ValueError, KeyError, TypeError) as exc:
@@ -336,15 +331,10 @@ def _stat_recorded(folder: Path, recorded: dict[str, list[Any]]) -> dict[str, li
     return now
 
 
-def _recorded_pocl_files(manifest: Path) -> dict[str, list[Any]]:
-    """The record's ``{file: [size, time, sha256]}``; OSError when there is none to read,
-    ValueError, KeyError or TypeError when it is damaged."""
-    return _pocl_record(manifest)[0]
-
-
 def _pocl_record(manifest: Path) -> tuple[dict[str, list[Any]], dict[str, int] | None]:
-    """The record's files (see :func:`_recorded_pocl_files`) and its directories' times
-    (None in a record written before they were kept, or damaged there)."""
+    """The record's ``{file: [size, time, sha256]}`` and its directories' times (None in a
+    record written before they were kept, or damaged there); OSError when there is none to
+    read, ValueError, KeyError or TypeError when it is damaged."""
     if manifest.is_dir() and not manifest.is_symlink():  # read_text: IsADirectoryError
         raise ValueError("a directory stands in its place")
     data = json.loads(manifest.read_text())

@@ -790,7 +790,7 @@ class OpenCLBackend(Backend):
         except cl.Error as exc:
             try:
                 log = made[-1].get_build_info(target.device, cl.program_build_info.LOG)
-            except (cl.Error, IndexError):
+            except cl.Error:
                 log = ""
             raise RuntimeError(
                 f"OpenCL build of {program.rung} failed on {target.device.name.strip()} "
