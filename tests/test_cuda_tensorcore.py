@@ -358,6 +358,49 @@ def test_sim_barrier_releases_all_and_gives_up_when_the_block_aborts() -> None:
         SimBarrier(2, timeout=0.3).wait()
 
 
+def test_a_collective_slot_reused_at_once_gives_each_call_its_own_result() -> None:
+    """compute_once waits at one barrier, whose last arrival computes: 8 threads make 300
+    calls in a row on one slot, each call's result the sum of that call's values (a result
+    overwritten before a slow thread read it, or values of two calls mixed, give another
+    sum). An exception in the computation reaches every thread."""
+    import threading
+
+    from tilegemm.kernels.cuda._tensorcore import CollectiveSlot, compute_once
+
+    parties, calls = 8, 300
+    slot = CollectiveSlot(parties)
+    got: list[list[int]] = [[] for _ in range(parties)]
+
+    def party(i: int) -> None:
+        for n in range(calls):
+            got[i].append(compute_once(slot, i, n * 100 + i, sum))
+
+    threads = [threading.Thread(target=party, args=(i,)) for i in range(parties)]
+    for t in threads:
+        t.abort = False  # type: ignore[attr-defined]
+        t.start()
+    for t in threads:
+        t.join(60)
+    want = [n * 100 * parties + sum(range(parties)) for n in range(calls)]
+    assert all(g == want for g in got)
+
+    errors: list[str] = []
+
+    def failing(i: int) -> None:
+        try:
+            compute_once(slot, i, i, lambda values: 1 // 0)
+        except ZeroDivisionError as exc:
+            errors.append(str(exc))
+
+    threads = [threading.Thread(target=failing, args=(i,)) for i in range(parties)]
+    for t in threads:
+        t.abort = False  # type: ignore[attr-defined]
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == ["integer division or modulo by zero"] * parties
+
+
 def test_the_emulated_tensor_core_truncates_its_sums() -> None:
     """The emulations round each mma's exact sum toward zero, as the tensor cores do (a
     long accumulation inside them loses what rounding to nearest would keep)."""

@@ -151,3 +151,32 @@ def test_an_exception_in_one_thread_ends_the_block_and_is_raised() -> None:
     _, fails = _kernels()
     with pytest.raises(ValueError, match=r"tid=\[5, 0, 0\].*thread five"):
         _within(60, lambda: fails[1, 32](np.zeros(32)))
+
+
+@pytest.mark.cudasim
+@pytest.mark.simulator
+def test_a_block_runs_with_a_long_switch_interval_and_restores_it() -> None:
+    """A block's threads run each until it waits (Python's switch interval is long while a
+    block runs: 5 ms preemptions among a hundred threads took a third of the tensor-core
+    tests' time), and the caller's interval is back afterwards, also when a thread failed."""
+    import sys
+
+    from tilegemm.kernels.cuda import _simulator
+
+    _simulator.install()
+    _, fails = _kernels()  # binds the module's cuda, which the simulator swaps
+
+    @cuda.jit
+    def interval(out):
+        out[cuda.threadIdx.x] = sys.getswitchinterval()
+
+    before = sys.getswitchinterval()
+    out = np.full(4, np.nan)
+    interval[1, 4](out)
+    # (Python keeps the interval in microseconds)
+    np.testing.assert_allclose(out, _simulator._SWITCH_INTERVAL, rtol=1e-6)
+    assert before < _simulator._SWITCH_INTERVAL
+    assert sys.getswitchinterval() == before
+    with pytest.raises(ValueError, match="thread five"):
+        fails[1, 32](np.zeros(32))
+    assert sys.getswitchinterval() == before

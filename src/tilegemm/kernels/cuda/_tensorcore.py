@@ -112,6 +112,7 @@ instructions.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from functools import cache
@@ -278,15 +279,21 @@ class SimBarrier:
         self._arrived = 0
         self._generation = 0
 
-    def wait(self) -> None:
+    def wait(self, last: Callable[[], None] | None = None) -> None:
+        """Wait until all ``parties`` threads have called this; the last to arrive runs
+        ``last`` first (if given), while every other thread still waits."""
         me = threading.current_thread()
         with self._cond:
             generation = self._generation
             self._arrived += 1
             if self._arrived == self.parties:
-                self._arrived = 0
-                self._generation += 1
-                self._cond.notify_all()
+                try:
+                    if last is not None:
+                        last()
+                finally:
+                    self._arrived = 0
+                    self._generation += 1
+                    self._cond.notify_all()
                 return
             waited = 0.0
             while generation == self._generation:
@@ -312,21 +319,26 @@ class CollectiveSlot:
 def compute_once(slot: CollectiveSlot, index: int, value: Any,
                  fn: Callable[[list[Any]], Any]) -> Any:
     """Simulator only: each of the slot's threads gives ``value`` (``index``: its place);
-    the first computes ``fn(all the values)`` and every thread gets that result. What a
-    warp-wide instruction produces is thus computed once, not by each of its threads (an
-    m16n8k16 product rebuilt by every lane made the tensor-core tests 32 times the work).
-    An exception in ``fn`` reaches every thread. Three barriers: values given, result
-    made, result read (before the slot may be reused)."""
+    the last to arrive computes ``fn(all the values)`` and every thread gets that result.
+    What a warp-wide instruction produces is thus computed once, not by each of its threads
+    (an m16n8k16 product rebuilt by every lane made the tensor-core tests 32 times the
+    work). An exception in ``fn`` reaches every thread.
+
+    One barrier, whose last arrival computes before it opens. The slot is safe to reuse
+    without a second one: the next result is made only when every thread has arrived at
+    the next call, that is after each has read this one (three barriers, values given,
+    result made and result read, took three times as long: each opening wakes the
+    group's threads one by one)."""
     slot.values[index] = value
-    slot.barrier.wait()
-    if index == 0:
+
+    def make() -> None:
         try:
             slot.result = (True, fn(list(slot.values)))
         except Exception as exc:  # noqa: BLE001 - handed to every thread below
             slot.result = (False, exc)
-    slot.barrier.wait()
+
+    slot.barrier.wait(make)
     ok, out = slot.result
-    slot.barrier.wait()
     if not ok:
         raise out
     return out
@@ -340,7 +352,7 @@ def collective_compute(parties: int, what: str, value: Any,
     ``.sync.aligned`` instructions it stands for do (``what`` names them in the error)."""
     t = threading.current_thread()
     manager = t._manager  # type: ignore[attr-defined]
-    if int(np.prod(manager._block_dim)) % parties:
+    if math.prod(manager._block_dim) % parties:
         raise RuntimeError(f"{what} need blocks of whole groups of {parties} threads")
     tid = t.thread_id  # type: ignore[attr-defined]
     key = (tuple(t.blockIdx), parties, tid // parties)  # type: ignore[attr-defined]
@@ -610,9 +622,10 @@ def _py_split_tf32_at(arr: Any, off: Any, small_off: Any) -> None:
     note_access(arr, off, 16, False)  # ld.shared.v4, then two st.shared.v4
     note_access(arr, off, 16, True)
     note_access(arr, small_off, 16, True)
-    parts = [_py_split_tf32(x) for x in v]
-    v[:] = [b for b, _ in parts]
-    small[:] = [s for _, s in parts]
+    x = np.array(v, dtype=np.float32)  # the four values, as _py_split_tf32 splits each
+    big = tf32_round(x)
+    with np.errstate(invalid="ignore"):
+        v[:], small[:] = big, tf32_round(x - big)
 
 
 def _py_cp_commit() -> None:
