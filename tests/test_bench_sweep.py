@@ -9,10 +9,12 @@ import io
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from conftest import host_tile
 from tilegemm import registry
 from tilegemm.backends import get_backend
 from tilegemm.backends.base import Backend, BackendStatus, Prepared
@@ -29,7 +31,7 @@ from tilegemm.bench.sweeps import (
 )
 from tilegemm.bench.timing import FAILED, OK, SKIPPED, Measurement, Policy
 from tilegemm.cli import main
-from tilegemm.registry import Constraint, KernelSpec, Param
+from tilegemm.registry import Constraint, KernelSpec, Param, changed
 
 TINY = Settings.quick(sizes=(8, 16), ladder_sizes=(16,), compile_size=16, r_size=16,
                       policy=Policy(warmup=1, min_reps=2, max_reps=4, budget_s=0.01))
@@ -70,8 +72,25 @@ def _with_fakes(backend: str) -> list[KernelSpec]:
     return real + [BROKEN, RAISING, TILED] if backend == "cpu" else real
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _own_tile() -> Any:
+    """The CPU blocked rung with this machine's float32 tile as its default MR x NR, in
+    every test here: the reports that run a rung at its defaults then share its compiled
+    code with the other tests, instead of compiling the registry's tile for themselves
+    (25 s on 2 vCPUs, once per test session)."""
+    tile = host_tile("float32")
+    spec = registry.get("blocked", "cpu")
+    blocked = replace(spec, params=changed(changed(spec.params, "MR", default=tile["MR"]),
+                                           "NR", default=tile["NR"]))
+    original = registry._specs_of
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry, "_specs_of", lambda backend: tuple(
+            blocked if s.name == "blocked" else s for s in original(backend)))
+        yield
+
+
 @pytest.fixture(scope="module")
-def cpu_results() -> Results:
+def cpu_results(_own_tile: Any) -> Results:
     """A tiny real CPU run of every report with the fakes added as registered rungs (so
     tilegemm.matmul, which the harness uses without Backend.prepare, finds them by name)."""
     with pytest.MonkeyPatch.context() as mp:
@@ -308,9 +327,20 @@ def test_case_labels_and_keys() -> None:
 
 
 @pytest.mark.opencl
-def test_tiny_sweep_on_opencl() -> None:
-    res = run_bench(["opencl"], Settings.quick(sizes=(8, 16), ladder_sizes=(16,),
-                                               compile_size=16, r_size=16, policy=TINY.policy))
+def test_tiny_sweep_on_opencl(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first calls and the ladder on PoCL (the CPU run above covers every report: the
+    block-size and R sweeps here built 25 programs more, 20 s on 2 vCPUs), the vendor a
+    stand-in for CLBlast computing on the host (the real library's first call compiles its
+    kernels for half a minute; test_bench_vendors checks the call against its signature)."""
+    import sys
+    import types
+
+    def gemm(queue, m, n, k, a, b, c, a_ld, b_ld, c_ld):  # type: ignore[no-untyped-def]
+        c.set(np.matmul(a.get(), b.get()).astype(c.dtype), queue=queue)
+
+    monkeypatch.setitem(sys.modules, "pyclblast", types.SimpleNamespace(gemm=gemm))
+    res = run_bench(["opencl"], Settings.quick(reports=("compile", "ladder"), ladder_sizes=(16,),
+                                               compile_size=16, policy=TINY.policy))
     assert res.for_report("ladder", "opencl")
     assert not res.failed, [f"{m.variant}: {m.reason}" for m in res.failed]
     assert "Ladder — opencl" in report.to_markdown(res)

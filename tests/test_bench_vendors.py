@@ -196,6 +196,31 @@ def test_clblast_glue_on_a_real_opencl_queue(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.opencl
+def test_clblast_glue_calls_gemm_as_the_installed_pyclblast_declares_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The arguments the glue passes bind to the installed pyclblast's own signature (the
+    real library's first call compiles its kernels on PoCL for half a minute, so the suite
+    checks the call against the signature instead of making it)."""
+    import inspect
+
+    real = pytest.importorskip("pyclblast")
+    calls: list[tuple[tuple, dict]] = []
+
+    def gemm(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((args, kwargs))
+        c = inspect.signature(real.gemm).bind(*args, **kwargs).arguments["c"]
+        c.set(np.matmul(args[4].get(), args[5].get()).astype(c.dtype))
+
+    monkeypatch.setitem(sys.modules, "pyclblast", types.SimpleNamespace(gemm=gemm))
+    v = vendors._clblast_vendor(get_backend("opencl").target())
+    prob, a3, b3 = _problem()
+    assert vendors.measure_vendor(v, "opencl", prob, a3, b3, POLICY).status == OK
+    bound = inspect.signature(real.gemm).bind(*calls[0][0], **calls[0][1]).arguments
+    assert (bound["m"], bound["n"], bound["k"], bound["a_ld"], bound["b_ld"], bound["c_ld"]) \
+        == (12, 7, 9, 9, 7, 7)
+
+
+@pytest.mark.opencl
 def test_clblast_time_covers_every_kernel_a_call_enqueues(monkeypatch: pytest.MonkeyPatch) -> None:
     """CLBlast may enqueue several kernels and return only the last one's event; the
     measured time must bracket all of them (a slow first kernel, a trivial last one)."""
