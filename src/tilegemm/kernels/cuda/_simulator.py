@@ -26,6 +26,7 @@ to 7.0 s on a 2-vCPU Zen 3, and the simulator's half of the test suite from 343 
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import threading
 from typing import Any
@@ -76,7 +77,7 @@ def _run_block(self: Any, grid_point: Any, *args: Any) -> None:
 
     target = (lambda: self._f(*args)) if self._debug else quiet  # debug: numba's own
     thread_class = _block_thread_class()
-    block = _Block(int(np.prod(self._block_dim)))
+    block = _Block(math.prod(self._block_dim))
     threads = [thread_class(target, self, grid_point, point, self._debug, block)
                for point in np.ndindex(*self._block_dim)]
     switch = sys.getswitchinterval()
