@@ -326,9 +326,10 @@ def compute_once(slot: CollectiveSlot, index: int, value: Any,
 
     One barrier, whose last arrival computes before it opens. The slot is safe to reuse
     without a second one: the next result is made only when every thread has arrived at
-    the next call, that is after each has read this one (three barriers, values given,
-    result made and result read, took three times as long: each opening wakes the
-    group's threads one by one)."""
+    the next call, that is after each has read this one. Each opening wakes the group's
+    threads one by one: with three barriers (values given, result made, result read) a
+    3xTF32 product of rung wgmma on the simulator took 19.1 s instead of 12.3 (2-vCPU Zen
+    3)."""
     slot.values[index] = value
 
     def make() -> None:
