@@ -358,13 +358,24 @@ def test_sim_barrier_releases_all_and_gives_up_when_the_block_aborts() -> None:
         SimBarrier(2, timeout=0.3).wait()
 
 
+def _in_threads(work: Any, count: int) -> None:
+    """``work(i)`` in ``count`` threads (with the ``abort`` flag the simulator's threads
+    carry), joined."""
+    import threading
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.abort = False  # type: ignore[attr-defined]
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
 def test_a_collective_slot_reused_at_once_gives_each_call_its_own_result() -> None:
     """compute_once waits at one barrier, whose last arrival computes: 8 threads make 300
     calls in a row on one slot, each call's result the sum of that call's values (a result
     overwritten before a slow thread read it, or values of two calls mixed, give another
     sum). An exception in the computation reaches every thread."""
-    import threading
-
     from tilegemm.kernels.cuda._tensorcore import CollectiveSlot, compute_once
 
     parties, calls = 8, 300
@@ -375,12 +386,7 @@ def test_a_collective_slot_reused_at_once_gives_each_call_its_own_result() -> No
         for n in range(calls):
             got[i].append(compute_once(slot, i, n * 100 + i, sum))
 
-    threads = [threading.Thread(target=party, args=(i,)) for i in range(parties)]
-    for t in threads:
-        t.abort = False  # type: ignore[attr-defined]
-        t.start()
-    for t in threads:
-        t.join(60)
+    _in_threads(party, parties)
     want = [n * 100 * parties + sum(range(parties)) for n in range(calls)]
     assert all(g == want for g in got)
 
@@ -392,12 +398,7 @@ def test_a_collective_slot_reused_at_once_gives_each_call_its_own_result() -> No
         except ZeroDivisionError as exc:
             errors.append(str(exc))
 
-    threads = [threading.Thread(target=failing, args=(i,)) for i in range(parties)]
-    for t in threads:
-        t.abort = False  # type: ignore[attr-defined]
-        t.start()
-    for t in threads:
-        t.join(60)
+    _in_threads(failing, parties)
     assert errors == ["integer division or modulo by zero"] * parties
 
 
