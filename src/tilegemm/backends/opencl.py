@@ -203,9 +203,8 @@ def built_program(context: Any, device: Any, source: str, options: Sequence[str]
     binary in 1-2 ms (PoCL 3.0, 2-core AMD EPYC). Asking PoCL for the binary compiles
     every kernel for any work-group size first: 0.03 s for the device probe, but 2.3-2.8 s
     for a rung's program, built in about 0.9 s, so rungs build from source (PoCL's
-    cache). The key
-    holds the source's hash, the options, the device, PoCL's version, the host CPU and
-    PyOpenCL's version (``compile_cache.cached_texts``); a binary PoCL refuses gives a
+    cache). The key holds the source's hash, the options, the device, PoCL's version, the
+    host CPU and PyOpenCL's version (``compile_cache.cached_texts``); a binary PoCL refuses gives a
     ``CompileCacheWarning``, is deleted and built from source again. Only on PoCL: other
     drivers keep their own caches (see ``compile_cache``). ``made`` collects each program
     built from source, so a failed build's log can be read; a failed build raises
@@ -229,7 +228,6 @@ def built_program(context: Any, device: Any, source: str, options: Sequence[str]
            "device": device.name.strip(), "driver": device.driver_version.strip(),
            "platform": device.platform.version.strip(),
            "cpu": f"{cpu_family_model()} {host_hardware_isa()}"}
-    name = keep_as
 
     def build() -> dict[str, str]:
         program = from_source()
@@ -239,7 +237,7 @@ def built_program(context: Any, device: Any, source: str, options: Sequence[str]
         return {"binary": base64.b64encode(binary).decode("ascii")}
 
     n_made = len(made)
-    texts = compile_cache.cached_texts(compile_cache.OPENCL_SUBDIR, name, key, build)
+    texts = compile_cache.cached_texts(compile_cache.OPENCL_SUBDIR, keep_as, key, build)
     if len(made) > n_made:
         return made[-1]
     try:
@@ -247,12 +245,12 @@ def built_program(context: Any, device: Any, source: str, options: Sequence[str]
         return cl.Program(context, [device], [binary]).build(options=list(options),
                                                               devices=[device])
     except (cl.Error, ValueError, KeyError) as exc:
-        warnings.warn(f"kernel cache entry for OpenCL program {name} could not be loaded "
+        warnings.warn(f"kernel cache entry for OpenCL program {keep_as} could not be loaded "
                       f"({type(exc).__name__}: {str(exc).strip()[:200]}); rebuilding it",
                       compile_cache.CompileCacheWarning, stacklevel=user_stacklevel())
-        compile_cache.discard_texts(compile_cache.OPENCL_SUBDIR, name, key)
+        compile_cache.discard_texts(compile_cache.OPENCL_SUBDIR, keep_as, key)
         n_made = len(made)
-        compile_cache.cached_texts(compile_cache.OPENCL_SUBDIR, name, key, build)
+        compile_cache.cached_texts(compile_cache.OPENCL_SUBDIR, keep_as, key, build)
         # (another process may have stored it again meanwhile: then built here uncached)
         return made[-1] if len(made) > n_made else from_source()
 

@@ -600,7 +600,8 @@ def _py_cp_async16_ptr(dst: Any, doff: Any, src: Any, sidx: Any, ptr: Any,
     _py_cp_async16_at(dst, doff, src, sidx, int(ptr) // isz, nbytes)  # address(src) == 0
 
 
-def _py_split_tf32(x: Any) -> tuple[np.float32, np.float32]:
+def _py_split_tf32(x: Any) -> tuple[Any, Any]:
+    """The big and small TF32 parts of float32 ``x`` (a value, or an array of them)."""
     big = np.float32(tf32_round(np.float32(x)))
     with np.errstate(invalid="ignore"):
         return big, np.float32(tf32_round(np.float32(x) - big))
@@ -623,10 +624,7 @@ def _py_split_tf32_at(arr: Any, off: Any, small_off: Any) -> None:
     note_access(arr, off, 16, False)  # ld.shared.v4, then two st.shared.v4
     note_access(arr, off, 16, True)
     note_access(arr, small_off, 16, True)
-    x = np.array(v, dtype=np.float32)  # the four values, as _py_split_tf32 splits each
-    big = tf32_round(x)
-    with np.errstate(invalid="ignore"):
-        v[:], small[:] = big, tf32_round(x - big)
+    v[:], small[:] = _py_split_tf32(np.array(v))  # all four at once (a copy: v is written)
 
 
 def _py_cp_commit() -> None:
