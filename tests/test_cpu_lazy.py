@@ -704,8 +704,10 @@ def test_the_rungs_micro_kernel_compiles_as_the_eager_one_and_only_once(tmp_path
     inside those settings (``k02_blocked.micro_kernel``), which the vectorisation tests
     read. Its code, and that of the tile loop, packing and the unpacked tiles, is generated
     in one or two code libraries (its own, and the tile loop's, which inlines it), not in
-    every function that reaches it (``called_by_name``; about ten before). A small int32
-    tile, compiled here from an empty cache."""
+    every function that reaches it (``called_by_name``; about ten before); so is the
+    calling thread's path (``small``, seven before) and the parallel region (two before:
+    its own and the threaded driver's). A small int32 tile, compiled here from an empty
+    cache."""
     import re
 
     from numba.core import codegen
@@ -715,7 +717,8 @@ def test_the_rungs_micro_kernel_compiles_as_the_eager_one_and_only_once(tmp_path
 
     # the libraries whose code each helper's is linked into, to be optimised and compiled
     linked: dict[str, list[str]] = {"ukernel": [], "macro": [], "pack_a": [], "pack_b": [],
-                                    "direct": [], "few_rows": []}
+                                    "direct": [], "few_rows": [], "small": [],
+                                    "run_parallel": []}
     real = codegen.CPUCodeLibrary._optimize_final_module
 
     def optimize(self):  # noqa: ANN001, ANN202 - after linking, before inlining
@@ -733,7 +736,8 @@ def test_the_rungs_micro_kernel_compiles_as_the_eager_one_and_only_once(tmp_path
     program = spec.program(params, dtype)
     assert linked == {"ukernel": ["ukernel", "macro"], "macro": ["macro"],
                       "pack_a": ["pack_a"], "pack_b": ["pack_b"],
-                      "direct": ["direct"], "few_rows": ["few_rows"]}, linked
+                      "direct": ["direct"], "few_rows": ["few_rows"], "small": ["small"],
+                      "run_parallel": ["run_parallel"]}, linked
     ukernel = program.__globals__["ukernel"]
     lazy = _instructions(ukernel.inspect_asm(ukernel.signatures[0]))
     eager_fn = k02_blocked.micro_kernel(4, 8, dtype)

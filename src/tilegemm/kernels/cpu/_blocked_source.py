@@ -726,6 +726,13 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
         products_serial(A, B, C, alpha, beta, z0, z1, 0, cb)
 
 
+# ``small`` is reached from the parallel region (batches of small products), the threaded
+# driver and ``small_matrix``: through its own symbol, its code (with the packed loop nest
+# it runs) is generated once, not again inside each of those and the wrappers Numba makes
+# around the parallel region.
+call_small = called_by_name(small)
+
+
 @when_called(a2(ro2, ro2, blocks), **FLAGS)
 def small_matrix(A, B, cb):
     """A new ``A @ B`` of two C-ordered matrices, a product ``small`` computes (``bind``'s
@@ -736,8 +743,8 @@ def small_matrix(A, B, cb):
     8×8×8 call on an Intel Xeon family 6 model 167."""
     m, n = A.shape[0], B.shape[1]
     C = np.empty((m, n), dtype=A.dtype)
-    small(A.reshape((1, m, A.shape[1])), B.reshape((1, B.shape[0], n)), C.reshape((1, m, n)),
-          one, zero, 0, 1, 0, cb)
+    call_small(A.reshape((1, m, A.shape[1])), B.reshape((1, B.shape[0], n)),
+               C.reshape((1, m, n)), one, zero, 0, 1, 0, cb)
     return C
 
 
@@ -815,7 +822,13 @@ def run_parallel(phase, ntasks, A, B, C, z, alpha, beta, jc, nc, pc, kc, nblk, n
         else:
             # runs of whole products, each by the path that suits its size
             batch = C.shape[0]
-            small(A, B, C, alpha, beta, t * batch // ntasks, (t + 1) * batch // ntasks, tr, cb)
+            call_small(A, B, C, alpha, beta, t * batch // ntasks, (t + 1) * batch // ntasks,
+                       tr, cb)
+
+
+# ``blocked_threads`` starts the parallel region at six places: through its own symbol, the
+# region and the three wrappers Numba makes around it are generated once, in this library.
+call_run_parallel = called_by_name(run_parallel)
 
 
 @when_called(numba.boolean(i8, i8, i8, i8, i8), **FLAGS)
@@ -958,20 +971,21 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
     if batch * m * n * k <= direct_max:
-        small(A, B, C, alpha, beta, 0, batch, tr, cb)
+        call_small(A, B, C, alpha, beta, 0, batch, tr, cb)
         return
     empty = np.empty((1, 1, 1, mr), dtype=C.dtype)
     if splits_batch(batch, m, n, k, nthreads):
         # runs of products, a few per thread (the scheduler balances them)
-        run_parallel(2, min(batch, BATCH_TASKS * nthreads), A, B, C, 0, alpha, beta, 0, 0,
-                     0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
+        call_run_parallel(2, min(batch, BATCH_TASKS * nthreads), A, B, C, 0, alpha, beta, 0,
+                          0, 0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
         return
     if takes_rows(batch, m, n, k, nthreads, direct_max, tr, cb):
         # each product's rows in runs of 8-row tiles, a few runs per thread, unpacked (B
         # plain: ``blocked`` copies a transposed B for this path)
         for z in range(batch):
-            run_parallel(3, min((m + 7) // 8, BATCH_TASKS * nthreads), A, B, C, z, alpha,
-                         beta, 0, 0, 0, 0, 0, 1, empty[0], empty, empty[0], tr, 1, cb)
+            call_run_parallel(3, min((m + 7) // 8, BATCH_TASKS * nthreads), A, B, C, z,
+                              alpha, beta, 0, 0, 0, 0, 0, 1, empty[0], empty, empty[0], tr, 1,
+                              cb)
         return
     if takes_few(batch, m, n, k, nthreads, direct_max, tr):
         # each product's columns in ranges of whole tiles, one per thread, unpacked (A
@@ -983,8 +997,8 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
             if k * n * ITEMSIZE <= split:
                 call_few_rows(A, B, C, alpha, beta, cb, z, 0, n, tr)
             else:
-                run_parallel(4, tasks, A, B, C, z, alpha, beta, 0, 0, 0, 0, 0, 1, empty[0],
-                             empty, empty[0], tr, 1, cb)
+                call_run_parallel(4, tasks, A, B, C, z, alpha, beta, 0, 0, 0, 0, 0, 1,
+                                  empty[0], empty, empty[0], tr, 1, cb)
         return
     # One product at a time, threads over (row block × strip group) tasks (see layout).
     nblk, ngroups_max, strip_cap, kcap, rows_per_blk, ap_at, t_at, size = layout(
@@ -1003,15 +1017,15 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
             ngroups = min(ngroups_max, nstrips)
             if nblk == 1:  # each task runs all of K for its columns (see run_parallel)
                 chunk = chunk_bytes // (kcap * nr * C.itemsize)
-                run_parallel(1, ngroups, A, B, C, z, alpha, beta, jc, nc, 0, k, nblk,
-                             ngroups, Bp, Ap_all, T_all, tr, chunk, cb)
+                call_run_parallel(1, ngroups, A, B, C, z, alpha, beta, jc, nc, 0, k, nblk,
+                                  ngroups, Bp, Ap_all, T_all, tr, chunk, cb)
                 continue
             for pc in range(0, k, kc_max):
                 kc = min(kc_max, k - pc)
-                run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc, nc, pc,
-                             kc, nblk, ngroups, Bp, Ap_all, T_all, tr, 0, cb)
-                run_parallel(1, nblk * ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc,
-                             nblk, ngroups, Bp, Ap_all, T_all, tr, 0, cb)
+                call_run_parallel(0, min(nthreads, nstrips), A, B, C, z, alpha, beta, jc, nc,
+                                  pc, kc, nblk, ngroups, Bp, Ap_all, T_all, tr, 0, cb)
+                call_run_parallel(1, nblk * ngroups, A, B, C, z, alpha, beta, jc, nc, pc, kc,
+                                  nblk, ngroups, Bp, Ap_all, T_all, tr, 0, cb)
 
 
 def _stored(X, transposed, cols):
