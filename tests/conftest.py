@@ -44,6 +44,9 @@ _session_dir("TILEGEMM_KERNEL_CACHE", "tilegemm-kernels-")
 # Tuned parameters too: a developer's tuning cache must not change what kernel="auto" or a
 # named rung picks in a test (tests that tune set their own directory).
 _session_dir("TILEGEMM_CACHE_DIR", "tilegemm-cache-")
+# A first compile runs in the process that needs it, so the tests' counts of compilations
+# and loads stay exact (tests/test_cpu_compile_workers.py asks for worker processes).
+os.environ.setdefault("TILEGEMM_COMPILE_JOBS", "1")
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM", "") not in ("", "0")
 REAL_GPU = os.environ.get("TILEGEMM_GPU_TESTS", "") not in ("", "0")

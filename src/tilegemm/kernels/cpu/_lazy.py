@@ -163,9 +163,17 @@ class CalledByName:
         self.call.by_name = self
 
     def publish(self) -> None:
-        """Compile or load the callee, then give its machine code this object's name."""
+        """Compile or load the callee, then give its machine code this object's name (in a
+        worker compiling for another process, a stand-in address while the callee waits:
+        see :mod:`~tilegemm.kernels.cpu._compile_workers`)."""
         from llvmlite import binding
 
+        from tilegemm.kernels.cpu import _compile_workers
+
+        if _compile_workers.IN_WORKER and self.callee.pending:
+            if binding.address_of_symbol(self.symbol) is None:
+                binding.add_symbol(self.symbol, _compile_workers.stand_in_address())
+            return
         self.callee.ensure()
         (cres,) = self.callee.overloads.values()
         binding.add_symbol(self.symbol,
@@ -215,12 +223,19 @@ def load_compiled(functions: tuple[Any, ...], called_from_python: tuple[Any, ...
     first call. If not, everything compiles now in the order given, as eager declarations
     would: a helper compiled inside its caller's compilation instead took about 7 % longer
     in all (float32 blocked rung, Zen 5), and a cold cache's compile belongs in the import
-    that :mod:`tilegemm.compile_cache` reports, not in some later call. A damaged cache
+    that :mod:`tilegemm.compile_cache` reports, not in some later call. Where the machine
+    has several CPUs, worker processes compile them into the disk cache first and this
+    process loads them (:mod:`~tilegemm.kernels.cpu._compile_workers`). A damaged cache
     entry found later gives a warning and is compiled again (:class:`QuickLoadCache`).
     """
     probe = called_from_python[0]
     probe.ensure()
     if sum(probe.stats.cache_hits.values()) == 0:  # cold
+        from tilegemm.kernels.cpu import _compile_workers
+
+        if _compile_workers.IN_WORKER:
+            return  # a worker compiling for another process: that one says what
+        _compile_workers.compile_in_workers(functions)  # into the cache, where they load
         for f in functions:
             f.ensure()
 

@@ -202,11 +202,13 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
 
     from tilegemm._compat import import_numba
     from tilegemm.compile_cache import cache_root, fill_template, load_module
+    from tilegemm.kernels.cpu._compile_workers import compile_jobs
     from tilegemm.kernels.cpu._slp import vector_width
     from tilegemm.kernels.cpu._threads import PoolWatch, make_tbb_loadable
 
     import_numba()  # one thread at a time (see there)
     make_tbb_loadable()  # before Numba picks its threading layer (see _threads)
+    compile_jobs()  # a bad TILEGEMM_COMPILE_JOBS is refused here, not inside the cache's import
     dtype = np.dtype(dtype)
     header = {"MR": p["MR"], "NR": p["NR"]}
     bits = vector_bits()
