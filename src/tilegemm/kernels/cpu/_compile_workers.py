@@ -38,6 +38,7 @@ import selectors
 import subprocess
 import sys
 import tempfile
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -223,7 +224,7 @@ class _Scheduler:
         return worker
 
     def _dispatch(self) -> None:
-        """Give each idle worker the first function whose callees are all done."""
+        """Give each idle worker the first function whose linked callees are all done."""
         for i, worker in enumerate(self.workers):
             if i in self.busy:
                 continue
@@ -284,6 +285,7 @@ def serve() -> None:
         try:
             getattr(module, name).ensure()
         except Exception:  # noqa: BLE001 - the importer compiles it and reports the error
+            traceback.print_exc()  # for the importer's DEBUG log
             print(f"failed {name}", flush=True)
             return
         print(f"ok {name}", flush=True)
