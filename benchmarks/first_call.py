@@ -31,6 +31,7 @@ import cpu_blocked  # noqa: E402
 from tilegemm.backends import BACKENDS  # noqa: E402
 from tilegemm.backends.cpu import usable_cpus  # noqa: E402
 from tilegemm.bench.environment import cpu_name, git_commit, versions, write_cpu_results  # noqa: E402
+from tilegemm.kernels.cpu._compile_workers import compile_jobs  # noqa: E402
 from tilegemm.tune.database import host_isa  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,6 +132,8 @@ def main() -> int:
         "cpu_model": cpu_name(), "isa": host_isa(), "simd": cpu_blocked.simd_flags(),
         "cpu": cpu_identity(),
         "cores": usable_cpus(), "versions": versions(), "git_commit": git_commit(),
+        # worker processes of a first CPU compile (what the empty-cache runs used)
+        "compile_jobs": compile_jobs(),
         "method": "new process: import numpy and tilegemm, matmul 64^3 then 256^3; caches "
                   "filled by one process first; median of runs, 0.2 s apart; bytecode "
                   "cache allowed (PYTHONDONTWRITEBYTECODE removed)",
