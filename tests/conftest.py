@@ -193,6 +193,60 @@ def run_in_threads(work, count: int) -> None:  # type: ignore[no-untyped-def]
         t.join()
 
 
+# A generated module of compiled functions (as a rung's): ``heavy`` called by name from
+# ``first``, whose code ``second`` links; the ``more`` block may declare more functions
+# (listed in MORE), before the probe. Filled with compile_cache.fill_template.
+BY_NAME_TEMPLATE = '''
+import numba
+from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled, njit_when_called
+
+# @header
+SCALE = 1
+CACHE = False
+# @end-header
+
+f8, v = numba.float64, numba.float64[::1]
+
+
+@njit_when_called(f8(v), cache=CACHE, error_model="python")
+def heavy(x):
+    if x.shape[0] == 0:
+        raise ValueError("heavy needs a value")
+    t = 0.0
+    for i in range(x.shape[0]):
+        t += SCALE * x[i]
+    return t
+
+
+call_heavy = called_by_name(heavy)
+
+
+@njit_when_called(f8(v), cache=CACHE)
+def first(x):
+    return call_heavy(x) + 1
+
+
+@njit_when_called(f8(v), cache=CACHE)
+def second(x):  # reaches heavy through first, whose code is linked into its own
+    return 2 * first(x)
+
+
+# @more
+MORE = ()
+# @end-more
+
+
+@njit_when_called(numba.boolean(f8), cache=CACHE)
+def probe(x):
+    return x > 0
+
+
+COMPILED = (heavy, first, second, *MORE, probe)
+CALLED_FROM_PYTHON = (probe, first, second, *MORE)
+load_compiled(COMPILED, CALLED_FROM_PYTHON)
+'''
+
+
 def script_json(script: str, *args: str, env: dict[str, str] | None = None,
                 timeout: float = 300) -> dict:
     """Run ``script`` (Python source) in a fresh interpreter with ``args``; the JSON object

@@ -13,63 +13,23 @@ import os
 import numba
 import pytest
 
-from conftest import script_json
+from conftest import BY_NAME_TEMPLATE, script_json
 from tilegemm.compile_cache import fill_template
 from tilegemm.errors import InvalidValueError
 from tilegemm.kernels.cpu import _compile_workers
 from tilegemm.kernels.cpu._lazy import called_by_name, njit_when_called
 
-# heavy is called by name (first and third compile against a stand-in for it in a worker
-# that has not compiled it); second links first's code, third links second's.
-TEMPLATE = '''
-import numba
-from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled, njit_when_called
-
-# @header
-SCALE = 1
-CACHE = False
-# @end-header
-
-f8, v = numba.float64, numba.float64[::1]
-
-
-@njit_when_called(f8(v), cache=CACHE, error_model="python")
-def heavy(x):
-    if x.shape[0] == 0:
-        raise ValueError("heavy needs a value")
-    t = 0.0
-    for i in range(x.shape[0]):
-        t += SCALE * x[i]
-    return t
-
-
-call_heavy = called_by_name(heavy)
-
-
-@njit_when_called(f8(v), cache=CACHE)
-def first(x):
-    return call_heavy(x) + 1
-
-
-@njit_when_called(f8(v), cache=CACHE)
-def second(x):
-    return 2 * first(x)
-
-
+# The shared module (conftest) with a third function, which links second's code and calls
+# heavy by name too: first and third compile against a stand-in for heavy in a worker
+# that has not compiled it.
+THIRD = """
 @njit_when_called(f8(v), cache=CACHE)
 def third(x):
     return second(x) + call_heavy(x)
 
 
-@njit_when_called(numba.boolean(f8), cache=CACHE)
-def probe(x):
-    return x > 0
-
-
-COMPILED = (heavy, first, second, third, probe)
-CALLED_FROM_PYTHON = (probe, first, second, third)
-load_compiled(COMPILED, CALLED_FROM_PYTHON)
-'''
+MORE = (third,)
+"""
 
 RUN = """
 import json, logging, sys
@@ -96,7 +56,7 @@ print(json.dumps({"stats": compile_cache.STATS, "values": [m.first(x), m.third(x
 
 
 def _run(tmp_path, jobs: str, *extra: str) -> dict:
-    source = fill_template(TEMPLATE, {"SCALE": 3, "CACHE": False}, {})
+    source = fill_template(BY_NAME_TEMPLATE, {"SCALE": 3, "CACHE": False}, {"more": THIRD})
     env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path), TILEGEMM_COMPILE_JOBS=jobs)
     return script_json(RUN, source, *extra, env=env)
 

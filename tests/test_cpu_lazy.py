@@ -12,7 +12,7 @@ import numba
 import numpy as np
 import pytest
 
-from conftest import script_json
+from conftest import BY_NAME_TEMPLATE, script_json
 from tilegemm.compile_cache import fill_template, load_module
 from tilegemm.kernels.cpu import _slp
 from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled, njit_when_called
@@ -541,51 +541,6 @@ def test_a_caller_compiled_against_a_cached_parallel_helper_loads_alone(tmp_path
     assert run() == {"stats": {"compiled": 1, "loaded": 2}, "value": 90.0}  # fill loaded
     assert run() == {"stats": {"compiled": 0, "loaded": 2}, "value": 90.0}
 
-
-BY_NAME_TEMPLATE = '''
-import numba
-from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled, njit_when_called
-
-# @header
-SCALE = 1
-CACHE = False
-# @end-header
-
-f8, v = numba.float64, numba.float64[::1]
-
-
-@njit_when_called(f8(v), cache=CACHE, error_model="python")
-def heavy(x):
-    if x.shape[0] == 0:
-        raise ValueError("heavy needs a value")
-    t = 0.0
-    for i in range(x.shape[0]):
-        t += SCALE * x[i]
-    return t
-
-
-call_heavy = called_by_name(heavy)
-
-
-@njit_when_called(f8(v), cache=CACHE)
-def first(x):
-    return call_heavy(x) + 1
-
-
-@njit_when_called(f8(v), cache=CACHE)
-def second(x):  # reaches heavy through first, whose code is linked into its own
-    return 2 * first(x)
-
-
-@njit_when_called(numba.boolean(f8), cache=CACHE)
-def probe(x):
-    return x > 0
-
-
-COMPILED = (heavy, first, second, probe)
-CALLED_FROM_PYTHON = (probe, first, second)
-load_compiled(COMPILED, CALLED_FROM_PYTHON)
-'''
 
 LOAD_BY_NAME = """
 import json, sys, warnings
