@@ -166,3 +166,20 @@ def test_a_bad_job_count_is_refused_before_the_rung_is_imported(monkeypatch, tmp
         with pytest.raises(InvalidValueError, match="TILEGEMM_COMPILE_JOBS='zero'"):
             k02_blocked.build(params, np.dtype("float32"))
     assert not list(tmp_path.rglob("*.py"))  # nothing was written, nothing compiled
+
+
+def test_workers_compile_for_the_cpu_numba_compiles_for_here(monkeypatch):
+    """Numba's target CPU as this process has it reaches the workers as their environment
+    variables: set in code, it is passed on; unset in code (Numba's own choice, the host),
+    a variable left in the environment is not passed on."""
+    from numba.core import config
+
+    monkeypatch.setattr(config, "CPU_NAME", "znver3")
+    monkeypatch.setattr(config, "CPU_FEATURES", "+avx2,+fma")
+    env = _compile_workers.worker_env()
+    assert env["NUMBA_CPU_NAME"] == "znver3" and env["NUMBA_CPU_FEATURES"] == "+avx2,+fma"
+    monkeypatch.setattr(config, "CPU_NAME", None)
+    monkeypatch.setattr(config, "CPU_FEATURES", None)
+    monkeypatch.setenv("NUMBA_CPU_NAME", "stale")
+    env = _compile_workers.worker_env()
+    assert "NUMBA_CPU_NAME" not in env and "NUMBA_CPU_FEATURES" not in env

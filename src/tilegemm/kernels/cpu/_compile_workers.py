@@ -218,7 +218,7 @@ class _Scheduler:
         root = str(Path(__file__).resolve().parents[3])  # the folder holding tilegemm/
         worker = subprocess.Popen([sys.executable, "-c", WORKER_CODE.format(root=root)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=errors, text=True, bufsize=1)
+                                  stderr=errors, text=True, bufsize=1, env=worker_env())
         assert worker.stdin is not None
         worker.stdin.write(json.dumps(self.init) + "\n")
         return worker
@@ -260,6 +260,23 @@ class _Scheduler:
                 worker.wait()
             with contextlib.suppress(OSError):
                 worker.stdout.close()
+
+
+def worker_env() -> dict[str, str]:
+    """A worker's environment: this process's, with the CPU Numba compiles for as this
+    process has it (``numba.config.CPU_NAME`` and ``CPU_FEATURES`` may have been set in
+    code, not through ``NUMBA_CPU_NAME``/``NUMBA_CPU_FEATURES``): code for another CPU would
+    be saved where this process never looks, and compiled again here."""
+    from numba.core import config
+
+    env = dict(os.environ)
+    for name, value in (("NUMBA_CPU_NAME", config.CPU_NAME),
+                        ("NUMBA_CPU_FEATURES", config.CPU_FEATURES)):
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return env
 
 
 class _WorkerFailed(Exception):
