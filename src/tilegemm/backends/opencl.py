@@ -204,11 +204,11 @@ def built_program(context: Any, device: Any, source: str, options: Sequence[str]
     every kernel for any work-group size first: 0.03 s for the device probe, but 2.3-2.8 s
     for a rung's program, built in about 0.9 s, so rungs build from source (PoCL's
     cache). The key holds the source's hash, the options, the device, PoCL's version, the
-    host CPU and PyOpenCL's version (``compile_cache.cached_texts``); a binary PoCL refuses gives a
-    ``CompileCacheWarning``, is deleted and built from source again. Only on PoCL: other
-    drivers keep their own caches (see ``compile_cache``). ``made`` collects each program
-    built from source, so a failed build's log can be read; a failed build raises
-    ``cl.Error`` and stores nothing."""
+    host CPU and PyOpenCL's version (``compile_cache.cached_texts``); a binary PoCL
+    refuses gives a ``CompileCacheWarning``, is deleted and built from source again. Only
+    on PoCL: other drivers keep their own caches (see ``compile_cache``). ``made``
+    collects each program built from source, so a failed build's log can be read; a
+    failed build raises ``cl.Error`` and stores nothing."""
     cl = _cl()
     made = [] if made is None else made
 

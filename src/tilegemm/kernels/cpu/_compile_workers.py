@@ -164,8 +164,7 @@ def compile_in_workers(functions: Sequence[Any]) -> None:
     if (jobs < 2 or not path.is_file() or not os.access(path.parent, os.W_OK)
             or not all(isinstance(f._cache, QuickLoadCache) for f in pending)):
         return  # nothing to share, or nothing a worker compiled could be kept
-    names = {f.py_func.__name__ for f in pending}
-    deps = {name: needs & names for name, needs in linked_callees(pending).items()}
+    deps = linked_callees(pending)  # (among the pending ones: the others are in the cache)
     cost = {f.py_func.__name__: compile_cost(f) for f in pending}
     init = {"stem": path.stem, "path": str(path), "width": pending[0].declaration[2]}
     try:
@@ -206,13 +205,13 @@ class _Scheduler:
                         self._reply(key.data, key.fileobj.readline())
                     self._dispatch()
             except (OSError, _WorkerFailed) as exc:  # TimeoutError is an OSError
-                self._stop()
+                self._stop()  # (the workers' output is whole once they have ended)
                 errors.seek(0)
                 log.debug("compiling in worker processes stopped (%s); the rest compiles "
                           "here. The workers wrote:\n%s", exc,
                           errors.read().decode(errors="replace")[-4000:])
             finally:
-                self._stop()
+                self._stop()  # (none left after a failure; on Ctrl-C, those compiling)
 
     def _start(self, errors: Any) -> subprocess.Popen:
         root = str(Path(__file__).resolve().parents[3])  # the folder holding tilegemm/
