@@ -479,6 +479,62 @@ def test_transposed_matrices_are_packed_in_place_not_copied(dtype, monkeypatch):
             assert "packed" in tilegemm.plan(ta, tb, kernel="blocked", **params).path
 
 
+@pytest.mark.parametrize("dtype", ("float32", "float64", "int64"))
+def test_narrow_products_with_a_transposed_run_as_their_transpose(dtype, monkeypatch):
+    """``X.T @ w``, w of 2 to TRANSPOSE_COLUMNS columns (a weight's gradient), runs as its
+    transpose ``w.T @ X``, a product of a few rows that reads X's storage in place: no
+    matrix copied (w.T, 2-7 rows, may be), the plain operands' bits (with the registry's
+    FEW_KC, not below KC), NumPy's integers, plan() naming it exactly when it runs, in
+    batches, and gemm's beta reading C. One column more, or as few rows as columns, or B
+    given transposed too: not swapped (the packed path)."""
+    from tilegemm.kernels.cpu import k02_blocked
+
+    params, mod = blocked_module({}, dtype)
+    dt = np.dtype(dtype)
+    run = {"kernel": "blocked", "backend": "cpu", **params}
+    wide = mod.TRANSPOSE_COLUMNS
+    assert wide == k02_blocked.TRANSPOSE_COLUMNS  # the generated module's, and path()'s
+    swapped: list[tuple[int, ...]] = []
+    original = mod._transposed_product
+
+    def spy(A, B, C, *rest):  # noqa: ANN001, ANN202
+        swapped.append(C.shape)
+        return original(A, B, C, *rest)
+
+    monkeypatch.setattr(mod, "_transposed_product", spy)
+    # (batch of A, batch of B, M, N, K)
+    for seed, (za, zb, m, n, k) in enumerate([
+            (1, 1, 700, wide, 300), (1, 1, 1500, 5, 700), (1, 1, 900, 9, 500),
+            (3, 3, 400, 12, 300), (1, 2, 1200, 2, 900), (2, 1, 900, 7, 400),
+            (1, 1, 1000, 20, 600), (1, 1, 700, wide + 1, 300), (1, 1, wide, wide, 4000)]):
+        a, b = random_operands((za, m, k), (zb, k, n), dtype, seed=seed)
+        at = np.ascontiguousarray(a.swapaxes(1, 2)).swapaxes(1, 2)  # X.T, X C-ordered
+        expect = 2 <= n <= wide < m
+        del swapped[:]
+        copied = _copies(mod, monkeypatch)
+        got = tilegemm.matmul(at, b, **run)
+        what = f"{dtype} {(za, zb, m, n, k)}"
+        assert swapped == ([(max(za, zb), m, n)] if expect else []), what
+        assert all(shape[-1] < 8 for shape in copied), (what, copied)  # w.T, a few rows
+        planned = tilegemm.plan(at, b, kernel="blocked", **params).path
+        assert planned.startswith("as its transpose") == expect, (what, planned)
+        np.testing.assert_array_equal(got, tilegemm.matmul(a, b, **run), err_msg=what)
+        if dt.kind == "i":
+            np.testing.assert_array_equal(got, np.matmul(a, b), err_msg=what)
+        else:
+            assert_close(got, a, b, what=what)
+        both = tilegemm.matmul(at, np.ascontiguousarray(b.swapaxes(1, 2)).swapaxes(1, 2),
+                               **run)
+        assert len(swapped) == expect, what  # not for B transposed too
+        if dt.kind == "i":
+            np.testing.assert_array_equal(both, got, err_msg=what)
+        else:
+            assert_close(both, a, b, what=what)
+        if dt.kind == "f":
+            _gemm_matches(at, b, b, seed, **run)  # beta: C's transpose read first
+            assert len(swapped) == 2 * expect, what
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_few_row_products_with_b_transposed_take_dot_products(dtype, monkeypatch):
     """``x @ W.T`` with 2-15 rows of x (a linear layer's weights, W stored (N, K)): dot

@@ -365,10 +365,19 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         # narrow path copies it (a few columns), the unpacked one packs it
         flipped = k02_blocked.path(batch, m, n, k, threads, params, itemsize=4,
                                    a_transposed=True)
-        assert ("rows split" in flipped) == (narrow and bool(mod.takes_rows(
-            batch, m, n, k, threads, direct, 1, cb))), (batch, m, n, k, flipped)
-        # few rows with A transposed: 2-7 rows copy A (a few rows), 8-15 are packed
-        assert ("few rows" in flipped) == (few and m < 8), (batch, m, n, k, flipped)
+        if mod.swaps_narrow(m, n, 1):  # a few columns: computed as its transpose
+            assert flipped == ("as its transpose, B.T @ A.T (A given transposed, few "
+                               "columns): " + k02_blocked.path(
+                                   batch, n, m, k, threads, params, itemsize=4,
+                                   a_transposed=True)), (batch, m, n, k, flipped)
+        else:
+            assert ("rows split" in flipped) == (narrow and bool(mod.takes_rows(
+                batch, m, n, k, threads, direct, 1, cb))), (batch, m, n, k, flipped)
+            # few rows with A transposed: 2-7 rows copy A (a few rows), 8-15 are packed
+            assert ("few rows" in flipped) == (few and m < 8), (batch, m, n, k, flipped)
+        both = k02_blocked.path(batch, m, n, k, threads, params, itemsize=4,
+                                a_transposed=True, b_transposed=True)
+        assert "as its transpose" not in both + fortran, (batch, m, n, k, both)
         assert ("rows split" in fortran) == (narrow and bool(mod.takes_rows(
             batch, m, n, k, threads, direct, 2, cb))), (batch, m, n, k, fortran)
     planned = tilegemm.plan(np.ones((1, 3000), np.float32), np.ones((3000, 500), np.float32))

@@ -66,6 +66,9 @@ ONE_BLOCK_TASK_COLUMNS = 256
 # ONE_REGION_TASK_COLUMNS columns per thread (k02_blocked.ONE_REGION_PRODUCT)
 ONE_REGION_PRODUCT = 384 * 384 * 384
 ONE_REGION_TASK_COLUMNS = 64
+# products of at most this many columns, A given transposed, are computed as their
+# transpose (k02_blocked.TRANSPOSE_COLUMNS, see swaps_narrow)
+TRANSPOSE_COLUMNS = 64
 # @end-header
 
 BATCH_TASKS = 4  # runs of small products per thread in a batch (phase 2)
@@ -1081,6 +1084,33 @@ def _plain_unless_packed(A, B, C, tr):
     return A, B, C, tr
 
 
+def swaps_narrow(m, n, tr):
+    """Whether ``blocked`` computes a product with A given as its transpose and B plainly
+    (``tr`` == 1: ``X.T @ w``) as the transpose of the other product, ``C.T = w.T @ X``: a
+    narrow one (2 to ``TRANSPOSE_COLUMNS`` columns) of more rows than that. Packed as it
+    is, all of A is copied for a few multiply-adds per element, in tiles ``NR`` columns
+    wide, many of them padding, and the threads split its rows. Its transpose has a few
+    rows, with X's storage as its B, packed (or read) as it is, and w's as its A given
+    transposed: a product of one row block whose threads split the columns, as a plainly
+    given ``w.T @ X`` would run (see ``k02_blocked.TRANSPOSE_COLUMNS`` for the figures).
+    Of 2-7 rows, w.T is copied for ``few_rows``, which sums K in panels of FEW_KC steps:
+    where FEW_KC < KC the last bits differ from the plain operands'. With B given
+    transposed too, the transpose would take the 9-15-row tiles, whose panels are shorter
+    still (``REREAD_KC``): those stay packed."""
+    return tr == 1 and 2 <= n <= TRANSPOSE_COLUMNS < m
+
+
+def _transposed_product(A, B, C, alpha, beta, cb, vector_direct):
+    """``C = alpha*A@B + beta*C``, A given transposed (``swaps_narrow``), computed as
+    ``C.T = alpha*B.T@A.T + beta*C.T`` into a scratch array holding C's transpose, then
+    copied into C (M×N elements, against M·N·K multiply-adds)."""
+    Ct = np.empty((C.shape[0], C.shape[2], C.shape[1]), dtype=C.dtype)
+    if beta != 0:
+        Ct[...] = np.swapaxes(C, 1, 2)
+    blocked(B, A, Ct, alpha, beta, 1, cb, vector_direct)
+    C[...] = np.swapaxes(Ct, 1, 2)
+
+
 # Counts the threaded vector products: each reads its matrix the other way round from the
 # last (see gemv_threads).
 _gemv_calls = itertools.count()
@@ -1110,6 +1140,9 @@ def blocked(A, B, C, alpha, beta, tr, cb, vector_direct):
               else min(DIRECT_PRODUCT, vector_direct))
     if C.size * k <= direct:
         small(A, B, C, alpha, beta, 0, C.shape[0], tr, cb)  # small, given transposed
+        return
+    if swaps_narrow(C.shape[1], C.shape[2], tr):
+        _transposed_product(A, B, C, alpha, beta, cb, vector_direct)
         return
     if takes_gemv(C.shape[0], C.shape[1], C.shape[2], k, direct):  # (tr is 0 here)
         vector_threads(A, B, C, alpha, beta, cb)

@@ -222,7 +222,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
          "VECTOR_BITS": bits, "K_UNROLL": K_UNROLL,
          "ONE_BLOCK_TASK_COLUMNS": ONE_BLOCK_TASK_COLUMNS,
          "ONE_REGION_PRODUCT": ONE_REGION_PRODUCT,
-         "ONE_REGION_TASK_COLUMNS": ONE_REGION_TASK_COLUMNS},
+         "ONE_REGION_TASK_COLUMNS": ONE_REGION_TASK_COLUMNS,
+         "TRANSPOSE_COLUMNS": TRANSPOSE_COLUMNS},
         {"ukernel": micro_kernel_source()},
     )
     # compiled (or loaded from the cache) with full-width vectors; loading may start
@@ -277,6 +278,17 @@ ONE_BLOCK_TASK_COLUMNS = 256
 # 1862 / 1846, 512³ 4219 / 5254 (A no longer in L2), hence 384³.
 ONE_REGION_PRODUCT = 384 * 384 * 384
 ONE_REGION_TASK_COLUMNS = 64
+# A product with A given as its transpose (``X.T @ w``, a weight's gradient) and at most this
+# many columns, of more rows than that, is computed as its transpose, ``w.T @ X``: a product
+# of a few rows, one row block whose threads split the columns, X's storage as its B (see
+# ``swaps_narrow`` in the generated module). Packed as it was, all of A was copied for a
+# few multiply-adds per element, in tiles NR columns wide, many of them padding. Intel Xeon
+# family 6 model 207 (2 vCPUs), 2048 × N × 2048, time against NumPy, packed / transposed
+# (two runs in alternating processes; N > 32 in one process, alternating blocks): float32
+# N = 2 0.73 / 2.02, 7 0.90 / 2.85, 16 0.70 / 1.29, 32 0.90 / 1.29, 48 0.75 / 1.03,
+# 64 0.88 / 0.96, 96 0.90 / 0.93; float64 2 0.66 / 1.88, 16 0.65 / 1.26, 24 0.76 / 1.42,
+# 48 0.80 / 1.28, 64 1.04 / 1.35.
+TRANSPOSE_COLUMNS = 64
 
 
 def b_chunk_bytes() -> int:
@@ -390,11 +402,11 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
          b_transposed: bool = False) -> str:
     """Which of the rung's paths a product of ``batch`` (m, k) @ (k, n) products takes on
     ``threads`` threads, in words (``tilegemm.plan`` names it): the same tests, in the same
-    order, as the generated module's ``blocked``, ``takes_gemv``, ``splits_batch``, (given
-    the dtype's ``itemsize``) ``takes_rows`` and ``takes_few`` (``a_transposed``,
-    ``b_transposed``: that operand is handed over as its transpose, e.g. Fortran-ordered)
-    and (given the parameters and the L2 ``budget`` too, see :func:`one_row_block`)
-    ``layout``."""
+    order, as the generated module's ``blocked``, ``takes_gemv``, ``swaps_narrow`` (the
+    path of the product's transpose then), ``splits_batch``, (given the dtype's
+    ``itemsize``) ``takes_rows`` and ``takes_few`` (``a_transposed``, ``b_transposed``:
+    that operand is handed over as its transpose, e.g. Fortran-ordered) and (given the
+    parameters and the L2 ``budget`` too, see :func:`one_row_block`) ``layout``."""
     from tilegemm.kernels.cpu._dot_tile import DOT_MAX
     from tilegemm.kernels.cpu._small_tile import (
         FEW_ROWS,
@@ -414,6 +426,10 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
         return "small product: on the calling thread, no thread pool"
     if (m == 1 or n == 1) and (batch == 1 or size > SMALL_PRODUCT):
         return f"one row or column: the matrix streamed once, split over {threads} thread(s)"
+    if a_transposed and not b_transposed and 2 <= n <= TRANSPOSE_COLUMNS < m:  # swaps_narrow
+        other = path(batch, n, m, k, threads, params, itemsize=itemsize, budget=budget,
+                     a_transposed=True)
+        return f"as its transpose, B.T @ A.T (A given transposed, few columns): {other}"
     if batch >= 2 and (size <= SMALL_PRODUCT
                        or (size <= BATCH_PRODUCT and batch >= BATCH_SPLIT_MIN * threads)):
         return f"batch split: whole products on each of {threads} thread(s)"
