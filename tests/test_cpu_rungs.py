@@ -662,11 +662,13 @@ def test_small_products_of_more_rows_are_one_row_block_all_k_in_one_region(tr, r
 def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
     """``k02_blocked.one_row_block`` (what ``plan`` says) and the compiled ``layout`` (what
     runs) agree on which products are one row block, for any thread count, K and L2 budget
-    (none; 47 strips of MR=4 rows of A at KC=64 and a chunk of B; more than any panel)."""
+    (none; 47 strips of MR=4 rows of A at KC=64 and a chunk of B; more than any panel).
+    UNPACKED_KB = 256: where the CPU has the wide 8-row tile (AVX-512, NEON), the mid-size
+    products below would otherwise run unpacked and never reach ``layout``."""
     from tilegemm.kernels.cpu import k02_blocked
 
-    params, mod = blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 2048},
-                                  "float64")
+    params, mod = blocked_module({"MR": 4, "NR": 8, "MC": 48, "KC": 64, "NC": 2048,
+                                  "UNPACKED_KB": 256}, "float64")
     chunk = 64 * 8 * 8  # one strip of B at KC = 64
     cb = bound(mod, params)
     seen = set()
