@@ -246,16 +246,20 @@ def test_narrow_products_split_rows_and_give_the_packed_paths_bits(dtype):
 
 # (batch, M, N, K): products above the calling thread's size, up to UNPACKED_PRODUCT,
 # wider than narrow: rows a multiple of 8 and not, the wide tile's remainder columns, many
-# K panels, a batch
-UNPACKED = [(1, 160, 160, 160), (1, 64, 1000, 300), (2, 43, 300, 200), (1, 48, 96, 3000)]
+# K panels, a batch; and beyond UNPACKED_PRODUCT, columns that one pass of the wide tile
+# covers (with AVX-512 code: float32 and int32 at 40, more than two vectors left, one
+# masked pass), and not
+UNPACKED = [(1, 160, 160, 160), (1, 64, 1000, 300), (2, 43, 300, 200), (1, 48, 96, 3000),
+            (1, 1500, 40, 1100), (1, 900, 20, 3300), (1, 2000, 56, 600)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
     """Where the CPU has the wide 8-row tile (AVX-512, NEON), products up to
-    ``UNPACKED_PRODUCT`` multiply-adds given plainly run unpacked, their rows split over
-    the threads (plan says so, as ``k02_blocked.unpacked_rows`` decides): the same bits as
-    the packed loop nest, and as the same product with A given transposed (packed)."""
+    ``UNPACKED_PRODUCT`` multiply-adds given plainly, and at any size those whose columns
+    one pass of that tile covers, run unpacked, their rows split over the threads (plan
+    says so, as ``k02_blocked.unpacked_rows`` decides): the same bits as the packed loop
+    nest, and as the same product with A given transposed (packed)."""
     from tilegemm.kernels.cpu import k02_blocked
     from tilegemm.kernels.cpu._threads import planned_threads
 
@@ -267,9 +271,15 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
     for seed, (batch, m, n, k) in enumerate(UNPACKED):
         a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
         assert batch * m * n * k > k02_blocked.DIRECT_PRODUCT
+        one_pass = n <= mod.DW8
+        assert one_pass == (n <= k02_blocked.wide_columns(dt.itemsize, bits))
         unpacked = (k02_blocked.unpacked_rows(m, m * n * k, threads, bits,
-                                              k * n * dt.itemsize, params["UNPACKED_KB"])
-                    and not mod.splits_batch(batch, m, n, k, threads))
+                                              k * n * dt.itemsize, params["UNPACKED_KB"],
+                                              one_pass)
+                    and not mod.splits_batch(batch, m, n, k, threads)
+                    and n > mod.NARROW_N)
+        assert bool(mod.takes_rows(batch, m, n, k, threads, k02_blocked.DIRECT_PRODUCT, 0,
+                                   cb)) == (unpacked or n <= mod.NARROW_N)
         path = tilegemm.plan(a, b, kernel="blocked", **params).path
         assert ("unpacked" in path) == unpacked, path
         taken.append(unpacked)
@@ -284,8 +294,10 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
             np.testing.assert_array_equal(got, np.matmul(a, b))
         else:
             assert_close(got, a, b)
-    # the first shape (20 runs of 8 rows) takes it wherever the tile exists
+    # the first shape (20 runs of 8 rows) takes it wherever the tile exists, and so does
+    # one beyond UNPACKED_PRODUCT covered by one pass of it (40 columns, AVX-512 float32)
     assert taken[0] == (mod.DW8 > mod.SMALL_W and threads <= 10)
+    assert taken[4] == (mod.NARROW_N < 40 <= mod.DW8)
 
 
 def test_mid_size_products_with_b_beyond_unpacked_kb_are_packed():

@@ -301,22 +301,26 @@ def b_chunk_bytes() -> int:
 
 
 def unpacked_rows(m: int, size: int, threads: int, bits: int | None, b_bytes: int,
-                  unpacked_kb: int) -> bool:
+                  unpacked_kb: int, one_pass: bool = False) -> bool:
     """Whether a product of ``m`` rows and ``size`` multiply-adds, not narrow, given plainly
     and not taken by an earlier path, runs unpacked with its rows split over ``threads``
-    threads (the generated module's ``takes_rows``): at most ``UNPACKED_PRODUCT``, its B
-    (``b_bytes``) at most ``unpacked_kb`` KiB (the parameter UNPACKED_KB), where the CPU
-    has the wide 8-row tile (``bits``: the vector width, see ``vector_bits``), at least 8
-    rows, and runs of 8 rows that share evenly between the threads: at least two runs per
-    thread, or the same whole runs for each (10 rows on two threads gave one 8 rows and the
-    other 2)."""
+    threads (the generated module's ``takes_rows``): where the CPU has the wide 8-row tile
+    (``bits``: the vector width, see ``vector_bits``), with as many rows as the few-row
+    path's limit or more; at any size where its columns take one pass of that tile
+    (``one_pass``: 48 float32 or 24 float64 columns with AVX-512 code, whose packed
+    strips of 32 columns were half padding at 33: float32 2048×40×2048 0.57-0.68× NumPy
+    packed, 1.00× unpacked, Intel Xeon family 6 model 207); else at most
+    ``UNPACKED_PRODUCT``, its B (``b_bytes``) at most ``unpacked_kb`` KiB (the parameter
+    UNPACKED_KB), and runs of 8 rows that share evenly between the threads: at least two
+    runs per thread, or the same whole runs for each (10 rows on two threads gave one 8
+    rows and the other 2)."""
     from tilegemm.kernels.cpu._small_tile import eight_row_vectors, few_rows_limit
 
+    if eight_row_vectors(bits) <= 1 or m < few_rows_limit(bits):
+        return False
     units = (m + 7) // 8
-    return (size <= UNPACKED_PRODUCT and b_bytes <= unpacked_kb * 1024
-            and eight_row_vectors(bits) > 1
-            and m >= few_rows_limit(bits)
-            and (units >= 2 * threads or m % (8 * threads) == 0))
+    return one_pass or (size <= UNPACKED_PRODUCT and b_bytes <= unpacked_kb * 1024
+                        and (units >= 2 * threads or m % (8 * threads) == 0))
 
 
 def vector_direct_bytes(vector_kb: int = VECTOR_KB) -> int:
@@ -438,7 +442,8 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
                 "place, no packing")
     unpacked_kb = UNPACKED_KB if params is None else params.get("UNPACKED_KB", UNPACKED_KB)
     if (itemsize is not None
-            and unpacked_rows(m, size, threads, vector_bits(), k * n * itemsize, unpacked_kb)
+            and unpacked_rows(m, size, threads, vector_bits(), k * n * itemsize, unpacked_kb,
+                              n <= wide_columns(itemsize, vector_bits()))
             and not a_transposed and not b_transposed):
         return (f"unpacked: rows split over {threads} thread(s), 8 rows × several vectors "
                 "at a time, A and B read in place, no packing")
@@ -464,6 +469,14 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
         return (f"packed panels, one row block{why}: columns split over {threads} "
                 "thread(s), each packing its own part of B as it goes")
     return f"packed panels, each product split over {threads} thread(s)"
+
+
+def wide_columns(itemsize: int, bits: int | None) -> int:
+    """Columns of one pass of the wide 8-row tile (the generated module's ``DW8``) for a
+    dtype of ``itemsize`` bytes and code of vector width ``bits``."""
+    from tilegemm.kernels.cpu._small_tile import eight_row_vectors, width
+
+    return eight_row_vectors(bits) * width(itemsize, bits)
 
 
 # The vector width the rung's code is built for, per ISA (see ``vector_bits``).
