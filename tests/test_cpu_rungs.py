@@ -697,7 +697,8 @@ def test_plan_path_names_the_one_row_block_split_as_layout_makes_it(threads):
     assert {("rows", False), (None, True), ("small", True)} <= seen
     assert (("l2", True) in seen) == (threads <= 4)
     assert k02_blocked.ONE_REGION_PRODUCT >= 97 * 1000 * 40
-    for m, n, k in ((300, 1000, 10**5), (40, 1000, 10**5), (40, 17, 10**5),  # plan's words
+    # plan's words (25 float64 columns: past one pass of the wide 8-row tile, so packed)
+    for m, n, k in ((300, 1000, 10**5), (40, 1000, 10**5), (40, 25, 10**5),
                     (97, 1000, 40)):
         fused = k02_blocked.one_row_block(m, n, k, threads, params, 8)
         path = k02_blocked.path(1, m, n, k, threads, params, itemsize=8)
