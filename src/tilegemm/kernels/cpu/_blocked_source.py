@@ -128,6 +128,11 @@ stile8, stile4, stile2, stile1 = (small_tile(rows, SMALL_W, _dt) for rows in (8,
 # ``takes_rows``)
 DW8 = eight_row_vectors(VECTOR_BITS) * SMALL_W
 wtile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS))
+# ... and the same for the columns left after its full passes where, with AVX-512 code, they
+# fill more than two of its three vectors (measured there; NEON's two-vector tile never
+# gets more than one vector left, single-vector passes take it): only the last one masked
+rtile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS),
+                    whole=eight_row_vectors(VECTOR_BITS) - 1)
 # Products of 8-15 rows on those CPUs (``FEW_MAX`` = 16; 8 elsewhere): the wide tile on
 # their first 8 rows, then a tile of the other 1-7 rows exactly as wide, on the same
 # columns (``few_rows``)
@@ -503,10 +508,11 @@ def direct(A, B, C, alpha, beta, cb, z0, z1, r0, r1):
     each tile's rows of A (8 × KC at most) reused from L1 by every vector of columns; where
     the registers allow (AVX-512, NEON), the 8-row tiles take ``DW8`` columns (several
     vectors) at a time across the full-width part of the rows, so each element of A loaded
-    feeds several multiply-adds, not one, then one masked pass of that tile where more
-    than two vectors of columns are left (float32 2048×40×2048 on one thread of an Intel
-    Xeon family 6 model 207: 4.8 ms as three single-vector passes, 3.6 as one), else one
-    vector at a time for the rest; or,
+    feeds several multiply-adds, not one, then one pass of that tile with its last vector
+    masked (``rtile8``) where the columns left fill more than two vectors (float32
+    2048×40×2048 on one thread of an Intel Xeon family 6 model 207: 4.8 ms as three
+    single-vector passes, 3.6 as one pass with every vector masked), else one vector at a
+    time for the rest; or,
     for whole products of 2-7 rows (to 15 with the wide tile) wider than ``NARROW_N``
     columns, one tile of all the rows, several vectors wide (``few_rows``).
 
@@ -555,8 +561,8 @@ def direct(A, B, C, alpha, beta, cb, z0, z1, r0, r1):
                         wtile8(kc, A, a0, lda, B, b_p + wide, ldb, C, c0 + wide, n, DW8, alpha, bb,
                                mode)
                         wide += DW8
-                    if n - wide > 2 * SMALL_W:  # more than two vectors left: one masked pass
-                        wtile8(kc, A, a0, lda, B, b_p + wide, ldb, C, c0 + wide, n, n - wide,
+                    if n - wide > 2 * SMALL_W:  # AVX-512: all but its last vector left
+                        rtile8(kc, A, a0, lda, B, b_p + wide, ldb, C, c0 + wide, n, n - wide,
                                alpha, bb, mode)
                         wide = n
                 for j in range(wide, n, SMALL_W):

@@ -133,11 +133,14 @@ def eight_row_vectors(vector_bits: int | None) -> int:
 
 
 def small_tile(rows: int, lanes: int, dtype: np.dtype, vectors: int = 1,
-               prefetch: bool = False) -> Any:
+               prefetch: bool = False, whole: int = 0) -> Any:
     """The intrinsic ``stile(kc, A, a0, lda, B, b0, ldb, C, c0, ldc, w, alpha, bb, mode)``.
 
     Computes ``rows`` rows × ``w`` columns (1 ≤ w ≤ ``vectors*lanes``) of C over ``kc`` K
-    steps (``vectors`` vectors of ``lanes``, each masked to the columns that exist):
+    steps (``vectors`` vectors of ``lanes``, each masked to the columns that exist; the
+    first ``whole`` vectors not masked, for callers that pass w > ``whole*lanes``: a mask
+    known only at run time costs every load of B, and a pass of 40 float32 columns of the
+    3-vector tile took 1.4× a pass of 48):
     row r of A at element ``a0 + r*lda`` of A's data, K step p of B's row at ``b0 +
     p*ldb``, row r of C at ``c0 + r*ldc`` (element offsets; A, B, C any arrays of the dtype,
     C-contiguous in the rows read). ``mode`` 0: ``C = alpha*acc`` (C not read); otherwise
@@ -148,7 +151,7 @@ def small_tile(rows: int, lanes: int, dtype: np.dtype, vectors: int = 1,
     if not applies(dtype):
         raise ValueError(f"no small-product tile for {dtype}")
     return tile_intrinsic(lambda builder, *operands: emit_small(
-        builder, *operands, rows, lanes, dtype, vectors, prefetch))
+        builder, *operands, rows, lanes, dtype, vectors, prefetch, whole))
 
 
 def tile_intrinsic(emit: Any) -> Any:
@@ -263,7 +266,7 @@ def _masked(builder: Any, op: str, vec: Any) -> Any:
 def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any, b0: Any,
                ldb: Any, c_ptr: Any, c0: Any, ldc: Any, w: Any, alpha: Any, bb: Any,
                mode: Any, rows: int, lanes: int, dtype: np.dtype, vectors: int = 1,
-               prefetch: bool = False) -> None:
+               prefetch: bool = False, whole: int = 0) -> None:
     """Append the tile (see :func:`small_tile`) at ``builder``'s position: integer operands
     i64, pointers to the first element of each array's data, ``alpha``/``bb`` scalars of
     the dtype."""
@@ -284,11 +287,21 @@ def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any,
               for r in range(rows)]
     tiles = [(r, v) for r in range(rows) for v in range(vectors)]
 
+    def vload(ptr: Any, v: int) -> Any:  # vector v of a row: whole, or masked
+        if v < whole:
+            return builder.load(ptr, align=dtype.itemsize)
+        return builder.call(load_v, [ptr, align, masks[v], arith.zeros])
+
+    def vstore(value: Any, ptr: Any, v: int) -> None:
+        if v < whole:
+            builder.store(value, ptr, align=dtype.itemsize)
+        else:
+            builder.call(store_v, [value, ptr, align, masks[v]])
+
     def step(p: Any, acc_in: list[Any]) -> list[Any]:
         b_at = builder.gep(b_ptr, [builder.add(b0, builder.mul(p, ldb))], inbounds=True)
-        bv = [builder.call(load_v, [builder.bitcast(builder.gep(b_at, [i64(v * lanes)],
-                                                                inbounds=True), vptr),
-                                    align, masks[v], arith.zeros]) for v in range(vectors)]
+        bv = [vload(builder.bitcast(builder.gep(b_at, [i64(v * lanes)], inbounds=True), vptr),
+                    v) for v in range(vectors)]
         if prefetch:  # the next tile's lines of this row (GEPs not inbounds: may pass B's end)
             ahead = builder.bitcast(builder.gep(b_at, [i64(vectors * lanes)]),
                                     ir.IntType(8).as_pointer())
@@ -310,21 +323,20 @@ def emit_small(builder: Any, kc: Any, a_ptr: Any, a0: Any, lda: Any, b_ptr: Any,
     with builder.if_else(builder.icmp_signed("==", mode, i64(0))) as (plain, scaled):
         with plain:
             for t, (_, v) in enumerate(tiles):
-                builder.call(store_v, [arith.mul(builder, va, final[t]), c_at[t], align,
-                                       masks[v]])
+                vstore(arith.mul(builder, va, final[t]), c_at[t], v)
         with scaled:
-            old = [builder.call(load_v, [c_at[t], align, masks[v], arith.zeros])
-                   for t, (_, v) in enumerate(tiles)]
+            old = [vload(c_at[t], v) for t, (_, v) in enumerate(tiles)]
             for t, (_, v) in enumerate(tiles):
                 value = arith.muladd(builder, va, final[t], arith.mul(builder, vb, old[t]))
-                builder.call(store_v, [value, c_at[t], align, masks[v]])
+                vstore(value, c_at[t], v)
 
 
 def module_ir(rows: int, lanes: int, dtype: np.dtype, triple: str = "", vectors: int = 1,
-              prefetch: bool = False) -> str:
+              prefetch: bool = False, whole: int = 0) -> str:
     """LLVM IR of a module holding one tile alone, ``@stile`` (see :func:`tile_module_ir`),
     built by :func:`emit_small` as the rung builds it."""
     dtype = np.dtype(dtype)
     return tile_module_ir(f"stile_{rows}x{lanes}", dtype, triple,
                           lambda builder, *operands: emit_small(
-                              builder, *operands, rows, lanes, dtype, vectors, prefetch))
+                              builder, *operands, rows, lanes, dtype, vectors, prefetch,
+                              whole))
