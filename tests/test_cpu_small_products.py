@@ -261,6 +261,7 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
     says so, as ``k02_blocked.unpacked_rows`` decides): the same bits as the packed loop
     nest, and as the same product with A given transposed (packed)."""
     from tilegemm.kernels.cpu import k02_blocked
+    from tilegemm.kernels.cpu._small_tile import wide_columns
     from tilegemm.kernels.cpu._threads import planned_threads
 
     params, mod = blocked_module({}, dtype)
@@ -272,7 +273,7 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
         a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
         assert batch * m * n * k > k02_blocked.DIRECT_PRODUCT
         one_pass = n <= mod.DW8
-        assert one_pass == (n <= k02_blocked.wide_columns(dt.itemsize, bits))
+        assert one_pass == (n <= wide_columns(dt.itemsize, bits))
         unpacked = (k02_blocked.unpacked_rows(m, m * n * k, threads, bits,
                                               k * n * dt.itemsize, params["UNPACKED_KB"],
                                               one_pass)
@@ -287,7 +288,7 @@ def test_mid_size_products_run_unpacked_with_the_packed_paths_bits(dtype):
         packed = np.empty_like(got)
         mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, cb)
         np.testing.assert_array_equal(got, packed, err_msg=f"{dtype} {(batch, m, n, k)}")
-        flipped = np.ascontiguousarray(np.swapaxes(a, 1, 2)).swapaxes(1, 2)
+        flipped = _stored_transposed(a)
         np.testing.assert_array_equal(got, tilegemm.matmul(
             flipped, b, kernel="blocked", backend="cpu", **params))
         if dt.kind == "i":
@@ -463,6 +464,12 @@ def test_the_wide_tiles_last_pass_masks_only_its_last_vector():
         assert (masked(last, "load"), masked(last, "store")) == (1 + 8, 16), dtype
 
 
+def _stored_transposed(x):
+    """``x`` (a batch of matrices) as the transpose of C-ordered storage, product by
+    product: what the rung receives, uncopied, as an operand given transposed."""
+    return np.ascontiguousarray(x.swapaxes(1, 2)).swapaxes(1, 2)
+
+
 def _copies(mod, monkeypatch) -> list[tuple[int, ...]]:
     """Shapes of the operands the rung copies to the plain layout (``_stored``) from now on."""
     copied: list[tuple[int, ...]] = []
@@ -501,7 +508,7 @@ def test_transposed_matrices_are_packed_in_place_not_copied(dtype, monkeypatch):
         ta = np.asfortranarray(a) if layout in ("at", "f") else a
         tb = np.asfortranarray(b) if layout in ("bt", "f") else b
         if a.ndim == 3 and layout == "f":  # the transpose of C-ordered storage per product
-            ta, tb = (np.ascontiguousarray(x.swapaxes(1, 2)).swapaxes(1, 2) for x in (a, b))
+            ta, tb = _stored_transposed(a), _stored_transposed(b)
         copied = _copies(mod, monkeypatch)
         got = tilegemm.matmul(ta, tb, **run)
         np.testing.assert_array_equal(got, plain, err_msg=f"{dtype} {sa} @ {sb} {layout}")
@@ -540,7 +547,7 @@ def test_narrow_products_with_a_transposed_run_as_their_transpose(dtype, monkeyp
             (3, 3, 400, 12, 300), (1, 2, 1200, 2, 900), (2, 1, 900, 7, 400),
             (1, 1, 1000, 20, 600), (1, 1, 700, wide + 1, 300), (1, 1, wide, wide, 4000)]):
         a, b = random_operands((za, m, k), (zb, k, n), dtype, seed=seed)
-        at = np.ascontiguousarray(a.swapaxes(1, 2)).swapaxes(1, 2)  # X.T, X C-ordered
+        at = _stored_transposed(a)  # X.T, X C-ordered
         expect = 2 <= n <= wide < m
         del swapped[:]
         copied = _copies(mod, monkeypatch)
@@ -555,8 +562,7 @@ def test_narrow_products_with_a_transposed_run_as_their_transpose(dtype, monkeyp
             np.testing.assert_array_equal(got, np.matmul(a, b), err_msg=what)
         else:
             assert_close(got, a, b, what=what)
-        both = tilegemm.matmul(at, np.ascontiguousarray(b.swapaxes(1, 2)).swapaxes(1, 2),
-                               **run)
+        both = tilegemm.matmul(at, _stored_transposed(b), **run)
         assert len(swapped) == expect, what  # not for B transposed too
         if dt.kind == "i":
             np.testing.assert_array_equal(both, got, err_msg=what)
@@ -594,7 +600,7 @@ def test_few_row_products_with_b_transposed_take_dot_products(dtype, monkeypatch
             assert_close(got, a, b, what=f"{dtype} {(batch, m, n, k)}")
         if m * n * k * batch > mod.DIRECT_PRODUCT:
             assert "dot products" in tilegemm.plan(a, bt, kernel="blocked", **params).path
-        at = np.ascontiguousarray(a.swapaxes(1, 2)).swapaxes(1, 2)
+        at = _stored_transposed(a)
         if m < 8 or dt.kind == "i":
             np.testing.assert_array_equal(tilegemm.matmul(at, bt, **run), got)
         else:  # 8-15 rows with A given transposed too: packed, in place

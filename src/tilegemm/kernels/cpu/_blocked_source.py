@@ -36,6 +36,7 @@ from tilegemm.kernels.cpu._small_tile import (
     few_vectors,
     narrow_columns,
     small_tile,
+    wide_columns,
 )
 from tilegemm.kernels.cpu._small_tile import width as small_width
 from tilegemm.kernels.cpu._threads import (
@@ -126,7 +127,7 @@ stile8, stile4, stile2, stile1 = (small_tile(rows, SMALL_W, _dt) for rows in (8,
 # rows: per K step each load of A feeds several FMAs, not one (float32 96³ on one Zen 5 core
 # 10.0 -> 7.2 µs); with it, products up to UNPACKED_PRODUCT run unpacked (``small``,
 # ``takes_rows``)
-DW8 = eight_row_vectors(VECTOR_BITS) * SMALL_W
+DW8 = wide_columns(_dt.itemsize, VECTOR_BITS)
 wtile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS))
 # ... and the same for the columns left after its full passes where, with AVX-512 code, they
 # fill more than two of its three vectors (measured there; NEON's two-vector tile never

@@ -132,6 +132,13 @@ def eight_row_vectors(vector_bits: int | None) -> int:
     return {512: 3, 128: 2}.get(vector_bits or 0, 1)
 
 
+def wide_columns(itemsize: int, vector_bits: int | None) -> int:
+    """Columns of C that one pass of the wide 8-row tile covers (``eight_row_vectors``
+    vectors) for a dtype of ``itemsize`` bytes: 48 float32 or 24 float64 with AVX-512
+    code; one vector's worth where that tile is not used."""
+    return eight_row_vectors(vector_bits) * width(itemsize, vector_bits)
+
+
 def small_tile(rows: int, lanes: int, dtype: np.dtype, vectors: int = 1,
                prefetch: bool = False, whole: int = 0) -> Any:
     """The intrinsic ``stile(kc, A, a0, lda, B, b0, ldb, C, c0, ldc, w, alpha, bb, mode)``.

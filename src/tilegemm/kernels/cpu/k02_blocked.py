@@ -417,6 +417,7 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
         few_rows_limit,
         few_split_bytes,
         narrow_columns,
+        wide_columns,
     )
 
     if params is not None and itemsize is None:
@@ -469,14 +470,6 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
         return (f"packed panels, one row block{why}: columns split over {threads} "
                 "thread(s), each packing its own part of B as it goes")
     return f"packed panels, each product split over {threads} thread(s)"
-
-
-def wide_columns(itemsize: int, bits: int | None) -> int:
-    """Columns of one pass of the wide 8-row tile (the generated module's ``DW8``) for a
-    dtype of ``itemsize`` bytes and code of vector width ``bits``."""
-    from tilegemm.kernels.cpu._small_tile import eight_row_vectors, width
-
-    return eight_row_vectors(bits) * width(itemsize, bits)
 
 
 # The vector width the rung's code is built for, per ISA (see ``vector_bits``).
