@@ -27,6 +27,7 @@ import argparse
 import importlib.metadata as md
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -66,12 +67,22 @@ def version(name: str) -> str | None:
 
 
 def clblast_library_version() -> str | None:
+    """The CLBlast library's version: the Debian package's, or else read from the file
+    name of the library this process loaded (``libclblast.so.1.7.0``, a build from source
+    installed where ``pyclblast`` finds it)."""
     try:
         out = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libclblast1"],
                              capture_output=True, text=True)
-        return out.stdout.strip() or None
+        if out.stdout.strip():
+            return out.stdout.strip()
+    except OSError:
+        pass
+    try:
+        maps = Path("/proc/self/maps").read_text()
     except OSError:
         return None
+    found = re.search(r"(/\S*libclblast\.so\.(\d+\.\d+\.\d+))", maps)
+    return f"{found.group(2)} ({found.group(1)})" if found else None
 
 
 def host_timed(call: Callable[[], Any]) -> Callable[[], list[float]]:
