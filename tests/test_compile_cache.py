@@ -76,6 +76,47 @@ def test_second_process_loads_instead_of_compiling(tmp_path, monkeypatch):
                                                     "value": 10.0}
 
 
+SOURCE_COMPILES = """
+import importlib._bootstrap_external as be, json, sys
+from tilegemm import compile_cache
+compiled = []
+plain = be.SourceLoader.source_to_code
+def spy(self, data, path, **kw):
+    compiled.append(str(path))
+    return plain(self, data, path, **kw)
+be.SourceLoader.source_to_code = spy
+m = compile_cache.load_module("probe", sys.argv[1], {"kernel": "probe"})
+print(json.dumps({"value": m.twice(2.0), "compiled": [p for p in compiled if "probe" in p]}))
+"""
+
+
+def test_an_entrys_bytecode_is_kept_where_python_would_not_write_it(tmp_path, monkeypatch):
+    """Under PYTHONDONTWRITEBYTECODE (container images set it) the entry's bytecode is
+    written by the cache, so a later process loads it rather than compiling the source; a
+    bytecode file that no longer matches its source is written again."""
+    monkeypatch.setenv("TILEGEMM_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    m = load_module("probe", _source(31), {"kernel": "probe"})
+    assert m.twice(1.0) == 31.0
+    entry = next((tmp_path / "cpu").glob("probe-*.py"))
+    cached = Path(compile_cache.importlib.util.cache_from_source(str(entry)))
+    assert cached.is_file() and compile_cache._bytecode_current(str(cached), entry)
+    env = dict(os.environ, TILEGEMM_KERNEL_CACHE=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
+
+    def later_process() -> dict:
+        out = subprocess.run([sys.executable, "-c", SOURCE_COMPILES, _source(31)], env=env,
+                             capture_output=True, text=True, check=True, timeout=120)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    assert later_process() == {"value": 62.0, "compiled": []}
+    cached.write_bytes(cached.read_bytes()[:8] + b"\0" * 8 + cached.read_bytes()[16:])
+    assert not compile_cache._bytecode_current(str(cached), entry)
+    first = later_process()  # Python compiles the source, the cache writes it again
+    assert first["value"] == 62.0 and [Path(p).name for p in first["compiled"]] == [entry.name]
+    assert compile_cache._bytecode_current(str(cached), entry)
+    assert later_process()["compiled"] == []
+
+
 # The module's body (what compiles, on a cold cache) first waits for the other process to
 # reach load_module and then, for at most two seconds, for it to enter the body as well:
 # without a lock both are inside at once and both compile; with one, the second waits at

