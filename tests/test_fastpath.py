@@ -188,9 +188,63 @@ def test_other_remembered_products_keep_the_bound_program(spy, rng, shapes):
     a, b = rng.standard_normal(sa), rng.standard_normal(sb)
     tilegemm.matmul(a, b)
     assert fastpath._table[fastpath._key(a, b, "auto", "auto")].entry is None
-    f = np.asfortranarray(rng.standard_normal((8, 8)))
+    f = np.asfortranarray(rng.standard_normal((200, 200)))  # transposed, on the threads
     tilegemm.matmul(f, f)
     assert fastpath._table[fastpath._key(f, f, "auto", "auto")].entry is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int64])
+@pytest.mark.parametrize("shape", [(8, 8, 8), (3, 5, 7), (64, 64, 64), (17, 40, 9),
+                                   (5, 30, 60)])
+@pytest.mark.parametrize("layout", ["at", "bt", "f"])
+def test_small_products_of_transposed_matrices_take_the_rungs_own_call(spy, rng, shape,
+                                                                       dtype, layout,
+                                                                       monkeypatch):
+    """A remembered small product with an operand given as its transpose (``x.T``, a
+    Fortran-ordered matrix) runs the CPU rung's ``small_matrix_transposed`` on the
+    operands' storages, with the full path's bits and NumPy's integers; a few rows of A
+    given transposed (copied first by the full path) keep the bound program."""
+    monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    m, k, n = shape
+    a = (rng.standard_normal((m, k)) * 8).astype(dtype)
+    b = (rng.standard_normal((k, n)) * 8).astype(dtype)
+    if layout in ("at", "f"):
+        a = np.ascontiguousarray(a.T).T
+    if layout in ("bt", "f"):
+        b = np.ascontiguousarray(b.T).T
+    full = tilegemm.gemm(a, b)  # the full path, not remembered
+    first = tilegemm.matmul(a, b)
+    case = fastpath._table[fastpath._key(a, b, "auto", "auto")]
+    mod = sys.modules[case.program.__module__]
+    few = layout != "bt" and 2 <= m < mod.FEW_ROWS and n > mod.NARROW_N
+    if few:
+        assert case.entry is None
+        return
+    assert case.entry is not None
+    seen = []
+    real = mod.small_matrix_transposed
+    monkeypatch.setattr(mod, "small_matrix_transposed", lambda *args: seen.append(args[2])
+                        or real(*args))
+    fastpath.forget()
+    tilegemm.matmul(a, b)  # remembered again, with the counting call
+    second = tilegemm.matmul(a, b)
+    assert len(spy) == 1 and seen == [{"at": 1, "bt": 2, "f": 3}[layout]]
+    for got in (first, second):
+        np.testing.assert_array_equal(got, full)
+        assert got.shape == (m, n) and got.dtype == dtype and got.flags.c_contiguous
+    # the plain operands' sums, but for a few rows times B given transposed: dot products
+    # (few_rows), whose lanes are added in a tree
+    if not (layout == "bt" and 2 <= m < mod.DOT_MAX and n > mod.NARROW_N):
+        plain_a, plain_b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        np.testing.assert_array_equal(second, tilegemm.matmul(plain_a, plain_b))
+        c = (rng.standard_normal((m, n)) * 8).astype(dtype)
+        alpha, beta = (3, 2) if dtype == np.int64 else (1.5, -0.5)
+        np.testing.assert_array_equal(tilegemm.gemm(a, b, c, alpha=alpha, beta=beta),
+                                      tilegemm.gemm(plain_a, plain_b, c, alpha=alpha, beta=beta))
+    if dtype == np.int64:
+        np.testing.assert_array_equal(second, np.matmul(a, b))
+    else:
+        assert_close(second, a, b)
 
 
 @pytest.mark.parametrize("shapes", [((1, 1500), (1500, 1000)), ((1000, 1500), (1500, 1)),

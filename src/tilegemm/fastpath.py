@@ -350,7 +350,30 @@ def _entry(call_for: Callable[..., Any], sa: tuple[int, ...], sb: tuple[int, ...
     if n == 1 and la == 1 and lb == 0:  # X.T @ v: v @ X
         entry = call_for(1, m, k)
         return None if entry is None else _swapped_entry(entry, False, k, result)
+    if la in (0, 1) and lb in (0, 1) and not (row or col):
+        # Fortran-ordered matrices (or x.T): the call on their storages, where it has one
+        tr = la | lb << 1
+        entry = call_for(m, n, k, tr=tr)
+        return None if entry is None else _transposed_entry(entry, tr)
     return None
+
+
+def _transposed_entry(call: Callable[..., Any], tr: int) -> Callable[..., Any]:
+    """``call`` (the program's call on the C-ordered storages of operands given as their
+    transposes, ``tr`` as in :class:`_Case`) for a product of two matrices, one or both of
+    them Fortran-ordered: such a matrix is the transpose of its C-ordered storage, ``.T``.
+    Through the bound program's Python such a call took 2-3 µs longer than the same product
+    given C-ordered (float32 8³, 5.2 µs against 2.8; Intel Xeon family 6 model 207)."""
+    if tr == 1:
+        def entry(a: Any, b: Any, blocks: Any) -> Any:
+            return call(a.T, b, 1, blocks)
+    elif tr == 2:
+        def entry(a: Any, b: Any, blocks: Any) -> Any:
+            return call(a, b.T, 2, blocks)
+    else:
+        def entry(a: Any, b: Any, blocks: Any) -> Any:
+            return call(a.T, b.T, 3, blocks)
+    return entry
 
 
 def _swapped_entry(call: Callable[..., Any], row: bool, k: int,

@@ -711,6 +711,66 @@ MATVEC_MIN_PRODUCT = 24 * 24
 PACKED_MIN_SIDE = 8
 
 
+@when_called(flag(i8, i8, i8), **FLAGS)
+def unpacked_small(m, n, k):
+    """Whether ``small`` computes a product of these sizes unpacked (``direct``): too small
+    for packing to pay, too narrow or too short for packed tiles, or, with the wide 8-row
+    tile, up to ``UNPACKED_PRODUCT``."""
+    size = m * n * k
+    return (k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE
+            or n <= NARROW_N or (DW8 > SMALL_W and size <= UNPACKED_PRODUCT))
+
+
+@when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, blocks), **FLAGS)
+def direct_transposed(A, B, C, alpha, beta, z, tr, cb):
+    """Product ``z`` of the batch with an operand given as its transpose (``tr``, see
+    ``blocked_threads``), unpacked (``direct``) as the plain product is: the operand given
+    transposed copied to the plain layout first (M·K or K·N elements, against M·N·K
+    multiply-adds), or, with both given so (Fortran-ordered operands), ``C.T = B.T @ A.T``
+    from the two storages as they lie, into a scratch C.T copied into C. Packed instead,
+    both operands were copied into tiles for the packed loop nest, whose setup a small
+    product does not repay: float32 8³ took 1.65 µs against 0.85 for plain operands, 100³
+    25.7 against 15.0 (Intel Xeon family 6 model 207). Each element is the sum the plain
+    operands give: the transpose is taken only where neither it nor the product would go
+    to ``few_rows``, whose K panels (FEW_KC) may be shorter than the others' (KC)."""
+    m, n = C.shape[1], C.shape[2]
+    Az = A[z if A.shape[0] > 1 else 0]  # either may be wider than it is (rows apart): only
+    Bz = B[z if B.shape[0] > 1 else 0]  # its first M (A given transposed), K or N columns
+    Cz = C[z]                           # are read, and K is taken as ``small`` takes it
+    k = Az.shape[0] if tr & 1 else Az.shape[1]
+    few = (2 <= m < FEW_MAX and n > NARROW_N) or (2 <= n < FEW_MAX and m > NARROW_N)
+    if tr == 3 and not few:
+        Ct = np.empty((1, n, m), dtype=C.dtype)
+        if beta != zero:
+            for i in range(m):
+                for j in range(n):
+                    Ct[0, j, i] = Cz[i, j]
+        call_direct(Bz.reshape((1, n, Bz.shape[1])), Az.reshape((1, k, Az.shape[1])), Ct, alpha,
+                    beta, cb, 0, 1, 0, n)
+        for i in range(m):
+            for j in range(n):
+                Cz[i, j] = Ct[0, j, i]
+        return
+    if tr & 1:
+        Ap = np.empty((1, m, k), dtype=C.dtype)
+        for p in range(k):
+            for i in range(m):
+                Ap[0, i, p] = Az[p, i]
+    if tr & 2:
+        Bp = np.empty((1, k, n), dtype=C.dtype)
+        for j in range(n):
+            for p in range(k):
+                Bp[0, p, j] = Bz[j, p]
+    if tr == 3:
+        call_direct(Ap, Bp, Cz.reshape((1, m, n)), alpha, beta, cb, 0, 1, 0, m)
+    elif tr == 1:
+        call_direct(Ap, Bz.reshape((1, k, Bz.shape[1])), Cz.reshape((1, m, n)), alpha, beta, cb,
+                    0, 1, 0, m)
+    else:
+        call_direct(Az.reshape((1, m, Az.shape[1])), Bp, Cz.reshape((1, m, n)), alpha, beta, cb,
+                    0, 1, 0, m)
+
+
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, i8, blocks), **FLAGS)
 def small(A, B, C, alpha, beta, z0, z1, tr, cb):
     """Products z0..z1 of the batch on the calling thread (no parallel region: waking the
@@ -720,8 +780,9 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
     packed loop nest (``products_serial``, scratch sized to the product) where packing
     pays, else (small or narrow products) ``direct``, which gives the packed path's sums.
     Operands given transposed (``tr``, see ``blocked_threads``) take the packed loop nest,
-    which reads them in place, except a product of a few rows with B given transposed:
-    ``few_rows``'s dot products, as the threaded path computes it.
+    which reads them in place, except a product of a few rows with B given transposed
+    (``few_rows``'s dot products, as the threaded path computes it) and a product that
+    ``direct`` would compute given plainly (``direct_transposed``).
     """
     m, n = C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
@@ -729,6 +790,9 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
     if tr == 2 and 2 <= m < DOT_MAX and n > NARROW_N and k > 0:  # few rows, B transposed
         for z in range(z0, z1):
             call_few_rows(A, B, C, alpha, beta, cb, z, 0, n, tr)
+    elif tr != 0 and k > 0 and unpacked_small(m, n, k):
+        for z in range(z0, z1):
+            direct_transposed(A, B, C, alpha, beta, z, tr, cb)
     elif tr != 0 and k > 0:
         products_serial(A, B, C, alpha, beta, z0, z1, tr, cb)
     elif k > 0 and (m == 1 or n == 1) and size > (MATVEC_MIN_PRODUCT if m > 1
@@ -736,8 +800,7 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
         for z in range(z0, z1):
             call_gemv_part(A[z if A.shape[0] > 1 else 0], B[z if B.shape[0] > 1 else 0], C[z],
                            alpha, beta, 0, 1, cb[1], False)
-    elif (k == 0 or size <= PACKED_MIN_PRODUCT or min(m, n) < PACKED_MIN_SIDE or n <= NARROW_N
-          or (DW8 > SMALL_W and size <= UNPACKED_PRODUCT)):
+    elif unpacked_small(m, n, k):
         call_direct(A, B, C, alpha, beta, cb, z0, z1, 0, m)
     else:
         products_serial(A, B, C, alpha, beta, z0, z1, 0, cb)
@@ -762,6 +825,23 @@ def small_matrix(A, B, cb):
     C = np.empty((m, n), dtype=A.dtype)
     call_small(A.reshape((1, m, A.shape[1])), B.reshape((1, B.shape[0], n)),
                C.reshape((1, m, n)), one, zero, 0, 1, 0, cb)
+    return C
+
+
+@when_called(a2(ro2, ro2, i8, blocks), **FLAGS)
+def small_matrix_transposed(As, Bs, tr, cb):
+    """A new ``A @ B`` from the C-ordered storages of its operands, either of them given as
+    its transpose (``tr``: A = As.T, B = Bs.T; Fortran-ordered matrices, ``x.T``), a product
+    ``small`` computes (``bind``'s ``call_for``): what a remembered call on such operands
+    runs (``tilegemm.fastpath``), as ``small_matrix`` does for C-ordered ones. Through the
+    bound program's Python it took 2 µs longer than the same product given C-ordered
+    (float32 8³ on an Intel Xeon family 6 model 207)."""
+    m = As.shape[1] if tr & 1 else As.shape[0]
+    n = Bs.shape[0] if tr & 2 else Bs.shape[1]
+    C = np.empty((m, n), dtype=_dt)
+    call_small(As.reshape((1, As.shape[0], As.shape[1])),
+               Bs.reshape((1, Bs.shape[0], Bs.shape[1])), C.reshape((1, m, n)), one, zero, 0, 1,
+               tr, cb)
     return C
 
 
@@ -1236,7 +1316,15 @@ def bind(params):
         size = batch * m * n * k
         return size <= DIRECT_PRODUCT and (size <= vector_direct or m != 1 and n != 1)
 
-    def call_for(m, n, k, dense=True):
+    def small_transposed(m, n, k, tr):
+        """Whether ``run`` hands a product of these sizes with operands given transposed
+        (``tr`` != 0) straight to ``small``, as ``blocked`` would after its checks: one
+        product of more than one row and column on the calling thread, not a few rows of
+        A given transposed (``blocked`` copies that A first, ``_plain_unless_packed``)."""
+        return (m > 1 and n > 1 and takes_small(m, n, k)
+                and not (tr & 1 and 2 <= m < FEW_ROWS and n > NARROW_N))
+
+    def call_for(m, n, k, dense=True, tr=0):
         """The call ``(A, B, bound)`` giving a new ``A @ B`` of two C-ordered
         matrices of these sizes, as ``run`` computes it, for remembered calls
         (``tilegemm.fastpath``): ``small_matrix`` for a product on the calling thread,
@@ -1245,7 +1333,13 @@ def bind(params):
         ``dense=False``: an operand is a slice of columns (its rows apart), which the
         caller copies to hand over C-ordered. Only a product on the calling thread is
         worth that: its copy (2 µs for 64x64) costs less than the wider view ``run`` reads
-        in place (5 µs to make in NumPy, whose product is the same); None for the others."""
+        in place (5 µs to make in NumPy, whose product is the same); None for the others.
+
+        ``tr`` != 0: A and/or B given as their transposes (bit 0, bit 1), the call then
+        ``(As, Bs, tr, bound)`` on their C-ordered storages (``small_matrix_transposed``),
+        for products ``run`` sends straight to ``small``; None for the others."""
+        if tr:
+            return small_matrix_transposed if small_transposed(m, n, k, tr) else None
         if takes_small(m, n, k):
             return small_matrix
         if dense and k > 0 and (m == 1 or n == 1):  # takes_gemv, for one product
@@ -1259,6 +1353,10 @@ def bind(params):
             # thread pool (the checks in blocked cost a tiny product about half its time).
             # Larger products of one row or one column go on, to the threads (see blocked).
             small(A, B, C, alpha, beta, 0, C.shape[0], 0, cb)
+            return
+        if tr and C.shape[0] == 1 and small_transposed(
+                C.shape[1], C.shape[2], A.shape[1] if tr & 1 else A.shape[2], tr):
+            small(A, B, C, alpha, beta, 0, 1, tr, cb)  # as blocked would, without its checks
             return
         blocked(A, B, C, alpha, beta, tr, cb, vector_direct)
 
@@ -1321,9 +1419,10 @@ def takes_gemv(batch, m, n, k, direct_max):
 # cache), and those that Python calls: a warm cache loads only these, the first at import
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
-            few_rows, few_width, direct, products_serial, gemv_part, small, small_matrix,
+            few_rows, few_width, direct, products_serial, gemv_part, unpacked_small,
+            direct_transposed, small, small_matrix, small_matrix_transposed,
             run_parallel, splits_batch, takes_rows, takes_few, layout, blocked_threads,
             gemv_threads, takes_gemv)
 CALLED_FROM_PYTHON = (takes_gemv, takes_rows, takes_few, layout, small, blocked_threads,
-                      gemv_threads, small_matrix)
+                      gemv_threads, small_matrix, small_matrix_transposed)
 load_compiled(COMPILED, CALLED_FROM_PYTHON)
