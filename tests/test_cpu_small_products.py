@@ -346,7 +346,9 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
     same bits as the packed loop nest on the same operands (for 9-15 rows, with K panels
     of at most REREAD_KC, as the few-row path sums them), through matmul (A
     Fortran-ordered: copied for this path, or packed for 8-15 rows, with the full KC) and
-    gemm (alpha, beta), and the same for every product of a batch sharing A."""
+    gemm (alpha, beta), and the same for every product of a batch sharing A. (A small
+    product of 9-15 rows with A Fortran-ordered runs on the calling thread as the plain
+    product, with its bits.)"""
     from tilegemm.kernels.cpu import k02_blocked
 
     params, mod = blocked_module({}, dtype)
@@ -371,10 +373,14 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
             for z in range(batch):
                 np.testing.assert_array_equal(shared[z], tilegemm.matmul(a[0], b[z], **run))
         at = np.asfortranarray(a[0])
-        if m > 8:  # A given transposed: 8-15 rows are packed in place, with the full KC
+        # A given transposed: 8-15 rows are packed in place, with the full KC, unless the
+        # product is small enough for the calling thread, which computes it as the plain
+        # product (direct_transposed)
+        repacked = m > 8 and m * n * k > mod.DIRECT_PRODUCT
+        if repacked:
             mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, cb)
         np.testing.assert_array_equal(tilegemm.matmul(at, b[0], **run),
-                                      packed[0] if m > 8 else got[0])
+                                      packed[0] if repacked else got[0])
         if dt.kind == "f":
             _gemm_matches(a, b, b, seed, **run)
 
