@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import blocked_module
 from tilegemm.kernels.cpu import k02_blocked
 
 DTYPES = ["float32", "float64", "int32", "int64"]
@@ -89,6 +90,55 @@ def test_transposing_copy_is_vector_shuffles():
     strip(ap, a, 3, 5)
     np.testing.assert_array_equal(ap[0], a[3:11, 5:21].T)
     asm = strip.inspect_asm(strip.signatures[0])
+    scalar = len(re.findall(r"\bv?movss\b", asm))
+    shuffles = len(re.findall(r"\bv(perm|shuf|unpck|insert|blend)\w*", asm))
+    assert shuffles >= 4 and scalar < 16, (shuffles, scalar)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposing_copy_into_a_matrix_is_the_definition(rng, dtype):
+    """``transpose_into`` (the copy of an operand given transposed for the unpacked path):
+    ``D[:cols, :rows] = S[:rows, :cols].T`` for whole blocks and every kind of edge, from a
+    source wider than it is (rows apart), and nothing else of D written."""
+    _, mod = blocked_module({}, dtype)
+    w = mod.TRANSPOSE_W
+    for rows, cols in ((w, w), (3 * w, 2 * w), (w + 3, 2 * w + 5), (5, 7), (1, 2 * w + 1),
+                       (2 * w + 1, 1), (100, 64)):
+        s = _random(rng, (rows, cols + 3), dtype)  # 3 columns more than it is
+        d = _sentinel((cols + 2, rows + 2), dtype)
+        mod.transpose_into(d, s, rows, cols)
+        np.testing.assert_array_equal(d[:cols, :rows], s[:, :cols].T, err_msg=str((rows, cols)))
+        untouched = np.ones(d.shape, bool)
+        untouched[:cols, :rows] = False
+        np.testing.assert_array_equal(d[untouched], _sentinel(d.shape, dtype)[untouched])
+
+
+def test_transposing_block_is_vector_shuffles():
+    """The block of ``transpose_into`` moves its 8×8 elements through vector registers, not
+    one scalar load and store per element."""
+    import re
+
+    import numba
+    from llvmlite import binding as llvm
+    from numba import njit
+
+    from tilegemm.kernels.cpu._packing import block_transposer
+
+    if llvm.get_process_triple().split("-")[0] not in ("x86_64", "amd64"):
+        pytest.skip("reads x86 machine code")
+    block = block_transposer(8)
+    f32 = numba.float32
+
+    @njit(numba.void(f32[:, ::1], f32[:, ::1], numba.int64, numba.int64))
+    def one(d, s, i, j):
+        block(d, (j, i), s, (i, j))
+
+    s = np.arange(20 * 40, dtype=np.float32).reshape(20, 40)
+    d = np.full((40, 20), np.nan, np.float32)
+    one(d, s, 3, 5)
+    np.testing.assert_array_equal(d[5:13, 3:11], s[3:11, 5:13].T)
+    assert np.isnan(d).sum() == d.size - 64
+    asm = one.inspect_asm(one.signatures[0])
     scalar = len(re.findall(r"\bv?movss\b", asm))
     shuffles = len(re.findall(r"\bv(perm|shuf|unpck|insert|blend)\w*", asm))
     assert shuffles >= 4 and scalar < 16, (shuffles, scalar)

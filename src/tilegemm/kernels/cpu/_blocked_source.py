@@ -23,7 +23,12 @@ from numba import prange
 from tilegemm.kernels.cpu._dot_tile import DOT_GROUP, DOT_MAX, dot_columns, dot_tile
 from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled
 from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
-from tilegemm.kernels.cpu._packing import columns_per_pack, copy_run, transposer
+from tilegemm.kernels.cpu._packing import (
+    block_transposer,
+    columns_per_pack,
+    copy_run,
+    transposer,
+)
 from tilegemm.kernels.cpu._slp import prefetch_write, slp_enabled
 from tilegemm.kernels.cpu._small_tile import (
     ALIASED_KC,
@@ -721,6 +726,28 @@ def unpacked_small(m, n, k):
             or n <= NARROW_N or (DW8 > SMALL_W and size <= UNPACKED_PRODUCT))
 
 
+# A transposing copy moves blocks of this many rows × columns (``transpose_block``).
+TRANSPOSE_W = 8
+transpose_block = block_transposer(TRANSPOSE_W)
+
+
+@when_called(numba.void(a2, ro2, i8, i8), **FLAGS)
+def transpose_into(D, S, rows, cols):
+    """``D[:cols, :rows] = S[:rows, :cols].T``: blocks of ``TRANSPOSE_W`` rows and columns
+    through vector registers (``transpose_block``), the edges element by element."""
+    rw = rows - rows % TRANSPOSE_W
+    cw = cols - cols % TRANSPOSE_W
+    for i in range(0, rw, TRANSPOSE_W):
+        for j in range(0, cw, TRANSPOSE_W):
+            transpose_block(D, (j, i), S, (i, j))
+        for r in range(i, i + TRANSPOSE_W):
+            for j in range(cw, cols):
+                D[j, r] = S[r, j]
+    for r in range(rw, rows):
+        for j in range(cols):
+            D[j, r] = S[r, j]
+
+
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, i8, i8, blocks), **FLAGS)
 def direct_transposed(A, B, C, alpha, beta, z, tr, cb):
     """Product ``z`` of the batch with an operand given as its transpose (``tr``, see
@@ -742,25 +769,17 @@ def direct_transposed(A, B, C, alpha, beta, z, tr, cb):
     if tr == 3 and not few:
         Ct = np.empty((1, n, m), dtype=C.dtype)
         if beta != zero:
-            for i in range(m):
-                for j in range(n):
-                    Ct[0, j, i] = Cz[i, j]
+            transpose_into(Ct[0], Cz, m, n)
         call_direct(Bz.reshape((1, n, Bz.shape[1])), Az.reshape((1, k, Az.shape[1])), Ct, alpha,
                     beta, cb, 0, 1, 0, n)
-        for i in range(m):
-            for j in range(n):
-                Cz[i, j] = Ct[0, j, i]
+        transpose_into(Cz, Ct[0], n, m)
         return
     if tr & 1:
         Ap = np.empty((1, m, k), dtype=C.dtype)
-        for p in range(k):
-            for i in range(m):
-                Ap[0, i, p] = Az[p, i]
+        transpose_into(Ap[0], Az, k, m)
     if tr & 2:
         Bp = np.empty((1, k, n), dtype=C.dtype)
-        for j in range(n):
-            for p in range(k):
-                Bp[0, p, j] = Bz[j, p]
+        transpose_into(Bp[0], Bz, n, k)
     if tr == 3:
         call_direct(Ap, Bp, Cz.reshape((1, m, n)), alpha, beta, cb, 0, 1, 0, m)
     elif tr == 1:
@@ -1420,7 +1439,7 @@ def takes_gemv(batch, m, n, k, direct_max):
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
             few_rows, few_width, direct, products_serial, gemv_part, unpacked_small,
-            direct_transposed, small, small_matrix, small_matrix_transposed,
+            transpose_into, direct_transposed, small, small_matrix, small_matrix_transposed,
             run_parallel, splits_batch, takes_rows, takes_few, layout, blocked_threads,
             gemv_threads, takes_gemv)
 CALLED_FROM_PYTHON = (takes_gemv, takes_rows, takes_few, layout, small, blocked_threads,
