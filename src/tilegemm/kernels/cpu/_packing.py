@@ -37,6 +37,39 @@ def _item_pointer(context: Any, builder: Any, aryty: Any, ary: Any, index: Any) 
                                     cgutils.unpack_tuple(builder, index), wraparound=False)
 
 
+def _rows_in_one_vector(context: Any, builder: Any, aryty: Any, ary: Any, start: Any,
+                        rows: int, w: int) -> Any:
+    """``rows`` rows of the 2-D C-ordered ``ary`` from ``start`` (row, column), ``w``
+    elements each, loaded as vectors and concatenated into one vector of rows·w elements
+    (a tree of shuffles; undefined rows pad it to a power of two rows): what the
+    transposing copies reorder."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    elt = context.get_data_type(aryty.dtype)
+    row_t = ir.VectorType(elt, w)
+    arr = context.make_array(aryty)(context, builder, ary)
+    r0, c0 = cgutils.unpack_tuple(builder, start)
+    vecs = []
+    for r in range(rows):
+        ptr = cgutils.get_item_pointer(context, builder, aryty, arr,
+                                       [builder.add(r0, ir.Constant(r0.type, r)), c0],
+                                       wraparound=False)
+        vecs.append(builder.load(builder.bitcast(ptr, row_t.as_pointer()),
+                                 align=context.get_abi_sizeof(elt)))
+    span = 1
+    while span < rows:
+        span *= 2
+    vecs += [ir.Constant(row_t, ir.Undefined)] * (span - rows)
+    width = w
+    while len(vecs) > 1:  # concatenate pairwise
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), 2 * width), list(range(2 * width)))
+        vecs = [builder.shuffle_vector(x, y, mask)
+                for x, y in zip(vecs[0::2], vecs[1::2], strict=True)]
+        width *= 2
+    return vecs[0]
+
+
 def _copy_run_intrinsic() -> Any:
     from llvmlite import ir
     from numba.core import cgutils, types
@@ -94,32 +127,10 @@ def transposer(mr: int, w: int) -> Any:
             dty, _, sty, _ = signature.args
             elt = context.get_data_type(dty.dtype)
             align = context.get_abi_sizeof(elt)
-            row_t = ir.VectorType(elt, w)
-            src_arr = context.make_array(sty)(context, builder, args[2])
-            from numba.core import cgutils
-
-            i0, p0 = cgutils.unpack_tuple(builder, args[3])
-            rows = []
-            for k in range(mr):
-                ptr = cgutils.get_item_pointer(
-                    context, builder, sty, src_arr,
-                    [builder.add(i0, ir.Constant(i0.type, k)), p0], wraparound=False)
-                rows.append(builder.load(builder.bitcast(ptr, row_t.as_pointer()),
-                                         align=align))
-            span = 1
-            while span < mr:
-                span *= 2
-            vecs = rows + [ir.Constant(row_t, ir.Undefined)] * (span - mr)
-            width = w
-            while len(vecs) > 1:  # concatenate pairwise
-                mask = ir.Constant(ir.VectorType(ir.IntType(32), 2 * width),
-                                   list(range(2 * width)))
-                vecs = [builder.shuffle_vector(x, y, mask)
-                        for x, y in zip(vecs[0::2], vecs[1::2], strict=True)]
-                width *= 2
+            whole = _rows_in_one_vector(context, builder, sty, args[2], args[3], mr, w)
             order = [(e % mr) * w + e // mr for e in range(mr * w)]
             strip = builder.shuffle_vector(
-                vecs[0], ir.Constant(vecs[0].type, ir.Undefined),
+                whole, ir.Constant(whole.type, ir.Undefined),
                 ir.Constant(ir.VectorType(ir.IntType(32), mr * w), order))
             dp = _item_pointer(context, builder, dty, args[0], args[1])
             builder.store(strip, builder.bitcast(dp, ir.VectorType(elt, mr * w).as_pointer()),
@@ -153,24 +164,9 @@ def block_transposer(w: int) -> Any:
             elt = context.get_data_type(dty.dtype)
             align = context.get_abi_sizeof(elt)
             row_t = ir.VectorType(elt, w)
-            src_arr = context.make_array(sty)(context, builder, args[2])
             dst_arr = context.make_array(dty)(context, builder, args[0])
-            s0, s1 = cgutils.unpack_tuple(builder, args[3])
             d0, d1 = cgutils.unpack_tuple(builder, args[1])
-            vecs = []
-            for r in range(w):
-                ptr = cgutils.get_item_pointer(
-                    context, builder, sty, src_arr,
-                    [builder.add(s0, ir.Constant(s0.type, r)), s1], wraparound=False)
-                vecs.append(builder.load(builder.bitcast(ptr, row_t.as_pointer()), align=align))
-            width = w
-            while len(vecs) > 1:  # concatenate pairwise (w is a power of two)
-                mask = ir.Constant(ir.VectorType(ir.IntType(32), 2 * width),
-                                   list(range(2 * width)))
-                vecs = [builder.shuffle_vector(x, y, mask)
-                        for x, y in zip(vecs[0::2], vecs[1::2], strict=True)]
-                width *= 2
-            whole = vecs[0]
+            whole = _rows_in_one_vector(context, builder, sty, args[2], args[3], w, w)
             undef = ir.Constant(whole.type, ir.Undefined)
             for c in range(w):
                 column = builder.shuffle_vector(
