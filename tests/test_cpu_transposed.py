@@ -77,6 +77,9 @@ def test_every_layout_gives_the_contiguous_result_exactly(dtype, shape):
     ((3, 70, 90), (3, 90, 110)),     # a batch, packed one product at a time
     ((40, 6, 4), (40, 4, 9)),        # a batch of small products (one run per task)
     ((2, 130, 150), (150, 120)),     # B shared by the batch
+    ((40, 6, 4), (4, 9)),            # small products, B shared
+    ((7, 12), (40, 12, 9)),          # small products, A shared (copied once per run)
+    ((300, 16, 16), (300, 16, 16)),  # small products, the batch split over the threads
 ])
 def test_batches(dtype, sa, sb):
     a, b = random_operands(sa, sb, dtype)
@@ -86,9 +89,11 @@ def test_batches(dtype, sa, sb):
 
 
 @pytest.mark.parametrize("dtype", ("float32", "float64"))
-def test_gemm_alpha_beta_with_transposed_operands(dtype, rng):
-    a, b = random_operands((150, 170), (170, 130), dtype)
-    c = rng.standard_normal((150, 130)).astype(dtype)
+@pytest.mark.parametrize("shape", [(150, 170, 130), (24, 30, 20)])  # packed; unpacked
+def test_gemm_alpha_beta_with_transposed_operands(dtype, shape, rng):
+    m, k, n = shape
+    a, b = random_operands((m, k), (k, n), dtype)
+    c = rng.standard_normal((m, n)).astype(dtype)
     want = tilegemm.gemm(a, b, c=c.copy(), alpha=1.5, beta=-0.5, kernel="blocked",
                          backend="cpu")
     for name, (x, y) in layouts(a, b).items():
