@@ -379,6 +379,39 @@ def test_any_size_and_transposed_storage_are_remembered(spy, rng, shape, layout)
 
 
 @pytest.mark.parametrize("shapes", [((3, 20, 30), (3, 30, 10)), ((3, 20, 30), (30, 10)),
+                                    ((20, 30), (2, 3, 30, 10)), ((1, 32, 32), (1, 32, 32)),
+                                    ((256, 16, 16), (256, 16, 16)), ((30,), (4, 30, 10)),
+                                    ((2, 200, 150), (2, 150, 170))])
+@pytest.mark.parametrize("layout", ["a", "b", "both"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_batches_given_transposed_are_remembered(spy, rng, shapes, layout, dtype):
+    """A batch given as the transpose of a C-ordered one in its last two axes
+    (``np.swapaxes``, ``.mT``: attention's ``q @ k.mT``) is read in place by the CPU rung;
+    its repeated calls skip the full path and give its bits."""
+    sa, sb = shapes
+
+    def operand(shape, transposed):
+        x = (rng.standard_normal(shape) * 8).astype(dtype)
+        if transposed and len(shape) > 1:
+            x = np.swapaxes(np.ascontiguousarray(np.swapaxes(x, -1, -2)), -1, -2)
+        return x
+
+    results = []
+    for _ in range(3):
+        a = operand(sa, layout in ("a", "both"))
+        b = operand(sb, layout in ("b", "both"))
+        results.append((tilegemm.matmul(a, b), tilegemm.gemm(a, b), a, b))
+    assert len(spy) == 1, "a repeated call took the full path"
+    for got, full, a, b in results:
+        assert got.flags.c_contiguous and got.shape == np.matmul(a, b).shape
+        np.testing.assert_array_equal(got, full)
+        if dtype == np.int64:
+            np.testing.assert_array_equal(got, np.matmul(a, b))
+        else:
+            assert_close(got, a, b)
+
+
+@pytest.mark.parametrize("shapes", [((3, 20, 30), (3, 30, 10)), ((3, 20, 30), (30, 10)),
                                     ((20, 30), (2, 3, 30, 10)), ((2, 3, 1, 30), (2, 3, 30, 7)),
                                     ((30,), (30, 10)), ((20, 30), (30,)), ((1, 30), (30,)),
                                     ((30,), (2, 3, 30, 10)), ((3, 20, 30), (30,)),
