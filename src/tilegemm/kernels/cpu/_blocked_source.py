@@ -506,6 +506,14 @@ def few_width(m, tr):
 call_few_rows = called_by_name(few_rows)
 
 
+@when_called(flag(i8, i8), **FLAGS)
+def few_row_product(m, n):
+    """Whether ``direct`` computes a whole product of these sizes as one tile of all its
+    rows (``few_rows``): 2 to 7 rows (15 with the wide 8-row tile) wider than
+    ``NARROW_N``."""
+    return 2 <= m < FEW_MAX and n > NARROW_N
+
+
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, blocks, i8, i8, i8, i8), **FLAGS)
 def direct(A, B, C, alpha, beta, cb, z0, z1, r0, r1):
     """Rows r0..r1 of products z0..z1 of the batch on the calling thread, unpacked: A and B
@@ -542,7 +550,7 @@ def direct(A, B, C, alpha, beta, cb, z0, z1, r0, r1):
                 for j in range(n):
                     C[z, i, j] = base if beta == zero else base + beta * C[z, i, j]
         return
-    if r0 == 0 and r1 == m and 2 <= m < FEW_MAX and n > NARROW_N:
+    if r0 == 0 and r1 == m and few_row_product(m, n):
         for z in range(z0, z1):
             call_few_rows(A, B, C, alpha, beta, cb, z, 0, n, 0)
         return
@@ -767,8 +775,7 @@ def direct_transposed(A, B, C, alpha, beta, z0, z1, tr, cb):
     k = A.shape[1] if tr & 1 else A.shape[2]  # as ``small`` takes it: either operand may
     # be wider than it is (rows apart), and only its first M (A given transposed), K or N
     # columns are read
-    few = (2 <= m < FEW_MAX and n > NARROW_N) or (2 <= n < FEW_MAX and m > NARROW_N)
-    swap = tr == 3 and not few
+    swap = tr == 3 and not (few_row_product(m, n) or few_row_product(n, m))
     Ct = np.empty((1, n if swap else 0, m), dtype=C.dtype)
     Ap = np.empty((1, m if tr & 1 and not swap else 0, k), dtype=C.dtype)
     Bp = np.empty((1, k if tr & 2 and not swap else 0, n), dtype=C.dtype)
@@ -1183,6 +1190,13 @@ def _vector_product_swapped(A, B, C, tr):
     return None
 
 
+def copies_few_rows_a(m, n, tr):
+    """Whether ``blocked`` copies A, given as its transpose (``tr`` bit 0), to the plain
+    layout first: a product of 2-7 rows wider than ``NARROW_N``, which ``few_rows`` runs
+    reading A plain (``_plain_unless_packed``)."""
+    return tr & 1 and 2 <= m < FEW_ROWS and n > NARROW_N
+
+
 def _plain_unless_packed(A, B, C, tr):
     """(A, B, C, tr) for the path the product takes: operands given transposed (``tr``, see
     ``blocked_threads``) are read in place by the packed path only (small products of
@@ -1201,7 +1215,7 @@ def _plain_unless_packed(A, B, C, tr):
     k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     if k == 0 or m == 1 or n == 1:
         return _stored(A, tr & 1, m), _stored(B, tr & 2, k), C, 0
-    if tr & 1 and 2 <= m < FEW_ROWS and n > NARROW_N:  # few rows: a copy of A is cheap, and
+    if copies_few_rows_a(m, n, tr):  # few rows: a copy of A is cheap, and
         return _stored(A, 1, m), B, C, tr & 2  # few_rows reads A plain (B in either layout)
     return A, B, C, tr
 
@@ -1346,8 +1360,7 @@ def bind(params):
         (``tr`` != 0) straight to ``small``, as ``blocked`` would after its checks: one
         product of more than one row and column on the calling thread, not a few rows of
         A given transposed (``blocked`` copies that A first, ``_plain_unless_packed``)."""
-        return (m > 1 and n > 1 and takes_small(m, n, k)
-                and not (tr & 1 and 2 <= m < FEW_ROWS and n > NARROW_N))
+        return m > 1 and n > 1 and takes_small(m, n, k) and not copies_few_rows_a(m, n, tr)
 
     def call_for(m, n, k, dense=True, tr=0):
         """The call ``(A, B, bound)`` giving a new ``A @ B`` of two C-ordered
@@ -1444,8 +1457,9 @@ def takes_gemv(batch, m, n, k, direct_max):
 # cache), and those that Python calls: a warm cache loads only these, the first at import
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
-            few_rows, few_width, direct, products_serial, gemv_part, unpacked_small,
-            transpose_into, direct_transposed, small, small_matrix, small_matrix_transposed,
+            few_rows, few_width, few_row_product, direct, products_serial, gemv_part,
+            unpacked_small, transpose_into, direct_transposed, small, small_matrix,
+            small_matrix_transposed,
             run_parallel, splits_batch, takes_rows, takes_few, layout, blocked_threads,
             gemv_threads, takes_gemv)
 CALLED_FROM_PYTHON = (takes_gemv, takes_rows, takes_few, layout, small, blocked_threads,
