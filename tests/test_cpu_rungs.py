@@ -226,24 +226,27 @@ def test_an_infinite_alpha_scales_the_whole_product(dtype, shape, rng):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("shape", [(1, 1024, 1), (13, 1024, 11), (2, 1024, 3), (1, 1024, 300),
-                                   (300, 1024, 1)],
-                         ids=["one", "packed", "small", "row-gemv", "column-gemv"])
+                                   (300, 1024, 1), (3, 256, 64), (12, 256, 64)],
+                         ids=["one", "packed", "small", "row-gemv", "column-gemv", "few-rows",
+                              "few-rows-reread"])
 def test_a_large_finite_alpha_scales_the_whole_product(dtype, shape, rng):
     """A finite alpha was applied per K panel: with alpha = 2**127 (float32; 2**1023 in
     float64), a first panel summing to -4 overflowed to -inf and the second (+5) could not
     bring it back, so a product of 1.0 gave -inf instead of alpha. The first half of K
-    sums to -4 in every output, the second to +5 (dyadic values: exact in any order)."""
+    sums to -4 in every output, the second to +5 (dyadic values: exact in any order).
+    A few rows sum K in panels shorter than KC (FEW_KC; 64 steps for 9-15 rows): with K
+    inside one KC panel they gave -inf too."""
     m, k, n = shape
     alpha = float(2.0 ** (np.finfo(dtype).maxexp - 1))
     a = np.ones((m, k), dtype) * rng.choice([1.0, 2.0], (m, 1)).astype(dtype)
     b = np.empty((k, n), dtype)
     b[: k // 2], b[k // 2:] = -4 / (k // 2), 5 / (k - k // 2)
-    got = tilegemm.gemm(a, b, alpha=alpha, kernel="blocked", backend="cpu", KC=512)
+    got = tilegemm.gemm(a, b, alpha=alpha, kernel="blocked", backend="cpu", KC=512, FEW_KC=64)
     with np.errstate(over="ignore"):  # rows of 2s: 2·alpha is infinite, truly
         np.testing.assert_array_equal(got, alpha * (a[:, :1] @ np.ones((1, n), dtype)))
     c = rng.uniform(1, 2, (m, n)).astype(dtype)
     got = tilegemm.gemm(a, b, c, alpha=-alpha / 2, beta=0.5, kernel="blocked", backend="cpu",
-                        KC=512)
+                        KC=512, FEW_KC=64)
     want = (-alpha / 2) * a[:, :1].astype(np.float64) + 0.5 * c.astype(np.float64)
     np.testing.assert_allclose(got, want.astype(dtype), rtol=1e-6)
 

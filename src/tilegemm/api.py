@@ -13,6 +13,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
+from functools import partial
 from numbers import Number
 from typing import Any
 
@@ -465,10 +466,27 @@ def gemm(
     own: where it alone would overflow (NumPy's ``alpha * (a @ b) + beta * c`` then gives
     ±inf or NaN), such a rung can give the finite or infinite value of the fused sum.
     ``trans_a``/``trans_b`` are booleans. Other arguments, and what is raised, are as for
-    :func:`matmul`.
+    :func:`matmul`. A call like an earlier one (the same shapes, layouts, dtype and
+    keywords, host arrays) reuses that call's decision, as :func:`matmul` does (see
+    :mod:`tilegemm.fastpath`).
     """
-    _check_params_are_upper_case(params)
     out = _one_out(out)
+    if device is None and stream is None and precision is None and dtype is None:
+        # a product an earlier call with the same kernel=, backend= and parameters decided
+        result = fastpath.try_remembered_gemm(a, b, c, out, alpha, beta, trans_a, trans_b,
+                                              kernel, backend, params)
+        if result is not None:
+            return result
+    return _full_gemm(a, b, c, alpha, beta, trans_a, trans_b, out, kernel, backend, device,
+                      stream, precision, dtype, params)
+
+
+def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, trans_b: Any,
+               out: Any, kernel: Any, backend: Any, device: Any, stream: Any, precision: Any,
+               dtype: Any, params: dict[str, Any]) -> Any:
+    """:func:`gemm` (and :func:`matmul`) decided in full: every check, the backend, the
+    rung and its parameters; the decision is remembered for later calls where it can be."""
+    _check_params_are_upper_case(params)
     if isinstance(stream, np.integer) and not isinstance(stream, np.bool_):
         stream = int(stream)  # a handle held in a NumPy integer, as device= takes one
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
@@ -498,8 +516,9 @@ def gemm(
         c_op = describe_c(c, prob)
         ops.append(c_op)  # a device c chooses where the call runs, whatever beta is
     # the tuning cache as it is before deciding, for a decision the fast path remembers
-    tuning = (tuning_cache_now() if key is not None
-              or (plain and all(op.kind == "host" for op in ops)) else None)
+    hosted = (device is None and stream is None and precision is None and dtype is None
+              and all(op.kind == "host" for op in ops))
+    tuning = tuning_cache_now() if key is not None or hosted else None
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params, stream=stream,
                     float32_out=float32_out, out=out)
@@ -531,12 +550,15 @@ def gemm(
             result = to_result(result, prob.out_dtype)
             if scaled_bool:
                 result = _scaled_bool(result, alpha, beta, c)
-            if (tuning is not None and prob.result_dtype is None
-                    and prob.dtype == getattr(a, "dtype", None)):
-                # any ``out`` qualifies: the decision does not depend on it (see fastpath)
-                fastpath.remember(a, b, lambda: be.host_program(spec, resolved, prob, target),
-                                  *tuning, kernel=kernel, backend=backend,
-                                  params=params)
+            views = (fastpath.gemm_views(a, b, trans_a, trans_b) if hosted
+                     and prob.result_dtype is None and prob.dtype == getattr(a, "dtype", None)
+                     else None)
+            if views is not None:
+                # any ``out``, alpha, beta and c qualify: the decision does not depend on
+                # them (see fastpath)
+                fastpath.remember(*views, lambda: be.host_program(spec, resolved, prob, target),
+                                  *tuning, kernel=kernel, backend=backend, params=params,
+                                  alpha_limit=partial(be.host_alpha_limit, prob=prob))
         if key is not None and tuning is not None:
             fastpath.remember_decision(key, chosen, *tuning)
             if out is None:
@@ -784,8 +806,8 @@ def matmul(
         result = fastpath.try_remembered(a, b, out, kernel, backend, params)
         if result is not None:
             return result
-    return gemm(a, b, out=out, kernel=kernel, backend=backend, device=device, stream=stream,
-                precision=precision, dtype=dtype, **params)
+    return _full_gemm(a, b, None, 1.0, 0.0, False, False, out, kernel, backend, device, stream,
+                      precision, dtype, params)
 
 
 def _one_out(out: Any) -> Any:

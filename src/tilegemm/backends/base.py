@@ -356,6 +356,14 @@ class Backend(ABC):
         with host operands."""
         return None
 
+    def host_alpha_limit(self, program: Any, prob: GemmProblem) -> float:
+        """The largest ``|alpha|`` for which ``program`` (:meth:`host_program`'s) computes
+        ``alpha * A @ B + beta * c3`` itself, as :meth:`run` does for host operands (any
+        beta finite in ``prob.dtype``; c3 holds ``c`` when beta is not zero, and is read
+        then), so that a remembered ``gemm`` call can run it; 0.0 (the default) where it
+        takes only alpha one and beta zero."""
+        return 0.0
+
     def device_program(self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
                        target: Target, ops: Sequence[Operand]) -> Callable[..., Any] | None:
         """What later plain calls like this one on device arrays may run directly

@@ -231,6 +231,17 @@ def host_output(prob: GemmProblem, c: Operand | None, out: Any, beta: Any) -> np
     return dest
 
 
+def _alpha_limit(program: Any, prob: GemmProblem) -> float:
+    """The largest ``|alpha|`` a CPU rung applies itself to a float product (see
+    :meth:`CpuBackend.run`): 1 where K may be cut into more than one panel (the rung's
+    ``k_panel``: the fewest K steps any of its paths puts in a panel), each of whose sums
+    alpha scales as it is added; else the dtype's largest finite number (an infinite alpha
+    is applied afterwards)."""
+    if prob.k > getattr(program, "k_panel", prob.k):
+        return 1.0
+    return float(np.finfo(prob.dtype).max)
+
+
 @cache
 def physical_memory() -> int | None:
     """This machine's memory in bytes (None where the system does not say); asked once,
@@ -365,9 +376,7 @@ class CpuBackend(Backend):
         # (alpha = 2**127 and a product of 1.0 gave -inf). Such an alpha (infinite, or
         # above 1 in size over more than one K panel) is applied once, to the whole
         # product, as the GPU rungs and NumPy apply it.
-        panels = prob.k > params.get("KC", prob.k)
-        later = prob.dtype.kind == "f" and bool(
-            np.isinf(alpha) or (panels and abs(alpha) > 1))
+        later = prob.dtype.kind == "f" and bool(abs(alpha) > _alpha_limit(program, prob))
         saved = c3.copy() if later and beta != 0 else None
         one, zero = prob.dtype.type(1), prob.dtype.type(0)
         args = (one, zero) if later else (alpha, beta)
@@ -387,8 +396,16 @@ class CpuBackend(Backend):
 
     def host_program(self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
                      target: Target) -> Any:
-        """The compiled rung itself: with alpha one and beta zero, :meth:`run` is that call."""
+        """The compiled rung itself: with alpha one and beta zero, :meth:`run` is that call,
+        and with the alphas :meth:`host_alpha_limit` gives, a call with ``c`` copied into
+        the result first."""
         return spec.program(params, prob.dtype)
+
+    def host_alpha_limit(self, program: Any, prob: GemmProblem) -> float:
+        """For a float product, what :meth:`run` hands the rung itself (see there):
+        alpha no larger than 1 in size over more than one K panel, else any finite alpha.
+        Integer products convert their scalars with checks of their own: 0.0."""
+        return _alpha_limit(program, prob) if prob.dtype.kind == "f" else 0.0
 
     def prepare(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,

@@ -1401,6 +1401,9 @@ def bind(params):
     run.takes_transposed = True  # the CPU backend hands it transposed operands in place
     run.bound = cb  # what compiled code is passed as cb (see ``blocks``)
     run.vector_direct = vector_direct  # (see takes_small)
+    # the fewest K steps a panel of a sum may hold (KC; FEW_KC and REREAD_KC for a few
+    # rows): alpha scales each panel's sum as it is added into C (see CpuBackend.run)
+    run.k_panel = min(cb[1], cb[3], REREAD_KC)
     run.call_for = call_for
     return run
 
