@@ -7,13 +7,14 @@ Usage (from the repository root; take the machine for yourself while it runs)::
     PYTHONPATH=src python benchmarks/small_calls.py --no-save --backends opencl
 
 Each case times whole ``tilegemm.matmul(a, b, backend=...)`` calls on NumPy arrays, as a
-user's script makes them: validation, the ``auto`` choice, copies to and from the device
-and the launch. NumPy's ``matmul`` of the same arrays is timed in the same run, and every
-result is checked against float64 NumPy first. The floor is the least a call of that
-backend can cost: for OpenCL a one-value kernel's launch and the blocking read of its
-value on the same queue, for CUDA an empty kernel's launch and ``cuda.synchronize()``;
-the CPU has none (a call into compiled code costs about a microsecond). What is above the floor is
-tilegemm's own work per call.
+user's script makes them (and ``tilegemm.gemm``'s forms, ``GEMM_FORMS``, against NumPy's
+same expression, unless ``--no-gemm``): validation, the ``auto`` choice, copies to and
+from the device and the launch. NumPy's ``matmul`` of the same arrays is timed in the
+same run, and every result is checked against float64 NumPy first. The floor is the
+least a call of that backend can cost: for OpenCL a one-value kernel's launch and the
+blocking read of its value on the same queue, for CUDA an empty kernel's launch and
+``cuda.synchronize()``; the CPU has none (a call into compiled code costs about a
+microsecond). What is above the floor is tilegemm's own work per call.
 
 The device backends are also timed on their own device arrays (pyopencl arrays; numba,
 CuPy and PyTorch CUDA arrays, those that are installed), where a call copies nothing and
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -43,6 +45,23 @@ from tilegemm.bench.timing import mean_call_seconds  # noqa: E402
 from tilegemm.reference import assert_close  # noqa: E402
 
 SIZES = (8, 32, 64, 256)
+# tilegemm.gemm's forms, timed beside matmul: (the call, NumPy's same expression); c is a
+# fresh C-ordered array of the result, written only by the out=c form
+GEMM_FORMS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
+    "gemm(a, b)": (lambda a, b, c, be: tilegemm.gemm(a, b, backend=be),
+                   lambda a, b, c: a @ b),
+    "gemm(a, b, trans_b=True)": (lambda a, b, c, be: tilegemm.gemm(a, b, trans_b=True,
+                                                                   backend=be),
+                                 lambda a, b, c: a @ b.T),
+    "gemm(a, b, alpha=0.5)": (lambda a, b, c, be: tilegemm.gemm(a, b, alpha=0.5, backend=be),
+                              lambda a, b, c: 0.5 * (a @ b)),
+    "gemm(a, b, c, alpha=0.5, beta=1.0)": (
+        lambda a, b, c, be: tilegemm.gemm(a, b, c, alpha=0.5, beta=1.0, backend=be),
+        lambda a, b, c: 0.5 * (a @ b) + c),
+    "gemm(a, b, c, beta=1.0, out=c)": (
+        lambda a, b, c, be: tilegemm.gemm(a, b, c, beta=1.0, out=c, backend=be),
+        lambda a, b, c: np.add(a @ b, c, out=c)),
+}
 
 
 def opencl_floor() -> tuple[str, Callable[[], Any]]:
@@ -192,6 +211,31 @@ def time_device_arrays(name: str, dtypes: list[str], sizes: list[int], seconds: 
     return floors, rows
 
 
+def time_gemm_forms(name: str, a: np.ndarray, b: np.ndarray, rng: np.random.Generator,
+                    seconds: float) -> list[dict[str, Any]]:
+    """Rows for :data:`GEMM_FORMS` on ``name`` with square operands ``a`` and ``b``, each
+    checked first against float64 NumPy, then timed as the matmul rows are."""
+    rows = []
+    n, dtype = a.shape[0], a.dtype.name
+    for form, (ours_call, numpy_call) in GEMM_FORMS.items():
+        c = rng.uniform(-1, 1, a.shape).astype(dtype)
+        expected = numpy_call(a.astype(np.float64), b.astype(np.float64), c.astype(np.float64))
+        got = ours_call(a, b, c.copy(), name)
+        tolerance = 1e-4 if dtype == "float32" else 1e-10
+        np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance * n,
+                                   err_msg=f"{name} {dtype} {n}^3 {form}")
+        ours = mean_call_seconds(partial(ours_call, a, b, c, name), seconds)
+        settle()
+        ref = mean_call_seconds(partial(numpy_call, a, b, c), seconds)
+        settle()
+        rows.append({"backend": name, "dtype": dtype, "size": n, "call": form,
+                     "us_tilegemm": round(ours * 1e6, 1), "us_numpy": round(ref * 1e6, 2),
+                     "times_numpy": round(ours / ref, 1)})
+        print(f"{name} {dtype} {n}^3 {form}: {ours * 1e6:.1f} us per call, NumPy "
+              f"{ref * 1e6:.2f} us ({ours / ref:.1f}x)", flush=True)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS),
@@ -199,6 +243,8 @@ def main() -> int:
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--seconds", type=float, default=0.3, help="of calls per measurement")
+    ap.add_argument("--no-gemm", dest="gemm", action="store_false",
+                    help="time matmul only, not also tilegemm.gemm's forms on host arrays")
     ap.add_argument("--no-save", action="store_true")
     ap.add_argument("--out", type=Path, default=None,
                     help="write the results here instead of benchmarks/results/")
@@ -249,6 +295,8 @@ def main() -> int:
                     line += f", {above:.1f} us above the floor"
                 rows.append(row)
                 print(line, flush=True)
+                if args.gemm:
+                    rows.extend(time_gemm_forms(name, a, b, rng, args.seconds))
     if not rows and not device_rows:  # an empty file would replace committed results
         print("nothing was measured (no backend given is usable here), so nothing was saved")
         return 2
@@ -256,9 +304,10 @@ def main() -> int:
         cpu_blocked.save_results("small-calls", {
             "method": "mean wall-clock time of whole tilegemm.matmul calls on NumPy arrays "
                       f"for about {args.seconds} s after one untimed call, then np.matmul "
-                      "the same way, a settling pause after each; floor: for OpenCL a kernel "
-                      "writing one value launched and that value read back (blocking), "
-                      "for CUDA an empty kernel launched and synchronized, on the "
+                      "the same way (rows with a 'call': that tilegemm.gemm form against "
+                      "NumPy's same expression), a settling pause after each; floor: for "
+                      "OpenCL a kernel writing one value launched and that value read back "
+                      "(blocking), for CUDA an empty kernel launched and synchronized, on the "
                       "backend's own queue; on device arrays, blocks of "
                       f"{BLOCK} calls each followed by one wait for the device, and the "
                       "floor a kernel enqueued the same way",
