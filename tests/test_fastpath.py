@@ -152,7 +152,7 @@ def test_small_products_of_slices_take_the_rungs_own_call_on_copies(spy, rng, sa
     assert case.entry is not None
     copied = []
     real_copy = np.ascontiguousarray
-    monkeypatch.setattr(np, "ascontiguousarray", lambda x: copied.append(x.flags.c_contiguous)
+    monkeypatch.setattr(fastpath, "_dense", lambda x: copied.append(x.flags.c_contiguous)
                         or real_copy(x))
     fastpath.forget()
     tilegemm.matmul(a, b)  # remembered again, with the counting copy
@@ -756,6 +756,38 @@ def test_opencl_calls_on_host_arrays_are_remembered(spy, rng, shapes, dtype):
 
 
 @needs_opencl
+@pytest.mark.parametrize("layout", ["a.T", "b.T", "both", "slice", "batch b.mT"])
+def test_opencl_calls_on_other_layouts_copy_them_and_are_remembered(spy, rng, layout):
+    """OpenCL's kernels read C-ordered operands: the full path copies an operand given
+    otherwise (``x.T``, a slice of columns, a batch transposed in its last two axes), and
+    so does a remembered call of that case, which took the full path every time before
+    (about 250 µs a call for 8³ on PoCL, against 95 remembered)."""
+    def operands():
+        a = rng.standard_normal((2, 9, 13) if layout == "batch b.mT" else (9, 13))
+        b = rng.standard_normal((2, 13, 6) if layout == "batch b.mT" else (13, 6))
+        a, b = a.astype(np.float32), b.astype(np.float32)
+        if layout in ("a.T", "both"):
+            a = np.ascontiguousarray(a.T).T
+        if layout in ("b.T", "both"):
+            b = np.ascontiguousarray(b.T).T
+        if layout == "slice":
+            b = np.pad(b, ((0, 0), (0, 5)))[:, :6]
+        if layout == "batch b.mT":
+            b = np.ascontiguousarray(b.swapaxes(-1, -2)).swapaxes(-1, -2)
+        return a, b
+
+    a, b = operands()
+    first = tilegemm.matmul(a, b, backend="opencl")
+    for _ in range(2):
+        a2, b2 = operands()
+        got = tilegemm.matmul(a2, b2, backend="opencl")
+        assert len(spy) == 1, "a repeated OpenCL call took the full path"
+        assert_close(got, a2, b2)
+    np.testing.assert_array_equal(tilegemm.matmul(a, b, backend="opencl"), first)
+    assert fastpath._table[fastpath._key(a, b, "auto", "opencl")].dense
+
+
+@needs_opencl
 def test_a_remembered_opencl_call_poisons_its_result(spy, rng, monkeypatch):
     """With TILEGEMM_POISON set, the remembered OpenCL program fills the device result
     before the kernel runs, as the full path does: a kernel that writes nothing shows it."""
@@ -876,9 +908,10 @@ def test_an_answer_from_an_older_tuning_file_is_not_kept(tmp_path, monkeypatch):
 
 def test_a_program_is_made_once_per_case_and_state(rng, tmp_path):
     """The full path offers every plain host call to remember(): a gemm() of a remembered
-    case, a Fortran-ordered operand on a rung handed C-ordered copies, a backend without a
-    direct path. The backend's program (on OpenCL, a device check and a kernel look-up) was
-    made again for each; now once per case until the tuning file changes."""
+    case, a Fortran-ordered operand on a rung handed C-ordered copies (remembered, the
+    copies made by the remembered call), a backend without a direct path. The backend's
+    program (on OpenCL, a device check and a kernel look-up) was made again for each; now
+    once per case until the tuning file changes."""
     fastpath.forget()
     made = []
 
@@ -898,7 +931,7 @@ def test_a_program_is_made_once_per_case_and_state(rng, tmp_path):
     for _ in range(3):
         fastpath.remember(fa, b, maker(plain), *state, kernel="auto", backend="opencl")
         fastpath.remember(a, b, maker(None), *state, kernel="auto", backend="cuda")
-    assert len(made) == 3 and len(fastpath._table) == 1
+    assert len(made) == 3 and len(fastpath._table) == 2
     later = (state[0], 12345)  # the tuning file changed: decided again, made again
     fastpath.remember(a, b, maker(plain), *later, kernel="auto", backend="opencl")
     fastpath.remember(fa, b, maker(plain), *later, kernel="auto", backend="opencl")

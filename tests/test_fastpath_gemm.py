@@ -222,14 +222,18 @@ def _opencl_usable() -> bool:
 
 
 @pytest.mark.skipif(not _opencl_usable(), reason="no usable OpenCL device")
-def test_opencl_remembers_gemm_with_alpha_one_and_beta_zero_only(spy, rng):
-    """OpenCL's program for host arrays takes alpha one and beta zero (it reads no ``c``):
-    such a gemm is remembered, a scaled one decided in full every time, with its checks."""
-    a, b, c = _data(rng, 9, 17, 8, np.float32)
-    for _ in range(2):
-        assert_close(tilegemm.gemm(a, b, c, backend="opencl"), a, b)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_opencl_remembers_gemm_with_c(spy, rng, dtype):
+    """OpenCL's program for host arrays copies ``c`` to the device with the operands when
+    beta is not zero, and the kernels scale each sum once: a repeated gemm with alpha, beta
+    and ``c`` (or ``out=c``) runs it, with the full path's bits."""
+    tilegemm.gemm(*_data(rng, 9, 17, 8, dtype), alpha=0.5, beta=-1.0, backend="opencl")
+    a, b, c = _data(rng, 9, 17, 8, dtype)
+    c0 = c.copy()
+    got = tilegemm.gemm(a, b, c, alpha=0.5, beta=-1.0, backend="opencl")
+    assert tilegemm.gemm(a, b, c, alpha=0.5, beta=-1.0, out=c, backend="opencl") is c
     assert len(spy) == 1
-    for _ in range(2):
-        got = tilegemm.gemm(a, b, c, alpha=0.5, beta=-1.0, backend="opencl")
-        assert_close(got, a, b, alpha=0.5, beta=-1.0, c=c)
-    assert len(spy) == 3
+    assert_close(got, a, b, alpha=0.5, beta=-1.0, c=c0)
+    np.testing.assert_array_equal(c, got)  # out=c: the same product, written into c
+    np.testing.assert_array_equal(got, _full(a, b, c0, alpha=0.5, beta=-1.0,
+                                             backend="opencl"))

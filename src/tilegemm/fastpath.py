@@ -18,9 +18,10 @@ still copies the operands to the device and the result back on every call, with 
 device, kernel and checks of the first call. What qualifies:
 
 - 2-D operands, each C-ordered, or Fortran-ordered (``x.T`` of a C-ordered array), or a
-  slice of columns of one (rows evenly apart, ``w[:, :n]``) or its transpose, when the
-  rung packs transposed operands itself and reads rows apart, as the full path hands them
-  to it (except such a slice as A with B transposed, which the full path copies);
+  slice of columns of one (rows evenly apart, ``w[:, :n]``) or its transpose, read in
+  place when the rung packs transposed operands itself and reads rows apart, as the full
+  path hands them to it (except such a slice as A with B transposed, which the full path
+  copies), else (OpenCL) copied C-ordered first, as the full path copies them;
 - N-D operands, C-ordered or, where the rung reads them in place, the transpose in their
   last two axes of a C-ordered batch (``np.swapaxes(k, -1, -2)``, ``k.mT``), with the same
   leading (batch) dimensions, or one of them 2-D (the same matrix for every product of the
@@ -40,7 +41,7 @@ device array, a broadcast batch) takes the full path, which validates everything
 trans_b=, out=)`` is the case of ``op(a) @ op(b)``, the transposes taken as views
 (:func:`gemm_views`), so ``gemm(x, w, trans_b=True)`` and ``x @ w.T`` are one case. Where
 the backend's program applies alpha and beta itself (``Backend.host_alpha_limit``: the
-CPU rungs), a remembered gemm call runs it with them, its result (new, or ``out``, which
+CPU's and OpenCL's), a remembered gemm call runs it with them, its result (new, or ``out``, which
 may be ``c``) starting as a copy of ``c``; see :func:`try_remembered_gemm` for what it
 takes.
 A call naming ``backend="cpu"`` is remembered apart from one that leaves it to ``auto``
@@ -119,6 +120,7 @@ from tilegemm.backends.base import poison_value
 _LIMIT = 256  # remembered cases at most (the table is cleared when full)
 _KINDS = "fiu"  # dtypes whose product NumPy computes in the operands' own dtype
 _NDARRAY = np.ndarray
+_dense = np.ascontiguousarray
 _as_strided = np.lib.stride_tricks.as_strided
 
 
@@ -141,6 +143,9 @@ class _Case(NamedTuple):
     wa: bool  # a's rows (or its transpose's) lie apart: the rung reads a wider view
     wb: bool
     tr: int  # the rung's transposed-operand flags (0: the plain call)
+    # the rung reads C-ordered operands only: those given otherwise are copied first (as
+    # the full path copies them for it); then ta, tb, wa, wb and tr are all false
+    dense: bool
     one: Any  # alpha and beta in the dtype
     zero: Any
     fill: Any  # what TILEGEMM_POISON fills a fresh result with
@@ -367,10 +372,13 @@ def _run(case: _Case, a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: A
             np.copyto(dest, c)
     elif _poison() not in _POISON_OFF:
         dest.fill(case.fill)
-    a3 = (a.swapaxes(-1, -2) if case.ta else a)
-    a3 = _rows_apart(a3) if case.wa else a3.reshape(case.a3)
-    b3 = (b.swapaxes(-1, -2) if case.tb else b)
-    b3 = _rows_apart(b3) if case.wb else b3.reshape(case.b3)
+    if case.dense:
+        a3, b3 = _dense(a).reshape(case.a3), _dense(b).reshape(case.b3)
+    else:
+        a3 = (a.swapaxes(-1, -2) if case.ta else a)
+        a3 = _rows_apart(a3) if case.wa else a3.reshape(case.a3)
+        b3 = (b.swapaxes(-1, -2) if case.tb else b)
+        b3 = _rows_apart(b3) if case.wb else b3.reshape(case.b3)
     if case.tr:
         case.program(a3, b3, dest.reshape(case.c3), alpha, beta, case.tr)
     else:
@@ -416,21 +424,24 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
         forget()
     _watch[:] = state
     program = make_program()
-    if program is None or ((la or lb) and not getattr(program, "takes_transposed", False)):
-        # No direct path on this backend, or a rung that is handed C-ordered copies by
-        # the full path: noted, so that later calls do not make the program again
+    if program is None:
+        # no direct path on this backend: noted, so that later calls do not ask again
         _refused.add(key)
         return
+    # a rung the full path hands C-ordered copies of operands given otherwise (OpenCL's)
+    dense = bool(la or lb) and not getattr(program, "takes_transposed", False)
+    if dense:
+        la = lb = 0
     shape = (sa[:-2] if len(sa) >= len(sb) else sb[:-2]) + (sa[-2], sb[-1])
     one = dtype.type(1)
     result = shape[:len(shape) - 2] + shape[len(shape) - 2 + row:len(shape) - col]
     ta, tb = bool(la & 1), bool(lb & 1)
     call_for = getattr(program, "call_for", None)
-    entry = (None if call_for is None or len(shape) != 2
+    entry = (None if call_for is None or len(shape) != 2 or dense
              else _entry(call_for, sa, sb, la, lb, row, col, result))
     _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
                         _stored_shape(shape, 0), ta, tb, la >= 2, lb >= 2, ta | tb << 1,
-                        one, one - one, poison_value(dtype), entry,
+                        dense, one, one - one, poison_value(dtype), entry,
                         getattr(program, "bound", None),
                         0.0 if alpha_limit is None else alpha_limit(program),
                         float(np.finfo(dtype).max) if dtype.kind == "f" else 0.0)
@@ -510,10 +521,8 @@ def _swapped_entry(call: Callable[..., Any], row: bool, k: int,
 def _dense_entry(call: Callable[..., Any]) -> Callable[..., Any]:
     """``call`` (the program's call for two C-ordered matrices) for operands that may be
     slices of columns: those are copied first."""
-    dense = np.ascontiguousarray
-
     def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
-        return call(dense(a), dense(b), blocks)
+        return call(_dense(a), _dense(b), blocks)
 
     return entry
 

@@ -1067,7 +1067,9 @@ class OpenCLBackend(Backend):
         def run(a3: np.ndarray, b3: np.ndarray, c3: np.ndarray, alpha: Any,
                 beta: Any) -> None:
             a_args, b_args = _host_operand_args(queue, a3), _host_operand_args(queue, b3)
-            if poison_enabled():  # as run() fills its result on the device
+            if beta != 0:  # c3 holds C0 (gemm's c), which the kernel reads
+                dest = cl.Buffer(context, write | cl.mem_flags.COPY_HOST_PTR, hostbuf=c3)
+            elif poison_enabled():  # as run() fills its result on the device
                 dest = cl.Buffer(context, write | cl.mem_flags.COPY_HOST_PTR,
                                  hostbuf=np.full(shape3, fill, prob.dtype))
             else:
@@ -1080,6 +1082,12 @@ class OpenCLBackend(Backend):
             self._first_launch(used_kernel, event)
 
         return run
+
+    def host_alpha_limit(self, program: Any, prob: GemmProblem) -> float:
+        """For a float product, any finite alpha: the kernels scale each finished sum once,
+        as they store it (with beta times the C0 that :meth:`host_program`'s program copies
+        to the device). Integer products convert their scalars with checks of their own."""
+        return float(np.finfo(prob.dtype).max) if prob.dtype.kind == "f" else 0.0
 
     def _operand(self, target: _Place, op: Operand, prob: GemmProblem,
                  which: str) -> tuple[Any, int, int]:

@@ -20,11 +20,15 @@ from tilegemm.registry import FLOATS, INTS, KernelSpec
 def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     from tilegemm._compat import import_numba
 
-    njit = import_numba().njit
-
+    numba = import_numba()
     zero = dtype.type(0)
+    # One explicit signature, operands read-only (as the CPU backend hands them over): a
+    # writeable operand is converted to it, not compiled for again (a remembered call,
+    # tilegemm.fastpath, passes the caller's arrays as they are).
+    t = numba.from_dtype(dtype)
+    ro, rw = numba.types.Array(t, 3, "C", readonly=True), numba.types.Array(t, 3, "C")
 
-    @njit(cache=False)
+    @numba.njit(numba.void(ro, ro, rw, t, t), cache=False)
     def triple_loop(A, B, C, alpha, beta):
         m, n, k_len = C.shape[1], C.shape[2], A.shape[2]
         for z in range(C.shape[0]):
