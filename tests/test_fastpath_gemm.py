@@ -113,7 +113,23 @@ def test_out_apart_from_c_gets_c_first(spy, rng):
     assert_close(out, a, b, beta=-1.0, c=c)
 
 
-@pytest.mark.parametrize("case", ["c broadcast", "c other dtype", "c subclass", "alpha nan",
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("c_shape", [(5,), (1, 5), (7, 1), (), (1,)])
+def test_a_c_that_broadcasts_is_remembered(spy, rng, c_shape, dtype):
+    """``gemm(x, w, b, beta=1.0)`` with ``b`` a row of biases (``x @ w + b``), a column, or
+    one value: the remembered call starts from ``c`` broadcast, as the full path does."""
+    a, b, _ = _data(rng, 7, 13, 5, dtype)
+    c = rng.standard_normal(c_shape).astype(dtype)
+    tilegemm.gemm(a, b, c, alpha=0.5, beta=1.0)
+    a, b, _ = _data(rng, 7, 13, 5, dtype)
+    c = rng.standard_normal(c_shape).astype(dtype)
+    got = tilegemm.gemm(a, b, c, alpha=0.5, beta=1.0)
+    assert len(spy) == 1 and got.shape == (7, 5)
+    np.testing.assert_array_equal(got, _full(a, b, c, alpha=0.5, beta=1.0))
+    assert_close(got, a, b, alpha=0.5, beta=1.0, c=np.broadcast_to(c, (7, 5)))
+
+
+@pytest.mark.parametrize("case", ["c other dtype", "c subclass", "alpha nan",
                                   "beta inf", "0-d alpha", "alpha float16", "flag np.bool_",
                                   "out overlaps a", "out strided", "large alpha over panels",
                                   "integers scaled"])
@@ -124,9 +140,7 @@ def test_what_the_remembered_call_does_not_take_goes_the_full_path(spy, rng, cas
         rng.integers(-9, 9, (m, k)), rng.integers(-9, 9, (k, n)), rng.integers(-9, 9, (m, n)))
     tilegemm.gemm(a, b, c, alpha=0.5 if dtype != np.int64 else 2, beta=1.0)  # remembered
     kwargs = {"alpha": 0.5, "beta": 1.0}
-    if case == "c broadcast":
-        c = c[0]
-    elif case == "c other dtype":
+    if case == "c other dtype":
         c = c.astype(np.float64)
     elif case == "c subclass":
         c = c.view(type("Sub", (np.ndarray,), {}))
@@ -186,13 +200,17 @@ def test_bad_input_still_raises_after_a_remembered_call(spy, rng):
         tilegemm.gemm(a, b, alpha=0.5, beta=1.0)
     with pytest.raises(ValueError, match="broadcast"):
         tilegemm.gemm(a, b, np.ones((8, 9), np.float32), beta=0.0)  # checked whatever beta
+    with pytest.raises(ValueError, match="broadcast"):
+        tilegemm.gemm(a, b, np.stack([c, c]), beta=1.0)  # a batch of c for one product
+    with pytest.raises(ValueError, match="broadcast"):
+        tilegemm.gemm(a, b, c[:, :3], beta=1.0)
     with pytest.raises(TypeError, match="alpha"):
         tilegemm.gemm(a, b, c, alpha="2", beta=1.0)
     with pytest.raises(TypeError, match="trans_a"):
         tilegemm.gemm(a, b, c, trans_a=1, beta=1.0)
     with pytest.raises(TypeError, match="UPPER-CASE"):
         tilegemm.gemm(a, b, c, alpha=0.5, beta=1.0, tile=16)  # lower-case parameter
-    assert len(spy) == 6
+    assert len(spy) == 8
 
 
 def test_poison_fills_a_result_c_does_not_start(spy, rng, monkeypatch):

@@ -297,11 +297,12 @@ def try_remembered_gemm(a: Any, b: Any, c: Any, out: Any, alpha: Any, beta: Any,
     ``op(x)`` is ``x`` or its transpose in the last two axes, a view: the case is
     ``matmul``'s for those views, and the program, alpha and beta, and ``c`` copied into
     the result first (``c`` is read when ``beta != 0``) are what the backend's ``run``
-    hands the rung. Taken here: ``c`` None, or an array of the result's shape and dtype;
+    hands the rung. Taken here: ``c`` None, or an array of the result's dtype whose shape
+    broadcasts to the result's (a row of biases, as in ``x @ w + b``);
     alpha and beta Python or NumPy float32/float64 numbers or ints, other than one and
     zero only for a float product whose program applies them itself (``scales``), alpha
     no larger in size than it applies directly and beta finite in the dtype; anything
-    else (a ``c`` to broadcast or cast, ``beta != 0`` without ``c``) takes the full path,
+    else (a ``c`` to cast, ``beta != 0`` without ``c``) takes the full path,
     which checks it. Through the full path an 8×8×8 float32 ``gemm`` took 105-140 µs a
     call against 2.8 for ``matmul`` (Intel Xeon family 6 model 207)."""
     views = gemm_views(a, b, trans_a, trans_b)
@@ -313,7 +314,7 @@ def try_remembered_gemm(a: Any, b: Any, c: Any, out: Any, alpha: Any, beta: Any,
     if case is None:
         return None
     if c is not None and (type(c) is not _NDARRAY or c.dtype is not a.dtype
-                          or c.shape != case.shape):
+                          or not _broadcasts(c.shape, case.shape)):
         return None
     plain = alpha == 1 and beta == 0
     if not plain and ((c is None and beta != 0) or not case.scales
@@ -326,6 +327,14 @@ def try_remembered_gemm(a: Any, b: Any, c: Any, out: Any, alpha: Any, beta: Any,
         return _product(case, a, b, out)
     t = a.dtype.type
     return _run(case, a, b, c if beta != 0 else None, out, t(alpha), t(beta))
+
+
+def _broadcasts(given: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether an array of shape ``given`` broadcasts to ``shape`` unchanged (NumPy's rule,
+    as ``np.broadcast_shapes(given, shape) == shape``, in a third of its time): gemm's
+    ``c`` as a row of biases, say."""
+    return len(given) <= len(shape) and all(
+        x in (y, 1) for x, y in zip(reversed(given), reversed(shape)))
 
 
 def _within(x: Any, limit: float) -> bool:
@@ -355,10 +364,11 @@ def gemm_views(a: Any, b: Any, trans_a: Any, trans_b: Any) -> tuple[Any, Any] | 
 def _run(case: _Case, a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: Any,
          alpha: Any, beta: Any) -> Any:
     """Run ``case``'s program for ``a @ b`` into ``out``, or a new result when ``out`` is
-    None: the result starts as a copy of ``c`` when given (``out`` may be ``c``; read with
-    beta), else is poisoned under TILEGEMM_POISON. None when ``out`` is not one the program
-    can write directly (a C-ordered array of the result's shape and dtype, sharing no memory
-    with ``a`` or ``b``; the full path handles any other), nothing written then."""
+    None: the result starts as a copy of ``c`` (broadcast) when given (``out`` may be
+    ``c``; read with beta), else is poisoned under TILEGEMM_POISON. None when ``out`` is
+    not one the program can write directly (a C-ordered array of the result's shape and
+    dtype, sharing no memory with ``a`` or ``b``; the full path handles any other), nothing
+    written then."""
     if out is None:
         dest = np.empty(case.shape, a.dtype)
     elif (type(out) is _NDARRAY and out.dtype is a.dtype and out.shape == case.shape
