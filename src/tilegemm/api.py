@@ -7,6 +7,7 @@ the caller's arrays untouched.
 
 from __future__ import annotations
 
+import contextlib
 import decimal
 import logging
 import threading
@@ -499,18 +500,25 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
             return result
     ops = [describe(a, "a"), describe(b, "b")]
     # device operands: the decision an earlier call of this case made (see fastpath)
-    key = (_device_case(ops, out, kernel, backend, params)
-           if plain and dtype is None and ops[0].kind != "host" else None)
+    key = None
+    if (device is None and stream is None and precision is None and dtype is None
+            and ops[0].kind != "host"):
+        key = _device_case(ops, c, out, trans_a, trans_b, kernel, backend, params)
     remembered = fastpath.remembered_decision(key)
     if remembered is not None:
-        result = remembered.backend.run(remembered.spec, remembered.params, remembered.prob,
-                                        ops[0], ops[1], None, out, alpha, beta,
-                                        target=remembered.target)
+        _check_beta_needs_c(beta, c)
+        # c's shape and dtype are in the key: describe_c's checks passed for them; run
+        # checks and converts this call's alpha and beta (resolve_scalars) before anything
+        c_op = None if c is None else describe(c, "c")
+        # (alpha 1 and beta 0 convert without a warning: no context's few µs)
+        with _QUIET if plain else fp_warnings_at_caller():
+            result = remembered.backend.run(remembered.spec, remembered.params,
+                                            remembered.prob, ops[0], ops[1], c_op, out,
+                                            alpha, beta, target=remembered.target)
         return result if out is None else out
     float32_out = _float32_out_on_request(dtype, out, ops)
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
-    if beta != 0 and c is None:
-        raise InvalidValueError("gemm: beta != 0 needs c")
+    _check_beta_needs_c(beta, c)
     c_op = None
     if c is not None:  # checked whatever beta is, so a wrong c fails the same way always
         c_op = describe_c(c, prob)
@@ -561,7 +569,7 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
                                   alpha_limit=partial(be.host_alpha_limit, prob=prob))
         if key is not None and tuning is not None:
             fastpath.remember_decision(key, chosen, *tuning)
-            if out is None:
+            if plain and out is None:  # a program for a @ b itself, taking a and b alone
                 fastpath.remember_device(
                     a, b, lambda: be.device_program(spec, resolved, prob, target, ops[:2]),
                     *tuning, kernel=kernel, backend=backend, params=params)
@@ -574,20 +582,36 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
     return _wrap_like_numpy(result, (a, b))
 
 
-def _device_case(ops: list[Operand], out: Any, kernel: Any, backend: Any,
-                 params: dict[str, Any]) -> tuple[Any, ...] | None:
-    """The key (``fastpath.device_key``) of a plain call on device operands ``ops``, with
-    ``out`` when it is an array of their kind (its shape, dtype and strides are what the
-    full path checks of it); None for any other ``out``, which the full path judges."""
-    if out is None:
-        return fastpath.device_key(ops, kernel, backend, params)
-    if array_kind(out) != ops[0].kind:
+def _device_case(ops: list[Operand], c: Any, out: Any, trans_a: Any, trans_b: Any,
+                 kernel: Any, backend: Any, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The key (``fastpath.device_key``) of a call on device operands ``ops`` (a and b),
+    with gemm's ``c`` and ``out`` when each is an array of their kind (its shape, dtype and
+    strides are what the full path checks of it) and the transpose flags; None for any
+    other ``c`` or ``out``, or flags that are not booleans, which the full path judges.
+    alpha and beta are not in it: the decision does not depend on them, and each call
+    checks its own."""
+    if type(trans_a) is not bool or type(trans_b) is not bool:
         return None
-    try:
-        described = describe(out, "out")
-    except UsageError:
-        return None  # refused by the full path, after what it checks first
-    return fastpath.device_key([*ops, described], kernel, backend, params)
+    extra = []
+    for x, name in ((c, "c"), (out, "out")):
+        if x is None:
+            continue
+        if array_kind(x) != ops[0].kind:
+            return None
+        try:
+            extra.append(describe(x, name))
+        except UsageError:
+            return None  # refused by the full path, after what it checks first
+    key = fastpath.device_key([*ops, *extra], kernel, backend, params)
+    return None if key is None else (*key, trans_a, trans_b, c is not None, out is not None)
+
+
+_QUIET = contextlib.nullcontext()
+
+
+def _check_beta_needs_c(beta: Any, c: Any) -> None:
+    if beta != 0 and c is None:
+        raise InvalidValueError("gemm: beta != 0 needs c")
 
 
 def _scaled_bool(product: np.ndarray, alpha: Any, beta: Any, c: Any) -> np.ndarray:
