@@ -317,8 +317,8 @@ def try_remembered_gemm(a: Any, b: Any, c: Any, out: Any, alpha: Any, beta: Any,
     case = None if key is None else _table.get(key)
     if case is None:
         return None
-    if c is not None and (type(c) is not _NDARRAY or c.dtype is not a.dtype
-                          or not _broadcasts(c.shape, case.shape)):
+    if c is not None and (type(c) is not _NDARRAY or c.dtype is not a.dtype or (
+            c.shape != case.shape and not _broadcasts(c.shape, case.shape))):
         return None
     plain = alpha == 1 and beta == 0
     if not plain and ((c is None and beta != 0) or not case.scales
@@ -353,6 +353,8 @@ def gemm_views(a: Any, b: Any, trans_a: Any, trans_b: Any) -> tuple[Any, Any] | 
     """``(op(a), op(b))``: NumPy arrays, each as it is or (``trans_a``/``trans_b`` True)
     its transpose in the last two axes, a view; None when the flags are not booleans or
     an operand to transpose is no NumPy array of two or more dimensions."""
+    if trans_a is False and trans_b is False:
+        return a, b
     views = []
     for x, flag in ((a, trans_a), (b, trans_b)):
         if flag is True:
