@@ -558,15 +558,15 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
             result = to_result(result, prob.out_dtype)
             if scaled_bool:
                 result = _scaled_bool(result, alpha, beta, c)
-            views = (fastpath.gemm_views(a, b, trans_a, trans_b) if hosted
-                     and prob.result_dtype is None and prob.dtype == getattr(a, "dtype", None)
-                     else None)
+            views = (fastpath.gemm_views(a, b, trans_a, trans_b)
+                     if hosted and prob.result_dtype is None else None)
             if views is not None:
                 # any ``out``, alpha, beta and c qualify: the decision does not depend on
                 # them (see fastpath)
                 fastpath.remember(*views, lambda: be.host_program(spec, resolved, prob, target),
                                   *tuning, kernel=kernel, backend=backend, params=params,
-                                  alpha_limit=partial(be.host_alpha_limit, prob=prob))
+                                  alpha_limit=partial(be.host_alpha_limit, prob=prob),
+                                  computed=prob.dtype)
         if key is not None and tuning is not None:
             fastpath.remember_decision(key, chosen, *tuning)
             if plain and out is None:  # a program for a @ b itself, taking a and b alone
