@@ -558,8 +558,7 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
             result = to_result(result, prob.out_dtype)
             if scaled_bool:
                 result = _scaled_bool(result, alpha, beta, c)
-            views = (fastpath.gemm_views(a, b, trans_a, trans_b)
-                     if hosted and prob.result_dtype is None else None)
+            views = fastpath.gemm_views(a, b, trans_a, trans_b) if hosted else None
             if views is not None:
                 # any ``out``, alpha, beta and c qualify: the decision does not depend on
                 # them (see fastpath)

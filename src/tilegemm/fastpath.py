@@ -9,7 +9,8 @@ the call, and it is paid again on every call of a loop that multiplies the same 
 So the full path (:func:`tilegemm.api.gemm`) remembers what it decided for a plain call —
 NumPy arrays (not subclasses) of one native dtype, computed in that dtype (or float32
 with float64, computed in float64: the float32 operand converted into a C-ordered copy on
-every call, as the full path converts it), with default
+every call, as the full path converts it; or float16, both operands converted to float32
+and the result rounded back, without ``out``), with default
 arguments or only ``kernel=``, ``backend=`` and rung parameters (integers, ``MR=6``) named,
 on a backend that gives a direct path for host operands (``Backend.host_program``: the CPU,
 and OpenCL) — keyed by (the ``kernel`` and ``backend`` strings, the parameters given,
@@ -122,6 +123,7 @@ import numpy as np
 
 from tilegemm._environ import environ_reader
 from tilegemm.backends.base import poison_value
+from tilegemm.problem import fp_warnings_at_caller
 
 _LIMIT = 256  # remembered cases at most (the table is cleared when full)
 _KINDS = "fiu"  # dtypes whose product NumPy computes in the operands' own dtype
@@ -132,6 +134,9 @@ _dense = np.ascontiguousarray
 # (through the full path such a call took 115 µs for 8³, against 2.8 for two float64
 # operands; Intel Xeon family 6 model 207)
 _MIXED = (np.dtype(np.float32), np.dtype(np.float64))
+# float16 operands are computed in float32 (both converted) and the result rounded back,
+# as the full path does (through it an 8³ product took 136 µs, NumPy's 3.7)
+_HALF, _SINGLE = np.dtype(np.float16), np.dtype(np.float32)
 _as_strided = np.lib.stride_tricks.as_strided
 
 
@@ -157,10 +162,11 @@ class _Case(NamedTuple):
     # the rung reads C-ordered operands only: those given otherwise are copied first (as
     # the full path copies them for it); then ta, tb, wa, wb and tr are all false
     dense: bool
-    dtype: np.dtype  # what the rung computes in, the result's
+    dtype: np.dtype  # what the rung computes in
     # operands of another dtype (bit 0: a, bit 1: b), converted into C-ordered copies of
     # ``dtype`` first, as the full path converts them; their layout flags are then false
     cast: int
+    narrow: np.dtype | None  # the result's dtype where it is not ``dtype`` (float16)
     one: Any  # alpha and beta in the dtype
     zero: Any
     fill: Any  # what TILEGEMM_POISON fills a fresh result with
@@ -390,8 +396,8 @@ def _run(case: _Case, a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: A
     written then."""
     if out is None:
         dest = np.empty(case.shape, case.dtype)
-    elif (type(out) is _NDARRAY and out.dtype is case.dtype and out.shape == case.shape
-          and out.flags.c_contiguous and out.flags.writeable
+    elif (case.narrow is None and type(out) is _NDARRAY and out.dtype is case.dtype
+          and out.shape == case.shape and out.flags.c_contiguous and out.flags.writeable
           and not np.may_share_memory(out, a) and not np.may_share_memory(out, b)):
         dest = out
     else:
@@ -416,7 +422,7 @@ def _run(case: _Case, a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: A
         case.program(a3, b3, dest.reshape(case.c3), alpha, beta, case.tr)
     else:
         case.program(a3, b3, dest.reshape(case.c3), alpha, beta)
-    return dest
+    return _narrowed(dest, case.narrow)
 
 
 def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str | None,
@@ -446,8 +452,11 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
         cast = 1 if dtype[0] is _MIXED[0] else 2
         dtype = dtype[1] if cast == 1 else dtype[0]
         la, lb = (0, lb) if cast == 1 else (la, 0)
+    narrow = None
+    if dtype is _HALF and computed is _SINGLE:  # both operands converted, the result back
+        cast, la, lb, dtype, narrow = 3, 0, 0, _SINGLE, _HALF
     if computed is not None and computed != dtype:
-        return  # computed in another dtype (float16 in float32, int8 in int32)
+        return  # computed in another dtype (int8 in int32)
     # a vector is a row (1, K) on the left, a column (K, 1) on the right (NumPy's rule);
     # the result loses that dimension
     row, col = len(sa) == 1, len(sb) == 1
@@ -483,12 +492,13 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     entry = (None if call_for is None or len(shape) != 2 or dense
              else _entry(call_for, sa, sb, la, lb, row, col, result))
     if entry is not None and cast:
-        entry = _cast_entry(entry, cast, dtype)
+        entry = _cast_entry(entry, cast, dtype, narrow)
     _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
                         _stored_shape(shape, 0), ta, tb, la >= 2, lb >= 2, ta | tb << 1,
-                        dense, dtype, cast, one, one - one, poison_value(dtype), entry,
+                        dense, dtype, cast, narrow, one, one - one, poison_value(dtype),
+                        entry,
                         getattr(program, "bound", None),
-                        0.0 if alpha_limit is None else alpha_limit(program),
+                        0.0 if alpha_limit is None or narrow else alpha_limit(program),
                         float(np.finfo(dtype).max) if dtype.kind == "f" else 0.0)
 
 
@@ -563,16 +573,30 @@ def _swapped_entry(call: Callable[..., Any], row: bool, k: int,
     return entry
 
 
-def _cast_entry(call: Callable[..., Any], cast: int, dtype: np.dtype) -> Callable[..., Any]:
-    """``call`` (the program's call for operands of ``dtype``) for an operand of another
-    dtype (``cast`` as in :class:`_Case`), converted into a C-ordered copy first."""
-    if cast == 1:
+def _cast_entry(call: Callable[..., Any], cast: int, dtype: np.dtype,
+                narrow: np.dtype | None) -> Callable[..., Any]:
+    """``call`` (the program's call for operands of ``dtype``) for operands of another
+    dtype (``cast`` as in :class:`_Case`), converted into C-ordered copies first, and the
+    result rounded to ``narrow`` where given (see :func:`_narrowed`)."""
+    if cast == 3:
+        def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
+            return _narrowed(call(_dense(a, dtype), _dense(b, dtype), blocks), narrow)
+    elif cast == 1:
         def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
             return call(_dense(a, dtype), b, blocks)
     else:
         def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
             return call(a, _dense(b, dtype), blocks)
     return entry
+
+
+def _narrowed(result: np.ndarray, narrow: np.dtype | None) -> np.ndarray:
+    """``result`` rounded to ``narrow`` (None: as it is), NumPy's overflow warning naming
+    the caller's line, as the full path rounds it (``problem.to_result``)."""
+    if narrow is None:
+        return result
+    with fp_warnings_at_caller():
+        return result.astype(narrow)
 
 
 def _dense_entry(call: Callable[..., Any]) -> Callable[..., Any]:
