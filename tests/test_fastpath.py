@@ -434,6 +434,29 @@ def test_batches_and_integers_are_remembered(spy, rng, shapes, dtype):
     assert len(spy) == 1
 
 
+def _repeated_with_the_full_paths_bits(spy, operands, dtype, poison, monkeypatch):
+    """Three calls on fresh ``operands()``, with TILEGEMM_POISON set to ``poison`` (None:
+    unset; small products then take the rung's own call, ``entry``, else the bound program,
+    ``_run``): one takes the full path, each result is right and of ``dtype``, and the last
+    one's bits are the full path's. Returns the last (result, a, b)."""
+    if poison is None:
+        monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    else:
+        monkeypatch.setenv("TILEGEMM_POISON", poison)
+    results = []
+    for _ in range(3):
+        a, b = operands()
+        results.append((tilegemm.matmul(a, b), a, b))
+    assert len(spy) == 1, "a repeated call took the full path"
+    for got, a, b in results:
+        assert got.dtype == dtype and got.shape == np.matmul(a, b).shape
+        assert_close(got, a, b)
+    fastpath.forget()
+    got, a, b = results[-1]
+    np.testing.assert_array_equal(tilegemm.matmul(a, b), got)  # the full path
+    return results[-1]
+
+
 @pytest.mark.parametrize(("sa", "sb"), [((8, 8), (8, 8)), ((7, 13), (13, 5)),
                                       ((1, 300), (300, 40)), ((30,), (30, 7)), ((40, 30), (30,)),
                                       ((130, 70), (70, 129)), ((3, 20, 30), (3, 30, 10))])
@@ -446,13 +469,7 @@ def test_float32_with_float64_is_remembered_with_the_full_paths_bits(spy, rng, s
     """NumPy computes float32 with float64 in float64; the full path hands the rung a
     C-ordered float64 copy of the float32 operand, and so does a remembered call, which
     took the full path every time before (115 µs for 8³ against 2.8 for two float64
-    operands). The other operand keeps its layout. Without TILEGEMM_POISON, small products
-    take the rung's own call (``entry``), with it the bound program (``_run``)."""
-    if poison is None:
-        monkeypatch.delenv("TILEGEMM_POISON", raising=False)
-    else:
-        monkeypatch.setenv("TILEGEMM_POISON", poison)
-
+    operands). The other operand keeps its layout."""
     def operands():
         a, b = rng.standard_normal(sa), rng.standard_normal(sb)
         if layout == "a.T" and a.ndim == 2:
@@ -461,22 +478,13 @@ def test_float32_with_float64_is_remembered_with_the_full_paths_bits(spy, rng, s
             b = np.ascontiguousarray(b.T).T
         return (a.astype(np.float32), b) if narrow == "a" else (a, b.astype(np.float32))
 
-    results = []
-    for _ in range(3):
-        a, b = operands()
-        results.append((tilegemm.matmul(a, b), a, b))
-    assert len(spy) == 1, "a repeated call took the full path"
-    for got, a, b in results:
-        assert got.dtype == np.float64 and got.shape == np.matmul(a, b).shape
-        assert_close(got, a, b)
-    fastpath.forget()
-    a, b = results[-1][1:]
-    np.testing.assert_array_equal(tilegemm.matmul(a, b), results[-1][0])  # the full path
-    c = rng.standard_normal(results[-1][0].shape)
-    got = tilegemm.gemm(a, b, c, alpha=0.5, beta=-1.0)  # remembered (float64 c)
+    got, a, b = _repeated_with_the_full_paths_bits(spy, operands, np.float64, poison,
+                                                   monkeypatch)
+    c = rng.standard_normal(got.shape)
+    scaled = tilegemm.gemm(a, b, c, alpha=0.5, beta=-1.0)  # remembered (float64 c)
     assert len(spy) == 2
     fastpath.forget()
-    np.testing.assert_array_equal(got, tilegemm.gemm(a, b, c, alpha=0.5, beta=-1.0))
+    np.testing.assert_array_equal(scaled, tilegemm.gemm(a, b, c, alpha=0.5, beta=-1.0))
 
 
 @pytest.mark.parametrize(("sa", "sb"), [((8, 8), (8, 8)), ((7, 13), (13, 5)),
@@ -489,28 +497,13 @@ def test_float16_is_remembered_with_the_full_paths_bits(spy, rng, sa, sb, layout
     """float16 operands are computed in float32 and the result rounded to float16: a
     remembered call converts both operands and rounds the result as the full path does,
     which it took every time before (136 µs for 8³, NumPy 3.7)."""
-    if poison is None:
-        monkeypatch.delenv("TILEGEMM_POISON", raising=False)
-    else:
-        monkeypatch.setenv("TILEGEMM_POISON", poison)
-
     def operands():
         a = rng.standard_normal(sa).astype(np.float16)
         if layout == "a.T" and a.ndim == 2:
             a = np.ascontiguousarray(a.T).T
         return a, rng.standard_normal(sb).astype(np.float16)
 
-    results = []
-    for _ in range(3):
-        a, b = operands()
-        results.append((tilegemm.matmul(a, b), a, b))
-    assert len(spy) == 1, "a repeated call took the full path"
-    for got, a, b in results:
-        assert got.dtype == np.float16 and got.shape == np.matmul(a, b).shape
-        assert_close(got, a, b)
-    fastpath.forget()
-    a, b = results[-1][1:]
-    np.testing.assert_array_equal(tilegemm.matmul(a, b), results[-1][0])  # the full path
+    _repeated_with_the_full_paths_bits(spy, operands, np.float16, poison, monkeypatch)
 
 
 def test_float16_overflow_warns_at_the_callers_line_and_out_takes_the_full_path(spy):

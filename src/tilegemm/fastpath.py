@@ -447,16 +447,11 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     if key is None:
         return
     _, _, _, dtype, sa, sb, la, lb = key
-    cast = 0
-    if type(dtype) is tuple:  # float32 with float64: the float32 operand converted
-        cast = 1 if dtype[0] is _MIXED[0] else 2
-        dtype = dtype[1] if cast == 1 else dtype[0]
-        la, lb = (0, lb) if cast == 1 else (la, 0)
-    narrow = None
-    if dtype is _HALF and computed is _SINGLE:  # both operands converted, the result back
-        cast, la, lb, dtype, narrow = 3, 0, 0, _SINGLE, _HALF
+    dtype, cast, narrow = _computed_as(dtype, computed)
     if computed is not None and computed != dtype:
         return  # computed in another dtype (int8 in int32)
+    if cast:  # the converted operands are handed over C-ordered
+        la, lb = (0 if cast & 1 else la), (0 if cast & 2 else lb)
     # a vector is a row (1, K) on the left, a column (K, 1) on the right (NumPy's rule);
     # the result loses that dimension
     row, col = len(sa) == 1, len(sb) == 1
@@ -496,10 +491,22 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
                         _stored_shape(shape, 0), ta, tb, la >= 2, lb >= 2, ta | tb << 1,
                         dense, dtype, cast, narrow, one, one - one, poison_value(dtype),
-                        entry,
-                        getattr(program, "bound", None),
+                        entry, getattr(program, "bound", None),
                         0.0 if alpha_limit is None or narrow else alpha_limit(program),
                         float(np.finfo(dtype).max) if dtype.kind == "f" else 0.0)
+
+
+def _computed_as(dtype: Any, computed: np.dtype | None
+                 ) -> tuple[np.dtype, int, np.dtype | None]:
+    """(the dtype the rung computes in, the operands converted to it as in :class:`_Case`'s
+    ``cast``, the result's dtype where it is another: ``narrow``) for a key's dtype entry
+    (one dtype, or a pair for float32 with float64) and the dtype the full path computed in
+    (``computed``; None: the operands')."""
+    if type(dtype) is tuple:  # float32 with float64: the float32 operand converted
+        return _MIXED[1], (1 if dtype[0] is _MIXED[0] else 2), None
+    if dtype is _HALF and computed is _SINGLE:  # both converted, the result rounded back
+        return _SINGLE, 3, _HALF
+    return dtype, 0, None
 
 
 def _entry(call_for: Callable[..., Any], sa: tuple[int, ...], sb: tuple[int, ...], la: int,
