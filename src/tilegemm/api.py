@@ -67,6 +67,9 @@ _USED: set[tuple[Any, ...]] = set()
 _SLOW_PENDING: dict[tuple[Any, ...], str] = {}
 _LOCK = threading.Lock()  # calls from several threads: each kernel's first use once
 SLOW_FIRST_CALL_S = 2.0  # a first call longer than this gets an INFO record saying why
+# a remembered device call with alpha 1 and beta 0 converts no scalar that could warn:
+# no floating-point context, whose set-up costs a few µs
+_QUIET = contextlib.nullcontext()
 
 # Products of host arrays of at most this many multiply-adds (the batch included) run on
 # the CPU where backend="auto" would send them to a GPU. Such a call copies A and B to the
@@ -491,26 +494,25 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
     if isinstance(stream, np.integer) and not isinstance(stream, np.bool_):
         stream = int(stream)  # a handle held in a NumPy integer, as device= takes one
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
-    plain = (c is None and alpha == 1 and beta == 0 and not trans_a and not trans_b
-             and device is None and stream is None and precision is None)
-    if plain and dtype is None and out is None:
+    # a call whose decision can be remembered (see fastpath), and one of a @ b alone
+    rememberable = device is None and stream is None and precision is None and dtype is None
+    plain = (rememberable and c is None and alpha == 1 and beta == 0 and not trans_a
+             and not trans_b)
+    if plain and out is None:
         # device operands: launched directly, as an earlier call of this case let them be
         result = fastpath.try_remembered_device(a, b, kernel, backend, params)
         if result is not None:
             return result
     ops = [describe(a, "a"), describe(b, "b")]
     # device operands: the decision an earlier call of this case made (see fastpath)
-    key = None
-    if (device is None and stream is None and precision is None and dtype is None
-            and ops[0].kind != "host"):
-        key = _device_case(ops, c, out, trans_a, trans_b, kernel, backend, params)
+    key = (_device_case(ops, c, out, trans_a, trans_b, kernel, backend, params)
+           if rememberable and ops[0].kind != "host" else None)
     remembered = fastpath.remembered_decision(key)
     if remembered is not None:
         _check_beta_needs_c(beta, c)
         # c's shape and dtype are in the key: describe_c's checks passed for them; run
         # checks and converts this call's alpha and beta (resolve_scalars) before anything
         c_op = None if c is None else describe(c, "c")
-        # (alpha 1 and beta 0 convert without a warning: no context's few µs)
         with _QUIET if plain else fp_warnings_at_caller():
             result = remembered.backend.run(remembered.spec, remembered.params,
                                             remembered.prob, ops[0], ops[1], c_op, out,
@@ -524,8 +526,7 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
         c_op = describe_c(c, prob)
         ops.append(c_op)  # a device c chooses where the call runs, whatever beta is
     # the tuning cache as it is before deciding, for a decision the fast path remembers
-    hosted = (device is None and stream is None and precision is None and dtype is None
-              and all(op.kind == "host" for op in ops))
+    hosted = rememberable and all(op.kind == "host" for op in ops)
     tuning = tuning_cache_now() if key is not None or hosted else None
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params, stream=stream,
@@ -605,10 +606,8 @@ def _device_case(ops: list[Operand], c: Any, out: Any, trans_a: Any, trans_b: An
     return None if key is None else (*key, trans_a, trans_b, c is not None, out is not None)
 
 
-_QUIET = contextlib.nullcontext()
-
-
 def _check_beta_needs_c(beta: Any, c: Any) -> None:
+    """gemm reads ``c`` only when ``beta != 0``, so that call needs one."""
     if beta != 0 and c is None:
         raise InvalidValueError("gemm: beta != 0 needs c")
 
