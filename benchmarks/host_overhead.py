@@ -134,13 +134,13 @@ class _launches:  # noqa: N801 - used as a context manager
         self.direct = direct
 
     def __enter__(self) -> None:
-        from tilegemm import fastpath
+        from tilegemm import remembered
         from tilegemm.backends import cuda_direct, cuda_launch
 
         self.saved = cuda_launch.driver
         if not self.direct:
             cuda_launch.driver = cuda_direct.driver = lambda: None  # type: ignore[assignment]
-        fastpath.forget()  # decided again, with or without a direct program
+        remembered.forget()  # decided again, with or without a direct program
 
     def __exit__(self, *exc: Any) -> None:
         from tilegemm.backends import cuda_direct, cuda_launch

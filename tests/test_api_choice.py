@@ -159,10 +159,10 @@ def _first_use_records(caplog: pytest.LogCaptureFixture) -> list[logging.LogReco
 def _fresh_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """As in a fresh process: no kernel used yet, and no call remembered (a remembered
     call, parameters included, skips the path that logs a first use)."""
-    from tilegemm import fastpath
+    from tilegemm import remembered
 
     monkeypatch.setattr(api, "_USED", set())
-    monkeypatch.setattr(fastpath, "_table", {})
+    remembered.forget()
 
 
 def test_first_call_of_a_kernel_is_logged_once_and_quietly(

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from tilegemm import fastpath
+from tilegemm import fastpath, remembered
 from tilegemm.problem import row_stride_view
 from tilegemm.reference import assert_close, random_operands
 
@@ -156,7 +156,7 @@ def test_row_stride_view_takes_only_even_rows_apart():
 def test_the_fast_path_reads_each_calls_own_row_stride():
     """A remembered case is keyed by shape and layout, not by the row stride: a later call
     with rows further apart must be read with its own."""
-    fastpath.forget()
+    remembered.forget()
     a, b = random_operands((40, 70), (70, 90), "float64")
     want = matmul(a, b)
     for pad in (3, 11, 1):

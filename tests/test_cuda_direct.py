@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tilegemm import fastpath
+from tilegemm import fastpath_device, remembered
 from tilegemm.backends import cuda_direct, cuda_launch
 from tilegemm.backends.cuda_program import CudaProgram
 from tilegemm.problem import describe, make_problem
@@ -172,39 +172,39 @@ def test_each_call_runs_on_the_librarys_current_stream(gpu: types.SimpleNamespac
 
 def test_fastpath_remembers_keys_and_forgets(gpu: types.SimpleNamespace,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    fastpath.forget()
+    remembered.forget()
     monkeypatch.delenv("TILEGEMM_POISON", raising=False)
     a, b = FakeArray(np.ones((5, 3), np.float32)), FakeArray(np.ones((3, 7), np.float32))
     program = _program()
     direct = _direct(a, b, program)
     kw = dict(kernel="auto", backend="auto", params={})
-    assert fastpath.try_remembered_device(a, b, **kw) is None  # nothing remembered yet
-    fastpath.remember_device(a, b, lambda: direct, None, None, **kw)
+    assert fastpath_device.try_remembered_device(a, b, **kw) is None  # nothing remembered yet
+    fastpath_device.remember_device(a, b, lambda: direct, None, None, **kw)
     try:
-        assert fastpath.try_remembered_device(a, b, **kw) is not None
+        assert fastpath_device.try_remembered_device(a, b, **kw) is not None
         assert len(program.launches) == 1
         # another shape, dtype, stride, kernel= or parameter: not this case
         other = FakeArray(np.ones((5, 4), np.float32))
-        assert fastpath.try_remembered_device(other, b, **kw) is None
+        assert fastpath_device.try_remembered_device(other, b, **kw) is None
         wide = FakeArray(np.ones((5, 3), np.float64))
-        assert fastpath.try_remembered_device(wide, b, **kw) is None
+        assert fastpath_device.try_remembered_device(wide, b, **kw) is None
         bt = FakeArray(np.ones((7, 3), np.float32).T)
-        assert fastpath.try_remembered_device(a, bt, **kw) is None
-        assert fastpath.try_remembered_device(a, b, kernel="wgmma", backend="auto",
+        assert fastpath_device.try_remembered_device(a, bt, **kw) is None
+        assert fastpath_device.try_remembered_device(a, b, kernel="wgmma", backend="auto",
                                               params={}) is None
-        assert fastpath.try_remembered_device(a, b, kernel="auto", backend="auto",
+        assert fastpath_device.try_remembered_device(a, b, kernel="auto", backend="auto",
                                               params={"BM": 64}) is None
         assert len(program.launches) == 1
         monkeypatch.setenv("TILEGEMM_POISON", "1")  # NaN first, as the full path does
-        poisoned = fastpath.try_remembered_device(a, b, **kw)
+        poisoned = fastpath_device.try_remembered_device(a, b, **kw)
         assert len(poisoned.filled) == 1 and np.isnan(poisoned.filled[0])
         assert len(program.launches) == 2
         monkeypatch.delenv("TILEGEMM_POISON")
-        assert not fastpath.try_remembered_device(a, b, **kw).filled
-        fastpath.forget()
-        assert fastpath.try_remembered_device(a, b, **kw) is None
+        assert not fastpath_device.try_remembered_device(a, b, **kw).filled
+        remembered.forget()
+        assert fastpath_device.try_remembered_device(a, b, **kw) is None
     finally:
-        fastpath.forget()
+        remembered.forget()
 
 
 def test_the_device_id_is_found_once_per_context(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -124,11 +124,11 @@ def test_repeated_calls_are_launched_directly(lib: str, case: str,
     """The second and later plain calls of a case run on views of the arrays' memory
     (backends/cuda_direct): each on fresh data, NaN-poisoned first (TILEGEMM_POISON), on
     the library's current stream, and right."""
-    from tilegemm import fastpath
+    from tilegemm import remembered
     from tilegemm.backends import cuda_direct
 
     mod = _lib(lib)
-    fastpath.forget()  # (another test's case of the same layout would be remembered)
+    remembered.forget()  # (another test's case of the same layout would be remembered)
     direct: list[bool] = []
     call = cuda_direct.DirectProgram.__call__
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from tilegemm import api, fastpath
+from tilegemm import api, fastpath, remembered
 from tilegemm._environ import environ_reader
 from tilegemm.reference import assert_close
 
@@ -20,9 +20,9 @@ from tilegemm.reference import assert_close
 @pytest.fixture
 def spy(count_calls):
     """Counts the calls that take the full path."""
-    fastpath.forget()
+    remembered.forget()
     yield count_calls(api, "_full_gemm")
-    fastpath.forget()
+    remembered.forget()
 
 
 def _operands(rng, m, k, n, dtype):
@@ -154,7 +154,7 @@ def test_small_products_of_slices_take_the_rungs_own_call_on_copies(spy, rng, sa
     real_copy = np.ascontiguousarray
     monkeypatch.setattr(fastpath, "_dense", lambda x: copied.append(x.flags.c_contiguous)
                         or real_copy(x))
-    fastpath.forget()
+    remembered.forget()
     tilegemm.matmul(a, b)  # remembered again, with the counting copy
     second = tilegemm.matmul(a, b)
     assert len(spy) == 2 and False in copied, copied
@@ -225,7 +225,7 @@ def test_small_products_of_transposed_matrices_take_the_rungs_own_call(spy, rng,
     real = mod.small_matrix_transposed
     monkeypatch.setattr(mod, "small_matrix_transposed", lambda *args: seen.append(args[2])
                         or real(*args))
-    fastpath.forget()
+    remembered.forget()
     tilegemm.matmul(a, b)  # remembered again, with the counting call
     second = tilegemm.matmul(a, b)
     assert len(spy) == 2 and seen == [{"at": 1, "bt": 2, "f": 3}[layout]]
@@ -263,7 +263,7 @@ def test_threaded_vector_products_take_the_rungs_own_call(spy, rng, shapes, monk
     called = []
     real_call = mod.vector_matrix
     monkeypatch.setattr(mod, "vector_matrix", lambda *args: called.append(1) or real_call(*args))
-    fastpath.forget()
+    remembered.forget()
     first = tilegemm.matmul(a, b)  # remembered again, with the counting vector_matrix
     flags = []
     real = mod.gemv_threads
@@ -451,7 +451,7 @@ def _repeated_with_the_full_paths_bits(spy, operands, dtype, poison, monkeypatch
     for got, a, b in results:
         assert got.dtype == dtype and got.shape == np.matmul(a, b).shape
         assert_close(got, a, b)
-    fastpath.forget()
+    remembered.forget()
     got, a, b = results[-1]
     np.testing.assert_array_equal(tilegemm.matmul(a, b), got)  # the full path
     return results[-1]
@@ -483,7 +483,7 @@ def test_float32_with_float64_is_remembered_with_the_full_paths_bits(spy, rng, s
     c = rng.standard_normal(got.shape)
     scaled = tilegemm.gemm(a, b, c, alpha=0.5, beta=-1.0)  # remembered (float64 c)
     assert len(spy) == 2
-    fastpath.forget()
+    remembered.forget()
     np.testing.assert_array_equal(scaled, tilegemm.gemm(a, b, c, alpha=0.5, beta=-1.0))
 
 
@@ -662,10 +662,10 @@ def test_another_process_tuning_is_seen_within_the_stat_interval(spy, rng, tmp_p
 
     monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
     clock = [10**12]
-    monkeypatch.setattr(fastpath.time, "monotonic_ns", lambda: clock[0])
+    monkeypatch.setattr(remembered.time, "monotonic_ns", lambda: clock[0])
     stats = []
-    real_mtime = fastpath._mtime
-    monkeypatch.setattr(fastpath, "_mtime", lambda p: stats.append(p) or real_mtime(p))
+    real_mtime = remembered.mtime
+    monkeypatch.setattr(remembered, "mtime", lambda p: stats.append(p) or real_mtime(p))
     a, b = _operands(rng, 8, 8, 8, np.float64)
     for _ in range(20):
         assert_close(tilegemm.matmul(a, b), a, b)
@@ -675,7 +675,7 @@ def test_another_process_tuning_is_seen_within_the_stat_interval(spy, rng, tmp_p
     os.utime(path, ns=(7, 7))
     tilegemm.matmul(a, b)
     assert len(spy) == 1  # within the interval: not looked at
-    clock[0] += fastpath.STAT_INTERVAL_NS
+    clock[0] += remembered.STAT_INTERVAL_NS
     tilegemm.matmul(a, b)
     assert len(spy) == 2 and len(stats) == 2  # looked at, changed: decided again
     tilegemm.matmul(a, b)
@@ -688,7 +688,7 @@ def test_this_process_tuning_is_seen_at_once(spy, rng, tmp_path, monkeypatch):
     from tilegemm.tune import cache as tcache
 
     monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(fastpath.time, "monotonic_ns", lambda: 10**12)
+    monkeypatch.setattr(remembered.time, "monotonic_ns", lambda: 10**12)
     a, b = _operands(rng, 8, 8, 8, np.float64)
     tilegemm.matmul(a, b)
     tilegemm.matmul(a, b)
@@ -902,7 +902,7 @@ def test_a_remembered_opencl_call_poisons_its_result(spy, rng, monkeypatch):
 def test_a_backend_without_a_direct_path_is_not_remembered(rng):
     """Backend.host_program gives None (CUDA, whose host calls copy through the GPU): the
     case is not remembered. A case that cannot be remembered never asks for a program."""
-    fastpath.forget()
+    remembered.forget()
     a, b = _operands(rng, 8, 8, 8, np.float32)
     fastpath.remember(a, b, lambda: None, None, None, kernel="auto", backend="cuda")
     assert not fastpath._table
@@ -939,7 +939,7 @@ def test_a_tuning_run_during_a_call_is_seen_by_that_shape(rng, tmp_path, monkeyp
     from tilegemm.backends.cpu import CpuBackend
 
     monkeypatch.setenv("TILEGEMM_CACHE_DIR", str(tmp_path))
-    fastpath.forget()
+    remembered.forget()
     s = np.ones((64, 64), np.float32)
     inside, go = threading.Event(), threading.Event()
     real = CpuBackend.run
@@ -965,7 +965,7 @@ def test_a_tuning_run_during_a_call_is_seen_by_that_shape(rng, tmp_path, monkeyp
     key = fastpath._key(s, s, "auto", "cpu")
     spec = registry.get("triple_loop", "cpu")
     assert fastpath._table[key].program is spec.program(spec.resolve({}), s.dtype)
-    fastpath.forget()
+    remembered.forget()
 
 
 def test_an_answer_from_an_older_tuning_file_is_not_kept(tmp_path, monkeypatch):
@@ -1007,7 +1007,7 @@ def test_a_program_is_made_once_per_case_and_state(rng, tmp_path):
     copies made by the remembered call), a backend without a direct path. The backend's
     program (on OpenCL, a device check and a kernel look-up) was made again for each; now
     once per case until the tuning file changes."""
-    fastpath.forget()
+    remembered.forget()
     made = []
 
     def maker(program):
@@ -1031,4 +1031,4 @@ def test_a_program_is_made_once_per_case_and_state(rng, tmp_path):
     fastpath.remember(a, b, maker(plain), *later, kernel="auto", backend="opencl")
     fastpath.remember(fa, b, maker(plain), *later, kernel="auto", backend="opencl")
     assert len(made) == 5
-    fastpath.forget()
+    remembered.forget()

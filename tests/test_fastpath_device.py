@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from tilegemm import api, fastpath
+from tilegemm import api, fastpath_device, remembered
 from tilegemm.backends import get_backend
 from tilegemm.reference import assert_close
 
@@ -19,9 +19,9 @@ from tilegemm.reference import assert_close
 @pytest.fixture
 def decided(count_calls):
     """Counts the calls that were decided (took the full path's decision)."""
-    fastpath.forget()
+    remembered.forget()
     yield count_calls(api, "decide")
-    fastpath.forget()
+    remembered.forget()
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_a_device_case_that_differs_in_any_part_is_decided_again(decided, queue,
         assert len(decided) == before + 1, route  # decided once for that route
     # what the auto route decided is still what plan() reports for it
     plan = tilegemm.plan(da, db)
-    chosen = next(v for k, v in fastpath._decisions.items() if k[:3] == ("auto", "auto", ()))
+    chosen = next(v for k, v in fastpath_device._decisions.items() if k[:3] == ("auto", "auto", ()))
     assert (plan.kernel, plan.params) == (chosen.spec.name, chosen.params)
 
 
@@ -162,7 +162,7 @@ def test_dtype_is_decided_every_time(decided, queue, rng):
     a, b, da, db = _cl_pair(queue, rng, (8, 8), (8, 8))
     for _ in range(2):
         tilegemm.matmul(da, db, dtype=np.float32)
-    assert len(decided) == 2 and not fastpath._decisions
+    assert len(decided) == 2 and not fastpath_device._decisions
 
 
 @pytest.mark.opencl

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tilegemm
-from tilegemm import api, fastpath
+from tilegemm import api, fastpath, remembered
 from tilegemm.errors import InvalidValueError
 from tilegemm.reference import assert_close
 
@@ -18,9 +18,9 @@ from tilegemm.reference import assert_close
 @pytest.fixture
 def spy(count_calls):
     """Counts the calls that take the full path."""
-    fastpath.forget()
+    remembered.forget()
     yield count_calls(api, "_full_gemm")
-    fastpath.forget()
+    remembered.forget()
 
 
 def _data(rng, m, k, n, dtype, trans_a=False, trans_b=False, batch=()):
@@ -32,11 +32,11 @@ def _data(rng, m, k, n, dtype, trans_a=False, trans_b=False, batch=()):
 
 def _full(a, b, c, **kwargs):
     """The same call through the full path (nothing remembered before or after)."""
-    fastpath.forget()
+    remembered.forget()
     try:
         return tilegemm.gemm(a, b, c, **kwargs)
     finally:
-        fastpath.forget()
+        remembered.forget()
 
 
 FORMS = {

@@ -21,7 +21,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from tilegemm import fastpath, registry
+from tilegemm import fastpath, fastpath_device, registry
 from tilegemm.backends import ARRAY_KINDS, get_backend
 from tilegemm.backends._probe import may_be_accelerated
 from tilegemm.backends.base import Backend, Target, check_scalars
@@ -500,14 +500,14 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
              and not trans_b)
     if plain and out is None:
         # device operands: launched directly, as an earlier call of this case let them be
-        result = fastpath.try_remembered_device(a, b, kernel, backend, params)
+        result = fastpath_device.try_remembered_device(a, b, kernel, backend, params)
         if result is not None:
             return result
     ops = [describe(a, "a"), describe(b, "b")]
-    # device operands: the decision an earlier call of this case made (see fastpath)
+    # device operands: the decision an earlier call of this case made (see fastpath_device)
     key = (_device_case(ops, c, out, trans_a, trans_b, kernel, backend, params)
            if rememberable and ops[0].kind != "host" else None)
-    remembered = fastpath.remembered_decision(key)
+    remembered = fastpath_device.remembered_decision(key)
     if remembered is not None:
         _check_beta_needs_c(beta, c)
         # c's shape and dtype are in the key: describe_c's checks passed for them; run
@@ -568,9 +568,9 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
                                   alpha_limit=partial(be.host_alpha_limit, prob=prob),
                                   computed=prob.dtype)
         if key is not None and tuning is not None:
-            fastpath.remember_decision(key, chosen, *tuning)
+            fastpath_device.remember_decision(key, chosen, *tuning)
             if plain and out is None:  # a program for a @ b itself, taking a and b alone
-                fastpath.remember_device(
+                fastpath_device.remember_device(
                     a, b, lambda: be.device_program(spec, resolved, prob, target, ops[:2]),
                     *tuning, kernel=kernel, backend=backend, params=params)
         if out is not None and not direct:
@@ -584,8 +584,8 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
 
 def _device_case(ops: list[Operand], c: Any, out: Any, trans_a: Any, trans_b: Any,
                  kernel: Any, backend: Any, params: dict[str, Any]) -> tuple[Any, ...] | None:
-    """The key (``fastpath.device_key``) of a call on device operands ``ops`` (a and b),
-    with gemm's ``c`` and ``out`` when each is an array of their kind (its shape, dtype and
+    """The key (``fastpath_device.device_key``) of a call on device operands ``ops`` (a and
+    b), with gemm's ``c`` and ``out`` when each is an array of their kind (its shape, dtype and
     strides are what the full path checks of it) and the transpose flags; None for any
     other ``c`` or ``out``, or flags that are not booleans, which the full path judges.
     alpha and beta are not in it: the decision does not depend on them, and each call
@@ -602,7 +602,7 @@ def _device_case(ops: list[Operand], c: Any, out: Any, trans_a: Any, trans_b: An
             extra.append(describe(x, name))
         except UsageError:
             return None  # refused by the full path, after what it checks first
-    key = fastpath.device_key([*ops, *extra], kernel, backend, params)
+    key = fastpath_device.device_key([*ops, *extra], kernel, backend, params)
     return None if key is None else (*key, trans_a, trans_b, c is not None, out is not None)
 
 

@@ -54,16 +54,9 @@ on every call (about 75 µs against 4.5 µs for an 8×8×8 float32 product on th
 as a hand-tuned loop or a tile benchmark does), which took the full path, about 0.2 ms per
 call, before.
 
-What is remembered is a decision, so it is made again when something it depends on
-changes: the table is emptied when ``TILEGEMM_CACHE_DIR`` changes (read on every call),
-when this process writes the tuning cache file (``tilegemm tune``'s results), and when
-another process has changed it: the file's time is read with ``stat`` at most once every
-``STAT_INTERVAL_NS`` (50 ms) of calls, since one ``stat`` (about 1.9 µs on a Xeon VM) was a
-third of a remembered 8×8×8 call. So a tuning run in another process is seen by this one's
-remembered calls within 50 ms, and by every other call (``plan``, the full path) at once.
-A time read is trusted only once a ``stat`` has confirmed it: a decision remembered under
-an older state of the file than the last one seen is checked on its next call.
-:func:`forget` empties the table on request.
+A decision is made again when the tuning results it read change (:mod:`tilegemm.remembered`:
+when, and how that is noticed); device arrays have their own table
+(:mod:`tilegemm.fastpath_device`).
 
 Everything a remembered call needs that does not depend on the operands' data (the result
 shape, the 3-D shapes the rung reads, alpha and beta in the dtype) is worked out once, when
@@ -77,55 +70,19 @@ hands it to the rung), the allocation and the call are one call taking the calle
 as they are (about 1 µs less per small call, one
 compiled call; 4-16 µs less per threaded vector product, whose Python runs from L3 after
 streaming the matrix).
-
-**Device operands.** A plain call on device arrays (pyopencl arrays; numba, CuPy or PyTorch
-CUDA arrays) remembers the decision alone: which backend, device, rung and parameters, and
-the problem as that backend computes it, keyed by the ``kernel``/``backend`` strings, the
-parameters given, and each operand's array type, shape, dtype, byte strides and, where the
-device is chosen by it, the device the array lives on (``Backend.array_place``). The next
-call with the same key still describes its operands (the checks that depend on the array
-object itself, such as a pyopencl offset inside an element, run on every call) and runs
-through the backend's ``run``, with every per-call check there, but skips NumPy's dtype
-rules, the backend and rung choice, the tuned-parameter look-up and the limit checks. On
-PoCL (Xeon family 6 model 167) an 8×8×8 float32 product on pyopencl arrays took about
-270 µs a call on the full path, of which about 100 µs was that decision. What qualifies:
-no ``device``, ``stream``, ``precision`` or ``dtype``; ``out`` and gemm's ``c`` may be
-given when each is an array of the operands' kind (its type, shape, dtype, strides and
-device are then part of the key, and whether ``out`` overlaps an operand is seen on every
-call, by ``run``), and gemm's transpose flags are part of the key. alpha and beta are not:
-the decision does not depend on them, and ``run`` checks and converts each call's (a
-repeated ``gemm(a, b, c, alpha=0.5, beta=1.0)`` on pyopencl arrays took 250 µs a call at
-8³, 160 with the decision remembered; ``out=c`` 197 → 108; Xeon family 6 model 207,
-PoCL 3.0). Decisions are dropped under the same conditions as the
-host cases', and both tables together hold at most a few hundred.
-
-**Device operands, launched directly.** A backend may give more than the decision for a
-plain call without ``out``: a program that takes the caller's arrays of that case
-(``Backend.device_program``; the CUDA backend's, for CuPy and PyTorch arrays, launches on
-views of their memory: ``backends/cuda_direct``). Such a case is keyed by the program's
-own reading of each operand's attributes (``key_of``: for PyTorch its dtype, shape,
-strides, device and ``requires_grad``), with no ``describe`` at all, and checked before
-anything else a call reads. On an H100's host a ``matmul`` on PyTorch tensors took
-86–121 µs this way, against 548–948 with the decision alone (2026-11-26,
-``benchmarks/results/logs-nvidia-h100-2026-11-26f``). The program may still decline a
-call (another context current on the thread), which then takes the path above.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable
-from functools import cache
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from tilegemm._environ import environ_reader
 from tilegemm.backends.base import poison_value
 from tilegemm.problem import fp_warnings_at_caller
+from tilegemm.remembered import POISON_OFF, current, enter, forget, given, poison, stale, table
 
-_LIMIT = 256  # remembered cases at most (the table is cleared when full)
 _KINDS = "fiu"  # dtypes whose product NumPy computes in the operands' own dtype
 _NDARRAY = np.ndarray
 _dense = np.ascontiguousarray
@@ -138,12 +95,6 @@ _MIXED = (np.dtype(np.float32), np.dtype(np.float64))
 # as the full path does (through it an 8³ product took 136 µs, NumPy's 3.7)
 _HALF, _SINGLE = np.dtype(np.float16), np.dtype(np.float32)
 _as_strided = np.lib.stride_tricks.as_strided
-
-
-_cache_dir, _ = environ_reader("TILEGEMM_CACHE_DIR")
-_poison, _encode = environ_reader("TILEGEMM_POISON")
-# what base.poison_enabled() reads as "off": unset, empty or "0"
-_POISON_OFF = (None, _encode(""), _encode("0"))
 
 
 class _Case(NamedTuple):
@@ -182,29 +133,8 @@ class _Case(NamedTuple):
     largest: float  # the dtype's largest finite number (0.0 for an integer dtype)
 
 
-_table: dict[tuple[Any, ...], _Case] = {}
-_refused: set[tuple[Any, ...]] = set()  # cases whose backend gave no program to remember
-_decisions: dict[tuple[Any, ...], Any] = {}  # device operands: api.Decision by device_key
-# device operands: a backend's device_program by _direct_key; the key function of each
-# array type such a program was remembered for
-_direct: dict[tuple[Any, ...], Any] = {}
-_keyers: dict[type, Callable[[Any], Any]] = {}
-# the tuning cache file the decisions read, its mtime then, and TILEGEMM_CACHE_DIR then
-# (which moves the file: a decision made under another directory is stale too; kept as
-# _cache_dir() reads it)
-_watch: list[Any] = [None, None, None]
-# How often remembered calls read the tuning cache file's time (another process's writes).
-STAT_INTERVAL_NS = 50_000_000
-# time.monotonic_ns() of the last stat that found _watch current; 0: not confirmed since
-# _watch last changed, so the next check reads the file's time
-_confirmed = [0]
-
-
-def _mtime(path: str | None) -> int | None:
-    try:
-        return os.stat(path).st_mtime_ns if path else None
-    except OSError:
-        return None
+_table: dict[tuple[Any, ...], _Case] = table({})
+_refused: set[tuple[Any, ...]] = table(set())  # cases whose backend gave no program to remember
 
 
 def _layout(x: np.ndarray) -> int:
@@ -251,20 +181,10 @@ def _key(a: Any, b: Any, kernel: Any, backend: Any,
         if dtype not in _MIXED or b.dtype not in _MIXED:
             return None
         dtype = (dtype, b.dtype)  # float32 with float64: computed in float64
-    given = _given(params)
-    if given is None:
+    named = given(params)
+    if named is None:
         return None
-    return kernel, backend, given, dtype, a.shape, b.shape, _layout(a), _layout(b)
-
-
-def _given(params: dict[str, Any] | None) -> tuple[tuple[str, int], ...] | None:
-    """The rung parameters a call names, as part of a key; None when one is not a plain
-    integer (what the full path makes of another value is its own business)."""
-    if not params:
-        return ()
-    if any(type(v) is not int for v in params.values()):
-        return None
-    return tuple(sorted(params.items()))
+    return kernel, backend, named, dtype, a.shape, b.shape, _layout(a), _layout(b)
 
 
 def _stored_shape(shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
@@ -291,7 +211,7 @@ def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any,
     case = _table.get(key)
     if case is None:
         return None
-    if _stale():
+    if stale():
         forget()  # tuning results changed, or moved: decide again
         return None
     return _product(case, a, b, out)
@@ -300,7 +220,7 @@ def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any,
 def _product(case: _Case, a: np.ndarray, b: np.ndarray, out: Any) -> Any:
     """``a @ b`` by ``case``'s program: its own call into a new result where it has one
     (and the result is not to be poisoned), else :func:`_run` with alpha one, beta zero."""
-    if out is None and case.entry is not None and _poison() in _POISON_OFF:
+    if out is None and case.entry is not None and poison() in POISON_OFF:
         return case.entry(a, b, case.blocks)
     return _run(case, a, b, None, out, case.one, case.zero)
 
@@ -343,7 +263,7 @@ def try_remembered_gemm(a: Any, b: Any, c: Any, out: Any, alpha: Any, beta: Any,
     if not plain and ((c is None and beta != 0) or not case.scales
                       or not _within(alpha, case.scales) or not _within(beta, case.largest)):
         return None
-    if _stale():
+    if stale():
         forget()
         return None
     if plain:
@@ -405,7 +325,7 @@ def _run(case: _Case, a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: A
     if c is not None:
         if c is not dest:
             np.copyto(dest, c)
-    elif _poison() not in _POISON_OFF:
+    elif poison() not in POISON_OFF:
         dest.fill(case.fill)
     if case.cast & 1:
         a = _dense(a, case.dtype)
@@ -463,13 +383,9 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
             or (sa[:-2] != sb[:-2] and len(sa) > 2 and len(sb) > 2)
             or (la == 2 and lb & 1)):  # the full path copies that A (host_operand_stored)
         return
-    where = _cache_dir()
-    state = [tuning_cache, tuning_mtime, where]
-    if _watch == state and (key in _table or key in _refused):
+    if current(tuning_cache, tuning_mtime) and (key in _table or key in _refused):
         return  # decided under this state already (a call the fast path passed over: gemm)
-    if len(_table) >= _LIMIT or len(_refused) >= _LIMIT or _watch != state:
-        forget()
-    _watch[:] = state
+    enter(tuning_cache, tuning_mtime, _table, _refused)
     program = make_program()
     if program is None:
         # no direct path on this backend: noted, so that later calls do not ask again
@@ -627,136 +543,3 @@ def _vector_entry(call: Callable[..., Any], row: bool, shape: tuple[int, ...],
         def entry(a: Any, b: Any, blocks: Any) -> Any:
             return call(a, b.reshape(shape), blocks).reshape(result)
     return entry
-
-
-def device_key(ops: Any, kernel: Any, backend: Any,
-               params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
-    """The key of a decision for the described arrays ``ops`` (a, b, and gemm's ``c`` and
-    the call's ``out`` where given, all device arrays of one kind) with these ``kernel=``
-    and ``backend=`` arguments and rung parameters, or None when such a call is never
-    remembered."""
-    if type(kernel) is not str or type(backend) is not str:
-        return None
-    kind = ops[0].kind
-    if kind == "host" or any(op.kind != kind or op.strides is None for op in ops):
-        return None  # host operands have their own table; mixed kinds are refused later
-    given = _given(params)
-    if given is None:
-        return None
-    owner = _owner(kind)
-    return (kernel, backend, given) + tuple(
-        (type(op.obj), op.shape, op.dtype, op.strides, owner.array_place(op.obj))
-        for op in ops)
-
-
-@cache
-def _owner(kind: str) -> Any:
-    """The backend whose device arrays are of ``kind`` (the first registered)."""
-    from tilegemm.backends import ARRAY_KINDS, get_backend
-
-    return get_backend(next(n for n, k in ARRAY_KINDS.items() if k == kind))
-
-
-def remembered_decision(key: tuple[Any, ...] | None) -> Any:
-    """The decision remembered for ``key`` (:func:`device_key`), or None."""
-    if key is None:
-        return None
-    chosen = _decisions.get(key)
-    if chosen is None:
-        return None
-    if _stale():
-        forget()
-        return None
-    return chosen
-
-
-def remember_decision(key: tuple[Any, ...], chosen: Any, tuning_cache: str | None,
-                      tuning_mtime: int | None) -> None:
-    """Record the decision ``chosen`` the full path just ran for ``key``, made under the
-    tuning cache file ``tuning_cache`` as it was (modification time ``tuning_mtime``)
-    before deciding; see :func:`remember`."""
-    _enter(tuning_cache, tuning_mtime, _decisions)
-    _decisions[key] = chosen
-
-
-def _enter(tuning_cache: str | None, tuning_mtime: int | None, table: dict) -> None:
-    """Remember the next case in ``table`` under this state of the tuning cache file:
-    everything remembered is dropped first when the state changed or ``table`` is full."""
-    state = [tuning_cache, tuning_mtime, _cache_dir()]
-    if len(table) >= _LIMIT or _watch != state:
-        forget()
-    _watch[:] = state
-
-
-def _direct_key(a: Any, b: Any, kernel: Any, backend: Any, params: dict[str, Any] | None,
-                keyer: Callable[[Any], Any]) -> tuple[Any, ...] | None:
-    """The key of a directly launched device case, or None when it has none."""
-    if type(b) is not type(a) or type(kernel) is not str or type(backend) is not str:
-        return None
-    given = _given(params)
-    if given is None:
-        return None
-    ka, kb = keyer(a), keyer(b)
-    if ka is None or kb is None:
-        return None
-    return (kernel, backend, given, type(a), ka, kb)
-
-
-def try_remembered_device(a: Any, b: Any, kernel: Any, backend: Any,
-                          params: dict[str, Any] | None = None) -> Any:
-    """The product ``a @ b`` of device arrays, launched directly by the program a backend
-    gave for an earlier plain call of the same case (``Backend.device_program``), or None
-    (nothing launched): no such case, or the program found its conditions unmet."""
-    keyer = _keyers.get(type(a))
-    if keyer is None:
-        return None
-    key = _direct_key(a, b, kernel, backend, params, keyer)
-    program = None if key is None else _direct.get(key)
-    if program is None:
-        return None
-    if _stale():
-        forget()
-        return None
-    return program(a, b, _poison() not in _POISON_OFF)
-
-
-def remember_device(a: Any, b: Any, make_program: Callable[[], Any],
-                    tuning_cache: str | None, tuning_mtime: int | None, *, kernel: Any,
-                    backend: Any, params: dict[str, Any] | None = None) -> None:
-    """Record the program ``make_program()`` gives (the backend's ``device_program``, or
-    None) for later plain calls like ``matmul(a, b, kernel=kernel, backend=backend,
-    **params)`` on device arrays, made under the tuning cache file as it was (see
-    :func:`remember`)."""
-    program = make_program()
-    if program is None:
-        return
-    key = _direct_key(a, b, kernel, backend, params, program.key_of)
-    if key is None:
-        return
-    _enter(tuning_cache, tuning_mtime, _direct)
-    _direct[key] = program
-    _keyers[type(a)] = program.key_of
-
-
-def _stale() -> bool:
-    """Whether the tuning cache file changed, or moved, since the remembered decisions:
-    the directory on every call, the file's time when no ``stat`` in the last
-    ``STAT_INTERVAL_NS`` confirmed the state the decisions were made under."""
-    if _cache_dir() != _watch[2]:
-        return True
-    now = time.monotonic_ns()
-    if _confirmed[0] and now - _confirmed[0] < STAT_INTERVAL_NS:
-        return False
-    if _mtime(_watch[0]) != _watch[1]:
-        return True
-    _confirmed[0] = now
-    return False
-
-
-def forget() -> None:
-    """Drop every remembered decision (the next calls take the full path again)."""
-    _table.clear()
-    _refused.clear()
-    _decisions.clear()
-    _direct.clear()
-    _confirmed[0] = 0

@@ -56,7 +56,8 @@ class Operand:
     shape: tuple[int, ...]
     dtype: np.dtype
     # A device array's byte strides (C-ordered ones where the array says only "C-ordered"),
-    # for the decisions remembered per layout (tilegemm.fastpath); None for host operands.
+    # for the decisions remembered per layout (tilegemm.fastpath_device); None for host
+    # operands.
     strides: tuple[int, ...] | None = None
 
 

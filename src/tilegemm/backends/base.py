@@ -327,8 +327,8 @@ class Backend(ABC):
     def array_place(self, x: Any) -> Any:
         """What a decision for this backend's device array ``x`` depends on besides its
         shape, dtype and strides: the device it lives on, where the target is chosen by
-        it (OpenCL). :mod:`tilegemm.fastpath` keys the decisions it remembers for device
-        operands by it. None here: CUDA calls on device arrays are decided for GPU 0's
+        it (OpenCL). :mod:`tilegemm.fastpath_device` keys the decisions it remembers for
+        device operands by it. None here: CUDA calls on device arrays are decided for GPU 0's
         target and run on the current device, whichever array it is."""
         return None
 
@@ -367,7 +367,7 @@ class Backend(ABC):
     def device_program(self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
                        target: Target, ops: Sequence[Operand]) -> Callable[..., Any] | None:
         """What later plain calls like this one on device arrays may run directly
-        (:mod:`tilegemm.fastpath`), or None, when they take the full path.
+        (:mod:`tilegemm.fastpath_device`), or None, when they take the full path.
 
         The result is called as ``program(a, b, poison)`` with the caller's device arrays
         (of the layout, dtype and device of the described ``ops`` just run) and returns

@@ -16,7 +16,7 @@ it ran in. A call of that case then reads each operand's address (``data_ptr()``
 (as the full path does), and launches the program on :class:`DeviceView` s of that
 memory, on the library's current stream. The case is keyed by each operand's own
 attributes (dtype, shape, strides, device: :func:`torch_key`, :func:`cupy_key`), which
-:mod:`tilegemm.fastpath` looks up before anything else is read.
+:mod:`tilegemm.fastpath_device` looks up before anything else is read.
 
 Only plain cases qualify: CuPy or PyTorch operands of one library and of the product's
 dtype (no conversion), batches that are full or absent (no broadcast), operands that are

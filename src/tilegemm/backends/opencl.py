@@ -121,9 +121,9 @@ def _forked_after_use() -> None:
         "worker processes with multiprocessing's 'spawn' or 'forkserver' method "
         "(multiprocessing.get_context('spawn')), or use OpenCL only in the workers")
     OpenCLBackend.status.cache_clear()
-    from tilegemm import fastpath
+    from tilegemm import remembered
 
-    fastpath.forget()
+    remembered.forget()
 
 
 @cache

@@ -194,10 +194,10 @@ def save(entries: list[Entry], path: Path | None = None) -> Path:
 def _changed() -> None:
     """This process changed the tuning cache file: the decisions matmul remembered for
     repeated calls are dropped at once (another process's change is seen by them within
-    ``fastpath.STAT_INTERVAL_NS``)."""
-    from tilegemm import fastpath
+    ``remembered.STAT_INTERVAL_NS``)."""
+    from tilegemm import remembered
 
-    fastpath.forget()
+    remembered.forget()
 
 
 def record(entry: Entry, path: Path | None = None) -> Path:

@@ -90,7 +90,7 @@ _LOADING = threading.Lock()  # a re-read and the answers kept from what was read
 
 def tuning_cache_now() -> tuple[str, int | None]:
     """The tuning cache file and its modification time now (None: no file), read before a
-    decision by a caller that remembers it (``tilegemm.fastpath``): a decision remembered
+    decision by a caller that remembers it (``tilegemm.remembered``): a decision remembered
     under this state is stale once the file's time differs. Read before, not after: a
     file written while the call ran (by ``tilegemm tune``, or another thread's call that
     re-read it) would otherwise stamp the older decision with the newer time, for good."""
