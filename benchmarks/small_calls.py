@@ -7,8 +7,9 @@ Usage (from the repository root; take the machine for yourself while it runs)::
     PYTHONPATH=src python benchmarks/small_calls.py --no-save --backends opencl
 
 Each case times whole ``tilegemm.matmul(a, b, backend=...)`` calls on NumPy arrays, as a
-user's script makes them (and ``tilegemm.gemm``'s forms, ``GEMM_FORMS``, against NumPy's
-same expression, unless ``--no-gemm``): validation, the ``auto`` choice, copies to and
+user's script makes them (of one dtype, or of two: ``--dtypes float32@float64 int8
+bfloat16@float32``; and ``tilegemm.gemm``'s forms, ``GEMM_FORMS``, against NumPy's same
+expression, unless ``--no-gemm``): validation, the ``auto`` choice, copies to and
 from the device and the launch. NumPy's ``matmul`` of the same arrays is timed in the
 same run, and every result is checked against float64 NumPy first. The floor is the
 least a call of that backend can cost: for OpenCL a one-value kernel's launch and the
@@ -211,6 +212,18 @@ def time_device_arrays(name: str, dtypes: list[str], sizes: list[int], seconds: 
     return floors, rows
 
 
+def operand(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Random non-zero-heavy data of ``dtype``: floats in [-1, 1), integers in [-3, 3]
+    (unsigned ones [0, 3]: a product of such never overflows the narrowest), bool half
+    true."""
+    kind = np.dtype(dtype).kind
+    if kind == "b":
+        return rng.random(shape) < 0.5
+    if kind in "iu":
+        return rng.integers(0 if kind == "u" else -3, 4, shape).astype(dtype)
+    return rng.uniform(-1, 1, shape).astype(dtype)
+
+
 def time_gemm_forms(name: str, a: np.ndarray, b: np.ndarray, rng: np.random.Generator,
                     seconds: float) -> list[dict[str, Any]]:
     """Rows for :data:`GEMM_FORMS` on ``name`` with square operands ``a`` and ``b``, each
@@ -240,7 +253,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=list(BACKENDS),
                     help="backends to time (those not usable here are skipped, with why)")
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "float64"],
+                    help="a's dtype, or a's@b's (float32@float64); gemm's forms are timed "
+                         "for float32 and float64 alone")
     ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     ap.add_argument("--seconds", type=float, default=0.3, help="of calls per measurement")
     ap.add_argument("--no-gemm", dest="gemm", action="store_false",
@@ -264,13 +279,15 @@ def main() -> int:
             print(f"{name} ({device}): floor (an empty kernel and its wait) "
                   f"{floor * 1e6:.1f} us", flush=True)
         if name in DEVICE_ARRAYS:
-            device_floors[name], more = time_device_arrays(name, args.dtypes, args.sizes,
+            one_dtype = [d for d in args.dtypes if "@" not in d]  # (operands of one dtype)
+            device_floors[name], more = time_device_arrays(name, one_dtype, args.sizes,
                                                            args.seconds, rng)
             device_rows.extend(more)
         for dtype in args.dtypes:
+            dtype_a, _, dtype_b = dtype.partition("@")
             for n in args.sizes:
-                a = rng.uniform(-1, 1, (n, n)).astype(dtype)
-                b = rng.uniform(-1, 1, (n, n)).astype(dtype)
+                a = operand(rng, (n, n), dtype_a)
+                b = operand(rng, (n, n), dtype_b or dtype_a)
                 try:
                     plan = tilegemm.plan(a, b, backend=name)
                 except tilegemm.errors.UsageError as exc:  # a dtype this device cannot compute
@@ -295,7 +312,7 @@ def main() -> int:
                     line += f", {above:.1f} us above the floor"
                 rows.append(row)
                 print(line, flush=True)
-                if args.gemm:
+                if args.gemm and dtype in ("float32", "float64"):
                     rows.extend(time_gemm_forms(name, a, b, rng, args.seconds))
     if not rows and not device_rows:  # an empty file would replace committed results
         print("nothing was measured (no backend given is usable here), so nothing was saved")

@@ -566,7 +566,7 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
                 fastpath.remember(*views, lambda: be.host_program(spec, resolved, prob, target),
                                   *tuning, kernel=kernel, backend=backend, params=params,
                                   alpha_limit=partial(be.host_alpha_limit, prob=prob),
-                                  computed=prob.dtype)
+                                  computed=prob.dtype, result=prob.out_dtype)
         if key is not None and tuning is not None:
             fastpath_device.remember_decision(key, chosen, *tuning)
             if plain and out is None:  # a program for a @ b itself, taking a and b alone

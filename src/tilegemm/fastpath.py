@@ -7,10 +7,13 @@ rung, looking up tuned parameters, checking ``out``. For an 8×8×8 product the 
 the call, and it is paid again on every call of a loop that multiplies the same shapes.
 
 So the full path (:func:`tilegemm.api.gemm`) remembers what it decided for a plain call —
-NumPy arrays (not subclasses) of one native dtype, computed in that dtype (or float32
-with float64, computed in float64: the float32 operand converted into a C-ordered copy on
-every call, as the full path converts it; or float16, both operands converted to float32
-and the result rounded back, without ``out``), with default
+NumPy arrays (not subclasses) of native dtypes NumPy's matmul takes (those of
+``problem.COMPUTED_AS``: floats, bfloat16, integers, bool; the same or two different
+ones), computed in the dtype the full path computes in: an operand of another dtype is
+converted into a C-ordered copy of it on every call, and the result rounded to NumPy's
+result dtype where that is another (float16 from float32 sums, int8 from int32, bool
+from counts; such a result is not written into an ``out`` directly, which takes the full
+path), as the full path converts them — with default
 arguments or only ``kernel=``, ``backend=`` and rung parameters (integers, ``MR=6``) named,
 on a backend that gives a direct path for host operands (``Backend.host_program``: the CPU,
 and OpenCL) — keyed by (the ``kernel`` and ``backend`` strings, the parameters given,
@@ -80,20 +83,20 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tilegemm.backends.base import poison_value
-from tilegemm.problem import fp_warnings_at_caller
+from tilegemm.problem import COMPUTED_AS, fp_warnings_at_caller, to_result
 from tilegemm.remembered import POISON_OFF, current, enter, forget, given, poison, stale, table
 
-_KINDS = "fiu"  # dtypes whose product NumPy computes in the operands' own dtype
+_KINDS = "fiu"  # what a rung computes in: floats and integers
 _NDARRAY = np.ndarray
 _dense = np.ascontiguousarray
-# Operands of two dtypes a remembered call takes: NumPy computes float32 with float64 in
-# float64, and the full path hands the rung a C-ordered float64 copy of the float32 one
-# (through the full path such a call took 115 µs for 8³, against 2.8 for two float64
-# operands; Intel Xeon family 6 model 207)
-_MIXED = (np.dtype(np.float32), np.dtype(np.float64))
-# float16 operands are computed in float32 (both converted) and the result rounded back,
-# as the full path does (through it an 8³ product took 136 µs, NumPy's 3.7)
-_HALF, _SINGLE = np.dtype(np.float16), np.dtype(np.float32)
+# The operands' dtypes a remembered call takes, the same or two different ones: native
+# floats (bfloat16 included), integers and bool, as NumPy's matmul takes them. The full
+# path hands the rung C-ordered copies of those not of the dtype it computes in, and rounds
+# the result to NumPy's result dtype where that differs; a remembered call does the same.
+# Through the full path such calls took 115-165 µs at 8³ (float32 with float64: 2.8 µs
+# remembered for two float64 operands; float16 136, NumPy 3.7; bfloat16 128, NumPy 1.9;
+# int32 with int64 125, NumPy 1.5; Intel Xeon family 6 model 207).
+_OPERANDS = frozenset(np.dtype(name) for name in COMPUTED_AS)
 _as_strided = np.lib.stride_tricks.as_strided
 
 
@@ -178,9 +181,9 @@ def _key(a: Any, b: Any, kernel: Any, backend: Any,
         return None
     dtype = a.dtype
     if b.dtype is not dtype:
-        if dtype not in _MIXED or b.dtype not in _MIXED:
+        if dtype not in _OPERANDS or b.dtype not in _OPERANDS:
             return None
-        dtype = (dtype, b.dtype)  # float32 with float64: computed in float64
+        dtype = (dtype, b.dtype)  # two dtypes (see _computed_as)
     named = given(params)
     if named is None:
         return None
@@ -349,15 +352,15 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
              tuning_mtime: int | None, *, kernel: Any, backend: Any,
              params: dict[str, Any] | None = None,
              alpha_limit: Callable[[Any], float] | None = None,
-             computed: np.dtype | None = None) -> None:
+             computed: np.dtype | None = None, result: np.dtype | None = None) -> None:
     """Record the program ``make_program()`` gives (the backend's ``host_program``: what
     the full path just ran on host operands in the operands' own dtype) for calls like
     ``matmul(a, b, kernel=kernel, backend=backend, **params)``, and gemm's of the same
     product (``a`` and ``b`` then as :func:`gemm_views` gives them), if this case
     qualifies and the backend has one; ``alpha_limit(program)``: the backend's
     ``host_alpha_limit`` for it (see :class:`_Case`'s ``scales``; None: 0.0);
-    ``computed``: the dtype the full path computed in (a case computed in another dtype
-    than the operands', or than float64 for float32 with float64, is not remembered). It
+    ``computed`` and ``result``: the dtype the full path computed in and the result's
+    (None: NumPy's result dtype of the operands, for both; see :func:`_computed_as`). It
     is made only then: a call that can never be remembered pays nothing for it. ``tuning_cache``
     and ``tuning_mtime``: the tuning cache file and its modification time (None: no file)
     as they were before the decision. Decisions remembered under another state of the file
@@ -367,9 +370,10 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     if key is None:
         return
     _, _, _, dtype, sa, sb, la, lb = key
-    dtype, cast, narrow = _computed_as(dtype, computed)
-    if computed is not None and computed != dtype:
-        return  # computed in another dtype (int8 in int32)
+    converted = _computed_as(dtype, computed, result)
+    if converted is None:
+        return
+    dtype, cast, narrow = converted
     if cast:  # the converted operands are handed over C-ordered
         la, lb = (0 if cast & 1 else la), (0 if cast & 2 else lb)
     # a vector is a row (1, K) on the left, a column (K, 1) on the right (NumPy's rule);
@@ -378,8 +382,7 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     if row and col:
         return  # vector · vector: NumPy returns a scalar, which the full path makes
     sa, sb = (1,) * row + sa, sb + (1,) * col
-    if (dtype.kind not in _KINDS or not dtype.isnative or la < 0 or lb < 0
-            or sa[-1] != sb[-2] or 0 in sa or 0 in sb
+    if (la < 0 or lb < 0 or sa[-1] != sb[-2] or 0 in sa or 0 in sb
             or (sa[:-2] != sb[:-2] and len(sa) > 2 and len(sb) > 2)
             or (la == 2 and lb & 1)):  # the full path copies that A (host_operand_stored)
         return
@@ -412,17 +415,28 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
                         float(np.finfo(dtype).max) if dtype.kind == "f" else 0.0)
 
 
-def _computed_as(dtype: Any, computed: np.dtype | None
-                 ) -> tuple[np.dtype, int, np.dtype | None]:
+def _computed_as(dtype: Any, computed: np.dtype | None, result: np.dtype | None
+                 ) -> tuple[np.dtype, int, np.dtype | None] | None:
     """(the dtype the rung computes in, the operands converted to it as in :class:`_Case`'s
     ``cast``, the result's dtype where it is another: ``narrow``) for a key's dtype entry
-    (one dtype, or a pair for float32 with float64) and the dtype the full path computed in
-    (``computed``; None: the operands')."""
-    if type(dtype) is tuple:  # float32 with float64: the float32 operand converted
-        return _MIXED[1], (1 if dtype[0] is _MIXED[0] else 2), None
-    if dtype is _HALF and computed is _SINGLE:  # both converted, the result rounded back
-        return _SINGLE, 3, _HALF
-    return dtype, 0, None
+    (one dtype, or the pair of two), the dtype the full path computed in (``computed``)
+    and NumPy's result dtype (``result``; None for either: NumPy's result dtype of the
+    operands); None when such a case is not remembered (a dtype not in ``_OPERANDS``, a
+    byte order not the machine's among them, or a computed dtype no rung has)."""
+    da, db = dtype if type(dtype) is tuple else (dtype, dtype)
+    if da not in _OPERANDS or db not in _OPERANDS:
+        return None
+    if computed is None:
+        computed = np.result_type(da, db)
+    if result is None:
+        result = computed
+    if computed.kind not in _KINDS or not computed.isnative:
+        return None
+    # an operand of the computed dtype keeps its own type object (int64 is one of two C
+    # types, long and long long: NumPy's result is of the operands')
+    computed = da if da == computed else db if db == computed else computed
+    narrow = None if result == computed and result.char == computed.char else result
+    return computed, (da != computed) | (db != computed) << 1, narrow
 
 
 def _entry(call_for: Callable[..., Any], sa: tuple[int, ...], sb: tuple[int, ...], la: int,
@@ -506,20 +520,23 @@ def _cast_entry(call: Callable[..., Any], cast: int, dtype: np.dtype,
             return _narrowed(call(_dense(a, dtype), _dense(b, dtype), blocks), narrow)
     elif cast == 1:
         def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
-            return call(_dense(a, dtype), b, blocks)
+            return _narrowed(call(_dense(a, dtype), b, blocks), narrow)
     else:
         def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
-            return call(a, _dense(b, dtype), blocks)
+            return _narrowed(call(a, _dense(b, dtype), blocks), narrow)
     return entry
 
 
 def _narrowed(result: np.ndarray, narrow: np.dtype | None) -> np.ndarray:
-    """``result`` rounded to ``narrow`` (None: as it is), NumPy's overflow warning naming
-    the caller's line, as the full path rounds it (``problem.to_result``)."""
+    """``result`` as NumPy's result dtype ``narrow`` (None: as it is), rounded or wrapped
+    as the full path converts it (``problem.to_result``; bool as != 0), NumPy's overflow
+    warning naming the caller's line."""
     if narrow is None:
         return result
+    if narrow.kind != "f":  # integers wrap and bool compares: no floating-point error
+        return to_result(result, narrow)  # (the context costs 3 µs, as much as an 8³ call)
     with fp_warnings_at_caller():
-        return result.astype(narrow)
+        return to_result(result, narrow)
 
 
 def _dense_entry(call: Callable[..., Any]) -> Callable[..., Any]:
