@@ -542,47 +542,75 @@ def test_other_dtypes_are_remembered_with_the_full_paths_bits(spy, rng, sa, sb, 
                                        monkeypatch)
 
 
-def test_a_narrowed_result_of_another_dtype_is_not_written_into_out_directly(spy, rng):
-    """An ``out`` of a result the full path converts (int8 from int32 sums) takes the full
-    path on every call, which writes it; bfloat16 operands give float32 sums, which a
-    remembered call writes into a float32 ``out``, and applies gemm's alpha and beta to,
-    as the full path does."""
-    a, b = (x.astype(np.int8) for x in (rng.integers(-3, 4, (9, 8)), rng.integers(-3, 4, (8, 7))))
-    out = np.zeros((9, 7), np.int8)
-    for _ in range(2):
+@pytest.mark.parametrize("dtype", ["int8", "float16", "bool"])
+@pytest.mark.parametrize("poison", [None, "1"])
+def test_a_narrowed_result_is_copied_into_out(spy, rng, dtype, poison, monkeypatch):
+    """A result the full path converts (int8 from int32 sums, float16 from float32, bool
+    from counts) is computed into a new array and converted into ``out`` on a remembered
+    call, as the full path copies it; an ``out`` of the computed dtype, or one sharing
+    memory with an operand, takes the full path."""
+    if poison is None:
+        monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    else:
+        monkeypatch.setenv("TILEGEMM_POISON", poison)
+    a, b = rng.integers(-3, 4, (9, 8)), rng.integers(-3, 4, (8, 7))
+    if dtype == "float16":
+        a, b = rng.standard_normal((9, 8)), rng.standard_normal((8, 7))
+    a, b = a.astype(dtype), b.astype(dtype)
+    out = np.zeros((9, 7), dtype)
+    for _ in range(3):
+        b = b[::-1].copy()  # fresh data, the same case
         assert tilegemm.matmul(a, b, out=out) is out
-        np.testing.assert_array_equal(out, np.matmul(a, b))
-    assert len(spy) == 2  # both
+        np.testing.assert_array_equal(out, tilegemm.matmul(a, b))  # (new result, remembered)
+    assert len(spy) == 1
+    remembered.forget()
+    want = tilegemm.matmul(a, b)
+    np.testing.assert_array_equal(out, want)  # the full path's bits
+    assert_close(out, a, b)
+    wide = np.zeros((9, 7), np.float64 if dtype == "float16" else np.int32)
+    tilegemm.matmul(a, b, out=wide)  # the computed dtype's own out: the full path
+    shared = np.concatenate([b.ravel()[:7], b.ravel()])  # b's values, a row in front
+    b2, out2 = shared[7:].reshape(8, 7), shared[:63].reshape(9, 7)
+    want = tilegemm.matmul(a, b2.copy())
+    tilegemm.matmul(a, b2, out=out2)  # out shares memory with b: the full path
+    np.testing.assert_array_equal(out2, want)
+    assert len(spy) == 4
+
+
+def test_bfloat16_gives_float32_written_into_out_and_scaled(spy, rng):
+    """bfloat16 operands give float32 sums, which a remembered call writes into a float32
+    ``out`` and applies gemm's alpha and beta to, as the full path does."""
     x, w = (rng.standard_normal(s).astype("bfloat16") for s in ((9, 8), (7, 8)))
     out, c = np.zeros((9, 7), np.float32), rng.standard_normal(7).astype(np.float32)
     for _ in range(2):
         assert tilegemm.matmul(x, w.T, out=out) is out
         got = tilegemm.gemm(x, w, c, alpha=0.5, beta=2.0, trans_b=True)
-    assert len(spy) == 3  # the first matmul only: gemm's x @ w.T is the same case
+    assert len(spy) == 1  # the first matmul only: gemm's x @ w.T is the same case
     assert_close(out, x, w.T)
     remembered.forget()
     np.testing.assert_array_equal(got, tilegemm.gemm(x, w, c, alpha=0.5, beta=2.0,
                                                      trans_b=True))
 
 
-def test_float16_overflow_warns_at_the_callers_line_and_out_takes_the_full_path(spy):
+def test_float16_overflow_warns_at_the_callers_line_and_scaled_gemm_is_decided(spy):
     """The rounding to float16 overflows as NumPy's does: inf, with NumPy's warning naming
-    the line that called tilegemm, on a remembered call too. An ``out`` (written from the
-    float32 sums by the full path) and a scaled gemm (its scalars rounded to float16
-    first) are not remembered."""
+    the line that called tilegemm, on a remembered call too, into ``out`` as well. A scaled
+    gemm (its scalars rounded to float16 first) is not remembered."""
     a = np.full((8, 8), 100, np.float16)
     with pytest.warns(RuntimeWarning, match="overflow encountered in cast") as first:
         tilegemm.matmul(a, a)
     with pytest.warns(RuntimeWarning, match="overflow encountered in cast") as second:
         got = tilegemm.matmul(a, a)
-    assert len(spy) == 1 and np.isinf(got).all()
-    assert second[0].filename == __file__  # (the first call's names the spy's wrapper)
-    assert first[0].message.args == second[0].message.args
     out = np.zeros((8, 8), np.float16)
+    with pytest.warns(RuntimeWarning, match="overflow encountered in cast") as third:
+        tilegemm.matmul(a, a, out=out)
+    assert len(spy) == 1 and np.isinf(got).all() and np.isinf(out).all()
+    assert second[0].filename == third[0].filename == __file__  # (not the spy's wrapper)
+    assert first[0].message.args == second[0].message.args == third[0].message.args
     for _ in range(2):
         tilegemm.matmul(a / 100, a / 100, out=out)
         tilegemm.gemm(a / 100, a / 100, alpha=0.5)
-    assert len(spy) == 5
+    assert len(spy) == 3
     np.testing.assert_array_equal(out, np.full((8, 8), 8, np.float16))
 
 

@@ -12,9 +12,8 @@ NumPy arrays (not subclasses) of native dtypes NumPy's matmul takes (those of
 ones), computed in the dtype the full path computes in: an operand of another dtype is
 converted into a C-ordered copy of it on every call, and the result rounded to NumPy's
 result dtype where that is another (float16 from float32 sums, int8 from int32, bool
-from counts; such a result is not written into an ``out`` directly, which takes the full
-path), as the full path converts them — with default
-arguments or only ``kernel=``, ``backend=`` and rung parameters (integers, ``MR=6``) named,
+from counts, copied into an ``out`` of that dtype), as the full path converts them — with
+default arguments or only ``kernel=``, ``backend=`` and rung parameters (integers, ``MR=6``) named,
 on a backend that gives a direct path for host operands (``Backend.host_program``: the CPU,
 and OpenCL) — keyed by (the ``kernel`` and ``backend`` strings, the parameters given,
 dtype, shape of ``a``, shape of ``b``, storage order of each). The next call with the
@@ -313,16 +312,17 @@ def _run(case: _Case, a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: A
          alpha: Any, beta: Any) -> Any:
     """Run ``case``'s program for ``a @ b`` into ``out``, or a new result when ``out`` is
     None: the result starts as a copy of ``c`` (broadcast) when given (``out`` may be
-    ``c``; read with beta), else is poisoned under TILEGEMM_POISON. None when ``out`` is
-    not one the program can write directly (a C-ordered array of the result's shape and
-    dtype, sharing no memory with ``a`` or ``b``; the full path handles any other), nothing
-    written then."""
+    ``c``; read with beta), else is poisoned under TILEGEMM_POISON. A result of another
+    dtype than the one computed in (``narrow``) is computed into a new array and converted
+    into ``out``, as the full path copies it. None when ``out`` is not one this can write
+    (a C-ordered array of the result's shape and dtype, sharing no memory with ``a`` or
+    ``b``; the full path handles any other), nothing written then."""
     if out is None:
         dest = np.empty(case.shape, case.dtype)
-    elif (case.narrow is None and type(out) is _NDARRAY and out.dtype is case.dtype
+    elif (type(out) is _NDARRAY and out.dtype is (case.narrow or case.dtype)
           and out.shape == case.shape and out.flags.c_contiguous and out.flags.writeable
           and not np.may_share_memory(out, a) and not np.may_share_memory(out, b)):
-        dest = out
+        dest = out if case.narrow is None else np.empty(case.shape, case.dtype)
     else:
         return None
     if c is not None:
@@ -345,7 +345,12 @@ def _run(case: _Case, a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: A
         case.program(a3, b3, dest.reshape(case.c3), alpha, beta, case.tr)
     else:
         case.program(a3, b3, dest.reshape(case.c3), alpha, beta)
-    return _narrowed(dest, case.narrow)
+    if case.narrow is None:
+        return dest
+    if out is None:
+        return _narrowed(dest, case.narrow)
+    np.copyto(out, _narrowed(dest, case.narrow))  # (float16 from float32 sums, int8, bool)
+    return out
 
 
 def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str | None,
