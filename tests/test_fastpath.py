@@ -577,6 +577,56 @@ def test_a_narrowed_result_is_copied_into_out(spy, rng, dtype, poison, monkeypat
     assert len(spy) == 4
 
 
+@pytest.mark.parametrize(("pair", "asked"), [
+    (("int8", "int8"), np.int32), (("float16", "float16"), np.float32),
+    (("bfloat16", "bfloat16"), "float32"), (("bool", "bool"), np.dtype(np.int32)),
+    (("float32", "float32"), np.float64), (("int8", "int8"), "int8"),
+    (("float16", "float16"), np.float16)], ids=str)
+@pytest.mark.parametrize("poison", [None, "1"])
+def test_a_dtype_argument_is_part_of_the_case(spy, rng, pair, asked, poison, monkeypatch):
+    """``dtype=`` (int8 summed in int32, float16 or bfloat16 kept in float32: the usual
+    way to keep the sums of narrow operands) is remembered with the case it names, and
+    computed as the full path computes it; the same operands without it are a case of
+    their own."""
+    if poison is None:
+        monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    else:
+        monkeypatch.setenv("TILEGEMM_POISON", poison)
+    da, db = (np.dtype(name) for name in pair)
+    sa, sb = (9, 30), (30, 7)
+
+    def operand(shape, dtype):
+        if dtype.kind in "iub":
+            return rng.integers(0 if dtype.kind == "b" else -3, 2 if dtype.kind == "b" else 4,
+                                shape).astype(dtype)
+        return rng.standard_normal(shape).astype(dtype)
+
+    results = []
+    for _ in range(3):
+        a, b = operand(sa, da), operand(sb, db)
+        results.append((tilegemm.matmul(a, b, dtype=asked), a, b))
+    assert len(spy) == 1
+    for got, a, b in results:
+        assert got.dtype == np.dtype(asked)
+        assert_close(got, a, b)
+    plain = tilegemm.matmul(a, b)
+    assert len(spy) == 2 and plain.dtype == np.matmul(a, b).dtype  # a case of its own
+    remembered.forget()
+    np.testing.assert_array_equal(tilegemm.matmul(a, b, dtype=asked), results[-1][0])
+
+
+def test_a_dtype_argument_that_rounds_the_operands_is_decided_every_time(spy, rng):
+    """``dtype=np.float32`` with float64 operands rounds them on the way in, which the full
+    path does with NumPy's overflow warnings (at the caller's line): never remembered."""
+    a, b = _operands(rng, 8, 8, 8, np.float64)
+    for _ in range(3):
+        got = tilegemm.matmul(a, b, dtype=np.float32)
+    assert len(spy) == 3 and got.dtype == np.float32
+    a[0, 0] = 1e300
+    with pytest.warns(RuntimeWarning, match="overflow encountered in cast"):
+        tilegemm.matmul(a, b, dtype=np.float32)
+
+
 def test_bfloat16_gives_float32_written_into_out_and_scaled(spy, rng):
     """bfloat16 operands give float32 sums, which a remembered call writes into a float32
     ``out`` and applies gemm's alpha and beta to, as the full path does."""
@@ -831,7 +881,7 @@ def test_remembered_program_is_what_plan_reports(spy, rng):
     tilegemm.matmul(a, b)
     plan = tilegemm.plan(a, b)
     spec = registry.get(plan.kernel, plan.backend)
-    key = ("auto", "auto", (), a.dtype, (16, 16), (16, 16), 0, 0)
+    key = ("auto", "auto", (), a.dtype, (16, 16), (16, 16), 0, 0, None)
     assert fastpath._table[key].program is spec.program(plan.params, a.dtype)
 
 

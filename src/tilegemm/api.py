@@ -475,10 +475,11 @@ def gemm(
     :mod:`tilegemm.fastpath`).
     """
     out = _one_out(out)
-    if device is None and stream is None and precision is None and dtype is None:
-        # a product an earlier call with the same kernel=, backend= and parameters decided
+    if device is None and stream is None and precision is None:
+        # a product an earlier call with the same kernel=, backend=, parameters and dtype=
+        # decided
         result = fastpath.try_remembered_gemm(a, b, c, out, alpha, beta, trans_a, trans_b,
-                                              kernel, backend, params)
+                                              kernel, backend, params, dtype)
         if result is not None:
             return result
     return _full_gemm(a, b, c, alpha, beta, trans_a, trans_b, out, kernel, backend, device,
@@ -526,7 +527,9 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
         c_op = describe_c(c, prob)
         ops.append(c_op)  # a device c chooses where the call runs, whatever beta is
     # the tuning cache as it is before deciding, for a decision the fast path remembers
-    hosted = rememberable and all(op.kind == "host" for op in ops)
+    # (host operands: with dtype= too, part of the case)
+    hosted = (device is None and stream is None and precision is None
+              and all(op.kind == "host" for op in ops))
     tuning = tuning_cache_now() if key is not None or hosted else None
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params, stream=stream,
@@ -566,7 +569,7 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
                 fastpath.remember(*views, lambda: be.host_program(spec, resolved, prob, target),
                                   *tuning, kernel=kernel, backend=backend, params=params,
                                   alpha_limit=partial(be.host_alpha_limit, prob=prob),
-                                  computed=prob.dtype, result=prob.out_dtype)
+                                  computed=prob.dtype, result=prob.out_dtype, asked=dtype)
         if key is not None and tuning is not None:
             fastpath_device.remember_decision(key, chosen, *tuning)
             if plain and out is None:  # a program for a @ b itself, taking a and b alone
@@ -823,9 +826,10 @@ def matmul(
     ``UnavailableError`` (a ``RuntimeError``) for a backend or device this machine lacks.
     """
     out = _one_out(out)
-    if device is None and stream is None and precision is None and dtype is None:
-        # a case an earlier call with the same kernel=, backend= and parameters decided
-        result = fastpath.try_remembered(a, b, out, kernel, backend, params)
+    if device is None and stream is None and precision is None:
+        # a case an earlier call with the same kernel=, backend=, parameters and dtype=
+        # decided
+        result = fastpath.try_remembered(a, b, out, kernel, backend, params, dtype)
         if result is not None:
             return result
     return _full_gemm(a, b, None, 1.0, 0.0, False, False, out, kernel, backend, device, stream,

@@ -13,12 +13,15 @@ ones), computed in the dtype the full path computes in: an operand of another dt
 converted into a C-ordered copy of it on every call, and the result rounded to NumPy's
 result dtype where that is another (float16 from float32 sums, int8 from int32, bool
 from counts, copied into an ``out`` of that dtype), as the full path converts them — with
-default arguments or only ``kernel=``, ``backend=`` and rung parameters (integers, ``MR=6``) named,
+default arguments or only ``kernel=``, ``backend=``, rung parameters (integers, ``MR=6``)
+and ``dtype=`` named (``dtype=np.int32`` for int8 operands, ``np.float32`` for float16 ones;
+not one that rounds float operands, float64 ones to ``np.float32``, which the full path
+converts with NumPy's overflow warnings),
 on a backend that gives a direct path for host operands (``Backend.host_program``: the CPU,
 and OpenCL) — keyed by (the ``kernel`` and ``backend`` strings, the parameters given,
-dtype, shape of ``a``, shape of ``b``, storage order of each). The next call with the
-same key skips straight to the compiled program the full path ran, with the same output
-allocation (and NaN poisoning when ``TILEGEMM_POISON`` is set). On OpenCL that program
+dtype, shape of ``a``, shape of ``b``, storage order of each, ``dtype=`` as given). The next
+call with the same key skips straight to the compiled program the full path ran, with the
+same output allocation (and NaN poisoning when ``TILEGEMM_POISON`` is set). On OpenCL that program
 still copies the operands to the device and the result back on every call, with the
 device, kernel and checks of the first call. What qualifies:
 
@@ -96,6 +99,9 @@ _dense = np.ascontiguousarray
 # float64 operands (NumPy: float16 3.7, bfloat16 1.9, int32 with int64 1.5; Intel Xeon
 # family 6 model 207).
 _OPERANDS = frozenset(np.dtype(name) for name in COMPUTED_AS)
+# What a remembered call's ``dtype=`` may be: a scalar type (np.float32), a name or a dtype
+# (each a key of its own; anything else takes the full path, which judges it)
+_ASKED = (type, str, np.dtype)
 _as_strided = np.lib.stride_tricks.as_strided
 
 
@@ -170,10 +176,11 @@ def _rows_apart(x: np.ndarray) -> np.ndarray:
                        writeable=False)
 
 
-def _key(a: Any, b: Any, kernel: Any, backend: Any,
-         params: dict[str, Any] | None = None) -> tuple[Any, ...] | None:
-    """The table key of ``a @ b`` with these ``kernel=`` and ``backend=`` arguments and rung
-    parameters, or None when the case can never be remembered."""
+def _key(a: Any, b: Any, kernel: Any, backend: Any, params: dict[str, Any] | None = None,
+         asked: Any = None) -> tuple[Any, ...] | None:
+    """The table key of ``a @ b`` with these ``kernel=`` and ``backend=`` arguments, rung
+    parameters and ``dtype=`` argument (``asked``: None, or a dtype as given: a type, its
+    name or a NumPy dtype), or None when the case can never be remembered."""
     if type(a) is not _NDARRAY or type(b) is not _NDARRAY or not a.ndim or not b.ndim:
         return None
     if type(kernel) is not str or type(backend) is not str:
@@ -184,9 +191,9 @@ def _key(a: Any, b: Any, kernel: Any, backend: Any,
             return None
         dtype = (dtype, b.dtype)  # two dtypes (see _computed_as)
     named = given(params)
-    if named is None:
+    if named is None or (asked is not None and not isinstance(asked, _ASKED)):
         return None
-    return kernel, backend, named, dtype, a.shape, b.shape, _layout(a), _layout(b)
+    return kernel, backend, named, dtype, a.shape, b.shape, _layout(a), _layout(b), asked
 
 
 def _stored_shape(shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
@@ -203,11 +210,11 @@ def _stored_shape(shape: tuple[int, ...], layout: int) -> tuple[int, ...]:
 
 
 def try_remembered(a: Any, b: Any, out: Any, kernel: Any, backend: Any,
-                   params: dict[str, Any] | None = None) -> Any:
+                   params: dict[str, Any] | None = None, asked: Any = None) -> Any:
     """The product ``a @ b`` (written into ``out`` unless None) if an earlier call with the
-    same ``kernel=``, ``backend=`` and parameters decided this case, else None (and nothing
-    written)."""
-    key = _key(a, b, kernel, backend, params)
+    same ``kernel=``, ``backend=``, parameters and ``dtype=`` (``asked``) decided this
+    case, else None (and nothing written)."""
+    key = _key(a, b, kernel, backend, params, asked)
     if key is None:
         return None
     case = _table.get(key)
@@ -233,7 +240,7 @@ _REALS = (float, int, np.float64, np.float32)
 
 def try_remembered_gemm(a: Any, b: Any, c: Any, out: Any, alpha: Any, beta: Any,
                         trans_a: Any, trans_b: Any, kernel: Any, backend: Any,
-                        params: dict[str, Any] | None = None) -> Any:
+                        params: dict[str, Any] | None = None, asked: Any = None) -> Any:
     """``alpha * op(a) @ op(b) + beta * c`` (``tilegemm.gemm``; written into ``out`` unless
     None) if an earlier call decided the product ``op(a) @ op(b)`` with the same
     ``kernel=``, ``backend=`` and parameters, and the remembered program computes this
@@ -254,7 +261,7 @@ def try_remembered_gemm(a: Any, b: Any, c: Any, out: Any, alpha: Any, beta: Any,
     if views is None or type(alpha) not in _REALS or type(beta) not in _REALS:
         return None
     a, b = views
-    key = _key(a, b, kernel, backend, params)
+    key = _key(a, b, kernel, backend, params, asked)
     case = None if key is None else _table.get(key)
     if case is None:
         return None
@@ -357,7 +364,8 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
              tuning_mtime: int | None, *, kernel: Any, backend: Any,
              params: dict[str, Any] | None = None,
              alpha_limit: Callable[[Any], float] | None = None,
-             computed: np.dtype | None = None, result: np.dtype | None = None) -> None:
+             computed: np.dtype | None = None, result: np.dtype | None = None,
+             asked: Any = None) -> None:
     """Record the program ``make_program()`` gives (the backend's ``host_program``: what
     the full path just ran on host operands in the operands' own dtype) for calls like
     ``matmul(a, b, kernel=kernel, backend=backend, **params)``, and gemm's of the same
@@ -365,16 +373,17 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     qualifies and the backend has one; ``alpha_limit(program)``: the backend's
     ``host_alpha_limit`` for it (see :class:`_Case`'s ``scales``; None: 0.0);
     ``computed`` and ``result``: the dtype the full path computed in and the result's
-    (None: NumPy's result dtype of the operands, for both; see :func:`_computed_as`). It
+    (None: NumPy's result dtype of the operands, for both; see :func:`_computed_as`), for
+    the call's ``dtype=`` argument ``asked`` (part of the key). It
     is made only then: a call that can never be remembered pays nothing for it. ``tuning_cache``
     and ``tuning_mtime``: the tuning cache file and its modification time (None: no file)
     as they were before the decision. Decisions remembered under another state of the file
     are dropped: a shape decided before a tuning run must not keep its old program because
     another shape was decided after it."""
-    key = _key(a, b, kernel, backend, params)
+    key = _key(a, b, kernel, backend, params, asked)
     if key is None:
         return
-    _, _, _, dtype, sa, sb, la, lb = key
+    _, _, _, dtype, sa, sb, la, lb, _ = key
     converted = _computed_as(dtype, computed, result)
     if converted is None:
         return
@@ -427,7 +436,9 @@ def _computed_as(dtype: Any, computed: np.dtype | None, result: np.dtype | None
     (one dtype, or the pair of two), the dtype the full path computed in (``computed``)
     and NumPy's result dtype (``result``; None for either: NumPy's result dtype of the
     operands); None when such a case is not remembered (a dtype not in ``_OPERANDS``, a
-    byte order not the machine's among them, or a computed dtype no rung has)."""
+    byte order not the machine's among them, a computed dtype no rung has, or a float
+    operand rounded to a narrower computed dtype, ``dtype=np.float32`` with float64
+    operands: the full path converts those with NumPy's overflow warnings)."""
     da, db = dtype if type(dtype) is tuple else (dtype, dtype)
     if da not in _OPERANDS or db not in _OPERANDS:
         return None
@@ -435,7 +446,8 @@ def _computed_as(dtype: Any, computed: np.dtype | None, result: np.dtype | None
         computed = np.result_type(da, db)
     if result is None:
         result = computed
-    if computed.kind not in _KINDS or not computed.isnative:
+    if computed.kind not in _KINDS or not computed.isnative or any(
+            x.kind == "f" and x.itemsize > computed.itemsize for x in (da, db)):
         return None
     # an operand of the computed dtype keeps its own type object (int64 is one of two C
     # types, long and long long: NumPy's result is of the operands')
