@@ -581,13 +581,14 @@ def test_a_narrowed_result_is_copied_into_out(spy, rng, dtype, poison, monkeypat
     (("int8", "int8"), np.int32), (("float16", "float16"), np.float32),
     (("bfloat16", "bfloat16"), "float32"), (("bool", "bool"), np.dtype(np.int32)),
     (("float32", "float32"), np.float64), (("int8", "int8"), "int8"),
-    (("float16", "float16"), np.float16)], ids=str)
+    (("float16", "float16"), np.float16), (("int32", "int32"), "int8")], ids=str)
 @pytest.mark.parametrize("poison", [None, "1"])
 def test_a_dtype_argument_is_part_of_the_case(spy, rng, pair, asked, poison, monkeypatch):
     """``dtype=`` (int8 summed in int32, float16 or bfloat16 kept in float32: the usual
     way to keep the sums of narrow operands) is remembered with the case it names, and
-    computed as the full path computes it; the same operands without it are a case of
-    their own."""
+    computed as the full path computes it (int32 operands with ``dtype="int8"``: converted
+    nothing, the result wrapped); the same operands without it are a case of their
+    own."""
     if poison is None:
         monkeypatch.delenv("TILEGEMM_POISON", raising=False)
     else:
@@ -617,14 +618,65 @@ def test_a_dtype_argument_is_part_of_the_case(spy, rng, pair, asked, poison, mon
 
 def test_a_dtype_argument_that_rounds_the_operands_is_decided_every_time(spy, rng):
     """``dtype=np.float32`` with float64 operands rounds them on the way in, which the full
-    path does with NumPy's overflow warnings (at the caller's line): never remembered."""
+    path does with NumPy's overflow warnings (at the caller's line), and
+    ``dtype=np.float16`` with float32 ones rounds them through float16 before computing in
+    float32 (NumPy's digits): never remembered."""
+    a, b = _operands(rng, 8, 8, 8, np.float32)
+    for _ in range(3):
+        got = tilegemm.matmul(a, b, dtype=np.float16)
+    assert len(spy) == 3 and got.dtype == np.float16
+    np.testing.assert_array_equal(got, np.matmul(a, b, dtype=np.float16))
     a, b = _operands(rng, 8, 8, 8, np.float64)
     for _ in range(3):
         got = tilegemm.matmul(a, b, dtype=np.float32)
-    assert len(spy) == 3 and got.dtype == np.float32
+    assert len(spy) == 6 and got.dtype == np.float32
     a[0, 0] = 1e300
     with pytest.warns(RuntimeWarning, match="overflow encountered in cast"):
         tilegemm.matmul(a, b, dtype=np.float32)
+
+
+_ANY = ["float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32", "int64", "bool"]
+
+
+@pytest.mark.parametrize("asked", [None, np.float32, np.float16, np.int32, "int8"], ids=str)
+@pytest.mark.parametrize("poison", [None, "1"])
+def test_remembered_calls_give_the_full_paths_bits_for_any_dtypes(rng, asked, poison,
+                                                                  monkeypatch):
+    """Every pair of operand dtypes, with and without ``dtype=``: a repeated call, taken by
+    the fast path where the case qualifies (by the rung's own call without poisoning),
+    gives the full path's bits and dtype (and any error the full path gives). A random
+    search over such calls found a remembered ``dtype=np.float16`` product of float32
+    operands that skipped NumPy's rounding of the operands through float16, and one of
+    int32 operands with ``dtype="int8"`` whose own call left the result unconverted; this
+    keeps every pair."""
+    if poison is None:
+        monkeypatch.delenv("TILEGEMM_POISON", raising=False)
+    else:
+        monkeypatch.setenv("TILEGEMM_POISON", poison)
+    remembered_cases = 0
+    for da in _ANY:
+        for db in _ANY:
+            def operand(shape, dtype, transposed):
+                x = rng.integers(0, 2 if dtype == "bool" else 4, shape).astype(dtype)
+                if dtype[0] in "fb" and dtype != "bool":
+                    x = rng.standard_normal(shape).astype(dtype)
+                return np.ascontiguousarray(x.T).T if transposed else x
+
+            a = operand((9, 30), da, bool(rng.integers(2)))
+            b = operand((30, 7), db, bool(rng.integers(2)))
+            kw = {} if asked is None else {"dtype": asked}
+            remembered.forget()
+            try:
+                full = tilegemm.matmul(a, b, **kw)
+            except (TypeError, ValueError):
+                with pytest.raises((TypeError, ValueError)):
+                    tilegemm.matmul(a, b, **kw)
+                continue
+            again = tilegemm.matmul(a, b, **kw)
+            remembered_cases += len(fastpath._table)
+            assert again.dtype == full.dtype, (da, db, asked)
+            np.testing.assert_array_equal(again, full, err_msg=f"{da} @ {db}, dtype={asked}")
+    assert remembered_cases >= (40 if asked is None else 1)  # (so the fast path was taken)
 
 
 def test_bfloat16_gives_float32_written_into_out_and_scaled(spy, rng):

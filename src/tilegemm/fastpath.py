@@ -419,7 +419,7 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     call_for = getattr(program, "call_for", None)
     entry = (None if call_for is None or len(shape) != 2 or dense
              else _entry(call_for, sa, sb, la, lb, row, col, result))
-    if entry is not None and cast:
+    if entry is not None and (cast or narrow is not None):
         entry = _cast_entry(entry, cast, dtype, narrow)
     _table[key] = _Case(program, result, _stored_shape(sa, la), _stored_shape(sb, lb),
                         _stored_shape(shape, 0), ta, tb, la >= 2, lb >= 2, ta | tb << 1,
@@ -436,9 +436,11 @@ def _computed_as(dtype: Any, computed: np.dtype | None, result: np.dtype | None
     (one dtype, or the pair of two), the dtype the full path computed in (``computed``)
     and NumPy's result dtype (``result``; None for either: NumPy's result dtype of the
     operands); None when such a case is not remembered (a dtype not in ``_OPERANDS``, a
-    byte order not the machine's among them, a computed dtype no rung has, or a float
+    byte order not the machine's among them, a computed dtype no rung has, a float
     operand rounded to a narrower computed dtype, ``dtype=np.float32`` with float64
-    operands: the full path converts those with NumPy's overflow warnings)."""
+    operands, which the full path converts with NumPy's overflow warnings, or operands
+    the full path rounds through a narrower result dtype, float32 ones with
+    ``dtype=np.float16``)."""
     da, db = dtype if type(dtype) is tuple else (dtype, dtype)
     if da not in _OPERANDS or db not in _OPERANDS:
         return None
@@ -449,6 +451,9 @@ def _computed_as(dtype: Any, computed: np.dtype | None, result: np.dtype | None
     if computed.kind not in _KINDS or not computed.isnative or any(
             x.kind == "f" and x.itemsize > computed.itemsize for x in (da, db)):
         return None
+    if (computed.kind == "f" and result.itemsize < computed.itemsize
+            and (da != result or db != result)):
+        return None  # rounded through the result dtype first (problem.rounded_to_result)
     # an operand of the computed dtype keeps its own type object (int64 is one of two C
     # types, long and long long: NumPy's result is of the operands')
     computed = da if da == computed else db if db == computed else computed
@@ -530,17 +535,20 @@ def _swapped_entry(call: Callable[..., Any], row: bool, k: int,
 def _cast_entry(call: Callable[..., Any], cast: int, dtype: np.dtype,
                 narrow: np.dtype | None) -> Callable[..., Any]:
     """``call`` (the program's call for operands of ``dtype``) for operands of another
-    dtype (``cast`` as in :class:`_Case`), converted into C-ordered copies first, and the
-    result rounded to ``narrow`` where given (see :func:`_narrowed`)."""
+    dtype (``cast`` as in :class:`_Case`, possibly none), converted into C-ordered copies
+    first, and the result rounded to ``narrow`` where given (see :func:`_narrowed`)."""
     if cast == 3:
         def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
             return _narrowed(call(_dense(a, dtype), _dense(b, dtype), blocks), narrow)
     elif cast == 1:
         def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
             return _narrowed(call(_dense(a, dtype), b, blocks), narrow)
-    else:
+    elif cast == 2:
         def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
             return _narrowed(call(a, _dense(b, dtype), blocks), narrow)
+    else:  # the result alone (dtype=np.float16 for float32 operands)
+        def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
+            return _narrowed(call(a, b, blocks), narrow)
     return entry
 
 
