@@ -495,8 +495,10 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
     if isinstance(stream, np.integer) and not isinstance(stream, np.bool_):
         stream = int(stream)  # a handle held in a NumPy integer, as device= takes one
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
-    # a call whose decision can be remembered (see fastpath), and one of a @ b alone
-    rememberable = device is None and stream is None and precision is None and dtype is None
+    # a call whose decision can be remembered (see fastpath: host operands, dtype= in the
+    # case; fastpath_device: device arrays, without dtype=), and one of a @ b alone
+    routed = device is None and stream is None and precision is None
+    rememberable = routed and dtype is None
     plain = (rememberable and c is None and alpha == 1 and beta == 0 and not trans_a
              and not trans_b)
     if plain and out is None:
@@ -527,9 +529,7 @@ def _full_gemm(a: Any, b: Any, c: Any, alpha: Any, beta: Any, trans_a: Any, tran
         c_op = describe_c(c, prob)
         ops.append(c_op)  # a device c chooses where the call runs, whatever beta is
     # the tuning cache as it is before deciding, for a decision the fast path remembers
-    # (host operands: with dtype= too, part of the case)
-    hosted = (device is None and stream is None and precision is None
-              and all(op.kind == "host" for op in ops))
+    hosted = routed and all(op.kind == "host" for op in ops)
     tuning = tuning_cache_now() if key is not None or hosted else None
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params, stream=stream,

@@ -326,7 +326,8 @@ def _run(case: _Case, a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: A
     ``b``; the full path handles any other), nothing written then."""
     if out is None:
         dest = np.empty(case.shape, case.dtype)
-    elif (type(out) is _NDARRAY and out.dtype is (case.narrow or case.dtype)
+    elif (type(out) is _NDARRAY
+          and out.dtype is (case.dtype if case.narrow is None else case.narrow)
           and out.shape == case.shape and out.flags.c_contiguous and out.flags.writeable
           and not np.may_share_memory(out, a) and not np.may_share_memory(out, b)):
         dest = out if case.narrow is None else np.empty(case.shape, case.dtype)
