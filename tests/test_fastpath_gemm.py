@@ -132,10 +132,10 @@ def test_a_c_that_broadcasts_is_remembered(spy, rng, c_shape, dtype):
 @pytest.mark.parametrize("case", ["c other dtype", "c subclass", "alpha nan",
                                   "beta inf", "0-d alpha", "alpha float16", "flag np.bool_",
                                   "out overlaps a", "out strided", "large alpha over panels",
-                                  "integers scaled"])
+                                  "integers scaled by floats", "integer alpha too large"])
 def test_what_the_remembered_call_does_not_take_goes_the_full_path(spy, rng, case):
     m, k, n = 6, 70, 5
-    dtype = np.int64 if case == "integers scaled" else np.float32
+    dtype = np.int64 if case.startswith("integer") else np.float32
     a, b, c = _data(rng, m, k, n, dtype) if dtype != np.int64 else (
         rng.integers(-9, 9, (m, k)), rng.integers(-9, 9, (k, n)), rng.integers(-9, 9, (m, n)))
     tilegemm.gemm(a, b, c, alpha=0.5 if dtype != np.int64 else 2, beta=1.0)  # remembered
@@ -164,8 +164,14 @@ def test_what_the_remembered_call_does_not_take_goes_the_full_path(spy, rng, cas
         kwargs["out"] = np.full((m, 2 * n), np.nan, dtype)[:, ::2]
     elif case == "large alpha over panels":
         kwargs["alpha"] = 2.0 ** 100  # K = 70 spans panels of 64 steps for a few rows
+    elif case == "integers scaled by floats":  # whole: the full path takes them
+        kwargs = {"alpha": 3.0, "beta": -2.0}
     else:
-        kwargs = {"alpha": 3, "beta": -2}
+        kwargs = {"alpha": 2**63, "beta": 1}  # beyond int64: the full path refuses it
+        with pytest.raises(tilegemm.errors.InvalidValueError, match="does not fit"):
+            tilegemm.gemm(a, b, c, **kwargs)
+        assert len(spy) == 2
+        return
     calls = len(spy)
     expected = np.matmul(a.astype(np.float64), b)
     expected = kwargs["alpha"] * expected + kwargs["beta"] * np.asarray(c, np.float64)
@@ -174,13 +180,46 @@ def test_what_the_remembered_call_does_not_take_goes_the_full_path(spy, rng, cas
     assert len(spy) == calls + 1
     if "out" in kwargs:
         assert got is kwargs["out"]
-    if case == "integers scaled":
+    if case == "integers scaled by floats":
         np.testing.assert_array_equal(got, expected.astype(np.int64))
     elif case in ("alpha nan", "beta inf"):
         assert not np.isfinite(got).any()
     else:
         np.testing.assert_allclose(got, expected, rtol=1e-4,
                                    atol=1e-4 * float(np.max(np.abs(expected))))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("form", ["scaled", "out=c", "bias row", "alpha -1", "largest alpha"])
+def test_integer_gemm_with_int_scalars_is_remembered(spy, rng, dtype, form):
+    """Integer products hand alpha and beta to the rung as they are (checked to fit the
+    dtype, which the remembered call checks too): a repeated integer gemm with Python int
+    scalars is remembered with the full path's bits (wrapping where it overflows, as
+    NumPy's integers do), where before every such call took the full path."""
+    m, k, n = 7, 40, 5
+    a, b = rng.integers(-9, 9, (m, k)).astype(dtype), rng.integers(-9, 9, (k, n)).astype(dtype)
+    tilegemm.matmul(a, b)  # the case, decided
+    c = rng.integers(-9, 9, (n,) if form == "bias row" else (m, n)).astype(dtype)
+    alpha, beta = {"alpha -1": (-1, 0), "largest alpha": (int(np.iinfo(dtype).max), 1)}.get(
+        form, (3, -2))
+    want = _full(a, b, c.copy(), alpha=alpha, beta=beta)
+    remembered.forget()
+    tilegemm.matmul(a, b)
+    calls = len(spy)
+    for _ in range(2):
+        cc = c.copy()
+        if form == "out=c":
+            got = tilegemm.gemm(a, b, cc, alpha=alpha, beta=beta, out=cc)
+            assert got is cc
+        else:
+            got = tilegemm.gemm(a, b, cc, alpha=alpha, beta=beta)
+            np.testing.assert_array_equal(cc, c)  # c untouched
+        np.testing.assert_array_equal(got, want)
+    assert len(spy) == calls and got.dtype == dtype
+    expected = (alpha * (a.astype(object) @ b.astype(object)) + beta * c.astype(object))
+    bits = np.iinfo(dtype).bits
+    wrapped = ((expected + 2**(bits - 1)) % 2**bits - 2**(bits - 1)).astype(dtype)
+    np.testing.assert_array_equal(got, np.broadcast_to(wrapped, (m, n)))
 
 
 def test_a_large_alpha_within_one_panel_is_remembered(spy, rng):

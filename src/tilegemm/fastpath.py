@@ -138,7 +138,7 @@ class _Case(NamedTuple):
     # old values it then reads (gemm's ``c``), as the backend's run does for host operands;
     # 0.0 where it takes only alpha one and beta zero (see Backend.host_alpha_limit)
     scales: float
-    largest: float  # the dtype's largest finite number (0.0 for an integer dtype)
+    largest: float  # the dtype's largest finite number (an int for an integer dtype)
 
 
 _table: dict[tuple[Any, ...], _Case] = table({})
@@ -252,11 +252,11 @@ def try_remembered_gemm(a: Any, b: Any, c: Any, out: Any, alpha: Any, beta: Any,
     hands the rung. Taken here: ``c`` None, or an array of the result's dtype whose shape
     broadcasts to the result's (a row of biases, as in ``x @ w + b``);
     alpha and beta Python or NumPy float32/float64 numbers or ints, other than one and
-    zero only for a float product whose program applies them itself (``scales``), alpha
-    no larger in size than it applies directly and beta finite in the dtype; anything
-    else (a ``c`` to cast, ``beta != 0`` without ``c``) takes the full path,
-    which checks it. Through the full path an 8×8×8 float32 ``gemm`` took 105-140 µs a
-    call against 2.8 for ``matmul`` (Intel Xeon family 6 model 207)."""
+    zero only where the program applies them itself (``scales``), alpha no larger in size
+    than it applies directly and beta finite in the dtype (for an integer product: Python
+    ints that fit its dtype); anything else (a ``c`` to cast, ``beta != 0`` without ``c``)
+    takes the full path, which checks it. Through the full path an 8×8×8 float32 ``gemm``
+    took 105-140 µs a call against 2.8 for ``matmul`` (Intel Xeon family 6 model 207)."""
     views = gemm_views(a, b, trans_a, trans_b)
     if views is None or type(alpha) not in _REALS or type(beta) not in _REALS:
         return None
@@ -270,6 +270,8 @@ def try_remembered_gemm(a: Any, b: Any, c: Any, out: Any, alpha: Any, beta: Any,
         return None
     plain = alpha == 1 and beta == 0
     if not plain and ((c is None and beta != 0) or not case.scales
+                      or (case.dtype.kind != "f" and (type(alpha) is not int
+                                                      or type(beta) is not int))
                       or not _within(alpha, case.scales) or not _within(beta, case.largest)):
         return None
     if stale():
@@ -427,7 +429,8 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
                         dense, dtype, cast, narrow, one, one - one, poison_value(dtype),
                         entry, getattr(program, "bound", None),
                         0.0 if alpha_limit is None or narrow else alpha_limit(program),
-                        float(np.finfo(dtype).max) if dtype.kind == "f" else 0.0)
+                        float(np.finfo(dtype).max) if dtype.kind == "f"
+                        else int(np.iinfo(dtype).max))
 
 
 def _computed_as(dtype: Any, computed: np.dtype | None, result: np.dtype | None

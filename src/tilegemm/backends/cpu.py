@@ -404,8 +404,11 @@ class CpuBackend(Backend):
     def host_alpha_limit(self, program: Any, prob: GemmProblem) -> float:
         """For a float product, what :meth:`run` hands the rung itself (see there):
         alpha no larger than 1 in size over more than one K panel, else any finite alpha.
-        Integer products convert their scalars with checks of their own: 0.0."""
-        return _alpha_limit(program, prob) if prob.dtype.kind == "f" else 0.0
+        An integer product's alpha and beta go to the rung as they are, once checked to fit
+        its dtype: any of that size (an int, compared exactly)."""
+        if prob.dtype.kind == "f":
+            return _alpha_limit(program, prob)
+        return int(np.iinfo(prob.dtype).max)  # type: ignore[return-value]
 
     def prepare(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
