@@ -408,7 +408,7 @@ class CpuBackend(Backend):
         its dtype: any of that size (an int, compared exactly)."""
         if prob.dtype.kind == "f":
             return _alpha_limit(program, prob)
-        return int(np.iinfo(prob.dtype).max)  # type: ignore[return-value]
+        return int(np.iinfo(prob.dtype).max)  # (an int: float() would round int64's up)
 
     def prepare(
         self, spec: KernelSpec, params: Mapping[str, int], prob: GemmProblem,
