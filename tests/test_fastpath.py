@@ -487,6 +487,30 @@ def test_float32_with_float64_is_remembered_with_the_full_paths_bits(spy, rng, s
     np.testing.assert_array_equal(scaled, tilegemm.gemm(a, b, c, alpha=0.5, beta=-1.0))
 
 
+@pytest.mark.parametrize(("sa", "sb"), [((3, 8, 8), (1, 8, 8)), ((1, 8, 8), (3, 8, 8)),
+                                      ((1, 1, 9, 7), (4, 7, 5)), ((2, 3, 9, 7), (1, 1, 7, 5)),
+                                      ((5, 9, 7), (1, 1, 7, 5)), ((4, 9, 7), (1, 1, 1, 7, 5))])
+@pytest.mark.parametrize("layout", ["C", "a.mT", "b.mT"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+@pytest.mark.parametrize("poison", [None, "1"])
+def test_a_batch_of_one_is_remembered_with_the_full_paths_bits(spy, rng, sa, sb, layout,
+                                                               dtype, poison, monkeypatch):
+    """One operand a batch of a single product (every leading dimension 1), the other a
+    batch: the same matrix for every product, as a 2-D operand is, handed to the rung as
+    such; the result has NumPy's broadcast shape ((1, 1) with (4,) is (1, 4))."""
+    def operands():
+        a, b = rng.integers(-5, 6, sa).astype(dtype), rng.integers(-5, 6, sb).astype(dtype)
+        if dtype == np.float32:
+            a, b = rng.standard_normal(sa).astype(dtype), rng.standard_normal(sb).astype(dtype)
+        if layout == "a.mT":
+            a = np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
+        if layout == "b.mT":
+            b = np.ascontiguousarray(np.swapaxes(b, -1, -2)).swapaxes(-1, -2)
+        return a, b
+
+    _repeated_with_the_full_paths_bits(spy, operands, dtype, poison, monkeypatch)
+
+
 @pytest.mark.parametrize(("sa", "sb"), [((8, 8), (8, 8)), ((7, 13), (13, 5)),
                                       ((1, 300), (300, 40)), ((30,), (30, 7)),
                                       ((130, 70), (70, 129)), ((3, 20, 30), (3, 30, 10))])
@@ -806,7 +830,7 @@ def test_anything_else_takes_the_full_path(spy, rng, case):
     elif case == "float16":
         a, b = a.astype(np.float16), b.astype(np.float16)
     elif case == "broadcast batch":
-        a, b = a[None].repeat(3, axis=0), b[None]  # (3, 8, 8) @ (1, 8, 8)
+        a, b = a[None, None].repeat(2, axis=0), b[None, None].repeat(3, axis=1)  # (2, 1) (1, 3)
     elif case == "byte order":
         a, b = a.astype(">f4"), b.astype(">f4")
     elif case == "dtype":

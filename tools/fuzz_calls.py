@@ -110,8 +110,8 @@ def agrees(got: np.ndarray, want: Any, k: int) -> bool:
 def one_case(rng: np.random.Generator, backend: str, gemm_share: float) -> tuple[str, str]:
     """(description, failure or "") of one random case."""
     m, k, n = (int(rng.choice(SIDES)) for _ in range(3))
-    batch = [(), (), (2,), (3, 2)][rng.integers(4)]
-    batch_b = batch if rng.random() < 0.7 else [(), (1,), batch][rng.integers(3)]
+    batch = [(), (), (2,), (3, 2), (1,)][rng.integers(5)]
+    batch_b = batch if rng.random() < 0.7 else [(), (1,), (1, 1), batch][rng.integers(4)]
     da = DTYPES[rng.integers(len(DTYPES))]
     db = da if rng.random() < 0.6 else DTYPES[rng.integers(len(DTYPES))]
     is_gemm = rng.random() < gemm_share

@@ -32,8 +32,9 @@ device, kernel and checks of the first call. What qualifies:
   copies), else (OpenCL) copied C-ordered first, as the full path copies them;
 - N-D operands, C-ordered or, where the rung reads them in place, the transpose in their
   last two axes of a C-ordered batch (``np.swapaxes(k, -1, -2)``, ``k.mT``), with the same
-  leading (batch) dimensions, or one of them 2-D (the same matrix for every product of the
-  batch);
+  leading (batch) dimensions, or one of them 2-D or a batch of one (every leading
+  dimension 1: the same matrix for every product of the other's batch, as the full path
+  hands it to the rung);
 - one 1-D operand (a vector: ``A @ x``, ``x @ B``), taken as NumPy takes it, a
   row (1, K) on the left or a column (K, 1) on the right whose unit dimension the result
   drops. On the full path a 4096 × 4096 float32 ``A @ x`` took 0.2–0.3 ms longer than the
@@ -43,7 +44,8 @@ device, kernel and checks of the first call. What qualifies:
   takes the full path, which handles strides, casting and overlap.
 
 Anything else (another shape, dtype or layout, any other keyword, an ndarray subclass, a
-device array, a broadcast batch) takes the full path, which validates everything as before.
+device array, batches broadcast against each other, (2, 1) with (1, 3)) takes the full
+path, which validates everything as before.
 
 ``gemm`` calls on NumPy arrays share the table: ``gemm(a, b, c, alpha=, beta=, trans_a=,
 trans_b=, out=)`` is the case of ``op(a) @ op(b)``, the transposes taken as views
@@ -79,6 +81,7 @@ streaming the matrix).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -400,7 +403,8 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
         return  # vector · vector: NumPy returns a scalar, which the full path makes
     sa, sb = (1,) * row + sa, sb + (1,) * col
     if (la < 0 or lb < 0 or sa[-1] != sb[-2] or 0 in sa or 0 in sb
-            or (sa[:-2] != sb[:-2] and len(sa) > 2 and len(sb) > 2)
+            # batches of other lengths, unless one is a single product (every dimension 1)
+            or (sa[:-2] != sb[:-2] and math.prod(sa[:-2]) != 1 and math.prod(sb[:-2]) != 1)
             or (la == 2 and lb & 1)):  # the full path copies that A (host_operand_stored)
         return
     if current(tuning_cache, tuning_mtime) and (key in _table or key in _refused):
@@ -415,7 +419,7 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
     dense = bool(la or lb) and not getattr(program, "takes_transposed", False)
     if dense:
         la = lb = 0
-    shape = (sa[:-2] if len(sa) >= len(sb) else sb[:-2]) + (sa[-2], sb[-1])
+    shape = np.broadcast_shapes(sa[:-2], sb[:-2]) + (sa[-2], sb[-1])
     one = dtype.type(1)
     result = shape[:len(shape) - 2] + shape[len(shape) - 2 + row:len(shape) - col]
     ta, tb = bool(la & 1), bool(lb & 1)
