@@ -368,12 +368,7 @@ def test_any_size_and_transposed_storage_are_remembered(spy, rng, shape, layout)
             b = np.asfortranarray(b)
         return a, b
 
-    results = []
-    for _ in range(3):
-        a, b = operands()
-        results.append((tilegemm.matmul(a, b), a, b))
-    assert len(spy) == 1, "a repeated call took the full path"
-    for got, a, b in results:
+    for got, a, b in _three_calls(spy, operands):
         assert got.flags.c_contiguous and got.shape == (m, n)
         assert_close(got, a, b)
 
@@ -434,26 +429,39 @@ def test_batches_and_integers_are_remembered(spy, rng, shapes, dtype):
     assert len(spy) == 1
 
 
-def _repeated_with_the_full_paths_bits(spy, operands, dtype, poison, monkeypatch):
-    """Three calls on fresh ``operands()``, with TILEGEMM_POISON set to ``poison`` (None:
-    unset; small products then take the rung's own call, ``entry``, else the bound program,
-    ``_run``): one takes the full path, each result is right and of ``dtype``, and the last
-    one's bits are the full path's. Returns the last (result, a, b)."""
+def _set_poison(monkeypatch, poison):
+    """TILEGEMM_POISON set to ``poison``, or unset for None (small products then take the
+    rung's own call, ``entry``, else the bound program, ``_run``)."""
     if poison is None:
         monkeypatch.delenv("TILEGEMM_POISON", raising=False)
     else:
         monkeypatch.setenv("TILEGEMM_POISON", poison)
+
+
+def _three_calls(spy, operands, **kwargs):
+    """``matmul(a, b, **kwargs)`` on three fresh ``operands()``, of which only the first
+    takes the full path; [(result, a, b)] of each."""
     results = []
     for _ in range(3):
         a, b = operands()
-        results.append((tilegemm.matmul(a, b), a, b))
+        results.append((tilegemm.matmul(a, b, **kwargs), a, b))
     assert len(spy) == 1, "a repeated call took the full path"
+    return results
+
+
+def _repeated_with_the_full_paths_bits(spy, operands, result_dtype, poison, monkeypatch,
+                                       **kwargs):
+    """Three calls (:func:`_three_calls`, ``kwargs`` given to each) with TILEGEMM_POISON
+    set to ``poison`` (:func:`_set_poison`): each result is right and of ``result_dtype``,
+    and the last one's bits are the full path's. Returns the last (result, a, b)."""
+    _set_poison(monkeypatch, poison)
+    results = _three_calls(spy, operands, **kwargs)
     for got, a, b in results:
-        assert got.dtype == dtype and got.shape == np.matmul(a, b).shape
+        assert got.dtype == result_dtype and got.shape == np.matmul(a, b).shape
         assert_close(got, a, b)
     remembered.forget()
     got, a, b = results[-1]
-    np.testing.assert_array_equal(tilegemm.matmul(a, b), got)  # the full path
+    np.testing.assert_array_equal(tilegemm.matmul(a, b, **kwargs), got)  # the full path
     return results[-1]
 
 
@@ -573,10 +581,7 @@ def test_a_narrowed_result_is_copied_into_out(spy, rng, dtype, poison, monkeypat
     from counts) is computed into a new array and converted into ``out`` on a remembered
     call, as the full path copies it; an ``out`` of the computed dtype, or one sharing
     memory with an operand, takes the full path."""
-    if poison is None:
-        monkeypatch.delenv("TILEGEMM_POISON", raising=False)
-    else:
-        monkeypatch.setenv("TILEGEMM_POISON", poison)
+    _set_poison(monkeypatch, poison)
     a, b = rng.integers(-3, 4, (9, 8)), rng.integers(-3, 4, (8, 7))
     if dtype == "float16":
         a, b = rng.standard_normal((9, 8)), rng.standard_normal((8, 7))
@@ -613,10 +618,6 @@ def test_a_dtype_argument_is_part_of_the_case(spy, rng, pair, asked, poison, mon
     computed as the full path computes it (int32 operands with ``dtype="int8"``: converted
     nothing, the result wrapped); the same operands without it are a case of their
     own."""
-    if poison is None:
-        monkeypatch.delenv("TILEGEMM_POISON", raising=False)
-    else:
-        monkeypatch.setenv("TILEGEMM_POISON", poison)
     da, db = (np.dtype(name) for name in pair)
     sa, sb = (9, 30), (30, 7)
 
@@ -626,18 +627,11 @@ def test_a_dtype_argument_is_part_of_the_case(spy, rng, pair, asked, poison, mon
                                 shape).astype(dtype)
         return rng.standard_normal(shape).astype(dtype)
 
-    results = []
-    for _ in range(3):
-        a, b = operand(sa, da), operand(sb, db)
-        results.append((tilegemm.matmul(a, b, dtype=asked), a, b))
-    assert len(spy) == 1
-    for got, a, b in results:
-        assert got.dtype == np.dtype(asked)
-        assert_close(got, a, b)
+    _, a, b = _repeated_with_the_full_paths_bits(
+        spy, lambda: (operand(sa, da), operand(sb, db)), np.dtype(asked), poison,
+        monkeypatch, dtype=asked)  # (then decided again, by the full path)
     plain = tilegemm.matmul(a, b)
-    assert len(spy) == 2 and plain.dtype == np.matmul(a, b).dtype  # a case of its own
-    remembered.forget()
-    np.testing.assert_array_equal(tilegemm.matmul(a, b, dtype=asked), results[-1][0])
+    assert len(spy) == 3 and plain.dtype == np.matmul(a, b).dtype  # a case of its own
 
 
 def test_a_dtype_argument_that_rounds_the_operands_is_decided_every_time(spy, rng):
@@ -673,10 +667,7 @@ def test_remembered_calls_give_the_full_paths_bits_for_any_dtypes(rng, asked, po
     operands that skipped NumPy's rounding of the operands through float16, and one of
     int32 operands with ``dtype="int8"`` whose own call left the result unconverted; this
     keeps every pair."""
-    if poison is None:
-        monkeypatch.delenv("TILEGEMM_POISON", raising=False)
-    else:
-        monkeypatch.setenv("TILEGEMM_POISON", poison)
+    _set_poison(monkeypatch, poison)
     remembered_cases = 0
     for da in _ANY:
         for db in _ANY:

@@ -343,10 +343,8 @@ def _run(case: _Case, a: np.ndarray, b: np.ndarray, c: np.ndarray | None, out: A
             np.copyto(dest, c)
     elif poison() not in POISON_OFF:
         dest.fill(case.fill)
-    if case.cast & 1:
-        a = _dense(a, case.dtype)
-    if case.cast & 2:
-        b = _dense(b, case.dtype)
+    if case.cast:
+        a, b = _converted(a, b, case.cast, case.dtype)
     if case.dense:
         a3, b3 = _dense(a).reshape(case.a3), _dense(b).reshape(case.b3)
     else:
@@ -543,21 +541,20 @@ def _swapped_entry(call: Callable[..., Any], row: bool, k: int,
 def _cast_entry(call: Callable[..., Any], cast: int, dtype: np.dtype,
                 narrow: np.dtype | None) -> Callable[..., Any]:
     """``call`` (the program's call for operands of ``dtype``) for operands of another
-    dtype (``cast`` as in :class:`_Case`, possibly none), converted into C-ordered copies
-    first, and the result rounded to ``narrow`` where given (see :func:`_narrowed`)."""
-    if cast == 3:
-        def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
-            return _narrowed(call(_dense(a, dtype), _dense(b, dtype), blocks), narrow)
-    elif cast == 1:
-        def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
-            return _narrowed(call(_dense(a, dtype), b, blocks), narrow)
-    elif cast == 2:
-        def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
-            return _narrowed(call(a, _dense(b, dtype), blocks), narrow)
-    else:  # the result alone (dtype=np.float16 for float32 operands)
-        def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
-            return _narrowed(call(a, b, blocks), narrow)
+    dtype (``cast`` as in :class:`_Case`, possibly none: int32 operands with
+    ``dtype="int8"``), converted first (:func:`_converted`), and the result rounded to
+    ``narrow`` where given (see :func:`_narrowed`)."""
+    def entry(a: np.ndarray, b: np.ndarray, blocks: Any) -> Any:
+        return _narrowed(call(*_converted(a, b, cast, dtype), blocks), narrow)
+
     return entry
+
+
+def _converted(a: np.ndarray, b: np.ndarray, cast: int, dtype: np.dtype
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``a`` and ``b``, each converted into a C-ordered copy of ``dtype`` where ``cast``
+    says (bit 0: a, bit 1: b), as the full path converts them."""
+    return (_dense(a, dtype) if cast & 1 else a), (_dense(b, dtype) if cast & 2 else b)
 
 
 def _narrowed(result: np.ndarray, narrow: np.dtype | None) -> np.ndarray:
