@@ -338,24 +338,32 @@ FEW = [(1, 2, 4099, 300), (1, 3, 1100, 1000), (2, 5, 777, 400), (1, 7, 3001, 90)
 # of other rows (0-7), B within and beyond ``FEW_SPLIT_BYTES_8``, partial column tiles
 FEW_WIDE = [(1, 8, 1100, 300), (1, 9, 777, 350), (1, 10, 1000, 600), (2, 11, 300, 400),
             (1, 12, 1501, 200), (1, 13, 99, 3000), (1, 14, 2000, 150), (1, 15, 555, 1000)]
+# ... and of 16-39 rows (``TILED_ROWS``), B given plainly: several 8-row tiles, with and
+# without other rows, B within and beyond their share of the calling thread
+# (``few_split_bytes``), a batch
+FEW_TILED = [(1, 16, 1100, 300), (1, 17, 300, 400), (1, 21, 600, 600), (2, 27, 520, 520),
+             (1, 39, 997, 400)]
+# (B beyond this many KiB, a product of 16 rows or more is not the unpacked rows path's,
+# whatever UNPACKED_KB this machine's database entry sets)
+ROWS_PATH_KB = 256
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
-    """Products of 2-7 rows (8-15 with the wide 8-row tile) run unpacked at any size: the
-    same bits as the packed loop nest on the same operands (for 9-15 rows, with K panels
-    of at most REREAD_KC, as the few-row path sums them), through matmul (A
-    Fortran-ordered: copied for this path, or packed for 8-15 rows, with the full KC) and
-    gemm (alpha, beta), and the same for every product of a batch sharing A. (A small
+    """Products of 2-7 rows (8-39 with the wide 8-row tile) run unpacked at any size: the
+    same bits as the packed loop nest on the same operands (for 9 rows or more, with K
+    panels of at most REREAD_KC, as the few-row path sums them), through matmul (A
+    Fortran-ordered: copied for this path, or packed for 8 rows or more, with the full KC)
+    and gemm (alpha, beta), and the same for every product of a batch sharing A. (A small
     product of 9-15 rows with A Fortran-ordered runs on the calling thread as the plain
     product, with its bits.)"""
     from tilegemm.kernels.cpu import k02_blocked
 
-    params, mod = blocked_module({}, dtype)
+    params, mod = blocked_module({"UNPACKED_KB": ROWS_PATH_KB}, dtype)
     dt = np.dtype(dtype)
     cb = bound(mod, params)
     run = {"kernel": "blocked", "backend": "cpu", **params}
-    wide = FEW_WIDE if mod.FEW_MAX > 8 else []
+    wide = FEW_WIDE + FEW_TILED if mod.FEW_MAX > 8 else []
     assert (mod.FEW_MAX > 8) == (mod.DW8 > mod.SMALL_W)
     for seed, (batch, m, n, k) in enumerate(FEW + wide):
         a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
@@ -363,7 +371,7 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
         assert "few rows" in tilegemm.plan(a, b, kernel="blocked", **params).path
         got = tilegemm.matmul(a, b, **run)
         packed = np.empty_like(got)
-        # 9-15 rows: the packed path's sums with K panels of at most REREAD_KC
+        # 9 rows or more: the packed path's sums with K panels of at most REREAD_KC
         panels = bound(mod, params, KC=min(cb[1], mod.REREAD_KC)) if m > 8 else cb
         mod.products_serial(a, b, packed, dt.type(1), dt.type(0), 0, batch, 0, panels)
         np.testing.assert_array_equal(got, packed, err_msg=f"{dtype} {(batch, m, n, k)}")
@@ -373,7 +381,7 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
             for z in range(batch):
                 np.testing.assert_array_equal(shared[z], tilegemm.matmul(a[0], b[z], **run))
         at = np.asfortranarray(a[0])
-        # A given transposed: 8-15 rows are packed in place, with the full KC, unless the
+        # A given transposed: 8 rows or more are packed in place, with the full KC, unless the
         # product is small enough for the calling thread, which computes it as the plain
         # product (direct_transposed)
         repacked = m > 8 and m * n * k > mod.DIRECT_PRODUCT
@@ -386,13 +394,44 @@ def test_few_row_products_split_columns_and_give_the_packed_paths_bits(dtype):
 
 
 @pytest.mark.parametrize("dtype", ("float32", "float64"))
+def test_products_of_16_rows_or_more_take_the_few_row_path_while_b_is_within_tiled_bytes(
+        dtype):
+    """With the wide 8-row tile, a product of 16-39 rows reads B in place (few rows) while
+    B is at most ``TILED_BYTES``, and is packed beyond it, or from 40 rows on (``TILED_ROWS``);
+    8-15 rows take the few-row path whatever B's size. The compiled decision
+    (``takes_few``) and plan's agree. Without the wide tile, 8 rows or more are never few
+    rows. Nothing is computed: the products are up to 0.3 GB."""
+    from tilegemm.kernels.cpu import k02_blocked
+    from tilegemm.kernels.cpu._small_tile import TILED_BYTES, TILED_ROWS
+    from tilegemm.kernels.cpu._threads import planned_threads
+
+    params, mod = blocked_module({"UNPACKED_KB": ROWS_PATH_KB}, dtype)
+    item = np.dtype(dtype).itemsize
+    threads = planned_threads()
+    wide = mod.DW8 > mod.SMALL_W
+    n = 2048
+    within = TILED_BYTES // (n * item)  # K of a B of exactly TILED_BYTES
+    for m, k, few in [(16, within, wide), (16, within + 1, False), (39, within, wide),
+                      (39, within + 1, False), (TILED_ROWS, 1000, False), (24, 1000, wide),
+                      (15, within + 1, wide), (8, 4 * within, wide)]:
+        compiled = bool(mod.takes_few(1, m, n, k, threads, mod.DIRECT_PRODUCT, 0))
+        assert compiled == few, (dtype, m, k)
+        path = k02_blocked.path(1, m, n, k, threads, params, itemsize=item)
+        assert ("few rows" in path) == few, (dtype, m, k, path)
+        if few and m >= 16:
+            assert "8-row tiles, then" in path, path
+
+
+@pytest.mark.parametrize("dtype", ("float32", "float64"))
 def test_few_rows_writes_its_columns_and_nothing_else(dtype):
     """``few_rows`` on a range of columns (what one thread gets) writes those columns of
     that product, all rows, and nothing else: not the neighbouring columns (a masked
-    vector past the range), not the other product, not past C (the sentinels)."""
+    vector past the range), not the other product, not past C (the sentinels). With the
+    wide 8-row tile, also products of 8 rows and more: one or several 8-row tiles, with
+    and without a tile of other rows."""
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
-    for m in range(2, 8):
+    for m in [*range(2, 8), *([8, 9, 16, 23] if mod.DW8 > mod.SMALL_W else [])]:
         width = int(mod.few_width(m, 0))
         a, b = random_operands((2, m, 70), (2, 70, 3 * width + 5), dtype, seed=m)
         n = b.shape[2]

@@ -309,6 +309,7 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
     import sys
 
     from tilegemm import registry
+    from tilegemm.kernels.cpu._small_tile import few_split_bytes
     from tilegemm.kernels.cpu._threads import planned_threads
 
     a = np.ones((4, 4), np.float32)
@@ -325,7 +326,8 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
               (1, 3, 33, 5000), (1, 1, 1000, 1000), (1, 1000, 1, 1000), (1, 1, 50, 50),
               (1, 160, 160, 160), (1, 24, 300, 300), (1, 16, 4096, 256), (1, 384, 384, 384),
               (1, 385, 384, 384), (1, 4096, 64, 64), (1, 10, 2000, 2000), (1, 12, 1024, 1024),
-              (1, 15, 999, 1000), (1, 9, 300, 400)]
+              (1, 15, 999, 1000), (1, 9, 300, 400), (1, 20, 1000, 1000), (1, 17, 300, 400),
+              (1, 24, 2048, 2048), (1, 32, 3000, 3000), (1, 39, 3000, 200), (1, 40, 3000, 200)]
     for batch, m, n, k in shapes:
         path = k02_blocked.path(batch, m, n, k, threads, params, itemsize=4)
         # products of one row or one column leave the calling thread sooner (their matrix
@@ -349,8 +351,7 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         few = not vector and not narrow and bool(mod.takes_few(batch, m, n, k, threads,
                                                                direct, 0))
         assert ("few rows" in path) == few, (batch, m, n, k, path)
-        alone = few and k * n * 4 <= (params["FEW_KB"] * 1024 if m < 8
-                                      else mod.FEW_SPLIT_BYTES_8)
+        alone = few and k * n * 4 <= few_split_bytes(m, params["FEW_KB"])
         assert ("on the calling thread" in path) == alone, (batch, m, n, k, path)
         assert ("packed panels" in path) == (not vector and not split and not narrow
                                              and not few)

@@ -36,8 +36,10 @@ from tilegemm.kernels.cpu._small_tile import (
     FEW_ROWS,
     FEW_SPLIT_BYTES_8,
     REREAD_KC,
+    TILED_BYTES,
     eight_row_vectors,
     few_rows_limit,
+    few_tiled_limit,
     few_vectors,
     narrow_columns,
     small_tile,
@@ -141,8 +143,10 @@ rtile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS),
                     whole=eight_row_vectors(VECTOR_BITS) - 1)
 # Products of 8-15 rows on those CPUs (``FEW_MAX`` = 16; 8 elsewhere): the wide tile on
 # their first 8 rows, then a tile of the other 1-7 rows exactly as wide, on the same
-# columns (``few_rows``)
+# columns (``few_rows``); and of 16 to ``FEW_TILED`` - 1 rows with B within TILED_BYTES:
+# the wide tile on each 8 rows in turn, then the other rows' tile
 FEW_MAX = few_rows_limit(VECTOR_BITS)
+FEW_TILED = few_tiled_limit(VECTOR_BITS)
 ptile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS), prefetch=True)
 rtile1, rtile2, rtile3, rtile4, rtile5, rtile6, rtile7 = (
     small_tile(rows, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS)) for rows in range(1, 8))
@@ -386,9 +390,9 @@ def fold(y, acc, j0, j1, alpha, beta, first):
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, blocks, i8, i8, i8, i8), **FLAGS)
 def few_rows(A, B, C, alpha, beta, cb, z, j0, j1, tr):
     """Columns j0..j1 of product z, a product of 2 to 7 rows (``FEW_ROWS``; with the wide
-    8-row tile 8-15 too, see below), unpacked: per K panel, one tile of all its rows walks
-    the columns, a few vectors at a time (``FW2``..``FW7``: the width that keeps the
-    tile's sums in registers), reading B where it lies.
+    8-row tile 8 to ``FEW_TILED`` - 1 too, see below), unpacked: per K panel, one tile of
+    all its rows walks the columns, a few vectors at a time (``FW2``..``FW7``: the width
+    that keeps the tile's sums in registers), reading B where it lies.
     Packing B for so few rows copied all of it for a few multiply-adds per element. The
     same sums as the packed path and ``direct`` with KC = ``min(KC, FEW_KC)`` (K in
     panels of that many steps, in K order; ``ALIASED_KC`` where B's rows lie a multiple of
@@ -401,12 +405,12 @@ def few_rows(A, B, C, alpha, beta, cb, z, j0, j1, tr):
     tiles of 4 rows, then 2 and 1, in turn (see ``_dot_tile``; not the packed path's
     order of summation), the group's rows of that storage reused from L1 by every tile.
 
-    8-15 rows (CPUs with the wide 8-row tile, ``FEW_MAX``; B plain): per K panel, ``DW8``
-    columns at a time, the wide tile on the first 8 rows, then a tile of the other rows
-    exactly as wide (``rtile1``..``rtile7``) on the same columns, whose piece of B is then
-    in cache: in L1, as 9-15 rows sum K in panels of at most ``REREAD_KC`` steps. The
-    packed path's sums with KC that small, bit for bit (those of the same rows computed
-    packed with a longer KC differ in the last bits).
+    8 to ``FEW_TILED`` - 1 rows (CPUs with the wide 8-row tile; B plain): per K panel,
+    ``DW8`` columns at a time, the wide tile on each 8 rows in turn, then a tile of the
+    other rows exactly as wide (``rtile1``..``rtile7``) on the same columns, whose piece of
+    B is then in cache: in L1, as 9 rows or more sum K in panels of at most ``REREAD_KC``
+    steps. The packed path's sums with KC that small, bit for bit (those of the same rows
+    computed packed with a longer KC differ in the last bits).
     """
     m, n = C.shape[1], C.shape[2]
     k = A.shape[2] if tr & 2 else B.shape[1]
@@ -446,25 +450,29 @@ def few_rows(A, B, C, alpha, beta, cb, z, j0, j1, tr):
         bb = beta if pc == 0 else one
         a0, b0, c0 = z * sa + pc, z * sb + pc * ldb, z * m * n
         if m >= 8:
-            # 8-15 rows (CPUs with the wide tile): the first 8 rows, then the others on the
-            # same columns, their piece of B read again from cache
-            a8, c8 = a0 + 8 * lda, c0 + 8 * n
+            # 8 or more rows (CPUs with the wide tile): the wide tile on each 8 rows, then
+            # the other rows on the same columns, their piece of B read again from cache
+            r8 = m - m % 8
+            a8, c8 = a0 + r8 * lda, c0 + r8 * n
             for j in range(j0, j1, DW8):
                 w = min(DW8, j1 - j)
-                ptile8(kc, A, a0, lda, B, b0 + j, ldb, C, c0 + j, n, w, alpha, bb, mode)
-                if m == 9:
+                for r in range(0, r8, 8):
+                    ptile8(kc, A, a0 + r * lda, lda, B, b0 + j, ldb, C, c0 + r * n + j, n, w,
+                           alpha, bb, mode)
+                rest = m - r8
+                if rest == 1:
                     rtile1(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
-                elif m == 10:
+                elif rest == 2:
                     rtile2(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
-                elif m == 11:
+                elif rest == 3:
                     rtile3(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
-                elif m == 12:
+                elif rest == 4:
                     rtile4(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
-                elif m == 13:
+                elif rest == 5:
                     rtile5(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
-                elif m == 14:
+                elif rest == 6:
                     rtile6(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
-                elif m == 15:
+                elif rest == 7:
                     rtile7(kc, A, a8, lda, B, b0 + j, ldb, C, c8 + j, n, w, alpha, bb, mode)
         elif m == 2:
             for j in range(j0, j1, FW2):
@@ -494,7 +502,7 @@ def few_rows(A, B, C, alpha, beta, cb, z, j0, j1, tr):
 
 @when_called(numba.int64(i8, i8), **FLAGS)
 def few_width(m, tr):
-    """Columns ``few_rows`` takes at a time for a product of ``m`` rows (2..7, or up to 15
+    """Columns ``few_rows`` takes at a time for a product of ``m`` rows (2..7, or 8 and more
     with the wide 8-row tile): its tile's width, or ``DOT_GROUP`` with B given transposed
     (``tr`` bit 1)."""
     if tr & 2:
@@ -1001,14 +1009,15 @@ def takes_rows(batch, m, n, k, nthreads, direct_max, tr, cb):
 @when_called(numba.boolean(i8, i8, i8, i8, i8, i8, i8), **FLAGS)
 def takes_few(batch, m, n, k, nthreads, direct_max, tr):
     """Whether the threads compute each product unpacked, its columns split between them
-    (``few_rows``): products of 2 to 7 rows (to 15 with the wide 8-row tile, ``FEW_MAX``)
-    wider than ``NARROW_N``, above the small-product path and not a batch the threads
-    split; with B given as its transpose (``tr`` bit 1), 2 to 15 rows (``DOT_MAX``) on
-    every ISA, as dot products along K (A, 2 to 7 rows, is copied if given so; 8-15 rows
-    with A given transposed are packed, in place)."""
-    rows = FEW_ROWS if tr & 1 else DOT_MAX if tr == 2 else FEW_MAX
+    (``few_rows``): products of 2 to 7 rows (to 15 with the wide 8-row tile, ``FEW_MAX``,
+    and to ``FEW_TILED`` - 1 while B is at most ``TILED_BYTES``) wider than ``NARROW_N``,
+    above the small-product path and not a batch the threads split; with B given as its
+    transpose (``tr`` bit 1), 2 to 15 rows (``DOT_MAX``) on every ISA, as dot products
+    along K (A, 2 to 7 rows, is copied if given so; 8 rows or more with A given transposed
+    are packed, in place)."""
+    rows = FEW_ROWS if tr & 1 else DOT_MAX if tr == 2 else FEW_TILED
     if (k == 0 or batch * m * n * k <= direct_max or m < 2 or m >= rows
-            or n <= NARROW_N):
+            or n <= NARROW_N or (m >= FEW_MAX and k * n * ITEMSIZE > TILED_BYTES)):
         return False
     return not splits_batch(batch, m, n, k, nthreads)
 
@@ -1122,9 +1131,9 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
     if takes_few(batch, m, n, k, nthreads, direct_max, tr):
         # each product's columns in ranges of whole tiles, one per thread, unpacked (A
         # plain: ``blocked`` copies a transposed A for this path); with B within FEW_KB
-        # (``cb[4]``; FEW_SPLIT_BYTES_8 for 8-15 rows), on this thread alone
+        # (``cb[4]``; for 8 rows or more, ``few_split_bytes``), on this thread alone
         tasks = min((n + few_width(m, tr) - 1) // few_width(m, tr), nthreads)
-        split = cb[4] if m < FEW_ROWS else FEW_SPLIT_BYTES_8
+        split = cb[4] if m < FEW_ROWS else FEW_SPLIT_BYTES_8 // (m // FEW_ROWS)
         for z in range(batch):
             if k * n * ITEMSIZE <= split:
                 call_few_rows(A, B, C, alpha, beta, cb, z, 0, n, tr)

@@ -4,7 +4,8 @@ The blocked rung computes small products (``direct``), narrow ones, a few vector
 columns wide at any size (``takes_rows``), mid-size ones up to ``UNPACKED_PRODUCT`` where
 the CPU has the wide 8-row tile (``eight_row_vectors``: AVX-512, NEON; also
 ``takes_rows``), and products of fewer than eight rows (sixteen with the wide tile,
-``few_rows_limit``) at any size (``takes_few``) with these tiles instead of packing.
+``few_rows_limit``, and up to ``TILED_ROWS`` while B is at most ``TILED_BYTES``) at any
+size (``takes_few``) with these tiles instead of packing.
 
 Products too small to repay packing (a few thousand multiply-adds each, or fewer than
 eight rows or columns: 4×4 transforms, batches of 16×16 blocks) used to run as plain
@@ -107,10 +108,38 @@ def few_rows_limit(vector_bits: int | None) -> int:
     return 2 * FEW_ROWS if eight_row_vectors(vector_bits) > 1 else FEW_ROWS
 
 
+# Products of 16 to TILED_ROWS - 1 rows take the few-row path too, where the CPU has the
+# wide 8-row tile, while their B is at most TILED_BYTES: per K panel of REREAD_KC steps and
+# piece of columns, the wide tile on each 8 rows in turn, then a tile of the rest, so B is
+# read where it lies once, and again from L1 by every tile after the first. Packed, each
+# thread copied its part of B for 16-39 multiply-adds per element. Intel Xeon family 6
+# model 207 (2 vCPUs, L2 2 MiB per core), µs per product, packed → tiled, in alternating
+# blocks in one process: float64 16×1024² 702 → 549 (NumPy 663), 16×512² 224 → 166
+# (165), 32×512² 288 → 253 (236), 32×1024² 986 → 870 (923), 20×999×1000 732 → 637 (797),
+# 16×2048² 2497 → 1940 (2475); float32 16×1024² 357 → 322 (414), 24×1024² 419 → 380
+# (501), 20×999×1000 500 → 355 (414), 16×2048² 1235 → 845 (1598); about even at 36-40
+# rows (float64 36×1024² 1022 → 1053, 40×1024² 1141 → 1164) and for 24-32 rows of a B
+# of 32 MiB (float64 32×2048² 3761 → 3786). With a B of 64-128 MiB, 24 and 32 rows ran
+# 0.7-1.16× as fast as packed, in runs that disagreed: each short K panel adds all the
+# rows of C again to the traffic, and the pieces of B, rows N elements apart, are read
+# where no prefetcher follows them.
+TILED_ROWS = 40
+TILED_BYTES = 32 << 20
+
+
+def few_tiled_limit(vector_bits: int | None) -> int:
+    """Products of fewer rows than this take the few-row path (``takes_few``) with B given
+    plainly, beyond ``few_rows_limit`` while B is at most ``TILED_BYTES``: ``TILED_ROWS``
+    where the wide 8-row tile exists (AVX-512, NEON), else ``FEW_ROWS``."""
+    return TILED_ROWS if eight_row_vectors(vector_bits) > 1 else FEW_ROWS
+
+
 def few_split_bytes(rows: int, few_kb: int) -> int:
     """The largest B (bytes) a few-row product of ``rows`` rows reads on one thread, where
-    the rung's parameter FEW_KB is ``few_kb`` (it applies to 2-7 rows)."""
-    return few_kb * 1024 if rows < FEW_ROWS else FEW_SPLIT_BYTES_8
+    the rung's parameter FEW_KB is ``few_kb`` (it applies to 2-7 rows): ``FEW_SPLIT_BYTES_8``
+    for 8-15 rows, and for more rows that much per 8 of them, since each 8 rows do as many
+    multiply-adds per byte of B again."""
+    return few_kb * 1024 if rows < FEW_ROWS else FEW_SPLIT_BYTES_8 // (rows // FEW_ROWS)
 
 
 def few_vectors(rows: int, vector_bits: int | None) -> int:

@@ -414,8 +414,10 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     from tilegemm.kernels.cpu._dot_tile import DOT_MAX
     from tilegemm.kernels.cpu._small_tile import (
         FEW_ROWS,
+        TILED_BYTES,
         few_rows_limit,
         few_split_bytes,
+        few_tiled_limit,
         narrow_columns,
         wide_columns,
     )
@@ -449,15 +451,17 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
         return (f"unpacked: rows split over {threads} thread(s), 8 rows × several vectors "
                 "at a time, A and B read in place, no packing")
     rows = (FEW_ROWS if a_transposed else DOT_MAX if b_transposed
-            else few_rows_limit(vector_bits()))
-    if itemsize is not None and 2 <= m < rows:
+            else few_tiled_limit(vector_bits()))
+    if (itemsize is not None and 2 <= m < rows
+            and (m < few_rows_limit(vector_bits()) or k * n * itemsize <= TILED_BYTES)):
         few_kb = FEW_KB if params is None else params.get("FEW_KB", FEW_KB)
         where = ("on the calling thread" if k * n * itemsize <= few_split_bytes(m, few_kb)
                  else f"columns split over {threads} thread(s)")
         how = ("dot products of A's rows and B's columns (B given transposed) along K"
                if b_transposed else "one tile of all the rows per few vectors of columns"
                if m < FEW_ROWS else "an 8-row tile, then one of the other rows, per few "
-               "vectors of columns")
+               "vectors of columns" if m < 2 * FEW_ROWS else "8-row tiles, then one of the "
+               "other rows, per few vectors of columns")
         return f"few rows: {where}, {how}, A and B read in place, no packing"
     why = (None if params is None
            else one_row_block_why(m, n, k, threads, params, itemsize, budget))
