@@ -137,8 +137,9 @@ def few_tiled_limit(vector_bits: int | None) -> int:
 def few_split_bytes(rows: int, few_kb: int) -> int:
     """The largest B (bytes) a few-row product of ``rows`` rows reads on one thread, where
     the rung's parameter FEW_KB is ``few_kb`` (it applies to 2-7 rows): ``FEW_SPLIT_BYTES_8``
-    for 8-15 rows, and for more rows that much per 8 of them, since each 8 rows do as many
-    multiply-adds per byte of B again."""
+    for 8-15 rows, and for more rows that divided by their whole 8-row tiles, since each 8
+    rows do as many multiply-adds per byte of B again (float32 20×512×400, B 800 KiB, on
+    an Intel Xeon family 6 model 207: 83 µs on one thread, 66 on two)."""
     return few_kb * 1024 if rows < FEW_ROWS else FEW_SPLIT_BYTES_8 // (rows // FEW_ROWS)
 
 
