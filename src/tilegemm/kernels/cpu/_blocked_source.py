@@ -1131,7 +1131,8 @@ def blocked_threads(A, B, C, alpha, beta, nthreads, direct_max, W, tr, chunk_byt
     if takes_few(batch, m, n, k, nthreads, direct_max, tr):
         # each product's columns in ranges of whole tiles, one per thread, unpacked (A
         # plain: ``blocked`` copies a transposed A for this path); with B within FEW_KB
-        # (``cb[4]``; for 8 rows or more, ``few_split_bytes``), on this thread alone
+        # (``cb[4]``; for 8 rows or more, ``_small_tile.few_split_bytes``), on this thread
+        # alone
         tasks = min((n + few_width(m, tr) - 1) // few_width(m, tr), nthreads)
         split = cb[4] if m < FEW_ROWS else FEW_SPLIT_BYTES_8 // (m // FEW_ROWS)
         for z in range(batch):
