@@ -398,9 +398,10 @@ def test_products_of_16_rows_or_more_take_the_few_row_path_while_b_is_within_til
         dtype):
     """With the wide 8-row tile, a product of 16-39 rows reads B in place (few rows) while
     B is at most ``TILED_BYTES``, and is packed beyond it, or from 40 rows on (``TILED_ROWS``);
-    8-15 rows take the few-row path whatever B's size. The compiled decision
-    (``takes_few``) and plan's agree. Without the wide tile, 8 rows or more are never few
-    rows. Nothing is computed: the products are up to 0.3 GB."""
+    8-15 rows take the few-row path whatever B's size. With B given transposed, 16-39 rows
+    take dot products while A is at most ``DOT_TILED_A_BYTES``. The compiled decision
+    (``takes_few``) and plan's agree. Without the wide tile, 8 (B transposed: 16) rows or
+    more are never few rows. Nothing is computed: the products are up to 0.3 GB."""
     from tilegemm.kernels.cpu import k02_blocked
     from tilegemm.kernels.cpu._small_tile import TILED_BYTES, TILED_ROWS
     from tilegemm.kernels.cpu._threads import planned_threads
@@ -420,6 +421,18 @@ def test_products_of_16_rows_or_more_take_the_few_row_path_while_b_is_within_til
         assert ("few rows" in path) == few, (dtype, m, k, path)
         if few and m >= 16:
             assert "8-row tiles, then" in path, path
+    # B given transposed (x @ w.T): dot products from 16 rows on while A is within
+    # DOT_TILED_A_BYTES, to DOT_TILED - 1 rows
+    from tilegemm.kernels.cpu._dot_tile import DOT_TILED_A_BYTES, DOT_TILED_ROWS
+
+    for m in (16, 27, DOT_TILED_ROWS - 1, DOT_TILED_ROWS):
+        within = DOT_TILED_A_BYTES // (m * item)  # K of an A of at most DOT_TILED_A_BYTES
+        for k, dots in ((within, wide and m < DOT_TILED_ROWS), (within + 1, False)):
+            compiled = bool(mod.takes_few(1, m, n, k, threads, mod.DIRECT_PRODUCT, 2))
+            assert compiled == dots == bool(mod.tiled_dots(m, k)), (dtype, m, k)
+            path = k02_blocked.path(1, m, n, k, threads, params, itemsize=item,
+                                    b_transposed=True)
+            assert ("dot products" in path) == dots, (dtype, m, k, path)
 
 
 @pytest.mark.parametrize("dtype", ("float32", "float64"))
@@ -531,7 +544,7 @@ def _copies(mod, monkeypatch) -> list[tuple[int, ...]]:
 
 # (A's shape, B's shape, layout): products with a matrix given transposed ("at", "bt") or
 # both operands Fortran-ordered ("f"), small (the calling thread) and narrow
-IN_PLACE = [((16, 1024), (1024, 256), "bt"), ((8, 512), (512, 256), "at"),
+IN_PLACE = [((48, 1024), (1024, 256), "bt"), ((8, 512), (512, 256), "at"),
             ((100, 100), (100, 100), "f"), ((3, 20, 30), (3, 30, 40), "f"),
             ((2048, 700), (700, 16), "at"), ((900, 800), (800, 9), "f")]
 
@@ -620,18 +633,23 @@ def test_narrow_products_with_a_transposed_run_as_their_transpose(dtype, monkeyp
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_few_row_products_with_b_transposed_take_dot_products(dtype, monkeypatch):
-    """``x @ W.T`` with 2-15 rows of x (a linear layer's weights, W stored (N, K)): dot
-    products of x's rows and W's rows along K, W read in place (no copy), at any size
-    (small, one thread, columns split), in batches, with A transposed too (copied, a few
-    rows: the same bits; 8-15 rows: packed); integers exactly NumPy's, floats within
+    """``x @ W.T`` with 2-15 rows of x (a linear layer's weights, W stored (N, K); 16-39
+    with the wide 8-row tile): dot products of x's rows and W's rows along K, W read in
+    place (no copy), at any size (small, one thread, columns split), in batches, with A
+    transposed too (copied, a few rows: the same bits; 8 rows or more: packed); integers
+    exactly NumPy's, floats within
     rounding; the calling-thread path of a forked worker gives the same bits as the
     threads; gemm's alpha and beta."""
     params, mod = blocked_module({}, dtype)
     dt = np.dtype(dtype)
     run = {"kernel": "blocked", "backend": "cpu", **params}
-    # 8-15 rows (DOT_MAX, every ISA): at every size, a small product included
+    # 8-15 rows (DOT_MAX, every ISA): at every size, a small product included; with the
+    # wide 8-row tile 16-39 rows too, A within DOT_TILED_A_BYTES (tiled_dots)
     wide = [*FEW_WIDE, (1, 12, 100, 64)]
     assert mod.DOT_MAX == 16
+    if mod.DOT_TILED > mod.DOT_MAX:
+        wide += FEW_TILED
+        assert all(mod.tiled_dots(m, k) for _, m, _, k in FEW_TILED)
     for seed, (batch, m, n, k) in enumerate([*FEW, (1, 3, 100, 64), (1, 7, 37, 300), *wide]):
         a, b = random_operands((batch, m, k), (batch, k, n), dtype, seed=seed)
         w = np.ascontiguousarray(b.swapaxes(1, 2))  # (batch, N, K), as a layer stores it
@@ -648,7 +666,7 @@ def test_few_row_products_with_b_transposed_take_dot_products(dtype, monkeypatch
         at = _stored_transposed(a)
         if m < 8 or dt.kind == "i":
             np.testing.assert_array_equal(tilegemm.matmul(at, bt, **run), got)
-        else:  # 8-15 rows with A given transposed too: packed, in place
+        else:  # 8 rows or more with A given transposed too: packed, in place
             assert_close(tilegemm.matmul(at, bt, **run), a, b)
         monkeypatch.setattr(mod, "parallel_unsafe", lambda: True)
         np.testing.assert_array_equal(tilegemm.matmul(a, bt, **run), got)

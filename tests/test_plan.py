@@ -361,7 +361,8 @@ def test_plan_names_every_cpu_path_as_the_compiled_code_chooses_it():
         dots = not vector and not narrow and bool(mod.takes_few(batch, m, n, k, threads,
                                                                 direct, 2))
         assert ("few rows" in fortran) == dots, (batch, m, n, k, fortran)
-        assert ("dot products" in fortran) == dots, (batch, m, n, k, fortran)  # 2-15 rows
+        # 2-15 rows; with the wide 8-row tile 16-39 rows of at most DOT_TILED_A_BYTES
+        assert ("dot products" in fortran) == dots, (batch, m, n, k, fortran)
         # A handed over as its transpose: narrow and unpacked products are packed; B: the
         # narrow path copies it (a few columns), the unpacked one packs it
         flipped = k02_blocked.path(batch, m, n, k, threads, params, itemsize=4,

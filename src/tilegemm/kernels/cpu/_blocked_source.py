@@ -20,7 +20,14 @@ import numba
 import numpy as np
 from numba import prange
 
-from tilegemm.kernels.cpu._dot_tile import DOT_GROUP, DOT_MAX, dot_columns, dot_tile
+from tilegemm.kernels.cpu._dot_tile import (
+    DOT_GROUP,
+    DOT_MAX,
+    DOT_TILED_A_BYTES,
+    dot_columns,
+    dot_limit,
+    dot_tile,
+)
 from tilegemm.kernels.cpu._lazy import called_by_name, load_compiled
 from tilegemm.kernels.cpu._lazy import njit_when_called as when_called
 from tilegemm.kernels.cpu._packing import (
@@ -147,6 +154,9 @@ rtile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS),
 # the wide tile on each 8 rows in turn, then the other rows' tile
 FEW_MAX = few_rows_limit(VECTOR_BITS)
 FEW_TILED = few_tiled_limit(VECTOR_BITS)
+# ... and with B given transposed, 16 to ``DOT_TILED`` - 1 rows while A is within
+# DOT_TILED_A_BYTES: dot products (``_dot_tile``)
+DOT_TILED = dot_limit(FEW_MAX > FEW_ROWS)
 ptile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS), prefetch=True)
 rtile1, rtile2, rtile3, rtile4, rtile5, rtile6, rtile7 = (
     small_tile(rows, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS)) for rows in range(1, 8))
@@ -400,7 +410,8 @@ def few_rows(A, B, C, alpha, beta, cb, z, j0, j1, tr):
     ``few_width`` (the threads' column ranges are).
 
     ``tr`` bit 1: B is given as its transpose (batch|1, N, K) (A is plain, ``tr`` bit 0
-    clear; 2 to 15 rows, ``DOT_MAX``, on every ISA); then each element is a dot product
+    clear; 2 to 15 rows, ``DOT_MAX``, on every ISA, and more with the wide 8-row tile,
+    ``tiled_dots``); then each element is a dot product
     of a row of A and a row of that storage, in groups of ``DOT_GROUP`` columns taken by
     tiles of 4 rows, then 2 and 1, in turn (see ``_dot_tile``; not the packed path's
     order of summation), the group's rows of that storage reused from L1 by every tile.
@@ -520,6 +531,15 @@ def few_row_product(m, n):
     rows (``few_rows``): 2 to 7 rows (15 with the wide 8-row tile) wider than
     ``NARROW_N``."""
     return 2 <= m < FEW_MAX and n > NARROW_N
+
+
+@when_called(flag(i8, i8), **FLAGS)
+def tiled_dots(m, k):
+    """Whether a product of ``m`` rows with B given transposed, from ``DOT_MAX`` rows on,
+    takes the dot-product tiles (``few_rows``) where its size calls for the threads or
+    packing: fewer than ``DOT_TILED`` rows (the wide 8-row tile) and A, read again for every
+    group of W's rows, within ``DOT_TILED_A_BYTES``."""
+    return DOT_MAX <= m < DOT_TILED and m * k * ITEMSIZE <= DOT_TILED_A_BYTES
 
 
 @when_called(numba.void(ro3, ro3, a3, nbt, nbt, blocks, i8, i8, i8, i8), **FLAGS)
@@ -828,7 +848,9 @@ def small(A, B, C, alpha, beta, z0, z1, tr, cb):
     m, n = C.shape[1], C.shape[2]
     k = A.shape[1] if tr & 1 else A.shape[2] if tr & 2 else B.shape[1]
     size = m * n * k
-    if tr == 2 and 2 <= m < DOT_MAX and n > NARROW_N and k > 0:  # few rows, B transposed
+    if tr == 2 and n > NARROW_N and k > 0 and (
+            2 <= m < DOT_MAX or (size > DIRECT_PRODUCT and tiled_dots(m, k))):
+        # few rows, B transposed (from DOT_MAX rows on, as the threads take them)
         for z in range(z0, z1):
             call_few_rows(A, B, C, alpha, beta, cb, z, 0, n, tr)
     elif tr != 0 and k > 0 and unpacked_small(m, n, k):
@@ -1012,12 +1034,18 @@ def takes_few(batch, m, n, k, nthreads, direct_max, tr):
     (``few_rows``): products of 2 to 7 rows (to 15 with the wide 8-row tile, ``FEW_MAX``,
     and to ``FEW_TILED`` - 1 while B is at most ``TILED_BYTES``) wider than ``NARROW_N``,
     above the small-product path and not a batch the threads split; with B given as its
-    transpose (``tr`` bit 1), 2 to 15 rows (``DOT_MAX``) on every ISA, as dot products
+    transpose (``tr`` bit 1), 2 to 15 rows (``DOT_MAX``) on every ISA, and with the wide
+    tile to ``DOT_TILED`` - 1 while A is at most ``DOT_TILED_A_BYTES``, as dot products
     along K (A, 2 to 7 rows, is copied if given so; 8 rows or more with A given transposed
     are packed, in place)."""
-    rows = FEW_ROWS if tr & 1 else DOT_MAX if tr == 2 else FEW_TILED
+    if tr & 1:
+        rows = FEW_ROWS
+    elif tr == 2:  # from DOT_MAX rows on, A within DOT_TILED_A_BYTES
+        rows = DOT_TILED if m < DOT_MAX or tiled_dots(m, k) else DOT_MAX
+    else:  # from 16 rows on, B within TILED_BYTES
+        rows = FEW_TILED if m < FEW_MAX or k * n * ITEMSIZE <= TILED_BYTES else FEW_MAX
     if (k == 0 or batch * m * n * k <= direct_max or m < 2 or m >= rows
-            or n <= NARROW_N or (m >= FEW_MAX and k * n * ITEMSIZE > TILED_BYTES)):
+            or n <= NARROW_N):
         return False
     return not splits_batch(batch, m, n, k, nthreads)
 
@@ -1470,8 +1498,8 @@ def takes_gemv(batch, m, n, k, direct_max):
 # cache), and those that Python calls: a warm cache loads only these, the first at import
 # and each of the others on its first call (see _lazy).
 COMPILED = (ukernel, aligned3, pack_bt, pack_at, pack_b, pack_a, macro, gemm_serial, fold,
-            few_rows, few_width, few_row_product, direct, products_serial, gemv_part,
-            unpacked_small, transpose_into, direct_transposed, small, small_matrix,
+            few_rows, few_width, few_row_product, tiled_dots, direct, products_serial,
+            gemv_part, unpacked_small, transpose_into, direct_transposed, small, small_matrix,
             small_matrix_transposed,
             run_parallel, splits_batch, takes_rows, takes_few, layout, blocked_threads,
             gemv_threads, takes_gemv)

@@ -51,6 +51,25 @@ DOT_GROUP = 8
 # 0.86-1.12× → 1.75-2.28×, float64 0.81-0.96× → 1.07-1.42×; AVX2 code (AVX-512 off,
 # NumPy's AVX2 kernels) float32 0.67-0.96× → 1.24-1.52×, float64 0.95-1.36× → 1.28-1.83×.
 DOT_MAX = 16
+# ... and, where the CPU has the wide 8-row tile, products of 16 to DOT_TILED_ROWS - 1 rows
+# while A takes at most DOT_TILED_A_BYTES: every group of W's rows reads all of A again,
+# tile after tile. x @ w.T on an Intel Xeon family 6 model 207 (2 vCPUs, L2 2 MiB per
+# core), µs packed → these tiles, the two generated modules in one process in alternating
+# blocks: float32 16×1024×1024 433 → 306 (NumPy 562), 24×1024×1024 555 → 444, 32×1024×512
+# 346 → 249, 39×1024×512 385 → 310, 16×4096×1024 1416 → 993, 16×1024×2048 775 → 601;
+# float64 16×1024×1024 642 → 508 (664), 32×1024×512 529 → 459. Beyond 128 KiB of A they
+# fell behind: float64 24×1024×1024 874 → 1011, 39×1024×512 633 → 741, 24×1024×2048 1401
+# → 1823, float32 24×1024×2048 925 → 1016 (at 160 KiB about even: float32 39×1024×1024
+# 561 → 560). One exception inside the limit: float64 24×2048×512 863 → 906.
+DOT_TILED_ROWS = 40
+DOT_TILED_A_BYTES = 128 * 1024
+
+
+def dot_limit(wide: bool) -> int:
+    """Products of fewer rows than this, B given transposed, take the dot-product tiles
+    (while A is within ``DOT_TILED_A_BYTES`` from ``DOT_MAX`` rows on): ``DOT_TILED_ROWS``
+    where the CPU has the wide 8-row tile (``wide``), else ``DOT_MAX``."""
+    return DOT_TILED_ROWS if wide else DOT_MAX
 
 
 def dot_tile(rows: int, cols: int, lanes: int, dtype: np.dtype) -> Any:

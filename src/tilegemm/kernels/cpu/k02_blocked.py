@@ -411,7 +411,7 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     ``itemsize``) ``takes_rows`` and ``takes_few`` (``a_transposed``, ``b_transposed``:
     that operand is handed over as its transpose, e.g. Fortran-ordered) and (given the
     parameters and the L2 ``budget`` too, see :func:`one_row_block`) ``layout``."""
-    from tilegemm.kernels.cpu._dot_tile import DOT_MAX
+    from tilegemm.kernels.cpu._dot_tile import DOT_MAX, DOT_TILED_A_BYTES, dot_limit
     from tilegemm.kernels.cpu._small_tile import (
         FEW_ROWS,
         TILED_BYTES,
@@ -450,10 +450,17 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
             and not a_transposed and not b_transposed):
         return (f"unpacked: rows split over {threads} thread(s), 8 rows × several vectors "
                 "at a time, A and B read in place, no packing")
-    rows = (FEW_ROWS if a_transposed else DOT_MAX if b_transposed
-            else few_tiled_limit(vector_bits()))
-    if (itemsize is not None and 2 <= m < rows
-            and (m < few_rows_limit(vector_bits()) or k * n * itemsize <= TILED_BYTES)):
+    wide = few_rows_limit(vector_bits()) > FEW_ROWS  # the wide 8-row tile
+    if a_transposed:
+        rows = FEW_ROWS
+    elif b_transposed:  # from DOT_MAX rows on, A within DOT_TILED_A_BYTES
+        rows = (dot_limit(wide) if itemsize is None or m < DOT_MAX
+                or m * k * itemsize <= DOT_TILED_A_BYTES else DOT_MAX)
+    else:  # from 16 rows on, B within TILED_BYTES
+        rows = (few_tiled_limit(vector_bits()) if itemsize is None
+                or m < few_rows_limit(vector_bits()) or k * n * itemsize <= TILED_BYTES
+                else few_rows_limit(vector_bits()))
+    if itemsize is not None and 2 <= m < rows:
         few_kb = FEW_KB if params is None else params.get("FEW_KB", FEW_KB)
         where = ("on the calling thread" if k * n * itemsize <= few_split_bytes(m, few_kb)
                  else f"columns split over {threads} thread(s)")
