@@ -608,8 +608,9 @@ def test_one_row_block_packs_b_in_chunks(dtype, chunk_strips, monkeypatch, rng):
                             chunk_strips * kc * nr * np.dtype(dtype).itemsize)
     threads = planned_threads()
     n, k = nc + 5 * nr + 3, 3 * kc + 5
-    for m, batch, tr in ((mc // mr * mr, 1, 1), (mc - mr + 3, 2, 1), (17, 1, 2),
-                         (mc // 2 + 1, 1, 2)):
+    # (B given transposed: 40 rows or more, which take no dot products, see tiled_dots)
+    for m, batch, tr in ((mc // mr * mr, 1, 1), (mc - mr + 3, 2, 1), (41, 1, 2),
+                         (mc - 3, 1, 2)):
         assert one_row_block(m, n, k, threads, params, np.dtype(dtype).itemsize, 0)
         assert mod.layout(batch, m, n, k, threads, 0, 0, 0, bound(mod, params), tr)[0] == 1
         a, _ = random_operands((batch, m, k), (k, n), dtype)
