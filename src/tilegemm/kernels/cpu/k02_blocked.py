@@ -411,13 +411,9 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
     ``itemsize``) ``takes_rows`` and ``takes_few`` (``a_transposed``, ``b_transposed``:
     that operand is handed over as its transpose, e.g. Fortran-ordered) and (given the
     parameters and the L2 ``budget`` too, see :func:`one_row_block`) ``layout``."""
-    from tilegemm.kernels.cpu._dot_tile import DOT_MAX, DOT_TILED_A_BYTES, dot_limit
     from tilegemm.kernels.cpu._small_tile import (
         FEW_ROWS,
-        TILED_BYTES,
-        few_rows_limit,
         few_split_bytes,
-        few_tiled_limit,
         narrow_columns,
         wide_columns,
     )
@@ -450,17 +446,8 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
             and not a_transposed and not b_transposed):
         return (f"unpacked: rows split over {threads} thread(s), 8 rows × several vectors "
                 "at a time, A and B read in place, no packing")
-    wide = few_rows_limit(vector_bits()) > FEW_ROWS  # the wide 8-row tile
-    if a_transposed:
-        rows = FEW_ROWS
-    elif b_transposed:  # from DOT_MAX rows on, A within DOT_TILED_A_BYTES
-        rows = (dot_limit(wide) if itemsize is None or m < DOT_MAX
-                or m * k * itemsize <= DOT_TILED_A_BYTES else DOT_MAX)
-    else:  # from 16 rows on, B within TILED_BYTES
-        rows = (few_tiled_limit(vector_bits()) if itemsize is None
-                or m < few_rows_limit(vector_bits()) or k * n * itemsize <= TILED_BYTES
-                else few_rows_limit(vector_bits()))
-    if itemsize is not None and 2 <= m < rows:
+    if itemsize is not None and 2 <= m < _few_limit(m, n, k, itemsize, a_transposed,
+                                                    b_transposed):
         few_kb = FEW_KB if params is None else params.get("FEW_KB", FEW_KB)
         where = ("on the calling thread" if k * n * itemsize <= few_split_bytes(m, few_kb)
                  else f"columns split over {threads} thread(s)")
@@ -481,6 +468,34 @@ def path(batch: int, m: int, n: int, k: int, threads: int,
         return (f"packed panels, one row block{why}: columns split over {threads} "
                 "thread(s), each packing its own part of B as it goes")
     return f"packed panels, each product split over {threads} thread(s)"
+
+
+def _few_limit(m: int, n: int, k: int, itemsize: int, a_transposed: bool,
+               b_transposed: bool) -> int:
+    """Products of fewer rows than this take the few-row path (given the other tests of the
+    generated module's ``takes_few``): 2-7 rows with A given transposed; with B given
+    transposed 2-15 (``DOT_MAX``), and with the wide 8-row tile to ``DOT_TILED_ROWS`` - 1
+    while A is within ``DOT_TILED_A_BYTES`` (its ``tiled_dots``); given plainly 2-7 (2-15
+    with the wide tile), and with it to ``TILED_ROWS`` - 1 while B is within
+    ``TILED_BYTES``."""
+    from tilegemm.kernels.cpu._dot_tile import DOT_MAX, DOT_TILED_A_BYTES, dot_limit
+    from tilegemm.kernels.cpu._small_tile import (
+        FEW_ROWS,
+        TILED_BYTES,
+        few_rows_limit,
+        few_tiled_limit,
+    )
+
+    bits = vector_bits()
+    if a_transposed:
+        return FEW_ROWS
+    if b_transposed:
+        if m < DOT_MAX or m * k * itemsize <= DOT_TILED_A_BYTES:
+            return dot_limit(few_rows_limit(bits) > FEW_ROWS)
+        return DOT_MAX
+    if m < few_rows_limit(bits) or k * n * itemsize <= TILED_BYTES:
+        return few_tiled_limit(bits)
+    return few_rows_limit(bits)
 
 
 # The vector width the rung's code is built for, per ISA (see ``vector_bits``).
