@@ -223,3 +223,20 @@ def test_parallel_region_on_one_thread_saves_nothing(tmp_path):
     done = _run(BENCH / "parallel_region.py", "--threads", "1", "--out", str(out))
     assert done.returncode == 2 and "nothing was measured" in done.stdout
     assert not out.exists()
+
+
+def test_cpu_ab_times_two_trees_and_refuses_a_folder_without_the_rung():
+    """benchmarks/cpu_ab.py against this same tree: both programs checked and timed, one
+    line per product; a folder without the rung's template, or a shape that is not MxNxK,
+    is a usage error (exit 2) before anything is built."""
+    script = BENCH / "cpu_ab.py"
+    env = _env(PYTHONPATH=str(ROOT / "src"))
+    done = _run(script, str(ROOT), "--shapes", "17x70x40", "--dtypes", "float64",
+                "--rounds", "1", "--pause", "0", env=env)
+    assert done.returncode == 0, done.stderr
+    line = [x for x in done.stdout.splitlines() if x.startswith("float64 17x70x40")]
+    assert len(line) == 1 and "other/this" in line[0], done.stdout
+    for args in (("/nonexistent", "--shapes", "8x8x8"), (str(ROOT), "--shapes", "8x8")):
+        refused = _run(script, *args, env=env)
+        assert refused.returncode == 2, (args, refused.stderr)
+        assert "Traceback" not in refused.stderr

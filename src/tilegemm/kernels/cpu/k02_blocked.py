@@ -31,6 +31,7 @@ docs/cpu.md for the measurements and the loop nest).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -191,15 +192,18 @@ def micro_kernel(mr: int, nr: int, dtype: np.dtype) -> Any:
 _TILE_MODULES: dict[tuple[str, str], Any] = {}
 
 
-def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
+def build(p: Mapping[str, int], dtype: np.dtype, template_dir: str | Path | None = None
+          ) -> Any:
     """The compiled rung for one parameter set: ``_blocked_source`` with the tile (MR, NR)
     as constants, loaded through the persistent compile cache (compiled once per machine),
     and the other parameters, the cache blocks (MC, KC, NC) and the path parameters
     (FEW_KC, FEW_KB, UNPACKED_KB), bound as arguments (``bind``; VECTOR_KB is read by its
     Python alone), so parameter sets with one tile share one compiled module, imported
-    once per process."""
-    from pathlib import Path
+    once per process.
 
+    ``template_dir``: a folder holding another ``_blocked_source.py`` to build instead,
+    e.g. an earlier commit's, which ``benchmarks/cpu_ab.py`` times against this one in the
+    same process (with this tree's helper modules and micro-kernel)."""
     from tilegemm._compat import import_numba
     from tilegemm.compile_cache import cache_root, fill_template, load_module
     from tilegemm.kernels.cpu._compile_workers import compile_jobs
@@ -212,7 +216,8 @@ def build(p: Mapping[str, int], dtype: np.dtype) -> Any:
     dtype = np.dtype(dtype)
     header = {"MR": p["MR"], "NR": p["NR"]}
     bits = vector_bits()
-    template = (Path(__file__).parent / "_blocked_source.py").read_text()
+    folder = Path(__file__).parent if template_dir is None else Path(template_dir)
+    template = (folder / "_blocked_source.py").read_text()
     source = fill_template(
         template,
         {"MR, NR": (p["MR"], p["NR"]), "DTYPE": dtype.name, "CACHE": False,
