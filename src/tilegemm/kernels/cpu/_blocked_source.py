@@ -156,7 +156,7 @@ FEW_MAX = few_rows_limit(VECTOR_BITS)
 FEW_TILED = few_tiled_limit(VECTOR_BITS)
 # ... and with B given transposed, 16 to ``DOT_TILED`` - 1 rows while A is within
 # DOT_TILED_A_BYTES: dot products (``_dot_tile``)
-DOT_TILED = dot_limit(FEW_MAX > FEW_ROWS)
+DOT_TILED = dot_limit(VECTOR_BITS)
 ptile8 = small_tile(8, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS), prefetch=True)
 rtile1, rtile2, rtile3, rtile4, rtile5, rtile6, rtile7 = (
     small_tile(rows, SMALL_W, _dt, eight_row_vectors(VECTOR_BITS)) for rows in range(1, 8))

@@ -29,7 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from tilegemm.kernels.cpu._small_tile import _masked, counted_loop, tile_intrinsic, tile_module_ir
+from tilegemm.kernels.cpu._small_tile import (
+    _masked,
+    counted_loop,
+    eight_row_vectors,
+    tile_intrinsic,
+    tile_module_ir,
+)
 from tilegemm.kernels.cpu._vector_tile import _Arithmetic, _splat
 
 
@@ -65,11 +71,11 @@ DOT_TILED_ROWS = 40
 DOT_TILED_A_BYTES = 128 * 1024
 
 
-def dot_limit(wide: bool) -> int:
+def dot_limit(vector_bits: int | None) -> int:
     """Products of fewer rows than this, B given transposed, take the dot-product tiles
     (while A is within ``DOT_TILED_A_BYTES`` from ``DOT_MAX`` rows on): ``DOT_TILED_ROWS``
-    where the CPU has the wide 8-row tile (``wide``), else ``DOT_MAX``."""
-    return DOT_TILED_ROWS if wide else DOT_MAX
+    where the CPU has the wide 8-row tile (AVX-512, NEON), else ``DOT_MAX``."""
+    return DOT_TILED_ROWS if eight_row_vectors(vector_bits) > 1 else DOT_MAX
 
 
 def dot_tile(rows: int, cols: int, lanes: int, dtype: np.dtype) -> Any:

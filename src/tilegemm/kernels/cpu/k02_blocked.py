@@ -496,7 +496,7 @@ def _few_limit(m: int, n: int, k: int, itemsize: int, a_transposed: bool,
         return FEW_ROWS
     if b_transposed:
         if m < DOT_MAX or m * k * itemsize <= DOT_TILED_A_BYTES:
-            return dot_limit(few_rows_limit(bits) > FEW_ROWS)
+            return dot_limit(bits)
         return DOT_MAX
     if m < few_rows_limit(bits) or k * n * itemsize <= TILED_BYTES:
         return few_tiled_limit(bits)
