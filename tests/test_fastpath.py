@@ -180,7 +180,7 @@ def test_large_products_of_slices_are_read_in_place(spy, rng, monkeypatch):
 
 @pytest.mark.parametrize("shapes", [
     ((2, 8, 8), (2, 8, 8)),         # a batch
-    ((2, 8, 8), (8,)),              # a batch times a vector
+    ((8,), (2, 8, 8)),              # a vector times a batch
     ((200, 200), (200, 200)),       # beyond the calling thread's size: the threads
 ])
 def test_other_remembered_products_keep_the_bound_program(spy, rng, shapes):

@@ -42,6 +42,7 @@ from tilegemm.problem import (
     describe,
     fp_warnings_at_caller,
     make_problem,
+    stacked_rows,
     to_result,
 )
 from tilegemm.registry import BACKENDS, KernelSpec, ParametersNeedKernel
@@ -475,6 +476,14 @@ def gemm(
     :mod:`tilegemm.fastpath`).
     """
     out = _one_out(out)
+    if type(a) is np.ndarray and a.ndim > 2:
+        # a batch times one matrix: one product of the batch's rows (see stacked_rows)
+        stacked = stacked_rows(a, b, c, out, trans_a, trans_b)
+        if stacked is not None:
+            result = gemm(stacked.a, b, stacked.c, alpha=alpha, beta=beta, trans_b=trans_b,
+                          out=stacked.out, kernel=kernel, backend=backend, device=device,
+                          stream=stream, precision=precision, dtype=dtype, **params)
+            return out if out is not None else result.reshape(stacked.shape)
     if device is None and stream is None and precision is None:
         # a product an earlier call with the same kernel=, backend=, parameters and dtype=
         # decided
@@ -826,6 +835,14 @@ def matmul(
     ``UnavailableError`` (a ``RuntimeError``) for a backend or device this machine lacks.
     """
     out = _one_out(out)
+    if type(a) is np.ndarray and a.ndim > 2:
+        # a batch times one matrix: one product of the batch's rows (see stacked_rows)
+        stacked = stacked_rows(a, b, None, out)
+        if stacked is not None:
+            result = matmul(stacked.a, b, stacked.out, kernel=kernel, backend=backend,
+                            device=device, stream=stream, precision=precision, dtype=dtype,
+                            **params)
+            return out if out is not None else result.reshape(stacked.shape)
     if device is None and stream is None and precision is None:
         # a case an earlier call with the same kernel=, backend=, parameters and dtype=
         # decided

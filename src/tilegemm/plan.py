@@ -28,7 +28,9 @@ class Plan:
       split between the threads, or packed panels; else "".
     - ``dtype``: the type the kernel computes in (int32 for int8 operands, float32 for
       float16 on the CPU), not necessarily the result's type, which is ``np.matmul``'s.
-    - ``shape``: (batch, M, N, K) after NumPy's promotion and broadcasting.
+    - ``shape``: (batch, M, N, K) after NumPy's promotion and broadcasting, as the rung
+      computes it: a C-ordered batch of A times one matrix B, (..., M, K) @ (K, N), is one
+      product of all the batch's rows, (1, batch·M, N, K), and ``path`` says so.
     """
 
     backend: str
@@ -65,7 +67,7 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
     operands and options.
     """
     from tilegemm.api import _check_params_are_upper_case, decide, describe_c
-    from tilegemm.problem import describe, make_problem
+    from tilegemm.problem import describe, make_problem, stacked_rows
 
     call_only = sorted(set(params) & {"out", "alpha", "beta"})
     if call_only:
@@ -74,6 +76,10 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
             f"{'they do' if len(call_only) > 1 else 'it does'} not change which backend, rung "
             "and parameters run; pass the operands, c and the options that do")
     _check_params_are_upper_case(params)
+    # a batch times one matrix runs as one product of the batch's rows, as in matmul
+    stacked = stacked_rows(a, b, c, None, trans_a, trans_b)
+    if stacked is not None:
+        a, c = stacked.a, stacked.c
     ops = [describe(a, "a"), describe(b, "b")]
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
     if c is not None:
@@ -81,9 +87,13 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
     chosen = decide(ops, prob, kernel=kernel, backend=backend, device=device,
                     precision=precision, params=params)
     spec, prob = chosen.spec, chosen.prob
+    path = _path(spec.key, prob, chosen.params, a, b)
+    if stacked is not None:
+        path = "; ".join(filter(None, (
+            f"a batch of {stacked.batch} times one matrix, as one product of its {prob.m} "
+            "rows stacked", path)))
     return Plan(chosen.backend.name, chosen.target.key, spec.name, spec.rung,
-                dict(chosen.params), chosen.source, _path(spec.key, prob, chosen.params, a, b),
-                prob.dtype.name,
+                dict(chosen.params), chosen.source, path, prob.dtype.name,
                 (prob.batch, prob.m, prob.n, prob.k))
 
 

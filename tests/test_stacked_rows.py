@@ -1,0 +1,138 @@
+"""A batch times one matrix, ``(..., M, K) @ (K, N)``, runs as one product of the batch's
+rows stacked (``problem.stacked_rows``): the same numbers as NumPy's, the caller's shapes,
+``out`` and gemm's ``c`` honoured, and every other layout left to the batched path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tilegemm
+from tilegemm import fastpath, problem
+from tilegemm.reference import assert_close
+
+# (batch shape, M, K, N): primes, one row, K = 1, partial tiles, a two-level batch
+SHAPES = [((3,), 5, 7, 11), ((4,), 1, 33, 17), ((2, 3), 9, 1, 13), ((5,), 17, 40, 65),
+          ((1,), 6, 8, 9), ((7,), 8, 64, 3)]
+
+
+def _operands(rng, lead, m, k, n, dtype):
+    a = (rng.standard_normal(lead + (m, k)) * 4).astype(dtype)
+    b = (rng.standard_normal((k, n)) * 4).astype(dtype)
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.float16])
+@pytest.mark.parametrize("lead, m, k, n", SHAPES)
+def test_a_batch_times_one_matrix_is_numpys_product(rng, dtype, lead, m, k, n):
+    a, b = _operands(rng, lead, m, k, n, dtype)
+    before = a.copy(), b.copy()
+    got = tilegemm.matmul(a, b)
+    assert got.shape == lead + (m, n) and got.dtype == np.matmul(a, b).dtype
+    assert_close(got, a, b)
+    np.testing.assert_array_equal(tilegemm.matmul(a, b), got)  # the remembered call
+    np.testing.assert_array_equal(a, before[0])
+    np.testing.assert_array_equal(b, before[1])
+
+
+@pytest.mark.parametrize("lead, m, k, n", SHAPES)
+def test_the_batch_is_one_product_of_its_rows(rng, lead, m, k, n):
+    """What runs is the 2-D product of the stacked rows: plan says so, the call is
+    remembered as that product, and the result has its bits, B plain, given transposed
+    (``x @ w.T``) or as a vector."""
+    a, b = _operands(rng, lead, m, k, n, np.float32)
+    rows = a.reshape(-1, k)
+    fastpath.forget()
+    tilegemm.matmul(a, b)
+    assert fastpath._key(rows, b, "auto", "auto") in fastpath._table
+    assert fastpath._key(a, b, "auto", "auto") not in fastpath._table
+    plan = tilegemm.plan(a, b)
+    assert plan.shape == (1, rows.shape[0], n, k)
+    assert f"a batch of {a.size // (m * k)} times one matrix" in plan.path
+    w = np.ascontiguousarray(b.T)
+    v = b[:, 0].copy()
+    for right, want_shape in ((b, lead + (m, n)), (w.T, lead + (m, n)), (v, lead + (m,))):
+        got = tilegemm.matmul(a, right)
+        assert got.shape == want_shape
+        np.testing.assert_array_equal(got, tilegemm.matmul(rows, right).reshape(want_shape))
+        assert_close(got, a, right)
+
+
+def test_out_is_written_in_place_or_through_the_batched_path(rng):
+    a, b = _operands(rng, (3,), 5, 7, 11, np.float64)
+    out = np.full((3, 5, 11), np.nan)
+    assert tilegemm.matmul(a, b, out=out) is out
+    assert_close(out, a, b)
+    # an out the stacked product cannot write through a view: the batched path copies
+    strided = np.full((3, 5, 22), np.nan)[..., ::2]
+    assert tilegemm.matmul(a, b, out=strided) is strided
+    assert_close(strided, a, b)
+    wider = np.full((2, 3, 5, 11), np.nan)  # out with a leading dimension to broadcast to
+    assert tilegemm.matmul(a, b, out=wider) is wider
+    assert_close(wider[1], a, b)
+    cast = np.full((3, 5, 11), np.nan, np.float32)  # float64 result cast into float32 out
+    tilegemm.matmul(a, b, out=cast)
+    np.testing.assert_allclose(cast, (a @ b).astype(np.float32), rtol=1e-6)
+
+
+@pytest.mark.parametrize("c_shape", [(), (1,), (11,), (1, 11), (1, 1), (3, 5, 11), (5, 11),
+                                     (3, 1, 11), (5, 1)])
+def test_gemm_with_a_batch_and_a_bias_or_a_full_c(rng, c_shape):
+    """A bias along the rows (scalar, a row) or a C-ordered c of the result's shape goes
+    with the stacked rows; any other c (one per row of each product, one per product)
+    takes the batched path. Both give alpha * a @ b + beta * c."""
+    a, b = _operands(rng, (3,), 5, 7, 11, np.float64)
+    c = rng.standard_normal(c_shape)
+    c_before = c.copy()
+    got = tilegemm.gemm(a, b, c, alpha=0.5, beta=2.0)
+    assert_close(got, a, b, c=c, alpha=0.5, beta=2.0)
+    np.testing.assert_array_equal(c, c_before)
+    w = np.ascontiguousarray(b.T)
+    assert_close(tilegemm.gemm(a, w, c, alpha=0.5, beta=2.0, trans_b=True), a, w, c=c,
+                 alpha=0.5, beta=2.0, trans_b=True)
+
+
+def test_gemm_out_c_updates_c_in_place(rng):
+    a, b = _operands(rng, (2, 2), 5, 7, 11, np.float32)
+    c = rng.standard_normal((2, 2, 5, 11)).astype(np.float32)
+    want_c = c.copy()
+    assert tilegemm.gemm(a, b, c, beta=1.0, out=c) is c
+    assert_close(c, a, b, c=want_c, beta=1.0)
+
+
+@pytest.mark.parametrize("case", ["transposed batch", "subclass", "batch of b", "gemm trans_a",
+                                  "strided rows", "empty", "k mismatch"])
+def test_other_layouts_are_not_stacked(rng, case):
+    """Only a C-ordered batch of A (not transposed, not a subclass) with a single B is
+    stacked; the rest keeps the batched path, and a mismatch names the caller's shapes."""
+    a, b = _operands(rng, (3,), 5, 7, 11, np.float64)
+    kwargs = {}
+    if case == "transposed batch":
+        a = np.ascontiguousarray(np.swapaxes(a, -1, -2)).swapaxes(-1, -2)
+    elif case == "subclass":
+        class Sub(np.ndarray):
+            pass
+        a = a.view(Sub)
+    elif case == "batch of b":
+        b = np.broadcast_to(b, (3,) + b.shape).copy()
+    elif case == "gemm trans_a":
+        a = np.ascontiguousarray(np.swapaxes(a, -1, -2))
+        kwargs = {"trans_a": True}
+    elif case == "strided rows":
+        a = np.concatenate([a, a], axis=-1)[..., :7]
+    elif case == "empty":
+        a = a[:0]
+    elif case == "k mismatch":
+        assert problem.stacked_rows(a, b[:6]) is None
+        with pytest.raises(ValueError, match=r"\(3, 5, 7\) and \(6, 11\)"):
+            tilegemm.matmul(a, b[:6])
+        return
+    assert problem.stacked_rows(a, b, **kwargs) is None
+    if kwargs:
+        got = tilegemm.gemm(a, b, **kwargs)
+        assert_close(got, a, b, **kwargs)
+    else:
+        got = tilegemm.matmul(a, b)
+        assert type(got) is type(a)
+        assert_close(np.asarray(got), np.asarray(a), b)
+        assert tilegemm.plan(a, b).shape[0] == a.shape[0]
