@@ -67,6 +67,20 @@ def test_transposes_broadcasts_vectors(lib: str) -> None:
     assert_close(_host(lib, r), a, v)
 
 
+def test_a_batch_times_one_matrix_is_stacked(lib: str) -> None:
+    """(batch, M, K) @ (K, N) of the library's arrays runs as one product of the batch's
+    rows (problem.stacked_rows, on the library's own reshape), the caller's shape back."""
+    a, b = random_operands((4, 3, K), (K, N), "float32")
+    da, db = _to(lib, a), _to(lib, b)
+    assert tilegemm.plan(da, db, backend="cuda").shape == (1, 12, N, K)
+    r = tilegemm.matmul(da, db, backend="cuda")
+    assert _same_kind(lib, r) and tuple(r.shape) == (4, 3, N)
+    assert_close(_host(lib, r), a, b)
+    out = _to(lib, np.full((4, 3, N), np.nan, np.float32))
+    assert tilegemm.matmul(da, db, out=out, backend="cuda") is out
+    assert_close(_host(lib, out), a, b)
+
+
 def test_out_and_device_c(lib: str) -> None:
     a, b = random_operands((M, K), (K, N), "float32")
     c = np.random.default_rng().uniform(0.5, 1.5, (M, N)).astype(np.float32)

@@ -136,3 +136,27 @@ def test_other_layouts_are_not_stacked(rng, case):
         assert type(got) is type(a)
         assert_close(np.asarray(got), np.asarray(a), b)
         assert tilegemm.plan(a, b).shape[0] == a.shape[0]
+
+
+@pytest.mark.cudasim
+def test_cuda_device_arrays_are_stacked_too(rng):
+    """numba device arrays (the simulator's here; CuPy and PyTorch in
+    test_cuda_interop): a batch times one matrix is one product of its rows, ``out`` and a
+    ``c`` of the result's shape written through views; a ``c`` to broadcast is not."""
+    from numba import cuda
+
+    a, b = _operands(rng, (3,), 5, 7, 4, np.float32)
+    da, db = cuda.to_device(a), cuda.to_device(b)
+    assert tilegemm.plan(da, db, backend="cuda").shape == (1, 15, 4, 7)
+    r = tilegemm.matmul(da, db, backend="cuda")
+    assert r.shape == (3, 5, 4)
+    assert_close(r.copy_to_host(), a, b)
+    out = cuda.to_device(np.full((3, 5, 4), np.nan, np.float32))
+    assert tilegemm.matmul(da, db, out=out, backend="cuda") is out
+    assert_close(out.copy_to_host(), a, b)
+    c = rng.standard_normal((3, 5, 4)).astype(np.float32)
+    dc = cuda.to_device(c)
+    assert tilegemm.gemm(da, db, dc, beta=1.0, out=dc, backend="cuda") is dc
+    assert_close(dc.copy_to_host(), a, b, c=c, beta=1.0)
+    assert problem.stacked_rows(da, db, cuda.to_device(c[0, 0])) is None
+    assert problem.stacked_rows(da, b) is None  # a device batch with a host matrix

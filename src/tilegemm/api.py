@@ -476,7 +476,7 @@ def gemm(
     :mod:`tilegemm.fastpath`).
     """
     out = _one_out(out)
-    if type(a) is np.ndarray and a.ndim > 2:
+    if getattr(a, "ndim", 0) > 2:
         # a batch times one matrix: one product of the batch's rows (see stacked_rows)
         stacked = stacked_rows(a, b, c, out, trans_a, trans_b)
         if stacked is not None:
@@ -835,7 +835,7 @@ def matmul(
     ``UnavailableError`` (a ``RuntimeError``) for a backend or device this machine lacks.
     """
     out = _one_out(out)
-    if type(a) is np.ndarray and a.ndim > 2:
+    if getattr(a, "ndim", 0) > 2:
         # a batch times one matrix: one product of the batch's rows (see stacked_rows)
         stacked = stacked_rows(a, b, None, out)
         if stacked is not None:

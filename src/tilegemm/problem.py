@@ -495,41 +495,63 @@ def stacked_rows(a: Any, b: Any, c: Any = None, out: Any = None, trans_a: Any = 
     tiles of rows, where a batch of short products streams B once per product: float32
     (8, 32, 1024) @ (1024, 1024) took 3.1 ms as a batch and 2.0 stacked, 64 vectors
     (64, 1, 1024) through the same matrix 4.8 and 0.63 (NumPy, which runs such a batch
-    product by product, 3.6 and 4.3; Intel Xeon family 6 model 207, 2 vCPUs).
+    product by product, 3.6 and 4.3; Intel Xeon family 6 model 207, 2 vCPUs). On a GPU,
+    a batch of products of a few rows each filled a few rows of every tile of C; stacked,
+    the tiles are full.
 
-    Taken for NumPy arrays (not subclasses, which keep the full path's wrapping) with A
-    C-ordered and not transposed, every side non-zero, K matching, ``out`` None or a
-    C-ordered array of the result's shape (written through a view) and gemm's ``c`` None,
-    a row or scalar that broadcasts along every row (a bias), or C-ordered with the
-    result's shape; None for anything else, which the batched path computes (and checks:
-    a mismatch is reported with the caller's shapes)."""
-    if (type(a) is not np.ndarray or type(b) is not np.ndarray or a.ndim < 3
-            or trans_a is not False or trans_b not in (False, True) or b.ndim > 2
-            or (b.ndim == 1 and trans_b) or not a.flags.c_contiguous
-            or a.size == 0 or b.size == 0):
+    Taken for NumPy arrays (not subclasses, which keep the full path's wrapping), and CUDA
+    arrays (numba, CuPy, PyTorch) with ``b`` of the same type, with A C-ordered and not
+    transposed, every side non-zero, K matching, ``out`` None or a C-ordered array of the
+    result's shape (written through a view) and gemm's ``c`` None, C-ordered with the
+    result's shape, or (NumPy arrays) a row or scalar that broadcasts along every row (a
+    bias); None for anything else, which the batched path computes (and checks: a mismatch
+    is reported with the caller's shapes)."""
+    host = type(a) is np.ndarray
+    if (trans_a is not False or trans_b not in (False, True) or type(b) is not type(a)
+            or not (host or array_kind(a) == "cuda")):
         return None
-    k, n = (b.shape[::-1] if trans_b else b.shape) if b.ndim == 2 else (b.shape[0], None)
-    if a.shape[-1] != k:
+    a_shape, b_shape = tuple(int(x) for x in a.shape), tuple(int(x) for x in b.shape)
+    if (len(a_shape) < 3 or len(b_shape) > 2 or (len(b_shape) == 1 and trans_b)
+            or 0 in a_shape or 0 in b_shape or not _c_ordered(a)):
         return None
-    shape = a.shape[:-1] + (() if n is None else (n,))
-    rows = (math.prod(a.shape[:-1]),) + (() if n is None else (n,))
+    k, n = (b_shape[::-1] if trans_b else b_shape) if len(b_shape) == 2 else (b_shape[0], None)
+    if a_shape[-1] != k:
+        return None
+    shape = a_shape[:-1] + (() if n is None else (n,))
+    rows = (math.prod(a_shape[:-1]),) + (() if n is None else (n,))
     stacked_out = None
     if out is not None:
-        if type(out) is not np.ndarray or out.shape != shape or not out.flags.c_contiguous:
+        if type(out) is not type(a) or tuple(out.shape) != shape or not _c_ordered(out):
             return None
         stacked_out = out.reshape(rows)
     if c is out and c is not None:
         c = stacked_out  # out=c: one view, written in place
     elif c is not None:
-        if type(c) is not np.ndarray:
+        if type(c) is not type(a):
             return None
-        if c.shape == shape and c.flags.c_contiguous:
+        if tuple(c.shape) == shape and _c_ordered(c):
             c = c.reshape(rows)
-        elif not (c.ndim <= 2 and math.prod(c.shape[:-1]) == 1
+        elif not (host and c.ndim <= 2 and math.prod(c.shape[:-1]) == 1
                   and (c.size == 1 or (n is not None and c.shape[-1] == n))):
             return None  # varies along the batch's rows (or does not fit): not a bias
     return StackedRows(a.reshape(rows[:1] + (k,)), c, stacked_out, shape,
-                       math.prod(a.shape[:-2]))
+                       math.prod(a_shape[:-2]))
+
+
+def _c_ordered(x: Any) -> bool:
+    """Whether a NumPy or CUDA array is C-ordered (a CUDA array's byte strides as
+    :func:`describe` reads them)."""
+    if type(x) is np.ndarray:
+        return x.flags.c_contiguous
+    op = describe(x, "a")
+    if op.strides is None:
+        return False
+    step = op.dtype.itemsize
+    for size, stride in zip(reversed(op.shape), reversed(op.strides)):
+        if size != 1 and stride != step:
+            return False
+        step *= size
+    return True
 
 
 def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
