@@ -58,6 +58,24 @@ def test_the_batch_is_one_product_of_its_rows(rng, lead, m, k, n):
         assert_close(got, a, right)
 
 
+@pytest.mark.parametrize("b_lead", [(1,), (1, 1), (1, 1, 1, 1)])
+def test_b_with_leading_ones_is_one_matrix(rng, b_lead):
+    """B of shape (1, K, N) (or more leading 1s, which the result takes, as NumPy's
+    broadcast gives them) is the same matrix for every product: stacked too."""
+    a, b = _operands(rng, (2, 3), 5, 7, 11, np.float64)
+    b = b.reshape(b_lead + b.shape)
+    want_shape = np.broadcast_shapes(a.shape[:-2], b_lead) + (5, 11)
+    assert tilegemm.plan(a, b).shape == (1, 30, 11, 7)
+    got = tilegemm.matmul(a, b)
+    assert got.shape == want_shape
+    assert_close(got, a, b)
+    w = np.ascontiguousarray(np.swapaxes(b, -1, -2))
+    assert_close(tilegemm.gemm(a, w, trans_b=True), a, w, trans_b=True)
+    out = np.full(want_shape, np.nan)
+    assert tilegemm.matmul(a, b, out=out) is out
+    assert_close(out, a, b)
+
+
 def test_out_is_written_in_place_or_through_the_batched_path(rng):
     a, b = _operands(rng, (3,), 5, 7, 11, np.float64)
     out = np.full((3, 5, 11), np.nan)
@@ -100,7 +118,8 @@ def test_gemm_out_c_updates_c_in_place(rng):
     assert_close(c, a, b, c=want_c, beta=1.0)
 
 
-@pytest.mark.parametrize("case", ["transposed batch", "subclass", "batch of b", "gemm trans_a",
+@pytest.mark.parametrize("case", ["transposed batch", "subclass", "batch of b",
+                                  "b broadcast in part", "gemm trans_a",
                                   "strided rows", "empty", "k mismatch"])
 def test_other_layouts_are_not_stacked(rng, case):
     """Only a C-ordered batch of A (not transposed, not a subclass) with a single B is
@@ -115,6 +134,9 @@ def test_other_layouts_are_not_stacked(rng, case):
         a = a.view(Sub)
     elif case == "batch of b":
         b = np.broadcast_to(b, (3,) + b.shape).copy()
+    elif case == "b broadcast in part":
+        b = np.broadcast_to(b, (2, 1) + b.shape).copy()
+        a = a[None]
     elif case == "gemm trans_a":
         a = np.ascontiguousarray(np.swapaxes(a, -1, -2))
         kwargs = {"trans_a": True}
@@ -135,7 +157,8 @@ def test_other_layouts_are_not_stacked(rng, case):
         got = tilegemm.matmul(a, b)
         assert type(got) is type(a)
         assert_close(np.asarray(got), np.asarray(a), b)
-        assert tilegemm.plan(a, b).shape[0] == a.shape[0]
+        batch = np.broadcast_shapes(np.shape(a)[:-2], b.shape[:-2])
+        assert tilegemm.plan(a, b).shape[0] == int(np.prod(batch))
 
 
 @pytest.mark.cudasim

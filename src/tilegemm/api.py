@@ -480,7 +480,7 @@ def gemm(
         # a batch times one matrix: one product of the batch's rows (see stacked_rows)
         stacked = stacked_rows(a, b, c, out, trans_a, trans_b)
         if stacked is not None:
-            result = gemm(stacked.a, b, stacked.c, alpha=alpha, beta=beta, trans_b=trans_b,
+            result = gemm(stacked.a, stacked.b, stacked.c, alpha=alpha, beta=beta, trans_b=trans_b,
                           out=stacked.out, kernel=kernel, backend=backend, device=device,
                           stream=stream, precision=precision, dtype=dtype, **params)
             return out if out is not None else result.reshape(stacked.shape)
@@ -839,7 +839,7 @@ def matmul(
         # a batch times one matrix: one product of the batch's rows (see stacked_rows)
         stacked = stacked_rows(a, b, None, out)
         if stacked is not None:
-            result = matmul(stacked.a, b, stacked.out, kernel=kernel, backend=backend,
+            result = matmul(stacked.a, stacked.b, stacked.out, kernel=kernel, backend=backend,
                             device=device, stream=stream, precision=precision, dtype=dtype,
                             **params)
             return out if out is not None else result.reshape(stacked.shape)

@@ -79,7 +79,7 @@ def plan(a: Any, b: Any, c: Any = None, *, kernel: str = "auto", backend: str = 
     # a batch times one matrix runs as one product of the batch's rows, as in matmul
     stacked = stacked_rows(a, b, c, None, trans_a, trans_b)
     if stacked is not None:
-        a, c = stacked.a, stacked.c
+        a, b, c = stacked.a, stacked.b, stacked.c
     ops = [describe(a, "a"), describe(b, "b")]
     prob = make_problem(ops[0], ops[1], trans_a=trans_a, trans_b=trans_b, dtype=dtype)
     if c is not None:

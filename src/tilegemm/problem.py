@@ -480,6 +480,7 @@ class StackedRows(NamedTuple):
     """A batch times one matrix as one product of the batch's rows (:func:`stacked_rows`)."""
 
     a: np.ndarray  # (batch·M, K): a view of the caller's A
+    b: Any  # the caller's B, 2-D (or 1-D): a view of one given with leading 1s
     c: Any  # gemm's c as the stacked product reads it (a view, or the caller's), or None
     out: Any  # a (batch·M, N) view of the caller's out, or None
     shape: tuple[int, ...]  # the caller's result shape
@@ -489,15 +490,15 @@ class StackedRows(NamedTuple):
 def stacked_rows(a: Any, b: Any, c: Any = None, out: Any = None, trans_a: Any = False,
                  trans_b: Any = False) -> StackedRows | None:
     """``a @ op(b)`` for a batch ``a`` of shape (..., M, K) and one matrix ``op(b)`` (2-D,
-    or a 1-D vector) as one product: A's rows stacked, (batch·M, K) @ op(b), a view of A
-    when A is C-ordered. Each row of the result is the same dot products either way, and
-    one tall product keeps B's tiles in cache across the batch and gives the threads whole
-    tiles of rows, where a batch of short products streams B once per product: float32
-    (8, 32, 1024) @ (1024, 1024) took 3.1 ms as a batch and 2.0 stacked, 64 vectors
-    (64, 1, 1024) through the same matrix 4.8 and 0.63 (NumPy, which runs such a batch
-    product by product, 3.6 and 4.3; Intel Xeon family 6 model 207, 2 vCPUs). On a GPU,
-    a batch of products of a few rows each filled a few rows of every tile of C; stacked,
-    the tiles are full.
+    with leading dimensions of 1, or a 1-D vector) as one product: A's rows stacked,
+    (batch·M, K) @ op(b), a view of A when A is C-ordered. Each row of the result is the
+    same dot products either way, and one tall product keeps B's tiles in cache across the
+    batch and gives the threads whole tiles of rows, where a batch of short products streams
+    B once per product: float32 (8, 32, 1024) @ (1024, 1024) took 3.1 ms as a batch and 2.0
+    stacked, 64 vectors (64, 1, 1024) through the same matrix 4.8 and 0.63 (NumPy, which
+    runs such a batch product by product, 3.6 and 4.3; Intel Xeon family 6 model 207, 2
+    vCPUs). On a GPU a batch of products of a few rows fills a few rows of each tile of C;
+    stacked, the tiles are full (not yet timed on a GPU).
 
     Taken for NumPy arrays (not subclasses, which keep the full path's wrapping), and CUDA
     arrays (numba, CuPy, PyTorch) with ``b`` of the same type, with A C-ordered and not
@@ -511,13 +512,19 @@ def stacked_rows(a: Any, b: Any, c: Any = None, out: Any = None, trans_a: Any = 
             or not (host or array_kind(a) == "cuda")):
         return None
     a_shape, b_shape = tuple(int(x) for x in a.shape), tuple(int(x) for x in b.shape)
-    if (len(a_shape) < 3 or len(b_shape) > 2 or (len(b_shape) == 1 and trans_b)
-            or 0 in a_shape or 0 in b_shape or not _c_ordered(a)):
+    if (len(a_shape) < 3 or (len(b_shape) == 1 and trans_b) or 0 in a_shape
+            or 0 in b_shape or math.prod(b_shape[:-2]) != 1 or not _c_ordered(a)):
         return None
+    # B given with leading dimensions of 1, (1, K, N): the same matrix for every product,
+    # whose extra leading dimensions the result takes (NumPy's broadcast)
+    lead = (1,) * (len(b_shape) - len(a_shape))
+    if len(b_shape) > 2:
+        b_shape = b_shape[-2:]
+        b = b.reshape(b_shape)
     k, n = (b_shape[::-1] if trans_b else b_shape) if len(b_shape) == 2 else (b_shape[0], None)
     if a_shape[-1] != k:
         return None
-    shape = a_shape[:-1] + (() if n is None else (n,))
+    shape = lead + a_shape[:-1] + (() if n is None else (n,))
     rows = (math.prod(a_shape[:-1]),) + (() if n is None else (n,))
     stacked_out = None
     if out is not None:
@@ -534,7 +541,7 @@ def stacked_rows(a: Any, b: Any, c: Any = None, out: Any = None, trans_a: Any = 
         elif not (host and c.ndim <= 2 and math.prod(c.shape[:-1]) == 1
                   and (c.size == 1 or (n is not None and c.shape[-1] == n))):
             return None  # varies along the batch's rows (or does not fit): not a bias
-    return StackedRows(a.reshape(rows[:1] + (k,)), c, stacked_out, shape,
+    return StackedRows(a.reshape(rows[:1] + (k,)), b, c, stacked_out, shape,
                        math.prod(a_shape[:-2]))
 
 
