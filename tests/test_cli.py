@@ -50,6 +50,14 @@ def test_run_verifies_and_reports(capsys):
     assert "verified: yes" in out and "GFLOP/s" in out
 
 
+def test_run_takes_the_sides_as_short_options(capsys):
+    assert main(["run", "--backend", "cpu", "--kernel", "triple_loop",
+                 "-m", "17", "-n", "9", "-k", "5", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "M=17 N=9 K=5" in out and "verified: yes" in out
+    assert main(["run", "--backend", "cpu", "-m", "-1"]) == 2
+
+
 def test_run_errors_are_one_line(capsys):
     assert main(["run", "--backend", "cpu", "--kernel", "nope", "--m", "4"]) == 2
     err = capsys.readouterr().err

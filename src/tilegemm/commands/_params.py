@@ -25,10 +25,13 @@ def add_param_arguments(parser: argparse.ArgumentParser) -> None:
 def add_shape_arguments(parser: argparse.ArgumentParser, size: int, batch: int,
                         dtypes: tuple[str, ...], dtype_help: str,
                         metavar: str | None = None) -> None:
-    """``--m --n --k --batch --dtype``: the product a subcommand runs, explains or tunes."""
-    parser.add_argument("--m", type=int, default=size, help="rows of A and of the result")
-    parser.add_argument("--n", type=int, default=size, help="columns of B and of the result")
-    parser.add_argument("--k", type=int, default=size, help="the shared (contracted) dimension")
+    """``--m --n --k --batch --dtype``: the product a subcommand runs, explains or tunes
+    (``-m 1000`` as well as ``--m 1000``, as the sides are usually written)."""
+    parser.add_argument("-m", "--m", type=int, default=size, help="rows of A and of the result")
+    parser.add_argument("-n", "--n", type=int, default=size,
+                        help="columns of B and of the result")
+    parser.add_argument("-k", "--k", type=int, default=size,
+                        help="the shared (contracted) dimension")
     parser.add_argument("--batch", type=int, default=batch,
                         help="batch count" + (" (0: a plain 2-D product)" if batch == 0 else ""))
     parser.add_argument("--dtype", default="float32", choices=dtypes, help=dtype_help,
@@ -144,7 +147,7 @@ def given_options(args: argparse.Namespace, dests: set[str] | None = None,
     parser = getattr(args, "_parser", None)
     if parser is None:
         return []
-    return [a.option_strings[0] for a in parser._actions
+    return [max(a.option_strings, key=len) for a in parser._actions  # --m, not -m
             if a.option_strings and (dests is None or a.dest in dests)
             and a.dest not in exclude and getattr(args, a.dest, a.default) != a.default]
 
