@@ -44,8 +44,11 @@ def test_the_batch_is_one_product_of_its_rows(rng, lead, m, k, n):
     rows = a.reshape(-1, k)
     fastpath.forget()
     tilegemm.matmul(a, b)
-    assert fastpath._key(rows, b, "auto", "auto") in fastpath._table
-    assert fastpath._key(a, b, "auto", "auto") not in fastpath._table
+    # remembered as that product's case, read on views by a repeated call
+    stacked = fastpath._table[fastpath._key(rows, b, "auto", "auto")]
+    case = fastpath._table[fastpath._key(a, b, "auto", "auto")]
+    assert case.program is stacked.program and case.a3 == stacked.a3 == (1, rows.shape[0], k)
+    assert case.shape == lead + (m, n) and case.entry is None
     plan = tilegemm.plan(a, b)
     assert plan.shape == (1, rows.shape[0], n, k)
     assert f"a batch of {a.size // (m * k)} times one matrix" in plan.path
@@ -108,6 +111,24 @@ def test_gemm_with_a_batch_and_a_bias_or_a_full_c(rng, c_shape):
     w = np.ascontiguousarray(b.T)
     assert_close(tilegemm.gemm(a, w, c, alpha=0.5, beta=2.0, trans_b=True), a, w, c=c,
                  alpha=0.5, beta=2.0, trans_b=True)
+
+
+def test_repeated_calls_run_the_stacked_product_with_any_c(rng):
+    """A repeated call of a stacked case (matmul, or gemm of the same product with a bias,
+    with a c per row of each product that stacking itself would not take, with out)
+    gives the first call's bits and NumPy's product."""
+    a, b = _operands(rng, (4,), 3, 9, 6, np.float32)
+    first = tilegemm.matmul(a, b)
+    for _ in range(2):
+        np.testing.assert_array_equal(tilegemm.matmul(a, b), first)
+    for c in (rng.standard_normal(6).astype(np.float32),
+              rng.standard_normal((3, 6)).astype(np.float32)):
+        got = tilegemm.gemm(a, b, c, alpha=2.0, beta=0.5)
+        assert_close(got, a, b, c=c, alpha=2.0, beta=0.5)
+        np.testing.assert_array_equal(tilegemm.gemm(a, b, c, alpha=2.0, beta=0.5), got)
+    out = np.full((4, 3, 6), np.nan, np.float32)
+    assert tilegemm.matmul(a, b, out=out) is out
+    np.testing.assert_array_equal(out, first)
 
 
 def test_gemm_out_c_updates_c_in_place(rng):

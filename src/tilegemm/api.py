@@ -476,6 +476,14 @@ def gemm(
     :mod:`tilegemm.fastpath`).
     """
     out = _one_out(out)
+    routed = device is None and stream is None and precision is None
+    if routed:
+        # a product an earlier call with the same kernel=, backend=, parameters and dtype=
+        # decided
+        result = fastpath.try_remembered_gemm(a, b, c, out, alpha, beta, trans_a, trans_b,
+                                              kernel, backend, params, dtype)
+        if result is not None:
+            return result
     if getattr(a, "ndim", 0) > 2:
         # a batch times one matrix: one product of the batch's rows (see stacked_rows)
         stacked = stacked_rows(a, b, c, out, trans_a, trans_b)
@@ -483,14 +491,12 @@ def gemm(
             result = gemm(stacked.a, stacked.b, stacked.c, alpha=alpha, beta=beta, trans_b=trans_b,
                           out=stacked.out, kernel=kernel, backend=backend, device=device,
                           stream=stream, precision=precision, dtype=dtype, **params)
+            views = fastpath.gemm_views(a, b, False, trans_b)
+            rows = fastpath.gemm_views(stacked.a, stacked.b, False, trans_b)
+            if routed and views is not None and rows is not None:
+                fastpath.remember_stacked(*views, *rows, stacked.shape, kernel, backend, params,
+                                          dtype)
             return out if out is not None else result.reshape(stacked.shape)
-    if device is None and stream is None and precision is None:
-        # a product an earlier call with the same kernel=, backend=, parameters and dtype=
-        # decided
-        result = fastpath.try_remembered_gemm(a, b, c, out, alpha, beta, trans_a, trans_b,
-                                              kernel, backend, params, dtype)
-        if result is not None:
-            return result
     return _full_gemm(a, b, c, alpha, beta, trans_a, trans_b, out, kernel, backend, device,
                       stream, precision, dtype, params)
 
@@ -835,6 +841,13 @@ def matmul(
     ``UnavailableError`` (a ``RuntimeError``) for a backend or device this machine lacks.
     """
     out = _one_out(out)
+    routed = device is None and stream is None and precision is None
+    if routed:
+        # a case an earlier call with the same kernel=, backend=, parameters and dtype=
+        # decided
+        result = fastpath.try_remembered(a, b, out, kernel, backend, params, dtype)
+        if result is not None:
+            return result
     if getattr(a, "ndim", 0) > 2:
         # a batch times one matrix: one product of the batch's rows (see stacked_rows)
         stacked = stacked_rows(a, b, None, out)
@@ -842,13 +855,10 @@ def matmul(
             result = matmul(stacked.a, stacked.b, stacked.out, kernel=kernel, backend=backend,
                             device=device, stream=stream, precision=precision, dtype=dtype,
                             **params)
+            if routed:
+                fastpath.remember_stacked(a, b, stacked.a, stacked.b, stacked.shape, kernel,
+                                          backend, params, dtype)
             return out if out is not None else result.reshape(stacked.shape)
-    if device is None and stream is None and precision is None:
-        # a case an earlier call with the same kernel=, backend=, parameters and dtype=
-        # decided
-        result = fastpath.try_remembered(a, b, out, kernel, backend, params, dtype)
-        if result is not None:
-            return result
     return _full_gemm(a, b, None, 1.0, 0.0, False, False, out, kernel, backend, device, stream,
                       precision, dtype, params)
 

@@ -508,10 +508,16 @@ def stacked_rows(a: Any, b: Any, c: Any = None, out: Any = None, trans_a: Any = 
     bias); None for anything else, which the batched path computes (and checks: a mismatch
     is reported with the caller's shapes)."""
     host = type(a) is np.ndarray
-    if (trans_a is not False or trans_b not in (False, True) or type(b) is not type(a)
-            or not (host or array_kind(a) == "cuda")):
+    if type(b) is not type(a) or trans_a is not False or trans_b not in (False, True):
         return None
-    a_shape, b_shape = tuple(int(x) for x in a.shape), tuple(int(x) for x in b.shape)
+    if host:  # the checks every batched call of NumPy arrays makes first, cheaply
+        if (b.ndim > 2 and b.size != b.shape[-1] * b.shape[-2]) or not a.flags.c_contiguous:
+            return None
+        a_shape, b_shape = a.shape, b.shape
+    elif array_kind(a) == "cuda":
+        a_shape, b_shape = tuple(int(x) for x in a.shape), tuple(int(x) for x in b.shape)
+    else:
+        return None
     if (len(a_shape) < 3 or (len(b_shape) == 1 and trans_b) or 0 in a_shape
             or 0 in b_shape or math.prod(b_shape[:-2]) != 1 or not _c_ordered(a)):
         return None
