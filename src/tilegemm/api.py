@@ -491,11 +491,9 @@ def gemm(
             result = gemm(stacked.a, stacked.b, stacked.c, alpha=alpha, beta=beta, trans_b=trans_b,
                           out=stacked.out, kernel=kernel, backend=backend, device=device,
                           stream=stream, precision=precision, dtype=dtype, **params)
-            views = fastpath.gemm_views(a, b, False, trans_b)
-            rows = fastpath.gemm_views(stacked.a, stacked.b, False, trans_b)
-            if routed and views is not None and rows is not None:
-                fastpath.remember_stacked(*views, *rows, stacked.shape, kernel, backend, params,
-                                          dtype)
+            if routed:
+                fastpath.remember_stacked(a, b, stacked, kernel, backend, params, dtype,
+                                          trans_b)
             return out if out is not None else result.reshape(stacked.shape)
     return _full_gemm(a, b, c, alpha, beta, trans_a, trans_b, out, kernel, backend, device,
                       stream, precision, dtype, params)
@@ -856,8 +854,7 @@ def matmul(
                             device=device, stream=stream, precision=precision, dtype=dtype,
                             **params)
             if routed:
-                fastpath.remember_stacked(a, b, stacked.a, stacked.b, stacked.shape, kernel,
-                                          backend, params, dtype)
+                fastpath.remember_stacked(a, b, stacked, kernel, backend, params, dtype)
             return out if out is not None else result.reshape(stacked.shape)
     return _full_gemm(a, b, None, 1.0, 0.0, False, False, out, kernel, backend, device, stream,
                       precision, dtype, params)

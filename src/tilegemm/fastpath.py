@@ -92,7 +92,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tilegemm.backends.base import poison_value
-from tilegemm.problem import COMPUTED_AS, fp_warnings_at_caller, to_result
+from tilegemm.problem import COMPUTED_AS, StackedRows, fp_warnings_at_caller, to_result
 from tilegemm.remembered import (
     LIMIT,
     POISON_OFF,
@@ -449,24 +449,27 @@ def remember(a: Any, b: Any, make_program: Callable[[], Any], tuning_cache: str 
                         else int(np.iinfo(dtype).max))
 
 
-def remember_stacked(a: Any, b: Any, rows_a: Any, rows_b: Any, shape: tuple[int, ...],
-                     kernel: Any, backend: Any, params: dict[str, Any] | None = None,
-                     asked: Any = None) -> None:
-    """Remember ``a @ b``, a batch times one matrix that the full path ran as the product
-    of its rows ``rows_a @ rows_b`` (``problem.stacked_rows``; ``shape``: the result's), as
-    that product's case, if it was remembered: its program reads the same storage (A's
-    rows as one (1, batch·M, K) matrix, B as it lies), so a later call of this case runs
-    it on views without stacking again; its own call for 2-D operands (``entry``) is not
-    taken. Stacking in Python each time cost about 1.6 µs (float64 (3, 8, 8) @ (8, 8):
-    4.4 µs a call remembered as a batch, 6.0-6.4 stacked; Intel Xeon family 6 model
-    207)."""
-    outer = _key(a, b, kernel, backend, params, asked)
-    inner = _key(rows_a, rows_b, kernel, backend, params, asked)
+def remember_stacked(a: Any, b: Any, stacked: StackedRows, kernel: Any, backend: Any,
+                     params: dict[str, Any] | None = None, asked: Any = None,
+                     trans_b: bool = False) -> None:
+    """Remember ``a @ op(b)`` (``trans_b``: gemm's), a batch times one matrix that the full
+    path ran as the product of its rows (``stacked``, as ``problem.stacked_rows`` gave it),
+    as that product's case, if it was remembered: its program reads the same storage (A's
+    rows as one (1, batch·M, K) matrix, B as it lies), so a later call of this case runs it
+    on views without stacking again; its own call for 2-D operands (``entry``) is not taken.
+    Stacking in Python each time cost about 1.6 µs (float64 (3, 8, 8) @ (8, 8): 4.4 µs a
+    call remembered as a batch, 6.0-6.4 stacked; Intel Xeon family 6 model 207)."""
+    views = gemm_views(a, b, False, trans_b)
+    rows = gemm_views(stacked.a, stacked.b, False, trans_b)
+    if views is None or rows is None:
+        return
+    outer = _key(*views, kernel, backend, params, asked)
+    inner = _key(*rows, kernel, backend, params, asked)
     case = None if inner is None else _table.get(inner)
     if (case is None or outer is None or outer in _table or len(_table) >= LIMIT
             or outer[6] != 0 or outer[7] != inner[7]):
         return  # not remembered, or another layout of B (a view the case would not read)
-    _table[outer] = case._replace(shape=shape, entry=None)
+    _table[outer] = case._replace(shape=stacked.shape, entry=None)
 
 
 def _computed_as(dtype: Any, computed: np.dtype | None, result: np.dtype | None
