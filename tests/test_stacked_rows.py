@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tilegemm
+from conftest import transposed_device_array
 from tilegemm import fastpath, problem
 from tilegemm.reference import assert_close
 
@@ -204,3 +205,8 @@ def test_cuda_device_arrays_are_stacked_too(rng):
     assert_close(dc.copy_to_host(), a, b, c=c, beta=1.0)
     assert problem.stacked_rows(da, db, cuda.to_device(c[0, 0])) is None
     assert problem.stacked_rows(da, b) is None  # a device batch with a host matrix
+    # a device batch given transposed in its last two axes is not C-ordered: not stacked,
+    # and the batched path still gives the product
+    dt, host = transposed_device_array(rng, (3, 5, 7), np.float32)
+    assert problem.stacked_rows(dt, db) is None
+    assert_close(tilegemm.matmul(dt, db, backend="cuda").copy_to_host(), host, b)

@@ -519,7 +519,8 @@ def stacked_rows(a: Any, b: Any, c: Any = None, out: Any = None, trans_a: Any = 
     else:
         return None
     if (len(a_shape) < 3 or (len(b_shape) == 1 and trans_b) or 0 in a_shape
-            or 0 in b_shape or math.prod(b_shape[:-2]) != 1 or not _c_ordered(a)):
+            or 0 in b_shape or math.prod(b_shape[:-2]) != 1
+            or (not host and not _c_ordered(a))):
         return None
     # B given with leading dimensions of 1, (1, K, N): the same matrix for every product,
     # whose extra leading dimensions the result takes (NumPy's broadcast)
@@ -557,14 +558,9 @@ def _c_ordered(x: Any) -> bool:
     if type(x) is np.ndarray:
         return x.flags.c_contiguous
     op = describe(x, "a")
-    if op.strides is None:
-        return False
-    step = op.dtype.itemsize
-    for size, stride in zip(reversed(op.shape), reversed(op.strides)):
-        if size != 1 and stride != step:
-            return False
-        step *= size
-    return True
+    return op.strides is not None and all(
+        size == 1 or stride == c for size, stride, c in
+        zip(op.shape, op.strides, _c_strides(op.shape, op.dtype.itemsize)))
 
 
 def host_operand_3d(x: np.ndarray, prob: GemmProblem, which: str) -> np.ndarray:
